@@ -1,0 +1,33 @@
+# One entry point for developers and CI.
+VENV ?= .venv
+BIN := $(VENV)/bin
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: venv demo serve test lint bench clean
+
+venv:
+	@scripts/bootstrap.sh
+
+## Run the service and dashboard on the embedded default (SQLite, in-process tasks).
+demo: venv
+	$(BIN)/shaper demo
+
+serve: venv
+	$(BIN)/shaper serve
+
+## Install, start PostgreSQL and Redis (installing them if missing), run the whole suite.
+test: venv
+	scripts/services.sh
+	$(BIN)/pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy solver app/core
+
+bench: venv
+	scripts/services.sh
+	$(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV) shaper-data .pytest_cache .mypy_cache .ruff_cache

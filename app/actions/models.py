@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from app.core.types import enum_column, required_utc_column, utc_column
+
+
+class ActionKind(StrEnum):
+    start = "start"
+    migrate = "migrate"
+    resize = "resize"
+    preempt = "preempt"
+    resume = "resume"
+    requeue = "requeue"
+
+
+class ActionState(StrEnum):
+    proposed = "proposed"
+    approved = "approved"
+    rejected = "rejected"
+    dispatched = "dispatched"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    compensating = "compensating"
+    compensated = "compensated"
+    cancelled = "cancelled"
+
+
+# The only moves an action may make. Anything else is a Conflict.
+TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
+    ActionState.proposed: frozenset(
+        {ActionState.approved, ActionState.rejected, ActionState.cancelled}
+    ),
+    ActionState.approved: frozenset({ActionState.dispatched, ActionState.cancelled}),
+    ActionState.dispatched: frozenset(
+        {ActionState.running, ActionState.failed, ActionState.cancelled}
+    ),
+    ActionState.running: frozenset(
+        {ActionState.succeeded, ActionState.failed, ActionState.compensating}
+    ),
+    ActionState.failed: frozenset({ActionState.compensating}),
+    ActionState.compensating: frozenset({ActionState.compensated, ActionState.failed}),
+    ActionState.rejected: frozenset(),
+    ActionState.succeeded: frozenset(),
+    ActionState.compensated: frozenset(),
+    ActionState.cancelled: frozenset(),
+}
+
+
+class ActionPublic(SQLModel):
+    id: int
+    plan_id: int | None
+    cluster: str
+    job_external_id: str | None
+    kind: ActionKind
+    state: ActionState
+    idempotency_key: str
+    reason: str
+    source_node: str | None
+    target_node: str | None
+    target_replicas: int | None
+    fencing_token: int
+    attempts: int
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+
+
+class Action(SQLModel, table=True):
+    __tablename__ = "actions"
+    __table_args__ = (sa.Index("ix_actions_cluster_state", "cluster_id", "state"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    plan_id: int | None = Field(
+        default=None,
+        sa_column=sa.Column(sa.Integer, sa.ForeignKey("plans.id", ondelete="SET NULL")),
+    )
+    cluster_id: int = Field(
+        sa_column=sa.Column(
+            sa.Integer, sa.ForeignKey("clusters.id", ondelete="CASCADE"), nullable=False
+        )
+    )
+    job_id: int | None = Field(
+        default=None,
+        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="SET NULL")),
+    )
+    kind: ActionKind = enum_column(ActionKind.start, 16)
+    state: ActionState = enum_column(ActionState.proposed, 16)
+    idempotency_key: str = Field(max_length=128, unique=True)
+    reason: str = Field(default="", max_length=2048)
+    source_node: str | None = Field(default=None, max_length=255)
+    target_node: str | None = Field(default=None, max_length=255)
+    target_replicas: int | None = None
+    fencing_token: int = 0
+    attempts: int = 0
+    error: str | None = Field(default=None, max_length=4096)
+    created_at: datetime = required_utc_column()
+    updated_at: datetime = required_utc_column()
+    decided_by: str | None = Field(default=None, max_length=128)
+    decided_at: datetime | None = utc_column()

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.actions import service
+from app.actions.models import ActionPublic, ActionState
+from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
+from app.core.paging import MAX_LIMIT, Page
+
+router = APIRouter(prefix="/actions", tags=["actions"])
+
+
+@router.get("", **scoped("viewer"))
+def list_actions(
+    session: SessionDep,
+    cluster: str | None = None,
+    state: ActionState | None = None,
+    plan_id: int | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Page[ActionPublic]:
+    return service.list_actions(
+        session=session, cluster=cluster, state=state, plan_id=plan_id, limit=limit, offset=offset
+    )
+
+
+@router.get("/{action_id}", **scoped("viewer"))
+def get_action(session: SessionDep, action_id: int) -> ActionPublic:
+    return service.get_action(session=session, action_id=action_id)
+
+
+def _decide(
+    session: SessionDep,
+    clock: ClockDep,
+    principal: CurrentPrincipal,
+    action_id: int,
+    to: ActionState,
+) -> ActionPublic:
+    service.transition(
+        session=session, action_id=action_id, to=to, by=principal.name, now=clock.now()
+    )
+    return service.get_action(session=session, action_id=action_id)
+
+
+@router.post("/{action_id}/approve", **scoped("operator"))
+def approve_action(
+    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, action_id: int
+) -> ActionPublic:
+    return _decide(session, clock, principal, action_id, ActionState.approved)
+
+
+@router.post("/{action_id}/reject", **scoped("operator"))
+def reject_action(
+    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, action_id: int
+) -> ActionPublic:
+    return _decide(session, clock, principal, action_id, ActionState.rejected)
+
+
+@router.post("/{action_id}/cancel", **scoped("operator"))
+def cancel_action(
+    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, action_id: int
+) -> ActionPublic:
+    return _decide(session, clock, principal, action_id, ActionState.cancelled)

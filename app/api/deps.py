@@ -1,0 +1,62 @@
+"""Dependencies as ``Annotated`` aliases, and the one way routes declare their scope."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlmodel import Session
+
+from app.core.clock import Clock, SystemClock
+from app.core.db import get_session
+from app.core.errors import Forbidden, Unauthorized
+from app.core.security import Principal
+from app.tokens import service as token_service
+
+SessionDep = Annotated[Session, Depends(get_session)]
+_system_clock = SystemClock()
+
+
+def get_clock() -> Clock:
+    return _system_clock
+
+
+ClockDep = Annotated[Clock, Depends(get_clock)]
+_bearer = HTTPBearer(auto_error=False, description="A Shaper API token: `shp_<id>_<secret>`")
+
+
+def get_principal(
+    session: SessionDep,
+    clock: ClockDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("missing bearer token (Authorization: Bearer shp_…)")
+    return token_service.authenticate(
+        session=session, plaintext=credentials.credentials, now=clock.now()
+    )
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+AUTHENTICATED = "authenticated"
+
+
+def scoped(scope: str) -> dict[str, Any]:
+    """Route keyword arguments that enforce ``scope`` and publish it in the OpenAPI schema.
+
+    ``scope`` may name path parameters (``connector:{cluster}``); ``authenticated`` accepts
+    any valid token.
+    """
+
+    def require_scope(request: Request, principal: CurrentPrincipal) -> Principal:
+        if scope == AUTHENTICATED:
+            return principal
+        required = scope.format(**request.path_params)
+        if not principal.allows(required):
+            raise Forbidden(
+                f"this token lacks the scope {required!r}", details={"required_scope": required}
+            )
+        return principal
+
+    return {"dependencies": [Depends(require_scope)], "openapi_extra": {"x-required-scope": scope}}

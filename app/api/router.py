@@ -1,0 +1,29 @@
+"""Mounts every domain router under /api/v1."""
+
+from fastapi import APIRouter
+
+from app.actions.router import router as actions
+from app.clusters.router import router as clusters
+from app.gpu_models.router import router as gpu_models
+from app.jobs.router import router as jobs
+from app.nodes.router import router as nodes
+from app.plans.router import router as plans
+from app.policies.router import router as policies
+from app.telemetry.router import router as telemetry
+from app.tokens.router import router as tokens
+from app.utilization.router import router as utilization
+
+api_router = APIRouter(prefix="/api/v1")
+for domain_router in (
+    clusters,
+    telemetry,
+    gpu_models,
+    nodes,
+    jobs,
+    utilization,
+    plans,
+    actions,
+    policies,
+    tokens,
+):
+    api_router.include_router(domain_router)

@@ -1,0 +1,123 @@
+"""The ``shaper`` command: serve, db, token, demo (and, as they land: sim, worker, agent,
+connector)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from sqlmodel import Session
+
+from app.core.config import get_settings
+
+cli = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Shaper: compute-shaping control plane for GPU and HPC clusters.",
+)
+db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
+token_cli = typer.Typer(no_args_is_help=True, help="API tokens.")
+cli.add_typer(db_cli, name="db")
+cli.add_typer(token_cli, name="token")
+console = Console(stderr=True)
+
+
+@cli.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Default: SHAPER_HOST (127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Default: SHAPER_PORT (8000)")] = None,
+) -> None:
+    """Migrate the database and serve the API and dashboard."""
+    import uvicorn
+
+    from app.bootstrap import prepare_database
+    from app.core.logging import configure_logging
+    from app.main import create_app
+
+    settings = get_settings()
+    if host is not None:
+        settings = settings.model_copy(update={"host": host})
+        type(settings).model_validate(settings.model_dump())  # re-run the bind-safety check
+    configure_logging(settings.log_level)
+    prepare_database(settings)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=port or settings.port,
+        log_level=settings.log_level.lower(),
+    )
+
+
+@db_cli.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply migrations up to REVISION (default: head)."""
+    from app.core import migrate
+
+    migrate.upgrade(get_settings().resolved_database_url, revision)
+
+
+@db_cli.command("downgrade")
+def db_downgrade(revision: str) -> None:
+    """Revert migrations down to REVISION (e.g. -1, base)."""
+    from app.core import migrate
+
+    migrate.downgrade(get_settings().resolved_database_url, revision)
+
+
+@token_cli.command("create")
+def token_create(
+    scope: Annotated[
+        list[str],
+        typer.Option(
+            "--scope", help="viewer, operator, admin, connector:<cluster>, agent:<cluster>/<node>"
+        ),
+    ],
+    name: Annotated[str, typer.Option(help="Who or what holds it")] = "cli",
+) -> None:
+    """Create a token and print it once (only its hash is stored)."""
+    from pydantic import ValidationError
+
+    from app.bootstrap import prepare_database
+    from app.core.clock import SystemClock
+    from app.core.db import get_engine
+    from app.tokens import service
+    from app.tokens.models import ApiTokenCreate
+
+    try:
+        token_in = ApiTokenCreate(name=name, scopes=scope)
+    except ValidationError as exc:
+        console.print(f"[red]invalid token request:[/red] {exc.errors()[0]['msg']}")
+        raise typer.Exit(2) from None
+    prepare_database(get_settings())
+    with Session(get_engine()) as session:
+        created = service.create_token(session=session, token_in=token_in, now=SystemClock().now())
+    console.print(f"token {created.key_id} ({', '.join(created.scopes)}) — shown once:")
+    print(created.token)
+
+
+@token_cli.command("list")
+def token_list() -> None:
+    """List tokens (never their secrets)."""
+    from app.core.db import get_engine
+    from app.tokens import service
+
+    with Session(get_engine()) as session:
+        for token in service.list_tokens(session=session):
+            state = "revoked" if token.revoked_at else "active"
+            print(f"{token.id}\t{token.key_id}\t{token.name}\t{','.join(token.scopes)}\t{state}")
+
+
+@cli.command()
+def demo(
+    port: Annotated[int, typer.Option()] = 8000,
+    reset: Annotated[bool, typer.Option(help="Delete the demo database first")] = False,
+) -> None:
+    """Run the service and dashboard on the embedded default with a demo site."""
+    from app.demo import run_demo
+
+    run_demo(port=port, reset=reset)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.api.deps import ClockDep, SessionDep, scoped
+from app.clusters import service
+from app.clusters.models import CLUSTER_NAME_PATTERN, ClusterCreate, ClusterPublic, ClusterUpdate
+
+router = APIRouter(prefix="/clusters", tags=["clusters"])
+NAME = {"pattern": CLUSTER_NAME_PATTERN}
+
+
+@router.get("", **scoped("viewer"))
+def list_clusters(session: SessionDep) -> list[ClusterPublic]:
+    return service.to_public(session=session, clusters=service.list_clusters(session=session))
+
+
+@router.post("", status_code=201, **scoped("admin"))
+def register_cluster(
+    session: SessionDep, clock: ClockDep, cluster_in: ClusterCreate
+) -> ClusterPublic:
+    cluster = service.register_cluster(session=session, cluster_in=cluster_in, now=clock.now())
+    return service.to_public(session=session, clusters=[cluster])[0]
+
+
+@router.get("/{cluster}", **scoped("viewer"))
+def get_cluster(session: SessionDep, cluster: str) -> ClusterPublic:
+    found = service.get_cluster(session=session, name=cluster)
+    return service.to_public(session=session, clusters=[found])[0]
+
+
+@router.patch("/{cluster}", **scoped("operator"))
+def update_cluster(session: SessionDep, cluster: str, cluster_in: ClusterUpdate) -> ClusterPublic:
+    updated = service.update_cluster(session=session, name=cluster, cluster_in=cluster_in)
+    return service.to_public(session=session, clusters=[updated])[0]
+
+
+@router.delete("/{cluster}", status_code=204, **scoped("admin"))
+def delete_cluster(session: SessionDep, cluster: str) -> Response:
+    service.delete_cluster(session=session, name=cluster)
+    return Response(status_code=204)

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Session, select
+
+from app.clusters.models import Cluster, ClusterCreate, ClusterPublic, ClusterUpdate
+from app.core.errors import Conflict, NotFound
+from app.nodes.models import Node
+
+
+def register_cluster(*, session: Session, cluster_in: ClusterCreate, now: datetime) -> Cluster:
+    if session.exec(select(Cluster).where(Cluster.name == cluster_in.name)).first():
+        raise Conflict(
+            f"cluster {cluster_in.name!r} is already registered",
+            field="name",
+            resource="cluster",
+            resource_id=cluster_in.name,
+        )
+    cluster = Cluster(**cluster_in.model_dump(), created_at=now)
+    session.add(cluster)
+    session.commit()
+    session.refresh(cluster)
+    return cluster
+
+
+def get_cluster(*, session: Session, name: str) -> Cluster:
+    cluster = session.exec(select(Cluster).where(Cluster.name == name)).first()
+    if cluster is None:
+        raise NotFound(f"cluster {name!r} is not registered", resource="cluster", resource_id=name)
+    return cluster
+
+
+def list_clusters(*, session: Session) -> list[Cluster]:
+    return list(session.exec(select(Cluster).order_by(Cluster.name)))
+
+
+def to_public(*, session: Session, clusters: list[Cluster]) -> list[ClusterPublic]:
+    ids = [c.id for c in clusters]
+    counts: dict[int, tuple[int, int]] = {}
+    if ids:
+        query = (
+            sa.select(
+                Node.cluster_id, sa.func.count(), sa.func.coalesce(sa.func.sum(Node.gpu_count), 0)
+            )  # type: ignore[arg-type]
+            .where(Node.cluster_id.in_(ids), Node.state != "down")  # type: ignore[attr-defined]
+            .group_by(Node.cluster_id)
+        )
+        counts = {cid: (int(n), int(g)) for cid, n, g in session.execute(query)}
+    return [
+        ClusterPublic.model_validate(
+            c,
+            update={
+                "node_count": counts.get(c.id, (0, 0))[0],  # type: ignore[arg-type]
+                "gpu_count": counts.get(c.id, (0, 0))[1],
+            },  # type: ignore[arg-type]
+        )
+        for c in clusters
+    ]
+
+
+def update_cluster(*, session: Session, name: str, cluster_in: ClusterUpdate) -> Cluster:
+    cluster = get_cluster(session=session, name=name)
+    cluster.sqlmodel_update(cluster_in.model_dump(exclude_unset=True, exclude_none=True))
+    session.add(cluster)
+    session.commit()
+    session.refresh(cluster)
+    return cluster
+
+
+def delete_cluster(*, session: Session, name: str) -> None:
+    cluster = get_cluster(session=session, name=name)
+    session.delete(cluster)
+    session.commit()

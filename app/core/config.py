@@ -1,0 +1,63 @@
+"""All configuration in one place: environment variables with the ``SHAPER_`` prefix.
+
+With nothing set, Shaper runs on the *embedded default*: SQLite under ``./shaper-data/``,
+tasks in-process, bound to 127.0.0.1. Setting ``SHAPER_DATABASE_URL`` to a
+``postgresql+psycopg://`` URL and ``SHAPER_BROKER_URL`` to ``redis://…`` switches to
+Postgres and Celery workers.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path("shaper-data")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SHAPER_", env_nested_delimiter="__")
+
+    environment: Literal["development", "test", "production"] = "development"
+    data_dir: Path = DEFAULT_DATA_DIR
+    database_url: str | None = None
+    broker_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    cycle_period_s: float = Field(default=30.0, gt=0)
+    log_level: str = "INFO"
+    # Dev convenience only: refused in production (see validator below).
+    allow_public_bind: bool = False
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        if self.environment == "production":
+            if self.resolved_database_url.startswith("sqlite"):
+                raise ValueError("production needs SHAPER_DATABASE_URL pointing at PostgreSQL")
+            if self.broker_url is None:
+                raise ValueError("production needs SHAPER_BROKER_URL (Redis or RabbitMQ)")
+        if self.host not in ("127.0.0.1", "::1", "localhost") and not self.allow_public_bind:
+            raise ValueError(
+                f"refusing to bind to {self.host}: set SHAPER_ALLOW_PUBLIC_BIND=true "
+                "to listen beyond this machine (put TLS in front)"
+            )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir / 'shaper.db'}"
+
+    @property
+    def tasks_in_process(self) -> bool:
+        return self.broker_url is None
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

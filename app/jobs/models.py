@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from app.core.types import enum_column, json_column, required_utc_column, utc_column
+from connectors.base import JobKind, JobShape, JobState
+
+
+class AllocationPublic(SQLModel):
+    node: str
+    gpu_indices: list[int]
+    started_at: datetime
+
+
+class JobPublic(SQLModel):
+    id: int
+    cluster: str
+    external_id: str
+    name: str
+    team: str
+    queue: str
+    kind: JobKind
+    shape: JobShape
+    priority: int
+    sla_class: str
+    gpus_requested: int
+    allowed_gpu_models: list[str]
+    min_gpu_memory_gib: float
+    required_precision: str | None
+    gang_size: int
+    checkpointable: bool
+    min_replicas: int
+    max_replicas: int
+    replicas: int
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    state: JobState
+    updated_at: datetime
+    allocations: list[AllocationPublic] = []
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        sa.UniqueConstraint("cluster_id", "external_id", name="uq_jobs_cluster_external_id"),
+        sa.Index("ix_jobs_cluster_state", "cluster_id", "state"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster_id: int = Field(
+        sa_column=sa.Column(
+            sa.Integer, sa.ForeignKey("clusters.id", ondelete="CASCADE"), nullable=False
+        )
+    )
+    external_id: str = Field(max_length=255)
+    name: str = Field(default="", max_length=255)
+    team: str = Field(default="default", max_length=128)
+    queue: str = Field(default="default", max_length=128)
+    kind: JobKind = enum_column(JobKind.other, 32)
+    shape: JobShape = enum_column(JobShape.block, 16)
+    priority: int = 0
+    sla_class: str = Field(default="standard", max_length=64)
+    gpus_requested: int = 0
+    allowed_gpu_models: list[str] = json_column(list)
+    min_gpu_memory_gib: float = 0
+    required_precision: str | None = Field(default=None, max_length=16)
+    gang_size: int = 1
+    checkpointable: bool = False
+    min_replicas: int = 0
+    max_replicas: int = 0
+    replicas: int = 0
+    submit_time: datetime | None = utc_column()
+    start_time: datetime | None = utc_column()
+    end_time: datetime | None = utc_column()
+    state: JobState = enum_column(JobState.pending, 16)
+    updated_at: datetime = required_utc_column()
+
+
+class Allocation(SQLModel, table=True):
+    """GPUs of one node held by one job over a time interval (open while ``released_at`` is
+    null). Closed rows are the placement history that utilization summaries are made of."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (sa.Index("ix_allocations_open", "released_at", "started_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(
+        sa_column=sa.Column(
+            sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    node_id: int = Field(
+        sa_column=sa.Column(
+            sa.Integer, sa.ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False, index=True
+        )
+    )
+    gpu_indices: list[int] = json_column(list)
+    gpu_count: int = 0
+    started_at: datetime = required_utc_column()
+    released_at: datetime | None = utc_column()

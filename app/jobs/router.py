@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import SessionDep, scoped
+from app.core.paging import MAX_LIMIT, Page
+from app.jobs import service
+from app.jobs.models import JobPublic
+from connectors.base import JobKind, JobShape, JobState
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.get("", **scoped("viewer"))
+def list_jobs(
+    session: SessionDep,
+    cluster: str | None = None,
+    state: JobState | None = None,
+    team: str | None = None,
+    queue: str | None = None,
+    kind: JobKind | None = None,
+    shape: JobShape | None = None,
+    sort: Annotated[str | None, Query(description="e.g. `-priority,submit_time`")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Page[JobPublic]:
+    return service.list_jobs(
+        session=session,
+        cluster=cluster,
+        state=state,
+        team=team,
+        queue=queue,
+        kind=kind,
+        shape=shape,
+        sort=sort,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/{job_id}", **scoped("viewer"))
+def get_job(session: SessionDep, job_id: int) -> JobPublic:
+    return service.get_job(session=session, job_id=job_id)

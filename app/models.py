@@ -1,0 +1,29 @@
+"""Every table, imported once so ``SQLModel.metadata`` is complete (Alembic, tests)."""
+
+from sqlmodel import SQLModel
+
+from app.actions.models import Action
+from app.clusters.models import Cluster
+from app.gpu_models.models import GpuModel
+from app.jobs.models import Allocation, Job
+from app.nodes.models import Node
+from app.plans.models import Plan
+from app.policies.models import SlaPolicy
+from app.telemetry.models import TelemetrySample
+from app.tokens.models import ApiToken
+
+metadata = SQLModel.metadata
+
+__all__ = [
+    "Action",
+    "Allocation",
+    "ApiToken",
+    "Cluster",
+    "GpuModel",
+    "Job",
+    "Node",
+    "Plan",
+    "SlaPolicy",
+    "TelemetrySample",
+    "metadata",
+]

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, model_validator
+from sqlmodel import Field, SQLModel
+
+from app.core.types import json_column, required_utc_column
+
+
+class TeamPolicy(BaseModel):
+    """Per team/queue terms, with Kueue ClusterQueue/cohort semantics for quota."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    team: str = Field(min_length=1, max_length=128)
+    priority_weight: float = Field(default=1.0, gt=0, le=1000)
+    guaranteed_gpus: int = Field(default=0, ge=0)
+    borrowing_limit_gpus: int | None = Field(default=None, ge=0)
+    max_queue_wait_s: int | None = Field(default=None, ge=0)
+    preemptible: bool = True
+    max_migrations_per_day: int = Field(default=4, ge=0)
+    deadline: datetime | None = None
+
+
+class ServicePolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    service: str = Field(min_length=1, max_length=255)
+    min_replicas: int = Field(default=1, ge=0)
+    demand_target: float = Field(default=1.0, gt=0, le=1.0)
+
+
+class SlaPolicySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    teams: list[TeamPolicy] = Field(default_factory=list)
+    services: list[ServicePolicy] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> SlaPolicySpec:
+        for label, names in (
+            ("teams", [t.team for t in self.teams]),
+            ("services", [s.service for s in self.services]),
+        ):
+            seen: set[str] = set()
+            for index, name in enumerate(names):
+                if name in seen:
+                    raise ValueError(f"{label}[{index}]: {name!r} appears twice")
+                seen.add(name)
+        return self
+
+
+class SlaPolicyCreate(SQLModel):
+    name: str = Field(
+        min_length=1, max_length=64, schema_extra={"pattern": r"^[a-z0-9][a-z0-9-]*$"}
+    )
+    spec: SlaPolicySpec
+    comment: str = Field(default="", max_length=1024)
+
+
+class SlaPolicyUpdate(SQLModel):
+    spec: SlaPolicySpec
+    comment: str = Field(default="", max_length=1024)
+
+
+class SlaPolicyPublic(SQLModel):
+    id: int
+    name: str
+    version: int
+    spec: dict[str, Any]
+    comment: str
+    created_at: datetime
+    created_by: str
+
+
+class SlaPolicy(SQLModel, table=True):
+    """Versioned: an edit writes a new row with version + 1; old versions stay readable."""
+
+    __tablename__ = "sla_policies"
+    __table_args__ = (sa.UniqueConstraint("name", "version", name="uq_sla_policies_name_version"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=64, index=True)
+    version: int
+    spec: dict[str, Any] = json_column(dict)
+    comment: str = Field(default="", max_length=1024)
+    created_at: datetime = required_utc_column()
+    created_by: str = Field(max_length=128)

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
+from app.policies import service
+from app.policies.models import SlaPolicyCreate, SlaPolicyPublic, SlaPolicyUpdate
+
+router = APIRouter(prefix="/policies", tags=["policies"])
+
+
+@router.get("", **scoped("viewer"))
+def list_policies(session: SessionDep) -> list[SlaPolicyPublic]:
+    return [SlaPolicyPublic.model_validate(p) for p in service.list_latest(session=session)]
+
+
+@router.post("", status_code=201, **scoped("operator"))
+def create_policy(
+    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, policy_in: SlaPolicyCreate
+) -> SlaPolicyPublic:
+    policy = service.create_policy(
+        session=session, policy_in=policy_in, by=principal.name, now=clock.now()
+    )
+    return SlaPolicyPublic.model_validate(policy)
+
+
+@router.get("/{name}", **scoped("viewer"))
+def get_policy(session: SessionDep, name: str) -> SlaPolicyPublic:
+    return SlaPolicyPublic.model_validate(service.get_policy(session=session, name=name))
+
+
+@router.put("/{name}", **scoped("operator"))
+def edit_policy(
+    session: SessionDep,
+    clock: ClockDep,
+    principal: CurrentPrincipal,
+    name: str,
+    policy_in: SlaPolicyUpdate,
+) -> SlaPolicyPublic:
+    """Writes a new version; earlier versions stay readable."""
+    policy = service.new_version(
+        session=session, name=name, policy_in=policy_in, by=principal.name, now=clock.now()
+    )
+    return SlaPolicyPublic.model_validate(policy)
+
+
+@router.get("/{name}/versions", **scoped("viewer"))
+def list_policy_versions(session: SessionDep, name: str) -> list[SlaPolicyPublic]:
+    return [
+        SlaPolicyPublic.model_validate(p) for p in service.list_versions(session=session, name=name)
+    ]
+
+
+@router.get("/{name}/versions/{version}", **scoped("viewer"))
+def get_policy_version(session: SessionDep, name: str, version: int) -> SlaPolicyPublic:
+    return SlaPolicyPublic.model_validate(
+        service.get_policy(session=session, name=name, version=version)
+    )

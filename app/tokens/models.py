@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import field_validator
+from sqlmodel import Field, SQLModel
+
+from app.core.security import is_valid_scope
+from app.core.types import json_column, required_utc_column, utc_column
+
+
+class ApiTokenCreate(SQLModel):
+    name: str = Field(min_length=1, max_length=128)
+    scopes: list[str] = Field(min_length=1, max_length=32)
+    expires_at: datetime | None = None
+
+    @field_validator("scopes")
+    @classmethod
+    def _known_scopes(cls, scopes: list[str]) -> list[str]:
+        for index, scope in enumerate(scopes):
+            if not is_valid_scope(scope):
+                raise ValueError(
+                    f"scopes[{index}]: {scope!r} is not one of viewer, operator, admin, "
+                    "connector:<cluster>, agent:<cluster>/<node>"
+                )
+        return sorted(set(scopes))
+
+
+class ApiTokenPublic(SQLModel):
+    id: int
+    key_id: str
+    name: str
+    scopes: list[str]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class ApiTokenCreated(ApiTokenPublic):
+    token: str  # shown once
+
+
+class ApiToken(SQLModel, table=True):
+    __tablename__ = "api_tokens"
+
+    id: int | None = Field(default=None, primary_key=True)
+    key_id: str = Field(max_length=12, unique=True)
+    name: str = Field(max_length=128)
+    secret_digest: str = Field(max_length=64)
+    scopes: list[str] = json_column(list)
+    created_at: datetime = required_utc_column()
+    expires_at: datetime | None = utc_column()
+    revoked_at: datetime | None = utc_column()

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from app.api.deps import AUTHENTICATED, ClockDep, CurrentPrincipal, SessionDep, scoped
+from app.tokens import service
+from app.tokens.models import ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
+
+router = APIRouter(tags=["tokens"])
+
+
+class WhoAmI(BaseModel):
+    name: str
+    scopes: list[str]
+
+
+@router.get("/whoami", **scoped(AUTHENTICATED))
+def whoami(principal: CurrentPrincipal) -> WhoAmI:
+    return WhoAmI(name=principal.name, scopes=sorted(principal.scopes))
+
+
+@router.get("/tokens", **scoped("admin"))
+def list_tokens(session: SessionDep) -> list[ApiTokenPublic]:
+    return service.list_tokens(session=session)
+
+
+@router.post("/tokens", status_code=201, **scoped("admin"))
+def create_token(session: SessionDep, clock: ClockDep, token_in: ApiTokenCreate) -> ApiTokenCreated:
+    """The token is in this response only; Shaper keeps just its hash."""
+    return service.create_token(session=session, token_in=token_in, now=clock.now())
+
+
+@router.delete("/tokens/{token_id}", **scoped("admin"))
+def revoke_token(session: SessionDep, clock: ClockDep, token_id: int) -> ApiTokenPublic:
+    return service.revoke_token(session=session, token_id=token_id, now=clock.now())

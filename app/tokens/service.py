@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlmodel import Session, select
+
+from app.core.errors import NotFound, Unauthorized
+from app.core.security import Principal, generate_token, secret_matches, split_token
+from app.tokens.models import ApiToken, ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
+
+
+def create_token(*, session: Session, token_in: ApiTokenCreate, now: datetime) -> ApiTokenCreated:
+    new = generate_token()
+    token = ApiToken(
+        key_id=new.key_id,
+        name=token_in.name,
+        secret_digest=new.secret_digest,
+        scopes=token_in.scopes,
+        created_at=now,
+        expires_at=token_in.expires_at,
+    )
+    session.add(token)
+    session.commit()
+    session.refresh(token)
+    return ApiTokenCreated.model_validate(token, update={"token": new.plaintext})
+
+
+def authenticate(*, session: Session, plaintext: str, now: datetime) -> Principal:
+    parts = split_token(plaintext)
+    key_id, secret = parts if parts else ("", "")
+    token = (
+        session.exec(select(ApiToken).where(ApiToken.key_id == key_id)).first() if parts else None
+    )
+    # Compare even when the key is unknown, so timing does not tell which keys exist.
+    if not secret_matches(secret, token.secret_digest if token else None) or token is None:
+        raise Unauthorized("invalid token")
+    if token.revoked_at is not None:
+        raise Unauthorized("token revoked")
+    if token.expires_at is not None and token.expires_at <= now:
+        raise Unauthorized("token expired")
+    return Principal(token_id=token.id, name=token.name, scopes=frozenset(token.scopes))  # type: ignore[arg-type]
+
+
+def list_tokens(*, session: Session) -> list[ApiTokenPublic]:
+    return [
+        ApiTokenPublic.model_validate(t)
+        for t in session.exec(select(ApiToken).order_by(ApiToken.id))
+    ]  # type: ignore[arg-type]
+
+
+def revoke_token(*, session: Session, token_id: int, now: datetime) -> ApiTokenPublic:
+    token = session.get(ApiToken, token_id)
+    if token is None:
+        raise NotFound(f"token {token_id} does not exist", resource="token", resource_id=token_id)
+    if token.revoked_at is None:
+        token.revoked_at = now
+        session.add(token)
+        session.commit()
+        session.refresh(token)
+    return ApiTokenPublic.model_validate(token)

@@ -1,0 +1,1 @@
+"""Connectors: one per scheduler kind. They speak `connectors.base`, never `app`."""

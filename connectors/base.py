@@ -1,0 +1,260 @@
+"""The contract between connectors and the control plane.
+
+Two halves:
+
+* **Wire schemas** — what a connector pushes to ``POST /api/v1/clusters/{cluster}/telemetry``:
+  a full :class:`TelemetrySnapshot` or a :class:`TelemetryDelta`, each carrying the
+  connector's session id and a sequence number. The control plane acknowledges a replayed
+  sequence number without writing twice and answers a gap with 409 (send a snapshot).
+* **The Connector protocol** — a tiny required surface (:class:`Connector`: read the
+  scheduler's current state) plus optional capability protocols for scheduler-level actions.
+  Connectors return these types, never SDK objects.
+
+Units are explicit in the field names: memory in MiB (nodes) or GiB (GPU models), CPU in
+cores, times as timezone-aware datetimes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal, Protocol, runtime_checkable
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}$"
+ShortText = Annotated[str, Field(min_length=1, max_length=255)]
+
+
+class SchedulerKind(StrEnum):
+    slurm = "slurm"
+    kubernetes = "kubernetes"
+    kueue = "kueue"
+    armada = "armada"
+    ray = "ray"
+    sim = "sim"
+
+
+class NodeState(StrEnum):
+    up = "up"
+    draining = "draining"
+    down = "down"
+
+
+class JobKind(StrEnum):
+    training = "training"
+    batch_inference = "batch_inference"
+    quantization = "quantization"
+    realtime_inference = "realtime_inference"
+    hpc = "hpc"
+    other = "other"
+
+
+class JobShape(StrEnum):
+    block = "block"
+    elastic = "elastic"
+
+
+class JobState(StrEnum):
+    pending = "pending"
+    running = "running"
+    suspended = "suspended"
+    finished = "finished"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL_JOB_STATES = frozenset({JobState.finished, JobState.failed, JobState.cancelled})
+
+
+class Metric(StrEnum):
+    gpu_util = "gpu_util"  # 0..1, measured busy fraction of one GPU (or node average)
+    gpu_mem_used_gib = "gpu_mem_used_gib"
+    demand_replicas = "demand_replicas"  # replicas an elastic service needs right now
+
+
+class _Wire(BaseModel):
+    # Unknown fields are refused so a typo in a connector fails loudly instead of
+    # silently dropping data.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeReport(_Wire):
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    gpu_model: Annotated[str, Field(max_length=64)] | None = None
+    gpu_count: Annotated[int, Field(ge=0, le=1024)] = 0
+    cpu_cores: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    memory_mib: Annotated[int, Field(ge=0)] = 0
+    labels: dict[str, Annotated[str, Field(max_length=255)]] = Field(default_factory=dict)
+    state: NodeState = NodeState.up
+
+    @model_validator(mode="after")
+    def _gpus_need_a_model(self) -> NodeReport:
+        if self.gpu_count > 0 and self.gpu_model is None:
+            raise ValueError("gpu_model is required when gpu_count > 0")
+        return self
+
+
+class AllocationReport(_Wire):
+    """GPUs a job holds on one node. Schedulers that know device indices (Slurm) give
+    ``gpu_indices``; those that only count (Kubernetes) give ``gpu_count``."""
+
+    node: Annotated[str, Field(pattern=NAME_PATTERN)]
+    gpu_indices: list[Annotated[int, Field(ge=0, le=1023)]] = Field(default_factory=list)
+    gpu_count: Annotated[int, Field(ge=0, le=1024)] | None = None
+
+    @model_validator(mode="after")
+    def _count_matches_indices(self) -> AllocationReport:
+        if self.gpu_indices and self.gpu_count is not None:
+            if self.gpu_count != len(self.gpu_indices):
+                raise ValueError("gpu_count must equal the number of gpu_indices")
+        if len(set(self.gpu_indices)) != len(self.gpu_indices):
+            raise ValueError("gpu_indices must not repeat")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.gpu_count if self.gpu_count is not None else len(self.gpu_indices)
+
+
+class JobReport(_Wire):
+    external_id: Annotated[str, Field(pattern=NAME_PATTERN)]
+    name: Annotated[str, Field(max_length=255)] = ""
+    team: Annotated[str, Field(max_length=128)] = "default"
+    queue: Annotated[str, Field(max_length=128)] = "default"
+    kind: JobKind = JobKind.other
+    shape: JobShape = JobShape.block
+    priority: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    sla_class: Annotated[str, Field(max_length=64)] = "standard"
+    gpus_requested: Annotated[int, Field(ge=0, le=100_000)] = 0
+    allowed_gpu_models: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list)
+    min_gpu_memory_gib: Annotated[float, Field(ge=0)] = 0
+    required_precision: Annotated[str, Field(max_length=16)] | None = None
+    gang_size: Annotated[int, Field(ge=1, le=10_000)] = 1
+    checkpointable: bool = False
+    min_replicas: Annotated[int, Field(ge=0)] = 0
+    max_replicas: Annotated[int, Field(ge=0)] = 0
+    replicas: Annotated[int, Field(ge=0)] = 0
+    submit_time: AwareDatetime | None = None
+    start_time: AwareDatetime | None = None
+    end_time: AwareDatetime | None = None
+    state: JobState = JobState.pending
+    allocations: list[AllocationReport] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _replica_range(self) -> JobReport:
+        if self.min_replicas > self.max_replicas and self.shape is JobShape.elastic:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
+class SampleReport(_Wire):
+    at: AwareDatetime
+    metric: Metric
+    value: Annotated[float, Field(ge=0)]
+    node: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    gpu_index: Annotated[int, Field(ge=0, le=1023)] | None = None
+    job: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+
+    @model_validator(mode="after")
+    def _has_subject(self) -> SampleReport:
+        if self.metric is Metric.demand_replicas and self.job is None:
+            raise ValueError("demand_replicas samples need a job")
+        if self.metric is not Metric.demand_replicas and self.node is None:
+            raise ValueError(f"{self.metric.value} samples need a node")
+        return self
+
+
+class _Push(_Wire):
+    connector_session: Annotated[str, Field(min_length=1, max_length=64)]
+    seq: Annotated[int, Field(ge=0)]
+    sent_at: AwareDatetime | None = None
+    samples: list[SampleReport] = Field(default_factory=list)
+
+
+class TelemetrySnapshot(_Push):
+    """The whole state of a cluster: anything absent has vanished."""
+
+    kind: Literal["snapshot"] = "snapshot"
+    nodes: list[NodeReport] = Field(default_factory=list)
+    jobs: list[JobReport] = Field(default_factory=list)
+
+
+class TelemetryDelta(_Push):
+    """Changes since the previous push of the same session (``seq`` = previous + 1)."""
+
+    kind: Literal["delta"] = "delta"
+    nodes: list[NodeReport] = Field(default_factory=list)
+    jobs: list[JobReport] = Field(default_factory=list)
+    removed_nodes: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(default_factory=list)
+    removed_jobs: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(default_factory=list)
+
+
+TelemetryPush = Annotated[TelemetrySnapshot | TelemetryDelta, Field(discriminator="kind")]
+
+
+class TelemetryAck(BaseModel):
+    cluster: str
+    seq: int
+    duplicate: bool = False
+    nodes_written: int = 0
+    jobs_written: int = 0
+    jobs_finished: int = 0
+    allocations_written: int = 0
+    samples_written: int = 0
+
+
+class ClusterState(BaseModel):
+    """What a connector reads from its scheduler at one moment."""
+
+    observed_at: datetime
+    nodes: list[NodeReport]
+    jobs: list[JobReport]
+    samples: list[SampleReport] = Field(default_factory=list)
+
+
+@runtime_checkable
+class Connector(Protocol):
+    """The one required capability: read the scheduler's current state."""
+
+    kind: SchedulerKind
+    cluster: str
+
+    def read_state(self) -> ClusterState: ...
+
+
+@runtime_checkable
+class SupportsRequeue(Protocol):
+    def requeue(
+        self, external_id: str, *, nodes: list[str] | None = None, exclude: list[str] | None = None
+    ) -> None: ...
+
+
+@runtime_checkable
+class SupportsHold(Protocol):
+    def hold(self, external_id: str) -> None: ...
+    def release(self, external_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsSuspend(Protocol):
+    def suspend(self, external_id: str) -> None: ...
+    def resume(self, external_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsCancel(Protocol):
+    def cancel(self, external_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsResize(Protocol):
+    def resize(self, external_id: str, *, replicas: int) -> None: ...
+
+
+class ConnectorError(Exception):
+    """A scheduler could not be read or changed. ``retryable`` says whether trying again helps."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable

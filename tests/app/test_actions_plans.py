@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from app.actions.models import TRANSITIONS, Action, ActionKind, ActionState
+from app.clusters.models import Cluster
+from app.core.clock import FrozenClock
+from app.plans.models import Plan
+
+
+@pytest.fixture
+def proposed(client: TestClient, auth: dict, session: Session, clock: FrozenClock) -> int:
+    client.post(
+        "/api/v1/clusters", headers=auth["admin"], json={"name": "alpha", "scheduler": "slurm"}
+    )
+    cluster = session.exec(select(Cluster).where(Cluster.name == "alpha")).one()
+    plan = Plan(
+        cluster_id=cluster.id,
+        created_at=clock.now(),
+        policy="shaper",
+        engine="cp-sat",
+        mode="advise",
+        status="OPTIMAL",
+        objective=10.0,
+        best_bound=10.0,
+        gap=0.0,
+        wall_time_s=0.2,
+        decisions=[{"job": "j1", "action": "migrate", "reason": "defragment n1"}],
+    )
+    session.add(plan)
+    session.commit()
+    action = Action(
+        plan_id=plan.id,
+        cluster_id=cluster.id,
+        kind=ActionKind.migrate,
+        idempotency_key=f"plan-{plan.id}-j1",
+        reason="defragment n1",
+        source_node="n1",
+        target_node="n2",
+        created_at=clock.now(),
+        updated_at=clock.now(),
+    )
+    session.add(action)
+    session.commit()
+    return action.id  # type: ignore[return-value]
+
+
+def test_plans_and_actions_are_listed(client: TestClient, auth: dict, proposed: int) -> None:
+    plans = client.get("/api/v1/plans", headers=auth["viewer"]).json()
+    assert plans["total"] == 1 and plans["items"][0]["decisions"][0]["reason"] == "defragment n1"
+    plan_id = plans["items"][0]["id"]
+    assert client.get(f"/api/v1/plans/{plan_id}", headers=auth["viewer"]).json()["engine"] == (
+        "cp-sat"
+    )
+    actions = client.get(
+        "/api/v1/actions", headers=auth["viewer"], params={"plan_id": plan_id}
+    ).json()
+    assert [a["id"] for a in actions["items"]] == [proposed]
+    assert actions["items"][0]["state"] == "proposed"
+    assert client.get("/api/v1/actions/4242", headers=auth["viewer"]).status_code == 404
+
+
+def test_approval_is_recorded_and_illegal_moves_conflict(
+    client: TestClient, auth: dict, proposed: int
+) -> None:
+    approved = client.post(f"/api/v1/actions/{proposed}/approve", headers=auth["operator"])
+    assert approved.status_code == 200
+    assert approved.json()["state"] == "approved"
+    assert approved.json()["decided_by"] == "operator"
+    again = client.post(f"/api/v1/actions/{proposed}/reject", headers=auth["operator"])
+    assert again.status_code == 409
+    assert again.json()["error"]["details"] == {"state": "approved"}
+    cancelled = client.post(f"/api/v1/actions/{proposed}/cancel", headers=auth["operator"])
+    assert cancelled.json()["state"] == "cancelled"
+
+
+def test_state_machine_has_no_way_out_of_terminal_states() -> None:
+    for state in (
+        ActionState.succeeded,
+        ActionState.rejected,
+        ActionState.compensated,
+        ActionState.cancelled,
+    ):
+        assert TRANSITIONS[state] == frozenset()
+    assert set(TRANSITIONS) == set(ActionState)

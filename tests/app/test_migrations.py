@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from app.core import migrate
+from app.core.db import make_engine
+from app.models import metadata
+from migrations.render import render_item
+
+TABLES = {
+    "clusters",
+    "gpu_models",
+    "nodes",
+    "jobs",
+    "allocations",
+    "telemetry_samples",
+    "plans",
+    "actions",
+    "sla_policies",
+    "api_tokens",
+}
+
+
+def _tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def _drift(url: str) -> list[Any]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "render_item": render_item}
+            )
+            return compare_metadata(context, metadata)  # type: ignore[no-any-return]
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade_on_postgres(make_postgres_database: Any) -> None:
+    url = make_postgres_database("updown")
+    migrate.upgrade(url)
+    assert _tables(url) == TABLES
+    migrate.downgrade(url, "base")
+    assert _tables(url) == set()
+    migrate.upgrade(url)
+    assert _tables(url) == TABLES
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_migrations_match_the_models(
+    backend: str, make_postgres_database: Any, tmp_path: Any
+) -> None:
+    url = (
+        make_postgres_database("drift")
+        if backend == "postgres"
+        else f"sqlite:///{tmp_path / 'drift.db'}"
+    )
+    migrate.upgrade(url)
+    assert _drift(url) == []
