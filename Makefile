@@ -18,6 +18,7 @@ serve: venv
 ## Install, start PostgreSQL and Redis (installing them if missing), run the whole suite.
 test: venv
 	scripts/services.sh
+	scripts/browser.sh
 	$(BIN)/pytest -q
 
 lint: venv

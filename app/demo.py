@@ -109,7 +109,7 @@ def _history(site: _Site, start: datetime, rng: random.Random) -> list[Telemetry
                     update={"state": JobState.finished, "end_time": job.ends}
                 )
                 job.placement = {}
-        for _ in range(rng.choice([0, 1, 1, 2, 3])):  # arrivals
+        for _ in range(rng.choice([0, 0, 1, 1, 2])):  # arrivals
             counter += 1
             gpus = rng.choice([1, 1, 2, 4, 8, 8, 16])
             team = rng.choice(site.teams)
@@ -168,7 +168,7 @@ def _history(site: _Site, start: datetime, rng: random.Random) -> list[Telemetry
                     for node, indices in placement.items():
                         free[node] = [i for i in free[node] if i not in indices]
                     job.placement = placement
-                    job.ends = at + timedelta(minutes=rng.randint(30, 600))
+                    job.ends = at + timedelta(minutes=rng.randint(30, 360))
                     job.report = job.report.model_copy(
                         update={"state": JobState.running, "start_time": at}
                     )
@@ -280,9 +280,10 @@ def run_demo(*, port: int, reset: bool) -> None:
     if pushed:
         console.print(f"seeded {pushed} telemetry snapshots across {len(SITES)} clusters")
     url = f"http://{settings.host}:{port}/#token={token.token}"
-    console.print(f"[bold]Dashboard:[/bold] {url}")
+    console.print(f"[bold]Dashboard:[/bold] {url}", soft_wrap=True)
     console.print(
         f"API: curl -H 'Authorization: Bearer {token.token}' "
-        f"http://{settings.host}:{port}/api/v1/clusters"
+        f"http://{settings.host}:{port}/api/v1/clusters",
+        soft_wrap=True,
     )
     uvicorn.run(create_app(settings), host=settings.host, port=port, log_level="warning")

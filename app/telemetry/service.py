@@ -18,7 +18,7 @@ Algorithm (one transaction; nothing is written unless every check passes):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -433,3 +433,19 @@ def _sample_rows(
         }
         for s in push.samples
     ]
+
+
+def mark_stale_connectors(*, session: Session, now: datetime, stale_after_s: int) -> int:
+    """Flag clusters whose connector has been silent for ``stale_after_s``; returns how many."""
+    cutoff = now - timedelta(seconds=stale_after_s)
+    clusters = session.exec(
+        select(Cluster).where(
+            Cluster.connector_status == ConnectorStatus.connected,
+            Cluster.last_seen_at < cutoff,  # type: ignore[operator]
+        )
+    ).all()
+    for cluster in clusters:
+        cluster.connector_status = ConnectorStatus.stale
+        session.add(cluster)
+    session.commit()
+    return len(clusters)

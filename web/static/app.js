@@ -1,0 +1,187 @@
+// Shaper dashboard: a thin client of the REST API. The token lives in sessionStorage only.
+"use strict";
+
+const state = { token: null, clusters: [], jobOffset: 0, jobLimit: 50 };
+const $ = (sel) => document.querySelector(sel);
+const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+const COLORS = ["#2f6fdf", "#d0542f", "#2a9d5b", "#8b4fd8", "#c08a00", "#0e8fa3", "#b53b7a"];
+
+async function api(path, options = {}) {
+  const response = await fetch(`/api/v1${path}`, {
+    ...options,
+    headers: { Authorization: `Bearer ${state.token}`, "Content-Type": "application/json", ...(options.headers || {}) },
+  });
+  if (response.status === 401) { signOut("The token was refused (missing, expired or revoked)."); throw new Error("unauthorized"); }
+  const body = response.status === 204 ? null : await response.json();
+  if (!response.ok) {
+    const error = body && body.error ? body.error : { message: response.statusText };
+    throw new Error(error.field ? `${error.field}: ${error.message}` : error.message);
+  }
+  return body;
+}
+
+function signOut(message) {
+  sessionStorage.removeItem("shaper-token");
+  state.token = null;
+  document.querySelectorAll(".view").forEach((v) => (v.hidden = true));
+  $("#login").hidden = false;
+  $("#login-error").textContent = message || "";
+}
+
+async function signIn(token) {
+  state.token = token;
+  try {
+    const me = await api("/whoami");
+    sessionStorage.setItem("shaper-token", token);
+    $("#whoami").textContent = `${me.name} · ${me.scopes.join(", ")}`;
+    $("#login").hidden = true;
+    state.clusters = await api("/clusters");
+    for (const select of ["#node-cluster", "#job-cluster"]) {
+      const keep = select === "#job-cluster" ? '<option value="">all</option>' : "";
+      $(select).innerHTML = keep + state.clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
+    }
+    route();
+  } catch (error) {
+    if (error.message !== "unauthorized") signOut(error.message);
+  }
+}
+
+function route() {
+  const view = (location.hash || "#overview").slice(1).split("&")[0] || "overview";
+  document.querySelectorAll(".view").forEach((v) => (v.hidden = v.id !== view));
+  document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
+  ({ overview: showOverview, nodes: showNodes, jobs: showJobs, actions: showActions, policies: showPolicies }[view] || showOverview)()
+    .catch((error) => console.error(error));
+}
+
+async function showOverview() {
+  $("#cluster-cards").innerHTML = state.clusters.map((c) => `
+    <div class="card" data-cluster="${esc(c.name)}">
+      <h3>${esc(c.name)} <span class="badge ${esc(c.connector_status)}">${esc(c.connector_status)}</span></h3>
+      <div>${esc(c.scheduler)} · mode <b>${esc(c.mode)}</b> · policy ${esc(c.policy)}</div>
+      <div class="big">${c.gpu_count} GPUs</div><div>${c.node_count} nodes</div>
+      <div class="hint">${esc(c.description)}</div>
+    </div>`).join("") || "<p>No clusters registered yet.</p>";
+  const summary = await api(`/utilization?group_by=${$("#group-by").value}&bucket_s=1800`);
+  $("#util-chart").innerHTML = chart(summary);
+}
+
+function chart(summary) {
+  const width = 900, height = 260, left = 40, bottom = 24;
+  const series = summary.series.filter((s) => s.points.length);
+  if (!series.length) return "<p>No allocation history yet.</p>";
+  const n = series[0].points.length;
+  const x = (i) => left + (i / Math.max(1, n - 1)) * (width - left - 10);
+  const y = (v) => 30 + (1 - Math.min(1, v)) * (height - bottom - 30);  // legend above
+  let svg = `<svg width="${width}" height="${height}" role="img" aria-label="GPU allocation over time">`;
+  for (const v of [0, 0.25, 0.5, 0.75, 1]) {
+    svg += `<line x1="${left}" x2="${width - 10}" y1="${y(v)}" y2="${y(v)}" stroke="#e3e7ee"/><text x="4" y="${y(v) + 4}">${v * 100}%</text>`;
+  }
+  const first = new Date(series[0].points[0].start), last = new Date(series[0].points[n - 1].start);
+  svg += `<text x="${left}" y="${height - 6}">${first.toISOString().slice(11, 16)} UTC</text><text x="${width - 80}" y="${height - 6}">${last.toISOString().slice(11, 16)} UTC</text>`;
+  series.forEach((s, k) => {
+    const color = COLORS[k % COLORS.length];
+    const line = s.points.map((p, i) => `${x(i)},${y(p.allocated_share)}`).join(" ");
+    svg += `<polyline class="allocated" data-key="${esc(s.key)}" fill="none" stroke="${color}" stroke-width="2" points="${line}"/>`;
+    const measured = s.points.map((p, i) => (p.measured_util == null ? null : `${x(i)},${y(p.measured_util)}`)).filter(Boolean);
+    if (measured.length > 1) svg += `<polyline fill="none" stroke="${color}" stroke-dasharray="4 3" points="${measured.join(" ")}"/>`;
+    svg += `<text x="${left + k * 170}" y="14" style="fill:${color}">■ ${esc(s.key)} (${s.capacity_gpus} GPUs)</text>`;
+  });
+  return svg + "</svg>";
+}
+
+async function showNodes() {
+  const cluster = $("#node-cluster").value;
+  if (!cluster) { $("#gpu-map").innerHTML = "<p>No clusters.</p>"; return; }
+  const [nodes, jobs] = await Promise.all([
+    api(`/nodes?cluster=${encodeURIComponent(cluster)}&limit=1000&sort=name`),
+    api(`/jobs?cluster=${encodeURIComponent(cluster)}&state=running&limit=1000`),
+  ]);
+  const holder = {};
+  for (const job of jobs.items) for (const a of job.allocations) for (const i of a.gpu_indices) holder[`${a.node}/${i}`] = job.external_id;
+  $("#gpu-map").innerHTML = nodes.items.map((node) => {
+    const gpus = Array.from({ length: node.gpu_count }, (_, i) => {
+      const job = holder[`${node.name}/${i}`];
+      return `<span class="gpu ${job ? "busy" : ""}" title="GPU ${i}${job ? ` · ${esc(job)}` : " · free"}"></span>`;
+    }).join("");
+    return `<div class="gpu-row ${esc(node.state)}"><span class="name">${esc(node.name)}</span>${gpus}<span class="hint">${esc(node.gpu_model || "no GPU")} · ${node.gpus_allocated}/${node.gpu_count} · ${esc(node.state)}</span></div>`;
+  }).join("");
+}
+
+async function showJobs() {
+  const params = new URLSearchParams({ limit: state.jobLimit, offset: state.jobOffset, sort: $("#job-sort").value });
+  if ($("#job-cluster").value) params.set("cluster", $("#job-cluster").value);
+  if ($("#job-state").value) params.set("state", $("#job-state").value);
+  const page = await api(`/jobs?${params}`);
+  $("#job-table tbody").innerHTML = page.items.map((j) => `<tr>
+    <td>${esc(j.external_id)}</td><td>${esc(j.cluster)}</td><td>${esc(j.team)}</td><td>${esc(j.kind)}</td>
+    <td>${j.priority}</td><td>${j.shape === "elastic" ? `${j.replicas}×${j.gpus_requested}` : j.gpus_requested}</td><td>${esc(j.state)}</td>
+    <td>${j.allocations.map((a) => `${esc(a.node)}[${a.gpu_indices.join(",")}]`).join(" ")}</td>
+    <td>${j.submit_time ? esc(j.submit_time.slice(0, 16).replace("T", " ")) : ""}</td></tr>`).join("");
+  const end = Math.min(page.offset + page.limit, page.total);
+  $("#job-page").textContent = `${page.total ? page.offset + 1 : 0}–${end} of ${page.total}`;
+  $("#job-prev").disabled = page.offset === 0;
+  $("#job-next").disabled = end >= page.total;
+}
+
+async function showActions() {
+  const [actions, plans] = await Promise.all([api("/actions?limit=100"), api("/plans?limit=20")]);
+  $("#action-table tbody").innerHTML = actions.items.map((a) => `<tr>
+    <td>${a.id}</td><td>${esc(a.cluster)}</td><td>${esc(a.kind)}</td><td>${esc(a.job_external_id)}</td>
+    <td>${esc(a.source_node || "")} → ${esc(a.target_node || (a.target_replicas ?? ""))}</td><td>${esc(a.state)}</td><td>${esc(a.reason)}</td>
+    <td>${a.state === "proposed" ? `<button data-decide="approve" data-id="${a.id}">Approve</button> <button data-decide="reject" data-id="${a.id}">Reject</button>` : ""}</td></tr>`).join("")
+    || '<tr><td colspan="8">No actions yet.</td></tr>';
+  $("#plan-table tbody").innerHTML = plans.items.map((p) => `<tr>
+    <td>${p.id}</td><td>${esc(p.cluster)}</td><td>${esc(p.created_at.slice(0, 19))}</td><td>${esc(p.policy)}</td><td>${esc(p.engine)}</td>
+    <td>${esc(p.status)}</td><td>${p.objective ?? ""}</td><td>${p.gap ?? ""}</td>
+    <td>${p.decisions.slice(0, 5).map((d) => esc(`${d.job}: ${d.action} — ${d.reason}`)).join("<br>")}</td></tr>`).join("")
+    || '<tr><td colspan="9">No plans yet.</td></tr>';
+}
+
+async function showPolicies() {
+  const policies = await api("/policies");
+  $("#policy-list").innerHTML = policies.length ? `<table><thead><tr><th>Policy</th><th>Version</th><th>By</th><th>Comment</th><th></th></tr></thead><tbody>${
+    policies.map((p) => `<tr><td>${esc(p.name)}</td><td>${p.version}</td><td>${esc(p.created_by)}</td><td>${esc(p.comment)}</td>
+      <td><button data-edit="${esc(p.name)}">Edit</button></td></tr>`).join("")}</tbody></table>` : "<p>No SLA policies yet.</p>";
+  state.policies = Object.fromEntries(policies.map((p) => [p.name, p]));
+}
+
+document.addEventListener("click", async (event) => {
+  const target = event.target;
+  if (target.dataset.decide) {
+    try { await api(`/actions/${target.dataset.id}/${target.dataset.decide}`, { method: "POST" }); } catch (error) { alert(error.message); }
+    showActions();
+  } else if (target.dataset.edit) {
+    const policy = state.policies[target.dataset.edit];
+    $("#policy-name").value = policy.name;
+    $("#policy-spec").value = JSON.stringify(policy.spec, null, 2);
+    $("#policy-editor-title").textContent = `Edit ${policy.name} (now version ${policy.version})`;
+  }
+});
+
+$("#policy-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  $("#policy-error").textContent = "";
+  let spec;
+  try { spec = JSON.parse($("#policy-spec").value); } catch (error) { $("#policy-error").textContent = `spec is not JSON: ${error.message}`; return; }
+  const name = $("#policy-name").value, comment = $("#policy-comment").value;
+  try {
+    if (state.policies && state.policies[name]) await api(`/policies/${encodeURIComponent(name)}`, { method: "PUT", body: JSON.stringify({ spec, comment }) });
+    else await api("/policies", { method: "POST", body: JSON.stringify({ name, spec, comment }) });
+    showPolicies();
+  } catch (error) { $("#policy-error").textContent = error.message; }
+});
+
+$("#login-form").addEventListener("submit", (event) => { event.preventDefault(); signIn($("#token-input").value.trim()); });
+$("#group-by").addEventListener("change", showOverview);
+$("#node-cluster").addEventListener("change", showNodes);
+for (const id of ["#job-cluster", "#job-state", "#job-sort"]) $(id).addEventListener("change", () => { state.jobOffset = 0; showJobs(); });
+$("#job-prev").addEventListener("click", () => { state.jobOffset = Math.max(0, state.jobOffset - state.jobLimit); showJobs(); });
+$("#job-next").addEventListener("click", () => { state.jobOffset += state.jobLimit; showJobs(); });
+window.addEventListener("hashchange", () => { if (state.token) route(); });
+
+// A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
+const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");
+if (fromFragment) history.replaceState(null, "", location.pathname + "#overview");
+const saved = fromFragment || sessionStorage.getItem("shaper-token");
+if (saved) signIn(saved); else signOut();

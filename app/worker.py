@@ -1,0 +1,82 @@
+"""The Celery application: queues, beat schedule, and the embedded in-process mode.
+
+With ``SHAPER_BROKER_URL`` set, tasks go to a broker (Redis or RabbitMQ) and run on
+``shaper worker`` processes; ``shaper beat`` (or ``--beat`` on one worker) fires the periodic
+ones. With no broker (the embedded default) tasks run in the calling process and
+:class:`InProcessBeat` fires the periodic ones from a thread of ``shaper serve``.
+
+Queues: ``control`` (control-plane work); later ``connector.<cluster>`` and
+``agent.<cluster>.<node>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery
+
+from app.core.config import Settings, get_settings
+
+log = logging.getLogger(__name__)
+CONTROL_QUEUE = "control"
+STALE_CHECK_PERIOD_S = 60.0
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery(
+        "shaper",
+        broker=settings.broker_url or "memory://",
+        include=[
+            "app.telemetry.tasks",
+        ],
+    )
+    app.conf.update(
+        task_always_eager=settings.tasks_in_process,
+        task_eager_propagates=True,
+        task_default_queue=CONTROL_QUEUE,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        timezone="UTC",
+        beat_schedule={
+            "mark-stale-connectors": {
+                "task": "app.telemetry.tasks.mark_stale_connectors",
+                "schedule": STALE_CHECK_PERIOD_S,
+            },
+        },
+    )
+    return app
+
+
+celery_app = make_celery(get_settings())
+
+
+class InProcessBeat(threading.Thread):
+    """Fires the beat schedule in-process, for the embedded default (no broker)."""
+
+    def __init__(self, app: Celery) -> None:
+        super().__init__(name="shaper-beat", daemon=True)
+        self.app = app
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        entries: dict[str, Any] = dict(self.app.conf.beat_schedule)
+        periods = {name: float(entry["schedule"]) for name, entry in entries.items()}
+        due = dict.fromkeys(entries, 0.0)
+        elapsed = 0.0
+        tick = min(periods.values(), default=60.0)
+        while not self._stopping.wait(0 if elapsed == 0 else tick):
+            for name, entry in entries.items():
+                if elapsed >= due[name]:
+                    try:
+                        self.app.tasks[entry["task"]].apply()
+                    except Exception:  # a failing periodic task must not stop the others
+                        log.exception("periodic task %s failed", name)
+                    due[name] = elapsed + periods[name]
+            elapsed += tick
+
+    def stop(self) -> None:
+        self._stopping.set()

@@ -1,0 +1,167 @@
+"""The dashboard in a real headless Chromium, against a real server on the demo site."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from playwright.sync_api import Page, expect, sync_playwright
+from sqlmodel import Session
+
+from app.api.deps import get_clock
+from app.core import migrate
+from app.core.clock import FrozenClock
+from app.core.config import Settings
+from app.core.db import get_session, make_engine
+from app.demo import SITES, seed_demo_site
+from app.gpu_models import service as gpu_model_service
+from app.main import create_app
+from app.tokens import service as token_service
+from app.tokens.models import ApiTokenCreate
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('web') / 'shaper.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        gpu_model_service.ensure_default_catalogue(session=session)
+        seed_demo_site(session=session, now=NOW)
+        tokens = {
+            scope: token_service.create_token(
+                session=session, now=NOW, token_in=ApiTokenCreate(name=scope, scopes=[scope])
+            ).token
+            for scope in ("viewer", "operator")
+        }
+
+    def session_factory() -> Iterator[Session]:
+        with Session(engine) as session:
+            yield session
+
+    app = create_app(Settings(environment="test"))
+    app.dependency_overrides[get_session] = session_factory
+    app.dependency_overrides[get_clock] = lambda: FrozenClock(NOW + timedelta(minutes=1))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield {"base": f"http://127.0.0.1:{port}", "tokens": tokens}
+    server.should_exit = True
+    thread.join(timeout=10)
+    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    assert Path(CHROMIUM).exists(), "Chromium is missing: run scripts/browser.sh (make test does)"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+            ],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert errors == []
+
+
+def test_overview_shows_every_cluster_and_the_utilization_chart(
+    page: Page, site: dict[str, Any], tmp_path: Path
+) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    expect(page.locator('.card[data-cluster="hpc-a"] .big')).to_have_text("128 GPUs")
+    expect(page.locator("#whoami")).to_contain_text("viewer")
+    assert "token=" not in page.url  # the token is taken out of the address bar
+    expect(page.locator("polyline.allocated")).to_have_count(len(SITES))
+    points = page.locator('polyline.allocated[data-key="hpc-a"]').get_attribute("points")
+    assert points and len(points.split()) == 48  # 24 h in 30-min buckets
+    page.select_option("#group-by", "gpu_model")
+    expect(page.locator('polyline.allocated[data-key="H100"]')).to_have_count(1)
+    page.screenshot(path=str(tmp_path / "overview.png"))
+
+
+def test_gpu_map_and_queue(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    page.click('a[data-view="nodes"]')
+    expect(page.locator(".gpu-row")).to_have_count(16)  # hpc-a: 16 nodes
+    expect(page.locator(".gpu-row .gpu")).to_have_count(128)
+    assert page.locator(".gpu.busy").count() > 0
+    page.click('a[data-view="jobs"]')
+    expect(page.locator("#job-table tbody tr").first).to_be_visible()
+    everything = page.locator("#job-page").inner_text()
+    page.select_option("#job-state", "running")
+    expect(page.locator("#job-page")).not_to_have_text(everything)
+    states = page.locator("#job-table tbody tr td:nth-child(7)").all_inner_texts()
+    assert states and set(states) == {"running"}
+
+
+def test_policy_editing_needs_operator_and_keeps_versions(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    page.click('a[data-view="policies"]')
+    page.fill("#policy-name", "viewer-try")
+    page.click("#policy-form button")
+    expect(page.locator("#policy-error")).to_contain_text("lacks the scope 'operator'")
+
+    page.evaluate("sessionStorage.clear()")
+    page.goto("about:blank")  # a new load, not a hash change on the same page
+    page.goto(f"{site['base']}/#token={site['tokens']['operator']}")
+    page.click('a[data-view="policies"]')
+    page.fill("#policy-name", "research")
+    page.click("#policy-form button")
+    expect(page.locator("#policy-list")).to_contain_text("research")
+    page.click('button[data-edit="research"]')
+    page.fill("#policy-spec", '{"teams": [{"team": "research", "guaranteed_gpus": 4}]}')
+    page.click("#policy-form button")
+    expect(page.locator("#policy-list tbody tr td:nth-child(2)")).to_have_text("2")
+    page.fill("#policy-spec", '{"teams": [{"team": "research", "guaranteed_gpus": -4}]}')
+    page.click("#policy-form button")
+    expect(page.locator("#policy-error")).to_contain_text("spec.teams[0].guaranteed_gpus")
+
+
+def test_a_bad_token_asks_to_sign_in(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token=shp_000000000000_{'A' * 43}")
+    expect(page.locator("#login")).to_be_visible()
+    expect(page.locator("#login-error")).to_contain_text("refused")
+    page.fill("#token-input", site["tokens"]["viewer"])
+    page.click("#login-form button")
+    expect(page.locator(".card")).to_have_count(len(SITES))
