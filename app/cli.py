@@ -119,5 +119,23 @@ def demo(
     run_demo(port=port, reset=reset)
 
 
+@cli.command(
+    "connector",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def connector(ctx: typer.Context) -> None:
+    """Run a connector next to its scheduler: `shaper connector run --kind slurm --cluster NAME
+    --control-plane URL --token …` (see `shaper connector run --help`)."""
+    from connectors.runner import main as run_connector
+
+    args = list(ctx.args)
+    if not args or args[0] != "run":
+        console.print("usage: shaper connector run --kind KIND --cluster NAME "
+                      "--control-plane URL [--token T] [--interval S] [--set key=value …]")
+        raise typer.Exit(2)
+    raise typer.Exit(run_connector(args[1:]))
+
+
 def main() -> None:
     cli()

@@ -139,6 +139,9 @@ class JobReport(_Wire):
     start_time: AwareDatetime | None = None
     end_time: AwareDatetime | None = None
     state: JobState = JobState.pending
+    # Why the scheduler holds the job where it is (Slurm's Reason, Kueue's condition).
+    reason: Annotated[str, Field(max_length=255)] = ""
+    restart_count: Annotated[int, Field(ge=0)] = 0
     allocations: list[AllocationReport] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -39,6 +39,8 @@ class JobPublic(SQLModel):
     start_time: datetime | None
     end_time: datetime | None
     state: JobState
+    reason: str
+    restart_count: int
     updated_at: datetime
     allocations: list[AllocationPublic] = []
 
@@ -77,6 +79,8 @@ class Job(SQLModel, table=True):
     start_time: datetime | None = utc_column()
     end_time: datetime | None = utc_column()
     state: JobState = enum_column(JobState.pending, 16)
+    reason: str = Field(default="", max_length=255)
+    restart_count: int = 0
     updated_at: datetime = required_utc_column()
 
 

@@ -52,7 +52,7 @@ _JOB_FIELDS = (
     "name", "team", "queue", "kind", "shape", "priority", "sla_class", "gpus_requested",
     "allowed_gpu_models", "min_gpu_memory_gib", "required_precision", "gang_size",
     "checkpointable", "min_replicas", "max_replicas", "replicas", "submit_time", "start_time",
-    "end_time", "state",
+    "end_time", "state", "reason", "restart_count",
 )  # fmt: skip
 
 
@@ -301,6 +301,8 @@ def _job_values(report: JobReport) -> dict[str, Any]:
         "start_time": report.start_time,
         "end_time": report.end_time,
         "state": report.state,
+        "reason": report.reason,
+        "restart_count": report.restart_count,
     }
 
 

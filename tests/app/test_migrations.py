@@ -67,3 +67,31 @@ def test_migrations_match_the_models(
     )
     migrate.upgrade(url)
     assert _drift(url) == []
+
+
+def test_reason_columns_upgrade_a_table_with_rows(make_postgres_database: Any) -> None:
+    """The second revision adds NOT NULL columns: rows written before it must survive."""
+    url = make_postgres_database("rows")
+    migrate.upgrade(url, "2efac8c2a267")
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO clusters (name, scheduler, description, mode, policy, connector_status,"
+                " created_at) VALUES ('a', 'slurm', '', 'observe', 'shaper', 'never_seen', now())"
+            )
+        )
+        connection.execute(
+            sa.text(
+                "INSERT INTO jobs (cluster_id, external_id, name, team, queue, kind, shape, priority,"
+                " sla_class, gpus_requested, allowed_gpu_models, min_gpu_memory_gib, gang_size,"
+                " checkpointable, min_replicas, max_replicas, replicas, state, updated_at) VALUES"
+                " (1, 'j1', '', 't', 'q', 'hpc', 'block', 0, 's', 1, '[]', 0, 1, false, 0, 0, 0,"
+                " 'pending', now())"
+            )
+        )
+    migrate.upgrade(url)
+    with engine.connect() as connection:
+        row = connection.execute(sa.text("SELECT reason, restart_count FROM jobs")).one()
+    engine.dispose()
+    assert tuple(row) == ("", 0)

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from playwright.sync_api import Page, expect, sync_playwright
 from sqlmodel import Session
 
@@ -26,15 +22,10 @@ from app.gpu_models import service as gpu_model_service
 from app.main import create_app
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
+from tests.live_server import serve
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +50,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     app = create_app(Settings(environment="test"))
     app.dependency_overrides[get_session] = session_factory
     app.dependency_overrides[get_clock] = lambda: FrozenClock(NOW + timedelta(minutes=1))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield {"base": f"http://127.0.0.1:{port}", "tokens": tokens}
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve(app) as base:
+        yield {"base": base, "tokens": tokens}
     engine.dispose()
 
 

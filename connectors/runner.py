@@ -1,0 +1,369 @@
+"""Push a connector's telemetry to the control plane, for every connector kind.
+
+The loop, once per ``interval_s``:
+
+1. **Read** ``ClusterState`` from the connector. A retryable :class:`ConnectorError` (the
+   scheduler is down) backs off exponentially with jitter and reads again; the next push is
+   then a snapshot, because what happened meanwhile is unknown. Nothing partial is pushed:
+   a read gives the whole state or nothing. A non-retryable error is fatal.
+2. **Build** the payload: a :class:`TelemetrySnapshot` when the control plane's view is
+   unknown (first push, after a 409, a refused payload, a failed read, or every
+   ``resync_interval_s``), else a :class:`TelemetryDelta` of the nodes and jobs that are new
+   or changed since the last acknowledged push and the names of those that vanished.
+   Every payload has ``seq`` = previous + 1 within this process's ``connector_session``.
+3. **Push** ``POST {control_plane}/api/v1/clusters/{cluster}/telemetry``:
+
+   * 2xx — acknowledged (``duplicate: true`` too: the control plane already had it);
+   * 409 — the delta does not follow what the control plane has: push a snapshot now;
+   * 400/413/422 — the control plane refused the payload, which is our bug: log it and
+     resync with a snapshot at the next cycle;
+   * 401/403/404 — wrong token, scope or cluster: fatal (:class:`RunnerFatal`);
+   * 429, 5xx, connection errors and timeouts — back off and push the same payload again
+     (same ``seq``: the control plane drops a replay).
+
+Clock, sleep, session id, jitter and the HTTP transport are injectable for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from connectors import registry
+from connectors.base import (
+    ClusterState,
+    Connector,
+    ConnectorError,
+    JobReport,
+    NodeReport,
+    SchedulerKind,
+    TelemetryAck,
+    TelemetryDelta,
+    TelemetrySnapshot,
+)
+
+logger = logging.getLogger(__name__)
+
+Payload = TelemetrySnapshot | TelemetryDelta
+
+
+class RunnerFatal(Exception):
+    """The runner cannot go on (bad token, unknown cluster, unreadable scheduler config)."""
+
+
+class RunnerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    control_plane: Annotated[str, Field(min_length=1)]
+    cluster: Annotated[str, Field(min_length=1, max_length=128)]
+    token: SecretStr
+    interval_s: Annotated[float, Field(gt=0)] = 15.0
+    backoff_initial_s: Annotated[float, Field(gt=0)] = 1.0
+    backoff_max_s: Annotated[float, Field(gt=0)] = 60.0
+    request_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    # A full snapshot now and then bounds any drift between the two sides; None: never.
+    resync_interval_s: Annotated[float, Field(gt=0)] | None = 600.0
+
+
+@dataclass
+class RunnerStats:
+    cycles: int = 0
+    snapshots_sent: int = 0
+    deltas_sent: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    refused_payloads: int = 0
+    read_failures: int = 0
+    push_failures: int = 0
+
+
+View = tuple[dict[str, NodeReport], dict[str, JobReport]]
+# Outcomes of one push that are not an acknowledgement.
+_CONFLICT = "conflict"
+_REFUSED = "refused"
+_STOPPED = "stopped"
+
+
+class TelemetryRunner:
+    def __init__(
+        self,
+        connector: Connector,
+        config: RunnerConfig,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], object] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
+        session_id: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.connector = connector
+        self.config = config
+        self.session_id = session_id or uuid.uuid4().hex
+        self.stats = RunnerStats()
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait
+        self._clock = clock
+        self._monotonic = monotonic
+        self._rng = rng or random.Random()
+        self._next_seq = 0
+        # What the control plane has acknowledged; None: unknown, so the next push is a snapshot.
+        self._acked: View | None = None
+        self._last_snapshot_at: float | None = None
+        self._url = (
+            f"{config.control_plane.rstrip('/')}/api/v1/clusters/"
+            f"{quote(config.cluster, safe='')}/telemetry"
+        )
+        self._http = httpx.Client(timeout=config.request_timeout_s, transport=transport)
+
+    # --- control ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def run(self, *, max_cycles: int | None = None) -> None:
+        """Loop until :meth:`stop` (or ``max_cycles``); raises :class:`RunnerFatal`."""
+        while not self.stopping and (max_cycles is None or self.stats.cycles < max_cycles):
+            self.run_once()
+            if self.stopping or (max_cycles is not None and self.stats.cycles >= max_cycles):
+                break
+            self._sleep(self.config.interval_s)
+
+    def run_once(self) -> TelemetryAck | None:
+        """One cycle: read (retrying), push (retrying); ``None`` when stopped or refused."""
+        self.stats.cycles += 1
+        state = self._read()
+        if state is None:
+            return None
+        outcome = self._push(*self._build(state))
+        if outcome == _CONFLICT and not self.stopping:
+            # The control plane lost track of this session: the snapshot goes out at once.
+            outcome = self._push(*self._build(state))
+        return outcome if isinstance(outcome, TelemetryAck) else None
+
+    # --- phases ----------------------------------------------------------------------------
+
+    def _backoff(self, attempt: int) -> float:
+        ceiling = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2**attempt)
+        return ceiling * (0.5 + 0.5 * self._rng.random())
+
+    def _read(self) -> ClusterState | None:
+        attempt = 0
+        while not self.stopping:
+            try:
+                return self.connector.read_state()
+            except ConnectorError as error:
+                if not error.retryable:
+                    raise RunnerFatal(
+                        f"cannot read {self.connector.kind} cluster {self.connector.cluster}: "
+                        f"{error}"
+                    ) from error
+                self.stats.read_failures += 1
+                self._acked = None  # what changed meanwhile is unknown: resync
+                delay = self._backoff(attempt)
+                logger.warning("reading the scheduler failed (%s); again in %.1f s", error, delay)
+                attempt += 1
+                self._sleep(delay)
+        return None
+
+    def _build(self, state: ClusterState) -> tuple[Payload, View]:
+        nodes = {node.name: node for node in state.nodes}
+        jobs = {job.external_id: job for job in state.jobs}
+        resync_due = (
+            self.config.resync_interval_s is not None
+            and self._last_snapshot_at is not None
+            and self._monotonic() - self._last_snapshot_at >= self.config.resync_interval_s
+        )
+        common: dict[str, Any] = {
+            "connector_session": self.session_id,
+            "seq": self._next_seq,
+            "sent_at": self._clock(),
+            "samples": state.samples,
+        }
+        view = (nodes, jobs)
+        if self._acked is None or resync_due:
+            return TelemetrySnapshot(**common, nodes=state.nodes, jobs=state.jobs), view
+        acked_nodes, acked_jobs = self._acked
+        delta = TelemetryDelta(
+            **common,
+            nodes=[node for name, node in nodes.items() if acked_nodes.get(name) != node],
+            jobs=[job for job_id, job in jobs.items() if acked_jobs.get(job_id) != job],
+            removed_nodes=sorted(set(acked_nodes) - set(nodes)),
+            removed_jobs=sorted(set(acked_jobs) - set(jobs)),
+        )
+        return delta, view
+
+    def _push(self, payload: Payload, view: View) -> TelemetryAck | str:
+        body = payload.model_dump(mode="json")
+        headers = {"Authorization": f"Bearer {self.config.token.get_secret_value()}"}
+        attempt = 0
+        while not self.stopping:
+            try:
+                response = self._http.post(self._url, json=body, headers=headers)
+            except httpx.HTTPError as error:
+                self._retry_later(f"control plane unreachable ({error!r})", attempt)
+                attempt += 1
+                continue
+            status = response.status_code
+            if 200 <= status < 300:
+                return self._accepted(payload, view, response)
+            if status == 409:
+                self.stats.conflicts += 1
+                logger.warning("control plane answered 409 to seq %d: resync", payload.seq)
+                self._forget(payload)
+                return _CONFLICT
+            if status in (401, 403, 404):
+                raise RunnerFatal(self._fatal_message(status, response))
+            if status in (400, 413, 422):
+                self.stats.refused_payloads += 1
+                logger.error(
+                    "control plane refused %s seq %d (%d): %s; resyncing with a snapshot",
+                    payload.kind,
+                    payload.seq,
+                    status,
+                    response.text[:2000],
+                )
+                self._forget(payload)
+                return _REFUSED
+            self._retry_later(f"control plane answered {status}: {response.text[:200]}", attempt)
+            attempt += 1
+        return _STOPPED
+
+    def _retry_later(self, reason: str, attempt: int) -> None:
+        self.stats.push_failures += 1
+        delay = self._backoff(attempt)
+        logger.warning("%s; pushing the same payload again in %.1f s", reason, delay)
+        self._sleep(delay)
+
+    def _forget(self, payload: Payload) -> None:
+        # The seq is spent; the control plane's view is unknown until a snapshot lands.
+        self._acked = None
+        self._next_seq = payload.seq + 1
+
+    def _accepted(self, payload: Payload, view: View, response: httpx.Response) -> TelemetryAck:
+        try:
+            ack = TelemetryAck.model_validate(response.json())
+        except (ValueError, ValidationError) as error:
+            # Accepted all the same: the status says so; only the body is odd.
+            logger.warning("ack of seq %d has an odd body: %s", payload.seq, error)
+            ack = TelemetryAck(cluster=self.config.cluster, seq=payload.seq)
+        if ack.duplicate:
+            self.stats.duplicates += 1
+        if isinstance(payload, TelemetrySnapshot):
+            self.stats.snapshots_sent += 1
+            self._last_snapshot_at = self._monotonic()
+        else:
+            self.stats.deltas_sent += 1
+        self._acked = view
+        self._next_seq = payload.seq + 1
+        return ack
+
+    def _fatal_message(self, status: int, response: httpx.Response) -> str:
+        detail = response.text[:300]
+        if status == 404:
+            return (
+                f"control plane has no telemetry endpoint for cluster {self.config.cluster!r} at "
+                f"{self._url} (404: {detail}); check --control-plane and --cluster"
+            )
+        return (
+            f"control plane refused the token ({status}: {detail}); it needs the scope "
+            f"connector:{self.config.cluster}"
+        )
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, separator, value = text.partition("=")
+    if not separator or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m connectors.runner --kind slurm --cluster hpc-a --control-plane URL …``"""
+    parser = argparse.ArgumentParser(prog="connectors.runner", description=__doc__.split("\n")[0])
+    parser.add_argument("--kind", required=True, choices=[kind.value for kind in SchedulerKind])
+    parser.add_argument("--cluster", required=True)
+    parser.add_argument("--control-plane", required=True)
+    token_env = "SHAPER_CONNECTOR_TOKEN"
+    parser.add_argument("--token", default=os.environ.get(token_env), help=f"or {token_env}")
+    parser.add_argument("--interval", type=float, default=15.0, help="seconds between pushes")
+    parser.add_argument(
+        "--set",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="connector option (JSON values allowed), e.g. --set rest_url=http://h:6820",
+    )
+    args = parser.parse_args(argv)
+    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)
+    if not args.token:
+        parser.error("--token (or SHAPER_CONNECTOR_TOKEN) is required")
+
+    kind = SchedulerKind(args.kind)
+    importlib.import_module(f"connectors.{kind.value}")  # registers the kind
+    try:
+        connector = registry.create(kind, cluster=args.cluster, **dict(args.set))
+    except (LookupError, ValidationError) as error:
+        print(f"connector: bad configuration for {kind.value}: {error}", file=sys.stderr)
+        return 2
+    runner = TelemetryRunner(
+        connector,
+        RunnerConfig(
+            control_plane=args.control_plane,
+            cluster=args.cluster,
+            token=args.token,
+            interval_s=args.interval,
+        ),
+    )
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        runner.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    logger.info("pushing %s cluster %s as session %s", kind.value, args.cluster, runner.session_id)
+    try:
+        runner.run()
+    except RunnerFatal as error:
+        print(f"connector: {error}", file=sys.stderr)
+        return 2
+    finally:
+        runner.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""A real Slurm 22.05 cluster (three nodes, two fake H100s each) for the connector tests.
+
+Started once per session with ``scripts/slurm-cluster.sh start --dir <tmp>`` and stopped at
+the end. If it cannot start, every test that needs it fails with the script's own reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors.slurm import SlurmConnector, SlurmConnectorConfig
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
+REST_URL = "http://127.0.0.1:6820"
+# Generous ceilings for conditions Slurm reaches in seconds; a requeued job waits
+# cred_expire (10 s) before it may start again.
+WAIT_S = 60.0
+
+
+@dataclass
+class SlurmCluster:
+    directory: Path
+    connectors: list[SlurmConnector] = field(default_factory=list)
+
+    @property
+    def conf(self) -> Path:
+        return self.directory / "etc" / "slurm.conf"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.directory / "jobs"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def script(self, command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SCRIPT), command, "--dir", str(self.directory)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    def run(self, *args: str) -> str:
+        result = subprocess.run(
+            list(args), capture_output=True, text=True, env=self.env, timeout=60, check=False
+        )
+        if result.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed: {result.stderr or result.stdout}")
+        return result.stdout
+
+    def sbatch(self, *options: str, command: str = "sleep 600") -> str:
+        output = self.run(
+            "sbatch",
+            "--parsable",
+            f"--chdir={self.jobs_dir}",
+            f"--output={self.jobs_dir}/%j.out",
+            *options,
+            f"--wrap={command}",
+        )
+        return output.strip().split(";")[0]
+
+    def squeue(self) -> dict[str, dict[str, Any]]:
+        """Slurm's own view, from a format that is not the JSON the connector parses."""
+        fields = "JobID,State,Reason,NodeList,NumNodes,Partition,UserName,tres-per-node,Account"
+        names = [name.lower() for name in fields.split(",")]
+        output = self.run(
+            "squeue", "-h", "-t", "all", "-O", ",".join(f"{f}:|" for f in fields.split(","))
+        )
+        rows = {}
+        for line in output.splitlines():
+            values = [value.strip() for value in line.split("|")][: len(names)]
+            row = dict(zip(names, values, strict=True))
+            rows[row["jobid"]] = row
+        return rows
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.squeue()[job_id]
+
+    def scontrol_job(self, job_id: str) -> str:
+        return self.run("scontrol", "show", "job", "-d", job_id)
+
+    def wait_for(self, what: str, condition: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            time.sleep(0.2)
+
+    def wait_state(self, job_id: str, state: str, timeout: float = WAIT_S) -> dict[str, Any]:
+        return self.wait_for(
+            f"job {job_id} to be {state} (last: {self.job(job_id)})",
+            lambda: (row := self.job(job_id))["state"] == state and row,
+            timeout,
+        )
+
+    def cancel_all(self) -> None:
+        subprocess.run(["scancel", "--user=root"], env=self.env, capture_output=True, check=False)
+        self.wait_for(
+            "all jobs to end",
+            lambda: all(
+                row["state"] in ("CANCELLED", "COMPLETED", "FAILED")
+                for row in self.squeue().values()
+            ),
+        )
+        self.wait_for("nodes to be idle", self.nodes_idle)
+
+    def nodes_idle(self) -> bool:
+        output = self.run("sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t")
+        return all(line.split()[1] == "idle" for line in output.splitlines())
+
+    def config(self, **fields: Any) -> SlurmConnectorConfig:
+        return SlurmConnectorConfig(cluster="hpc-test", slurm_conf=self.conf, **fields)
+
+    def connector(self, **fields: Any) -> SlurmConnector:
+        """A connector closed when the test ends."""
+        connector = SlurmConnector(self.config(**fields))
+        self.connectors.append(connector)
+        return connector
+
+    def close_connectors(self) -> None:
+        while self.connectors:
+            self.connectors.pop().close()
+
+    def pid(self, daemon: str) -> int:
+        return int((self.directory / "run" / f"{daemon}.pid").read_text().strip())
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    # Not under pytest's 0700 base temp: slurmrestd runs unprivileged and reads etc/.
+    directory = Path(tempfile.mkdtemp(prefix="shaper-slurm-test-", dir="/tmp"))
+    directory.chmod(0o755)
+    cluster = SlurmCluster(directory)
+    started = cluster.script("start")
+    if started.returncode != 0:
+        cluster.script("stop")
+        shutil.rmtree(directory, ignore_errors=True)
+        pytest.fail(
+            "the Slurm test cluster did not start (scripts/slurm-cluster.sh start, run as root "
+            f"with Debian's package mirrors reachable):\n{started.stderr}{started.stdout}",
+            pytrace=False,
+        )
+    cluster.jobs_dir.mkdir()
+    try:
+        yield cluster
+    finally:
+        stopped = cluster.script("stop")
+        shutil.rmtree(directory, ignore_errors=True)
+        if stopped.returncode != 0:
+            raise RuntimeError(f"stopping the Slurm test cluster failed:\n{stopped.stderr}")
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster with no job running, before and after the test."""
+    slurm_cluster.cancel_all()
+    yield slurm_cluster
+    slurm_cluster.close_connectors()
+    slurm_cluster.cancel_all()

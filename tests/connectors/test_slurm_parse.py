@@ -1,0 +1,363 @@
+"""Parsing Slurm 22.05's JSON (recorded outputs, see data/README.md) into Shaper's types."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors.base import AllocationReport, ConnectorError, JobKind, JobState, NodeState
+from connectors.slurm.config import MappingRule, SlurmMapping
+from connectors.slurm.hostlist import expand_hostlist, expand_index_list
+from connectors.slurm.parse import (
+    LABEL_PARTITIONS,
+    LABEL_REASON,
+    SlurmJob,
+    api_version,
+    parse_gres,
+    parse_jobs,
+    parse_nodes,
+    parse_tags,
+)
+
+DATA = Path(__file__).parent / "data"
+SHARED = DATA / "slurm-22.05-shared"
+RECORDED = DATA / "slurm-22.05-recorded"
+VERSIONS = ("v0.0.36", "v0.0.37", "v0.0.38")
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def recorded_nodes(version: str, mapping: SlurmMapping | None = None):
+    partitions = load(RECORDED / f"rest-partitions-{version}.json")
+    return parse_nodes(
+        load(RECORDED / f"rest-nodes-{version}.json"),
+        mapping or SlurmMapping(),
+        partitions_document=partitions if version == "v0.0.36" else None,
+    )
+
+
+def recorded_jobs(version: str, mapping: SlurmMapping | None = None) -> dict[str, SlurmJob]:
+    jobs = parse_jobs(load(RECORDED / f"rest-jobs-{version}.json"), mapping or SlurmMapping())
+    return {job.report.external_id: job for job in jobs}
+
+
+# --- hostlists and GRES ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "names"),
+    [
+        ("node[1-3]", ["node1", "node2", "node3"]),
+        ("node1", ["node1"]),
+        ("node[2-3],gpu7", ["node2", "node3", "gpu7"]),
+        ("n[08-10,12]", ["n08", "n09", "n10", "n12"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("", []),
+        ("(null)", []),
+    ],
+)
+def test_expand_hostlist(expression: str, names: list[str]) -> None:
+    assert expand_hostlist(expression) == names
+
+
+@pytest.mark.parametrize("expression", ["node[1-3", "node1-3]", "node[3-1]", "node[a-b]"])
+def test_expand_hostlist_refuses_malformed(expression: str) -> None:
+    with pytest.raises(ValueError, match="hostlist"):
+        expand_hostlist(expression)
+
+
+def test_expand_index_list() -> None:
+    assert expand_index_list("0-1,3") == [0, 1, 3]
+    assert expand_index_list("") == []
+
+
+@pytest.mark.parametrize(
+    ("gres", "parsed"),
+    [
+        ("gpu:h100:2", [("h100", 2)]),
+        ("gpu:2", [(None, 2)]),
+        ("gpu", [(None, 1)]),
+        ("gpu:a100", [("a100", 1)]),
+        ("gpu:h100:2(S:0-1),gpu:a100:4(S:0,2)", [("h100", 2), ("a100", 4)]),
+        ("gres:gpu:1", [(None, 1)]),
+        ("gres/gpu:h100:3", [("h100", 3)]),
+        ("shard:8,gpu:1", [(None, 1)]),
+        ("(null)", []),
+        ("", []),
+    ],
+)
+def test_parse_gres(gres: str, parsed: list[tuple[str | None, int]]) -> None:
+    assert parse_gres(gres) == parsed
+
+
+# --- API versions ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_api_version_of_each_recording(version: str) -> None:
+    for endpoint in ("jobs", "nodes", "partitions"):
+        document = load(RECORDED / f"rest-{endpoint}-{version}.json")
+        assert api_version(document, what=endpoint) == version
+
+
+def test_unknown_api_version_is_refused_with_a_clear_message() -> None:
+    document = load(RECORDED / "rest-jobs-v0.0.38.json")
+    document["meta"]["plugin"]["type"] = "openapi/v0.0.40"
+    with pytest.raises(ConnectorError, match=r"openapi/v0\.0\.40.*knows only") as caught:
+        parse_jobs(document, SlurmMapping())
+    assert caught.value.retryable is False
+
+
+def test_answer_without_version_is_refused() -> None:
+    with pytest.raises(ConnectorError, match="cannot tell its API version"):
+        parse_nodes({"nodes": []}, SlurmMapping())
+
+
+def test_errors_in_an_answer_are_retryable() -> None:
+    # What squeue --json prints (exit 0) while slurmctld is down.
+    document = load(SHARED / "squeue.json")
+    document["errors"] = [
+        {
+            "description": "Failed while looking for jobs",
+            "error_number": -1,
+            "error": "Unspecified error",
+            "source": "slurm_load_jobs",
+        }
+    ]
+    with pytest.raises(ConnectorError, match="slurm_load_jobs: Failed while looking") as caught:
+        parse_jobs(document, SlurmMapping())
+    assert caught.value.retryable is True
+
+
+# --- nodes ---------------------------------------------------------------------------------------
+
+
+def test_shared_sinfo_untyped_gres_uses_the_default_model() -> None:
+    nodes = parse_nodes(load(SHARED / "sinfo.json"), SlurmMapping(default_gpu_model="gpu-x"))
+    assert [node.name for node in nodes] == ["node1", "node2", "node3"]
+    for node in nodes:
+        assert (node.gpu_model, node.gpu_count) == ("gpu-x", 2)
+        assert (node.cpu_cores, node.memory_mib) == (4, 4000)
+        assert node.labels[LABEL_PARTITIONS] == "debug,high"
+        assert node.state is NodeState.up
+
+
+def test_untyped_gres_takes_the_model_from_a_node_feature() -> None:
+    document = load(SHARED / "sinfo.json")
+    document["nodes"][0]["active_features"] = "ib,A100"
+    mapping = SlurmMapping(gpu_model_aliases={"A100": "A100-80GB"})
+    nodes = parse_nodes(document, mapping)
+    assert nodes[0].gpu_model == "A100-80GB"
+    assert nodes[1].gpu_model == mapping.default_gpu_model
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_recorded_nodes(version: str) -> None:
+    nodes = {node.name: node for node in recorded_nodes(version)}
+    assert sorted(nodes) == ["node1", "node2", "node3"]
+    for node in nodes.values():
+        assert (node.gpu_model, node.gpu_count, node.cpu_cores, node.memory_mib) == (
+            "h100",
+            2,
+            4,
+            4000,
+        )
+        assert node.labels[LABEL_PARTITIONS] == "debug,high"
+    assert nodes["node3"].state is NodeState.draining
+    assert nodes["node3"].labels[LABEL_REASON] == "maint-window"
+    assert nodes["node1"].state is nodes["node2"].state is NodeState.up
+
+
+def test_node_states_from_base_state_and_flags() -> None:
+    document = load(RECORDED / "rest-nodes-v0.0.38.json")
+    cases = [
+        ("idle", [], NodeState.up),
+        ("mixed", [], NodeState.up),
+        ("allocated", ["DRAIN"], NodeState.draining),
+        ("idle", ["DRAIN"], NodeState.draining),
+        ("down", [], NodeState.down),
+        ("idle", ["NOT_RESPONDING"], NodeState.down),
+        ("mixed", ["DRAIN", "NOT_RESPONDING"], NodeState.down),
+        ("future", [], NodeState.down),
+        ("idle", ["POWERED_DOWN"], NodeState.down),
+    ]
+    template = document["nodes"][0]
+    document["nodes"] = []
+    for position, (state, flags, _) in enumerate(cases):
+        node = copy.deepcopy(template)
+        node.update(name=f"n{position}", state=state, state_flags=flags, reason="")
+        document["nodes"].append(node)
+    assert [node.state for node in parse_nodes(document, SlurmMapping())] == [
+        expected for *_, expected in cases
+    ]
+
+
+def test_v0_0_36_nodes_need_the_partition_list() -> None:
+    with pytest.raises(ConnectorError, match="no partitions"):
+        parse_nodes(load(RECORDED / "rest-nodes-v0.0.36.json"), SlurmMapping())
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+
+
+def test_shared_squeue_jobs() -> None:
+    jobs = {
+        job.report.external_id: job
+        for job in parse_jobs(load(SHARED / "squeue.json"), SlurmMapping())
+    }
+    single, gang, pending = jobs["1"].report, jobs["2"].report, jobs["3"].report
+    assert single.state is JobState.running
+    assert single.allocations == [AllocationReport(node="node1", gpu_indices=[0])]
+    assert single.gpus_requested == 1
+    assert single.submit_time == datetime.fromtimestamp(1796202497, tz=UTC)
+    assert single.start_time == datetime.fromtimestamp(1796202498, tz=UTC)
+    assert single.end_time is None  # a running job's end_time is only its time limit
+    assert (single.team, single.queue, single.kind) == ("root", "debug", JobKind.hpc)
+
+    assert gang.gang_size == 2 and gang.gpus_requested == 4
+    assert gang.allocations == [
+        AllocationReport(node="node2", gpu_indices=[0, 1]),
+        AllocationReport(node="node3", gpu_indices=[0, 1]),
+    ]
+    assert pending.state is JobState.pending and pending.allocations == []
+    assert pending.gpus_requested == 1  # --gpus=1 is a per-job request
+    assert pending.start_time is None
+    assert jobs["3"].reason == "Resources"
+
+
+def test_shared_rest_jobs_restart_counts_and_terminal_states() -> None:
+    jobs = {
+        job.report.external_id: job
+        for job in parse_jobs(load(SHARED / "rest_jobs_jwt.json"), SlurmMapping())
+    }
+    assert jobs["1"].restart_count == 2
+    assert jobs["1"].report.state is JobState.cancelled
+    assert jobs["1"].report.allocations == []
+    assert jobs["1"].report.end_time is not None
+    assert jobs["4"].reason == "JobHeldUser"
+    assert jobs["5"].report.queue == "high" and jobs["5"].report.gang_size == 3
+    assert jobs["7"].user == "slurm" and jobs["7"].report.team == "slurm"
+    assert jobs["9"].report.allocations == [AllocationReport(node="node1", gpu_indices=[0])]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_recorded_jobs(version: str) -> None:
+    jobs = recorded_jobs(version)
+    training, gang, suspended, pending = jobs["4"], jobs["5"], jobs["6"], jobs["7"]
+
+    # -A physics, --gres=gpu:h100:1, -J shaper:kind=training,sla=gold
+    assert training.report.team == "physics" and training.account == "physics"
+    assert training.report.allowed_gpu_models == ["h100"]
+    assert (training.report.kind, training.report.sla_class) == (JobKind.training, "gold")
+    assert training.report.allocations == [AllocationReport(node="node3", gpu_indices=[0])]
+    assert training.user == "root"  # v0.0.36 leaves user_name empty: resolved from user_id
+
+    # -N2 --gres=gpu:2 -p high --comment '… shaper:kind=batch_inference,priority=70,…'
+    assert gang.report.gang_size == 2 and gang.report.gpus_requested == 4
+    assert gang.report.queue == "high"
+    assert gang.report.kind is JobKind.batch_inference
+    assert gang.report.priority == 70 and gang.report.checkpointable is True
+    assert [a.node for a in gang.report.allocations] == ["node1", "node2"]
+
+    assert suspended.report.state is JobState.suspended
+    assert suspended.report.allocations == [AllocationReport(node="node3", gpu_indices=[1])]
+
+    assert pending.report.state is JobState.pending and pending.reason == "Resources"
+    assert pending.report.gang_size == 3 and pending.report.gpus_requested == 6
+
+    assert jobs["1"].restart_count == 1 and jobs["1"].report.state is JobState.cancelled
+
+
+def test_all_api_versions_and_the_cli_give_the_same_reports() -> None:
+    reference_jobs = [job.report for job in recorded_jobs("v0.0.38").values()]
+    reference_nodes = recorded_nodes("v0.0.38")
+    for version in ("v0.0.36", "v0.0.37"):
+        assert [job.report for job in recorded_jobs(version).values()] == reference_jobs
+        assert recorded_nodes(version) == reference_nodes
+    cli_jobs = parse_jobs(load(RECORDED / "squeue.json"), SlurmMapping())
+    assert [job.report for job in cli_jobs] == reference_jobs
+    assert parse_nodes(load(RECORDED / "sinfo.json"), SlurmMapping()) == reference_nodes
+
+
+# --- mapping ---------------------------------------------------------------------------------
+
+
+def test_mapping_rules_apply_in_order_and_job_tags_override_them() -> None:
+    mapping = SlurmMapping(
+        default_kind=JobKind.other,
+        default_priority=10,
+        rules=[
+            MappingRule(partition="high", priority=90, sla_class="silver"),
+            MappingRule(partition="high", account="physics", sla_class="platinum"),
+            MappingRule(partition="debug", kind=JobKind.hpc),
+            MappingRule(name_prefix="shaper:", kind=JobKind.quantization, priority=5),
+        ],
+    )
+    jobs = recorded_jobs("v0.0.38", mapping)
+    gang = jobs["5"].report  # partition high, no account; its comment sets priority=70
+    assert (gang.kind, gang.priority, gang.sla_class) == (JobKind.batch_inference, 70, "silver")
+    training = jobs["4"].report  # debug, named shaper:kind=training,sla=gold
+    assert (training.kind, training.priority, training.sla_class) == (
+        JobKind.training,
+        5,
+        "gold",
+    )
+    plain = jobs["6"].report
+    assert (plain.kind, plain.priority, plain.sla_class) == (JobKind.hpc, 10, "standard")
+
+
+def test_mapping_by_qos_and_without_job_tags() -> None:
+    document = load(RECORDED / "rest-jobs-v0.0.38.json")
+    for job in document["jobs"]:
+        job["qos"] = "realtime" if job["job_id"] == 5 else "normal"
+    mapping = SlurmMapping(
+        honor_job_tags=False,
+        team_from="user",
+        rules=[MappingRule(qos="realtime", kind=JobKind.realtime_inference, priority=1000)],
+    )
+    jobs = {job.report.external_id: job.report for job in parse_jobs(document, mapping)}
+    assert (jobs["5"].kind, jobs["5"].priority) == (JobKind.realtime_inference, 1000)
+    assert jobs["5"].checkpointable is False  # the comment's tag is ignored
+    assert (jobs["4"].kind, jobs["4"].sla_class, jobs["4"].team) == (
+        JobKind.hpc,
+        "standard",
+        "root",
+    )
+
+
+def test_parse_tags() -> None:
+    assert parse_tags("run42 shaper:kind=training,sla=gold extra") == {
+        "kind": "training",
+        "sla": "gold",
+    }
+    assert parse_tags("no tags here") == {}
+
+
+def test_invalid_tags_are_ignored() -> None:
+    document = load(RECORDED / "rest-jobs-v0.0.38.json")
+    job = next(job for job in document["jobs"] if job["job_id"] == 6)
+    job["comment"] = "shaper:kind=spaceship,priority=-3,priority=high,checkpointable=maybe"
+    report = next(
+        j.report for j in parse_jobs(document, SlurmMapping()) if j.report.external_id == "6"
+    )
+    assert (report.kind, report.priority, report.checkpointable) == (JobKind.hpc, 0, False)
+
+
+def test_a_mapping_rule_needs_a_condition_and_an_effect() -> None:
+    with pytest.raises(ValueError, match="at least one condition"):
+        MappingRule(kind=JobKind.training)
+    with pytest.raises(ValueError, match="must set"):
+        MappingRule(qos="normal")
+
+
+def test_unknown_job_state_is_reported_pending() -> None:
+    document = load(SHARED / "squeue.json")
+    document["jobs"][0]["job_state"] = "WARPING"
+    assert parse_jobs(document, SlurmMapping())[0].report.state is JobState.pending
