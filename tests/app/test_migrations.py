@@ -77,14 +77,16 @@ def test_reason_columns_upgrade_a_table_with_rows(make_postgres_database: Any) -
     with engine.begin() as connection:
         connection.execute(
             sa.text(
-                "INSERT INTO clusters (name, scheduler, description, mode, policy, connector_status,"
-                " created_at) VALUES ('a', 'slurm', '', 'observe', 'shaper', 'never_seen', now())"
+                "INSERT INTO clusters (name, scheduler, description, mode, policy,"
+                " connector_status, created_at)"
+                " VALUES ('a', 'slurm', '', 'observe', 'shaper', 'never_seen', now())"
             )
         )
         connection.execute(
             sa.text(
-                "INSERT INTO jobs (cluster_id, external_id, name, team, queue, kind, shape, priority,"
-                " sla_class, gpus_requested, allowed_gpu_models, min_gpu_memory_gib, gang_size,"
+                "INSERT INTO jobs (cluster_id, external_id, name, team, queue, kind, shape,"
+                " priority, sla_class, gpus_requested, allowed_gpu_models, min_gpu_memory_gib,"
+                " gang_size,"
                 " checkpointable, min_replicas, max_replicas, replicas, state, updated_at) VALUES"
                 " (1, 'j1', '', 't', 'q', 'hpc', 'block', 0, 's', 1, '[]', 0, 1, false, 0, 0, 0,"
                 " 'pending', now())"
