@@ -7,6 +7,7 @@ thousands of rows) and ``UPDATE … FROM`` a temporary table; every other backen
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,8 @@ def _pg_type(column: sa.Column[Any]) -> str:
     """The PostgreSQL type name COPY BINARY must be told for ``column``."""
     kind = column.type
     if isinstance(kind, sa.JSON):
-        return "json"
+        # Sent pre-serialised: binary COPY input of json is its UTF-8 text, same as text's.
+        return "text"
     if isinstance(kind, sa.BigInteger):
         return "int8"
     if isinstance(kind, sa.Integer):
@@ -36,6 +38,14 @@ def _pg_type(column: sa.Column[Any]) -> str:
     return "text"
 
 
+def _json_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not value:  # the common empty list or dict, without a json.dumps call
+        return "[]" if isinstance(value, list) else "{}"
+    return json.dumps(value, separators=(",", ":"))
+
+
 def _copy_rows(
     session: Session,
     table_name: str,
@@ -46,13 +56,18 @@ def _copy_rows(
     """COPY … FROM STDIN in binary format, with the column types given up front so psycopg's
     C row formatter does the work (no per-value type lookup in Python)."""
     types = [_pg_type(table.c[c]) for c in columns]
+    json_columns = [c for c in columns if isinstance(table.c[c].type, sa.JSON)]
     raw = session.connection().connection.driver_connection
     assert raw is not None
     statement = f"COPY {table_name} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
     with raw.cursor() as cursor, cursor.copy(statement) as copy:
         copy.set_types(types)
         for row in rows:
-            copy.write_row([row[c] for c in columns])
+            values = [row[c] for c in columns]
+            for c in json_columns:
+                index = columns.index(c)
+                values[index] = _json_text(values[index])
+            copy.write_row(values)
 
 
 def insert_rows(session: Session, table: sa.Table, rows: Sequence[dict[str, Any]]) -> int:
