@@ -15,10 +15,12 @@ demo: venv
 serve: venv
 	$(BIN)/shaper serve
 
-## Install, start PostgreSQL and Redis (installing them if missing), run the whole suite.
+## Install; start PostgreSQL and Redis, install Chromium and a CRIU that works on this
+## kernel when missing (Slurm is installed and started by its test fixture); run everything.
 test: venv
 	scripts/services.sh
 	scripts/browser.sh
+	scripts/install-criu.sh
 	$(BIN)/pytest -q
 
 lint: venv

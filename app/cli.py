@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from sqlmodel import Session
 
+from agent.cli import agent_cli
 from app.core.config import get_settings
 
 cli = typer.Typer(
@@ -20,6 +21,7 @@ db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
 token_cli = typer.Typer(no_args_is_help=True, help="API tokens.")
 cli.add_typer(db_cli, name="db")
 cli.add_typer(token_cli, name="token")
+cli.add_typer(agent_cli, name="agent")
 console = Console(stderr=True)
 
 
@@ -131,8 +133,10 @@ def connector(ctx: typer.Context) -> None:
 
     args = list(ctx.args)
     if not args or args[0] != "run":
-        console.print("usage: shaper connector run --kind KIND --cluster NAME "
-                      "--control-plane URL [--token T] [--interval S] [--set key=value …]")
+        console.print(
+            "usage: shaper connector run --kind KIND --cluster NAME "
+            "--control-plane URL [--token T] [--interval S] [--set key=value …]"
+        )
         raise typer.Exit(2)
     raise typer.Exit(run_connector(args[1:]))
 

@@ -27,6 +27,7 @@ from sqlmodel import Session, select
 from app.clusters.models import Cluster, ConnectorStatus
 from app.core.bulk import insert_rows, update_rows
 from app.core.errors import Invalid, NotFound, SnapshotRequired
+from app.core.gc_pause import paused_gc
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -62,6 +63,13 @@ def ingest(
     cluster_name: str,
     push: TelemetrySnapshot | TelemetryDelta,
     now: datetime,
+) -> TelemetryAck:
+    with paused_gc():
+        return _ingest(session, cluster_name, push, now)
+
+
+def _ingest(
+    session: Session, cluster_name: str, push: TelemetrySnapshot | TelemetryDelta, now: datetime
 ) -> TelemetryAck:
     cluster = _lock_cluster(session, cluster_name)
     ack = TelemetryAck(cluster=cluster.name, seq=push.seq)

@@ -1,0 +1,3 @@
+from agent.cli import agent_cli
+
+agent_cli(prog_name="python -m agent")

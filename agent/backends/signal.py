@@ -1,0 +1,179 @@
+"""Cooperative checkpoint/restore: the workload saves itself when asked.
+
+Contract with the workload (agent/examples/counter.py follows it):
+- it is started with $SHAPER_CHECKPOINT_PATH; on SIGUSR1 it writes its checkpoint there
+  (a file or a directory, atomically: write elsewhere, then rename) and exits with 0;
+- it is started again with $SHAPER_RESUME_FROM=<path of that checkpoint> and resumes
+  from it.
+
+The agent moves the checkpoint into the image directory and checksums it like any image.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from agent import procs
+from agent.backends.base import (
+    BackendError,
+    CheckpointFailed,
+    CheckpointImage,
+    RestoreFailed,
+    WorkloadNotRunning,
+    checksum_image,
+    image_size,
+    verify_image,
+)
+from agent.workload import (
+    CHECKPOINT_PATH_ENV,
+    RESUME_FROM_ENV,
+    RunningWorkload,
+    WorkloadStartFailed,
+    WorkloadState,
+    WorkloadStore,
+    kill_workload,
+    start_process,
+    utc_now,
+)
+
+CHECKPOINT_NAME = "checkpoint"
+
+
+class SignalBackend:
+    name = "signal"
+
+    def __init__(
+        self,
+        *,
+        store: WorkloadStore,
+        checkpoint_signal: int = signal.SIGUSR1,
+        checkpoint_timeout: float = 120.0,
+        now: Callable[[], datetime] = utc_now,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """checkpoint_timeout: how long the workload may take to save itself and exit."""
+        self.store = store
+        self.checkpoint_signal = checkpoint_signal
+        self.checkpoint_timeout = checkpoint_timeout
+        self._now = now
+        self._clock = clock
+
+    def checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
+        if workload.pid is None or not workload.is_running():
+            raise WorkloadNotRunning(
+                f"workload {workload.id}: process {workload.pid} is not running; "
+                "nothing to checkpoint"
+            )
+        if workload.checkpoint_path is None:
+            raise CheckpointFailed(
+                f"workload {workload.id} was not started with ${CHECKPOINT_PATH_ENV}; "
+                "it cannot checkpoint cooperatively"
+            )
+        image_dir = Path(image_dir).resolve()
+        image_dir.mkdir(parents=True, exist_ok=True)
+        if any(image_dir.iterdir()):
+            raise CheckpointFailed(
+                f"workload {workload.id}: image directory {image_dir} is not empty; "
+                "use a fresh directory per checkpoint"
+            )
+        saved_to = Path(workload.checkpoint_path)
+        _remove(saved_to)  # a stale one from an earlier round must not pass for a new one
+
+        started = self._clock()
+        try:
+            os.kill(workload.pid, self.checkpoint_signal)
+        except ProcessLookupError:
+            raise WorkloadNotRunning(
+                f"workload {workload.id}: process {workload.pid} exited before the "
+                "checkpoint signal"
+            ) from None
+        if not procs.wait_gone(workload.pid, timeout=self.checkpoint_timeout):
+            raise CheckpointFailed(
+                f"workload {workload.id}: did not save and exit within "
+                f"{self.checkpoint_timeout} s of {signal.Signals(self.checkpoint_signal).name}; "
+                "it keeps running"
+            )
+        saved = self._clock()
+        status = procs.exit_code(workload.pid)
+        if not saved_to.exists():
+            raise CheckpointFailed(
+                f"workload {workload.id}: exited (status {_describe(status)}) without writing "
+                f"its checkpoint to {saved_to}; it is no longer running"
+            )
+        if status not in (None, 0):
+            raise CheckpointFailed(
+                f"workload {workload.id}: exited with status {_describe(status)} after "
+                f"{signal.Signals(self.checkpoint_signal).name}; its checkpoint at {saved_to} "
+                "is not trusted and it is no longer running"
+            )
+        shutil.move(saved_to, image_dir / CHECKPOINT_NAME)
+        moved = self._clock()
+        files = checksum_image(image_dir)
+        finished = self._clock()
+
+        workload.state = WorkloadState.CHECKPOINTED
+        self.store.save(workload)
+        return CheckpointImage(
+            workload=workload.spec,
+            backend=self.name,
+            image_dir=str(image_dir),
+            files=files,
+            size_bytes=image_size(files),
+            duration_s=finished - started,
+            phases={
+                "save_and_exit": saved - started,
+                "move": moved - saved,
+                "checksum": finished - moved,
+            },
+            created_at=self._now(),
+        )
+
+    def restore(self, image: CheckpointImage, *, image_dir: Path | None = None) -> RunningWorkload:
+        if image.backend != self.name:
+            raise RestoreFailed(
+                f"workload {image.workload.id}: a {image.backend!r} image cannot be restored "
+                "by the signal backend"
+            )
+        image_dir = Path(image_dir or image.image_dir).resolve()
+        verify_image(image, image_dir)
+        resume_from = image_dir / CHECKPOINT_NAME
+        try:
+            return start_process(
+                store=self.store,
+                spec=image.workload,
+                backend=self.name,
+                extra_env={RESUME_FROM_ENV: str(resume_from)},
+                resumed_from=str(resume_from),
+                now=self._now,
+            )
+        except WorkloadStartFailed as error:
+            raise RestoreFailed(str(error)) from error
+
+    def release(self, workload: RunningWorkload, *, timeout: float = 10.0) -> None:
+        if not kill_workload(workload, timeout=timeout):
+            raise BackendError(
+                f"workload {workload.id}: PID {workload.pid} survived SIGKILL for {timeout} s"
+            )
+        workload.state = WorkloadState.RELEASED
+        self.store.save(workload)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _describe(status: int | None) -> str:
+    if status is None:
+        return "unknown"
+    if status < 0:
+        return f"killed by {signal.Signals(-status).name}"
+    return str(status)

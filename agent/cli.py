@@ -1,0 +1,63 @@
+"""`shaper agent exec -- CMD` and `shaper agent ps`: workloads under the agent's management.
+
+app/cli.py mounts this as `cli.add_typer(agent_cli, name="agent")`; `python -m agent`
+runs it on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agent.backends import BACKEND_NAMES
+from agent.workload import WorkloadStartFailed, WorkloadStore, start_workload
+
+agent_cli = typer.Typer(no_args_is_help=True, add_completion=False, help="The node agent.")
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        help="Agent state directory. Default: $SHAPER_AGENT_STATE_DIR or /var/lib/shaper/agent"
+    ),
+]
+
+
+@agent_cli.command(
+    "exec", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
+)
+def exec_(
+    command: Annotated[list[str], typer.Argument(help="The command, after --")],
+    backend: Annotated[str, typer.Option(help=f"One of {', '.join(BACKEND_NAMES)}")] = "criu",
+    workload_id: Annotated[str | None, typer.Option("--id", help="Default: generated")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Start CMD detached under management, so it can be checkpointed and moved later.
+
+    Prints the workload record (JSON): id, PID, log file, checkpoint path.
+    """
+    if backend not in BACKEND_NAMES or backend == "sim":
+        raise typer.BadParameter(f"{backend!r}: use criu or signal", param_hint="--backend")
+    try:
+        workload = start_workload(
+            store=WorkloadStore(state_dir),
+            command=command,
+            backend=backend,
+            workload_id=workload_id,
+        )
+    except (WorkloadStartFailed, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(workload.model_dump_json(indent=2, exclude={"spec": {"env"}}))
+
+
+@agent_cli.command("ps")
+def ps(state_dir: StateDir = None) -> None:
+    """List managed workloads: id, backend, state, PID, whether it runs, command."""
+    for workload in WorkloadStore(state_dir).all():
+        alive = "alive" if workload.is_running() else "gone"
+        typer.echo(
+            f"{workload.id}\t{workload.backend}\t{workload.state.value}\t{workload.pid}\t"
+            f"{alive}\t{' '.join(workload.spec.command)}"
+        )

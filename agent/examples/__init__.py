@@ -1,0 +1,1 @@
+"""Example workloads for the node agent (used by tests and benchmarks)."""
