@@ -20,6 +20,7 @@ from app.clusters import service as cluster_service
 from app.clusters.models import Cluster, ClusterCreate, ShapingMode
 from app.core.config import get_settings
 from app.core.db import get_engine
+from app.shaping.cycle import run_cycle
 from app.telemetry import service as telemetry_service
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
@@ -270,6 +271,9 @@ def run_demo(*, port: int, reset: bool) -> None:
     with Session(get_engine()) as session:
         with console.status("seeding the demo site (24 h of telemetry)…"):
             pushed = seed_demo_site(session=session, now=now)
+        with console.status("planning each cluster once (advise mode: proposals only)…"):
+            for site in SITES:
+                run_cycle(session=session, cluster_name=site.name, now=now)
         token = token_service.create_token(
             session=session,
             now=now,

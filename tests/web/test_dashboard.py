@@ -20,6 +20,7 @@ from app.core.db import get_session, make_engine
 from app.demo import SITES, seed_demo_site
 from app.gpu_models import service as gpu_model_service
 from app.main import create_app
+from app.shaping.cycle import run_cycle
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
 from tests.live_server import serve
@@ -36,6 +37,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with Session(engine) as session:
         gpu_model_service.ensure_default_catalogue(session=session)
         seed_demo_site(session=session, now=NOW)
+        for site_ in SITES:
+            run_cycle(session=session, cluster_name=site_.name, now=NOW)
         tokens = {
             scope: token_service.create_token(
                 session=session, now=NOW, token_in=ApiTokenCreate(name=scope, scopes=[scope])
@@ -147,3 +150,16 @@ def test_a_bad_token_asks_to_sign_in(page: Page, site: dict[str, Any]) -> None:
     page.fill("#token-input", site["tokens"]["viewer"])
     page.click("#login-form button")
     expect(page.locator(".card")).to_have_count(len(SITES))
+
+
+def test_operator_approves_a_proposed_action(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['operator']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    page.click('a[data-view="actions"]')
+    expect(page.locator("#plan-table tbody tr")).to_have_count(len(SITES))
+    approve = page.locator('button[data-decide="approve"]').first
+    expect(approve).to_be_visible()
+    action_id = approve.get_attribute("data-id")
+    approve.click()
+    row = page.locator("#action-table tbody tr", has=page.locator(f'td:text-is("{action_id}")'))
+    expect(row.locator("td:nth-child(6)")).to_have_text("approved")

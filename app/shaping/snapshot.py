@@ -1,0 +1,335 @@
+"""Phase 1–2 of the shaping cycle: an immutable snapshot of one cluster, and the solver
+instance built from it.
+
+The snapshot is read in one transaction and then never touches the database again, so
+the solve works on a consistent picture however long it takes. ``to_instance`` is pure.
+
+Mapping to the solver (documented because it decides what the solver optimises):
+
+* node names become ``<cluster>/<node>`` so instances of several clusters never clash;
+  ``up``/``draining``/``down`` map to READY/DRAINING/DOWN; CPU cores → milli-CPUs.
+* a job's ``priority`` p (0…1,000,000 on the wire) becomes the solver weight 1 + p / 10,
+  multiplied by its team's ``priority_weight`` from the cluster's SLA policy.
+* block jobs: ``gang_size`` replicas of ``gpus_requested / gang_size`` GPUs when that
+  divides; running jobs use the largest GPU count that divides every node's share.
+* elastic services: ``gpus_requested`` GPUs per replica; the forecast is seasonal-naive —
+  the demand observed at the same time yesterday, hour by hour, for the look-ahead window,
+  falling back to the latest demand sample, then to the current replicas.
+* jobs with no GPUs and finished jobs are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import Session, select
+
+from app.actions.models import Action, ActionKind, ActionState
+from app.clusters import service as cluster_service
+from app.gpu_models.models import GpuModel
+from app.jobs.models import Allocation, Job
+from app.nodes.models import Node
+from app.policies.models import SlaPolicy as SlaPolicyRow
+from app.telemetry.models import TelemetrySample
+from connectors.base import TERMINAL_JOB_STATES, JobShape, Metric
+from solver import instance as si
+
+FORECAST_STEPS = 6
+FORECAST_STEP_S = 3600
+_NODE_STATES = {
+    "up": si.NodeState.READY,
+    "draining": si.NodeState.DRAINING,
+    "down": si.NodeState.DOWN,
+}
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: int
+    external_id: str
+    team: str
+    shape: str
+    priority: int
+    gpus_requested: int
+    allowed_gpu_models: tuple[str, ...]
+    min_gpu_memory_gib: float
+    required_precision: str | None
+    gang_size: int
+    checkpointable: bool
+    min_replicas: int
+    max_replicas: int
+    replicas: int
+    submit_time: datetime | None
+    start_time: datetime | None
+    placement: tuple[tuple[str, tuple[int, ...], int], ...]  # (node, indices, gpus)
+    demand_history: tuple[tuple[datetime, float], ...]
+    migrations_today: int
+    preemptions_today: int
+    last_moved_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    cluster: str
+    cluster_id: int
+    mode: str
+    policy: str
+    taken_at: datetime
+    gpu_models: tuple[GpuModel, ...]
+    nodes: tuple[Node, ...]
+    jobs: tuple[JobRow, ...]
+    sla: dict[str, Any]
+
+
+def take_snapshot(
+    *, session: Session, cluster_name: str, now: datetime, sla_policy: str | None = None
+) -> ClusterSnapshot:
+    cluster = cluster_service.get_cluster(session=session, name=cluster_name)
+    nodes = tuple(session.exec(select(Node).where(Node.cluster_id == cluster.id)).all())
+    node_names = {n.id: n.name for n in nodes}
+    jobs = [
+        j
+        for j in session.exec(select(Job).where(Job.cluster_id == cluster.id))
+        if j.state not in TERMINAL_JOB_STATES and j.gpus_requested > 0
+    ]
+    job_ids = [j.id for j in jobs]
+    placements: dict[int, list[tuple[str, tuple[int, ...], int]]] = {}
+    if job_ids:
+        open_allocations = session.exec(
+            select(Allocation).where(
+                Allocation.job_id.in_(job_ids),  # type: ignore[attr-defined]
+                Allocation.released_at.is_(None),
+            )  # type: ignore[union-attr]
+        )
+        for allocation in open_allocations:
+            placements.setdefault(allocation.job_id, []).append(
+                (
+                    node_names[allocation.node_id],
+                    tuple(allocation.gpu_indices),
+                    allocation.gpu_count,
+                )
+            )
+    demand = _demand_history(session, [j.id for j in jobs if j.shape == JobShape.elastic], now)
+    moves = _moves_today(session, job_ids, now)
+    rows = tuple(
+        JobRow(
+            id=j.id,
+            external_id=j.external_id,
+            team=j.team,
+            shape=j.shape,  # type: ignore[arg-type]
+            priority=j.priority,
+            gpus_requested=j.gpus_requested,
+            allowed_gpu_models=tuple(j.allowed_gpu_models),
+            min_gpu_memory_gib=j.min_gpu_memory_gib,
+            required_precision=j.required_precision,
+            gang_size=j.gang_size,
+            checkpointable=j.checkpointable,
+            min_replicas=j.min_replicas,
+            max_replicas=j.max_replicas,
+            replicas=j.replicas,
+            submit_time=j.submit_time,
+            start_time=j.start_time,
+            placement=tuple(sorted(placements.get(j.id, []))),  # type: ignore[arg-type]
+            demand_history=tuple(demand.get(j.id, [])),  # type: ignore[arg-type]
+            migrations_today=moves.get((j.id, ActionKind.migrate), (0, None))[0],  # type: ignore[arg-type]
+            preemptions_today=moves.get((j.id, ActionKind.preempt), (0, None))[0],  # type: ignore[arg-type]
+            last_moved_at=moves.get((j.id, ActionKind.migrate), (0, None))[1],  # type: ignore[arg-type]
+        )
+        for j in jobs
+    )
+    policy_name = sla_policy or cluster.name
+    sla_row = session.exec(
+        select(SlaPolicyRow)
+        .where(SlaPolicyRow.name == policy_name)
+        .order_by(SlaPolicyRow.version.desc())
+    ).first()  # type: ignore[attr-defined]
+    return ClusterSnapshot(
+        cluster=cluster.name,
+        cluster_id=cluster.id,
+        mode=cluster.mode,
+        policy=cluster.policy,  # type: ignore[arg-type]
+        taken_at=now,
+        gpu_models=tuple(session.exec(select(GpuModel)).all()),
+        nodes=nodes,
+        jobs=rows,
+        sla=sla_row.spec if sla_row else {},
+    )
+
+
+def _demand_history(
+    session: Session, job_ids: list[int], now: datetime
+) -> dict[int, list[tuple[datetime, float]]]:
+    if not job_ids:
+        return {}
+    since = now - timedelta(days=1, hours=1)
+    query = (
+        sa.select(TelemetrySample.job_id, TelemetrySample.at, TelemetrySample.value)
+        .where(
+            TelemetrySample.job_id.in_(job_ids),  # type: ignore[union-attr]
+            TelemetrySample.metric == Metric.demand_replicas.value,
+            TelemetrySample.at >= since,
+        )
+        .order_by(TelemetrySample.at)
+    )
+    history: dict[int, list[tuple[datetime, float]]] = {}
+    for job_id, at, value in session.execute(query):
+        history.setdefault(job_id, []).append((at, value))
+    return history
+
+
+def _moves_today(
+    session: Session, job_ids: list[int], now: datetime
+) -> dict[tuple[int, str], tuple[int, datetime | None]]:
+    if not job_ids:
+        return {}
+    query = (
+        sa.select(Action.job_id, Action.kind, sa.func.count(), sa.func.max(Action.updated_at))
+        .where(
+            Action.job_id.in_(job_ids),  # type: ignore[union-attr]
+            Action.state == ActionState.succeeded.value,
+            Action.updated_at >= now - timedelta(days=1),
+        )
+        .group_by(Action.job_id, Action.kind)
+    )
+    return {
+        (job_id, kind): (int(count), last) for job_id, kind, count, last in session.execute(query)
+    }
+
+
+def solver_node_name(cluster: str, node: str) -> str:
+    return f"{cluster}/{node}"
+
+
+def solver_job_id(cluster: str, external_id: str) -> str:
+    return f"{cluster}/{external_id}"
+
+
+def to_instance(snapshot: ClusterSnapshot, *, config: si.SolverConfig | None = None) -> si.Instance:
+    model_by_id = {m.id: m for m in snapshot.gpu_models}
+    used_models = {
+        model_by_id[n.gpu_model_id].name for n in snapshot.nodes if n.gpu_model_id is not None
+    }
+    gpu_models = tuple(
+        si.GpuModel(
+            name=m.name,
+            memory_mib=int(m.memory_gib * 1024),
+            precisions=frozenset(m.precisions),
+            speed=m.relative_speed,
+        )
+        for m in snapshot.gpu_models
+    )
+    nodes = tuple(
+        si.Node(
+            name=solver_node_name(snapshot.cluster, n.name),
+            cluster=snapshot.cluster,
+            gpu_model=model_by_id[n.gpu_model_id].name,
+            gpus=n.gpu_count,
+            cpu_milli=n.cpu_cores * 1000,
+            memory_mib=n.memory_mib,
+            labels=dict(n.labels),
+            state=_NODE_STATES[n.state],
+        )
+        for n in snapshot.nodes
+        if n.gpu_model_id is not None and n.gpu_count > 0
+    )
+    known_nodes = {n.name for n in nodes}
+    now = snapshot.taken_at.timestamp()
+    jobs = tuple(
+        job
+        for row in snapshot.jobs
+        if (job := _solver_job(snapshot.cluster, row, now, known_nodes, used_models)) is not None
+    )
+    teams = snapshot.sla.get("teams", [])
+    policies = tuple(
+        si.SlaPolicy(
+            team=t["team"],
+            priority_weight=t.get("priority_weight", 1.0),
+            guaranteed_gpus=t.get("guaranteed_gpus", 0),
+            borrowing_limit=t.get("borrowing_limit_gpus"),
+            max_queue_wait_s=t.get("max_queue_wait_s"),
+            preemptible=t.get("preemptible", True),
+            max_migrations_per_day=t.get("max_migrations_per_day"),
+        )
+        for t in teams
+    )
+    return si.Instance(
+        now=now,
+        gpu_models=gpu_models,
+        nodes=nodes,
+        jobs=jobs,
+        policies=policies,
+        config=config or si.SolverConfig(),
+    )
+
+
+def _solver_job(
+    cluster: str, row: JobRow, now: float, known_nodes: set[str], models: set[str]
+) -> si.Job | None:
+    placement: dict[str, int] = {}
+    indices: dict[str, tuple[int, ...]] = {}
+    for node, node_indices, gpus in row.placement:
+        name = solver_node_name(cluster, node)
+        if name not in known_nodes or gpus <= 0:
+            continue
+        placement[name] = placement.get(name, 0) + gpus
+        indices[name] = tuple(sorted(indices.get(name, ()) + node_indices))
+    elastic = row.shape == JobShape.elastic
+    if elastic:
+        per_replica = max(row.gpus_requested, 1)
+        held = sum(placement.values())
+        if held % per_replica:
+            placement, indices = {}, {}  # a partial replica cannot be represented: treat as pending
+        replicas = held // per_replica if placement else row.replicas
+    elif placement:
+        # What it holds, in the largest replica size that divides every node's share.
+        per_replica = math.gcd(*placement.values())
+        replicas = sum(placement.values()) // per_replica
+    elif row.gang_size > 1 and row.gpus_requested % row.gang_size == 0:
+        per_replica, replicas = row.gpus_requested // row.gang_size, row.gang_size
+    else:
+        per_replica, replicas = row.gpus_requested, 1
+    allowed = frozenset(row.allowed_gpu_models) & models if row.allowed_gpu_models else None
+    return si.Job(
+        id=solver_job_id(cluster, row.external_id),
+        team=row.team,
+        kind=si.JobKind.ELASTIC if elastic else si.JobKind.BLOCK,
+        priority=1.0 + row.priority / 10,
+        gpus_per_replica=max(per_replica, 1),
+        replicas=max(replicas, 0),
+        max_nodes=row.gang_size if not elastic and row.gang_size > 1 else None,
+        allowed_gpu_models=allowed,
+        gpu_memory_mib=int(row.min_gpu_memory_gib * 1024),
+        precision=row.required_precision,
+        clusters=frozenset({cluster}),
+        submit_time=row.submit_time.timestamp() if row.submit_time else now,
+        start_time=row.start_time.timestamp() if row.start_time and placement else None,
+        placement=placement,
+        gpu_indices=indices or None,
+        checkpointable=row.checkpointable,
+        last_moved_at=row.last_moved_at.timestamp() if row.last_moved_at else None,
+        migrations_today=row.migrations_today,
+        preemptions_today=row.preemptions_today,
+        min_replicas=row.min_replicas if elastic else 0,
+        max_replicas=(row.max_replicas or None) if elastic else None,
+        forecast=_forecast(row, now) if elastic else (),
+        forecast_step_s=FORECAST_STEP_S,
+    )
+
+
+def _forecast(row: JobRow, now: float) -> tuple[int, ...]:
+    """Seasonal-naive: the demand seen 24 h before each future hour, else the latest."""
+    if not row.demand_history:
+        return (row.replicas,)
+    history = [(at.timestamp(), value) for at, value in row.demand_history]
+    latest = history[-1][1]
+    steps = []
+    for step in range(FORECAST_STEPS):
+        target = now - 86400 + step * FORECAST_STEP_S
+        nearest = min(history, key=lambda h: abs(h[0] - target))
+        steps.append(nearest[1] if abs(nearest[0] - target) <= FORECAST_STEP_S else latest)
+    steps[0] = latest  # now is observed, not forecast
+    return tuple(max(0, math.ceil(v)) for v in steps)

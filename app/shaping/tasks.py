@@ -1,0 +1,45 @@
+"""Celery entry point of the shaping cycle: one run per period, for every cluster."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from sqlmodel import Session, select
+
+from app.actions import tasks as action_tasks
+from app.clusters.models import Cluster
+from app.core.clock import SystemClock
+from app.core.db import get_engine
+from app.shaping.cycle import run_cycle
+from app.shaping.dispatch import approved_actions
+from app.shaping.lease import shaping_lease
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="app.shaping.tasks.run_shaping_cycles", time_limit=120, soft_time_limit=100)
+def run_shaping_cycles() -> dict[str, int]:
+    """Plan every cluster once; a replica that is not the leader does nothing.
+
+    Not ``acks_late``: a cycle lost with its worker is simply run again one period later.
+    """
+    planned: dict[str, int] = {}
+    with Session(get_engine()) as lease_session, shaping_lease(lease_session) as leader:
+        if not leader:
+            log.info("another replica holds the shaping lease; skipping this period")
+            return planned
+        with Session(get_engine()) as session:
+            names = list(session.exec(select(Cluster.name).order_by(Cluster.name)))
+        for name in names:
+            with Session(get_engine()) as session:
+                try:
+                    result = run_cycle(session=session, cluster_name=name, now=SystemClock().now())
+                except Exception:  # one cluster's failure must not starve the others
+                    log.exception("shaping cycle failed for cluster %s", name)
+                    continue
+                planned[name] = result.plan_id
+                ready = approved_actions(session=session, plan_id=result.plan_id)
+            for action_id in ready:  # enforce mode: the sagas start now, not at the next sweep
+                action_tasks.kick(action_id)
+    return planned

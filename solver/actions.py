@@ -1,0 +1,86 @@
+"""Turn a target placement into a :class:`Plan`: diff against the current placement."""
+
+from __future__ import annotations
+
+from solver.indices import assign_gpu_indices
+from solver.instance import Instance
+from solver.objective import ObjectiveTerms, evaluate
+from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode, SolveStats
+
+DEFAULT_DECISION = Reason(code=ReasonCode.PLACED, message="placed")
+
+
+def build_plan(
+    instance: Instance,
+    *,
+    policy: str,
+    target: dict[str, dict[str, int]],
+    decisions: dict[str, Reason],
+    pending: dict[str, Reason],
+    stats: SolveStats,
+    terms: ObjectiveTerms | None = None,
+) -> Plan:
+    """Diff ``target`` against the instance, attach reasons, and fill in the objective
+    (``terms``, when the caller has already evaluated ``target``)."""
+    actions: list[Action] = []
+    pending_out: dict[str, Reason] = {}
+    for job in instance.jobs:
+        before = job.placement
+        after = target.get(job.id, {})
+        reason = decisions.get(job.id, DEFAULT_DECISION)
+        if job.is_elastic:
+            if before != after:
+                actions.append(
+                    Action(
+                        kind=ActionKind.RESIZE,
+                        job_id=job.id,
+                        from_placement=dict(before),
+                        to_placement=dict(after),
+                        replicas=sum(after.values()) // job.gpus_per_replica,
+                        reason=decisions.get(
+                            job.id, Reason(code=ReasonCode.RESIZED_TO_DEMAND, message="resized")
+                        ),
+                    )
+                )
+            if not after and job.id in pending:
+                pending_out[job.id] = pending[job.id]
+            continue
+        if before == after:
+            if not after:
+                pending_out[job.id] = pending.get(
+                    job.id,
+                    Reason(code=ReasonCode.INSUFFICIENT_CAPACITY, message="not enough free GPUs"),
+                )
+            continue
+        if not before:
+            kind = ActionKind.START
+        elif not after:
+            kind = ActionKind.REQUEUE if job.checkpointable else ActionKind.PREEMPT
+            pending_out[job.id] = reason
+        else:
+            kind = ActionKind.MIGRATE
+        actions.append(
+            Action(
+                kind=kind,
+                job_id=job.id,
+                from_placement=dict(before),
+                to_placement=dict(after),
+                reason=reason,
+            )
+        )
+    if terms is None:
+        terms = evaluate(instance, target)
+    stats = stats.model_copy(update={"objective": terms.objective})
+    if stats.best_bound is not None:
+        bound = max(stats.best_bound, terms.objective)
+        gap = (bound - terms.objective) / max(1e-9, abs(bound))
+        stats = stats.model_copy(update={"best_bound": bound, "gap": gap})
+    clean_target = {job_id: dict(p) for job_id, p in target.items() if p}
+    return Plan(
+        policy=policy,
+        placement=clean_target,
+        actions=actions,
+        pending=pending_out,
+        gpu_indices=assign_gpu_indices(instance, clean_target),
+        stats=stats,
+    )

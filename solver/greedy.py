@@ -1,0 +1,806 @@
+"""Rule-based engine, legal by construction: every change goes through :class:`ClusterState`
+and is checked against the hard constraints before it is kept.
+
+One engine, configured by :class:`GreedyOptions`, is behind all four policies:
+
+1. Elastic services: scale down to their target (demand now, or the daily peak for the
+   FIFO baselines, which never scale down), then scale up, fastest GPUs first.
+2. Look-ahead (optional): capacity an elastic service's forecast will need within
+   ``config.lookahead_s`` is withheld from long, non-checkpointable block jobs.
+3. Pending block jobs in the policy's order (arrival, priority, or value = weight then
+   size), each placed best-fit on one node or as a gang over the fewest nodes of one
+   cluster and GPU model. A job that does not fit may, if the policy allows,
+   a. preempt strictly lower-priority preemptible jobs (cheapest first), never taking a
+      team below its guarantee — this raises the value held, or
+   b. defragment: move checkpointable single-node jobs off a few nodes (within the
+      disruption budget) to make room, which only rearranges what is held
+   (``defrag_first`` swaps the two: migration keeps work running, preemption frees room).
+   Strict FIFO stops at the first job that does not fit; EASY backfill then reserves the
+   head job's earliest start and lets later jobs run if they leave that reservation alone.
+4. A reason for every decision and for every job left pending.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from solver.actions import build_plan
+from solver.compat import Compatibility
+from solver.instance import Instance, Job
+from solver.plan import Plan, Reason, ReasonCode, SolveStats, SolveStatus
+from solver.state import ClusterState
+
+DAY_S = 24 * 3600.0
+
+
+class Order(enum.StrEnum):
+    ARRIVAL = "arrival"
+    PRIORITY = "priority"
+    VALUE = "value"
+
+
+class ElasticMode(enum.StrEnum):
+    PEAK = "peak"  # reserve the daily peak, never scale down (the study's FIFO baseline)
+    DEMAND = "demand"  # follow the forecast for now
+
+
+@dataclass(frozen=True)
+class GreedyOptions:
+    engine: str = "greedy"
+    order: Order = Order.VALUE
+    elastic: ElasticMode = ElasticMode.DEMAND
+    strict_fifo: bool = False
+    backfill: bool = False
+    preempt: bool = False
+    migrate: bool = False
+    lookahead: bool = False
+    defrag_first: bool = False  # try migration before preemption for a job that does not fit
+    preemption_candidates: int = 32  # nodes looked at per preemption attempt
+
+
+@dataclass
+class _Reservation:
+    """Capacity a service's forecast will need, withheld from long immovable jobs."""
+
+    job: Job
+    groups: frozenset[int]
+    gpus: int
+    seconds_until_needed: float
+
+
+@dataclass
+class GreedyResult:
+    instance: Instance
+    state: ClusterState
+    decisions: dict[str, Reason] = field(default_factory=dict)
+    pending: dict[str, Reason] = field(default_factory=dict)
+
+    def target(self) -> dict[str, dict[str, int]]:
+        names = [node.name for node in self.instance.nodes]
+        return {
+            job_id: {names[node]: gpus for node, gpus in held.items()}
+            for job_id, held in self.state.placement.items()
+            if held
+        }
+
+
+def sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]:
+    keys: dict[str, tuple[object, ...]] = {}
+    for job in instance.jobs:
+        overdue = 0 if instance.is_overdue(job) else 1
+        if order is Order.ARRIVAL:
+            keys[job.id] = (job.submit_time, job.id)
+        elif order is Order.PRIORITY:
+            keys[job.id] = (overdue, -instance.weight(job), job.submit_time, job.id)
+        else:
+            keys[job.id] = (
+                overdue,
+                -instance.weight(job),
+                -job.total_gpus,
+                job.submit_time,
+                job.id,
+            )
+    return keys
+
+
+class GreedyEngine:
+    def __init__(
+        self, instance: Instance, options: GreedyOptions, compat: Compatibility | None = None
+    ) -> None:
+        self.instance = instance
+        self.options = options
+        self.config = instance.config
+        self.state = ClusterState(instance, compat)
+        self.compat = self.state.compat
+        self.result = GreedyResult(instance=instance, state=self.state)
+        self.usage_before = dict(self.state.team_usage)
+        self.started_by_team: dict[str, int] = {}
+        self.stopped_by_team: dict[str, int] = {}
+        self.migrations = 0
+        self.preemptions = 0
+        self.touched: set[str] = set()  # started, moved or stopped this cycle
+        self.reservations: list[_Reservation] = []
+        self.failed_place: dict[tuple[object, ...], tuple[int, bool]] = {}
+        self.epoch = 0
+        self.forecast_blocked: set[str] = set()
+        self.budget_blocked: set[str] = set()
+        self.elastic_targets: dict[str, int] = {}
+        self.after_scale_down: dict[str, dict[int, int]] = {}
+        self.weight = {job.id: instance.weight(job) for job in instance.jobs}
+        self.overdue = {job.id for job in instance.jobs if instance.is_overdue(job)}
+        self.can_preempt = options.preempt
+        self.victims = {j.id for j in instance.jobs if self._could_be_victim(j)}
+        self.movable = {j.id for j in instance.jobs if self._could_move(j)}
+        self.victims_over_limit = {
+            j.id for j in instance.jobs if j.is_running and self._over_preemption_limit(j)
+        }
+        self.preempt_failed: dict[tuple[object, ...], float] = {}
+        # Lowest weight of a possible victim per node; victims only leave, so it stays a floor.
+        self.victim_floor = [math.inf] * len(instance.nodes)
+        for job in instance.jobs:
+            if job.id in self.victims or job.id in self.victims_over_limit:
+                for node_name in job.placement:
+                    node = self.state.node_index[node_name]
+                    self.victim_floor[node] = min(self.victim_floor[node], self.weight[job.id])
+        self.defrag_failed: dict[tuple[object, ...], bool] = {}  # -> blocked by the budget
+        self.fit_cache: dict[tuple[object, ...], bool] = {}
+
+    # -- driver ----------------------------------------------------------------------
+
+    def run(self) -> GreedyResult:
+        self._elastic_phase()
+        if self.options.lookahead:
+            self._build_reservations()
+        keys = sort_key(self.instance, self.options.order)
+        queue = sorted(
+            (j for j in self.instance.jobs if not j.is_elastic and not j.is_running),
+            key=lambda j: keys[j.id],
+        )
+        self.place_queue(queue)
+        self.diagnose(queue)
+        return self.result
+
+    # -- elastic services ---------------------------------------------------------------
+
+    def _elastic_target(self, job: Job) -> int:
+        current = self.state_replicas(job)
+        if self.options.elastic is ElasticMode.PEAK:
+            target = max(current, job.peak_demand(DAY_S))
+        else:
+            target = job.peak_demand(self.config.scale_down_hold_s)
+        step = job.max_replica_change
+        if step is not None:
+            target = max(current - step, min(current + step, target))
+        return target
+
+    def state_replicas(self, job: Job) -> int:
+        return sum(self.state.held(job.id).values()) // job.gpus_per_replica
+
+    def _elastic_phase(self) -> None:
+        services = sorted(
+            (j for j in self.instance.jobs if j.is_elastic),
+            key=lambda j: (-self.weight[j.id], j.id),
+        )
+        targets = {job.id: self._elastic_target(job) for job in services}
+        self.elastic_targets = targets
+        for job in services:
+            surplus = self.state_replicas(job) - targets[job.id]
+            if surplus > 0:
+                self._scale_down(job, surplus)
+        self.after_scale_down = {job.id: dict(self.state.held(job.id)) for job in services}
+        for job in services:
+            missing = targets[job.id] - self.state_replicas(job)
+            if missing > 0:
+                self.scale_up(job, missing)
+            self.record_elastic(job)
+
+    def record_elastic(self, job: Job) -> None:
+        """Reason for a service's resize (and for a service left with no replica)."""
+        target = self.elastic_targets[job.id]
+        replicas = self.state_replicas(job)
+        self.result.decisions.pop(job.id, None)
+        self.result.pending.pop(job.id, None)
+        before = {self.state.node_index[n]: g for n, g in job.placement.items()}
+        if self.state.held(job.id) != before:
+            shortfall = target - replicas
+            message = f"{job.held_gpus // job.gpus_per_replica} -> {replicas} replicas"
+            if shortfall > 0:
+                message += f", {shortfall} short of the target {target}"
+            self.result.decisions[job.id] = Reason(
+                code=ReasonCode.RESIZED_TO_DEMAND, message=message
+            )
+        if replicas == 0 and target > 0:
+            self.result.pending[job.id] = Reason(
+                code=ReasonCode.INSUFFICIENT_CAPACITY,
+                message=f"no room for any of {target} replicas",
+            )
+
+    def _scale_down(self, job: Job, surplus: int) -> None:
+        held = self.state.held(job.id)
+        speed = [g.gpu_model.speed for g in self.compat.groups]
+        group_of = self.compat.group_of_node
+        # Slowest GPUs first (the fastest replicas serve), then the emptiest nodes, so
+        # whole nodes come free.
+        order = sorted(held, key=lambda n: (speed[group_of[n]], -self.state.free_gpus[n], n))
+        for node in order:
+            if surplus == 0:
+                break
+            replicas = min(surplus, self.state.held(job.id).get(node, 0) // job.gpus_per_replica)
+            self.state.remove(job, node, replicas * job.gpus_per_replica)
+            surplus -= replicas
+
+    def scale_up(self, job: Job, missing: int) -> None:
+        groups = self.state.ready_groups(job)
+        cap = self.instance.policy_for(job).quota_cap
+        while missing > 0:
+            if cap is not None:
+                room = (cap - self.state.team_usage[job.team]) // job.gpus_per_replica
+                missing = min(missing, room)
+                if missing <= 0:
+                    break
+            node = self.state.find_single_node(job, 1, groups)
+            if node is None:
+                break
+            replicas = min(missing, self.state.replicas_fitting(job, node))
+            self.state.add(job, node, replicas * job.gpus_per_replica)
+            self.started_by_team[job.team] = (
+                self.started_by_team.get(job.team, 0) + replicas * job.gpus_per_replica
+            )
+            missing -= replicas
+
+    # -- look-ahead ---------------------------------------------------------------------
+
+    def _build_reservations(self) -> None:
+        """One reservation per set of compatible groups: services that can use the same
+        GPUs need them together, so their coming needs add up."""
+        merged: dict[frozenset[int], _Reservation] = {}
+        for job in self.instance.jobs:
+            if not job.is_elastic or not job.forecast:
+                continue
+            # Growth beyond today's target; a shortfall now is the scale-up's business.
+            replicas = max(self.state_replicas(job), self.elastic_targets.get(job.id, 0))
+            steps = math.ceil(self.config.lookahead_s / job.forecast_step_s)
+            needed_at = None
+            peak = replicas
+            for step in range(1, steps + 1):  # the coming steps; now is the scale-up's
+                demand = job.demand_at(step)
+                if demand > replicas and needed_at is None:
+                    needed_at = step * job.forecast_step_s
+                peak = max(peak, demand)
+            if needed_at is None:
+                continue
+            groups = frozenset(self.state.ready_groups(job))
+            gpus = (peak - replicas) * job.gpus_per_replica
+            existing = merged.get(groups)
+            if existing is None:
+                merged[groups] = _Reservation(
+                    job=job, groups=groups, gpus=gpus, seconds_until_needed=float(needed_at)
+                )
+            else:
+                existing.gpus += gpus
+                existing.seconds_until_needed = min(existing.seconds_until_needed, needed_at)
+        self.reservations = [merged[key] for key in sorted(merged, key=sorted)]
+
+    def reservations_for(self, job: Job) -> list[_Reservation]:
+        """Reservations a job must leave alone: none if it can move away in time (it is
+        checkpointable or ends first) or if it is past its max queue wait."""
+        if not self.reservations or job.checkpointable or job.id in self.overdue:
+            return []
+        runtime = job.expected_runtime_s
+        return [r for r in self.reservations if runtime is None or runtime > r.seconds_until_needed]
+
+    def _allowed_groups(self, job: Job, groups: list[int]) -> list[int]:
+        reservations = self.reservations_for(job)
+        if not reservations:
+            return groups
+        need = job.total_gpus
+        short = [
+            r.groups for r in reservations if self.state.compatible_free(r.groups) - need < r.gpus
+        ]
+        return [group for group in groups if not any(group in blocked for blocked in short)]
+
+    # -- block jobs ---------------------------------------------------------------------
+
+    def place_queue(self, queue: list[Job]) -> None:
+        pending = self.result.pending
+        blocked_by: Job | None = None
+        shadow_time = math.inf
+        shadow_nodes: set[int] = set()
+        for job in queue:
+            groups = self.state.ready_groups(job)
+            if not groups or not self._could_ever_fit(job, groups):
+                continue  # diagnosed at the end; never blocks the queue
+            if blocked_by is not None and not self.options.backfill:
+                pending[job.id] = Reason(
+                    code=ReasonCode.QUEUE_ORDER, message=f"behind {blocked_by.id} in FIFO order"
+                )
+                continue
+            cap = self.instance.policy_for(job).quota_cap
+            if cap is not None and self.state.team_usage[job.team] + job.total_gpus > cap:
+                pending[job.id] = Reason(
+                    code=ReasonCode.QUOTA,
+                    message=f"team {job.team} would use "
+                    f"{self.state.team_usage[job.team] + job.total_gpus} GPUs > quota {cap}",
+                )
+                continue
+            placement: dict[int, int] | None
+            if blocked_by is not None:
+                placement = self._backfill(job, groups, shadow_time, shadow_nodes)
+                if placement is None and job.id not in pending:
+                    if self._try_place(job, groups, None, probe=True) is not None:
+                        pending[job.id] = Reason(
+                            code=ReasonCode.BACKFILL_RESERVATION,
+                            message=f"would delay {blocked_by.id}, reserved from t={shadow_time:g}",
+                        )
+            else:
+                placement = self._try_place(job, groups, None)
+                if placement is None and self.options.defrag_first and self.options.migrate:
+                    placement = self._try_defrag(job, groups)
+                if placement is None and self.options.preempt:
+                    placement = self._try_preempt(job, groups)
+                if placement is None and self.options.migrate:
+                    placement = self._try_defrag(job, groups)
+            if placement is None:
+                if self.options.strict_fifo and blocked_by is None:
+                    blocked_by = job
+                    if self.options.backfill:
+                        shadow_time, shadow_nodes = self._shadow(job, groups)
+                continue
+            self.state.place(job, placement)
+            self.touched.add(job.id)
+            self.started_by_team[job.team] = self.started_by_team.get(job.team, 0) + job.total_gpus
+            code = ReasonCode.OVERDUE if self.instance.is_overdue(job) else ReasonCode.PLACED
+            self.result.decisions.setdefault(
+                job.id, Reason(code=code, message=self.placed_message(job, placement))
+            )
+
+    def placed_message(self, job: Job, placement: dict[int, int]) -> str:
+        names = ", ".join(
+            f"{self.instance.nodes[n].name}:{g}" for n, g in sorted(placement.items())
+        )
+        if self.instance.is_overdue(job):
+            return f"past its max queue wait; placed on {names}"
+        return f"placed on {names}"
+
+    def _could_ever_fit(self, job: Job, groups: list[int]) -> bool:
+        """Whether the job fits the empty cluster (so blocking on it makes sense)."""
+        key = (tuple(groups), job.replicas, job.gpus_per_replica, job.max_nodes)
+        cached = self.fit_cache.get(key)
+        if cached is None:
+            cached = self._fits_empty(job, groups)
+            self.fit_cache[key] = cached
+        return cached
+
+    def _fits_empty(self, job: Job, groups: list[int]) -> bool:
+        nodes = self.instance.nodes
+        per_cluster: dict[str, list[int]] = {}
+        for group in groups:
+            for node in self.compat.groups[group].node_indices:
+                if self.state.ready[node]:
+                    fit = nodes[node].gpus // job.gpus_per_replica
+                    per_cluster.setdefault(self.compat.groups[group].cluster, []).append(fit)
+        limit = job.max_nodes if job.max_nodes is not None else job.replicas
+        for fits in per_cluster.values():
+            fits.sort(reverse=True)
+            if sum(fits[:limit]) >= job.replicas:
+                return True
+        return False
+
+    def _fail_key(self, job: Job, extra: object) -> tuple[object, ...]:
+        return (
+            tuple(self.compat.groups_for(job)),
+            job.replicas,
+            job.gpus_per_replica,
+            job.cpu_milli_per_replica,
+            job.memory_mib_per_replica,
+            job.max_nodes,
+            extra,
+        )
+
+    def _try_place(
+        self,
+        job: Job,
+        groups: list[int],
+        exclude: set[int] | None,
+        probe: bool = False,
+    ) -> dict[int, int] | None:
+        reservations = () if probe else tuple(id(r) for r in self.reservations_for(job))
+        key = self._fail_key(job, ("place", reservations))
+        if not exclude:
+            failed = self.failed_place.get(key)
+            if failed is not None and failed[0] == self.epoch:
+                if failed[1]:
+                    self.forecast_blocked.add(job.id)
+                return None
+        allowed = self._allowed_groups(job, groups) if reservations else groups
+        placement = self.state.find_gang(job, job.replicas, allowed, job.max_nodes, exclude)
+        blocked_by_forecast = False
+        if placement is None and len(allowed) < len(groups):
+            if self.state.find_gang(job, job.replicas, groups, job.max_nodes, exclude):
+                self.forecast_blocked.add(job.id)
+                blocked_by_forecast = True
+        if placement is None and not exclude:
+            self.failed_place[key] = (self.epoch, blocked_by_forecast)
+        return placement
+
+    # -- backfill -----------------------------------------------------------------------
+
+    def _shadow(self, head: Job, groups: list[int]) -> tuple[float, set[int]]:
+        """Earliest time the head job fits as running jobs end, and the nodes it would use."""
+        now = self.instance.now
+        ends: list[tuple[float, str]] = []
+        for job_id in self.state.placement:
+            job = self.instance.job_by_id[job_id]
+            if job.is_elastic or job.expected_runtime_s is None:
+                continue
+            start = now if job.id in self.touched else (job.start_time or now)
+            ends.append((start + job.expected_runtime_s, job_id))
+        ends.sort()
+        mark = self.state.mark()
+        shadow: tuple[float, set[int]] = (math.inf, set())
+        for end, job_id in ends:
+            self.state.evict(self.instance.job_by_id[job_id])
+            placement = self.state.find_gang(head, head.replicas, groups, head.max_nodes)
+            if placement is not None:
+                shadow = (end, set(placement))
+                break
+        self.state.rollback(mark)
+        return shadow
+
+    def _backfill(
+        self, job: Job, groups: list[int], shadow_time: float, shadow_nodes: set[int]
+    ) -> dict[int, int] | None:
+        runtime = job.expected_runtime_s
+        if runtime is not None and self.instance.now + runtime <= shadow_time:
+            return self._try_place(job, groups, None)
+        return self._try_place(job, groups, shadow_nodes or None)
+
+    # -- defragmentation by migration ---------------------------------------------------
+
+    def _could_move(self, job: Job) -> bool:
+        """Static part of movability: checkpointable single-node block job, budget left."""
+        if job.is_elastic or not job.is_running or not job.checkpointable:
+            return False
+        if len(job.placement) != 1:
+            return False
+        if (
+            job.last_moved_at is not None
+            and self.instance.now - job.last_moved_at < self.config.migration_cooldown_s
+        ):
+            return False
+        limit = self.instance.policy_for(job).max_migrations_per_day
+        return limit is None or job.migrations_today < limit
+
+    def _try_defrag(self, job: Job, groups: list[int]) -> dict[int, int] | None:
+        budget = self.config.max_migrations_per_cycle - self.migrations
+        key = self._fail_key(job, ("defrag", budget > 0))
+        if key in self.defrag_failed:
+            if self.defrag_failed[key]:
+                self.budget_blocked.add(job.id)
+            return None
+        blocked = False
+        job_by_id = self.instance.job_by_id
+        nodes = self.instance.nodes
+        need = job.total_gpus
+        limit = job.max_nodes if job.max_nodes is not None else job.replicas
+        movable = self.movable
+        touched = self.touched
+        for group in self.state.group_order(self._allowed_groups(job, groups)):
+            candidates: list[tuple[int, int, int, list[Job]]] = []
+            for node in self.compat.groups[group].node_indices:
+                if not self.state.ready[node] or nodes[node].gpus < job.gpus_per_replica:
+                    continue
+                on_node = self.state.jobs_on_node[node]
+                if on_node and all(r in movable and r not in touched for r in on_node):
+                    candidates.append(
+                        (
+                            len(on_node),
+                            -self.state.free_gpus[node],
+                            node,
+                            [job_by_id[r] for r in on_node],
+                        )
+                    )
+            candidates.sort(key=lambda c: (c[0], c[1], c[2]))
+            chosen: list[tuple[int, list[Job]]] = []
+            capacity = 0
+            movers = 0
+            for count, _, node, residents in candidates:
+                if len(chosen) >= limit or movers + count > budget:
+                    continue
+                chosen.append((node, residents))
+                capacity += nodes[node].gpus - nodes[node].gpus % job.gpus_per_replica
+                movers += count
+                if capacity >= need:
+                    break
+            if capacity < need:
+                # Would emptying nodes have made room, were the budget larger?
+                room = sum(nodes[c[2]].gpus for c in candidates[:limit])
+                if room >= need:
+                    self.budget_blocked.add(job.id)
+                    blocked = True
+                continue
+            placement = self._evacuate_and_place(job, groups, chosen)
+            if placement is not None:
+                return placement
+        self.defrag_failed[key] = blocked
+        return None
+
+    def _evacuate_and_place(
+        self, job: Job, groups: list[int], chosen: list[tuple[int, list[Job]]]
+    ) -> dict[int, int] | None:
+        mark = self.state.mark()
+        evicted: list[tuple[Job, dict[int, int]]] = []
+        for _, residents in chosen:
+            for resident in residents:
+                evicted.append((resident, self.state.evict(resident)))
+        placement = self.state.find_gang(job, job.replicas, groups, job.max_nodes)
+        if placement is None:
+            self.state.rollback(mark)
+            return None
+        self.state.place(job, placement)
+        moved: list[Job] = []
+        for resident, original in sorted(evicted, key=lambda e: -e[0].total_gpus):
+            resident_groups = self.state.ready_groups(resident)
+            node = self.state.find_single_node(resident, resident.replicas, resident_groups)
+            if node is None:
+                self.state.rollback(mark)
+                return None
+            target = {node: resident.total_gpus}
+            self.state.place(resident, target)
+            if target != original:
+                moved.append(resident)
+        if self.migrations + len(moved) > self.config.max_migrations_per_cycle:
+            self.state.rollback(mark)
+            self.budget_blocked.add(job.id)
+            return None
+        # Keep the evictions; the caller places the job itself.
+        for node, gpus in placement.items():
+            self.state.remove(job, node, gpus)
+        for resident in moved:
+            self.migrations += 1
+            self.touched.add(resident.id)
+            self.result.decisions[resident.id] = Reason(
+                code=ReasonCode.DEFRAGMENTATION, message=f"moved to make room for {job.id}"
+            )
+        self.epoch += 1
+        return placement
+
+    # -- preemption ---------------------------------------------------------------------
+
+    def _reclaimable(self, team: str, extra_started: int) -> int:
+        policy = self.instance.policy_by_team.get(team)
+        guaranteed = policy.guaranteed_gpus if policy is not None else 0
+        return (
+            max(0, self.usage_before.get(team, 0) - guaranteed)
+            + self.started_by_team.get(team, 0)
+            + extra_started
+            - self.stopped_by_team.get(team, 0)
+        )
+
+    def _could_be_victim(self, job: Job) -> bool:
+        return (
+            not job.is_elastic
+            and job.is_running
+            and self.instance.is_preemptible(job)
+            and not self._over_preemption_limit(job)
+        )
+
+    def _over_preemption_limit(self, job: Job) -> bool:
+        limit = self.instance.policy_for(job).max_preemptions_per_day
+        return limit is not None and job.preemptions_today >= limit
+
+    def _try_preempt(self, job: Job, groups: list[int]) -> dict[int, int] | None:
+        cap = self.config.max_preemptions_per_cycle
+        if cap is not None and self.preemptions >= cap:
+            self.budget_blocked.add(job.id)
+            return None
+        weight = self.weight[job.id]
+        # A job of the same shape and team that failed with at least this weight fails too.
+        key = self._fail_key(job, ("preempt", job.team))
+        if self.preempt_failed.get(key, -math.inf) >= weight:
+            return None
+        job_by_id = self.instance.job_by_id
+        nodes = self.instance.nodes
+        need = job.total_gpus
+        victims_set = self.victims
+        touched = self.touched
+        weights = self.weight
+        ranked: list[tuple[float, int, int, list[Job]]] = []
+        blocked_by_limit = False
+        floor = self.victim_floor
+        for group in self._allowed_groups(job, groups):
+            for node in self.compat.groups[group].node_indices:
+                if floor[node] >= weight or not self.state.ready[node]:
+                    continue
+                on_node = self.state.jobs_on_node[node]
+                victims = [
+                    job_by_id[v]
+                    for v in on_node
+                    if v in victims_set and v not in touched and weights[v] < weight
+                ]
+                if not victims:
+                    if any(v in self.victims_over_limit and weights[v] < weight for v in on_node):
+                        blocked_by_limit = True
+                    continue
+                victims.sort(key=lambda v: (weights[v.id], -v.total_gpus, v.id))
+                free = self.state.free_gpus[node]
+                cost = 0.0
+                taken: list[Job] = []
+                for victim in victims:
+                    if free >= min(need, nodes[node].gpus):
+                        break
+                    taken.append(victim)
+                    free += on_node[victim.id]
+                    cost += weights[victim.id] * victim.total_gpus
+                if free <= self.state.free_gpus[node]:
+                    continue
+                ranked.append((cost / free, node, free, taken))
+                if len(ranked) >= self.options.preemption_candidates:
+                    break
+            if len(ranked) >= self.options.preemption_candidates:
+                break
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        single = [r for r in ranked if r[2] >= need]
+        attempts: list[list[tuple[float, int, int, list[Job]]]] = [[r] for r in single[:3]]
+        limit = job.max_nodes if job.max_nodes is not None else job.replicas
+        if not single and limit > 1:
+            gang: list[tuple[float, int, int, list[Job]]] = []
+            total = 0
+            for entry in ranked:
+                gang.append(entry)
+                total += entry[2]
+                if total >= need:
+                    break
+            attempts.append(gang)
+        for attempt in attempts:
+            placement = self._evict_and_place(job, groups, attempt)
+            if placement is not None:
+                return placement
+        if blocked_by_limit:
+            self.budget_blocked.add(job.id)
+        self.preempt_failed[key] = max(self.preempt_failed.get(key, -math.inf), weight)
+        return None
+
+    def _evict_and_place(
+        self, job: Job, groups: list[int], attempt: Iterable[tuple[float, int, int, list[Job]]]
+    ) -> dict[int, int] | None:
+        mark = self.state.mark()
+        stopped: list[Job] = []
+        stopped_by_team = dict(self.stopped_by_team)
+        cap = self.config.max_preemptions_per_cycle
+        for _, _, _, victims in attempt:
+            for victim in victims:
+                if victim.id not in self.state.placement:
+                    continue  # a gang victim already stopped from another node
+                own = job.total_gpus if victim.team == job.team else 0
+                if self._reclaimable(victim.team, own) < victim.held_gpus:
+                    self.state.rollback(mark)
+                    self.stopped_by_team = stopped_by_team
+                    return None
+                self.state.evict(victim)
+                self.stopped_by_team[victim.team] = (
+                    self.stopped_by_team.get(victim.team, 0) + victim.held_gpus
+                )
+                stopped.append(victim)
+        too_many = cap is not None and self.preemptions + len(stopped) > cap
+        placement = (
+            None
+            if too_many
+            else self.state.find_gang(
+                job, job.replicas, self._allowed_groups(job, groups), job.max_nodes
+            )
+        )
+        if placement is None:
+            self.state.rollback(mark)
+            self.stopped_by_team = stopped_by_team
+            return None
+        for victim in stopped:
+            self.preemptions += 1
+            self.touched.add(victim.id)
+            self.result.decisions[victim.id] = Reason(
+                code=ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY,
+                message=f"stopped for {job.id} (weight {self.weight[job.id]:g} > "
+                f"{self.weight[victim.id]:g})",
+            )
+        self.epoch += 1
+        return placement
+
+    # -- reasons for what stays pending ---------------------------------------------------
+
+    def diagnose(self, queue: list[Job]) -> None:
+        pending = self.result.pending
+        holder_weight = self._min_holder_weight()
+        for job in queue:
+            if job.id in self.state.placement or job.id in pending:
+                continue
+            all_groups = self.compat.groups_for(job)
+            groups = self.state.ready_groups(job)
+            if not all_groups:
+                pending[job.id] = Reason(
+                    code=ReasonCode.NO_COMPATIBLE_GPU_MODEL,
+                    message="no node has a GPU model, memory, precision and labels it accepts",
+                )
+            elif not groups:
+                pending[job.id] = Reason(
+                    code=ReasonCode.NO_COMPATIBLE_GPU_MODEL,
+                    message="no compatible node is ready",
+                )
+            elif not self._could_ever_fit(job, groups):
+                pending[job.id] = Reason(
+                    code=ReasonCode.INSUFFICIENT_CAPACITY,
+                    message=f"{job.total_gpus} GPUs within the node spread limit exceed any "
+                    "cluster's compatible nodes",
+                )
+            elif job.id in self.forecast_blocked:
+                pending[job.id] = Reason(
+                    code=ReasonCode.FORECAST_RESERVATION,
+                    message="the free GPUs are needed by an elastic service's coming peak",
+                )
+            elif job.id in self.budget_blocked:
+                pending[job.id] = Reason(
+                    code=ReasonCode.DISRUPTION_BUDGET,
+                    message="making room needs more migrations or preemptions than allowed",
+                )
+            elif self.state.compatible_free(groups) >= job.total_gpus:
+                pending[job.id] = Reason(
+                    code=ReasonCode.FRAGMENTATION,
+                    message=f"{self.state.compatible_free(groups)} compatible GPUs free but "
+                    f"no node or gang of {job.total_gpus} fits",
+                )
+            elif (
+                self.can_preempt
+                and min((holder_weight[g] for g in groups), default=math.inf) >= self.weight[job.id]
+            ):
+                pending[job.id] = Reason(
+                    code=ReasonCode.LOWER_PRIORITY,
+                    message="compatible GPUs are held by work of equal or higher priority",
+                )
+            else:
+                pending[job.id] = Reason(
+                    code=ReasonCode.INSUFFICIENT_CAPACITY,
+                    message=f"{self.state.compatible_free(groups)} compatible GPUs free, "
+                    f"{job.total_gpus} needed",
+                )
+
+    def _min_holder_weight(self) -> list[float]:
+        weights = [math.inf] * len(self.compat.groups)
+        boost = self.config.overdue_weight
+        for job_id, held in self.state.placement.items():
+            # A job started past its max wait outranks everything it displaced.
+            weight = self.weight[job_id]
+            if self.instance.is_overdue(self.instance.job_by_id[job_id]):
+                weight *= boost
+            for node in held:
+                group = self.compat.group_of_node[node]
+                weights[group] = min(weights[group], weight)
+        return weights
+
+
+def run_greedy(
+    instance: Instance, options: GreedyOptions, compat: Compatibility | None = None
+) -> GreedyResult:
+    return GreedyEngine(instance, options, compat).run()
+
+
+def greedy_plan(instance: Instance, options: GreedyOptions, *, policy: str) -> Plan:
+    started = time.perf_counter()
+    result = run_greedy(instance, options)
+    stats = SolveStats(
+        status=SolveStatus.HEURISTIC,
+        engine=options.engine,
+        wall_time_s=time.perf_counter() - started,
+    )
+    plan = build_plan(
+        instance,
+        policy=policy,
+        target=result.target(),
+        decisions=result.decisions,
+        pending=result.pending,
+        stats=stats,
+    )
+    plan.stats.wall_time_s = time.perf_counter() - started
+    return plan

@@ -1,0 +1,373 @@
+"""Solver inputs: one immutable snapshot of the clusters, the work and the rules.
+
+Units are explicit and integral wherever the solver counts: GPUs are whole GPUs,
+CPU is in milli-CPUs, memory in MiB, times are seconds since the epoch (``now``,
+``submit_time``, ``start_time``) and durations are seconds.
+
+A :class:`Job` is either a *block* job (training, batch inference, HPC: a fixed number
+of replicas, all placed or none — a gang when it spans nodes) or an *elastic* service
+(real-time inference: replicas between ``min_replicas`` and ``max_replicas`` that should
+follow ``forecast``). A job is *running* when ``placement`` is non-empty and *pending*
+otherwise. ``placement`` maps node name to the number of GPUs the job holds there; it is
+always a multiple of ``gpus_per_replica``.
+
+The snapshot is cheap to build: the simulator constructs one per re-plan. Derived look-ups
+(``node_by_name``, ``policy_for`` …) are cached on first use.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GpuModel(_Frozen):
+    """One GPU model of the catalogue."""
+
+    name: str
+    memory_mib: int = Field(ge=0)
+    precisions: frozenset[str] = frozenset({"fp32", "fp16"})
+    speed: float = Field(default=1.0, gt=0, description="relative throughput, 1.0 = reference")
+
+
+class NodeState(enum.StrEnum):
+    READY = "ready"
+    DRAINING = "draining"  # running work stays, nothing new lands here
+    DOWN = "down"
+
+
+class Node(_Frozen):
+    """A machine with ``gpus`` GPUs of one model, in one cluster.
+
+    Free capacity is derived from the running jobs' placements; ``free_gpu_indices`` is
+    informational (for the dispatcher) and not used by the solver.
+    """
+
+    name: str
+    cluster: str
+    gpu_model: str
+    gpus: int = Field(ge=0)
+    cpu_milli: int = Field(default=0, ge=0, description="0 = CPU not modelled")
+    memory_mib: int = Field(default=0, ge=0, description="0 = memory not modelled")
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: frozenset[str] = frozenset()
+    state: NodeState = NodeState.READY
+    free_gpu_indices: tuple[int, ...] | None = None
+
+
+class JobKind(enum.StrEnum):
+    BLOCK = "block"
+    ELASTIC = "elastic"
+
+
+class Job(_Frozen):
+    """A block job or an elastic service, running (``placement``) or pending."""
+
+    id: str
+    team: str = "default"
+    kind: JobKind = JobKind.BLOCK
+    priority: float = Field(default=1.0, gt=0, description="multiplies the team's weight")
+
+    # Shape: ``replicas`` × ``gpus_per_replica`` GPUs; CPU and memory per replica.
+    gpus_per_replica: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=0, description="block: gang size; elastic: current")
+    cpu_milli_per_replica: int = Field(default=0, ge=0)
+    memory_mib_per_replica: int = Field(default=0, ge=0)
+    max_nodes: int | None = Field(
+        default=None, ge=1, description="gang spread limit for block jobs; None = unlimited"
+    )
+
+    # Compatibility.
+    allowed_gpu_models: frozenset[str] | None = None
+    gpu_memory_mib: int = Field(default=0, ge=0, description="minimum memory per GPU")
+    precision: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: frozenset[str] = frozenset()
+    clusters: frozenset[str] | None = None
+
+    # Lifecycle.
+    submit_time: float = 0.0
+    start_time: float | None = None
+    placement: dict[str, int] = Field(default_factory=dict, description="node -> GPUs held")
+    gpu_indices: dict[str, tuple[int, ...]] | None = None
+    expected_runtime_s: float | None = Field(default=None, ge=0, description="walltime estimate")
+    checkpointable: bool = False
+    checkpoint_size_mib: int | None = Field(default=None, ge=0)
+    last_checkpoint_time: float | None = None
+    preemptible: bool | None = Field(default=None, description="None = the SLA policy decides")
+    last_moved_at: float | None = Field(default=None, description="last migration or resize")
+    migrations_today: int = Field(default=0, ge=0)
+    preemptions_today: int = Field(default=0, ge=0)
+
+    # Elastic services only.
+    min_replicas: int = Field(default=0, ge=0)
+    max_replicas: int | None = Field(default=None, ge=0)
+    forecast: tuple[int, ...] = Field(
+        default=(), description="replicas needed per future step; forecast[0] = now"
+    )
+    forecast_step_s: int = Field(default=3600, ge=1)
+    max_replica_change: int | None = Field(
+        default=None, ge=0, description="most replicas added or removed by one plan"
+    )
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> Job:
+        for node, gpus in self.placement.items():
+            if gpus <= 0 or gpus % self.gpus_per_replica:
+                raise ValueError(
+                    f"job {self.id}: placement on {node} is {gpus} GPUs, "
+                    f"not a positive multiple of gpus_per_replica={self.gpus_per_replica}"
+                )
+        if self.kind is JobKind.BLOCK and self.placement and self.held_gpus != self.total_gpus:
+            raise ValueError(
+                f"job {self.id}: holds {self.held_gpus} GPUs but replicas × gpus_per_replica "
+                f"is {self.total_gpus}"
+            )
+        if self.kind is JobKind.ELASTIC and self.max_replicas is not None:
+            if self.max_replicas < self.min_replicas:
+                raise ValueError(f"job {self.id}: max_replicas < min_replicas")
+        return self
+
+    @property
+    def is_running(self) -> bool:
+        return bool(self.placement)
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.kind is JobKind.ELASTIC
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs the job needs to run (block) or holds now (elastic)."""
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def held_gpus(self) -> int:
+        return sum(self.placement.values())
+
+    @property
+    def upper_replicas(self) -> int:
+        """Elastic: the most replicas the service may have."""
+        if self.max_replicas is not None:
+            return self.max_replicas
+        return max((self.replicas, self.min_replicas, *self.forecast))
+
+    def demand_at(self, step: int) -> int:
+        """Forecast replicas at ``step`` (clamped to min/max); current replicas if none."""
+        raw = self.forecast[min(step, len(self.forecast) - 1)] if self.forecast else self.replicas
+        return max(self.min_replicas, min(self.upper_replicas, raw))
+
+    def peak_demand(self, horizon_s: float) -> int:
+        """Elastic: most replicas the forecast asks for within ``horizon_s`` from now."""
+        steps = max(1, math.ceil(horizon_s / self.forecast_step_s))
+        return max(self.demand_at(step) for step in range(steps))
+
+
+class SlaPolicy(_Frozen):
+    """Per team (queue) rules, with Kueue ClusterQueue/cohort semantics for quota.
+
+    ``guaranteed_gpus`` is the nominal quota: work within it is never preempted by other
+    teams. ``borrowing_limit`` caps the GPUs used above the guarantee (None = unlimited,
+    so total usage is at most guaranteed + borrowing_limit).
+    """
+
+    team: str
+    priority_weight: float = Field(default=1.0, gt=0)
+    guaranteed_gpus: int = Field(default=0, ge=0)
+    borrowing_limit: int | None = Field(default=None, ge=0)
+    max_queue_wait_s: float | None = Field(default=None, ge=0)
+    preemptible: bool = True
+    max_migrations_per_day: int | None = Field(default=None, ge=0)
+    max_preemptions_per_day: int | None = Field(default=None, ge=0)
+
+    @property
+    def quota_cap(self) -> int | None:
+        if self.borrowing_limit is None:
+            return None
+        return self.guaranteed_gpus + self.borrowing_limit
+
+
+class MigrationCostModel(_Frozen):
+    """Lost GPU-time of a migration: checkpoint write + transfer + restore, per GPU held."""
+
+    bandwidth_mib_per_s: float = Field(default=1000.0, gt=0)
+    overhead_s: float = Field(default=30.0, ge=0)
+    default_checkpoint_mib: int = Field(default=20_000, ge=0)
+    lost_work_cap_s: float = Field(
+        default=4 * 3600.0, ge=0, description="cap on work a preemption is charged for"
+    )
+
+    def migration_seconds(self, job: Job) -> float:
+        size = job.checkpoint_size_mib
+        if size is None:
+            size = self.default_checkpoint_mib
+        return self.overhead_s + 2.0 * size / self.bandwidth_mib_per_s
+
+    def preemption_lost_seconds(self, job: Job, now: float) -> float:
+        """Work lost when ``job`` is stopped now: since its last checkpoint or its start."""
+        if job.checkpointable:
+            return self.migration_seconds(job) / 2.0
+        since = job.last_checkpoint_time if job.last_checkpoint_time is not None else job.start_time
+        if since is None:
+            return 0.0
+        return min(self.lost_work_cap_s, max(0.0, now - since))
+
+
+class SolverConfig(_Frozen):
+    """Engine settings and objective weights (see ``solver.objective`` for the formula)."""
+
+    time_limit_s: float = Field(default=2.0, gt=0, description="CP-SAT search limit")
+    num_workers: int = Field(default=2, ge=1)
+    seed: int = 0
+    relative_gap: float = Field(
+        default=0.0005, ge=0, description="stop CP-SAT within this gap of its bound"
+    )
+    use_cp_sat: bool = True
+    deterministic: bool = Field(
+        default=False,
+        description="limit CP-SAT by deterministic time instead of wall time (same plan "
+        "every run whatever the load; time_limit_s is then in deterministic seconds)",
+    )
+    cp_sat_migration: bool = Field(
+        default=True, description="let CP-SAT empty nodes by migration (budget permitting)"
+    )
+    second_greedy_max_pending: int = Field(
+        default=2000,
+        ge=0,
+        description="up to this many pending jobs, also run the greedy in priority order "
+        "and with migration before preemption, and keep the best",
+    )
+
+    # Objective weights, in units of "one priority-weighted reference GPU for one hour".
+    elastic_unmet_weight: float = Field(default=8.0, ge=0, description="× a unit of batch work")
+    fragmentation_weight: float = Field(default=0.05, ge=0, description="per whole free node")
+    value_horizon_s: float = Field(
+        default=3600.0, gt=0, description="GPU-seconds lost are divided by this"
+    )
+    overdue_weight: float = Field(default=1000.0, ge=1, description="× for jobs past max wait")
+
+    # Look-ahead for elastic forecasts.
+    lookahead_s: float = Field(
+        default=4 * 3600.0,
+        ge=0,
+        description="forecast steps within this horizon reserve GPUs from long immovable jobs",
+    )
+    scale_down_hold_s: float = Field(
+        default=0.0, ge=0, description="keep replicas needed within this window"
+    )
+
+    # Disruption budget.
+    max_migrations_per_cycle: int = Field(default=16, ge=0)
+    migration_cooldown_s: float = Field(default=1800.0, ge=0)
+    max_preemptions_per_cycle: int | None = Field(default=None, ge=0)
+
+
+class Instance(_Frozen):
+    """Everything one planning cycle needs. Immutable; build a new one per cycle."""
+
+    now: float = 0.0
+    gpu_models: tuple[GpuModel, ...]
+    nodes: tuple[Node, ...]
+    jobs: tuple[Job, ...] = ()
+    policies: tuple[SlaPolicy, ...] = ()
+    migration: MigrationCostModel = MigrationCostModel()
+    config: SolverConfig = SolverConfig()
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Instance:
+        models = {m.name for m in self.gpu_models}
+        nodes = set()
+        for node in self.nodes:
+            if node.gpu_model not in models:
+                raise ValueError(f"node {node.name}: unknown gpu_model {node.gpu_model!r}")
+            if node.name in nodes:
+                raise ValueError(f"duplicate node {node.name}")
+            nodes.add(node.name)
+        ids = set()
+        for job in self.jobs:
+            if job.id in ids:
+                raise ValueError(f"duplicate job {job.id}")
+            ids.add(job.id)
+            for node_name in job.placement:
+                if node_name not in nodes:
+                    raise ValueError(f"job {job.id}: placed on unknown node {node_name}")
+        return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied; the derived look-ups are rebuilt on first use.
+
+        As in pydantic, ``update`` is not validated: build a new ``Instance`` from
+        untrusted data.
+        """
+        copied = super().model_copy(update=update, deep=deep)
+        for name in _DERIVED:
+            copied.__dict__.pop(name, None)
+        return copied
+
+    @cached_property
+    def node_by_name(self) -> dict[str, Node]:
+        return {node.name: node for node in self.nodes}
+
+    @cached_property
+    def model_by_name(self) -> dict[str, GpuModel]:
+        return {model.name: model for model in self.gpu_models}
+
+    @cached_property
+    def job_by_id(self) -> dict[str, Job]:
+        return {job.id: job for job in self.jobs}
+
+    @cached_property
+    def policy_by_team(self) -> dict[str, SlaPolicy]:
+        return {policy.team: policy for policy in self.policies}
+
+    @cached_property
+    def _default_policies(self) -> dict[str, SlaPolicy]:
+        return {}
+
+    def policy_for(self, job: Job) -> SlaPolicy:
+        """The job's team policy, or the defaults for a team without one."""
+        policy = self.policy_by_team.get(job.team)
+        if policy is None:
+            policy = self._default_policies.setdefault(job.team, SlaPolicy(team=job.team))
+        return policy
+
+    def weight(self, job: Job) -> float:
+        """Priority weight of a job: its team's weight × its own priority."""
+        return self.policy_for(job).priority_weight * job.priority
+
+    def speed(self, node: Node) -> float:
+        return self.model_by_name[node.gpu_model].speed
+
+    def is_preemptible(self, job: Job) -> bool:
+        if job.preemptible is not None:
+            return job.preemptible
+        return self.policy_for(job).preemptible
+
+    @cached_property
+    def overdue_ids(self) -> frozenset[str]:
+        """Pending jobs waiting longer than their SLA's max queue wait."""
+        return frozenset(job.id for job in self.jobs if self._waited_too_long(job))
+
+    def is_overdue(self, job: Job) -> bool:
+        """A pending job waiting longer than its SLA's max queue wait."""
+        if self.job_by_id.get(job.id) is job:
+            return job.id in self.overdue_ids
+        return self._waited_too_long(job)
+
+    def _waited_too_long(self, job: Job) -> bool:
+        max_wait = self.policy_for(job).max_queue_wait_s
+        return not job.is_running and max_wait is not None and self.now - job.submit_time > max_wait
+
+
+_DERIVED = tuple(
+    name for name, value in vars(Instance).items() if isinstance(value, cached_property)
+)

@@ -1,0 +1,356 @@
+"""The CP-SAT placement model, aggregated so that 10,000 GPUs × 10,000 jobs stays small.
+
+Aggregation
+-----------
+* A **pool** is the free capacity of one node group (cluster, GPU model, labels, taints):
+  how many ready nodes have how many free GPUs in the base state. Value depends only on
+  the group (the GPU model's speed), so the model counts what goes into a group rather
+  than into a node, and checks packing per free-GPU level.
+* A **job class** is a set of pending block jobs that are interchangeable for the model:
+  same compatible groups, shape (replicas, GPUs/CPU/memory per replica, spread limit),
+  weight, team (when a team constraint names it), overdue flag and look-ahead reserves.
+  An elastic service's missing replicas form a class of their own (one replica per item).
+* An **option** is (class, pool, nodes per job): ``count`` jobs of the class each placed as
+  ``nodes`` equal chunks in that group. Single-node placement is ``nodes = 1``; a gang is
+  split over the fewest nodes its chunk fits. The model's integer variables are these
+  counts, so its size is classes × pools, not jobs × nodes.
+
+Constraint families (``solver/constraints/``), each ``build()`` returning its objective terms:
+``assignment`` (each class placed at most its size; the value of what is placed),
+``capacity`` (per pool: a packing condition over its free-GPU levels for the chunk sizes,
+tight for power-of-two sizes, plus CPU and memory totals), ``quota`` (team caps, and the
+GPUs a team must start so that the greedy's preemptions stay within its guarantee),
+``lookahead`` (capacity held for elastic services' coming peaks), ``migration`` (how many
+nodes of each evacuable kind to empty by moving their checkpointable residents within the
+node group, under the disruption budget, at their migration cost) and ``fragmentation``
+(whole free nodes kept).
+
+The model is a relaxation of node-level packing where sizes are not a divisible chain or
+CPU/memory bind, so its solution is *realised* node by node afterwards (first-fit
+decreasing within each group, then a greedy fill); the realised plan is legal by
+construction and checked by ``solver.validate``.
+
+Objective coefficients are the ``solver.objective`` terms scaled by ``SCALE`` to integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from solver.compat import Compatibility, job_signature
+from solver.instance import Instance, Job
+from solver.state import UNLIMITED, ClusterState
+
+SCALE = 1000
+
+
+@dataclass
+class Pool:
+    """Free capacity of one node group: how many ready nodes have how many free GPUs."""
+
+    index: int
+    group: int
+    cluster: str
+    speed: float
+    nodes: list[int] = field(default_factory=list)
+    levels: dict[int, int] = field(default_factory=dict)  # free GPUs -> nodes
+    free_cpu: int | None = None  # total, None when it cannot bind
+    free_mem: int | None = None
+    whole_nodes: int = 0
+    partial_gpus: int = 0  # free GPUs on nodes that are partly used
+    max_node_gpus: int = 0
+    evacuable_gpus: int = 0  # size of the largest node migration could empty
+    evacuable_total: int = 0  # GPUs migration could free in the pool
+
+    @property
+    def max_free(self) -> int:
+        return max(self.levels, default=0)
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(free * count for free, count in self.levels.items())
+
+
+@dataclass
+class JobClass:
+    index: int
+    jobs: list[Job]
+    groups: frozenset[int]
+    replicas: int
+    gpus_per_replica: int
+    cpu_per_replica: int
+    mem_per_replica: int
+    max_nodes: int | None
+    weight: float
+    boost: float
+    team: str
+    reserves: tuple[int, ...]  # look-ahead reserves this class must keep off
+    elastic: bool = False
+    size: int = 0  # jobs in the class, or missing replicas for an elastic class
+
+    @property
+    def total_gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+
+@dataclass
+class Option:
+    job_class: JobClass
+    pool: Pool
+    nodes: int  # nodes per job
+    chunk_replicas: int  # replicas per node
+    var: cp_model.IntVar
+    upper: int
+
+    @property
+    def chunk_gpus(self) -> int:
+        return self.chunk_replicas * self.job_class.gpus_per_replica
+
+
+@dataclass
+class Reserve:
+    """GPUs of some groups to keep from long immovable jobs (an elastic forecast)."""
+
+    groups: frozenset[int]
+    gpus: int
+
+
+@dataclass
+class Evacuation:
+    """Identical evacuable nodes of one pool: same size, free GPUs and movable residents.
+
+    Evacuating one moves all its residents (checkpointable single-node jobs) elsewhere in
+    the same node group, which turns a partly used node into a whole free one.
+    """
+
+    index: int
+    pool: Pool
+    node_gpus: int
+    free_gpus: int
+    residents: tuple[tuple[int, int, int], ...]  # (GPUs, CPU, memory) per resident job
+    nodes: list[int] = field(default_factory=list)  # cheapest to move first
+    costs: list[float] = field(default_factory=list)
+    var: cp_model.IntVar | None = None
+
+    @property
+    def moves(self) -> int:
+        return len(self.residents)
+
+
+def chunk_fit(pool: Pool, job_class: JobClass) -> int:
+    """Replicas of the class the emptiest node of the pool holds (GPUs only)."""
+    return max(pool.max_free, pool.evacuable_gpus) // job_class.gpus_per_replica
+
+
+def build_pools(state: ClusterState, jobs: list[Job] | None = None) -> list[Pool]:
+    """One pool per node group, with its free nodes counted by free GPUs.
+
+    CPU (memory) gets a pool total only where it can bind: on a node where some job in
+    ``jobs`` would run out of CPU before it runs out of free GPUs.
+    """
+    nodes = state.instance.nodes
+    groups = state.compat.groups
+    cpu_per_gpu = max((j.cpu_milli_per_replica / j.gpus_per_replica for j in jobs or ()), default=0)
+    mem_per_gpu = max(
+        (j.memory_mib_per_replica / j.gpus_per_replica for j in jobs or ()), default=0
+    )
+    by_group: dict[int, Pool] = {}
+    cpu_binds: set[int] = set()
+    mem_binds: set[int] = set()
+    for node_index, node in enumerate(nodes):
+        free_gpus = state.free_gpus[node_index]
+        if not state.ready[node_index] or free_gpus <= 0:
+            continue
+        group = state.compat.group_of_node[node_index]
+        pool = by_group.get(group)
+        if pool is None:
+            pool = Pool(
+                index=len(by_group),
+                group=group,
+                cluster=groups[group].cluster,
+                speed=groups[group].gpu_model.speed,
+                free_cpu=0,
+                free_mem=0,
+            )
+            by_group[group] = pool
+        pool.nodes.append(node_index)
+        pool.levels[free_gpus] = pool.levels.get(free_gpus, 0) + 1
+        pool.max_node_gpus = max(pool.max_node_gpus, node.gpus)
+        if free_gpus == node.gpus:
+            pool.whole_nodes += 1
+        else:
+            pool.partial_gpus += free_gpus
+        free_cpu = state.free_cpu[node_index]
+        free_mem = state.free_mem[node_index]
+        pool.free_cpu = (pool.free_cpu or 0) + min(free_cpu, UNLIMITED // 4)
+        pool.free_mem = (pool.free_mem or 0) + min(free_mem, UNLIMITED // 4)
+        if free_cpu < free_gpus * cpu_per_gpu:
+            cpu_binds.add(group)
+        if free_mem < free_gpus * mem_per_gpu:
+            mem_binds.add(group)
+    for group, pool in by_group.items():
+        if group not in cpu_binds:
+            pool.free_cpu = None
+        if group not in mem_binds:
+            pool.free_mem = None
+    return list(by_group.values())
+
+
+def build_classes(
+    instance: Instance,
+    compat: Compatibility,
+    jobs: list[Job],
+    reserves: dict[str, tuple[int, ...]],
+    teams: set[str] | None = None,
+) -> list[JobClass]:
+    """Group interchangeable jobs; ``teams`` are the teams a constraint counts by name."""
+    by_key: dict[tuple[object, ...], JobClass] = {}
+    for job in jobs:
+        weight = instance.weight(job)
+        boost = instance.config.overdue_weight if instance.is_overdue(job) else 1.0
+        capped = teams is None or job.team in teams
+        key = (
+            job_signature(job),
+            job.replicas,
+            job.gpus_per_replica,
+            job.cpu_milli_per_replica,
+            job.memory_mib_per_replica,
+            job.max_nodes,
+            weight,
+            boost,
+            job.team if capped else None,
+            reserves[job.id],
+        )
+        job_class = by_key.get(key)
+        if job_class is None:
+            job_class = JobClass(
+                index=len(by_key),
+                jobs=[],
+                groups=frozenset(compat.groups_for(job)),
+                replicas=job.replicas,
+                gpus_per_replica=job.gpus_per_replica,
+                cpu_per_replica=job.cpu_milli_per_replica,
+                mem_per_replica=job.memory_mib_per_replica,
+                max_nodes=job.max_nodes,
+                weight=weight,
+                boost=boost,
+                team=job.team,
+                reserves=reserves[job.id],
+            )
+            by_key[key] = job_class
+        job_class.jobs.append(job)
+        job_class.size += 1
+    return list(by_key.values())
+
+
+def elastic_class(
+    instance: Instance, compat: Compatibility, job: Job, missing: int, index: int
+) -> JobClass:
+    return JobClass(
+        index=index,
+        jobs=[job],
+        groups=frozenset(compat.groups_for(job)),
+        replicas=1,
+        gpus_per_replica=job.gpus_per_replica,
+        cpu_per_replica=job.cpu_milli_per_replica,
+        mem_per_replica=job.memory_mib_per_replica,
+        max_nodes=1,
+        weight=instance.weight(job),
+        boost=1.0,
+        team=job.team,
+        reserves=(),
+        elastic=True,
+        size=missing,
+    )
+
+
+class PlacementModel:
+    """Variables and constraints; ``build()`` assembles the objective from the families."""
+
+    def __init__(
+        self,
+        instance: Instance,
+        pools: list[Pool],
+        classes: list[JobClass],
+        reserves: list[Reserve],
+        team_room: dict[str, int],
+        team_min_start: dict[str, int] | None = None,
+        evacuations: list[Evacuation] | None = None,
+        migration_budget: int = 0,
+    ) -> None:
+        self.instance = instance
+        self.config = instance.config
+        self.pools = pools
+        self.classes = classes
+        self.reserves = reserves
+        self.team_room = team_room
+        self.team_min_start = team_min_start or {}
+        self.evacuations = evacuations or []
+        self.evacuations_by_pool: dict[int, list[Evacuation]] = {}
+        for evacuation in self.evacuations:
+            self.evacuations_by_pool.setdefault(evacuation.pool.index, []).append(evacuation)
+        self.migration_budget = migration_budget
+        self.model = cp_model.CpModel()
+        self.options: list[Option] = []
+        self.options_by_pool: dict[int, list[Option]] = {}
+        self.options_by_class: dict[int, list[Option]] = {}
+        self.objective_terms: list[tuple[int, cp_model.IntVar]] = []
+        self.whole_nodes_used: dict[int, cp_model.IntVar] = {}  # pool index -> var
+
+    def _make_options(self) -> None:
+        pool_by_group = {pool.group: pool for pool in self.pools}
+        for job_class in self.classes:
+            for group in sorted(job_class.groups):
+                pool = pool_by_group.get(group)
+                if pool is None:
+                    continue
+                fit = chunk_fit(pool, job_class)
+                if fit <= 0:
+                    continue
+                if job_class.elastic:
+                    nodes, chunk = 1, 1
+                    room = pool.free_gpus + pool.evacuable_total
+                    upper = min(job_class.size, room // job_class.gpus_per_replica)
+                else:
+                    split = self._split(job_class, fit, len(pool.nodes))
+                    if split is None:
+                        continue
+                    nodes, chunk = split
+                    room = pool.free_gpus + pool.evacuable_total
+                    upper = min(job_class.size, room // job_class.total_gpus)
+                if upper <= 0:
+                    continue
+                var = self.model.new_int_var(
+                    0, upper, f"place_c{job_class.index}_g{pool.group}_k{nodes}"
+                )
+                option = Option(job_class, pool, nodes, chunk, var, upper)
+                self.options.append(option)
+                self.options_by_pool.setdefault(pool.index, []).append(option)
+                self.options_by_class.setdefault(job_class.index, []).append(option)
+
+    @staticmethod
+    def _split(job_class: JobClass, fit: int, pool_nodes: int) -> tuple[int, int] | None:
+        """Fewest nodes over which the job splits evenly with chunks that fit a node."""
+        replicas = job_class.replicas
+        limit = job_class.max_nodes if job_class.max_nodes is not None else replicas
+        for nodes in range(1, min(limit, replicas, pool_nodes) + 1):
+            if replicas % nodes == 0 and replicas // nodes <= fit:
+                return nodes, replicas // nodes
+        return None
+
+    def build(self) -> None:
+        from solver.constraints import (
+            assignment,
+            capacity,
+            fragmentation,
+            lookahead,
+            migration,
+            quota,
+        )
+
+        self._make_options()
+        for family in (assignment, migration, capacity, quota, lookahead, fragmentation):
+            self.objective_terms.extend(family.build(self))
+        self.model.maximize(sum(coef * var for coef, var in self.objective_terms))

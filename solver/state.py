@@ -1,0 +1,206 @@
+"""Mutable cluster state for the rule-based engines, with an undo log.
+
+Free capacity per node, who holds what, GPUs per team, and per node group a bucket index
+``free GPUs -> ordered set of ready nodes`` so best-fit is a bucket walk, not a scan of
+every node. Every change goes through :meth:`ClusterState.add` / :meth:`remove`, which
+record an undo entry, so a tentative preemption or defragmentation rolls back exactly.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from solver.compat import Compatibility
+from solver.instance import Instance, Job, NodeState
+
+UNLIMITED = 1 << 60
+
+
+class ClusterState:
+    def __init__(self, instance: Instance, compat: Compatibility | None = None) -> None:
+        self.instance = instance
+        self.compat = compat if compat is not None else Compatibility(instance)
+        nodes = instance.nodes
+        self.node_index = {node.name: i for i, node in enumerate(nodes)}
+        self.free_gpus = [node.gpus for node in nodes]
+        self.free_cpu = [node.cpu_milli if node.cpu_milli else UNLIMITED for node in nodes]
+        self.free_mem = [node.memory_mib if node.memory_mib else UNLIMITED for node in nodes]
+        self.ready = [node.state is NodeState.READY for node in nodes]
+        self.placement: dict[str, dict[int, int]] = {}
+        self.team_usage: dict[str, int] = defaultdict(int)
+        self.jobs_on_node: list[dict[str, int]] = [{} for _ in nodes]
+        self._log: list[tuple[str, int, int]] = []
+        self._logging = False
+        for job in instance.jobs:
+            for node_name, gpus in job.placement.items():
+                self.add(job, self.node_index[node_name], gpus)
+        # Buckets are built after the initial load, from the resulting free counts.
+        self.group_free = [0] * len(self.compat.groups)
+        self.buckets: list[dict[int, dict[int, None]]] = [
+            defaultdict(dict) for _ in self.compat.groups
+        ]
+        for i in range(len(nodes)):
+            if self.ready[i]:
+                group = self.compat.group_of_node[i]
+                self.buckets[group][self.free_gpus[i]][i] = None
+                self.group_free[group] += self.free_gpus[i]
+        self._logging = True
+
+    # -- primitive changes -------------------------------------------------------------
+
+    def _move_bucket(self, node: int, old_free: int, new_free: int) -> None:
+        if not self._logging or not self.ready[node]:
+            return
+        group = self.compat.group_of_node[node]
+        bucket = self.buckets[group]
+        del bucket[old_free][node]
+        bucket[new_free][node] = None
+        self.group_free[group] += new_free - old_free
+
+    def add(self, job: Job, node: int, gpus: int) -> None:
+        replicas = gpus // job.gpus_per_replica
+        old = self.free_gpus[node]
+        self.free_gpus[node] = old - gpus
+        self.free_cpu[node] -= replicas * job.cpu_milli_per_replica
+        self.free_mem[node] -= replicas * job.memory_mib_per_replica
+        held = self.placement.setdefault(job.id, {})
+        held[node] = held.get(node, 0) + gpus
+        self.jobs_on_node[node][job.id] = held[node]
+        self.team_usage[job.team] += gpus
+        self._move_bucket(node, old, old - gpus)
+        if self._logging:
+            self._log.append((job.id, node, gpus))
+
+    def remove(self, job: Job, node: int, gpus: int) -> None:
+        replicas = gpus // job.gpus_per_replica
+        old = self.free_gpus[node]
+        self.free_gpus[node] = old + gpus
+        self.free_cpu[node] += replicas * job.cpu_milli_per_replica
+        self.free_mem[node] += replicas * job.memory_mib_per_replica
+        held = self.placement[job.id]
+        held[node] -= gpus
+        if held[node] == 0:
+            del held[node]
+            del self.jobs_on_node[node][job.id]
+        else:
+            self.jobs_on_node[node][job.id] = held[node]
+        if not held:
+            del self.placement[job.id]
+        self.team_usage[job.team] -= gpus
+        self._move_bucket(node, old, old + gpus)
+        if self._logging:
+            self._log.append((job.id, node, -gpus))
+
+    def place(self, job: Job, placement: dict[int, int]) -> None:
+        for node, gpus in placement.items():
+            self.add(job, node, gpus)
+
+    def evict(self, job: Job) -> dict[int, int]:
+        held = dict(self.placement.get(job.id, {}))
+        for node, gpus in held.items():
+            self.remove(job, node, gpus)
+        return held
+
+    def mark(self) -> int:
+        return len(self._log)
+
+    def rollback(self, mark: int) -> None:
+        job_by_id = self.instance.job_by_id
+        while len(self._log) > mark:
+            job_id, node, gpus = self._log[-1]
+            job = job_by_id[job_id]
+            if gpus > 0:
+                self.remove(job, node, gpus)
+            else:
+                self.add(job, node, -gpus)
+            # Each inverse appended one entry; drop it and the original.
+            del self._log[-2:]
+
+    # -- queries -------------------------------------------------------------------------
+
+    def held(self, job_id: str) -> dict[int, int]:
+        return self.placement.get(job_id, {})
+
+    def replicas_fitting(self, job: Job, node: int) -> int:
+        fit = self.free_gpus[node] // job.gpus_per_replica
+        if job.cpu_milli_per_replica:
+            fit = min(fit, self.free_cpu[node] // job.cpu_milli_per_replica)
+        if job.memory_mib_per_replica:
+            fit = min(fit, self.free_mem[node] // job.memory_mib_per_replica)
+        return max(0, fit)
+
+    def ready_groups(self, job: Job) -> list[int]:
+        return self.compat.ready_groups_for(job)
+
+    def compatible_free(self, groups: Iterable[int]) -> int:
+        return sum(self.group_free[g] for g in groups)
+
+    def group_order(self, groups: list[int]) -> list[int]:
+        # Faster GPUs first: the objective weights GPUs by speed.
+        return sorted(groups, key=lambda g: (-self.compat.groups[g].gpu_model.speed, g))
+
+    def find_single_node(
+        self, job: Job, replicas: int, groups: list[int], exclude: set[int] | None = None
+    ) -> int | None:
+        """Best node holding ``replicas`` replicas: fastest model, keep whole nodes, tightest."""
+        need = replicas * job.gpus_per_replica
+        best: tuple[float, int, int, int] | None = None
+        nodes = self.instance.nodes
+        for group in self.group_order(groups):
+            bucket = self.buckets[group]
+            speed = self.compat.groups[group].gpu_model.speed
+            for free in sorted(f for f, members in bucket.items() if f >= need and members):
+                found = None
+                for node in bucket[free]:
+                    if exclude and node in exclude:
+                        continue
+                    if self.replicas_fitting(job, node) >= replicas:
+                        found = node
+                        break
+                if found is None:
+                    continue
+                breaks_whole = 1 if free == nodes[found].gpus and need < free else 0
+                key = (-speed, breaks_whole, free - need, found)
+                if best is None or key < best:
+                    best = key
+                break
+        return None if best is None else best[3]
+
+    def find_gang(
+        self,
+        job: Job,
+        replicas: int,
+        groups: list[int],
+        max_nodes: int | None,
+        exclude: set[int] | None = None,
+    ) -> dict[int, int] | None:
+        """Replicas over the fewest nodes of one group (one cluster, one GPU model)."""
+        node = self.find_single_node(job, replicas, groups, exclude)
+        if node is not None:
+            return {node: replicas * job.gpus_per_replica}
+        limit = max_nodes if max_nodes is not None else replicas
+        if limit <= 1:
+            return None
+        for group in self.group_order(groups):
+            bucket = self.buckets[group]
+            chosen: list[tuple[int, int]] = []
+            remaining = replicas
+            for free in sorted((f for f, m in bucket.items() if m), reverse=True):
+                if free < job.gpus_per_replica:
+                    break
+                for candidate in bucket[free]:
+                    if exclude and candidate in exclude:
+                        continue
+                    fit = self.replicas_fitting(job, candidate)
+                    if fit <= 0:
+                        continue
+                    chosen.append((candidate, min(fit, remaining)))
+                    remaining -= min(fit, remaining)
+                    if remaining == 0 or len(chosen) >= limit:
+                        break
+                if remaining == 0 or len(chosen) >= limit:
+                    break
+            if remaining == 0:
+                return {n: r * job.gpus_per_replica for n, r in chosen}
+        return None

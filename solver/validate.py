@@ -1,0 +1,268 @@
+"""Solver-agnostic check of every hard constraint; used before dispatch and in tests.
+
+It reads only the instance and the plan (never an engine's internals), so a plan from any
+engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
+
+1. references: jobs, nodes exist; GPUs per node a positive multiple of gpus_per_replica;
+2. capacity: GPUs, CPU and memory per node (a node the snapshot already overfills may
+   not get fuller);
+3. compatibility: GPUs a job gains on a node satisfy model, memory, precision, selectors,
+   taints, allowed clusters, and the node is ready;
+4. gangs: a block job holds all ``replicas × gpus_per_replica`` GPUs or none, within one
+   cluster, on at most ``max_nodes`` nodes;
+5. movement: a non-checkpointable running job keeps its placement or stops; a moved job
+   respects the per-cycle budget, the cooldown and its SLA's migrations per day;
+6. stopping: a stopped job is preemptible, under its preemptions per day, within the
+   per-cycle preemption cap, and no team loses GPUs within its guarantee to others;
+7. elastic: between min and max replicas (never pushed below min from where it was),
+   changed by at most ``max_replica_change`` replicas;
+8. quota: a team's GPUs stay within guaranteed + borrowing limit (or do not grow);
+9. bookkeeping: one action per changed job, of the right kind, matching the placement;
+   a reason for every job that holds nothing; GPU indices, where given, distinct per node,
+   in range, as many as the placement says.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from solver.compat import node_accepts
+from solver.instance import Instance, NodeState
+from solver.plan import ActionKind, Plan
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    job_id: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f" [{self.job_id}]" if self.job_id else ""
+        return f"{self.rule}{where}: {self.message}"
+
+
+class PlanInvalid(Exception):
+    def __init__(self, violations: list[Violation]) -> None:
+        self.violations = violations
+        listed = "; ".join(str(v) for v in violations[:10])
+        super().__init__(f"{len(violations)} violation(s): {listed}")
+
+
+def check(instance: Instance, plan: Plan) -> None:
+    """Raise :class:`PlanInvalid` if ``plan`` breaks any hard constraint."""
+    violations = validate(instance, plan)
+    if violations:
+        raise PlanInvalid(violations)
+
+
+def validate(instance: Instance, plan: Plan) -> list[Violation]:
+    out: list[Violation] = []
+    config = instance.config
+    nodes = instance.node_by_name
+    jobs = instance.job_by_id
+
+    def bad(rule: str, job_id: str | None, message: str) -> None:
+        out.append(Violation(rule, job_id, message))
+
+    # 1. references
+    for job_id, target in plan.placement.items():
+        job = jobs.get(job_id)
+        if job is None:
+            bad("reference", job_id, "unknown job")
+            continue
+        for node_name, gpus in target.items():
+            if node_name not in nodes:
+                bad("reference", job_id, f"unknown node {node_name}")
+            elif gpus <= 0 or gpus % job.gpus_per_replica:
+                bad("reference", job_id, f"{gpus} GPUs on {node_name} is not whole replicas")
+    if out:
+        return out
+
+    # 2. capacity
+    gpu_used: dict[str, int] = defaultdict(int)
+    cpu_used: dict[str, int] = defaultdict(int)
+    mem_used: dict[str, int] = defaultdict(int)
+    for job_id, target in plan.placement.items():
+        job = jobs[job_id]
+        for node_name, gpus in target.items():
+            replicas = gpus // job.gpus_per_replica
+            gpu_used[node_name] += gpus
+            cpu_used[node_name] += replicas * job.cpu_milli_per_replica
+            mem_used[node_name] += replicas * job.memory_mib_per_replica
+    # A snapshot may already be over capacity (stale telemetry): a plan must not add to it.
+    gpu_before: dict[str, int] = defaultdict(int)
+    cpu_before: dict[str, int] = defaultdict(int)
+    mem_before: dict[str, int] = defaultdict(int)
+    for job in instance.jobs:
+        for node_name, gpus in job.placement.items():
+            replicas = gpus // job.gpus_per_replica
+            gpu_before[node_name] += gpus
+            cpu_before[node_name] += replicas * job.cpu_milli_per_replica
+            mem_before[node_name] += replicas * job.memory_mib_per_replica
+    for node_name, used in gpu_used.items():
+        node = nodes[node_name]
+        if used > max(node.gpus, gpu_before[node_name]):
+            bad("capacity", None, f"{node_name}: {used} GPUs > {node.gpus}")
+        cpu = cpu_used[node_name]
+        if node.cpu_milli and cpu > max(node.cpu_milli, cpu_before[node_name]):
+            bad("capacity", None, f"{node_name}: {cpu} mCPU > {node.cpu_milli}")
+        mem = mem_used[node_name]
+        if node.memory_mib and mem > max(node.memory_mib, mem_before[node_name]):
+            bad("capacity", None, f"{node_name}: {mem} MiB > {node.memory_mib}")
+
+    migrations = 0
+    preemptions = 0
+    stopped_by_team: dict[str, int] = defaultdict(int)
+    started_by_team: dict[str, int] = defaultdict(int)
+    usage_before: dict[str, int] = defaultdict(int)
+    usage_after: dict[str, int] = defaultdict(int)
+    for job in instance.jobs:
+        before = job.placement
+        after = plan.placement.get(job.id, {})
+        usage_before[job.team] += sum(before.values())
+        usage_after[job.team] += sum(after.values())
+        policy = instance.policy_for(job)
+
+        # 3. compatibility of what the job gains
+        for node_name, gpus in after.items():
+            if gpus > before.get(node_name, 0):
+                node = nodes[node_name]
+                if node.state is not NodeState.READY:
+                    bad("compatibility", job.id, f"{node_name} is {node.state.value}")
+                if not node_accepts(instance, node, job):
+                    bad("compatibility", job.id, f"{node_name} ({node.gpu_model}) not allowed")
+
+        if job.is_elastic:
+            # 7. elastic bounds
+            replicas = sum(after.values()) // job.gpus_per_replica
+            floor = min(job.min_replicas, job.held_gpus // job.gpus_per_replica)
+            if replicas < floor:
+                bad("elastic", job.id, f"{replicas} replicas < min {job.min_replicas}")
+            current = job.held_gpus // job.gpus_per_replica
+            if replicas > job.upper_replicas and replicas > current:
+                bad("elastic", job.id, f"{replicas} replicas > max {job.upper_replicas}")
+            step = job.max_replica_change
+            if step is not None and abs(replicas - current) > step:
+                bad("elastic", job.id, f"{current} -> {replicas} replicas, more than {step}")
+            if before != after:
+                started_by_team[job.team] += max(0, sum(after.values()) - sum(before.values()))
+            continue
+
+        # 4. gangs
+        if after != before and after:
+            total = sum(after.values())
+            if total != job.total_gpus:
+                bad("gang", job.id, f"holds {total} GPUs, needs {job.total_gpus}")
+            if len({nodes[n].cluster for n in after}) > 1:
+                bad("gang", job.id, "spans clusters")
+            if job.max_nodes is not None and len(after) > job.max_nodes:
+                bad("gang", job.id, f"{len(after)} nodes > max_nodes {job.max_nodes}")
+        if not before and after:
+            started_by_team[job.team] += sum(after.values())
+
+        # 5. movement
+        if before and after and after != before:
+            migrations += 1
+            if not job.checkpointable:
+                bad("movement", job.id, "non-checkpointable job moved")
+            if (
+                job.last_moved_at is not None
+                and instance.now - job.last_moved_at < config.migration_cooldown_s
+            ):
+                bad("movement", job.id, "moved again within the cooldown")
+            limit = policy.max_migrations_per_day
+            if limit is not None and job.migrations_today >= limit:
+                bad("movement", job.id, f"over {limit} migrations per day")
+
+        # 6. stopping
+        if before and not after:
+            preemptions += 1
+            stopped_by_team[job.team] += sum(before.values())
+            if not instance.is_preemptible(job):
+                bad("preemption", job.id, "job is not preemptible")
+            limit = policy.max_preemptions_per_day
+            if limit is not None and job.preemptions_today >= limit:
+                bad("preemption", job.id, f"over {limit} preemptions per day")
+
+    if migrations > config.max_migrations_per_cycle:
+        bad("movement", None, f"{migrations} migrations > {config.max_migrations_per_cycle}")
+    cap = config.max_preemptions_per_cycle
+    if cap is not None and preemptions > cap:
+        bad("preemption", None, f"{preemptions} preemptions > {cap} per cycle")
+
+    teams = set(usage_before) | set(usage_after)
+    for team in sorted(teams):
+        team_policy = instance.policy_by_team.get(team)
+        guaranteed = team_policy.guaranteed_gpus if team_policy is not None else 0
+        reclaimable = max(0, usage_before[team] - guaranteed) + started_by_team[team]
+        if stopped_by_team[team] > reclaimable:
+            bad(
+                "guarantee",
+                None,
+                f"team {team}: {stopped_by_team[team]} GPUs stopped within its guarantee",
+            )
+        # 8. quota
+        quota_cap = team_policy.quota_cap if team_policy is not None else None
+        if quota_cap is not None and usage_after[team] > max(quota_cap, usage_before[team]):
+            bad("quota", None, f"team {team}: {usage_after[team]} GPUs > quota {quota_cap}")
+
+    # 9. bookkeeping
+    acted: dict[str, int] = defaultdict(int)
+    for action in plan.actions:
+        job = jobs.get(action.job_id)
+        if job is None:
+            bad("actions", action.job_id, "action for an unknown job")
+            continue
+        acted[job.id] += 1
+        after = plan.placement.get(job.id, {})
+        if action.from_placement != job.placement or action.to_placement != after:
+            bad("actions", job.id, f"{action.kind.value} does not match the placement")
+        expected = _expected_kind(bool(job.placement), bool(after), job.is_elastic)
+        if action.kind not in expected:
+            bad("actions", job.id, f"{action.kind.value} where {expected} expected")
+    for job in instance.jobs:
+        after = plan.placement.get(job.id, {})
+        if after != job.placement and acted[job.id] != 1:
+            bad("actions", job.id, f"changed with {acted[job.id]} actions")
+        if after == job.placement and acted[job.id]:
+            bad("actions", job.id, "action for an unchanged job")
+        if not after and not job.is_elastic and job.id not in plan.pending:
+            bad("reasons", job.id, "holds nothing and has no reason")
+    if plan.gpu_indices and not out:  # indices follow the placement: check them last
+        _check_indices(instance, plan, bad)
+    return out
+
+
+def _check_indices(
+    instance: Instance, plan: Plan, bad: Callable[[str, str | None, str], None]
+) -> None:
+    taken: dict[str, set[int]] = defaultdict(set)
+    overfull: dict[str, int] = defaultdict(int)
+    for target in plan.placement.values():
+        for node_name, gpus in target.items():
+            overfull[node_name] += gpus
+    for job_id, target in plan.placement.items():
+        held = plan.gpu_indices.get(job_id, {})
+        for node_name, gpus in target.items():
+            indices = held.get(node_name, ())
+            size = instance.node_by_name[node_name].gpus
+            if overfull.get(node_name, 0) > size:
+                continue  # an overfilled snapshot has no consistent indices to check
+            if len(set(indices)) != gpus or any(not 0 <= i < size for i in indices):
+                bad("indices", job_id, f"{node_name}: indices {indices} for {gpus} GPUs")
+            if taken[node_name] & set(indices):
+                bad("indices", job_id, f"{node_name}: indices {indices} already taken")
+            taken[node_name] |= set(indices)
+
+
+def _expected_kind(before: bool, after: bool, elastic: bool) -> set[ActionKind]:
+    if elastic:
+        return {ActionKind.RESIZE}
+    if not before:
+        return {ActionKind.START}
+    if not after:
+        return {ActionKind.PREEMPT, ActionKind.REQUEUE}
+    return {ActionKind.MIGRATE}

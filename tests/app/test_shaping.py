@@ -1,0 +1,123 @@
+"""The shaping cycle on a real database: snapshot → solve → validate → plan and actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+
+from app.actions.models import Action
+from app.core.clock import FrozenClock
+from app.shaping.cycle import run_cycle
+from app.shaping.lease import shaping_lease
+from app.shaping.snapshot import take_snapshot, to_instance
+from tests.app.builders import job, node, running, snapshot
+
+
+@pytest.fixture
+def fragmented(client: TestClient, auth: dict) -> None:
+    """Two 8-GPU nodes, each half used by a checkpointable job; an 8-GPU job waits."""
+    client.post(
+        "/api/v1/clusters",
+        headers=auth["admin"],
+        json={"name": "alpha", "scheduler": "slurm", "mode": "advise"},
+    )
+    jobs = [
+        running("j1", "n1", [0, 1, 2, 3], checkpointable=True, priority=10),
+        running("j2", "n2", [0, 1, 2, 3], checkpointable=True, priority=10),
+        job("big", gpus_requested=8, priority=50),
+    ]
+    response = client.post(
+        "/api/v1/clusters/alpha/telemetry",
+        headers=auth["connector_alpha"],
+        json=snapshot(1, nodes=[node("n1"), node("n2")], jobs=jobs),
+    )
+    assert response.status_code == 200, response.text
+
+
+def _decisions(client: TestClient, auth: dict, plan_id: int) -> dict[str, list[dict[str, Any]]]:
+    plan = client.get(f"/api/v1/plans/{plan_id}", headers=auth["viewer"]).json()
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for decision in plan["decisions"]:
+        by_job.setdefault(decision["job"], []).append(decision)
+    return by_job
+
+
+@pytest.mark.usefixtures("fragmented")
+def test_snapshot_maps_the_cluster_to_a_solver_instance(
+    session: Session, clock: FrozenClock
+) -> None:
+    instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    assert [n.name for n in instance.nodes] == ["alpha/n1", "alpha/n2"]
+    jobs = instance.job_by_id
+    assert jobs["alpha/j1"].placement == {"alpha/n1": 4}
+    assert jobs["alpha/j1"].gpu_indices == {"alpha/n1": (0, 1, 2, 3)}
+    assert jobs["alpha/big"].total_gpus == 8 and not jobs["alpha/big"].is_running
+    assert jobs["alpha/big"].priority > jobs["alpha/j1"].priority
+
+
+@pytest.mark.usefixtures("fragmented")
+def test_fifo_leaves_the_big_job_waiting_with_a_reason(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="fifo")
+    assert result.violations == 0 and result.actions == 0
+    (decision,) = _decisions(client, auth, result.plan_id)["big"]
+    assert decision["action"] == "wait"
+    assert decision["reason"] == "fragmentation"
+
+
+@pytest.mark.usefixtures("fragmented")
+def test_shaper_defragments_and_proposes_in_advise_mode(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    assert result.violations == 0 and result.actions >= 2
+    decisions = _decisions(client, auth, result.plan_id)
+    assert [d["action"] for d in decisions["big"]] == ["start"]
+    moved = [d for j in ("j1", "j2") for d in decisions.get(j, []) if d["action"] == "migrate"]
+    assert len(moved) == 1 and moved[0]["reason"] == "defragmentation"
+    actions = client.get(
+        "/api/v1/actions", headers=auth["viewer"], params={"plan_id": result.plan_id}
+    ).json()["items"]
+    assert {a["state"] for a in actions} == {"proposed"}
+    assert all(a["reason"] for a in actions)
+
+    clock.advance(30)
+    again = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    old = client.get(
+        "/api/v1/actions", headers=auth["viewer"], params={"plan_id": result.plan_id}
+    ).json()["items"]
+    assert {a["state"] for a in old} == {"cancelled"}  # superseded by the newer plan
+    assert again.actions == result.actions
+
+
+@pytest.mark.usefixtures("fragmented")
+@pytest.mark.parametrize(("mode", "states"), [("observe", set()), ("enforce", {"approved"})])
+def test_mode_decides_what_happens_to_actions(
+    client: TestClient,
+    auth: dict,
+    session: Session,
+    clock: FrozenClock,
+    mode: str,
+    states: set[str],
+) -> None:
+    client.patch("/api/v1/clusters/alpha", headers=auth["operator"], json={"mode": mode})
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    actions = session.exec(select(Action).where(Action.plan_id == result.plan_id)).all()
+    assert {a.state for a in actions} == states
+    assert all(a.decided_by == "shaper" for a in actions)
+    assert len(_decisions(client, auth, result.plan_id)["big"]) == 1  # still explained
+
+
+def test_only_one_leader_at_a_time(postgres_engine: Engine) -> None:
+    with Session(postgres_engine) as first, Session(postgres_engine) as second:
+        with shaping_lease(first) as leader:
+            assert leader
+            with shaping_lease(second) as other:
+                assert not other
+        with shaping_lease(second) as after:
+            assert after

@@ -1,0 +1,224 @@
+"""Property: no policy's plan ever fails ``validate``, on random instances."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver.instance import Instance, Job, JobKind, Node, NodeState, SlaPolicy, SolverConfig
+from solver.objective import evaluate
+from solver.policies import POLICY_NAMES, get_policy
+from solver.relaxation import global_upper_bound
+from solver.validate import validate
+
+from .builders import MODELS, NOW
+
+TEAMS = ("a", "b", "c")
+
+
+def random_instance(
+    seed: int,
+    nodes: int = 6,
+    pending: int = 12,
+    config: SolverConfig | None = None,
+) -> Instance:
+    """A legal random snapshot: fragmented running work, services, a mixed queue, rules."""
+    rng = random.Random(seed)
+    node_list: list[Node] = []
+    for index in range(nodes):
+        gpus = rng.choice((2, 4, 8, 8))
+        node_list.append(
+            Node(
+                name=f"n{index}",
+                cluster=rng.choice(("c1", "c1", "c2")),
+                gpu_model=rng.choice(MODELS).name,
+                gpus=gpus,
+                cpu_milli=gpus * 4000,
+                memory_mib=gpus * 64_000,
+                labels={"zone": rng.choice(("a", "b"))},
+                taints=frozenset({"spot"}) if rng.random() < 0.15 else frozenset(),
+                state=rng.choices(list(NodeState), weights=(85, 10, 5))[0],
+            )
+        )
+    free = {n.name: n.gpus for n in node_list}
+    jobs: list[Job] = []
+
+    def lifecycle() -> dict[str, object]:
+        return {
+            "team": rng.choice(TEAMS),
+            "priority": rng.choice((1.0, 2.0, 4.0)),
+            "checkpointable": rng.random() < 0.5,
+            "expected_runtime_s": rng.choice((None, 600.0, 7200.0, 86_400.0)),
+            "preemptible": rng.choice((None, None, False)),
+        }
+
+    for node in node_list:
+        while free[node.name] > 0 and rng.random() < 0.6:
+            size = rng.choice([s for s in (1, 2, 4) if s <= free[node.name]])
+            free[node.name] -= size
+            jobs.append(
+                Job(
+                    id=f"r{len(jobs)}",
+                    gpus_per_replica=size,
+                    placement={node.name: size},
+                    cpu_milli_per_replica=1000,
+                    start_time=NOW - rng.uniform(0, 7200),
+                    submit_time=NOW - 8000,
+                    last_moved_at=rng.choice((None, NOW - 100, NOW - 10_000)),
+                    migrations_today=rng.randint(0, 2),
+                    preemptions_today=rng.randint(0, 2),
+                    **lifecycle(),
+                )
+            )
+    # A running gang over two nodes of one cluster, when there is room.
+    by_cluster: dict[str, list[str]] = {}
+    for node in node_list:
+        if free[node.name] >= 2:
+            by_cluster.setdefault(node.cluster, []).append(node.name)
+    for names in by_cluster.values():
+        if len(names) >= 2 and rng.random() < 0.7:
+            a, b = names[:2]
+            free[a] -= 2
+            free[b] -= 2
+            jobs.append(
+                Job(
+                    id=f"r{len(jobs)}",
+                    gpus_per_replica=2,
+                    replicas=2,
+                    max_nodes=2,
+                    placement={a: 2, b: 2},
+                    start_time=NOW - 3000,
+                    **lifecycle(),
+                )
+            )
+    for index in range(rng.randint(0, 2)):
+        placement: dict[str, int] = {}
+        for node in rng.sample(node_list, len(node_list)):
+            if free[node.name] and rng.random() < 0.5:
+                count = rng.randint(1, free[node.name])
+                free[node.name] -= count
+                placement[node.name] = count
+        replicas = sum(placement.values())
+        jobs.append(
+            Job(
+                id=f"s{index}",
+                kind=JobKind.ELASTIC,
+                team=rng.choice(TEAMS),
+                replicas=replicas,
+                placement=placement,
+                min_replicas=rng.randint(0, max(0, replicas)),
+                max_replicas=replicas + rng.randint(0, 6),
+                forecast=tuple(rng.randint(0, 10) for _ in range(6)),
+                forecast_step_s=3600,
+                max_replica_change=rng.choice((None, None, 1, 3)),
+            )
+        )
+    for index in range(pending):
+        replicas = rng.choice((1, 1, 1, 2, 3))
+        per_replica = rng.choice((1, 1, 2, 4, 8))
+        requirements: dict[str, object] = {}
+        roll = rng.random()
+        if roll < 0.1:
+            requirements["precision"] = "fp8"
+        elif roll < 0.2:
+            requirements["allowed_gpu_models"] = frozenset({rng.choice(MODELS).name})
+        elif roll < 0.3:
+            requirements["node_selector"] = {"zone": "a"}
+        elif roll < 0.35:
+            requirements["gpu_memory_mib"] = 60_000
+        if rng.random() < 0.2:
+            requirements["tolerations"] = frozenset({"spot"})
+        jobs.append(
+            Job(
+                id=f"p{index}",
+                gpus_per_replica=per_replica,
+                replicas=replicas,
+                max_nodes=rng.choice((None, 1, 2)) if replicas > 1 else None,
+                cpu_milli_per_replica=rng.choice((0, 2000, 6000, 20_000)),
+                memory_mib_per_replica=rng.choice((0, 100_000)),
+                submit_time=NOW - rng.uniform(0, 20_000),
+                **requirements,
+                **lifecycle(),
+            )
+        )
+    if rng.random() < 0.3:
+        jobs.append(
+            Job(
+                id="s-pending",
+                kind=JobKind.ELASTIC,
+                gpus_per_replica=2,
+                replicas=0,
+                min_replicas=1,
+                max_replicas=4,
+                forecast=(2, 4),
+            )
+        )
+    policies = tuple(
+        SlaPolicy(
+            team=team,
+            priority_weight=rng.choice((1.0, 2.0, 3.0)),
+            guaranteed_gpus=rng.choice((0, 4, 8)),
+            borrowing_limit=rng.choice((None, None, 0, 4, 16)),
+            max_queue_wait_s=rng.choice((None, 5000.0)),
+            preemptible=rng.random() < 0.8,
+            max_migrations_per_day=rng.choice((None, 1, 2)),
+            max_preemptions_per_day=rng.choice((None, 1, 2)),
+        )
+        for team in TEAMS
+        if rng.random() < 0.8
+    )
+    if config is None:
+        config = SolverConfig(
+            time_limit_s=1.0,
+            num_workers=1,
+            deterministic=True,
+            max_migrations_per_cycle=rng.choice((0, 1, 3, 16)),
+            max_preemptions_per_cycle=rng.choice((None, 0, 1, 3)),
+            migration_cooldown_s=rng.choice((0.0, 1800.0)),
+        )
+    return Instance(
+        now=NOW,
+        gpu_models=MODELS,
+        nodes=tuple(node_list),
+        jobs=tuple(jobs),
+        policies=policies,
+        config=config,
+    )
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    nodes=st.integers(min_value=1, max_value=10),
+    pending=st.integers(min_value=0, max_value=20),
+)
+def test_no_policy_plan_ever_fails_validate(seed: int, nodes: int, pending: int) -> None:
+    inst = random_instance(seed, nodes, pending)
+    bound = global_upper_bound(inst)
+    for name in POLICY_NAMES:
+        plan = get_policy(name).plan(inst)
+        assert validate(inst, plan) == [], name
+        assert plan.stats.objective == pytest.approx(evaluate(inst, plan.placement).objective)
+        assert plan.stats.objective <= bound + 1e-6, name
+        for job in inst.jobs:
+            if not job.is_elastic and job.id not in plan.placement:
+                assert job.id in plan.pending, (name, job.id)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_shaper_is_never_worse_than_its_greedy_seed(seed: int) -> None:
+    inst = random_instance(seed, nodes=8, pending=16)
+    greedy = get_policy("shaper").plan(
+        inst.model_copy(update={"config": inst.config.model_copy(update={"use_cp_sat": False})})
+    )
+    shaped = get_policy("shaper").plan(inst)
+    assert shaped.stats.objective >= greedy.stats.objective - 1e-6

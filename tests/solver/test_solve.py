@@ -1,0 +1,104 @@
+"""The shaper engine: CP-SAT against the greedy plan, statuses, bounds, determinism."""
+
+from __future__ import annotations
+
+import pytest
+from ortools.sat.python import cp_model
+
+from solver.instance import Instance, SlaPolicy, SolverConfig
+from solver.objective import evaluate
+from solver.plan import ReasonCode, SolveStatus
+from solver.policies import POLICY_NAMES, get_policy
+from solver.validate import check
+
+from .builders import instance, job, node, plan_with, running, service
+
+
+def _knapsack() -> Instance:
+    # Value order (weight first) takes A (3 × 6 = 18) and strands 2 GPUs; B + C give 20.
+    jobs = [job("A", 6, priority=3.0), job("B", 4, priority=2.5), job("C", 4, priority=2.5)]
+    return instance([node("a")], jobs)
+
+
+def test_cp_sat_beats_the_greedy_plan() -> None:
+    inst = _knapsack()
+    greedy = plan_with("shaper", inst.model_copy(update={"config": SolverConfig(use_cp_sat=False)}))
+    assert greedy.stats.engine == "greedy"
+    assert set(greedy.placement) == {"A"}
+    plan = plan_with("shaper", inst)
+    assert plan.stats.engine == "cp-sat"
+    assert plan.stats.status is SolveStatus.OPTIMAL
+    assert set(plan.placement) == {"B", "C"}
+    assert plan.stats.objective == pytest.approx(20.0)
+    assert plan.stats.objective > greedy.stats.objective
+    assert plan.stats.best_bound == pytest.approx(plan.stats.objective)
+    assert plan.stats.gap == pytest.approx(0.0, abs=1e-9)
+
+
+def test_greedy_plan_is_kept_when_cp_sat_finds_nothing_better() -> None:
+    plan = plan_with("shaper", instance([node("a")], [job("p", 4)]))
+    assert plan.stats.engine == "greedy"
+    assert "nothing better" in plan.stats.note
+    assert plan.stats.status is SolveStatus.OPTIMAL
+
+
+@pytest.mark.parametrize("status", [cp_model.UNKNOWN, cp_model.INFEASIBLE, cp_model.MODEL_INVALID])
+def test_every_failed_status_falls_back_to_greedy(
+    status: cp_model.CpSolverStatus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cp_model.CpSolver, "solve", lambda self, model, *a, **k: status)
+    inst = _knapsack()
+    plan = plan_with("shaper", inst)
+    assert plan.stats.engine == "greedy"
+    assert plan.stats.status is SolveStatus.HEURISTIC
+    assert cp_model.CpSolver().status_name(status) in plan.stats.note
+    assert set(plan.placement) == {"A"}
+
+
+def test_objective_matches_evaluate_for_every_policy() -> None:
+    inst = instance(
+        [node("a"), node("b", model="h100")],
+        [
+            running("r", {"a": 4}, checkpointable=True),
+            service("s", (2, 4), {"b": 1}),
+            job("p", 2, priority=2.0),
+            job("g", 4, replicas=2),
+        ],
+    )
+    for name in POLICY_NAMES:
+        plan = plan_with(name, inst)
+        assert plan.stats.objective == pytest.approx(evaluate(inst, plan.placement).objective)
+        if plan.stats.best_bound is not None:
+            assert plan.stats.best_bound >= plan.stats.objective - 1e-6
+
+
+def test_quota_and_gangs_hold_in_the_cp_sat_plan() -> None:
+    policies = (SlaPolicy(team="t", borrowing_limit=8),)
+    jobs = [job(f"g{i}", 4, replicas=2, team="t", priority=2.0) for i in range(3)]
+    jobs += [job(f"s{i}", 1) for i in range(6)]
+    inst = instance([node("a"), node("b"), node("c")], jobs, policies=policies)
+    plan = plan_with("shaper", inst)
+    team_gpus = sum(sum(plan.placement.get(f"g{i}", {}).values()) for i in range(3))
+    assert team_gpus <= 8
+    check(inst, plan)
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_deterministic_with_a_fixed_seed(policy: str) -> None:
+    from .test_properties import random_instance
+
+    inst = random_instance(seed=11, nodes=12, pending=40)
+    inst = inst.model_copy(
+        update={"config": SolverConfig(num_workers=2, seed=3, deterministic=True, time_limit_s=1.0)}
+    )
+    first = get_policy(policy).plan(inst)
+    second = get_policy(policy).plan(inst)
+    assert first.placement == second.placement
+    assert first.actions == second.actions
+    assert first.pending == second.pending
+    assert first.stats.objective == second.stats.objective
+
+
+def test_a_higher_priority_job_left_out_by_the_optimiser_is_not_called_lower_priority() -> None:
+    plan = plan_with("shaper", _knapsack())
+    assert plan.pending["A"].code is ReasonCode.INSUFFICIENT_CAPACITY
