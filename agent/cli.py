@@ -61,3 +61,56 @@ def ps(state_dir: StateDir = None) -> None:
             f"{workload.id}\t{workload.backend}\t{workload.state.value}\t{workload.pid}\t"
             f"{alive}\t{' '.join(workload.spec.command)}"
         )
+
+
+@agent_cli.command("worker")
+def worker(
+    cluster: Annotated[str, typer.Option(help="The cluster this node belongs to")],
+    node: Annotated[str, typer.Option(help="This node's name in its cluster")],
+    broker: Annotated[
+        str | None,
+        typer.Option(help="Celery broker URL. Default: $SHAPER_BROKER_URL", show_default=False),
+    ] = None,
+    state_dir: StateDir = None,
+    criu: Annotated[
+        str | None, typer.Option(help="criu binary. Default: $SHAPER_CRIU, PATH, /usr/local/sbin")
+    ] = None,
+    token_env: Annotated[
+        str, typer.Option(help="Environment variable holding this node's agent:C/N token")
+    ] = "SHAPER_AGENT_TOKEN",
+    log_level: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Run the node agent: a Celery worker on queue agent.<cluster>.<node> that checkpoints,
+    transfers, restores, confirms and releases workloads for the control plane's sagas,
+    refusing steps with a stale fencing token."""
+    import logging
+    import os
+
+    from agent.steps import StepExecutor
+    from agent.worker import make_agent_app, run_worker
+
+    broker_url = broker or os.environ.get("SHAPER_BROKER_URL")
+    if not broker_url:
+        typer.echo("error: --broker or $SHAPER_BROKER_URL is required", err=True)
+        raise typer.Exit(2)
+    token = os.environ.get(token_env)
+    if not token:
+        typer.echo(
+            f"error: ${token_env} must hold this node's token "
+            f"(shaper token create --scope agent:{cluster}/{node})",
+            err=True,
+        )
+        raise typer.Exit(2)
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    executor = StepExecutor(
+        store=WorkloadStore(state_dir),
+        cluster=cluster,
+        node=node,
+        backend_options={"criu": {"criu": criu}} if criu else None,
+    )
+    app = make_agent_app(
+        broker=broker_url, cluster=cluster, node=node, executor=executor, token=token
+    )
+    run_worker(app, cluster=cluster, node=node, loglevel=log_level.upper())

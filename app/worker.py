@@ -5,8 +5,11 @@ With ``SHAPER_BROKER_URL`` set, tasks go to a broker (Redis or RabbitMQ) and run
 ones. With no broker (the embedded default) tasks run in the calling process and
 :class:`InProcessBeat` fires the periodic ones from a thread of ``shaper serve``.
 
-Queues: ``control`` (control-plane work); later ``connector.<cluster>`` and
-``agent.<cluster>.<node>``.
+Queues: ``control`` (control-plane work: cycles, saga steps' bookkeeping, executors'
+reports); ``connector.<cluster>`` (scheduler-level saga steps, consumed by the cluster's
+connector) and ``agent.<cluster>.<node>`` (process-level steps, consumed by the node agent,
+``shaper agent worker``). Messages to the last two are sent by task name
+(``shaper.agent.restore``…), so neither side imports the other.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from app.core.config import Settings, get_settings
 log = logging.getLogger(__name__)
 CONTROL_QUEUE = "control"
 STALE_CHECK_PERIOD_S = 60.0
+# Dispatches approved actions and times out unanswered saga steps (app.actions.tasks.sweep).
+ACTION_SWEEP_PERIOD_S = 5.0
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -30,6 +35,8 @@ def make_celery(settings: Settings) -> Celery:
         broker=settings.broker_url or "memory://",
         include=[
             "app.telemetry.tasks",
+            "app.shaping.tasks",
+            "app.actions.tasks",
         ],
     )
     app.conf.update(
@@ -45,6 +52,14 @@ def make_celery(settings: Settings) -> Celery:
             "mark-stale-connectors": {
                 "task": "app.telemetry.tasks.mark_stale_connectors",
                 "schedule": STALE_CHECK_PERIOD_S,
+            },
+            "action-sweep": {
+                "task": "app.actions.tasks.sweep",
+                "schedule": ACTION_SWEEP_PERIOD_S,
+            },
+            "shaping-cycle": {
+                "task": "app.shaping.tasks.run_shaping_cycles",
+                "schedule": settings.cycle_period_s,
             },
         },
     )

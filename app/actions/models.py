@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from app.core.types import enum_column, required_utc_column, utc_column
+from app.core.types import enum_column, json_column, required_utc_column, utc_column
 
 
 class ActionKind(StrEnum):
@@ -105,3 +106,63 @@ class Action(SQLModel, table=True):
     updated_at: datetime = required_utc_column()
     decided_by: str | None = Field(default=None, max_length=128)
     decided_at: datetime | None = utc_column()
+
+
+class StepPhase(StrEnum):
+    forward = "forward"
+    compensate = "compensate"
+
+
+class StepState(StrEnum):
+    pending = "pending"  # planned, not sent yet
+    sent = "sent"  # a message is out; waiting for the executor's report
+    succeeded = "succeeded"
+    failed = "failed"
+    skipped = "skipped"  # not needed (a compensation step whose forward step never ran)
+
+
+class ActionStepPublic(SQLModel):
+    seq: int
+    phase: StepPhase
+    name: str
+    queue: str
+    state: StepState
+    generation: int
+    idempotency_key: str
+    attempts: int
+    result: dict[str, Any]
+    error: str | None
+    sent_at: datetime | None
+    finished_at: datetime | None
+
+
+class ActionStep(SQLModel, table=True):
+    """One step of an action's saga: what was asked of whom, and what came back.
+
+    The rows of an action, in ``seq`` order, are its step log; a step's idempotency key
+    (``<action key>:<phase>:<name>``) is what the executor deduplicates on.
+    """
+
+    __tablename__ = "action_steps"
+    __table_args__ = (sa.UniqueConstraint("action_id", "seq", name="uq_action_steps_action_seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    action_id: int = Field(
+        sa_column=sa.Column(
+            sa.Integer, sa.ForeignKey("actions.id", ondelete="CASCADE"), nullable=False
+        )
+    )
+    seq: int
+    phase: StepPhase = enum_column(StepPhase.forward, 16)
+    name: str = Field(max_length=32)
+    # Where the step runs: "agent.<cluster>.<node>" or "connector.<cluster>".
+    queue: str = Field(max_length=320)
+    state: StepState = enum_column(StepState.pending, 16)
+    # The job's fencing token the step carries; executors refuse older ones.
+    generation: int = 0
+    idempotency_key: str = Field(max_length=200, unique=True)
+    attempts: int = 0
+    result: dict[str, Any] = json_column(dict)
+    error: str | None = Field(default=None, max_length=4096)
+    sent_at: datetime | None = utc_column()
+    finished_at: datetime | None = utc_column()

@@ -1,15 +1,26 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
-from app.actions import service
-from app.actions.models import ActionPublic, ActionState
+from app.actions import saga, service
+from app.actions.models import ActionPublic, ActionState, ActionStepPublic
 from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
 from app.core.paging import MAX_LIMIT, Page
 
 router = APIRouter(prefix="/actions", tags=["actions"])
+
+
+def get_dispatcher() -> Callable[[int], None]:
+    """What starts an approved action's saga (``advance`` on queue ``control``)."""
+    from app.actions import tasks
+
+    return tasks.kick
+
+
+DispatcherDep = Annotated[Callable[[int], None], Depends(get_dispatcher)]
 
 
 @router.get("", **scoped("viewer"))
@@ -44,11 +55,24 @@ def _decide(
     return service.get_action(session=session, action_id=action_id)
 
 
+@router.get("/{action_id}/steps", **scoped("viewer"))
+def list_action_steps(session: SessionDep, action_id: int) -> list[ActionStepPublic]:
+    """The action's saga, step by step: where each ran, with which generation, and how."""
+    return saga.list_steps(session=session, action_id=action_id)
+
+
 @router.post("/{action_id}/approve", **scoped("operator"))
 def approve_action(
-    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, action_id: int
+    session: SessionDep,
+    clock: ClockDep,
+    principal: CurrentPrincipal,
+    dispatch: DispatcherDep,
+    action_id: int,
 ) -> ActionPublic:
-    return _decide(session, clock, principal, action_id, ActionState.approved)
+    """Approve a proposed action; its saga starts at once (or within one sweep period)."""
+    decided = _decide(session, clock, principal, action_id, ActionState.approved)
+    dispatch(action_id)
+    return decided
 
 
 @router.post("/{action_id}/reject", **scoped("operator"))

@@ -41,6 +41,7 @@ class JobPublic(SQLModel):
     state: JobState
     reason: str
     restart_count: int
+    generation: int = 0
     updated_at: datetime
     allocations: list[AllocationPublic] = []
 
@@ -81,6 +82,9 @@ class Job(SQLModel, table=True):
     state: JobState = enum_column(JobState.pending, 16)
     reason: str = Field(default="", max_length=255)
     restart_count: int = 0
+    # Fencing token: bumped by every saga that moves the job (migrate, preempt); node
+    # agents refuse steps that carry an older one, so the job never runs twice.
+    generation: int = 0
     updated_at: datetime = required_utc_column()
 
 

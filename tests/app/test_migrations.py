@@ -21,6 +21,7 @@ TABLES = {
     "telemetry_samples",
     "plans",
     "actions",
+    "action_steps",
     "sla_policies",
     "api_tokens",
 }

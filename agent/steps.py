@@ -1,0 +1,333 @@
+"""The node agent's saga steps: checkpoint, transfer, restore, confirm, release — fenced.
+
+StepExecutor.run() takes a StepRequest, checks it against the workload's fence (see
+agent.fencing), runs it with the workload's checkpoint backend and returns the StepReport
+to send back. Each step is also idempotent on its own, so a step that ran but whose answer
+was lost (the agent died before it journalled it) gives the same answer when it runs again:
+a checkpoint already taken is returned, an image already copied is verified and kept, a
+workload that already runs here is not restored a second time.
+
+Images live in ``<state>/images/<workload>/g<generation>/image`` with the image record
+(CheckpointImage JSON) next to it in ``image.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from agent import procs
+from agent.backends import create_backend
+from agent.backends.base import (
+    BackendError,
+    CheckpointImage,
+    ImageCorrupt,
+    WorkloadNotRunning,
+    verify_image,
+)
+from agent.fencing import FenceStore
+from agent.protocol import AgentStep, Outcome, StepReport, StepRequest
+from agent.workload import CHECKPOINT_PATH_ENV, WorkloadState, WorkloadStore
+
+log = logging.getLogger(__name__)
+# How long a restored workload must stay up for `confirm` to call it running.
+CONFIRM_GRACE_S = 1.0
+MiB = 1 << 20
+
+
+class StepExecutor:
+    def __init__(
+        self,
+        *,
+        store: WorkloadStore,
+        cluster: str,
+        node: str,
+        backend_options: dict[str, dict[str, Any]] | None = None,
+        confirm_grace_s: float = CONFIRM_GRACE_S,
+    ) -> None:
+        """backend_options: constructor options by backend name ({"criu": {"criu": path}})."""
+        self.store = store
+        self.fences = FenceStore(store.state_dir)
+        self.name = f"agent.{cluster}.{node}"
+        self.images_dir = store.state_dir / "images"
+        self.backend_options = backend_options or {}
+        self.confirm_grace_s = confirm_grace_s
+
+    # -- fencing ---------------------------------------------------------------------------
+
+    def run(self, request: StepRequest) -> StepReport:
+        with self.fences.hold(request.workload_id) as fence:
+            remembered = fence.steps.get(request.key)
+            if remembered is not None:
+                report = StepReport.model_validate({**remembered, "outcome": Outcome.duplicate})
+                self._journal(request, report)
+                return report
+            stale = None
+            if request.generation < fence.generation:
+                stale = f"this node has seen generation {fence.generation}"
+            elif (
+                request.step is AgentStep.restore
+                and fence.left_at is not None
+                and request.generation <= fence.left_at
+            ):
+                stale = f"the workload left this node at generation {fence.left_at}"
+            if stale is not None:
+                report = self._report(
+                    request,
+                    ok=False,
+                    outcome=Outcome.refused,
+                    error=(
+                        f"stale fencing token: {request.step.value} of workload "
+                        f"{request.workload_id} carries generation {request.generation}; {stale}"
+                    ),
+                )
+                self._journal(request, report)
+                return report
+            if request.generation > fence.generation:
+                fence.generation = request.generation
+                self.fences.save(fence)  # fenced before anything runs
+
+            try:
+                result = self._handlers[request.step](self, request)
+            except BackendError as error:
+                report = self._report(
+                    request, ok=False, error=str(error), retryable=error.retryable
+                )
+            except (KeyError, ValueError, OSError) as error:
+                report = self._report(
+                    request, ok=False, error=f"{type(error).__name__}: {error}", retryable=False
+                )
+            else:
+                report = self._report(request, ok=True, result=result)
+                if request.step in (AgentStep.checkpoint, AgentStep.release):
+                    fence.left_at = max(fence.left_at or 0, request.generation)
+            if report.ok or not report.retryable:
+                fence.remember(request.key, report.model_dump(mode="json"))
+            self.fences.save(fence)
+            self._journal(request, report)
+            return report
+
+    def _report(self, request: StepRequest, *, ok: bool, **fields: Any) -> StepReport:
+        return StepReport(
+            action_id=request.action_id,
+            key=request.key,
+            ok=ok,
+            executor=self.name,
+            generation=request.generation,
+            **fields,
+        )
+
+    def _journal(self, request: StepRequest, report: StepReport) -> None:
+        self.fences.journal(
+            {
+                "key": request.key,
+                "step": request.step.value,
+                "workload": request.workload_id,
+                "generation": request.generation,
+                "outcome": report.outcome.value,
+                "ok": report.ok,
+                "error": report.error,
+            }
+        )
+        log.info(
+            "%s %s of %s (generation %s): %s%s",
+            self.name,
+            request.step.value,
+            request.workload_id,
+            request.generation,
+            report.outcome.value,
+            "" if report.ok else f", failed: {report.error}",
+        )
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _image_root(self, workload_id: str, generation: int) -> Path:
+        return self.images_dir / workload_id / f"g{generation}"
+
+    def _backend(self, name: str) -> Any:
+        return create_backend(name, store=self.store, **self.backend_options.get(name, {}))
+
+    def checkpoint(self, request: StepRequest) -> dict[str, Any]:
+        try:
+            workload = self.store.load(request.workload_id)
+        except KeyError:
+            raise WorkloadNotRunning(
+                f"workload {request.workload_id} is not managed on {self.name}"
+            ) from None
+        root = self._image_root(request.workload_id, request.generation)
+        record = root / "image.json"
+        if workload.state is WorkloadState.CHECKPOINTED and record.exists():
+            image = CheckpointImage.model_validate_json(record.read_text())
+            return _checkpoint_result(image, again=True)
+        image_dir = root / "image"
+        if image_dir.exists():  # left by a checkpoint that died half way
+            shutil.rmtree(image_dir)
+        image = self._backend(workload.backend).checkpoint(workload, image_dir)
+        _write_atomically(record, image.model_dump_json())
+        return _checkpoint_result(image, again=False)
+
+    def transfer(self, request: StepRequest) -> dict[str, Any]:
+        image = CheckpointImage.model_validate(request.args["image"])
+        source = Path(image.image_dir).resolve()
+        root = self._image_root(request.workload_id, request.generation)
+        target = (root / "image").resolve()
+        started = time.monotonic()
+        if source == target:
+            verify_image(image, target)
+        elif target.exists() and _verifies(image, target):
+            pass  # copied by an earlier delivery of this step
+        else:
+            if not source.is_dir():
+                raise ImageCorrupt(f"the image to transfer, {source}, does not exist")
+            incoming = root / ".incoming"
+            shutil.rmtree(incoming, ignore_errors=True)
+            shutil.rmtree(target, ignore_errors=True)
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(source, incoming)
+            verify_image(image, incoming)  # every byte, against the manifest
+            os.replace(incoming, target)
+        seconds = time.monotonic() - started
+        return {
+            "image_dir": str(target),
+            "bytes": image.size_bytes,
+            "seconds": round(seconds, 3),
+            "summary": f"{image.size_bytes / MiB:.0f} MiB copied and verified in {seconds:.2f} s",
+        }
+
+    def restore(self, request: StepRequest) -> dict[str, Any]:
+        try:
+            current = self.store.load(request.workload_id)
+        except KeyError:
+            current = None
+        if current is not None and current.state is WorkloadState.RUNNING and current.is_running():
+            return {"pid": current.pid, "summary": f"already running here as PID {current.pid}"}
+        # An agent that died mid-restore may have left a restored copy nobody recorded.
+        reaped = self._reap_unrecorded(request.workload_id)
+        if "image" not in request.args:
+            raise WorkloadNotRunning(
+                f"workload {request.workload_id} does not run on {self.name} and there is no "
+                "checkpoint to restore it from"
+            )
+        image = CheckpointImage.model_validate(request.args["image"])
+        image_dir = Path(request.args.get("image_dir") or image.image_dir)
+        started = time.monotonic()
+        restored = self._backend(image.backend).restore(image, image_dir=image_dir)
+        seconds = time.monotonic() - started
+        return {
+            "pid": restored.pid,
+            "seconds": round(seconds, 3),
+            "reaped": reaped,
+            "summary": f"restored from {image_dir} as PID {restored.pid} in {seconds:.2f} s"
+            + (f" (stopped unrecorded copies {reaped} first)" if reaped else ""),
+        }
+
+    def confirm(self, request: StepRequest) -> dict[str, Any]:
+        try:
+            workload = self.store.load(request.workload_id)
+        except KeyError:
+            raise WorkloadNotRunning(
+                f"workload {request.workload_id} was never started on {self.name}"
+            ) from None
+        died = procs.wait_until(lambda: not workload.is_running(), timeout=self.confirm_grace_s)
+        if workload.state is not WorkloadState.RUNNING or died:
+            raise WorkloadNotRunning(
+                f"workload {request.workload_id} does not run on {self.name} "
+                f"(state {workload.state.value}, PID {workload.pid}); log:\n"
+                f"{procs.read_tail(Path(workload.spec.log_path), lines=5)}"
+            )
+        return {"pid": workload.pid, "summary": f"running as PID {workload.pid}"}
+
+    def release(self, request: StepRequest) -> dict[str, Any]:
+        try:
+            workload = self.store.load(request.workload_id)
+        except KeyError:
+            workload = None
+        stopped = False
+        if workload is not None and workload.is_running():
+            self._backend(workload.backend).release(workload)
+            stopped = True
+        elif workload is not None and workload.state is not WorkloadState.RELEASED:
+            workload.state = WorkloadState.RELEASED
+            self.store.save(workload)
+        reaped = self._reap_unrecorded(request.workload_id)
+        if request.args.get("delete_image", False):
+            shutil.rmtree(self.images_dir / request.workload_id, ignore_errors=True)
+        return {
+            "stopped": stopped,
+            "reaped": reaped,
+            "summary": ("stopped and released" if stopped else "nothing ran here; released")
+            + (f"; stopped unrecorded copies {reaped}" if reaped else ""),
+        }
+
+    def _reap_unrecorded(self, workload_id: str) -> list[int]:
+        """Kill processes of the workload that this node started but never recorded.
+
+        They are found by what only this node's starts carry: a CRIU restore names this
+        node's image directory on its command line, a cooperative restart has this node's
+        checkpoint path in its environment. Killing a CRIU holder ends its PID namespace.
+        Callers deal with the recorded process first; this finds only what no record has.
+        """
+        image_mark = f"{self.images_dir / workload_id}/".encode()
+        env_mark = (
+            f"{CHECKPOINT_PATH_ENV}={self.store.workloads_dir / workload_id}/checkpoint".encode()
+        )
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ")
+                environ = Path(entry.path, "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            pid = int(entry.name)
+            # A CRIU-restored process keeps the environment of its first start (on another
+            # node, maybe); only cooperative restarts, in this PID namespace, carry ours.
+            ours = image_mark in cmdline or (
+                env_mark in environ and len(procs.namespace_pids(pid)) == 1
+            )
+            if ours and procs.is_running(pid):
+                found.append(pid)
+        for pid in found:
+            procs.kill_group(pid)
+        for pid in found:
+            procs.wait_gone(pid, timeout=10)
+        if found:
+            log.warning("%s: stopped unrecorded copies of %s: %s", self.name, workload_id, found)
+        return found
+
+    _handlers = {
+        AgentStep.checkpoint: checkpoint,
+        AgentStep.transfer: transfer,
+        AgentStep.restore: restore,
+        AgentStep.confirm: confirm,
+        AgentStep.release: release,
+    }
+
+
+def _checkpoint_result(image: CheckpointImage, *, again: bool) -> dict[str, Any]:
+    return {
+        "image": image.model_dump(mode="json"),
+        "summary": (
+            f"{image.backend} image of {image.size_bytes / MiB:.0f} MiB in "
+            f"{image.duration_s:.2f} s" + (" (taken earlier)" if again else "")
+        ),
+    }
+
+
+def _verifies(image: CheckpointImage, image_dir: Path) -> bool:
+    try:
+        verify_image(image, image_dir)
+    except ImageCorrupt:
+        return False
+    return True
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)

@@ -1,0 +1,610 @@
+"""Actions as durable sagas: the steps of each kind, and the state machine that runs them.
+
+Every step is a message to the one process that can do it — the node agent of a node
+(``agent.<cluster>.<node>``) for process-level steps, the cluster's connector
+(``connector.<cluster>``) for scheduler-level ones — and its state lives in ``action_steps``.
+Executors answer with a report (``app.actions.tasks.report``) that names the step's
+idempotency key. :func:`advance` runs on every event (approval, a report, the periodic
+sweep), in phases:
+
+1. **Lock** the action row (``SELECT … FOR UPDATE``): one advance at a time per action,
+   whichever worker runs it.
+2. **Dispatch** an approved action: plan its forward steps, bump the job's generation (the
+   fencing token) when the saga moves the job, and go ``dispatched`` → ``running``.
+   An action whose job another saga is already moving is cancelled, not queued.
+3. **Step**: in the current phase, the first step that is not finished decides —
+   ``pending``: mark it ``sent`` and emit its message; ``sent`` for longer than its timeout:
+   emit it again under the same key (the executor deduplicates) or, after
+   ``MAX_ATTEMPTS``, fail it; ``failed``: a forward failure starts compensation (a new
+   generation, so nothing the forward phase sent can still act), a compensation failure
+   fails the action.
+4. **Finish**: all forward steps done → ``succeeded``; all compensation steps done →
+   ``compensated``. ``error`` says what failed and what compensation did.
+
+Messages are returned to the caller and sent only after the commit, so no message refers
+to state that was rolled back. A crash between the commit and the send leaves a ``sent``
+step that times out and is sent again. Reports for a step that is not ``sent`` (duplicates,
+late answers of an earlier attempt or of a phase that was abandoned) change nothing.
+
+Migrate, for a job on node S moving to node T (generation G):
+``checkpoint@S → transfer@T → restore@T → confirm@T → release@S``. Compensation
+(generation G+1): ``release@T`` (only if a step reached T: it kills whatever was restored
+there and fences T against the old generation) → ``restore@S`` (a no-op when the job still
+runs at S, else from the checkpoint it left there).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlmodel import Session, select
+
+from app.actions.models import (
+    TRANSITIONS,
+    Action,
+    ActionKind,
+    ActionState,
+    ActionStep,
+    ActionStepPublic,
+    StepPhase,
+    StepState,
+)
+from app.clusters.models import Cluster
+from app.core.errors import Conflict, NotFound
+from app.core.security import Principal
+from app.jobs.models import Allocation, Job
+from app.nodes.models import Node
+from connectors.base import JobState
+
+log = logging.getLogger(__name__)
+
+REPORT_TASK = "app.actions.tasks.report"
+CONTROL_QUEUE = "control"
+MAX_ATTEMPTS = 3
+# How long a step may stay unanswered before it is sent again (the executor deduplicates).
+STEP_TIMEOUT_S = {"checkpoint": 600.0, "restore": 300.0, "transfer": 600.0}
+DEFAULT_STEP_TIMEOUT_S = 120.0
+RETRY_BACKOFF_S = (1.0, 4.0, 15.0)
+ACTIVE_STATES = (
+    ActionState.approved,
+    ActionState.dispatched,
+    ActionState.running,
+    ActionState.compensating,
+)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message to send once the transaction that decided it has committed."""
+
+    queue: str
+    task: str
+    kwargs: dict[str, Any]
+    countdown: float = 0.0
+
+
+@dataclass
+class StepReport:
+    """What an executor says about one step (the wire form is a plain dict)."""
+
+    action_id: int
+    key: str
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    retryable: bool = False
+    # "executed", "duplicate" (answered from the executor's journal) or "refused".
+    outcome: str = "executed"
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> StepReport:
+        return cls(
+            action_id=int(data["action_id"]),
+            key=str(data["key"]),
+            ok=bool(data["ok"]),
+            result=dict(data.get("result") or {}),
+            error=data.get("error"),
+            retryable=bool(data.get("retryable", False)),
+            outcome=str(data.get("outcome", "executed")),
+        )
+
+
+def agent_queue(cluster: str, node: str) -> str:
+    return f"agent.{cluster}.{node}"
+
+
+def connector_queue(cluster: str) -> str:
+    return f"connector.{cluster}"
+
+
+def step_task(queue: str, step: str) -> str:
+    """The task name an executor registers for a step: shaper.agent.restore, …"""
+    kind = "agent" if queue.startswith("agent.") else "connector"
+    return f"shaper.{kind}.{step}"
+
+
+# -- planning --------------------------------------------------------------------------
+
+
+class _Plan:
+    def __init__(self, action: Action, cluster: str, generation: int) -> None:
+        self.action = action
+        self.cluster = cluster
+        self.generation = generation
+        self.steps: list[ActionStep] = []
+
+    def add(self, name: str, queue: str, phase: StepPhase, seq: int) -> None:
+        self.steps.append(
+            ActionStep(
+                action_id=self.action.id,  # type: ignore[arg-type]
+                seq=seq,
+                phase=phase,
+                name=name,
+                queue=queue,
+                generation=self.generation,
+                idempotency_key=f"{self.action.idempotency_key}:{phase.value}:{name}"[:200],
+            )
+        )
+
+
+def _single(nodes: str | None, what: str, action: Action) -> str:
+    names = [n for n in (nodes or "").split(",") if n]
+    if len(names) != 1:
+        raise _Unplannable(
+            f"{action.kind} needs exactly one {what} node, the action names {nodes or 'none'}"
+        )
+    return names[0]
+
+
+class _Unplannable(Exception):
+    pass
+
+
+def _forward_steps(action: Action, job: Job, cluster: str, generation: int) -> list[ActionStep]:
+    plan = _Plan(action, cluster, generation)
+    kind = ActionKind(action.kind)
+    fwd = StepPhase.forward
+    if kind is ActionKind.migrate:
+        source = agent_queue(cluster, _single(action.source_node, "source", action))
+        target = agent_queue(cluster, _single(action.target_node, "target", action))
+        if source == target:
+            raise _Unplannable("migrate needs a target node other than its source")
+        for seq, (name, queue) in enumerate(
+            [
+                ("checkpoint", source),
+                ("transfer", target),
+                ("restore", target),
+                ("confirm", target),
+                ("release", source),
+            ]
+        ):
+            plan.add(name, queue, fwd, seq)
+    elif kind is ActionKind.preempt and job.checkpointable:
+        source = agent_queue(cluster, _single(action.source_node, "source", action))
+        plan.add("checkpoint", source, fwd, 0)
+        plan.add("release", source, fwd, 1)
+    elif kind is ActionKind.preempt:
+        plan.add("requeue", connector_queue(cluster), fwd, 0)
+    else:  # start, resume, requeue, resize: the scheduler does them
+        plan.add(kind.value, connector_queue(cluster), fwd, 0)
+    return plan.steps
+
+
+def _compensation_steps(
+    action: Action, steps: list[ActionStep], cluster: str, generation: int
+) -> list[ActionStep]:
+    """Undo what the forward steps did: fence the target, keep or bring the job back home."""
+    plan = _Plan(action, cluster, generation)
+    seq = max(s.seq for s in steps) + 1
+    by_name = {s.name: s for s in steps if s.phase == StepPhase.forward}
+    checkpoint = by_name.get("checkpoint")
+    if checkpoint is None or checkpoint.state in (StepState.pending, StepState.skipped):
+        return []  # nothing process-level happened (or only the scheduler was asked)
+    source = checkpoint.queue
+    reached_target = [
+        s
+        for s in steps
+        if s.queue != source and s.state not in (StepState.pending, StepState.skipped)
+    ]
+    if reached_target:
+        plan.add("release", reached_target[0].queue, StepPhase.compensate, seq)
+        seq += 1
+    plan.add("restore", source, StepPhase.compensate, seq)
+    return plan.steps
+
+
+# -- messages --------------------------------------------------------------------------
+
+
+def _message(
+    action: Action, job: Job | None, step: ActionStep, steps: list[ActionStep]
+) -> Outgoing:
+    """The message for a step; arguments come from the results of earlier steps."""
+    by_name = {(s.phase, s.name): s for s in steps}
+    checkpoint = by_name.get((StepPhase.forward, "checkpoint"))
+    transfer = by_name.get((StepPhase.forward, "transfer"))
+    image = checkpoint.result.get("image") if checkpoint is not None else None
+    args: dict[str, Any] = {}
+    if step.name in ("transfer", "restore", "release") and image is not None:
+        args["image"] = image
+    if step.phase == StepPhase.forward and step.name == "restore" and transfer is not None:
+        args["image_dir"] = transfer.result.get("image_dir")
+    if step.name == "release":
+        # A migrated job's image on its source is no longer needed (nor a copy on a target
+        # that compensation fences off); a preempted job's is what it resumes from.
+        args["delete_image"] = not (
+            step.phase == StepPhase.forward and ActionKind(action.kind) is ActionKind.preempt
+        )
+    if step.queue.startswith("connector."):
+        args.update(
+            {
+                "source_node": action.source_node,
+                "target_node": action.target_node,
+                "replicas": action.target_replicas,
+            }
+        )
+    kwargs = {
+        "action_id": action.id,
+        "key": step.idempotency_key,
+        "step": step.name,
+        "phase": StepPhase(step.phase).value,
+        "workload_id": job.external_id if job is not None else None,
+        "generation": step.generation,
+        "args": args,
+        "reply_task": REPORT_TASK,
+        "reply_queue": CONTROL_QUEUE,
+    }
+    return Outgoing(
+        queue=step.queue, task=step_task(step.queue, step.name), kwargs={"step": kwargs}
+    )
+
+
+# -- the state machine -----------------------------------------------------------------
+
+
+def _move(action: Action, to: ActionState, now: datetime) -> None:
+    current = ActionState(action.state)
+    if to not in TRANSITIONS[current]:
+        raise Conflict(
+            f"action {action.id} is {current.value}; it cannot become {to.value}",
+            resource="action",
+            resource_id=action.id,
+        )
+    action.state = to
+    action.updated_at = now
+
+
+def _lock_action(session: Session, action_id: int) -> Action:
+    action = session.exec(select(Action).where(Action.id == action_id).with_for_update()).first()
+    if action is None:
+        raise NotFound(
+            f"action {action_id} does not exist", resource="action", resource_id=action_id
+        )
+    return action
+
+
+def _steps(session: Session, action_id: int) -> list[ActionStep]:
+    return list(
+        session.exec(
+            select(ActionStep).where(ActionStep.action_id == action_id).order_by(ActionStep.seq)  # type: ignore[arg-type]
+        )
+    )
+
+
+def _timeout(step: ActionStep, override: float | None) -> float:
+    if override is not None:
+        return override
+    return STEP_TIMEOUT_S.get(step.name, DEFAULT_STEP_TIMEOUT_S)
+
+
+def advance(
+    *, session: Session, action_id: int, now: datetime, step_timeout_s: float | None = None
+) -> list[Outgoing]:
+    """Move one action's saga as far as it can go now; returns the messages to send."""
+    action = _lock_action(session, action_id)
+    outgoing = _advance_locked(session, action, now, step_timeout_s)
+    session.commit()
+    return outgoing
+
+
+def _advance_locked(
+    session: Session, action: Action, now: datetime, step_timeout_s: float | None
+) -> list[Outgoing]:
+    state = ActionState(action.state)
+    if state is ActionState.approved:
+        if not _dispatch(session, action, now):
+            return []
+        state = ActionState(action.state)
+    if state not in (ActionState.running, ActionState.compensating):
+        return []
+    job = session.get(Job, action.job_id) if action.job_id is not None else None
+    steps = _steps(session, action.id)  # type: ignore[arg-type]
+    phase = StepPhase.forward if state is ActionState.running else StepPhase.compensate
+    for step in (s for s in steps if s.phase == phase):
+        if step.state in (StepState.succeeded, StepState.skipped):
+            continue
+        if step.state == StepState.pending:
+            return [_send(action, job, step, steps, now)]
+        if step.state == StepState.sent:
+            assert step.sent_at is not None
+            if now - step.sent_at < timedelta(seconds=_timeout(step, step_timeout_s)):
+                return []
+            if step.attempts < MAX_ATTEMPTS:
+                log.warning(
+                    "action %s: step %s unanswered by %s; sending it again",
+                    action.id,
+                    step.name,
+                    step.queue,
+                )
+                return [_send(action, job, step, steps, now)]
+            _finish_step(
+                step,
+                StepState.failed,
+                now,
+                error=f"no answer from {step.queue} after {step.attempts} attempts",
+            )
+        # step.state is failed
+        return _on_failure(session, action, job, step, steps, now)
+    if phase == StepPhase.forward:
+        _move(action, ActionState.succeeded, now)
+        if job is not None:
+            _record_placement(session, action, job, now)
+    else:
+        _move(action, ActionState.compensated, now)
+        action.error = f"{action.error or 'failed'}; compensated: {_compensation_summary(steps)}"[
+            :4096
+        ]
+    return []
+
+
+def _record_placement(session: Session, action: Action, job: Job, now: datetime) -> None:
+    """What a finished process-level saga changed, in the control plane's own view, until
+    the connector's next telemetry says otherwise: a migrated job holds its GPUs on the
+    target node now, a preempted one holds none."""
+    kind = ActionKind(action.kind)
+    if kind is ActionKind.preempt and not job.checkpointable:
+        return  # the scheduler requeued it; its telemetry tells the rest
+    if kind not in (ActionKind.migrate, ActionKind.preempt):
+        return
+    nodes = dict(
+        session.exec(select(Node.name, Node.id).where(Node.cluster_id == action.cluster_id)).all()
+    )
+    held = session.exec(
+        select(Allocation).where(
+            Allocation.job_id == job.id,
+            Allocation.released_at.is_(None),  # type: ignore[union-attr]
+            Allocation.node_id == nodes.get(action.source_node or ""),
+        )
+    ).all()
+    for allocation in held:
+        allocation.released_at = now
+        session.add(allocation)
+    target = nodes.get(action.target_node or "")
+    if kind is ActionKind.migrate and target is not None:
+        session.add(
+            Allocation(
+                job_id=job.id,  # type: ignore[arg-type]
+                node_id=target,
+                gpu_indices=[],  # the target's scheduler or connector assigns devices
+                gpu_count=sum(a.gpu_count for a in held) or job.gpus_requested,
+                started_at=now,
+            )
+        )
+    if kind is ActionKind.preempt:
+        job.state = JobState.suspended
+        job.reason = f"preempted by action {action.id}: checkpointed"[:255]
+    job.updated_at = now
+    session.add(job)
+
+
+def _dispatch(session: Session, action: Action, now: datetime) -> bool:
+    """Plan the forward steps and fence the job; False when the action cannot run."""
+    job = None
+    if action.job_id is not None:
+        job = session.exec(select(Job).where(Job.id == action.job_id).with_for_update()).first()
+    if job is None:
+        _move(action, ActionState.cancelled, now)
+        action.error = "the action's job no longer exists"
+        return False
+    busy = session.exec(
+        select(Action.id).where(
+            Action.job_id == job.id,
+            Action.id != action.id,
+            Action.state.in_(  # type: ignore[attr-defined]
+                [ActionState.dispatched, ActionState.running, ActionState.compensating]
+            ),
+        )
+    ).first()
+    if busy is not None:
+        _move(action, ActionState.cancelled, now)
+        action.error = f"action {busy} is already moving job {job.external_id}"
+        return False
+    cluster = session.exec(select(Cluster.name).where(Cluster.id == action.cluster_id)).one()
+    kind = ActionKind(action.kind)
+    moving = kind is ActionKind.migrate or (kind is ActionKind.preempt and job.checkpointable)
+    generation = job.generation + 1 if moving else job.generation
+    try:
+        steps = _forward_steps(action, job, cluster, generation)
+    except _Unplannable as error:
+        _move(action, ActionState.cancelled, now)
+        action.error = str(error)
+        return False
+    if moving:
+        job.generation = generation
+        job.updated_at = now
+        session.add(job)
+    action.fencing_token = generation
+    for step in steps:
+        session.add(step)
+    _move(action, ActionState.dispatched, now)
+    _move(action, ActionState.running, now)
+    session.flush()
+    return True
+
+
+def _send(
+    action: Action, job: Job | None, step: ActionStep, steps: list[ActionStep], now: datetime
+) -> Outgoing:
+    retry = step.attempts > 0
+    step.state = StepState.sent
+    step.attempts += 1
+    step.sent_at = now
+    action.attempts += 1
+    action.updated_at = now
+    message = _message(action, job, step, steps)
+    if retry:
+        backoff = RETRY_BACKOFF_S[min(step.attempts - 2, len(RETRY_BACKOFF_S) - 1)]
+        return Outgoing(message.queue, message.task, message.kwargs, countdown=backoff)
+    return message
+
+
+def _finish_step(
+    step: ActionStep,
+    state: StepState,
+    now: datetime,
+    *,
+    result: dict[str, Any] | None = None,
+    error: str | None = None,
+) -> None:
+    step.state = state
+    step.finished_at = now
+    if result is not None:
+        step.result = result
+    if error is not None:
+        step.error = error[:4096]
+
+
+def _on_failure(
+    session: Session,
+    action: Action,
+    job: Job | None,
+    failed: ActionStep,
+    steps: list[ActionStep],
+    now: datetime,
+) -> list[Outgoing]:
+    why = f"{failed.name} on {failed.queue} failed: {failed.error or 'unknown error'}"
+    if failed.phase == StepPhase.compensate:
+        _move(action, ActionState.failed, now)
+        action.error = f"{action.error or 'failed'}; compensation {why}"[:4096]
+        return []
+    for step in steps:
+        if step.phase == StepPhase.forward and step.state == StepState.pending:
+            step.state = StepState.skipped
+    action.error = why[:4096]
+    if job is not None:
+        job = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
+    generation = (job.generation + 1) if job is not None else failed.generation
+    cluster = session.exec(select(Cluster.name).where(Cluster.id == action.cluster_id)).one()
+    compensation = _compensation_steps(action, steps, cluster, generation)
+    if not compensation:
+        # Nothing ran that needs undoing: the scheduler refused, or nothing reached a node.
+        _move(action, ActionState.failed, now)
+        return []
+    if job is not None:
+        # A new generation: whatever the forward phase sent is stale from now on.
+        job.generation = generation
+        job.updated_at = now
+        session.add(job)
+    _move(action, ActionState.compensating, now)
+    for step in compensation:
+        session.add(step)
+    session.flush()
+    steps = [*steps, *compensation]
+    return [_send(action, job, compensation[0], steps, now)]
+
+
+def _compensation_summary(steps: list[ActionStep]) -> str:
+    done = [
+        f"{s.name} on {s.queue.removeprefix('agent.')} ({s.result.get('summary', 'done')})"
+        for s in steps
+        if s.phase == StepPhase.compensate and s.state == StepState.succeeded
+    ]
+    return ", ".join(done) or "nothing to undo"
+
+
+def executor_scope(queue: str) -> str:
+    """The token scope of whoever consumes a queue: agent.lab.n1 → agent:lab/n1."""
+    kind, _, rest = queue.partition(".")
+    if kind == "agent":
+        cluster, _, node = rest.partition(".")
+        return f"agent:{cluster}/{node}"
+    return f"connector:{rest}"
+
+
+def record_report(
+    *, session: Session, report: StepReport, now: datetime, reporter: Principal
+) -> list[Outgoing]:
+    """Apply an executor's report to its step and advance the saga.
+
+    Only the executor the step was sent to may answer it: ``reporter`` must hold the scope
+    of the step's queue (``agent:<cluster>/<node>``, ``connector:<cluster>``). Only a step
+    waiting for an answer (``sent``) takes a report; anything else is a duplicate or a late
+    answer and changes nothing.
+    """
+    action = session.exec(
+        select(Action).where(Action.id == report.action_id).with_for_update()
+    ).first()
+    if action is None:
+        log.warning("report for unknown action %s ignored", report.action_id)
+        return []
+    step = session.exec(
+        select(ActionStep).where(
+            ActionStep.action_id == action.id, ActionStep.idempotency_key == report.key
+        )
+    ).first()
+    if step is not None and not reporter.allows(executor_scope(step.queue)):
+        log.warning(
+            "action %s: report for step %s from %s ignored: it lacks the scope %s",
+            action.id,
+            report.key,
+            reporter.name,
+            executor_scope(step.queue),
+        )
+        session.commit()
+        return []
+    if step is None or step.state != StepState.sent:
+        log.info(
+            "action %s: report for step %s ignored (%s)",
+            action.id,
+            report.key,
+            "unknown step" if step is None else f"step is {step.state}",
+        )
+        session.commit()
+        return []
+    outgoing: list[Outgoing] = []
+    if report.ok:
+        _finish_step(step, StepState.succeeded, now, result=report.result)
+    elif report.retryable and step.attempts < MAX_ATTEMPTS:
+        job = session.get(Job, action.job_id) if action.job_id is not None else None
+        step.error = (report.error or "")[:4096]
+        outgoing = [_send(action, job, step, _steps(session, action.id), now)]  # type: ignore[arg-type]
+    else:
+        _finish_step(step, StepState.failed, now, result=report.result, error=report.error)
+    session.flush()
+    if not outgoing:
+        outgoing = _advance_locked(session, action, now, None)
+    session.commit()
+    return outgoing
+
+
+def active_action_ids(*, session: Session, limit: int = 1000) -> list[int]:
+    """Actions the sweep must look at: approved or with a saga in flight."""
+    return list(
+        session.exec(
+            select(Action.id)
+            .where(Action.state.in_([s.value for s in ACTIVE_STATES]))  # type: ignore[attr-defined]
+            .order_by(Action.id)  # type: ignore[arg-type]
+            .limit(limit)
+        )
+    )
+
+
+def list_steps(*, session: Session, action_id: int) -> list[ActionStepPublic]:
+    if session.get(Action, action_id) is None:
+        raise NotFound(
+            f"action {action_id} does not exist", resource="action", resource_id=action_id
+        )
+    return [ActionStepPublic.model_validate(s) for s in _steps(session, action_id)]

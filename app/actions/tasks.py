@@ -1,0 +1,117 @@
+"""Celery entry points of the action sagas. Thin: ids in, own session, logic in ``saga``.
+
+All three are safe to run twice (``acks_late``): ``advance`` and ``sweep`` recompute what to
+do from the rows, and ``report`` ignores a report for a step that is no longer waiting.
+Messages decided by a transaction are sent after it commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import shared_task
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session
+
+from app.actions import saga
+from app.actions.saga import CONTROL_QUEUE
+from app.core.clock import SystemClock
+from app.core.db import get_engine
+from app.core.errors import Unauthorized
+from app.tokens import service as token_service
+from app.worker import celery_app
+
+log = logging.getLogger(__name__)
+# Overrides every step's timeout (tests, slow sites); unset: saga.STEP_TIMEOUT_S.
+STEP_TIMEOUT_ENV = "SHAPER_ACTION_STEP_TIMEOUT_S"
+_RETRY = {
+    "acks_late": True,
+    "autoretry_for": (OperationalError, OSError),
+    "retry_backoff": True,
+    "retry_backoff_max": 60,
+    "max_retries": 10,
+    "time_limit": 120,
+    "soft_time_limit": 100,
+}
+
+
+def step_timeout_s() -> float | None:
+    value = os.environ.get(STEP_TIMEOUT_ENV)
+    return float(value) if value else None
+
+
+def send(outgoing: list[saga.Outgoing]) -> None:
+    # The Shaper app explicitly: in an API process Celery's "current" app may be a default
+    # one that points at a broker nobody configured.
+    for message in outgoing:
+        celery_app.send_task(
+            message.task,
+            kwargs=message.kwargs,
+            queue=message.queue,
+            countdown=message.countdown or None,
+            retry=True,
+            retry_policy={"max_retries": 10, "interval_start": 0.5, "interval_step": 1.0},
+        )
+
+
+@shared_task(name="app.actions.tasks.advance", **_RETRY)
+def advance(action_id: int) -> None:
+    """Move one action's saga as far as it can go (dispatches an approved action)."""
+    with Session(get_engine(), expire_on_commit=False) as session:
+        outgoing = saga.advance(
+            session=session,
+            action_id=action_id,
+            now=SystemClock().now(),
+            step_timeout_s=step_timeout_s(),
+        )
+    send(outgoing)
+
+
+@shared_task(name=saga.REPORT_TASK, **_RETRY)
+def report(report: dict[str, Any], token: str | None = None) -> None:
+    """An executor's answer for one step (sent by node agents and connectors), with the
+    executor's API token (``agent:<cluster>/<node>``, ``connector:<cluster>``)."""
+    now = SystemClock().now()
+    with Session(get_engine(), expire_on_commit=False) as session:
+        try:
+            reporter = token_service.authenticate(session=session, plaintext=token or "", now=now)
+        except Unauthorized as error:
+            log.warning("report for step %s dropped: %s", report.get("key"), error.message)
+            return
+        outgoing = saga.record_report(
+            session=session, report=saga.StepReport.from_wire(report), now=now, reporter=reporter
+        )
+    send(outgoing)
+
+
+@shared_task(name="app.actions.tasks.sweep", acks_late=False, time_limit=120)
+def sweep() -> int:
+    """Periodic: dispatch approved actions, resend or time out unanswered steps.
+
+    Not ``acks_late``: a sweep lost with its worker is run again one period later.
+    """
+    with Session(get_engine(), expire_on_commit=False) as session:
+        ids = saga.active_action_ids(session=session)
+    for action_id in ids:
+        try:
+            with Session(get_engine(), expire_on_commit=False) as session:
+                outgoing = saga.advance(
+                    session=session,
+                    action_id=action_id,
+                    now=SystemClock().now(),
+                    step_timeout_s=step_timeout_s(),
+                )
+        except Exception:  # one broken saga must not stop the others
+            log.exception("sweep could not advance action %s", action_id)
+            continue
+        send(outgoing)
+    return len(ids)
+
+
+def kick(action_id: int) -> None:
+    """Dispatch an approved action now. With no broker (the embedded default) the
+    in-process beat's sweep dispatches it within one period."""
+    if not celery_app.conf.task_always_eager:
+        celery_app.send_task(advance.name, args=[action_id], queue=CONTROL_QUEUE)

@@ -1,0 +1,307 @@
+"""The saga state machine on a real database, driven step by step as executors would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlmodel import Session
+
+from agent.protocol import StepRequest
+from app.actions import saga
+from app.actions.models import Action, ActionKind, ActionState
+from app.clusters.models import Cluster
+from app.core.clock import FrozenClock
+from app.core.security import Principal
+from app.jobs.models import Job
+from connectors.base import JobState
+
+
+@pytest.fixture
+def job(session: Session, clock: FrozenClock) -> Job:
+    cluster = Cluster(name="lab", created_at=clock.now())
+    session.add(cluster)
+    session.flush()
+    row = Job(
+        cluster_id=cluster.id,  # type: ignore[arg-type]
+        external_id="w1",
+        checkpointable=True,
+        state=JobState.running,
+        updated_at=clock.now(),
+    )
+    session.add(row)
+    session.commit()
+    return row
+
+
+def approved(
+    session: Session,
+    clock: FrozenClock,
+    job: Job,
+    kind: ActionKind = ActionKind.migrate,
+    *,
+    key: str = "k",
+    source: str | None = "a",
+    target: str | None = "b",
+    state: ActionState = ActionState.approved,
+) -> int:
+    action = Action(
+        cluster_id=job.cluster_id,
+        job_id=job.id,
+        kind=kind,
+        state=state,
+        idempotency_key=key,
+        source_node=source,
+        target_node=target,
+        created_at=clock.now(),
+        updated_at=clock.now(),
+    )
+    session.add(action)
+    session.commit()
+    return action.id  # type: ignore[return-value]
+
+
+def report(message: saga.Outgoing, ok: bool = True, **fields: Any) -> saga.StepReport:
+    step = message.kwargs["step"]
+    return saga.StepReport(action_id=step["action_id"], key=step["key"], ok=ok, **fields)
+
+
+def answer(
+    session: Session, clock: FrozenClock, message: saga.Outgoing, ok: bool = True, **fields: Any
+) -> list[saga.Outgoing]:
+    """An executor's report for the message's step."""
+    return saga.record_report(
+        session=session, report=report(message, ok, **fields), now=clock.now(), reporter=OPERATOR
+    )
+
+
+def only(outgoing: list[saga.Outgoing]) -> saga.Outgoing:
+    assert len(outgoing) == 1, outgoing
+    return outgoing[0]
+
+
+def where(message: saga.Outgoing) -> tuple[str, str, int]:
+    step = message.kwargs["step"]
+    return message.queue, step["step"], step["generation"]
+
+
+def state_of(session: Session, action_id: int) -> Action:
+    action = session.get(Action, action_id)
+    assert action is not None
+    session.refresh(action)
+    return action
+
+
+# Admin tokens may answer any step (operators of the control plane).
+OPERATOR = Principal(token_id=0, name="admin", scopes=frozenset({"admin"}))
+IMAGE = {"image": {"backend": "criu", "image_dir": "/a/images/w1/g1/image"}}
+
+
+def test_a_migration_runs_its_steps_in_order_and_ignores_duplicates(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    action_id = approved(session, clock, job)
+
+    first = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+
+    assert where(first) == ("agent.lab.a", "checkpoint", 1)
+    assert first.task == "shaper.agent.checkpoint"
+    request = StepRequest.model_validate(first.kwargs["step"])  # the agent's side agrees
+    assert request.workload_id == "w1" and request.key == "k:forward:checkpoint"
+    assert state_of(session, action_id).state == "running"
+    assert state_of(session, action_id).fencing_token == 1
+    session.refresh(job)
+    assert job.generation == 1
+    # A second advance while the step is out sends nothing more.
+    assert saga.advance(session=session, action_id=action_id, now=clock.now()) == []
+
+    transfer = only(answer(session, clock, first, result=IMAGE))
+    assert where(transfer) == ("agent.lab.b", "transfer", 1)
+    assert transfer.kwargs["step"]["args"]["image"] == IMAGE["image"]
+    # The same answer again (a redelivery): nothing happens.
+    assert answer(session, clock, first, result=IMAGE) == []
+
+    restore = only(answer(session, clock, transfer, result={"image_dir": "/b/images/w1/g1/image"}))
+    assert where(restore) == ("agent.lab.b", "restore", 1)
+    assert restore.kwargs["step"]["args"]["image_dir"] == "/b/images/w1/g1/image"
+    confirm = only(answer(session, clock, restore))
+    assert where(confirm) == ("agent.lab.b", "confirm", 1)
+    release = only(answer(session, clock, confirm))
+    assert where(release) == ("agent.lab.a", "release", 1)
+    assert release.kwargs["step"]["args"]["delete_image"] is True
+    assert answer(session, clock, release) == []
+
+    assert state_of(session, action_id).state == "succeeded"
+    assert [s.state for s in saga.list_steps(session=session, action_id=action_id)] == [
+        "succeeded"
+    ] * 5
+
+
+def test_retryable_failures_are_sent_again_with_backoff_then_compensated(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    action_id = approved(session, clock, job)
+    checkpoint = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    transfer = only(answer(session, clock, checkpoint, result=IMAGE))
+
+    retries = []
+    for _attempt in range(saga.MAX_ATTEMPTS - 1):
+        again = only(answer(session, clock, transfer, ok=False, error="disk busy", retryable=True))
+        assert again.kwargs["step"]["key"] == transfer.kwargs["step"]["key"]
+        retries.append(again.countdown)
+    assert retries == list(saga.RETRY_BACKOFF_S[: saga.MAX_ATTEMPTS - 1])
+
+    fence_target = only(
+        answer(session, clock, transfer, ok=False, error="disk busy", retryable=True)
+    )
+
+    # Out of attempts: compensation under a new generation, fencing the target first.
+    assert where(fence_target) == ("agent.lab.b", "release", 2)
+    assert state_of(session, action_id).state == "compensating"
+    session.refresh(job)
+    assert job.generation == 2
+    home = only(answer(session, clock, fence_target))
+    assert where(home) == ("agent.lab.a", "restore", 2)
+    assert home.kwargs["step"]["args"] == {"image": IMAGE["image"]}
+    assert answer(session, clock, home, result={"summary": "restored"}) == []
+    action = state_of(session, action_id)
+    assert action.state == "compensated"
+    assert action.error == (
+        "transfer on agent.lab.b failed: disk busy; compensated: "
+        "release on lab.b (done), restore on lab.a (restored)"
+    )
+    assert [
+        (s.phase, s.name, s.state) for s in saga.list_steps(session=session, action_id=action_id)
+    ] == [
+        ("forward", "checkpoint", "succeeded"),
+        ("forward", "transfer", "failed"),
+        ("forward", "restore", "skipped"),
+        ("forward", "confirm", "skipped"),
+        ("forward", "release", "skipped"),
+        ("compensate", "release", "succeeded"),
+        ("compensate", "restore", "succeeded"),
+    ]
+
+
+def test_an_unanswered_step_is_sent_again_then_given_up(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    action_id = approved(session, clock, job)
+    first = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+
+    def advance_after(seconds: float) -> list[saga.Outgoing]:
+        clock.advance(seconds)
+        return saga.advance(
+            session=session, action_id=action_id, now=clock.now(), step_timeout_s=30
+        )
+
+    assert advance_after(29) == []
+    again = only(advance_after(2))
+    assert again.kwargs["step"]["key"] == first.kwargs["step"]["key"]
+    only(advance_after(31))
+    # Three attempts unanswered: the checkpoint failed; compensation makes sure the job
+    # still runs at its source (a no-op there if the checkpoint never happened).
+    home = only(advance_after(31))
+    assert where(home) == ("agent.lab.a", "restore", 2)
+    assert "image" not in home.kwargs["step"]["args"]
+    assert state_of(session, action_id).error == (
+        "checkpoint on agent.lab.a failed: no answer from agent.lab.a after 3 attempts"
+    )
+    # A late answer of the abandoned checkpoint changes nothing.
+    assert answer(session, clock, first, result=IMAGE) == []
+    answer(session, clock, home, ok=False, error="not running here")
+    action = state_of(session, action_id)
+    assert action.state == "failed"
+    assert action.error is not None and action.error.endswith(
+        "compensation restore on agent.lab.a failed: not running here"
+    )
+
+
+def test_only_the_executor_a_step_was_sent_to_may_answer_it(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    action_id = approved(session, clock, job)
+    checkpoint = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    node_b = Principal(token_id=1, name="agent-b", scopes=frozenset({"agent:lab/b"}))
+    forged = saga.record_report(
+        session=session, report=report(checkpoint, result=IMAGE), now=clock.now(), reporter=node_b
+    )
+    assert forged == []
+    assert saga.list_steps(session=session, action_id=action_id)[0].state == "sent"
+    node_a = Principal(token_id=2, name="agent-a", scopes=frozenset({"agent:lab/a"}))
+    transfer = saga.record_report(
+        session=session, report=report(checkpoint, result=IMAGE), now=clock.now(), reporter=node_a
+    )
+    assert where(only(transfer)) == ("agent.lab.b", "transfer", 1)
+    assert saga.executor_scope("connector.lab") == "connector:lab"
+
+
+def test_actions_that_cannot_run_are_cancelled_with_a_reason(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    gang = approved(session, clock, job, key="gang", source="a,b", target="c,d")
+    assert saga.advance(session=session, action_id=gang, now=clock.now()) == []
+    assert state_of(session, gang).state == "cancelled"
+    assert (
+        state_of(session, gang).error
+        == "migrate needs exactly one source node, the action names a,b"
+    )
+
+    first = approved(session, clock, job, key="first")
+    second = approved(session, clock, job, key="second", target="c")
+    only(saga.advance(session=session, action_id=first, now=clock.now()))
+    assert saga.advance(session=session, action_id=second, now=clock.now()) == []
+    assert state_of(session, second).state == "cancelled"
+    assert state_of(session, second).error == f"action {first} is already moving job w1"
+    session.refresh(job)
+    assert job.generation == 1  # only the saga that runs moved the fence
+
+
+@pytest.mark.parametrize("state", [ActionState.proposed, ActionState.rejected])
+def test_undecided_and_rejected_actions_never_dispatch(
+    session: Session, clock: FrozenClock, job: Job, state: ActionState
+) -> None:
+    action_id = approved(session, clock, job, state=state)
+    assert action_id not in saga.active_action_ids(session=session)
+    assert saga.advance(session=session, action_id=action_id, now=clock.now()) == []
+    assert state_of(session, action_id).state == state
+    assert saga.list_steps(session=session, action_id=action_id) == []
+    session.refresh(job)
+    assert job.generation == 0
+
+
+def test_scheduler_steps_go_to_the_connector_and_a_refusal_fails_the_action(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    job.checkpointable = False
+    session.add(job)
+    session.commit()
+    action_id = approved(session, clock, job, ActionKind.preempt, target=None)
+
+    requeue = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+
+    assert where(requeue) == ("connector.lab", "requeue", 0)
+    assert requeue.task == "shaper.connector.requeue"
+    assert requeue.kwargs["step"]["args"]["source_node"] == "a"
+    answer(session, clock, requeue, ok=False, error="job not found")
+    action = state_of(session, action_id)
+    assert action.state == "failed"
+    assert action.error == "requeue on connector.lab failed: job not found"
+
+
+def test_a_checkpointable_job_is_preempted_by_checkpoint_and_keeps_its_image(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    action_id = approved(session, clock, job, ActionKind.preempt, target=None)
+
+    checkpoint = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    assert where(checkpoint) == ("agent.lab.a", "checkpoint", 1)
+    release = only(answer(session, clock, checkpoint, result=IMAGE))
+    assert where(release) == ("agent.lab.a", "release", 1)
+    assert release.kwargs["step"]["args"]["delete_image"] is False  # it resumes from it
+    assert answer(session, clock, release) == []
+
+    assert state_of(session, action_id).state == "succeeded"
+    session.refresh(job)
+    assert (job.state, job.generation) == ("suspended", 1)
+    assert job.reason == f"preempted by action {action_id}: checkpointed"
