@@ -47,6 +47,8 @@ def test_start_records_the_workload_and_detaches_it(
     # Its own session, no terminal, stdin from /dev/null: what CRIU needs to dump it.
     assert os.getsid(workload.pid) == workload.pid
     assert os.readlink(f"/proc/{workload.pid}/fd/0") == "/dev/null"
+    # /proc/PID/environ shows the parent's environment until the child has exec'd.
+    assert procs.wait_until(lambda: WORKLOAD_ID_ENV in _environ(workload.pid), timeout=10)
     environ = _environ(workload.pid)
     assert environ[WORKLOAD_ID_ENV] == "greeter"
     assert environ[CHECKPOINT_PATH_ENV] == workload.checkpoint_path
