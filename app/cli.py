@@ -11,6 +11,7 @@ from sqlmodel import Session
 
 from agent.cli import agent_cli
 from app.core.config import get_settings
+from sim.cli import sim_app
 
 cli = typer.Typer(
     no_args_is_help=True,
@@ -22,6 +23,7 @@ token_cli = typer.Typer(no_args_is_help=True, help="API tokens.")
 cli.add_typer(db_cli, name="db")
 cli.add_typer(token_cli, name="token")
 cli.add_typer(agent_cli, name="agent")
+cli.add_typer(sim_app, name="sim", help="Trace-driven simulator and what-if replay.")
 console = Console(stderr=True)
 
 

@@ -1,0 +1,54 @@
+"""Actions the simulator applies, in the simulator's own terms.
+
+``sim.adapter`` turns a ``solver.plan.Plan`` into these; tests may also script them
+directly. A placement maps node name → number of GPUs (block jobs) or number of replicas
+(services); the engine picks the GPU indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job: str
+    placement: dict[str, int]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Stop a running job and put it back in the queue.
+
+    With ``checkpoint`` and a checkpointable job, progress is kept (checkpoint time is
+    paid); otherwise work since the last periodic checkpoint is lost.
+    """
+
+    job: str
+    checkpoint: bool = True
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    job: str
+    placement: dict[str, int]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    service: str
+    placement: dict[str, int]
+    reason: str = ""
+
+
+Action = Start | Preempt | Migrate | Resize
+
+
+@dataclass(slots=True)
+class SimPlan:
+    actions: list[Action] = field(default_factory=list)
+    solve_seconds: float = 0.0
+    status: str = ""

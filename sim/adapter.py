@@ -1,0 +1,310 @@
+"""The bridge between the simulation and the solver: state → ``Instance``, ``Plan`` → actions.
+
+This is the only module of ``sim`` that knows the solver's types. The simulator plans with
+exactly what the live control plane uses: ``solver.policies.get_policy(name).plan(instance)``,
+checked by ``solver.validate.validate`` before anything is applied, as dispatch does.
+
+Mapping (simulation → solver):
+
+* a block job of ``g`` GPUs is ``Job(kind=block, replicas=g, gpus_per_replica=1)`` with
+  ``max_nodes`` = the fewest nodes of its largest compatible node size that hold it (a
+  4-GPU job stays on one 8-GPU node; a 16-GPU job spans two), its remaining run time at
+  reference speed as ``expected_runtime_s`` (an exact walltime estimate — traces record
+  the real duration), its image size as ``checkpoint_size_mib`` and the time its last
+  periodic checkpoint was written as ``last_checkpoint_time``;
+* a service is ``Job(kind=elastic)`` whose ``forecast`` is its hourly demand, rounded up
+  to whole replicas, from the current hour over ``forecast_hours`` hours: the simulator
+  gives the policy a perfect forecast, as the study it reproduces does;
+* nodes carry their state (ready, draining, down); a team's SLA policy comes from the
+  scenario; the migration cost model is the simulator's ``Transfer``.
+
+Mapping back: ``start`` → :class:`~sim.actions.Start`, ``migrate`` → ``Migrate``,
+``resize`` → ``Resize`` (GPUs per node / GPUs per replica), ``preempt`` → ``Preempt``
+without checkpoint (work since the last checkpoint is lost), ``requeue`` → ``Preempt``
+with checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from sim.actions import Action, Migrate, Preempt, Resize, SimPlan, Start
+from solver.instance import (
+    GpuModel,
+    Instance,
+    Job,
+    JobKind,
+    MigrationCostModel,
+    Node,
+    NodeState,
+    SlaPolicy,
+    SolverConfig,
+)
+from solver.plan import ActionKind, Plan
+from solver.policies import get_policy
+from solver.validate import validate
+
+if TYPE_CHECKING:
+    from sim.engine import JobState, ServiceState, Simulation
+
+FORECAST_HOURS = 24
+DAY = 86400.0
+
+
+class PlanRejected(RuntimeError):
+    """The policy returned a plan that the solver's own validator refuses."""
+
+
+class SolverPlanner:
+    """Plans each cycle with one of the solver's policies (fifo, backfill, priority, shaper)."""
+
+    def __init__(
+        self,
+        policy: str,
+        *,
+        validate: bool = True,
+        forecast_hours: int = FORECAST_HOURS,
+        config_overrides: dict[str, object] | None = None,
+    ) -> None:
+        self.name = policy
+        self.policy = get_policy(policy)
+        self.validate = validate
+        self.forecast_hours = forecast_hours
+        self.config_overrides = dict(config_overrides or {})
+        self._static: (
+            tuple[tuple[GpuModel, ...], tuple[SlaPolicy, ...], MigrationCostModel, SolverConfig]
+            | None
+        ) = None
+        self._largest_node: dict[str, int] = {}
+        # Solver objects are immutable: reuse them while the simulated thing is unchanged.
+        # ``model_construct`` skips per-field validation (the values come from a validated
+        # workload); the Instance itself is still validated, references included.
+        self._node_cache: dict[tuple[str, NodeState], Node] = {}
+        self._job_cache: dict[str, tuple[tuple[object, ...], Job]] = {}
+        self.invalid_plans = 0
+        self.last_violations: list[str] = []
+
+    # ------------------------------------------------------------ instance
+    def _static_parts(
+        self, sim: Simulation
+    ) -> tuple[tuple[GpuModel, ...], tuple[SlaPolicy, ...], MigrationCostModel, SolverConfig]:
+        if self._static is None:
+            workload = sim.workload
+            models = tuple(
+                GpuModel(
+                    name=m.name,
+                    memory_mib=m.memory_gb * 1024,
+                    precisions=frozenset({"fp32", "fp16", "bf16"} | ({"fp8"} if m.fp8 else set())),
+                    speed=m.speed,
+                )
+                for m in workload.gpu_models.values()
+            )
+            # Every team gets an explicit policy (the default one unless the scenario says
+            # otherwise), so the solver never has to make one up per job and per look-up.
+            teams = {job.team for job in workload.jobs} | {s.team for s in workload.services}
+            declared = dict(workload.sla_policies)
+            policies = tuple(
+                SlaPolicy.model_validate({"team": team, **declared.get(team, {})})
+                for team in sorted(teams | set(declared))
+            )
+            transfer = workload.transfer
+            migration = MigrationCostModel(
+                bandwidth_mib_per_s=transfer.bandwidth_mib_per_s, overhead_s=transfer.overhead_s
+            )
+            # Reproducible by default: one CP-SAT worker, deterministic time, the run's seed.
+            defaults = {"deterministic": True, "num_workers": 1, "seed": workload.seed}
+            config = SolverConfig.model_validate(
+                {**defaults, **workload.solver_config, **self.config_overrides}
+            )
+            sizes: dict[str, list[int]] = {}
+            for node in workload.nodes:
+                sizes.setdefault(node.gpu_model, []).append(node.gpus)
+            self._largest_node = {model: max(v) for model, v in sizes.items()}
+            self._static = (models, policies, migration, config)
+        return self._static
+
+    def instance(self, sim: Simulation) -> Instance:
+        models, policies, migration, config = self._static_parts(sim)
+        nodes = []
+        for state in sim.nodes.values():
+            spec = state.spec
+            if not state.up:
+                node_state = NodeState.DOWN
+            elif state.draining:
+                node_state = NodeState.DRAINING
+            else:
+                node_state = NodeState.READY
+            key = (spec.name, node_state)
+            node = self._node_cache.get(key)
+            if node is None:
+                node = Node.model_construct(
+                    name=spec.name,
+                    cluster=spec.cluster,
+                    gpu_model=spec.gpu_model,
+                    gpus=spec.gpus,
+                    cpu_milli=spec.cpu_milli,
+                    memory_mib=spec.memory_mib,
+                    labels={},
+                    taints=frozenset(),
+                    state=node_state,
+                    free_gpu_indices=None,
+                )
+                self._node_cache[key] = node
+            nodes.append(node)
+        jobs = [self._block_job(sim, s) for s in sim.running.values()]
+        jobs += [self._block_job(sim, s) for s in sim.queue.values()]
+        jobs += [self._service(sim, s) for s in sim.services.values()]
+        return Instance(
+            now=sim.now,
+            gpu_models=models,
+            nodes=tuple(nodes),
+            jobs=tuple(jobs),
+            policies=policies,
+            migration=migration,
+            config=config,
+        )
+
+    def _max_nodes(self, spec_gpus: int, allowed: tuple[str, ...]) -> int:
+        largest = max(
+            (size for model, size in self._largest_node.items() if not allowed or model in allowed),
+            default=1,
+        )
+        return max(1, math.ceil(spec_gpus / max(1, largest)))
+
+    def _block_job(self, sim: Simulation, state: JobState) -> Job:
+        spec = state.spec
+        running = bool(state.placement)
+        last_checkpoint = None
+        if running and spec.checkpoint_interval > 0 and state.rate > 0:
+            sim._update_progress(state)
+            behind = (state.progress - state.checkpointed) / state.rate
+            last_checkpoint = max(state.run_start, state.updated_at - behind)
+        if running:
+            # Walltime from the current run's start to its (known) end: exact, as traces are.
+            runtime = state.expected_end - state.run_start
+        else:
+            runtime = max(0.0, spec.work - state.progress)
+        moved = sum(1 for t in state.moved_at if t > sim.now - DAY)
+        stopped = sum(1 for t in state.preempted_at if t > sim.now - DAY)
+        key = (state.version, running, last_checkpoint, moved, stopped, runtime)
+        cached = self._job_cache.get(spec.id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        job = Job.model_construct(
+            id=spec.id,
+            team=spec.team,
+            kind=JobKind.BLOCK,
+            priority=spec.priority,
+            gpus_per_replica=1,
+            replicas=spec.gpus,
+            # A pod's CPU and memory are spread over its GPUs (one replica per GPU).
+            cpu_milli_per_replica=-(-spec.cpu_milli // spec.gpus),
+            memory_mib_per_replica=-(-spec.memory_mib // spec.gpus),
+            max_nodes=self._max_nodes(spec.gpus, spec.gpu_models),
+            allowed_gpu_models=frozenset(spec.gpu_models) if spec.gpu_models else None,
+            gpu_memory_mib=0,
+            precision=None,
+            node_selector={},
+            tolerations=frozenset(),
+            clusters=None,
+            submit_time=spec.submit_time,
+            start_time=state.run_start if running else None,
+            placement={n: len(i) for n, i in state.placement.items()},
+            gpu_indices=None,
+            expected_runtime_s=runtime,
+            checkpointable=spec.checkpointable,
+            checkpoint_size_mib=int(spec.image_gb * 1024),
+            last_checkpoint_time=last_checkpoint,
+            preemptible=spec.preemptible,
+            last_moved_at=state.moved_at[-1] if running and state.moved_at else None,
+            migrations_today=moved,
+            preemptions_today=stopped,
+            min_replicas=0,
+            max_replicas=None,
+            forecast=(),
+            forecast_step_s=3600,
+        )
+        self._job_cache[spec.id] = (key, job)
+        return job
+
+    def _service(self, sim: Simulation, state: ServiceState) -> Job:
+        spec = state.spec
+        hour_start = math.floor(sim.now / 3600) * 3600
+        forecast = tuple(
+            min(spec.max_replicas, max(spec.min_replicas, math.ceil(spec.demand_at(t) - 1e-9)))
+            for t in (hour_start + 3600 * h for h in range(self.forecast_hours))
+        )
+        per = spec.gpus_per_replica
+        return Job.model_construct(
+            id=spec.id,
+            team=spec.team,
+            kind=JobKind.ELASTIC,
+            priority=spec.priority,
+            gpus_per_replica=per,
+            replicas=state.replicas,
+            cpu_milli_per_replica=0,
+            memory_mib_per_replica=0,
+            max_nodes=None,
+            allowed_gpu_models=frozenset(spec.gpu_models) if spec.gpu_models else None,
+            gpu_memory_mib=0,
+            precision=None,
+            node_selector={},
+            tolerations=frozenset(),
+            clusters=None,
+            submit_time=spec.start_time,
+            start_time=spec.start_time if state.replicas else None,
+            placement={n: len(reps) * per for n, reps in state.placement.items() if reps},
+            gpu_indices=None,
+            expected_runtime_s=None,
+            checkpointable=False,
+            checkpoint_size_mib=None,
+            last_checkpoint_time=None,
+            preemptible=False,
+            last_moved_at=None,
+            migrations_today=0,
+            preemptions_today=0,
+            min_replicas=spec.min_replicas,
+            max_replicas=spec.max_replicas,
+            forecast=forecast,
+            forecast_step_s=3600,
+        )
+
+    # ---------------------------------------------------------------- plan
+    def plan(self, sim: Simulation) -> SimPlan:
+        instance = self.instance(sim)
+        started = time.perf_counter()
+        plan = self.policy.plan(instance)
+        elapsed = time.perf_counter() - started
+        if self.validate:
+            violations = validate(instance, plan)
+            if violations:
+                self.invalid_plans += 1
+                self.last_violations = [str(v) for v in violations]
+                raise PlanRejected(
+                    f"policy {self.name} at t={sim.now:.0f}: " + "; ".join(self.last_violations[:5])
+                )
+        return SimPlan(
+            actions=to_actions(plan, sim), solve_seconds=elapsed, status=str(plan.stats.status)
+        )
+
+
+def to_actions(plan: Plan, sim: Simulation) -> list[Action]:
+    actions: list[Action] = []
+    for action in plan.actions:
+        why = action.reason.code.value
+        if action.kind is ActionKind.START:
+            actions.append(Start(action.job_id, dict(action.to_placement), why))
+        elif action.kind is ActionKind.MIGRATE:
+            actions.append(Migrate(action.job_id, dict(action.to_placement), why))
+        elif action.kind is ActionKind.RESIZE:
+            svc = sim.services[action.job_id]
+            per = svc.spec.gpus_per_replica
+            target = {n: gpus // per for n, gpus in action.to_placement.items() if gpus}
+            actions.append(Resize(action.job_id, target, why))
+        elif action.kind is ActionKind.PREEMPT:
+            actions.append(Preempt(action.job_id, checkpoint=False, reason=why))
+        elif action.kind is ActionKind.REQUEUE:
+            actions.append(Preempt(action.job_id, checkpoint=True, reason=why))
+    return actions

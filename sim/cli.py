@@ -1,0 +1,284 @@
+"""``shaper sim``: run a scenario under one policy, compare policies, replay a trace.
+
+Mounted by ``app.cli`` as ``shaper sim``; usable on its own with
+``python -m sim.cli``. Results are JSON (for the dashboard); figures are PNG or SVG.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from sim.inflation import ALL_POLICIES as INFLATION_POLICIES
+from sim.inflation import run_inflation
+from sim.metrics import RunResult
+from sim.report import (
+    markdown_table,
+    plot_occupancy,
+    plot_utilization,
+    rich_table,
+    scenario_table,
+)
+from sim.run import POLICIES, compare, run_policy, write_results
+from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
+from sim.traces import KINDS, TraceOptions, load_trace
+from sim.workload import Workload
+
+sim_app = typer.Typer(help="Trace-driven simulation of the shaping policies.", no_args_is_help=True)
+# Wide enough for the whole table when the output is not a terminal (CI logs, pipes).
+console = Console(width=None if sys.stdout.isatty() else 220)
+
+PolicyOpt = Annotated[
+    str, typer.Option("--policy", "-p", help="fifo | backfill | priority | shaper")
+]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="overrides the scenario's seed")]
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="write results as JSON here")]
+FormatOpt = Annotated[str, typer.Option("--format", help="figure format: png | svg")]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar")]
+
+
+def _check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+
+
+def _load(scenario: str, seed: int | None) -> Workload:
+    try:
+        return load_scenario(scenario, seed=seed)
+    except ScenarioError as exc:
+        raise typer.BadParameter(str(exc), param_hint="SCENARIO") from exc
+
+
+def _print_run(result: RunResult) -> None:
+    console.print(rich_table({result.policy: result}, f"{result.scenario} · {result.policy}"))
+
+
+def _figures(results: dict[str, RunResult], out_dir: Path, name: str, fmt: str) -> list[Path]:
+    if fmt not in ("png", "svg"):
+        raise typer.BadParameter("--format must be png or svg")
+    paths = [plot_utilization(results, out_dir / f"{name}-utilization.{fmt}", name)]
+    if any(r.gpu_rows for r in results.values()):
+        paths.append(plot_occupancy(results, out_dir / f"{name}-occupancy.{fmt}", name))
+    return paths
+
+
+@sim_app.command("list")
+def list_scenarios() -> None:
+    """List the built-in scenarios."""
+    for name in builtin_scenarios():
+        console.print(name)
+
+
+@sim_app.command("run")
+def run(
+    scenario: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
+    policy: PolicyOpt = "shaper",
+    seed: SeedOpt = None,
+    out: OutOpt = None,
+    plot: Annotated[Path | None, typer.Option(help="write the figures into this folder")] = None,
+    fmt: FormatOpt = "png",
+    progress: ProgressOpt = False,
+) -> None:
+    """Simulate SCENARIO under one policy and print its metrics."""
+    _check_policy(policy)
+    workload = _load(scenario, seed)
+    started = time.perf_counter()
+    result = run_policy(workload, policy, show_progress=progress)
+    _print_run(result)
+    console.print(f"wall time {time.perf_counter() - started:.2f} s")
+    if out is not None:
+        console.print(f"results: {write_results(result, out)}")
+    if plot is not None:
+        for path in _figures({policy: result}, plot, f"{workload.name}-{policy}", fmt):
+            console.print(f"figure: {path}")
+
+
+@sim_app.command("compare")
+def compare_cmd(
+    scenario: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
+    policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(POLICIES),
+    seed: SeedOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="JSON and figures go here")] = Path(
+        "sim-results"
+    ),
+    fmt: FormatOpt = "png",
+    markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
+    progress: ProgressOpt = False,
+) -> None:
+    """Simulate SCENARIO under several policies; print a table, write JSON and figures."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    for name in names:
+        _check_policy(name)
+    workload = _load(scenario, seed)
+    results = compare(workload, names, show_progress=progress)
+    console.print(rich_table(results, f"{workload.name} (seed {workload.seed})"))
+    if markdown:
+        console.print(markdown_table(results), markup=False, soft_wrap=True)
+    console.print(f"results: {write_results(results, out_dir / f'{workload.name}.json')}")
+    for path in _figures(results, out_dir, workload.name, fmt):
+        console.print(f"figure: {path}")
+
+
+@sim_app.command("table")
+def table(
+    scenarios: Annotated[str, typer.Option(help="comma-separated; default: all built-in")] = "",
+    policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(POLICIES),
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="JSON and figures go here")] = Path(
+        "sim-results"
+    ),
+    fmt: FormatOpt = "png",
+) -> None:
+    """Compare every scenario and print one Markdown table (the README's)."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    for name in names:
+        _check_policy(name)
+    chosen = [s.strip() for s in scenarios.split(",") if s.strip()] or builtin_scenarios()
+    results = {}
+    for scenario in chosen:
+        workload = _load(scenario, None)
+        results[workload.name] = compare(workload, names)
+        write_results(results[workload.name], out_dir / f"{workload.name}.json")
+        _figures(results[workload.name], out_dir, workload.name, fmt)
+    console.print(scenario_table(results), markup=False, soft_wrap=True)
+
+
+@sim_app.command("replay")
+def replay(
+    trace: Annotated[
+        Path, typer.Argument(help="trace file (Philly, Pollux, Alibaba pods, CSV/JSON)")
+    ],
+    kind: Annotated[str, typer.Option(help=" | ".join(KINDS))] = "auto",
+    policies: Annotated[str, typer.Option(help="comma-separated")] = "fifo,shaper",
+    nodes: Annotated[Path | None, typer.Option(help="Alibaba node list")] = None,
+    gpus: Annotated[int, typer.Option(help="cluster GPUs (traces without nodes)")] = 64,
+    gpus_per_node: Annotated[int, typer.Option()] = 8,
+    window_start_h: Annotated[float, typer.Option()] = 0.0,
+    window_end_h: Annotated[float | None, typer.Option()] = None,
+    subsample: Annotated[float, typer.Option(help="keep each job with this probability")] = 1.0,
+    max_jobs: Annotated[int | None, typer.Option()] = None,
+    load_scale: Annotated[float, typer.Option(help="arrival-rate multiplier")] = 1.0,
+    duration_scale: Annotated[float, typer.Option()] = 1.0,
+    horizon_h: Annotated[float | None, typer.Option()] = None,
+    replan_min: Annotated[float, typer.Option(help="re-plan cadence, minutes")] = 30.0,
+    events: Annotated[
+        bool, typer.Option("--events/--cadence-only", help="also re-plan on every event")
+    ] = False,
+    seed: Annotated[int, typer.Option()] = 0,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("sim-results"),
+    fmt: FormatOpt = "png",
+    progress: ProgressOpt = True,
+) -> None:
+    """Replay a trace file under several policies."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    for name in names:
+        _check_policy(name)
+    if not trace.exists():
+        raise typer.BadParameter(f"{trace}: no such file", param_hint="TRACE")
+    options = TraceOptions(
+        window_start_h=window_start_h,
+        window_end_h=window_end_h,
+        subsample=subsample,
+        max_jobs=max_jobs,
+        load_scale=load_scale,
+        duration_scale=duration_scale,
+        horizon_h=horizon_h,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        seed=seed,
+        replan_interval_min=replan_min,
+    )
+    try:
+        workload = load_trace(trace, kind=kind, options=options, nodes_path=nodes)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="TRACE") from exc
+    console.print(
+        f"{workload.name}: {len(workload.jobs)} jobs, {workload.total_gpus} GPUs, "
+        f"{workload.horizon / 3600:.1f} h"
+    )
+    started = time.perf_counter()
+    results = compare(
+        workload,
+        names,
+        show_progress=progress,
+        replan_on_events=events,
+        validate_plans=False,
+    )
+    console.print(rich_table(results, workload.name))
+    console.print(f"wall time {time.perf_counter() - started:.1f} s")
+    stem = trace.stem
+    console.print(f"results: {write_results(results, out_dir / f'{stem}.json')}")
+    for path in _figures(results, out_dir, stem, fmt):
+        console.print(f"figure: {path}")
+
+
+@sim_app.command("inflation")
+def inflation(
+    pods: Annotated[Path, typer.Argument(help="Alibaba pod list (openb_pod_list_*.csv)")],
+    nodes: Annotated[Path | None, typer.Option(help="node list (default: next to pods)")] = None,
+    policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(INFLATION_POLICIES),
+    target: Annotated[float, typer.Option(help="stop when requests reach this × capacity")] = 1.3,
+    seed: Annotated[int, typer.Option()] = 42,
+    max_pods: Annotated[int | None, typer.Option()] = None,
+    movable: Annotated[str, typer.Option(help="pods shaper may move: be | all")] = "be",
+    out: OutOpt = None,
+) -> None:
+    """The FGD workload-inflation experiment: unallocated GPUs per placement policy."""
+    from rich.table import Table
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in INFLATION_POLICIES]
+    if unknown:
+        raise typer.BadParameter(f"unknown {unknown}; one of {', '.join(INFLATION_POLICIES)}")
+    nodes = nodes or pods.with_name("openb_node_list_all_node.csv")
+    for path in (pods, nodes):
+        if not path.exists():
+            raise typer.BadParameter(f"{path}: no such file")
+    results = [
+        run_inflation(
+            nodes, pods, name, target=target, seed=seed, max_pods=max_pods, movable=movable
+        )
+        for name in names
+    ]
+    baselines = [r for r in results if r.policy not in ("fgd", "shaper-defrag")]
+    best = min(baselines, key=lambda r: r.unallocated_gpus) if baselines else None
+    table = Table(title=f"workload inflation to {target:.0%} of GPU capacity (seed {seed})")
+    for column in (
+        "policy",
+        "unallocated GPUs",
+        "vs best baseline",
+        "frag. share of idle",
+        "whole GPUs used",
+        "pods failed",
+        "migrations",
+    ):
+        table.add_column(column, justify="right")
+    for r in results:
+        versus = (
+            f"{100 * (r.unallocated_gpus / best.unallocated_gpus - 1):+.1f} %"
+            if best and best.unallocated_gpus
+            else "-"
+        )
+        table.add_row(
+            r.policy,
+            f"{r.unallocated_gpus:.1f} of {r.capacity_gpus:.0f}",
+            versus,
+            f"{100 * r.fragmented_share:.1f} %",
+            f"{r.whole_gpus_allocated}",
+            f"{r.pods_failed} of {r.pods_arrived}",
+            f"{r.migrations}",
+        )
+    console.print(table)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps([r.to_json() for r in results], indent=1))
+        console.print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    sim_app()

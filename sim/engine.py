@@ -1,0 +1,785 @@
+"""Discrete-event simulation of one or more clusters in simulated time.
+
+Algorithm (one run):
+
+1. Seed the event queue with job arrivals, node events, hourly demand ticks of every
+   service, the first cadence re-plan and the end of the horizon.
+2. Pop every event that shares the earliest time; before applying them, integrate the
+   metrics over the interval since the previous time (utilization, demand served,
+   fragmentation are piecewise constant between events).
+3. Apply the events: arrivals enter the queue, completions free GPUs, failures evict work
+   (losing what was not checkpointed), drains close nodes to new work, demand ticks move
+   the services' targets.
+4. If any of them asks for a re-plan (or the cadence fires), ask the planner for a plan over
+   the current state and apply its actions in a fixed order — preempt, shrink services,
+   lift migrating jobs off their sources, land them on their targets, grow services, start
+   — rejecting (and counting) any action that is not legal in the current state.
+5. At the horizon, close the books: every job is completed, running or queued, and its
+   useful work is what was completed or durably checkpointed.
+
+The engine never decides anything itself: every start, preemption, migration and resize
+comes from the planner (``sim.adapter.SolverPlanner`` drives the solver's policies).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import Protocol
+
+from sim.actions import Migrate, Preempt, Resize, SimPlan, Start
+from sim.workload import BlockJob, Node, Service, Workload
+
+EPS = 1e-6
+
+
+class EventKind(IntEnum):
+    # Order matters for events at the same instant: free before taking.
+    COMPLETION = 0
+    NODE = 1
+    ARRIVAL = 2
+    DEMAND = 3
+    REPLAN = 4
+    END = 5
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class Planner(Protocol):
+    name: str
+
+    def plan(self, sim: Simulation) -> SimPlan: ...
+
+
+@dataclass(slots=True)
+class JobState:
+    spec: BlockJob
+    status: JobStatus = JobStatus.QUEUED
+    placement: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    progress: float = 0.0
+    checkpointed: float = 0.0
+    rate: float = 0.0
+    updated_at: float = 0.0
+    overhead_until: float = 0.0
+    first_start: float | None = None
+    end_time: float | None = None
+    queued_since: float = 0.0
+    queue_wait: float = 0.0
+    version: int = 0
+    preemptions: int = 0
+    migrations: int = 0
+    lost_work: float = 0.0
+    overhead_seconds: float = 0.0
+    run_start: float = 0.0
+    expected_end: float = 0.0
+    moved_at: list[float] = field(default_factory=list)
+    preempted_at: list[float] = field(default_factory=list)
+
+    @property
+    def gpus_held(self) -> int:
+        return sum(len(idx) for idx in self.placement.values())
+
+
+@dataclass(slots=True)
+class ServiceState:
+    spec: Service
+    placement: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+
+    @property
+    def replicas(self) -> int:
+        return sum(len(reps) for reps in self.placement.values())
+
+    def replicas_by_node(self) -> dict[str, int]:
+        return {node: len(reps) for node, reps in self.placement.items() if reps}
+
+
+@dataclass(slots=True)
+class NodeState:
+    spec: Node
+    owners: list[str | None]
+    free: int = 0
+    up: bool = True
+    draining: bool = False
+    busy_until: list[float] = field(default_factory=list)
+
+    @property
+    def schedulable(self) -> bool:
+        return self.up and not self.draining
+
+
+@dataclass(slots=True)
+class Counters:
+    allocated_gpu_seconds: float = 0.0
+    available_gpu_seconds: float = 0.0
+    capacity_gpu_seconds: float = 0.0
+    block_gpu_seconds: float = 0.0
+    service_gpu_seconds: float = 0.0
+    serving_gpu_seconds: float = 0.0
+    fragmented_gpu_seconds: float = 0.0
+    idle_gpu_seconds: float = 0.0
+    demand_seconds: float = 0.0
+    unmet_demand_seconds: float = 0.0
+    migrations: int = 0
+    migration_gpu_seconds: float = 0.0
+    preemptions: int = 0
+    evictions: int = 0
+    checkpoint_gpu_seconds: float = 0.0
+    lost_gpu_seconds: float = 0.0
+    rejected_actions: int = 0
+    replans: int = 0
+    solve_seconds: float = 0.0
+    rejections: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
+class Segment:
+    node: str
+    gpu: int
+    start: float
+    end: float
+    owner: str
+    kind: str
+
+
+class Simulation:
+    """State and event loop; ``run()`` once per instance."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        planner: Planner,
+        *,
+        replan_interval: float | None = None,
+        replan_on_events: bool = True,
+        min_replan_gap: float = 0.0,
+        record_occupancy: bool | None = None,
+        check_invariants: bool = False,
+        progress: Callable[[float, float], None] | None = None,
+    ) -> None:
+        workload.validate()
+        self.workload = workload
+        self.planner = planner
+        self.replan_interval = (
+            workload.replan_interval if replan_interval is None else replan_interval
+        )
+        self.replan_on_events = replan_on_events
+        self.min_replan_gap = min_replan_gap
+        total = workload.total_gpus
+        self._total_gpus = total
+        self.record_occupancy = total <= 256 if record_occupancy is None else record_occupancy
+        self.check_invariants = check_invariants
+        self.progress_callback = progress
+
+        self.now = 0.0
+        self.nodes: dict[str, NodeState] = {
+            n.name: NodeState(
+                spec=n, owners=[None] * n.gpus, free=n.gpus, busy_until=[0.0] * n.gpus
+            )
+            for n in workload.nodes
+        }
+        self.jobs: dict[str, JobState] = {}
+        self.queue: dict[str, JobState] = {}
+        self.running: dict[str, JobState] = {}
+        self.services: dict[str, ServiceState] = {
+            s.id: ServiceState(spec=s) for s in workload.services
+        }
+        self.counters = Counters()
+        self.segments: list[Segment] = []
+        self._open_segments: dict[tuple[str, int], tuple[float, str, str]] = {}
+        self.timeline: list[tuple[float, float, int, int, float]] = []
+        self.service_hours: dict[tuple[str, int], list[float]] = {}
+        self._events: list[tuple[float, int, int, str, int]] = []
+        self._seq = itertools.count()
+        self._pending_sizes: Counter[int] = Counter()
+        self._allocated = 0
+        self._available = total
+        self._frag_cache: tuple[int, int] | None = None
+        # Schedulable nodes counted by (free GPUs, size): fragmentation in O(distinct keys).
+        self._free_hist: Counter[tuple[int, int]] = Counter(
+            (n.gpus, n.gpus) for n in workload.nodes
+        )
+        self._replan_requested = False
+        self._last_replan = -math.inf
+        self._replan_scheduled_at = math.inf
+        self._finished = False
+
+    # ----------------------------------------------------------------- events
+    def _push(self, time: float, kind: EventKind, ref: str = "", version: int = 0) -> None:
+        heapq.heappush(self._events, (time, int(kind), next(self._seq), ref, version))
+
+    def _seed(self) -> None:
+        horizon = self.workload.horizon
+        for job in self.workload.jobs:
+            if job.submit_time <= horizon:
+                self._push(job.submit_time, EventKind.ARRIVAL, job.id)
+        self._job_specs = {job.id: job for job in self.workload.jobs}
+        for index, event in enumerate(self.workload.node_events):
+            if event.time <= horizon:
+                self._push(event.time, EventKind.NODE, str(index))
+        if self.services:
+            hour = 0.0
+            while hour <= horizon:
+                self._push(hour, EventKind.DEMAND)
+                hour += 3600.0
+        if self.replan_interval > 0:
+            self._push(0.0, EventKind.REPLAN, "cadence")
+        self._push(horizon, EventKind.END)
+
+    # ------------------------------------------------------------------- run
+    def run(self) -> Simulation:
+        if self._finished:
+            raise RuntimeError("a Simulation runs once")
+        self._seed()
+        horizon = self.workload.horizon
+        while self._events:
+            time = self._events[0][0]
+            if time > horizon:
+                break
+            self._advance(time)
+            replan = False
+            end = False
+            while self._events and self._events[0][0] <= time + EPS:
+                _, kind, _, ref, version = heapq.heappop(self._events)
+                if kind == EventKind.END:
+                    end = True
+                elif kind == EventKind.REPLAN:
+                    if ref == "cadence":
+                        replan = True
+                        self._push(time + self.replan_interval, EventKind.REPLAN, "cadence")
+                    elif ref == "gap":
+                        self._replan_scheduled_at = math.inf
+                        replan = True
+                else:
+                    replan |= self._handle(EventKind(kind), ref, version)
+            if end:
+                break
+            if replan or self._replan_requested:
+                self._maybe_replan(time)
+            if self.progress_callback is not None:
+                self.progress_callback(time, horizon)
+        self._advance(horizon)
+        self._close(horizon)
+        self._finished = True
+        if self.progress_callback is not None:
+            self.progress_callback(horizon, horizon)
+        return self
+
+    def _maybe_replan(self, time: float) -> None:
+        if time - self._last_replan + EPS < self.min_replan_gap:
+            due = self._last_replan + self.min_replan_gap
+            if due < self._replan_scheduled_at:
+                self._replan_scheduled_at = due
+                self._push(due, EventKind.REPLAN, "gap")
+            self._replan_requested = False
+            return
+        self._replan_requested = False
+        self._last_replan = time
+        self.counters.replans += 1
+        plan = self.planner.plan(self)
+        self.counters.solve_seconds += plan.solve_seconds
+        self.apply(plan)
+
+    def _handle(self, kind: EventKind, ref: str, version: int) -> bool:
+        if kind == EventKind.ARRIVAL:
+            spec = self._job_specs[ref]
+            state = JobState(spec=spec, updated_at=self.now, queued_since=self.now)
+            self.jobs[spec.id] = state
+            self._enqueue(state)
+            return self.replan_on_events
+        if kind == EventKind.COMPLETION:
+            state = self.jobs[ref]
+            if state.version != version or state.status != JobStatus.RUNNING:
+                return False
+            self._update_progress(state)
+            state.progress = state.spec.work
+            state.checkpointed = state.spec.work
+            self._release(state)
+            state.status = JobStatus.DONE
+            state.end_time = self.now
+            del self.running[state.spec.id]
+            return self.replan_on_events
+        if kind == EventKind.NODE:
+            event = self.workload.node_events[int(ref)]
+            node = self.nodes[event.node]
+            if node.schedulable:
+                self._free_hist[(node.free, node.spec.gpus)] -= 1
+            if event.kind == "fail":
+                self._fail_node(node)
+            elif event.kind == "drain":
+                node.draining = True
+            else:
+                if not node.up:
+                    self._available += node.spec.gpus
+                node.up = True
+                node.draining = False
+            if node.schedulable:
+                self._free_hist[(node.free, node.spec.gpus)] += 1
+            self._frag_cache = None
+            return True
+        if kind == EventKind.DEMAND:
+            return True
+        raise AssertionError(kind)
+
+    # ------------------------------------------------------------ accounting
+    def _advance(self, time: float) -> None:
+        dt = time - self.now
+        if dt > EPS:
+            c = self.counters
+            c.allocated_gpu_seconds += self._allocated * dt
+            c.available_gpu_seconds += self._available * dt
+            c.capacity_gpu_seconds += self._total_gpus * dt
+            service_gpus, serving_gpus = self._service_usage()
+            c.service_gpu_seconds += service_gpus * dt
+            c.serving_gpu_seconds += serving_gpus * dt
+            c.block_gpu_seconds += (self._allocated - service_gpus) * dt
+            idle, fragmented = self._idle_and_fragmented()
+            c.idle_gpu_seconds += idle * dt
+            c.fragmented_gpu_seconds += fragmented * dt
+            self._integrate_services(self.now, time)
+            self._sample(self.now)
+        self.now = max(self.now, time)
+
+    def _service_usage(self) -> tuple[int, float]:
+        """GPUs held by services, and the part of them that serves demand now."""
+        held_total = 0
+        serving = 0.0
+        for svc in self.services.values():
+            held = svc.replicas * svc.spec.gpus_per_replica
+            held_total += held
+            capacity = self._service_capacity(svc)
+            if capacity > 0:
+                # Replicas reserved beyond demand are allocated but idle.
+                serving += held * min(1.0, svc.spec.demand_at(self.now) / capacity)
+        return held_total, serving
+
+    def _sample(self, time: float) -> None:
+        idle, fragmented = self._idle_and_fragmented()
+        frag = fragmented / idle if idle else 0.0
+        held, serving = self._service_usage() if self.services else (0, 0.0)
+        busy = self._allocated - held + serving
+        point = (time, busy, self._available, len(self.queue), frag)
+        if self.timeline and abs(self.timeline[-1][0] - time) < EPS:
+            self.timeline[-1] = point
+        else:
+            self.timeline.append(point)
+
+    def _idle_and_fragmented(self) -> tuple[int, int]:
+        """Idle GPUs, and those of them on nodes too full for the smallest queued job."""
+        if self._frag_cache is not None:
+            return self._frag_cache
+        smallest = min(self._pending_sizes) if self._pending_sizes else 0
+        idle = 0
+        fragmented = 0
+        for (free, size), count in self._free_hist.items():
+            idle += free * count
+            if smallest and free < min(smallest, size):
+                fragmented += free * count
+        self._frag_cache = (idle, fragmented)
+        return idle, fragmented
+
+    def _integrate_services(self, t0: float, t1: float) -> None:
+        # Demand is constant within an hour; split the interval at hour boundaries.
+        t = t0
+        while t < t1 - EPS:
+            hour = int(t // 3600)
+            t_end = min(t1, (hour + 1) * 3600.0)
+            dt = t_end - t
+            for svc in self.services.values():
+                demand = svc.spec.demand_at(t)
+                served = min(demand, self._service_capacity(svc))
+                bucket = self.service_hours.setdefault((svc.spec.id, hour), [0.0, 0.0])
+                bucket[0] += demand * dt
+                bucket[1] += served * dt
+                self.counters.demand_seconds += demand * dt
+                self.counters.unmet_demand_seconds += (demand - served) * dt
+            t = t_end
+
+    def _service_capacity(self, svc: ServiceState) -> float:
+        models = self.workload.gpu_models
+        return sum(
+            len(reps) * models[self.nodes[node].spec.gpu_model].speed
+            for node, reps in svc.placement.items()
+        )
+
+    # -------------------------------------------------------------- job state
+    def _enqueue(self, state: JobState) -> None:
+        state.status = JobStatus.QUEUED
+        state.queued_since = self.now
+        self.queue[state.spec.id] = state
+        self._pending_sizes[state.spec.gpus] += 1
+        self._frag_cache = None
+
+    def _dequeue(self, state: JobState) -> None:
+        del self.queue[state.spec.id]
+        self._pending_sizes[state.spec.gpus] -= 1
+        if not self._pending_sizes[state.spec.gpus]:
+            del self._pending_sizes[state.spec.gpus]
+        self._frag_cache = None
+        state.queue_wait += self.now - state.queued_since
+
+    def _update_progress(self, state: JobState) -> None:
+        if state.status != JobStatus.RUNNING:
+            return
+        begin = max(state.updated_at, state.overhead_until)
+        if self.now > begin:
+            state.progress = min(state.spec.work, state.progress + (self.now - begin) * state.rate)
+        state.updated_at = self.now
+        interval = state.spec.checkpoint_interval
+        if interval > 0:
+            # The EPS absorbs float drift at a checkpoint boundary; never beyond progress.
+            last = min(state.progress, math.floor(state.progress / interval + EPS) * interval)
+            state.checkpointed = max(state.checkpointed, last)
+
+    def _schedule_completion(self, state: JobState) -> None:
+        state.version += 1
+        begin = max(self.now, state.overhead_until)
+        remaining = max(0.0, state.spec.work - state.progress)
+        state.expected_end = begin + remaining / state.rate
+        self._push(
+            begin + remaining / state.rate, EventKind.COMPLETION, state.spec.id, state.version
+        )
+
+    def _rate(self, placement: dict[str, tuple[int, ...]]) -> float:
+        models = self.workload.gpu_models
+        return min(models[self.nodes[node].spec.gpu_model].speed for node in placement)
+
+    # ------------------------------------------------------------ GPU owners
+    def _take(self, node: NodeState, count: int, owner: str, kind: str) -> tuple[int, ...]:
+        taken: list[int] = []
+        for index, current in enumerate(node.owners):
+            if current is None:
+                taken.append(index)
+                if len(taken) == count:
+                    break
+        if len(taken) < count:
+            raise AssertionError(f"node {node.spec.name}: {count} GPUs not free")
+        for index in taken:
+            node.owners[index] = owner
+            if self.record_occupancy:
+                self._open_segments[(node.spec.name, index)] = (self.now, owner, kind)
+        if node.schedulable:
+            self._free_hist[(node.free, node.spec.gpus)] -= 1
+            self._free_hist[(node.free - count, node.spec.gpus)] += 1
+        node.free -= count
+        self._allocated += count
+        self._frag_cache = None
+        return tuple(taken)
+
+    def _give_back(self, node_name: str, indices: tuple[int, ...], owner: str) -> None:
+        node = self.nodes[node_name]
+        for index in indices:
+            if node.owners[index] != owner:
+                raise AssertionError(f"GPU {node_name}/{index} not held by {owner}")
+            node.owners[index] = None
+            if self.record_occupancy:
+                start, seg_owner, kind = self._open_segments.pop((node_name, index))
+                if self.now > start + EPS:
+                    self.segments.append(
+                        Segment(node_name, index, start, self.now, seg_owner, kind)
+                    )
+        if node.schedulable:
+            self._free_hist[(node.free, node.spec.gpus)] -= 1
+            self._free_hist[(node.free + len(indices), node.spec.gpus)] += 1
+        node.free += len(indices)
+        self._allocated -= len(indices)
+        self._frag_cache = None
+
+    def _release(self, state: JobState) -> None:
+        for node, indices in state.placement.items():
+            self._give_back(node, indices, state.spec.id)
+        state.placement = {}
+
+    def _busy_until(self, placement: dict[str, tuple[int, ...]]) -> float:
+        return max(
+            (self.nodes[n].busy_until[i] for n, idx in placement.items() for i in idx),
+            default=0.0,
+        )
+
+    # ----------------------------------------------------------------- nodes
+    def _fail_node(self, node: NodeState) -> None:
+        if node.up:
+            self._available -= node.spec.gpus
+        node.up = False
+        self._frag_cache = None
+        victims = [s for s in self.running.values() if node.spec.name in s.placement]
+        for state in victims:
+            self._stop(state, checkpoint=False, by_policy=False)
+        for svc in self.services.values():
+            reps = svc.placement.pop(node.spec.name, [])
+            for indices in reps:
+                self._give_back(node.spec.name, indices, svc.spec.id)
+
+    # ---------------------------------------------------------------- checks
+    def _check_placement(
+        self, placement: dict[str, int], models_ok: Callable[[str], bool]
+    ) -> str | None:
+        if not placement or any(count <= 0 for count in placement.values()):
+            return "empty placement"
+        for name, count in placement.items():
+            node = self.nodes.get(name)
+            if node is None:
+                return f"unknown node {name}"
+            if not node.schedulable:
+                return f"node {name} not schedulable"
+            if not models_ok(node.spec.gpu_model):
+                return f"model {node.spec.gpu_model} not allowed"
+            if node.free < count:
+                return f"node {name}: {count} GPUs requested, {node.free} free"
+        return None
+
+    def _reject(self, why: str) -> None:
+        self.counters.rejected_actions += 1
+        self.counters.rejections[why.split(":")[0].split(" ")[0]] += 1
+
+    # ------------------------------------------------------------- the plan
+    def apply(self, plan: SimPlan) -> None:
+        """Apply a plan's actions in a fixed, physically sensible order."""
+        starts = [a for a in plan.actions if isinstance(a, Start)]
+        preempts = [a for a in plan.actions if isinstance(a, Preempt)]
+        migrates = [a for a in plan.actions if isinstance(a, Migrate)]
+        resizes = [a for a in plan.actions if isinstance(a, Resize)]
+        for stop in preempts:
+            state = self.running.get(stop.job)
+            if state is None:
+                self._reject(f"preempt {stop.job}: not running")
+                continue
+            if not state.spec.preemptible:
+                self._reject(f"preempt {stop.job}: not preemptible")
+                continue
+            self._stop(state, checkpoint=stop.checkpoint)
+        grows = []
+        for resize in resizes:
+            svc = self.services.get(resize.service)
+            if svc is None:
+                self._reject(f"resize {resize.service}: unknown service")
+                continue
+            grows.append((svc, self._shrink_service(svc, resize.placement)))
+        lifted: list[tuple[Migrate, JobState, dict[str, tuple[int, ...]]]] = []
+        for move in migrates:
+            state = self.running.get(move.job)
+            if state is None:
+                self._reject(f"migrate {move.job}: not running")
+                continue
+            if not state.spec.checkpointable:
+                self._reject(f"migrate {move.job}: not checkpointable")
+                continue
+            if sum(move.placement.values()) != state.spec.gpus:
+                self._reject(f"migrate {move.job}: wrong GPU count")
+                continue
+            current = {n: len(i) for n, i in state.placement.items()}
+            if current == move.placement:
+                continue
+            self._update_progress(state)
+            source = state.placement
+            self._release(state)
+            lifted.append((move, state, source))
+        for move, state, source in lifted:
+            why = self._check_placement(move.placement, state.spec.can_run_on)
+            if why is not None:
+                self._reject(f"migrate {move.job}: {why}")
+                target = {n: len(i) for n, i in source.items()}
+                if self._check_placement(target, state.spec.can_run_on) is None:
+                    self._place(state, target)  # stays where it was: no cost
+                    state.version += 1
+                    self._schedule_completion(state)
+                else:
+                    # Lifted but nowhere to land: it was checkpointed, so it waits queued.
+                    state.checkpointed = state.progress
+                    del self.running[state.spec.id]
+                    self._requeue_after_loss(state)
+                continue
+            self._migrate(state, source, move.placement)
+        for svc, target in grows:
+            self._grow_service(svc, target)
+        for start in starts:
+            state = self.queue.get(start.job)
+            if state is None:
+                self._reject(f"start {start.job}: not queued")
+                continue
+            if sum(start.placement.values()) != state.spec.gpus:
+                self._reject(f"start {start.job}: wrong GPU count")
+                continue
+            why = self._check_placement(start.placement, state.spec.can_run_on)
+            if why is not None:
+                self._reject(f"start {start.job}: {why}")
+                continue
+            self._start(state, start.placement)
+        if self.check_invariants:
+            self.assert_invariants()
+
+    def _place(self, state: JobState, placement: dict[str, int]) -> None:
+        state.placement = {
+            name: self._take(self.nodes[name], count, state.spec.id, state.spec.kind.value)
+            for name, count in placement.items()
+        }
+        state.rate = self._rate(state.placement)
+        state.updated_at = self.now
+        state.run_start = self.now
+
+    def _start(self, state: JobState, placement: dict[str, int]) -> None:
+        self._dequeue(state)
+        self._place(state, placement)
+        state.status = JobStatus.RUNNING
+        if state.first_start is None:
+            state.first_start = self.now
+        restore = 0.0
+        if state.progress > 0:
+            restore = self.workload.transfer.restore_seconds(state.spec.image_gb)
+        state.overhead_until = max(self.now + restore, self._busy_until(state.placement))
+        overhead = state.overhead_until - self.now
+        state.overhead_seconds += overhead
+        self.counters.checkpoint_gpu_seconds += overhead * state.spec.gpus if restore else 0.0
+        self.running[state.spec.id] = state
+        self._schedule_completion(state)
+
+    def _migrate(
+        self, state: JobState, source: dict[str, tuple[int, ...]], target: dict[str, int]
+    ) -> None:
+        transfer = self.workload.transfer
+        checkpoint = transfer.checkpoint_seconds(state.spec.image_gb)
+        for node, indices in source.items():
+            for index in indices:
+                busy = self.nodes[node].busy_until
+                busy[index] = max(busy[index], self.now + checkpoint)
+        self._place(state, target)
+        cost = transfer.migration_seconds(state.spec.image_gb)
+        state.overhead_until = max(self.now + cost, self._busy_until(state.placement))
+        state.overhead_seconds += state.overhead_until - self.now
+        state.migrations += 1
+        state.moved_at.append(self.now)
+        self.counters.migrations += 1
+        self.counters.migration_gpu_seconds += (state.overhead_until - self.now) * state.spec.gpus
+        self._schedule_completion(state)
+
+    def _stop(self, state: JobState, *, checkpoint: bool, by_policy: bool = True) -> None:
+        self._update_progress(state)
+        transfer = self.workload.transfer
+        if checkpoint and state.spec.checkpointable:
+            seconds = transfer.checkpoint_seconds(state.spec.image_gb)
+            for node, indices in state.placement.items():
+                for index in indices:
+                    self.nodes[node].busy_until[index] = self.now + seconds
+            state.checkpointed = state.progress
+            self.counters.checkpoint_gpu_seconds += seconds * state.spec.gpus
+        self._release(state)
+        del self.running[state.spec.id]
+        if by_policy:
+            state.preemptions += 1
+            state.preempted_at.append(self.now)
+            self.counters.preemptions += 1
+        else:
+            self.counters.evictions += 1
+        self._requeue_after_loss(state)
+
+    def _requeue_after_loss(self, state: JobState) -> None:
+        lost = state.progress - state.checkpointed
+        if lost > EPS:
+            state.lost_work += lost
+            self.counters.lost_gpu_seconds += lost * state.spec.gpus
+        state.progress = state.checkpointed
+        state.version += 1
+        self._enqueue(state)
+
+    # --------------------------------------------------------------- services
+    def _shrink_service(self, svc: ServiceState, target: dict[str, int]) -> dict[str, int]:
+        for node_name in list(svc.placement):
+            reps = svc.placement[node_name]
+            keep = target.get(node_name, 0)
+            while len(reps) > keep:
+                self._give_back(node_name, reps.pop(), svc.spec.id)
+            if not reps:
+                del svc.placement[node_name]
+        return target
+
+    def _grow_service(self, svc: ServiceState, target: dict[str, int]) -> None:
+        per = svc.spec.gpus_per_replica
+        for node_name, want in target.items():
+            node = self.nodes.get(node_name)
+            if node is None or not node.schedulable:
+                self._reject(f"resize {svc.spec.id}: node {node_name} not schedulable")
+                continue
+            if not svc.spec.can_run_on(node.spec.gpu_model):
+                self._reject(f"resize {svc.spec.id}: model not allowed")
+                continue
+            reps = svc.placement.setdefault(node_name, [])
+            while len(reps) < want:
+                if node.free < per:
+                    self._reject(f"resize {svc.spec.id}: node {node_name} full")
+                    break
+                reps.append(self._take(node, per, svc.spec.id, "service"))
+            if not reps:
+                del svc.placement[node_name]
+
+    # ------------------------------------------------------------------ end
+    def _close(self, horizon: float) -> None:
+        for state in self.running.values():
+            self._update_progress(state)
+            if state.spec.checkpointable:
+                state.checkpointed = state.progress
+        for state in self.queue.values():
+            state.queue_wait += horizon - state.queued_since
+            state.queued_since = horizon
+        self._sample(horizon)
+        if self.record_occupancy:
+            for (node, index), (start, owner, kind) in self._open_segments.items():
+                if horizon > start + EPS:
+                    self.segments.append(Segment(node, index, start, horizon, owner, kind))
+        if self.check_invariants:
+            self.assert_invariants()
+
+    def assert_invariants(self) -> None:
+        """Conservation: every GPU has at most one owner and every owner knows its GPUs."""
+        seen: dict[tuple[str, int], str] = {}
+        for state in self.running.values():
+            assert state.status == JobStatus.RUNNING, state.spec.id
+            assert state.gpus_held == state.spec.gpus, state.spec.id
+            for node, indices in state.placement.items():
+                for index in indices:
+                    key = (node, index)
+                    assert key not in seen, f"GPU {key} double-allocated"
+                    seen[key] = state.spec.id
+        for svc in self.services.values():
+            for node, reps in svc.placement.items():
+                for indices in reps:
+                    for index in indices:
+                        key = (node, index)
+                        assert key not in seen, f"GPU {key} double-allocated"
+                        seen[key] = svc.spec.id
+        owners = {
+            (name, index): owner
+            for name, node in self.nodes.items()
+            for index, owner in enumerate(node.owners)
+            if owner is not None
+        }
+        assert owners == seen, "node owner table disagrees with placements"
+        assert self._allocated == len(seen)
+        for state in self.jobs.values():
+            assert state.progress <= state.spec.work + EPS, state.spec.id
+            assert state.checkpointed <= state.progress + EPS, state.spec.id
+            in_queue = state.spec.id in self.queue
+            in_running = state.spec.id in self.running
+            assert in_queue + in_running + (state.status == JobStatus.DONE) == 1, state.spec.id
+        hist: Counter[tuple[int, int]] = Counter()
+        for name, node_state in self.nodes.items():
+            if not node_state.up:
+                assert all(owner is None for owner in node_state.owners), name
+            assert node_state.free == sum(owner is None for owner in node_state.owners), name
+            if node_state.schedulable:
+                hist[(node_state.free, node_state.spec.gpus)] += 1
+        assert +self._free_hist == hist, "free-GPU histogram out of date"
+
+    # -------------------------------------------------------------- helpers
+    def job_specs_not_arrived(self) -> int:
+        return len(self.workload.jobs) - len(self.jobs)
+
+    def free_gpus(self, node: str) -> int:
+        return self.nodes[node].free

@@ -1,0 +1,92 @@
+"""Run a workload under one policy or several, with an optional rich progress bar."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sim.adapter import SolverPlanner
+from sim.engine import Planner, Simulation
+from sim.metrics import RunResult, summarize
+from sim.workload import Workload
+
+POLICIES = ("fifo", "backfill", "priority", "shaper")
+
+
+@contextmanager
+def progress_bar(enabled: bool, label: str) -> Iterator[Any]:
+    """Yield a ``callback(now, horizon)`` that drives a rich progress bar (or does nothing)."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}% of simulated time"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=1.0)
+        last = [0.0]
+
+        def update(now: float, horizon: float) -> None:
+            done = now / horizon if horizon else 1.0
+            if done - last[0] >= 0.005 or done >= 1.0:
+                last[0] = done
+                bar.update(task, completed=done)
+
+        yield update
+
+
+def simulate(
+    workload: Workload,
+    policy: str | Planner,
+    *,
+    show_progress: bool = False,
+    check_invariants: bool = False,
+    validate_plans: bool = True,
+    replan_interval: float | None = None,
+    replan_on_events: bool = True,
+    min_replan_gap: float = 0.0,
+    record_occupancy: bool | None = None,
+) -> Simulation:
+    planner = SolverPlanner(policy, validate=validate_plans) if isinstance(policy, str) else policy
+    with progress_bar(show_progress, f"{workload.name} · {planner.name}") as callback:
+        sim = Simulation(
+            workload,
+            planner,
+            replan_interval=replan_interval,
+            replan_on_events=replan_on_events,
+            min_replan_gap=min_replan_gap,
+            record_occupancy=record_occupancy,
+            check_invariants=check_invariants,
+            progress=callback,
+        )
+        sim.run()
+    return sim
+
+
+def run_policy(workload: Workload, policy: str, **kwargs: Any) -> RunResult:
+    return summarize(simulate(workload, policy, **kwargs))
+
+
+def compare(
+    workload: Workload, policies: Sequence[str] = POLICIES, **kwargs: Any
+) -> dict[str, RunResult]:
+    return {policy: run_policy(workload, policy, **kwargs) for policy in policies}
+
+
+def write_results(results: dict[str, RunResult] | RunResult, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(results, RunResult):
+        payload: Any = results.to_json()
+    else:
+        payload = {"runs": {name: r.to_json() for name, r in results.items()}}
+    path.write_text(json.dumps(payload, indent=1, sort_keys=True))
+    return path

@@ -1,0 +1,244 @@
+"""Scenario YAML files → :class:`~sim.workload.Workload`.
+
+A scenario names a cluster, services, explicit jobs and/or a seeded generator of jobs.
+Times in YAML are hours (``*_h``) unless the key says otherwise. Example::
+
+    name: tiny
+    seed: 7
+    horizon_h: 24
+    replan_interval_min: 30
+    gpu_models: {H100: {memory_gb: 80, speed: 1.0, fp8: true}}
+    cluster:
+      - {prefix: h100, count: 1, gpus: 8, model: H100}
+    transfer: {bandwidth_mib_per_s: 1000, overhead_s: 30}
+    sla_policies: {research: {priority_weight: 1.0}}
+    services:
+      - {id: chat, hourly_demand: [2, 2, 1, 1, 2, 4], priority: 8}
+    jobs:
+      - {id: llm, submit_h: 0, gpus: 4, hours: 10, priority: 5, checkpointable: true}
+    generate:
+      count: 12
+      arrival: {process: poisson, mean_gap_h: 2.0}   # or {process: batch, at_h: 0}
+      mix:
+        - kind: training
+          weight: 3
+          gpus: {1: 2, 2: 2, 4: 1}                   # value: relative weight
+          hours: {median: 6, sigma: 0.6, min: 1, max: 30}   # log-normal
+          priority: {1: 3, 5: 1}
+          checkpointable: 0.8                        # probability
+          checkpoint_interval_h: 1
+          image_gb: 20
+          gpu_models: [H100]
+    node_events:
+      - {at_h: 10, node: h100-0, kind: fail}
+
+The generator uses ``numpy.random.default_rng(seed)``: the same seed gives the same jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from sim.workload import (
+    BlockJob,
+    GpuModel,
+    JobKind,
+    Node,
+    NodeEvent,
+    Transfer,
+    Workload,
+    service_from_record,
+)
+
+HOUR = 3600.0
+
+
+class ScenarioError(ValueError):
+    """A scenario file is malformed; the message names the file and the field."""
+
+
+def scenario_dir() -> Path:
+    return Path(str(resources.files("sim") / "scenarios"))
+
+
+# The study's seven settings, in its order; any other built-in scenario follows, sorted.
+STUDY_ORDER = (
+    "training-heavy",
+    "mixed",
+    "contended-hetero",
+    "contended-burst",
+    "contended-failures",
+    "scale-64",
+    "equal-priorities",
+)
+
+
+def builtin_scenarios() -> list[str]:
+    names = {p.stem for p in scenario_dir().glob("*.yaml")}
+    return [n for n in STUDY_ORDER if n in names] + sorted(names - set(STUDY_ORDER))
+
+
+def resolve(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return path
+    candidate = scenario_dir() / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    raise ScenarioError(
+        f"scenario {name_or_path!r}: no such file, and not one of {builtin_scenarios()}"
+    )
+
+
+def load_scenario(name_or_path: str, *, seed: int | None = None) -> Workload:
+    path = resolve(name_or_path)
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: expected a mapping at the top level")
+    try:
+        return build_workload(data, seed=seed)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from exc
+
+
+def _weighted_choice(rng: np.random.Generator, table: Any) -> Any:
+    """Pick from ``{value: weight}``, a list (uniform) or a scalar (itself).
+
+    Always exactly one draw, so that changing one field's table (say, every priority to 1)
+    leaves every other field of every job as it was.
+    """
+    draw = float(rng.random())
+    if isinstance(table, dict):
+        keys = list(table)
+        weights = [float(table[k]) for k in keys]
+    elif isinstance(table, list):
+        keys, weights = table, [1.0] * len(table)
+    else:
+        return table
+    threshold = draw * sum(weights)
+    for key, weight in zip(keys, weights, strict=True):
+        threshold -= weight
+        if threshold < 0:
+            return key
+    return keys[-1]
+
+
+def _nodes(data: dict[str, Any]) -> list[Node]:
+    nodes: list[Node] = []
+    for group in data["cluster"]:
+        for index in range(int(group.get("count", 1))):
+            nodes.append(
+                Node(
+                    name=f"{group['prefix']}-{index}",
+                    gpu_model=str(group["model"]),
+                    gpus=int(group["gpus"]),
+                    cluster=str(group.get("cluster", "default")),
+                )
+            )
+    return nodes
+
+
+def _job(entry: dict[str, Any], index: int) -> BlockJob:
+    return BlockJob(
+        id=str(entry.get("id", f"job-{index}")),
+        submit_time=float(entry.get("submit_h", 0.0)) * HOUR,
+        gpus=int(entry["gpus"]),
+        work=float(entry["hours"]) * HOUR,
+        priority=float(entry.get("priority", 1.0)),
+        kind=JobKind(entry.get("kind", "training")),
+        gpu_models=tuple(entry.get("gpu_models", ())),
+        checkpointable=bool(entry.get("checkpointable", False)),
+        checkpoint_interval=float(entry.get("checkpoint_interval_h", 0.0)) * HOUR,
+        image_gb=float(entry.get("image_gb", 10.0)),
+        team=str(entry.get("team", "default")),
+        preemptible=bool(entry.get("preemptible", True)),
+    )
+
+
+def _generate(spec: dict[str, Any], rng: np.random.Generator, first: int) -> list[BlockJob]:
+    count = int(spec["count"])
+    arrival = spec.get("arrival", {"process": "batch", "at_h": 0})
+    mix = spec["mix"]
+    weights = np.array([float(m.get("weight", 1.0)) for m in mix])
+    jobs: list[BlockJob] = []
+    t = float(arrival.get("start_h", arrival.get("at_h", 0.0)))
+    for n in range(count):
+        process = arrival.get("process", "batch")
+        if process == "poisson" and n > 0:
+            t += float(rng.exponential(float(arrival["mean_gap_h"])))
+        elif process == "uniform":
+            t = float(rng.uniform(float(arrival.get("start_h", 0)), float(arrival["end_h"])))
+        elif process not in ("batch", "poisson"):
+            raise ValueError(f"generate.arrival.process: unknown {process!r}")
+        kind = mix[_weighted_choice(rng, dict(enumerate(weights.tolist())))]
+        hours_spec = kind["hours"]
+        if isinstance(hours_spec, dict):
+            hours = float(
+                rng.lognormal(math.log(float(hours_spec["median"])), float(hours_spec["sigma"]))
+            )
+            hours = min(float(hours_spec.get("max", hours)), max(float(hours_spec["min"]), hours))
+        else:
+            hours = float(hours_spec)
+        entry = {
+            "id": f"{kind.get('kind', 'training')}-{first + n}",
+            "submit_h": round(t, 4),
+            "gpus": int(_weighted_choice(rng, kind["gpus"])),
+            "hours": round(hours, 3),
+            "priority": float(_weighted_choice(rng, kind.get("priority", 1))),
+            "kind": kind.get("kind", "training"),
+            "gpu_models": kind.get("gpu_models", ()),
+            "checkpointable": bool(rng.random() < float(kind.get("checkpointable", 0.0))),
+            "checkpoint_interval_h": kind.get("checkpoint_interval_h", 0.0),
+            "image_gb": kind.get("image_gb", 10.0),
+            "team": _weighted_choice(rng, kind.get("team", "default")),
+        }
+        jobs.append(_job(entry, first + n))
+    return jobs
+
+
+def build_workload(data: dict[str, Any], *, seed: int | None = None) -> Workload:
+    seed = int(data.get("seed", 0)) if seed is None else seed
+    rng = np.random.default_rng(seed)
+    models = {
+        name: GpuModel(
+            name=name,
+            memory_gb=int(m.get("memory_gb", 80)),
+            speed=float(m.get("speed", 1.0)),
+            fp8=bool(m.get("fp8", False)),
+        )
+        for name, m in data["gpu_models"].items()
+    }
+    jobs = [_job(entry, i) for i, entry in enumerate(data.get("jobs", []))]
+    if "generate" in data:
+        generated = data["generate"]
+        for block in generated if isinstance(generated, list) else [generated]:
+            jobs += _generate(block, rng, len(jobs))
+    services = [service_from_record(s) for s in data.get("services", [])]
+    events = [
+        NodeEvent(time=float(e["at_h"]) * HOUR, node=str(e["node"]), kind=str(e["kind"]))
+        for e in data.get("node_events", [])
+    ]
+    transfer = Transfer(**data.get("transfer", {}))
+    workload = Workload(
+        name=str(data["name"]),
+        gpu_models=models,
+        nodes=_nodes(data),
+        jobs=sorted(jobs, key=lambda j: (j.submit_time, j.id)),
+        services=services,
+        node_events=sorted(events, key=lambda e: e.time),
+        horizon=float(data.get("horizon_h", 24.0)) * HOUR,
+        transfer=transfer,
+        replan_interval=float(data.get("replan_interval_min", 30.0)) * 60.0,
+        description=str(data.get("description", "")).strip(),
+        seed=seed,
+        sla_policies={k: dict(v) for k, v in data.get("sla_policies", {}).items()},
+        solver_config=dict(data.get("solver", {})),
+    )
+    workload.validate()
+    return workload

@@ -1,0 +1,124 @@
+"""What every trace loader shares: the options to window, scale and subsample a trace, the
+cluster to replay it on, and the step from a list of jobs to a :class:`Workload`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from sim.workload import BlockJob, GpuModel, Node, Service, Transfer, Workload
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOptions:
+    """How to cut and shape a trace before replaying it.
+
+    * ``window_start_h`` / ``window_end_h``: keep jobs submitted in this window (hours from
+      the first submission of the trace); times are re-based to the window's start.
+    * ``subsample``: keep each job with this probability (seeded).
+    * ``max_jobs``: keep at most this many jobs (the earliest, after subsampling).
+    * ``load_scale``: divide inter-arrival times by this (2.0 = twice the arrival rate).
+    * ``duration_scale``: multiply every job's run time by this.
+    * ``horizon_h``: simulated horizon; default = the last arrival (the arrival window).
+    * ``gpus`` / ``gpus_per_node`` / ``gpu_model``: the homogeneous cluster to replay on
+      (traces without node lists: Philly, Pollux, our own CSV without nodes).
+    * ``checkpointable`` / ``checkpoint_interval_h`` / ``image_gb``: what the trace does not
+      say about checkpointing: by default every job can be checkpointed (Shaper's agent
+      checkpoints transparently) with a 20 GB image.
+    """
+
+    window_start_h: float = 0.0
+    window_end_h: float | None = None
+    subsample: float = 1.0
+    max_jobs: int | None = None
+    load_scale: float = 1.0
+    duration_scale: float = 1.0
+    horizon_h: float | None = None
+    gpus: int = 64
+    gpus_per_node: int = 8
+    gpu_model: str = "V100"
+    checkpointable: bool = True
+    checkpoint_interval_h: float = 0.0
+    image_gb: float = 20.0
+    seed: int = 0
+    replan_interval_min: float = 30.0
+    services: tuple[Service, ...] = field(default_factory=tuple)
+
+    def with_(self, **changes: object) -> TraceOptions:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def homogeneous_cluster(options: TraceOptions) -> tuple[dict[str, GpuModel], list[Node]]:
+    per_node = max(1, options.gpus_per_node)
+    count = max(1, -(-options.gpus // per_node))
+    nodes = []
+    remaining = options.gpus
+    for index in range(count):
+        gpus = min(per_node, remaining)
+        remaining -= gpus
+        nodes.append(Node(name=f"node-{index:04d}", gpu_model=options.gpu_model, gpus=gpus))
+    return {options.gpu_model: GpuModel(name=options.gpu_model)}, nodes
+
+
+def shape_jobs(jobs: list[BlockJob], options: TraceOptions) -> list[BlockJob]:
+    """Window, subsample, rescale and re-base submit times to 0."""
+    if not jobs:
+        return []
+    jobs = sorted(jobs, key=lambda j: (j.submit_time, j.id))
+    origin = jobs[0].submit_time
+    start = origin + options.window_start_h * HOUR
+    end = None if options.window_end_h is None else origin + options.window_end_h * HOUR
+    kept = [j for j in jobs if j.submit_time >= start and (end is None or j.submit_time < end)]
+    if options.subsample < 1.0:
+        rng = np.random.default_rng(options.seed)
+        keep = rng.random(len(kept)) < options.subsample
+        kept = [j for j, k in zip(kept, keep, strict=True) if k]
+    if options.max_jobs is not None:
+        kept = kept[: options.max_jobs]
+    if not kept:
+        return []
+    base = kept[0].submit_time
+    return [
+        replace(
+            job,
+            submit_time=(job.submit_time - base) / options.load_scale,
+            work=max(1.0, job.work * options.duration_scale),
+        )
+        for job in kept
+    ]
+
+
+def make_workload(
+    name: str,
+    jobs: list[BlockJob],
+    options: TraceOptions,
+    *,
+    gpu_models: dict[str, GpuModel] | None = None,
+    nodes: list[Node] | None = None,
+    description: str = "",
+) -> Workload:
+    if nodes is None or gpu_models is None:
+        gpu_models, nodes = homogeneous_cluster(options)
+    total = sum(n.gpus for n in nodes)
+    # A job larger than the whole cluster could never run; it is left out (and counted).
+    fitting = [j for j in jobs if j.gpus <= total]
+    if len(fitting) < len(jobs):
+        description += f" ({len(jobs) - len(fitting)} jobs larger than the cluster left out)"
+    horizon = options.horizon_h * HOUR if options.horizon_h is not None else None
+    if horizon is None:
+        horizon = max((j.submit_time for j in fitting), default=0.0) or HOUR
+    return Workload(
+        name=name,
+        gpu_models=gpu_models,
+        nodes=nodes,
+        jobs=fitting,
+        services=list(options.services),
+        horizon=horizon,
+        transfer=Transfer(),
+        replan_interval=options.replan_interval_min * 60.0,
+        description=description,
+        seed=options.seed,
+    )

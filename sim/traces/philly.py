@@ -1,0 +1,79 @@
+"""Microsoft Philly (2017), as packaged with the Pollux artifact: ``philly.csv``.
+
+Columns → workload model:
+
+* ``timestamp`` (``YYYY-mm-dd HH:MM:SS``, submission) → ``submit_time`` (seconds after the
+  first submission kept);
+* ``duration`` (seconds of run time) → ``work`` at reference speed: the trace records one
+  run on Philly's GPUs, which are the reference model of the replay cluster;
+* ``num_gpus`` → gang size (``gpus``);
+* ``cluster`` (virtual cluster id) → ``team``;
+* ``gpu_time`` = duration × num_gpus: used only as a consistency check.
+
+Where the trace is silent: every job is ``training`` with priority 1 (Philly has no
+priorities; use ``priority_by_team`` to give virtual clusters weights); checkpointability,
+checkpoint interval and image size come from :class:`TraceOptions` (default: checkpointable,
+20 GB — Shaper checkpoints transparently); jobs may run on any GPU model.
+"""
+
+from __future__ import annotations
+
+import csv
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sim.traces.common import TraceOptions, make_workload, shape_jobs
+from sim.workload import BlockJob, JobKind, Workload
+
+COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
+
+
+def read_philly(
+    path: str | Path,
+    options: TraceOptions,
+    *,
+    priority_by_team: dict[str, float] | None = None,
+) -> list[BlockJob]:
+    priority_by_team = priority_by_team or {}
+    jobs: list[BlockJob] = []
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: not a Philly trace, missing columns {sorted(missing)}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                submit = datetime.fromisoformat(row["timestamp"]).replace(tzinfo=UTC).timestamp()
+                duration = float(row["duration"])
+                gpus = int(row["num_gpus"])
+            except ValueError as exc:
+                raise ValueError(f"{path}:{line}: {exc}") from exc
+            if gpus <= 0 or duration <= 0:
+                continue
+            team = row["cluster"] or "default"
+            jobs.append(
+                BlockJob(
+                    id=f"philly-{line - 2}",
+                    submit_time=submit,
+                    gpus=gpus,
+                    work=duration,
+                    priority=priority_by_team.get(team, 1.0),
+                    kind=JobKind.TRAINING,
+                    checkpointable=options.checkpointable,
+                    checkpoint_interval=options.checkpoint_interval_h * 3600.0,
+                    image_gb=options.image_gb,
+                    team=team,
+                )
+            )
+    return shape_jobs(jobs, options)
+
+
+def load_philly(path: str | Path, options: TraceOptions | None = None) -> Workload:
+    options = options or TraceOptions()
+    jobs = read_philly(path, options)
+    return make_workload(
+        f"philly:{Path(path).name}",
+        jobs,
+        options,
+        description=f"Philly trace {path}, {len(jobs)} jobs on {options.gpus} GPUs",
+    )

@@ -1,0 +1,78 @@
+"""Pollux (OSDI'21) workloads: ``workload-{1..8}.csv``, 160 jobs sampled from Philly each.
+
+Columns → workload model:
+
+* ``name`` → job id; ``time`` (seconds after the start) → ``submit_time``;
+* ``application`` → ``kind`` (all ``training``) and the run time, see below;
+* ``num_replicas`` → gang size (``gpus``); ``batch_size`` is kept out (no goodput model).
+
+Where the trace is silent: Pollux's simulator derives run time from per-application
+throughput models that are not in the CSV. We assume a total amount of work per
+application in reference GPU-hours (``APPLICATION_GPU_HOURS``, rough figures for the
+model/dataset pairs of the Pollux paper's Table 1) and perfect scaling, so a job's run
+time is ``GPU-hours / num_replicas``. All jobs have priority 1 and may run on any model;
+checkpointing comes from :class:`TraceOptions`. Pollux's JCTs (2,751 s mean for Pollux)
+are therefore not directly comparable: the work per job is an assumption.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from sim.traces.common import TraceOptions, make_workload, shape_jobs
+from sim.workload import BlockJob, JobKind, Workload
+
+# Reference GPU-hours to train each application to its target (assumed; see docstring).
+APPLICATION_GPU_HOURS: dict[str, float] = {
+    "cifar10": 1.5,
+    "ncf": 0.5,
+    "deepspeech2": 12.0,
+    "bert": 8.0,
+    "yolov3": 24.0,
+    "imagenet": 60.0,
+}
+DEFAULT_GPU_HOURS = 4.0
+COLUMNS = ("name", "time", "application", "num_replicas")
+
+
+def read_pollux(path: str | Path, options: TraceOptions) -> list[BlockJob]:
+    jobs: list[BlockJob] = []
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = set(COLUMNS) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: not a Pollux workload, missing columns {sorted(missing)}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                gpus = int(row["num_replicas"])
+                submit = float(row["time"])
+            except ValueError as exc:
+                raise ValueError(f"{path}:{line}: {exc}") from exc
+            gpu_hours = APPLICATION_GPU_HOURS.get(row["application"], DEFAULT_GPU_HOURS)
+            jobs.append(
+                BlockJob(
+                    id=row["name"] or f"pollux-{line - 2}",
+                    submit_time=submit,
+                    gpus=gpus,
+                    work=gpu_hours * 3600.0 / gpus,
+                    kind=JobKind.TRAINING,
+                    checkpointable=options.checkpointable,
+                    checkpoint_interval=options.checkpoint_interval_h * 3600.0,
+                    image_gb=options.image_gb,
+                    team=row["application"] or "default",
+                )
+            )
+    return shape_jobs(jobs, options)
+
+
+def load_pollux(path: str | Path, options: TraceOptions | None = None) -> Workload:
+    # The Pollux experiments: 64 GPUs = 16 nodes × 4.
+    options = options or TraceOptions(gpus=64, gpus_per_node=4)
+    jobs = read_pollux(path, options)
+    return make_workload(
+        f"pollux:{Path(path).stem}",
+        jobs,
+        options,
+        description=f"Pollux workload {path}, {len(jobs)} jobs on {options.gpus} GPUs",
+    )

@@ -1,0 +1,203 @@
+"""The simulator's workload model: GPU models, nodes, block jobs and elastic services.
+
+Everything here is plain data in simulated seconds, independent of the solver's types;
+``sim.adapter`` translates a running simulation into a ``solver.Instance``.
+
+Units:
+
+* time: seconds from the start of the simulation (``t = 0``);
+* work of a block job: seconds of run time on its full gang of GPUs of the reference
+  speed (``speed = 1.0``); on a model with ``speed = s`` it runs ``s`` times faster;
+* GPU fractions (Alibaba): ``gpu_milli`` per GPU, 1000 = a whole GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class JobKind(StrEnum):
+    TRAINING = "training"
+    BATCH_INFERENCE = "batch_inference"
+    QUANTIZATION = "quantization"
+    HPC = "hpc"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    name: str
+    memory_gb: int = 80
+    speed: float = 1.0
+    fp8: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpu_model: str
+    gpus: int
+    cluster: str = "default"
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BlockJob:
+    """A job that holds a fixed gang of GPUs until it is done."""
+
+    id: str
+    submit_time: float
+    gpus: int
+    work: float
+    priority: float = 1.0
+    kind: JobKind = JobKind.TRAINING
+    gpu_models: tuple[str, ...] = ()
+    checkpointable: bool = False
+    checkpoint_interval: float = 0.0
+    image_gb: float = 10.0
+    team: str = "default"
+    preemptible: bool = True
+    gpu_milli: int = 1000
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def can_run_on(self, gpu_model: str) -> bool:
+        return not self.gpu_models or gpu_model in self.gpu_models
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """An elastic real-time service: replicas follow an hourly demand curve.
+
+    ``hourly_demand`` holds the replicas needed to serve demand at each hour of the day on
+    the reference model (speed 1.0); a replica on a faster model serves ``speed`` times
+    more. The SLA is demand served: an hour in which served < ``sla_target`` × demand is a
+    violation.
+    """
+
+    id: str
+    hourly_demand: tuple[float, ...]
+    gpus_per_replica: int = 1
+    min_replicas: int = 0
+    max_replicas: int = 64
+    priority: float = 5.0
+    gpu_models: tuple[str, ...] = ()
+    sla_target: float = 1.0
+    start_time: float = 0.0
+    team: str = "inference"
+
+    def demand_at(self, t: float) -> float:
+        if t < self.start_time:
+            return 0.0
+        hour = int(t // 3600) % len(self.hourly_demand)
+        return float(self.hourly_demand[hour])
+
+    @property
+    def peak_replicas(self) -> int:
+        import math
+
+        return min(self.max_replicas, max(self.min_replicas, math.ceil(max(self.hourly_demand))))
+
+    def can_run_on(self, gpu_model: str) -> bool:
+        return not self.gpu_models or gpu_model in self.gpu_models
+
+
+def service_from_record(record: dict[str, Any]) -> Service:
+    """A service from a YAML or JSON mapping (``start_h`` in hours; models a list or
+    ``A|B``)."""
+    models = record.get("gpu_models") or ()
+    if isinstance(models, str):
+        models = [m for m in models.split("|") if m]
+    return Service(
+        id=str(record["id"]),
+        hourly_demand=tuple(float(x) for x in record["hourly_demand"]),
+        gpus_per_replica=int(record.get("gpus_per_replica", 1)),
+        min_replicas=int(record.get("min_replicas", 0)),
+        max_replicas=int(record.get("max_replicas", 64)),
+        priority=float(record.get("priority", 5.0)),
+        gpu_models=tuple(str(m) for m in models),
+        sla_target=float(record.get("sla_target", 1.0)),
+        start_time=float(record.get("start_h", 0.0)) * 3600.0,
+        team=str(record.get("team", "inference")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """A node failure (``fail``), return to service (``recover``) or drain (``drain``)."""
+
+    time: float
+    node: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """What checkpoint, transfer and restore cost, in seconds.
+
+    The image goes through shared storage: the checkpoint writes it at
+    ``bandwidth_mib_per_s`` and the restore reads it back at the same rate, each with half
+    of a fixed ``overhead_s`` (quiesce, process tree, CUDA context). A migration pays both;
+    this is the same model the solver uses to price a move
+    (``solver.instance.MigrationCostModel``), so the solver's estimate and the simulated
+    cost agree.
+    """
+
+    bandwidth_mib_per_s: float = 1000.0
+    overhead_s: float = 30.0
+
+    def checkpoint_seconds(self, image_gb: float) -> float:
+        return self.overhead_s / 2 + image_gb * 1024 / self.bandwidth_mib_per_s
+
+    def restore_seconds(self, image_gb: float) -> float:
+        return self.overhead_s / 2 + image_gb * 1024 / self.bandwidth_mib_per_s
+
+    def migration_seconds(self, image_gb: float) -> float:
+        return self.checkpoint_seconds(image_gb) + self.restore_seconds(image_gb)
+
+
+@dataclass(slots=True)
+class Workload:
+    """A complete simulation input: cluster, work, events, horizon."""
+
+    name: str
+    gpu_models: dict[str, GpuModel]
+    nodes: list[Node]
+    jobs: list[BlockJob]
+    services: list[Service] = field(default_factory=list)
+    node_events: list[NodeEvent] = field(default_factory=list)
+    horizon: float = 24 * 3600.0
+    transfer: Transfer = field(default_factory=Transfer)
+    replan_interval: float = 1800.0
+    description: str = ""
+    seed: int = 0
+    sla_policies: dict[str, dict[str, object]] = field(default_factory=dict)
+    solver_config: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(node.gpus for node in self.nodes)
+
+    def validate(self) -> None:
+        names = {node.name for node in self.nodes}
+        if len(names) != len(self.nodes):
+            raise ValueError(f"workload {self.name}: duplicate node names")
+        for node in self.nodes:
+            if node.gpu_model not in self.gpu_models:
+                raise ValueError(f"node {node.name}: unknown GPU model {node.gpu_model!r}")
+        ids = [job.id for job in self.jobs] + [svc.id for svc in self.services]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"workload {self.name}: duplicate job or service ids")
+        for job in self.jobs:
+            if job.gpus <= 0 or job.work <= 0:
+                raise ValueError(f"job {job.id}: gpus and work must be positive")
+            unknown = set(job.gpu_models) - set(self.gpu_models)
+            if unknown:
+                raise ValueError(f"job {job.id}: unknown GPU models {sorted(unknown)}")
+        for event in self.node_events:
+            if event.node not in names:
+                raise ValueError(f"node event at {event.time}: unknown node {event.node!r}")
+            if event.kind not in ("fail", "recover", "drain"):
+                raise ValueError(f"node event at {event.time}: unknown kind {event.kind!r}")
