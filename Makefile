@@ -30,7 +30,10 @@ lint: venv
 
 bench: venv
 	scripts/services.sh
-	$(BIN)/python bench/ingest.py
+	$(BIN)/python -m bench.ingest
+	$(BIN)/python -m bench.solver --sizes 100 1000
+	$(BIN)/python -m bench.actions
+	$(BIN)/python -m bench.checkpoint
 
 clean:
 	rm -rf $(VENV) shaper-data .pytest_cache .mypy_cache .ruff_cache

@@ -7,13 +7,12 @@ control plane's own work per migration — no checkpoint I/O, no broker round tr
 Several control workers (threads, each with its own sessions, as Celery workers would
 have) take messages in arrival order, so N sagas are in flight at once.
 
-    python bench/actions.py [--levels 1 10 100] [--workers 2] [--dsn "host=127.0.0.1 …"]
+    python -m bench.actions [--levels 1 10 100] [--workers 2] [--dsn "host=127.0.0.1 …"]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import queue
 import threading
 import time
@@ -21,7 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine
@@ -33,10 +31,10 @@ from agent.workload import RunningWorkload
 from app.actions import saga
 from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import Cluster
-from app.core import migrate
 from app.core.db import make_engine
 from app.core.security import Principal
 from app.jobs.models import Job
+from bench.scratch_db import DEFAULT_DSN, scratch_database
 from connectors.base import JobState
 
 GiB = 1 << 30
@@ -187,30 +185,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--workers", type=int, default=2, help="control workers (threads)")
-    parser.add_argument(
-        "--dsn",
-        default=os.environ.get(
-            "SHAPER_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-        ),
-    )
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL server (admin DSN)")
     args = parser.parse_args()
     console = Console()
-    dbname = f"shaper_bench_actions_{os.getpid()}"
-    params = dict(p.split("=", 1) for p in args.dsn.split())
-    url = (
-        f"postgresql+psycopg://{params.get('user', 'postgres')}@{params.get('host', '127.0.0.1')}"
-        f":{params.get('port', '5432')}/{dbname}"
-    )
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{dbname}"')
-    try:
-        migrate.upgrade(url)
+    with scratch_database(args.dsn, "shaper_bench_actions") as url:
         engine = make_engine(url, pool_size=args.workers + 2)
         results = [run_level(engine, level, args.workers) for level in args.levels]
         engine.dispose()
-    finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
     table = Table(
         title=f"Migration sagas on PostgreSQL, sim agents, {args.workers} control workers"

@@ -5,19 +5,18 @@ set-based writes: COPY on PostgreSQL) next to a naive row-by-row ORM insert of t
 snapshot (``session.add`` + ``flush`` per row), plus a steady-state re-ingest where 10 % of
 the jobs changed. Runs against a scratch PostgreSQL database that it drops afterwards.
 
-    python bench/ingest.py [--nodes 2000] [--jobs 20000] [--dsn "host=127.0.0.1 user=postgres"]
+    python -m bench.ingest [--nodes 2000] [--jobs 20000] [--dsn "host=127.0.0.1 user=postgres"]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import random
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 from pydantic import TypeAdapter
 from rich.console import Console
 from rich.progress import track
@@ -26,12 +25,12 @@ from sqlmodel import Session
 
 from app.clusters import service as cluster_service
 from app.clusters.models import ClusterCreate
-from app.core import migrate
 from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.telemetry import service as telemetry_service
+from bench.scratch_db import DEFAULT_DSN, scratch_database
 from connectors.base import TelemetryPush, TelemetrySnapshot
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -85,8 +84,12 @@ def make_snapshot(n_nodes: int, n_jobs: int, seed: int, seq: int = 1) -> dict[st
     }
 
 
+# Built once, as the API builds its validators once at start-up.
+PUSH_ADAPTER: TypeAdapter[Any] = TypeAdapter(TelemetryPush)
+
+
 def shaper_ingest(engine: Any, cluster: str, body: bytes) -> tuple[float, int]:
-    adapter: TypeAdapter[Any] = TypeAdapter(TelemetryPush)
+    adapter = PUSH_ADAPTER
     started = time.perf_counter()
     push = adapter.validate_json(body)
     with Session(engine) as session:
@@ -160,25 +163,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--dsn",
-        default=os.environ.get(
-            "SHAPER_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-        ),
-    )
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL server (admin DSN)")
     args = parser.parse_args()
     console = Console()
 
-    dbname = f"shaper_bench_{os.getpid()}"
-    params = dict(p.split("=", 1) for p in args.dsn.split())
-    url = (
-        f"postgresql+psycopg://{params.get('user', 'postgres')}@{params.get('host', '127.0.0.1')}"
-        f":{params.get('port', '5432')}/{dbname}"
-    )
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{dbname}"')
-    try:
-        migrate.upgrade(url)
+    with scratch_database(args.dsn, "shaper_bench") as url:
         engine = make_engine(url)
         with Session(engine) as session:
             gpu_model_service.ensure_default_catalogue(session=session)
@@ -188,27 +177,23 @@ def main() -> None:
                 ids[name] = cluster_service.register_cluster(
                     session=session, cluster_in=ClusterCreate(name=name), now=NOW
                 ).id
-        body = make_snapshot(args.nodes, args.jobs, args.seed)
-        import json
-
-        raw = json.dumps(body).encode()
-        snapshot = TelemetrySnapshot.model_validate(body)
+        # Only the raw bytes are alive while Shaper ingests, as in the API server.
+        raw = json.dumps(make_snapshot(args.nodes, args.jobs, args.seed)).encode()
+        changed = make_snapshot(args.nodes, args.jobs, args.seed, seq=2)
+        for job in changed["jobs"][::10]:
+            job["priority"] = (job["priority"] + 1) % 101
+        raw_changed = json.dumps(changed).encode()
+        del changed
+        first_s, first_rows = shaper_ingest(engine, "bench-shaper", raw)
+        steady_s, steady_rows = shaper_ingest(engine, "bench-shaper", raw_changed)
+        snapshot = TelemetrySnapshot.model_validate_json(raw)
         allocations = sum(len(j.allocations) for j in snapshot.jobs)
         console.print(
             f"snapshot: {args.nodes} nodes × 8 GPUs, {args.jobs} jobs "
             f"({allocations} running with allocations), {len(raw) / 2**20:.1f} MiB JSON"
         )
-
-        first_s, first_rows = shaper_ingest(engine, "bench-shaper", raw)
-        changed = make_snapshot(args.nodes, args.jobs, args.seed, seq=2)
-        for job in changed["jobs"][::10]:
-            job["priority"] = (job["priority"] + 1) % 101
-        steady_s, steady_rows = shaper_ingest(engine, "bench-shaper", json.dumps(changed).encode())
         naive_s, naive_rows = naive_ingest(engine, ids["bench-naive"], snapshot, catalogue)
         engine.dispose()
-    finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
     table = Table(title="Telemetry ingest into PostgreSQL (one transaction each)")
     for column in ("method", "wall s", "rows written", "rows/s", "vs naive"):
