@@ -5,11 +5,20 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from app.core.config import Settings
+from app.core.db import get_session
+from app.main import create_app
+from app.tokens import service as token_service
+from app.tokens.models import ApiTokenCreate
 
 
 def free_port() -> int:
@@ -35,3 +44,25 @@ def serve(app: FastAPI, port: int | None = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def app_on(engine: Engine) -> FastAPI:
+    """The API with every request on its own session of ``engine`` (a committed database)."""
+
+    def session_factory() -> Iterator[Session]:
+        with Session(engine) as session:
+            yield session
+
+    app = create_app(Settings(environment="test"))
+    app.dependency_overrides[get_session] = session_factory
+    return app
+
+
+def tokens_for(session: Session, now: datetime, scopes: Iterable[str]) -> dict[str, str]:
+    """One token per scope, named after it."""
+    return {
+        scope: token_service.create_token(
+            session=session, now=now, token_in=ApiTokenCreate(name=scope, scopes=[scope])
+        ).token
+        for scope in scopes
+    }

@@ -15,16 +15,12 @@ from sqlmodel import Session
 from app.clusters import service as cluster_service
 from app.clusters.models import ClusterCreate
 from app.core import migrate
-from app.core.config import Settings
-from app.core.db import get_session, make_engine
+from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
-from app.main import create_app
-from app.tokens import service as token_service
-from app.tokens.models import ApiTokenCreate
 from connectors.runner import RunnerConfig, TelemetryRunner
 from connectors.slurm.config import SlurmMapping
 from tests.connectors.conftest import SlurmCluster
-from tests.live_server import free_port, serve
+from tests.live_server import app_on, free_port, serve, tokens_for
 
 NOW = datetime.now(UTC)
 
@@ -39,19 +35,9 @@ def control_plane(make_postgres_database: Any) -> Iterator[dict[str, Any]]:
         cluster_service.register_cluster(
             session=session, now=NOW, cluster_in=ClusterCreate(name="hpc-test", scheduler="slurm")
         )
-        tokens = {
-            scope: token_service.create_token(
-                session=session, now=NOW, token_in=ApiTokenCreate(name=scope, scopes=[scope])
-            ).token
-            for scope in ("connector:hpc-test", "viewer")
-        }
+        tokens = tokens_for(session, NOW, ("connector:hpc-test", "viewer"))
 
-    def session_factory() -> Iterator[Session]:
-        with Session(engine) as session:
-            yield session
-
-    app = create_app(Settings(environment="test"))
-    app.dependency_overrides[get_session] = session_factory
+    app = app_on(engine)
     yield {"app": app, "tokens": tokens}
     engine.dispose()
 

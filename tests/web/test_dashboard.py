@@ -15,15 +15,11 @@ from sqlmodel import Session
 from app.api.deps import get_clock
 from app.core import migrate
 from app.core.clock import FrozenClock
-from app.core.config import Settings
-from app.core.db import get_session, make_engine
+from app.core.db import make_engine
 from app.demo import SITES, seed_demo_site
 from app.gpu_models import service as gpu_model_service
-from app.main import create_app
 from app.shaping.cycle import run_cycle
-from app.tokens import service as token_service
-from app.tokens.models import ApiTokenCreate
-from tests.live_server import serve
+from tests.live_server import app_on, serve, tokens_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
@@ -39,19 +35,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         seed_demo_site(session=session, now=NOW)
         for site_ in SITES:
             run_cycle(session=session, cluster_name=site_.name, now=NOW)
-        tokens = {
-            scope: token_service.create_token(
-                session=session, now=NOW, token_in=ApiTokenCreate(name=scope, scopes=[scope])
-            ).token
-            for scope in ("viewer", "operator")
-        }
+        tokens = tokens_for(session, NOW, ("viewer", "operator"))
 
-    def session_factory() -> Iterator[Session]:
-        with Session(engine) as session:
-            yield session
-
-    app = create_app(Settings(environment="test"))
-    app.dependency_overrides[get_session] = session_factory
+    app = app_on(engine)
     app.dependency_overrides[get_clock] = lambda: FrozenClock(NOW + timedelta(minutes=1))
     with serve(app) as base:
         yield {"base": base, "tokens": tokens}
