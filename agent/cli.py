@@ -114,3 +114,29 @@ def worker(
         broker=broker_url, cluster=cluster, node=node, executor=executor, token=token
     )
     run_worker(app, cluster=cluster, node=node, loglevel=log_level.upper())
+
+
+@agent_cli.command("telemetry")
+def telemetry(
+    cluster: Annotated[str, typer.Option(help="The cluster this node belongs to")],
+    node: Annotated[str, typer.Option(help="This node's name in its cluster")],
+    control_plane: Annotated[str, typer.Option(help="e.g. http://127.0.0.1:8000")],
+    interval: Annotated[float, typer.Option(help="Seconds between samples")] = 15.0,
+    token_env: Annotated[
+        str, typer.Option(help="Environment variable holding this node's agent:C/N token")
+    ] = "SHAPER_AGENT_TOKEN",
+) -> None:
+    """Report this node's CPU and memory (and GPUs through NVML) to the control plane."""
+    import logging
+    import os
+
+    from agent.telemetry import run
+
+    token = os.environ.get(token_env)
+    if not token:
+        typer.echo(
+            f"error: ${token_env} must hold this node's agent:{cluster}/{node} token", err=True
+        )
+        raise typer.Exit(2)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(control_plane=control_plane, cluster=cluster, node=node, token=token, interval_s=interval)

@@ -71,6 +71,8 @@ class Metric(StrEnum):
     gpu_util = "gpu_util"  # 0..1, measured busy fraction of one GPU (or node average)
     gpu_mem_used_gib = "gpu_mem_used_gib"
     demand_replicas = "demand_replicas"  # replicas an elastic service needs right now
+    cpu_util = "cpu_util"  # 0..1, node CPU busy fraction (node agents)
+    mem_used_mib = "mem_used_mib"  # node memory in use (node agents)
 
 
 class _Wire(BaseModel):
@@ -166,6 +168,14 @@ class SampleReport(_Wire):
         if self.metric is not Metric.demand_replicas and self.node is None:
             raise ValueError(f"{self.metric.value} samples need a node")
         return self
+
+
+class NodeSamples(BaseModel):
+    """What a node agent pushes about its own node; every sample names that node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    samples: list[SampleReport] = Field(min_length=1, max_length=10_000)
 
 
 class _Push(_Wire):

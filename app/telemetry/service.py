@@ -37,8 +37,10 @@ from connectors.base import (
     TERMINAL_JOB_STATES,
     JobReport,
     JobState,
+    Metric,
     NodeReport,
     NodeState,
+    SampleReport,
     TelemetryAck,
     TelemetryDelta,
     TelemetrySnapshot,
@@ -479,3 +481,61 @@ def mark_stale_connectors(*, session: Session, now: datetime, stale_after_s: int
         session.add(cluster)
     session.commit()
     return len(clusters)
+
+
+NODE_METRICS = frozenset(
+    {Metric.gpu_util, Metric.gpu_mem_used_gib, Metric.cpu_util, Metric.mem_used_mib}
+)
+
+
+def record_node_samples(
+    *, session: Session, cluster_name: str, node_name: str, samples: list[SampleReport]
+) -> int:
+    """Store a node agent's measurements of its own node; all or nothing."""
+    cluster = session.exec(select(Cluster).where(Cluster.name == cluster_name)).first()
+    if cluster is None:
+        raise NotFound(
+            f"cluster {cluster_name!r} is not registered",
+            resource="cluster",
+            resource_id=cluster_name,
+        )
+    node = session.exec(
+        select(Node).where(Node.cluster_id == cluster.id, Node.name == node_name)
+    ).first()
+    if node is None:
+        raise NotFound(
+            f"node {node_name!r} is not known in cluster {cluster_name!r} (its "
+            "connector reports nodes)",
+            resource="node",
+            resource_id=node_name,
+        )
+    for i, sample in enumerate(samples):
+        if sample.metric not in NODE_METRICS:
+            raise Invalid(
+                f"{sample.metric.value} is not a node metric", field=f"samples[{i}].metric"
+            )
+        if sample.node != node_name:
+            raise Invalid(
+                f"sample is about {sample.node!r}, not this node {node_name!r}",
+                field=f"samples[{i}].node",
+            )
+        if sample.gpu_index is not None and sample.gpu_index >= node.gpu_count:
+            raise Invalid(
+                f"GPU index {sample.gpu_index} does not exist on {node_name!r}",
+                field=f"samples[{i}].gpu_index",
+            )
+    rows = [
+        {
+            "cluster_id": cluster.id,
+            "at": s.at,
+            "metric": s.metric.value,
+            "value": s.value,
+            "node_id": node.id,
+            "gpu_index": s.gpu_index,
+            "job_id": None,
+        }
+        for s in samples
+    ]
+    insert_rows(session, SAMPLES, rows)
+    session.commit()
+    return len(rows)

@@ -17,6 +17,7 @@ from app.tokens.models import ApiTokenCreate
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz")}
 PATH_VALUES = {
     "cluster": "alpha",
+    "node": "n1",
     "name": "H100",
     "job_id": "1",
     "plan_id": "1",
@@ -30,6 +31,7 @@ REFUSED = {
     "operator": ["viewer", "connector_alpha"],
     "admin": ["operator", "viewer", "connector_alpha"],
     "connector:{cluster}": ["connector_beta", "viewer", "operator", "agent_alpha_n1"],
+    "agent:{cluster}/{node}": ["connector_alpha", "viewer", "operator"],
 }
 ALLOWED = {
     "viewer": "viewer",
@@ -37,6 +39,7 @@ ALLOWED = {
     "admin": "admin",
     "connector:{cluster}": "connector_alpha",
     "authenticated": "agent_alpha_n1",
+    "agent:{cluster}/{node}": "agent_alpha_n1",
 }
 
 
