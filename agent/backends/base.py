@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -166,3 +167,33 @@ def verify_image(image: CheckpointImage, image_dir: Path) -> None:
 
 def image_size(files: dict[str, ImageFile]) -> int:
     return sum(entry.size for entry in files.values())
+
+
+def seal_image(
+    *,
+    backend: str,
+    workload: RunningWorkload,
+    image_dir: Path,
+    started: float,
+    phases: dict[str, float],
+    clock: Callable[[], float],
+    created_at: datetime,
+    details: dict[str, Any] | None = None,
+) -> CheckpointImage:
+    """Checksum a finished checkpoint and describe it; ``phases`` gains the checksum time.
+
+    Every backend ends a checkpoint this way, so every image carries the same manifest."""
+    checksum_started = clock()
+    files = checksum_image(image_dir)
+    finished = clock()
+    return CheckpointImage(
+        workload=workload.spec,
+        backend=backend,
+        image_dir=str(image_dir),
+        files=files,
+        size_bytes=image_size(files),
+        duration_s=finished - started,
+        phases={**phases, "checksum": finished - checksum_started},
+        created_at=created_at,
+        details=details or {},
+    )

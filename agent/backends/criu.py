@@ -35,8 +35,7 @@ from agent.backends.base import (
     CheckpointImage,
     RestoreFailed,
     WorkloadNotRunning,
-    checksum_image,
-    image_size,
+    seal_image,
     verify_image,
 )
 from agent.workload import (
@@ -199,26 +198,19 @@ class CriuBackend:
         log_path = Path(workload.spec.log_path)
         log_size = log_path.stat().st_size if log_path.exists() else None
 
-        files = checksum_image(image_dir)
-        finished = self._clock()
-
-        workload.state = WorkloadState.CHECKPOINTED
-        self.store.save(workload)
-        return CheckpointImage(
-            workload=workload.spec,
+        image = seal_image(
             backend=self.name,
-            image_dir=str(image_dir),
-            files=files,
-            size_bytes=image_size(files),
-            duration_s=finished - started,
-            phases={
-                "dump": dumped - started,
-                "wait_source_gone": source_gone - dumped,
-                "checksum": finished - source_gone,
-            },
+            workload=workload,
+            image_dir=image_dir,
+            started=started,
+            phases={"dump": dumped - started, "wait_source_gone": source_gone - dumped},
+            clock=self._clock,
             created_at=self._now(),
             details={"root_pid": root_pid, "log_size": log_size},
         )
+        workload.state = WorkloadState.CHECKPOINTED
+        self.store.save(workload)
+        return image
 
     @staticmethod
     def _still_running(workload: RunningWorkload) -> str:

@@ -26,8 +26,7 @@ from agent.backends.base import (
     CheckpointImage,
     RestoreFailed,
     WorkloadNotRunning,
-    checksum_image,
-    image_size,
+    seal_image,
     verify_image,
 )
 from agent.workload import (
@@ -114,25 +113,18 @@ class SignalBackend:
             )
         shutil.move(saved_to, image_dir / CHECKPOINT_NAME)
         moved = self._clock()
-        files = checksum_image(image_dir)
-        finished = self._clock()
-
-        workload.state = WorkloadState.CHECKPOINTED
-        self.store.save(workload)
-        return CheckpointImage(
-            workload=workload.spec,
+        image = seal_image(
             backend=self.name,
-            image_dir=str(image_dir),
-            files=files,
-            size_bytes=image_size(files),
-            duration_s=finished - started,
-            phases={
-                "save_and_exit": saved - started,
-                "move": moved - saved,
-                "checksum": finished - moved,
-            },
+            workload=workload,
+            image_dir=image_dir,
+            started=started,
+            phases={"save_and_exit": saved - started, "move": moved - saved},
+            clock=self._clock,
             created_at=self._now(),
         )
+        workload.state = WorkloadState.CHECKPOINTED
+        self.store.save(workload)
+        return image
 
     def restore(self, image: CheckpointImage, *, image_dir: Path | None = None) -> RunningWorkload:
         if image.backend != self.name:
