@@ -169,6 +169,25 @@ def image_size(files: dict[str, ImageFile]) -> int:
     return sum(entry.size for entry in files.values())
 
 
+def require_running(workload: RunningWorkload) -> None:
+    if workload.pid is None or not workload.is_running():
+        raise WorkloadNotRunning(
+            f"workload {workload.id}: process {workload.pid} is not running; nothing to checkpoint"
+        )
+
+
+def fresh_image_dir(workload: RunningWorkload, image_dir: Path) -> Path:
+    """The image directory, created and checked empty: one directory per checkpoint."""
+    image_dir = Path(image_dir).resolve()
+    image_dir.mkdir(parents=True, exist_ok=True)
+    if any(image_dir.iterdir()):
+        raise CheckpointFailed(
+            f"workload {workload.id}: image directory {image_dir} is not empty; "
+            "use a fresh directory per checkpoint"
+        )
+    return image_dir
+
+
 def seal_image(
     *,
     backend: str,

@@ -34,7 +34,8 @@ from agent.backends.base import (
     CheckpointFailed,
     CheckpointImage,
     RestoreFailed,
-    WorkloadNotRunning,
+    fresh_image_dir,
+    require_running,
     seal_image,
     verify_image,
 )
@@ -133,18 +134,8 @@ class CriuBackend:
     # -- checkpoint ---------------------------------------------------------------------
 
     def checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
-        if workload.pid is None or not workload.is_running():
-            raise WorkloadNotRunning(
-                f"workload {workload.id}: process {workload.pid} is not running; "
-                "nothing to checkpoint"
-            )
-        image_dir = Path(image_dir).resolve()
-        image_dir.mkdir(parents=True, exist_ok=True)
-        if any(image_dir.iterdir()):
-            raise CheckpointFailed(
-                f"workload {workload.id}: image directory {image_dir} is not empty; "
-                "use a fresh directory per checkpoint"
-            )
+        require_running(workload)
+        image_dir = fresh_image_dir(workload, image_dir)
         root_pid = workload.namespace_pid or workload.pid
         dump = [
             self.criu,

@@ -26,6 +26,8 @@ from agent.backends.base import (
     CheckpointImage,
     RestoreFailed,
     WorkloadNotRunning,
+    fresh_image_dir,
+    require_running,
     seal_image,
     verify_image,
 )
@@ -64,23 +66,13 @@ class SignalBackend:
         self._clock = clock
 
     def checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
-        if workload.pid is None or not workload.is_running():
-            raise WorkloadNotRunning(
-                f"workload {workload.id}: process {workload.pid} is not running; "
-                "nothing to checkpoint"
-            )
+        require_running(workload)
         if workload.checkpoint_path is None:
             raise CheckpointFailed(
                 f"workload {workload.id} was not started with ${CHECKPOINT_PATH_ENV}; "
                 "it cannot checkpoint cooperatively"
             )
-        image_dir = Path(image_dir).resolve()
-        image_dir.mkdir(parents=True, exist_ok=True)
-        if any(image_dir.iterdir()):
-            raise CheckpointFailed(
-                f"workload {workload.id}: image directory {image_dir} is not empty; "
-                "use a fresh directory per checkpoint"
-            )
+        image_dir = fresh_image_dir(workload, image_dir)
         saved_to = Path(workload.checkpoint_path)
         _remove(saved_to)  # a stale one from an earlier round must not pass for a new one
 

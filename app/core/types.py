@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,9 +24,3 @@ def json_column(default_factory: Any = dict) -> Any:
 
 def enum_column(default: Any, length: int = 32, index: bool = False) -> Any:
     return Field(default=default, sa_type=sa.String(length), max_length=length, index=index)
-
-
-def as_utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError("naive datetime")
-    return value

@@ -24,7 +24,6 @@ from sqlmodel import Session, select
 
 from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import ShapingMode
-from app.jobs.models import Job
 from app.plans.models import Plan
 from app.shaping.snapshot import ClusterSnapshot, take_snapshot, to_instance
 from solver import Instance, SolverConfig, validate
@@ -164,9 +163,3 @@ def _supersede_proposals(session: Session, cluster_id: int, now: datetime) -> No
         action.decided_by, action.decided_at, action.updated_at = SHAPER, now, now
         action.error = "superseded by a newer plan"
         session.add(action)
-
-
-def job_row_ids(session: Session, cluster_id: int) -> dict[str, int]:
-    return {
-        j.external_id: j.id for j in session.exec(select(Job).where(Job.cluster_id == cluster_id))
-    }  # type: ignore[misc]
