@@ -18,15 +18,16 @@ Algorithm (one transaction; nothing is written unless every check passes):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import TypeAdapter
 from sqlmodel import Session, select
 
 from app.clusters.models import Cluster, ConnectorStatus
-from app.core.bulk import insert_rows, update_rows
+from app.core.bulk import insert_rows, insert_tuples, update_rows, update_tuples
 from app.core.errors import Invalid, NotFound, SnapshotRequired
 from app.core.gc_pause import paused_gc
 from app.gpu_models import service as gpu_model_service
@@ -35,6 +36,7 @@ from app.nodes.models import Node
 from app.telemetry.models import TelemetrySample
 from connectors.base import (
     TERMINAL_JOB_STATES,
+    AllocationReport,
     JobReport,
     JobState,
     Metric,
@@ -43,6 +45,7 @@ from connectors.base import (
     SampleReport,
     TelemetryAck,
     TelemetryDelta,
+    TelemetryPush,
     TelemetrySnapshot,
 )
 
@@ -60,6 +63,21 @@ _JOB_FIELDS = (
 )  # fmt: skip
 _JOB_JSON_FIELDS = frozenset({"allowed_gpu_models"})
 _JOB_STATE = _JOB_FIELDS.index("state")
+_JOB_INSERT_COLUMNS = ("cluster_id", "external_id", *_JOB_FIELDS, "updated_at")
+_JOB_UPDATE_COLUMNS = ("id", *_JOB_FIELDS, "updated_at")
+_ALLOCATION_COLUMNS = ("job_id", "node_id", "gpu_indices", "gpu_count", "started_at")
+
+
+# Built once: a validator is compiled from the schema when the adapter is made.
+_PUSH: TypeAdapter[TelemetrySnapshot | TelemetryDelta] = TypeAdapter(TelemetryPush)
+
+
+def parse_push(body: bytes) -> TelemetrySnapshot | TelemetryDelta:
+    """A request body (JSON bytes) → a validated snapshot or delta, the way the API route
+    reads it: pydantic-core parses and validates in one pass, with the collector paused.
+    Raises ``pydantic.ValidationError`` (malformed JSON included)."""
+    with paused_gc():
+        return _PUSH.validate_json(body)
 
 
 def ingest(
@@ -89,9 +107,11 @@ def _ingest(
 
     cluster_id: int = cluster.id  # type: ignore[assignment]
     nodes_written, node_ids = _write_nodes(session, cluster_id, push, stored_nodes, catalogue, now)
-    jobs_written, jobs_finished, job_ids = _write_jobs(session, cluster_id, push, stored_jobs, now)
+    jobs_written, jobs_finished, job_ids, placements = _write_jobs(
+        session, cluster_id, push, stored_jobs, node_ids, now
+    )
     allocations_written = _write_allocations(
-        session, cluster_id, push, node_ids, job_ids, finished=jobs_finished, now=now
+        session, cluster_id, placements, job_ids, finished=jobs_finished, now=now
     )
     samples_written = insert_rows(
         session, SAMPLES, _sample_rows(push, cluster_id, node_ids, job_ids)
@@ -146,6 +166,23 @@ def _is_replay(cluster: Cluster, push: TelemetrySnapshot | TelemetryDelta) -> bo
     return False
 
 
+def _rows(session: Session, query: sa.Select[Any]) -> Sequence[Sequence[Any]]:
+    """A SELECT's rows as plain tuples. On PostgreSQL they come straight from psycopg, in
+    the session's transaction: for 20,000 rows SQLAlchemy's Row objects and result
+    processors cost more than the query. Values differ only in form (aware datetimes in
+    the server's time zone instead of UTC), never in what they compare equal to."""
+    connection = session.connection()
+    if connection.dialect.name != "postgresql":
+        return session.execute(query).all()
+    compiled = query.compile(dialect=connection.dialect)
+    raw = connection.connection.driver_connection
+    assert raw is not None
+    with raw.cursor() as cursor:
+        cursor.execute(str(compiled), compiled.params)
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+    return rows
+
+
 def _stored_nodes(session: Session, cluster_id: int) -> dict[str, dict[str, Any]]:
     columns = [NODES.c.id, NODES.c.name, *(NODES.c[f] for f in _NODE_FIELDS)]
     rows = session.execute(sa.select(*columns).where(NODES.c.cluster_id == cluster_id)).all()
@@ -162,26 +199,25 @@ def _compact_json(values: list[Any]) -> str:
     return json.dumps(values, separators=(",", ":")) if values else "[]"
 
 
+def _int_list_json(values: list[int]) -> str:
+    """``_compact_json`` of a list of ints, without the encoder's per-call set-up."""
+    return "[" + ",".join(map(str, values)) + "]"
+
+
 def _stored_jobs(session: Session, cluster_id: int) -> dict[str, tuple[int, tuple[Any, ...]]]:
     """external_id → (id, the _JOB_FIELDS values, JSON fields as compact text)."""
     columns = [_json_text(JOBS.c[f]) if f in _JOB_JSON_FIELDS else JOBS.c[f] for f in _JOB_FIELDS]
     query = sa.select(JOBS.c.id, JOBS.c.external_id, *columns).where(
         JOBS.c.cluster_id == cluster_id
     )
-    return {row[1]: (row[0], tuple(row[2:])) for row in session.execute(query).all()}
-
-
-def _job_fingerprint(values: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(
-        _compact_json(values[f]) if f in _JOB_JSON_FIELDS else values[f] for f in _JOB_FIELDS
-    )
+    return {row[1]: (row[0], tuple(row[2:])) for row in _rows(session, query)}
 
 
 def _validate(
     push: TelemetrySnapshot | TelemetryDelta,
     catalogue: dict[str, int],
     stored_nodes: dict[str, dict[str, Any]],
-    stored_jobs: dict[str, dict[str, Any]],
+    stored_jobs: dict[str, tuple[int, tuple[Any, ...]]],
 ) -> None:
     """Check what the schema cannot, before anything is written."""
     node_gpus: dict[str, int] = {}
@@ -205,40 +241,17 @@ def _validate(
         job_names = set(stored_jobs) - set(push.removed_jobs)
     seen_jobs: set[str] = set()
     for i, job in enumerate(push.jobs):
-        where = f"jobs[{i}]"
         if job.external_id in seen_jobs:
-            raise Invalid(f"job {job.external_id!r} appears twice", field=f"{where}.external_id")
+            raise Invalid(f"job {job.external_id!r} appears twice", field=f"jobs[{i}].external_id")
         seen_jobs.add(job.external_id)
-        for k, model in enumerate(job.allowed_gpu_models):
-            if model not in catalogue:
-                raise Invalid(
-                    f"unknown GPU model {model!r}", field=f"{where}.allowed_gpu_models[{k}]"
-                )
-        seen_alloc_nodes: set[str] = set()
-        for k, allocation in enumerate(job.allocations):
-            field = f"{where}.allocations[{k}]"
-            if allocation.node not in node_gpus:
-                raise Invalid(
-                    f"allocation on unknown node {allocation.node!r}", field=f"{field}.node"
-                )
-            if allocation.node in seen_alloc_nodes:
-                raise Invalid(
-                    f"node {allocation.node!r} listed twice for one job", field=f"{field}.node"
-                )
-            seen_alloc_nodes.add(allocation.node)
-            capacity = node_gpus[allocation.node]
-            if allocation.gpus > capacity:
-                raise Invalid(
-                    f"{allocation.gpus} GPUs allocated on a node with {capacity}",
-                    field=f"{field}.gpu_count",
-                )
-            for m, index in enumerate(allocation.gpu_indices):
-                if index >= capacity:
+        if job.allowed_gpu_models:
+            for k, model in enumerate(job.allowed_gpu_models):
+                if model not in catalogue:
                     raise Invalid(
-                        f"GPU index {index} does not exist on {allocation.node!r} "
-                        f"({capacity} GPUs)",
-                        field=f"{field}.gpu_indices[{m}]",
+                        f"unknown GPU model {model!r}", field=f"jobs[{i}].allowed_gpu_models[{k}]"
                     )
+        if job.allocations:
+            _validate_allocations(job.allocations, node_gpus, f"jobs[{i}]")
     job_names |= seen_jobs
 
     for i, sample in enumerate(push.samples):
@@ -254,6 +267,35 @@ def _validate(
                 )
         if sample.job is not None and sample.job not in job_names:
             raise Invalid(f"sample for unknown job {sample.job!r}", field=f"samples[{i}].job")
+
+
+def _validate_allocations(
+    allocations: Sequence[AllocationReport], node_gpus: dict[str, int], where: str
+) -> None:
+    seen_nodes: set[str] = set()
+    for k, allocation in enumerate(allocations):
+        node = allocation.node
+        capacity = node_gpus.get(node)
+        if capacity is None:
+            raise Invalid(
+                f"allocation on unknown node {node!r}", field=f"{where}.allocations[{k}].node"
+            )
+        if node in seen_nodes:
+            raise Invalid(
+                f"node {node!r} listed twice for one job", field=f"{where}.allocations[{k}].node"
+            )
+        seen_nodes.add(node)
+        if allocation.gpus > capacity:
+            raise Invalid(
+                f"{allocation.gpus} GPUs allocated on a node with {capacity}",
+                field=f"{where}.allocations[{k}].gpu_count",
+            )
+        if allocation.gpu_indices and max(allocation.gpu_indices) >= capacity:
+            m, index = next((m, i) for m, i in enumerate(allocation.gpu_indices) if i >= capacity)
+            raise Invalid(
+                f"GPU index {index} does not exist on {node!r} ({capacity} GPUs)",
+                field=f"{where}.allocations[{k}].gpu_indices[{m}]",
+            )
 
 
 def _node_values(report: NodeReport, catalogue: dict[str, int]) -> dict[str, Any]:
@@ -309,33 +351,40 @@ def _write_nodes(
     return len(inserts) + len(updates), ids
 
 
-def _job_values(report: JobReport) -> dict[str, Any]:
-    # Enum members are str subclasses: stored as their value and equal to it, without the
-    # cost of ``.value`` on 20,000 rows.
-    return {
-        "name": report.name,
-        "team": report.team,
-        "queue": report.queue,
-        "kind": report.kind,
-        "shape": report.shape,
-        "priority": report.priority,
-        "sla_class": report.sla_class,
-        "gpus_requested": report.gpus_requested,
-        "allowed_gpu_models": list(report.allowed_gpu_models),
-        "min_gpu_memory_gib": report.min_gpu_memory_gib,
-        "required_precision": report.required_precision,
-        "gang_size": report.gang_size,
-        "checkpointable": report.checkpointable,
-        "min_replicas": report.min_replicas,
-        "max_replicas": report.max_replicas,
-        "replicas": report.replicas,
-        "submit_time": report.submit_time,
-        "start_time": report.start_time,
-        "end_time": report.end_time,
-        "state": report.state,
-        "reason": report.reason,
-        "restart_count": report.restart_count,
-    }
+def _job_row(report: JobReport) -> tuple[Any, ...]:
+    """The ``_JOB_FIELDS`` values of a report, JSON fields as compact text: the form
+    ``_stored_jobs`` reads back (so the two compare as tuples) and the form COPY sends.
+
+    Enum members are str subclasses: stored as their value and equal to it, without the
+    cost of ``.value`` on 20,000 rows."""
+    return (
+        report.name,
+        report.team,
+        report.queue,
+        report.kind,
+        report.shape,
+        report.priority,
+        report.sla_class,
+        report.gpus_requested,
+        _compact_json(report.allowed_gpu_models),
+        report.min_gpu_memory_gib,
+        report.required_precision,
+        report.gang_size,
+        report.checkpointable,
+        report.min_replicas,
+        report.max_replicas,
+        report.replicas,
+        report.submit_time,
+        report.start_time,
+        report.end_time,
+        report.state,
+        report.reason,
+        report.restart_count,
+    )
+
+
+# A job's placements: (node id, GPU indices as compact JSON text, GPU count).
+_Placements = dict[str, set[tuple[int, str, int]]]
 
 
 def _write_jobs(
@@ -343,32 +392,37 @@ def _write_jobs(
     cluster_id: int,
     push: TelemetrySnapshot | TelemetryDelta,
     stored: dict[str, tuple[int, tuple[Any, ...]]],
+    node_ids: dict[str, int],
     now: datetime,
-) -> tuple[int, set[int], dict[str, int]]:
-    inserts: list[dict[str, Any]] = []
-    updates: list[dict[str, Any]] = []
-    for report in push.jobs:
-        values = _job_values(report)
-        row = stored.get(report.external_id)
-        if row is None:
-            inserts.append(
-                {
-                    "cluster_id": cluster_id,
-                    "external_id": report.external_id,
-                    **values,
-                    "updated_at": now,
-                }
-            )
-        elif row[1] != _job_fingerprint(values):
-            updates.append({"id": row[0], **values, "updated_at": now})
+) -> tuple[int, set[int], dict[str, int], _Placements]:
+    """Writes the jobs; returns how many rows changed, the ids of vanished jobs now
+    finished, every job's id by external id, and the reported placements by external id
+    (worked out in the same pass, while the server indexes the rows already sent)."""
+    updates: list[tuple[Any, ...]] = []
+    placements: _Placements = {}
+
+    def new_rows() -> Iterator[tuple[Any, ...]]:
+        # Streamed into the COPY as they are made; changed rows are kept for the update.
+        for report in push.jobs:
+            values = _job_row(report)
+            row = stored.get(report.external_id)
+            if row is None:
+                yield (cluster_id, report.external_id, *values, now)
+            elif row[1] != values:
+                updates.append((row[0], *values, now))
+            placements[report.external_id] = {
+                (node_ids[a.node], _int_list_json(sorted(a.gpu_indices)), a.gpus)
+                for a in report.allocations
+            }
+
+    inserted = insert_tuples(session, JOBS, _JOB_INSERT_COLUMNS, new_rows())
     if isinstance(push, TelemetrySnapshot):
         gone: Iterable[str] = set(stored) - {j.external_id for j in push.jobs}
     else:
         gone = set(push.removed_jobs) & set(stored)
     terminal = {s.value for s in TERMINAL_JOB_STATES}
     finished = {stored[e][0] for e in gone if stored[e][1][_JOB_STATE] not in terminal}
-    insert_rows(session, JOBS, inserts)
-    update_rows(session, JOBS, updates)
+    update_tuples(session, JOBS, _JOB_UPDATE_COLUMNS, updates)
     if finished:  # vanished: only state and end time change
         session.execute(
             JOBS.update()
@@ -380,31 +434,24 @@ def _write_jobs(
             )
         )
     ids = {external_id: row[0] for external_id, row in stored.items()}
-    if inserts:
+    if inserted:
         query = sa.select(JOBS.c.id, JOBS.c.external_id).where(JOBS.c.cluster_id == cluster_id)
-        ids = {external_id: id_ for id_, external_id in session.execute(query).all()}
-    return len(inserts) + len(updates) + len(finished), finished, ids
+        ids = {external_id: id_ for id_, external_id in _rows(session, query)}
+    return inserted + len(updates) + len(finished), finished, ids, placements
 
 
 def _write_allocations(
     session: Session,
     cluster_id: int,
-    push: TelemetrySnapshot | TelemetryDelta,
-    node_ids: dict[str, int],
+    placements: _Placements,
     job_ids: dict[str, int],
     *,
     finished: set[int],
     now: datetime,
 ) -> int:
-    # Placements as (node id, GPU indices as compact JSON text, GPU count).
-    desired: dict[int, set[tuple[int, str, int]]] = {}
-    for report in push.jobs:
-        desired[job_ids[report.external_id]] = {
-            (node_ids[a.node], _compact_json(sorted(a.gpu_indices)), a.gpus)
-            for a in report.allocations
-        }
+    desired = {job_ids[external_id]: wanted for external_id, wanted in placements.items()}
     touched = set(desired) | finished
-    open_rows: list[Any] = []
+    open_rows: list[Sequence[Any]] = []
     if touched:
         query = (
             sa.select(
@@ -417,7 +464,7 @@ def _write_allocations(
             .join(JOBS, JOBS.c.id == ALLOCATIONS.c.job_id)
             .where(JOBS.c.cluster_id == cluster_id, ALLOCATIONS.c.released_at.is_(None))
         )
-        open_rows = [r for r in session.execute(query).all() if r[1] in touched]
+        open_rows = [r for r in _rows(session, query) if r[1] in touched]
     release: list[int] = []
     kept: set[tuple[int, int, str, int]] = set()
     for allocation_id, job_id, node_id, indices_text, gpu_count in open_rows:
@@ -430,21 +477,13 @@ def _write_allocations(
         session.execute(
             ALLOCATIONS.update().where(ALLOCATIONS.c.id.in_(release)).values(released_at=now)
         )
-    inserts = [
-        {
-            "job_id": job_id,
-            "node_id": node_id,
-            "gpu_indices": json.loads(indices),
-            "gpu_count": count,
-            "started_at": now,
-            "released_at": None,
-        }
+    inserts = (
+        (job_id, node_id, indices, count, now)
         for job_id, placements in desired.items()
         for node_id, indices, count in placements
         if (job_id, node_id, indices, count) not in kept
-    ]
-    insert_rows(session, ALLOCATIONS, inserts)
-    return len(inserts) + len(release)
+    )
+    return insert_tuples(session, ALLOCATIONS, _ALLOCATION_COLUMNS, inserts) + len(release)
 
 
 def _sample_rows(

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import gc
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -10,7 +12,10 @@ from sqlmodel import Session
 
 from app.core.clock import FrozenClock
 from app.jobs.models import Allocation
+from app.main import create_app
+from app.telemetry import service as telemetry_service
 from app.telemetry.models import TelemetrySample
+from connectors.base import TelemetrySnapshot
 from tests.app.builders import delta, job, node, running, snapshot, util_sample
 from tests.conftest import T0
 
@@ -225,3 +230,139 @@ def test_large_snapshot_round_trip_updates_in_bulk(client: TestClient, auth: dic
     assert {j["priority"] for j in top.values()} == {99}
     unchanged = client.post(URL, headers=headers, json=snapshot(3, nodes=nodes, jobs=changed))
     assert unchanged.json()["jobs_written"] == 0 and unchanged.json()["nodes_written"] == 0
+
+
+@pytest.mark.usefixtures("alpha")
+def test_push_body_is_parsed_once_by_the_wire_schema(
+    client: TestClient, auth: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route reads its body with ``service.parse_push`` (one pydantic-core pass over the
+    bytes, the path bench/ingest.py times), FastAPI takes the model as it is, and the
+    garbage collector stays paused from the parse to the end of the ingest."""
+    parse_push, ingest = telemetry_service.parse_push, telemetry_service.ingest
+    seen: list[tuple[str, object, bool]] = []
+
+    def parse_spy(body: bytes) -> object:
+        push = parse_push(body)
+        seen.append(("parse", push, gc.isenabled()))
+        return push
+
+    def ingest_spy(**kwargs: Any) -> object:
+        seen.append(("ingest", kwargs["push"], gc.isenabled()))
+        return ingest(**kwargs)
+
+    monkeypatch.setattr(telemetry_service, "parse_push", parse_spy)
+    monkeypatch.setattr(telemetry_service, "ingest", ingest_spy)
+    assert gc.isenabled()
+    body = snapshot(1, jobs=[running("j1", "n1", [0, 1])])
+    ack = client.post(URL, headers=auth["connector_alpha"], json=body)
+    assert ack.status_code == 200, ack.text
+    assert ack.json()["allocations_written"] == 1
+    assert [(step, enabled) for step, _, enabled in seen] == [
+        ("parse", False),
+        ("ingest", False),
+    ]
+    assert isinstance(seen[0][1], TelemetrySnapshot) and seen[1][1] is seen[0][1]
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("alpha")
+@pytest.mark.parametrize(
+    ("content", "content_type", "status", "code", "field"),
+    [
+        (b"", "application/json", 422, "invalid", "body"),
+        (b'{"kind": "snapshot"', "application/json", 400, "malformed_json", "body"),
+        (b"[1, 2]", "application/json", 422, "invalid", "body"),
+        (
+            b'{"kind": "snapshot", "connector_session": "s1"}',
+            "application/json",
+            422,
+            "invalid",
+            "seq",
+        ),
+        (json.dumps(snapshot(1)).encode(), "text/plain", 422, "invalid", "body"),
+        (json.dumps(snapshot(1)).encode(), None, 422, "invalid", "body"),
+    ],
+)
+def test_body_errors_are_answered_as_by_any_route(
+    client: TestClient,
+    auth: dict,
+    content: bytes,
+    content_type: str | None,
+    status: int,
+    code: str,
+    field: str,
+) -> None:
+    """Empty, malformed, non-object and non-JSON bodies get FastAPI's usual answers."""
+    headers = dict(auth["connector_alpha"])
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    response = client.post(URL, headers=headers, content=content)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+    assert response.json()["error"]["field"] == field
+
+
+def test_bad_body_without_a_token_is_still_401(client: TestClient) -> None:
+    response = client.post(
+        URL, content=b'{"kind": "snapshot"', headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 401
+
+
+def test_openapi_still_describes_the_push_body() -> None:
+    schema = create_app().openapi()
+    operation = schema["paths"]["/api/v1/clusters/{cluster}/telemetry"]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert operation["requestBody"]["required"] is True
+    assert body["discriminator"]["propertyName"] == "kind"
+    assert {ref["$ref"] for ref in body["oneOf"]} == {
+        "#/components/schemas/TelemetrySnapshot",
+        "#/components/schemas/TelemetryDelta",
+    }
+    assert "JobReport" in schema["components"]["schemas"]
+    assert operation["x-required-scope"] == "connector:{cluster}"
+
+
+@pytest.mark.usefixtures("alpha")
+def test_json_columns_round_trip_through_the_bulk_paths(client: TestClient, auth: dict) -> None:
+    """JSON columns go to COPY as pre-serialised text (decoded again for SQLite); unchanged
+    rows compare equal to what was stored, so a replay of the same state writes nothing."""
+    headers = auth["connector_alpha"]
+    nodes = [node(f"n{i}", labels={"rack": f"r{i % 3}", "zone": "a"}) for i in range(50)]
+    jobs = [
+        running(f"j{i}", f"n{i % 50}", [7 - i // 50, 0] if i < 50 else [i // 50])
+        | {"allowed_gpu_models": ["H100", "A100-80G"] if i % 2 else []}
+        for i in range(300)
+    ]
+    first = client.post(URL, headers=headers, json=snapshot(1, nodes=nodes, jobs=jobs)).json()
+    assert (first["jobs_written"], first["allocations_written"]) == (300, 300)
+    stored = _jobs(client, auth, limit="500")
+    assert stored["j1"]["allowed_gpu_models"] == ["H100", "A100-80G"]
+    assert stored["j2"]["allowed_gpu_models"] == []
+    assert stored["j3"]["allocations"][0]["gpu_indices"] == [0, 7]  # sorted
+    listed = client.get("/api/v1/nodes", headers=auth["viewer"], params={"limit": "100"}).json()
+    assert {n["name"]: n["labels"] for n in listed["items"]}["n4"] == {"rack": "r1", "zone": "a"}
+    again = client.post(URL, headers=headers, json=snapshot(2, nodes=nodes, jobs=jobs)).json()
+    assert (again["nodes_written"], again["jobs_written"], again["allocations_written"]) == (
+        0,
+        0,
+        0,
+    )
+
+
+def test_ingest_benchmark_runs_and_agrees_with_the_api(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench/ingest.py at a small size: its direct path and the whole POST write the same
+    rows (it asserts so), so the benchmark keeps timing what the route does."""
+    from bench import ingest as bench_ingest
+
+    monkeypatch.setattr(
+        "sys.argv", ["ingest", "--nodes", "20", "--jobs", "120", "--repeat", "2", "--skip-naive"]
+    )
+    monkeypatch.setenv("COLUMNS", "200")
+    bench_ingest.main()
+    out = capsys.readouterr().out
+    assert "shaper: first snapshot, whole POST in-process" in out
+    assert "20 nodes × 8 GPUs, 120 jobs" in out
