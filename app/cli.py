@@ -130,14 +130,16 @@ def demo(
 )
 def connector(ctx: typer.Context) -> None:
     """Run a connector next to its scheduler: `shaper connector run --kind slurm --cluster NAME
-    --control-plane URL --token …` (see `shaper connector run --help`)."""
+    --control-plane URL --token … [--broker URL]` (with a broker it also serves action steps on
+    connector.<cluster>; see `shaper connector run --help`)."""
     from connectors.runner import main as run_connector
 
     args = list(ctx.args)
     if not args or args[0] != "run":
         console.print(
             "usage: shaper connector run --kind KIND --cluster NAME "
-            "--control-plane URL [--token T] [--interval S] [--set key=value …]"
+            "--control-plane URL [--token T] [--interval S] [--set key=value …] "
+            "[--broker URL [--state-dir DIR] [--actions-only]]"
         )
         raise typer.Exit(2)
     raise typer.Exit(run_connector(args[1:]))

@@ -265,6 +265,13 @@ class SupportsResize(Protocol):
     def resize(self, external_id: str, *, replicas: int) -> None: ...
 
 
+@runtime_checkable
+class SupportsNodeCount(Protocol):
+    """Change how many nodes a job gets (Slurm: pending jobs; running ones only shrink)."""
+
+    def update_node_count(self, external_id: str, *, nodes: int) -> None: ...
+
+
 class ConnectorError(Exception):
     """A scheduler could not be read or changed. ``retryable`` says whether trying again helps."""
 

@@ -22,6 +22,9 @@ The loop, once per ``interval_s``:
      (same ``seq``: the control plane drops a replay).
 
 Clock, sleep, session id, jitter and the HTTP transport are injectable for tests.
+
+``main()`` with ``--broker`` also serves the control plane's action steps on Celery queue
+``connector.<cluster>`` (connectors.actions) in the same process: see :func:`main`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -310,11 +314,17 @@ def _option(text: str) -> tuple[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m connectors.runner --kind slurm --cluster hpc-a --control-plane URL …``"""
+    """``python -m connectors.runner --kind slurm --cluster hpc-a --control-plane URL …``
+
+    With ``--broker`` (or ``SHAPER_BROKER_URL``) the same process also serves the control
+    plane's scheduler-level action steps on Celery queue ``connector.<cluster>``
+    (connectors.actions): the Celery worker runs in the main thread, the telemetry loop in
+    a background thread, and SIGTERM/SIGINT stop both. ``--actions-only`` skips telemetry.
+    """
     parser = argparse.ArgumentParser(prog="connectors.runner", description=__doc__.split("\n")[0])
     parser.add_argument("--kind", required=True, choices=[kind.value for kind in SchedulerKind])
     parser.add_argument("--cluster", required=True)
-    parser.add_argument("--control-plane", required=True)
+    parser.add_argument("--control-plane", help="the control plane's URL (telemetry)")
     token_env = "SHAPER_CONNECTOR_TOKEN"
     parser.add_argument("--token", default=os.environ.get(token_env), help=f"or {token_env}")
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between pushes")
@@ -326,35 +336,77 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="connector option (JSON values allowed), e.g. --set rest_url=http://h:6820",
     )
+    broker_env = "SHAPER_BROKER_URL"
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get(broker_env) or None,
+        metavar="URL",
+        help=f"Celery broker (or {broker_env}): also serve action steps on connector.<cluster>",
+    )
+    state_env = "SHAPER_CONNECTOR_STATE_DIR"
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help=f"the action step journal (or {state_env}; default ./shaper-data/connector-<cluster>)",
+    )
+    parser.add_argument(
+        "--actions-only", action="store_true", help="serve action steps, push no telemetry"
+    )
     args = parser.parse_args(argv)
     log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format)
     if not args.token:
         parser.error("--token (or SHAPER_CONNECTOR_TOKEN) is required")
+    if args.actions_only and not args.broker:
+        parser.error(f"--actions-only needs --broker (or {broker_env})")
+    if not args.actions_only and not args.control_plane:
+        parser.error("--control-plane is required (unless --actions-only)")
 
     kind = SchedulerKind(args.kind)
     importlib.import_module(f"connectors.{kind.value}")  # registers the kind
     try:
+        # One per thread when both run: a connector's HTTP client is not shared.
         connector = registry.create(kind, cluster=args.cluster, **dict(args.set))
-    except (LookupError, ValidationError) as error:
+        action_connector = (
+            # A simulated cluster lives in this process: both threads must act on the same
+            # one (it is thread-safe); a real scheduler is reached through two clients.
+            connector
+            if args.broker and kind is SchedulerKind.sim
+            else registry.create(kind, cluster=args.cluster, **dict(args.set))
+            if args.broker
+            else None
+        )
+    except (LookupError, ValidationError, ValueError, TypeError) as error:
         print(f"connector: bad configuration for {kind.value}: {error}", file=sys.stderr)
         return 2
-    runner = TelemetryRunner(
-        connector,
-        RunnerConfig(
-            control_plane=args.control_plane,
-            cluster=args.cluster,
-            token=args.token,
-            interval_s=args.interval,
-        ),
-    )
+    runner = None
+    if not args.actions_only:
+        runner = TelemetryRunner(
+            connector,
+            RunnerConfig(
+                control_plane=args.control_plane,
+                cluster=args.cluster,
+                token=args.token,
+                interval_s=args.interval,
+            ),
+        )
+    if action_connector is None:
+        assert runner is not None
+        logger.info("telemetry only (no --broker): no action steps are served")
+        return _push_telemetry(runner, kind)
+    return _serve_actions(args, kind, action_connector, runner)
 
+
+def _push_telemetry(runner: TelemetryRunner, kind: SchedulerKind) -> int:
     def _stop(signum: int, frame: FrameType | None) -> None:
         runner.stop()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    logger.info("pushing %s cluster %s as session %s", kind.value, args.cluster, runner.session_id)
+    logger.info(
+        "pushing %s cluster %s as session %s", kind.value, runner.config.cluster, runner.session_id
+    )
     try:
         runner.run()
     except RunnerFatal as error:
@@ -362,6 +414,90 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         runner.close()
+    return 0
+
+
+class _StoppedEarly(BaseException):
+    """SIGTERM/SIGINT before the Celery worker took over the signals."""
+
+
+def _serve_actions(
+    args: argparse.Namespace,
+    kind: SchedulerKind,
+    connector: Any,
+    runner: TelemetryRunner | None,
+) -> int:
+    """The Celery worker in this (the main) thread, telemetry in a background thread.
+
+    A fatal telemetry error (bad token, unknown cluster) stops the worker too, so the
+    process exits and its supervisor sees it; an unreachable control plane only retries.
+    """
+    from kombu.utils.url import maybe_sanitize_url
+
+    from connectors.actions import (
+        ConnectorStepExecutor,
+        connector_queue,
+        default_state_dir,
+        make_connector_app,
+        run_worker,
+    )
+
+    state_dir = args.state_dir or default_state_dir(args.cluster)
+    executor = ConnectorStepExecutor(connector, cluster=args.cluster, state_dir=state_dir)
+    app = make_connector_app(
+        broker=args.broker, cluster=args.cluster, executor=executor, token=args.token
+    )
+    failures: list[str] = []
+
+    def _stop_before_the_worker(signum: int, frame: FrameType | None) -> None:
+        # Celery installs its own handlers (a warm shutdown) once the worker starts.
+        raise _StoppedEarly
+
+    signal.signal(signal.SIGTERM, _stop_before_the_worker)
+    signal.signal(signal.SIGINT, _stop_before_the_worker)
+
+    def _push() -> None:
+        assert runner is not None
+        try:
+            runner.run()
+        except RunnerFatal as error:
+            failures.append(str(error))
+        except Exception as error:  # a bug: stop the process rather than run half of it
+            logger.exception("telemetry stopped")
+            failures.append(repr(error))
+        if failures:
+            logger.error("telemetry failed (%s): stopping the action worker too", failures[-1])
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    telemetry = None
+    if runner is not None:
+        telemetry = threading.Thread(target=_push, name="telemetry", daemon=True)
+        telemetry.start()
+    logger.info(
+        "serving %s action steps on queue %s (broker %s, journal %s) and %s",
+        kind.value,
+        connector_queue(args.cluster),
+        maybe_sanitize_url(args.broker),
+        state_dir,
+        "no telemetry (--actions-only)"
+        if runner is None
+        else f"pushing telemetry to {args.control_plane} as session {runner.session_id}",
+    )
+    try:
+        run_worker(app, cluster=args.cluster)
+    except _StoppedEarly:
+        logger.info("stopped before the action worker had started")
+    finally:
+        if runner is not None and telemetry is not None:
+            runner.stop()
+            telemetry.join(timeout=runner.config.request_timeout_s + 5)
+            runner.close()
+        close = getattr(connector, "close", None)
+        if close is not None:
+            close()
+    if failures:
+        print(f"connector: {failures[-1]}", file=sys.stderr)
+        return 2
     return 0
 
 

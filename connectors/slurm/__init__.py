@@ -1,9 +1,9 @@
 """Slurm connector (slurmrestd with JWT, or the CLI's JSON). Importing it registers the kind."""
 
-from connectors.base import SchedulerKind
+from connectors.base import SchedulerKind, SupportsNodeCount
 from connectors.registry import register
 from connectors.slurm.config import MappingRule, SlurmConnectorConfig, SlurmMapping
-from connectors.slurm.connector import SlurmConnector, SupportsNodeCount, create_slurm_connector
+from connectors.slurm.connector import SlurmConnector, create_slurm_connector
 
 register(SchedulerKind.slurm, create_slurm_connector)
 

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import httpx
 
@@ -28,13 +28,6 @@ from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_node
 logger = logging.getLogger(__name__)
 
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
-
-
-@runtime_checkable
-class SupportsNodeCount(Protocol):
-    """Change how many nodes a job gets (Slurm: pending jobs; running ones only shrink)."""
-
-    def update_node_count(self, external_id: str, *, nodes: int) -> None: ...
 
 
 def _already(message: str, *markers: str) -> bool:

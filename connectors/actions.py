@@ -1,0 +1,454 @@
+"""The connector's action worker: saga steps for the scheduler, on Celery queue connector.<cluster>.
+
+The control plane (app/actions/saga.py) sends a scheduler-level step as the one keyword
+argument ``step`` of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>``
+and waits for a :class:`ConnectorStepReport` as the keyword argument ``report`` of
+``step["reply_task"]`` on ``step["reply_queue"]``, sent with the connector's API token
+(scope ``connector:<cluster>``). Neither side imports the other; the dicts are the contract.
+
+:class:`ConnectorStepExecutor` maps a step onto the connector's capability protocols:
+
+* ``requeue`` → ``requeue(nodes=args["nodes"], exclude=args["exclude"])`` (either may be
+  absent: no pin);
+* ``start`` → ``release``: the scheduler starts a held or pending job when it fits;
+* ``resume`` → ``resume`` when the scheduler reports the job suspended, nothing when it
+  runs, else ``release``: a job preempted by suspension comes back with ``resume``, one
+  preempted by requeue (and held) by ``release``, and only a read tells them apart;
+* ``resize`` → ``resize(replicas=)`` or, for schedulers that size jobs in nodes (Slurm),
+  ``update_node_count(nodes=args["replicas"])``;
+* ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names.
+
+A step is refused (not run) when its name is unknown, it names no workload, the connector
+lacks the capability, or its generation is older than one already seen for the workload
+(the saga that sent it has been superseded). Answers are journalled by idempotency key in
+``<state_dir>/steps.json`` (flock, atomic replace): a key answered before is answered again
+with outcome ``duplicate`` without touching the scheduler. Failures that may pass on a
+retry (a retryable :class:`ConnectorError`: scheduler down) are not journalled, so the
+control plane's resend runs the step again.
+
+The executor knows nothing of Celery; :func:`make_connector_app` and :func:`run_worker`
+wrap it in a Celery worker with the node agent's settings (agent/worker.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, Task
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from connectors.base import (
+    ConnectorError,
+    JobState,
+    SupportsCancel,
+    SupportsHold,
+    SupportsNodeCount,
+    SupportsRequeue,
+    SupportsResize,
+    SupportsSuspend,
+)
+
+log = logging.getLogger(__name__)
+
+STATE_DIR_ENV = "SHAPER_CONNECTOR_STATE_DIR"
+# Answers kept; the oldest keys go first (their sagas finished long ago).
+MAX_REMEMBERED_STEPS = 10_000
+# Publishing the answer retries for about a minute (a broker restart); after that the
+# control plane times the step out and sends it again, and the journal answers.
+_REPLY_RETRY = {"max_retries": 30, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 3}
+
+
+class ConnectorStep(StrEnum):
+    start = "start"
+    resume = "resume"
+    requeue = "requeue"
+    resize = "resize"
+    hold = "hold"
+    release = "release"
+    suspend = "suspend"
+    cancel = "cancel"
+
+
+class Outcome(StrEnum):
+    executed = "executed"
+    duplicate = "duplicate"  # answered from the journal: the step ran before
+    refused = "refused"  # the step must not or cannot run here; it did not touch the scheduler
+
+
+class ConnectorStepRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    action_id: int
+    key: str = Field(min_length=1, max_length=200)
+    # A plain string: an unknown step is answered (refused), not dropped.
+    step: str
+    phase: str = "forward"
+    workload_id: str | None = Field(default=None, max_length=255)
+    generation: int = Field(default=0, ge=0)
+    args: dict[str, Any] = Field(default_factory=dict)
+    reply_task: str = "app.actions.tasks.report"
+    reply_queue: str = "control"
+
+
+class ConnectorStepReport(BaseModel):
+    action_id: int
+    key: str
+    ok: bool
+    outcome: Outcome = Outcome.executed
+    result: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    retryable: bool = False
+    # Who answered: "connector.<cluster>".
+    executor: str = ""
+    generation: int = 0
+
+
+class _Refused(Exception):
+    """The step cannot run here; nothing was done."""
+
+
+def connector_queue(cluster: str) -> str:
+    return f"connector.{cluster}"
+
+
+def default_state_dir(cluster: str) -> Path:
+    configured = os.environ.get(STATE_DIR_ENV)
+    return Path(configured) if configured else Path("shaper-data") / f"connector-{cluster}"
+
+
+# -- journal ----------------------------------------------------------------------------
+
+
+class _Journal(BaseModel):
+    # The highest generation seen per workload: older steps are refused.
+    generations: dict[str, int] = Field(default_factory=dict)
+    # Answers by idempotency key, oldest first.
+    answers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def remember(self, key: str, report: dict[str, Any]) -> None:
+        self.answers.pop(key, None)
+        self.answers[key] = report
+        while len(self.answers) > MAX_REMEMBERED_STEPS:
+            del self.answers[next(iter(self.answers))]
+
+
+class StepJournal:
+    """``<state_dir>/steps.json``, read and written under ``steps.lock``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = self.state_dir / "steps.json"
+        self._lock_path = self.state_dir / "steps.lock"
+
+    def load(self) -> _Journal:
+        try:
+            return _Journal.model_validate_json(self.path.read_text())
+        except FileNotFoundError:
+            return _Journal()
+
+    def save(self, journal: _Journal) -> None:
+        temporary = self.path.with_suffix(".json.tmp")
+        with open(temporary, "w") as stream:
+            stream.write(journal.model_dump_json())
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, self.path)
+
+    @contextmanager
+    def hold(self) -> Iterator[_Journal]:
+        """The journal, locked against other processes sharing this state directory."""
+        with open(self._lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield self.load()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def answer(self, key: str) -> dict[str, Any] | None:
+        with self.hold() as journal:
+            return journal.answers.get(key)
+
+
+# -- executor ---------------------------------------------------------------------------
+
+
+class ConnectorStepExecutor:
+    def __init__(self, connector: Any, *, cluster: str, state_dir: Path) -> None:
+        """connector: any object with the capability protocols of connectors.base (and
+        ``update_node_count`` for node-sized schedulers); only those a step needs are used."""
+        self.connector = connector
+        self.cluster = cluster
+        self.name = connector_queue(cluster)
+        self.journal = StepJournal(state_dir)
+        self._steps: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
+            ConnectorStep.start: self._start,
+            ConnectorStep.resume: self._resume,
+            ConnectorStep.requeue: self._requeue,
+            ConnectorStep.resize: self._resize,
+            ConnectorStep.hold: self._hold,
+            ConnectorStep.release: self._release,
+            ConnectorStep.suspend: self._suspend,
+            ConnectorStep.cancel: self._cancel,
+        }
+
+    def handle(self, message: Mapping[str, Any]) -> ConnectorStepReport | None:
+        """Run a step as it came off the wire; ``None`` when it cannot even be answered."""
+        try:
+            request = ConnectorStepRequest.model_validate(message)
+        except ValidationError as error:
+            try:
+                action_id, key = int(message["action_id"]), str(message["key"])
+            except (KeyError, TypeError, ValueError):
+                log.error("%s: unanswerable step message %r: %s", self.name, message, error)
+                return None
+            return ConnectorStepReport(
+                action_id=action_id,
+                key=key,
+                ok=False,
+                outcome=Outcome.refused,
+                error=f"malformed step message: {error}",
+                executor=self.name,
+            )
+        return self.run(request)
+
+    def run(self, request: ConnectorStepRequest) -> ConnectorStepReport:
+        with self.journal.hold() as journal:
+            remembered = journal.answers.get(request.key)
+            if remembered is not None:
+                report = ConnectorStepReport.model_validate(
+                    {**remembered, "outcome": Outcome.duplicate}
+                )
+                self._log(request, report)
+                return report
+            report, remember = self._execute(request, journal)
+            if remember:
+                journal.remember(request.key, report.model_dump(mode="json"))
+            self.journal.save(journal)
+        self._log(request, report)
+        return report
+
+    def _execute(
+        self, request: ConnectorStepRequest, journal: _Journal
+    ) -> tuple[ConnectorStepReport, bool]:
+        """The report, and whether a resend of the same key gets it again (not when a retry
+        may go otherwise: a retryable scheduler error, or a bug in this connector)."""
+        try:
+            run_step = self._steps.get(request.step)
+            if run_step is None:
+                known = ", ".join(step.value for step in ConnectorStep)
+                raise _Refused(f"unknown step {request.step!r} (this connector does {known})")
+            if not request.workload_id:
+                raise _Refused(f"step {request.step} names no workload")
+            seen = journal.generations.get(request.workload_id, 0)
+            if request.generation < seen:
+                raise _Refused(
+                    f"stale generation {request.generation} for {request.workload_id}: "
+                    f"this connector has seen generation {seen}"
+                )
+            # Written before the step runs, so a crash mid-step still fences older sagas.
+            journal.generations[request.workload_id] = request.generation
+            self.journal.save(journal)
+            result = run_step(request.workload_id, request.args)
+        except _Refused as refusal:
+            refused = self._report(request, ok=False, outcome=Outcome.refused, error=str(refusal))
+            return refused, True
+        except ConnectorError as error:
+            failed = self._report(
+                request, ok=False, error=f"{request.step}: {error}", retryable=error.retryable
+            )
+            return failed, not error.retryable
+        except Exception as error:  # a bug here, not the scheduler's answer: say so, keep nothing
+            log.exception("%s: %s of %s crashed", self.name, request.step, request.workload_id)
+            crashed = self._report(
+                request, ok=False, error=f"{request.step}: connector error: {error!r}"
+            )
+            return crashed, False
+        return self._report(request, ok=True, result=result), True
+
+    def _report(
+        self, request: ConnectorStepRequest, *, ok: bool, **fields: Any
+    ) -> ConnectorStepReport:
+        return ConnectorStepReport(
+            action_id=request.action_id,
+            key=request.key,
+            ok=ok,
+            executor=self.name,
+            generation=request.generation,
+            **fields,
+        )
+
+    def _log(self, request: ConnectorStepRequest, report: ConnectorStepReport) -> None:
+        log.info(
+            "%s %s of %s (action %s, generation %s): %s%s",
+            self.name,
+            request.step,
+            request.workload_id,
+            request.action_id,
+            request.generation,
+            report.outcome.value,
+            "" if report.ok else f", failed: {report.error}",
+        )
+
+    # -- steps: each returns the report's result -------------------------------------------
+
+    def _capable(self, protocol: type, step: str) -> Any:
+        if not isinstance(self.connector, protocol):
+            kind = getattr(self.connector, "kind", type(self.connector).__name__)
+            raise _Refused(f"the {kind} connector cannot {step} jobs")
+        return self.connector
+
+    def _done(self, summary: str, workload_id: str, **fields: Any) -> dict[str, Any]:
+        return {"summary": summary, "workload_id": workload_id, **fields}
+
+    def _requeue(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        connector = self._capable(SupportsRequeue, "requeue")
+        nodes, exclude = _names(args, "nodes"), _names(args, "exclude")
+        connector.requeue(workload_id, nodes=nodes, exclude=exclude)
+        where = "".join(
+            [
+                f" pinned to {','.join(nodes)}" if nodes else "",
+                f" away from {','.join(exclude)}" if exclude else "",
+            ]
+        )
+        return self._done(
+            f"requeued job {workload_id}{where}", workload_id, nodes=nodes, exclude=exclude
+        )
+
+    def _start(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._capable(SupportsHold, "start").release(workload_id)
+        return self._done(f"released job {workload_id} to start", workload_id)
+
+    def _resume(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        state = self._job_state(workload_id)
+        if state is JobState.suspended:
+            self._capable(SupportsSuspend, "resume").resume(workload_id)
+            return self._done(f"resumed suspended job {workload_id}", workload_id)
+        if state is JobState.running:
+            return self._done(f"job {workload_id} already runs", workload_id)
+        self._capable(SupportsHold, "resume").release(workload_id)
+        return self._done(f"released job {workload_id} to run again", workload_id)
+
+    def _job_state(self, workload_id: str) -> JobState | None:
+        """The job's state as the scheduler reports it now; None when unknown."""
+        read_state = getattr(self.connector, "read_state", None)
+        if read_state is None:
+            return None
+        jobs = read_state().jobs
+        return next((job.state for job in jobs if job.external_id == workload_id), None)
+
+    def _resize(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        replicas = args.get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise _Refused(f"resize needs args.replicas >= 1, got {replicas!r}")
+        if isinstance(self.connector, SupportsResize):
+            self.connector.resize(workload_id, replicas=replicas)
+        elif isinstance(self.connector, SupportsNodeCount):
+            self.connector.update_node_count(workload_id, nodes=replicas)
+        else:
+            kind = getattr(self.connector, "kind", type(self.connector).__name__)
+            raise _Refused(f"the {kind} connector cannot resize jobs")
+        return self._done(
+            f"resized job {workload_id} to {replicas}", workload_id, replicas=replicas
+        )
+
+    def _hold(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._capable(SupportsHold, "hold").hold(workload_id)
+        return self._done(f"held job {workload_id}", workload_id)
+
+    def _release(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._capable(SupportsHold, "release").release(workload_id)
+        return self._done(f"released job {workload_id}", workload_id)
+
+    def _suspend(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._capable(SupportsSuspend, "suspend").suspend(workload_id)
+        return self._done(f"suspended job {workload_id}", workload_id)
+
+    def _cancel(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._capable(SupportsCancel, "cancel").cancel(workload_id)
+        return self._done(f"cancelled job {workload_id}", workload_id)
+
+
+def _names(args: dict[str, Any], field: str) -> list[str] | None:
+    value = args.get(field)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [name for name in value.split(",") if name]
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise _Refused(f"args.{field} must be a list of node names, got {value!r}")
+    return value
+
+
+# -- Celery -----------------------------------------------------------------------------
+
+
+def make_connector_app(
+    *, broker: str, cluster: str, executor: ConnectorStepExecutor, token: str
+) -> Celery:
+    """token: the connector's API token (scope connector:<cluster>); the control plane
+    accepts a step's answer only from the cluster the step was sent to."""
+    queue = connector_queue(cluster)
+    app = Celery(f"shaper-connector-{cluster}", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        # The runner prints its own fatal errors to stderr after the worker stops.
+        worker_redirect_stdouts=False,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        timezone="UTC",
+    )
+
+    def register(name: str) -> None:
+        @app.task(name=f"shaper.connector.{name}", bind=True)
+        def run_step(self: Task, step: dict[str, Any]) -> None:
+            report = executor.handle(step)
+            if report is None:
+                return
+            try:
+                app.send_task(
+                    str(step.get("reply_task") or "app.actions.tasks.report"),
+                    kwargs={"report": report.model_dump(mode="json"), "token": token},
+                    queue=str(step.get("reply_queue") or "control"),
+                    retry=True,
+                    retry_policy=_REPLY_RETRY,
+                )
+            except Exception:  # the control plane resends the step; the journal answers it
+                log.exception("could not report %s to the control plane", report.key)
+
+    for step in ConnectorStep:
+        register(step.value)
+    return app
+
+
+def run_worker(app: Celery, *, cluster: str, loglevel: str = "INFO") -> None:
+    """Serve connector.<cluster> in this thread until SIGTERM/SIGINT (a warm shutdown)."""
+    queue = connector_queue(cluster)
+    app.worker_main(
+        [
+            "worker",
+            "-Q",
+            queue,
+            "-n",
+            f"{queue}@%h",
+            "--pool",
+            "solo",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            loglevel,
+        ]
+    )
