@@ -30,15 +30,54 @@ StateDir = Annotated[
 def exec_(
     command: Annotated[list[str], typer.Argument(help="The command, after --")],
     backend: Annotated[str, typer.Option(help=f"One of {', '.join(BACKEND_NAMES)}")] = "criu",
-    workload_id: Annotated[str | None, typer.Option("--id", help="Default: generated")] = None,
+    workload_id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            help="Default: $SLURM_JOB_ID inside a Slurm job (the id the control plane knows "
+            "the job by), else generated",
+        ),
+    ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Stay in the foreground as the body of a scheduler's job: resume from a "
+            "checkpoint staged on this node if there is one, wait while the workload runs "
+            "and exit with its status",
+        ),
+    ] = False,
     state_dir: StateDir = None,
 ) -> None:
-    """Start CMD detached under management, so it can be checkpointed and moved later.
+    """Start CMD under management, so it can be checkpointed and moved later.
 
-    Prints the workload record (JSON): id, PID, log file, checkpoint path.
+    Without --wait: start it detached and print the workload record (JSON): id, PID, log
+    file, checkpoint path. With --wait (in a batch script): see agent.foreground.
     """
+    import os
+
     if backend not in BACKEND_NAMES or backend == "sim":
         raise typer.BadParameter(f"{backend!r}: use criu or signal", param_hint="--backend")
+    workload_id = workload_id or os.environ.get("SLURM_JOB_ID") or None
+    if wait:
+        from agent import foreground
+
+        if workload_id is None:
+            raise typer.BadParameter(
+                "--wait needs --id (or $SLURM_JOB_ID): the id the control plane knows the job by",
+                param_hint="--id",
+            )
+        try:
+            status = foreground.run(
+                store=WorkloadStore(state_dir),
+                command=command,
+                backend=backend,
+                workload_id=workload_id,
+            )
+        except (WorkloadStartFailed, ValueError) as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(1) from None
+        raise typer.Exit(status)
     try:
         workload = start_workload(
             store=WorkloadStore(state_dir),

@@ -19,6 +19,8 @@ class AgentStep(StrEnum):
     checkpoint = "checkpoint"  # checkpoint the workload into this node's image store
     transfer = "transfer"  # copy a checkpoint image here, verifying every checksum
     restore = "restore"  # start the workload from an image (a no-op if it runs here)
+    # resume from an image here when the scheduler next starts the workload on this node
+    stage = "stage"
     confirm = "confirm"  # the workload runs here and keeps running
     release = "release"  # stop it here (if it runs) and drop its images
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import procs
+from agent import procs, resume
 from agent.backends import create_backend
 from agent.backends.base import (
     BackendError,
@@ -60,6 +60,9 @@ class StepExecutor:
     # -- fencing ---------------------------------------------------------------------------
 
     def run(self, request: StepRequest) -> StepReport:
+        if request.step is AgentStep.confirm:
+            # Outside the fence lock: the `agent exec` that restores the workload takes it.
+            self._wait_for_start(request)
         with self.fences.hold(request.workload_id) as fence:
             remembered = fence.steps.get(request.key)
             if remembered is not None:
@@ -166,7 +169,17 @@ class StepExecutor:
         image_dir = root / "image"
         if image_dir.exists():  # left by a checkpoint that died half way
             shutil.rmtree(image_dir)
-        image = self._backend(workload.backend).checkpoint(workload, image_dir)
+        # Said before the process stops, so whoever waits on it (`agent exec --wait` in a
+        # batch job) knows that it stopped on purpose and does not end the job.
+        workload.state = WorkloadState.CHECKPOINTING
+        self.store.save(workload)
+        try:
+            image = self._backend(workload.backend).checkpoint(workload, image_dir)
+        except BackendError:
+            if workload.is_running():
+                workload.state = WorkloadState.RUNNING
+                self.store.save(workload)
+            raise
         _write_atomically(record, image.model_dump_json())
         return _checkpoint_result(image, again=False)
 
@@ -225,6 +238,48 @@ class StepExecutor:
             + (f" (stopped unrecorded copies {reaped} first)" if reaped else ""),
         }
 
+    def stage(self, request: StepRequest) -> dict[str, Any]:
+        """Leave a resume pointer: the scheduler will start the workload here (agent.resume).
+
+        The image must be here and intact. The workload is welcome back on this node at this
+        generation even if an earlier step of the same saga took it away (a preempted job
+        resumes where it was checkpointed).
+        """
+        image = CheckpointImage.model_validate(request.args["image"])
+        image_dir = Path(request.args.get("image_dir") or image.image_dir).resolve()
+        verify_image(image, image_dir)
+        path = resume.stage(
+            self.images_dir,
+            resume.ResumePointer(
+                workload_id=request.workload_id,
+                generation=request.generation,
+                image=image,
+                image_dir=str(image_dir),
+            ),
+        )
+        return {
+            "image_dir": str(image_dir),
+            "pointer": str(path),
+            "summary": f"staged {image_dir} to resume when the scheduler starts the job here",
+        }
+
+    def _wait_for_start(self, request: StepRequest) -> bool:
+        """Wait up to args.wait_s for the scheduler to start the workload here (restored
+        by `agent exec` from the staged image when args.resumed_from names one); confirm
+        then says whether it did."""
+        wait_s = float(request.args.get("wait_s") or 0)
+        expected = request.args.get("resumed_from")
+
+        def started() -> bool:
+            try:
+                workload = self.store.load(request.workload_id)
+            except KeyError:
+                return False
+            fresh = expected is None or workload.resumed_from == expected
+            return fresh and workload.state is WorkloadState.RUNNING and workload.is_running()
+
+        return wait_s <= 0 or procs.wait_until(started, timeout=wait_s, interval=0.5)
+
     def confirm(self, request: StepRequest) -> dict[str, Any]:
         try:
             workload = self.store.load(request.workload_id)
@@ -232,6 +287,12 @@ class StepExecutor:
             raise WorkloadNotRunning(
                 f"workload {request.workload_id} was never started on {self.name}"
             ) from None
+        expected = request.args.get("resumed_from")
+        if expected is not None and workload.resumed_from != expected:
+            raise WorkloadNotRunning(
+                f"workload {request.workload_id} runs on {self.name} but was not restored from "
+                f"{expected} (it started from {workload.resumed_from or 'scratch'})"
+            )
         died = procs.wait_until(lambda: not workload.is_running(), timeout=self.confirm_grace_s)
         if workload.state is not WorkloadState.RUNNING or died:
             raise WorkloadNotRunning(
@@ -304,6 +365,7 @@ class StepExecutor:
         AgentStep.checkpoint: checkpoint,
         AgentStep.transfer: transfer,
         AgentStep.restore: restore,
+        AgentStep.stage: stage,
         AgentStep.confirm: confirm,
         AgentStep.release: release,
     }

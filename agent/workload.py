@@ -46,6 +46,8 @@ def utc_now() -> datetime:
 
 class WorkloadState(StrEnum):
     RUNNING = "running"
+    # The agent is taking a checkpoint: the process is about to stop, on purpose.
+    CHECKPOINTING = "checkpointing"
     CHECKPOINTED = "checkpointed"
     RELEASED = "released"
 

@@ -31,6 +31,17 @@ Migrate, for a job on node S moving to node T (generation G):
 (generation G+1): ``release@T`` (only if a step reached T: it kills whatever was restored
 there and fences T against the old generation) → ``restore@S`` (a no-op when the job still
 runs at S, else from the checkpoint it left there).
+
+On a cluster whose scheduler owns where jobs run (Slurm: ``SCHEDULER_OWNED``) the job
+cannot move behind the scheduler's back. The image is *staged* on the target and the
+scheduler is asked to requeue the job pinned there; when it starts the job, the job's
+``shaper agent exec --wait`` restores it from the image (agent.resume):
+``checkpoint@S → transfer@T → stage@T → requeue@connector(pin T) → confirm@T (waits for
+the scheduler to start it, restored) → release@S``. A checkpointable job is preempted with
+``checkpoint@S → stage@S → requeue@connector(pin S)``: it resumes from its checkpoint
+when the scheduler runs it again. Compensation before the requeue is the one above (the
+job's batch step still waits at S); after it, ``release@T → stage@S →
+requeue@connector(pin S) → confirm@S``: the job goes back to S and resumes there.
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ from app.core.errors import Conflict, NotFound
 from app.core.security import Principal
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
-from connectors.base import JobState
+from connectors.base import JobState, SchedulerKind
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +76,18 @@ REPORT_TASK = "app.actions.tasks.report"
 CONTROL_QUEUE = "control"
 MAX_ATTEMPTS = 3
 # How long a step may stay unanswered before it is sent again (the executor deduplicates).
-STEP_TIMEOUT_S = {"checkpoint": 600.0, "restore": 300.0, "transfer": 600.0}
+# How long a confirm waits for the scheduler to start a requeued job (Slurm waits its
+# cred_expire, 120 s by default, before it runs a requeued job again).
+SCHEDULER_START_WAIT_S = 300.0
+STEP_TIMEOUT_S = {
+    "checkpoint": 600.0,
+    "restore": 300.0,
+    "transfer": 600.0,
+    "confirm": SCHEDULER_START_WAIT_S + 60.0,
+}
 DEFAULT_STEP_TIMEOUT_S = 120.0
+# Schedulers that decide where a job runs: their jobs move by requeue, not behind them.
+SCHEDULER_OWNED = frozenset({SchedulerKind.slurm})
 RETRY_BACKOFF_S = (1.0, 4.0, 15.0)
 ACTIVE_STATES = (
     ActionState.approved,
@@ -163,34 +184,58 @@ class _Unplannable(Exception):
     pass
 
 
-def _forward_steps(action: Action, job: Job, cluster: str, generation: int) -> list[ActionStep]:
-    plan = _Plan(action, cluster, generation)
+def _forward_steps(action: Action, job: Job, cluster: Cluster, generation: int) -> list[ActionStep]:
+    plan = _Plan(action, cluster.name, generation)
     kind = ActionKind(action.kind)
     fwd = StepPhase.forward
+    owned = SchedulerKind(cluster.scheduler) in SCHEDULER_OWNED
+    scheduler = connector_queue(cluster.name)
     if kind is ActionKind.migrate:
-        source = agent_queue(cluster, _single(action.source_node, "source", action))
-        target = agent_queue(cluster, _single(action.target_node, "target", action))
+        source = agent_queue(cluster.name, _single(action.source_node, "source", action))
+        target = agent_queue(cluster.name, _single(action.target_node, "target", action))
         if source == target:
             raise _Unplannable("migrate needs a target node other than its source")
-        for seq, (name, queue) in enumerate(
-            [
+        if owned:
+            names = [
+                ("checkpoint", source),
+                ("transfer", target),
+                ("stage", target),
+                ("requeue", scheduler),
+                ("confirm", target),
+                ("release", source),
+            ]
+        else:
+            names = [
                 ("checkpoint", source),
                 ("transfer", target),
                 ("restore", target),
                 ("confirm", target),
                 ("release", source),
             ]
-        ):
+        for seq, (name, queue) in enumerate(names):
             plan.add(name, queue, fwd, seq)
     elif kind is ActionKind.preempt and job.checkpointable:
-        source = agent_queue(cluster, _single(action.source_node, "source", action))
+        source = agent_queue(cluster.name, _single(action.source_node, "source", action))
         plan.add("checkpoint", source, fwd, 0)
-        plan.add("release", source, fwd, 1)
+        if owned:
+            plan.add("stage", source, fwd, 1)
+            plan.add("requeue", scheduler, fwd, 2)
+        else:
+            plan.add("release", source, fwd, 1)
     elif kind is ActionKind.preempt:
-        plan.add("requeue", connector_queue(cluster), fwd, 0)
+        plan.add("requeue", scheduler, fwd, 0)
     else:  # start, resume, requeue, resize: the scheduler does them
-        plan.add(kind.value, connector_queue(cluster), fwd, 0)
+        plan.add(kind.value, scheduler, fwd, 0)
     return plan.steps
+
+
+def _requeued(steps: list[ActionStep]) -> bool:
+    """Whether the forward phase's requeue may have reached the scheduler."""
+    requeue = next((s for s in steps if s.phase == StepPhase.forward and s.name == "requeue"), None)
+    if requeue is None:
+        return False
+    timed_out = requeue.state == StepState.failed and (requeue.error or "").startswith("no answer")
+    return requeue.state == StepState.succeeded or timed_out
 
 
 def _compensation_steps(
@@ -207,12 +252,25 @@ def _compensation_steps(
     reached_target = [
         s
         for s in steps
-        if s.queue != source and s.state not in (StepState.pending, StepState.skipped)
+        if s.queue.startswith("agent.")
+        and s.queue != source
+        and s.state not in (StepState.pending, StepState.skipped)
     ]
     if reached_target:
         plan.add("release", reached_target[0].queue, StepPhase.compensate, seq)
         seq += 1
-    plan.add("restore", source, StepPhase.compensate, seq)
+    if _requeued(steps):
+        # The scheduler has the job (pending, or started on the target): send it home,
+        # to resume from the image the checkpoint left at the source.
+        for name, queue in (
+            ("stage", source),
+            ("requeue", connector_queue(cluster)),
+            ("confirm", source),
+        ):
+            plan.add(name, queue, StepPhase.compensate, seq)
+            seq += 1
+    else:
+        plan.add("restore", source, StepPhase.compensate, seq)
     return plan.steps
 
 
@@ -220,7 +278,11 @@ def _compensation_steps(
 
 
 def _message(
-    action: Action, job: Job | None, step: ActionStep, steps: list[ActionStep]
+    action: Action,
+    job: Job | None,
+    step: ActionStep,
+    steps: list[ActionStep],
+    start_wait_s: float = SCHEDULER_START_WAIT_S,
 ) -> Outgoing:
     """The message for a step; arguments come from the results of earlier steps."""
     by_name = {(s.phase, s.name): s for s in steps}
@@ -228,10 +290,19 @@ def _message(
     transfer = by_name.get((StepPhase.forward, "transfer"))
     image = checkpoint.result.get("image") if checkpoint is not None else None
     args: dict[str, Any] = {}
-    if step.name in ("transfer", "restore", "release") and image is not None:
+    if step.name in ("transfer", "restore", "release", "stage") and image is not None:
         args["image"] = image
-    if step.phase == StepPhase.forward and step.name == "restore" and transfer is not None:
+    if step.phase == StepPhase.forward and step.name in ("restore", "stage") and transfer:
         args["image_dir"] = transfer.result.get("image_dir")
+    stage = by_name.get((StepPhase(step.phase), "stage"))
+    if step.name == "confirm" and stage is not None:
+        # The scheduler starts the job; the agent waits for it to run restored from here.
+        args["resumed_from"] = stage.result.get("image_dir")
+        args["wait_s"] = start_wait_s
+    if step.name == "requeue":
+        pin = _requeue_pin(action, job, step)
+        if pin is not None:
+            args["nodes"] = [pin]
     if step.name == "release":
         # A migrated job's image on its source is no longer needed (nor a copy on a target
         # that compensation fences off); a preempted job's is what it resumes from.
@@ -260,6 +331,18 @@ def _message(
     return Outgoing(
         queue=step.queue, task=step_task(step.queue, step.name), kwargs={"step": kwargs}
     )
+
+
+def _requeue_pin(action: Action, job: Job | None, step: ActionStep) -> str | None:
+    """The node a requeued job must run on next: where its staged image waits."""
+    kind = ActionKind(action.kind)
+    if step.phase == StepPhase.compensate:
+        return action.source_node
+    if kind is ActionKind.migrate:
+        return action.target_node
+    if kind is ActionKind.preempt and job is not None and job.checkpointable:
+        return action.source_node
+    return None  # a plain requeue: the scheduler chooses
 
 
 # -- the state machine -----------------------------------------------------------------
@@ -294,24 +377,39 @@ def _steps(session: Session, action_id: int) -> list[ActionStep]:
     )
 
 
-def _timeout(step: ActionStep, override: float | None) -> float:
+def _timeout(step: ActionStep, override: float | None, start_wait_s: float) -> float:
     if override is not None:
         return override
-    return STEP_TIMEOUT_S.get(step.name, DEFAULT_STEP_TIMEOUT_S)
+    timeout = STEP_TIMEOUT_S.get(step.name, DEFAULT_STEP_TIMEOUT_S)
+    if step.name == "confirm":  # it may wait that long for the scheduler to start the job
+        timeout = max(timeout, start_wait_s + 60.0)
+    return timeout
 
 
 def advance(
-    *, session: Session, action_id: int, now: datetime, step_timeout_s: float | None = None
+    *,
+    session: Session,
+    action_id: int,
+    now: datetime,
+    step_timeout_s: float | None = None,
+    start_wait_s: float = SCHEDULER_START_WAIT_S,
 ) -> list[Outgoing]:
-    """Move one action's saga as far as it can go now; returns the messages to send."""
+    """Move one action's saga as far as it can go now; returns the messages to send.
+
+    step_timeout_s overrides every step's timeout; start_wait_s is how long a confirm
+    waits for the scheduler to start a requeued job (see SCHEDULER_START_WAIT_S)."""
     action = _lock_action(session, action_id)
-    outgoing = _advance_locked(session, action, now, step_timeout_s)
+    outgoing = _advance_locked(session, action, now, step_timeout_s, start_wait_s)
     session.commit()
     return outgoing
 
 
 def _advance_locked(
-    session: Session, action: Action, now: datetime, step_timeout_s: float | None
+    session: Session,
+    action: Action,
+    now: datetime,
+    step_timeout_s: float | None,
+    start_wait_s: float = SCHEDULER_START_WAIT_S,
 ) -> list[Outgoing]:
     state = ActionState(action.state)
     if state is ActionState.approved:
@@ -327,10 +425,11 @@ def _advance_locked(
         if step.state in (StepState.succeeded, StepState.skipped):
             continue
         if step.state == StepState.pending:
-            return [_send(action, job, step, steps, now)]
+            return [_send(action, job, step, steps, now, start_wait_s)]
         if step.state == StepState.sent:
             assert step.sent_at is not None
-            if now - step.sent_at < timedelta(seconds=_timeout(step, step_timeout_s)):
+            timeout = _timeout(step, step_timeout_s, start_wait_s)
+            if now - step.sent_at < timedelta(seconds=timeout):
                 return []
             if step.attempts < MAX_ATTEMPTS:
                 log.warning(
@@ -339,7 +438,7 @@ def _advance_locked(
                     step.name,
                     step.queue,
                 )
-                return [_send(action, job, step, steps, now)]
+                return [_send(action, job, step, steps, now, start_wait_s)]
             _finish_step(
                 step,
                 StepState.failed,
@@ -347,7 +446,7 @@ def _advance_locked(
                 error=f"no answer from {step.queue} after {step.attempts} attempts",
             )
         # step.state is failed
-        return _on_failure(session, action, job, step, steps, now)
+        return _on_failure(session, action, job, step, steps, now, start_wait_s)
     if phase == StepPhase.forward:
         _move(action, ActionState.succeeded, now)
         if job is not None:
@@ -383,7 +482,16 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
         allocation.released_at = now
         session.add(allocation)
     target = nodes.get(action.target_node or "")
-    if kind is ActionKind.migrate and target is not None:
+    on_target = session.exec(
+        select(Allocation.id).where(
+            Allocation.job_id == job.id,
+            Allocation.released_at.is_(None),  # type: ignore[union-attr]
+            Allocation.node_id == target,
+        )
+    ).first()
+    # The scheduler's telemetry may have shown the job on its target already (a requeued
+    # Slurm job is seen running there before the saga's last step); it knows best.
+    if kind is ActionKind.migrate and target is not None and on_target is None:
         session.add(
             Allocation(
                 job_id=job.id,  # type: ignore[arg-type]
@@ -422,7 +530,7 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
         _move(action, ActionState.cancelled, now)
         action.error = f"action {busy} is already moving job {job.external_id}"
         return False
-    cluster = session.exec(select(Cluster.name).where(Cluster.id == action.cluster_id)).one()
+    cluster = session.exec(select(Cluster).where(Cluster.id == action.cluster_id)).one()
     kind = ActionKind(action.kind)
     moving = kind is ActionKind.migrate or (kind is ActionKind.preempt and job.checkpointable)
     generation = job.generation + 1 if moving else job.generation
@@ -446,7 +554,12 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
 
 
 def _send(
-    action: Action, job: Job | None, step: ActionStep, steps: list[ActionStep], now: datetime
+    action: Action,
+    job: Job | None,
+    step: ActionStep,
+    steps: list[ActionStep],
+    now: datetime,
+    start_wait_s: float,
 ) -> Outgoing:
     retry = step.attempts > 0
     step.state = StepState.sent
@@ -454,7 +567,7 @@ def _send(
     step.sent_at = now
     action.attempts += 1
     action.updated_at = now
-    message = _message(action, job, step, steps)
+    message = _message(action, job, step, steps, start_wait_s)
     if retry:
         backoff = RETRY_BACKOFF_S[min(step.attempts - 2, len(RETRY_BACKOFF_S) - 1)]
         return Outgoing(message.queue, message.task, message.kwargs, countdown=backoff)
@@ -484,6 +597,7 @@ def _on_failure(
     failed: ActionStep,
     steps: list[ActionStep],
     now: datetime,
+    start_wait_s: float,
 ) -> list[Outgoing]:
     why = f"{failed.name} on {failed.queue} failed: {failed.error or 'unknown error'}"
     if failed.phase == StepPhase.compensate:
@@ -513,7 +627,7 @@ def _on_failure(
         session.add(step)
     session.flush()
     steps = [*steps, *compensation]
-    return [_send(action, job, compensation[0], steps, now)]
+    return [_send(action, job, compensation[0], steps, now, start_wait_s)]
 
 
 def _compensation_summary(steps: list[ActionStep]) -> str:
@@ -535,7 +649,12 @@ def executor_scope(queue: str) -> str:
 
 
 def record_report(
-    *, session: Session, report: StepReport, now: datetime, reporter: Principal
+    *,
+    session: Session,
+    report: StepReport,
+    now: datetime,
+    reporter: Principal,
+    start_wait_s: float = SCHEDULER_START_WAIT_S,
 ) -> list[Outgoing]:
     """Apply an executor's report to its step and advance the saga.
 
@@ -580,12 +699,13 @@ def record_report(
     elif report.retryable and step.attempts < MAX_ATTEMPTS:
         job = session.get(Job, action.job_id) if action.job_id is not None else None
         step.error = (report.error or "")[:4096]
-        outgoing = [_send(action, job, step, _steps(session, action.id), now)]  # type: ignore[arg-type]
+        steps = _steps(session, action.id)  # type: ignore[arg-type]
+        outgoing = [_send(action, job, step, steps, now, start_wait_s)]
     else:
         _finish_step(step, StepState.failed, now, result=report.result, error=report.error)
     session.flush()
     if not outgoing:
-        outgoing = _advance_locked(session, action, now, None)
+        outgoing = _advance_locked(session, action, now, None, start_wait_s)
     session.commit()
     return outgoing
 

@@ -8,7 +8,6 @@ Messages decided by a transaction are sent after it commits.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery import shared_task
@@ -18,14 +17,13 @@ from sqlmodel import Session
 from app.actions import saga
 from app.actions.saga import CONTROL_QUEUE
 from app.core.clock import SystemClock
+from app.core.config import get_settings
 from app.core.db import get_engine
 from app.core.errors import Unauthorized
 from app.tokens import service as token_service
 from app.worker import celery_app
 
 log = logging.getLogger(__name__)
-# Overrides every step's timeout (tests, slow sites); unset: saga.STEP_TIMEOUT_S.
-STEP_TIMEOUT_ENV = "SHAPER_ACTION_STEP_TIMEOUT_S"
 _RETRY = {
     "acks_late": True,
     "autoretry_for": (OperationalError, OSError),
@@ -37,9 +35,14 @@ _RETRY = {
 }
 
 
-def step_timeout_s() -> float | None:
-    value = os.environ.get(STEP_TIMEOUT_ENV)
-    return float(value) if value else None
+def _timings() -> dict[str, Any]:
+    """The saga's timing settings (SHAPER_ACTION_STEP_TIMEOUT_S,
+    SHAPER_SCHEDULER_START_WAIT_S) as keyword arguments of saga.advance."""
+    settings = get_settings()
+    return {
+        "step_timeout_s": settings.action_step_timeout_s,
+        "start_wait_s": settings.scheduler_start_wait_s,
+    }
 
 
 def send(outgoing: list[saga.Outgoing]) -> None:
@@ -64,7 +67,7 @@ def advance(action_id: int) -> None:
             session=session,
             action_id=action_id,
             now=SystemClock().now(),
-            step_timeout_s=step_timeout_s(),
+            **_timings(),
         )
     send(outgoing)
 
@@ -81,7 +84,11 @@ def report(report: dict[str, Any], token: str | None = None) -> None:
             log.warning("report for step %s dropped: %s", report.get("key"), error.message)
             return
         outgoing = saga.record_report(
-            session=session, report=saga.StepReport.from_wire(report), now=now, reporter=reporter
+            session=session,
+            report=saga.StepReport.from_wire(report),
+            now=now,
+            reporter=reporter,
+            start_wait_s=get_settings().scheduler_start_wait_s,
         )
     send(outgoing)
 
@@ -101,7 +108,7 @@ def sweep() -> int:
                     session=session,
                     action_id=action_id,
                     now=SystemClock().now(),
-                    step_timeout_s=step_timeout_s(),
+                    **_timings(),
                 )
         except Exception:  # one broken saga must not stop the others
             log.exception("sweep could not advance action %s", action_id)

@@ -29,6 +29,12 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     cycle_period_s: float = Field(default=30.0, gt=0)
+    # Overrides every saga step's timeout (impatient tests, slow sites); unset: the
+    # per-step defaults in app.actions.saga.STEP_TIMEOUT_S.
+    action_step_timeout_s: float | None = Field(default=None, gt=0)
+    # How long a migration waits for the scheduler (Slurm) to start a requeued job on its
+    # target; Slurm holds a requeued job for its cred_expire (120 s by default) first.
+    scheduler_start_wait_s: float = Field(default=300.0, gt=0)
     log_level: str = "INFO"
     # Dev convenience only: refused in production (see validator below).
     allow_public_bind: bool = False

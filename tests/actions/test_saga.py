@@ -14,7 +14,7 @@ from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.security import Principal
 from app.jobs.models import Job
-from connectors.base import JobState
+from connectors.base import JobState, SchedulerKind
 
 
 @pytest.fixture
@@ -305,3 +305,99 @@ def test_a_checkpointable_job_is_preempted_by_checkpoint_and_keeps_its_image(
     session.refresh(job)
     assert (job.state, job.generation) == ("suspended", 1)
     assert job.reason == f"preempted by action {action_id}: checkpointed"
+
+
+@pytest.fixture
+def slurm_job(session: Session, clock: FrozenClock, job: Job) -> Job:
+    cluster = session.get(Cluster, job.cluster_id)
+    assert cluster is not None
+    cluster.scheduler = SchedulerKind.slurm
+    session.add(cluster)
+    session.commit()
+    return job
+
+
+STAGED_AT_B = {"image_dir": "/b/images/w1/g1/image"}
+
+
+def test_on_slurm_a_migration_stages_the_image_and_requeues_the_job_pinned_to_the_target(
+    session: Session, clock: FrozenClock, slurm_job: Job
+) -> None:
+    action_id = approved(session, clock, slurm_job)
+    checkpoint = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    assert where(checkpoint) == ("agent.lab.a", "checkpoint", 1)
+    transfer = only(answer(session, clock, checkpoint, result=IMAGE))
+    stage = only(answer(session, clock, transfer, result=STAGED_AT_B))
+    assert where(stage) == ("agent.lab.b", "stage", 1)
+    assert stage.kwargs["step"]["args"]["image"] == IMAGE["image"]
+    assert stage.kwargs["step"]["args"]["image_dir"] == STAGED_AT_B["image_dir"]
+
+    requeue = only(answer(session, clock, stage, result=STAGED_AT_B))
+    assert where(requeue) == ("connector.lab", "requeue", 1)
+    assert requeue.task == "shaper.connector.requeue"
+    assert requeue.kwargs["step"]["args"]["nodes"] == ["b"]
+
+    confirm = only(answer(session, clock, requeue))
+    assert where(confirm) == ("agent.lab.b", "confirm", 1)
+    args = confirm.kwargs["step"]["args"]
+    assert args["resumed_from"] == STAGED_AT_B["image_dir"]
+    assert args["wait_s"] == saga.SCHEDULER_START_WAIT_S
+    release = only(answer(session, clock, confirm))
+    assert where(release) == ("agent.lab.a", "release", 1)
+    assert answer(session, clock, release) == []
+    assert state_of(session, action_id).state == "succeeded"
+
+
+def test_on_slurm_a_failure_after_the_requeue_sends_the_job_home_to_resume_there(
+    session: Session, clock: FrozenClock, slurm_job: Job
+) -> None:
+    action_id = approved(session, clock, slurm_job)
+    message = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    for result in (IMAGE, STAGED_AT_B, STAGED_AT_B, {}):
+        message = only(answer(session, clock, message, result=result))
+    assert where(message) == ("agent.lab.b", "confirm", 1)
+
+    release_target = only(answer(session, clock, message, ok=False, error="not restored"))
+
+    assert where(release_target) == ("agent.lab.b", "release", 2)
+    stage_home = only(answer(session, clock, release_target))
+    assert where(stage_home) == ("agent.lab.a", "stage", 2)
+    assert stage_home.kwargs["step"]["args"]["image"] == IMAGE["image"]
+    assert "image_dir" not in stage_home.kwargs["step"]["args"]  # the source's own copy
+    requeue_home = only(answer(session, clock, stage_home, result={"image_dir": "/a/img"}))
+    assert where(requeue_home) == ("connector.lab", "requeue", 2)
+    assert requeue_home.kwargs["step"]["args"]["nodes"] == ["a"]
+    confirm_home = only(answer(session, clock, requeue_home))
+    assert where(confirm_home) == ("agent.lab.a", "confirm", 2)
+    assert confirm_home.kwargs["step"]["args"]["resumed_from"] == "/a/img"
+    assert answer(session, clock, confirm_home) == []
+    action = state_of(session, action_id)
+    assert action.state == "compensated" and "not restored" in (action.error or "")
+
+
+def test_on_slurm_a_failure_before_the_requeue_restores_the_job_where_it_was(
+    session: Session, clock: FrozenClock, slurm_job: Job
+) -> None:
+    action_id = approved(session, clock, slurm_job)
+    checkpoint = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    transfer = only(answer(session, clock, checkpoint, result=IMAGE))
+
+    release_target = only(answer(session, clock, transfer, ok=False, error="disk full"))
+
+    assert where(release_target) == ("agent.lab.b", "release", 2)
+    restore = only(answer(session, clock, release_target))
+    assert where(restore) == ("agent.lab.a", "restore", 2)
+
+
+def test_on_slurm_a_checkpointable_job_is_preempted_into_the_queue_with_its_image_staged(
+    session: Session, clock: FrozenClock, slurm_job: Job
+) -> None:
+    action_id = approved(session, clock, slurm_job, ActionKind.preempt, target=None)
+    checkpoint = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    stage = only(answer(session, clock, checkpoint, result=IMAGE))
+    assert where(stage) == ("agent.lab.a", "stage", 1)
+    requeue = only(answer(session, clock, stage, result={"image_dir": "/a/img"}))
+    assert where(requeue) == ("connector.lab", "requeue", 1)
+    assert requeue.kwargs["step"]["args"]["nodes"] == ["a"]
+    assert answer(session, clock, requeue) == []
+    assert state_of(session, action_id).state == "succeeded"

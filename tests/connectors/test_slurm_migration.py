@@ -1,0 +1,358 @@
+"""Save-migrate-resume of a running Slurm job, end to end, with nothing simulated.
+
+A real three-node Slurm runs a batch job whose body is ``shaper agent exec --wait`` around
+the example counter (100 MB of state). Around it run the real parts of a deployment:
+the API on PostgreSQL, a control-plane Celery worker, one node agent per Slurm node and
+the Slurm connector (telemetry and scheduler-level steps), all separate processes on a
+private Redis. An operator approves a migration; CRIU checkpoints the counter on its node,
+the image is copied and staged on the target, the connector requeues the job pinned
+there, and when Slurm starts it again the job's body restores the counter instead of
+starting it over.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlmodel import Session, select
+
+from agent import procs
+from app.actions.models import ActionKind
+from app.actions.router import get_dispatcher
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate
+from app.core import migrate
+from app.core.db import make_engine
+from app.gpu_models import service as gpu_model_service
+from app.jobs.models import Job
+from tests.actions.conftest import Pipeline, RedisServer, action_state
+from tests.actions.helpers import TERMINAL
+from tests.agent.helpers import COUNTER, count_of, next_count, progress_of
+from tests.connectors.conftest import SlurmCluster
+from tests.live_server import app_on, serve, tokens_for
+
+CLUSTER = "hpc-test"
+NODES = ("node1", "node2", "node3")
+WAIT_S = 60.0
+START_WAIT_S = 45.0
+PYTHON = sys.executable
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    slurm_cluster: SlurmCluster,
+    make_postgres_database: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
+    """API, control worker, three node agents and the connector, around the Slurm cluster."""
+    root = tmp_path_factory.mktemp("slurm-deployment")
+    root.chmod(0o755)
+    redis_server = RedisServer(root)
+    redis_server.start()
+    url = make_postgres_database("slurm_migration")
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    with Session(engine) as session:
+        gpu_model_service.ensure_default_catalogue(session=session)
+        cluster_service.register_cluster(
+            session=session,
+            now=now,
+            cluster_in=ClusterCreate(name=CLUSTER, scheduler="slurm", mode="advise"),
+        )
+        scopes = ["operator", "viewer", f"connector:{CLUSTER}"]
+        scopes += [f"agent:{CLUSTER}/{node}" for node in NODES]
+        tokens = tokens_for(session, now, scopes)
+    pipeline = Pipeline(
+        root=root,
+        database_url=url,
+        engine=engine,
+        broker=redis_server.url,
+        env={
+            "SHAPER_DATABASE_URL": url,
+            "SHAPER_BROKER_URL": redis_server.url,
+            "PYTHONUNBUFFERED": "1",
+            "SHAPER_CYCLE_PERIOD_S": "86400",  # the test proposes; no cycle supersedes it
+            # Slurm here holds a requeued job for cred_expire = 10 s, not 120 s.
+            "SHAPER_SCHEDULER_START_WAIT_S": str(START_WAIT_S),
+        },
+        redis=redis_server,
+        tokens=tokens,
+    )
+    app = app_on(engine)
+    app.dependency_overrides[get_dispatcher] = lambda: pipeline.advance
+    try:
+        with serve(app) as base:
+            pipeline.start_control()
+            for node in NODES:
+                pipeline._spawn(
+                    f"agent-{node}",
+                    [PYTHON, "-m", "agent", "worker", "--cluster", CLUSTER, "--node", node,
+                     "--broker", redis_server.url, "--state-dir", str(pipeline.state_dir(node))],
+                    {"SHAPER_AGENT_TOKEN": tokens[f"agent:{CLUSTER}/{node}"]},
+                )  # fmt: skip
+            pipeline._spawn(
+                "connector",
+                [PYTHON, "-m", "connectors.runner", "--kind", "slurm", "--cluster", CLUSTER,
+                 "--control-plane", base, "--interval", "1", "--broker", redis_server.url,
+                 "--state-dir", str(root / "connector"),
+                 "--set", f"slurm_conf={slurm_cluster.conf}",
+                 "--set", 'mapping={"gpu_model_aliases": {"h100": "H100"}}'],
+                {"SHAPER_CONNECTOR_TOKEN": tokens[f"connector:{CLUSTER}"]},
+            )  # fmt: skip
+            yield {"pipeline": pipeline, "base": base, "tokens": tokens, "root": root}
+    finally:
+        pipeline.stop_all()
+        redis_server.stop()
+        engine.dispose()
+
+
+def _api(deployment: dict[str, Any], method: str, path: str, role: str) -> Any:
+    response = httpx.request(
+        method,
+        f"{deployment['base']}/api/v1{path}",
+        headers={"Authorization": f"Bearer {deployment['tokens'][role]}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _submit_counter(slurm: SlurmCluster, root: Path, name: str, *options: str) -> tuple[str, Path]:
+    """A checkpointable training job whose body is the counter under `agent exec --wait`."""
+    count_file = root / f"{name}.count"
+    body = (
+        f"exec {PYTHON} -m agent exec --wait --backend criu "
+        f"--state-dir {root}/nodes/$SLURMD_NODENAME -- "
+        f"{PYTHON} {COUNTER} --count-file {count_file} --state-mb 100"
+    )
+    job_id = slurm.sbatch(
+        "--gres=gpu:h100:2",
+        f"--job-name={name}",
+        "--comment=shaper:kind=training,priority=50,checkpointable=true",
+        *options,
+        command=body,
+    )
+    return job_id, count_file
+
+
+def _known_job(deployment: dict[str, Any], job_id: str, node: str) -> dict[str, Any]:
+    """The job as the control plane sees it, once telemetry shows it running on node."""
+
+    last: list[Any] = []
+
+    def seen() -> dict[str, Any] | None:
+        items = _api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")["items"]
+        for job in items:
+            if job["external_id"] == job_id:
+                last[:] = [job]
+                if [a["node"] for a in job["allocations"]] == [node]:
+                    return job
+        return None
+
+    found: list[dict[str, Any]] = []
+
+    def shown() -> bool:
+        job = seen()
+        if job is not None:
+            found.append(job)
+        return job is not None
+
+    assert procs.wait_until(shown, timeout=WAIT_S, interval=0.5), (
+        f"telemetry never showed job {job_id} on {node}: {last}"
+    )
+    return found[-1]
+
+
+def _propose(deployment: dict[str, Any], job_id: str, kind: ActionKind, **nodes: str) -> int:
+    from app.actions.models import Action, ActionState
+
+    engine = deployment["pipeline"].engine
+    with Session(engine) as session:
+        job = session.exec(select(Job).where(Job.external_id == job_id)).one()
+        now = datetime.now(UTC)
+        action = Action(
+            cluster_id=job.cluster_id,
+            job_id=job.id,
+            kind=kind,
+            state=ActionState.proposed,
+            idempotency_key=f"e2e:{job_id}:{kind.value}",
+            reason="end-to-end test",
+            source_node=nodes.get("source"),
+            target_node=nodes.get("target"),
+            created_at=now,
+            updated_at=now,
+        )
+        session.add(action)
+        session.commit()
+        return action.id  # type: ignore[return-value]
+
+
+def _approve_and_wait(
+    deployment: dict[str, Any], action_id: int, slurm: SlurmCluster, job_id: str
+) -> str:
+    _api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    pipeline: Pipeline = deployment["pipeline"]
+
+    def settled() -> bool:
+        return action_state(pipeline.engine, action_id)[0] in TERMINAL
+
+    if not procs.wait_until(settled, timeout=2 * WAIT_S + 60, interval=0.5):
+        state, steps = action_state(pipeline.engine, action_id)
+        raise AssertionError(
+            f"action {action_id} stuck in {state}: "
+            f"{[(s.name, s.state, s.error) for s in steps]}\n"
+            f"Slurm: {slurm.job(job_id)}\n"
+            f"job output:\n{procs.read_tail(slurm.jobs_dir / f'{job_id}.out', lines=30)}"
+        )
+    return action_state(pipeline.engine, action_id)[0]
+
+
+def _gres_used(slurm: SlurmCluster, node: str) -> str:
+    shown = slurm.run("scontrol", "show", "node", "-d", node)
+    match = re.search(r"GresUsed=(\S+)", shown)
+    assert match, shown
+    return match.group(1)
+
+
+def test_a_running_slurm_job_is_checkpointed_requeued_to_another_node_and_resumes(
+    slurm: SlurmCluster, deployment: dict[str, Any]
+) -> None:
+    root: Path = deployment["root"]
+    job_id, count_file = _submit_counter(slurm, root, "migrating", "--nodelist=node1")
+    slurm.wait_state(job_id, "RUNNING")
+    assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S), procs.read_tail(
+        slurm.jobs_dir / f"{job_id}.out"
+    )
+    first = progress_of(count_file)
+    known = _known_job(deployment, job_id, "node1")
+    assert known["checkpointable"] and known["kind"] == "training"
+
+    action_id = _propose(deployment, job_id, ActionKind.migrate, source="node1", target="node2")
+    final = _approve_and_wait(deployment, action_id, slurm, job_id)
+
+    pipeline: Pipeline = deployment["pipeline"]
+    state, steps = action_state(pipeline.engine, action_id)
+    assert final == "succeeded", (
+        state,
+        [(s.name, s.state, s.error) for s in steps],
+        pipeline.logs(),
+    )
+    assert [(s.name, s.queue) for s in steps] == [
+        ("checkpoint", f"agent.{CLUSTER}.node1"),
+        ("transfer", f"agent.{CLUSTER}.node2"),
+        ("stage", f"agent.{CLUSTER}.node2"),
+        ("requeue", f"connector.{CLUSTER}"),
+        ("confirm", f"agent.{CLUSTER}.node2"),
+        ("release", f"agent.{CLUSTER}.node1"),
+    ]
+    assert steps[0].result["image"]["size_bytes"] >= 100 << 20
+    # Slurm runs the same job on node2 now, restarted once; node1's GPUs are free.
+    row = slurm.wait_state(job_id, "RUNNING")
+    assert row["nodelist"] == "node2"
+    assert "Restarts=1" in slurm.scontrol_job(job_id)
+    assert _gres_used(slurm, "node1").startswith("gpu:h100:0")
+    # The counter went on from its count: the same process, restored, not a fresh start.
+    at_success = count_of(count_file)
+    assert (
+        at_success > first["count"] and progress_of(count_file)["started_at"] == first["started_at"]
+    )
+    assert next_count(count_file, at_success) > at_success
+    # The control plane's own view follows from the connector's telemetry.
+    _known_job(deployment, job_id, "node2")
+
+
+def test_a_preempted_slurm_job_is_checkpointed_first_and_resumes_from_its_checkpoint(
+    slurm: SlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """The cluster is full; a more important job waits. Shaper preempts the counter:
+    checkpoint, image staged where it ran, requeue. The waiting job takes the GPUs; when it
+    ends, Slurm runs the counter again and it goes on from its checkpoint."""
+    root: Path = deployment["root"]
+    job_id, count_file = _submit_counter(slurm, root, "preempted", "--nodelist=node1")
+    fillers = [
+        slurm.sbatch("--gres=gpu:h100:2", f"--nodelist={node}", "--job-name=filler")
+        for node in ("node2", "node3")
+    ]
+    for waiting_on in (job_id, *fillers):
+        slurm.wait_state(waiting_on, "RUNNING")
+    assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S)
+    first = progress_of(count_file)
+    urgent = slurm.sbatch("--gres=gpu:h100:2", "--job-name=urgent")
+    assert slurm.job(urgent)["state"] == "PENDING"
+    _known_job(deployment, job_id, "node1")
+
+    action_id = _propose(deployment, job_id, ActionKind.preempt, source="node1")
+    final = _approve_and_wait(deployment, action_id, slurm, job_id)
+
+    pipeline: Pipeline = deployment["pipeline"]
+    _state, steps = action_state(pipeline.engine, action_id)
+    assert final == "succeeded", [(s.name, s.state, s.error) for s in steps]
+    assert [(s.name, s.queue) for s in steps] == [
+        ("checkpoint", f"agent.{CLUSTER}.node1"),
+        ("stage", f"agent.{CLUSTER}.node1"),
+        ("requeue", f"connector.{CLUSTER}"),
+    ]
+    # The urgent job gets the freed GPUs; the counter waits in the queue, not running.
+    assert slurm.wait_state(urgent, "RUNNING")["nodelist"] == "node1"
+    assert slurm.job(job_id)["state"] == "PENDING"
+    at_preemption = count_of(count_file)
+    assert not procs.wait_until(lambda: count_of(count_file) != at_preemption, timeout=2.0)
+
+    slurm.run("scancel", urgent)
+    assert slurm.wait_state(job_id, "RUNNING")["nodelist"] == "node1"
+    # Resumed from the checkpoint: the same process image, counting on from where it was.
+    assert next_count(count_file, at_preemption) > at_preemption
+    assert progress_of(count_file)["started_at"] == first["started_at"]
+    assert count_of(count_file) > first["count"]
+
+
+def test_a_migration_whose_target_never_runs_the_job_sends_it_home_to_resume(
+    slurm: SlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """The target is drained after the plan was made: the requeued job never starts there.
+    The confirm gives up; compensation fences the target, stages the image the checkpoint
+    left on the source and requeues the job back there, where it resumes."""
+    root: Path = deployment["root"]
+    job_id, count_file = _submit_counter(slurm, root, "homecoming", "--nodelist=node1")
+    slurm.wait_state(job_id, "RUNNING")
+    assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S)
+    first = progress_of(count_file)
+    _known_job(deployment, job_id, "node1")
+    slurm.run("scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=shaper-test")
+    try:
+        action_id = _propose(deployment, job_id, ActionKind.migrate, source="node1", target="node2")
+        final = _approve_and_wait(deployment, action_id, slurm, job_id)
+        pipeline: Pipeline = deployment["pipeline"]
+        _state, steps = action_state(pipeline.engine, action_id)
+        assert final == "compensated", [(s.name, s.state, s.error) for s in steps]
+        assert [(s.phase, s.name, s.queue.split(".")[-1], s.state) for s in steps] == [
+            ("forward", "checkpoint", "node1", "succeeded"),
+            ("forward", "transfer", "node2", "succeeded"),
+            ("forward", "stage", "node2", "succeeded"),
+            ("forward", "requeue", CLUSTER, "succeeded"),
+            ("forward", "confirm", "node2", "failed"),
+            ("forward", "release", "node1", "skipped"),
+            ("compensate", "release", "node2", "succeeded"),
+            ("compensate", "stage", "node1", "succeeded"),
+            ("compensate", "requeue", CLUSTER, "succeeded"),
+            ("compensate", "confirm", "node1", "succeeded"),
+        ]
+        assert {s.generation for s in steps if s.phase == "compensate"} == {2}
+        assert slurm.job(job_id)["state"] == "RUNNING"
+        assert slurm.job(job_id)["nodelist"] == "node1"
+        at_home = count_of(count_file)
+        assert at_home > first["count"]
+        assert progress_of(count_file)["started_at"] == first["started_at"]
+        assert next_count(count_file, at_home) > at_home
+        # The target is fenced: a late copy of the old generation's image would be refused.
+        assert not (pipeline.state_dir("node2") / "images" / job_id).exists()
+    finally:
+        slurm.run("scontrol", "update", "NodeName=node2", "State=RESUME")
