@@ -1,18 +1,17 @@
-"""The saga step messages between the control plane and the node agent (wire form: JSON).
+"""The node agent's side of the saga step contract (connectors.base: StepRequest/Report).
 
-The control plane sends a StepRequest as the one keyword argument ``step`` of the task
-``shaper.agent.<step>`` on queue ``agent.<cluster>.<node>``; the agent answers with a
-StepReport as the keyword argument ``report`` of ``request.reply_task`` on
-``request.reply_queue``. Neither side imports the other: app/actions/saga.py builds the
-same dicts, and tests/actions checks that both agree.
+The control plane sends task ``shaper.agent.<step>`` on queue ``agent.<cluster>.<node>``;
+the steps an agent runs are AgentStep's, always about one workload.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from connectors.base import Outcome, StepReport
+from connectors.base import StepRequest as BaseStepRequest
 
 
 class AgentStep(StrEnum):
@@ -25,34 +24,11 @@ class AgentStep(StrEnum):
     release = "release"  # stop it here (if it runs) and drop its images
 
 
-class Outcome(StrEnum):
-    executed = "executed"
-    duplicate = "duplicate"  # answered from the journal: the step ran before
-    refused = "refused"  # stale generation: the step must not run
+class StepRequest(BaseStepRequest):
+    """A step for a node agent: one of AgentStep, always about one workload."""
 
-
-class StepRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    action_id: int
-    key: str = Field(min_length=1, max_length=200)
-    step: AgentStep
-    phase: str = "forward"
+    step: AgentStep  # type: ignore[assignment]
     workload_id: str = Field(min_length=1, max_length=128)
-    generation: int = Field(ge=0)
-    args: dict[str, Any] = Field(default_factory=dict)
-    reply_task: str = "app.actions.tasks.report"
-    reply_queue: str = "control"
 
 
-class StepReport(BaseModel):
-    action_id: int
-    key: str
-    ok: bool
-    outcome: Outcome = Outcome.executed
-    result: dict[str, Any] = Field(default_factory=dict)
-    error: str | None = None
-    retryable: bool = False
-    # Who answered: "agent.<cluster>.<node>".
-    executor: str = ""
-    generation: int = 0
+__all__ = ["AgentStep", "Outcome", "StepReport", "StepRequest"]

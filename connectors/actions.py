@@ -2,7 +2,7 @@
 
 The control plane (app/actions/saga.py) sends a scheduler-level step as the one keyword
 argument ``step`` of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>``
-and waits for a :class:`ConnectorStepReport` as the keyword argument ``report`` of
+and waits for a :class:`StepReport` as the keyword argument ``report`` of
 ``step["reply_task"]`` on ``step["reply_queue"]``, sent with the connector's API token
 (scope ``connector:<cluster>``). Neither side imports the other; the dicts are the contract.
 
@@ -42,11 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery, Task
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from connectors.base import (
     ConnectorError,
     JobState,
+    Outcome,
+    StepReport,
+    StepRequest,
     SupportsCancel,
     SupportsHold,
     SupportsNodeCount,
@@ -74,40 +77,6 @@ class ConnectorStep(StrEnum):
     release = "release"
     suspend = "suspend"
     cancel = "cancel"
-
-
-class Outcome(StrEnum):
-    executed = "executed"
-    duplicate = "duplicate"  # answered from the journal: the step ran before
-    refused = "refused"  # the step must not or cannot run here; it did not touch the scheduler
-
-
-class ConnectorStepRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    action_id: int
-    key: str = Field(min_length=1, max_length=200)
-    # A plain string: an unknown step is answered (refused), not dropped.
-    step: str
-    phase: str = "forward"
-    workload_id: str | None = Field(default=None, max_length=255)
-    generation: int = Field(default=0, ge=0)
-    args: dict[str, Any] = Field(default_factory=dict)
-    reply_task: str = "app.actions.tasks.report"
-    reply_queue: str = "control"
-
-
-class ConnectorStepReport(BaseModel):
-    action_id: int
-    key: str
-    ok: bool
-    outcome: Outcome = Outcome.executed
-    result: dict[str, Any] = Field(default_factory=dict)
-    error: str | None = None
-    retryable: bool = False
-    # Who answered: "connector.<cluster>".
-    executor: str = ""
-    generation: int = 0
 
 
 class _Refused(Exception):
@@ -199,17 +168,17 @@ class ConnectorStepExecutor:
             ConnectorStep.cancel: self._cancel,
         }
 
-    def handle(self, message: Mapping[str, Any]) -> ConnectorStepReport | None:
+    def handle(self, message: Mapping[str, Any]) -> StepReport | None:
         """Run a step as it came off the wire; ``None`` when it cannot even be answered."""
         try:
-            request = ConnectorStepRequest.model_validate(message)
+            request = StepRequest.model_validate(message)
         except ValidationError as error:
             try:
                 action_id, key = int(message["action_id"]), str(message["key"])
             except (KeyError, TypeError, ValueError):
                 log.error("%s: unanswerable step message %r: %s", self.name, message, error)
                 return None
-            return ConnectorStepReport(
+            return StepReport(
                 action_id=action_id,
                 key=key,
                 ok=False,
@@ -219,13 +188,11 @@ class ConnectorStepExecutor:
             )
         return self.run(request)
 
-    def run(self, request: ConnectorStepRequest) -> ConnectorStepReport:
+    def run(self, request: StepRequest) -> StepReport:
         with self.journal.hold() as journal:
             remembered = journal.answers.get(request.key)
             if remembered is not None:
-                report = ConnectorStepReport.model_validate(
-                    {**remembered, "outcome": Outcome.duplicate}
-                )
+                report = StepReport.model_validate({**remembered, "outcome": Outcome.duplicate})
                 self._log(request, report)
                 return report
             report, remember = self._execute(request, journal)
@@ -235,9 +202,7 @@ class ConnectorStepExecutor:
         self._log(request, report)
         return report
 
-    def _execute(
-        self, request: ConnectorStepRequest, journal: _Journal
-    ) -> tuple[ConnectorStepReport, bool]:
+    def _execute(self, request: StepRequest, journal: _Journal) -> tuple[StepReport, bool]:
         """The report, and whether a resend of the same key gets it again (not when a retry
         may go otherwise: a retryable scheduler error, or a bug in this connector)."""
         try:
@@ -273,10 +238,8 @@ class ConnectorStepExecutor:
             return crashed, False
         return self._report(request, ok=True, result=result), True
 
-    def _report(
-        self, request: ConnectorStepRequest, *, ok: bool, **fields: Any
-    ) -> ConnectorStepReport:
-        return ConnectorStepReport(
+    def _report(self, request: StepRequest, *, ok: bool, **fields: Any) -> StepReport:
+        return StepReport(
             action_id=request.action_id,
             key=request.key,
             ok=ok,
@@ -285,7 +248,7 @@ class ConnectorStepExecutor:
             **fields,
         )
 
-    def _log(self, request: ConnectorStepRequest, report: ConnectorStepReport) -> None:
+    def _log(self, request: StepRequest, report: StepReport) -> None:
         log.info(
             "%s %s of %s (action %s, generation %s): %s%s",
             self.name,

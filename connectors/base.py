@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
@@ -278,3 +278,47 @@ class ConnectorError(Exception):
     def __init__(self, message: str, *, retryable: bool) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+# -- saga steps: what the control plane sends to executors and what they answer ----------
+#
+# The control plane sends a StepRequest as the one keyword argument ``step`` of the Celery
+# task ``shaper.<agent|connector>.<step>`` on the executor's queue (``agent.<cluster>.<node>``
+# or ``connector.<cluster>``); the executor answers with a StepReport as the keyword
+# argument ``report`` of ``reply_task`` on ``reply_queue``, with its own API token. The
+# control plane (app/actions/saga.py) builds and reads the same dicts without importing
+# this module's executors; tests/actions checks that both sides agree.
+
+
+class Outcome(StrEnum):
+    executed = "executed"
+    duplicate = "duplicate"  # answered from the journal: the step ran before
+    refused = "refused"  # stale generation or not runnable here: nothing was touched
+
+
+class StepRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    action_id: int
+    key: str = Field(min_length=1, max_length=200)
+    # A plain string here: an executor refuses a step it does not know instead of dropping it.
+    step: str
+    phase: str = "forward"
+    workload_id: str | None = Field(default=None, max_length=255)
+    generation: int = Field(default=0, ge=0)
+    args: dict[str, Any] = Field(default_factory=dict)
+    reply_task: str = "app.actions.tasks.report"
+    reply_queue: str = "control"
+
+
+class StepReport(BaseModel):
+    action_id: int
+    key: str
+    ok: bool
+    outcome: Outcome = Outcome.executed
+    result: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    retryable: bool = False
+    # Who answered: "agent.<cluster>.<node>" or "connector.<cluster>".
+    executor: str = ""
+    generation: int = 0

@@ -25,13 +25,16 @@ import pytest
 from celery import Celery
 from kombu import Connection
 
-from connectors.actions import (
-    ConnectorStepExecutor,
-    ConnectorStepRequest,
+from connectors.actions import ConnectorStepExecutor, StepJournal
+from connectors.base import (
+    ClusterState,
+    ConnectorError,
+    JobReport,
+    JobState,
     Outcome,
-    StepJournal,
+    SchedulerKind,
+    StepRequest,
 )
-from connectors.base import ClusterState, ConnectorError, JobReport, JobState, SchedulerKind
 from connectors.runner import main
 from tests.actions.conftest import RedisServer
 from tests.connectors.conftest import REPO, SlurmCluster
@@ -95,8 +98,8 @@ class NodeSizedScheduler(FakeScheduler):
 _ids = itertools.count(1)
 
 
-def request(step: str, *, key: str | None = None, **fields: Any) -> ConnectorStepRequest:
-    return ConnectorStepRequest.model_validate(
+def request(step: str, *, key: str | None = None, **fields: Any) -> StepRequest:
+    return StepRequest.model_validate(
         {
             "action_id": 7,
             "key": key or f"a7:forward:{step}:{next(_ids)}",
