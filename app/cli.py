@@ -45,6 +45,9 @@ def serve(
         type(settings).model_validate(settings.model_dump())  # re-run the bind-safety check
     configure_logging(settings.log_level)
     prepare_database(settings)
+    from app.worker import start_in_process_beat
+
+    start_in_process_beat(settings)  # the embedded default's periodic tasks
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -95,3 +95,15 @@ class InProcessBeat(threading.Thread):
 
     def stop(self) -> None:
         self._stopping.set()
+
+
+def start_in_process_beat(settings: Settings) -> InProcessBeat | None:
+    """On the embedded default, fire the beat schedule from a thread of this process
+    (`shaper serve`, `shaper demo`); with a broker, `shaper worker --beat` does it."""
+    if not settings.tasks_in_process:
+        return None
+    celery_app.loader.import_default_modules()  # the task modules a worker would import
+    beat = InProcessBeat(celery_app)
+    beat.start()
+    log.info("in-process beat: shaping cycle every %.0f s", settings.cycle_period_s)
+    return beat

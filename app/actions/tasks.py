@@ -14,12 +14,13 @@ from celery import shared_task
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
-from app.actions import saga
+from app.actions import local, saga
 from app.actions.saga import CONTROL_QUEUE
 from app.core.clock import SystemClock
 from app.core.config import get_settings
 from app.core.db import get_engine
 from app.core.errors import Unauthorized
+from app.core.security import Principal
 from app.tokens import service as token_service
 from app.worker import celery_app
 
@@ -49,6 +50,10 @@ def send(outgoing: list[saga.Outgoing]) -> None:
     # The Shaper app explicitly: in an API process Celery's "current" app may be a default
     # one that points at a broker nobody configured.
     for message in outgoing:
+        executor = local.find(message.queue) if celery_app.conf.task_always_eager else None
+        if executor is not None:
+            _deliver_locally(executor, message)
+            continue
         celery_app.send_task(
             message.task,
             kwargs=message.kwargs,
@@ -57,6 +62,26 @@ def send(outgoing: list[saga.Outgoing]) -> None:
             retry=True,
             retry_policy={"max_retries": 10, "interval_start": 0.5, "interval_step": 1.0},
         )
+
+
+def _deliver_locally(executor: local.Executor, message: saga.Outgoing) -> None:
+    """Embedded default: the step runs in this process (app.actions.local) and its answer
+    is recorded as that executor's report; the saga then goes on from there."""
+    answer = executor(message.queue, message.kwargs["step"])
+    reporter = Principal(
+        token_id=0,
+        name=f"in-process {message.queue}",
+        scopes=frozenset({saga.executor_scope(message.queue)}),
+    )
+    with Session(get_engine(), expire_on_commit=False) as session:
+        outgoing = saga.record_report(
+            session=session,
+            report=saga.StepReport.from_wire(answer),
+            now=SystemClock().now(),
+            reporter=reporter,
+            start_wait_s=get_settings().scheduler_start_wait_s,
+        )
+    send(outgoing)
 
 
 @shared_task(name="app.actions.tasks.advance", **_RETRY)

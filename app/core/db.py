@@ -57,8 +57,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False}, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
         # pysqlite opens transactions lazily and breaks SAVEPOINT; take control of BEGIN so
-        # SQLite transactions (and nested ones) behave as on PostgreSQL.
-        event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
+        # SQLite transactions (and nested ones) behave as on PostgreSQL. IMMEDIATE: a
+        # transaction that reads and then writes (every ingest, every saga step) would
+        # otherwise fail at once with "database is locked" when another one writes
+        # meanwhile; taking the write lock up front makes it wait (busy_timeout) instead.
+        # The embedded default serialises its writers; PostgreSQL is for concurrency.
+        event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
         return engine
     return create_engine(url, pool_pre_ping=True, **kwargs)
 
@@ -68,7 +72,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
 
 

@@ -20,10 +20,10 @@ SHAPING_LOCK_KEY = 0x5348_4150  # "SHAP"
 @contextmanager
 def shaping_lease(session: Session) -> Iterator[bool]:
     """Yields whether this process holds the lease; do nothing when it does not."""
-    connection = session.connection()
-    if connection.dialect.name != "postgresql":
-        yield True
+    if session.get_bind().dialect.name != "postgresql":
+        yield True  # and no transaction: on SQLite it would hold the write lock all cycle
         return
+    connection = session.connection()
     held = bool(
         connection.execute(sa.select(sa.func.pg_try_advisory_lock(SHAPING_LOCK_KEY))).scalar()
     )

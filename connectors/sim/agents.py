@@ -1,0 +1,121 @@
+"""Simulated node agents and connector for a SimCluster: saga steps answered in-process.
+
+A real cluster's steps go to Celery queues that node agents (``agent.<cluster>.<node>``)
+and its connector (``connector.<cluster>``) consume. A simulated cluster has neither
+processes to checkpoint nor a scheduler daemon, so :class:`SimExecutors` answers both kinds
+of step against the SimCluster itself, keeping the agents' rules: a step whose key was
+answered before is answered again from the journal (``duplicate``), a step carrying an
+older fencing generation than the job has seen is ``refused``, and a job never runs on two
+nodes at once. Checkpoints are instant and keep the job's progress; "images" are records.
+
+Scheduler-level steps go through connectors.actions.ConnectorStepExecutor with the
+SimCluster as its connector, exactly as the Slurm connector's do.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from connectors.actions import ConnectorStepExecutor
+from connectors.base import ConnectorError
+from connectors.sim.cluster import SimCluster
+
+AGENT_STEPS = ("checkpoint", "transfer", "stage", "restore", "confirm", "release")
+
+
+class SimExecutors:
+    """handle(step) → report, for every step the saga sends to one simulated cluster."""
+
+    def __init__(self, cluster: SimCluster, *, state_dir: Path) -> None:
+        self.cluster = cluster
+        self.connector = ConnectorStepExecutor(
+            cluster, cluster=cluster.cluster, state_dir=state_dir
+        )
+        self._lock = threading.Lock()
+        self._answers: dict[str, dict[str, Any]] = {}
+        # Per (node, job), like each real agent's fence file.
+        self._generation: dict[tuple[str, str], int] = {}
+        self._left_at: dict[tuple[str, str], int] = {}
+
+    def queues(self) -> tuple[str, str]:
+        """The queue prefixes this executor answers: its connector's and its agents'."""
+        return f"connector.{self.cluster.cluster}", f"agent.{self.cluster.cluster}."
+
+    def handle(self, queue: str, step: dict[str, Any]) -> dict[str, Any]:
+        if queue.startswith("connector."):
+            report = self.connector.handle(step)
+            if report is None:
+                raise ValueError(f"malformed step for {queue}: {step!r}")
+            return report.model_dump(mode="json")
+        return self._agent(queue.rsplit(".", 1)[-1], queue, step)
+
+    def _agent(self, node: str, queue: str, step: dict[str, Any]) -> dict[str, Any]:
+        key, job_id, generation = step["key"], step["workload_id"], int(step["generation"])
+        answer: dict[str, Any] = {
+            "action_id": step["action_id"],
+            "key": key,
+            "executor": queue,
+            "generation": generation,
+        }
+        with self._lock:
+            if key in self._answers:
+                return {**self._answers[key], "outcome": "duplicate"}
+            fence = (node, job_id)
+            seen = self._generation.get(fence, 0)
+            stale = generation < seen or (
+                step["step"] == "restore" and generation <= self._left_at.get(fence, -1)
+            )
+            if stale:
+                return {
+                    **answer,
+                    "ok": False,
+                    "outcome": "refused",
+                    "error": f"stale fencing token: generation {generation}, seen {seen}",
+                }
+            self._generation[fence] = max(seen, generation)
+            try:
+                result = self._run(step["step"], node, job_id, step.get("args") or {})
+            except ConnectorError as error:
+                report = {**answer, "ok": False, "error": str(error), "retryable": error.retryable}
+            else:
+                report = {**answer, "ok": True, "result": result}
+                if step["step"] in ("checkpoint", "release"):
+                    self._left_at[fence] = max(self._left_at.get(fence, -1), generation)
+            if report["ok"] or not report.get("retryable"):
+                self._answers[key] = report
+            return report
+
+    def _run(self, name: str, node: str, job_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        cluster = self.cluster
+        if name == "checkpoint":
+            done = cluster.take_off(job_id, node)
+            image = {
+                "backend": "sim",
+                "image_dir": f"sim://{node}/{job_id}",
+                "done_s": done.total_seconds(),
+            }
+            return {"image": image, "summary": f"simulated checkpoint after {done} of work"}
+        if name == "transfer":
+            return {"image_dir": f"sim://{node}/{job_id}", "summary": "simulated image copied"}
+        if name == "stage":
+            return {"image_dir": f"sim://{node}/{job_id}", "summary": "simulated image staged"}
+        if name == "restore":
+            image = args.get("image")
+            if image is None:
+                raise ConnectorError(f"no image to restore {job_id} from", retryable=False)
+            cluster.put_on(job_id, node, timedelta(seconds=float(image["done_s"])))
+            return {"summary": f"restored on {node} (simulated)"}
+        if name == "confirm":
+            if not cluster.runs_on(job_id, node):
+                raise ConnectorError(f"job {job_id} does not run on {node}", retryable=False)
+            return {"summary": f"running on {node}"}
+        if name == "release":
+            stopped = cluster.stop_on(job_id, node)
+            return {
+                "stopped": stopped,
+                "summary": "stopped and released" if stopped else "released",
+            }
+        raise ConnectorError(f"simulated agents do not know step {name!r}", retryable=False)

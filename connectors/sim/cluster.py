@@ -1,0 +1,500 @@
+"""A simulated cluster that lives in (its own) time: the ``sim`` connector kind.
+
+Jobs arrive from a seeded generator; a native scheduler starts them the way schedulers
+that never revisit a placement do — strictly first come, first served, first fit, so one
+job that does not fit blocks the queue behind it and the cluster fragments. Running jobs
+make progress and finish. Elastic services follow a diurnal demand through their own
+autoscaler unless Shaper resizes them.
+
+Shaper sees the cluster through :meth:`SimCluster.read_state`, like any connector, and
+acts on it through the scheduler-level capabilities here (requeue — pinned or not —,
+hold/release, start, cancel, resize) and through the simulated node agents
+(connectors.sim.agents: checkpoint, transfer, restore, confirm, release). Time is passed
+in (``advance_to``), so the same cluster runs 24 h of history in a second or follows the
+wall clock in ``shaper demo``. Thread-safe: telemetry and actions come from different
+threads.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from connectors.base import (
+    AllocationReport,
+    ClusterState,
+    ConnectorError,
+    JobKind,
+    JobReport,
+    JobShape,
+    JobState,
+    Metric,
+    NodeReport,
+    SampleReport,
+    SchedulerKind,
+)
+
+# Finished jobs stay visible this long (schedulers keep them a while: Slurm's MinJobAge).
+KEEP_FINISHED = timedelta(hours=2)
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    peak_replicas: int
+    gpus_per_replica: int
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """What a simulated cluster is made of and what arrives at it."""
+
+    name: str
+    nodes: tuple[tuple[str, str, int], ...]  # (name, GPU model, GPUs)
+    teams: tuple[str, ...]
+    kinds: tuple[JobKind, ...]
+    services: tuple[ServiceSpec, ...] = ()
+    arrivals_per_hour: float = 6.0
+    job_gpus: tuple[int, ...] = (1, 1, 2, 4, 8, 8, 16)
+    minutes: tuple[int, int] = (30, 360)  # a job's run time at full speed, uniform
+    checkpointable_share: float = 0.6
+
+
+@dataclass
+class SimJob:
+    report: JobReport
+    work: timedelta  # run time it needs in all
+    done: timedelta = timedelta(0)
+    placement: dict[str, list[int]] = field(default_factory=dict)
+    pinned: list[str] | None = None  # requeued onto these nodes
+    excluded: list[str] = field(default_factory=list)
+    held: bool = False
+    started_by_shaper: bool = False  # a `start` step: place it now, ahead of FIFO
+    resized: bool = False  # a service Shaper has resized: its autoscaler stands down
+
+    @property
+    def id(self) -> str:
+        return self.report.external_id
+
+    @property
+    def state(self) -> JobState:
+        return self.report.state
+
+
+def diurnal(peak: int, at: datetime) -> int:
+    """Demand peaking at 14:00 UTC, about a third of the peak at night."""
+    phase = math.cos((at.hour + at.minute / 60 - 14) / 24 * 2 * math.pi)
+    return max(1, round(peak * (0.65 + 0.35 * phase)))
+
+
+class SimCluster:
+    kind = SchedulerKind.sim
+
+    def __init__(
+        self, spec: SiteSpec, *, start: datetime, seed: int = 7, clock: Callable[[], datetime]
+    ) -> None:
+        """clock: the time read_state() reports and actions happen at (advance_to first)."""
+        self.spec = spec
+        self.cluster = spec.name
+        self.now = start
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._lock = threading.RLock()
+        self._size = {name: gpus for name, _, gpus in spec.nodes}
+        self._models = {name: model for name, model, _ in spec.nodes}
+        self.jobs: dict[str, SimJob] = {}
+        self._counter = 0
+        self._arrival_debt = 0.0
+        for service in spec.services:
+            self._add_service(service)
+        self._schedule()
+
+    # -- time ------------------------------------------------------------------------------
+
+    def advance_to(self, at: datetime) -> None:
+        """Run the cluster up to ``at``: progress, completions, arrivals, autoscaling, FIFO."""
+        with self._lock:
+            if at <= self.now:
+                return
+            elapsed = at - self.now
+            for job in self.jobs.values():
+                if job.state is JobState.running and job.report.shape is JobShape.block:
+                    job.done += elapsed
+                    if job.done >= job.work:
+                        self._finish(job, at - (job.done - job.work))
+            self.now = at
+            self._arrive(elapsed)
+            self._autoscale()
+            self._schedule()
+            self._forget_finished()
+
+    def _arrive(self, elapsed: timedelta) -> None:
+        self._arrival_debt += self.spec.arrivals_per_hour * elapsed.total_seconds() / 3600
+        while self._arrival_debt >= 1 or (
+            self._arrival_debt > 0 and self._rng.random() < self._arrival_debt
+        ):
+            self._arrival_debt -= 1
+            self._counter += 1
+            team = self._rng.choice(self.spec.teams)
+            gpus = self._rng.choice(self.spec.job_gpus)
+            job_id = f"{self.cluster}-{self._counter}"
+            report = JobReport(
+                external_id=job_id,
+                name=f"{team}-{self._counter}",
+                team=team,
+                queue=team,
+                kind=self._rng.choice(self.spec.kinds),
+                priority=self._rng.choice([10, 50, 100]),
+                gpus_requested=gpus,
+                gang_size=max(1, math.ceil(gpus / max(self._size.values()))),
+                checkpointable=self._rng.random() < self.spec.checkpointable_share,
+                submit_time=self.now,
+                state=JobState.pending,
+            )
+            minutes = self._rng.randint(*self.spec.minutes)
+            self.jobs[job_id] = SimJob(report=report, work=timedelta(minutes=minutes))
+        self._arrival_debt = max(self._arrival_debt, 0.0)
+
+    def _add_service(self, service: ServiceSpec) -> None:
+        report = JobReport(
+            external_id=service.name,
+            name=service.name,
+            team="serving",
+            queue="serving",
+            kind=JobKind.realtime_inference,
+            shape=JobShape.elastic,
+            priority=200,
+            sla_class="realtime",
+            gpus_requested=service.gpus_per_replica,
+            min_replicas=1,
+            max_replicas=service.peak_replicas,
+            replicas=diurnal(service.peak_replicas, self.now),
+            submit_time=self.now,
+            start_time=self.now,
+            state=JobState.running,
+        )
+        self.jobs[service.name] = SimJob(report=report, work=timedelta.max)
+        self._place_service(self.jobs[service.name])
+
+    def _autoscale(self) -> None:
+        for service in self.spec.services:
+            job = self.jobs[service.name]
+            if not job.resized:
+                self._set_replicas(job, diurnal(service.peak_replicas, self.now))
+
+    # -- placement -------------------------------------------------------------------------
+
+    def free(self) -> dict[str, list[int]]:
+        with self._lock:
+            free = {name: list(range(gpus)) for name, gpus in self._size.items()}
+            for job in self.jobs.values():
+                for node, indices in job.placement.items():
+                    free[node] = [i for i in free[node] if i not in indices]
+            return free
+
+    def _fit(
+        self, gpus: int, free: dict[str, list[int]], nodes: list[str] | None, excluded: list[str]
+    ) -> dict[str, list[int]]:
+        """First fit on one node, else whole nodes for a gang; {} when it does not fit."""
+        allowed = [n for n in (nodes or list(free)) if n in free and n not in excluded]
+        for node in allowed:
+            if len(free[node]) >= gpus:
+                return {node: free[node][:gpus]}
+        placement: dict[str, list[int]] = {}
+        for node in allowed:
+            if gpus <= 0:
+                break
+            if len(free[node]) == self._size[node]:
+                take = min(gpus, self._size[node])
+                placement[node] = free[node][:take]
+                gpus -= take
+        return placement if gpus <= 0 else {}
+
+    def _start(self, job: SimJob, placement: dict[str, list[int]]) -> None:
+        job.placement = placement
+        job.pinned, job.started_by_shaper = None, False
+        job.report = job.report.model_copy(
+            update={"state": JobState.running, "start_time": self.now, "reason": ""}
+        )
+
+    def _schedule(self) -> None:
+        """First Shaper's explicit starts, then strict FIFO: the first job that does not fit
+        blocks the rest (no backfill), as a scheduler that never revisits placement does."""
+        free = self.free()
+        pending = sorted(
+            (j for j in self.jobs.values() if j.state is JobState.pending and not j.held),
+            key=lambda j: (not j.started_by_shaper, j.report.submit_time or self.now, j.id),
+        )
+        blocked = False
+        for job in pending:
+            if blocked and not job.started_by_shaper:
+                job.report = job.report.model_copy(update={"reason": "Priority"})
+                continue
+            placement = self._fit(job.report.gpus_requested, free, job.pinned, job.excluded)
+            if not placement:
+                reason = "ReqNodeNotAvail" if job.pinned else "Resources"
+                job.report = job.report.model_copy(update={"reason": reason})
+                blocked = blocked or not job.started_by_shaper
+                continue
+            for node, indices in placement.items():
+                free[node] = [i for i in free[node] if i not in indices]
+            self._start(job, placement)
+
+    def _place_service(self, job: SimJob) -> None:
+        free = self.free()
+        for node, indices in job.placement.items():
+            free[node] = sorted(set(free[node]) | set(indices))
+        placement: dict[str, list[int]] = {}
+        for _ in range(job.report.replicas):
+            got = self._fit(job.report.gpus_requested, free, None, [])
+            if not got:
+                break
+            for node, indices in got.items():
+                placement.setdefault(node, []).extend(indices)
+                free[node] = [i for i in free[node] if i not in indices]
+        job.placement = placement
+
+    def _set_replicas(self, job: SimJob, replicas: int) -> None:
+        if replicas != job.report.replicas:
+            job.report = job.report.model_copy(update={"replicas": replicas})
+            self._place_service(job)
+
+    def _finish(self, job: SimJob, at: datetime) -> None:
+        job.placement = {}
+        job.report = job.report.model_copy(update={"state": JobState.finished, "end_time": at})
+
+    def _forget_finished(self) -> None:
+        for job_id, job in list(self.jobs.items()):
+            end = job.report.end_time
+            if job.state in (JobState.finished, JobState.cancelled) and end is not None:
+                if self.now - end > KEEP_FINISHED:
+                    del self.jobs[job_id]
+
+    # -- the connector: reads --------------------------------------------------------------
+
+    def read_state(self) -> ClusterState:
+        with self._lock:
+            self.advance_to(self._clock())
+            free = self.free()
+            nodes = [
+                NodeReport(
+                    name=name,
+                    gpu_model=model,
+                    gpu_count=gpus,
+                    cpu_cores=gpus * 16,
+                    memory_mib=gpus * 128 * 1024,
+                    labels={"rack": f"r{i // 4}", "sim": "true"},
+                )
+                for i, (name, model, gpus) in enumerate(self.spec.nodes)
+            ]
+            jobs = [
+                job.report.model_copy(
+                    update={
+                        "allocations": [
+                            AllocationReport(node=node, gpu_indices=sorted(indices))
+                            for node, indices in job.placement.items()
+                        ]
+                    }
+                )
+                for job in self.jobs.values()
+            ]
+            samples = [
+                SampleReport(
+                    at=self.now,
+                    metric=Metric.gpu_util,
+                    node=name,
+                    value=round((1 - len(free[name]) / gpus) * self._rng.uniform(0.55, 0.95), 3),
+                )
+                for name, _, gpus in self.spec.nodes
+            ] + [
+                SampleReport(
+                    at=self.now,
+                    metric=Metric.demand_replicas,
+                    job=service.name,
+                    value=diurnal(service.peak_replicas, self.now),
+                )
+                for service in self.spec.services
+            ]
+            return ClusterState(observed_at=self.now, nodes=nodes, jobs=jobs, samples=samples)
+
+    def submit(self, report: JobReport, work: timedelta) -> None:
+        """A job arrives now (a site's own workload, a test), needing ``work`` of run time."""
+        with self._lock:
+            self.jobs[report.external_id] = SimJob(
+                report=report.model_copy(update={"state": JobState.pending}), work=work
+            )
+            self._schedule()
+
+    # -- the connector: scheduler-level actions --------------------------------------------
+
+    def job(self, external_id: str) -> SimJob:
+        try:
+            return self.jobs[external_id]
+        except KeyError:
+            raise ConnectorError(
+                f"no job {external_id!r} on simulated cluster {self.cluster}", retryable=False
+            ) from None
+
+    def _act(self) -> None:
+        self.advance_to(self._clock())
+
+    def requeue(
+        self, external_id: str, *, nodes: list[str] | None = None, exclude: list[str] | None = None
+    ) -> None:
+        """Back to the queue (work since the last checkpoint is lost), optionally pinned."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.state is JobState.running:
+                job.placement = {}
+                if not job.report.checkpointable:
+                    job.done = timedelta(0)
+                job.report = job.report.model_copy(
+                    update={
+                        "state": JobState.pending,
+                        "restart_count": job.report.restart_count + 1,
+                    }
+                )
+            if nodes is not None:
+                job.pinned = list(nodes) or None
+            if exclude is not None:
+                job.excluded = list(exclude)
+            self._schedule()
+
+    def hold(self, external_id: str) -> None:
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            job.held = True
+            job.report = job.report.model_copy(update={"reason": "JobHeldAdmin"})
+
+    def release(self, external_id: str) -> None:
+        """Release a held job; a `start` step: place this job now if it fits anywhere."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            job.held = False
+            if job.state is JobState.pending:
+                job.started_by_shaper = True
+                self._schedule()
+
+    def cancel(self, external_id: str) -> None:
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.state in (JobState.pending, JobState.running, JobState.suspended):
+                job.placement = {}
+                job.report = job.report.model_copy(
+                    update={"state": JobState.cancelled, "end_time": self.now}
+                )
+                self._schedule()
+
+    def suspend(self, external_id: str) -> None:
+        """Stop a running job where it is, keeping its progress (and freeing its GPUs)."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.state is JobState.running:
+                job.placement = {}
+                job.report = job.report.model_copy(
+                    update={"state": JobState.suspended, "reason": "suspended"}
+                )
+                self._schedule()
+
+    def resume(self, external_id: str) -> None:
+        """A suspended (or checkpointed) job goes back to the queue, first in line."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.state is JobState.suspended:
+                job.started_by_shaper = True
+                job.report = job.report.model_copy(update={"state": JobState.pending})
+                self._schedule()
+
+    def resize(self, external_id: str, *, replicas: int) -> None:
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.report.shape is not JobShape.elastic:
+                raise ConnectorError(
+                    f"job {external_id} is not an elastic service", retryable=False
+                )
+            low, high = job.report.min_replicas, job.report.max_replicas
+            if not low <= replicas <= high:
+                raise ConnectorError(
+                    f"service {external_id}: {replicas} replicas is outside {low}..{high}",
+                    retryable=False,
+                )
+            job.resized = True
+            self._set_replicas(job, replicas)
+
+    # -- for the simulated node agents -----------------------------------------------------
+
+    def take_off(self, external_id: str, node: str) -> timedelta:
+        """Checkpoint on ``node``: the job stops holding GPUs and keeps its progress."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.state is not JobState.running or list(job.placement) != [node]:
+                raise ConnectorError(
+                    f"job {external_id} does not run on {node} alone "
+                    f"(state {job.state.value}, nodes {sorted(job.placement) or 'none'})",
+                    retryable=False,
+                )
+            job.placement = {}
+            job.report = job.report.model_copy(
+                update={"state": JobState.suspended, "reason": "checkpointed"}
+            )
+            self._schedule()
+            return job.done
+
+    def put_on(self, external_id: str, node: str, done: timedelta) -> None:
+        """Restore on ``node`` with the progress the checkpoint kept."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.state is JobState.running and list(job.placement) == [node]:
+                return
+            if job.state is JobState.running:
+                raise ConnectorError(
+                    f"job {external_id} already runs on {sorted(job.placement)}; "
+                    f"restoring it on {node} would run it twice",
+                    retryable=False,
+                )
+            placement = self._fit(job.report.gpus_requested, self.free(), [node], [])
+            if not placement:
+                raise ConnectorError(
+                    f"job {external_id} needs {job.report.gpus_requested} GPUs, "
+                    f"{node} has {len(self.free().get(node, []))} free",
+                    retryable=True,
+                )
+            job.done = done
+            self._start(job, placement)
+            job.report = job.report.model_copy(
+                update={"restart_count": job.report.restart_count + 1}
+            )
+
+    def runs_on(self, external_id: str, node: str) -> bool:
+        with self._lock:
+            job = self.jobs.get(external_id)
+            return job is not None and job.state is JobState.running and node in job.placement
+
+    def stop_on(self, external_id: str, node: str) -> bool:
+        """Stop the job where it runs on ``node`` (a compensating release); True if it ran."""
+        with self._lock:
+            job = self.jobs.get(external_id)
+            if job is None or job.state is not JobState.running or node not in job.placement:
+                return False
+            job.placement = {}
+            job.report = job.report.model_copy(
+                update={"state": JobState.suspended, "reason": "released"}
+            )
+            return True
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,218 @@
+"""The simulated cluster (`sim` kind) and its in-process agents and connector."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors import registry
+from connectors.base import ConnectorError, JobKind, JobReport, JobShape, JobState, SchedulerKind
+from connectors.sim import ServiceSpec, SimCluster, SimExecutors, SiteSpec, diurnal
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+SPEC = SiteSpec(
+    name="lab",
+    nodes=(("a", "H100", 8), ("b", "H100", 8)),
+    teams=("research",),
+    kinds=(JobKind.training,),
+    arrivals_per_hour=0,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _cluster(spec: SiteSpec = SPEC) -> tuple[SimCluster, Clock]:
+    clock = Clock()
+    return SimCluster(spec, start=T0, seed=1, clock=clock), clock
+
+
+def _submit(
+    cluster: SimCluster, job_id: str, gpus: int, minutes: int, *, checkpointable: bool = True
+) -> None:
+    cluster.submit(
+        JobReport(
+            external_id=job_id,
+            gpus_requested=gpus,
+            checkpointable=checkpointable,
+            submit_time=cluster.now + timedelta(seconds=len(cluster.jobs)),
+        ),
+        timedelta(minutes=minutes),
+    )
+
+
+def _states(cluster: SimCluster) -> dict[str, tuple[str, list[str]]]:
+    return {
+        job.external_id: (job.state.value, sorted(a.node for a in job.allocations))
+        for job in cluster.read_state().jobs
+    }
+
+
+def test_fifo_blocks_behind_a_job_that_does_not_fit_and_jobs_finish_on_time() -> None:
+    cluster, clock = _cluster()
+    _submit(cluster, "six", 6, 30)
+    _submit(cluster, "big", 8, 60)  # does not fit next to `six` on a; fits on b
+    _submit(cluster, "huge", 16, 60)  # needs both nodes whole: blocks the queue
+    _submit(cluster, "one", 1, 60)  # would fit, but FIFO does not backfill
+    clock.now = T0 + timedelta(minutes=1)
+
+    assert _states(cluster) == {
+        "six": ("running", ["a"]),
+        "big": ("running", ["b"]),
+        "huge": ("pending", []),
+        "one": ("pending", []),
+    }
+    clock.now = T0 + timedelta(minutes=32)  # `six` is done after 30 minutes of work
+    states = _states(cluster)
+    assert states["six"] == ("finished", [])
+    assert states["one"] == ("pending", [])  # still behind `huge`
+    finished = next(j for j in cluster.read_state().jobs if j.external_id == "six")
+    assert finished.end_time == T0 + timedelta(minutes=30)
+
+
+def test_a_start_step_places_a_job_ahead_of_the_fifo_queue() -> None:
+    cluster, clock = _cluster()
+    _submit(cluster, "six", 6, 30)
+    _submit(cluster, "huge", 16, 60)
+    _submit(cluster, "one", 1, 60)
+    clock.now = T0 + timedelta(minutes=1)
+    cluster.read_state()
+
+    cluster.release("one")  # what the connector executor does for `start`
+
+    assert _states(cluster)["one"] == ("running", ["a"])
+
+
+def test_checkpoint_and_restore_move_a_job_with_its_progress() -> None:
+    cluster, clock = _cluster()
+    _submit(cluster, "job", 4, 60)
+    clock.now = T0 + timedelta(minutes=20)
+    cluster.read_state()
+    assert _states(cluster)["job"] == ("running", ["a"])
+
+    done = cluster.take_off("job", "a")
+    cluster.put_on("job", "b", done)
+    clock.now = T0 + timedelta(minutes=61)
+
+    assert done == timedelta(minutes=20)
+    assert _states(cluster)["job"] == ("finished", [])  # 20 + 41 minutes ≥ 60
+    with pytest.raises(ConnectorError, match="does not run on a alone"):
+        cluster.take_off("job", "a")
+
+
+def test_a_requeue_without_checkpoint_loses_the_work_and_can_pin_the_job() -> None:
+    cluster, clock = _cluster()
+    _submit(cluster, "job", 4, 60, checkpointable=False)
+    clock.now = T0 + timedelta(minutes=30)
+    cluster.read_state()
+
+    cluster.requeue("job", nodes=["b"])
+
+    assert _states(cluster)["job"] == ("running", ["b"])
+    assert cluster.jobs["job"].done == timedelta(0)
+    assert cluster.read_state().jobs[0].restart_count == 1
+
+
+def test_services_follow_demand_until_resized_and_refuse_out_of_range() -> None:
+    spec = SiteSpec(
+        name="svc",
+        nodes=(("a", "L40S", 4), ("b", "L40S", 4)),
+        teams=("serving",),
+        kinds=(JobKind.batch_inference,),
+        services=(ServiceSpec("chat", 6, 1),),
+        arrivals_per_hour=0,
+    )
+    cluster, clock = _cluster(spec)
+    service = next(j for j in cluster.read_state().jobs if j.external_id == "chat")
+    assert service.shape is JobShape.elastic and service.replicas == diurnal(6, T0)
+    assert sum(len(a.gpu_indices) for a in service.allocations) == service.replicas
+
+    cluster.resize("chat", replicas=2)
+    clock.now = T0 + timedelta(hours=2)
+    resized = next(j for j in cluster.read_state().jobs if j.external_id == "chat")
+    assert resized.replicas == 2 and sum(len(a.gpu_indices) for a in resized.allocations) == 2
+    with pytest.raises(ConnectorError, match="outside 1..6"):
+        cluster.resize("chat", replicas=9)
+
+
+def test_arrivals_are_seeded() -> None:
+    spec = SiteSpec(name="busy", nodes=SPEC.nodes, teams=("t",), kinds=(JobKind.hpc,))
+    runs = []
+    for _ in range(2):
+        cluster, clock = _cluster(spec)
+        clock.now = T0 + timedelta(hours=5)
+        runs.append(sorted((j.external_id, j.gpus_requested) for j in cluster.read_state().jobs))
+    assert runs[0] == runs[1] and len(runs[0]) >= 10
+
+
+def _step(name: str, queue: str, generation: int, **args: Any) -> tuple[str, dict[str, Any]]:
+    return queue, {
+        "action_id": 1,
+        "key": f"k:{name}:{queue}:{generation}",
+        "step": name,
+        "phase": "forward",
+        "workload_id": "job",
+        "generation": generation,
+        "args": args,
+        "reply_task": "r",
+        "reply_queue": "control",
+    }
+
+
+def test_simulated_agents_migrate_a_job_and_keep_the_fencing_rules(tmp_path: Path) -> None:
+    cluster, clock = _cluster()
+    _submit(cluster, "job", 4, 60)
+    clock.now = T0 + timedelta(minutes=10)
+    cluster.read_state()
+    executors = SimExecutors(cluster, state_dir=tmp_path)
+
+    checkpoint = executors.handle(*_step("checkpoint", "agent.lab.a", 1))
+    assert checkpoint["ok"], checkpoint
+    image = checkpoint["result"]["image"]
+    restore = executors.handle(*_step("restore", "agent.lab.b", 1, image=image))
+    assert restore["ok"], restore.get("error")
+    assert executors.handle(*_step("confirm", "agent.lab.b", 1))["ok"]
+    assert _states(cluster)["job"] == ("running", ["b"])
+    assert cluster.jobs["job"].done == timedelta(minutes=10)
+
+    again = executors.handle(*_step("restore", "agent.lab.b", 1, image=image))
+    assert again["outcome"] == "duplicate"
+    # The saga that took the job away from a cannot bring it back there.
+    late = executors.handle(*_step("restore", "agent.lab.a", 1, image=image))
+    assert late["outcome"] == "refused" and "stale" in late["error"]
+    stale_queue, stale = _step("checkpoint", "agent.lab.b", 0)
+    refused = executors.handle(stale_queue, stale)
+    assert refused["outcome"] == "refused" and "stale" in refused["error"]
+    assert _states(cluster)["job"] == ("running", ["b"])  # never on two nodes
+
+
+def test_simulated_connector_steps_go_through_the_connector_executor(tmp_path: Path) -> None:
+    cluster, clock = _cluster()
+    _submit(cluster, "job", 4, 60)
+    clock.now = T0 + timedelta(minutes=1)
+    cluster.read_state()
+    executors = SimExecutors(cluster, state_dir=tmp_path)
+
+    report = executors.handle(*_step("requeue", "connector.lab", 1, nodes=["b"]))
+
+    assert report["ok"] and report["executor"] == "connector.lab", report
+    assert _states(cluster)["job"] == ("running", ["b"])
+    assert executors.handle(*_step("requeue", "connector.lab", 1, nodes=["b"]))["outcome"] == (
+        "duplicate"
+    )
+    assert cluster.read_state().jobs[0].state is JobState.running
+
+
+def test_the_sim_kind_is_registered_and_checks_its_options() -> None:
+    cluster = registry.create(SchedulerKind.sim, cluster="demo", nodes=2, gpus_per_node=4)
+    assert [n.name for n in cluster.read_state().nodes] == ["demo-n01", "demo-n02"]
+    with pytest.raises(TypeError):
+        registry.create(SchedulerKind.sim, cluster="demo", colour="red")
