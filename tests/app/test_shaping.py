@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -121,3 +125,42 @@ def test_only_one_leader_at_a_time(postgres_engine: Engine) -> None:
                 assert not other
         with shaping_lease(second) as after:
             assert after
+
+
+_LEADER = """
+import sys, time
+from sqlmodel import Session
+from app.core.db import make_engine
+from app.shaping.lease import shaping_lease
+with Session(make_engine(sys.argv[1])) as session, shaping_lease(session) as leader:
+    print("leader" if leader else "follower", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_crashed_leader_is_replaced_at_the_next_tick(postgres_engine: Engine) -> None:
+    """The lease dies with the leader's connection: a process killed mid-cycle (SIGKILL,
+    no cleanup) leaves nothing that keeps the next replica from leading."""
+    url = postgres_engine.url.render_as_string(hide_password=False)
+    leader = subprocess.Popen(
+        [sys.executable, "-c", _LEADER, url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert leader.stdout is not None and leader.stdout.readline().strip() == "leader"
+        with Session(postgres_engine) as replica, shaping_lease(replica) as held:
+            assert not held
+        leader.send_signal(signal.SIGKILL)
+        leader.wait(timeout=30)
+        deadline = time.monotonic() + 10  # the server notices the closed socket at once
+        while True:
+            with Session(postgres_engine) as replica, shaping_lease(replica) as held:
+                if held:
+                    break
+            assert time.monotonic() < deadline, "the dead leader's lease was never released"
+            time.sleep(0.1)
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait(timeout=30)
+        assert leader.stdout is not None
+        leader.stdout.close()
