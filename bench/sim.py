@@ -1,6 +1,7 @@
 """Benchmark: replay the whole Philly trace with ``shaper`` on a 1,000-GPU cluster.
 
     .venv/bin/python bench/sim.py [TRACE] [--gpus 1000] [--policy shaper] [--replan-min 30]
+        [--window-start-h H --window-end-h H] [--solver KEY=VALUE]
 
 Prints the wall time of the simulation (loading excluded, and printed apart) and the
 simulated-time / real-time ratio. Re-planning is on a fixed cadence (default every 30
@@ -35,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replan-min", type=float, default=30.0)
     parser.add_argument("--events", action="store_true", help="also re-plan on every event")
     parser.add_argument("--max-jobs", type=int, default=None)
+    parser.add_argument(
+        "--window-start-h", type=float, default=0.0, help="keep jobs submitted from this hour"
+    )
+    parser.add_argument(
+        "--window-end-h", type=float, default=None, help="keep jobs submitted before this hour"
+    )
     parser.add_argument("--progress", action="store_true")
     parser.add_argument(
         "--solver",
@@ -55,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         gpus_per_node=args.gpus_per_node,
         replan_interval_min=args.replan_min,
         max_jobs=args.max_jobs,
+        window_start_h=args.window_start_h,
+        window_end_h=args.window_end_h,
     )
     workload = load_trace(trace, options=options)
     load_s = time.perf_counter() - started

@@ -3,8 +3,16 @@ and is checked against the hard constraints before it is kept.
 
 One engine, configured by :class:`GreedyOptions`, is behind all four policies:
 
+0. Jobs past their SLA's max queue wait go first, in every order, after services have
+   scaled down and before they scale up; strict FIFO and backfill never hold them back,
+   and a last pass retries any still pending on what the plan leaves free (so
+   ``solver.validate``'s rule 10 holds by construction).
 1. Elastic services: scale down to their target (demand now, or the daily peak for the
-   FIFO baselines, which never scale down), then scale up, fastest GPUs first.
+   FIFO baselines, which never scale down), then scale up, fastest GPUs first; with
+   ``service_disruption`` (the shaper), a service still short of demand may then move
+   movable block jobs elsewhere or stop preemptible checkpointable ones on a node, when
+   the replicas gained are worth more than what is moved or stopped
+   (:meth:`GreedyEngine.grow_by_disruption`).
 2. Look-ahead (optional): capacity an elastic service's forecast will need within
    ``config.lookahead_s`` is withheld from long, non-checkpointable block jobs.
 3. Pending block jobs in the policy's order (arrival, priority, or value = weight then
@@ -25,7 +33,7 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from solver.actions import build_plan
@@ -35,6 +43,7 @@ from solver.plan import Plan, Reason, ReasonCode, SolveStats, SolveStatus
 from solver.state import ClusterState
 
 DAY_S = 24 * 3600.0
+OVERDUE_PREFIX = "past its max queue wait, yet not placeable: "
 
 
 class Order(enum.StrEnum):
@@ -60,6 +69,16 @@ class GreedyOptions:
     lookahead: bool = False
     defrag_first: bool = False  # try migration before preemption for a job that does not fit
     preemption_candidates: int = 32  # nodes looked at per preemption attempt
+    # Let a service short of its demand move or stop block work to grow (see
+    # ``GreedyEngine.grow_by_disruption``); None = when both ``preempt`` and ``migrate``
+    # are on (the shaper's configuration).
+    service_disruption: bool | None = None
+
+    @property
+    def grows_services_by_disruption(self) -> bool:
+        if self.service_disruption is not None:
+            return self.service_disruption
+        return self.preempt and self.migrate
 
 
 @dataclass
@@ -93,7 +112,7 @@ def sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]:
     for job in instance.jobs:
         overdue = 0 if instance.is_overdue(job) else 1
         if order is Order.ARRIVAL:
-            keys[job.id] = (job.submit_time, job.id)
+            keys[job.id] = (overdue, job.submit_time, job.id)
         elif order is Order.PRIORITY:
             keys[job.id] = (overdue, -instance.weight(job), job.submit_time, job.id)
         else:
@@ -148,19 +167,22 @@ class GreedyEngine:
                     self.victim_floor[node] = min(self.victim_floor[node], self.weight[job.id])
         self.defrag_failed: dict[tuple[object, ...], bool] = {}  # -> blocked by the budget
         self.fit_cache: dict[tuple[object, ...], bool] = {}
+        self.blocked: tuple[Job | None, float, set[int]] = (None, math.inf, set())
 
     # -- driver ----------------------------------------------------------------------
 
     def run(self) -> GreedyResult:
-        self._elastic_phase()
-        if self.options.lookahead:
-            self._build_reservations()
         keys = sort_key(self.instance, self.options.order)
         queue = sorted(
             (j for j in self.instance.jobs if not j.is_elastic and not j.is_running),
             key=lambda j: keys[j.id],
         )
-        self.place_queue(queue)
+        # Jobs past their max queue wait go before everything else, services included.
+        overdue = [job for job in queue if job.id in self.overdue]
+        self._elastic_phase(overdue)
+        if self.options.lookahead:
+            self._build_reservations()
+        self.place_queue([job for job in queue if job.id not in self.state.placement])
         self.diagnose(queue)
         return self.result
 
@@ -180,7 +202,10 @@ class GreedyEngine:
     def state_replicas(self, job: Job) -> int:
         return sum(self.state.held(job.id).values()) // job.gpus_per_replica
 
-    def _elastic_phase(self) -> None:
+    def _elastic_phase(self, overdue: list[Job] | None = None) -> None:
+        """Scale services down to their targets, place ``overdue`` block jobs (they outrank
+        service growth), then scale services up: into free GPUs, then, if the options
+        allow, by moving or stopping block work worth less than the demand it serves."""
         services = sorted(
             (j for j in self.instance.jobs if j.is_elastic),
             key=lambda j: (-self.weight[j.id], j.id),
@@ -192,10 +217,15 @@ class GreedyEngine:
             if surplus > 0:
                 self._scale_down(job, surplus)
         self.after_scale_down = {job.id: dict(self.state.held(job.id)) for job in services}
+        if overdue:
+            self.place_queue(overdue)
         for job in services:
             missing = targets[job.id] - self.state_replicas(job)
             if missing > 0:
                 self.scale_up(job, missing)
+            missing = targets[job.id] - self.state_replicas(job)
+            if missing > 0 and self.options.grows_services_by_disruption:
+                self.grow_by_disruption(job, missing)
             self.record_elastic(job)
 
     def record_elastic(self, job: Job) -> None:
@@ -252,6 +282,170 @@ class GreedyEngine:
             )
             missing -= replicas
 
+    def grow_by_disruption(self, job: Job, missing: int) -> None:
+        """Grow a service short of its demand onto nodes held by block work, node by node.
+
+        On each node of the service's groups, residents make room cheapest first: a
+        movable job (checkpointable, single node, off cooldown, budget left) migrates to
+        free GPUs elsewhere; otherwise a preemptible job under its daily limit stops
+        (requeued: a checkpointable one loses nothing). A node is taken only if the trade
+        favours it in the objective's units: the replicas gained are worth
+        ``w(s) · gpus_per_replica · (speed + elastic_unmet_weight)`` each (served work,
+        unmet demand removed); a stopped job costs ``w(j) · gpus · speed`` (its work held
+        now) plus the work it loses, a moved one its migration time. Guarantees, the
+        per-cycle preemption cap and the migration budget hold as for block preemption.
+        """
+        nodes = self.instance.nodes
+        job_by_id = self.instance.job_by_id
+        now = self.instance.now
+        horizon = self.config.value_horizon_s
+        gpr = job.gpus_per_replica
+        cap = self.instance.policy_for(job).quota_cap
+        # Fastest GPUs first, then the nodes that need the fewest GPUs freed per replica.
+        ranked: list[tuple[float, float, int]] = []
+        for group in self.state.ready_groups(job):
+            speed = self.compat.groups[group].gpu_model.speed
+            for node in self.compat.groups[group].node_indices:
+                if not self.state.ready[node] or nodes[node].gpus < gpr:
+                    continue
+                removable = sum(
+                    gpus
+                    for r, gpus in self.state.jobs_on_node[node].items()
+                    if r not in self.touched
+                    and not job_by_id[r].is_elastic
+                    and (r in self.movable or self._service_victim(job_by_id[r]))
+                )
+                if removable <= 0:
+                    continue
+                free = self.state.free_gpus[node]
+                room = min(missing, (free + removable) // gpr)
+                if room <= 0:
+                    continue
+                ranked.append((-speed, max(0, room * gpr - free) / room, node))
+        ranked.sort()
+        for _, _, node in ranked:
+            if missing <= 0:
+                break
+            if cap is not None and self.state.team_usage[job.team] + gpr > cap:
+                break
+            missing -= self._grow_on_node(job, node, missing, cap, now, horizon)
+
+    def _service_victim(self, job: Job) -> bool:
+        """A block job a service may stop to grow: preemptible, under its daily limit, and
+        checkpointable (requeued without losing work)."""
+        return job.id in self.victims and job.checkpointable
+
+    def _removal_cost(self, resident: Job, node: int, now: float) -> tuple[float, bool]:
+        """(cost, migrate?) of making ``resident`` leave ``node``, cheapest way first."""
+        weight = self.weight[resident.id]
+        horizon = self.config.value_horizon_s
+        gpus = resident.total_gpus
+        if resident.id in self.movable and self.migrations < self.config.max_migrations_per_cycle:
+            seconds = self.instance.migration.migration_seconds(resident)
+            return weight * gpus * seconds / horizon, True
+        speed = self.compat.groups[self.compat.group_of_node[node]].gpu_model.speed
+        lost = self.instance.migration.preemption_lost_seconds(resident, now)
+        return weight * gpus * (speed + lost / horizon), False
+
+    def _grow_on_node(
+        self, job: Job, node: int, missing: int, cap: int | None, now: float, horizon: float
+    ) -> int:
+        """Make room for up to ``missing`` replicas of ``job`` on ``node``; replicas added."""
+        job_by_id = self.instance.job_by_id
+        config = self.config
+        gpr = job.gpus_per_replica
+        speed = self.compat.groups[self.compat.group_of_node[node]].gpu_model.speed
+        gain_per_replica = self.weight[job.id] * gpr * (speed + config.elastic_unmet_weight)
+        residents = [
+            job_by_id[r]
+            for r in self.state.jobs_on_node[node]
+            if r not in self.touched
+            and not job_by_id[r].is_elastic
+            and (r in self.movable or self._service_victim(job_by_id[r]))
+        ]
+        costed = sorted(
+            ((self._removal_cost(r, node, now), r) for r in residents),
+            key=lambda c: (c[0][0] / c[1].total_gpus, c[1].id),
+        )
+        mark = self.state.mark()
+        stopped_by_team = dict(self.stopped_by_team)
+        started = dict(self.started_by_team)
+        moved: list[tuple[Job, int]] = []
+        stopped: list[Job] = []
+        cost = 0.0
+        preempt_cap = config.max_preemptions_per_cycle
+
+        def undo() -> int:
+            self.state.rollback(mark)
+            self.stopped_by_team = stopped_by_team
+            self.started_by_team = started
+            return 0
+
+        for (estimate, migrate), resident in costed:
+            if self.state.replicas_fitting(job, node) >= missing:
+                break
+            if migrate and self.migrations + len(moved) < config.max_migrations_per_cycle:
+                held = self.state.evict(resident)
+                target = self.state.find_single_node(
+                    resident, resident.replicas, self.state.ready_groups(resident), {node}
+                )
+                if target is not None:
+                    self.state.place(resident, {target: resident.total_gpus})
+                    moved.append((resident, target))
+                    cost += estimate
+                    continue
+                self.state.place(resident, held)
+            if not self._service_victim(resident):
+                continue
+            if preempt_cap is not None and self.preemptions + len(stopped) >= preempt_cap:
+                continue
+            own = gpr * missing if resident.team == job.team else 0
+            if self._reclaimable(resident.team, own) < resident.held_gpus:
+                continue
+            lost = self.instance.migration.preemption_lost_seconds(resident, now)
+            cost += self.weight[resident.id] * resident.total_gpus * (speed + lost / horizon)
+            self.state.evict(resident)
+            self.stopped_by_team[resident.team] = (
+                self.stopped_by_team.get(resident.team, 0) + resident.held_gpus
+            )
+            stopped.append(resident)
+        replicas = min(missing, self.state.replicas_fitting(job, node))
+        if cap is not None:
+            replicas = min(replicas, (cap - self.state.team_usage[job.team]) // gpr)
+        if replicas <= 0 or not (moved or stopped) or gain_per_replica * replicas <= cost:
+            return undo()
+        self.state.add(job, node, replicas * gpr)
+        self.started_by_team[job.team] = self.started_by_team.get(job.team, 0) + replicas * gpr
+        # A same-team victim counted this growth as its team's start: check it holds.
+        for victim in stopped:
+            if self._reclaimable(victim.team, 0) < 0:
+                return undo()
+        name = self.instance.nodes[node].name
+        for resident, target in moved:
+            self.migrations += 1
+            self.touched.add(resident.id)
+            self.result.decisions[resident.id] = Reason(
+                code=ReasonCode.DEFRAGMENTATION,
+                message=f"moved to {self.instance.nodes[target].name} to make room on {name} "
+                f"for service {job.id}",
+            )
+        why = (
+            f"stopped on {name} for service {job.id}, short of its demand "
+            f"({gain_per_replica * replicas:.3g} > {cost:.3g} value units)"
+        )
+        self._note_stopped(stopped, lambda _victim: why)
+        self.epoch += 1
+        return replicas
+
+    def _note_stopped(self, victims: Iterable[Job], why: Callable[[Job], str]) -> None:
+        """Count and explain the jobs a decision stops."""
+        for victim in victims:
+            self.preemptions += 1
+            self.touched.add(victim.id)
+            self.result.decisions[victim.id] = Reason(
+                code=ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY, message=why(victim)
+            )
+
     # -- look-ahead ---------------------------------------------------------------------
 
     def _build_reservations(self) -> None:
@@ -307,14 +501,14 @@ class GreedyEngine:
 
     def place_queue(self, queue: list[Job]) -> None:
         pending = self.result.pending
-        blocked_by: Job | None = None
-        shadow_time = math.inf
-        shadow_nodes: set[int] = set()
+        # The strict-FIFO head (and its backfill reservation) carries over between calls.
+        blocked_by, shadow_time, shadow_nodes = self.blocked
         for job in queue:
             groups = self.state.ready_groups(job)
             if not groups or not self._could_ever_fit(job, groups):
                 continue  # diagnosed at the end; never blocks the queue
-            if blocked_by is not None and not self.options.backfill:
+            late = job.id in self.overdue
+            if blocked_by is not None and not self.options.backfill and not late:
                 pending[job.id] = Reason(
                     code=ReasonCode.QUEUE_ORDER, message=f"behind {blocked_by.id} in FIFO order"
                 )
@@ -328,7 +522,7 @@ class GreedyEngine:
                 )
                 continue
             placement: dict[int, int] | None
-            if blocked_by is not None:
+            if blocked_by is not None and not late:
                 placement = self._backfill(job, groups, shadow_time, shadow_nodes)
                 if placement is None and job.id not in pending:
                     if self._try_place(job, groups, None, probe=True) is not None:
@@ -350,13 +544,42 @@ class GreedyEngine:
                     if self.options.backfill:
                         shadow_time, shadow_nodes = self._shadow(job, groups)
                 continue
-            self.state.place(job, placement)
-            self.touched.add(job.id)
-            self.started_by_team[job.team] = self.started_by_team.get(job.team, 0) + job.total_gpus
-            code = ReasonCode.OVERDUE if self.instance.is_overdue(job) else ReasonCode.PLACED
-            self.result.decisions.setdefault(
-                job.id, Reason(code=code, message=self.placed_message(job, placement))
-            )
+            self._start(job, placement)
+        self.blocked = (blocked_by, shadow_time, shadow_nodes)
+        self._place_overdue_leftovers(queue)
+
+    def _start(self, job: Job, placement: dict[int, int]) -> None:
+        self.state.place(job, placement)
+        self.touched.add(job.id)
+        self.started_by_team[job.team] = self.started_by_team.get(job.team, 0) + job.total_gpus
+        code = ReasonCode.OVERDUE if self.instance.is_overdue(job) else ReasonCode.PLACED
+        self.result.decisions.setdefault(
+            job.id, Reason(code=code, message=self.placed_message(job, placement))
+        )
+
+    def _place_overdue_leftovers(self, queue: list[Job]) -> None:
+        """Give every overdue job still pending one more try on what is free now.
+
+        Preemptions and moves for later jobs can leave room an overdue job did not have
+        at its turn. Starts only take room, so after this pass no pending overdue job fits
+        the free GPUs as they are: the property ``solver.validate`` checks.
+        """
+        late = [j for j in queue if j.id in self.overdue and j.id not in self.state.placement]
+        if not late:
+            return
+        self.epoch += 1
+        for job in late:
+            groups = self.state.ready_groups(job)
+            if not groups:
+                continue
+            cap = self.instance.policy_for(job).quota_cap
+            if cap is not None and self.state.team_usage[job.team] + job.total_gpus > cap:
+                continue
+            placement = self._try_place(job, groups, None)
+            if placement is None:
+                continue
+            self.result.pending.pop(job.id, None)
+            self._start(job, placement)
 
     def placed_message(self, job: Job, placement: dict[int, int]) -> str:
         names = ", ".join(
@@ -698,14 +921,13 @@ class GreedyEngine:
             self.state.rollback(mark)
             self.stopped_by_team = stopped_by_team
             return None
-        for victim in stopped:
-            self.preemptions += 1
-            self.touched.add(victim.id)
-            self.result.decisions[victim.id] = Reason(
-                code=ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY,
-                message=f"stopped for {job.id} (weight {self.weight[job.id]:g} > "
-                f"{self.weight[victim.id]:g})",
-            )
+        self._note_stopped(
+            stopped,
+            lambda victim: (
+                f"stopped for {job.id} (weight {self.weight[job.id]:g} > "
+                f"{self.weight[victim.id]:g})"
+            ),
+        )
         self.epoch += 1
         return placement
 
@@ -764,6 +986,19 @@ class GreedyEngine:
                     code=ReasonCode.INSUFFICIENT_CAPACITY,
                     message=f"{self.state.compatible_free(groups)} compatible GPUs free, "
                     f"{job.total_gpus} needed",
+                )
+        self._mark_overdue(queue)
+
+    def _mark_overdue(self, queue: list[Job]) -> None:
+        """Say so when a job past its max queue wait stays pending (the reason is why)."""
+        pending = self.result.pending
+        for job in queue:
+            reason = pending.get(job.id)
+            if reason is None or job.id not in self.overdue:
+                continue
+            if not reason.message.startswith(OVERDUE_PREFIX):
+                pending[job.id] = Reason(
+                    code=reason.code, message=f"{OVERDUE_PREFIX}{reason.message}"
                 )
 
     def _min_holder_weight(self) -> list[float]:

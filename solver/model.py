@@ -20,7 +20,9 @@ Constraint families (``solver/constraints/``), each ``build()`` returning its ob
 ``capacity`` (per pool: a packing condition over its free-GPU levels for the chunk sizes,
 tight for power-of-two sizes, plus CPU and memory totals), ``quota`` (team caps, and the
 GPUs a team must start so that the greedy's preemptions stay within its guarantee),
-``lookahead`` (capacity held for elastic services' coming peaks), ``migration`` (how many
+``lookahead`` (capacity held for elastic services' coming peaks), ``overdue`` (as many
+jobs past their max queue wait placed as any solution places, found by a first solve),
+``migration`` (how many
 nodes of each evacuable kind to empty by moving their checkpointable residents within the
 node group, under the disruption budget, at their migration cost) and ``fragmentation``
 (whole free nodes kept).
@@ -88,6 +90,7 @@ class JobClass:
     team: str
     reserves: tuple[int, ...]  # look-ahead reserves this class must keep off
     elastic: bool = False
+    overdue: bool = False  # pending past its SLA's max queue wait
     size: int = 0  # jobs in the class, or missing replicas for an elastic class
 
     @property
@@ -209,7 +212,8 @@ def build_classes(
     by_key: dict[tuple[object, ...], JobClass] = {}
     for job in jobs:
         weight = instance.weight(job)
-        boost = instance.config.overdue_weight if instance.is_overdue(job) else 1.0
+        overdue = instance.is_overdue(job)
+        boost = instance.config.overdue_weight if overdue else 1.0
         capped = teams is None or job.team in teams
         key = (
             job_signature(job),
@@ -219,7 +223,7 @@ def build_classes(
             job.memory_mib_per_replica,
             job.max_nodes,
             weight,
-            boost,
+            overdue,
             job.team if capped else None,
             reserves[job.id],
         )
@@ -238,6 +242,7 @@ def build_classes(
                 boost=boost,
                 team=job.team,
                 reserves=reserves[job.id],
+                overdue=overdue,
             )
             by_key[key] = job_class
         job_class.jobs.append(job)
@@ -298,6 +303,8 @@ class PlacementModel:
         self.options_by_class: dict[int, list[Option]] = {}
         self.objective_terms: list[tuple[int, cp_model.IntVar]] = []
         self.whole_nodes_used: dict[int, cp_model.IntVar] = {}  # pool index -> var
+        self.overdue_required = 0  # overdue jobs the model must place (``overdue``)
+        self.overdue_proven = True  # that count is the most any solution places
 
     def _make_options(self) -> None:
         pool_by_group = {pool.group: pool for pool in self.pools}
@@ -347,10 +354,13 @@ class PlacementModel:
             fragmentation,
             lookahead,
             migration,
+            overdue,
             quota,
         )
 
         self._make_options()
         for family in (assignment, migration, capacity, quota, lookahead, fragmentation):
             self.objective_terms.extend(family.build(self))
+        # Hard: as many overdue jobs as any solution places (a first solve decides).
+        overdue.build(self)
         self.model.maximize(sum(coef * var for coef, var in self.objective_terms))

@@ -13,10 +13,11 @@ Units: one *unit* is one reference GPU (speed 1.0) of priority weight 1 held for
 
 ``unmet(e) = max(0, demand(e) − replicas(e))`` with ``demand(e)`` the forecast for now,
 clamped to the service's min/max replicas. ``boost(j)`` is ``overdue_weight`` for a pending
-job past its SLA's max queue wait (so it is placed whenever any plan can place it) and 1
-otherwise. ``served(e) = min(replicas, demand now)``: replicas above demand are reserve,
-not output. The *priority-weighted allocation* reported by the benchmark is the first two
-lines without the boost.
+job past its SLA's max queue wait and 1 otherwise; the boost orders such jobs first, while
+the rule that they are placed when they can be is hard (``solver.constraints.overdue``,
+``solver.validate`` rule 10). ``served(e) = min(replicas, demand now)``: replicas above
+demand are reserve, not output. The *priority-weighted allocation* reported by the
+benchmark is the first two lines without the boost.
 """
 
 from __future__ import annotations

@@ -6,6 +6,17 @@ Phases:
    migration and preemption; on queues up to ``config.second_greedy_max_pending`` also in
    priority order and with migration before preemption, keeping the best). Legal by
    construction; its plan is the fallback and a hint.
+   *Saturation*: when a greedy plan leaves nothing waiting that any plan could place,
+   meets every service's demand (and look-ahead target), and runs every job it starts or
+   grows on the fastest GPU model that job accepts, its priority-weighted allocation (the
+   first two lines of the objective, overdue boost included) is the most any plan can
+   hold: nothing is left to place, and nothing placed can be worth more. The search then
+   stops there: no further greedy variant when that plan also disrupts nothing, and no
+   CP-SAT (whose base state keeps the greedy's disruptions anyway). What CP-SAT could
+   still gain is only ``fragmentation_weight`` per whole free node, mostly by migrating
+   running work to empty nodes although no waiting job needs the room — churn whose value
+   is a guess about future arrivals, which the next cycle serves when they come. The plan
+   is the greedy's (``stats.engine == "greedy"``) and ``stats.note`` says why.
 2. Base state: the greedy state with its disruptive decisions kept (resizes down,
    migrations, preemptions) and its new starts and scale-ups undone. CP-SAT re-decides
    *what starts where* on that base, and may empty further nodes by migrating their
@@ -36,6 +47,7 @@ from dataclasses import replace
 from ortools.sat.python import cp_model
 
 from solver.actions import build_plan
+from solver.compat import Compatibility
 from solver.constraints.fragmentation import whole_nodes_needed
 from solver.greedy import (
     ElasticMode,
@@ -58,7 +70,7 @@ from solver.model import (
     build_pools,
     elastic_class,
 )
-from solver.objective import evaluate
+from solver.objective import ObjectiveTerms, evaluate
 from solver.plan import Plan, Reason, ReasonCode, SolveStats, SolveStatus
 from solver.relaxation import lp_rounded, objective_of
 from solver.validate import Violation, validate
@@ -85,9 +97,7 @@ _STATUS = {
 def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     started_at = time.perf_counter()
     config = instance.config
-    engine, greedy, greedy_target = _best_greedy(instance)
-
-    greedy_terms = evaluate(instance, greedy_target)
+    engine, greedy, greedy_target, greedy_terms, saturated = _best_greedy(instance)
 
     def greedy_plan(stats: SolveStats) -> Plan:
         return build_plan(
@@ -103,6 +113,9 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     if not config.use_cp_sat:
         plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
         return _finish(plan, started_at, note="CP-SAT disabled in the config")
+    if saturated:
+        plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
+        return _finish(plan, started_at, note=SATURATED_NOTE)
 
     state = engine.state
     instance_jobs = instance.jobs
@@ -247,11 +260,20 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
 _NEVER = (ReasonCode.NO_COMPATIBLE_GPU_MODEL,)
 
 
+SATURATED_NOTE = (
+    "CP-SAT skipped: the greedy plan places every placeable job and meets every service's "
+    "demand on the fastest GPUs they accept, so no plan holds more allocation"
+)
+
+
 def _best_greedy(
     instance: Instance,
-) -> tuple[GreedyEngine, GreedyResult, dict[str, dict[str, int]]]:
+) -> tuple[GreedyEngine, GreedyResult, dict[str, dict[str, int]], ObjectiveTerms, bool]:
     """The greedy in value order; on small queues also in priority order and with
-    migration tried before preemption. The one with the best objective."""
+    migration tried before preemption. The one with the best objective, its terms, and
+    whether it saturates the allocation (see the module docstring): a saturating plan
+    that disrupts nothing ends the search early, as the other variants could only pack
+    the same jobs differently."""
     variants = [GREEDY]
     pending = sum(1 for job in instance.jobs if not job.is_running)
     if pending <= instance.config.second_greedy_max_pending:
@@ -260,17 +282,54 @@ def _best_greedy(
             for order in (Order.VALUE, Order.PRIORITY)
             for defrag_first in (False, True)
         ]
-    best: tuple[GreedyEngine, GreedyResult, dict[str, dict[str, int]]] | None = None
+    best: (
+        tuple[GreedyEngine, GreedyResult, dict[str, dict[str, int]], ObjectiveTerms, bool] | None
+    ) = None
     best_value = -math.inf
+    compat: Compatibility | None = None  # depends on the instance only: shared by variants
     for options in variants:
-        engine = GreedyEngine(instance, options)
+        engine = GreedyEngine(instance, options, compat)
+        compat = engine.compat
         result = engine.run()
         target = result.target()
-        value = evaluate(instance, target).objective
-        if best is None or value > best_value + 1e-9:
-            best, best_value = (engine, result, target), value
+        terms = evaluate(instance, target)
+        if best is None or terms.objective > best_value + 1e-9:
+            saturated = _saturates(instance, engine, target)
+            best, best_value = (engine, result, target, terms, saturated), terms.objective
+            if saturated and terms.migration == 0 and terms.preemption == 0:
+                break
     assert best is not None
     return best
+
+
+def _saturates(instance: Instance, engine: GreedyEngine, target: dict[str, dict[str, int]]) -> bool:
+    """No plan holds more priority-weighted allocation than ``target``: every pending job
+    with a ready compatible node is placed, no running job is stopped, every service has
+    its demand and look-ahead target, and what is started or grown runs on the fastest GPU
+    model the job accepts (running jobs keep their model: CP-SAT moves them only within
+    their node group)."""
+    compat = engine.compat
+    node_by_name = instance.node_by_name
+    for job in instance.jobs:
+        held = target.get(job.id)
+        if job.is_elastic:
+            replicas = sum(held.values()) // job.gpus_per_replica if held else 0
+            if replicas < max(job.demand_at(0), engine.elastic_targets.get(job.id, 0)):
+                return False
+        elif job.is_running:
+            if not held:
+                return False
+            continue
+        elif not held:
+            if compat.ready_groups_for(job):
+                return False
+            continue
+        if not held:
+            continue
+        fastest = max(compat.groups[g].gpu_model.speed for g in compat.groups_for(job))
+        if any(instance.speed(node_by_name[name]) < fastest for name in held):
+            return False
+    return True
 
 
 def _finish(plan: Plan, started_at: float, *, note: str) -> Plan:

@@ -19,7 +19,20 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
 8. quota: a team's GPUs stay within guaranteed + borrowing limit (or do not grow);
 9. bookkeeping: one action per changed job, of the right kind, matching the placement;
    a reason for every job that holds nothing; GPU indices, where given, distinct per node,
-   in range, as many as the placement says.
+   in range, as many as the placement says;
+10. max queue wait: no pending block job past its SLA's max queue wait is left pending
+    while it fits, whole, on one ready compatible node's GPUs, CPU and memory that the
+    plan leaves free, within its team's quota.
+
+Rule 10 is the checkable part of "an overdue job must be placed if any legal plan places
+it": starting such a job on what the plan leaves free changes nothing else, so the plan
+with that start is legal too and places more overdue work. The full rule (could some
+*other* legal plan, with other starts, preemptions or moves, place it?) is a search
+problem, not a check; the engines enforce it as far as they can (``solver.greedy`` places
+overdue jobs first and preempts for them, ``solver.constraints.overdue`` makes the CP-SAT
+model place as many overdue jobs as any solution of it can). A gang that would fit only
+across several nodes' leftovers is not flagged either: the check stays a single-node one
+so that it never rejects a plan an engine could not have improved by a plain start.
 """
 
 from __future__ import annotations
@@ -231,6 +244,34 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
             bad("actions", job.id, "action for an unchanged job")
         if not after and not job.is_elastic and job.id not in plan.pending:
             bad("reasons", job.id, "holds nothing and has no reason")
+
+    # 10. max queue wait
+    for job in instance.jobs:
+        if job.is_elastic or job.is_running or job.id in plan.placement:
+            continue
+        if not instance.is_overdue(job):
+            continue
+        quota_cap = instance.policy_for(job).quota_cap
+        if quota_cap is not None and usage_after[job.team] + job.total_gpus > quota_cap:
+            continue
+        for node in instance.nodes:
+            if node.state is not NodeState.READY or not node_accepts(instance, node, job):
+                continue
+            if node.gpus - gpu_used[node.name] < job.total_gpus:
+                continue
+            cpu = job.replicas * job.cpu_milli_per_replica
+            if node.cpu_milli and node.cpu_milli - cpu_used[node.name] < cpu:
+                continue
+            mem = job.replicas * job.memory_mib_per_replica
+            if node.memory_mib and node.memory_mib - mem_used[node.name] < mem:
+                continue
+            bad(
+                "overdue",
+                job.id,
+                f"past its max queue wait and left pending, but fits on {node.name}'s free GPUs",
+            )
+            break
+
     if plan.gpu_indices and not out:  # indices follow the placement: check them last
         _check_indices(instance, plan, bad)
     return out

@@ -178,3 +178,17 @@ def test_progress_callback_reaches_the_horizon() -> None:
     ).run()
     assert seen == sorted(seen) and seen[-1] == 1.0
     simulate(wl, "fifo", show_progress=True)  # the rich bar runs without a terminal
+
+
+def test_shaper_does_not_migrate_when_nothing_waits() -> None:
+    # Light load: every arrival fits at once, so no plan has a reason to move running work
+    # (the fragmentation term alone once made CP-SAT pack small jobs onto fewer nodes).
+    jobs = [
+        job(f"j{i}", gpus=1 + i % 3, hours=1 + (i % 5) * 0.7, at_h=0.37 * i, checkpointable=True)
+        for i in range(30)
+    ]
+    wl = workload(jobs, nodes=(("n0", 8), ("n1", 8), ("n2", 8), ("n3", 8)), horizon_h=20)
+    sim = simulate(wl, "shaper", check_invariants=True)
+    _conserved(sim)
+    assert sim.counters.migrations == 0
+    assert all(s.status == JobStatus.DONE for s in sim.jobs.values())

@@ -7,8 +7,9 @@ from ortools.sat.python import cp_model
 
 from solver.instance import Instance, SlaPolicy, SolverConfig
 from solver.objective import evaluate
-from solver.plan import ReasonCode, SolveStatus
+from solver.plan import ActionKind, ReasonCode, SolveStatus
 from solver.policies import POLICY_NAMES, get_policy
+from solver.solve import SATURATED_NOTE
 from solver.validate import check
 
 from .builders import instance, job, node, plan_with, running, service
@@ -36,10 +37,46 @@ def test_cp_sat_beats_the_greedy_plan() -> None:
 
 
 def test_greedy_plan_is_kept_when_cp_sat_finds_nothing_better() -> None:
-    plan = plan_with("shaper", instance([node("a")], [job("p", 4)]))
+    # q (8) leaves p (4) waiting, so CP-SAT runs, and cannot do better than q alone.
+    plan = plan_with("shaper", instance([node("a")], [job("p", 4), job("q", 8)]))
     assert plan.stats.engine == "greedy"
     assert "nothing better" in plan.stats.note
     assert plan.stats.status is SolveStatus.OPTIMAL
+
+
+def test_cp_sat_is_skipped_when_the_greedy_places_everything() -> None:
+    plan = plan_with("shaper", instance([node("a")], [job("p", 4)]))
+    assert plan.stats.engine == "greedy"
+    assert plan.stats.status is SolveStatus.HEURISTIC
+    assert plan.stats.note == SATURATED_NOTE
+
+
+def test_no_defragmenting_migration_when_nothing_waits() -> None:
+    # CP-SAT used to move r1 next to r2 to free a whole node (the fragmentation term)
+    # although nothing waited for the room.
+    inst = instance(
+        [node("a"), node("b"), node("c")],
+        [
+            running("r1", {"a": 1}, checkpointable=True, checkpoint_size_mib=100),
+            running("r2", {"b": 1}, checkpointable=True, checkpoint_size_mib=100),
+            job("p", 1),
+        ],
+    )
+    plan = plan_with("shaper", inst)
+    assert plan.stats.note == SATURATED_NOTE
+    assert not [a for a in plan.actions if a.kind is ActionKind.MIGRATE]
+
+
+def test_a_start_on_the_fastest_accepted_model_saturates() -> None:
+    plan = plan_with("shaper", instance([node("a"), node("b", model="h100")], [job("p", 4)]))
+    assert plan.placement["p"].keys() == {"b"}
+    assert plan.stats.note == SATURATED_NOTE
+
+
+def test_disabled_cp_sat_says_so_before_saturation() -> None:
+    inst = instance([node("a")], [job("p", 4), job("q", 8)])
+    inst = inst.model_copy(update={"config": SolverConfig(use_cp_sat=False)})
+    assert plan_with("shaper", inst).stats.note == "CP-SAT disabled in the config"
 
 
 @pytest.mark.parametrize("status", [cp_model.UNKNOWN, cp_model.INFEASIBLE, cp_model.MODEL_INVALID])
