@@ -41,7 +41,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, Task
+from celery import Celery
 from pydantic import BaseModel, Field, ValidationError
 
 from connectors.base import (
@@ -56,6 +56,8 @@ from connectors.base import (
     SupportsRequeue,
     SupportsResize,
     SupportsSuspend,
+    make_executor_app,
+    run_executor_worker,
 )
 
 log = logging.getLogger(__name__)
@@ -63,9 +65,6 @@ log = logging.getLogger(__name__)
 STATE_DIR_ENV = "SHAPER_CONNECTOR_STATE_DIR"
 # Answers kept; the oldest keys go first (their sagas finished long ago).
 MAX_REMEMBERED_STEPS = 10_000
-# Publishing the answer retries for about a minute (a broker restart); after that the
-# control plane times the step out and sends it again, and the journal answers.
-_REPLY_RETRY = {"max_retries": 30, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 3}
 
 
 class ConnectorStep(StrEnum):
@@ -358,60 +357,18 @@ def make_connector_app(
 ) -> Celery:
     """token: the connector's API token (scope connector:<cluster>); the control plane
     accepts a step's answer only from the cluster the step was sent to."""
-    queue = connector_queue(cluster)
-    app = Celery(f"shaper-connector-{cluster}", broker=broker, set_as_current=False)
-    app.conf.update(
-        task_default_queue=queue,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        task_ignore_result=True,
-        worker_prefetch_multiplier=1,
-        worker_hijack_root_logger=False,
+    return make_executor_app(
+        name=f"shaper-connector-{cluster}",
+        broker=broker,
+        queue=connector_queue(cluster),
+        task_names=[f"shaper.connector.{step.value}" for step in ConnectorStep],
+        handle=executor.handle,
+        token=token,
         # The runner prints its own fatal errors to stderr after the worker stops.
-        worker_redirect_stdouts=False,
-        broker_connection_retry_on_startup=True,
-        broker_connection_max_retries=None,
-        timezone="UTC",
+        redirect_stdouts=False,
     )
-
-    def register(name: str) -> None:
-        @app.task(name=f"shaper.connector.{name}", bind=True)
-        def run_step(self: Task, step: dict[str, Any]) -> None:
-            report = executor.handle(step)
-            if report is None:
-                return
-            try:
-                app.send_task(
-                    str(step.get("reply_task") or "app.actions.tasks.report"),
-                    kwargs={"report": report.model_dump(mode="json"), "token": token},
-                    queue=str(step.get("reply_queue") or "control"),
-                    retry=True,
-                    retry_policy=_REPLY_RETRY,
-                )
-            except Exception:  # the control plane resends the step; the journal answers it
-                log.exception("could not report %s to the control plane", report.key)
-
-    for step in ConnectorStep:
-        register(step.value)
-    return app
 
 
 def run_worker(app: Celery, *, cluster: str, loglevel: str = "INFO") -> None:
     """Serve connector.<cluster> in this thread until SIGTERM/SIGINT (a warm shutdown)."""
-    queue = connector_queue(cluster)
-    app.worker_main(
-        [
-            "worker",
-            "-Q",
-            queue,
-            "-n",
-            f"{queue}@%h",
-            "--pool",
-            "solo",
-            "--without-heartbeat",
-            "--without-gossip",
-            "--without-mingle",
-            "-l",
-            loglevel,
-        ]
-    )
+    run_executor_worker(app, queue=connector_queue(cluster), loglevel=loglevel)

@@ -16,6 +16,7 @@ cores, times as timezone-aware datetimes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
@@ -322,3 +323,87 @@ class StepReport(BaseModel):
     # Who answered: "agent.<cluster>.<node>" or "connector.<cluster>".
     executor: str = ""
     generation: int = 0
+
+
+# -- executors as Celery workers -----------------------------------------------------------
+#
+# Node agents and connectors serve their queue the same way: one task per step name, late
+# acknowledgement (a step lost with its worker is delivered again; the executor's journal
+# makes a second run harmless), one step at a time in a solo pool, and the answer sent to
+# the step's reply queue with the executor's own token. Celery is imported here only when
+# a worker is built, so the wire schemas above stay cheap to import.
+
+# Publishing the answer retries for about a minute (a broker restart); after that the
+# control plane times the step out and sends it again, and the journal answers.
+REPLY_RETRY = {"max_retries": 30, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 3}
+
+
+def make_executor_app(
+    *,
+    name: str,
+    broker: str,
+    queue: str,
+    task_names: Iterable[str],
+    handle: Callable[[dict[str, Any]], StepReport | None],
+    token: str,
+    redirect_stdouts: bool = True,
+) -> Any:
+    """A Celery app whose tasks ``task_names`` run ``handle(step)`` and report its answer
+    (None: nothing can be answered) with ``token``."""
+    import logging
+
+    from celery import Celery
+
+    log = logging.getLogger(__name__)
+    app = Celery(name, broker=broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=redirect_stdouts,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        timezone="UTC",
+    )
+
+    def run_step(step: dict[str, Any]) -> None:
+        report = handle(step)
+        if report is None:
+            return
+        try:
+            app.send_task(
+                str(step.get("reply_task") or "app.actions.tasks.report"),
+                kwargs={"report": report.model_dump(mode="json"), "token": token},
+                queue=str(step.get("reply_queue") or "control"),
+                retry=True,
+                retry_policy=REPLY_RETRY,
+            )
+        except Exception:  # the control plane resends the step; the journal answers it
+            log.exception("could not report %s to the control plane", report.key)
+
+    for task_name in task_names:
+        app.task(name=task_name)(run_step)
+    return app
+
+
+def run_executor_worker(app: Any, *, queue: str, loglevel: str = "INFO") -> None:
+    """Serve ``queue`` in this thread, one step at a time, until SIGTERM/SIGINT."""
+    app.worker_main(
+        [
+            "worker",
+            "-Q",
+            queue,
+            "-n",
+            f"{queue}@%h",
+            "--pool",
+            "solo",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            loglevel,
+        ]
+    )

@@ -368,15 +368,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # One per thread when both run: a connector's HTTP client is not shared.
         connector = registry.create(kind, cluster=args.cluster, **dict(args.set))
-        action_connector = (
+        action_connector = None
+        if args.broker:
             # A simulated cluster lives in this process: both threads must act on the same
             # one (it is thread-safe); a real scheduler is reached through two clients.
-            connector
-            if args.broker and kind is SchedulerKind.sim
-            else registry.create(kind, cluster=args.cluster, **dict(args.set))
-            if args.broker
-            else None
-        )
+            action_connector = (
+                connector
+                if kind is SchedulerKind.sim
+                else registry.create(kind, cluster=args.cluster, **dict(args.set))
+            )
     except (LookupError, ValidationError, ValueError, TypeError) as error:
         print(f"connector: bad configuration for {kind.value}: {error}", file=sys.stderr)
         return 2

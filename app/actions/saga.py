@@ -79,12 +79,8 @@ MAX_ATTEMPTS = 3
 # How long a confirm waits for the scheduler to start a requeued job (Slurm waits its
 # cred_expire, 120 s by default, before it runs a requeued job again).
 SCHEDULER_START_WAIT_S = 300.0
-STEP_TIMEOUT_S = {
-    "checkpoint": 600.0,
-    "restore": 300.0,
-    "transfer": 600.0,
-    "confirm": SCHEDULER_START_WAIT_S + 60.0,
-}
+# (confirm's depends on how long it may wait for the scheduler: see _timeout.)
+STEP_TIMEOUT_S = {"checkpoint": 600.0, "restore": 300.0, "transfer": 600.0}
 DEFAULT_STEP_TIMEOUT_S = 120.0
 # Schedulers that decide where a job runs: their jobs move by requeue, not behind them.
 SCHEDULER_OWNED = frozenset({SchedulerKind.slurm})
@@ -380,10 +376,9 @@ def _steps(session: Session, action_id: int) -> list[ActionStep]:
 def _timeout(step: ActionStep, override: float | None, start_wait_s: float) -> float:
     if override is not None:
         return override
-    timeout = STEP_TIMEOUT_S.get(step.name, DEFAULT_STEP_TIMEOUT_S)
     if step.name == "confirm":  # it may wait that long for the scheduler to start the job
-        timeout = max(timeout, start_wait_s + 60.0)
-    return timeout
+        return max(DEFAULT_STEP_TIMEOUT_S, start_wait_s + 60.0)
+    return STEP_TIMEOUT_S.get(step.name, DEFAULT_STEP_TIMEOUT_S)
 
 
 def advance(

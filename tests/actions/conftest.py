@@ -186,7 +186,7 @@ class Pipeline:
             extra_env,
         )
 
-    def start_agent(self, node: str, *options: str) -> Worker:
+    def start_agent(self, node: str, *options: str, cluster: str = CLUSTER) -> Worker:
         return self._spawn(
             f"agent-{node}",
             [
@@ -195,7 +195,7 @@ class Pipeline:
                 "agent",
                 "worker",
                 "--cluster",
-                CLUSTER,
+                cluster,
                 "--node",
                 node,
                 "--broker",
@@ -204,7 +204,7 @@ class Pipeline:
                 str(self.state_dir(node)),
                 *options,
             ],
-            {"SHAPER_AGENT_TOKEN": self.tokens[f"agent:{CLUSTER}/{node}"]},
+            {"SHAPER_AGENT_TOKEN": self.tokens[f"agent:{cluster}/{node}"]},
         )
 
     def ensure(self, name: str, start: Callable[[], Worker]) -> Worker:

@@ -62,6 +62,18 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def counter_command(count_file: Path, state_mb: float) -> list[str]:
+    """The example counter's command line."""
+    return [
+        sys.executable,
+        str(COUNTER),
+        "--count-file",
+        str(count_file),
+        "--state-mb",
+        str(state_mb),
+    ]
+
+
 def start_counter(
     *,
     store: WorkloadStore,
@@ -75,14 +87,7 @@ def start_counter(
     workload = reaper.track(
         start_workload(
             store=store,
-            command=[
-                sys.executable,
-                str(COUNTER),
-                "--count-file",
-                str(count_file),
-                "--state-mb",
-                str(state_mb),
-            ],
+            command=counter_command(count_file, state_mb),
             backend=backend,
             workload_id=workload_id,
         )

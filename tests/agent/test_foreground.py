@@ -21,7 +21,7 @@ from agent.foreground import EXIT_RESTORE_FAILED
 from agent.protocol import AgentStep, StepReport, StepRequest
 from agent.steps import StepExecutor
 from agent.workload import WorkloadState, WorkloadStore
-from tests.agent.helpers import COUNTER, WAIT_S, Reaper, count_of, next_count, progress_of
+from tests.agent.helpers import WAIT_S, Reaper, count_of, counter_command, next_count, progress_of
 
 
 def _exec(
@@ -44,17 +44,6 @@ def _exec(
             *command,
         ]
     )
-
-
-def _counter(count_file: Path, state_mb: int = 20) -> list[str]:
-    return [
-        sys.executable,
-        str(COUNTER),
-        "--count-file",
-        str(count_file),
-        "--state-mb",
-        str(state_mb),
-    ]
 
 
 def _step(
@@ -90,7 +79,7 @@ def _move(
     node_b = StepExecutor(
         store=WorkloadStore(b_dir), cluster="lab", node="b", backend_options=options
     )
-    first = _exec(reaper, a_dir, "42", *_counter(count_file), backend=backend)
+    first = _exec(reaper, a_dir, "42", *counter_command(count_file, 20), backend=backend)
     _wait_counting(count_file, first)
     started_at = progress_of(count_file)["started_at"]
 
@@ -108,7 +97,7 @@ def _move(
         node_b, AgentStep.stage, "42", 1, image=image, image_dir=transfer.result["image_dir"]
     )
     assert staged.ok, staged.error
-    second = _exec(reaper, b_dir, "42", *_counter(count_file), backend=backend)
+    second = _exec(reaper, b_dir, "42", *counter_command(count_file, 20), backend=backend)
 
     assert next_count(count_file, at_checkpoint) > at_checkpoint  # continues, not from zero
     if backend == "criu":
@@ -170,7 +159,7 @@ def test_a_stale_staged_image_is_refused_not_resumed(
         fences.save(fence)
     resume.stage(tmp_path / "b" / "images", pointer)
 
-    third = _exec(reaper, tmp_path / "b", "42", *_counter(count_file))
+    third = _exec(reaper, tmp_path / "b", "42", *counter_command(count_file, 20))
     assert third.wait(timeout=WAIT_S) == EXIT_RESTORE_FAILED
     assert not resume.pointer_path(tmp_path / "b" / "images", "42").exists()
     assert node_b.store.load("42").state is WorkloadState.RELEASED  # nothing was restored

@@ -66,10 +66,17 @@ def test_the_demo_runs_live_simulated_clusters_and_carries_out_its_plans(tmp_pat
             actions = _get(base, token, "/actions?limit=500")["items"]
             return Counter((a["cluster"], a["kind"], a["state"]) for a in actions), actions
 
-        while True:
+        def started_jobs(actions: list[dict[str, Any]]) -> list[str]:
+            return [
+                a["job_external_id"]
+                for a in actions
+                if a["cluster"] == "hpc-a" and a["kind"] == "start" and a["state"] == "succeeded"
+            ]
+
+        while True:  # enforce mode carries out actions, among them starts of waiting jobs
             counts, actions = settled()
             done = sum(n for (c, _k, s), n in counts.items() if c == "hpc-a" and s == "succeeded")
-            if done >= 3:
+            if done >= 3 and started_jobs(actions):
                 break
             assert time.monotonic() < deadline, (counts, log.read_text()[-3000:])
             time.sleep(1)
@@ -89,20 +96,15 @@ def test_the_demo_runs_live_simulated_clusters_and_carries_out_its_plans(tmp_pat
         assert not any(a["cluster"] == "ray-lab" for a in actions)
         # What the actions did shows in the cluster's own telemetry: a job Shaper started
         # runs (or has already finished) in the next snapshots.
-        started = [
-            a for a in actions
-            if a["cluster"] == "hpc-a" and a["kind"] == "start" and a["state"] == "succeeded"
-        ]  # fmt: skip
-        if started:
-            external_id = started[0]["job_external_id"]
-            deadline = time.monotonic() + 60
-            while True:
-                jobs = _get(base, token, "/jobs?cluster=hpc-a&limit=1000")["items"]
-                job = next(j for j in jobs if j["external_id"] == external_id)
-                if job["state"] in ("running", "finished"):
-                    break
-                assert time.monotonic() < deadline, job
-                time.sleep(1)
+        external_id = started_jobs(actions)[0]
+        deadline = time.monotonic() + 60
+        while True:
+            jobs = _get(base, token, "/jobs?cluster=hpc-a&limit=1000")["items"]
+            job = next(j for j in jobs if j["external_id"] == external_id)
+            if job["state"] in ("running", "finished"):
+                break
+            assert time.monotonic() < deadline, job
+            time.sleep(1)
     finally:
         os.killpg(demo.pid, signal.SIGTERM)
         try:

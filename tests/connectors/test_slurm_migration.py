@@ -92,12 +92,7 @@ def deployment(
         with serve(app) as base:
             pipeline.start_control()
             for node in NODES:
-                pipeline._spawn(
-                    f"agent-{node}",
-                    [PYTHON, "-m", "agent", "worker", "--cluster", CLUSTER, "--node", node,
-                     "--broker", redis_server.url, "--state-dir", str(pipeline.state_dir(node))],
-                    {"SHAPER_AGENT_TOKEN": tokens[f"agent:{CLUSTER}/{node}"]},
-                )  # fmt: skip
+                pipeline.start_agent(node, cluster=CLUSTER)
             pipeline._spawn(
                 "connector",
                 [PYTHON, "-m", "connectors.runner", "--kind", "slurm", "--cluster", CLUSTER,
