@@ -13,18 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from connectors.base import Outcome, StepReport, make_executor_app
 
 STEPS = ("start", "resume", "requeue", "resize")
-app = Celery("shaper-sim-connector", broker=os.environ.get("SHAPER_BROKER_URL", "memory://"))
-app.conf.update(
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    task_ignore_result=True,
-    worker_prefetch_multiplier=1,
-    worker_hijack_root_logger=False,
-    broker_connection_retry_on_startup=True,
-)
 
 
 def _record(step: dict[str, Any]) -> str:
@@ -39,25 +30,22 @@ def _record(step: dict[str, Any]) -> str:
         return "executed"
 
 
-def _register(name: str) -> None:
-    @app.task(name=f"shaper.connector.{name}")
-    def run(step: dict[str, Any]) -> None:
-        outcome = _record(step)
-        app.send_task(
-            step["reply_task"],
-            kwargs={
-                "report": {
-                    "action_id": step["action_id"],
-                    "key": step["key"],
-                    "ok": True,
-                    "outcome": outcome,
-                    "result": {"summary": f"sim scheduler did {name} of {step['workload_id']}"},
-                },
-                "token": os.environ["SHAPER_CONNECTOR_TOKEN"],
-            },
-            queue=step["reply_queue"],
-        )
+def _handle(step: dict[str, Any]) -> StepReport:
+    return StepReport(
+        action_id=step["action_id"],
+        key=step["key"],
+        ok=True,
+        outcome=Outcome(_record(step)),
+        result={"summary": f"sim scheduler did {step['step']} of {step['workload_id']}"},
+    )
 
 
-for _name in STEPS:
-    _register(_name)
+# The same worker plumbing as the real connectors and agents (connectors.base).
+app = make_executor_app(
+    name="shaper-sim-connector",
+    broker=os.environ.get("SHAPER_BROKER_URL", "memory://"),
+    queue="connector.lab",
+    task_names=[f"shaper.connector.{name}" for name in STEPS],
+    handle=_handle,
+    token=os.environ.get("SHAPER_CONNECTOR_TOKEN", ""),
+)
