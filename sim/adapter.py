@@ -12,9 +12,11 @@ Mapping (simulation → solver):
   reference speed as ``expected_runtime_s`` (an exact walltime estimate — traces record
   the real duration), its image size as ``checkpoint_size_mib`` and the time its last
   periodic checkpoint was written as ``last_checkpoint_time``;
-* a service is ``Job(kind=elastic)`` whose ``forecast`` is its hourly demand, rounded up
-  to whole replicas, from the current hour over ``forecast_hours`` hours: the simulator
-  gives the policy a perfect forecast, as the study it reproduces does;
+* a service is ``Job(kind=elastic)`` whose ``forecast`` is its hourly demand from the
+  current hour over ``forecast_hours`` hours, in replicas: demand is stated in replicas
+  at reference speed and a replica on a slower model serves less, so it is converted at
+  the speed of the GPUs the service holds (``_replicas_for``); the simulator gives the
+  policy a perfect forecast, as the study it reproduces does;
 * nodes carry their state (ready, draining, down); a team's SLA policy comes from the
   scenario; the migration cost model is the simulator's ``Transfer``.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sim.actions import Action, Migrate, Preempt, Resize, SimPlan, Start
@@ -229,11 +232,44 @@ class SolverPlanner:
         self._job_cache[spec.id] = (key, job)
         return job
 
+    @staticmethod
+    def _replicas_for(sim: Simulation, state: ServiceState) -> Callable[[float], int]:
+        """Demand (replicas at reference speed) → replicas the solver must plan.
+
+        The solver counts replicas; the simulation serves ``speed`` per replica. The
+        service's fastest held replicas count first; each further replica is assumed to
+        run at the speed of its slowest held one, or of the slowest model it may use when
+        it holds none (a placement on faster GPUs shows as spare at the next re-plan)."""
+        models = sim.workload.gpu_models
+        held = sorted(
+            (
+                models[sim.nodes[node].spec.gpu_model].speed
+                for node, reps in state.placement.items()
+                for _ in reps
+            ),
+            reverse=True,
+        )
+        allowed = state.spec.gpu_models or tuple(models)
+        extra = held[-1] if held else min(models[m].speed for m in allowed)
+
+        def replicas(demand: float) -> int:
+            need = demand - 1e-9
+            count = 0
+            for speed in held:
+                if need <= 0:
+                    return count
+                need -= speed
+                count += 1
+            return count + max(0, math.ceil(need / extra))
+
+        return replicas
+
     def _service(self, sim: Simulation, state: ServiceState) -> Job:
         spec = state.spec
         hour_start = math.floor(sim.now / 3600) * 3600
+        to_replicas = self._replicas_for(sim, state)
         forecast = tuple(
-            min(spec.max_replicas, max(spec.min_replicas, math.ceil(spec.demand_at(t) - 1e-9)))
+            min(spec.max_replicas, max(spec.min_replicas, to_replicas(spec.demand_at(t))))
             for t in (hour_start + 3600 * h for h in range(self.forecast_hours))
         )
         per = spec.gpus_per_replica

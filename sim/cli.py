@@ -24,9 +24,11 @@ from sim.report import (
     plot_utilization,
     rich_table,
     scenario_table,
+    sweep_markdown,
 )
-from sim.run import POLICIES, compare, run_policy, write_results
+from sim.run import POLICIES, compare, progress_bar, run_policy, write_results
 from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
+from sim.sweep import parse_seeds, summarize_sweep, sweep, sweep_json
 from sim.traces import KINDS, TraceOptions, load_trace
 from sim.workload import Workload
 
@@ -146,6 +148,40 @@ def table(
         write_results(results[workload.name], out_dir / f"{workload.name}.json")
         _figures(results[workload.name], out_dir, workload.name, fmt)
     console.print(scenario_table(results), markup=False, soft_wrap=True)
+
+
+@sim_app.command("sweep")
+def sweep_cmd(
+    scenario: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
+    seeds: Annotated[str, typer.Option(help="e.g. 1-20 or 3,5,8")] = "1-20",
+    policies: Annotated[str, typer.Option(help="comma-separated")] = "shaper",
+    baseline: Annotated[str, typer.Option(help="gains are measured against it")] = "fifo",
+    out: OutOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Run SCENARIO over many seeds: each policy's gain over the baseline, seed by seed."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    for name in (baseline, *names):
+        _check_policy(name)
+    try:
+        chosen = parse_seeds(seeds)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--seeds") from exc
+    _load(scenario, chosen[0])  # a bad scenario fails before the first run
+    with progress_bar(progress, f"{scenario} over {len(chosen)} seeds") as callback:
+        done = iter(range(1, len(chosen) + 1))
+        rows = sweep(
+            scenario,
+            chosen,
+            names,
+            baseline=baseline,
+            on_seed=(lambda _seed: callback(next(done), len(chosen))) if callback else None,
+        )
+    console.print(sweep_markdown(rows, summarize_sweep(rows), baseline), markup=False)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(sweep_json(scenario, baseline, rows), indent=1))
+        console.print(f"results: {out}")
 
 
 @sim_app.command("replay")

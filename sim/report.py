@@ -5,11 +5,14 @@ Agg backend: no display is needed."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.metrics import RunResult
+
+if TYPE_CHECKING:
+    from sim.sweep import SeedRow, SweepSummary
 
 # (metric key, column title, format)
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -232,4 +235,40 @@ def scenario_table(results: Mapping[str, Mapping[str, RunResult]], baseline: str
                 f"{m['lost_gpu_hours']:.1f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sweep_markdown(
+    rows: Sequence[SeedRow], summaries: Sequence[SweepSummary], baseline: str = "fifo"
+) -> str:
+    """Per-seed rows, then the spread of each policy's gain over ``baseline``."""
+
+    def ratio(value: float | None) -> str:
+        return "unbounded" if value is None else f"{value:.2f}×"
+
+    lines = [
+        f"| seed | policy | util % | Δ util vs {baseline} (pt) | value | value vs {baseline} "
+        "| jobs done |",
+        "|" + "---|" * 7,
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.seed} | {r.policy} | {100 * r.utilization:.1f} | {r.delta_util_pt:+.1f} "
+            f"| {r.value:,.0f} | {ratio(r.value_ratio)} | {r.jobs_completed} |"
+        )
+    lines += [
+        "",
+        f"| policy | seeds | Δ util pt mean | median | worst | value × {baseline} mean "
+        f"| median | worst | seeds where {baseline} produced nothing |",
+        "|" + "---|" * 9,
+    ]
+    for s in summaries:
+        if s.policy == baseline:
+            continue
+        u, v = s.delta_util_pt, s.value_ratio
+        value_cells = f"{v.mean:.2f}× | {v.median:.2f}× | {v.worst:.2f}×" if v else "- | - | -"
+        lines.append(
+            f"| {s.policy} | {s.seeds} | {u.mean:+.1f} | {u.median:+.1f} | {u.worst:+.1f} "
+            f"| {value_cells} | {s.unbounded_ratios} |"
+        )
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sim.engine import JobStatus, Simulation
 from sim.metrics import summarize
 from sim.run import POLICIES, simulate
-from sim.workload import NodeEvent, Service
+from sim.workload import GpuModel, NodeEvent, Service
 
 from .builders import HOUR, job, workload
 
@@ -76,6 +76,26 @@ def test_fifo_reserves_the_daily_peak_and_priority_follows_demand() -> None:
     assert follow["allocated_utilization"] < fifo["allocated_utilization"]
     assert follow["utilization"] == pytest.approx(fifo["utilization"])
 
+
+
+@pytest.mark.parametrize("policy", ["priority", "shaper"])
+def test_a_service_on_slower_gpus_gets_the_replicas_its_demand_needs(policy: str) -> None:
+    # Demand is in replicas at reference speed: 3 replicas' worth on GPUs of speed 0.5
+    # takes 6 replicas. The solver counts replicas, so the adapter converts.
+    slow = GpuModel(name="T4", speed=0.5)
+    chat = Service(id="chat", hourly_demand=(3, 3), priority=8, max_replicas=8)
+    wl = workload(
+        [],
+        services=[chat],
+        horizon_h=2,
+        nodes=(("n0", 8),),
+        model="T4",
+        extra_models=(slow,),
+    )
+    sim = simulate(wl, policy, check_invariants=True)
+    m = summarize(sim).metrics
+    assert m["unmet_demand_replica_hours"] == pytest.approx(0)
+    assert sim.services["chat"].replicas == 6
 
 def _conserved(sim: Simulation) -> None:
     sim.assert_invariants()

@@ -1,0 +1,131 @@
+"""A scenario over many seeds: how much of a policy's gain is the default seed's luck.
+
+Each seed regenerates the scenario's jobs (arrivals, sizes, durations, priorities) and runs
+every policy on them; the gain of each policy over the baseline is then summarized over
+the seeds (mean, median, worst). A scenario's table row shows one seed; this shows the
+spread behind it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sim.run import compare
+from sim.scenario import load_scenario
+
+
+@dataclass(frozen=True, slots=True)
+class SeedRow:
+    seed: int
+    policy: str
+    utilization: float
+    delta_util_pt: float
+    value: float
+    # None when the baseline produced no value at all (the ratio is unbounded).
+    value_ratio: float | None
+    jobs_completed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    mean: float
+    median: float
+    worst: float
+    best: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.fmean(values), statistics.median(values), min(values), max(values))
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSummary:
+    policy: str
+    seeds: int
+    delta_util_pt: Spread
+    value_ratio: Spread | None
+    unbounded_ratios: int
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1-20"``, ``"3,5,8"`` or a mix (``"1-5,11"``) → the seeds, in order, no repeats."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        first, dash, last = part.partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise ValueError(f"seeds: {part!r} is not a number or a range like 1-20") from None
+        if high < low:
+            raise ValueError(f"seeds: range {part!r} runs backwards")
+        seeds.extend(s for s in range(low, high + 1) if s not in seeds)
+    if not seeds:
+        raise ValueError("seeds: no seed given")
+    return seeds
+
+
+def sweep(
+    scenario: str,
+    seeds: Sequence[int],
+    policies: Sequence[str],
+    *,
+    baseline: str = "fifo",
+    on_seed: Callable[[int], None] | None = None,
+) -> list[SeedRow]:
+    names = list(dict.fromkeys([baseline, *policies]))
+    rows: list[SeedRow] = []
+    for seed in seeds:
+        results = compare(load_scenario(scenario, seed=seed), names)
+        base = results[baseline].metrics
+        for name in names:
+            m = results[name].metrics
+            rows.append(
+                SeedRow(
+                    seed=seed,
+                    policy=name,
+                    utilization=m["utilization"],
+                    delta_util_pt=100 * (m["utilization"] - base["utilization"]),
+                    value=m["weighted_output"],
+                    value_ratio=(
+                        m["weighted_output"] / base["weighted_output"]
+                        if base["weighted_output"] > 0
+                        else None
+                    ),
+                    jobs_completed=int(m["jobs_completed"]),
+                )
+            )
+        if on_seed is not None:
+            on_seed(seed)
+    return rows
+
+
+def summarize_sweep(rows: Sequence[SeedRow]) -> list[SweepSummary]:
+    summaries = []
+    for policy in dict.fromkeys(r.policy for r in rows):
+        mine = [r for r in rows if r.policy == policy]
+        ratios = [r.value_ratio for r in mine if r.value_ratio is not None]
+        summaries.append(
+            SweepSummary(
+                policy=policy,
+                seeds=len(mine),
+                delta_util_pt=Spread.of([r.delta_util_pt for r in mine]),
+                value_ratio=Spread.of(ratios) if ratios else None,
+                unbounded_ratios=len(mine) - len(ratios),
+            )
+        )
+    return summaries
+
+
+def sweep_json(scenario: str, baseline: str, rows: Sequence[SeedRow]) -> dict[str, Any]:
+    return {
+        "scenario": scenario,
+        "baseline": baseline,
+        "rows": [asdict(r) for r in rows],
+        "summary": [asdict(s) for s in summarize_sweep(rows)],
+    }

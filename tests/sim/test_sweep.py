@@ -1,0 +1,82 @@
+"""``sim.sweep``: a scenario over several seeds, and ``shaper sim sweep``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import sim_app
+from sim.run import run_policy
+from sim.scenario import load_scenario
+from sim.sweep import SeedRow, Spread, parse_seeds, summarize_sweep, sweep
+
+
+def test_parse_seeds() -> None:
+    assert parse_seeds("1-3") == [1, 2, 3]
+    assert parse_seeds("5, 1-2,2") == [5, 1, 2]
+    for bad in ("", "a-3", "4-2", ","):
+        with pytest.raises(ValueError, match="seeds"):
+            parse_seeds(bad)
+
+
+def test_each_seed_is_the_scenario_run_with_that_seed() -> None:
+    rows = sweep("training-heavy-peak4", [3, 4], ["backfill"])
+    assert [(r.seed, r.policy) for r in rows] == [
+        (3, "fifo"),
+        (3, "backfill"),
+        (4, "fifo"),
+        (4, "backfill"),
+    ]
+    # The same figures as a direct run of that seed.
+    direct = run_policy(load_scenario("training-heavy-peak4", seed=4), "backfill").metrics
+    fifo = run_policy(load_scenario("training-heavy-peak4", seed=4), "fifo").metrics
+    row = rows[3]
+    assert row.utilization == direct["utilization"]
+    assert row.delta_util_pt == pytest.approx(100 * (direct["utilization"] - fifo["utilization"]))
+    assert row.value_ratio == pytest.approx(direct["weighted_output"] / fifo["weighted_output"])
+    assert rows[2].delta_util_pt == 0 and rows[2].value_ratio == 1
+
+
+def _row(seed: int, policy: str, delta: float, ratio: float | None) -> SeedRow:
+    return SeedRow(seed, policy, 0.5, delta, 10.0, ratio, 1)
+
+
+def test_summary_by_hand() -> None:
+    rows = [
+        _row(1, "shaper", 10.0, 2.0),
+        _row(2, "shaper", 40.0, None),  # the baseline produced nothing
+        _row(3, "shaper", 25.0, 3.0),
+        _row(1, "fifo", 0.0, 1.0),
+    ]
+    shaper, fifo = summarize_sweep(rows)
+    assert shaper.policy == "shaper" and shaper.seeds == 3
+    assert shaper.delta_util_pt == Spread(mean=25.0, median=25.0, worst=10.0, best=40.0)
+    assert shaper.value_ratio == Spread(mean=2.5, median=2.5, worst=2.0, best=3.0)
+    assert shaper.unbounded_ratios == 1
+    assert fifo.seeds == 1 and fifo.unbounded_ratios == 0
+
+
+def test_cli_sweep_prints_tables_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    result = CliRunner().invoke(
+        sim_app,
+        ["sweep", "training-heavy", "--seeds", "1-2", "--no-progress", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("| ")]
+    assert any(line.startswith("| 2 | shaper |") for line in lines)
+    assert any(line.startswith("| shaper | 2 |") for line in lines)
+    payload = json.loads(out.read_text())
+    assert payload["baseline"] == "fifo" and len(payload["rows"]) == 4
+    assert [s["policy"] for s in payload["summary"]] == ["fifo", "shaper"]
+
+
+def test_cli_sweep_rejects_bad_input() -> None:
+    runner = CliRunner()
+    bad_seeds = runner.invoke(sim_app, ["sweep", "training-heavy", "--seeds", "9-1"])
+    assert bad_seeds.exit_code == 2 and "runs backwards" in bad_seeds.output
+    bad_policy = runner.invoke(sim_app, ["sweep", "training-heavy", "--policies", "nope"])
+    assert bad_policy.exit_code == 2 and "unknown policy" in bad_policy.output
