@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlmodel import Session, select
@@ -176,6 +178,24 @@ def _when_up(base_url: str, run: Callable[[], None], *, timeout_s: float = 60.0)
     run()
 
 
+DEMO_SCENARIO = "training-heavy"
+
+
+def _seed_simulation(directory: Path, console: Any) -> None:
+    """One `shaper sim compare` result for the dashboard's Simulations page, once."""
+    # The demo is an entry point like the CLI, which mounts `shaper sim`: the service
+    # itself only reads result files and never imports the simulator.
+    from sim.run import compare, write_results
+    from sim.scenario import load_scenario
+
+    path = directory / f"{DEMO_SCENARIO}.json"
+    if path.exists():
+        return
+    with console.status(f"simulating the {DEMO_SCENARIO} scenario under four policies…"):
+        write_results(compare(load_scenario(DEMO_SCENARIO)), path)
+    console.print(f"simulation result for the dashboard: {path}")
+
+
 def run_demo(*, port: int, reset: bool) -> None:
     import uvicorn
     from rich.console import Console
@@ -216,6 +236,7 @@ def run_demo(*, port: int, reset: bool) -> None:
         }
     if seeded.pushed:
         console.print(f"seeded {seeded.pushed} telemetry snapshots across {len(SITES)} clusters")
+    _seed_simulation(settings.resolved_sim_results_dir, console)
     base = f"http://{settings.host}:{port}"
     _go_live(seeded.clusters, base_url=base, tokens=connector_tokens)
     start_in_process_beat(settings)

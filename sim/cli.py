@@ -7,6 +7,7 @@ Mounted by ``app.cli`` as ``shaper sim``; usable on its own with
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import typer
 from rich.console import Console
 
 from sim.inflation import ALL_POLICIES as INFLATION_POLICIES
-from sim.inflation import run_inflation
+from sim.inflation import compare_to_baselines, run_inflation
 from sim.metrics import RunResult
 from sim.report import (
     markdown_table,
@@ -42,6 +43,12 @@ PolicyOpt = Annotated[
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="overrides the scenario's seed")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="write results as JSON here")]
 FormatOpt = Annotated[str, typer.Option("--format", help="figure format: png | svg")]
+# Where the dashboard reads results by default (the server's SHAPER_SIM_RESULTS_DIR, or
+# <SHAPER_DATA_DIR>/sim-results): the same environment gives the same place.
+DEFAULT_OUT_DIR = Path(
+    os.environ.get("SHAPER_SIM_RESULTS_DIR")
+    or Path(os.environ.get("SHAPER_DATA_DIR") or "shaper-data") / "sim-results"
+)
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar")]
 
 
@@ -106,9 +113,9 @@ def compare_cmd(
     scenario: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
     policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(POLICIES),
     seed: SeedOpt = None,
-    out_dir: Annotated[Path, typer.Option("--out-dir", help="JSON and figures go here")] = Path(
-        "sim-results"
-    ),
+    out_dir: Annotated[
+        Path, typer.Option("--out-dir", help="JSON and figures go here")
+    ] = DEFAULT_OUT_DIR,
     fmt: FormatOpt = "png",
     markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = False,
@@ -131,9 +138,9 @@ def compare_cmd(
 def table(
     scenarios: Annotated[str, typer.Option(help="comma-separated; default: all built-in")] = "",
     policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(POLICIES),
-    out_dir: Annotated[Path, typer.Option("--out-dir", help="JSON and figures go here")] = Path(
-        "sim-results"
-    ),
+    out_dir: Annotated[
+        Path, typer.Option("--out-dir", help="JSON and figures go here")
+    ] = DEFAULT_OUT_DIR,
     fmt: FormatOpt = "png",
 ) -> None:
     """Compare every scenario and print one Markdown table (the README's)."""
@@ -206,7 +213,7 @@ def replay(
         bool, typer.Option("--events/--cadence-only", help="also re-plan on every event")
     ] = False,
     seed: Annotated[int, typer.Option()] = 0,
-    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("sim-results"),
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = DEFAULT_OUT_DIR,
     fmt: FormatOpt = "png",
     progress: ProgressOpt = True,
 ) -> None:
@@ -281,13 +288,15 @@ def inflation(
         )
         for name in names
     ]
-    baselines = [r for r in results if r.policy not in ("fgd", "shaper-defrag")]
-    best = min(baselines, key=lambda r: r.unallocated_gpus) if baselines else None
+    # Per policy: the largest cut against the best baseline at the same arrival ratio.
+    best = compare_to_baselines(results)
     table = Table(title=f"workload inflation to {target:.0%} of GPU capacity (seed {seed})")
     for column in (
         "policy",
         "unallocated GPUs",
         "vs best baseline",
+        "largest cut on curve (at)",
+        "unalloc. at 100 %",
         "frag. share of idle",
         "whole GPUs used",
         "pods failed",
@@ -304,6 +313,10 @@ def inflation(
             r.policy,
             f"{r.unallocated_gpus:.1f} of {r.capacity_gpus:.0f}",
             versus,
+            f"{100 * r.best_reduction:+.1f} % ({100 * r.best_reduction_at:.0f} %)"
+            if r.best_reduction is not None and r.best_reduction_at is not None
+            else "-",
+            f"{at_100:.1f}" if (at_100 := r.unallocated_at(1.0)) is not None else "-",
             f"{100 * r.fragmented_share:.1f} %",
             f"{r.whole_gpus_allocated}",
             f"{r.pods_failed} of {r.pods_arrived}",

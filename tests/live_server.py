@@ -46,14 +46,14 @@ def serve(app: FastAPI, port: int | None = None) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def app_on(engine: Engine) -> FastAPI:
+def app_on(engine: Engine, settings: Settings | None = None) -> FastAPI:
     """The API with every request on its own session of ``engine`` (a committed database)."""
 
     def session_factory() -> Iterator[Session]:
         with Session(engine) as session:
             yield session
 
-    app = create_app(Settings(environment="test"))
+    app = create_app(settings or Settings(environment="test"))
     app.dependency_overrides[get_session] = session_factory
     return app
 

@@ -9,6 +9,7 @@ from app.jobs.router import router as jobs
 from app.nodes.router import router as nodes
 from app.plans.router import router as plans
 from app.policies.router import router as policies
+from app.simulations.router import router as simulations
 from app.telemetry.router import router as telemetry
 from app.tokens.router import router as tokens
 from app.utilization.router import router as utilization
@@ -24,6 +25,7 @@ for domain_router in (
     plans,
     actions,
     policies,
+    simulations,
     tokens,
 ):
     api_router.include_router(domain_router)

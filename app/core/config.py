@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     # How long a migration waits for the scheduler (Slurm) to start a requeued job on its
     # target; Slurm holds a requeued job for its cred_expire (120 s by default) first.
     scheduler_start_wait_s: float = Field(default=300.0, gt=0)
+    # Where the dashboard reads `shaper sim` results; unset: <data_dir>/sim-results, where
+    # `shaper sim compare|run|table` write by default.
+    sim_results_dir: Path | None = None
     log_level: str = "INFO"
     # Dev convenience only: refused in production (see validator below).
     allow_public_bind: bool = False
@@ -58,6 +61,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir / 'shaper.db'}"
+
+    @property
+    def resolved_sim_results_dir(self) -> Path:
+        return self.sim_results_dir or self.data_dir / "sim-results"
 
     @property
     def tasks_in_process(self) -> bool:

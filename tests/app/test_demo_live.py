@@ -90,6 +90,12 @@ def test_the_demo_runs_live_simulated_clusters_and_carries_out_its_plans(tmp_pat
             assert cluster["connector_status"] == "connected", cluster
             assert datetime.fromisoformat(cluster["last_seen_at"]) >= started_at, cluster
             assert cluster["last_seq"] < 96, cluster
+        # The Simulations page has a result to show: the demo ran `sim compare` once.
+        simulations = _get(base, token, "/simulations")
+        assert [(r["name"], r["policies"]) for r in simulations] == [
+            ("training-heavy", ["fifo", "backfill", "priority", "shaper"])
+        ]
+        assert (tmp_path / "data" / "sim-results" / "training-heavy.json").exists()
         # enforce: carried out; advise: waiting for an operator; observe: plans only.
         assert not any(s == "failed" for (_c, _k, s) in counts), counts
         assert all(a["state"] != "succeeded" for a in actions if a["cluster"] != "hpc-a")

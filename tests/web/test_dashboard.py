@@ -15,10 +15,13 @@ from sqlmodel import Session
 from app.api.deps import get_clock
 from app.core import migrate
 from app.core.clock import FrozenClock
+from app.core.config import Settings
 from app.core.db import make_engine
 from app.demo import SITES, seed_demo_site
 from app.gpu_models import service as gpu_model_service
 from app.shaping.cycle import run_cycle
+from sim.run import compare, write_results
+from sim.scenario import load_scenario
 from tests.live_server import app_on, serve, tokens_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -27,7 +30,11 @@ NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('web') / 'shaper.db'}"
+    data = tmp_path_factory.mktemp("web")
+    url = f"sqlite:///{data / 'shaper.db'}"
+    # A real `shaper sim compare` result where the server reads them.
+    results = compare(load_scenario("training-heavy"), ["fifo", "shaper"])
+    write_results(results, data / "sim-results" / "training-heavy.json")
     migrate.upgrade(url)
     engine = make_engine(url)
     with Session(engine) as session:
@@ -37,10 +44,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             run_cycle(session=session, cluster_name=site_.name, now=NOW)
         tokens = tokens_for(session, NOW, ("viewer", "operator"))
 
-    app = app_on(engine)
+    app = app_on(engine, Settings(environment="test", data_dir=data))
     app.dependency_overrides[get_clock] = lambda: FrozenClock(NOW + timedelta(minutes=1))
     with serve(app) as base:
-        yield {"base": base, "tokens": tokens}
+        yield {"base": base, "tokens": tokens, "sim": results}
     engine.dispose()
 
 
@@ -149,3 +156,22 @@ def test_operator_approves_a_proposed_action(page: Page, site: dict[str, Any]) -
     approve.click()
     row = page.locator("#action-table tbody tr", has=page.locator(f'td:text-is("{action_id}")'))
     expect(row.locator("td:nth-child(6)")).to_have_text("approved")
+
+
+def test_simulation_results_table_and_chart(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    page.click("#nav a[data-view=simulations]")
+    expect(page.locator("#sim-result option")).to_have_count(1)
+    expect(page.locator("#sim-result option")).to_contain_text("training-heavy (seed 11)")
+    rows = page.locator("#sim-table tbody tr")
+    expect(rows).to_have_count(2)
+    for policy in ("fifo", "shaper"):
+        util = 100 * site["sim"][policy].metrics["utilization"]
+        row = page.locator(f"#sim-table tr[data-policy={policy}]")
+        expect(row.locator("td").nth(1)).to_have_text(f"{util:.1f}")
+    gain = 100 * (
+        site["sim"]["shaper"].metrics["utilization"] - site["sim"]["fifo"].metrics["utilization"]
+    )
+    expect(page.locator("#sim-table tr[data-policy=shaper] td").nth(2)).to_have_text(f"+{gain:.1f}")
+    expect(page.locator("#sim-chart polyline.sim-line")).to_have_count(2)
+    expect(page.locator("#sim-none")).to_be_hidden()

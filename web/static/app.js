@@ -50,7 +50,7 @@ function route() {
   const view = (location.hash || "#overview").slice(1).split("&")[0] || "overview";
   document.querySelectorAll(".view").forEach((v) => (v.hidden = v.id !== view));
   document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
-  ({ overview: showOverview, nodes: showNodes, jobs: showJobs, actions: showActions, policies: showPolicies }[view] || showOverview)()
+  ({ overview: showOverview, nodes: showNodes, jobs: showJobs, actions: showActions, policies: showPolicies, simulations: showSimulations }[view] || showOverview)()
     .catch((error) => console.error(error));
 }
 
@@ -146,6 +146,47 @@ async function showPolicies() {
   state.policies = Object.fromEntries(policies.map((p) => [p.name, p]));
 }
 
+async function showSimulations() {
+  const results = await api("/simulations");
+  const select = $("#sim-result"), chosen = select.value;
+  select.innerHTML = results.map((r) => `<option value="${esc(r.name)}">${esc(r.scenario)}${r.seed == null ? "" : ` (seed ${r.seed})`} · ${esc(r.policies.join(", "))}</option>`).join("");
+  if (results.some((r) => r.name === chosen)) select.value = chosen;
+  $("#sim-none").hidden = results.length > 0;
+  $("#sim-table").hidden = !results.length;
+  if (!results.length) { $("#sim-chart").innerHTML = ""; return; }
+  const result = await api(`/simulations/${encodeURIComponent(select.value)}`);
+  const runs = Object.entries(result.runs);
+  const base = result.runs.fifo ? result.runs.fifo.metrics.utilization : null;
+  const num = (v, digits = 1) => (v == null ? "" : Number(v).toFixed(digits));
+  $("#sim-table tbody").innerHTML = runs.map(([policy, run]) => {
+    const m = run.metrics;
+    const delta = base == null ? "" : `${m.utilization >= base ? "+" : ""}${(100 * (m.utilization - base)).toFixed(1)}`;
+    return `<tr data-policy="${esc(policy)}"><td>${esc(policy)}</td><td>${num(100 * m.utilization)}</td><td>${delta}</td><td>${num(m.weighted_output)}</td>
+      <td>${num(m.jobs_completed, 0)}/${num(m.jobs_arrived, 0)}</td><td>${num(m.jct_mean_h)}</td><td>${num(m.unmet_demand_replica_hours)}</td>
+      <td>${num(m.migrations, 0)}</td><td>${num(m.preemptions, 0)}</td></tr>`;
+  }).join("");
+  $("#sim-chart").innerHTML = simChart(runs);
+}
+
+function simChart(runs) {
+  const width = 900, height = 260, left = 40, bottom = 24;
+  const horizon = Math.max(...runs.map(([, r]) => r.t_h[r.t_h.length - 1] || 0), 1);
+  const x = (t) => left + (t / horizon) * (width - left - 10);
+  const y = (v) => 30 + (1 - Math.min(1, v)) * (height - bottom - 30);
+  let svg = `<svg width="${width}" height="${height}" role="img" aria-label="Utilization over simulated time">`;
+  for (const v of [0, 0.25, 0.5, 0.75, 1]) {
+    svg += `<line x1="${left}" x2="${width - 10}" y1="${y(v)}" y2="${y(v)}" stroke="#e3e7ee"/><text x="4" y="${y(v) + 4}">${v * 100}%</text>`;
+  }
+  svg += `<text x="${left}" y="${height - 6}">0 h</text><text x="${width - 60}" y="${height - 6}">${horizon.toFixed(0)} h</text>`;
+  runs.forEach(([policy, run], k) => {
+    const color = COLORS[k % COLORS.length];
+    const line = run.t_h.map((t, i) => `${x(t)},${y(run.utilization[i])}`).join(" ");
+    svg += `<polyline class="sim-line" data-policy="${esc(policy)}" fill="none" stroke="${color}" stroke-width="2" points="${line}"/>`;
+    svg += `<text x="${left + k * 140}" y="14" style="fill:${color}">■ ${esc(policy)}</text>`;
+  });
+  return svg + "</svg>";
+}
+
 document.addEventListener("click", async (event) => {
   const target = event.target;
   if (target.dataset.decide) {
@@ -175,6 +216,7 @@ $("#policy-form").addEventListener("submit", async (event) => {
 $("#login-form").addEventListener("submit", (event) => { event.preventDefault(); signIn($("#token-input").value.trim()); });
 $("#group-by").addEventListener("change", showOverview);
 $("#node-cluster").addEventListener("change", showNodes);
+$("#sim-result").addEventListener("change", showSimulations);
 for (const id of ["#job-cluster", "#job-state", "#job-sort"]) $(id).addEventListener("change", () => { state.jobOffset = 0; showJobs(); });
 $("#job-prev").addEventListener("click", () => { state.jobOffset = Math.max(0, state.jobOffset - state.jobLimit); showJobs(); });
 $("#job-next").addEventListener("click", () => { state.jobOffset += state.jobLimit; showJobs(); });
