@@ -269,7 +269,11 @@ def inflation(
     seed: Annotated[int, typer.Option()] = 42,
     max_pods: Annotated[int | None, typer.Option()] = None,
     movable: Annotated[str, typer.Option(help="pods shaper may move: be | all")] = "be",
+    placement: Annotated[
+        str, typer.Option(help="shaper-defrag's placement: best-fit | fgd | …")
+    ] = "best-fit",
     out: OutOpt = None,
+    progress: ProgressOpt = True,
 ) -> None:
     """The FGD workload-inflation experiment: unallocated GPUs per placement policy."""
     from rich.table import Table
@@ -282,12 +286,24 @@ def inflation(
     for path in (pods, nodes):
         if not path.exists():
             raise typer.BadParameter(f"{path}: no such file")
-    results = [
-        run_inflation(
-            nodes, pods, name, target=target, seed=seed, max_pods=max_pods, movable=movable
-        )
-        for name in names
-    ]
+    if placement not in INFLATION_POLICIES or placement == "shaper-defrag":
+        raise typer.BadParameter(f"unknown placement {placement!r}", param_hint="--placement")
+    results = []
+    for name in names:
+        with progress_bar(progress, f"inflation · {name}") as callback:
+            results.append(
+                run_inflation(
+                    nodes,
+                    pods,
+                    name,
+                    target=target,
+                    seed=seed,
+                    max_pods=max_pods,
+                    movable=movable,
+                    placement=placement,
+                    progress=(lambda done: callback(done, 1.0)) if callback else None,
+                )
+            )
     # Per policy: the largest cut against the best baseline at the same arrival ratio.
     best = compare_to_baselines(results)
     table = Table(title=f"workload inflation to {target:.0%} of GPU capacity (seed {seed})")

@@ -10,7 +10,18 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.cli import sim_app
-from sim.inflation import ALL_POLICIES, FULL, Cluster, TaskMix, read_pods, run_inflation
+from sim.inflation import (
+    ALL_POLICIES,
+    FULL,
+    Cluster,
+    InflationResult,
+    Pod,
+    TaskMix,
+    _workload,
+    compare_to_baselines,
+    run_inflation,
+    select_node,
+)
 
 DATA = Path(__file__).parent / "data"
 NODES = DATA / "alibaba-nodes-sample.csv"
@@ -45,7 +56,8 @@ def test_inflation_conserves_capacity(policy: str) -> None:
     check_cluster(result.cluster)
     capacity = int(result.cluster.gpu_count.sum())
     assert result.capacity_gpus == capacity
-    assert result.arrived_gpus >= 1.3 * capacity
+    # Requests stop just short of 1.3 × capacity (the next pod would have gone past it).
+    assert 1.3 * capacity - 8 <= result.arrived_gpus <= 1.3 * capacity + 8
     assert result.allocated_gpus + result.unallocated_gpus == pytest.approx(capacity)
     # More was asked than fits: some pods must have failed.
     assert result.pods_failed > 0
@@ -59,19 +71,87 @@ def test_same_seed_same_result() -> None:
     assert a == b and a != c
 
 
-def test_fragmentation_measure_by_hand() -> None:
-    pods = read_pods(PODS)
+def tiny_cluster(tmp_path: Path) -> Cluster:
+    """Two T4 nodes with 2 GPUs each: A with 32 cores, B with 8."""
+    path = tmp_path / "nodes.csv"
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\nA,32000,65536,2,T4\nB,8000,65536,2,T4\n")
+    return Cluster(path)
+
+
+def tiny_mix() -> TaskMix:
+    """Three pod types: CPU-only (4 cores, 20 %), half a GPU (2 cores, 50 %), one whole GPU
+    (6 cores, 30 %)."""
+    mix = TaskMix([])
+    mix.set_kinds([(4000, 0, 0, (), 0.2), (2000, 500, 1, (), 0.5), (6000, FULL, 1, (), 0.3)])
+    return mix
+
+
+def test_fragmentation_rules_by_hand(tmp_path: Path) -> None:
+    cluster = tiny_cluster(tmp_path)
+    mix = tiny_mix()
+    gpu = np.array([[FULL, 300] + [-1] * 6, [FULL, 300] + [-1] * 6])
+    cpu = np.array([32000, 4000])
+    frag = mix.node_fragmentation(gpu, cpu, cluster.model_names)
+    # A: CPU-only type: all 1,300 free milli (0.2 × 1300 = 260); half-GPU type fits, the
+    # 300 on GPU 1 are too small (0.5 × 300 = 150); whole-GPU type fits, same 300 (0.3 × 300
+    # = 90).
+    assert frag[0] == pytest.approx(260 + 150 + 90)
+    # B: only 4 cores left: the whole-GPU type (6 cores) cannot run, all 1,300 milli are
+    # fragmented for it (0.3 × 1300 = 390); memory does not count.
+    assert frag[1] == pytest.approx(260 + 150 + 390)
+    # A model the type does not accept: everything is fragmented for it.
+    mix.set_kinds([(2000, 500, 1, ("V100M16",), 1.0)])
+    assert mix.node_fragmentation(gpu, cpu, cluster.model_names)[0] == pytest.approx(1300)
+
+
+def test_fgd_choice_by_hand(tmp_path: Path) -> None:
+    cluster = tiny_cluster(tmp_path)
+    cluster.gpu[0, :2] = [FULL, 600]  # A: GPU 1 already 40 % used
+    pod = Pod(cpu=2000, mem=1024, gpus=1, milli=500, models=(), checkpointable=False)
+    # A before: 0.2 × 1600 + 0 + 0.3 × 600 = 500.
+    # A, GPU 1 (600 -> 100): 0.2 × 1100 + 0.5 × 100 + 0.3 × 100 = 300: -200 -> score 54.
+    # A, GPU 0 (no whole GPU left): 0.2 × 1100 + 0 + 0.3 × 1100 = 550: +50 -> score 48.
+    # B (8 cores) GPU 0: 400 -> 0.2 × 1500 + 0 + 0.3 × 500 = 450: +50 -> score 48.
+    choice = select_node("fgd", cluster, pod, np.random.default_rng(0), tiny_mix())
+    assert choice == (0, (1,))
+    # With only 7 cores on B and A full, B's GPU 0 leaves 5 cores: the whole-GPU type no
+    # longer fits B at all, yet the pod must go somewhere: B it is.
+    cluster.gpu[0, :2] = [0, 0]
+    cluster.cpu[1] = 7000
+    assert select_node("fgd", cluster, pod, np.random.default_rng(0), tiny_mix()) == (1, (0,))
+
+
+def test_typical_pods_by_count_with_cpu_pods() -> None:
+    def pod(cpu: int, gpus: int, milli: int) -> Pod:
+        return Pod(cpu=cpu, mem=1, gpus=gpus, milli=milli, models=(), checkpointable=False)
+
+    pods = [pod(3000, 1, 500)] * 12 + [pod(8000, 0, 0)] * 7 + [pod(1000, 8, FULL)]
     mix = TaskMix(pods)
-    # Two kinds only, to check the measure: a half-GPU pod and an 8-GPU pod, equally popular.
-    mix.kinds = [(1, 500, 0.5), (8, FULL, 0.5)]
-    gpu = np.array([[FULL, FULL, 300, 0, -1, -1, -1, -1]])
-    # half-GPU kind: fits (a full GPU), the 300 left on GPU 2 is too small -> 300 fragmented;
-    # 8-GPU kind: does not fit -> all 2,300 free milli are fragmented.
-    assert mix.node_fragmentation(gpu)[0] == pytest.approx(0.5 * 300 + 0.5 * 2300)
-    # With CPU counted: a node without the half-GPU kind's CPU cannot host it at all.
-    mix.needs = {(1, 500): (4000.0, 0.0), (8, FULL): (0.0, 0.0)}
-    cpu, mem = np.array([2000]), np.array([10**6])
-    assert mix.node_fragmentation(gpu, cpu, mem)[0] == pytest.approx(2300)
+    # 12 + 7 of 20 pods reach 95 %: the 8-GPU pod is left out, the rest renormalized.
+    assert [k[:3] for k in mix.kinds] == [(3000, 500, 1), (8000, 0, 0)]
+    assert [k[4] for k in mix.kinds] == pytest.approx([12 / 19, 7 / 19])
+
+
+def test_workload_every_pod_then_draws() -> None:
+    pods = [Pod(1000, 1, 1, 500, (), False), Pod(1000, 1, 2, FULL, (), False)] * 5
+    order = _workload(pods, capacity=20_000, target=1.3, rng=np.random.default_rng(1))
+    assert sorted(map(id, order[:10])) == sorted(map(id, pods))  # each pod once, first
+    total = sum(p.gpu_request for p in order)
+    assert 26_000 - 2 * FULL < total <= 26_000
+
+
+def test_compare_over_the_curve() -> None:
+    def result(policy: str, curve: list[tuple[float, float]]) -> InflationResult:
+        return InflationResult(
+            policy, 10, 13, 10 - curve[-1][1], curve[-1][1], 0, 0, 1, 0, 0, curve
+        )
+
+    base = result("dot-product", [(0.9, 2.0), (1.0, 4.0), (1.3, 4.0)])
+    other = result("best-fit", [(0.9, 1.0), (1.0, 5.0), (1.3, 5.0)])
+    fgd = result("fgd", [(0.9, 1.0), (1.0, 2.0), (1.3, 3.0)])
+    assert compare_to_baselines([base, other, fgd]) is base
+    assert fgd.best_reduction == pytest.approx(0.5) and fgd.best_reduction_at == 1.0
+    assert fgd.unallocated_at(1.3) == 3.0
 
 
 def test_cli_inflation(tmp_path: Path) -> None:
