@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from sim.inflation import ALL_POLICIES as INFLATION_POLICIES
+from sim.inflation import POLICIES as PLACEMENTS
 from sim.inflation import compare_to_baselines, run_inflation
 from sim.metrics import RunResult
 from sim.report import (
@@ -270,9 +271,10 @@ def inflation(
     max_pods: Annotated[int | None, typer.Option()] = None,
     movable: Annotated[str, typer.Option(help="pods shaper may move: be | all")] = "be",
     placement: Annotated[
-        str, typer.Option(help="shaper-defrag's placement: best-fit | fgd | …")
+        str, typer.Option(help="the shaper policies' placement: best-fit | fgd | …")
     ] = "best-fit",
     out: OutOpt = None,
+    markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = True,
 ) -> None:
     """The FGD workload-inflation experiment: unallocated GPUs per placement policy."""
@@ -286,7 +288,7 @@ def inflation(
     for path in (pods, nodes):
         if not path.exists():
             raise typer.BadParameter(f"{path}: no such file")
-    if placement not in INFLATION_POLICIES or placement == "shaper-defrag":
+    if placement not in PLACEMENTS:
         raise typer.BadParameter(f"unknown placement {placement!r}", param_hint="--placement")
     results = []
     for name in names:
@@ -317,15 +319,17 @@ def inflation(
         "whole GPUs used",
         "pods failed",
         "migrations",
+        "preempted",
     ):
         table.add_column(column, justify="right")
+    rows = []
     for r in results:
         versus = (
             f"{100 * (r.unallocated_gpus / best.unallocated_gpus - 1):+.1f} %"
             if best and best.unallocated_gpus
             else "-"
         )
-        table.add_row(
+        row = (
             r.policy,
             f"{r.unallocated_gpus:.1f} of {r.capacity_gpus:.0f}",
             versus,
@@ -337,8 +341,16 @@ def inflation(
             f"{r.whole_gpus_allocated}",
             f"{r.pods_failed} of {r.pods_arrived}",
             f"{r.migrations}",
+            f"{r.preempted}",
         )
+        table.add_row(*row)
+        rows.append(row)
     console.print(table)
+    if markdown:
+        lines = ["| " + " | ".join(c.header for c in table.columns) + " |"]
+        lines.append("|" + "---|" * len(table.columns))
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        console.print("\n".join(lines), markup=False, soft_wrap=True)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps([r.to_json() for r in results], indent=1))

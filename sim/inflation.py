@@ -65,8 +65,13 @@ migrate checkpointable pods (best-effort QoS, as in ``sim.traces.alibaba``; ever
 ``movable="all"``) between GPUs and nodes to make room, paying a migration each: first a
 repack of the sharing pods inside one node, then moves of pods to other nodes, within a
 budget of moves per failed pod. Its placement is ``placement`` (default ``best-fit``, the
-best baseline on the default trace; ``fgd`` is available). It is the simulator's stand-in
-for the solver's defragmentation until ``solver.Instance`` models fractional GPUs
+best baseline on the default trace; ``fgd`` is available).
+
+``shaper-preempt`` does the same, then, for a pod of a higher QoS class that still fits
+nowhere, preempts best-effort pods where that gives more GPU to the pod than it takes from
+them (evicted pods are placed elsewhere when they fit, and count as ``preempted``
+otherwise): Shaper's SLA rules, where best-effort work yields. Both are the simulator's
+stand-in for the solver's defragmentation until ``solver.Instance`` models fractional GPUs
 (``gpu_milli``): the solver's policies cannot express this experiment yet.
 
 Not reproduced: our ``fgd`` leaves far more GPUs unallocated than the reference's (≈ 630
@@ -86,7 +91,8 @@ import numpy as np
 from sim.traces.alibaba import read_alibaba_nodes
 
 POLICIES = ("random", "best-fit", "dot-product", "gpu-packing", "gpu-clustering", "fgd")
-ALL_POLICIES = (*POLICIES, "shaper-defrag")
+SHAPER_POLICIES = ("shaper-defrag", "shaper-preempt")
+ALL_POLICIES = (*POLICIES, *SHAPER_POLICIES)
 BASELINES = POLICIES[:-1]
 MAX_GPUS = 8
 FULL = 1000
@@ -104,6 +110,8 @@ class Pod:
     milli: int
     models: tuple[str, ...]
     checkpointable: bool
+    # Best-effort QoS: the lowest class, which ``shaper-preempt`` may preempt.
+    best_effort: bool = False
 
     @property
     def gpu_request(self) -> int:
@@ -139,6 +147,7 @@ class InflationResult:
     migrations: int = 0
     # (arrived requests / capacity, unallocated GPUs) at each integer percent of arrival.
     curve: list[tuple[float, float]] = field(default_factory=list)
+    preempted: int = 0
     # Filled by ``compare_to_baselines``: the largest reduction in unallocated GPUs against
     # the best baseline at the same arrival ratio, and that ratio.
     best_reduction: float | None = None
@@ -164,6 +173,7 @@ class InflationResult:
             "pods_arrived": self.pods_arrived,
             "pods_failed": self.pods_failed,
             "migrations": self.migrations,
+            "preempted": self.preempted,
             "best_reduction": self.best_reduction,
             "best_reduction_at": self.best_reduction_at,
             "curve": self.curve,
@@ -221,6 +231,7 @@ def read_pods(path: str | Path, *, movable: str = "be") -> list[Pod]:
                     else (FULL if gpus else 0),
                     models=tuple(m for m in (row["gpu_spec"] or "").split("|") if m),
                     checkpointable=movable == "all" or (row["qos"] or "BE") == "BE",
+                    best_effort=(row["qos"] or "BE") == "BE",
                 )
             )
     return pods
@@ -251,6 +262,11 @@ class Cluster:
         self.model_index = {m: i for i, m in enumerate(sorted(set(self.models)))}
         self.node_model = np.array([self.model_index[m] for m in self.models])
         self.hosted: list[list[tuple[Pod, tuple[int, ...]]]] = [[] for _ in range(n)]
+        # What preempting a node's best-effort pods would give back: their CPU and memory,
+        # and per GPU the milli held by the other pods (which stay).
+        self.be_cpu = np.zeros(n, dtype=np.int64)
+        self.be_mem = np.zeros(n, dtype=np.int64)
+        self.guarded = np.zeros((n, MAX_GPUS), dtype=np.int64)
         # GPU-clustering: pods per kind (Pod.affinity, GPU pods only) on each node.
         self.request_kinds: list[Counter[int]] = [Counter() for _ in range(n)]
 
@@ -305,11 +321,21 @@ class Cluster:
         for g in gpus:
             self.gpu[node, g] -= pod.milli if pod.shares else FULL
         self.hosted[node].append((pod, gpus))
+        self._account(node, pod, gpus, 1)
         if pod.gpus:
             self.request_kinds[node][pod.affinity] += 1
 
+    def _account(self, node: int, pod: Pod, gpus: tuple[int, ...], sign: int) -> None:
+        if pod.best_effort:
+            self.be_cpu[node] += sign * pod.cpu
+            self.be_mem[node] += sign * pod.mem
+            return
+        for g in gpus:
+            self.guarded[node, g] += sign * (pod.milli if pod.shares else FULL)
+
     def remove(self, node: int, index: int) -> tuple[Pod, tuple[int, ...]]:
         pod, gpus = self.hosted[node].pop(index)
+        self._account(node, pod, gpus, -1)
         self.cpu[node] += pod.cpu
         self.mem[node] += pod.mem
         for g in gpus:
@@ -608,6 +634,76 @@ def _defragment(
     return None
 
 
+def _preempt_for(
+    cluster: Cluster,
+    pod: Pod,
+    rng: np.random.Generator,
+    mix: TaskMix,
+    placement: str,
+    tries: int = 8,
+) -> tuple[int, int] | None:
+    """Make room for a pod of a higher QoS class by preempting best-effort pods.
+
+    Only where it pays in GPU: the best-effort pods taken off a node hold less GPU than
+    ``pod`` asks for. Nodes are tried cheapest first (least best-effort GPU to take off the
+    GPUs ``pod`` would use); best-effort CPU-only pods leave too when CPU or memory is
+    short (largest first), then best-effort pods on other GPUs. Each evicted pod is placed
+    again elsewhere if it fits (a migration) and is preempted otherwise. Returns (moved,
+    preempted), or None when no node works (nothing changed)."""
+    need = pod.gpus if not pod.shares else 1
+    room = FULL if not pod.shares else pod.milli
+    hostable = (cluster.gpu >= 0) & (cluster.guarded + room <= FULL)
+    be_milli = np.where(hostable, FULL - cluster.gpu - cluster.guarded, 10 * FULL * MAX_GPUS)
+    cheapest = np.sort(be_milli, axis=1)[:, :need].sum(axis=1)
+    ok = (
+        cluster.model_mask(pod)
+        & (cheapest < pod.gpu_request)
+        & (cluster.cpu + cluster.be_cpu >= pod.cpu)
+        & (cluster.mem + cluster.be_mem >= pod.mem)
+    )
+    nodes = np.flatnonzero(ok)
+    for node in nodes[np.argsort(cheapest[nodes], kind="stable")][:tries]:
+        node = int(node)
+        hosted = cluster.hosted[node]
+        chosen = set(np.argsort(be_milli[node], kind="stable")[:need].tolist())
+        on_chosen = [i for i, (p, g) in enumerate(hosted) if p.best_effort and g and g[0] in chosen]
+        rest = sorted(
+            (i for i, (p, g) in enumerate(hosted) if p.best_effort and i not in on_chosen),
+            key=lambda i: (hosted[i][0].gpus > 0, -hosted[i][0].cpu),
+        )
+        victims = list(on_chosen)
+        cpu = cluster.cpu[node] + sum(hosted[i][0].cpu for i in victims)
+        mem = cluster.mem[node] + sum(hosted[i][0].mem for i in victims)
+        for i in rest:
+            if cpu >= pod.cpu and mem >= pod.mem:
+                break
+            victims.append(i)
+            cpu += hosted[i][0].cpu
+            mem += hosted[i][0].mem
+        taken = sum(hosted[i][0].gpu_request for i in victims)
+        if cpu < pod.cpu or mem < pod.mem or taken >= pod.gpu_request:
+            continue
+        evicted = [cluster.remove(node, i) for i in sorted(victims, reverse=True)]
+        if not cluster.feasible(pod)[node]:
+            for victim, gpus in evicted:
+                cluster.place(node, victim, gpus)
+            continue
+        cluster.place(node, pod, cluster.choose_gpus(node, pod))
+        moved = preempted = 0
+        cpu_left = cluster.cpu[node]
+        cluster.cpu[node] = -1  # evicted pods go elsewhere
+        for victim, _ in sorted(evicted, key=lambda e: -e[0].gpu_request):
+            target = select_node(placement, cluster, victim, rng, mix)
+            if target is None:
+                preempted += 1
+            else:
+                cluster.place(target[0], victim, target[1])
+                moved += 1
+        cluster.cpu[node] = cpu_left
+        return moved, preempted
+    return None
+
+
 def _repack_somewhere(cluster: Cluster, pod: Pod) -> int | None:
     """Try an in-node repack on the compatible nodes with the most free GPU capacity."""
     mask = cluster.model_mask(pod) & (cluster.cpu >= pod.cpu) & (cluster.mem >= pod.mem)
@@ -691,22 +787,30 @@ def run_inflation(
     migrations = 0
     arrivals = np.zeros(len(workload), dtype=np.int64)
     allocations = np.zeros(len(workload), dtype=np.int64)
-    placement_policy = placement if policy == "shaper-defrag" else policy
+    placement_policy = placement if policy in SHAPER_POLICIES else policy
+    preempted = 0
     for count, pod in enumerate(workload):
         arrived += pod.gpu_request
         choice = select_node(placement_policy, cluster, pod, rng, mix)
         if choice is not None:
             cluster.place(choice[0], pod, choice[1])
-        elif policy == "shaper-defrag" and pod.gpus > 0:
+        elif policy in SHAPER_POLICIES and pod.gpus > 0:
             repacked = _repack_somewhere(cluster, pod)
             if repacked is not None:
                 migrations += repacked
             else:
                 done = _defragment(cluster, pod, rng, mix, defrag_budget, placement)
-                if done is None:
-                    failed += 1
-                else:
+                if done is not None:
                     migrations += done[2]
+                elif policy == "shaper-preempt" and not pod.best_effort:
+                    made = _preempt_for(cluster, pod, rng, mix, placement)
+                    if made is None:
+                        failed += 1
+                    else:
+                        migrations += made[0]
+                        preempted += made[1]
+                else:
+                    failed += 1
         else:
             failed += 1
         arrivals[count] = arrived
@@ -728,6 +832,7 @@ def run_inflation(
         pods_arrived=len(workload),
         pods_failed=failed,
         migrations=migrations,
+        preempted=preempted,
         curve=_curve(arrivals, allocations, capacity),
         cluster=cluster,
     )

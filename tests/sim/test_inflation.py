@@ -17,6 +17,7 @@ from sim.inflation import (
     InflationResult,
     Pod,
     TaskMix,
+    _preempt_for,
     _workload,
     compare_to_baselines,
     run_inflation,
@@ -47,6 +48,16 @@ def check_cluster(cluster: Cluster) -> None:
                 assert cluster.models[node] in pod.models
     assert (cpu == cluster.cpu).all() and (mem == cluster.mem).all()
     assert (gpu == cluster.gpu).all()
+    # What shaper-preempt may take back is what the best-effort pods hold.
+    be_cpu = np.zeros_like(cluster.be_cpu)
+    guarded = np.zeros_like(cluster.guarded)
+    for node, hosted in enumerate(cluster.hosted):
+        for pod, gpus in hosted:
+            if pod.best_effort:
+                be_cpu[node] += pod.cpu
+            for g in gpus if not pod.best_effort else ():
+                guarded[node, g] += pod.milli if pod.shares else FULL
+    assert (be_cpu == cluster.be_cpu).all() and (guarded == cluster.guarded).all()
 
 
 @pytest.mark.parametrize("policy", ALL_POLICIES)
@@ -172,3 +183,33 @@ def test_cli_inflation(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
     assert [r["policy"] for r in rows] == ["best-fit", "shaper-defrag"]
+
+
+def test_preemption_by_hand(tmp_path: Path) -> None:
+    cluster = tiny_cluster(tmp_path)
+    mix = tiny_mix()
+    rng = np.random.default_rng(0)
+    be = Pod(cpu=2000, mem=1, gpus=1, milli=300, models=(), checkpointable=True, best_effort=True)
+    ls_half = Pod(cpu=2000, mem=1, gpus=1, milli=500, models=(), checkpointable=False)
+    whole = Pod(cpu=2000, mem=1, gpus=1, milli=FULL, models=(), checkpointable=False)
+    big_be = Pod(
+        cpu=20000, mem=1, gpus=0, milli=0, models=(), checkpointable=True, best_effort=True
+    )
+    # A: GPU 0 shared by a best-effort pod (300), GPU 1 by a latency-sensitive one (500),
+    # and a CPU-only best-effort pod taking 20 of its 32 cores. B: both GPUs whole-used.
+    cluster.place(0, be, (0,))
+    cluster.place(0, ls_half, (1,))
+    cluster.place(0, big_be, ())
+    cluster.place(1, whole, (0,))
+    cluster.place(1, whole, (1,))
+    before = cluster.allocated_milli()
+    # A whole GPU is wanted: GPU 0 of A once the 300-milli best-effort pod leaves (it fits
+    # nowhere else: preempted). GPU 1 keeps its latency-sensitive pod.
+    assert _preempt_for(cluster, whole, rng, mix, "best-fit") == (0, 1)
+    assert cluster.allocated_milli() == before - 300 + FULL
+    assert [p for p, _ in cluster.hosted[0]] == [ls_half, big_be, whole]
+    check_cluster(cluster)
+    # No GPU free of latency-sensitive work is left: two whole GPUs cannot be had.
+    two = Pod(cpu=2000, mem=1, gpus=2, milli=FULL, models=(), checkpointable=False)
+    assert _preempt_for(cluster, two, rng, mix, "best-fit") is None
+    check_cluster(cluster)

@@ -77,7 +77,6 @@ def test_fifo_reserves_the_daily_peak_and_priority_follows_demand() -> None:
     assert follow["utilization"] == pytest.approx(fifo["utilization"])
 
 
-
 @pytest.mark.parametrize("policy", ["priority", "shaper"])
 def test_a_service_on_slower_gpus_gets_the_replicas_its_demand_needs(policy: str) -> None:
     # Demand is in replicas at reference speed: 3 replicas' worth on GPUs of speed 0.5
@@ -96,6 +95,7 @@ def test_a_service_on_slower_gpus_gets_the_replicas_its_demand_needs(policy: str
     m = summarize(sim).metrics
     assert m["unmet_demand_replica_hours"] == pytest.approx(0)
     assert sim.services["chat"].replicas == 6
+
 
 def _conserved(sim: Simulation) -> None:
     sim.assert_invariants()
