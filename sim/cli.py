@@ -271,8 +271,11 @@ def inflation(
     max_pods: Annotated[int | None, typer.Option()] = None,
     movable: Annotated[str, typer.Option(help="pods shaper may move: be | all")] = "be",
     placement: Annotated[
-        str, typer.Option(help="the shaper policies' placement: best-fit | fgd | …")
-    ] = "best-fit",
+        str, typer.Option(help="the shaper policies' placement: fgd | best-fit | …")
+    ] = "fgd",
+    tie_break: Annotated[
+        str, typer.Option(help="ties between nodes: name (the reference's) | random")
+    ] = "name",
     out: OutOpt = None,
     markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = True,
@@ -288,6 +291,8 @@ def inflation(
     for path in (pods, nodes):
         if not path.exists():
             raise typer.BadParameter(f"{path}: no such file")
+    if tie_break not in ("name", "random"):
+        raise typer.BadParameter("name or random", param_hint="--tie-break")
     if placement not in PLACEMENTS:
         raise typer.BadParameter(f"unknown placement {placement!r}", param_hint="--placement")
     results = []
@@ -303,6 +308,7 @@ def inflation(
                     max_pods=max_pods,
                     movable=movable,
                     placement=placement,
+                    tie_break=tie_break,
                     progress=(lambda done: callback(done, 1.0)) if callback else None,
                 )
             )

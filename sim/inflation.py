@@ -18,8 +18,12 @@ generate_run_scripts.py``, ``scripts/generate_config_and_run.py``,
 * **Feasibility** (Kubernetes' resource filter and Open-Gpu-Share's): CPU, memory, model
   and GPU capacity.
 * **Scores** (every feasible node is scored, all integers 0-100 as in the Kubernetes
-  framework; the node with the highest score wins, ties broken uniformly at random, as in
-  ``kube-scheduler``'s ``selectHost``):
+  framework; the node with the highest score wins; ties go to the node that comes first in
+  a fixed random order of the nodes, as in the reference: it builds against a fork of
+  kube-scheduler (``k8s.io/kubernetes => github.com/mental2008/kubernetes v1.20.5-minor``
+  in its ``go.mod``) whose ``selectHost`` keeps the smallest node name among the best,
+  and its ``syncClusterResourceList`` prefixes every node name with a ``rand.Perm`` index.
+  ``tie_break="random"`` is stock kube-scheduler's uniform choice instead):
 
   * ``random``: a random feasible node, and a random fitting GPU in it;
   * ``dot-product`` (Tetris; ``merge`` dimensions, ``max`` normalization): 100 × (1 −
@@ -55,7 +59,7 @@ generate_run_scripts.py``, ``scripts/generate_config_and_run.py``,
   published results) besides the end figure.
 
 Where this differs from the reference: the reference's pod shuffle is seeded from the clock
-(its seed only drives the appended pods and tie-breaks), ours is seeded; its random numbers
+(its seed drives the appended pods and the node order), ours is seeded; its random numbers
 differ from numpy's; the reference reports the median of ten seeds (42-51), the CLI runs one
 seed. Published reference results for the default trace at 130 %: dot-product leaves about
 8.7-9.5 % of the GPUs unallocated (540-590), FGD about 4.6 % (≈ 285).
@@ -74,9 +78,11 @@ otherwise): Shaper's SLA rules, where best-effort work yields. Both are the simu
 stand-in for the solver's defragmentation until ``solver.Instance`` models fractional GPUs
 (``gpu_milli``): the solver's policies cannot express this experiment yet.
 
-Not reproduced: our ``fgd`` leaves far more GPUs unallocated than the reference's (≈ 630
-against ≈ 285 on the default trace): it strands whole GPUs of 8-GPU G2 nodes whose CPU it
-has used up. The cause has not been found; the ``fgd`` figures are ours, not the paper's.
+Ties decide most placements: FGD's integer score ties on hundreds of nodes for nearly
+every CPU-only and whole-GPU pod. Broken uniformly at random, they spread CPU-only pods
+over every node and strand whole GPUs of 8-GPU nodes whose CPU is used up (``fgd`` leaves
+≈ 630 GPUs unallocated at 130 %); broken by the fixed node order, as in the reference,
+they pack (≈ 280, the reference's ≈ 285).
 """
 
 from __future__ import annotations
@@ -262,6 +268,8 @@ class Cluster:
         self.model_index = {m: i for i, m in enumerate(sorted(set(self.models)))}
         self.node_model = np.array([self.model_index[m] for m in self.models])
         self.hosted: list[list[tuple[Pod, tuple[int, ...]]]] = [[] for _ in range(n)]
+        # Ties between equally scored nodes go to the smallest rank (None: at random).
+        self.tie_rank: np.ndarray | None = None
         # What preempting a node's best-effort pods would give back: their CPU and memory,
         # and per GPU the milli held by the other pods (which stay).
         self.be_cpu = np.zeros(n, dtype=np.int64)
@@ -493,10 +501,19 @@ def _scores(policy: str, cluster: Cluster, pod: Pod, nodes: np.ndarray) -> np.nd
     raise ValueError(f"unknown placement policy {policy!r}; one of {POLICIES}")
 
 
-def _pick(score: np.ndarray, rng: np.random.Generator) -> int:
-    """Index of the highest score, ties broken uniformly at random."""
+def _pick(score: np.ndarray, rng: np.random.Generator, rank: np.ndarray | None) -> int:
+    """Index of the highest score; among ties, the smallest ``rank`` (the cluster's fixed
+    node order), or a uniformly random one when there is no rank."""
     best = np.flatnonzero(score == score.max())
-    return int(best[rng.integers(len(best))]) if len(best) > 1 else int(best[0])
+    if len(best) == 1:
+        return int(best[0])
+    if rank is not None:
+        return int(best[np.argmin(rank[best])])
+    return int(best[rng.integers(len(best))])
+
+
+def _rank(cluster: Cluster, candidates: np.ndarray) -> np.ndarray | None:
+    return None if cluster.tie_rank is None else cluster.tie_rank[candidates]
 
 
 def select_node(
@@ -510,12 +527,13 @@ def select_node(
         return node, cluster.choose_gpus(node, pod, rng)
     if policy == "fgd":
         score, choice = _fgd(cluster, pod, candidates, mix)
-        i = _pick(score, rng)
+        i = _pick(score, rng, _rank(cluster, candidates))
         node = int(candidates[i])
         if pod.shares:
             return node, (int(choice[i]),)
         return node, cluster.choose_gpus(node, pod)
-    node = int(candidates[_pick(_scores(policy, cluster, pod, candidates), rng)])
+    scores = _scores(policy, cluster, pod, candidates)
+    node = int(candidates[_pick(scores, rng, _rank(cluster, candidates))])
     return node, cluster.choose_gpus(node, pod)
 
 
@@ -640,16 +658,15 @@ def _preempt_for(
     rng: np.random.Generator,
     mix: TaskMix,
     placement: str,
-    tries: int = 8,
 ) -> tuple[int, int] | None:
     """Make room for a pod of a higher QoS class by preempting best-effort pods.
 
     Only where it pays in GPU: the best-effort pods taken off a node hold less GPU than
-    ``pod`` asks for. Nodes are tried cheapest first (least best-effort GPU to take off the
-    GPUs ``pod`` would use); best-effort CPU-only pods leave too when CPU or memory is
-    short (largest first), then best-effort pods on other GPUs. Each evicted pod is placed
-    again elsewhere if it fits (a migration) and is preempted otherwise. Returns (moved,
-    preempted), or None when no node works (nothing changed)."""
+    ``pod`` asks for. Every candidate node is tried, cheapest first (least best-effort GPU
+    to take off the GPUs ``pod`` would use); best-effort CPU-only pods leave too when CPU
+    or memory is short (largest first), then best-effort pods on other GPUs. Each evicted
+    pod is placed again elsewhere if it fits (a migration) and is preempted otherwise.
+    Returns (moved, preempted), or None when no node works (nothing changed)."""
     need = pod.gpus if not pod.shares else 1
     room = FULL if not pod.shares else pod.milli
     hostable = (cluster.gpu >= 0) & (cluster.guarded + room <= FULL)
@@ -662,7 +679,7 @@ def _preempt_for(
         & (cluster.mem + cluster.be_mem >= pod.mem)
     )
     nodes = np.flatnonzero(ok)
-    for node in nodes[np.argsort(cheapest[nodes], kind="stable")][:tries]:
+    for node in nodes[np.argsort(cheapest[nodes], kind="stable")]:
         node = int(node)
         hosted = cluster.hosted[node]
         chosen = set(np.argsort(be_milli[node], kind="stable")[:need].tolist())
@@ -763,7 +780,8 @@ def run_inflation(
     defrag_budget: int = 4,
     movable: str = "be",
     cpu_nodes: bool = False,
-    placement: str = "best-fit",
+    placement: str = "fgd",
+    tie_break: str = "name",
     progress: Callable[[float], None] | None = None,
 ) -> InflationResult:
     """Run one inflation experiment; ``policy`` is one of ``POLICIES`` or
@@ -771,6 +789,8 @@ def run_inflation(
     (the reference uses the GPU nodes only)."""
     if policy not in ALL_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {ALL_POLICIES}")
+    if tie_break not in ("name", "random"):
+        raise ValueError(f"tie_break must be 'name' or 'random', not {tie_break!r}")
     if placement not in POLICIES:
         raise ValueError(f"unknown placement {placement!r}; one of {POLICIES}")
     pods_all = read_pods(pods_path, movable=movable)
@@ -780,6 +800,10 @@ def run_inflation(
     rng = np.random.default_rng(seed)
     capacity = cluster.capacity_milli
     workload = _workload(pods_all, capacity, target, rng)
+    if tie_break == "name":
+        # The reference renames the nodes "%04d-<name>" by rand.Perm once the workload
+        # is built; its scheduler fork then takes the smallest name among tied nodes.
+        cluster.tie_rank = rng.permutation(len(cluster.names))
     if max_pods is not None:
         workload = workload[:max_pods]
     arrived = 0
@@ -828,7 +852,7 @@ def run_inflation(
         allocated_gpus=allocated / FULL,
         unallocated_gpus=idle / FULL,
         whole_gpus_allocated=whole,
-        fragmented_share=frag / idle if idle else 0.0,
+        fragmented_share=min(1.0, frag / idle) if idle else 0.0,
         pods_arrived=len(workload),
         pods_failed=failed,
         migrations=migrations,

@@ -213,3 +213,16 @@ def test_preemption_by_hand(tmp_path: Path) -> None:
     two = Pod(cpu=2000, mem=1, gpus=2, milli=FULL, models=(), checkpointable=False)
     assert _preempt_for(cluster, two, rng, mix, "best-fit") is None
     check_cluster(cluster)
+
+
+def test_ties_go_to_the_first_node_in_the_fixed_order(tmp_path: Path) -> None:
+    # The reference's scheduler takes the smallest node name among equal scores, and its
+    # node names start with a random permutation index: a fixed order, not a coin flip.
+    pod = Pod(cpu=1000, mem=1, gpus=1, milli=FULL, models=(), checkpointable=False)
+    for rank, expected in (([1, 0], 1), ([0, 1], 0)):
+        cluster = tiny_cluster(tmp_path)
+        cluster.cpu[:] = 8000  # the two nodes are now alike
+        cluster.tie_rank = np.array(rank)
+        for policy in ("best-fit", "fgd", "dot-product"):
+            chosen = select_node(policy, cluster, pod, np.random.default_rng(0), tiny_mix())
+            assert chosen is not None and chosen[0] == expected, policy
