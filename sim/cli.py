@@ -322,7 +322,7 @@ def inflation(
         "largest cut on curve (at)",
         "unalloc. at 100 %",
         "frag. share of idle",
-        "whole GPUs used",
+        "GPUs in use",
         "pods failed",
         "migrations",
         "preempted",

@@ -68,8 +68,8 @@ seed. Published reference results for the default trace at 130 %: dot-product le
 migrate checkpointable pods (best-effort QoS, as in ``sim.traces.alibaba``; every pod with
 ``movable="all"``) between GPUs and nodes to make room, paying a migration each: first a
 repack of the sharing pods inside one node, then moves of pods to other nodes, within a
-budget of moves per failed pod. Its placement is ``placement`` (default ``best-fit``, the
-best baseline on the default trace; ``fgd`` is available).
+budget of moves per failed pod. Its placement is ``placement`` (default ``fgd``, the best
+placement on the default trace; any baseline can be given).
 
 ``shaper-preempt`` does the same, then, for a pod of a higher QoS class that still fits
 nowhere, preempts best-effort pods where that gives more GPU to the pod than it takes from
@@ -592,6 +592,8 @@ def _repack_node(cluster: Cluster, node: int, pod: Pod) -> tuple[tuple[int, ...]
                     cluster.gpu[node, gpus[0]] += p.milli
                     cluster.gpu[node, g] -= p.milli
                     hosted[i] = (p, (g,))
+                    cluster._account(node, p, gpus, -1)
+                    cluster._account(node, p, (g,), 1)
             return tuple(int(g) for g in target), moves
     return None
 
@@ -607,8 +609,8 @@ def _defragment(
     """Make room for ``pod`` by moving checkpointable pods off one node.
 
     For each compatible node (most free GPU capacity first), try to evict its movable pods
-    (smallest first) until the pod fits, re-placing each evicted pod elsewhere (FGD
-    placement, never back on this node). Undo everything if it does not work out."""
+    (smallest first) until the pod fits, re-placing each evicted pod elsewhere (by
+    ``placement``, never back on this node). Undo everything if it does not work out."""
     mask = cluster.model_mask(pod) if pod.gpus else np.ones(len(cluster.names), bool)
     free = np.where(cluster.gpu >= 0, cluster.gpu, 0).sum(axis=1)
     order = np.flatnonzero(mask & (free >= pod.gpu_request))
@@ -683,7 +685,9 @@ def _preempt_for(
         node = int(node)
         hosted = cluster.hosted[node]
         chosen = set(np.argsort(be_milli[node], kind="stable")[:need].tolist())
-        on_chosen = [i for i, (p, g) in enumerate(hosted) if p.best_effort and g and g[0] in chosen]
+        on_chosen = [
+            i for i, (p, g) in enumerate(hosted) if p.best_effort and any(x in chosen for x in g)
+        ]
         rest = sorted(
             (i for i, (p, g) in enumerate(hosted) if p.best_effort and i not in on_chosen),
             key=lambda i: (hosted[i][0].gpus > 0, -hosted[i][0].cpu),
@@ -747,6 +751,8 @@ def _workload(
         while total > goal and order:
             total -= order.pop(int(rng.integers(len(order)))).gpu_request
         return order
+    if not any(p.milli for p in pods):
+        return order  # no pod asks for a GPU: drawing more would never reach the goal
     while True:
         pod = pods[int(rng.integers(len(pods)))]
         # The reference checks the per-GPU milli here, then adds the whole request.
@@ -785,8 +791,8 @@ def run_inflation(
     progress: Callable[[float], None] | None = None,
 ) -> InflationResult:
     """Run one inflation experiment; ``policy`` is one of ``POLICIES`` or
-    ``shaper-defrag``. ``cpu_nodes`` adds the node list's CPU-only nodes to the cluster
-    (the reference uses the GPU nodes only)."""
+    ``SHAPER_POLICIES`` (which place by ``placement``). ``cpu_nodes`` adds the node
+    list's CPU-only nodes to the cluster (the reference uses the GPU nodes only)."""
     if policy not in ALL_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {ALL_POLICIES}")
     if tie_break not in ("name", "random"):

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.core.errors import Invalid, NotFound
 from app.simulations.models import PolicyRun, SimulationResult, SimulationSummary
 
@@ -43,7 +45,23 @@ def _runs(payload: Any) -> dict[str, dict[str, Any]] | None:
     return {k: runs[k] for k in sorted(runs, key=lambda k: (rank.get(k, len(rank)), k))}
 
 
-def _read(path: Path) -> tuple[dict[str, dict[str, Any]], datetime]:
+def _policy_run(run: dict[str, Any]) -> PolicyRun:
+    series = run.get("timeseries") or {}
+    if not isinstance(series, dict):
+        raise TypeError("timeseries is not an object")
+    return PolicyRun(
+        metrics={
+            k: v
+            for k, v in run["metrics"].items()
+            if v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+        },
+        t_h=list(series.get("t_h") or []),
+        utilization=list(series.get("utilization") or []),
+    )
+
+
+def _load(path: Path, name: str) -> SimulationResult:
+    """Parse and check one file whole, so the list shows only what can be opened."""
     stat = path.stat()
     if stat.st_size > MAX_BYTES:
         raise Invalid(f"{path.name} is {stat.st_size} bytes, over {MAX_BYTES}", field="name")
@@ -57,19 +75,39 @@ def _read(path: Path) -> tuple[dict[str, dict[str, Any]], datetime]:
             f"{path.name} is not a `shaper sim run` or `shaper sim compare` result",
             field="name",
         )
-    return runs, datetime.fromtimestamp(stat.st_mtime, UTC)
-
-
-def _summary(name: str, runs: dict[str, dict[str, Any]], modified: datetime) -> SimulationSummary:
     first = next(iter(runs.values()))
     seed = first.get("seed")
-    return SimulationSummary(
-        name=name,
-        scenario=str(first.get("scenario") or name),
-        seed=seed if isinstance(seed, int) else None,
-        policies=list(runs),
-        modified_at=modified,
-    )
+    try:
+        return SimulationResult(
+            name=name,
+            scenario=str(first.get("scenario") or name),
+            seed=seed if isinstance(seed, int) else None,
+            policies=list(runs),
+            modified_at=datetime.fromtimestamp(stat.st_mtime, UTC),
+            runs={policy: _policy_run(run) for policy, run in runs.items()},
+        )
+    except (ValidationError, TypeError, AttributeError) as exc:
+        raise Invalid(f"{path.name} has a malformed run: {exc}", field="name") from exc
+
+
+# Parsed files by path, kept while their size and mtime do not change: listing reads each
+# file once, not on every request.
+_cache: dict[Path, tuple[tuple[int, int], SimulationResult | Invalid]] = {}
+
+
+def _cached(path: Path, name: str) -> SimulationResult:
+    stat = path.stat()
+    key = (stat.st_mtime_ns, stat.st_size)
+    hit = _cache.get(path)
+    if hit is None or hit[0] != key:
+        try:
+            hit = (key, _load(path, name))
+        except Invalid as exc:
+            hit = (key, exc)
+        _cache[path] = hit
+    if isinstance(hit[1], Invalid):
+        raise hit[1]
+    return hit[1]
 
 
 def list_results(*, directory: Path) -> list[SimulationSummary]:
@@ -77,14 +115,15 @@ def list_results(*, directory: Path) -> list[SimulationSummary]:
     if not directory.is_dir():
         return []
     found = []
-    for path in directory.glob("*.json"):
-        if not NAME.match(path.stem):
-            continue
+    paths = [p for p in directory.glob("*.json") if NAME.match(p.stem)]
+    for path in paths:
         try:
-            runs, modified = _read(path)
+            result = _cached(path, path.stem)
         except (Invalid, OSError):
             continue
-        found.append(_summary(path.stem, runs, modified))
+        found.append(SimulationSummary(**result.model_dump(exclude={"runs"})))
+    for gone in [p for p in _cache if p.parent == directory and p not in paths]:
+        _cache.pop(gone, None)
     return sorted(found, key=lambda s: (s.modified_at, s.name), reverse=True)
 
 
@@ -94,20 +133,4 @@ def get_result(*, directory: Path, name: str) -> SimulationResult:
     path = directory / f"{name}.json"
     if not path.is_file():
         raise NotFound(f"no simulation result {name!r}", resource="simulation", resource_id=name)
-    runs, modified = _read(path)
-    summary = _summary(name, runs, modified)
-    return SimulationResult(
-        **summary.model_dump(),
-        runs={
-            policy: PolicyRun(
-                metrics={
-                    k: v
-                    for k, v in run["metrics"].items()
-                    if v is None or isinstance(v, int | float)
-                },
-                t_h=list((run.get("timeseries") or {}).get("t_h") or []),
-                utilization=list((run.get("timeseries") or {}).get("utilization") or []),
-            )
-            for policy, run in runs.items()
-        },
-    )
+    return _cached(path, name)

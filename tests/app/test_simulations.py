@@ -82,6 +82,18 @@ def test_bad_names_and_files_get_clear_errors(
     assert sweep["field"] == "name" and "not a `shaper sim run`" in sweep["message"]
     broken = client.get("/api/v1/simulations/broken", headers=headers).json()["error"]
     assert "not readable JSON" in broken["message"]
+    # Metrics but a series that is not one: not listed, and a 422 rather than a 500.
+    odd = {"runs": {"fifo": {"metrics": {"utilization": 0.5}, "timeseries": [1, 2]}}}
+    (results_dir / "odd.json").write_text(json.dumps(odd))
+    (results_dir / "odd-t.json").write_text(
+        json.dumps({"runs": {"fifo": {"metrics": {}, "timeseries": {"t_h": ["x"]}}}})
+    )
+    for name in ("odd", "odd-t"):
+        response = client.get(f"/api/v1/simulations/{name}", headers=headers)
+        assert (
+            response.status_code == 422 and "malformed run" in response.json()["error"]["message"]
+        )
+    assert client.get("/api/v1/simulations", headers=headers).json() == []
 
 
 def test_no_directory_is_an_empty_list_and_a_token_is_needed(
@@ -91,3 +103,15 @@ def test_no_directory_is_an_empty_list_and_a_token_is_needed(
     assert client.get("/api/v1/simulations").status_code == 401
     refused = client.get("/api/v1/simulations", headers=auth["connector_alpha"])
     assert refused.status_code == 403
+
+
+def test_a_rewritten_file_is_read_again(
+    client: TestClient, auth: dict[str, dict[str, str]], results_dir: Path, compared: dict
+) -> None:
+    path = write_results(compared, results_dir / "again.json")
+    listed = client.get("/api/v1/simulations", headers=auth["viewer"]).json()
+    assert listed[0]["policies"] == ["fifo", "shaper"]
+    write_results(run_policy(load_scenario("mixed"), "backfill"), path)
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 5))
+    listed = client.get("/api/v1/simulations", headers=auth["viewer"]).json()
+    assert [(r["name"], r["policies"]) for r in listed] == [("again", ["backfill"])]

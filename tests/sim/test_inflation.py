@@ -50,19 +50,25 @@ def check_cluster(cluster: Cluster) -> None:
     assert (gpu == cluster.gpu).all()
     # What shaper-preempt may take back is what the best-effort pods hold.
     be_cpu = np.zeros_like(cluster.be_cpu)
+    be_mem = np.zeros_like(cluster.be_mem)
     guarded = np.zeros_like(cluster.guarded)
     for node, hosted in enumerate(cluster.hosted):
         for pod, gpus in hosted:
             if pod.best_effort:
                 be_cpu[node] += pod.cpu
+                be_mem[node] += pod.mem
             for g in gpus if not pod.best_effort else ():
                 guarded[node, g] += pod.milli if pod.shares else FULL
-    assert (be_cpu == cluster.be_cpu).all() and (guarded == cluster.guarded).all()
+    assert (be_cpu == cluster.be_cpu).all() and (be_mem == cluster.be_mem).all()
+    assert (guarded == cluster.guarded).all()
 
 
-@pytest.mark.parametrize("policy", ALL_POLICIES)
-def test_inflation_conserves_capacity(policy: str) -> None:
-    result = run_inflation(NODES, PODS, policy, seed=3)
+@pytest.mark.parametrize(
+    ("policy", "movable"),
+    [(p, "be") for p in ALL_POLICIES] + [("shaper-defrag", "all"), ("shaper-preempt", "all")],
+)
+def test_inflation_conserves_capacity(policy: str, movable: str) -> None:
+    result = run_inflation(NODES, PODS, policy, seed=3, movable=movable)
     assert result.cluster is not None
     check_cluster(result.cluster)
     capacity = int(result.cluster.gpu_count.sum())
