@@ -18,7 +18,13 @@ from rich.console import Console
 
 from sim.inflation import ALL_POLICIES as INFLATION_POLICIES
 from sim.inflation import POLICIES as PLACEMENTS
-from sim.inflation import compare_to_baselines, run_inflation
+from sim.inflation import (
+    InflationResult,
+    SeedSpread,
+    compare_to_baselines,
+    run_inflation,
+    spread_over_seeds,
+)
 from sim.metrics import RunResult
 from sim.report import (
     markdown_table,
@@ -261,6 +267,33 @@ def replay(
         console.print(f"figure: {path}")
 
 
+def _print_seed_spread(spreads: list[SeedSpread], seeds: list[int], out: Path | None) -> None:
+    """The Markdown table of ``shaper sim inflation --seeds``."""
+    lines = [
+        f"seeds {', '.join(map(str, seeds))}: median over them",
+        "",
+        "| policy | unallocated GPUs, median | min-max | vs best baseline, median "
+        "| preempted, median | migrations, median |",
+        "|" + "---|" * 6,
+    ]
+    for sp in spreads:
+        cut = (
+            f"{-100 * sp.median_reduction + 0.0:+.1f} %" if sp.median_reduction is not None else "-"
+        )
+        lines.append(
+            f"| {sp.policy} | {sp.median_unallocated:.1f} | {sp.min_unallocated:.1f}-"
+            f"{sp.max_unallocated:.1f} | {cut} | {sp.median_preempted:.0f} "
+            f"| {sp.median_migrations:.0f} |"
+        )
+    console.print("\n".join(lines), markup=False, soft_wrap=True)
+    if out is not None:
+        from dataclasses import asdict
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"seeds": seeds, "policies": [asdict(x) for x in spreads]}))
+        console.print(f"results: {out}")
+
+
 @sim_app.command("inflation")
 def inflation(
     pods: Annotated[Path, typer.Argument(help="Alibaba pod list (openb_pod_list_*.csv)")],
@@ -268,6 +301,9 @@ def inflation(
     policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(INFLATION_POLICIES),
     target: Annotated[float, typer.Option(help="stop when requests reach this × capacity")] = 1.3,
     seed: Annotated[int, typer.Option()] = 42,
+    seeds: Annotated[
+        str | None, typer.Option(help="several seeds (e.g. 42-51): medians per policy")
+    ] = None,
     max_pods: Annotated[int | None, typer.Option()] = None,
     movable: Annotated[str, typer.Option(help="pods shaper may move: be | all")] = "be",
     placement: Annotated[
@@ -295,23 +331,35 @@ def inflation(
         raise typer.BadParameter("name or random", param_hint="--tie-break")
     if placement not in PLACEMENTS:
         raise typer.BadParameter(f"unknown placement {placement!r}", param_hint="--placement")
-    results = []
-    for name in names:
-        with progress_bar(progress, f"inflation · {name}") as callback:
-            results.append(
-                run_inflation(
-                    nodes,
-                    pods,
-                    name,
-                    target=target,
-                    seed=seed,
-                    max_pods=max_pods,
-                    movable=movable,
-                    placement=placement,
-                    tie_break=tie_break,
-                    progress=(lambda done: callback(done, 1.0)) if callback else None,
+    try:
+        chosen = parse_seeds(seeds) if seeds else [seed]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--seeds") from exc
+
+    def run_all(one_seed: int) -> list[InflationResult]:
+        results = []
+        for name in names:
+            with progress_bar(progress, f"inflation · {name} · seed {one_seed}") as callback:
+                results.append(
+                    run_inflation(
+                        nodes,
+                        pods,
+                        name,
+                        target=target,
+                        seed=one_seed,
+                        max_pods=max_pods,
+                        movable=movable,
+                        placement=placement,
+                        tie_break=tie_break,
+                        progress=(lambda done: callback(done, 1.0)) if callback else None,
+                    )
                 )
-            )
+        return results
+
+    if seeds:
+        _print_seed_spread(spread_over_seeds([run_all(s) for s in chosen]), chosen, out)
+        return
+    results = run_all(seed)
     # Per policy: the largest cut against the best baseline at the same arrival ratio.
     best = compare_to_baselines(results)
     table = Table(title=f"workload inflation to {target:.0%} of GPU capacity (seed {seed})")

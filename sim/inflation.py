@@ -214,6 +214,50 @@ def compare_to_baselines(
     return min(baselines, key=lambda r: r.unallocated_gpus)
 
 
+@dataclass(frozen=True, slots=True)
+class SeedSpread:
+    """One policy over several seeds (the reference reports the median of seeds 42-51)."""
+
+    policy: str
+    seeds: int
+    median_unallocated: float
+    min_unallocated: float
+    max_unallocated: float
+    # 1 − unallocated / the best baseline's unallocated of the same seed (None: no baseline).
+    median_reduction: float | None
+    median_preempted: float
+    median_migrations: float
+
+
+def spread_over_seeds(runs: Sequence[Sequence[InflationResult]]) -> list[SeedSpread]:
+    """``runs``: per seed, the results of every policy of that seed."""
+    import statistics
+
+    by_policy: dict[str, list[tuple[InflationResult, float | None]]] = {}
+    for results in runs:
+        best = compare_to_baselines(results)
+        for r in results:
+            cut = 1 - r.unallocated_gpus / best.unallocated_gpus if best else None
+            by_policy.setdefault(r.policy, []).append((r, cut))
+    spreads = []
+    for policy, items in by_policy.items():
+        unallocated = [r.unallocated_gpus for r, _ in items]
+        cuts = [c for _, c in items if c is not None]
+        spreads.append(
+            SeedSpread(
+                policy=policy,
+                seeds=len(items),
+                median_unallocated=statistics.median(unallocated),
+                min_unallocated=min(unallocated),
+                max_unallocated=max(unallocated),
+                median_reduction=statistics.median(cuts) if cuts else None,
+                median_preempted=statistics.median(r.preempted for r, _ in items),
+                median_migrations=statistics.median(r.migrations for r, _ in items),
+            )
+        )
+    return spreads
+
+
 def read_pods(path: str | Path, *, movable: str = "be") -> list[Pod]:
     """Every pod of the list, CPU-only ones included (they take CPU and memory).
 
