@@ -6,6 +6,7 @@ runs it on its own.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -54,40 +55,31 @@ def exec_(
     Without --wait: start it detached and print the workload record (JSON): id, PID, log
     file, checkpoint path. With --wait (in a batch script): see agent.foreground.
     """
-    import os
-
     if backend not in BACKEND_NAMES or backend == "sim":
         raise typer.BadParameter(f"{backend!r}: use criu or signal", param_hint="--backend")
     workload_id = workload_id or os.environ.get("SLURM_JOB_ID") or None
-    if wait:
-        from agent import foreground
-
-        if workload_id is None:
-            raise typer.BadParameter(
-                "--wait needs --id (or $SLURM_JOB_ID): the id the control plane knows the job by",
-                param_hint="--id",
-            )
-        try:
-            status = foreground.run(
-                store=WorkloadStore(state_dir),
-                command=command,
-                backend=backend,
-                workload_id=workload_id,
-            )
-        except (WorkloadStartFailed, ValueError) as error:
-            typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(1) from None
-        raise typer.Exit(status)
-    try:
-        workload = start_workload(
-            store=WorkloadStore(state_dir),
-            command=command,
-            backend=backend,
-            workload_id=workload_id,
+    if wait and workload_id is None:
+        raise typer.BadParameter(
+            "--wait needs --id (or $SLURM_JOB_ID): the id the control plane knows the job by",
+            param_hint="--id",
         )
+    store = WorkloadStore(state_dir)
+    try:
+        if wait:
+            from agent import foreground
+
+            status = foreground.run(
+                store=store, command=command, backend=backend, workload_id=workload_id
+            )
+        else:
+            workload = start_workload(
+                store=store, command=command, backend=backend, workload_id=workload_id
+            )
     except (WorkloadStartFailed, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
+    if wait:
+        raise typer.Exit(status)
     typer.echo(workload.model_dump_json(indent=2, exclude={"spec": {"env"}}))
 
 

@@ -61,11 +61,9 @@ def start_or_resume(
     command: list[str],
     backend: str,
     workload_id: str,
-    backend_options: dict[str, object] | None = None,
 ) -> RunningWorkload:
     """Restore the workload from a checkpoint staged on this node, else start CMD afresh."""
-    images_dir = store.state_dir / "images"
-    pointer = resume.take(FenceStore(store.state_dir), images_dir, workload_id)
+    pointer = resume.take(FenceStore(store.state_dir), store.images_dir, workload_id)
     if pointer is None:
         return start_workload(
             store=store, command=command, backend=backend, workload_id=workload_id
@@ -74,7 +72,7 @@ def start_or_resume(
         f"restoring {workload_id} from the checkpoint staged at {pointer.image_dir} "
         f"(generation {pointer.generation})"
     )
-    backend_impl = create_backend(pointer.image.backend, store=store, **(backend_options or {}))
+    backend_impl = create_backend(pointer.image.backend, store=store)
     return backend_impl.restore(pointer.image, image_dir=pointer.image_dir)
 
 
@@ -125,7 +123,6 @@ def run(
     command: list[str],
     backend: str,
     workload_id: str,
-    backend_options: dict[str, object] | None = None,
 ) -> int:
     """exec --wait: start or resume, follow, stop the workload when told to stop."""
 
@@ -141,7 +138,6 @@ def run(
                 command=command,
                 backend=backend,
                 workload_id=workload_id,
-                backend_options=backend_options,
             )
         except (resume.StaleResume, BackendError) as error:
             _say(f"error: {error}")

@@ -53,20 +53,24 @@ class StepExecutor:
         self.store = store
         self.fences = FenceStore(store.state_dir)
         self.name = f"agent.{cluster}.{node}"
-        self.images_dir = store.state_dir / "images"
+        self.images_dir = store.images_dir
         self.backend_options = backend_options or {}
         self.confirm_grace_s = confirm_grace_s
 
     # -- fencing ---------------------------------------------------------------------------
 
     def run(self, request: StepRequest) -> StepReport:
-        if request.step is AgentStep.confirm:
+        if (
+            request.step is AgentStep.confirm
+            and request.key not in self.fences.load(request.workload_id).steps
+        ):
             # Outside the fence lock: the `agent exec` that restores the workload takes it.
+            # A confirm answered before is not made to wait again: the journal replays it.
             self._wait_for_start(request)
         with self.fences.hold(request.workload_id) as fence:
             remembered = fence.steps.get(request.key)
             if remembered is not None:
-                report = StepReport.model_validate({**remembered, "outcome": Outcome.duplicate})
+                report = StepReport.replayed(remembered)
                 self._journal(request, report)
                 return report
             stale = None
@@ -115,14 +119,7 @@ class StepExecutor:
             return report
 
     def _report(self, request: StepRequest, *, ok: bool, **fields: Any) -> StepReport:
-        return StepReport(
-            action_id=request.action_id,
-            key=request.key,
-            ok=ok,
-            executor=self.name,
-            generation=request.generation,
-            **fields,
-        )
+        return request.answer(executor=self.name, ok=ok, **fields)
 
     def _journal(self, request: StepRequest, report: StepReport) -> None:
         self.fences.journal(
@@ -263,7 +260,7 @@ class StepExecutor:
             "summary": f"staged {image_dir} to resume when the scheduler starts the job here",
         }
 
-    def _wait_for_start(self, request: StepRequest) -> bool:
+    def _wait_for_start(self, request: StepRequest) -> None:
         """Wait up to args.wait_s for the scheduler to start the workload here (restored
         by `agent exec` from the staged image when args.resumed_from names one); confirm
         then says whether it did."""
@@ -278,7 +275,8 @@ class StepExecutor:
             fresh = expected is None or workload.resumed_from == expected
             return fresh and workload.state is WorkloadState.RUNNING and workload.is_running()
 
-        return wait_s <= 0 or procs.wait_until(started, timeout=wait_s, interval=0.5)
+        if wait_s > 0:
+            procs.wait_until(started, timeout=wait_s, interval=0.5)
 
     def confirm(self, request: StepRequest) -> dict[str, Any]:
         try:

@@ -98,6 +98,8 @@ class WorkloadStore:
     def __init__(self, state_dir: Path | None = None) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.workloads_dir = self.state_dir / "workloads"
+        # Checkpoint images this node wrote or received (agent steps, `agent exec --wait`).
+        self.images_dir = self.state_dir / "images"
         self.workloads_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def workload_dir(self, workload_id: str) -> Path:

@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{sim.counters.replans:,} re-plans, "
         f"{1000 * sim.counters.solve_seconds / max(1, sim.counters.replans):.1f} ms each)"
     )
+    engines = getattr(sim.planner, "engines", {})
+    print("plans won by     " + ", ".join(f"{name} {n:,}" for name, n in sorted(engines.items())))
     print(f"sim/real ratio   {simulated / wall:,.0f}x")
     print(f"utilization      {100 * m['utilization']:.1f} %")
     print(f"jobs completed   {m['jobs_completed']:,.0f} of {m['jobs_arrived']:,.0f} arrived")

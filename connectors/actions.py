@@ -27,7 +27,8 @@ retry (a retryable :class:`ConnectorError`: scheduler down) are not journalled, 
 control plane's resend runs the step again.
 
 The executor knows nothing of Celery; :func:`make_connector_app` and :func:`run_worker`
-wrap it in a Celery worker with the node agent's settings (agent/worker.py).
+wrap it in a Celery worker with the settings node agents use too
+(``connectors.base.make_executor_app``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
 from pydantic import BaseModel, Field, ValidationError
 
 from connectors.base import (
@@ -59,6 +59,9 @@ from connectors.base import (
     make_executor_app,
     run_executor_worker,
 )
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +194,7 @@ class ConnectorStepExecutor:
         with self.journal.hold() as journal:
             remembered = journal.answers.get(request.key)
             if remembered is not None:
-                report = StepReport.model_validate({**remembered, "outcome": Outcome.duplicate})
+                report = StepReport.replayed(remembered)
                 self._log(request, report)
                 return report
             report, remember = self._execute(request, journal)
@@ -238,14 +241,7 @@ class ConnectorStepExecutor:
         return self._report(request, ok=True, result=result), True
 
     def _report(self, request: StepRequest, *, ok: bool, **fields: Any) -> StepReport:
-        return StepReport(
-            action_id=request.action_id,
-            key=request.key,
-            ok=ok,
-            executor=self.name,
-            generation=request.generation,
-            **fields,
-        )
+        return request.answer(executor=self.name, ok=ok, **fields)
 
     def _log(self, request: StepRequest, report: StepReport) -> None:
         log.info(
@@ -312,11 +308,10 @@ class ConnectorStepExecutor:
             raise _Refused(f"resize needs args.replicas >= 1, got {replicas!r}")
         if isinstance(self.connector, SupportsResize):
             self.connector.resize(workload_id, replicas=replicas)
-        elif isinstance(self.connector, SupportsNodeCount):
-            self.connector.update_node_count(workload_id, nodes=replicas)
         else:
-            kind = getattr(self.connector, "kind", type(self.connector).__name__)
-            raise _Refused(f"the {kind} connector cannot resize jobs")
+            self._capable(SupportsNodeCount, "resize").update_node_count(
+                workload_id, nodes=replicas
+            )
         return self._done(
             f"resized job {workload_id} to {replicas}", workload_id, replicas=replicas
         )

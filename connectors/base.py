@@ -311,6 +311,17 @@ class StepRequest(BaseModel):
     reply_task: str = "app.actions.tasks.report"
     reply_queue: str = "control"
 
+    def answer(self, *, executor: str, ok: bool, **fields: Any) -> StepReport:
+        """This step's report from ``executor`` (its action, key and generation)."""
+        return StepReport(
+            action_id=self.action_id,
+            key=self.key,
+            ok=ok,
+            executor=executor,
+            generation=self.generation,
+            **fields,
+        )
+
 
 class StepReport(BaseModel):
     action_id: int
@@ -323,6 +334,11 @@ class StepReport(BaseModel):
     # Who answered: "agent.<cluster>.<node>" or "connector.<cluster>".
     executor: str = ""
     generation: int = 0
+
+    @classmethod
+    def replayed(cls, remembered: dict[str, Any]) -> StepReport:
+        """A journalled answer sent again for a step that ran before."""
+        return cls.model_validate({**remembered, "outcome": Outcome.duplicate})
 
 
 # -- executors as Celery workers -----------------------------------------------------------

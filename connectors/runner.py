@@ -371,10 +371,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action_connector = None
         if args.broker:
             # A simulated cluster lives in this process: both threads must act on the same
-            # one (it is thread-safe); a real scheduler is reached through two clients.
+            # one (it is thread-safe); a real scheduler is reached through two clients, or
+            # one when there is no telemetry thread (--actions-only).
             action_connector = (
                 connector
-                if kind is SchedulerKind.sim
+                if kind is SchedulerKind.sim or args.actions_only
                 else registry.create(kind, cluster=args.cluster, **dict(args.set))
             )
     except (LookupError, ValidationError, ValueError, TypeError) as error:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -88,6 +89,8 @@ class SolverPlanner:
         self._job_cache: dict[str, tuple[tuple[object, ...], Job]] = {}
         self.invalid_plans = 0
         self.last_violations: list[str] = []
+        # Which engine's plan won each re-plan ("greedy", "cp-sat", …), for the benchmark.
+        self.engines: Counter[str] = Counter()
 
     # ------------------------------------------------------------ instance
     def _static_parts(
@@ -313,6 +316,7 @@ class SolverPlanner:
         started = time.perf_counter()
         plan = self.policy.plan(instance)
         elapsed = time.perf_counter() - started
+        self.engines[plan.stats.engine] += 1
         if self.validate:
             violations = validate(instance, plan)
             if violations:

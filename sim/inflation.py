@@ -385,6 +385,15 @@ class Cluster:
         for g in gpus:
             self.guarded[node, g] += sign * (pod.milli if pod.shares else FULL)
 
+    def move(self, node: int, index: int, gpu: int) -> None:
+        """Put the node's ``index``-th pod, a sharing one, on another of its GPUs."""
+        pod, gpus = self.hosted[node][index]
+        self._account(node, pod, gpus, -1)
+        self.gpu[node, gpus[0]] += pod.milli
+        self.gpu[node, gpu] -= pod.milli
+        self.hosted[node][index] = (pod, (gpu,))
+        self._account(node, pod, (gpu,), 1)
+
     def remove(self, node: int, index: int) -> tuple[Pod, tuple[int, ...]]:
         pod, gpus = self.hosted[node].pop(index)
         self._account(node, pod, gpus, -1)
@@ -561,9 +570,20 @@ def _rank(cluster: Cluster, candidates: np.ndarray) -> np.ndarray | None:
 
 
 def select_node(
-    policy: str, cluster: Cluster, pod: Pod, rng: np.random.Generator, mix: TaskMix
+    policy: str,
+    cluster: Cluster,
+    pod: Pod,
+    rng: np.random.Generator,
+    mix: TaskMix,
+    *,
+    exclude: int | None = None,
 ) -> tuple[int, tuple[int, ...]] | None:
-    candidates = np.flatnonzero(cluster.feasible(pod))
+    """The node (and GPUs) ``policy`` gives ``pod``, never ``exclude`` (a node a pod was
+    just evicted from), or None when it fits nowhere."""
+    feasible = cluster.feasible(pod)
+    if exclude is not None:
+        feasible[exclude] = False
+    candidates = np.flatnonzero(feasible)
     if len(candidates) == 0:
         return None
     if policy == "random":
@@ -633,11 +653,7 @@ def _repack_node(cluster: Cluster, node: int, pod: Pod) -> tuple[tuple[int, ...]
                 p, gpus = hosted[i]
                 if gpus != (g,):
                     moves += 1
-                    cluster.gpu[node, gpus[0]] += p.milli
-                    cluster.gpu[node, g] -= p.milli
-                    hosted[i] = (p, (g,))
-                    cluster._account(node, p, gpus, -1)
-                    cluster._account(node, p, (g,), 1)
+                    cluster.move(node, i, g)
             return tuple(int(g) for g in target), moves
     return None
 
@@ -678,10 +694,7 @@ def _defragment(
             gpus = cluster.choose_gpus(int(node), pod)
             cluster.place(int(node), pod, gpus)
             for victim, _ in evicted:
-                cpu_left = cluster.cpu[node]
-                cluster.cpu[node] = -1  # keeps the victim off this node
-                target = select_node(placement, cluster, victim, rng, mix)
-                cluster.cpu[node] = cpu_left
+                target = select_node(placement, cluster, victim, rng, mix, exclude=int(node))
                 if target is None:
                     ok = False
                     break
@@ -755,16 +768,13 @@ def _preempt_for(
             continue
         cluster.place(node, pod, cluster.choose_gpus(node, pod))
         moved = preempted = 0
-        cpu_left = cluster.cpu[node]
-        cluster.cpu[node] = -1  # evicted pods go elsewhere
         for victim, _ in sorted(evicted, key=lambda e: -e[0].gpu_request):
-            target = select_node(placement, cluster, victim, rng, mix)
+            target = select_node(placement, cluster, victim, rng, mix, exclude=node)
             if target is None:
                 preempted += 1
             else:
                 cluster.place(target[0], victim, target[1])
                 moved += 1
-        cluster.cpu[node] = cpu_left
         return moved, preempted
     return None
 

@@ -9,7 +9,7 @@ One engine, configured by :class:`GreedyOptions`, is behind all four policies:
    ``solver.validate``'s rule 10 holds by construction).
 1. Elastic services: scale down to their target (demand now, or the daily peak for the
    FIFO baselines, which never scale down), then scale up, fastest GPUs first; with
-   ``service_disruption`` (the shaper), a service still short of demand may then move
+   ``preempt`` and ``migrate`` (the shaper), a service still short of demand may then move
    movable block jobs elsewhere or stop preemptible checkpointable ones on a node, when
    the replicas gained are worth more than what is moved or stopped
    (:meth:`GreedyEngine.grow_by_disruption`).
@@ -69,15 +69,12 @@ class GreedyOptions:
     lookahead: bool = False
     defrag_first: bool = False  # try migration before preemption for a job that does not fit
     preemption_candidates: int = 32  # nodes looked at per preemption attempt
-    # Let a service short of its demand move or stop block work to grow (see
-    # ``GreedyEngine.grow_by_disruption``); None = when both ``preempt`` and ``migrate``
-    # are on (the shaper's configuration).
-    service_disruption: bool | None = None
 
     @property
     def grows_services_by_disruption(self) -> bool:
-        if self.service_disruption is not None:
-            return self.service_disruption
+        """A service short of its demand may move or stop block work to grow (see
+        ``GreedyEngine.grow_by_disruption``): when both ``preempt`` and ``migrate`` are on
+        (the shaper's configuration)."""
         return self.preempt and self.migrate
 
 

@@ -225,7 +225,11 @@ class MigrationCostModel(_Frozen):
 class SolverConfig(_Frozen):
     """Engine settings and objective weights (see ``solver.objective`` for the formula)."""
 
-    time_limit_s: float = Field(default=2.0, gt=0, description="CP-SAT search limit")
+    time_limit_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="the main CP-SAT search's limit (a first solve for overdue jobs comes on top)",
+    )
     num_workers: int = Field(default=2, ge=1)
     seed: int = 0
     relative_gap: float = Field(

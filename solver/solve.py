@@ -25,8 +25,10 @@ Phases:
 3. Model (``solver.model``): pools × job classes, warm-started with a complete hint: the
    better of the greedy starts and the rounded LP relaxation (``solver.relaxation``).
    ``config.time_limit_s`` bounds the CP-SAT search (wall time, or deterministic time
-   when ``config.deterministic``); the greedy pass, model building and realisation come
-   on top (about a second at 10,000 GPUs). ``num_workers`` and ``seed`` are passed through.
+   when ``config.deterministic``); the greedy pass, model building, realisation and, when
+   jobs are overdue, the first solve of ``solver.constraints.overdue`` (at most a quarter
+   of the limit and 1 s) come on top (about a second at 10,000 GPUs). ``num_workers``
+   and ``seed`` are passed through.
 4. Every CP-SAT status is handled: OPTIMAL/FEASIBLE are realised node by node (empty the
    chosen nodes, first-fit decreasing per group, then a greedy fill of what did not fit)
    and validated; INFEASIBLE, MODEL_INVALID and UNKNOWN fall back to the greedy plan

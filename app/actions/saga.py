@@ -64,6 +64,7 @@ from app.actions.models import (
     StepState,
 )
 from app.clusters.models import Cluster
+from app.core.config import DEFAULT_SCHEDULER_START_WAIT_S
 from app.core.errors import Conflict, NotFound
 from app.core.security import Principal
 from app.jobs.models import Allocation, Job
@@ -75,16 +76,16 @@ log = logging.getLogger(__name__)
 REPORT_TASK = "app.actions.tasks.report"
 CONTROL_QUEUE = "control"
 MAX_ATTEMPTS = 3
+SCHEDULER_START_WAIT_S = DEFAULT_SCHEDULER_START_WAIT_S  # SHAPER_SCHEDULER_START_WAIT_S
 # How long a step may stay unanswered before it is sent again (the executor deduplicates).
-# How long a confirm waits for the scheduler to start a requeued job (Slurm waits its
-# cred_expire, 120 s by default, before it runs a requeued job again).
-SCHEDULER_START_WAIT_S = 300.0
-# (confirm's depends on how long it may wait for the scheduler: see _timeout.)
+# (A confirm after a stage waits for the scheduler, so it gets longer: see _timeout.)
 STEP_TIMEOUT_S = {"checkpoint": 600.0, "restore": 300.0, "transfer": 600.0}
 DEFAULT_STEP_TIMEOUT_S = 120.0
 # Schedulers that decide where a job runs: their jobs move by requeue, not behind them.
 SCHEDULER_OWNED = frozenset({SchedulerKind.slurm})
 RETRY_BACKOFF_S = (1.0, 4.0, 15.0)
+# A step's error when its executor never answered (it may still have run it).
+NO_ANSWER = "no answer"
 ACTIVE_STATES = (
     ActionState.approved,
     ActionState.dispatched,
@@ -225,12 +226,26 @@ def _forward_steps(action: Action, job: Job, cluster: Cluster, generation: int) 
     return plan.steps
 
 
+def _holds(session: Session, job: Job, node_id: int) -> bool:
+    """Whether the job has an open allocation on the node."""
+    return (
+        session.exec(
+            select(Allocation.id).where(
+                Allocation.job_id == job.id,
+                Allocation.released_at.is_(None),  # type: ignore[union-attr]
+                Allocation.node_id == node_id,
+            )
+        ).first()
+        is not None
+    )
+
+
 def _requeued(steps: list[ActionStep]) -> bool:
     """Whether the forward phase's requeue may have reached the scheduler."""
     requeue = next((s for s in steps if s.phase == StepPhase.forward and s.name == "requeue"), None)
     if requeue is None:
         return False
-    timed_out = requeue.state == StepState.failed and (requeue.error or "").startswith("no answer")
+    timed_out = requeue.state == StepState.failed and (requeue.error or "").startswith(NO_ANSWER)
     return requeue.state == StepState.succeeded or timed_out
 
 
@@ -373,10 +388,13 @@ def _steps(session: Session, action_id: int) -> list[ActionStep]:
     )
 
 
-def _timeout(step: ActionStep, override: float | None, start_wait_s: float) -> float:
+def _timeout(
+    step: ActionStep, steps: list[ActionStep], override: float | None, start_wait_s: float
+) -> float:
     if override is not None:
         return override
-    if step.name == "confirm":  # it may wait that long for the scheduler to start the job
+    staged = any(s.name == "stage" and s.phase == step.phase for s in steps)
+    if step.name == "confirm" and staged:  # it waits that long for the scheduler (_message)
         return max(DEFAULT_STEP_TIMEOUT_S, start_wait_s + 60.0)
     return STEP_TIMEOUT_S.get(step.name, DEFAULT_STEP_TIMEOUT_S)
 
@@ -423,7 +441,7 @@ def _advance_locked(
             return [_send(action, job, step, steps, now, start_wait_s)]
         if step.state == StepState.sent:
             assert step.sent_at is not None
-            timeout = _timeout(step, step_timeout_s, start_wait_s)
+            timeout = _timeout(step, steps, step_timeout_s, start_wait_s)
             if now - step.sent_at < timedelta(seconds=timeout):
                 return []
             if step.attempts < MAX_ATTEMPTS:
@@ -438,7 +456,7 @@ def _advance_locked(
                 step,
                 StepState.failed,
                 now,
-                error=f"no answer from {step.queue} after {step.attempts} attempts",
+                error=f"{NO_ANSWER} from {step.queue} after {step.attempts} attempts",
             )
         # step.state is failed
         return _on_failure(session, action, job, step, steps, now, start_wait_s)
@@ -477,16 +495,9 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
         allocation.released_at = now
         session.add(allocation)
     target = nodes.get(action.target_node or "")
-    on_target = session.exec(
-        select(Allocation.id).where(
-            Allocation.job_id == job.id,
-            Allocation.released_at.is_(None),  # type: ignore[union-attr]
-            Allocation.node_id == target,
-        )
-    ).first()
     # The scheduler's telemetry may have shown the job on its target already (a requeued
     # Slurm job is seen running there before the saga's last step); it knows best.
-    if kind is ActionKind.migrate and target is not None and on_target is None:
+    if kind is ActionKind.migrate and target is not None and not _holds(session, job, target):
         session.add(
             Allocation(
                 job_id=job.id,  # type: ignore[arg-type]

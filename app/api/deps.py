@@ -9,6 +9,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
 from app.core.clock import Clock, SystemClock
+from app.core.config import Settings
 from app.core.db import get_session
 from app.core.errors import Forbidden, Unauthorized
 from app.core.security import Principal
@@ -23,6 +24,15 @@ def get_clock() -> Clock:
 
 
 ClockDep = Annotated[Clock, Depends(get_clock)]
+
+
+def get_app_settings(request: Request) -> Settings:
+    """The settings ``create_app`` was built with."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 _bearer = HTTPBearer(auto_error=False, description="A Shaper API token: `shp_<id>_<secret>`")
 
 

@@ -141,13 +141,18 @@ def update_tuples(
         finally:
             connection.exec_driver_sql(f"DROP TABLE {staging}")
         return len(rows)
+    return _update_dicts(session, table, assigned, _as_dicts(table, columns, rows))
+
+
+def _update_dicts(
+    session: Session, table: sa.Table, assigned: Sequence[str], rows: Sequence[dict[str, Any]]
+) -> int:
     statement = (
         table.update()
         .where(table.c.id == sa.bindparam("_id"))
         .values({c: sa.bindparam(c) for c in assigned})
     )
-    values = _as_dicts(table, columns, rows)
-    session.execute(statement, [{**v, "_id": v.pop("id")} for v in values])
+    session.execute(statement, [{**{c: r[c] for c in assigned}, "_id": r["id"]} for r in rows])
     return len(rows)
 
 
@@ -168,6 +173,10 @@ def insert_rows(session: Session, table: sa.Table, rows: Sequence[dict[str, Any]
     """Insert ``rows``, dicts that all have the same keys."""
     if not rows:
         return 0
+    if session.connection().dialect.name != "postgresql":
+        # No COPY: SQLAlchemy takes the dicts as they are (its JSON type encodes).
+        session.execute(table.insert(), list(rows))
+        return len(rows)
     columns = list(rows[0])
     return insert_tuples(session, table, columns, _to_tuples(table, columns, rows))
 
@@ -177,4 +186,7 @@ def update_rows(session: Session, table: sa.Table, rows: Sequence[dict[str, Any]
     if not rows:
         return 0
     columns = ["id", *(c for c in rows[0] if c != "id")]
+    copies = session.connection().dialect.name == "postgresql"
+    if not copies or len(rows) < _COPY_UPDATE_THRESHOLD:
+        return _update_dicts(session, table, columns[1:], rows)
     return update_tuples(session, table, columns, _to_tuples(table, columns, rows))

@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("shaper-data")
+DEFAULT_SCHEDULER_START_WAIT_S = 300.0  # see Settings.scheduler_start_wait_s
 
 
 class Settings(BaseSettings):
@@ -34,9 +35,9 @@ class Settings(BaseSettings):
     action_step_timeout_s: float | None = Field(default=None, gt=0)
     # How long a migration waits for the scheduler (Slurm) to start a requeued job on its
     # target; Slurm holds a requeued job for its cred_expire (120 s by default) first.
-    scheduler_start_wait_s: float = Field(default=300.0, gt=0)
+    scheduler_start_wait_s: float = Field(default=DEFAULT_SCHEDULER_START_WAIT_S, gt=0)
     # Where the dashboard reads `shaper sim` results; unset: <data_dir>/sim-results, where
-    # `shaper sim compare|run|table` write by default.
+    # `shaper sim compare|table|replay` write by default.
     sim_results_dir: Path | None = None
     log_level: str = "INFO"
     # Dev convenience only: refused in production (see validator below).

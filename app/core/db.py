@@ -61,7 +61,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         # transaction that reads and then writes (every ingest, every saga step) would
         # otherwise fail at once with "database is locked" when another one writes
         # meanwhile; taking the write lock up front makes it wait (busy_timeout) instead.
-        # The embedded default serialises its writers; PostgreSQL is for concurrency.
+        # Every transaction takes it, reads too (a dashboard GET waits behind an ingest):
+        # the embedded default serialises its sessions; PostgreSQL is for concurrency.
         event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
         return engine
     return create_engine(url, pool_pre_ping=True, **kwargs)

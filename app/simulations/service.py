@@ -1,4 +1,4 @@
-"""Simulation results on disk (``shaper sim compare/run/table`` JSON) for the dashboard.
+"""Simulation results on disk (``shaper sim run/compare/table/replay`` JSON) for the dashboard.
 
 The control plane does not run simulations: it reads what ``shaper sim`` wrote into
 ``Settings.sim_results_dir``. A file that is not a compare or run result (sweeps and the

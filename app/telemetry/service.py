@@ -17,7 +17,6 @@ Algorithm (one transaction; nothing is written unless every check passes):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,7 +26,7 @@ from pydantic import TypeAdapter
 from sqlmodel import Session, select
 
 from app.clusters.models import Cluster, ConnectorStatus
-from app.core.bulk import insert_rows, insert_tuples, update_rows, update_tuples
+from app.core.bulk import insert_rows, insert_tuples, json_text, update_rows, update_tuples
 from app.core.errors import Invalid, NotFound, SnapshotRequired
 from app.core.gc_pause import paused_gc
 from app.gpu_models import service as gpu_model_service
@@ -190,17 +189,13 @@ def _stored_nodes(session: Session, cluster_id: int) -> dict[str, dict[str, Any]
 
 
 def _json_text(column: sa.ColumnElement[Any]) -> sa.ColumnElement[str]:
-    """A JSON column as compact text (no spaces), the form ``_compact_json`` writes: stored
+    """A JSON column as compact text (no spaces), the form ``json_text`` writes: stored
     and reported values are then compared as strings, without decoding 20,000 documents."""
     return sa.func.replace(sa.cast(column, sa.Text), " ", "")
 
 
-def _compact_json(values: list[Any]) -> str:
-    return json.dumps(values, separators=(",", ":")) if values else "[]"
-
-
 def _int_list_json(values: list[int]) -> str:
-    """``_compact_json`` of a list of ints, without the encoder's per-call set-up."""
+    """``json_text`` of a list of ints, without the encoder's per-call set-up."""
     return "[" + ",".join(map(str, values)) + "]"
 
 
@@ -366,7 +361,7 @@ def _job_row(report: JobReport) -> tuple[Any, ...]:
         report.priority,
         report.sla_class,
         report.gpus_requested,
-        _compact_json(report.allowed_gpu_models),
+        json_text(report.allowed_gpu_models),
         report.min_gpu_memory_gib,
         report.required_precision,
         report.gang_size,

@@ -20,10 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from connectors.actions import ConnectorStepExecutor
-from connectors.base import ConnectorError
+from connectors.base import ConnectorError, Outcome, StepReport, StepRequest
 from connectors.sim.cluster import SimCluster
-
-AGENT_STEPS = ("checkpoint", "transfer", "stage", "restore", "confirm", "release")
 
 
 class SimExecutors:
@@ -42,50 +40,48 @@ class SimExecutors:
 
     def queues(self) -> tuple[str, str]:
         """The queue prefixes this executor answers: its connector's and its agents'."""
-        return f"connector.{self.cluster.cluster}", f"agent.{self.cluster.cluster}."
+        return self.connector.name, f"agent.{self.cluster.cluster}."
 
     def handle(self, queue: str, step: dict[str, Any]) -> dict[str, Any]:
-        if queue.startswith("connector."):
+        connector_queue, agent_prefix = self.queues()
+        if queue == connector_queue:
             report = self.connector.handle(step)
             if report is None:
                 raise ValueError(f"malformed step for {queue}: {step!r}")
             return report.model_dump(mode="json")
-        return self._agent(queue.rsplit(".", 1)[-1], queue, step)
+        request = StepRequest.model_validate(step)
+        return self._agent(queue.removeprefix(agent_prefix), queue, request).model_dump(mode="json")
 
-    def _agent(self, node: str, queue: str, step: dict[str, Any]) -> dict[str, Any]:
-        key, job_id, generation = step["key"], step["workload_id"], int(step["generation"])
-        answer: dict[str, Any] = {
-            "action_id": step["action_id"],
-            "key": key,
-            "executor": queue,
-            "generation": generation,
-        }
+    def _agent(self, node: str, queue: str, request: StepRequest) -> StepReport:
+        job_id, generation = request.workload_id or "", request.generation
         with self._lock:
-            if key in self._answers:
-                return {**self._answers[key], "outcome": "duplicate"}
+            if request.key in self._answers:
+                return StepReport.replayed(self._answers[request.key])
             fence = (node, job_id)
             seen = self._generation.get(fence, 0)
             stale = generation < seen or (
-                step["step"] == "restore" and generation <= self._left_at.get(fence, -1)
+                request.step == "restore" and generation <= self._left_at.get(fence, -1)
             )
             if stale:
-                return {
-                    **answer,
-                    "ok": False,
-                    "outcome": "refused",
-                    "error": f"stale fencing token: generation {generation}, seen {seen}",
-                }
+                return request.answer(
+                    executor=queue,
+                    ok=False,
+                    outcome=Outcome.refused,
+                    error=f"stale fencing token: generation {generation}, seen {seen}",
+                )
             self._generation[fence] = max(seen, generation)
             try:
-                result = self._run(step["step"], node, job_id, step.get("args") or {})
+                result = self._run(request.step, node, job_id, request.args)
             except ConnectorError as error:
-                report = {**answer, "ok": False, "error": str(error), "retryable": error.retryable}
+                report = request.answer(
+                    executor=queue, ok=False, error=str(error), retryable=error.retryable
+                )
             else:
-                report = {**answer, "ok": True, "result": result}
-                if step["step"] in ("checkpoint", "release"):
+                report = request.answer(executor=queue, ok=True, result=result)
+                if request.step in ("checkpoint", "release"):
                     self._left_at[fence] = max(self._left_at.get(fence, -1), generation)
-            if report["ok"] or not report.get("retryable"):
-                self._answers[key] = report
+            if report.ok or not report.retryable:
+                self._answers[request.key] = report.model_dump(mode="json")
             return report
 
     def _run(self, name: str, node: str, job_id: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,8 @@ autoscaler unless Shaper resizes them.
 
 Shaper sees the cluster through :meth:`SimCluster.read_state`, like any connector, and
 acts on it through the scheduler-level capabilities here (requeue — pinned or not —,
-hold/release, start, cancel, resize) and through the simulated node agents
-(connectors.sim.agents: checkpoint, transfer, restore, confirm, release). Time is passed
+hold/release, suspend/resume, cancel, resize) and through the simulated node agents
+(connectors.sim.agents: checkpoint, transfer, stage, restore, confirm, release). Time is passed
 in (``advance_to``), so the same cluster runs 24 h of history in a second or follows the
 wall clock in ``shaper demo``. Thread-safe: telemetry and actions come from different
 threads.
@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from connectors.base import (
     AllocationReport,
@@ -264,8 +265,13 @@ class SimCluster:
             self._place_service(job)
 
     def _finish(self, job: SimJob, at: datetime) -> None:
+        self._vacate(job, state=JobState.finished, end_time=at)
+
+    @staticmethod
+    def _vacate(job: SimJob, **update: Any) -> None:
+        """The job leaves its GPUs; its report takes ``update`` (state, reason, …)."""
         job.placement = {}
-        job.report = job.report.model_copy(update={"state": JobState.finished, "end_time": at})
+        job.report = job.report.model_copy(update=update)
 
     def _forget_finished(self) -> None:
         for job_id, job in list(self.jobs.items()):
@@ -350,14 +356,10 @@ class SimCluster:
             self._act()
             job = self.job(external_id)
             if job.state is JobState.running:
-                job.placement = {}
                 if not job.report.checkpointable:
                     job.done = timedelta(0)
-                job.report = job.report.model_copy(
-                    update={
-                        "state": JobState.pending,
-                        "restart_count": job.report.restart_count + 1,
-                    }
+                self._vacate(
+                    job, state=JobState.pending, restart_count=job.report.restart_count + 1
                 )
             if nodes is not None:
                 job.pinned = list(nodes) or None
@@ -387,10 +389,7 @@ class SimCluster:
             self._act()
             job = self.job(external_id)
             if job.state in (JobState.pending, JobState.running, JobState.suspended):
-                job.placement = {}
-                job.report = job.report.model_copy(
-                    update={"state": JobState.cancelled, "end_time": self.now}
-                )
+                self._vacate(job, state=JobState.cancelled, end_time=self.now)
                 self._schedule()
 
     def suspend(self, external_id: str) -> None:
@@ -399,10 +398,7 @@ class SimCluster:
             self._act()
             job = self.job(external_id)
             if job.state is JobState.running:
-                job.placement = {}
-                job.report = job.report.model_copy(
-                    update={"state": JobState.suspended, "reason": "suspended"}
-                )
+                self._vacate(job, state=JobState.suspended, reason="suspended")
                 self._schedule()
 
     def resume(self, external_id: str) -> None:
@@ -445,10 +441,7 @@ class SimCluster:
                     f"(state {job.state.value}, nodes {sorted(job.placement) or 'none'})",
                     retryable=False,
                 )
-            job.placement = {}
-            job.report = job.report.model_copy(
-                update={"state": JobState.suspended, "reason": "checkpointed"}
-            )
+            self._vacate(job, state=JobState.suspended, reason="checkpointed")
             self._schedule()
             return job.done
 
@@ -489,10 +482,7 @@ class SimCluster:
             job = self.jobs.get(external_id)
             if job is None or job.state is not JobState.running or node not in job.placement:
                 return False
-            job.placement = {}
-            job.report = job.report.model_copy(
-                update={"state": JobState.suspended, "reason": "released"}
-            )
+            self._vacate(job, state=JobState.suspended, reason="released")
             return True
 
 

@@ -25,7 +25,9 @@ from ortools.sat.python import cp_model
 if TYPE_CHECKING:
     from solver.model import PlacementModel
 
-FIRST_SOLVE_SHARE = 0.25  # of config.time_limit_s
+# The first solve's own limit: this share of config.time_limit_s, at most FIRST_SOLVE_MAX_S.
+# It runs before the main search, which still gets the whole time_limit_s.
+FIRST_SOLVE_SHARE = 0.25
 FIRST_SOLVE_MAX_S = 1.0
 
 

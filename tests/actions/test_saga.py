@@ -9,7 +9,7 @@ from sqlmodel import Session
 
 from agent.protocol import StepRequest
 from app.actions import saga
-from app.actions.models import Action, ActionKind, ActionState
+from app.actions.models import Action, ActionKind, ActionState, ActionStep
 from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.security import Principal
@@ -401,3 +401,21 @@ def test_on_slurm_a_checkpointable_job_is_preempted_into_the_queue_with_its_imag
     assert requeue.kwargs["step"]["args"]["nodes"] == ["a"]
     assert answer(session, clock, requeue) == []
     assert state_of(session, action_id).state == "succeeded"
+
+
+def test_only_a_confirm_after_a_stage_waits_for_the_scheduler() -> None:
+    def step(name: str, phase: str = "forward") -> ActionStep:
+        return ActionStep(
+            action_id=1, seq=0, phase=phase, name=name, queue="q", idempotency_key=name + phase
+        )
+
+    moved = [step("checkpoint"), step("restore"), step("confirm")]
+    requeued = [step("checkpoint"), step("stage"), step("confirm")]
+    # Kubernetes/Ray: the agent's confirm does not wait, the default timeout applies.
+    assert saga._timeout(moved[2], moved, None, 300.0) == saga.DEFAULT_STEP_TIMEOUT_S
+    # Slurm: confirm waits up to the start wait for the scheduler to run the job.
+    assert saga._timeout(requeued[2], requeued, None, 300.0) == 360.0
+    # A stage in the other phase does not count; an explicit override always wins.
+    other = [step("stage", "compensate"), step("confirm")]
+    assert saga._timeout(other[1], other, None, 300.0) == saga.DEFAULT_STEP_TIMEOUT_S
+    assert saga._timeout(requeued[2], requeued, 5.0, 300.0) == 5.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from agent import procs, resume
 from agent.fencing import FenceStore
 from agent.foreground import EXIT_RESTORE_FAILED
-from agent.protocol import AgentStep, StepReport, StepRequest
+from agent.protocol import AgentStep, Outcome, StepReport, StepRequest
 from agent.steps import StepExecutor
 from agent.workload import WorkloadState, WorkloadStore
 from tests.agent.helpers import WAIT_S, Reaper, count_of, counter_command, next_count, progress_of
@@ -163,3 +164,14 @@ def test_a_stale_staged_image_is_refused_not_resumed(
     assert third.wait(timeout=WAIT_S) == EXIT_RESTORE_FAILED
     assert not resume.pointer_path(tmp_path / "b" / "images", "42").exists()
     assert node_b.store.load("42").state is WorkloadState.RELEASED  # nothing was restored
+
+
+def test_a_confirm_answered_before_is_replayed_without_waiting(tmp_path: Path) -> None:
+    node = StepExecutor(store=WorkloadStore(tmp_path), cluster="lab", node="b")
+    first = _step(node, AgentStep.confirm, "43", 1, wait_s=0.2)
+    assert not first.ok and not first.retryable  # never started here: journalled
+    started = time.monotonic()
+    again = _step(node, AgentStep.confirm, "43", 1, wait_s=60)
+    # Replayed from the journal, not after another minute of waiting for the scheduler.
+    assert again.outcome is Outcome.duplicate and again.error == first.error
+    assert time.monotonic() - started < 30

@@ -135,8 +135,14 @@ def test_validate_accepts_an_overdue_job_that_does_not_fit() -> None:
 
 def test_validate_ignores_jobs_within_their_wait_and_respects_quota() -> None:
     capped = SlaPolicy(team="late", max_queue_wait_s=3600, guaranteed_gpus=0, borrowing_limit=2)
-    jobs = [job("late", 4, team="late", submit_time=OVERDUE_SUBMIT), job("fresh", 4)]
-    inst = instance([node("a", gpus=16)], jobs, policies=(capped,))
+    # Same max wait, but waiting only a minute so far: not overdue, free GPUs or not.
+    prompt = SlaPolicy(team="prompt", max_queue_wait_s=3600)
+    jobs = [
+        job("late", 4, team="late", submit_time=OVERDUE_SUBMIT),
+        job("fresh", 4, team="prompt"),
+    ]
+    inst = instance([node("a", gpus=16)], jobs, policies=(capped, prompt))
+    assert not inst.is_overdue(inst.job_by_id["fresh"])
     plan = plan_from(inst, {})
     assert "overdue" not in {v.rule for v in validate(inst, plan)}
 

@@ -113,6 +113,11 @@ def test_other_policies_grow_services_into_free_gpus_only(policy: str) -> None:
     inst = _full_node(running("b", {"a": 6}, team="low", checkpointable=True))
     plan = plan_with(policy, inst)
     assert plan.placement["b"] == {"a": 6}
+    # With free GPUs elsewhere the service does grow, onto them; b still stays.
+    free = instance([node("a"), node("c")], inst.jobs, policies=POLICIES, config=inst.config)
+    plan = plan_with(policy, free)
+    assert plan.placement["b"] == {"a": 6}
+    assert sum(plan.placement["s"].values()) == 6 and plan.placement["s"].get("c", 0) == 4
 
 
 def test_greedy_alone_grows_the_service_and_the_plan_is_deterministic() -> None:
