@@ -52,3 +52,7 @@ class SimPlan:
     actions: list[Action] = field(default_factory=list)
     solve_seconds: float = 0.0
     status: str = ""
+    # Plan again at this time: a job the plan had to leave alone (its dwell time, its
+    # move budget) is free to act on then. The live cycle runs every 30 s and notices on
+    # its own; the simulator's cadence is far coarser.
+    wake_at: float | None = None

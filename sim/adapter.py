@@ -18,7 +18,14 @@ Mapping (simulation → solver):
   the speed of the GPUs the service holds (``_replicas_for``); the simulator gives the
   policy a perfect forecast, as the study it reproduces does;
 * nodes carry their state (ready, draining, down); a team's SLA policy comes from the
-  scenario; the migration cost model is the simulator's ``Transfer``.
+  scenario; the migration cost model is the simulator's ``Transfer``;
+* Shaper's own history of a job, for its dwell time and move budget: under the shaper
+  policy (``feeds_history``), ``last_acted_at`` and ``actions_last_hour`` come from the
+  actions its plans took on the job (``JobState.acted_at``: starts, migrations,
+  preemptions, requeues). The baselines stand for the sites' own schedulers, not for
+  Shaper: they get no history, so their jobs are never frozen. A job lifted for a
+  migration that could not land is ``overdue`` until it starts again. Nothing is ever
+  ``locked``: the simulator applies a plan at once, no action stays in flight.
 
 Mapping back: ``start`` → :class:`~sim.actions.Start`, ``migrate`` → ``Migrate``,
 ``resize`` → ``Resize`` (GPUs per node / GPUs per replica), ``preempt`` → ``Preempt``
@@ -54,6 +61,7 @@ if TYPE_CHECKING:
     from sim.engine import JobState, ServiceState, Simulation
 
 FORECAST_HOURS = 24
+HOUR = 3600.0
 DAY = 86400.0
 
 
@@ -71,9 +79,12 @@ class SolverPlanner:
         validate: bool = True,
         forecast_hours: int = FORECAST_HOURS,
         config_overrides: dict[str, object] | None = None,
+        feeds_history: bool | None = None,
     ) -> None:
         self.name = policy
         self.policy = get_policy(policy)
+        # Only Shaper's own actions freeze a job (see the module docstring).
+        self.feeds_history = policy == "shaper" if feeds_history is None else feeds_history
         self.validate = validate
         self.forecast_hours = forecast_hours
         self.config_overrides = dict(config_overrides or {})
@@ -194,7 +205,22 @@ class SolverPlanner:
             runtime = max(0.0, spec.work - state.progress)
         moved = sum(1 for t in state.moved_at if t > sim.now - DAY)
         stopped = sum(1 for t in state.preempted_at if t > sim.now - DAY)
-        key = (state.version, running, last_checkpoint, moved, stopped, runtime)
+        last_acted = None
+        acted_last_hour = 0
+        if self.feeds_history and state.acted_at:
+            last_acted = state.acted_at[-1]
+            acted_last_hour = sum(1 for t in state.acted_at if t > sim.now - HOUR)
+        key = (
+            state.version,
+            running,
+            last_checkpoint,
+            moved,
+            stopped,
+            runtime,
+            last_acted,
+            acted_last_hour,
+            state.stranded,
+        )
         cached = self._job_cache.get(spec.id)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -227,6 +253,10 @@ class SolverPlanner:
             last_moved_at=state.moved_at[-1] if running and state.moved_at else None,
             migrations_today=moved,
             preemptions_today=stopped,
+            last_acted_at=last_acted,
+            actions_last_hour=acted_last_hour,
+            locked=False,
+            overdue=state.stranded,
             min_replicas=0,
             max_replicas=None,
             forecast=(),
@@ -304,6 +334,10 @@ class SolverPlanner:
             last_moved_at=None,
             migrations_today=0,
             preemptions_today=0,
+            last_acted_at=None,
+            actions_last_hour=0,
+            locked=False,
+            overdue=False,
             min_replicas=spec.min_replicas,
             max_replicas=spec.max_replicas,
             forecast=forecast,
@@ -326,8 +360,31 @@ class SolverPlanner:
                     f"policy {self.name} at t={sim.now:.0f}: " + "; ".join(self.last_violations[:5])
                 )
         return SimPlan(
-            actions=to_actions(plan, sim), solve_seconds=elapsed, status=str(plan.stats.status)
+            actions=to_actions(plan, sim),
+            solve_seconds=elapsed,
+            status=str(plan.stats.status),
+            wake_at=self._thaw_time(sim, instance),
         )
+
+    def _thaw_time(self, sim: Simulation, instance: Instance) -> float | None:
+        """When the first job frozen by its dwell time or move budget may be acted on
+        again: re-planning then is what the live cycle, every 30 s, does on its own."""
+        if not self.feeds_history or not instance.frozen_ids:
+            return None
+        config = instance.config
+        limit = config.max_actions_per_job_hour
+        thaw = math.inf
+        for job_id in instance.frozen_ids:
+            state = sim.jobs.get(job_id)
+            if state is None or not state.acted_at:
+                continue
+            recent = [t for t in state.acted_at if t > sim.now - HOUR]
+            at = state.acted_at[-1] + config.dwell_s
+            if len(recent) >= limit:
+                # The budget frees up once enough of the past hour's actions age out.
+                at = max(at, recent[len(recent) - limit] + HOUR)
+            thaw = min(thaw, at)
+        return thaw if math.isfinite(thaw) and thaw > sim.now else None
 
 
 def to_actions(plan: Plan, sim: Simulation) -> list[Action]:

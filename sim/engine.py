@@ -10,10 +10,14 @@ Algorithm (one run):
 3. Apply the events: arrivals enter the queue, completions free GPUs, failures evict work
    (losing what was not checkpointed), drains close nodes to new work, demand ticks move
    the services' targets.
-4. If any of them asks for a re-plan (or the cadence fires), ask the planner for a plan over
-   the current state and apply its actions in a fixed order — preempt, shrink services,
-   lift migrating jobs off their sources, land them on their targets, grow services, start
-   — rejecting (and counting) any action that is not legal in the current state.
+4. If any of them asks for a re-plan (or the cadence fires, or the planner asked to be
+   woken now: ``SimPlan.wake_at``), ask the planner for a plan over the current state
+   and apply its actions in a fixed order — preempt, shrink services, lift migrating jobs
+   off their sources, land them on their targets, grow services, start — rejecting (and
+   counting) any action that is not legal in the current state. Each applied action is
+   recorded on its job (``JobState.acted_at``, ``ServiceState.resized_at``): the churn
+   metrics count them, and the shaper's planner feeds them back to the solver as
+   Shaper's own recent actions (its dwell time and move budget).
 5. At the horizon, close the books: every job is completed, running or queued, and its
    useful work is what was completed or durably checkpointed.
 
@@ -83,6 +87,10 @@ class JobState:
     expected_end: float = 0.0
     moved_at: list[float] = field(default_factory=list)
     preempted_at: list[float] = field(default_factory=list)
+    # Every action a plan took on the job (start, migration, preemption or requeue).
+    acted_at: list[float] = field(default_factory=list)
+    # Lifted for a migration that could not land: back in the queue by the policy's doing.
+    stranded: bool = False
 
     @property
     def gpus_held(self) -> int:
@@ -93,6 +101,7 @@ class JobState:
 class ServiceState:
     spec: Service
     placement: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    resized_at: list[float] = field(default_factory=list)  # resizes that changed it
 
     @property
     def replicas(self) -> int:
@@ -122,6 +131,7 @@ class Counters:
     available_gpu_seconds: float = 0.0
     capacity_gpu_seconds: float = 0.0
     block_gpu_seconds: float = 0.0
+    block_job_seconds: float = 0.0  # running block jobs × time
     service_gpu_seconds: float = 0.0
     serving_gpu_seconds: float = 0.0
     fragmented_gpu_seconds: float = 0.0
@@ -210,6 +220,7 @@ class Simulation:
         self._replan_requested = False
         self._last_replan = -math.inf
         self._replan_scheduled_at = math.inf
+        self._wake_at = math.inf  # the earliest re-plan a planner asked for
         self._finished = False
 
     # ----------------------------------------------------------------- events
@@ -258,6 +269,9 @@ class Simulation:
                     elif ref == "gap":
                         self._replan_scheduled_at = math.inf
                         replan = True
+                    elif ref == "wake" and time + EPS >= self._wake_at:
+                        self._wake_at = math.inf
+                        replan = True
                 else:
                     replan |= self._handle(EventKind(kind), ref, version)
             if end:
@@ -287,6 +301,10 @@ class Simulation:
         plan = self.planner.plan(self)
         self.counters.solve_seconds += plan.solve_seconds
         self.apply(plan)
+        wake = plan.wake_at
+        if wake is not None and time + EPS < wake < self._wake_at:
+            self._wake_at = wake
+            self._push(wake, EventKind.REPLAN, "wake")
 
     def _handle(self, kind: EventKind, ref: str, version: int) -> bool:
         if kind == EventKind.ARRIVAL:
@@ -341,6 +359,7 @@ class Simulation:
             c.service_gpu_seconds += service_gpus * dt
             c.serving_gpu_seconds += serving_gpus * dt
             c.block_gpu_seconds += (self._allocated - service_gpus) * dt
+            c.block_job_seconds += len(self.running) * dt
             idle, fragmented = self._idle_and_fragmented()
             c.idle_gpu_seconds += idle * dt
             c.fragmented_gpu_seconds += fragmented * dt
@@ -555,13 +574,16 @@ class Simulation:
             if not state.spec.preemptible:
                 self._reject(f"preempt {stop.job}: not preemptible")
                 continue
+            state.acted_at.append(self.now)
             self._stop(state, checkpoint=stop.checkpoint)
         grows = []
+        services_before: dict[str, dict[str, int]] = {}
         for resize in resizes:
             svc = self.services.get(resize.service)
             if svc is None:
                 self._reject(f"resize {resize.service}: unknown service")
                 continue
+            services_before[svc.spec.id] = svc.replicas_by_node()
             grows.append((svc, self._shrink_service(svc, resize.placement)))
         lifted: list[tuple[Migrate, JobState, dict[str, tuple[int, ...]]]] = []
         for move in migrates:
@@ -582,6 +604,7 @@ class Simulation:
             source = state.placement
             self._release(state)
             lifted.append((move, state, source))
+            state.acted_at.append(self.now)
         for move, state, source in lifted:
             why = self._check_placement(move.placement, state.spec.can_run_on)
             if why is not None:
@@ -591,15 +614,20 @@ class Simulation:
                     self._place(state, target)  # stays where it was: no cost
                     state.version += 1
                     self._schedule_completion(state)
+                    state.acted_at.pop()  # nothing happened to it after all
                 else:
-                    # Lifted but nowhere to land: it was checkpointed, so it waits queued.
+                    # Lifted but nowhere to land: it was checkpointed, so it waits queued,
+                    # and the policy owes it a place (``SolverPlanner`` marks it overdue).
                     state.checkpointed = state.progress
+                    state.stranded = True
                     del self.running[state.spec.id]
                     self._requeue_after_loss(state)
                 continue
             self._migrate(state, source, move.placement)
         for svc, target in grows:
             self._grow_service(svc, target)
+            if svc.replicas_by_node() != services_before[svc.spec.id]:
+                svc.resized_at.append(self.now)
         for start in starts:
             state = self.queue.get(start.job)
             if state is None:
@@ -612,6 +640,8 @@ class Simulation:
             if why is not None:
                 self._reject(f"start {start.job}: {why}")
                 continue
+            state.acted_at.append(self.now)
+            state.stranded = False
             self._start(state, start.placement)
         if self.check_invariants:
             self.assert_invariants()

@@ -21,10 +21,18 @@ Definitions (all GPU-times in GPU-hours):
   ``sla_target`` × demand.
 * ``fragmentation``: time-averaged share of idle GPUs that sit on nodes with fewer free
   GPUs than the smallest queued job needs (0 when nothing waits).
+* Churn: ``policy_actions`` counts what the policy's plans did — starts, migrations,
+  preemptions and requeues of block jobs, resizes of services (those that changed the
+  service) — for every policy, a baseline's starts included. ``actions_per_job_hour``
+  divides them by the job-hours of block work run (running block jobs × time);
+  ``jobs_acted_twice_10min`` counts the block jobs with two such actions less than
+  ``CHURN_WINDOW_S`` (600 s) apart: a job started and stopped again, or stopped and
+  restarted, within ten minutes.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +40,7 @@ from typing import Any
 from sim.engine import JobStatus, Simulation
 
 HOUR = 3600.0
+CHURN_WINDOW_S = 600.0
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -77,6 +86,11 @@ def team_weight(sim: Simulation, team: str) -> float:
     return float(policy.get("priority_weight", 1.0))  # type: ignore[arg-type]
 
 
+def acted_within(times: list[float], window: float = CHURN_WINDOW_S) -> bool:
+    """Whether two of these (ordered) action times are less than ``window`` apart."""
+    return any(later - earlier < window for earlier, later in itertools.pairwise(times))
+
+
 def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
     c = sim.counters
     useful = 0.0
@@ -99,6 +113,10 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         target = sim.services[service_id].spec.sla_target
         if demand > 0 and served < target * demand - 1e-6:
             violations += 1
+    block_actions = sum(len(state.acted_at) for state in sim.jobs.values())
+    resizes = sum(len(svc.resized_at) for svc in sim.services.values())
+    acted_twice = sum(1 for state in sim.jobs.values() if acted_within(state.acted_at))
+    job_hours = c.block_job_seconds / HOUR
     available = c.available_gpu_seconds or 1.0
     busy = c.block_gpu_seconds + c.serving_gpu_seconds
     metrics = {
@@ -137,6 +155,10 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         else 0.0,
         "replans": float(c.replans),
         "rejected_actions": float(c.rejected_actions),
+        "policy_actions": float(block_actions + resizes),
+        "block_job_hours": job_hours,
+        "actions_per_job_hour": (block_actions + resizes) / job_hours if job_hours else 0.0,
+        "jobs_acted_twice_10min": float(acted_twice),
     }
     # Wall-clock figures vary run to run; they are kept apart from the reproducible metrics.
     timing = {"solve_seconds": c.solve_seconds}

@@ -30,6 +30,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("preemptions", "preempt.", "int"),
     ("lost_gpu_hours", "lost GPU-h", "num"),
     ("fragmentation", "frag %", "pct"),
+    ("actions_per_job_hour", "actions/job-h", "num2"),
+    ("jobs_acted_twice_10min", "jobs 2× <10 min", "int"),
 )
 
 
@@ -38,6 +40,8 @@ def fmt(value: float, kind: str) -> str:
         return f"{100 * value:.1f}"
     if kind == "int":
         return f"{value:.0f}"
+    if kind == "num2":
+        return f"{value:.2f}"
     return f"{value:.1f}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
@@ -210,9 +214,9 @@ def scenario_table(results: Mapping[str, Mapping[str, RunResult]], baseline: str
     head = (
         "| scenario | policy | util % | Δ util vs fifo (pt) | value | value vs fifo | jobs done "
         "| JCT mean h | unmet demand rep-h | SLA viol. h | migrations | preemptions "
-        "| lost GPU-h |"
+        "| lost GPU-h | actions/job-h | jobs acted 2× <10 min |"
     )
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 15]
     for scenario, runs in results.items():
         delta = gains(runs, baseline)
         for index, (policy, result) in enumerate(runs.items()):
@@ -233,6 +237,8 @@ def scenario_table(results: Mapping[str, Mapping[str, RunResult]], baseline: str
                 f"{m['migrations']:.0f}",
                 f"{m['preemptions']:.0f}",
                 f"{m['lost_gpu_hours']:.1f}",
+                f"{m['actions_per_job_hour']:.2f}",
+                f"{m['jobs_acted_twice_10min']:.0f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -3,7 +3,11 @@ and is checked against the hard constraints before it is kept.
 
 One engine, configured by :class:`GreedyOptions`, is behind all four policies:
 
-0. Jobs past their SLA's max queue wait go first, in every order, after services have
+0. Frozen jobs (``Instance.is_frozen``: Shaper acted on them within the dwell time, their
+   move budget is spent, or a saga is acting on them) are left exactly as they are in
+   every policy: never started, moved, resized, preempted or requeued, and a frozen
+   pending job neither blocks the FIFO queue nor takes a reservation.
+   Jobs past their SLA's max queue wait go first, in every order, after services have
    scaled down and before they scale up; strict FIFO and backfill never hold them back,
    and a last pass retries any still pending on what the plan leaves free (so
    ``solver.validate``'s rule 10 holds by construction).
@@ -19,7 +23,11 @@ One engine, configured by :class:`GreedyOptions`, is behind all four policies:
    size), each placed best-fit on one node or as a gang over the fewest nodes of one
    cluster and GPU model. A job that does not fit may, if the policy allows,
    a. preempt strictly lower-priority preemptible jobs (cheapest first), never taking a
-      team below its guarantee — this raises the value held, or
+      team below its guarantee, and only when the job's value
+      ``w(j) · gpus · speed`` exceeds what the victims hold and lose
+      ``Σ w(v) · gpus(v) · (speed + lost_seconds(v) / value_horizon_s)``; victims whose GPUs
+      the job does not end up using go back where they were — this raises the value
+      held, or
    b. defragment: move checkpointable single-node jobs off a few nodes (within the
       disruption budget) to make room, which only rearranges what is held
    (``defrag_first`` swaps the two: migration keeps work running, preemption frees room).
@@ -151,14 +159,33 @@ class GreedyEngine:
         self.can_preempt = options.preempt
         self.victims = {j.id for j in instance.jobs if self._could_be_victim(j)}
         self.movable = {j.id for j in instance.jobs if self._could_move(j)}
-        self.victims_over_limit = {
-            j.id for j in instance.jobs if j.is_running and self._over_preemption_limit(j)
+        # Checkpointable single-node jobs that would be movable but for their dwell.
+        self.movable_held_back = {
+            j.id
+            for j in instance.jobs
+            if not j.is_elastic
+            and j.checkpointable
+            and len(j.placement) == 1
+            and instance.is_frozen(j)
         }
+        # Running jobs that would be victims but for their daily limit or their dwell.
+        self.victims_held_back = {
+            j.id
+            for j in instance.jobs
+            if j.is_running
+            and (
+                self._over_preemption_limit(j)
+                or (not j.is_elastic and instance.is_frozen(j) and instance.is_preemptible(j))
+            )
+        }
+        self.not_worth: dict[str, str] = {}  # job -> why no preemption for it paid off
+        # Job moved or stopped -> (the job it made room for, the nodes it left for it).
+        self.made_room_for: dict[str, tuple[str, frozenset[str]]] = {}
         self.preempt_failed: dict[tuple[object, ...], float] = {}
         # Lowest weight of a possible victim per node; victims only leave, so it stays a floor.
         self.victim_floor = [math.inf] * len(instance.nodes)
         for job in instance.jobs:
-            if job.id in self.victims or job.id in self.victims_over_limit:
+            if job.id in self.victims or job.id in self.victims_held_back:
                 for node_name in job.placement:
                     node = self.state.node_index[node_name]
                     self.victim_floor[node] = min(self.victim_floor[node], self.weight[job.id])
@@ -187,6 +214,8 @@ class GreedyEngine:
 
     def _elastic_target(self, job: Job) -> int:
         current = self.state_replicas(job)
+        if self.instance.is_frozen(job):
+            return current  # a saga is resizing it: leave it as it is
         if self.options.elastic is ElasticMode.PEAK:
             target = max(current, job.peak_demand(DAY_S))
         else:
@@ -421,6 +450,7 @@ class GreedyEngine:
         for resident, target in moved:
             self.migrations += 1
             self.touched.add(resident.id)
+            self.made_room_for[resident.id] = (job.id, frozenset({name}))
             self.result.decisions[resident.id] = Reason(
                 code=ReasonCode.DEFRAGMENTATION,
                 message=f"moved to {self.instance.nodes[target].name} to make room on {name} "
@@ -430,6 +460,8 @@ class GreedyEngine:
             f"stopped on {name} for service {job.id}, short of its demand "
             f"({gain_per_replica * replicas:.3g} > {cost:.3g} value units)"
         )
+        for victim in stopped:
+            self.made_room_for[victim.id] = (job.id, frozenset({name}))
         self._note_stopped(stopped, lambda _victim: why)
         self.epoch += 1
         return replicas
@@ -500,7 +532,11 @@ class GreedyEngine:
         pending = self.result.pending
         # The strict-FIFO head (and its backfill reservation) carries over between calls.
         blocked_by, shadow_time, shadow_nodes = self.blocked
+        frozen = self.instance.frozen_ids
         for job in queue:
+            if job.id in frozen:
+                pending[job.id] = self.frozen_reason(job)
+                continue  # left as it is; never blocks the queue
             groups = self.state.ready_groups(job)
             if not groups or not self._could_ever_fit(job, groups):
                 continue  # diagnosed at the end; never blocks the queue
@@ -561,7 +597,12 @@ class GreedyEngine:
         at its turn. Starts only take room, so after this pass no pending overdue job fits
         the free GPUs as they are: the property ``solver.validate`` checks.
         """
-        late = [j for j in queue if j.id in self.overdue and j.id not in self.state.placement]
+        frozen = self.instance.frozen_ids
+        late = [
+            j
+            for j in queue
+            if j.id in self.overdue and j.id not in self.state.placement and j.id not in frozen
+        ]
         if not late:
             return
         self.epoch += 1
@@ -577,6 +618,9 @@ class GreedyEngine:
                 continue
             self.result.pending.pop(job.id, None)
             self._start(job, placement)
+
+    def frozen_reason(self, job: Job) -> Reason:
+        return Reason(code=ReasonCode.DWELL, message=self.instance.frozen_because(job) or "frozen")
 
     def placed_message(self, job: Job, placement: dict[int, int]) -> str:
         names = ", ".join(
@@ -685,7 +729,7 @@ class GreedyEngine:
         """Static part of movability: checkpointable single-node block job, budget left."""
         if job.is_elastic or not job.is_running or not job.checkpointable:
             return False
-        if len(job.placement) != 1:
+        if len(job.placement) != 1 or self.instance.is_frozen(job):
             return False
         if (
             job.last_moved_at is not None
@@ -709,12 +753,18 @@ class GreedyEngine:
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
         movable = self.movable
         touched = self.touched
+        held_back = self.movable_held_back
         for group in self.state.group_order(self._allowed_groups(job, groups)):
             candidates: list[tuple[int, int, int, list[Job]]] = []
+            frozen_sizes: list[int] = []  # nodes only frozen residents keep from moving
             for node in self.compat.groups[group].node_indices:
                 if not self.state.ready[node] or nodes[node].gpus < job.gpus_per_replica:
                     continue
                 on_node = self.state.jobs_on_node[node]
+                if on_node and all(r in held_back or r in movable for r in on_node):
+                    if any(r in held_back for r in on_node):
+                        frozen_sizes.append(nodes[node].gpus)
+                        continue
                 if on_node and all(r in movable and r not in touched for r in on_node):
                     candidates.append(
                         (
@@ -737,8 +787,10 @@ class GreedyEngine:
                 if capacity >= need:
                     break
             if capacity < need:
-                # Would emptying nodes have made room, were the budget larger?
-                room = sum(nodes[c[2]].gpus for c in candidates[:limit])
+                # Would emptying nodes have made room, were the budget larger or no
+                # resident within its dwell time?
+                sizes = sorted([nodes[c[2]].gpus for c in candidates] + frozen_sizes)
+                room = sum(sizes[-limit:])
                 if room >= need:
                     self.budget_blocked.add(job.id)
                     blocked = True
@@ -762,17 +814,26 @@ class GreedyEngine:
             self.state.rollback(mark)
             return None
         self.state.place(job, placement)
+        # A resident whose node the job left room on stays: only a move that makes room
+        # for the job is "moved to make room" for it.
+        homeless: list[Job] = []
+        for resident, original in sorted(evicted, key=lambda e: (-e[0].total_gpus, e[0].id)):
+            if all(
+                self.state.replicas_fitting(resident, node) * resident.gpus_per_replica >= gpus
+                for node, gpus in original.items()
+            ):
+                self.state.place(resident, original)
+            else:
+                homeless.append(resident)
         moved: list[Job] = []
-        for resident, original in sorted(evicted, key=lambda e: -e[0].total_gpus):
+        for resident in homeless:
             resident_groups = self.state.ready_groups(resident)
             node = self.state.find_single_node(resident, resident.replicas, resident_groups)
             if node is None:
                 self.state.rollback(mark)
                 return None
-            target = {node: resident.total_gpus}
-            self.state.place(resident, target)
-            if target != original:
-                moved.append(resident)
+            self.state.place(resident, {node: resident.total_gpus})
+            moved.append(resident)
         if self.migrations + len(moved) > self.config.max_migrations_per_cycle:
             self.state.rollback(mark)
             self.budget_blocked.add(job.id)
@@ -780,11 +841,16 @@ class GreedyEngine:
         # Keep the evictions; the caller places the job itself.
         for node, gpus in placement.items():
             self.state.remove(job, node, gpus)
+        names = self.instance.nodes
         for resident in moved:
             self.migrations += 1
             self.touched.add(resident.id)
+            self.made_room_for[resident.id] = (job.id, frozenset(resident.placement))
+            where = ", ".join(sorted(resident.placement))
             self.result.decisions[resident.id] = Reason(
-                code=ReasonCode.DEFRAGMENTATION, message=f"moved to make room for {job.id}"
+                code=ReasonCode.DEFRAGMENTATION,
+                message=f"moved to {names[next(iter(self.state.held(resident.id)))].name} "
+                f"to make room on {where} for {job.id}",
             )
         self.epoch += 1
         return placement
@@ -807,6 +873,7 @@ class GreedyEngine:
             and job.is_running
             and self.instance.is_preemptible(job)
             and not self._over_preemption_limit(job)
+            and not self.instance.is_frozen(job)
         )
 
     def _over_preemption_limit(self, job: Job) -> bool:
@@ -819,8 +886,9 @@ class GreedyEngine:
             self.budget_blocked.add(job.id)
             return None
         weight = self.weight[job.id]
-        # A job of the same shape and team that failed with at least this weight fails too.
-        key = self._fail_key(job, ("preempt", job.team))
+        # A job of the same shape, team and urgency that failed with at least this weight
+        # fails too: it has fewer victims and gains less.
+        key = self._fail_key(job, ("preempt", job.team, job.id in self.overdue))
         if self.preempt_failed.get(key, -math.inf) >= weight:
             return None
         job_by_id = self.instance.job_by_id
@@ -843,7 +911,7 @@ class GreedyEngine:
                     if v in victims_set and v not in touched and weights[v] < weight
                 ]
                 if not victims:
-                    if any(v in self.victims_over_limit and weights[v] < weight for v in on_node):
+                    if any(v in self.victims_held_back and weights[v] < weight for v in on_node):
                         blocked_by_limit = True
                     continue
                 victims.sort(key=lambda v: (weights[v.id], -v.total_gpus, v.id))
@@ -855,7 +923,7 @@ class GreedyEngine:
                         break
                     taken.append(victim)
                     free += on_node[victim.id]
-                    cost += weights[victim.id] * victim.total_gpus
+                    cost += self._stop_cost(victim)
                 if free <= self.state.free_gpus[node]:
                     continue
                 ranked.append((cost / free, node, free, taken))
@@ -888,45 +956,106 @@ class GreedyEngine:
     def _evict_and_place(
         self, job: Job, groups: list[int], attempt: Iterable[tuple[float, int, int, list[Job]]]
     ) -> dict[int, int] | None:
+        """Stop the attempt's victims and find the job a placement; keep it only if it pays.
+
+        Victims whose GPUs the placement leaves alone go back where they were (so a victim
+        is only ever "stopped for" a job that takes its GPUs), and the trade must favour
+        the job in the objective's units: its value ``w(j) · boost · Σ gpus · speed`` must
+        exceed the victims' ``Σ w(v) · gpus · (speed + lost_seconds / value_horizon_s)`` —
+        the work they hold now and the work since their last checkpoint that a stop loses.
+        """
         mark = self.state.mark()
-        stopped: list[Job] = []
+        stopped: list[tuple[Job, dict[int, int]]] = []
         stopped_by_team = dict(self.stopped_by_team)
-        cap = self.config.max_preemptions_per_cycle
+
+        def undo() -> None:
+            self.state.rollback(mark)
+            self.stopped_by_team = stopped_by_team
+
         for _, _, _, victims in attempt:
             for victim in victims:
                 if victim.id not in self.state.placement:
                     continue  # a gang victim already stopped from another node
                 own = job.total_gpus if victim.team == job.team else 0
                 if self._reclaimable(victim.team, own) < victim.held_gpus:
-                    self.state.rollback(mark)
-                    self.stopped_by_team = stopped_by_team
+                    undo()
                     return None
-                self.state.evict(victim)
+                held = self.state.evict(victim)
                 self.stopped_by_team[victim.team] = (
                     self.stopped_by_team.get(victim.team, 0) + victim.held_gpus
                 )
-                stopped.append(victim)
-        too_many = cap is not None and self.preemptions + len(stopped) > cap
-        placement = (
-            None
-            if too_many
-            else self.state.find_gang(
-                job, job.replicas, self._allowed_groups(job, groups), job.max_nodes
-            )
+                stopped.append((victim, held))
+        placement = self.state.find_gang(
+            job, job.replicas, self._allowed_groups(job, groups), job.max_nodes
         )
         if placement is None:
-            self.state.rollback(mark)
-            self.stopped_by_team = stopped_by_team
+            undo()
             return None
-        self._note_stopped(
-            stopped,
-            lambda victim: (
-                f"stopped for {job.id} (weight {self.weight[job.id]:g} > "
-                f"{self.weight[victim.id]:g})"
-            ),
+        self.state.place(job, placement)
+        # Put back the victims that still fit where they were, the costliest first.
+        kept: list[Job] = []
+        for victim, held in sorted(stopped, key=lambda s: (-self._stop_cost(s[0]), s[0].id)):
+            fits = all(
+                self.state.replicas_fitting(victim, node) * victim.gpus_per_replica >= gpus
+                for node, gpus in held.items()
+            )
+            if fits:
+                self.state.place(victim, held)
+                self.stopped_by_team[victim.team] -= victim.held_gpus
+            else:
+                kept.append(victim)
+        kept.sort(key=lambda v: v.id)
+        cap = self.config.max_preemptions_per_cycle
+        if cap is not None and self.preemptions + len(kept) > cap:
+            undo()
+            return None
+        boost = self.config.overdue_weight if job.id in self.overdue else 1.0
+        gain = (
+            self.weight[job.id]
+            * boost
+            * sum(gpus * self._node_speed(node) for node, gpus in placement.items())
         )
+        cost = sum(self._stop_cost(victim) for victim in kept)
+        if kept and gain <= cost:
+            self.not_worth[job.id] = (
+                f"stopping lower-priority work for it would cost more than it gains "
+                f"({cost:.3g} >= {gain:.3g} value units: work held and work lost since "
+                "the last checkpoint)"
+            )
+            undo()
+            return None
+        # The caller places the job itself.
+        for node, gpus in placement.items():
+            self.state.remove(job, node, gpus)
+        taken = {self.instance.nodes[node].name for node in placement}
+        for victim in kept:
+            self.made_room_for[victim.id] = (job.id, frozenset(taken & set(victim.placement)))
+
+        def why(victim: Job) -> str:
+            where = ", ".join(sorted(self.made_room_for[victim.id][1]))
+            return (
+                f"stopped for {job.id}, which takes its GPUs on {where} "
+                f"(weight {self.weight[job.id]:g} > {self.weight[victim.id]:g}; "
+                f"{gain:.3g} > {cost:.3g} value units)"
+            )
+
+        self._note_stopped(kept, why)
         self.epoch += 1
         return placement
+
+    def _node_speed(self, node: int) -> float:
+        return self.compat.groups[self.compat.group_of_node[node]].gpu_model.speed
+
+    def _stop_cost(self, victim: Job) -> float:
+        """What stopping a running block job costs, in objective units: the work it holds
+        now and the work since its last checkpoint that it loses."""
+        horizon = self.config.value_horizon_s
+        lost = self.instance.migration.preemption_lost_seconds(victim, self.instance.now)
+        index = self.state.node_index
+        return self.weight[victim.id] * sum(
+            gpus * (self._node_speed(index[name]) + lost / horizon)
+            for name, gpus in victim.placement.items()
+        )
 
     # -- reasons for what stays pending ---------------------------------------------------
 
@@ -962,7 +1091,12 @@ class GreedyEngine:
             elif job.id in self.budget_blocked:
                 pending[job.id] = Reason(
                     code=ReasonCode.DISRUPTION_BUDGET,
-                    message="making room needs more migrations or preemptions than allowed",
+                    message="making room needs more migrations or preemptions than allowed, "
+                    "or work that Shaper acted on lately (dwell time, move budget)",
+                )
+            elif job.id in self.not_worth:
+                pending[job.id] = Reason(
+                    code=ReasonCode.INSUFFICIENT_CAPACITY, message=self.not_worth[job.id]
                 )
             elif self.state.compatible_free(groups) >= job.total_gpus:
                 pending[job.id] = Reason(

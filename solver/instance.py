@@ -11,6 +11,12 @@ follow ``forecast``). A job is *running* when ``placement`` is non-empty and *pe
 otherwise. ``placement`` maps node name to the number of GPUs the job holds there; it is
 always a multiple of ``gpus_per_replica``.
 
+Shaper's own recent actions on a job (``last_acted_at``, ``actions_last_hour``) and a saga
+in flight (``locked``) *freeze* it for a while (:meth:`Instance.is_frozen`): every policy
+leaves a frozen job exactly as it is, so plans over consecutive cycles act as one instead of
+undoing each other. ``overdue`` marks a job Shaper left without GPUs (a failed move): it
+is placed first whatever its SLA says.
+
 The snapshot is cheap to build: the simulator constructs one per re-plan. Derived look-ups
 (``node_by_name``, ``policy_for`` …) are cached on first use.
 """
@@ -107,6 +113,19 @@ class Job(_Frozen):
     last_moved_at: float | None = Field(default=None, description="last migration or resize")
     migrations_today: int = Field(default=0, ge=0)
     preemptions_today: int = Field(default=0, ge=0)
+    # What Shaper itself did to the job lately (see ``Instance.is_frozen``).
+    last_acted_at: float | None = Field(
+        default=None,
+        description="last time a Shaper action started, moved, preempted or requeued it",
+    )
+    actions_last_hour: int = Field(default=0, ge=0, description="Shaper actions in the past hour")
+    locked: bool = Field(
+        default=False, description="a saga is acting on it now: the plan leaves it as it is"
+    )
+    overdue: bool = Field(
+        default=False,
+        description="left without GPUs by Shaper (a failed move): placed first whatever its SLA",
+    )
 
     # Elastic services only.
     min_replicas: int = Field(default=0, ge=0)
@@ -271,8 +290,22 @@ class SolverConfig(_Frozen):
 
     # Disruption budget.
     max_migrations_per_cycle: int = Field(default=16, ge=0)
-    migration_cooldown_s: float = Field(default=1800.0, ge=0)
+    migration_cooldown_s: float = Field(
+        default=1800.0, ge=0, description="after a migration or resize, no migration for this long"
+    )
     max_preemptions_per_cycle: int | None = Field(default=None, ge=0)
+    dwell_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="a block job Shaper acted on (started, moved, stopped) is not started, "
+        "moved or stopped again for this long (0 = no dwell)",
+    )
+    max_actions_per_job_hour: int = Field(
+        default=3,
+        ge=1,
+        description="a block job with this many Shaper actions in the past hour is left "
+        "as it is until the hour has passed",
+    )
 
 
 class Instance(_Frozen):
@@ -358,18 +391,60 @@ class Instance(_Frozen):
 
     @cached_property
     def overdue_ids(self) -> frozenset[str]:
-        """Pending jobs waiting longer than their SLA's max queue wait."""
+        """Pending jobs waiting longer than their SLA's max queue wait, or marked overdue."""
         return frozenset(job.id for job in self.jobs if self._waited_too_long(job))
 
     def is_overdue(self, job: Job) -> bool:
-        """A pending job waiting longer than its SLA's max queue wait."""
+        """A pending job waiting longer than its SLA's max queue wait, or one marked
+        ``overdue`` (Shaper left it without GPUs): either is placed first."""
         if self.job_by_id.get(job.id) is job:
             return job.id in self.overdue_ids
         return self._waited_too_long(job)
 
     def _waited_too_long(self, job: Job) -> bool:
+        if job.is_running:
+            return False
+        if job.overdue:
+            return True
         max_wait = self.policy_for(job).max_queue_wait_s
-        return not job.is_running and max_wait is not None and self.now - job.submit_time > max_wait
+        return max_wait is not None and self.now - job.submit_time > max_wait
+
+    @cached_property
+    def frozen_ids(self) -> frozenset[str]:
+        """Jobs no plan may touch now (see :meth:`is_frozen`)."""
+        return frozenset(job.id for job in self.jobs if self.frozen_because(job) is not None)
+
+    def is_frozen(self, job: Job) -> bool:
+        """Whether the plan must leave ``job`` exactly as it is: a running job keeps its
+        placement (no move, resize, preemption or requeue), a pending one stays pending.
+
+        A job is frozen while a saga acts on it (``locked``; services too, at their current
+        replicas). A block job is also frozen for ``config.dwell_s`` after Shaper last acted
+        on it, and while its Shaper actions in the past hour reach
+        ``config.max_actions_per_job_hour`` — unless it is pending and overdue: a job past
+        its max queue wait, or one Shaper left without GPUs, must be placed.
+        """
+        if self.job_by_id.get(job.id) is job:
+            return job.id in self.frozen_ids
+        return self.frozen_because(job) is not None
+
+    def frozen_because(self, job: Job) -> str | None:
+        """Why ``job`` is frozen (the pending reason's message), or None if it is not."""
+        if job.locked:
+            return "an action is in flight on it"
+        if job.is_elastic or self.is_overdue(job):
+            return None
+        config = self.config
+        if job.last_acted_at is not None:
+            since = self.now - job.last_acted_at
+            if since < config.dwell_s:
+                return f"Shaper acted on it {since:.0f} s ago; dwell time {config.dwell_s:.0f} s"
+        if job.actions_last_hour >= config.max_actions_per_job_hour:
+            return (
+                f"move budget spent: {job.actions_last_hour} Shaper actions in the past hour "
+                f"(at most {config.max_actions_per_job_hour})"
+            )
+        return None
 
 
 _DERIVED = tuple(

@@ -10,6 +10,8 @@ Aggregation
   same compatible groups, shape (replicas, GPUs/CPU/memory per replica, spread limit),
   weight, team (when a team constraint names it), overdue flag and look-ahead reserves.
   An elastic service's missing replicas form a class of their own (one replica per item).
+  Frozen jobs (``Instance.is_frozen``) are in no class and no evacuation: the model
+  cannot start, move or stop them, as if their variables were fixed to what they hold.
 * An **option** is (class, pool, nodes per job): ``count`` jobs of the class each placed as
   ``nodes`` equal chunks in that group. Single-node placement is ``nodes = 1``; a gang is
   split over the fewest nodes its chunk fits. The model's integer variables are these

@@ -32,6 +32,7 @@ class ReasonCode(enum.StrEnum):
     QUEUE_ORDER = "queue_order"
     FORECAST_RESERVATION = "forecast_reservation"
     BACKFILL_RESERVATION = "backfill_reservation"
+    DWELL = "dwell"  # frozen: Shaper acted on it lately, its move budget is spent, or a saga runs
 
 
 class Reason(BaseModel):

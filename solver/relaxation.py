@@ -182,10 +182,11 @@ def global_upper_bound(instance: Instance) -> float:
     states, migration costs and budgets, the priority order of preemption, guarantees,
     look-ahead, CPU and memory. Kept: compatibility, GPUs per node, team quota caps,
     elastic demand, the cost of stopping a running job and the preemption limits. Jobs
-    that can neither move nor stop stay where they are; jobs that may move but not stop
-    stay placed. Looser than the CP-SAT bound, which holds for the placement problem left
-    after the greedy's disruptive decisions; the benchmark reports both. Most of the
-    difference is the migration budget: the LP may repack every checkpointable job.
+    that can neither move nor stop stay where they are (frozen ones included: see
+    ``Instance.is_frozen``; a frozen pending job stays pending); jobs that may move but
+    not stop stay placed. Looser than the CP-SAT bound, which holds for the placement
+    problem left after the greedy's disruptive decisions; the benchmark reports both. Most
+    of the difference is the migration budget: the LP may repack every checkpointable job.
     """
     config = instance.config
     compat = Compatibility(instance)
@@ -201,14 +202,31 @@ def global_upper_bound(instance: Instance) -> float:
     stoppable: list[list[pywraplp.Variable]] = []
     for job in instance.jobs:
         weight = instance.weight(job)
+        frozen = instance.is_frozen(job)
+        if frozen and not job.placement:
+            continue  # no plan may start it
+        if frozen and job.is_elastic:
+            # A locked service keeps its replicas: what they serve is a constant.
+            speeds: list[float] = []
+            for node_name, gpus in job.placement.items():
+                node = instance.node_by_name[node_name]
+                fixed_on_node[node_index[node_name]] += gpus
+                speeds += [instance.speed(node)] * (gpus // job.gpus_per_replica)
+            demand = job.demand_at(0)
+            served = sorted(speeds, reverse=True)[:demand]
+            constant += weight * job.gpus_per_replica * sum(served)
+            unmet = max(0, demand - len(speeds))
+            constant -= config.elastic_unmet_weight * weight * job.gpus_per_replica * unmet
+            continue
         running_block = not job.is_elastic and bool(job.placement)
         limit = instance.policy_for(job).max_preemptions_per_day
         can_stop = (
             running_block
+            and not frozen
             and instance.is_preemptible(job)
             and (limit is None or job.preemptions_today < limit)
         )
-        if running_block and not (job.checkpointable or can_stop):
+        if running_block and (frozen or not (job.checkpointable or can_stop)):
             for node_name, gpus in job.placement.items():
                 node = instance.node_by_name[node_name]
                 fixed_on_node[node_index[node_name]] += gpus

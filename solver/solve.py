@@ -18,10 +18,13 @@ Phases:
    is a guess about future arrivals, which the next cycle serves when they come. The plan
    is the greedy's (``stats.engine == "greedy"``) and ``stats.note`` says why.
 2. Base state: the greedy state with its disruptive decisions kept (resizes down,
-   migrations, preemptions) and its new starts and scale-ups undone. CP-SAT re-decides
+   migrations, preemptions) and its new starts and scale-ups undone — but for the jobs
+   and services those migrations and preemptions made room for, which keep the room
+   (so that "stopped for X" stays true whichever plan wins). CP-SAT re-decides
    *what starts where* on that base, and may empty further nodes by migrating their
    checkpointable residents within what is left of the migration budget; it never
-   preempts.
+   preempts. Frozen jobs (``Instance.is_frozen``) get no variable: a pending one is not
+   started, a running one never counts as movable, so its placement is fixed.
 3. Model (``solver.model``): pools × job classes, warm-started with a complete hint: the
    better of the greedy starts and the rounded LP relaxation (``solver.relaxation``).
    ``config.time_limit_s`` bounds the CP-SAT search (wall time, or deterministic time
@@ -32,7 +35,8 @@ Phases:
 4. Every CP-SAT status is handled: OPTIMAL/FEASIBLE are realised node by node (empty the
    chosen nodes, first-fit decreasing per group, then a greedy fill of what did not fit)
    and validated; INFEASIBLE, MODEL_INVALID and UNKNOWN fall back to the greedy plan
-   with a note.
+   with a note. So would a realised plan that left the room a greedy move or stop made
+   for a job to others (a safety net: step 2 pins those jobs).
 5. The realised plan and the greedy plan are scored with ``solver.objective.evaluate``;
    the better one is returned, and ``stats.engine``/``stats.note`` say which and why.
    ``best_bound`` is the CP-SAT bound of step 2's problem (given the greedy's disruption
@@ -100,14 +104,18 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     started_at = time.perf_counter()
     config = instance.config
     engine, greedy, greedy_target, greedy_terms, saturated = _best_greedy(instance)
+    # The CP-SAT pass goes on in the greedy's engine and rewrites its reasons: keep the
+    # greedy's own, so that a greedy plan never says where CP-SAT would have put a job.
+    greedy_decisions = dict(greedy.decisions)
+    greedy_pending = dict(greedy.pending)
 
     def greedy_plan(stats: SolveStats) -> Plan:
         return build_plan(
             instance,
             policy=policy,
             target=greedy_target,
-            decisions=dict(greedy.decisions),
-            pending=dict(greedy.pending),
+            decisions=dict(greedy_decisions),
+            pending=dict(greedy_pending),
             stats=stats,
             terms=greedy_terms,
         )
@@ -121,10 +129,17 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
 
     state = engine.state
     instance_jobs = instance.jobs
+    # What the greedy moved or stopped work for stays where the room was made (pinned).
+    room_made: dict[str, set[int]] = {}
+    for beneficiary, names in engine.made_room_for.values():
+        room_made.setdefault(beneficiary, set()).update(state.node_index[n] for n in names)
     new_starts = [
         j
         for j in instance_jobs
-        if not j.is_elastic and not j.is_running and j.id in state.placement
+        if not j.is_elastic
+        and not j.is_running
+        and j.id in state.placement
+        and j.id not in room_made
     ]
     greedy_starts = {j.id: dict(state.held(j.id)) for j in new_starts}
     greedy_scale_ups: dict[str, dict[int, int]] = {}
@@ -138,11 +153,11 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
         added: dict[int, int] = {}
         for node, gpus in list(state.held(job.id).items()):
             extra = gpus - base.get(node, 0)
-            if extra > 0:
+            if extra > 0 and node not in room_made.get(job.id, ()):
                 state.remove(job, node, extra)
                 added[node] = extra
         greedy_scale_ups[job.id] = added
-        replicas = sum(base.values()) // job.gpus_per_replica
+        replicas = engine.state_replicas(job)
         if engine.elastic_targets[job.id] > replicas:
             missing[job.id] = engine.elastic_targets[job.id] - replicas
     base_terms = evaluate(instance, _names(instance, state.placement))
@@ -155,19 +170,27 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     reservations = engine.reservations
     applicable: dict[str, tuple[int, ...]] = {}
     candidates: list[Job] = []
+    frozen = instance.frozen_ids
     for job in queue:
-        if not state.ready_groups(job):
+        # A frozen job gets no variable: the model cannot start it (running frozen jobs
+        # are not movable, so no evacuation moves them either). Pinned starts stay.
+        if job.id in frozen or job.id in state.placement or not state.ready_groups(job):
             continue
-        if job.id in greedy.pending and greedy.pending[job.id].code in _NEVER:
+        if job.id in greedy_pending and greedy_pending[job.id].code in _NEVER:
             continue
         relevant = {id(r) for r in engine.reservations_for(job)}
         applicable[job.id] = tuple(i for i, r in enumerate(reservations) if id(r) in relevant)
         candidates.append(job)
+    pinned_by_team: dict[str, int] = {}
+    for job in instance_jobs:
+        if not job.is_elastic and not job.is_running and job.id in state.placement:
+            pinned_by_team[job.team] = pinned_by_team.get(job.team, 0) + job.total_gpus
     team_min_start: dict[str, int] = {}
     for team, stopped in engine.stopped_by_team.items():
         rule = instance.policy_by_team.get(team)
         guaranteed = rule.guaranteed_gpus if rule is not None else 0
         minimum = stopped - max(0, engine.usage_before.get(team, 0) - guaranteed)
+        minimum -= pinned_by_team.get(team, 0)
         if minimum > 0:
             team_min_start[team] = minimum
     named_teams = {p.team for p in instance.policies if p.quota_cap is not None}
@@ -231,10 +254,11 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     cp_target = _names(instance, state.placement)
     cp_terms = evaluate(instance, cp_target)
     violations: list[Violation] = []
-    if cp_terms.objective > greedy_terms.objective + 1e-6:
+    unused = _room_left_unused(engine, cp_target)
+    if unused is None and cp_terms.objective > greedy_terms.objective + 1e-6:
         decisions = {
             job_id: reason
-            for job_id, reason in greedy.decisions.items()
+            for job_id, reason in greedy_decisions.items()
             if reason.code in (ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY, ReasonCode.DEFRAGMENTATION)
         }
         decisions.update(engine.result.decisions)
@@ -256,7 +280,22 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     note = f"CP-SAT ({solver.status_name(status)}) found nothing better than the greedy plan"
     if violations:
         note = f"CP-SAT plan failed validation ({violations[0]}); greedy plan kept"
+    elif unused is not None:
+        note = f"CP-SAT plan did not use the room made for it ({unused}); greedy plan kept"
     return _finish(plan, started_at, note=note)
+
+
+def _room_left_unused(engine: GreedyEngine, target: dict[str, dict[str, int]]) -> str | None:
+    """A job the greedy moved or stopped to make room for another that, in ``target``, is
+    not on the nodes it left (CP-SAT re-decides the starts), or None.
+
+    The base state keeps the greedy's moves and stops; a plan that places their
+    beneficiary elsewhere would stop or move work for nothing, under a reason that is
+    not true."""
+    for job_id, (beneficiary, nodes) in sorted(engine.made_room_for.items()):
+        if not nodes & set(target.get(beneficiary, {})):
+            return f"{job_id} made room on {', '.join(sorted(nodes))} for {beneficiary}"
+    return None
 
 
 _NEVER = (ReasonCode.NO_COMPATIBLE_GPU_MODEL,)
@@ -306,10 +345,10 @@ def _best_greedy(
 
 def _saturates(instance: Instance, engine: GreedyEngine, target: dict[str, dict[str, int]]) -> bool:
     """No plan holds more priority-weighted allocation than ``target``: every pending job
-    with a ready compatible node is placed, no running job is stopped, every service has
-    its demand and look-ahead target, and what is started or grown runs on the fastest GPU
-    model the job accepts (running jobs keep their model: CP-SAT moves them only within
-    their node group)."""
+    with a ready compatible node is placed (but a frozen one, which no plan may start), no
+    running job is stopped, every service has its demand and look-ahead target, and what is
+    started or grown runs on the fastest GPU model the job accepts (running jobs keep their
+    model: CP-SAT moves them only within their node group)."""
     compat = engine.compat
     node_by_name = instance.node_by_name
     for job in instance.jobs:
@@ -323,12 +362,15 @@ def _saturates(instance: Instance, engine: GreedyEngine, target: dict[str, dict[
                 return False
             continue
         elif not held:
-            if compat.ready_groups_for(job):
+            if compat.ready_groups_for(job) and not instance.is_frozen(job):
                 return False
             continue
         if not held:
             continue
-        fastest = max(compat.groups[g].gpu_model.speed for g in compat.groups_for(job))
+        # A job on nodes it no longer accepts (a locked service there) can only keep them.
+        fastest = max(
+            (compat.groups[g].gpu_model.speed for g in compat.groups_for(job)), default=0.0
+        )
         if any(instance.speed(node_by_name[name]) < fastest for name in held):
             return False
     return True

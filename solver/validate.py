@@ -22,7 +22,11 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
    in range, as many as the placement says;
 10. max queue wait: no pending block job past its SLA's max queue wait is left pending
     while it fits, whole, on one ready compatible node's GPUs, CPU and memory that the
-    plan leaves free, within its team's quota.
+    plan leaves free, within its team's quota (a frozen one excepted: a saga holds it);
+11. dwell: a frozen job (``Instance.is_frozen``: Shaper acted on it within the dwell time,
+    its move budget for the hour is spent, or a saga is acting on it) keeps exactly the
+    placement it has — a running one is not moved, resized, preempted or requeued, a
+    pending one is not started.
 
 Rule 10 is the checkable part of "an overdue job must be placed if any legal plan places
 it": starting such a job on what the plan leaves free changes nothing else, so the plan
@@ -249,7 +253,7 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
     for job in instance.jobs:
         if job.is_elastic or job.is_running or job.id in plan.placement:
             continue
-        if not instance.is_overdue(job):
+        if not instance.is_overdue(job) or instance.is_frozen(job):
             continue
         quota_cap = instance.policy_for(job).quota_cap
         if quota_cap is not None and usage_after[job.team] + job.total_gpus > quota_cap:
@@ -271,6 +275,16 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
                 f"past its max queue wait and left pending, but fits on {node.name}'s free GPUs",
             )
             break
+
+    # 11. dwell
+    for job_id in sorted(instance.frozen_ids):
+        job = jobs[job_id]
+        after = plan.placement.get(job_id, {})
+        if after != job.placement:
+            change = "started" if not job.placement else "stopped" if not after else "moved"
+            if job.is_elastic:
+                change = "resized"
+            bad("dwell", job_id, f"{change} while frozen: {instance.frozen_because(job)}")
 
     if plan.gpu_indices and not out:  # indices follow the placement: check them last
         _check_indices(instance, plan, bad)

@@ -22,6 +22,8 @@ def test_run_prints_metrics_and_writes_json(tmp_path: Path) -> None:
     assert "training-heavy" in result.output
     payload = json.loads(out.read_text())
     assert payload["policy"] == "fifo" and 0 < payload["metrics"]["utilization"] <= 1
+    assert payload["metrics"]["jobs_acted_twice_10min"] == 0
+    assert 0 < payload["metrics"]["actions_per_job_hour"] < 1
 
 
 def test_compare_writes_table_json_and_figures(tmp_path: Path) -> None:
@@ -100,5 +102,7 @@ def test_table_over_scenarios(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("| ")]
     assert len(rows) == 3  # header + two policies
+    assert rows[0].endswith("| lost GPU-h | actions/job-h | jobs acted 2× <10 min |")
     assert rows[1].startswith("| training-heavy | fifo |")
     assert "+0.0 %" in rows[1]
+    assert rows[1].endswith("| 0.14 | 0 |")  # fifo's starts per job-hour; no job twice

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from solver.instance import Instance, Job, JobKind, Node, NodeState, SlaPolicy, SolverConfig
 from solver.objective import evaluate
+from solver.plan import ActionKind, Plan, ReasonCode
 from solver.policies import POLICY_NAMES, get_policy
 from solver.relaxation import global_upper_bound
 from solver.validate import validate
@@ -189,6 +190,51 @@ def random_instance(
     )
 
 
+def with_shaper_history(inst: Instance, seed: int) -> Instance:
+    """``inst`` with some jobs acted on lately, over their move budget, locked or stranded."""
+    rng = random.Random(seed ^ 0x5EED)
+    jobs = []
+    for job in inst.jobs:
+        update: dict[str, object] = {}
+        if rng.random() < 0.3:
+            update["last_acted_at"] = NOW - rng.uniform(0, 1200)
+        if rng.random() < 0.15:
+            update["actions_last_hour"] = rng.randint(1, 4)
+        if rng.random() < 0.05:
+            update["locked"] = True
+        if not job.is_running and rng.random() < 0.1:
+            update["overdue"] = True
+        jobs.append(job.model_copy(update=update))
+    config = inst.config.model_copy(
+        update={"dwell_s": rng.choice((0.0, 600.0)), "max_actions_per_job_hour": rng.choice((1, 3))}
+    )
+    return inst.model_copy(update={"jobs": tuple(jobs), "config": config})
+
+
+def placed_where_it_says(plan: Plan) -> None:
+    """A start's reason names the nodes the job starts on; a job stopped or moved to make
+    room for another leaves GPUs on a node where that other one lands."""
+    for action in plan.actions:
+        message = action.reason.message
+        if action.kind is ActionKind.START and action.reason.code in (
+            ReasonCode.PLACED,
+            ReasonCode.OVERDUE,
+        ):
+            said = message.rsplit("placed on ", 1)[-1]
+            where = {part.split(":")[0] for part in said.split(", ")}
+            assert where == set(action.to_placement), (plan.policy, action)
+        beneficiary = None
+        if message.startswith("stopped for "):
+            beneficiary = message.removeprefix("stopped for ").split(",")[0]
+        elif message.startswith("stopped on "):
+            beneficiary = message.split(" for service ")[1].split(",")[0]
+        elif " to make room " in message:
+            beneficiary = message.rsplit(" for ", 1)[1].removeprefix("service ")
+        if beneficiary is not None:
+            lands = set(plan.placement.get(beneficiary, {}))
+            assert lands & set(action.from_placement), (plan.policy, action, lands)
+
+
 @settings(
     max_examples=100,
     deadline=None,
@@ -208,9 +254,36 @@ def test_no_policy_plan_ever_fails_validate(seed: int, nodes: int, pending: int)
         assert validate(inst, plan) == [], name
         assert plan.stats.objective == pytest.approx(evaluate(inst, plan.placement).objective)
         assert plan.stats.objective <= bound + 1e-6, name
+        placed_where_it_says(plan)
         for job in inst.jobs:
             if not job.is_elastic and job.id not in plan.placement:
                 assert job.id in plan.pending, (name, job.id)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    nodes=st.integers(min_value=1, max_value=10),
+    pending=st.integers(min_value=0, max_value=20),
+)
+def test_no_policy_touches_a_frozen_job(seed: int, nodes: int, pending: int) -> None:
+    inst = with_shaper_history(random_instance(seed, nodes, pending), seed)
+    bound = global_upper_bound(inst)
+    for name in POLICY_NAMES:
+        plan = get_policy(name).plan(inst)
+        assert validate(inst, plan) == [], name  # rule 11: frozen jobs untouched
+        assert plan.stats.objective <= bound + 1e-6, name
+        placed_where_it_says(plan)
+        for job_id in inst.frozen_ids:
+            job = inst.job_by_id[job_id]
+            assert plan.placement.get(job_id, {}) == job.placement, (name, job_id)
+            if not job.is_running and not job.is_elastic:
+                assert plan.pending[job_id].code is ReasonCode.DWELL, (name, job_id)
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
