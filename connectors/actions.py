@@ -9,8 +9,16 @@ and waits for a :class:`StepReport` as the keyword argument ``report`` of
 :class:`ConnectorStepExecutor` maps a step onto the connector's capability protocols:
 
 * ``requeue`` → ``requeue(nodes=args["nodes"], exclude=args["exclude"])`` (either may be
-  absent: no pin);
-* ``start`` → ``release``: the scheduler starts a held or pending job when it fits;
+  absent: no pin) with ``hold=True`` when ``args["hold"]``: a job stopped for another must
+  not take its GPUs back before a plan starts it again;
+* ``start`` → ``start(nodes=args["nodes"])`` where the connector can start a job on given
+  nodes (``SupportsStart``), else ``resume`` for a suspended job and ``release`` for a held
+  or pending one (the scheduler starts it when it fits, where it chooses);
+* ``confirm`` → a read: the job runs on ``args["nodes"]`` (``expect: running``) or runs
+  nowhere (``expect: stopped``); "not yet" is a retryable failure naming what was seen, so
+  the control plane polls until it holds or gives up with the observed state;
+* ``reserve`` → ``reserve(gpus=args["gpus"], ttl_s=args["ttl_s"])``, ``unreserve`` →
+  ``unreserve`` (``SupportsReservation``);
 * ``resume`` → ``resume`` when the scheduler reports the job suspended, nothing when it
   runs, else ``release``: a job preempted by suspension comes back with ``resume``, one
   preempted by requeue (and held) by ``release``, and only a read tells them apart;
@@ -46,6 +54,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from connectors.base import (
     ConnectorError,
+    JobReport,
     JobState,
     Outcome,
     StepReport,
@@ -54,7 +63,9 @@ from connectors.base import (
     SupportsHold,
     SupportsNodeCount,
     SupportsRequeue,
+    SupportsReservation,
     SupportsResize,
+    SupportsStart,
     SupportsSuspend,
     make_executor_app,
     run_executor_worker,
@@ -72,6 +83,9 @@ MAX_REMEMBERED_STEPS = 10_000
 
 class ConnectorStep(StrEnum):
     start = "start"
+    confirm = "confirm"
+    reserve = "reserve"
+    unreserve = "unreserve"
     resume = "resume"
     requeue = "requeue"
     resize = "resize"
@@ -161,6 +175,9 @@ class ConnectorStepExecutor:
         self.journal = StepJournal(state_dir)
         self._steps: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
             ConnectorStep.start: self._start,
+            ConnectorStep.confirm: self._confirm,
+            ConnectorStep.reserve: self._reserve,
+            ConnectorStep.unreserve: self._unreserve,
             ConnectorStep.resume: self._resume,
             ConnectorStep.requeue: self._requeue,
             ConnectorStep.resize: self._resize,
@@ -269,20 +286,78 @@ class ConnectorStepExecutor:
     def _requeue(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         connector = self._capable(SupportsRequeue, "requeue")
         nodes, exclude = _names(args, "nodes"), _names(args, "exclude")
-        connector.requeue(workload_id, nodes=nodes, exclude=exclude)
+        hold = bool(args.get("hold"))
+        if hold:
+            connector.requeue(workload_id, nodes=nodes, exclude=exclude, hold=True)
+        else:
+            connector.requeue(workload_id, nodes=nodes, exclude=exclude)
         where = "".join(
             [
                 f" pinned to {','.join(nodes)}" if nodes else "",
                 f" away from {','.join(exclude)}" if exclude else "",
+                " and held until a plan starts it" if hold else "",
             ]
         )
         return self._done(
-            f"requeued job {workload_id}{where}", workload_id, nodes=nodes, exclude=exclude
+            f"requeued job {workload_id}{where}",
+            workload_id,
+            nodes=nodes,
+            exclude=exclude,
+            held=hold,
         )
 
     def _start(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        nodes = _names(args, "nodes")
+        if isinstance(self.connector, SupportsStart):
+            self.connector.start(workload_id, nodes=nodes)
+            where = f" on {','.join(nodes)}" if nodes else ""
+            return self._done(f"asked the scheduler to start job {workload_id}{where}", workload_id)
+        if self._job_state(workload_id) is JobState.suspended:
+            self._capable(SupportsSuspend, "start").resume(workload_id)
+            return self._done(f"resumed suspended job {workload_id}", workload_id)
         self._capable(SupportsHold, "start").release(workload_id)
         return self._done(f"released job {workload_id} to start", workload_id)
+
+    def _confirm(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        expect = args.get("expect")
+        if expect not in ("running", "stopped"):
+            raise _Refused(f"confirm needs args.expect 'running' or 'stopped', got {expect!r}")
+        job = self._job(workload_id)
+        if job is None:
+            raise ConnectorError(f"the scheduler does not report job {workload_id}", retryable=True)
+        where = sorted({a.node for a in job.allocations})
+        seen = f"job {workload_id} is {job.state.value}" + (
+            f" on {','.join(where)}" if where else ""
+        )
+        if job.reason:
+            seen += f" ({job.reason})"
+        wanted = _names(args, "nodes") or []
+        if expect == "running":
+            ok = job.state is JobState.running and set(wanted) <= set(where)
+            goal = f"running on {','.join(wanted)}" if wanted else "running"
+        else:
+            ok = job.state is not JobState.running
+            goal = "stopped"
+        if not ok:
+            raise ConnectorError(f"{seen}; expected {goal}", retryable=True)
+        return self._done(seen, workload_id, state=job.state.value, nodes=where)
+
+    def _reserve(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        gpus = args.get("gpus")
+        if not isinstance(gpus, dict) or not all(
+            isinstance(n, str) and isinstance(g, int) and g > 0 for n, g in gpus.items()
+        ):
+            raise _Refused(f"reserve needs args.gpus as {{node: GPUs > 0}}, got {gpus!r}")
+        ttl_s = float(args.get("ttl_s") or 900.0)
+        self._capable(SupportsReservation, "reserve GPUs for").reserve(
+            workload_id, gpus=gpus, ttl_s=ttl_s
+        )
+        where = ", ".join(f"{n}:{g}" for n, g in sorted(gpus.items()))
+        return self._done(f"holding {where} for job {workload_id}", workload_id, gpus=gpus)
+
+    def _unreserve(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._capable(SupportsReservation, "reserve GPUs for").unreserve(workload_id)
+        return self._done(f"released the GPUs held for job {workload_id}", workload_id)
 
     def _resume(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         state = self._job_state(workload_id)
@@ -296,11 +371,18 @@ class ConnectorStepExecutor:
 
     def _job_state(self, workload_id: str) -> JobState | None:
         """The job's state as the scheduler reports it now; None when unknown."""
+        if getattr(self.connector, "read_state", None) is None:
+            return None
+        job = self._job(workload_id)
+        return job.state if job is not None else None
+
+    def _job(self, workload_id: str) -> JobReport | None:
+        """The job as the scheduler reports it now; None when unknown."""
         read_state = getattr(self.connector, "read_state", None)
         if read_state is None:
-            return None
+            raise _Refused(f"the {self.cluster} connector cannot read its scheduler")
         jobs = read_state().jobs
-        return next((job.state for job in jobs if job.external_id == workload_id), None)
+        return next((job for job in jobs if job.external_id == workload_id), None)
 
     def _resize(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         replicas = args.get("replicas")

@@ -239,8 +239,15 @@ class Connector(Protocol):
 
 @runtime_checkable
 class SupportsRequeue(Protocol):
+    """``hold=True``: the job stays held in the queue until released (a plan's start)."""
+
     def requeue(
-        self, external_id: str, *, nodes: list[str] | None = None, exclude: list[str] | None = None
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        exclude: list[str] | None = None,
+        hold: bool = False,
     ) -> None: ...
 
 
@@ -264,6 +271,25 @@ class SupportsCancel(Protocol):
 @runtime_checkable
 class SupportsResize(Protocol):
     def resize(self, external_id: str, *, replicas: int) -> None: ...
+
+
+@runtime_checkable
+class SupportsReservation(Protocol):
+    """Hold GPUs for one job: as they come free, the scheduler gives them to nobody else.
+
+    ``reserve`` replaces the job's earlier reservation; it lapses after ``ttl_s``, when the
+    job starts on those nodes (consumed) or on ``unreserve``. Idempotent.
+    """
+
+    def reserve(self, external_id: str, *, gpus: dict[str, int], ttl_s: float) -> None: ...
+    def unreserve(self, external_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsStart(Protocol):
+    """Start a pending, held or suspended job now, on ``nodes`` when given (a plan's)."""
+
+    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None: ...
 
 
 @runtime_checkable

@@ -11,6 +11,11 @@ from app.core.types import enum_column, json_column, required_utc_column, utc_co
 
 
 class ActionKind(StrEnum):
+    # Holds GPUs on the target for the job a plan frees them for (ahead of the actions
+    # that free them), so the native scheduler cannot hand them to anyone else.
+    reserve = "reserve"
+    # Gives such GPUs back when the job they were held for will not take them.
+    unreserve = "unreserve"
     start = "start"
     migrate = "migrate"
     resize = "resize"
@@ -53,6 +58,20 @@ TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
 }
 
 
+# Where an action has ended: nothing it does can change any more.
+TERMINAL_ACTION_STATES = frozenset(
+    {
+        ActionState.rejected,
+        ActionState.succeeded,
+        ActionState.failed,
+        ActionState.compensated,
+        ActionState.cancelled,
+    }
+)
+# Ended without doing what it was for: its dependants cannot run.
+UNDONE_ACTION_STATES = TERMINAL_ACTION_STATES - {ActionState.succeeded}
+
+
 class ActionPublic(SQLModel):
     id: int
     plan_id: int | None
@@ -64,7 +83,10 @@ class ActionPublic(SQLModel):
     reason: str
     source_node: str | None
     target_node: str | None
+    source_placement: dict[str, int] = {}
+    target_placement: dict[str, int] = {}
     target_replicas: int | None
+    depends_on: list[int] = []
     fencing_token: int
     attempts: int
     error: str | None
@@ -72,6 +94,7 @@ class ActionPublic(SQLModel):
     updated_at: datetime
     decided_by: str | None
     decided_at: datetime | None
+    finished_at: datetime | None = None
 
 
 class Action(SQLModel, table=True):
@@ -99,6 +122,11 @@ class Action(SQLModel, table=True):
     source_node: str | None = Field(default=None, max_length=255)
     target_node: str | None = Field(default=None, max_length=255)
     target_replicas: int | None = None
+    # GPUs per node before and after the action (the counts behind source/target_node).
+    source_placement: dict[str, int] = json_column(dict)
+    target_placement: dict[str, int] = json_column(dict)
+    # Ids of the actions of the same plan that must succeed before this one may start.
+    depends_on: list[int] = json_column(list)
     fencing_token: int = 0
     attempts: int = 0
     error: str | None = Field(default=None, max_length=4096)
@@ -106,6 +134,7 @@ class Action(SQLModel, table=True):
     updated_at: datetime = required_utc_column()
     decided_by: str | None = Field(default=None, max_length=128)
     decided_at: datetime | None = utc_column()
+    finished_at: datetime | None = utc_column()
 
 
 class StepPhase(StrEnum):
@@ -166,3 +195,17 @@ class ActionStep(SQLModel, table=True):
     error: str | None = Field(default=None, max_length=4096)
     sent_at: datetime | None = utc_column()
     finished_at: datetime | None = utc_column()
+
+
+class ChurnPublic(SQLModel):
+    """How often Shaper acted on the same jobs over a window (lower is calmer)."""
+
+    cluster: str | None
+    window_s: float
+    dwell_s: float
+    actions: int  # actions that ran (reservations not counted)
+    job_hours: float  # hours jobs held GPUs within the window
+    actions_per_job_hour: float | None
+    jobs_acted_on: int
+    jobs_acted_on_twice_within_dwell: int
+    examples: list[str]  # some of those jobs

@@ -6,7 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from app.actions import saga, service
-from app.actions.models import ActionPublic, ActionState, ActionStepPublic
+from app.actions.models import ActionPublic, ActionState, ActionStepPublic, ChurnPublic
 from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
 from app.core.paging import MAX_LIMIT, Page
 
@@ -34,6 +34,21 @@ def list_actions(
 ) -> Page[ActionPublic]:
     return service.list_actions(
         session=session, cluster=cluster, state=state, plan_id=plan_id, limit=limit, offset=offset
+    )
+
+
+@router.get("/churn", **scoped("viewer"))
+def get_churn(
+    session: SessionDep,
+    clock: ClockDep,
+    cluster: str | None = None,
+    window_s: Annotated[float, Query(gt=0, le=30 * 86400)] = 3600.0,
+    dwell_s: Annotated[float, Query(ge=0, le=86400)] = 600.0,
+) -> ChurnPublic:
+    """Shaper's actions per job-hour over the window, and jobs acted on twice within the
+    dwell time (the solver's dwell rule keeps that at zero)."""
+    return service.churn(
+        session=session, cluster=cluster, window_s=window_s, dwell_s=dwell_s, now=clock.now()
     )
 
 
@@ -69,8 +84,11 @@ def approve_action(
     dispatch: DispatcherDep,
     action_id: int,
 ) -> ActionPublic:
-    """Approve a proposed action; its saga starts at once (or within one sweep period)."""
+    """Approve a proposed action, and the proposed actions it depends on (409 naming them
+    when one can no longer run); its saga starts once they have succeeded."""
     decided = _decide(session, clock, principal, action_id, ActionState.approved)
+    for prerequisite in decided.depends_on:
+        dispatch(prerequisite)
     dispatch(action_id)
     return decided
 

@@ -47,14 +47,18 @@ requeue@connector(pin S) → confirm@S``: the job goes back to S and resumes the
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlmodel import Session, select
 
+from app.actions import service as action_service
 from app.actions.models import (
+    TERMINAL_ACTION_STATES,
     TRANSITIONS,
+    UNDONE_ACTION_STATES,
     Action,
     ActionKind,
     ActionState,
@@ -83,6 +87,14 @@ STEP_TIMEOUT_S = {"checkpoint": 600.0, "restore": 300.0, "transfer": 600.0}
 DEFAULT_STEP_TIMEOUT_S = 120.0
 # Schedulers that decide where a job runs: their jobs move by requeue, not behind them.
 SCHEDULER_OWNED = frozenset({SchedulerKind.slurm})
+# Schedulers whose connector holds GPUs for a job (connectors.base.SupportsReservation).
+RESERVING = frozenset({SchedulerKind.sim})
+RESERVATION_TTL_S = 900.0
+# A connector's confirm is a poll: "not yet" answers are retried this often, at least this
+# many times and for at least the scheduler's start wait (SHAPER_SCHEDULER_START_WAIT_S).
+CONFIRM_POLL_S = 5.0
+CONFIRM_POLLS = 24
+ADVANCE_TASK = "app.actions.tasks.advance"
 RETRY_BACKOFF_S = (1.0, 4.0, 15.0)
 # A step's error when its executor never answered (it may still have run it).
 NO_ANSWER = "no answer"
@@ -128,6 +140,11 @@ class StepReport:
             retryable=bool(data.get("retryable", False)),
             outcome=str(data.get("outcome", "executed")),
         )
+
+
+def reserves(scheduler: str) -> bool:
+    """Whether plans on this scheduler get ``reserve`` actions for what they free."""
+    return SchedulerKind(scheduler) in RESERVING
 
 
 def agent_queue(cluster: str, node: str) -> str:
@@ -221,7 +238,12 @@ def _forward_steps(action: Action, job: Job, cluster: Cluster, generation: int) 
             plan.add("release", source, fwd, 1)
     elif kind is ActionKind.preempt:
         plan.add("requeue", scheduler, fwd, 0)
-    else:  # start, resume, requeue, resize: the scheduler does them
+        plan.add("confirm", scheduler, fwd, 1)
+    elif kind in (ActionKind.start, ActionKind.resume, ActionKind.requeue):
+        # "Succeeded" means seen: the confirm polls the scheduler for the effect.
+        plan.add(kind.value, scheduler, fwd, 0)
+        plan.add("confirm", scheduler, fwd, 1)
+    else:  # resize, reserve, unreserve: the scheduler does them
         plan.add(kind.value, scheduler, fwd, 0)
     return plan.steps
 
@@ -310,10 +332,27 @@ def _message(
         # The scheduler starts the job; the agent waits for it to run restored from here.
         args["resumed_from"] = stage.result.get("image_dir")
         args["wait_s"] = start_wait_s
+    kind = ActionKind(action.kind)
     if step.name == "requeue":
         pin = _requeue_pin(action, job, step)
         if pin is not None:
             args["nodes"] = [pin]
+        if step.phase == StepPhase.forward and kind in (ActionKind.preempt, ActionKind.requeue):
+            # A stopped job waits until a plan starts it again: it must not take back the
+            # GPUs it was stopped to free.
+            args["hold"] = True
+    if step.name == "reserve":
+        args.update({"gpus": dict(action.target_placement), "ttl_s": RESERVATION_TTL_S})
+    targets = sorted(action.target_placement) or [
+        n for n in (action.target_node or "").split(",") if n
+    ]
+    if step.name in ("start", "resume") and targets:
+        args["nodes"] = targets
+    if step.name == "confirm" and step.queue.startswith("connector."):
+        if kind in (ActionKind.start, ActionKind.resume):
+            args.update({"expect": "running", "nodes": targets})
+        else:
+            args["expect"] = "stopped"
     if step.name == "release":
         # A migrated job's image on its source is no longer needed (nor a copy on a target
         # that compensation fences off); a preempted job's is what it resumes from.
@@ -413,8 +452,43 @@ def advance(
     waits for the scheduler to start a requeued job (see SCHEDULER_START_WAIT_S)."""
     action = _lock_action(session, action_id)
     outgoing = _advance_locked(session, action, now, step_timeout_s, start_wait_s)
+    outgoing += _after(session, action, now)
     session.commit()
     return outgoing
+
+
+def _after(session: Session, action: Action, now: datetime) -> list[Outgoing]:
+    """Once an action has ended: its bookkeeping (``action_service.ended``) and a kick for
+    each approved action that was waiting for it."""
+    if ActionState(action.state) not in TERMINAL_ACTION_STATES or action.finished_at is not None:
+        return []
+    ready = action_service.ended(session=session, action=action, now=now)
+    return [kick(action_id) for action_id in ready]
+
+
+def kick(action_id: int) -> Outgoing:
+    """A message that makes a control worker advance an action's saga."""
+    return Outgoing(queue=CONTROL_QUEUE, task=ADVANCE_TASK, kwargs={"action_id": action_id})
+
+
+def _prerequisites_block(session: Session, action: Action) -> str | None:
+    """'' to wait, an error when a prerequisite ended undone, None when all succeeded."""
+    if not action.depends_on:
+        return None
+    states = dict(
+        session.exec(
+            select(Action.id, Action.state).where(
+                Action.id.in_(action.depends_on)  # type: ignore[union-attr]
+            )
+        ).all()
+    )
+    for prerequisite in action.depends_on:
+        state = ActionState(states.get(prerequisite, ActionState.cancelled))
+        if state in UNDONE_ACTION_STATES:
+            return f"prerequisite action {prerequisite} is {state.value}"
+    if all(ActionState(states.get(p)) is ActionState.succeeded for p in action.depends_on):
+        return None
+    return ""
 
 
 def _advance_locked(
@@ -426,6 +500,13 @@ def _advance_locked(
 ) -> list[Outgoing]:
     state = ActionState(action.state)
     if state is ActionState.approved:
+        blocked = _prerequisites_block(session, action)
+        if blocked == "":
+            return []  # its prerequisites are still running (or waiting for theirs)
+        if blocked is not None:
+            _move(action, ActionState.cancelled, now)
+            action.error = blocked[:4096]
+            return []
         if not _dispatch(session, action, now):
             return []
         state = ActionState(action.state)
@@ -437,6 +518,8 @@ def _advance_locked(
     for step in (s for s in steps if s.phase == phase):
         if step.state in (StepState.succeeded, StepState.skipped):
             continue
+        if step.state == StepState.failed and _fallen_back(step, steps):
+            continue  # handled: the job went back to its scheduler's queue instead
         if step.state == StepState.pending:
             return [_send(action, job, step, steps, now, start_wait_s)]
         if step.state == StepState.sent:
@@ -559,6 +642,18 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
     return True
 
 
+def _polls(step: ActionStep) -> bool:
+    """A connector's confirm: "not yet" is an answer, asked again until it holds."""
+    return step.name == "confirm" and step.queue.startswith("connector.")
+
+
+def _max_attempts(step: ActionStep, start_wait_s: float) -> int:
+    """A confirm polls for as long as the scheduler may take to start a job."""
+    if _polls(step):
+        return max(CONFIRM_POLLS, math.ceil(start_wait_s / CONFIRM_POLL_S))
+    return MAX_ATTEMPTS
+
+
 def _send(
     action: Action,
     job: Job | None,
@@ -575,7 +670,11 @@ def _send(
     action.updated_at = now
     message = _message(action, job, step, steps, start_wait_s)
     if retry:
-        backoff = RETRY_BACKOFF_S[min(step.attempts - 2, len(RETRY_BACKOFF_S) - 1)]
+        backoff = (
+            CONFIRM_POLL_S
+            if _polls(step)
+            else RETRY_BACKOFF_S[min(step.attempts - 2, len(RETRY_BACKOFF_S) - 1)]
+        )
         return Outgoing(message.queue, message.task, message.kwargs, countdown=backoff)
     return message
 
@@ -607,8 +706,34 @@ def _on_failure(
 ) -> list[Outgoing]:
     why = f"{failed.name} on {failed.queue} failed: {failed.error or 'unknown error'}"
     if failed.phase == StepPhase.compensate:
-        _move(action, ActionState.failed, now)
         action.error = f"{action.error or 'failed'}; compensation {why}"[:4096]
+        checkpointed = any(
+            s.phase == StepPhase.forward
+            and s.name == "checkpoint"
+            and s.state == StepState.succeeded
+            for s in steps
+        )
+        if (
+            job is not None
+            and checkpointed
+            and failed.queue.startswith("agent.")
+            and (failed.name == "restore")
+        ):
+            # Neither target nor source could take the job: it goes back to its
+            # scheduler's queue with its checkpoint, and the next plan places it first.
+            _displace(job, action, now, why)
+            cluster = session.exec(
+                select(Cluster.name).where(Cluster.id == action.cluster_id)
+            ).one()
+            back = _Plan(action, cluster, failed.generation)
+            back.add("resume", connector_queue(cluster), StepPhase.compensate, failed.seq + 1)
+            step = back.steps[0]
+            session.add(step)
+            session.flush()
+            return [_send(action, job, step, [*steps, step], now, start_wait_s)]
+        if job is not None and failed.name in ("stage", "requeue", "confirm", "resume"):
+            _displace(job, action, now, why)  # queued (or stuck) away from its GPUs
+        _move(action, ActionState.failed, now)
         return []
     for step in steps:
         if step.phase == StepPhase.forward and step.state == StepState.pending:
@@ -634,6 +759,22 @@ def _on_failure(
     session.flush()
     steps = [*steps, *compensation]
     return [_send(action, job, compensation[0], steps, now, start_wait_s)]
+
+
+def _fallen_back(step: ActionStep, steps: list[ActionStep]) -> bool:
+    """A compensating restore that failed and was followed by the queue fallback."""
+    return any(
+        s.phase == StepPhase.compensate and s.name == "resume" and s.seq > step.seq for s in steps
+    )
+
+
+def _displace(job: Job, action: Action, now: datetime, why: str) -> None:
+    job.displaced_at = now
+    job.displaced_reason = (
+        f"action {action.id} ({action.kind}) could not put it back ({why}); it waits in its "
+        "scheduler's queue with its checkpoint and the next plan places it first"
+    )[:1024]
+    job.updated_at = now
 
 
 def _compensation_summary(steps: list[ActionStep]) -> str:
@@ -702,7 +843,7 @@ def record_report(
     outgoing: list[Outgoing] = []
     if report.ok:
         _finish_step(step, StepState.succeeded, now, result=report.result)
-    elif report.retryable and step.attempts < MAX_ATTEMPTS:
+    elif report.retryable and step.attempts < _max_attempts(step, start_wait_s):
         job = session.get(Job, action.job_id) if action.job_id is not None else None
         step.error = (report.error or "")[:4096]
         steps = _steps(session, action.id)  # type: ignore[arg-type]
@@ -712,6 +853,7 @@ def record_report(
     session.flush()
     if not outgoing:
         outgoing = _advance_locked(session, action, now, None, start_wait_s)
+    outgoing += _after(session, action, now)
     session.commit()
     return outgoing
 

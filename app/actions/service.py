@@ -1,15 +1,24 @@
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from sqlmodel import Session, select
 
-from app.actions.models import TRANSITIONS, Action, ActionPublic, ActionState
+from app.actions.models import (
+    TERMINAL_ACTION_STATES,
+    TRANSITIONS,
+    UNDONE_ACTION_STATES,
+    Action,
+    ActionKind,
+    ActionPublic,
+    ActionState,
+    ChurnPublic,
+)
 from app.clusters.models import Cluster
 from app.core.errors import Conflict, NotFound
 from app.core.paging import Page, count_rows
-from app.jobs.models import Job
+from app.jobs.models import Allocation, Job
 
 
 def list_actions(
@@ -61,33 +70,272 @@ def transition(
     now: datetime,
     error: str | None = None,
 ) -> Action:
-    """Move an action along its state machine; an illegal move is a Conflict, not a no-op."""
+    """An operator's decision on one action (approve, reject, cancel); an illegal move is a
+    Conflict, not a no-op.
+
+    Approving an action approves the proposed actions it depends on (it could not run
+    without them), or is refused, naming them, when one of them can no longer run.
+    Rejecting or cancelling one cancels the unstarted actions that depend on it.
+    """
+    action = _lock(session, action_id)
+    _check_move(action, to)
+    if to is ActionState.approved:
+        for prerequisite in _prerequisites(session, action):
+            state = ActionState(prerequisite.state)
+            if state in UNDONE_ACTION_STATES:
+                raise Conflict(
+                    f"action {action_id} depends on action {prerequisite.id} "
+                    f"({prerequisite.kind} of job {prerequisite.job_id}), which is "
+                    f"{state.value}: it can no longer run",
+                    resource="action",
+                    resource_id=action_id,
+                    details={"depends_on": action.depends_on, "blocking": [prerequisite.id]},
+                )
+            if state is ActionState.proposed:
+                _decide(prerequisite, ActionState.approved, by, now)
+                session.add(prerequisite)
+    _decide(action, to, by, now)
+    if error is not None:
+        action.error = error
+    session.add(action)
+    if to in UNDONE_ACTION_STATES:
+        ended(session=session, action=action, now=now)
+    session.commit()
+    session.refresh(action)
+    return action
+
+
+def end_unstarted(*, session: Session, action: Action, error: str, by: str, now: datetime) -> None:
+    """Withdraw an action that has not started (proposed, or approved and not dispatched):
+    ``cancelled`` with ``error``, and its dependants with it. The caller commits."""
+    if ActionState(action.state) not in (ActionState.proposed, ActionState.approved):
+        return
+    _decide(action, ActionState.cancelled, by, now)
+    action.error = error[:4096]
+    session.add(action)
+    ended(session=session, action=action, now=now)
+
+
+def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
+    """Bookkeeping when an action ends; the caller commits. Returns the ids of approved
+    dependants that may run now (when it succeeded).
+
+    * ``finished_at`` is set;
+    * if it ended without doing its job, every unstarted action connected to it by
+      dependencies (what waits for it, and what else was only there for those) is
+      cancelled with the reason: a dependency group stands or falls whole;
+    * if GPUs were reserved for its job by its plan and the job will not take them now, an
+      ``unreserve`` action (approved by shaper) gives them back to the scheduler.
+    """
+    action.finished_at = action.finished_at or now
+    session.add(action)
+    if action.plan_id is None:
+        return []
+    siblings = session.exec(select(Action).where(Action.plan_id == action.plan_id)).all()
+    if ActionState(action.state) is ActionState.succeeded:
+        return [
+            a.id  # type: ignore[misc]
+            for a in siblings
+            if action.id in (a.depends_on or []) and ActionState(a.state) is ActionState.approved
+        ]
+    why = f"action {action.id} ({action.kind}) of the same plan is {action.state}"
+    if action.error:
+        why += f": {action.error}"
+    withdrawn = [action]
+    for other in _connected(action, siblings):
+        if ActionState(other.state) in (ActionState.proposed, ActionState.approved):
+            _decide(other, ActionState.cancelled, "shaper", now)
+            other.error = why[:4096]
+            other.finished_at = now
+            session.add(other)
+            withdrawn.append(other)
+    for taker in withdrawn:
+        if ActionKind(taker.kind) in (ActionKind.start, ActionKind.migrate):
+            _give_back_reservation(session, taker, siblings, now)
+    return []
+
+
+def _connected(action: Action, siblings: list[Action]) -> list[Action]:
+    """The actions linked to ``action`` by dependencies, either way, transitively."""
+    links: dict[int, set[int]] = {a.id: set() for a in siblings}  # type: ignore[misc]
+    for sibling in siblings:
+        for prerequisite in sibling.depends_on or []:
+            if prerequisite in links:
+                links[sibling.id].add(prerequisite)  # type: ignore[index]
+                links[prerequisite].add(sibling.id)  # type: ignore[arg-type]
+    seen = {action.id}
+    todo = [action.id]
+    while todo:
+        for linked in links.get(todo.pop(), ()):  # type: ignore[arg-type]
+            if linked not in seen:
+                seen.add(linked)
+                todo.append(linked)
+    return [a for a in siblings if a.id in seen and a.id != action.id]
+
+
+def _give_back_reservation(
+    session: Session, action: Action, siblings: list[Action], now: datetime
+) -> None:
+    held = [
+        a
+        for a in siblings
+        if ActionKind(a.kind) is ActionKind.reserve
+        and a.job_id == action.job_id
+        and ActionState(a.state) is ActionState.succeeded
+    ]
+    for reservation in held:
+        key = f"{reservation.idempotency_key}:unreserve"
+        if session.exec(select(Action.id).where(Action.idempotency_key == key)).first():
+            continue
+        session.add(
+            Action(
+                plan_id=action.plan_id,
+                cluster_id=action.cluster_id,
+                job_id=action.job_id,
+                kind=ActionKind.unreserve,
+                state=ActionState.approved,
+                idempotency_key=key[:128],
+                reason=f"plan {action.plan_id}: give back the GPUs held by action "
+                f"{reservation.id}: action {action.id} ({action.kind}) is {action.state}",
+                target_node=reservation.target_node,
+                target_placement=dict(reservation.target_placement),
+                created_at=now,
+                updated_at=now,
+                decided_by="shaper",
+                decided_at=now,
+            )
+        )
+
+
+def _prerequisites(session: Session, action: Action) -> list[Action]:
+    """Every action this one depends on, directly or through others."""
+    found: dict[int, Action] = {}
+    todo = list(action.depends_on or [])
+    while todo:
+        action_id = todo.pop()
+        if action_id in found:
+            continue
+        prerequisite = session.exec(
+            select(Action).where(Action.id == action_id).with_for_update()
+        ).first()
+        if prerequisite is None:
+            continue
+        found[action_id] = prerequisite
+        todo.extend(prerequisite.depends_on or [])
+    return [found[i] for i in sorted(found)]
+
+
+def _lock(session: Session, action_id: int) -> Action:
     action = session.exec(select(Action).where(Action.id == action_id).with_for_update()).first()
     if action is None:
         raise NotFound(
             f"action {action_id} does not exist", resource="action", resource_id=action_id
         )
+    return action
+
+
+def _check_move(action: Action, to: ActionState) -> None:
     current = ActionState(action.state)
     if to not in TRANSITIONS[current]:
+        why = f"; {action.error}" if action.error and current in TERMINAL_ACTION_STATES else ""
         raise Conflict(
-            f"action {action_id} is {current.value}; it cannot become {to.value}",
+            f"action {action.id} is {current.value}; it cannot become {to.value}{why}",
             resource="action",
-            resource_id=action_id,
+            resource_id=action.id,
             details={"state": current.value},
         )
+
+
+def _decide(action: Action, to: ActionState, by: str, now: datetime) -> None:
     action.state = to
     action.updated_at = now
-    if to in (ActionState.approved, ActionState.rejected, ActionState.cancelled):
-        action.decided_by, action.decided_at = by, now
-    if error is not None:
-        action.error = error
-    session.add(action)
-    session.commit()
-    session.refresh(action)
-    return action
+    action.decided_by, action.decided_at = by, now
 
 
 def _public(action: Action, cluster: str, job_external_id: str | None) -> ActionPublic:
     return ActionPublic.model_validate(
         action, update={"cluster": cluster, "job_external_id": job_external_id}
     )
+
+
+# Actions that ran on a job (reservations move no job).
+RAN = (ActionState.succeeded, ActionState.failed, ActionState.compensated)
+NOT_ON_JOBS = (ActionKind.reserve, ActionKind.unreserve)
+
+
+def churn(
+    *, session: Session, cluster: str | None, window_s: float, dwell_s: float, now: datetime
+) -> ChurnPublic:
+    """Shaper's actions per job-hour over the last ``window_s``, and the jobs it acted on
+    twice less than ``dwell_s`` apart (the dwell rule says none should be)."""
+    since = now - timedelta(seconds=window_s)
+    ended = sa.func.coalesce(Action.finished_at, Action.updated_at)
+    query = (
+        sa.select(Action.job_id, ended, Job.external_id)
+        .join(Cluster, Cluster.id == Action.cluster_id)  # type: ignore[arg-type]
+        .join(Job, Job.id == Action.job_id)  # type: ignore[arg-type]
+        .where(
+            Action.state.in_([s.value for s in RAN]),  # type: ignore[attr-defined]
+            Action.kind.not_in([k.value for k in NOT_ON_JOBS]),  # type: ignore[attr-defined]
+            ended >= since,
+        )
+    )
+    if cluster is not None:
+        query = query.where(Cluster.name == cluster)
+    times: dict[str, list[datetime]] = {}
+    total = 0
+    for _job_id, at, external_id in session.execute(query):
+        times.setdefault(external_id, []).append(at)
+        total += 1
+    twice = sorted(
+        job
+        for job, at in times.items()
+        if any(
+            (b - a).total_seconds() < dwell_s
+            for a, b in zip(sorted(at), sorted(at)[1:], strict=False)
+        )
+    )
+    hours = _job_hours(session, cluster, since, now)
+    return ChurnPublic(
+        cluster=cluster,
+        window_s=window_s,
+        dwell_s=dwell_s,
+        actions=total,
+        job_hours=round(hours, 3),
+        actions_per_job_hour=round(total / hours, 4) if hours > 0 else None,
+        jobs_acted_on=len(times),
+        jobs_acted_on_twice_within_dwell=len(twice),
+        examples=twice[:10],
+    )
+
+
+def _job_hours(session: Session, cluster: str | None, since: datetime, now: datetime) -> float:
+    """Hours jobs held GPUs in [since, now]: each job's allocation intervals, merged."""
+    query = (
+        sa.select(Allocation.job_id, Allocation.started_at, Allocation.released_at)
+        .join(Job, Job.id == Allocation.job_id)  # type: ignore[arg-type]
+        .join(Cluster, Cluster.id == Job.cluster_id)  # type: ignore[arg-type]
+        .where(
+            sa.or_(Allocation.released_at.is_(None), Allocation.released_at > since),  # type: ignore[union-attr]
+            Allocation.started_at < now,
+        )
+    )
+    if cluster is not None:
+        query = query.where(Cluster.name == cluster)
+    spans: dict[int, list[tuple[datetime, datetime]]] = {}
+    for job_id, started, released in session.execute(query):
+        start, end = max(started, since), min(released or now, now)
+        if end > start:
+            spans.setdefault(job_id, []).append((start, end))
+    seconds = 0.0
+    for intervals in spans.values():
+        intervals.sort()
+        current_start, current_end = intervals[0]
+        for start, end in intervals[1:]:
+            if start > current_end:
+                seconds += (current_end - current_start).total_seconds()
+                current_start, current_end = start, end
+            else:
+                current_end = max(current_end, end)
+        seconds += (current_end - current_start).total_seconds()
+    return seconds / 3600

@@ -8,6 +8,7 @@ Messages decided by a transaction are sent after it commits.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import shared_task
@@ -49,10 +50,14 @@ def _timings() -> dict[str, Any]:
 def send(outgoing: list[saga.Outgoing]) -> None:
     # The Shaper app explicitly: in an API process Celery's "current" app may be a default
     # one that points at a broker nobody configured.
+    eager = celery_app.conf.task_always_eager
     for message in outgoing:
-        executor = local.find(message.queue) if celery_app.conf.task_always_eager else None
+        if eager and message.task == saga.ADVANCE_TASK:
+            _later(message.countdown, advance, message.kwargs["action_id"])
+            continue
+        executor = local.find(message.queue) if eager else None
         if executor is not None:
-            _deliver_locally(executor, message)
+            _later(message.countdown, _deliver_locally, executor, message)
             continue
         celery_app.send_task(
             message.task,
@@ -62,6 +67,24 @@ def send(outgoing: list[saga.Outgoing]) -> None:
             retry=True,
             retry_policy={"max_retries": 10, "interval_start": 0.5, "interval_step": 1.0},
         )
+
+
+def _later(countdown: float, function: Any, *args: Any) -> None:
+    """In-process: run now, or after ``countdown`` seconds on a timer thread (a poll's
+    pause must not block the caller, nor be skipped)."""
+    if countdown <= 0:
+        function(*args)
+        return
+    timer = threading.Timer(countdown, _logged, args=(function, *args))
+    timer.daemon = True
+    timer.start()
+
+
+def _logged(function: Any, *args: Any) -> None:
+    try:
+        function(*args)
+    except Exception:  # a timer thread has nobody to raise to
+        log.exception("in-process delivery of %s failed", getattr(function, "__name__", function))
 
 
 def _deliver_locally(executor: local.Executor, message: saga.Outgoing) -> None:

@@ -42,6 +42,8 @@ class JobPublic(SQLModel):
     reason: str
     restart_count: int
     generation: int = 0
+    displaced_at: datetime | None = None
+    displaced_reason: str | None = None
     updated_at: datetime
     allocations: list[AllocationPublic] = []
 
@@ -85,6 +87,11 @@ class Job(SQLModel, table=True):
     # Fencing token: bumped by every saga that moves the job (migrate, preempt); node
     # agents refuse steps that carry an older one, so the job never runs twice.
     generation: int = 0
+    # Set when a Shaper action left the job without GPUs against the plan (a move whose
+    # target and source were both lost): it is back in its scheduler's queue with its
+    # checkpoint, and the next plan places it first. Cleared when it runs again.
+    displaced_at: datetime | None = utc_column()
+    displaced_reason: str | None = Field(default=None, max_length=1024)
     updated_at: datetime = required_utc_column()
 
 

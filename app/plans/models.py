@@ -1,12 +1,29 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from app.core.types import json_column, required_utc_column
+from app.core.types import enum_column, json_column, required_utc_column, utc_column
+
+
+class PlanState(StrEnum):
+    """Where a plan stands as a whole (its solve status is ``status``)."""
+
+    observed = "observed"  # nothing to act on: observe mode, no action, or an invalid plan
+    proposed = "proposed"  # advise mode: waiting for an operator's decision
+    approved = "approved"  # its actions run (enforce mode: at once)
+    finished = "finished"  # every action has ended
+    rejected = "rejected"  # an operator rejected it whole
+    expired = "expired"  # the state it was made on changed: it no longer applies
+    superseded = "superseded"  # a materially better plan replaced it
+
+
+# A plan that still decides what happens on its cluster (at most one per cluster).
+OPEN_PLAN_STATES = frozenset({PlanState.proposed, PlanState.approved})
 
 
 class PlanPublic(SQLModel):
@@ -23,6 +40,11 @@ class PlanPublic(SQLModel):
     wall_time_s: float
     decisions: list[dict[str, Any]]
     summary: dict[str, Any]
+    state: PlanState = PlanState.observed
+    state_reason: str | None = None
+    checked_at: datetime | None = None
+    decided_by: str | None = None
+    decided_at: datetime | None = None
 
 
 class Plan(SQLModel, table=True):
@@ -48,3 +70,10 @@ class Plan(SQLModel, table=True):
     wall_time_s: float = 0.0
     decisions: list[dict[str, Any]] = json_column(list)
     summary: dict[str, Any] = json_column(dict)
+    state: PlanState = enum_column(PlanState.observed, 16)
+    # Why it expired, was superseded or rejected.
+    state_reason: str | None = Field(default=None, max_length=1024)
+    # The last cycle that found it still applies (a kept proposal is re-checked each cycle).
+    checked_at: datetime | None = utc_column()
+    decided_by: str | None = Field(default=None, max_length=128)
+    decided_at: datetime | None = utc_column()

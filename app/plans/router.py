@@ -4,10 +4,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import SessionDep, scoped
+from app.actions.router import DispatcherDep
+from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
 from app.core.paging import MAX_LIMIT, Page
 from app.plans import service
-from app.plans.models import PlanPublic
+from app.plans.models import PlanPublic, PlanState
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -16,12 +17,44 @@ router = APIRouter(prefix="/plans", tags=["plans"])
 def list_plans(
     session: SessionDep,
     cluster: str | None = None,
+    state: PlanState | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> Page[PlanPublic]:
-    return service.list_plans(session=session, cluster=cluster, limit=limit, offset=offset)
+    return service.list_plans(
+        session=session, cluster=cluster, state=state, limit=limit, offset=offset
+    )
 
 
 @router.get("/{plan_id}", **scoped("viewer"))
 def get_plan(session: SessionDep, plan_id: int) -> PlanPublic:
     return service.get_plan(session=session, plan_id=plan_id)
+
+
+@router.post("/{plan_id}/approve", **scoped("operator"))
+def approve_plan(
+    session: SessionDep,
+    clock: ClockDep,
+    principal: CurrentPrincipal,
+    dispatch: DispatcherDep,
+    plan_id: int,
+) -> PlanPublic:
+    """Approve the whole plan: its actions run in dependency order (a start waits for the
+    actions that free its GPUs; a failed prerequisite cancels what depends on it)."""
+    plan, approved = service.decide_plan(
+        session=session, plan_id=plan_id, approve=True, by=principal.name, now=clock.now()
+    )
+    for action_id in approved:
+        dispatch(action_id)
+    return plan
+
+
+@router.post("/{plan_id}/reject", **scoped("operator"))
+def reject_plan(
+    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, plan_id: int
+) -> PlanPublic:
+    """Reject every proposed action of the plan; nothing of it runs."""
+    plan, _ = service.decide_plan(
+        session=session, plan_id=plan_id, approve=False, by=principal.name, now=clock.now()
+    )
+    return plan

@@ -1,20 +1,31 @@
 from __future__ import annotations
 
-import sqlalchemy as sa
-from sqlmodel import Session
+from datetime import datetime
 
+import sqlalchemy as sa
+from sqlmodel import Session, col, select
+
+from app.actions import service as action_service
+from app.actions.models import Action, ActionState
 from app.clusters.models import Cluster
-from app.core.errors import NotFound
+from app.core.errors import Conflict, NotFound
 from app.core.paging import Page, count_rows
-from app.plans.models import Plan, PlanPublic
+from app.plans.models import Plan, PlanPublic, PlanState
 
 
 def list_plans(
-    *, session: Session, cluster: str | None = None, limit: int = 50, offset: int = 0
+    *,
+    session: Session,
+    cluster: str | None = None,
+    state: PlanState | None = None,
+    limit: int = 50,
+    offset: int = 0,
 ) -> Page[PlanPublic]:
     query = sa.select(Plan, Cluster.name).outerjoin(Cluster, Cluster.id == Plan.cluster_id)  # type: ignore[arg-type]
     if cluster is not None:
         query = query.where(Cluster.name == cluster)
+    if state is not None:
+        query = query.where(Plan.state == state.value)
     total = count_rows(session, query)
     rows = session.execute(
         query.order_by(Plan.created_at.desc(), Plan.id.desc()).limit(limit).offset(offset)
@@ -33,3 +44,44 @@ def get_plan(*, session: Session, plan_id: int) -> PlanPublic:
         raise NotFound(f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
     plan, name = row
     return PlanPublic.model_validate(plan, update={"cluster": name})
+
+
+def decide_plan(
+    *, session: Session, plan_id: int, approve: bool, by: str, now: datetime
+) -> tuple[PlanPublic, list[int]]:
+    """Approve or reject every proposed action of a plan at once. Returns the plan and the
+    ids of the actions approved (for dispatch). Only a proposed plan can be decided."""
+    plan = session.exec(select(Plan).where(Plan.id == plan_id).with_for_update()).first()
+    if plan is None:
+        raise NotFound(f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
+    if PlanState(plan.state) is not PlanState.proposed:
+        why = f" ({plan.state_reason})" if plan.state_reason else ""
+        raise Conflict(
+            f"plan {plan_id} is {plan.state}{why}; only a proposed plan can be "
+            f"{'approved' if approve else 'rejected'}",
+            resource="plan",
+            resource_id=plan_id,
+            details={"state": plan.state},
+        )
+    proposed = session.exec(
+        select(Action)
+        .where(Action.plan_id == plan_id, Action.state == ActionState.proposed)
+        .order_by(col(Action.id))
+        .with_for_update()
+    ).all()
+    target = ActionState.approved if approve else ActionState.rejected
+    decided: list[int] = []
+    for action in proposed:
+        if ActionState(action.state) is not ActionState.proposed:
+            continue  # rejected with a prerequisite a moment ago
+        action.state, action.updated_at = target, now
+        action.decided_by, action.decided_at = by, now
+        session.add(action)
+        decided.append(action.id)  # type: ignore[arg-type]
+        if not approve:
+            action_service.ended(session=session, action=action, now=now)
+    plan.state = PlanState.approved if approve else PlanState.rejected
+    plan.decided_by, plan.decided_at = by, now
+    session.add(plan)
+    session.commit()
+    return get_plan(session=session, plan_id=plan_id), decided if approve else []

@@ -1,17 +1,30 @@
 """The shaping cycle for one cluster, in numbered phases over an immutable snapshot.
 
-1. **Snapshot** the cluster's nodes, open allocations, live jobs, demand history and SLA
-   policy in one read (``snapshot.take_snapshot``).
-2. **Instance**: map the snapshot to a pure ``solver.Instance`` (``snapshot.to_instance``).
-3. **Solve** with the cluster's policy (``fifo`` | ``backfill`` | ``priority`` | ``shaper``).
-4. **Validate** the plan with the solver-agnostic checker; an invalid plan is stored with
-   its violations and produces no action.
-5. **Persist** the plan with a reason for every decision and every job left pending, and
-   its actions: in ``observe`` mode none; in ``advise`` mode ``proposed`` (an operator
-   approves or rejects them); in ``enforce`` mode ``approved`` by ``shaper``. Proposals of
-   earlier cycles that nobody decided on are cancelled: the newest plan supersedes them.
-6. **Dispatch** of approved actions (``dispatch.approved_actions``, kicked by the task that
-   runs the cycle) is the saga runner's job: ``app.actions.saga``.
+1. **Snapshot** the cluster's nodes, open allocations, live jobs, demand history, SLA
+   policy and what Shaper's actions are doing to each job (``snapshot.take_snapshot``).
+2. **Review** the open plans (proposed, or approved with actions still to run): actions
+   that have not started and no longer apply expire with the reason
+   (``app.shaping.review``); a plan whose actions have all ended is ``finished``.
+3. **Keep or replace** an open proposal (advise mode): it is kept — same plan, same
+   action ids — unless the cluster's mode or policy changed, or a fresh plan made on the
+   current state is worth materially more: at least ``SUPERSEDE_GAIN`` (5 %) and
+   ``SUPERSEDE_MIN_UNITS`` above the proposal in the solver's objective, both evaluated on
+   the same instance. A kept proposal only has its ``checked_at`` updated.
+4. **Instance** (``snapshot.to_instance``): jobs that an open plan acts on are locked, and
+   the solver's dwell rule keeps jobs Shaper acted on recently as they are.
+5. **Solve** with the cluster's policy and **validate** the plan; an invalid plan is
+   stored with its violations and produces no action.
+6. **Dependencies** (``solver.dependencies``): a start or move that takes GPUs another
+   action frees waits for it. Each group of connected actions stands or falls whole: it
+   is deferred when its actions need each other in a cycle or when it touches a node an
+   unfinished plan is still working on. On clusters whose scheduler honours reservations,
+   every move and every start that waits for freed GPUs gets a ``reserve`` action first
+   (its prerequisites wait for it), so nothing else can take the GPUs in between.
+7. **Persist** the plan with a reason for every decision (each action's names its plan
+   and, for what frees GPUs, the jobs it frees them for) and its actions: ``proposed`` in
+   advise mode, ``approved`` by ``shaper`` in enforce mode, none in observe mode.
+8. **Dispatch** of approved actions whose prerequisites have succeeded is the saga
+   runner's job (``app.actions.saga``), kicked by the task that runs the cycle.
 """
 
 from __future__ import annotations
@@ -20,17 +33,35 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
-from app.actions.models import Action, ActionKind, ActionState
+from app.actions import service as action_service
+from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
+from app.actions.saga import reserves
 from app.clusters.models import ShapingMode
-from app.plans.models import Plan
-from app.shaping.snapshot import ClusterSnapshot, take_snapshot, to_instance
+from app.jobs.models import Job
+from app.plans.models import OPEN_PLAN_STATES, Plan, PlanState
+from app.shaping.review import review_plan
+from app.shaping.snapshot import (
+    ClusterSnapshot,
+    solver_job_id,
+    solver_node_name,
+    take_snapshot,
+    to_instance,
+)
 from solver import Instance, SolverConfig, validate
 from solver import plan as sp
+from solver.dependencies import ActionGraph, action_graph
+from solver.objective import evaluate
 from solver.policies import get_policy
 
 SHAPER = "shaper"
+# A fresh plan replaces an open proposal only when it is worth this much more (relative,
+# and in objective units: one priority-weighted reference GPU-hour), so solver noise and
+# small gains never churn what an operator is looking at.
+SUPERSEDE_GAIN = 0.05
+SUPERSEDE_MIN_UNITS = 1.0
+TAKES = (ActionKind.start, ActionKind.migrate)
 
 
 @dataclass(frozen=True)
@@ -39,6 +70,8 @@ class CycleResult:
     actions: int
     violations: int
     status: str
+    kept: bool = False
+    expired: int = 0
 
 
 def run_cycle(
@@ -50,13 +83,183 @@ def run_cycle(
     config: SolverConfig | None = None,
 ) -> CycleResult:
     snapshot = take_snapshot(session=session, cluster_name=cluster_name, now=now)  # 1
-    instance = to_instance(snapshot, config=config)  # 2
     policy_name = policy or snapshot.policy
-    plan = get_policy(policy_name).plan(instance)  # 3
-    violations = validate(instance, plan)  # 4
-    return _persist(
-        session, snapshot, instance, plan, policy_name, [str(v) for v in violations], now
-    )  # 5
+    open_plans = _open_plans(session, snapshot.cluster_id)
+    expired = _review(session, snapshot, open_plans, now)  # 2
+    _clear_displaced(session, snapshot)
+    if expired:
+        snapshot = take_snapshot(session=session, cluster_name=cluster_name, now=now)
+    open_proposal = next(((p, a) for p, a in open_plans if _has_proposals(a)), None)
+    fresh: tuple[Instance, sp.Plan, list[str]] | None = None
+    if open_proposal is not None:  # 3
+        proposal, actions = open_proposal
+        stale = _stale_because(snapshot, proposal, policy_name)
+        if stale is None and any(ActionState(a.state) != ActionState.proposed for a in actions):
+            return _keep(session, proposal, now, expired)  # partly decided: it stands
+        if stale is None:
+            fresh = _solve(snapshot, policy_name, config, lock_proposed=False)
+            stale = _materially_better(snapshot, fresh[0], fresh[1], actions)
+            if stale is None:
+                return _keep(session, proposal, now, expired)
+            superseded = PlanState.superseded
+        else:
+            superseded = PlanState.expired
+        _close(session, proposal, actions, superseded, stale, now)
+    if fresh is None:
+        fresh = _solve(snapshot, policy_name, config, lock_proposed=True)  # 4-5
+    instance, plan, violations = fresh
+    result = _persist(session, snapshot, instance, plan, policy_name, violations, now)  # 6-7
+    return CycleResult(**{**result.__dict__, "expired": expired})
+
+
+def _solve(
+    snapshot: ClusterSnapshot, policy_name: str, config: SolverConfig | None, *, lock_proposed: bool
+) -> tuple[Instance, sp.Plan, list[str]]:
+    instance = to_instance(snapshot, config=config, lock_proposed=lock_proposed)
+    plan = get_policy(policy_name).plan(instance)
+    return instance, plan, [str(v) for v in validate(instance, plan)]
+
+
+# -- open plans ------------------------------------------------------------------------
+
+
+def _open_plans(session: Session, cluster_id: int) -> list[tuple[Plan, list[Action]]]:
+    plans = session.exec(
+        select(Plan)
+        .where(Plan.cluster_id == cluster_id, col(Plan.state).in_(list(OPEN_PLAN_STATES)))
+        .order_by(col(Plan.id))
+    ).all()
+    found = []
+    for plan in plans:
+        actions = list(
+            session.exec(select(Action).where(Action.plan_id == plan.id).order_by(col(Action.id)))
+        )
+        found.append((plan, actions))
+    return found
+
+
+def _has_proposals(actions: list[Action]) -> bool:
+    return any(ActionState(a.state) == ActionState.proposed for a in actions)
+
+
+def _review(
+    session: Session,
+    snapshot: ClusterSnapshot,
+    open_plans: list[tuple[Plan, list[Action]]],
+    now: datetime,
+) -> int:
+    expired = 0
+    for plan, actions in open_plans:
+        review = review_plan(snapshot, actions)
+        for action in actions:
+            why = review.expired.get(action.id)  # type: ignore[arg-type]
+            if why is not None:
+                action_service.end_unstarted(
+                    session=session, action=action, error=f"expired: {why}", by=SHAPER, now=now
+                )
+                expired += 1
+        _settle(plan, actions, now, next(iter(review.expired.values()), None))
+        session.add(plan)
+    session.flush()
+    return expired
+
+
+def _clear_displaced(session: Session, snapshot: ClusterSnapshot) -> None:
+    """A displaced job that runs again is no longer displaced."""
+    back = [row.id for row in snapshot.jobs if row.displaced and row.placement]
+    for job in session.exec(select(Job).where(col(Job.id).in_(back))) if back else ():
+        job.displaced_at, job.displaced_reason = None, None
+        session.add(job)
+
+
+def _settle(plan: Plan, actions: list[Action], now: datetime, why: str | None) -> None:
+    """A plan whose actions have all ended is finished (expired when none of them ran)."""
+    states = {ActionState(a.state) for a in actions}
+    if not states <= TERMINAL_ACTION_STATES:
+        return
+    ran = states & {ActionState.succeeded, ActionState.failed, ActionState.compensated}
+    if ran or plan.state == PlanState.approved or not actions:
+        plan.state = PlanState.finished
+    elif ActionState.rejected in states:
+        plan.state = PlanState.rejected
+    else:
+        plan.state = PlanState.expired
+        plan.state_reason = (why or plan.state_reason or "its actions no longer apply")[:1024]
+
+
+def _keep(session: Session, plan: Plan, now: datetime, expired: int) -> CycleResult:
+    plan.checked_at = now
+    session.add(plan)
+    session.commit()
+    proposed = session.exec(
+        select(Action.id).where(Action.plan_id == plan.id, Action.state == ActionState.proposed)
+    ).all()
+    return CycleResult(
+        plan_id=plan.id,  # type: ignore[arg-type]
+        actions=len(proposed),
+        violations=0,
+        status=plan.status,
+        kept=True,
+        expired=expired,
+    )
+
+
+def _stale_because(snapshot: ClusterSnapshot, plan: Plan, policy_name: str) -> str | None:
+    if snapshot.mode != plan.mode:
+        return f"the cluster's mode changed from {plan.mode} to {snapshot.mode}"
+    if policy_name != plan.policy:
+        return f"the cluster's policy changed from {plan.policy} to {policy_name}"
+    return None
+
+
+def _materially_better(
+    snapshot: ClusterSnapshot, instance: Instance, fresh: sp.Plan, actions: list[Action]
+) -> str | None:
+    """Why a fresh plan should replace the proposal, or None to keep the proposal."""
+    if not fresh.actions or not instance.jobs:
+        return None
+    target = {job.id: dict(job.placement) for job in instance.jobs}
+    external = {row.id: row.external_id for row in snapshot.jobs}
+    for action in actions:
+        if ActionState(action.state) != ActionState.proposed or action.job_id not in external:
+            continue
+        if ActionKind(action.kind) is ActionKind.reserve:
+            continue
+        job_id = solver_job_id(snapshot.cluster, external[action.job_id])
+        target[job_id] = {
+            solver_node_name(snapshot.cluster, node): gpus
+            for node, gpus in action.target_placement.items()
+            if gpus > 0
+        }
+    kept = evaluate(instance, target).objective
+    better = fresh.stats.objective
+    margin = max(SUPERSEDE_GAIN * abs(kept), SUPERSEDE_MIN_UNITS)
+    if better - kept < margin:
+        return None
+    return f"a fresh plan is worth {better:.4g} against {kept:.4g} for this one (objective units)"
+
+
+def _close(
+    session: Session,
+    plan: Plan,
+    actions: list[Action],
+    state: PlanState,
+    why: str,
+    now: datetime,
+) -> None:
+    word = "superseded" if state is PlanState.superseded else "expired"
+    for action in actions:
+        if ActionState(action.state) == ActionState.proposed:
+            action_service.end_unstarted(
+                session=session, action=action, error=f"{word}: {why}", by=SHAPER, now=now
+            )
+    plan.state = state
+    plan.state_reason = why[:1024]
+    session.add(plan)
+    session.flush()
+
+
+# -- persisting a new plan -------------------------------------------------------------
 
 
 def _local(name: str) -> str:
@@ -65,6 +268,73 @@ def _local(name: str) -> str:
 
 def _nodes(placement: dict[str, int]) -> str | None:
     return ",".join(sorted(_local(n) for n in placement)) or None
+
+
+def _local_placement(placement: dict[str, int]) -> dict[str, int]:
+    return {_local(node): gpus for node, gpus in sorted(placement.items())}
+
+
+def _footprint(session: Session, cluster_id: int) -> dict[str, int]:
+    """Nodes that unfinished actions of earlier plans still work on -> their plan id."""
+    rows = session.exec(
+        select(Action).where(
+            Action.cluster_id == cluster_id,
+            col(Action.state).not_in([s.value for s in TERMINAL_ACTION_STATES]),
+        )
+    ).all()
+    nodes: dict[str, int] = {}
+    for action in rows:
+        for node in (*action.source_placement, *action.target_placement):
+            nodes.setdefault(node, action.plan_id or 0)
+    return nodes
+
+
+def _deferred(
+    instance: Instance, plan: sp.Plan, graph: ActionGraph, footprint: dict[str, int]
+) -> dict[int, str]:
+    """Actions left out of this plan (by index), with why: whole dependency groups."""
+    left_out: dict[int, str] = {}
+    for group in graph.components():
+        why = None
+        if group & graph.cyclic:
+            why = "its actions need each other's GPUs in a cycle"
+        else:
+            for index in sorted(group):
+                action = plan.actions[index]
+                busy = [
+                    _local(n)
+                    for n in (*action.from_placement, *action.to_placement)
+                    if _local(n) in footprint
+                ]
+                if busy:
+                    why = f"node {busy[0]} is still worked on by plan {footprint[busy[0]]}"
+                    break
+        if why is not None:
+            left_out.update(dict.fromkeys(group, why))
+    return left_out
+
+
+def _decisions(plan: sp.Plan, deferred: dict[int, str]) -> list[dict[str, Any]]:
+    return [
+        {
+            "job": _local(a.job_id),
+            "action": "deferred" if i in deferred else a.kind.value,
+            "from": _nodes(a.from_placement),
+            "to": _nodes(a.to_placement),
+            "replicas": a.replicas,
+            "reason": a.reason.code.value,
+            "message": a.reason.message + (f" (deferred: {deferred[i]})" if i in deferred else ""),
+        }
+        for i, a in enumerate(plan.actions)
+    ] + [
+        {
+            "job": _local(job_id),
+            "action": "wait",
+            "reason": reason.code.value,
+            "message": reason.message,
+        }
+        for job_id, reason in sorted(plan.pending.items())
+    ]
 
 
 def _persist(
@@ -76,26 +346,9 @@ def _persist(
     violations: list[str],
     now: datetime,
 ) -> CycleResult:
-    decisions: list[dict[str, Any]] = [
-        {
-            "job": _local(a.job_id),
-            "action": a.kind.value,
-            "from": _nodes(a.from_placement),
-            "to": _nodes(a.to_placement),
-            "replicas": a.replicas,
-            "reason": a.reason.code.value,
-            "message": a.reason.message,
-        }
-        for a in plan.actions
-    ] + [
-        {
-            "job": _local(job_id),
-            "action": "wait",
-            "reason": reason.code.value,
-            "message": reason.message,
-        }
-        for job_id, reason in sorted(plan.pending.items())
-    ]
+    graph = action_graph(instance, plan)
+    acting = not violations and snapshot.mode != ShapingMode.observe
+    deferred = _deferred(instance, plan, graph, _footprint(session, snapshot.cluster_id))
     stats = plan.stats
     row = Plan(
         cluster_id=snapshot.cluster_id,
@@ -108,58 +361,127 @@ def _persist(
         best_bound=stats.best_bound,
         gap=stats.gap,
         wall_time_s=stats.wall_time_s,
-        decisions=decisions,
+        decisions=_decisions(plan, deferred),
         summary={
             "jobs": len(instance.jobs),
             "nodes": len(instance.nodes),
             "gpus": sum(n.gpus for n in instance.nodes),
             "note": stats.note,
             "violations": violations,
+            "deferred": len(deferred),
         },
+        checked_at=now,
     )
     session.add(row)
     session.flush()
-    _supersede_proposals(session, snapshot.cluster_id, now)
     created = 0
-    if not violations and snapshot.mode != ShapingMode.observe:
-        enforce = snapshot.mode == ShapingMode.enforce
-        job_ids = {j.external_id: j.id for j in snapshot.jobs}
-        for action in plan.actions:
-            external_id = _local(action.job_id)
-            session.add(
-                Action(
-                    plan_id=row.id,
-                    cluster_id=snapshot.cluster_id,
-                    job_id=job_ids.get(external_id),
-                    kind=ActionKind(action.kind.value),
-                    state=ActionState.approved if enforce else ActionState.proposed,
-                    idempotency_key=f"{snapshot.cluster}:{row.id}:{external_id}:{action.kind.value}",
-                    reason=f"{action.reason.code.value}: {action.reason.message}"[:2048],
-                    source_node=_nodes(action.from_placement),
-                    target_node=_nodes(action.to_placement),
-                    target_replicas=action.replicas,
-                    created_at=now,
-                    updated_at=now,
-                    decided_by=SHAPER if enforce else None,
-                    decided_at=now if enforce else None,
-                )
-            )
-            created += 1
+    if acting:
+        created = _add_actions(session, snapshot, row, plan, graph, set(deferred), now)
+    enforce = snapshot.mode == ShapingMode.enforce
+    if created:
+        row.state = PlanState.approved if enforce else PlanState.proposed
+        if enforce:
+            row.decided_by, row.decided_at = SHAPER, now
+    session.add(row)
     session.commit()
     return CycleResult(
-        plan_id=row.id,
+        plan_id=row.id,  # type: ignore[arg-type]
         actions=created,
-        violations=len(violations),  # type: ignore[arg-type]
+        violations=len(violations),
         status=row.status,
     )
 
 
-def _supersede_proposals(session: Session, cluster_id: int, now: datetime) -> None:
-    stale = session.exec(
-        select(Action).where(Action.cluster_id == cluster_id, Action.state == ActionState.proposed)
-    ).all()
-    for action in stale:
-        action.state = ActionState.cancelled
-        action.decided_by, action.decided_at, action.updated_at = SHAPER, now, now
-        action.error = "superseded by a newer plan"
+def _add_actions(
+    session: Session,
+    snapshot: ClusterSnapshot,
+    row: Plan,
+    plan: sp.Plan,
+    graph: ActionGraph,
+    deferred: set[int],
+    now: datetime,
+) -> int:
+    enforce = snapshot.mode == ShapingMode.enforce
+    external = {r.external_id: r for r in snapshot.jobs}
+    reserving = reserves(snapshot.scheduler)
+
+    def new(kind: ActionKind, job_external_id: str, key: str, **fields: Any) -> Action:
+        job = external.get(job_external_id)
+        action = Action(
+            plan_id=row.id,
+            cluster_id=snapshot.cluster_id,
+            job_id=job.id if job is not None else None,
+            kind=kind,
+            state=ActionState.approved if enforce else ActionState.proposed,
+            idempotency_key=f"{snapshot.cluster}:{row.id}:{job_external_id}:{key}",
+            created_at=now,
+            updated_at=now,
+            decided_by=SHAPER if enforce else None,
+            decided_at=now if enforce else None,
+            **fields,
+        )
         session.add(action)
+        return action
+
+    rows: dict[int, Action] = {}
+    holds: dict[int, Action] = {}
+    for index, action in enumerate(plan.actions):
+        if index in deferred:
+            continue
+        job = _local(action.job_id)
+        kind = ActionKind(action.kind.value)
+        rows[index] = new(
+            kind,
+            job,
+            kind.value,
+            source_node=_nodes(action.from_placement),
+            target_node=_nodes(action.to_placement),
+            source_placement=_local_placement(action.from_placement),
+            target_placement=_local_placement(action.to_placement),
+            target_replicas=action.replicas,
+        )
+        waits = bool(graph.depends_on[index])
+        if reserving and kind in TAKES and (waits or kind is ActionKind.migrate):
+            holds[index] = new(
+                ActionKind.reserve,
+                job,
+                "reserve",
+                target_node=_nodes(action.to_placement),
+                target_placement=_local_placement(action.to_placement),
+            )
+    session.flush()
+    for index, action_row in rows.items():
+        prerequisites = {rows[p].id for p in graph.depends_on[index] if p in rows}
+        hold = holds.get(index)
+        if hold is not None:
+            prerequisites.add(hold.id)
+        # What frees GPUs for a job waits for that job's reservation to be in place.
+        prerequisites |= {holds[t].id for t in graph.serves[index] if t in holds}
+        action_row.depends_on = sorted(p for p in prerequisites if p is not None)
+        action_row.reason = _reason(row.id, plan, graph, index, rows)  # type: ignore[arg-type]
+        session.add(action_row)
+    for index, hold in holds.items():
+        served = rows[index]
+        gpus = sum(served.target_placement.values())
+        hold.reason = (
+            f"plan {row.id}: hold {gpus} GPUs on {served.target_node} for job "
+            f"{_local(plan.actions[index].job_id)} until its {served.kind} (action {served.id}) "
+            "takes them"
+        )
+        session.add(hold)
+    return len(rows) + len(holds)
+
+
+def _reason(
+    plan_id: int, plan: sp.Plan, graph: ActionGraph, index: int, rows: dict[int, Action]
+) -> str:
+    action = plan.actions[index]
+    text = f"plan {plan_id}: {action.reason.code.value}: {action.reason.message}"
+    served = [
+        f"{_local(plan.actions[i].job_id)} ({plan.actions[i].kind.value}, action {rows[i].id})"
+        for i in graph.serves[index]
+        if i in rows
+    ]
+    if served:
+        text += f"; frees GPUs for {', '.join(served)}"
+    return text[:2048]

@@ -16,6 +16,11 @@ Mapping to the solver (documented because it decides what the solver optimises):
   the demand observed at the same time yesterday, hour by hour, for the look-ahead window,
   falling back to the latest demand sample, then to the current replicas.
 * jobs with no GPUs and finished jobs are left out.
+* what Shaper did to each job feeds the solver's dwell rule: ``last_acted_at`` (the end of
+  its last action that ran: succeeded, failed or compensated) and ``actions_last_hour``;
+  a job an action is about to act on or acting on (approved, dispatched, running,
+  compensating — and, unless asked otherwise, proposed) is ``locked``: the plan leaves it
+  as it is. A job a failed move left without GPUs (``displaced_at``) is ``overdue``.
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ class JobRow:
     migrations_today: int
     preemptions_today: int
     last_moved_at: datetime | None
+    last_acted_at: datetime | None = None
+    actions_last_hour: int = 0
+    # An action of an open plan acts on it: approved or in flight (busy), or proposed.
+    busy: bool = False
+    proposed: bool = False
+    displaced: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,11 +89,16 @@ class ClusterSnapshot:
     cluster_id: int
     mode: str
     policy: str
+    scheduler: str
     taken_at: datetime
     gpu_models: tuple[GpuModel, ...]
     nodes: tuple[Node, ...]
     jobs: tuple[JobRow, ...]
     sla: dict[str, Any]
+
+    @property
+    def job_by_id(self) -> dict[int, JobRow]:
+        return {job.id: job for job in self.jobs}
 
 
 def take_snapshot(
@@ -115,6 +131,8 @@ def take_snapshot(
             )
     demand = _demand_history(session, [j.id for j in jobs if j.shape == JobShape.elastic], now)
     moves = _moves_today(session, job_ids, now)
+    acted = _acted(session, job_ids, now)
+    open_actions = _open_actions(session, job_ids)
     rows = tuple(
         JobRow(
             id=j.id,
@@ -138,6 +156,11 @@ def take_snapshot(
             migrations_today=moves.get((j.id, ActionKind.migrate), (0, None))[0],  # type: ignore[arg-type]
             preemptions_today=moves.get((j.id, ActionKind.preempt), (0, None))[0],  # type: ignore[arg-type]
             last_moved_at=moves.get((j.id, ActionKind.migrate), (0, None))[1],  # type: ignore[arg-type]
+            last_acted_at=acted.get(j.id, (None, 0))[0],  # type: ignore[arg-type]
+            actions_last_hour=acted.get(j.id, (None, 0))[1],  # type: ignore[arg-type]
+            busy=ActionState.approved in open_actions.get(j.id, ()),  # type: ignore[arg-type]
+            proposed=ActionState.proposed in open_actions.get(j.id, ()),  # type: ignore[arg-type]
+            displaced=j.displaced_at is not None,
         )
         for j in jobs
     )
@@ -152,6 +175,7 @@ def take_snapshot(
         cluster_id=cluster.id,
         mode=cluster.mode,
         policy=cluster.policy,  # type: ignore[arg-type]
+        scheduler=cluster.scheduler,
         taken_at=now,
         gpu_models=tuple(session.exec(select(GpuModel)).all()),
         nodes=nodes,
@@ -200,6 +224,56 @@ def _moves_today(
     }
 
 
+# Actions that ran: the job was disturbed whether or not they reached their goal.
+ACTED_STATES = (ActionState.succeeded, ActionState.failed, ActionState.compensated)
+IN_FLIGHT_STATES = (
+    ActionState.approved,
+    ActionState.dispatched,
+    ActionState.running,
+    ActionState.compensating,
+)
+
+
+def _acted(
+    session: Session, job_ids: list[int], now: datetime
+) -> dict[int, tuple[datetime | None, int]]:
+    """Per job: when Shaper's last action on it ended, and how many ended in the last hour."""
+    if not job_ids:
+        return {}
+    ended = sa.func.coalesce(Action.finished_at, Action.updated_at)
+    query = (
+        sa.select(
+            Action.job_id,
+            sa.func.max(ended),
+            sa.func.sum(sa.case((ended >= now - timedelta(hours=1), 1), else_=0)),
+        )
+        .where(
+            Action.job_id.in_(job_ids),  # type: ignore[union-attr]
+            Action.kind != ActionKind.reserve.value,
+            Action.state.in_([s.value for s in ACTED_STATES]),  # type: ignore[attr-defined]
+            ended >= now - timedelta(days=1),
+        )
+        .group_by(Action.job_id)
+    )
+    return {job_id: (last, int(count or 0)) for job_id, last, count in session.execute(query)}
+
+
+def _open_actions(session: Session, job_ids: list[int]) -> dict[int, set[ActionState]]:
+    """Per job: ``approved`` when an action is about to act or acting on it, ``proposed``
+    when one waits for a decision."""
+    if not job_ids:
+        return {}
+    query = sa.select(Action.job_id, Action.state).where(
+        Action.job_id.in_(job_ids),  # type: ignore[union-attr]
+        Action.state.in_([s.value for s in (*IN_FLIGHT_STATES, ActionState.proposed)]),  # type: ignore[attr-defined]
+    )
+    found: dict[int, set[ActionState]] = {}
+    for job_id, state in session.execute(query):
+        bucket = ActionState.proposed if state == ActionState.proposed else ActionState.approved
+        found.setdefault(job_id, set()).add(bucket)
+    return found
+
+
 def solver_node_name(cluster: str, node: str) -> str:
     return f"{cluster}/{node}"
 
@@ -208,7 +282,14 @@ def solver_job_id(cluster: str, external_id: str) -> str:
     return f"{cluster}/{external_id}"
 
 
-def to_instance(snapshot: ClusterSnapshot, *, config: si.SolverConfig | None = None) -> si.Instance:
+def to_instance(
+    snapshot: ClusterSnapshot,
+    *,
+    config: si.SolverConfig | None = None,
+    lock_proposed: bool = True,
+) -> si.Instance:
+    """lock_proposed: whether jobs of undecided proposals are locked too (False when the
+    cycle asks what a fresh plan would do instead of the open proposal)."""
     model_by_id = {m.id: m for m in snapshot.gpu_models}
     used_models = {
         model_by_id[n.gpu_model_id].name for n in snapshot.nodes if n.gpu_model_id is not None
@@ -241,7 +322,8 @@ def to_instance(snapshot: ClusterSnapshot, *, config: si.SolverConfig | None = N
     jobs = tuple(
         job
         for row in snapshot.jobs
-        if (job := _solver_job(snapshot.cluster, row, now, known_nodes, used_models)) is not None
+        if (job := _solver_job(snapshot.cluster, row, now, known_nodes, used_models, lock_proposed))
+        is not None
     )
     teams = snapshot.sla.get("teams", [])
     policies = tuple(
@@ -267,7 +349,12 @@ def to_instance(snapshot: ClusterSnapshot, *, config: si.SolverConfig | None = N
 
 
 def _solver_job(
-    cluster: str, row: JobRow, now: float, known_nodes: set[str], models: set[str]
+    cluster: str,
+    row: JobRow,
+    now: float,
+    known_nodes: set[str],
+    models: set[str],
+    lock_proposed: bool = True,
 ) -> si.Job | None:
     placement: dict[str, int] = {}
     indices: dict[str, tuple[int, ...]] = {}
@@ -313,6 +400,11 @@ def _solver_job(
         last_moved_at=row.last_moved_at.timestamp() if row.last_moved_at else None,
         migrations_today=row.migrations_today,
         preemptions_today=row.preemptions_today,
+        last_acted_at=row.last_acted_at.timestamp() if row.last_acted_at else None,
+        actions_last_hour=row.actions_last_hour,
+        locked=row.busy or (lock_proposed and row.proposed),
+        # A job a failed move left without GPUs goes first (not while it runs again).
+        overdue=row.displaced and not placement,
         min_replicas=row.min_replicas if elastic else 0,
         max_replicas=(row.max_replicas or None) if elastic else None,
         forecast=_forecast(row, now) if elastic else (),

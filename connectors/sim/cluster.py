@@ -7,12 +7,19 @@ make progress and finish. Elastic services follow a diurnal demand through their
 autoscaler unless Shaper resizes them.
 
 Shaper sees the cluster through :meth:`SimCluster.read_state`, like any connector, and
-acts on it through the scheduler-level capabilities here (requeue — pinned or not —,
-hold/release, suspend/resume, cancel, resize) and through the simulated node agents
+acts on it through the scheduler-level capabilities here (requeue — pinned or not, held
+or not —, start on given nodes, hold/release, suspend/resume, cancel, resize, reserve) and
+through the simulated node agents
 (connectors.sim.agents: checkpoint, transfer, stage, restore, confirm, release). Time is passed
 in (``advance_to``), so the same cluster runs 24 h of history in a second or follows the
 wall clock in ``shaper demo``. Thread-safe: telemetry and actions come from different
 threads.
+
+**Reservations**, as a scheduler that honours a plan keeps them: GPUs reserved for a job
+on a node are given to nobody else as they come free; the job consumes them when it
+starts there, and they lapse after their time to live or on ``unreserve``. A checkpoint
+taken by a node agent holds the job's own GPUs on its node for it (a migration's way
+home) until the agent releases the job there or restores it.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from connectors.base import (
 
 # Finished jobs stay visible this long (schedulers keep them a while: Slurm's MinJobAge).
 KEEP_FINISHED = timedelta(hours=2)
+# How long a checkpointed job's GPUs on its node stay held for it at most.
+KEEP_SOURCE = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,9 @@ class SiteSpec:
     job_gpus: tuple[int, ...] = (1, 1, 2, 4, 8, 8, 16)
     minutes: tuple[int, int] = (30, 360)  # a job's run time at full speed, uniform
     checkpointable_share: float = 0.6
+    # False: a scheduler that cannot hold GPUs for a job (reserve is accepted and has no
+    # effect, and a checkpoint leaves the job's GPUs to whoever comes next).
+    honours_reservations: bool = True
 
 
 @dataclass
@@ -108,6 +120,9 @@ class SimCluster:
         self._size = {name: gpus for name, _, gpus in spec.nodes}
         self._models = {name: model for name, model, _ in spec.nodes}
         self.jobs: dict[str, SimJob] = {}
+        # job -> node -> GPUs held for it, and when that lapses
+        self.reservations: dict[str, dict[str, int]] = {}
+        self._reserved_until: dict[str, datetime] = {}
         self._counter = 0
         self._arrival_debt = 0.0
         for service in spec.services:
@@ -128,6 +143,7 @@ class SimCluster:
                     if job.done >= job.work:
                         self._finish(job, at - (job.done - job.work))
             self.now = at
+            self._lapse_reservations()
             self._arrive(elapsed)
             self._autoscale()
             self._schedule()
@@ -197,10 +213,54 @@ class SimCluster:
                     free[node] = [i for i in free[node] if i not in indices]
             return free
 
+    def _usable(self, free: dict[str, list[int]], job_id: str | None) -> dict[str, list[int]]:
+        """The free GPUs ``job_id`` may take: less what is reserved for other jobs."""
+        others: dict[str, int] = {}
+        for owner, held in self.reservations.items():
+            if owner == job_id:
+                continue
+            for node, gpus in held.items():
+                others[node] = others.get(node, 0) + gpus
+        if not others:
+            return free
+        return {
+            node: indices[: max(0, len(indices) - others.get(node, 0))]
+            for node, indices in free.items()
+        }
+
+    def _consume_reservation(self, job_id: str, placement: dict[str, list[int]]) -> None:
+        held = self.reservations.get(job_id)
+        if held is None:
+            return
+        for node, indices in placement.items():
+            left = held.get(node, 0) - len(indices)
+            if left > 0:
+                held[node] = left
+            else:
+                held.pop(node, None)
+        if not held:
+            self.reservations.pop(job_id, None)
+            self._reserved_until.pop(job_id, None)
+
+    def _lapse_reservations(self) -> None:
+        for job_id, until in list(self._reserved_until.items()):
+            job = self.jobs.get(job_id)
+            ended = job is None or job.state in (JobState.finished, JobState.cancelled)
+            if until <= self.now or ended:
+                self.reservations.pop(job_id, None)
+                self._reserved_until.pop(job_id, None)
+
     def _fit(
-        self, gpus: int, free: dict[str, list[int]], nodes: list[str] | None, excluded: list[str]
+        self,
+        gpus: int,
+        free: dict[str, list[int]],
+        nodes: list[str] | None,
+        excluded: list[str],
+        job_id: str | None = None,
     ) -> dict[str, list[int]]:
-        """First fit on one node, else whole nodes for a gang; {} when it does not fit."""
+        """First fit on one node, else whole nodes for a gang; {} when it does not fit.
+        Reservations for other jobs than ``job_id`` are left alone."""
+        free = self._usable(free, job_id)
         allowed = [n for n in (nodes or list(free)) if n in free and n not in excluded]
         for node in allowed:
             if len(free[node]) >= gpus:
@@ -216,6 +276,7 @@ class SimCluster:
         return placement if gpus <= 0 else {}
 
     def _start(self, job: SimJob, placement: dict[str, list[int]]) -> None:
+        self._consume_reservation(job.id, placement)
         job.placement = placement
         job.pinned, job.started_by_shaper = None, False
         job.report = job.report.model_copy(
@@ -235,7 +296,7 @@ class SimCluster:
             if blocked and not job.started_by_shaper:
                 job.report = job.report.model_copy(update={"reason": "Priority"})
                 continue
-            placement = self._fit(job.report.gpus_requested, free, job.pinned, job.excluded)
+            placement = self._fit(job.report.gpus_requested, free, job.pinned, job.excluded, job.id)
             if not placement:
                 reason = "ReqNodeNotAvail" if job.pinned else "Resources"
                 job.report = job.report.model_copy(update={"reason": reason})
@@ -251,7 +312,7 @@ class SimCluster:
             free[node] = sorted(set(free[node]) | set(indices))
         placement: dict[str, list[int]] = {}
         for _ in range(job.report.replicas):
-            got = self._fit(job.report.gpus_requested, free, None, [])
+            got = self._fit(job.report.gpus_requested, free, None, [], job.id)
             if not got:
                 break
             for node, indices in got.items():
@@ -349,12 +410,21 @@ class SimCluster:
         self.advance_to(self._clock())
 
     def requeue(
-        self, external_id: str, *, nodes: list[str] | None = None, exclude: list[str] | None = None
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        exclude: list[str] | None = None,
+        hold: bool = False,
     ) -> None:
-        """Back to the queue (work since the last checkpoint is lost), optionally pinned."""
+        """Back to the queue (work since the last checkpoint is lost), optionally pinned;
+        held when ``hold`` (it waits for a release or a start)."""
         with self._lock:
             self._act()
             job = self.job(external_id)
+            if hold:
+                job.held = True
+                job.report = job.report.model_copy(update={"reason": "JobHeldAdmin"})
             if job.state is JobState.running:
                 if not job.report.checkpointable:
                     job.done = timedelta(0)
@@ -383,6 +453,61 @@ class SimCluster:
             if job.state is JobState.pending:
                 job.started_by_shaper = True
                 self._schedule()
+
+    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+        """Start a pending, held or suspended job now, ahead of FIFO, on ``nodes`` if given;
+        it starts when it fits there (at once when GPUs are free or reserved for it)."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.state is JobState.running:
+                return
+            if job.state not in (JobState.pending, JobState.suspended):
+                raise ConnectorError(
+                    f"job {external_id} is {job.state.value}; it cannot start", retryable=False
+                )
+            job.held = False
+            job.pinned = list(nodes) if nodes else None
+            job.started_by_shaper = True
+            job.report = job.report.model_copy(update={"state": JobState.pending})
+            self._schedule()
+
+    def reserve(self, external_id: str, *, gpus: dict[str, int], ttl_s: float) -> None:
+        """Hold ``gpus`` (node -> count) for the job: nobody else gets them as they free."""
+        with self._lock:
+            self._act()
+            self.job(external_id)
+            unknown = sorted(set(gpus) - set(self._size))
+            if unknown:
+                raise ConnectorError(
+                    f"cannot reserve on unknown nodes {unknown} of {self.cluster}",
+                    retryable=False,
+                )
+            if not self.spec.honours_reservations:
+                return
+            self.reservations[external_id] = {n: min(g, self._size[n]) for n, g in gpus.items()}
+            self._reserved_until[external_id] = self.now + timedelta(seconds=ttl_s)
+
+    def unreserve(self, external_id: str) -> None:
+        with self._lock:
+            self.reservations.pop(external_id, None)
+            self._reserved_until.pop(external_id, None)
+            self._schedule()
+
+    def _hold_node_for(self, job: SimJob, node: str, gpus: int) -> None:
+        if not self.spec.honours_reservations:
+            return
+        held = self.reservations.setdefault(job.id, {})
+        held[node] = max(held.get(node, 0), gpus)
+        self._reserved_until[job.id] = max(
+            self._reserved_until.get(job.id, self.now), self.now + KEEP_SOURCE
+        )
+
+    def _drop_node_hold(self, job_id: str, node: str) -> None:
+        held = self.reservations.get(job_id)
+        if held is not None and held.pop(node, None) is not None and not held:
+            self.reservations.pop(job_id, None)
+            self._reserved_until.pop(job_id, None)
 
     def cancel(self, external_id: str) -> None:
         with self._lock:
@@ -441,7 +566,10 @@ class SimCluster:
                     f"(state {job.state.value}, nodes {sorted(job.placement) or 'none'})",
                     retryable=False,
                 )
+            gpus = len(job.placement[node])
             self._vacate(job, state=JobState.suspended, reason="checkpointed")
+            # Its GPUs stay its own until it is restored elsewhere or released here.
+            self._hold_node_for(job, node, gpus)
             self._schedule()
             return job.done
 
@@ -458,7 +586,7 @@ class SimCluster:
                     f"restoring it on {node} would run it twice",
                     retryable=False,
                 )
-            placement = self._fit(job.report.gpus_requested, self.free(), [node], [])
+            placement = self._fit(job.report.gpus_requested, self.free(), [node], [], job.id)
             if not placement:
                 raise ConnectorError(
                     f"job {external_id} needs {job.report.gpus_requested} GPUs, "
@@ -479,10 +607,13 @@ class SimCluster:
     def stop_on(self, external_id: str, node: str) -> bool:
         """Stop the job where it runs on ``node`` (a compensating release); True if it ran."""
         with self._lock:
+            self._drop_node_hold(external_id, node)
             job = self.jobs.get(external_id)
             if job is None or job.state is not JobState.running or node not in job.placement:
+                self._schedule()
                 return False
             self._vacate(job, state=JobState.suspended, reason="released")
+            self._schedule()
             return True
 
 

@@ -114,14 +114,20 @@ class SlurmConnector:
         return external_id
 
     def requeue(
-        self, external_id: str, *, nodes: list[str] | None = None, exclude: list[str] | None = None
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        exclude: list[str] | None = None,
+        hold: bool = False,
     ) -> None:
         """Requeue a running job, optionally pinned to ``nodes`` / away from ``exclude``.
 
         ``requeuehold`` → update the node lists → ``release``, so the job cannot start
         elsewhere between the requeue and the pin. Slurm still waits ``cred_expire`` before
         it runs the job again. ``nodes=[]`` clears an earlier pin. A job that is already
-        pending is only re-pinned.
+        pending is only re-pinned. ``hold=True`` leaves it held (no ``release``): it runs
+        again only when a plan starts it.
         """
         job_id = self._job_id(external_id)
         what = f"requeue job {job_id}"
@@ -131,7 +137,7 @@ class SlurmConnector:
         except ConnectorError as error:
             if not _already(str(error), "pending"):
                 raise
-            if not pin:
+            if not pin and not hold:
                 return
             self._scontrol("hold", job_id, what=what)
         try:
@@ -144,7 +150,8 @@ class SlurmConnector:
                     "update", f"JobId={job_id}", f"ExcNodeList={','.join(exclude)}", what=what
                 )
         finally:
-            self._scontrol("release", job_id, what=what)
+            if not hold:
+                self._scontrol("release", job_id, what=what)
 
     def hold(self, external_id: str) -> None:
         job_id = self._job_id(external_id)

@@ -393,20 +393,23 @@ def action_state(engine: Engine, action_id: int) -> tuple[str, list[ActionStep]]
         return action.state, steps
 
 
-def start_sim_connector(pipeline: Pipeline) -> Worker:
+def start_test_worker(
+    pipeline: Pipeline, name: str, module: str, queues: list[str], env: dict[str, str]
+) -> Worker:
+    """A Celery worker of one of the tests' executor modules (tests/actions/*.py)."""
     return pipeline._spawn(
-        "connector",
+        name,
         [
             sys.executable,
             "-m",
             "celery",
             "-A",
-            "tests.actions.sim_connector",
+            module,
             "worker",
             "-Q",
-            f"connector.{CLUSTER}",
+            ",".join(queues),
             "-n",
-            f"connector.{CLUSTER}@%h",
+            f"{queues[0]}@%h",
             "--pool",
             "solo",
             "--without-heartbeat",
@@ -415,9 +418,18 @@ def start_sim_connector(pipeline: Pipeline) -> Worker:
             "-l",
             "INFO",
         ],
+        {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+
+
+def start_sim_connector(pipeline: Pipeline) -> Worker:
+    return start_test_worker(
+        pipeline,
+        "connector",
+        "tests.actions.sim_connector",
+        [f"connector.{CLUSTER}"],
         {
             "SHAPER_SIM_CONNECTOR_LOG": str(pipeline.root / "connector-steps.jsonl"),
             "SHAPER_CONNECTOR_TOKEN": pipeline.tokens[f"connector:{CLUSTER}"],
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         },
     )

@@ -15,7 +15,8 @@ from typing import Any
 
 from connectors.base import Outcome, StepReport, make_executor_app
 
-STEPS = ("start", "resume", "requeue", "resize")
+# A scheduler that does whatever it is asked: every scheduler-level step, confirms included.
+STEPS = ("start", "resume", "requeue", "resize", "confirm", "reserve", "unreserve")
 
 
 def _record(step: dict[str, Any]) -> str:

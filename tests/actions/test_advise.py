@@ -8,7 +8,7 @@ from agent import procs
 from app.actions import saga
 from app.actions.models import Action, ActionKind, ActionStep
 from app.shaping.cycle import run_cycle
-from tests.actions.conftest import Api, Pipeline, Tracked
+from tests.actions.conftest import Api, Pipeline, Tracked, start_sim_connector
 from tests.actions.helpers import (
     add_job,
     finish_jobs,
@@ -29,6 +29,8 @@ def plan(pipeline: Pipeline) -> dict[str, Action]:
     with Session(pipeline.engine, expire_on_commit=False) as session:
         result = run_cycle(session=session, cluster_name="lab", now=now(), policy="shaper")
         actions = session.exec(select(Action).where(Action.plan_id == result.plan_id)).all()
+    # Reservations hold the GPUs each move and start will take (the cluster is a sim one).
+    actions = [a for a in actions if a.kind != ActionKind.reserve]
     by_kind = {action.kind: action for action in actions}
     assert len(by_kind) == len(actions) and set(by_kind) == {"migrate", "start"}, actions
     return by_kind
@@ -60,6 +62,8 @@ def test_nothing_moves_until_approval_and_reject_leaves_all_as_it_was(
     running_pipeline: Pipeline, api: Api, tracked: Tracked
 ) -> None:
     pipeline = running_pipeline
+    # The cluster's scheduler: it takes the plan's reservations and scheduler-level steps.
+    pipeline.ensure("connector", lambda: start_sim_connector(pipeline))
     # Two half-full 8-GPU nodes and an 8-GPU job waiting: the plan moves one of the two.
     job_ids = {
         "adv-1": add_job(pipeline.engine, "adv-1", node="a", gpus=4),
@@ -85,7 +89,8 @@ def test_nothing_moves_until_approval_and_reject_leaves_all_as_it_was(
         for action in proposed.values():
             assert saga.advance(session=session, action_id=action.id, now=now()) == []
     listed = api.get("/actions", params={"state": "proposed", "cluster": "lab"}).json()
-    assert {a["id"] for a in listed["items"]} == {a.id for a in proposed.values()}
+    listed_ids = {a["id"] for a in listed["items"] if a["kind"] != ActionKind.reserve}
+    assert listed_ids == {a.id for a in proposed.values()}
     assert snapshot(pipeline, job_ids) == before
 
     migrate = proposed[ActionKind.migrate]

@@ -32,18 +32,32 @@ def test_requeue_and_start_go_to_the_connector_and_a_preempt_without_checkpoint_
         "preempt": "succeeded",
         "start": "succeeded",
     }, pipeline.logs()
+    # Each is confirmed by reading the scheduler back ("succeeded" means seen).
     assert steps_of(api, actions["preempt"]) == [
-        ("forward", "requeue", "connector.lab", "succeeded")
+        ("forward", "requeue", "connector.lab", "succeeded"),
+        ("forward", "confirm", "connector.lab", "succeeded"),
     ]
-    assert steps_of(api, actions["start"]) == [("forward", "start", "connector.lab", "succeeded")]
+    assert steps_of(api, actions["start"]) == [
+        ("forward", "start", "connector.lab", "succeeded"),
+        ("forward", "confirm", "connector.lab", "succeeded"),
+    ]
     recorded = [
-        json.loads(line)
+        step
         for line in (pipeline.root / "connector-steps.jsonl").read_text().splitlines()
+        if (step := json.loads(line))["workload_id"] in ("sched-batch", "sched-wait")
     ]
     assert sorted((r["step"], r["workload_id"]) for r in recorded) == [
+        ("confirm", "sched-batch"),
+        ("confirm", "sched-wait"),
         ("requeue", "sched-batch"),
         ("start", "sched-wait"),
     ]
+    confirms = {r["workload_id"]: r["args"] for r in recorded if r["step"] == "confirm"}
+    assert confirms["sched-batch"]["expect"] == "stopped"
+    assert confirms["sched-wait"]["expect"] == "running"
+    assert confirms["sched-wait"]["nodes"] == ["b"]
+    # The stopped job waits, held, until a plan starts it again.
+    assert next(r for r in recorded if r["step"] == "requeue")["args"]["hold"] is True
     assert next(r for r in recorded if r["step"] == "start")["args"]["target_node"] == "b"
     # Nothing was moved by a process-level saga: no new generation.
     assert job_generation(pipeline.engine, batch) == 0

@@ -90,13 +90,21 @@ def test_shaper_defragments_and_proposes_in_advise_mode(
     assert {a["state"] for a in actions} == {"proposed"}
     assert all(a["reason"] for a in actions)
 
-    clock.advance(30)
-    again = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
-    old = client.get(
+    # Ten more cycles over the same state keep the proposal: same plan, same action ids.
+    for _ in range(10):
+        clock.advance(30)
+        again = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+        assert again.kept and again.plan_id == result.plan_id
+        assert again.actions == result.actions
+    kept = client.get(
         "/api/v1/actions", headers=auth["viewer"], params={"plan_id": result.plan_id}
     ).json()["items"]
-    assert {a["state"] for a in old} == {"cancelled"}  # superseded by the newer plan
-    assert again.actions == result.actions
+    assert {a["id"] for a in kept} == {a["id"] for a in actions}
+    assert {a["state"] for a in kept} == {"proposed"}
+    plan = client.get(f"/api/v1/plans/{result.plan_id}", headers=auth["viewer"]).json()
+    assert plan["state"] == "proposed" and plan["checked_at"] is not None
+    listed = client.get("/api/v1/plans", headers=auth["viewer"], params={"cluster": "alpha"})
+    assert listed.json()["total"] == 1  # no plan row per cycle while the proposal stands
 
 
 @pytest.mark.usefixtures("fragmented")

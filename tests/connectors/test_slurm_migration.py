@@ -301,7 +301,17 @@ def test_a_preempted_slurm_job_is_checkpointed_first_and_resumes_from_its_checkp
     at_preemption = count_of(count_file)
     assert not procs.wait_until(lambda: count_of(count_file) != at_preemption, timeout=2.0)
 
+    # Held: even when the GPUs free up, it runs again only when a plan starts it.
     slurm.run("scancel", urgent)
+    assert not procs.wait_until(lambda: slurm.job(job_id)["state"] == "RUNNING", timeout=15.0)
+    assert "Priority=0 " in slurm.scontrol_job(job_id)  # what Slurm shows for a held job
+    start_id = _propose(deployment, job_id, ActionKind.start, target="node1")
+    assert _approve_and_wait(deployment, start_id, slurm, job_id) == "succeeded"
+    _state, start_steps = action_state(pipeline.engine, start_id)
+    assert [(s.name, s.state) for s in start_steps] == [
+        ("start", "succeeded"),
+        ("confirm", "succeeded"),  # seen running where the plan put it
+    ]
     assert slurm.wait_state(job_id, "RUNNING")["nodelist"] == "node1"
     # Resumed from the checkpoint: the same process image, counting on from where it was.
     assert next_count(count_file, at_preemption) > at_preemption
@@ -349,5 +359,52 @@ def test_a_migration_whose_target_never_runs_the_job_sends_it_home_to_resume(
         assert next_count(count_file, at_home) > at_home
         # The target is fenced: a late copy of the old generation's image would be refused.
         assert not (pipeline.state_dir("node2") / "images" / job_id).exists()
+    finally:
+        slurm.run("scontrol", "update", "NodeName=node2", "State=RESUME")
+
+
+def test_a_move_that_loses_both_target_and_source_leaves_the_job_queued_with_its_checkpoint(
+    slurm: SlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """The demo's stranding case on a real Slurm: the target is drained after the plan was
+    made, and a job waiting for the source's GPUs takes them once the move requeues the
+    counter. Neither node can take it back; the saga fails and says so, the job waits in
+    Slurm's queue pinned to its source with the image staged there, shown as displaced by
+    the API; when the source frees, Slurm runs it and it resumes from its checkpoint."""
+    root: Path = deployment["root"]
+    job_id, count_file = _submit_counter(slurm, root, "stranded", "--nodelist=node1")
+    slurm.wait_state(job_id, "RUNNING")
+    assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S)
+    first = progress_of(count_file)
+    _known_job(deployment, job_id, "node1")
+    # Waits for node1's GPUs, and gets them the moment the move requeues the counter.
+    rival = slurm.sbatch("--gres=gpu:h100:2", "--nodelist=node1", "--job-name=rival")
+    assert slurm.job(rival)["state"] == "PENDING"
+    slurm.run("scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=shaper-test")
+    try:
+        action_id = _propose(deployment, job_id, ActionKind.migrate, source="node1", target="node2")
+        final = _approve_and_wait(deployment, action_id, slurm, job_id)
+        pipeline: Pipeline = deployment["pipeline"]
+        _state, steps = action_state(pipeline.engine, action_id)
+        assert final == "failed", [(s.name, s.state, s.error) for s in steps]
+        assert [(s.phase, s.name, s.state) for s in steps][-4:] == [
+            ("compensate", "release", "succeeded"),
+            ("compensate", "stage", "succeeded"),
+            ("compensate", "requeue", "succeeded"),
+            ("compensate", "confirm", "failed"),
+        ]
+        assert slurm.job(rival)["state"] == "RUNNING"
+        assert slurm.job(job_id)["state"] == "PENDING"  # queued, not lost and not held
+        shown = _api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")
+        (row,) = [j for j in shown["items"] if j["external_id"] == job_id]
+        assert row["displaced_at"] is not None
+        assert "checkpoint" in row["displaced_reason"]
+
+        slurm.run("scancel", rival)
+        assert slurm.wait_state(job_id, "RUNNING")["nodelist"] == "node1"
+        at_home = count_of(count_file)
+        assert next_count(count_file, at_home) > at_home
+        assert progress_of(count_file)["started_at"] == first["started_at"]  # restored
+        assert count_of(count_file) > first["count"]
     finally:
         slurm.run("scontrol", "update", "NodeName=node2", "State=RESUME")

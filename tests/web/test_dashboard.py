@@ -158,6 +158,25 @@ def test_operator_approves_a_proposed_action(page: Page, site: dict[str, Any]) -
     expect(row.locator("td:nth-child(6)")).to_have_text("approved")
 
 
+def test_operator_approves_a_whole_plan(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['operator']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    page.click('a[data-view="actions"]')
+    approve = page.locator('button[data-plan-decide="approve"]').first
+    expect(approve).to_be_visible()
+    plan_id = approve.get_attribute("data-id")
+    approve.click()
+    row = page.locator(f'#plan-table tr[data-plan="{plan_id}"]')
+    expect(row.locator("td:nth-child(7)")).to_contain_text("approved")
+    expect(row.locator("button")).to_have_count(0)
+    # Every action of the plan is approved (none is left proposed), with its plan shown.
+    for_plan = page.locator(
+        "#action-table tbody tr", has=page.locator(f'td:nth-child(7):text-is("{plan_id}")')
+    )
+    expect(for_plan.first).to_be_visible()
+    expect(for_plan.locator('td:nth-child(6):text-is("proposed")')).to_have_count(0)
+
+
 def test_simulation_results_table_and_chart(page: Page, site: dict[str, Any]) -> None:
     page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
     page.click("#nav a[data-view=simulations]")

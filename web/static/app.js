@@ -128,14 +128,17 @@ async function showActions() {
   const [actions, plans] = await Promise.all([api("/actions?limit=100"), api("/plans?limit=20")]);
   $("#action-table tbody").innerHTML = actions.items.map((a) => `<tr>
     <td>${a.id}</td><td>${esc(a.cluster)}</td><td>${esc(a.kind)}</td><td>${esc(a.job_external_id)}</td>
-    <td>${esc(a.source_node || "")} → ${esc(a.target_node || (a.target_replicas ?? ""))}</td><td>${esc(a.state)}</td><td>${esc(a.reason)}</td>
+    <td>${esc(a.source_node || "")} → ${esc(a.target_node || (a.target_replicas ?? ""))}</td><td>${esc(a.state)}</td>
+    <td>${a.plan_id ?? ""}</td><td>${a.depends_on.map((d) => `#${d}`).join(" ")}</td>
+    <td>${esc(a.reason)}${a.error ? `<br><span class="error">${esc(a.error)}</span>` : ""}</td>
     <td>${a.state === "proposed" ? `<button data-decide="approve" data-id="${a.id}">Approve</button> <button data-decide="reject" data-id="${a.id}">Reject</button>` : ""}</td></tr>`).join("")
-    || '<tr><td colspan="8">No actions yet.</td></tr>';
-  $("#plan-table tbody").innerHTML = plans.items.map((p) => `<tr>
+    || '<tr><td colspan="10">No actions yet.</td></tr>';
+  $("#plan-table tbody").innerHTML = plans.items.map((p) => `<tr data-plan="${p.id}">
     <td>${p.id}</td><td>${esc(p.cluster)}</td><td>${esc(p.created_at.slice(0, 19))}</td><td>${esc(p.policy)}</td><td>${esc(p.engine)}</td>
-    <td>${esc(p.status)}</td><td>${p.objective ?? ""}</td><td>${p.gap ?? ""}</td>
-    <td>${p.decisions.slice(0, 5).map((d) => esc(`${d.job}: ${d.action} — ${d.reason}`)).join("<br>")}</td></tr>`).join("")
-    || '<tr><td colspan="9">No plans yet.</td></tr>';
+    <td>${esc(p.status)}</td><td>${esc(p.state)}${p.state_reason ? `<br><span class="hint">${esc(p.state_reason)}</span>` : ""}</td><td>${p.objective ?? ""}</td><td>${p.gap ?? ""}</td>
+    <td>${p.decisions.slice(0, 5).map((d) => esc(`${d.job}: ${d.action} — ${d.reason}`)).join("<br>")}</td>
+    <td>${p.state === "proposed" ? `<button data-plan-decide="approve" data-id="${p.id}">Approve plan</button> <button data-plan-decide="reject" data-id="${p.id}">Reject plan</button>` : ""}</td></tr>`).join("")
+    || '<tr><td colspan="11">No plans yet.</td></tr>';
 }
 
 async function showPolicies() {
@@ -189,6 +192,11 @@ function simChart(runs) {
 
 document.addEventListener("click", async (event) => {
   const target = event.target;
+  if (target.dataset.planDecide) {
+    try { await api(`/plans/${target.dataset.id}/${target.dataset.planDecide}`, { method: "POST" }); } catch (error) { alert(error.message); }
+    await showActions();
+    return;
+  }
   if (target.dataset.decide) {
     try { await api(`/actions/${target.dataset.id}/${target.dataset.decide}`, { method: "POST" }); } catch (error) { alert(error.message); }
     showActions();

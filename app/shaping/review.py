@@ -1,0 +1,155 @@
+"""Whether a plan still applies to the cluster as it is now: the check that keeps proposals
+stable and expires them only for a reason.
+
+A plan's actions that have not started yet (``proposed``, or ``approved`` and waiting for
+their prerequisites) still apply while:
+
+1. every job they act on still exists and is where the plan found it: a start's or a
+   reservation's job still pending, a migration's, preemption's, requeue's or resize's job
+   still holding exactly the GPUs the plan took from it (``source_placement``);
+2. every node they put work on is still ``up``;
+3. on every such node, the GPUs free now plus those the plan's unfinished actions will
+   still free cover what its unfinished actions will still take: nobody outside the plan
+   took GPUs the plan counts on.
+
+Nothing else counts as a material change here: telemetry pushes, demand samples, jobs
+arriving or ending elsewhere leave a plan standing (the cycle may still replace it with
+a plan worth clearly more: ``app.shaping.cycle``). Actions are checked by dependency
+component — the actions that need each other's GPUs — and a component that fails any
+check expires whole, its undecided actions ``cancelled`` with ``expired: <why>``, while
+those already running go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
+from app.shaping.snapshot import ClusterSnapshot, JobRow
+from solver.dependencies import gpu_changes
+
+# Not started yet: these can still be withdrawn when the plan no longer applies.
+UNSTARTED = (ActionState.proposed, ActionState.approved)
+STOPPING = (ActionKind.preempt, ActionKind.requeue)
+
+
+@dataclass
+class Review:
+    # action id -> why it no longer applies
+    expired: dict[int, str] = field(default_factory=dict)
+
+
+def held_by_job(row: JobRow) -> dict[str, int]:
+    held: dict[str, int] = {}
+    for node, _indices, gpus in row.placement:
+        held[node] = held.get(node, 0) + gpus
+    return held
+
+
+def components(actions: Iterable[Action]) -> list[list[Action]]:
+    """Actions of one plan grouped by their dependencies (union of both directions)."""
+    actions = list(actions)
+    by_id = {a.id: a for a in actions}
+    parent = {a.id: a.id for a in actions}
+
+    def root(i: int | None) -> int | None:
+        while i is not None and parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for action in actions:
+        for prerequisite in action.depends_on:
+            if prerequisite in parent:
+                parent[root(action.id)] = root(prerequisite)  # type: ignore[index]
+    groups: dict[int, list[Action]] = {}
+    for action_id in sorted(parent):  # type: ignore[type-var]
+        groups.setdefault(root(action_id), []).append(by_id[action_id])  # type: ignore[arg-type]
+    return list(groups.values())
+
+
+def _job_check(action: Action, row: JobRow | None) -> str | None:
+    if row is None:
+        return "its job has ended or left the cluster"
+    held = held_by_job(row)
+    kind = ActionKind(action.kind)
+    if kind in (ActionKind.start, ActionKind.reserve):
+        if held:
+            return f"job {row.external_id} already runs on {','.join(sorted(held))}"
+        return None
+    if held != action.source_placement:
+        now = ",".join(f"{n}:{g}" for n, g in sorted(held.items())) or "no GPUs"
+        then = ",".join(f"{n}:{g}" for n, g in sorted(action.source_placement.items()))
+        return f"job {row.external_id} now holds {now}; the plan found it on {then or 'none'}"
+    return None
+
+
+def review_plan(snapshot: ClusterSnapshot, actions: list[Action]) -> Review:
+    """Which of a plan's unstarted actions no longer apply, and why."""
+    review = Review()
+    jobs = snapshot.job_by_id
+    nodes = {node.name: node for node in snapshot.nodes}
+    held_now = {node.name: 0 for node in snapshot.nodes}
+    for row in snapshot.jobs:
+        for node, gpus in held_by_job(row).items():
+            held_now[node] = held_now.get(node, 0) + gpus
+    # What the plan's unfinished actions will still take and free, per node.
+    live = [a for a in actions if ActionState(a.state) not in TERMINAL_ACTION_STATES]
+    need: dict[str, int] = {}
+    freed: dict[str, int] = {}
+    takers: dict[str, list[Action]] = {}
+    for action in live:
+        if ActionKind(action.kind) in (ActionKind.reserve, ActionKind.unreserve):
+            continue
+        row = jobs.get(action.job_id) if action.job_id is not None else None
+        held = held_by_job(row) if row is not None else {}
+        for node, change in gpu_changes(action.source_placement, action.target_placement).items():
+            if change > 0:
+                still = max(0, action.target_placement.get(node, 0) - held.get(node, 0))
+                need[node] = need.get(node, 0) + still
+                if ActionState(action.state) in UNSTARTED:
+                    takers.setdefault(node, []).append(action)
+            else:
+                keep = action.target_placement.get(node, 0)
+                freed[node] = freed.get(node, 0) + max(0, held.get(node, 0) - keep)
+    why: dict[int, str] = {}
+    for node, node_takers in takers.items():
+        info = nodes.get(node)
+        if info is None or info.state != "up":
+            state = "gone" if info is None else info.state
+            for action in node_takers:
+                why.setdefault(action.id, f"node {node} is {state}")  # type: ignore[arg-type]
+            continue
+        available = info.gpu_count - held_now.get(node, 0) + freed.get(node, 0)
+        if need.get(node, 0) > available:
+            planned = {a.job_id for a in live}
+            others = sorted(
+                row.external_id
+                for row in snapshot.jobs
+                if row.id not in planned and node in held_by_job(row)
+            )
+            message = (
+                f"GPUs on {node} the plan counts on are taken "
+                f"({need[node]} needed, {available} to be had"
+                + (f"; held by {', '.join(others[:5])}" if others else "")
+                + ")"
+            )
+            for action in node_takers:
+                why.setdefault(action.id, message)  # type: ignore[arg-type]
+    for action in live:
+        if ActionKind(action.kind) is ActionKind.unreserve:
+            continue  # giving GPUs back always applies
+        if ActionState(action.state) in UNSTARTED:
+            row = jobs.get(action.job_id) if action.job_id is not None else None
+            problem = _job_check(action, row)
+            if problem is not None:
+                why.setdefault(action.id, problem)  # type: ignore[arg-type]
+    for component in components(actions):
+        reasons = [why[a.id] for a in component if a.id in why]  # type: ignore[index]
+        if not reasons:
+            continue
+        for action in component:
+            if ActionState(action.state) in UNSTARTED:
+                review.expired[action.id] = reasons[0]  # type: ignore[index]
+    return review

@@ -1,0 +1,125 @@
+"""Which actions of a plan must wait for which: GPUs a start or a move takes that another
+action of the same plan frees.
+
+Per node, an action *takes* the GPUs it adds there (start, the target of a migration, a
+service growing) and *frees* those it leaves (preempt, requeue, the source of a
+migration, a service shrinking). GPUs free before the plan go first to the takers that
+need the fewest (they can start at once); the rest of a node's takers draw, in plan order,
+on its freers, and depend on each freer they draw from. The counts are what schedulers
+honour, so the rule works on counts, not on GPU indices (schedulers pick their own).
+
+A plan whose actions need each other's GPUs in a cycle (two jobs swapping nodes) cannot
+run as one saga per action; such actions are reported as ``cyclic`` and the control plane
+leaves them out, with every action connected to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solver.instance import Instance
+from solver.plan import Plan
+
+
+@dataclass(frozen=True)
+class ActionGraph:
+    # Per action (by index in plan.actions): the actions it must wait for.
+    depends_on: tuple[tuple[int, ...], ...]
+    # Per action: the actions that take GPUs it frees (whom it serves).
+    serves: tuple[tuple[int, ...], ...]
+    # Actions in a dependency cycle.
+    cyclic: frozenset[int]
+
+    def components(self) -> list[frozenset[int]]:
+        """Groups of actions connected by dependencies: each stands or falls as a whole."""
+        parent = list(range(len(self.depends_on)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for action, prerequisites in enumerate(self.depends_on):
+            for prerequisite in prerequisites:
+                parent[root(action)] = root(prerequisite)
+        groups: dict[int, set[int]] = {}
+        for action in range(len(parent)):
+            groups.setdefault(root(action), set()).add(action)
+        return [frozenset(group) for _, group in sorted(groups.items())]
+
+
+def gpu_changes(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """GPUs gained (> 0) or left (< 0) per node."""
+    return {
+        node: after.get(node, 0) - before.get(node, 0)
+        for node in sorted(set(before) | set(after))
+        if after.get(node, 0) != before.get(node, 0)
+    }
+
+
+def action_graph(instance: Instance, plan: Plan) -> ActionGraph:
+    held = dict.fromkeys(instance.node_by_name, 0)
+    for job in instance.jobs:
+        for node, gpus in job.placement.items():
+            held[node] = held.get(node, 0) + gpus
+    takers: dict[str, list[tuple[int, int]]] = {}
+    freers: dict[str, list[tuple[int, int]]] = {}
+    for index, action in enumerate(plan.actions):
+        for node, change in gpu_changes(action.from_placement, action.to_placement).items():
+            if change > 0:
+                takers.setdefault(node, []).append((index, change))
+            else:
+                freers.setdefault(node, []).append((index, -change))
+    depends: list[set[int]] = [set() for _ in plan.actions]
+    serves: list[set[int]] = [set() for _ in plan.actions]
+    for node, node_takers in takers.items():
+        gpus = instance.node_by_name[node].gpus if node in instance.node_by_name else 0
+        free = max(0, gpus - held.get(node, 0))
+        supply = [[index, gpus_freed] for index, gpus_freed in freers.get(node, [])]
+        for index, need in sorted(node_takers, key=lambda t: (t[1], t[0])):
+            from_free = min(free, need)
+            free -= from_free
+            need -= from_free
+            for entry in supply:
+                if need <= 0:
+                    break
+                if entry[1] <= 0 or entry[0] == index:
+                    continue
+                drawn = min(entry[1], need)
+                entry[1] -= drawn
+                need -= drawn
+                depends[index].add(entry[0])
+                serves[entry[0]].add(index)
+    return ActionGraph(
+        depends_on=tuple(tuple(sorted(d)) for d in depends),
+        serves=tuple(tuple(sorted(s)) for s in serves),
+        cyclic=_cyclic(depends),
+    )
+
+
+def _cyclic(depends: list[set[int]]) -> frozenset[int]:
+    """Actions on a cycle of the dependency graph (iterative DFS, colour marking)."""
+    on_cycle: set[int] = set()
+    colour = [0] * len(depends)  # 0 new, 1 on the stack, 2 done
+    for start in range(len(depends)):
+        if colour[start]:
+            continue
+        stack: list[tuple[int, list[int]]] = [(start, sorted(depends[start]))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, children = stack[-1]
+            if not children:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+                continue
+            child = children.pop()
+            if colour[child] == 1:
+                on_cycle.update(path[path.index(child) :])
+            elif colour[child] == 0:
+                colour[child] = 1
+                path.append(child)
+                stack.append((child, sorted(depends[child])))
+    return frozenset(on_cycle)

@@ -1,0 +1,326 @@
+"""Plans acting as one, on the embedded default: a simulated cluster (its scheduler, node
+agents and connector answered in-process, as in ``shaper demo``), the real shaping cycle,
+the API, and the in-process saga tasks, on SQLite and on PostgreSQL.
+
+The cluster: two 8-GPU nodes, each half held by a checkpointable job, and an 8-GPU job
+that strict FIFO cannot place. Shaper's plan moves one half-job next to the other and
+starts the big job where it was. A rival job that FIFO would put first is submitted the
+moment the move frees its GPUs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from app.actions import local, saga, tasks
+from app.actions.models import Action, ActionKind, ActionState
+from app.actions.router import get_dispatcher
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate, ShapingMode
+from app.core import migrate
+from app.core.db import make_engine
+from app.gpu_models import service as gpu_model_service
+from app.jobs.models import Job
+from app.plans import service as plan_service
+from app.plans.models import Plan, PlanState
+from app.shaping.cycle import run_cycle
+from app.telemetry import service as telemetry_service
+from connectors.base import JobKind, JobReport, SchedulerKind, TelemetrySnapshot
+from connectors.sim import SimCluster, SimExecutors, SiteSpec
+from tests.live_server import app_on, tokens_for
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+CLUSTER = "lab"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _spec(*, honours_reservations: bool = True) -> SiteSpec:
+    return SiteSpec(
+        name=CLUSTER,
+        nodes=(("a", "H100", 8), ("b", "H100", 8)),
+        teams=("research",),
+        kinds=(JobKind.training,),
+        arrivals_per_hour=0,
+        honours_reservations=honours_reservations,
+    )
+
+
+def _report(job_id: str, gpus: int, *, submitted: datetime, priority: int = 10) -> JobReport:
+    return JobReport(
+        external_id=job_id,
+        team="research",
+        gpus_requested=gpus,
+        checkpointable=True,
+        priority=priority,
+        submit_time=submitted,
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def committed_engine(
+    request: pytest.FixtureRequest, tmp_path: Path, make_postgres_database: Any
+) -> Iterator[Engine]:
+    """A committed database (the saga tasks open their own sessions)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'shaper.db'}"
+    else:
+        url = make_postgres_database(f"plans_{tmp_path.name[-12:].replace('-', '_')}")
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        gpu_model_service.ensure_default_catalogue(session=session)
+        session.commit()
+    yield engine
+    engine.dispose()
+
+
+class Site:
+    """One simulated cluster wired to the control plane as ``shaper demo`` wires it."""
+
+    def __init__(self, engine: Engine, tmp_path: Path, spec: SiteSpec, mode: ShapingMode) -> None:
+        self.engine = engine
+        self.clock = Clock()
+        self.cluster = SimCluster(spec, start=T0, seed=1, clock=self.clock)
+        self.executors = SimExecutors(self.cluster, state_dir=tmp_path / "executors")
+        self.seq = 0
+        self.after_step: dict[str, Any] = {}
+        with Session(engine) as session:
+            cluster_service.register_cluster(
+                session=session,
+                now=T0,
+                cluster_in=ClusterCreate(name=CLUSTER, scheduler=SchedulerKind.sim, mode=mode),
+            )
+
+    def handle(self, queue: str, step: dict[str, Any]) -> dict[str, Any]:
+        answer = self.executors.handle(queue, step)
+        hook = self.after_step.pop(step["step"], None)
+        if hook is not None and answer["ok"]:
+            hook()
+        return answer
+
+    def push(self) -> None:
+        state = self.cluster.read_state()
+        self.seq += 1
+        with Session(self.engine) as session:
+            telemetry_service.ingest(
+                session=session,
+                cluster_name=CLUSTER,
+                push=TelemetrySnapshot(
+                    connector_session="test",
+                    seq=self.seq,
+                    sent_at=self.clock.now,
+                    nodes=state.nodes,
+                    jobs=state.jobs,
+                    samples=state.samples,
+                ),
+                now=self.clock.now,
+            )
+
+    def cycle(self, policy: str = "shaper") -> Any:
+        self.push()
+        with Session(self.engine, expire_on_commit=False) as session:
+            return run_cycle(
+                session=session, cluster_name=CLUSTER, now=self.clock.now, policy=policy
+            )
+
+    def run_sagas(self, rounds: int = 200) -> None:
+        """What the in-process beat does: sweep until nothing is left to advance (a
+        confirm's polls come back on timer threads meanwhile)."""
+        for _ in range(rounds):
+            self.clock.now += timedelta(seconds=5)
+            if tasks.sweep() == 0:
+                return
+            time.sleep(0.02)
+        with Session(self.engine) as session:
+            left = session.exec(select(Action)).all()
+        raise AssertionError(f"sagas still running: {[(a.id, a.kind, a.state) for a in left]}")
+
+    def states(self) -> dict[str, tuple[str, list[str]]]:
+        return {
+            j.external_id: (j.state.value, sorted(a.node for a in j.allocations))
+            for j in self.cluster.read_state().jobs
+        }
+
+    def actions(self, plan_id: int) -> list[Action]:
+        with Session(self.engine) as session:
+            return list(
+                session.exec(
+                    select(Action).where(Action.plan_id == plan_id).order_by(col(Action.id))
+                )
+            )
+
+
+@pytest.fixture
+def site_factory(
+    committed_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    """Sites on the committed database; the in-process tasks use it too."""
+    monkeypatch.setattr(tasks, "get_engine", lambda: committed_engine)
+    # The simulated scheduler answers at once: poll and retry it quickly.
+    monkeypatch.setattr(saga, "CONFIRM_POLL_S", 0.05)
+    monkeypatch.setattr(saga, "RETRY_BACKOFF_S", (0.05,))
+    registered: list[str] = []
+
+    def make(mode: ShapingMode = ShapingMode.advise, **spec: Any) -> Site:
+        site = Site(committed_engine, tmp_path, _spec(**spec), mode)
+        for prefix in site.executors.queues():
+            local.register(prefix, site.handle)
+            registered.append(prefix)
+        return site
+
+    yield make
+    for prefix in registered:
+        local.unregister(prefix)
+
+
+def _fragment(site: Site) -> None:
+    site.cluster.submit(_report("left", 4, submitted=T0), timedelta(hours=4))
+    site.cluster.submit(_report("right", 4, submitted=T0), timedelta(hours=4))
+    site.cluster.requeue("right", nodes=["b"])  # first fit put both on a
+    site.clock.now = T0 + timedelta(minutes=30)
+    site.cluster.submit(
+        _report("big", 8, submitted=site.clock.now, priority=50), timedelta(hours=2)
+    )
+    assert site.states()["big"] == ("pending", [])
+
+
+def test_an_approved_plan_runs_in_dependency_order_and_keeps_the_freed_gpus(
+    site_factory: Any, committed_engine: Engine
+) -> None:
+    site = site_factory()
+    _fragment(site)
+    result = site.cycle()
+    actions = site.actions(result.plan_id)
+    by_kind = {a.kind: [x for x in actions if x.kind == a.kind] for a in actions}
+    (start,) = by_kind[ActionKind.start]
+    (move,) = by_kind[ActionKind.migrate]
+    assert {a.state for a in actions} == {ActionState.proposed}
+    # The start waits for the move (it frees the GPUs) and for its reservation.
+    assert move.id in start.depends_on
+    holds = {a.job_id: a for a in by_kind[ActionKind.reserve]}
+    assert holds[start.job_id].id in start.depends_on
+    assert holds[start.job_id].id in move.depends_on  # held before anything frees them
+    assert f"frees GPUs for big (start, action {start.id})" in move.reason
+    assert move.reason.startswith(f"plan {result.plan_id}: ")
+    moved = move.source_node
+    assert moved is not None and start.target_node == moved
+
+    # The worst moment: the move's checkpoint has just freed its GPUs; a rival that
+    # strict FIFO puts ahead of the big job (submitted earlier) arrives.
+    site.after_step["checkpoint"] = lambda: site.cluster.submit(
+        _report("rival", 4, submitted=T0 - timedelta(hours=1)), timedelta(hours=1)
+    )
+    with TestClient(app_on(committed_engine)) as client:
+        client.app.dependency_overrides[get_dispatcher] = lambda: lambda action_id: None  # type: ignore[attr-defined]
+        with Session(committed_engine) as session:
+            token = tokens_for(session, T0, ["operator"])["operator"]
+        response = client.post(
+            f"/api/v1/plans/{result.plan_id}/approve",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["state"] == "approved"
+        site.run_sagas()
+        listed = client.get(
+            "/api/v1/actions",
+            params={"plan_id": result.plan_id},
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()["items"]
+
+    assert {a["state"] for a in listed} == {"succeeded"}, listed
+    for action in listed:
+        assert action["created_at"] and action["decided_at"] and action["finished_at"]
+        assert action["decided_by"] == "operator"
+    finished = {a["id"]: a["finished_at"] for a in listed}
+    for action in listed:
+        for prerequisite in action["depends_on"]:
+            assert finished[prerequisite] <= finished[action["id"]]
+    states = site.states()
+    assert states["big"] == ("running", [moved])  # where the plan put it
+    assert states["rival"] == ("pending", [])  # the freed GPUs were not its to take
+    (other,) = {"a", "b"} - {moved}
+    assert states["left"] == states["right"] == ("running", [other])
+    with Session(committed_engine) as session:
+        moved_job = session.get(Job, move.job_id)
+        assert moved_job is not None
+    # The move kept its work: 30 minutes done before the checkpoint.
+    assert site.cluster.jobs[moved_job.external_id].done >= timedelta(minutes=30)
+    assert site.cluster.reservations == {}  # consumed when the jobs started
+
+    site.push()
+    with Session(committed_engine) as session:
+        site.cycle()
+        plan = session.get(Plan, result.plan_id)
+        assert plan is not None and plan.state == PlanState.finished
+
+
+def test_a_move_that_loses_target_and_source_leaves_no_job_stranded(
+    site_factory: Any, committed_engine: Engine
+) -> None:
+    """The demo's case, on a scheduler that cannot hold GPUs (as the demo's could not):
+    once the move's checkpoint frees them, a rival takes the target's GPUs and FIFO the
+    source's. Neither restore can succeed; nothing claims success; the start that
+    depended on the move is cancelled with the reason; the moved job goes back to its
+    scheduler's queue with its checkpoint, shown as displaced, goes first, and runs again
+    from its checkpoint."""
+    site = site_factory(honours_reservations=False)
+    _fragment(site)
+    result = site.cycle()
+    site.after_step["checkpoint"] = lambda: site.cluster.submit(
+        _report("rival", 4, submitted=T0 - timedelta(hours=1)), timedelta(hours=1)
+    )
+    with Session(committed_engine) as session:
+        plan_service.decide_plan(
+            session=session, plan_id=result.plan_id, approve=True, by="operator", now=T0
+        )
+    site.run_sagas()
+    actions = {a.kind: a for a in site.actions(result.plan_id)}
+    start, move = actions[ActionKind.start], actions[ActionKind.migrate]
+    with Session(committed_engine) as session:
+        moved = session.get(Job, move.job_id)
+        assert moved is not None
+    states = site.states()
+    assert move.state == ActionState.compensated, move.error
+    assert "compensation restore" in (move.error or "") and "resume on connector.lab" in (
+        move.error or ""
+    )
+    assert start.state == ActionState.cancelled
+    assert f"action {move.id} (migrate) of the same plan is compensated" in (start.error or "")
+    assert states[moved.external_id] == ("pending", [])  # queued, not suspended and forgotten
+    assert moved.displaced_at is not None and "checkpoint" in (moved.displaced_reason or "")
+    work_done = site.cluster.jobs[moved.external_id].done
+    assert work_done >= timedelta(minutes=30)
+
+    # The next plan puts it first; it runs again as soon as GPUs free, from its checkpoint.
+    again = site.cycle()
+    with Session(committed_engine) as session:
+        plan = session.get(Plan, again.plan_id)
+        assert plan is not None
+    waits = [d for d in plan.decisions if d["job"] == moved.external_id]
+    assert waits and waits[0]["message"].startswith("past its max queue wait"), waits
+    site.clock.now += timedelta(hours=1, minutes=5)  # the rival ends
+    site.cycle()
+    site.run_sagas()
+    site.clock.now += timedelta(minutes=1)
+    site.cycle()
+    assert site.states()[moved.external_id][0] == "running"
+    assert site.cluster.jobs[moved.external_id].done >= work_done
+    with Session(committed_engine) as session:
+        back = session.get(Job, move.job_id)
+        assert back is not None and back.displaced_at is None
