@@ -349,8 +349,9 @@ class ConnectorStepExecutor:
         ):
             raise _Refused(f"reserve needs args.gpus as {{node: GPUs > 0}}, got {gpus!r}")
         ttl_s = float(args.get("ttl_s") or 900.0)
+        counts_on = _names(args, "counts_on")
         self._capable(SupportsReservation, "reserve GPUs for").reserve(
-            workload_id, gpus=gpus, ttl_s=ttl_s
+            workload_id, gpus=gpus, ttl_s=ttl_s, counts_on=counts_on
         )
         where = ", ".join(f"{n}:{g}" for n, g in sorted(gpus.items()))
         return self._done(f"holding {where} for job {workload_id}", workload_id, gpus=gpus)

@@ -278,10 +278,20 @@ class SupportsReservation(Protocol):
     """Hold GPUs for one job: as they come free, the scheduler gives them to nobody else.
 
     ``reserve`` replaces the job's earlier reservation; it lapses after ``ttl_s``, when the
-    job starts on those nodes (consumed) or on ``unreserve``. Idempotent.
+    job starts on those nodes (consumed) or on ``unreserve``. Idempotent. ``counts_on``:
+    the jobs whose GPUs there the plan frees for it (the job itself included); when the
+    GPUs cannot come free because other jobs hold them, it raises a non-retryable
+    ConnectorError naming them — the plan was made on a view that is out of date.
     """
 
-    def reserve(self, external_id: str, *, gpus: dict[str, int], ttl_s: float) -> None: ...
+    def reserve(
+        self,
+        external_id: str,
+        *,
+        gpus: dict[str, int],
+        ttl_s: float,
+        counts_on: list[str] | None = None,
+    ) -> None: ...
     def unreserve(self, external_id: str) -> None: ...
 
 

@@ -85,6 +85,7 @@ class ActionPublic(SQLModel):
     target_node: str | None
     source_placement: dict[str, int] = {}
     target_placement: dict[str, int] = {}
+    counts_on: list[str] = []
     target_replicas: int | None
     depends_on: list[int] = []
     fencing_token: int
@@ -125,6 +126,9 @@ class Action(SQLModel, table=True):
     # GPUs per node before and after the action (the counts behind source/target_node).
     source_placement: dict[str, int] = json_column(dict)
     target_placement: dict[str, int] = json_column(dict)
+    # A reservation: the jobs whose GPUs on its nodes the plan frees for it (the connector
+    # refuses to reserve GPUs that anyone else holds: the plan was made on a stale view).
+    counts_on: list[str] = json_column(list)
     # Ids of the actions of the same plan that must succeed before this one may start.
     depends_on: list[int] = json_column(list)
     fencing_token: int = 0

@@ -342,7 +342,13 @@ def _message(
             # GPUs it was stopped to free.
             args["hold"] = True
     if step.name == "reserve":
-        args.update({"gpus": dict(action.target_placement), "ttl_s": RESERVATION_TTL_S})
+        args.update(
+            {
+                "gpus": dict(action.target_placement),
+                "ttl_s": RESERVATION_TTL_S,
+                "counts_on": list(action.counts_on),
+            }
+        )
     targets = sorted(action.target_placement) or [
         n for n in (action.target_node or "").split(",") if n
     ]

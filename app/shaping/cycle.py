@@ -462,6 +462,10 @@ def _add_actions(
         session.add(action_row)
     for index, hold in holds.items():
         served = rows[index]
+        hold.counts_on = sorted(
+            {_local(plan.actions[p].job_id) for p in graph.depends_on[index] if p in rows}
+            | {_local(plan.actions[index].job_id)}
+        )
         gpus = sum(served.target_placement.values())
         hold.reason = (
             f"plan {row.id}: hold {gpus} GPUs on {served.target_node} for job "

@@ -74,7 +74,9 @@ def _job_check(action: Action, row: JobRow | None) -> str | None:
         return "its job has ended or left the cluster"
     held = held_by_job(row)
     kind = ActionKind(action.kind)
-    if kind in (ActionKind.start, ActionKind.reserve):
+    if kind is ActionKind.reserve:
+        return None  # it applies while the move or start it holds GPUs for applies
+    if kind is ActionKind.start:
         if held:
             return f"job {row.external_id} already runs on {','.join(sorted(held))}"
         return None

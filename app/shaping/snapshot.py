@@ -226,6 +226,8 @@ def _moves_today(
 
 # Actions that ran: the job was disturbed whether or not they reached their goal.
 ACTED_STATES = (ActionState.succeeded, ActionState.failed, ActionState.compensated)
+NOT_ON_JOBS = (ActionKind.reserve.value, ActionKind.unreserve.value)
+NEVER_RAN_WHEN_FAILED = (ActionKind.start.value, ActionKind.resume.value)
 IN_FLIGHT_STATES = (
     ActionState.approved,
     ActionState.dispatched,
@@ -249,8 +251,15 @@ def _acted(
         )
         .where(
             Action.job_id.in_(job_ids),  # type: ignore[union-attr]
-            Action.kind != ActionKind.reserve.value,
+            Action.kind.not_in(NOT_ON_JOBS),  # type: ignore[attr-defined]
             Action.state.in_([s.value for s in ACTED_STATES]),  # type: ignore[attr-defined]
+            # A start that failed never ran the job: nothing happened to it.
+            sa.not_(
+                sa.and_(
+                    Action.state == ActionState.failed.value,
+                    Action.kind.in_(NEVER_RAN_WHEN_FAILED),  # type: ignore[attr-defined]
+                )
+            ),
             ended >= now - timedelta(days=1),
         )
         .group_by(Action.job_id)

@@ -472,8 +472,16 @@ class SimCluster:
             job.report = job.report.model_copy(update={"state": JobState.pending})
             self._schedule()
 
-    def reserve(self, external_id: str, *, gpus: dict[str, int], ttl_s: float) -> None:
-        """Hold ``gpus`` (node -> count) for the job: nobody else gets them as they free."""
+    def reserve(
+        self,
+        external_id: str,
+        *,
+        gpus: dict[str, int],
+        ttl_s: float,
+        counts_on: list[str] | None = None,
+    ) -> None:
+        """Hold ``gpus`` (node -> count) for the job: nobody else gets them as they free.
+        With ``counts_on``, refuse when jobs outside it hold GPUs that are needed."""
         with self._lock:
             self._act()
             self.job(external_id)
@@ -483,10 +491,32 @@ class SimCluster:
                     f"cannot reserve on unknown nodes {unknown} of {self.cluster}",
                     retryable=False,
                 )
+            if counts_on is not None:
+                self._check_reservable(external_id, gpus, {*counts_on, external_id})
             if not self.spec.honours_reservations:
                 return
             self.reservations[external_id] = {n: min(g, self._size[n]) for n, g in gpus.items()}
             self._reserved_until[external_id] = self.now + timedelta(seconds=ttl_s)
+
+    def _check_reservable(self, job_id: str, gpus: dict[str, int], leaving: set[str]) -> None:
+        for node, wanted in sorted(gpus.items()):
+            others = {
+                j.id: len(j.placement[node])
+                for j in self.jobs.values()
+                if node in j.placement and j.id not in leaving
+            }
+            held_elsewhere = sum(
+                held.get(node, 0)
+                for owner, held in self.reservations.items()
+                if owner != job_id and owner not in leaving
+            )
+            if self._size[node] - sum(others.values()) - held_elsewhere < wanted:
+                names = ", ".join(f"{j} ({g})" for j, g in sorted(others.items())) or "nobody"
+                raise ConnectorError(
+                    f"cannot hold {wanted} GPUs on {node} for {job_id}: held by {names}"
+                    + (f", {held_elsewhere} reserved for others" if held_elsewhere else ""),
+                    retryable=False,
+                )
 
     def unreserve(self, external_id: str) -> None:
         with self._lock:

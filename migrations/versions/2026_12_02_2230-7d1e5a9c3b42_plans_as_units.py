@@ -5,6 +5,7 @@ finished, rejected, expired, superseded) with ``state_reason``, ``checked_at`` (
 cycle that found it still applies) and who decided it. ``actions.depends_on`` lists the
 actions of the same plan that must succeed first; ``source_placement`` and
 ``target_placement`` keep the GPU counts per node behind ``source_node``/``target_node``;
+``counts_on`` names, for a reservation, the jobs whose GPUs the plan frees for it;
 ``finished_at`` is when it ended. ``jobs.displaced_at``/``displaced_reason`` mark a job
 that a failed move left without GPUs (back in its queue with its checkpoint).
 
@@ -44,6 +45,7 @@ def upgrade() -> None:
             sa.Column("target_placement", sa.JSON(), nullable=False, server_default="{}")
         )
         batch_op.add_column(sa.Column("depends_on", sa.JSON(), nullable=False, server_default="[]"))
+        batch_op.add_column(sa.Column("counts_on", sa.JSON(), nullable=False, server_default="[]"))
         batch_op.add_column(sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True))
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("displaced_at", sa.DateTime(timezone=True), nullable=True))
@@ -56,6 +58,7 @@ def downgrade() -> None:
         batch_op.drop_column("displaced_at")
     with op.batch_alter_table("actions", schema=None) as batch_op:
         batch_op.drop_column("finished_at")
+        batch_op.drop_column("counts_on")
         batch_op.drop_column("depends_on")
         batch_op.drop_column("target_placement")
         batch_op.drop_column("source_placement")

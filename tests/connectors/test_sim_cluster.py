@@ -216,3 +216,30 @@ def test_the_sim_kind_is_registered_and_checks_its_options() -> None:
     assert [n.name for n in cluster.read_state().nodes] == ["demo-n01", "demo-n02"]
     with pytest.raises(TypeError):
         registry.create(SchedulerKind.sim, cluster="demo", colour="red")
+
+
+def test_a_reservation_keeps_freed_gpus_for_its_job_and_is_refused_on_a_stale_view() -> None:
+    cluster, clock = _cluster()
+    _submit(cluster, "half", 4, 60)
+    _submit(cluster, "other", 8, 60)  # fills b
+    cluster.submit(
+        JobReport(external_id="big", gpus_requested=8, submit_time=T0), timedelta(hours=1)
+    )
+    assert _states(cluster)["big"] == ("pending", [])
+    with pytest.raises(ConnectorError, match="held by half"):
+        cluster.reserve("big", gpus={"a": 8}, ttl_s=600, counts_on=[])
+    cluster.reserve("big", gpus={"a": 8}, ttl_s=600, counts_on=["half"])
+    # A job that FIFO puts first cannot take a's free GPUs, nor those "half" leaves.
+    cluster.submit(
+        JobReport(external_id="rival", gpus_requested=2, submit_time=T0 - timedelta(hours=1)),
+        timedelta(hours=1),
+    )
+    assert _states(cluster)["rival"] == ("pending", [])
+    cluster.requeue("half", nodes=["b"], hold=True)
+    assert _states(cluster)["half"] == ("pending", [])  # held: it does not take them back
+    assert _states(cluster)["rival"] == ("pending", [])
+    cluster.start("big", nodes=["a"])
+    assert _states(cluster)["big"] == ("running", ["a"])
+    assert cluster.reservations == {}  # consumed
+    clock.now = T0 + timedelta(minutes=1)
+    cluster.unreserve("big")  # giving back what is gone already is fine
