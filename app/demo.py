@@ -57,7 +57,7 @@ SITES = (
         SiteSpec("hpc-a", tuple((f"hgx{i:02d}", "H100", 8) for i in range(1, 17)),
                  ("llm-pretrain", "vision", "research"),
                  (JobKind.training, JobKind.training, JobKind.hpc, JobKind.quantization),
-                 arrivals_per_hour=5.0),
+                 arrivals_per_hour=8.0),
         "Simulated Slurm-like training cluster (H100)", ShapingMode.enforce),
     DemoSite(
         SiteSpec("k8s-inference",
@@ -118,7 +118,12 @@ def seed_demo_site(*, session: Session, now: datetime, seed: int = 7) -> SeededD
                 ),
             )
         at, seq = start, 0
-        while at <= now:
+        # Every STEP through the day, and a last snapshot at ``now`` itself: the first plans
+        # are made on it, and a plan made on a stale view is refused when it is carried out.
+        times = [start + STEP * k for k in range(int((now - start) / STEP) + 1)]
+        if times[-1] < now:
+            times.append(now)
+        for at in times:
             clock.at = at
             state = cluster.read_state()
             if push:
@@ -134,7 +139,7 @@ def seed_demo_site(*, session: Session, now: datetime, seed: int = 7) -> SeededD
                     session=session, cluster_name=site.name, push=snapshot, now=at
                 )
                 pushed += 1
-            seq, at = seq + 1, at + STEP
+            seq += 1
         clock.at = None
     return SeededDemo(clusters=clusters, pushed=pushed)
 

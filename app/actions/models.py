@@ -105,7 +105,7 @@ class Action(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     plan_id: int | None = Field(
         default=None,
-        sa_column=sa.Column(sa.Integer, sa.ForeignKey("plans.id", ondelete="SET NULL")),
+        sa_column=sa.Column(sa.Integer, sa.ForeignKey("plans.id", ondelete="SET NULL"), index=True),
     )
     cluster_id: int = Field(
         sa_column=sa.Column(
@@ -114,7 +114,7 @@ class Action(SQLModel, table=True):
     )
     job_id: int | None = Field(
         default=None,
-        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="SET NULL")),
+        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="SET NULL"), index=True),
     )
     kind: ActionKind = enum_column(ActionKind.start, 16)
     state: ActionState = enum_column(ActionState.proposed, 16)

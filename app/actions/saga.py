@@ -89,7 +89,10 @@ DEFAULT_STEP_TIMEOUT_S = 120.0
 SCHEDULER_OWNED = frozenset({SchedulerKind.slurm})
 # Schedulers whose connector holds GPUs for a job (connectors.base.SupportsReservation).
 RESERVING = frozenset({SchedulerKind.sim})
-RESERVATION_TTL_S = 900.0
+# Long enough for a real move (checkpoint + transfer + restore); a reservation is consumed
+# when its job starts and given back when what it was for is withdrawn, so this only bounds
+# a give-back that never arrives.
+RESERVATION_TTL_S = 3600.0
 # A connector's confirm is a poll: "not yet" answers are retried this often, at least this
 # many times and for at least the scheduler's start wait (SHAPER_SCHEDULER_START_WAIT_S).
 CONFIRM_POLL_S = 5.0
@@ -533,7 +536,7 @@ def _advance_locked(
             timeout = _timeout(step, steps, step_timeout_s, start_wait_s)
             if now - step.sent_at < timedelta(seconds=timeout):
                 return []
-            if step.attempts < MAX_ATTEMPTS:
+            if step.attempts < _max_attempts(step, start_wait_s):
                 log.warning(
                     "action %s: step %s unanswered by %s; sending it again",
                     action.id,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from itertools import pairwise
 
 import sqlalchemy as sa
 from sqlmodel import Session, select
@@ -75,7 +76,8 @@ def transition(
 
     Approving an action approves the proposed actions it depends on (it could not run
     without them), or is refused, naming them, when one of them can no longer run.
-    Rejecting or cancelling one cancels the unstarted actions that depend on it.
+    Rejecting or cancelling one withdraws its dependency group: the unstarted actions
+    connected to it (see ``ended``).
     """
     action = _lock(session, action_id)
     _check_move(action, to)
@@ -105,39 +107,57 @@ def transition(
     return action
 
 
-def end_unstarted(*, session: Session, action: Action, error: str, by: str, now: datetime) -> None:
+def end_unstarted(*, session: Session, action_id: int, error: str, by: str, now: datetime) -> bool:
     """Withdraw an action that has not started (proposed, or approved and not dispatched):
-    ``cancelled`` with ``error``, and its dependants with it. The caller commits."""
+    ``cancelled`` with ``error``, and its dependency group with it. The row is locked and
+    read again first, so an action a worker has just dispatched is left alone (False).
+    The caller commits."""
+    action = _lock(session, action_id)
     if ActionState(action.state) not in (ActionState.proposed, ActionState.approved):
-        return
+        return False
     _decide(action, ActionState.cancelled, by, now)
     action.error = error[:4096]
     session.add(action)
     ended(session=session, action=action, now=now)
+    return True
 
 
 def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
     """Bookkeeping when an action ends; the caller commits. Returns the ids of approved
-    dependants that may run now (when it succeeded).
+    actions that may run now: dependants when it succeeded, ``unreserve`` actions when GPUs
+    held for its job are no longer wanted.
 
     * ``finished_at`` is set;
-    * if it ended without doing its job, every unstarted action connected to it by
-      dependencies (what waits for it, and what else was only there for those) is
-      cancelled with the reason: a dependency group stands or falls whole;
+    * if it ended without doing its job, its dependency group falls whole: every unstarted
+      action connected to it by dependencies (either way) is cancelled with the reason;
     * if GPUs were reserved for its job by its plan and the job will not take them now, an
-      ``unreserve`` action (approved by shaper) gives them back to the scheduler.
+      ``unreserve`` action (approved by shaper) gives them back to the scheduler — also
+      when a reservation succeeds after what it was for was withdrawn.
     """
     action.finished_at = action.finished_at or now
     session.add(action)
     if action.plan_id is None:
         return []
-    siblings = session.exec(select(Action).where(Action.plan_id == action.plan_id)).all()
+    # Locked (and read again), in id order: a sibling a worker is dispatching right now is
+    # seen as running, not cancelled behind its back.
+    siblings = list(
+        session.exec(
+            select(Action)
+            .where(Action.plan_id == action.plan_id)
+            .order_by(Action.id)  # type: ignore[arg-type]
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+    )
     if ActionState(action.state) is ActionState.succeeded:
-        return [
+        ready = [
             a.id  # type: ignore[misc]
             for a in siblings
             if action.id in (a.depends_on or []) and ActionState(a.state) is ActionState.approved
         ]
+        if ActionKind(action.kind) is ActionKind.reserve and _taker_withdrawn(action, siblings):
+            ready += _give_back_reservation(session, action, siblings, now)
+        return ready
     why = f"action {action.id} ({action.kind}) of the same plan is {action.state}"
     if action.error:
         why += f": {action.error}"
@@ -149,10 +169,25 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
             other.finished_at = now
             session.add(other)
             withdrawn.append(other)
+    given_back: list[int] = []
     for taker in withdrawn:
-        if ActionKind(taker.kind) in (ActionKind.start, ActionKind.migrate):
-            _give_back_reservation(session, taker, siblings, now)
-    return []
+        if ActionKind(taker.kind) in TAKER_KINDS:
+            given_back += _give_back_reservation(session, taker, siblings, now)
+    return given_back
+
+
+TAKER_KINDS = (ActionKind.start, ActionKind.migrate)
+
+
+def _taker_withdrawn(reservation: Action, siblings: list[Action]) -> bool:
+    takers = [
+        a
+        for a in siblings
+        if ActionKind(a.kind) in TAKER_KINDS
+        and a.job_id == reservation.job_id
+        and reservation.id in (a.depends_on or [])
+    ]
+    return bool(takers) and all(ActionState(a.state) in UNDONE_ACTION_STATES for a in takers)
 
 
 def _connected(action: Action, siblings: list[Action]) -> list[Action]:
@@ -174,37 +209,41 @@ def _connected(action: Action, siblings: list[Action]) -> list[Action]:
 
 
 def _give_back_reservation(
-    session: Session, action: Action, siblings: list[Action], now: datetime
-) -> None:
+    session: Session, taker: Action, siblings: list[Action], now: datetime
+) -> list[int]:
+    """An approved ``unreserve`` for each reservation of the taker's job that succeeded."""
     held = [
         a
         for a in siblings
         if ActionKind(a.kind) is ActionKind.reserve
-        and a.job_id == action.job_id
+        and a.job_id == taker.job_id
         and ActionState(a.state) is ActionState.succeeded
     ]
+    created: list[int] = []
     for reservation in held:
-        key = f"{reservation.idempotency_key}:unreserve"
+        key = f"{reservation.idempotency_key}:unreserve"[:128]
         if session.exec(select(Action.id).where(Action.idempotency_key == key)).first():
             continue
-        session.add(
-            Action(
-                plan_id=action.plan_id,
-                cluster_id=action.cluster_id,
-                job_id=action.job_id,
-                kind=ActionKind.unreserve,
-                state=ActionState.approved,
-                idempotency_key=key[:128],
-                reason=f"plan {action.plan_id}: give back the GPUs held by action "
-                f"{reservation.id}: action {action.id} ({action.kind}) is {action.state}",
-                target_node=reservation.target_node,
-                target_placement=dict(reservation.target_placement),
-                created_at=now,
-                updated_at=now,
-                decided_by="shaper",
-                decided_at=now,
-            )
+        give_back = Action(
+            plan_id=taker.plan_id,
+            cluster_id=taker.cluster_id,
+            job_id=taker.job_id,
+            kind=ActionKind.unreserve,
+            state=ActionState.approved,
+            idempotency_key=key,
+            reason=f"plan {taker.plan_id}: give back the GPUs held by action "
+            f"{reservation.id}: action {taker.id} ({taker.kind}) is {taker.state}",
+            target_node=reservation.target_node,
+            target_placement=dict(reservation.target_placement),
+            created_at=now,
+            updated_at=now,
+            decided_by="shaper",
+            decided_at=now,
         )
+        session.add(give_back)
+        session.flush()
+        created.append(give_back.id)  # type: ignore[arg-type]
+    return created
 
 
 def _prerequisites(session: Session, action: Action) -> list[Action]:
@@ -258,9 +297,10 @@ def _public(action: Action, cluster: str, job_external_id: str | None) -> Action
     )
 
 
-# Actions that ran on a job (reservations move no job).
+# Actions that ran on a job (reservations move no job); the dwell rule counts the same.
 RAN = (ActionState.succeeded, ActionState.failed, ActionState.compensated)
 NOT_ON_JOBS = (ActionKind.reserve, ActionKind.unreserve)
+NEVER_RAN_WHEN_FAILED = (ActionKind.start, ActionKind.resume)
 
 
 def churn(
@@ -269,31 +309,35 @@ def churn(
     """Shaper's actions per job-hour over the last ``window_s``, and the jobs it acted on
     twice less than ``dwell_s`` apart (the dwell rule says none should be)."""
     since = now - timedelta(seconds=window_s)
-    ended = sa.func.coalesce(Action.finished_at, Action.updated_at)
+    finished = sa.func.coalesce(Action.finished_at, Action.updated_at)
     query = (
-        sa.select(Action.job_id, ended, Job.external_id)
+        sa.select(finished, Job.external_id)
         .join(Cluster, Cluster.id == Action.cluster_id)  # type: ignore[arg-type]
         .join(Job, Job.id == Action.job_id)  # type: ignore[arg-type]
         .where(
             Action.state.in_([s.value for s in RAN]),  # type: ignore[attr-defined]
             Action.kind.not_in([k.value for k in NOT_ON_JOBS]),  # type: ignore[attr-defined]
-            ended >= since,
+            # A start that failed never ran the job: nothing happened to it.
+            sa.not_(
+                sa.and_(
+                    Action.state == ActionState.failed.value,
+                    Action.kind.in_([k.value for k in NEVER_RAN_WHEN_FAILED]),  # type: ignore[attr-defined]
+                )
+            ),
+            finished >= since,
         )
     )
     if cluster is not None:
         query = query.where(Cluster.name == cluster)
     times: dict[str, list[datetime]] = {}
     total = 0
-    for _job_id, at, external_id in session.execute(query):
+    for at, external_id in session.execute(query):
         times.setdefault(external_id, []).append(at)
         total += 1
     twice = sorted(
         job
         for job, at in times.items()
-        if any(
-            (b - a).total_seconds() < dwell_s
-            for a, b in zip(sorted(at), sorted(at)[1:], strict=False)
-        )
+        if any((b - a).total_seconds() < dwell_s for a, b in pairwise(sorted(at)))
     )
     hours = _job_hours(session, cluster, since, now)
     return ChurnPublic(

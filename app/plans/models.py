@@ -22,7 +22,8 @@ class PlanState(StrEnum):
     superseded = "superseded"  # a materially better plan replaced it
 
 
-# A plan that still decides what happens on its cluster (at most one per cluster).
+# Plans that still decide what happens on their cluster: their unfinished actions are
+# reviewed every cycle (several at once in enforce mode, where each cycle may add one).
 OPEN_PLAN_STATES = frozenset({PlanState.proposed, PlanState.approved})
 
 

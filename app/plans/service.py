@@ -50,7 +50,9 @@ def decide_plan(
     *, session: Session, plan_id: int, approve: bool, by: str, now: datetime
 ) -> tuple[PlanPublic, list[int]]:
     """Approve or reject every proposed action of a plan at once. Returns the plan and the
-    ids of the actions approved (for dispatch). Only a proposed plan can be decided."""
+    ids of the actions approved (for dispatch). Only a proposed plan can be decided;
+    rejecting one that was approved in part withdraws only what is still proposed (and,
+    through the dependency groups, what waits for it)."""
     plan = session.exec(select(Plan).where(Plan.id == plan_id).with_for_update()).first()
     if plan is None:
         raise NotFound(f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
@@ -80,7 +82,17 @@ def decide_plan(
         decided.append(action.id)  # type: ignore[arg-type]
         if not approve:
             action_service.ended(session=session, action=action, now=now)
-    plan.state = PlanState.approved if approve else PlanState.rejected
+    # Rejecting a plan an operator approved in part stops what has not started; what was
+    # approved before goes on, and the plan with it.
+    remaining = session.exec(
+        select(Action.id).where(
+            Action.plan_id == plan_id,
+            col(Action.state).in_(
+                [ActionState.approved, ActionState.dispatched, ActionState.running]
+            ),
+        )
+    ).first()
+    plan.state = PlanState.approved if approve or remaining is not None else PlanState.rejected
     plan.decided_by, plan.decided_at = by, now
     session.add(plan)
     session.commit()

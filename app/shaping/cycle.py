@@ -87,25 +87,28 @@ def run_cycle(
     open_plans = _open_plans(session, snapshot.cluster_id)
     expired = _review(session, snapshot, open_plans, now)  # 2
     _clear_displaced(session, snapshot)
-    if expired:
-        snapshot = take_snapshot(session=session, cluster_name=cluster_name, now=now)
-    open_proposal = next(((p, a) for p, a in open_plans if _has_proposals(a)), None)
+    session.commit()  # nothing stays locked while the solver runs
+    changed = bool(expired)
     fresh: tuple[Instance, sp.Plan, list[str]] | None = None
-    if open_proposal is not None:  # 3
-        proposal, actions = open_proposal
+    proposal = next((p for p, a in open_plans if _undecided(a)), None)
+    if proposal is not None:  # 3
+        actions = {p.id: a for p, a in open_plans}[proposal.id]
         stale = _stale_because(snapshot, proposal, policy_name)
-        if stale is None and any(ActionState(a.state) != ActionState.proposed for a in actions):
-            return _keep(session, proposal, now, expired)  # partly decided: it stands
         if stale is None:
             fresh = _solve(snapshot, policy_name, config, lock_proposed=False)
-            stale = _materially_better(snapshot, fresh[0], fresh[1], actions)
+            stale = _materially_better(session, snapshot, fresh[0], fresh[1], actions)
             if stale is None:
                 return _keep(session, proposal, now, expired)
-            superseded = PlanState.superseded
+            state = PlanState.superseded
         else:
-            superseded = PlanState.expired
-        _close(session, proposal, actions, superseded, stale, now)
-    if fresh is None:
+            state = PlanState.expired
+        if not _close(session, proposal, state, stale, now):
+            # An operator decided part of it meanwhile: it stands.
+            return _keep(session, proposal, now, expired)
+        changed = True
+    if fresh is None or changed:
+        if changed:  # jobs of what was withdrawn are free to plan again
+            snapshot = take_snapshot(session=session, cluster_name=cluster_name, now=now)
         fresh = _solve(snapshot, policy_name, config, lock_proposed=True)  # 4-5
     instance, plan, violations = fresh
     result = _persist(session, snapshot, instance, plan, policy_name, violations, now)  # 6-7
@@ -138,8 +141,11 @@ def _open_plans(session: Session, cluster_id: int) -> list[tuple[Plan, list[Acti
     return found
 
 
-def _has_proposals(actions: list[Action]) -> bool:
-    return any(ActionState(a.state) == ActionState.proposed for a in actions)
+def _undecided(actions: list[Action]) -> bool:
+    """A proposal nobody has decided on yet: every live action still proposed. (A plan an
+    operator approved in part goes on; its remaining proposals stay until they expire.)"""
+    live = [a for a in actions if ActionState(a.state) not in TERMINAL_ACTION_STATES]
+    return bool(live) and all(ActionState(a.state) == ActionState.proposed for a in live)
 
 
 def _review(
@@ -153,11 +159,16 @@ def _review(
         review = review_plan(snapshot, actions)
         for action in actions:
             why = review.expired.get(action.id)  # type: ignore[arg-type]
-            if why is not None:
-                action_service.end_unstarted(
-                    session=session, action=action, error=f"expired: {why}", by=SHAPER, now=now
-                )
+            if why is not None and action_service.end_unstarted(
+                session=session,
+                action_id=action.id,
+                error=f"expired: {why}",
+                by=SHAPER,
+                now=now,  # type: ignore[arg-type]
+            ):
                 expired += 1
+        for action in actions:
+            session.refresh(action)
         _settle(plan, actions, now, next(iter(review.expired.values()), None))
         session.add(plan)
     session.flush()
@@ -213,50 +224,80 @@ def _stale_because(snapshot: ClusterSnapshot, plan: Plan, policy_name: str) -> s
 
 
 def _materially_better(
-    snapshot: ClusterSnapshot, instance: Instance, fresh: sp.Plan, actions: list[Action]
+    session: Session,
+    snapshot: ClusterSnapshot,
+    instance: Instance,
+    fresh: sp.Plan,
+    actions: list[Action],
 ) -> str | None:
-    """Why a fresh plan should replace the proposal, or None to keep the proposal."""
+    """Why a fresh plan should replace the proposal, or None to keep the proposal. Both are
+    valued on the same instance, the fresh one without the groups it would defer."""
     if not fresh.actions or not instance.jobs:
         return None
-    target = {job.id: dict(job.placement) for job in instance.jobs}
+    current = {job.id: dict(job.placement) for job in instance.jobs}
+    graph = action_graph(instance, fresh)
+    deferred = _deferred(instance, fresh, graph, _footprint(session, snapshot.cluster_id))
+    fresh_target = dict(current)
+    for index, action in enumerate(fresh.actions):
+        if index not in deferred:
+            fresh_target[action.job_id] = dict(action.to_placement)
+    kept_target = dict(current)
     external = {row.id: row.external_id for row in snapshot.jobs}
     for action in actions:
+        if ActionKind(action.kind) in (ActionKind.reserve, ActionKind.unreserve):
+            continue
         if ActionState(action.state) != ActionState.proposed or action.job_id not in external:
             continue
-        if ActionKind(action.kind) is ActionKind.reserve:
-            continue
         job_id = solver_job_id(snapshot.cluster, external[action.job_id])
-        target[job_id] = {
+        kept_target[job_id] = {
             solver_node_name(snapshot.cluster, node): gpus
             for node, gpus in action.target_placement.items()
             if gpus > 0
         }
-    kept = evaluate(instance, target).objective
-    better = fresh.stats.objective
+    kept = evaluate(instance, kept_target).objective
+    better = evaluate(instance, fresh_target).objective
     margin = max(SUPERSEDE_GAIN * abs(kept), SUPERSEDE_MIN_UNITS)
     if better - kept < margin:
         return None
     return f"a fresh plan is worth {better:.4g} against {kept:.4g} for this one (objective units)"
 
 
-def _close(
-    session: Session,
-    plan: Plan,
-    actions: list[Action],
-    state: PlanState,
-    why: str,
-    now: datetime,
-) -> None:
+def _close(session: Session, plan: Plan, state: PlanState, why: str, now: datetime) -> bool:
+    """Withdraw an undecided proposal whole; False (and nothing changed) when an operator
+    decided any of it meanwhile."""
+    locked = session.exec(
+        select(Plan)
+        .where(Plan.id == plan.id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one()
+    actions = list(
+        session.exec(
+            select(Action)
+            .where(Action.plan_id == plan.id)
+            .order_by(col(Action.id))
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+    )
+    if locked.state != PlanState.proposed or not _undecided(actions):
+        session.rollback()
+        return False
     word = "superseded" if state is PlanState.superseded else "expired"
     for action in actions:
         if ActionState(action.state) == ActionState.proposed:
             action_service.end_unstarted(
-                session=session, action=action, error=f"{word}: {why}", by=SHAPER, now=now
+                session=session,
+                action_id=action.id,
+                error=f"{word}: {why}",
+                by=SHAPER,
+                now=now,  # type: ignore[arg-type]
             )
-    plan.state = state
-    plan.state_reason = why[:1024]
-    session.add(plan)
-    session.flush()
+    locked.state = state
+    locked.state_reason = why[:1024]
+    session.add(locked)
+    session.commit()
+    return True
 
 
 # -- persisting a new plan -------------------------------------------------------------

@@ -31,7 +31,6 @@ from solver.dependencies import gpu_changes
 
 # Not started yet: these can still be withdrawn when the plan no longer applies.
 UNSTARTED = (ActionState.proposed, ActionState.approved)
-STOPPING = (ActionKind.preempt, ActionKind.requeue)
 
 
 @dataclass
@@ -77,7 +76,7 @@ def _job_check(action: Action, row: JobRow | None) -> str | None:
     if kind is ActionKind.reserve:
         return None  # it applies while the move or start it holds GPUs for applies
     if kind is ActionKind.start:
-        if held:
+        if held and held != action.target_placement:
             return f"job {row.external_id} already runs on {','.join(sorted(held))}"
         return None
     if held != action.source_placement:

@@ -34,6 +34,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, select
 
 from app.actions.models import Action, ActionKind, ActionState
+from app.actions.service import NEVER_RAN_WHEN_FAILED, NOT_ON_JOBS, RAN
 from app.clusters import service as cluster_service
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
@@ -224,10 +225,6 @@ def _moves_today(
     }
 
 
-# Actions that ran: the job was disturbed whether or not they reached their goal.
-ACTED_STATES = (ActionState.succeeded, ActionState.failed, ActionState.compensated)
-NOT_ON_JOBS = (ActionKind.reserve.value, ActionKind.unreserve.value)
-NEVER_RAN_WHEN_FAILED = (ActionKind.start.value, ActionKind.resume.value)
 IN_FLIGHT_STATES = (
     ActionState.approved,
     ActionState.dispatched,
@@ -239,27 +236,27 @@ IN_FLIGHT_STATES = (
 def _acted(
     session: Session, job_ids: list[int], now: datetime
 ) -> dict[int, tuple[datetime | None, int]]:
-    """Per job: when Shaper's last action on it ended, and how many ended in the last hour."""
+    """Per job: when Shaper's last action on it ended (dwell), and how many ended in the
+    last hour (move budget). A start that failed never ran the job: it starts no dwell,
+    but it counts against the budget, so a start that keeps failing is not retried every
+    cycle."""
     if not job_ids:
         return {}
     ended = sa.func.coalesce(Action.finished_at, Action.updated_at)
+    never_ran = sa.and_(
+        Action.state == ActionState.failed.value,
+        Action.kind.in_([k.value for k in NEVER_RAN_WHEN_FAILED]),  # type: ignore[attr-defined]
+    )
     query = (
         sa.select(
             Action.job_id,
-            sa.func.max(ended),
+            sa.func.max(sa.case((never_ran, None), else_=ended)),
             sa.func.sum(sa.case((ended >= now - timedelta(hours=1), 1), else_=0)),
         )
         .where(
             Action.job_id.in_(job_ids),  # type: ignore[union-attr]
-            Action.kind.not_in(NOT_ON_JOBS),  # type: ignore[attr-defined]
-            Action.state.in_([s.value for s in ACTED_STATES]),  # type: ignore[attr-defined]
-            # A start that failed never ran the job: nothing happened to it.
-            sa.not_(
-                sa.and_(
-                    Action.state == ActionState.failed.value,
-                    Action.kind.in_(NEVER_RAN_WHEN_FAILED),  # type: ignore[attr-defined]
-                )
-            ),
+            Action.kind.not_in([k.value for k in NOT_ON_JOBS]),  # type: ignore[attr-defined]
+            Action.state.in_([s.value for s in RAN]),  # type: ignore[attr-defined]
             ended >= now - timedelta(days=1),
         )
         .group_by(Action.job_id)

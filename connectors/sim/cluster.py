@@ -124,7 +124,7 @@ class SimCluster:
         self.reservations: dict[str, dict[str, int]] = {}
         self._reserved_until: dict[str, datetime] = {}
         self._counter = 0
-        self._arrival_debt = 0.0
+        self._next_arrival = self._draw_arrival(start)
         for service in spec.services:
             self._add_service(service)
         self._schedule()
@@ -144,17 +144,23 @@ class SimCluster:
                         self._finish(job, at - (job.done - job.work))
             self.now = at
             self._lapse_reservations()
-            self._arrive(elapsed)
+            self._arrive()
             self._autoscale()
             self._schedule()
             self._forget_finished()
 
-    def _arrive(self, elapsed: timedelta) -> None:
-        self._arrival_debt += self.spec.arrivals_per_hour * elapsed.total_seconds() / 3600
-        while self._arrival_debt >= 1 or (
-            self._arrival_debt > 0 and self._rng.random() < self._arrival_debt
-        ):
-            self._arrival_debt -= 1
+    def _draw_arrival(self, after: datetime) -> datetime | None:
+        """The next arrival of a Poisson process at ``arrivals_per_hour`` (None: none)."""
+        rate = self.spec.arrivals_per_hour
+        if rate <= 0:
+            return None
+        return after + timedelta(hours=self._rng.expovariate(rate))
+
+    def _arrive(self) -> None:
+        """Jobs arriving up to now, each at its own time: the same arrivals however often
+        the cluster is advanced (telemetry reads and actions advance it at will)."""
+        while self._next_arrival is not None and self._next_arrival <= self.now:
+            at = self._next_arrival
             self._counter += 1
             team = self._rng.choice(self.spec.teams)
             gpus = self._rng.choice(self.spec.job_gpus)
@@ -169,12 +175,12 @@ class SimCluster:
                 gpus_requested=gpus,
                 gang_size=max(1, math.ceil(gpus / max(self._size.values()))),
                 checkpointable=self._rng.random() < self.spec.checkpointable_share,
-                submit_time=self.now,
+                submit_time=at,
                 state=JobState.pending,
             )
             minutes = self._rng.randint(*self.spec.minutes)
             self.jobs[job_id] = SimJob(report=report, work=timedelta(minutes=minutes))
-        self._arrival_debt = max(self._arrival_debt, 0.0)
+            self._next_arrival = self._draw_arrival(at)
 
     def _add_service(self, service: ServiceSpec) -> None:
         report = JobReport(

@@ -10,7 +10,9 @@ actions of the same plan that must succeed first; ``source_placement`` and
 that a failed move left without GPUs (back in its queue with its checkpoint).
 
 Existing rows get server defaults, so the upgrade works on live tables; plans made before
-it become ``observed`` (their proposals were cancelled by every later cycle anyway).
+it become ``observed``, and their undecided proposals are withdrawn (``cancelled``, with
+the reason): every later cycle used to cancel them anyway. ``actions.plan_id`` and
+``actions.job_id`` get indexes.
 
 Revision ID: 7d1e5a9c3b42
 Revises: 2c38a48a5e98
@@ -47,6 +49,16 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("depends_on", sa.JSON(), nullable=False, server_default="[]"))
         batch_op.add_column(sa.Column("counts_on", sa.JSON(), nullable=False, server_default="[]"))
         batch_op.add_column(sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True))
+        # Every event now looks up a plan's actions and a job's actions.
+        batch_op.create_index(batch_op.f("ix_actions_plan_id"), ["plan_id"], unique=False)
+        batch_op.create_index(batch_op.f("ix_actions_job_id"), ["job_id"], unique=False)
+    # Proposals made before plans were units would be neither reviewed nor superseded any
+    # more (every cycle used to cancel them): withdraw them, saying why.
+    op.execute(
+        "UPDATE actions SET state = 'cancelled', "
+        "error = 'withdrawn by the upgrade to plans as units: the next cycle proposes afresh' "
+        "WHERE state = 'proposed'"
+    )
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("displaced_at", sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("displaced_reason", sa.String(length=1024), nullable=True))
@@ -57,6 +69,8 @@ def downgrade() -> None:
         batch_op.drop_column("displaced_reason")
         batch_op.drop_column("displaced_at")
     with op.batch_alter_table("actions", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_actions_job_id"))
+        batch_op.drop_index(batch_op.f("ix_actions_plan_id"))
         batch_op.drop_column("finished_at")
         batch_op.drop_column("counts_on")
         batch_op.drop_column("depends_on")
