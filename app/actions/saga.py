@@ -565,17 +565,37 @@ def _advance_locked(
 
 
 def _record_placement(session: Session, action: Action, job: Job, now: datetime) -> None:
-    """What a finished process-level saga changed, in the control plane's own view, until
-    the connector's next telemetry says otherwise: a migrated job holds its GPUs on the
-    target node now, a preempted one holds none."""
+    """What a finished saga changed, in the control plane's own view, until the
+    connector's next telemetry says otherwise: a migrated job holds its GPUs on the target
+    node now, a preempted one holds none, a started one holds its planned GPUs."""
     kind = ActionKind(action.kind)
     if kind is ActionKind.preempt and not job.checkpointable:
         return  # the scheduler requeued it; its telemetry tells the rest
-    if kind not in (ActionKind.migrate, ActionKind.preempt):
+    if kind not in (ActionKind.migrate, ActionKind.preempt, ActionKind.start, ActionKind.resume):
         return
     nodes = dict(
         session.exec(select(Node.name, Node.id).where(Node.cluster_id == action.cluster_id)).all()
     )
+    if kind in (ActionKind.start, ActionKind.resume):
+        # Its confirm saw it running there: the next plan must not count those GPUs free
+        # while the connector's next push is still on its way.
+        for name, gpus in action.target_placement.items():
+            node = nodes.get(name)
+            if node is not None and not _holds(session, job, node):
+                session.add(
+                    Allocation(
+                        job_id=job.id,  # type: ignore[arg-type]
+                        node_id=node,
+                        gpu_indices=[],
+                        gpu_count=gpus,
+                        started_at=now,
+                    )
+                )
+        job.state = JobState.running
+        job.start_time = job.start_time or now
+        job.updated_at = now
+        session.add(job)
+        return
     held = session.exec(
         select(Allocation).where(
             Allocation.job_id == job.id,

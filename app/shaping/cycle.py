@@ -18,8 +18,9 @@
    action frees waits for it. Each group of connected actions stands or falls whole: it
    is deferred when its actions need each other in a cycle or when it touches a node an
    unfinished plan is still working on. On clusters whose scheduler honours reservations,
-   every move and every start that waits for freed GPUs gets a ``reserve`` action first
-   (its prerequisites wait for it), so nothing else can take the GPUs in between.
+   every move and every start gets a ``reserve`` action first (what frees GPUs for it
+   waits for that too), so nothing else can take the GPUs in between — not even free
+   ones, which the native scheduler would otherwise keep handing to its own queue.
 7. **Persist** the plan with a reason for every decision (each action's names its plan
    and, for what frees GPUs, the jobs it frees them for) and its actions: ``proposed`` in
    advise mode, ``approved`` by ``shaper`` in enforce mode, none in observe mode.
@@ -481,8 +482,9 @@ def _add_actions(
             target_placement=_local_placement(action.to_placement),
             target_replicas=action.replicas,
         )
-        waits = bool(graph.depends_on[index])
-        if reserving and kind in TAKES and (waits or kind is ActionKind.migrate):
+        # Every move and start holds its GPUs first: the native scheduler keeps placing
+        # its own queue meanwhile, free GPUs included.
+        if reserving and kind in TAKES:
             holds[index] = new(
                 ActionKind.reserve,
                 job,

@@ -505,22 +505,18 @@ class SimCluster:
             self._reserved_until[external_id] = self.now + timedelta(seconds=ttl_s)
 
     def _check_reservable(self, job_id: str, gpus: dict[str, int], leaving: set[str]) -> None:
+        """The GPUs can come free for the job: jobs outside ``leaving`` leave enough. (Other
+        reservations are not counted: a plan's takers share nodes by its own counts.)"""
         for node, wanted in sorted(gpus.items()):
             others = {
                 j.id: len(j.placement[node])
                 for j in self.jobs.values()
                 if node in j.placement and j.id not in leaving
             }
-            held_elsewhere = sum(
-                held.get(node, 0)
-                for owner, held in self.reservations.items()
-                if owner != job_id and owner not in leaving
-            )
-            if self._size[node] - sum(others.values()) - held_elsewhere < wanted:
-                names = ", ".join(f"{j} ({g})" for j, g in sorted(others.items())) or "nobody"
+            if self._size[node] - sum(others.values()) < wanted:
+                names = ", ".join(f"{j} ({g})" for j, g in sorted(others.items()))
                 raise ConnectorError(
-                    f"cannot hold {wanted} GPUs on {node} for {job_id}: held by {names}"
-                    + (f", {held_elsewhere} reserved for others" if held_elsewhere else ""),
+                    f"cannot hold {wanted} GPUs on {node} for {job_id}: held by {names}",
                     retryable=False,
                 )
 
