@@ -419,15 +419,6 @@ def _move(action: Action, to: ActionState, now: datetime) -> None:
     action.updated_at = now
 
 
-def _lock_action(session: Session, action_id: int) -> Action:
-    action = session.exec(select(Action).where(Action.id == action_id).with_for_update()).first()
-    if action is None:
-        raise NotFound(
-            f"action {action_id} does not exist", resource="action", resource_id=action_id
-        )
-    return action
-
-
 def _steps(session: Session, action_id: int) -> list[ActionStep]:
     return list(
         session.exec(
@@ -459,7 +450,7 @@ def advance(
 
     step_timeout_s overrides every step's timeout; start_wait_s is how long a confirm
     waits for the scheduler to start a requeued job (see SCHEDULER_START_WAIT_S)."""
-    action = _lock_action(session, action_id)
+    action = action_service.lock_action(session, action_id)
     outgoing = _advance_locked(session, action, now, step_timeout_s, start_wait_s)
     outgoing += _after(session, action, now)
     session.commit()

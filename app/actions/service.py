@@ -79,7 +79,7 @@ def transition(
     Rejecting or cancelling one withdraws its dependency group: the unstarted actions
     connected to it (see ``ended``).
     """
-    action = _lock(session, action_id)
+    action = lock_action(session, action_id)
     _check_move(action, to)
     if to is ActionState.approved:
         for prerequisite in _prerequisites(session, action):
@@ -112,7 +112,7 @@ def end_unstarted(*, session: Session, action_id: int, error: str, by: str, now:
     ``cancelled`` with ``error``, and its dependency group with it. The row is locked and
     read again first, so an action a worker has just dispatched is left alone (False).
     The caller commits."""
-    action = _lock(session, action_id)
+    action = lock_action(session, action_id)
     if ActionState(action.state) not in (ActionState.proposed, ActionState.approved):
         return False
     _decide(action, ActionState.cancelled, by, now)
@@ -190,22 +190,31 @@ def _taker_withdrawn(reservation: Action, siblings: list[Action]) -> bool:
     return bool(takers) and all(ActionState(a.state) in UNDONE_ACTION_STATES for a in takers)
 
 
+def dependency_groups(actions: list[Action]) -> list[list[Action]]:
+    """A plan's actions grouped by their dependencies, either way, transitively: each
+    group stands or falls whole."""
+    parent = {a.id: a.id for a in actions}
+
+    def root(action_id: int | None) -> int | None:
+        while parent[action_id] != action_id:
+            parent[action_id] = parent[parent[action_id]]
+            action_id = parent[action_id]
+        return action_id
+
+    for action in actions:
+        for prerequisite in action.depends_on or []:
+            if prerequisite in parent:
+                parent[root(action.id)] = root(prerequisite)
+    groups: dict[int | None, list[Action]] = {}
+    for action in sorted(actions, key=lambda a: a.id or 0):
+        groups.setdefault(root(action.id), []).append(action)
+    return list(groups.values())
+
+
 def _connected(action: Action, siblings: list[Action]) -> list[Action]:
-    """The actions linked to ``action`` by dependencies, either way, transitively."""
-    links: dict[int, set[int]] = {a.id: set() for a in siblings}  # type: ignore[misc]
-    for sibling in siblings:
-        for prerequisite in sibling.depends_on or []:
-            if prerequisite in links:
-                links[sibling.id].add(prerequisite)  # type: ignore[index]
-                links[prerequisite].add(sibling.id)  # type: ignore[arg-type]
-    seen = {action.id}
-    todo = [action.id]
-    while todo:
-        for linked in links.get(todo.pop(), ()):  # type: ignore[arg-type]
-            if linked not in seen:
-                seen.add(linked)
-                todo.append(linked)
-    return [a for a in siblings if a.id in seen and a.id != action.id]
+    """The other actions of ``action``'s dependency group."""
+    group = next(g for g in dependency_groups(siblings) if any(a.id == action.id for a in g))
+    return [a for a in group if a.id != action.id]
 
 
 def _give_back_reservation(
@@ -264,7 +273,8 @@ def _prerequisites(session: Session, action: Action) -> list[Action]:
     return [found[i] for i in sorted(found)]
 
 
-def _lock(session: Session, action_id: int) -> Action:
+def lock_action(session: Session, action_id: int) -> Action:
+    """The action, locked for this transaction (and read again); NotFound if missing."""
     action = session.exec(select(Action).where(Action.id == action_id).with_for_update()).first()
     if action is None:
         raise NotFound(

@@ -22,9 +22,9 @@ those already running go on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from app.actions import service as action_service
 from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
 from app.shaping.snapshot import ClusterSnapshot, JobRow
 from solver.dependencies import gpu_changes
@@ -44,28 +44,6 @@ def held_by_job(row: JobRow) -> dict[str, int]:
     for node, _indices, gpus in row.placement:
         held[node] = held.get(node, 0) + gpus
     return held
-
-
-def components(actions: Iterable[Action]) -> list[list[Action]]:
-    """Actions of one plan grouped by their dependencies (union of both directions)."""
-    actions = list(actions)
-    by_id = {a.id: a for a in actions}
-    parent = {a.id: a.id for a in actions}
-
-    def root(i: int | None) -> int | None:
-        while i is not None and parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for action in actions:
-        for prerequisite in action.depends_on:
-            if prerequisite in parent:
-                parent[root(action.id)] = root(prerequisite)  # type: ignore[index]
-    groups: dict[int, list[Action]] = {}
-    for action_id in sorted(parent):  # type: ignore[type-var]
-        groups.setdefault(root(action_id), []).append(by_id[action_id])  # type: ignore[arg-type]
-    return list(groups.values())
 
 
 def _job_check(action: Action, row: JobRow | None) -> str | None:
@@ -146,7 +124,7 @@ def review_plan(snapshot: ClusterSnapshot, actions: list[Action]) -> Review:
             problem = _job_check(action, row)
             if problem is not None:
                 why.setdefault(action.id, problem)  # type: ignore[arg-type]
-    for component in components(actions):
+    for component in action_service.dependency_groups(actions):
         reasons = [why[a.id] for a in component if a.id in why]  # type: ignore[index]
         if not reasons:
             continue
