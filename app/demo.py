@@ -117,7 +117,7 @@ def seed_demo_site(*, session: Session, now: datetime, seed: int = 7) -> SeededD
                     mode=site.mode,
                 ),
             )
-        at, seq = start, 0
+        seq = 0
         # Every STEP through the day, and a last snapshot at ``now`` itself: the first plans
         # are made on it, and a plan made on a stale view is refused when it is carried out.
         times = [start + STEP * k for k in range(int((now - start) / STEP) + 1)]
@@ -127,13 +127,8 @@ def seed_demo_site(*, session: Session, now: datetime, seed: int = 7) -> SeededD
             clock.at = at
             state = cluster.read_state()
             if push:
-                snapshot = TelemetrySnapshot(
-                    connector_session=f"demo-history-{site.name}",
-                    seq=seq,
-                    sent_at=at,
-                    nodes=state.nodes,
-                    jobs=state.jobs,
-                    samples=state.samples,
+                snapshot = TelemetrySnapshot.of(
+                    state, connector_session=f"demo-history-{site.name}", seq=seq
                 )
                 telemetry_service.ingest(
                     session=session, cluster_name=site.name, push=snapshot, now=at

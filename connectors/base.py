@@ -193,6 +193,18 @@ class TelemetrySnapshot(_Push):
     nodes: list[NodeReport] = Field(default_factory=list)
     jobs: list[JobReport] = Field(default_factory=list)
 
+    @classmethod
+    def of(cls, state: ClusterState, *, connector_session: str, seq: int) -> TelemetrySnapshot:
+        """The snapshot of what a connector read, samples included, sent when observed."""
+        return cls(
+            connector_session=connector_session,
+            seq=seq,
+            sent_at=state.observed_at,
+            nodes=state.nodes,
+            jobs=state.jobs,
+            samples=state.samples,
+        )
+
 
 class TelemetryDelta(_Push):
     """Changes since the previous push of the same session (``seq`` = previous + 1)."""

@@ -32,14 +32,7 @@ def _push(pipeline: Pipeline, state_file: Path, seq: int) -> dict[str, Any]:
         telemetry_service.ingest(
             session=session,
             cluster_name=SITE,
-            push=TelemetrySnapshot(
-                connector_session="sim-site",
-                seq=seq,
-                sent_at=state.observed_at,
-                nodes=state.nodes,
-                jobs=state.jobs,
-                samples=state.samples,
-            ),
+            push=TelemetrySnapshot.of(state, connector_session="sim-site", seq=seq),
             now=now(),
         )
     return raw

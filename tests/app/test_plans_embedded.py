@@ -121,14 +121,7 @@ class Site:
             telemetry_service.ingest(
                 session=session,
                 cluster_name=CLUSTER,
-                push=TelemetrySnapshot(
-                    connector_session="test",
-                    seq=self.seq,
-                    sent_at=self.clock.now,
-                    nodes=state.nodes,
-                    jobs=state.jobs,
-                    samples=state.samples,
-                ),
+                push=TelemetrySnapshot.of(state, connector_session="test", seq=self.seq),
                 now=self.clock.now,
             )
 
