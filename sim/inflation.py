@@ -14,7 +14,9 @@ generate_run_scripts.py``, ``scripts/generate_config_and_run.py``,
   cluster's GPU capacity (if the list alone asks for more, random pods are dropped
   instead). Pods arrive one by one, never leave, and a pod that fits nowhere stays
   unallocated. A pod asks for CPU, memory and either ``num_gpu`` whole GPUs or, when
-  ``num_gpu = 1``, ``gpu_milli`` thousandths of one GPU, on one of its allowed models.
+  ``num_gpu = 1``, ``gpu_milli`` thousandths of one GPU, on one of its allowed models. A
+  pod list with only these resource columns will do (:func:`read_pods` says what the
+  others default to); a missing one is a :class:`~sim.traces.common.TraceError`.
 * **Feasibility** (Kubernetes' resource filter and Open-Gpu-Share's): CPU, memory, model
   and GPU capacity.
 * **Scores** (every feasible node is scored, all integers 0-100 as in the Kubernetes
@@ -87,6 +89,7 @@ they pack (≈ 280, the reference's ≈ 285).
 
 from __future__ import annotations
 
+import csv
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -94,7 +97,15 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.traces.alibaba import read_alibaba_nodes
+from sim.traces.alibaba import (
+    NODE_COLUMNS,
+    POD_REQUIRED,
+    pod_models,
+    pod_qos,
+    read_alibaba_nodes,
+    require_columns,
+)
+from sim.traces.common import TraceError, TraceInput
 
 POLICIES = ("random", "best-fit", "dot-product", "gpu-packing", "gpu-clustering", "fgd")
 SHAPER_POLICIES = ("shaper-defrag", "shaper-preempt")
@@ -261,49 +272,80 @@ def spread_over_seeds(runs: Sequence[Sequence[InflationResult]]) -> list[SeedSpr
 def read_pods(path: str | Path, *, movable: str = "be") -> list[Pod]:
     """Every pod of the list, CPU-only ones included (they take CPU and memory).
 
-    ``movable``: which pods Shaper may migrate: ``be`` (best-effort QoS only, as in the
-    trace replays) or ``all`` (transparent checkpointing of every pod)."""
+    The list needs the resource columns (``sim.traces.alibaba.POD_REQUIRED``: ``cpu_milli``,
+    ``memory_mib``, ``num_gpu``, ``gpu_milli``) and may have only those: without
+    ``gpu_spec`` a pod takes any GPU model, without ``qos`` it is best effort (``BE``, as
+    an empty value is), and no time column is read (pods arrive in a seeded shuffle of the
+    list). ``movable``: which pods Shaper may migrate: ``be`` (best-effort QoS only, as in
+    the trace replays) or ``all`` (transparent checkpointing of every pod)."""
     if movable not in ("be", "all"):
         raise ValueError(f"movable must be 'be' or 'all', not {movable!r}")
-    import csv
-
     pods = []
     with open(path, newline="") as handle:
-        for row in csv.DictReader(handle):
-            gpus = int(row["num_gpu"] or 0)
+        reader = csv.DictReader(handle)
+        require_columns(path, reader.fieldnames, POD_REQUIRED, what="pod list")
+        for line, row in enumerate(reader, start=2):
+            try:
+                gpus = int(row["num_gpu"] or 0)
+                cpu = int(row["cpu_milli"] or 0)
+                mem = int(row["memory_mib"] or 0)
+                milli = int(row["gpu_milli"] or 0)
+            except ValueError as exc:
+                raise TraceError(f"{path}:{line}: {exc}") from exc
+            best_effort = pod_qos(row) == "BE"
             pods.append(
                 Pod(
-                    cpu=int(row["cpu_milli"] or 0),
-                    mem=int(row["memory_mib"] or 0),
+                    cpu=cpu,
+                    mem=mem,
                     gpus=gpus,
-                    milli=min(int(row["gpu_milli"] or 0), FULL)
-                    if gpus == 1
-                    else (FULL if gpus else 0),
-                    models=tuple(m for m in (row["gpu_spec"] or "").split("|") if m),
-                    checkpointable=movable == "all" or (row["qos"] or "BE") == "BE",
-                    best_effort=(row["qos"] or "BE") == "BE",
+                    milli=min(milli, FULL) if gpus == 1 else (FULL if gpus else 0),
+                    models=pod_models(row),
+                    checkpointable=movable == "all" or best_effort,
+                    best_effort=best_effort,
                 )
             )
     return pods
+
+
+def read_node_rows(path: str | Path) -> list[tuple[str, str, int, int, int]]:
+    """``(name, model, cpu_milli, memory_mib, gpus)`` of every node of the list."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        require_columns(
+            path, reader.fieldnames, NODE_COLUMNS, what="node list", about=TraceInput.NODES
+        )
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                gpus = int(row["gpu"] or 0)
+                cpu = int(row["cpu_milli"])
+                mem = int(row["memory_mib"])
+            except ValueError as exc:
+                raise TraceError(f"{path}:{line}: {exc}", about=TraceInput.NODES) from exc
+            if not 0 <= gpus <= MAX_GPUS:
+                # The free-capacity arrays hold MAX_GPUS GPUs per node: more would be cut.
+                raise TraceError(
+                    f"{path}:{line}: {gpus} GPUs; the experiment models 0 to {MAX_GPUS} per node",
+                    about=TraceInput.NODES,
+                )
+            rows.append((row["sn"], row["model"] or "", cpu, mem, gpus))
+    return rows
 
 
 class Cluster:
     """Free CPU, memory and per-GPU milli capacity of every node, as numpy arrays."""
 
     def __init__(self, nodes_path: str | Path, *, include_cpu_nodes: bool = True) -> None:
-        import csv
-
-        with open(nodes_path, newline="") as handle:
-            rows = list(csv.DictReader(handle))
+        rows = read_node_rows(nodes_path)
         if not include_cpu_nodes:
-            rows = [r for r in rows if int(r["gpu"] or 0) > 0]
+            rows = [r for r in rows if r[4] > 0]
         n = len(rows)
-        self.names = [r["sn"] for r in rows]
-        self.models = [r["model"] or "" for r in rows]
+        self.names = [name for name, *_ in rows]
+        self.models = [model for _, model, *_ in rows]
         self.model_names = np.array(self.models)
-        self.cpu_cap = np.array([int(r["cpu_milli"]) for r in rows], dtype=np.int64)
-        self.mem_cap = np.array([int(r["memory_mib"]) for r in rows], dtype=np.int64)
-        self.gpu_count = np.array([int(r["gpu"] or 0) for r in rows], dtype=np.int64)
+        self.cpu_cap = np.array([cpu for _, _, cpu, _, _ in rows], dtype=np.int64)
+        self.mem_cap = np.array([mem for _, _, _, mem, _ in rows], dtype=np.int64)
+        self.gpu_count = np.array([gpus for *_, gpus in rows], dtype=np.int64)
         self.cpu = self.cpu_cap.copy()
         self.mem = self.mem_cap.copy()
         self.gpu = np.full((n, MAX_GPUS), -1, dtype=np.int64)

@@ -19,51 +19,77 @@ Pods (``openb_pod_list_*.csv``) → :class:`~sim.workload.BlockJob`:
 * ``cpu_milli`` / ``memory_mib`` → per-pod CPU and memory;
 * pods with ``num_gpu = 0`` are CPU-only and left out; ``pod_phase`` is ignored (a Failed or
   Pending pod still asked for the resources).
+
+A pod list must have the resource columns (:data:`POD_REQUIRED`); the others may be left
+out, as in a list exported from another cluster, and then mean what an empty value means:
+no ``name`` → ``pod-<row>``; no ``gpu_spec`` → any GPU model; no ``qos`` → ``BE``
+(:data:`DEFAULT_QOS`); no ``scheduled_time`` → scheduled at creation; no
+``creation_time`` → the pods arrive in the file's order, one second apart. A replay also
+needs ``deletion_time`` (a pod's run time); the inflation experiment does not (its pods
+never leave). A missing required column is an error that names it and the columns found.
 """
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from sim.traces.common import TraceOptions, make_workload, shape_jobs
+from sim.traces.common import TraceError, TraceInput, TraceOptions, make_workload, shape_jobs
 from sim.workload import BlockJob, GpuModel, JobKind, Node, Workload
 
 QOS_PRIORITY = {"Guaranteed": 4.0, "LS": 3.0, "Burstable": 2.0, "BE": 1.0}
+DEFAULT_QOS = "BE"
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS = (
-    "name",
-    "cpu_milli",
-    "memory_mib",
-    "num_gpu",
-    "gpu_milli",
-    "gpu_spec",
-    "qos",
-    "creation_time",
-    "deletion_time",
-    "scheduled_time",
-)
+POD_REQUIRED = ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+POD_OPTIONAL = ("name", "gpu_spec", "qos", "creation_time", "scheduled_time", "deletion_time")
+# A replay needs each pod's run time; the inflation experiment needs only its request.
+REPLAY_REQUIRED = (*POD_REQUIRED, "deletion_time")
 
 
-def _check(path: str | Path, fieldnames: Sequence[str] | None, needed: tuple[str, ...]) -> None:
-    missing = set(needed) - set(fieldnames or ())
+def require_columns(
+    path: str | Path,
+    fieldnames: Sequence[str] | None,
+    needed: Sequence[str],
+    *,
+    what: str,
+    about: TraceInput = TraceInput.TRACE,
+) -> None:
+    """Refuse a CSV without the ``needed`` columns, naming them and the columns it has."""
+    found = list(fieldnames or ())
+    missing = [column for column in needed if column not in found]
     if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        raise TraceError(
+            f"{path}: the {what} has no column {', '.join(missing)}; "
+            f"its columns are {found}, and a {what} needs {list(needed)}",
+            about=about,
+        )
+
+
+def pod_models(row: dict[str, str]) -> tuple[str, ...]:
+    """Allowed GPU models of a pod: ``gpu_spec`` split on ``|``; none (or no column) = any."""
+    return tuple(model for model in (row.get("gpu_spec") or "").split("|") if model)
+
+
+def pod_qos(row: dict[str, str]) -> str:
+    return row.get("qos") or DEFAULT_QOS
 
 
 def read_alibaba_nodes(path: str | Path) -> tuple[dict[str, GpuModel], list[Node]]:
     nodes: list[Node] = []
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        _check(path, reader.fieldnames, NODE_COLUMNS)
+        require_columns(
+            path, reader.fieldnames, NODE_COLUMNS, what="node list", about=TraceInput.NODES
+        )
         for line, row in enumerate(reader, start=2):
             try:
                 gpus = int(row["gpu"] or 0)
                 cpu = int(row["cpu_milli"] or 0)
                 memory = int(row["memory_mib"] or 0)
             except ValueError as exc:
-                raise ValueError(f"{path}:{line}: {exc}") from exc
+                raise TraceError(f"{path}:{line}: {exc}", about=TraceInput.NODES) from exc
             if gpus <= 0 or not row["model"]:
                 continue
             nodes.append(
@@ -82,36 +108,44 @@ def read_alibaba_nodes(path: str | Path) -> tuple[dict[str, GpuModel], list[Node
 def read_alibaba_pods(
     path: str | Path, options: TraceOptions, *, shape: bool = True
 ) -> list[BlockJob]:
-    rows: list[dict[str, str]] = []
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        _check(path, reader.fieldnames, POD_COLUMNS)
+        require_columns(path, reader.fieldnames, REPLAY_REQUIRED, what="pod list")
+        has_creation = "creation_time" in (reader.fieldnames or ())
         rows = list(reader)
-    trace_end = max((float(r["deletion_time"] or 0) for r in rows), default=0.0)
-    jobs: list[BlockJob] = []
-    for line, row in enumerate(rows, start=2):
+    parsed = []
+    for index, row in enumerate(rows):
         try:
-            gpus = int(row["num_gpu"] or 0)
-            milli = int(row["gpu_milli"] or 0)
-            created = float(row["creation_time"] or 0)
-            scheduled = float(row["scheduled_time"] or 0) or created
-            deleted = float(row["deletion_time"] or 0) or trace_end
+            # Without creation times the file's order is the arrival order.
+            created = float(row["creation_time"] or 0) if has_creation else float(index)
+            parsed.append(
+                (
+                    row,
+                    int(row["num_gpu"] or 0),
+                    int(row["gpu_milli"] or 0),
+                    created,
+                    float(row.get("scheduled_time") or 0) or created,
+                    float(row["deletion_time"] or 0),
+                )
+            )
         except ValueError as exc:
-            raise ValueError(f"{path}:{line}: {exc}") from exc
+            raise TraceError(f"{path}:{index + 2}: {exc}") from exc
+    trace_end = max((deleted for *_, deleted in parsed), default=0.0)
+    jobs: list[BlockJob] = []
+    for index, (row, gpus, milli, created, scheduled, deleted) in enumerate(parsed):
         if gpus <= 0:
             continue
-        qos = row["qos"] or "BE"
+        qos = pod_qos(row)
         best_effort = qos == "BE"
-        models = tuple(m for m in (row["gpu_spec"] or "").split("|") if m)
         jobs.append(
             BlockJob(
-                id=row["name"] or f"pod-{line - 2}",
+                id=row.get("name") or f"pod-{index}",
                 submit_time=created,
                 gpus=gpus,
-                work=max(1.0, deleted - max(scheduled, created)),
+                work=max(1.0, (deleted or trace_end) - max(scheduled, created)),
                 priority=QOS_PRIORITY.get(qos, 1.0),
                 kind=JobKind.BATCH_INFERENCE if not best_effort else JobKind.TRAINING,
-                gpu_models=models,
+                gpu_models=pod_models(row),
                 checkpointable=best_effort and options.checkpointable,
                 preemptible=best_effort,
                 image_gb=options.image_gb,
@@ -140,8 +174,6 @@ def load_alibaba(
             if not allowed:
                 continue
             if allowed != job.gpu_models:
-                from dataclasses import replace
-
                 job = replace(job, gpu_models=allowed)
         cleaned.append(job)
     return make_workload(

@@ -1,15 +1,35 @@
 """What every trace loader shares: the options to window, scale and subsample a trace, the
-cluster to replay it on, and the step from a list of jobs to a :class:`Workload`."""
+error a loader raises, the homogeneous cluster of a trace without nodes, and the step from
+a list of jobs to a :class:`Workload`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 import numpy as np
 
 from sim.workload import BlockJob, GpuModel, Node, Service, Transfer, Workload
 
 HOUR = 3600.0
+
+
+class TraceInput(StrEnum):
+    """Which input a :class:`TraceError` is about, so that a front end can point at the
+    argument to fix (the CLI maps each to its option)."""
+
+    TRACE = "trace"
+    NODES = "nodes"
+    KIND = "kind"
+    CLUSTER = "cluster"
+
+
+class TraceError(ValueError):
+    """A trace the loaders cannot use, with what was wrong and where (file, line, column)."""
+
+    def __init__(self, message: str, *, about: TraceInput = TraceInput.TRACE) -> None:
+        super().__init__(message)
+        self.about = about
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +43,10 @@ class TraceOptions:
     * ``load_scale``: divide inter-arrival times by this (2.0 = twice the arrival rate).
     * ``duration_scale``: multiply every job's run time by this.
     * ``horizon_h``: simulated horizon; default = the last arrival (the arrival window).
-    * ``gpus`` / ``gpus_per_node`` / ``gpu_model``: the homogeneous cluster to replay on
-      (traces without node lists: Philly, Pollux, our own CSV without nodes).
+    * ``gpus`` / ``gpus_per_node``: the size of the cluster to replay on, for traces without
+      a node list (Philly, Pollux, Gavel, our own CSV without nodes); ``None`` = the
+      source's published setup (see :mod:`sim.traces.cluster`). ``gpu_model``: the model of
+      a homogeneous cluster (Gavel brings its own three models).
     * ``checkpointable`` / ``checkpoint_interval_h`` / ``image_gb``: what the trace does not
       say about checkpointing: by default every job can be checkpointed (Shaper's agent
       checkpoints transparently) with a 20 GB image.
@@ -37,8 +59,8 @@ class TraceOptions:
     load_scale: float = 1.0
     duration_scale: float = 1.0
     horizon_h: float | None = None
-    gpus: int = 64
-    gpus_per_node: int = 8
+    gpus: int | None = None
+    gpus_per_node: int | None = None
     gpu_model: str = "V100"
     checkpointable: bool = True
     checkpoint_interval_h: float = 0.0
@@ -51,16 +73,20 @@ class TraceOptions:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-def homogeneous_cluster(options: TraceOptions) -> tuple[dict[str, GpuModel], list[Node]]:
-    per_node = max(1, options.gpus_per_node)
-    count = max(1, -(-options.gpus // per_node))
-    nodes = []
-    remaining = options.gpus
-    for index in range(count):
-        gpus = min(per_node, remaining)
-        remaining -= gpus
-        nodes.append(Node(name=f"node-{index:04d}", gpu_model=options.gpu_model, gpus=gpus))
-    return {options.gpu_model: GpuModel(name=options.gpu_model)}, nodes
+def node_sizes(*, gpus: int, gpus_per_node: int) -> list[int]:
+    """``gpus`` GPUs in nodes of ``gpus_per_node``; the last node holds what is left."""
+    full, rest = divmod(gpus, gpus_per_node)
+    return [gpus_per_node] * full + ([rest] if rest else [])
+
+
+def homogeneous_cluster(
+    *, gpus: int, gpus_per_node: int, gpu_model: str
+) -> tuple[dict[str, GpuModel], list[Node]]:
+    nodes = [
+        Node(name=f"node-{index:04d}", gpu_model=gpu_model, gpus=size)
+        for index, size in enumerate(node_sizes(gpus=gpus, gpus_per_node=gpus_per_node))
+    ]
+    return {gpu_model: GpuModel(name=gpu_model)}, nodes
 
 
 def shape_jobs(jobs: list[BlockJob], options: TraceOptions) -> list[BlockJob]:
@@ -96,12 +122,10 @@ def make_workload(
     jobs: list[BlockJob],
     options: TraceOptions,
     *,
-    gpu_models: dict[str, GpuModel] | None = None,
-    nodes: list[Node] | None = None,
+    gpu_models: dict[str, GpuModel],
+    nodes: list[Node],
     description: str = "",
 ) -> Workload:
-    if nodes is None or gpu_models is None:
-        gpu_models, nodes = homogeneous_cluster(options)
     total = sum(n.gpus for n in nodes)
     # A job larger than the whole cluster could never run; it is left out (and counted).
     fitting = [j for j in jobs if j.gpus <= total]

@@ -14,8 +14,10 @@ JSON: either a list of job objects with the same keys, or an object with ``jobs`
 optionally ``nodes`` (``name``, ``gpus``, ``gpu_model``, ``cluster``), ``gpu_models``
 (``name → {memory_gb, speed, fp8}``) and ``services`` (``id``, ``hourly_demand``,
 ``gpus_per_replica``, ``min_replicas``, ``max_replicas``, ``priority``, ``gpu_models``).
-Without ``nodes`` the trace is replayed on the homogeneous cluster of
-:class:`TraceOptions`.
+Without ``nodes`` the trace is replayed on a homogeneous cluster of ``TraceOptions.gpus``
+GPUs in nodes of ``gpus_per_node`` (default :data:`CLUSTER`: 64 GPUs in nodes of 8,
+Shaper's own choice, as a site's export names no replay setup); with ``nodes`` it replays
+on them, and asking for a cluster size as well is an error rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -25,11 +27,29 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.traces.common import TraceOptions, make_workload, shape_jobs
+from sim.traces.cluster import PublishedCluster, choose_cluster
+from sim.traces.common import (
+    TraceError,
+    TraceInput,
+    TraceOptions,
+    homogeneous_cluster,
+    make_workload,
+    shape_jobs,
+)
 from sim.workload import BlockJob, GpuModel, JobKind, Node, Service, Workload, service_from_record
 
 REQUIRED = ("id", "submit_s", "gpus", "duration_s")
 TRUE = {"1", "true", "yes", "y", "t"}
+CLUSTER = PublishedCluster(gpus=64, gpus_per_node=8, source="Shaper's default for its own format")
+
+
+def has_node_list(path: str | Path) -> bool:
+    """Whether the trace brings its own nodes (a JSON object with ``nodes``)."""
+    path = Path(path)
+    if path.suffix != ".json":
+        return False
+    data = json.loads(path.read_text())
+    return isinstance(data, dict) and bool(data.get("nodes"))
 
 
 def _bool(value: Any, default: bool) -> bool:
@@ -51,7 +71,7 @@ def _models(value: Any) -> tuple[str, ...]:
 def job_from_record(record: dict[str, Any], options: TraceOptions, where: str) -> BlockJob:
     missing = [key for key in REQUIRED if record.get(key) in (None, "")]
     if missing:
-        raise ValueError(f"{where}: missing {missing}")
+        raise TraceError(f"{where}: missing {missing}")
     try:
         return BlockJob(
             id=str(record["id"]),
@@ -70,7 +90,7 @@ def job_from_record(record: dict[str, Any], options: TraceOptions, where: str) -
             preemptible=_bool(record.get("preemptible"), True),
         )
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from exc
+        raise TraceError(f"{where}: {exc}") from exc
 
 
 def load_native(path: str | Path, options: TraceOptions | None = None) -> Workload:
@@ -80,9 +100,18 @@ def load_native(path: str | Path, options: TraceOptions | None = None) -> Worklo
     nodes: list[Node] | None = None
     services: list[Service] = []
     if path.suffix == ".json":
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{path}: not JSON ({exc})") from exc
         records = data if isinstance(data, list) else data.get("jobs", [])
         if isinstance(data, dict) and data.get("nodes"):
+            if options.gpus is not None or options.gpus_per_node is not None:
+                raise TraceError(
+                    f"{path} lists its nodes: the replay runs on them, so --gpus and "
+                    "--gpus-per-node do not apply; leave them out",
+                    about=TraceInput.CLUSTER,
+                )
             nodes = [
                 Node(
                     name=str(n["name"]),
@@ -110,7 +139,10 @@ def load_native(path: str | Path, options: TraceOptions | None = None) -> Worklo
             reader = csv.DictReader(handle)
             missing = set(REQUIRED) - set(reader.fieldnames or ())
             if missing:
-                raise ValueError(f"{path}: missing columns {sorted(missing)}")
+                raise TraceError(
+                    f"{path}: missing columns {sorted(missing)} "
+                    f"(found {list(reader.fieldnames or ())})"
+                )
             jobs = [
                 job_from_record(row, options, f"{path}:{line}")
                 for line, row in enumerate(reader, start=2)
@@ -118,6 +150,11 @@ def load_native(path: str | Path, options: TraceOptions | None = None) -> Worklo
     shaped = shape_jobs(jobs, options)
     if services:
         options = options.with_(services=tuple(services))
+    if nodes is None or models is None:
+        cluster = choose_cluster(options, CLUSTER)
+        models, nodes = homogeneous_cluster(
+            gpus=cluster.gpus, gpus_per_node=cluster.gpus_per_node, gpu_model=options.gpu_model
+        )
     return make_workload(
         f"trace:{path.name}",
         shaped,

@@ -14,6 +14,11 @@ Where the trace is silent: every job is ``training`` with priority 1 (Philly has
 priorities; use ``priority_by_team`` to give virtual clusters weights); checkpointability,
 checkpoint interval and image size come from :class:`TraceOptions` (default: checkpointable,
 20 GB — Shaper checkpoints transparently); jobs may run on any GPU model.
+
+Cluster (:data:`CLUSTER`): the CSV names none, and no replay setup for it was published
+with it, so the default is Shaper's own: 64 GPUs in nodes of 8, the size of Philly's
+servers (its job log places jobs on ``gpu0``-``gpu7`` of a machine). Philly itself had
+thousands of GPUs: replay the whole trace with ``--gpus`` in the thousands.
 """
 
 from __future__ import annotations
@@ -22,10 +27,20 @@ import csv
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sim.traces.common import TraceOptions, make_workload, shape_jobs
+from sim.traces.cluster import PublishedCluster, choose_cluster
+from sim.traces.common import (
+    TraceError,
+    TraceOptions,
+    homogeneous_cluster,
+    make_workload,
+    shape_jobs,
+)
 from sim.workload import BlockJob, JobKind, Workload
 
 COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
+CLUSTER = PublishedCluster(
+    gpus=64, gpus_per_node=8, source="Shaper's default for Philly, in nodes of 8 GPUs as Philly's"
+)
 
 
 def read_philly(
@@ -40,14 +55,17 @@ def read_philly(
         reader = csv.DictReader(handle)
         missing = set(COLUMNS) - set(reader.fieldnames or ())
         if missing:
-            raise ValueError(f"{path}: not a Philly trace, missing columns {sorted(missing)}")
+            raise TraceError(
+                f"{path}: not a Philly trace, missing columns {sorted(missing)} "
+                f"(found {list(reader.fieldnames or ())})"
+            )
         for line, row in enumerate(reader, start=2):
             try:
                 submit = datetime.fromisoformat(row["timestamp"]).replace(tzinfo=UTC).timestamp()
                 duration = float(row["duration"])
                 gpus = int(row["num_gpus"])
             except ValueError as exc:
-                raise ValueError(f"{path}:{line}: {exc}") from exc
+                raise TraceError(f"{path}:{line}: {exc}") from exc
             if gpus <= 0 or duration <= 0:
                 continue
             team = row["cluster"] or "default"
@@ -70,10 +88,16 @@ def read_philly(
 
 def load_philly(path: str | Path, options: TraceOptions | None = None) -> Workload:
     options = options or TraceOptions()
+    cluster = choose_cluster(options, CLUSTER)
     jobs = read_philly(path, options)
+    models, nodes = homogeneous_cluster(
+        gpus=cluster.gpus, gpus_per_node=cluster.gpus_per_node, gpu_model=options.gpu_model
+    )
     return make_workload(
         f"philly:{Path(path).name}",
         jobs,
         options,
-        description=f"Philly trace {path}, {len(jobs)} jobs on {options.gpus} GPUs",
+        gpu_models=models,
+        nodes=nodes,
+        description=f"Philly trace {path}, {len(jobs)} jobs on {cluster.gpus} GPUs",
     )

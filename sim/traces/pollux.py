@@ -13,6 +13,9 @@ model/dataset pairs of the Pollux paper's Table 1) and perfect scaling, so a job
 time is ``GPU-hours / num_replicas``. All jobs have priority 1 and may run on any model;
 checkpointing comes from :class:`TraceOptions`. Pollux's JCTs (2,751 s mean for Pollux)
 are therefore not directly comparable: the work per job is an assumption.
+
+Cluster (:data:`CLUSTER`): Pollux's testbed, 64 GPUs in 16 nodes of 4 (OSDI'21, §5), the
+cluster its trace-driven simulations also model.
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from sim.traces.common import TraceOptions, make_workload, shape_jobs
+from sim.traces.cluster import PublishedCluster, choose_cluster
+from sim.traces.common import (
+    TraceError,
+    TraceOptions,
+    homogeneous_cluster,
+    make_workload,
+    shape_jobs,
+)
 from sim.workload import BlockJob, JobKind, Workload
 
 # Reference GPU-hours to train each application to its target (assumed; see docstring).
@@ -34,6 +44,7 @@ APPLICATION_GPU_HOURS: dict[str, float] = {
 }
 DEFAULT_GPU_HOURS = 4.0
 COLUMNS = ("name", "time", "application", "num_replicas")
+CLUSTER = PublishedCluster(gpus=64, gpus_per_node=4, source="Pollux's testbed (OSDI'21)")
 
 
 def read_pollux(path: str | Path, options: TraceOptions) -> list[BlockJob]:
@@ -42,13 +53,16 @@ def read_pollux(path: str | Path, options: TraceOptions) -> list[BlockJob]:
         reader = csv.DictReader(handle)
         missing = set(COLUMNS) - set(reader.fieldnames or ())
         if missing:
-            raise ValueError(f"{path}: not a Pollux workload, missing columns {sorted(missing)}")
+            raise TraceError(
+                f"{path}: not a Pollux workload, missing columns {sorted(missing)} "
+                f"(found {list(reader.fieldnames or ())})"
+            )
         for line, row in enumerate(reader, start=2):
             try:
                 gpus = int(row["num_replicas"])
                 submit = float(row["time"])
             except ValueError as exc:
-                raise ValueError(f"{path}:{line}: {exc}") from exc
+                raise TraceError(f"{path}:{line}: {exc}") from exc
             gpu_hours = APPLICATION_GPU_HOURS.get(row["application"], DEFAULT_GPU_HOURS)
             jobs.append(
                 BlockJob(
@@ -67,12 +81,17 @@ def read_pollux(path: str | Path, options: TraceOptions) -> list[BlockJob]:
 
 
 def load_pollux(path: str | Path, options: TraceOptions | None = None) -> Workload:
-    # The Pollux experiments: 64 GPUs = 16 nodes × 4.
-    options = options or TraceOptions(gpus=64, gpus_per_node=4)
+    options = options or TraceOptions()
+    cluster = choose_cluster(options, CLUSTER)
     jobs = read_pollux(path, options)
+    models, nodes = homogeneous_cluster(
+        gpus=cluster.gpus, gpus_per_node=cluster.gpus_per_node, gpu_model=options.gpu_model
+    )
     return make_workload(
         f"pollux:{Path(path).stem}",
         jobs,
         options,
-        description=f"Pollux workload {path}, {len(jobs)} jobs on {options.gpus} GPUs",
+        gpu_models=models,
+        nodes=nodes,
+        description=f"Pollux workload {path}, {len(jobs)} jobs on {cluster.gpus} GPUs",
     )

@@ -20,14 +20,22 @@ from sim.inflation import (
     _preempt_for,
     _workload,
     compare_to_baselines,
+    read_pods,
     run_inflation,
     select_node,
     spread_over_seeds,
 )
+from sim.traces import TraceError, TraceInput
 
 DATA = Path(__file__).parent / "data"
 NODES = DATA / "alibaba-nodes-sample.csv"
 PODS = DATA / "alibaba-pods-sample.csv"
+RESOURCE_PODS = DATA / "alibaba-pods-resources-only.csv"
+
+
+def flat(output: str) -> str:
+    """CLI output on one line, without the error panel's borders (which wrap messages)."""
+    return " ".join(output.replace("│", " ").split())
 
 
 def check_cluster(cluster: Cluster) -> None:
@@ -266,3 +274,79 @@ def test_cli_inflation_over_seeds(tmp_path: Path) -> None:
     ]
     bad = CliRunner().invoke(sim_app, [*args, "--seeds", "3-1"])
     assert bad.exit_code == 2 and "runs backwards" in bad.output
+
+
+def test_a_pod_list_with_only_resource_columns() -> None:
+    full = read_pods(PODS)
+    pods = read_pods(RESOURCE_PODS)
+    assert len(pods) == 60
+    for pod, same in zip(pods, full, strict=False):
+        # The same requests; no gpu_spec = any model, no qos = best effort.
+        assert (pod.cpu, pod.mem, pod.gpus, pod.milli) == (
+            same.cpu,
+            same.mem,
+            same.gpus,
+            same.milli,
+        )
+        assert pod.models == () and pod.best_effort and pod.checkpointable
+    result = run_inflation(NODES, RESOURCE_PODS, "shaper-defrag", seed=3)
+    assert result.cluster is not None
+    check_cluster(result.cluster)
+    assert result.arrived_gpus > result.capacity_gpus  # inflated past the cluster
+
+
+def test_missing_columns_are_named(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,gpu_milli\np,1000,1024,500\n")
+    with pytest.raises(TraceError) as caught:
+        read_pods(pods)
+    message = str(caught.value)
+    assert "the pod list has no column num_gpu" in message
+    assert "its columns are ['name', 'cpu_milli', 'memory_mib', 'gpu_milli']" in message
+    assert caught.value.about is TraceInput.TRACE
+    garbled = tmp_path / "garbled.csv"
+    garbled.write_text("cpu_milli,memory_mib,num_gpu,gpu_milli\n1000,1024,one,0\n")
+    with pytest.raises(TraceError, match="garbled.csv:2: invalid literal"):
+        read_pods(garbled)
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,gpu,model\nA,32000,2,T4\n")
+    with pytest.raises(TraceError, match="the node list has no column memory_mib") as bad_nodes:
+        run_inflation(nodes, RESOURCE_PODS, "fgd")
+    assert bad_nodes.value.about is TraceInput.NODES
+    big = tmp_path / "big.csv"
+    big.write_text("sn,cpu_milli,memory_mib,gpu,model\nA,32000,65536,16,T4\n")
+    with pytest.raises(TraceError, match="big.csv:2: 16 GPUs; the experiment models 0 to 8"):
+        Cluster(big)
+
+
+def test_cli_inflation_input_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(
+        sim_app,
+        ["inflation", str(RESOURCE_PODS), "--nodes", str(NODES), "--policies", "fgd"],
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "fgd" in ok.output
+    # No node list next to the pods, none given: say which option to pass.
+    pods = tmp_path / "pods.csv"
+    pods.write_text(RESOURCE_PODS.read_text())
+    alone = runner.invoke(sim_app, ["inflation", str(pods), "--policies", "fgd"])
+    assert alone.exit_code == 2
+    assert "--nodes" in flat(alone.output) and "pass --nodes" in flat(alone.output)
+    assert "No such file" not in alone.output
+    missing = runner.invoke(
+        sim_app, ["inflation", str(pods), "--nodes", str(tmp_path / "n.csv"), "--policies", "fgd"]
+    )
+    assert missing.exit_code == 2 and "n.csv: no such file" in flat(missing.output)
+    no_gpus = tmp_path / "no-gpus.csv"
+    no_gpus.write_text("name,cpu_milli,memory_mib,gpu_milli\np,1000,1024,500\n")
+    bad = runner.invoke(
+        sim_app, ["inflation", str(no_gpus), "--nodes", str(NODES), "--policies", "fgd"]
+    )
+    assert bad.exit_code == 2
+    assert "Invalid value for PODS" in flat(bad.output)
+    assert "the pod list has no column num_gpu" in flat(bad.output)
+    movable = runner.invoke(
+        sim_app, ["inflation", str(PODS), "--nodes", str(NODES), "--movable", "some"]
+    )
+    assert movable.exit_code == 2 and "--movable" in movable.output

@@ -9,8 +9,18 @@ from pathlib import Path
 import pytest
 
 from sim.run import simulate
-from sim.traces import TraceOptions, detect_kind, load_trace, read_philly
+from sim.traces import (
+    TraceError,
+    TraceInput,
+    TraceOptions,
+    detect_kind,
+    load_trace,
+    open_trace,
+    read_philly,
+)
 from sim.traces.alibaba import QOS_PRIORITY, read_alibaba_nodes, read_alibaba_pods
+from sim.traces.gavel import SPEED
+from sim.traces.gavel_throughputs import STEPS_PER_SECOND
 from sim.traces.pollux import APPLICATION_GPU_HOURS
 
 DATA = Path(__file__).parent / "data"
@@ -18,6 +28,8 @@ PHILLY = DATA / "philly-sample.csv"
 POLLUX = DATA / "pollux-workload-1.csv"
 NODES = DATA / "alibaba-nodes-sample.csv"
 PODS = DATA / "alibaba-pods-sample.csv"
+RESOURCE_PODS = DATA / "alibaba-pods-resources-only.csv"
+GAVEL = DATA / "gavel-artifact-evaluation.trace"
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -25,10 +37,16 @@ def rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def gavel_lines(path: Path) -> list[list[str]]:
+    return [line.rstrip("\n").split("\t") for line in path.read_text().splitlines()]
+
+
 def test_detect_kind() -> None:
     assert detect_kind(PHILLY) == "philly"
     assert detect_kind(POLLUX) == "pollux"
     assert detect_kind(PODS) == "alibaba"
+    assert detect_kind(RESOURCE_PODS) == "alibaba"
+    assert detect_kind(GAVEL) == "gavel"
 
 
 def test_philly_maps_columns() -> None:
@@ -66,6 +84,36 @@ def test_jobs_larger_than_the_cluster_are_left_out() -> None:
     assert all(j.gpus <= 8 for j in wl.jobs)
     assert len(wl.jobs) == sum(1 for r in rows(PHILLY) if int(r["num_gpus"]) <= 8)
     assert "left out" in wl.description
+
+
+def test_pollux_replays_on_its_testbed_unless_told() -> None:
+    default = open_trace(POLLUX)
+    assert default.workload.total_gpus == 64
+    assert len(default.workload.nodes) == 16 and {n.gpus for n in default.workload.nodes} == {4}
+    assert default.cluster.startswith("16 nodes × 4 V100 GPUs (Pollux's testbed")
+    assert "the loader's default" in default.cluster
+    wider = open_trace(POLLUX, options=TraceOptions(gpus_per_node=8))
+    assert wider.workload.total_gpus == 64 and {n.gpus for n in wider.workload.nodes} == {8}
+    assert wider.cluster.startswith("8 nodes × 8 V100 GPUs (--gpus-per-node 8; 64 GPUs as")
+    smaller = load_trace(POLLUX, options=TraceOptions(gpus=32))
+    assert [n.gpus for n in smaller.nodes] == [4] * 8
+    uneven = open_trace(POLLUX, options=TraceOptions(gpus=10, gpus_per_node=4))
+    assert [n.gpus for n in uneven.workload.nodes] == [4, 4, 2]
+    assert uneven.cluster.startswith("2 nodes × 4 + 1 node × 2 V100 GPUs (10 GPUs)")
+    with pytest.raises(TraceError, match="--gpus-per-node must be at least 1") as bad:
+        load_trace(POLLUX, options=TraceOptions(gpus_per_node=0))
+    assert bad.value.about is TraceInput.CLUSTER
+
+
+def test_every_loader_without_nodes_takes_the_cluster_size() -> None:
+    options = TraceOptions(gpus=24, gpus_per_node=2)
+    for path in (PHILLY, POLLUX, GAVEL):
+        wl = load_trace(path, options=options)
+        assert wl.total_gpus == 24 and {n.gpus for n in wl.nodes} == {2}, path
+    # Philly's default: 64 GPUs in nodes of 8.
+    philly = open_trace(PHILLY)
+    assert philly.workload.total_gpus == 64 and {n.gpus for n in philly.workload.nodes} == {8}
+    assert "Shaper's default for Philly" in philly.cluster
 
 
 def test_pollux_maps_applications() -> None:
@@ -144,3 +192,156 @@ def test_bad_files_say_where(tmp_path: Path) -> None:
     unknown.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="cannot tell"):
         load_trace(unknown)
+
+
+def test_an_unknown_format_names_the_known_ones(tmp_path: Path) -> None:
+    unknown = tmp_path / "what.csv"
+    unknown.write_text("a,b\n1,2\n")
+    with pytest.raises(TraceError) as caught:
+        load_trace(unknown)
+    message = str(caught.value)
+    assert (
+        f"cannot tell the trace format of {unknown}: its first line has the fields ['a', 'b']"
+        in message
+    )
+    assert message.endswith("; pass --kind") and caught.value.about is TraceInput.KIND
+    for known in (
+        "philly (CSV: timestamp, duration, num_gpus)",
+        "pollux (CSV: name, time, application, num_replicas)",
+        "alibaba (pod list CSV: cpu_milli, memory_mib, num_gpu, gpu_milli",
+        "native (CSV: id, submit_s, gpus, duration_s",
+        "gavel (no header, 10 tab-separated fields: job type, command, working directory",
+    ):
+        assert known in message
+    # A job line of a tab-separated format it does not know: its fields, cut short.
+    tabs = tmp_path / "jobs.trace"
+    tabs.write_text("\t".join(["ResNet (batch size 8)", "x" * 100, "3"]) + "\n")
+    with pytest.raises(TraceError, match=r"fields \['ResNet \(batch size 8\)', 'xxx") as cut:
+        load_trace(tabs)
+    assert "x" * 50 not in str(cut.value)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(TraceError, match="first line is empty"):
+        load_trace(empty)
+
+
+def test_gavel_maps_fields() -> None:
+    lines = gavel_lines(GAVEL)
+    wl = load_trace(GAVEL)
+    assert len(wl.jobs) == len(lines) == 15
+    by_id = {job.id: job for job in wl.jobs}
+    for index, fields in enumerate(lines):
+        job = by_id[f"gavel-{index}"]
+        job_type, steps, scale = fields[0], float(fields[5]), int(fields[6])
+        v100 = STEPS_PER_SECOND[(job_type, 1)][0]
+        assert job.gpus == scale
+        # Run time on the reference V100; a job on s GPUs runs s times faster (assumed).
+        assert job.work == pytest.approx(steps / (scale * v100))
+        assert job.priority == float(fields[7]) and job.submit_time == 0
+        assert job.team == job_type.split(" (")[0]
+        assert job.gpu_models == ()  # every job of the sample fits every model
+    assert sorted({j.gpus for j in wl.jobs}) == [1, 2]
+
+
+def test_gavel_cluster_is_its_papers_unless_told() -> None:
+    default = open_trace(GAVEL)
+    wl = default.workload
+    assert [n.gpu_model for n in wl.nodes].count("V100") == 36
+    assert [n.gpu_model for n in wl.nodes].count("P100") == 36
+    assert [n.gpu_model for n in wl.nodes].count("K80") == 36
+    assert {n.gpus for n in wl.nodes} == {1} and wl.total_gpus == 108
+    assert default.cluster.startswith("36 nodes × 1 V100 + 36 nodes × 1 P100 + 36 nodes × 1 K80")
+    assert "Gavel's simulated cluster (OSDI'20), the loader's default" in default.cluster
+    assert wl.gpu_models["V100"].speed == 1.0
+    assert 0 < wl.gpu_models["K80"].speed < wl.gpu_models["P100"].speed < 1.0
+    assert wl.gpu_models["P100"].speed == SPEED["P100"]
+    resized = load_trace(GAVEL, options=TraceOptions(gpus=64, gpus_per_node=4))
+    by_model = {m: [n.gpus for n in resized.nodes if n.gpu_model == m] for m in SPEED}
+    assert by_model == {"V100": [4] * 5 + [2], "P100": [4] * 5 + [1], "K80": [4] * 5 + [1]}
+
+
+def test_gavel_formats_and_constraints(tmp_path: Path) -> None:
+    def line(job_type: str, steps: int, scale: int, arrival: float, *, old: bool = False) -> str:
+        fields = [job_type, "python3 main.py", "workdir", "--steps", "1", str(steps), str(scale)]
+        fields += ["5", "-1.000000", str(arrival)]
+        if old:  # before Gavel added the working directory
+            del fields[2]
+        return "\t".join(fields) + "\n"
+
+    trace = tmp_path / "mixed.trace"
+    trace.write_text(
+        line("ResNet-50 (batch size 128)", 2530, 1, 30.0)
+        + line("A3C", 748, 1, 90.0, old=True)
+        + "\n"
+        + line("LM (batch size 5)", 1000, 4, 200.0)
+    )
+    assert detect_kind(trace) == "gavel"
+    big, a3c, lm = load_trace(trace).jobs
+    # It does not fit a K80 (throughput 0 there).
+    assert big.gpu_models == ("V100", "P100") and big.work == pytest.approx(1000, rel=1e-3)
+    assert a3c.submit_time == 60 and a3c.work == pytest.approx(100, rel=1e-3)
+    assert a3c.priority == 5.0 and lm.gpus == 4 and lm.submit_time == 170
+    unknown = tmp_path / "unknown.trace"
+    unknown.write_text(line("A3C", 10, 1, 0) + line("GPT-9 (batch size 1)", 10, 1, 0))
+    with pytest.raises(TraceError, match=r"unknown.trace:2: job type 'GPT-9 \(batch size 1\)'"):
+        load_trace(unknown, kind="gavel")
+    short = tmp_path / "short.trace"
+    short.write_text(line("A3C", 10, 1, 0) + "A3C\tpython3\t1\n")
+    with pytest.raises(TraceError, match="short.trace:2: 3 tab-separated fields, not 10"):
+        load_trace(short, kind="gavel")
+
+
+def test_gavel_replay_runs_on_three_models() -> None:
+    wl = load_trace(GAVEL, options=TraceOptions(replan_interval_min=60))
+    sim = simulate(wl, "shaper", check_invariants=True)
+    assert sim.counters.rejected_actions == 0
+    assert len(sim.jobs) == len(wl.jobs)
+
+
+def test_alibaba_node_list_and_cluster_size_errors(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text(PODS.read_text())
+    with pytest.raises(TraceError, match="pass --nodes") as missing:
+        load_trace(pods)
+    assert missing.value.about is TraceInput.NODES
+    assert "No such file" not in str(missing.value)
+    with pytest.raises(TraceError, match="node list .*nowhere.csv: no such file"):
+        load_trace(pods, nodes_path=tmp_path / "nowhere.csv")
+    with pytest.raises(TraceError, match="--gpus and --gpus-per-node do not apply") as sized:
+        load_trace(PODS, nodes_path=NODES, options=TraceOptions(gpus=64))
+    assert sized.value.about is TraceInput.CLUSTER
+    with pytest.raises(TraceError, match="--nodes is the node list of an Alibaba pod list"):
+        load_trace(PHILLY, nodes_path=NODES)
+    listed = tmp_path / "listed.json"
+    listed.write_text(
+        json.dumps(
+            {
+                "nodes": [{"name": "a", "gpus": 8}],
+                "jobs": [{"id": "x", "submit_s": 0, "gpus": 1, "duration_s": 60}],
+            }
+        )
+    )
+    assert open_trace(listed).cluster == "1 node × 8 V100 GPUs (the trace's own node list)"
+    with pytest.raises(TraceError, match="lists its nodes"):
+        load_trace(listed, options=TraceOptions(gpus_per_node=4))
+
+
+def test_alibaba_pod_columns(tmp_path: Path) -> None:
+    # A replay needs run times: a resource-only list is refused, naming what is missing.
+    with pytest.raises(TraceError) as caught:
+        load_trace(RESOURCE_PODS, nodes_path=NODES)
+    message = str(caught.value)
+    assert "has no column deletion_time" in message
+    assert "its columns are ['name', 'cpu_milli', 'memory_mib', 'num_gpu', 'gpu_milli']" in message
+    # Without creation times (and names, models, QoS) the file's order is the arrival order.
+    timed = tmp_path / "timed.csv"
+    timed.write_text(
+        "cpu_milli,memory_mib,num_gpu,gpu_milli,deletion_time\n"
+        "1000,1024,1,500,100\n"
+        "1000,1024,0,0,100\n"
+        "2000,2048,2,1000,300\n"
+    )
+    first, third = read_alibaba_pods(timed, TraceOptions(), shape=False)
+    assert (first.id, first.submit_time, first.work) == ("pod-0", 0.0, 100.0)
+    assert (third.id, third.submit_time, third.work) == ("pod-2", 2.0, 298.0)
+    assert first.gpu_models == () and first.team == "BE" and first.preemptible
