@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--progress", action="store_true")
     parser.add_argument(
+        "--drain",
+        action="store_true",
+        help="run on past the trace until the queue drains (default: stop at the last "
+        "arrival, the span the speed target is set for; completion figures are then censored)",
+    )
+    parser.add_argument(
         "--solver",
         action="append",
         default=[],
@@ -81,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         replan_on_events=args.events,
         validate_plans=False,
         record_occupancy=False,
+        drain=args.drain,
     )
     wall = time.perf_counter() - started
     m = summarize(sim).metrics
-    simulated = workload.horizon
+    simulated = sim.run_end
     print(f"trace            {trace} ({len(workload.jobs):,} jobs)")
     print(f"cluster          {workload.total_gpus} GPUs, {len(workload.nodes)} nodes")
     print(
@@ -104,10 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sim/real ratio   {simulated / wall:,.0f}x")
     print(f"utilization      {100 * m['utilization']:.1f} %")
     print(f"jobs completed   {m['jobs_completed']:,.0f} of {m['jobs_arrived']:,.0f} arrived")
-    print(
-        f"queue wait       mean {m['queue_wait_mean_h']:.2f} h, p99 {m['queue_wait_p99_h']:.2f} h"
-    )
-    print(f"JCT              mean {m['jct_mean_h']:.2f} h, p99 {m['jct_p99_h']:.2f} h")
+    bound = "≥ " if m["jct_censored_jobs"] else ""  # unfinished jobs: lower bounds
+
+    def hours(key: str) -> str:
+        value = m[key]
+        return "–" if value is None else f"{bound}{value:.2f} h"
+
+    print(f"queue wait       mean {hours('queue_wait_mean_h')}, p99 {hours('queue_wait_p99_h')}")
+    print(f"JCT              mean {hours('jct_mean_h')}, p99 {hours('jct_p99_h')}")
     print(
         f"migrations       {m['migrations']:.0f} ({m['migration_gpu_hours']:.1f} GPU-h), "
         f"preemptions {m['preemptions']:.0f}"

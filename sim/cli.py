@@ -27,6 +27,7 @@ from sim.inflation import (
 )
 from sim.metrics import RunResult
 from sim.report import (
+    best_baseline,
     markdown_table,
     plot_occupancy,
     plot_utilization,
@@ -37,7 +38,15 @@ from sim.report import (
 from sim.run import POLICIES, compare, progress_bar, run_policy, write_results
 from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
 from sim.sweep import parse_seeds, summarize_sweep, sweep, sweep_json
-from sim.traces import KINDS, TraceOptions, load_trace
+from sim.traces import (
+    ALIBABA_NODE_LIST,
+    KINDS,
+    TraceError,
+    TraceInput,
+    TraceOptions,
+    alibaba_node_list,
+    open_trace,
+)
 from sim.workload import Workload
 
 sim_app = typer.Typer(help="Trace-driven simulation of the shaping policies.", no_args_is_help=True)
@@ -57,6 +66,24 @@ DEFAULT_OUT_DIR = Path(
     or Path(os.environ.get("SHAPER_DATA_DIR") or "shaper-data") / "sim-results"
 )
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar")]
+DrainOpt = Annotated[
+    bool,
+    typer.Option(
+        "--drain/--no-drain",
+        help="after the horizon, run on with no new arrivals until every job is done "
+        "(completion times over all jobs) or stop at the horizon (unfinished jobs censored)",
+    ),
+]
+DrainCapOpt = Annotated[
+    float | None,
+    typer.Option(help="stop draining at this many hours (default: 4 × the horizon, ≥ +24 h)"),
+]
+
+
+def _drain_cap(hours: float | None) -> float | None:
+    if hours is not None and hours <= 0:
+        raise typer.BadParameter("must be > 0 hours", param_hint="--drain-cap-h")
+    return None if hours is None else hours * 3600.0
 
 
 def _check_policy(policy: str) -> None:
@@ -100,12 +127,15 @@ def run(
     plot: Annotated[Path | None, typer.Option(help="write the figures into this folder")] = None,
     fmt: FormatOpt = "png",
     progress: ProgressOpt = False,
+    drain: DrainOpt = True,
+    drain_cap_h: DrainCapOpt = None,
 ) -> None:
     """Simulate SCENARIO under one policy and print its metrics."""
     _check_policy(policy)
+    cap = _drain_cap(drain_cap_h)
     workload = _load(scenario, seed)
     started = time.perf_counter()
-    result = run_policy(workload, policy, show_progress=progress)
+    result = run_policy(workload, policy, show_progress=progress, drain=drain, drain_cap=cap)
     _print_run(result)
     console.print(f"wall time {time.perf_counter() - started:.2f} s")
     if out is not None:
@@ -126,16 +156,21 @@ def compare_cmd(
     fmt: FormatOpt = "png",
     markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = False,
+    drain: DrainOpt = True,
+    drain_cap_h: DrainCapOpt = None,
 ) -> None:
-    """Simulate SCENARIO under several policies; print a table, write JSON and figures."""
+    """Simulate SCENARIO under several policies; print a table, write JSON and figures.
+    Margins are over the best baseline (the strongest policy other than shaper)."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:
         _check_policy(name)
+    cap = _drain_cap(drain_cap_h)
     workload = _load(scenario, seed)
-    results = compare(workload, names, show_progress=progress)
-    console.print(rich_table(results, f"{workload.name} (seed {workload.seed})"))
+    results = compare(workload, names, show_progress=progress, drain=drain, drain_cap=cap)
+    best = best_baseline(results) or names[0]
+    console.print(rich_table(results, f"{workload.name} (seed {workload.seed})", best))
     if markdown:
-        console.print(markdown_table(results), markup=False, soft_wrap=True)
+        console.print(markdown_table(results, best), markup=False, soft_wrap=True)
     console.print(f"results: {write_results(results, out_dir / f'{workload.name}.json')}")
     for path in _figures(results, out_dir, workload.name, fmt):
         console.print(f"figure: {path}")
@@ -149,16 +184,25 @@ def table(
         Path, typer.Option("--out-dir", help="JSON and figures go here")
     ] = DEFAULT_OUT_DIR,
     fmt: FormatOpt = "png",
+    drain: DrainOpt = True,
+    drain_cap_h: DrainCapOpt = None,
+    progress: ProgressOpt = True,
 ) -> None:
-    """Compare every scenario and print one Markdown table (the README's)."""
+    """Compare every scenario and print one Markdown table (the README's): per scenario the
+    best baseline is marked ★ and the margins are over it."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:
         _check_policy(name)
+    cap = _drain_cap(drain_cap_h)
     chosen = [s.strip() for s in scenarios.split(",") if s.strip()] or builtin_scenarios()
+    for scenario in chosen:
+        _load(scenario, None)  # a bad name fails before the first run
     results = {}
     for scenario in chosen:
         workload = _load(scenario, None)
-        results[workload.name] = compare(workload, names)
+        results[workload.name] = compare(
+            workload, names, drain=drain, drain_cap=cap, show_progress=progress
+        )
         write_results(results[workload.name], out_dir / f"{workload.name}.json")
         _figures(results[workload.name], out_dir, workload.name, fmt)
     console.print(scenario_table(results), markup=False, soft_wrap=True)
@@ -198,16 +242,34 @@ def sweep_cmd(
         console.print(f"results: {out}")
 
 
+# The option to fix for each kind of trace error (``replay``; ``inflation`` names PODS).
+TRACE_HINTS = {
+    TraceInput.TRACE: "TRACE",
+    TraceInput.NODES: "--nodes",
+    TraceInput.KIND: "--kind",
+    TraceInput.CLUSTER: "--gpus / --gpus-per-node",
+}
+
+
 @sim_app.command("replay")
 def replay(
     trace: Annotated[
-        Path, typer.Argument(help="trace file (Philly, Pollux, Alibaba pods, CSV/JSON)")
+        Path, typer.Argument(help="trace file (Philly, Pollux, Gavel, Alibaba pods, CSV/JSON)")
     ],
     kind: Annotated[str, typer.Option(help=" | ".join(KINDS))] = "auto",
     policies: Annotated[str, typer.Option(help="comma-separated")] = "fifo,shaper",
-    nodes: Annotated[Path | None, typer.Option(help="Alibaba node list")] = None,
-    gpus: Annotated[int, typer.Option(help="cluster GPUs (traces without nodes)")] = 64,
-    gpus_per_node: Annotated[int, typer.Option()] = 8,
+    nodes: Annotated[
+        Path | None,
+        typer.Option(help=f"Alibaba node list (default: {ALIBABA_NODE_LIST} next to TRACE)"),
+    ] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option(min=1, help="GPUs of a trace without nodes (default: its source's setup)"),
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None,
+        typer.Option(min=1, help="GPUs per node (default: as the trace's source published)"),
+    ] = None,
     window_start_h: Annotated[float, typer.Option()] = 0.0,
     window_end_h: Annotated[float | None, typer.Option()] = None,
     subsample: Annotated[float, typer.Option(help="keep each job with this probability")] = 1.0,
@@ -223,11 +285,14 @@ def replay(
     out_dir: Annotated[Path, typer.Option("--out-dir")] = DEFAULT_OUT_DIR,
     fmt: FormatOpt = "png",
     progress: ProgressOpt = True,
+    drain: DrainOpt = True,
+    drain_cap_h: DrainCapOpt = None,
 ) -> None:
-    """Replay a trace file under several policies."""
+    """Replay a trace file under several policies; margins are over the best baseline."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:
         _check_policy(name)
+    cap = _drain_cap(drain_cap_h)
     if not trace.exists():
         raise typer.BadParameter(f"{trace}: no such file", param_hint="TRACE")
     options = TraceOptions(
@@ -244,13 +309,19 @@ def replay(
         replan_interval_min=replan_min,
     )
     try:
-        workload = load_trace(trace, kind=kind, options=options, nodes_path=nodes)
+        loaded = open_trace(trace, kind=kind, options=options, nodes_path=nodes)
+    except TraceError as exc:
+        raise typer.BadParameter(str(exc), param_hint=TRACE_HINTS[exc.about]) from exc
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="TRACE") from exc
+    workload = loaded.workload
     console.print(
         f"{workload.name}: {len(workload.jobs)} jobs, {workload.total_gpus} GPUs, "
-        f"{workload.horizon / 3600:.1f} h"
+        f"{workload.horizon / 3600:.1f} h",
+        markup=False,
     )
+    # Printed with the results so that they are never read against another cluster.
+    console.print(f"cluster: {loaded.cluster}", markup=False, soft_wrap=True)
     started = time.perf_counter()
     results = compare(
         workload,
@@ -258,8 +329,10 @@ def replay(
         show_progress=progress,
         replan_on_events=events,
         validate_plans=False,
+        drain=drain,
+        drain_cap=cap,
     )
-    console.print(rich_table(results, workload.name))
+    console.print(rich_table(results, workload.name, best_baseline(results) or names[0]))
     console.print(f"wall time {time.perf_counter() - started:.1f} s")
     stem = trace.stem
     console.print(f"results: {write_results(results, out_dir / f'{stem}.json')}")
@@ -296,8 +369,14 @@ def _print_seed_spread(spreads: list[SeedSpread], seeds: list[int], out: Path | 
 
 @sim_app.command("inflation")
 def inflation(
-    pods: Annotated[Path, typer.Argument(help="Alibaba pod list (openb_pod_list_*.csv)")],
-    nodes: Annotated[Path | None, typer.Option(help="node list (default: next to pods)")] = None,
+    pods: Annotated[
+        Path,
+        typer.Argument(help="Alibaba pod list (openb_pod_list_*.csv, or the resource columns)"),
+    ],
+    nodes: Annotated[
+        Path | None,
+        typer.Option(help=f"node list (default: {ALIBABA_NODE_LIST} next to PODS)"),
+    ] = None,
     policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(INFLATION_POLICIES),
     target: Annotated[float, typer.Option(help="stop when requests reach this × capacity")] = 1.3,
     seed: Annotated[int, typer.Option()] = 42,
@@ -323,10 +402,14 @@ def inflation(
     unknown = [p for p in names if p not in INFLATION_POLICIES]
     if unknown:
         raise typer.BadParameter(f"unknown {unknown}; one of {', '.join(INFLATION_POLICIES)}")
-    nodes = nodes or pods.with_name("openb_node_list_all_node.csv")
-    for path in (pods, nodes):
-        if not path.exists():
-            raise typer.BadParameter(f"{path}: no such file")
+    if not pods.is_file():
+        raise typer.BadParameter(f"{pods}: no such file", param_hint="PODS")
+    try:
+        node_list = alibaba_node_list(pods, nodes)
+    except TraceError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--nodes") from exc
+    if movable not in ("be", "all"):
+        raise typer.BadParameter("be or all", param_hint="--movable")
     if tie_break not in ("name", "random"):
         raise typer.BadParameter("name or random", param_hint="--tie-break")
     if placement not in PLACEMENTS:
@@ -342,7 +425,7 @@ def inflation(
             with progress_bar(progress, f"inflation · {name} · seed {one_seed}") as callback:
                 results.append(
                     run_inflation(
-                        nodes,
+                        node_list,
                         pods,
                         name,
                         target=target,
@@ -356,10 +439,14 @@ def inflation(
                 )
         return results
 
-    if seeds:
-        _print_seed_spread(spread_over_seeds([run_all(s) for s in chosen]), chosen, out)
-        return
-    results = run_all(seed)
+    try:
+        if seeds:
+            _print_seed_spread(spread_over_seeds([run_all(s) for s in chosen]), chosen, out)
+            return
+        results = run_all(seed)
+    except TraceError as exc:
+        hint = "--nodes" if exc.about is TraceInput.NODES else "PODS"
+        raise typer.BadParameter(str(exc), param_hint=hint) from exc
     # Per policy: the largest cut against the best baseline at the same arrival ratio.
     best = compare_to_baselines(results)
     table = Table(title=f"workload inflation to {target:.0%} of GPU capacity (seed {seed})")

@@ -18,8 +18,14 @@ Algorithm (one run):
    recorded on its job (``JobState.acted_at``, ``ServiceState.resized_at``): the churn
    metrics count them, and the shaper's planner feeds them back to the solver as
    Shaper's own recent actions (its dwell time and move budget).
-5. At the horizon, close the books: every job is completed, running or queued, and its
-   useful work is what was completed or durably checkpointed.
+5. At the horizon (the end of the measured window: arrivals and node events stop there),
+   record the window's figures (utilization, value, demand served). Then, unless the run
+   was asked to stop there, keep going with no new arrivals until every block job is done
+   or a cap is reached (``drain_cap``; reported when hit), so that completion times are
+   measured on every job rather than on the ones that happened to finish early.
+6. At the end, close the books: every job is completed, running or queued, its useful work
+   is what was completed or durably checkpointed, and every allocated GPU-second is
+   accounted in ``sim.ledger`` (checked with ``check_invariants``).
 
 The engine never decides anything itself: every start, preemption, migration and resize
 comes from the planner (``sim.adapter.SolverPlanner`` drives the solver's policies).
@@ -37,9 +43,16 @@ from enum import IntEnum, StrEnum
 from typing import Protocol
 
 from sim.actions import Migrate, Preempt, Resize, SimPlan, Start
+from sim.ledger import JobLedger, check
 from sim.workload import BlockJob, Node, Service, Workload
 
 EPS = 1e-6
+HOUR = 3600.0
+# A drain stops at the latest at: horizon + max(a day, 3 × the horizon, 4 × (all the work
+# packed perfectly on every GPU) + the longest job): far beyond any policy that makes
+# progress, so a run that hits it is one where some job can never run or a policy starves
+# it (it is then reported, not hidden).
+DRAIN_CAP_MIN_S = 24 * HOUR
 
 
 class EventKind(IntEnum):
@@ -49,7 +62,8 @@ class EventKind(IntEnum):
     ARRIVAL = 2
     DEMAND = 3
     REPLAN = 4
-    END = 5
+    HORIZON = 5
+    DUMPED = 6  # a checkpoint dump ends: the GPUs' busy count changes, nothing else
 
 
 class JobStatus(StrEnum):
@@ -91,6 +105,13 @@ class JobState:
     acted_at: list[float] = field(default_factory=list)
     # Lifted for a migration that could not land: back in the queue by the policy's doing.
     stranded: bool = False
+    # GPU-time accounting (``sim.ledger``): when the current hold began, and the overhead
+    # intervals (kind, start, end) during which the hold makes no progress.
+    ledger: JobLedger = field(default_factory=JobLedger)
+    held_since: float = 0.0
+    overheads: list[tuple[str, float, float]] = field(default_factory=list)
+    # Work kept at the horizon (the window's value), set when the horizon passes.
+    kept_at_horizon: float | None = None
 
     @property
     def gpus_held(self) -> int:
@@ -118,7 +139,11 @@ class NodeState:
     free: int = 0
     up: bool = True
     draining: bool = False
+    # A GPU a job has left may still be dumping its checkpoint: busy until then, for a
+    # migration or a checkpoint (``busy_kind``) of job ``busy_job``.
     busy_until: list[float] = field(default_factory=list)
+    busy_kind: list[str] = field(default_factory=list)
+    busy_job: list[str] = field(default_factory=list)
 
     @property
     def schedulable(self) -> bool:
@@ -138,12 +163,11 @@ class Counters:
     idle_gpu_seconds: float = 0.0
     demand_seconds: float = 0.0
     unmet_demand_seconds: float = 0.0
+    # Free GPUs still dumping the checkpoint of a job that left them (allocated to it).
+    draining_gpu_seconds: float = 0.0
     migrations: int = 0
-    migration_gpu_seconds: float = 0.0
     preemptions: int = 0
     evictions: int = 0
-    checkpoint_gpu_seconds: float = 0.0
-    lost_gpu_seconds: float = 0.0
     rejected_actions: int = 0
     replans: int = 0
     solve_seconds: float = 0.0
@@ -160,6 +184,15 @@ class Segment:
     kind: str
 
 
+def default_drain_span(workload: Workload) -> float:
+    """How long after the horizon a drain may go on by default (see ``DRAIN_CAP_MIN_S``)."""
+    jobs = [j for j in workload.jobs if j.submit_time <= workload.horizon]
+    slowest = min((m.speed for m in workload.gpu_models.values()), default=1.0) or 1.0
+    packed = sum(j.work * j.gpus for j in jobs) / max(1, workload.total_gpus)
+    longest = max((j.work for j in jobs), default=0.0)
+    return max(DRAIN_CAP_MIN_S, 3 * workload.horizon, (4 * packed + longest) / slowest)
+
+
 class Simulation:
     """State and event loop; ``run()`` once per instance."""
 
@@ -174,6 +207,8 @@ class Simulation:
         record_occupancy: bool | None = None,
         check_invariants: bool = False,
         progress: Callable[[float, float], None] | None = None,
+        drain: bool = True,
+        drain_cap: float | None = None,
     ) -> None:
         workload.validate()
         self.workload = workload
@@ -188,11 +223,24 @@ class Simulation:
         self.record_occupancy = total <= 256 if record_occupancy is None else record_occupancy
         self.check_invariants = check_invariants
         self.progress_callback = progress
+        self.drain = drain
+        horizon = workload.horizon
+        self.drain_cap = (
+            horizon + default_drain_span(workload) if drain_cap is None else max(horizon, drain_cap)
+        )
+        self.run_end = horizon  # when the run stopped: the horizon, the drain or the cap
+        self.drained = False  # every job that arrived was done by ``run_end``
+        self.window: Counters | None = None  # the counters at the horizon
 
         self.now = 0.0
         self.nodes: dict[str, NodeState] = {
             n.name: NodeState(
-                spec=n, owners=[None] * n.gpus, free=n.gpus, busy_until=[0.0] * n.gpus
+                spec=n,
+                owners=[None] * n.gpus,
+                free=n.gpus,
+                busy_until=[0.0] * n.gpus,
+                busy_kind=[""] * n.gpus,
+                busy_job=[""] * n.gpus,
             )
             for n in workload.nodes
         }
@@ -203,6 +251,7 @@ class Simulation:
             s.id: ServiceState(spec=s) for s in workload.services
         }
         self.counters = Counters()
+        self._draining: dict[tuple[str, int], float] = {}  # free GPUs dumping, until when
         self.segments: list[Segment] = []
         self._open_segments: dict[tuple[str, int], tuple[float, str, str]] = {}
         self.timeline: list[tuple[float, float, int, int, float]] = []
@@ -233,17 +282,15 @@ class Simulation:
             if job.submit_time <= horizon:
                 self._push(job.submit_time, EventKind.ARRIVAL, job.id)
         self._job_specs = {job.id: job for job in self.workload.jobs}
+        self._job_specs_due = [job for job in self.workload.jobs if job.submit_time <= horizon]
         for index, event in enumerate(self.workload.node_events):
             if event.time <= horizon:
                 self._push(event.time, EventKind.NODE, str(index))
         if self.services:
-            hour = 0.0
-            while hour <= horizon:
-                self._push(hour, EventKind.DEMAND)
-                hour += 3600.0
+            self._push(0.0, EventKind.DEMAND)  # each tick pushes the next hour's
         if self.replan_interval > 0:
             self._push(0.0, EventKind.REPLAN, "cadence")
-        self._push(horizon, EventKind.END)
+        self._push(horizon, EventKind.HORIZON)
 
     # ------------------------------------------------------------------- run
     def run(self) -> Simulation:
@@ -251,17 +298,19 @@ class Simulation:
             raise RuntimeError("a Simulation runs once")
         self._seed()
         horizon = self.workload.horizon
+        stop = self.drain_cap if self.drain else horizon
         while self._events:
             time = self._events[0][0]
-            if time > horizon:
+            if time > stop:
                 break
             self._advance(time)
             replan = False
             end = False
             while self._events and self._events[0][0] <= time + EPS:
                 _, kind, _, ref, version = heapq.heappop(self._events)
-                if kind == EventKind.END:
-                    end = True
+                if kind == EventKind.HORIZON:
+                    self._close_window()
+                    end = not self.drain
                 elif kind == EventKind.REPLAN:
                     if ref == "cadence":
                         replan = True
@@ -274,18 +323,45 @@ class Simulation:
                         replan = True
                 else:
                     replan |= self._handle(EventKind(kind), ref, version)
-            if end:
+            if end or (self.window is not None and self._all_done()):
                 break
             if replan or self._replan_requested:
                 self._maybe_replan(time)
             if self.progress_callback is not None:
                 self.progress_callback(time, horizon)
-        self._advance(horizon)
-        self._close(horizon)
+        if not self._all_done():
+            # Cut off: by the horizon (no drain) or by the cap.
+            self._advance(stop)
+        self.drained = self._all_done()
+        self.run_end = self.now
+        self._close(self.now)
         self._finished = True
         if self.progress_callback is not None:
-            self.progress_callback(horizon, horizon)
+            self.progress_callback(self.now, horizon)
         return self
+
+    def _all_done(self) -> bool:
+        return not self.queue and not self.running and len(self.jobs) == len(self._job_specs_due)
+
+    def _close_window(self) -> None:
+        """The horizon: record the window's counters and each job's work kept by then."""
+        c = self.counters
+        self.window = Counters(
+            **{
+                name: getattr(c, name)
+                for name in Counters.__dataclass_fields__
+                if name != "rejections"
+            }
+        )
+        for state in self.jobs.values():
+            self._update_progress(state)
+            if state.status == JobStatus.DONE:
+                state.kept_at_horizon = state.spec.work
+            elif state.status == JobStatus.RUNNING and state.spec.checkpointable:
+                # A running checkpointable job could be checkpointed at the horizon.
+                state.kept_at_horizon = state.progress
+            else:
+                state.kept_at_horizon = state.checkpointed
 
     def _maybe_replan(self, time: float) -> None:
         if time - self._last_replan + EPS < self.min_replan_gap:
@@ -343,7 +419,12 @@ class Simulation:
                 self._free_hist[(node.free, node.spec.gpus)] += 1
             self._frag_cache = None
             return True
+        if kind == EventKind.DUMPED:
+            return False
         if kind == EventKind.DEMAND:
+            following = self.now + HOUR
+            if following <= (self.drain_cap if self.drain else self.workload.horizon):
+                self._push(following, EventKind.DEMAND)
             return True
         raise AssertionError(kind)
 
@@ -365,7 +446,45 @@ class Simulation:
             c.fragmented_gpu_seconds += fragmented * dt
             self._integrate_services(self.now, time)
             self._sample(self.now)
+            if self._draining:  # after the sample, which reads the dumps still running
+                self._integrate_draining(self.now, time)
         self.now = max(self.now, time)
+
+    def _integrate_draining(self, t0: float, t1: float) -> None:
+        """Charge free GPUs still dumping a departed job's checkpoint to that job."""
+        for key, until in list(self._draining.items()):
+            node_name, index = key
+            node = self.nodes[node_name]
+            seconds = min(t1, until) - t0
+            if seconds > 0 and node.up and node.owners[index] is None:
+                job = self.jobs[node.busy_job[index]]
+                job.ledger.allocated += seconds
+                job.ledger.charge(node.busy_kind[index], seconds)
+                self.counters.draining_gpu_seconds += seconds
+            if until <= t1 + EPS:
+                del self._draining[key]
+
+    def _dumping_free(self, time: float) -> int:
+        """Free GPUs still dumping a checkpoint at ``time`` (constant until the next event)."""
+        count = 0
+        for (node_name, index), until in self._draining.items():
+            node = self.nodes[node_name]
+            count += until > time + EPS and node.up and node.owners[index] is None
+        return count
+
+    def _mark_busy(
+        self, placement: dict[str, tuple[int, ...]], seconds: float, job: str, kind: str
+    ) -> None:
+        """GPUs just left by ``job`` dump its checkpoint for ``seconds`` more."""
+        for node_name, indices in placement.items():
+            node = self.nodes[node_name]
+            for index in indices:
+                until = max(node.busy_until[index], self.now + seconds)
+                node.busy_until[index] = until
+                node.busy_kind[index] = kind
+                node.busy_job[index] = job
+                self._draining[(node_name, index)] = until
+        self._push(self.now + seconds, EventKind.DUMPED)
 
     def _service_usage(self) -> tuple[int, float]:
         """GPUs held by services, and the part of them that serves demand now."""
@@ -384,7 +503,7 @@ class Simulation:
         idle, fragmented = self._idle_and_fragmented()
         frag = fragmented / idle if idle else 0.0
         held, serving = self._service_usage() if self.services else (0, 0.0)
-        busy = self._allocated - held + serving
+        busy = self._allocated - held + serving + self._dumping_free(time)
         point = (time, busy, self._available, len(self.queue), frag)
         if self.timeline and abs(self.timeline[-1][0] - time) < EPS:
             self.timeline[-1] = point
@@ -450,7 +569,9 @@ class Simulation:
             return
         begin = max(state.updated_at, state.overhead_until)
         if self.now > begin:
+            before = state.progress
             state.progress = min(state.spec.work, state.progress + (self.now - begin) * state.rate)
+            state.ledger.add_progress(state.progress - before, state.rate)
         state.updated_at = self.now
         interval = state.spec.checkpoint_interval
         if interval > 0:
@@ -513,15 +634,45 @@ class Simulation:
         self._frag_cache = None
 
     def _release(self, state: JobState) -> None:
+        self._settle_hold(state)
         for node, indices in state.placement.items():
             self._give_back(node, indices, state.spec.id)
         state.placement = {}
 
-    def _busy_until(self, placement: dict[str, tuple[int, ...]]) -> float:
-        return max(
-            (self.nodes[n].busy_until[i] for n, idx in placement.items() for i in idx),
-            default=0.0,
-        )
+    def _settle_hold(self, state: JobState) -> None:
+        """Book the GPU-time held since ``held_since``, and its overhead intervals."""
+        gpus = state.gpus_held
+        state.ledger.allocated += gpus * (self.now - state.held_since)
+        for kind, start, end in state.overheads:
+            seconds = min(end, self.now) - max(start, state.held_since)
+            if seconds > 0:
+                state.ledger.charge(kind, gpus * seconds)
+        state.held_since = self.now
+
+    def _overheads(
+        self, own: tuple[str, float] | None, placement: dict[str, tuple[int, ...]]
+    ) -> tuple[float, list[tuple[str, float, float]]]:
+        """The overhead intervals of a job just placed, and when it may compute.
+
+        Its own cost (a restore, or a migration's checkpoint and restore) comes first; then,
+        if a GPU it took is still dumping a previous owner's checkpoint, the wait for the
+        slowest of them, charged as that dump's kind.
+        """
+        intervals: list[tuple[str, float, float]] = []
+        ready = self.now
+        if own is not None and own[1] > 0:
+            ready = self.now + own[1]
+            intervals.append((own[0], self.now, ready))
+        slowest = ("", 0.0)
+        for name, indices in placement.items():
+            node = self.nodes[name]
+            for index in indices:
+                if node.busy_until[index] > slowest[1]:
+                    slowest = (node.busy_kind[index], node.busy_until[index])
+        if slowest[1] > ready:
+            intervals.append((slowest[0], ready, slowest[1]))
+            ready = slowest[1]
+        return ready, intervals
 
     # ----------------------------------------------------------------- nodes
     def _fail_node(self, node: NodeState) -> None:
@@ -618,6 +769,8 @@ class Simulation:
                 else:
                     # Lifted but nowhere to land: it was checkpointed, so it waits queued,
                     # and the policy owes it a place (``SolverPlanner`` marks it overdue).
+                    seconds = self.workload.transfer.checkpoint_seconds(state.spec.image_gb)
+                    self._mark_busy(source, seconds, state.spec.id, "migration")
                     state.checkpointed = state.progress
                     state.stranded = True
                     del self.running[state.spec.id]
@@ -654,6 +807,7 @@ class Simulation:
         state.rate = self._rate(state.placement)
         state.updated_at = self.now
         state.run_start = self.now
+        state.held_since = self.now
 
     def _start(self, state: JobState, placement: dict[str, int]) -> None:
         self._dequeue(state)
@@ -664,10 +818,10 @@ class Simulation:
         restore = 0.0
         if state.progress > 0:
             restore = self.workload.transfer.restore_seconds(state.spec.image_gb)
-        state.overhead_until = max(self.now + restore, self._busy_until(state.placement))
-        overhead = state.overhead_until - self.now
-        state.overhead_seconds += overhead
-        self.counters.checkpoint_gpu_seconds += overhead * state.spec.gpus if restore else 0.0
+        state.overhead_until, state.overheads = self._overheads(
+            ("checkpoint", restore), state.placement
+        )
+        state.overhead_seconds += state.overhead_until - self.now
         self.running[state.spec.id] = state
         self._schedule_completion(state)
 
@@ -675,32 +829,29 @@ class Simulation:
         self, state: JobState, source: dict[str, tuple[int, ...]], target: dict[str, int]
     ) -> None:
         transfer = self.workload.transfer
+        # The source's GPUs dump the checkpoint while the target's wait for it and restore.
         checkpoint = transfer.checkpoint_seconds(state.spec.image_gb)
-        for node, indices in source.items():
-            for index in indices:
-                busy = self.nodes[node].busy_until
-                busy[index] = max(busy[index], self.now + checkpoint)
+        self._mark_busy(source, checkpoint, state.spec.id, "migration")
         self._place(state, target)
         cost = transfer.migration_seconds(state.spec.image_gb)
-        state.overhead_until = max(self.now + cost, self._busy_until(state.placement))
+        state.overhead_until, state.overheads = self._overheads(
+            ("migration", cost), state.placement
+        )
         state.overhead_seconds += state.overhead_until - self.now
         state.migrations += 1
         state.moved_at.append(self.now)
         self.counters.migrations += 1
-        self.counters.migration_gpu_seconds += (state.overhead_until - self.now) * state.spec.gpus
         self._schedule_completion(state)
 
     def _stop(self, state: JobState, *, checkpoint: bool, by_policy: bool = True) -> None:
         self._update_progress(state)
         transfer = self.workload.transfer
+        placement = state.placement
+        self._release(state)
         if checkpoint and state.spec.checkpointable:
             seconds = transfer.checkpoint_seconds(state.spec.image_gb)
-            for node, indices in state.placement.items():
-                for index in indices:
-                    self.nodes[node].busy_until[index] = self.now + seconds
+            self._mark_busy(placement, seconds, state.spec.id, "checkpoint")
             state.checkpointed = state.progress
-            self.counters.checkpoint_gpu_seconds += seconds * state.spec.gpus
-        self._release(state)
         del self.running[state.spec.id]
         if by_policy:
             state.preemptions += 1
@@ -714,7 +865,7 @@ class Simulation:
         lost = state.progress - state.checkpointed
         if lost > EPS:
             state.lost_work += lost
-            self.counters.lost_gpu_seconds += lost * state.spec.gpus
+            state.ledger.lost += state.ledger.take_back(lost) * state.spec.gpus
         state.progress = state.checkpointed
         state.version += 1
         self._enqueue(state)
@@ -750,21 +901,34 @@ class Simulation:
                 del svc.placement[node_name]
 
     # ------------------------------------------------------------------ end
-    def _close(self, horizon: float) -> None:
+    def _close(self, end: float) -> None:
         for state in self.running.values():
             self._update_progress(state)
             if state.spec.checkpointable:
                 state.checkpointed = state.progress
+            self._settle_hold(state)
         for state in self.queue.values():
-            state.queue_wait += horizon - state.queued_since
-            state.queued_since = horizon
-        self._sample(horizon)
+            state.queue_wait += end - state.queued_since
+            state.queued_since = end
+        for state in self.jobs.values():
+            kept = state.spec.work if state.status == JobStatus.DONE else state.checkpointed
+            state.ledger.close(gpus=state.spec.gpus, kept_work=kept)
+        self._sample(end)
         if self.record_occupancy:
             for (node, index), (start, owner, kind) in self._open_segments.items():
-                if horizon > start + EPS:
-                    self.segments.append(Segment(node, index, start, horizon, owner, kind))
+                if end > start + EPS:
+                    self.segments.append(Segment(node, index, start, end, owner, kind))
         if self.check_invariants:
             self.assert_invariants()
+            self.check_ledger()
+
+    def check_ledger(self) -> float:
+        """The GPU-time conservation law (``sim.ledger``); returns the gap in GPU-seconds."""
+        c = self.counters
+        return check(
+            ((job_id, state.ledger) for job_id, state in self.jobs.items()),
+            allocated_total=c.block_gpu_seconds + c.draining_gpu_seconds,
+        )
 
     def assert_invariants(self) -> None:
         """Conservation: every GPU has at most one owner and every owner knows its GPUs."""
@@ -806,6 +970,8 @@ class Simulation:
             if node_state.schedulable:
                 hist[(node_state.free, node_state.spec.gpus)] += 1
         assert +self._free_hist == hist, "free-GPU histogram out of date"
+        done = sum(1 for state in self.jobs.values() if state.status == JobStatus.DONE)
+        assert len(self.jobs) == done + len(self.running) + len(self.queue), "jobs not conserved"
 
     # -------------------------------------------------------------- helpers
     def job_specs_not_arrived(self) -> int:

@@ -1,26 +1,43 @@
 """Metrics of a finished run, and its JSON form for the dashboard.
 
-Definitions (all GPU-times in GPU-hours):
+A run has two spans. The *window* is ``[0, horizon]``: arrivals and node events happen in
+it, and the rates are measured over it. After the horizon the run goes on with no new
+arrivals until every job is done or the cap is reached (``Simulation.drain``), and the
+completion figures are measured over the whole run, so that they cannot flatter a policy
+that finishes short jobs and leaves long ones queued.
+
+Over the window (all GPU-times in GPU-hours):
 
 * ``utilization``: busy GPU-time / available GPU-time (GPUs of nodes that are up). Busy
   = held by a block job (restore and migration time included: it is allocated, and its
-  cost shows in ``migration_gpu_hours`` and in the value) + held by a service replica
-  that serves demand. A replica reserved beyond the demand of the hour (FIFO reserves the
-  daily peak) is allocated but idle: ``allocated_utilization`` counts it,
-  ``utilization`` does not. ``utilization_of_capacity`` divides busy GPU-time by all GPUs
-  over the horizon, failed nodes included.
-* ``weighted_output``: Σ team weight × priority × useful GPU-hours of block jobs. Useful
-  work is what survives: the whole job when completed, otherwise what is checkpointed at
-  the end of the horizon (a running checkpointable job can be checkpointed then; work lost
-  to preemption, failure or a missing checkpoint never counts). Migration and restore time
-  is not useful work.
-* ``jct_*``: completion time − submit time of completed jobs; ``queue_wait_*``: time spent
-  queued (before the first start and after every preemption) by every job that arrived.
+  cost shows in ``migration_gpu_hours``/``checkpoint_gpu_hours``) + GPUs dumping the
+  checkpoint of a job that left them + held by a service replica that serves demand. A
+  replica reserved beyond the demand of the hour (FIFO reserves the daily peak) is
+  allocated but idle: ``allocated_utilization`` counts it, ``utilization`` does not.
+  ``utilization_of_capacity`` divides busy GPU-time by all GPUs, failed nodes included.
+* ``weighted_output``: Σ team weight × priority × useful GPU-hours of block jobs by the
+  horizon. Useful work is what survives: the whole job when completed, otherwise what is
+  checkpointed at the horizon (a running checkpointable job can be checkpointed then;
+  work lost to preemption, failure or a missing checkpoint never counts). Migration and
+  restore time is not useful work. ``jobs_completed_in_window`` counts jobs done by then.
 * ``unmet_demand``: replica-hours of service demand not served (a replica on a model of
   speed ``s`` serves ``s``); ``sla_violations``: service-hours served below
   ``sla_target`` × demand.
 * ``fragmentation``: time-averaged share of idle GPUs that sit on nodes with fewer free
   GPUs than the smallest queued job needs (0 when nothing waits).
+
+Over the whole run:
+
+* ``jct_*``: completion time − submit time of *every* job that arrived. A job not done
+  when the run ends is censored at that time, so with ``jct_censored_jobs > 0`` the mean
+  and percentiles are lower bounds (the tables print them as "≥"); ``completed_share`` is
+  the share of jobs done. ``queue_wait_*``: time queued (before the first start and after
+  every preemption), same jobs, same censoring. ``makespan_h``: the last completion, or
+  the end of the run when some job never completed (a lower bound then). ``None`` (shown
+  as "–") where a figure is undefined, e.g. no job arrived.
+* GPU-time by where it went (``sim.ledger``): ``allocated_block_gpu_hours`` =
+  ``productive`` + ``lost`` + ``in_flight`` + ``checkpoint`` + ``migration`` GPU-hours,
+  checked per job; ``unaccounted_gpu_hours`` is the gap (0 up to rounding).
 * Churn: ``policy_actions`` counts what the policy's plans did — starts, migrations,
   preemptions and requeues of block jobs, resizes of services (those that changed the
   service) — for every policy, a baseline's starts included. ``actions_per_job_hour``
@@ -38,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.engine import JobStatus, Simulation
+from sim.ledger import CATEGORIES
 
 HOUR = 3600.0
 CHURN_WINDOW_S = 600.0
@@ -58,11 +76,12 @@ class RunResult:
     scenario: str
     policy: str
     seed: int
-    metrics: dict[str, float]
+    metrics: dict[str, float | None]
     timeseries: dict[str, list[float]]
     occupancy: list[dict[str, Any]] = field(default_factory=list)
     gpu_rows: list[str] = field(default_factory=list)
     horizon: float = 0.0
+    run_end: float = 0.0
     timing: dict[str, float] = field(default_factory=dict)
     node_events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -72,6 +91,7 @@ class RunResult:
             "policy": self.policy,
             "seed": self.seed,
             "horizon_s": self.horizon,
+            "run_end_s": self.run_end,
             "metrics": self.metrics,
             "timeseries": self.timeseries,
             "gpu_rows": self.gpu_rows,
@@ -91,25 +111,51 @@ def acted_within(times: list[float], window: float = CHURN_WINDOW_S) -> bool:
     return any(later - earlier < window for earlier, later in itertools.pairwise(times))
 
 
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) / HOUR if values else None
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return _percentile(values, q) / HOUR if values else None
+
+
 def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
     c = sim.counters
+    w = sim.window or c
+    horizon = sim.workload.horizon
+    end = sim.run_end
     useful = 0.0
     weighted = 0.0
     jct: list[float] = []
     waits: list[float] = []
     completed = 0
+    completed_in_window = 0
+    censored = 0
+    last_completion = 0.0
+    ledger = dict.fromkeys(CATEGORIES, 0.0)
+    allocated_block = 0.0
     for state in sim.jobs.values():
         spec = state.spec
-        kept = spec.work if state.status == JobStatus.DONE else state.checkpointed
+        kept = state.kept_at_horizon if state.kept_at_horizon is not None else state.checkpointed
         gpu_hours = kept * spec.gpus / HOUR
         useful += gpu_hours
         weighted += team_weight(sim, spec.team) * spec.priority * gpu_hours
         waits.append(state.queue_wait)
         if state.status == JobStatus.DONE and state.end_time is not None:
             completed += 1
+            completed_in_window += state.end_time <= horizon + 1e-6
             jct.append(state.end_time - spec.submit_time)
+            last_completion = max(last_completion, state.end_time)
+        else:
+            censored += 1
+            jct.append(end - spec.submit_time)
+        for name, value in state.ledger.totals().items():
+            ledger[name] += value
+        allocated_block += state.ledger.allocated
     violations = 0
-    for (service_id, _hour), (demand, served) in sim.service_hours.items():
+    for (service_id, hour), (demand, served) in sim.service_hours.items():
+        if hour * HOUR >= horizon:
+            continue  # the window's SLA; the drain only finishes block jobs
         target = sim.services[service_id].spec.sla_target
         if demand > 0 and served < target * demand - 1e-6:
             violations += 1
@@ -117,41 +163,59 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
     resizes = sum(len(svc.resized_at) for svc in sim.services.values())
     acted_twice = sum(1 for state in sim.jobs.values() if acted_within(state.acted_at))
     job_hours = c.block_job_seconds / HOUR
-    available = c.available_gpu_seconds or 1.0
-    busy = c.block_gpu_seconds + c.serving_gpu_seconds
-    metrics = {
+    available = w.available_gpu_seconds or 1.0
+    block_busy = w.block_gpu_seconds + w.draining_gpu_seconds
+    busy = block_busy + w.serving_gpu_seconds
+    arrived = len(sim.jobs)
+    metrics: dict[str, float | None] = {
         "gpus": float(sim.workload.total_gpus),
-        "horizon_h": sim.workload.horizon / HOUR,
+        "horizon_h": horizon / HOUR,
+        "run_end_h": end / HOUR,
+        "drained": float(sim.drained),
+        "drain_cap_hit": float(sim.drain and not sim.drained),
         "utilization": busy / available,
-        "allocated_utilization": c.allocated_gpu_seconds / available,
-        "utilization_of_capacity": busy / (c.capacity_gpu_seconds or 1.0),
-        "block_utilization": c.block_gpu_seconds / available,
-        "allocated_gpu_hours": c.allocated_gpu_seconds / HOUR,
-        "available_gpu_hours": c.available_gpu_seconds / HOUR,
+        "allocated_utilization": (w.allocated_gpu_seconds + w.draining_gpu_seconds) / available,
+        "utilization_of_capacity": busy / (w.capacity_gpu_seconds or 1.0),
+        "block_utilization": block_busy / available,
+        "allocated_gpu_hours": (w.allocated_gpu_seconds + w.draining_gpu_seconds) / HOUR,
+        "available_gpu_hours": w.available_gpu_seconds / HOUR,
         "useful_gpu_hours": useful,
         "weighted_output": weighted,
         "jobs_submitted": float(len(sim.workload.jobs)),
-        "jobs_arrived": float(len(sim.jobs)),
+        "jobs_arrived": float(arrived),
         "jobs_completed": float(completed),
+        "jobs_completed_in_window": float(completed_in_window),
+        "completed_share": completed / arrived if arrived else None,
         "jobs_running_at_end": float(len(sim.running)),
         "jobs_queued_at_end": float(len(sim.queue)),
-        "jct_mean_h": (statistics.fmean(jct) / HOUR) if jct else 0.0,
-        "jct_p50_h": _percentile(jct, 50) / HOUR,
-        "jct_p99_h": _percentile(jct, 99) / HOUR,
-        "queue_wait_mean_h": (statistics.fmean(waits) / HOUR) if waits else 0.0,
-        "queue_wait_p50_h": _percentile(waits, 50) / HOUR,
-        "queue_wait_p99_h": _percentile(waits, 99) / HOUR,
-        "demand_replica_hours": c.demand_seconds / HOUR,
-        "unmet_demand_replica_hours": c.unmet_demand_seconds / HOUR,
+        "jct_censored_jobs": float(censored),
+        "jct_mean_h": _mean(jct),
+        "jct_p50_h": _pct(jct, 50),
+        "jct_p99_h": _pct(jct, 99),
+        "jct_max_h": max(jct) / HOUR if jct else None,
+        "makespan_h": (end if censored else last_completion) / HOUR if arrived else None,
+        "queue_wait_mean_h": _mean(waits),
+        "queue_wait_p50_h": _pct(waits, 50),
+        "queue_wait_p99_h": _pct(waits, 99),
+        "queue_wait_max_h": max(waits) / HOUR if waits else None,
+        "demand_replica_hours": w.demand_seconds / HOUR,
+        "unmet_demand_replica_hours": w.unmet_demand_seconds / HOUR,
         "sla_violations": float(violations),
         "migrations": float(c.migrations),
-        "migration_gpu_hours": c.migration_gpu_seconds / HOUR,
         "preemptions": float(c.preemptions),
         "failure_evictions": float(c.evictions),
-        "checkpoint_gpu_hours": c.checkpoint_gpu_seconds / HOUR,
-        "lost_gpu_hours": c.lost_gpu_seconds / HOUR,
-        "fragmentation": c.fragmented_gpu_seconds / c.idle_gpu_seconds
-        if c.idle_gpu_seconds
+        "allocated_block_gpu_hours": allocated_block / HOUR,
+        "productive_gpu_hours": ledger["productive"] / HOUR,
+        "lost_gpu_hours": ledger["lost"] / HOUR,
+        "in_flight_gpu_hours": ledger["in_flight"] / HOUR,
+        "checkpoint_gpu_hours": ledger["checkpoint"] / HOUR,
+        "migration_gpu_hours": ledger["migration"] / HOUR,
+        "unaccounted_gpu_hours": (
+            c.block_gpu_seconds + c.draining_gpu_seconds - sum(ledger.values())
+        )
+        / HOUR,
+        "fragmentation": w.fragmented_gpu_seconds / w.idle_gpu_seconds
+        if w.idle_gpu_seconds
         else 0.0,
         "replans": float(c.replans),
         "rejected_actions": float(c.rejected_actions),
@@ -178,10 +242,11 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         policy=sim.planner.name,
         seed=sim.workload.seed,
         metrics=metrics,
-        timeseries=downsample(sim.timeline, sim.workload.horizon, max_points),
+        timeseries=downsample(sim.timeline, end, max_points),
         occupancy=occupancy,
         gpu_rows=rows if sim.record_occupancy else [],
-        horizon=sim.workload.horizon,
+        horizon=horizon,
+        run_end=end,
         timing=timing,
         node_events=[
             {"t_h": e.time / HOUR, "node": e.node, "kind": e.kind}

@@ -14,70 +14,116 @@ from sim.metrics import RunResult
 if TYPE_CHECKING:
     from sim.sweep import SeedRow, SweepSummary
 
-# (metric key, column title, format)
+# (metric key, column title, format). "cens" figures are lower bounds when some job never
+# completed (``jct_censored_jobs`` > 0) and print as "≥ x" then.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("utilization", "util %", "pct"),
     ("weighted_output", "value (prio·GPU-h)", "num"),
     ("jobs_completed", "done", "int"),
-    ("jct_mean_h", "JCT mean h", "num"),
-    ("jct_p50_h", "JCT p50 h", "num"),
-    ("jct_p99_h", "JCT p99 h", "num"),
-    ("queue_wait_mean_h", "wait mean h", "num"),
+    ("jct_mean_h", "JCT mean h", "cens"),
+    ("jct_p50_h", "JCT p50 h", "cens"),
+    ("jct_p99_h", "JCT p99 h", "cens"),
+    ("makespan_h", "makespan h", "cens"),
+    ("queue_wait_mean_h", "wait mean h", "cens"),
+    ("queue_wait_p99_h", "wait p99 h", "cens"),
+    ("queue_wait_max_h", "wait max h", "cens"),
     ("unmet_demand_replica_hours", "unmet demand rep-h", "num"),
     ("sla_violations", "SLA viol. h", "int"),
     ("migrations", "migr.", "int"),
     ("migration_gpu_hours", "migr. GPU-h", "num"),
     ("preemptions", "preempt.", "int"),
+    ("checkpoint_gpu_hours", "ckpt GPU-h", "num"),
     ("lost_gpu_hours", "lost GPU-h", "num"),
     ("fragmentation", "frag %", "pct"),
     ("actions_per_job_hour", "actions/job-h", "num2"),
     ("jobs_acted_twice_10min", "jobs 2× <10 min", "int"),
 )
+NO_VALUE = "–"
 
 
-def fmt(value: float, kind: str) -> str:
+def fmt(value: float | None, kind: str, *, censored: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return NO_VALUE
     if kind == "pct":
         return f"{100 * value:.1f}"
     if kind == "int":
         return f"{value:.0f}"
     if kind == "num2":
         return f"{value:.2f}"
-    return f"{value:.1f}" if abs(value) < 1000 else f"{value:,.0f}"
+    text = f"{value:.1f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return f"≥ {text}" if kind == "cens" and censored else text
+
+
+def cell(result: RunResult, key: str, kind: str) -> str:
+    censored = bool(result.metrics.get("jct_censored_jobs"))
+    return fmt(result.metrics.get(key), kind, censored=censored)
+
+
+def _number(m: Mapping[str, float | None], key: str) -> float:
+    value = m.get(key)
+    return 0.0 if value is None else float(value)
+
+
+def best_baseline(results: Mapping[str, RunResult], mine: str = "shaper") -> str | None:
+    """The strongest policy other than ``mine``: most value by the horizon, then utilization,
+    then the lowest mean completion time."""
+    others = [name for name in results if name != mine]
+    if not others:
+        return None
+
+    def strength(name: str) -> tuple[float, float, float]:
+        m = results[name].metrics
+        jct = m.get("jct_mean_h")
+        return (
+            round(_number(m, "weighted_output"), 6),
+            round(_number(m, "utilization"), 6),
+            -(jct if jct is not None else math.inf),
+        )
+
+    return max(others, key=strength)
 
 
 def gains(results: Mapping[str, RunResult], baseline: str = "fifo") -> dict[str, dict[str, float]]:
-    """Per policy: utilization points and value gain (%) over ``baseline``."""
+    """Per policy: utilization points, value gain (%) and mean JCT change (%) over
+    ``baseline`` (NaN where the baseline's figure is undefined)."""
     if baseline not in results:
         return {}
     base = results[baseline].metrics
     out = {}
     for name, result in results.items():
         m = result.metrics
-        value_gain = (
-            100 * (m["weighted_output"] / base["weighted_output"] - 1)
-            if base["weighted_output"]
-            else math.inf
-            if m["weighted_output"]
-            else 0.0
-        )
+        value, base_value = _number(m, "weighted_output"), _number(base, "weighted_output")
+        value_gain = 100 * (value / base_value - 1) if base_value else math.inf if value else 0.0
+        jct, base_jct = m.get("jct_mean_h"), base.get("jct_mean_h")
         out[name] = {
-            "util_points": 100 * (m["utilization"] - base["utilization"]),
+            "util_points": 100 * (_number(m, "utilization") - _number(base, "utilization")),
             "value_gain_pct": value_gain,
+            "jct_change_pct": 100 * (jct / base_jct - 1)
+            if jct is not None and base_jct
+            else math.nan,
         }
     return out
+
+
+def _signed_pct(value: float) -> str:
+    return NO_VALUE if math.isnan(value) else f"{value:+.1f} %"
 
 
 def markdown_table(results: Mapping[str, RunResult], baseline: str = "fifo") -> str:
     delta = gains(results, baseline)
     head = ["policy", *(title for _, title, _ in COLUMNS)]
     if delta:
-        head += [f"Δutil vs {baseline} pt", f"value vs {baseline}"]
+        head += [f"Δutil vs {baseline} pt", f"value vs {baseline}", f"JCT vs {baseline}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, result in results.items():
-        cells = [name, *(fmt(result.metrics[key], kind) for key, _, kind in COLUMNS)]
+        cells = [name, *(cell(result, key, kind) for key, _, kind in COLUMNS)]
         if delta:
             d = delta[name]
-            cells += [f"{d['util_points']:+.1f}", f"{d['value_gain_pct']:+.1f} %"]
+            cells += [
+                f"{d['util_points']:+.1f}",
+                _signed_pct(d["value_gain_pct"]),
+                _signed_pct(d["jct_change_pct"]),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -93,13 +139,39 @@ def rich_table(results: Mapping[str, RunResult], title: str, baseline: str = "fi
     if delta:
         table.add_column(f"Δutil pt vs {baseline}", justify="right")
         table.add_column(f"value vs {baseline}", justify="right")
+        table.add_column(f"JCT vs {baseline}", justify="right")
     for name, result in results.items():
-        cells = [fmt(result.metrics[key], kind) for key, _, kind in COLUMNS]
+        cells = [cell(result, key, kind) for key, _, kind in COLUMNS]
         if delta:
             d = delta[name]
-            cells += [f"{d['util_points']:+.1f}", f"{d['value_gain_pct']:+.1f} %"]
+            cells += [
+                f"{d['util_points']:+.1f}",
+                _signed_pct(d["value_gain_pct"]),
+                _signed_pct(d["jct_change_pct"]),
+            ]
         table.add_row(name, *cells)
+    if results:
+        table.caption = run_note(results)
     return table
+
+
+def run_note(results: Mapping[str, RunResult]) -> str:
+    """One line on how long the runs went, so that no reader mistakes a cut-off for a drain."""
+    first = next(iter(results.values())).metrics
+    horizon = _number(first, "horizon_h")
+    capped = [name for name, r in results.items() if r.metrics.get("drain_cap_hit")]
+    stopped = [
+        name for name, r in results.items() if not r.metrics.get("drained") and name not in capped
+    ]
+    ends = ", ".join(
+        f"{name} {_number(r.metrics, 'run_end_h'):.1f} h" for name, r in results.items()
+    )
+    note = f"window {horizon:.1f} h (rates, value); completions over the run to drain ({ends})"
+    if capped:
+        note += f"; not drained by the cap: {', '.join(capped)} (figures marked ≥ are lower bounds)"
+    if stopped:
+        note += f"; stopped at the horizon: {', '.join(stopped)} (figures marked ≥)"
+    return note
 
 
 def _pyplot() -> Any:
@@ -209,39 +281,72 @@ def plot_occupancy(results: Mapping[str, RunResult], path: str | Path, title: st
     return path
 
 
-def scenario_table(results: Mapping[str, Mapping[str, RunResult]], baseline: str = "fifo") -> str:
-    """One Markdown table over scenarios × policies (the README's results table)."""
-    head = (
-        "| scenario | policy | util % | Δ util vs fifo (pt) | value | value vs fifo | jobs done "
-        "| JCT mean h | unmet demand rep-h | SLA viol. h | migrations | preemptions "
-        "| lost GPU-h | actions/job-h | jobs acted 2× <10 min |"
-    )
-    lines = [head, "|" + "---|" * 15]
+SCENARIO_HEAD = (
+    "scenario",
+    "policy",
+    "util %",
+    "Δ util vs best (pt)",
+    "value",
+    "value vs best",
+    "done by horizon",
+    "JCT mean h",
+    "JCT p99 h",
+    "JCT vs best",
+    "makespan h",
+    "wait max h",
+    "unmet demand rep-h",
+    "SLA viol. h",
+    "migr.",
+    "preempt.",
+    "migr. + ckpt GPU-h",
+    "lost GPU-h",
+    "actions/job-h",
+    "jobs 2× <10 min",
+)
+
+
+def scenario_table(results: Mapping[str, Mapping[str, RunResult]], mine: str = "shaper") -> str:
+    """One Markdown table over scenarios × policies (the README's). Per scenario the best
+    baseline (:func:`best_baseline`) is marked ★ and every policy's margin is taken over it;
+    completion figures are over the run to drain, marked ≥ where some job never finished."""
+    lines = ["| " + " | ".join(SCENARIO_HEAD) + " |", "|" + "---|" * len(SCENARIO_HEAD)]
     for scenario, runs in results.items():
-        delta = gains(runs, baseline)
+        best = best_baseline(runs, mine)
+        delta = gains(runs, best) if best else {}
         for index, (policy, result) in enumerate(runs.items()):
             m = result.metrics
-            d = delta.get(policy, {"util_points": 0.0, "value_gain_pct": 0.0})
-            name = f"**{policy}**" if policy == "shaper" else policy
+            d = delta.get(
+                policy, {"util_points": 0.0, "value_gain_pct": 0.0, "jct_change_pct": 0.0}
+            )
+            name = f"**{policy}**" if policy == mine else policy
+            if policy == best:
+                name += " ★"
+            overhead = _number(m, "migration_gpu_hours") + _number(m, "checkpoint_gpu_hours")
             cells = [
                 scenario if index == 0 else "",
                 name,
-                f"{100 * m['utilization']:.1f}",
+                f"{100 * _number(m, 'utilization'):.1f}",
                 f"{d['util_points']:+.1f}",
-                f"{m['weighted_output']:,.0f}",
-                f"{d['value_gain_pct']:+.1f} %",
-                f"{m['jobs_completed']:.0f}/{m['jobs_arrived']:.0f}",
-                f"{m['jct_mean_h']:.1f}",
-                f"{m['unmet_demand_replica_hours']:.1f}",
-                f"{m['sla_violations']:.0f}",
-                f"{m['migrations']:.0f}",
-                f"{m['preemptions']:.0f}",
-                f"{m['lost_gpu_hours']:.1f}",
-                f"{m['actions_per_job_hour']:.2f}",
-                f"{m['jobs_acted_twice_10min']:.0f}",
+                f"{_number(m, 'weighted_output'):,.0f}",
+                _signed_pct(d["value_gain_pct"]),
+                f"{_number(m, 'jobs_completed_in_window'):.0f}/{_number(m, 'jobs_arrived'):.0f}",
+                cell(result, "jct_mean_h", "cens"),
+                cell(result, "jct_p99_h", "cens"),
+                _signed_pct(d["jct_change_pct"]),
+                cell(result, "makespan_h", "cens"),
+                cell(result, "queue_wait_max_h", "cens"),
+                f"{_number(m, 'unmet_demand_replica_hours'):.1f}",
+                f"{_number(m, 'sla_violations'):.0f}",
+                f"{_number(m, 'migrations'):.0f}",
+                f"{_number(m, 'preemptions'):.0f}",
+                f"{overhead:.1f}",
+                f"{_number(m, 'lost_gpu_hours'):.1f}",
+                f"{_number(m, 'actions_per_job_hour'):.2f}",
+                f"{_number(m, 'jobs_acted_twice_10min'):.0f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    notes = sorted({f"{scenario}: {run_note(runs)}" for scenario, runs in results.items() if runs})
+    return "\n".join([*lines, "", *notes])
 
 
 def sweep_markdown(

@@ -36,6 +36,16 @@ def progress_bar(enabled: bool, label: str) -> Iterator[Any]:
 
         def update(now: float, horizon: float) -> None:
             done = now / horizon if horizon else 1.0
+            if done > 1.0:
+                # Past the horizon the run drains the queue: say how far it has gone.
+                if done - last[0] >= 0.05:
+                    last[0] = done
+                    bar.update(
+                        task,
+                        completed=1.0,
+                        description=f"{label} · draining the queue, t = {now / 3600:.0f} h",
+                    )
+                return
             if done - last[0] >= 0.005 or done >= 1.0:
                 last[0] = done
                 bar.update(task, completed=done)
@@ -54,6 +64,8 @@ def simulate(
     replan_on_events: bool = True,
     min_replan_gap: float = 0.0,
     record_occupancy: bool | None = None,
+    drain: bool = True,
+    drain_cap: float | None = None,
 ) -> Simulation:
     planner = SolverPlanner(policy, validate=validate_plans) if isinstance(policy, str) else policy
     with progress_bar(show_progress, f"{workload.name} · {planner.name}") as callback:
@@ -66,6 +78,8 @@ def simulate(
             record_occupancy=record_occupancy,
             check_invariants=check_invariants,
             progress=callback,
+            drain=drain,
+            drain_cap=drain_cap,
         )
         sim.run()
     return sim

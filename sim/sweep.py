@@ -4,6 +4,9 @@ Each seed regenerates the scenario's jobs (arrivals, sizes, durations, prioritie
 every policy on them; the gain of each policy over the baseline is then summarized over
 the seeds (mean, median, worst). A scenario's table row shows one seed; this shows the
 spread behind it.
+
+Only the window's figures (utilization, value, jobs done by the horizon) are compared, so
+the runs stop at the horizon: what happens after it cannot change them.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def sweep(
     names = list(dict.fromkeys([baseline, *policies]))
     rows: list[SeedRow] = []
     for seed in seeds:
-        results = compare(load_scenario(scenario, seed=seed), names)
+        results = compare(load_scenario(scenario, seed=seed), names, drain=False)
         base = results[baseline].metrics
         for name in names:
             m = results[name].metrics
@@ -97,7 +100,7 @@ def sweep(
                         if base["weighted_output"] > 0
                         else None
                     ),
-                    jobs_completed=int(m["jobs_completed"]),
+                    jobs_completed=int(m["jobs_completed_in_window"] or 0),
                 )
             )
         if on_seed is not None:

@@ -89,7 +89,12 @@ def test_migration_keeps_progress_and_pays_checkpoint_transfer_restore() -> None
     assert sim.jobs["a"].end_time == pytest.approx(4 * HOUR + 70)
     m = summarize(sim).metrics
     assert m["migrations"] == 1
-    assert m["migration_gpu_hours"] == pytest.approx(2 * 70 / HOUR)
+    # The target's 2 GPUs wait 70 s (checkpoint + restore) and the source's 2 GPUs dump the
+    # checkpoint for 35 s before anyone can use them: 2 × 70 + 2 × 35 GPU-seconds.
+    assert m["migration_gpu_hours"] == pytest.approx((2 * 70 + 2 * 35) / HOUR)
+    assert m["allocated_block_gpu_hours"] == pytest.approx(8 + 210 / HOUR)
+    assert m["productive_gpu_hours"] == pytest.approx(8)
+    assert m["unaccounted_gpu_hours"] == pytest.approx(0, abs=1e-9)
     assert sim.jobs["a"].placement == {}
     assert m["useful_gpu_hours"] == pytest.approx(8)
 
@@ -208,3 +213,114 @@ def test_a_simulation_runs_once() -> None:
     sim = run(workload([]), {})
     with pytest.raises(RuntimeError):
         sim.run()
+
+
+def test_a_job_that_takes_gpus_still_dumping_waits_and_the_wait_is_the_dump_s_cost() -> None:
+    # a (checkpointable, 2 GPUs) is preempted at 1 h; its 35 s dump keeps n0's GPUs busy.
+    # b starts on them at once: it waits the 35 s, charged to checkpointing, not to b's work.
+    transfer = Transfer(bandwidth_mib_per_s=1024.0, overhead_s=30.0)
+    wl = workload(
+        [job("a", gpus=2, hours=2, checkpointable=True, image_gb=20), job("b", gpus=2, hours=1)],
+        nodes=(("n0", 2),),
+        transfer=transfer,
+        horizon_h=1,
+    )
+    sim = run(
+        wl,
+        {
+            0: [Start("a", {"n0": 2})],
+            1: [Preempt("a"), Start("b", {"n0": 2})],
+            2.5: [Start("a", {"n0": 2})],
+        },
+    )
+    assert sim.jobs["b"].end_time == pytest.approx(2 * HOUR + 35)
+    assert sim.jobs["a"].end_time == pytest.approx(3.5 * HOUR + 35)
+    m = summarize(sim).metrics
+    # b's wait (2 × 35) and, when a comes back after b, its restore (2 × 35).
+    assert sim.jobs["b"].ledger.checkpoint == pytest.approx(70)
+    assert m["checkpoint_gpu_hours"] == pytest.approx(140 / HOUR)
+    assert m["productive_gpu_hours"] == pytest.approx(2 * 2 + 2 * 1)
+    assert m["unaccounted_gpu_hours"] == pytest.approx(0, abs=1e-9)
+
+
+def test_free_gpus_dumping_a_checkpoint_are_allocated_to_the_job_that_left() -> None:
+    transfer = Transfer(bandwidth_mib_per_s=1024.0, overhead_s=30.0)
+    wl = workload(
+        [job("a", gpus=2, hours=2, checkpointable=True, image_gb=20)],
+        nodes=(("n0", 2),),
+        transfer=transfer,
+        horizon_h=3,
+    )
+    sim = run(wl, {0: [Start("a", {"n0": 2})], 1: [Preempt("a")]}, drain=False)
+    m = summarize(sim).metrics
+    assert sim.jobs["a"].ledger.checkpoint == pytest.approx(70)
+    assert m["allocated_block_gpu_hours"] == pytest.approx(2 + 70 / HOUR)
+    assert m["utilization"] == pytest.approx((2 * HOUR + 70) / (2 * 3 * HOUR))
+
+
+def test_lost_work_on_a_slower_model_is_counted_in_held_gpu_time() -> None:
+    # Half-speed GPUs: 1 h of reference work takes 2 h; a failure at 3 h loses 1 h held.
+    wl = workload(
+        [job("a", gpus=1, hours=4, checkpoint_interval_h=1.0)],
+        extra_models=(GpuModel(name="T4", speed=0.5),),
+        nodes=(("slow", 1),),
+        node_models={"slow": "T4"},
+        events=[NodeEvent(time=3 * HOUR, node="slow", kind="fail")],
+        horizon_h=4,
+    )
+    sim = run(wl, {0: [Start("a", {"slow": 1})]}, drain=False)
+    m = summarize(sim).metrics
+    assert m["lost_gpu_hours"] == pytest.approx(1)
+    assert m["productive_gpu_hours"] == pytest.approx(2)  # 1 h of work, checkpointed
+    assert m["useful_gpu_hours"] == pytest.approx(1)  # reference work
+
+
+def test_run_goes_on_until_the_queue_drains_and_censors_nothing() -> None:
+    # 2 GPUs, horizon 2 h; a (2 GPUs, 3 h) then b (2 GPUs, 2 h): b ends at 5 h.
+    wl = workload(
+        [job("a", gpus=2, hours=3), job("b", gpus=2, hours=2, at_h=1)],
+        nodes=(("n0", 2),),
+        horizon_h=2,
+    )
+    sim = run(wl, {0: [Start("a", {"n0": 2})], 3: [Start("b", {"n0": 2})]})
+    assert sim.drained and sim.run_end == pytest.approx(5 * HOUR)
+    m = summarize(sim).metrics
+    assert m["jct_censored_jobs"] == 0
+    assert m["jct_mean_h"] == pytest.approx((3 + 4) / 2)
+    assert m["makespan_h"] == pytest.approx(5)
+    assert m["queue_wait_max_h"] == pytest.approx(2)
+    # The window's figures stop at the horizon: 2 GPUs × 2 h busy, a's 2 h not kept
+    # (it cannot be checkpointed), nothing done by then.
+    assert m["utilization"] == pytest.approx(1.0)
+    assert m["weighted_output"] == pytest.approx(0)
+    assert m["jobs_completed_in_window"] == 0 and m["jobs_completed"] == 2
+
+
+def test_unfinished_jobs_are_censored_at_the_end_of_the_run() -> None:
+    wl = workload(
+        [job("a", gpus=2, hours=3), job("b", gpus=2, hours=2, at_h=1)],
+        nodes=(("n0", 2),),
+        horizon_h=2,
+    )
+    sim = run(wl, {0: [Start("a", {"n0": 2})]}, drain=False)
+    m = summarize(sim).metrics
+    assert not sim.drained and m["jct_censored_jobs"] == 2
+    # Lower bounds: a has run 2 h, b waited 1 h.
+    assert m["jct_mean_h"] == pytest.approx(1.5)
+    assert m["makespan_h"] == pytest.approx(2)
+    assert m["completed_share"] == 0
+    assert m["in_flight_gpu_hours"] == pytest.approx(4)  # a's progress, not checkpointable
+
+
+def test_a_drain_that_cannot_finish_stops_at_the_cap_and_says_so() -> None:
+    wl = workload([job("a", gpus=1, hours=1)], nodes=(("n0", 1),), horizon_h=1)
+    sim = run(wl, {}, drain_cap=5 * HOUR)  # nobody ever starts a
+    m = summarize(sim).metrics
+    assert m["drain_cap_hit"] == 1 and m["run_end_h"] == pytest.approx(5)
+    assert m["queue_wait_max_h"] == pytest.approx(5)
+
+
+def test_no_job_gives_no_completion_figure() -> None:
+    wl = workload([], horizon_h=1)
+    m = summarize(run(wl, {})).metrics
+    assert m["jct_mean_h"] is None and m["makespan_h"] is None and m["completed_share"] is None

@@ -105,9 +105,11 @@ def _conserved(sim: Simulation) -> None:
     for job_id, state in sim.jobs.items():
         assert state.progress <= submitted[job_id].work + 1e-6
         assert (state.status is JobStatus.DONE) == (state.end_time is not None)
-        if state.status is JobStatus.DONE:
+        if state.status is JobStatus.DONE and state.end_time <= sim.workload.horizon:
             done_work += state.spec.work * state.spec.gpus
+    assert abs(sim.check_ledger()) < 36  # every allocated GPU-second accounted, to 0.01 GPU-h
     m = summarize(sim).metrics
+    assert m["drained"] or m["drain_cap_hit"]
     total = sum(j.work * j.gpus for j in submitted.values())
     # Useful work never exceeds what was submitted; the GPU-time a run pays for covers the
     # useful work plus what was lost and what migration, checkpoint and restore cost.

@@ -160,12 +160,14 @@ async function showSimulations() {
   const result = await api(`/simulations/${encodeURIComponent(select.value)}`);
   const runs = Object.entries(result.runs);
   const base = result.runs.fifo ? result.runs.fifo.metrics.utilization : null;
-  const num = (v, digits = 1) => (v == null ? "" : Number(v).toFixed(digits));
+  const num = (v, digits = 1) => (v == null ? "–" : Number(v).toFixed(digits));
   $("#sim-table tbody").innerHTML = runs.map(([policy, run]) => {
     const m = run.metrics;
+    // Completion figures are lower bounds when some job never finished.
+    const jct = m.jct_censored_jobs ? `≥ ${num(m.jct_mean_h)}` : num(m.jct_mean_h);
     const delta = base == null ? "" : `${m.utilization >= base ? "+" : ""}${(100 * (m.utilization - base)).toFixed(1)}`;
     return `<tr data-policy="${esc(policy)}"><td>${esc(policy)}</td><td>${num(100 * m.utilization)}</td><td>${delta}</td><td>${num(m.weighted_output)}</td>
-      <td>${num(m.jobs_completed, 0)}/${num(m.jobs_arrived, 0)}</td><td>${num(m.jct_mean_h)}</td><td>${num(m.unmet_demand_replica_hours)}</td>
+      <td>${num(m.jobs_completed, 0)}/${num(m.jobs_arrived, 0)}</td><td>${jct}</td><td>${num(m.unmet_demand_replica_hours)}</td>
       <td>${num(m.migrations, 0)}</td><td>${num(m.preemptions, 0)}</td></tr>`;
   }).join("");
   $("#sim-chart").innerHTML = simChart(runs);
