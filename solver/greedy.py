@@ -123,7 +123,7 @@ def sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]:
         else:
             keys[job.id] = (
                 overdue,
-                -instance.weight(job),
+                -instance.weight(job) * instance.boost(job),  # aging credit included
                 -job.total_gpus,
                 job.submit_time,
                 job.id,

@@ -215,7 +215,7 @@ def build_classes(
     for job in jobs:
         weight = instance.weight(job)
         overdue = instance.is_overdue(job)
-        boost = instance.config.overdue_weight if overdue else 1.0
+        boost = instance.boost(job)
         capped = teams is None or job.team in teams
         key = (
             job_signature(job),
@@ -226,6 +226,7 @@ def build_classes(
             job.max_nodes,
             weight,
             overdue,
+            boost,
             job.team if capped else None,
             reserves[job.id],
         )

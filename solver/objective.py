@@ -12,8 +12,10 @@ Units: one *unit* is one reference GPU (speed 1.0) of priority weight 1 held for
                 + fragmentation_weight · (ready nodes left with all GPUs free)
 
 ``unmet(e) = max(0, demand(e) − replicas(e))`` with ``demand(e)`` the forecast for now,
-clamped to the service's min/max replicas. ``boost(j)`` is ``overdue_weight`` for a pending
-job past its SLA's max queue wait and 1 otherwise; the boost orders such jobs first, while
+clamped to the service's min/max replicas. ``boost(j)`` (``Instance.boost``) is
+``overdue_weight`` for a pending job past its SLA's max queue wait, its aging credit
+(1 + whole ``aging_s`` periods waited) for another pending job, and 1 for a running one; the
+boost orders such jobs first, while
 the rule that they are placed when they can be is hard (``solver.constraints.overdue``,
 ``solver.validate`` rule 10). ``served(e) = min(replicas, demand now)``: replicas above
 demand are reserve, not output. The *priority-weighted allocation* reported by the
@@ -84,7 +86,7 @@ def evaluate(instance: Instance, placement: dict[str, dict[str, int]]) -> Object
             continue
         value = weight * speed_gpus
         allocation += value
-        boosted += value * (config.overdue_weight if instance.is_overdue(job) else 1.0)
+        boosted += value * instance.boost(job)
         if job.is_running and target != job.placement:
             if target:
                 seconds = instance.migration.migration_seconds(job)

@@ -247,7 +247,7 @@ def global_upper_bound(instance: Instance) -> float:
             size, upper = job.total_gpus, 1
             one_node = job.replicas == 1 or job.max_nodes == 1
             chunk = size if one_node else job.gpus_per_replica  # a gang may split
-            boost = config.overdue_weight if instance.is_overdue(job) else 1.0
+            boost = instance.boost(job)
             value = [weight * boost * size * g.gpu_model.speed for g in compat.groups]
         if not groups or upper <= 0:
             continue
