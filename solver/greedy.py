@@ -76,6 +76,9 @@ class GreedyOptions:
     migrate: bool = False
     lookahead: bool = False
     defrag_first: bool = False  # try migration before preemption for a job that does not fit
+    # The first job in the policy's order that starves (``Instance.is_starving``) and does
+    # not fit gets an EASY-backfill reservation that every later job must leave alone.
+    starvation_guard: bool = False
     preemption_candidates: int = 32  # nodes looked at per preemption attempt
 
     @property
@@ -192,6 +195,7 @@ class GreedyEngine:
         self.defrag_failed: dict[tuple[object, ...], bool] = {}  # -> blocked by the budget
         self.fit_cache: dict[tuple[object, ...], bool] = {}
         self.blocked: tuple[Job | None, float, set[int]] = (None, math.inf, set())
+        self.guarded: Job | None = None  # the starving job the queue backfills around
 
     # -- driver ----------------------------------------------------------------------
 
@@ -510,8 +514,11 @@ class GreedyEngine:
 
     def reservations_for(self, job: Job) -> list[_Reservation]:
         """Reservations a job must leave alone: none if it can move away in time (it is
-        checkpointable or ends first) or if it is past its max queue wait."""
+        checkpointable or ends first), if it is past its max queue wait, or if it starves
+        under the starvation guard (a forecast must not keep a job waiting for ever)."""
         if not self.reservations or job.checkpointable or job.id in self.overdue:
+            return []
+        if self.options.starvation_guard and self.instance.is_starving(job):
             return []
         runtime = job.expected_runtime_s
         return [r for r in self.reservations if runtime is None or runtime > r.seconds_until_needed]
@@ -541,7 +548,8 @@ class GreedyEngine:
             if not groups or not self._could_ever_fit(job, groups):
                 continue  # diagnosed at the end; never blocks the queue
             late = job.id in self.overdue
-            if blocked_by is not None and not self.options.backfill and not late:
+            backfilling = self.options.backfill or self.guarded is not None
+            if blocked_by is not None and not backfilling and not late:
                 pending[job.id] = Reason(
                     code=ReasonCode.QUEUE_ORDER, message=f"behind {blocked_by.id} in FIFO order"
                 )
@@ -576,6 +584,20 @@ class GreedyEngine:
                     blocked_by = job
                     if self.options.backfill:
                         shadow_time, shadow_nodes = self._shadow(job, groups)
+                elif (
+                    self.options.starvation_guard
+                    and blocked_by is None
+                    and self.instance.is_starving(job)
+                ):
+                    shadow_time, shadow_nodes = self._shadow(job, groups)
+                    if shadow_nodes:  # no reservation without an end time to count on
+                        blocked_by = self.guarded = job
+                        pending[job.id] = Reason(
+                            code=ReasonCode.INSUFFICIENT_CAPACITY,
+                            message=f"waiting since t={job.submit_time:g}; GPUs on "
+                            f"{len(shadow_nodes)} node(s) reserved for it from "
+                            f"t={shadow_time:g}",
+                        )
                 continue
             self._start(job, placement)
         self.blocked = (blocked_by, shadow_time, shadow_nodes)

@@ -89,6 +89,7 @@ GREEDY = GreedyOptions(
     migrate=True,
     lookahead=True,
     preemption_candidates=256,
+    starvation_guard=True,
 )
 
 _STATUS = {
@@ -254,7 +255,7 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     cp_target = _names(instance, state.placement)
     cp_terms = evaluate(instance, cp_target)
     violations: list[Violation] = []
-    unused = _room_left_unused(engine, cp_target)
+    unused = _room_left_unused(engine, cp_target) or _breaks_reservation(engine, cp_target)
     if unused is None and cp_terms.objective > greedy_terms.objective + 1e-6:
         decisions = {
             job_id: reason
@@ -283,6 +284,28 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     elif unused is not None:
         note = f"CP-SAT plan did not use the room made for it ({unused}); greedy plan kept"
     return _finish(plan, started_at, note=note)
+
+
+def _breaks_reservation(engine: GreedyEngine, target: dict[str, dict[str, int]]) -> str | None:
+    """A new start in ``target`` on the GPUs the greedy reserved for a starving job that
+    would still run at the reservation's time, or None. The model has no per-node
+    reservation, so a CP-SAT plan that breaks it loses to the greedy plan."""
+    guarded = engine.guarded
+    if guarded is None:
+        return None
+    instance = engine.instance
+    _, shadow_time, shadow_nodes = engine.blocked
+    reserved = {instance.nodes[n].name for n in shadow_nodes}
+    for job_id, held in target.items():
+        job = instance.job_by_id[job_id]
+        if job.is_running or job.is_elastic or job_id == guarded.id:
+            continue
+        runtime = job.expected_runtime_s
+        if runtime is not None and instance.now + runtime <= shadow_time:
+            continue
+        if reserved & set(held):
+            return f"{job_id} starts on GPUs reserved for {guarded.id}"
+    return None
 
 
 def _room_left_unused(engine: GreedyEngine, target: dict[str, dict[str, int]]) -> str | None:
