@@ -35,7 +35,14 @@ from sim.report import (
     scenario_table,
     sweep_markdown,
 )
-from sim.run import POLICIES, compare, progress_bar, run_policy, write_results
+from sim.run import (
+    POLICIES,
+    compare,
+    progress_bar,
+    run_ablations,
+    run_policy,
+    write_results,
+)
 from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
 from sim.sweep import parse_seeds, summarize_sweep, sweep, sweep_json
 from sim.traces import (
@@ -187,6 +194,10 @@ def table(
     drain: DrainOpt = True,
     drain_cap_h: DrainCapOpt = None,
     progress: ProgressOpt = True,
+    ablations: Annotated[
+        bool,
+        typer.Option(help="also run shaper with each lever off (migration, preemption, …)"),
+    ] = False,
 ) -> None:
     """Compare every scenario and print one Markdown table (the README's): per scenario the
     best baseline is marked ★ and the margins are over it."""
@@ -203,6 +214,10 @@ def table(
         results[workload.name] = compare(
             workload, names, drain=drain, drain_cap=cap, show_progress=progress
         )
+        if ablations:
+            results[workload.name] |= run_ablations(
+                workload, drain=drain, drain_cap=cap, show_progress=progress
+            )
         write_results(results[workload.name], out_dir / f"{workload.name}.json")
         _figures(results[workload.name], out_dir, workload.name, fmt)
     console.print(scenario_table(results), markup=False, soft_wrap=True)

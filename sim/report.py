@@ -67,7 +67,7 @@ def _number(m: Mapping[str, float | None], key: str) -> float:
 def best_baseline(results: Mapping[str, RunResult], mine: str = "shaper") -> str | None:
     """The strongest policy other than ``mine``: most value by the horizon, then utilization,
     then the lowest mean completion time."""
-    others = [name for name in results if name != mine]
+    others = [name for name in results if not name.startswith(mine)]  # ablations are mine
     if not others:
         return None
 

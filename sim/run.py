@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,15 @@ from sim.metrics import RunResult, summarize
 from sim.workload import Workload
 
 POLICIES = ("fifo", "backfill", "priority", "shaper")
+# Shaper with one lever off (``solver.SolverConfig``): the ablation rows of the tables, so
+# that every gain is attributed to the lever that made it.
+ABLATIONS: dict[str, dict[str, object]] = {
+    "shaper, no migration": {"migration": False},
+    "shaper, no preemption": {"preemption": False},
+    "shaper, no look-ahead": {"lookahead": False},
+    "shaper, no service resize": {"elastic_resize": False},
+    "shaper, greedy only (no CP-SAT)": {"use_cp_sat": False},
+}
 
 
 @contextmanager
@@ -93,6 +103,17 @@ def compare(
     workload: Workload, policies: Sequence[str] = POLICIES, **kwargs: Any
 ) -> dict[str, RunResult]:
     return {policy: run_policy(workload, policy, **kwargs) for policy in policies}
+
+
+def run_ablations(workload: Workload, **kwargs: Any) -> dict[str, RunResult]:
+    """``shaper`` once per entry of :data:`ABLATIONS`, on the same workload."""
+    results = {}
+    for label, change in ABLATIONS.items():
+        variant = replace(workload, solver_config={**workload.solver_config, **change})
+        result = run_policy(variant, "shaper", **kwargs)
+        result.policy = label
+        results[label] = result
+    return results
 
 
 def write_results(results: dict[str, RunResult] | RunResult, path: str | Path) -> Path:

@@ -13,8 +13,9 @@ One engine, configured by :class:`GreedyOptions`, is behind all four policies:
    ``solver.validate``'s rule 10 holds by construction).
 1. Elastic services: scale down to their target (demand now, or the daily peak for the
    FIFO baselines, which never scale down), then scale up, fastest GPUs first; with
-   ``preempt`` and ``migrate`` (the shaper), a service still short of demand may then move
-   movable block jobs elsewhere or stop preemptible checkpointable ones on a node, when
+   ``disrupt_for_services`` (the shaper), a service still short of demand may then move
+   movable block jobs elsewhere (``migrate``) or stop preemptible checkpointable ones on a
+   node (``preempt``), when
    the replicas gained are worth more than what is moved or stopped
    (:meth:`GreedyEngine.grow_by_disruption`).
 2. Look-ahead (optional): capacity an elastic service's forecast will need within
@@ -80,13 +81,13 @@ class GreedyOptions:
     # not fit gets an EASY-backfill reservation that every later job must leave alone.
     starvation_guard: bool = False
     preemption_candidates: int = 32  # nodes looked at per preemption attempt
+    # A service short of its demand may move (``migrate``) or stop (``preempt``) block work
+    # to grow (``GreedyEngine.grow_by_disruption``): the shaper's configuration.
+    disrupt_for_services: bool = False
 
     @property
     def grows_services_by_disruption(self) -> bool:
-        """A service short of its demand may move or stop block work to grow (see
-        ``GreedyEngine.grow_by_disruption``): when both ``preempt`` and ``migrate`` are on
-        (the shaper's configuration)."""
-        return self.preempt and self.migrate
+        return self.disrupt_for_services and (self.preempt or self.migrate)
 
 
 @dataclass
@@ -161,7 +162,9 @@ class GreedyEngine:
         self.overdue = {job.id for job in instance.jobs if instance.is_overdue(job)}
         self.can_preempt = options.preempt
         self.victims = {j.id for j in instance.jobs if self._could_be_victim(j)}
-        self.movable = {j.id for j in instance.jobs if self._could_move(j)}
+        self.movable = (
+            {j.id for j in instance.jobs if self._could_move(j)} if options.migrate else set()
+        )
         # Checkpointable single-node jobs that would be movable but for their dwell.
         self.movable_held_back = {
             j.id
@@ -363,7 +366,7 @@ class GreedyEngine:
     def _service_victim(self, job: Job) -> bool:
         """A block job a service may stop to grow: preemptible, under its daily limit, and
         checkpointable (requeued without losing work)."""
-        return job.id in self.victims and job.checkpointable
+        return self.options.preempt and job.id in self.victims and job.checkpointable
 
     def _removal_cost(self, resident: Job, node: int, now: float) -> tuple[float, bool]:
         """(cost, migrate?) of making ``resident`` leave ``node``, cheapest way first."""

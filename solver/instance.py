@@ -277,6 +277,26 @@ class SolverConfig(_Frozen):
         default=3600.0, gt=0, description="GPU-seconds lost are divided by this"
     )
     overdue_weight: float = Field(default=1000.0, ge=1, description="× for jobs past max wait")
+    # The shaper's levers, each switchable so that an ablation can attribute a gain
+    # (``shaper sim table --ablations``); the baselines' own settings ignore them.
+    migration: bool = Field(
+        default=True,
+        description="move running checkpointable work: defragmentation, CP-SAT evacuations, "
+        "room for a service",
+    )
+    preemption: bool = Field(
+        default=True, description="stop lower-priority work for a job or a service worth more"
+    )
+    lookahead: bool = Field(
+        default=True,
+        description="keep capacity a service's forecast will need from long jobs that could "
+        "not leave in time",
+    )
+    elastic_resize: bool = Field(
+        default=True,
+        description="resize services to the demand of now; off: reserve their daily peak, "
+        "as the FIFO baseline does",
+    )
     # Off by default (a job past its SLA's max queue wait always gets the reservation):
     # measured at 6 h on the built-in scenarios (README, "Starvation") it shortened the
     # longest waits but idled reserved GPUs, costing up to 3.3 utilization points.

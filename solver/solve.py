@@ -63,7 +63,7 @@ from solver.greedy import (
     Order,
     sort_key,
 )
-from solver.instance import Instance, Job
+from solver.instance import Instance, Job, SolverConfig
 from solver.model import (
     SCALE,
     Evacuation,
@@ -90,7 +90,20 @@ GREEDY = GreedyOptions(
     lookahead=True,
     preemption_candidates=256,
     starvation_guard=True,
+    disrupt_for_services=True,
 )
+
+
+def greedy_options(config: SolverConfig) -> GreedyOptions:
+    """The shaper's greedy options with the config's levers applied (ablations)."""
+    return replace(
+        GREEDY,
+        migrate=config.migration,
+        preempt=config.preemption,
+        lookahead=config.lookahead,
+        elastic=ElasticMode.DEMAND if config.elastic_resize else ElasticMode.PEAK,
+    )
+
 
 _STATUS = {
     cp_model.OPTIMAL: SolveStatus.OPTIMAL,
@@ -209,7 +222,8 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
             team_room[policy_rule.team] = cap - state.team_usage.get(policy_rule.team, 0)
     reserves = [Reserve(groups=r.groups, gpus=r.gpus) for r in reservations]
     budget = config.max_migrations_per_cycle - engine.migrations
-    evacuations = _evacuations(engine, pools, budget) if config.cp_sat_migration else []
+    moves = config.cp_sat_migration and config.migration
+    evacuations = _evacuations(engine, pools, budget) if moves else []
     model = PlacementModel(
         instance,
         pools,
@@ -218,7 +232,7 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
         team_room,
         team_min_start,
         evacuations=evacuations,
-        migration_budget=max(0, budget),
+        migration_budget=max(0, budget) if config.migration else 0,
     )
     model.build()
     # Warm start: the better of the greedy plan and the rounded LP relaxation.
@@ -338,11 +352,12 @@ def _best_greedy(
     whether it saturates the allocation (see the module docstring): a saturating plan
     that disrupts nothing ends the search early, as the other variants could only pack
     the same jobs differently."""
-    variants = [GREEDY]
+    base = greedy_options(instance.config)
+    variants = [base]
     pending = sum(1 for job in instance.jobs if not job.is_running)
     if pending <= instance.config.second_greedy_max_pending:
         variants = [
-            replace(GREEDY, order=order, defrag_first=defrag_first)
+            replace(base, order=order, defrag_first=defrag_first)
             for order in (Order.VALUE, Order.PRIORITY)
             for defrag_first in (False, True)
         ]
@@ -657,4 +672,4 @@ def _fill(engine: GreedyEngine, queue: list[Job], missing: dict[str, int]) -> No
     engine.diagnose(queue)
 
 
-__all__ = ["GREEDY", "solve"]
+__all__ = ["GREEDY", "greedy_options", "solve"]

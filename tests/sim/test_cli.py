@@ -152,3 +152,31 @@ def test_replay_input_errors_name_the_option(tmp_path: Path) -> None:
     sized = error(str(pods), "--nodes", str(DATA / "alibaba-nodes-sample.csv"), "--gpus", "8")
     assert "Invalid value for --gpus / --gpus-per-node" in sized
     assert "Invalid value for '--gpus-per-node'" in error(str(pods), "--gpus-per-node", "0")
+
+
+def test_table_ablation_rows_attribute_each_lever(tmp_path: Path) -> None:
+    from sim.run import ABLATIONS
+
+    result = runner.invoke(
+        sim_app,
+        [
+            "table",
+            "--scenarios",
+            "training-heavy-peak4",
+            "--policies",
+            "priority,shaper",
+            "--ablations",
+            "--out-dir",
+            str(tmp_path),
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("| ")][1:]
+    policies = [row.strip("|").split("|")[1].strip() for row in rows]
+    # The best baseline is never one of shaper's own ablations.
+    assert policies == ["priority ★", "**shaper**", *ABLATIONS]
+    by_policy = dict(zip(policies, rows, strict=True))
+    # Without service resizing, services hold their daily peak: less utilization.
+    util = {name: float(row.strip("|").split("|")[2]) for name, row in by_policy.items()}
+    assert util["shaper, no service resize"] < util["**shaper**"]

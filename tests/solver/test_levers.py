@@ -1,0 +1,48 @@
+"""The shaper's levers (``SolverConfig.migration``, ``preemption``, ``lookahead``,
+``elastic_resize``): each turned off removes what it does, and nothing else, so that the
+simulator's ablation rows attribute every gain."""
+
+from __future__ import annotations
+
+from solver.plan import ActionKind
+from solver.policies import get_policy
+from solver.validate import validate
+
+from .builders import FAST, instance, job, node, running, service
+
+
+def _kinds(inst) -> set[ActionKind]:  # type: ignore[no-untyped-def]
+    plan = get_policy("shaper").plan(inst)
+    assert not validate(inst, plan)
+    return {a.kind for a in plan.actions}
+
+
+def test_without_migration_a_gang_is_not_made_room_for_by_moving_work() -> None:
+    jobs = [
+        running("r1", {"a": 4}, checkpointable=True, preemptible=False),
+        running("r2", {"b": 4}, checkpointable=True, preemptible=False),
+        job("p", 8),
+    ]
+    nodes = [node("a"), node("b")]
+    assert ActionKind.MIGRATE in _kinds(instance(nodes, jobs))
+    off = FAST.model_copy(update={"migration": False})
+    assert ActionKind.MIGRATE not in _kinds(instance(nodes, jobs, config=off))
+
+
+def test_without_preemption_higher_priority_work_waits() -> None:
+    jobs = [running("low", {"a": 8}, priority=1.0), job("high", 8, priority=10.0)]
+    assert _kinds(instance([node("a")], jobs)) & {ActionKind.PREEMPT, ActionKind.REQUEUE}
+    off = FAST.model_copy(update={"preemption": False})
+    kinds = _kinds(instance([node("a")], jobs, config=off))
+    assert not kinds & {ActionKind.PREEMPT, ActionKind.REQUEUE, ActionKind.START}
+
+
+def test_without_service_resize_a_service_keeps_its_daily_peak() -> None:
+    # Demand 1 now, 4 later in the day: following demand shrinks it to 1; off, it keeps 4.
+    chat = service("chat", (1, 1, 4), placement={"a": 4})
+    nodes = [node("a")]
+    follow = get_policy("shaper").plan(instance(nodes, [chat]))
+    assert sum(follow.placement["chat"].values()) < 4
+    off = FAST.model_copy(update={"elastic_resize": False})
+    peak = get_policy("shaper").plan(instance(nodes, [chat], config=off))
+    assert sum(peak.placement["chat"].values()) == 4
