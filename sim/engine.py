@@ -170,6 +170,9 @@ class Counters:
     evictions: int = 0
     rejected_actions: int = 0
     replans: int = 0
+    # Re-plans at which some queued job fitted the free GPUs taken together but not on the
+    # fewest nodes its gang may span: fragmentation, not capacity, kept it waiting.
+    fragmentation_blocked_replans: int = 0
     solve_seconds: float = 0.0
     rejections: Counter[str] = field(default_factory=Counter)
 
@@ -374,6 +377,8 @@ class Simulation:
         self._replan_requested = False
         self._last_replan = time
         self.counters.replans += 1
+        if self.queue and self._blocked_by_fragmentation():
+            self.counters.fragmentation_blocked_replans += 1
         plan = self.planner.plan(self)
         self.counters.solve_seconds += plan.solve_seconds
         self.apply(plan)
@@ -381,6 +386,30 @@ class Simulation:
         if wake is not None and time + EPS < wake < self._wake_at:
             self._wake_at = wake
             self._push(wake, EventKind.REPLAN, "wake")
+
+    def _blocked_by_fragmentation(self) -> bool:
+        """Whether a queued job fits the free GPUs of the nodes it accepts taken together,
+        but not on the fewest of them its gang may span (ceil(GPUs / largest node), the
+        span ``sim.adapter`` gives the solver). One check per distinct (size, models)."""
+        seen: set[tuple[int, tuple[str, ...]]] = set()
+        for state in self.queue.values():
+            key = (state.spec.gpus, state.spec.gpu_models)
+            if key in seen:
+                continue
+            seen.add(key)
+            nodes = [
+                n
+                for n in self.nodes.values()
+                if n.schedulable and state.spec.can_run_on(n.spec.gpu_model)
+            ]
+            if not nodes:
+                continue
+            need = state.spec.gpus
+            span = max(1, math.ceil(need / max(n.spec.gpus for n in nodes)))
+            free = sorted((n.free for n in nodes), reverse=True)
+            if sum(free) >= need and sum(free[:span]) < need:
+                return True
+        return False
 
     def _handle(self, kind: EventKind, ref: str, version: int) -> bool:
         if kind == EventKind.ARRIVAL:

@@ -25,6 +25,10 @@ Over the window (all GPU-times in GPU-hours):
   ``sla_target`` × demand.
 * ``fragmentation``: time-averaged share of idle GPUs that sit on nodes with fewer free
   GPUs than the smallest queued job needs (0 when nothing waits).
+  ``fragmentation_blocked_share``: share of re-plans at which some queued job fitted the
+  free GPUs taken together but not on the fewest nodes its gang may span — the re-plans
+  at which moving work could have admitted it. 0 means capacity, not fragmentation, kept
+  jobs waiting.
 
 Over the whole run:
 
@@ -218,6 +222,9 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         if w.idle_gpu_seconds
         else 0.0,
         "replans": float(c.replans),
+        "fragmentation_blocked_share": (
+            w.fragmentation_blocked_replans / w.replans if w.replans else 0.0
+        ),
         "rejected_actions": float(c.rejected_actions),
         "policy_actions": float(block_actions + resizes),
         "block_job_hours": job_hours,

@@ -35,6 +35,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("checkpoint_gpu_hours", "ckpt GPU-h", "num"),
     ("lost_gpu_hours", "lost GPU-h", "num"),
     ("fragmentation", "frag %", "pct"),
+    ("fragmentation_blocked_share", "frag-blocked % of re-plans", "pct"),
     ("actions_per_job_hour", "actions/job-h", "num2"),
     ("jobs_acted_twice_10min", "jobs 2× <10 min", "int"),
 )

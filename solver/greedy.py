@@ -532,9 +532,31 @@ class GreedyEngine:
             return groups
         need = job.total_gpus
         short = [
-            r.groups for r in reservations if self.state.compatible_free(r.groups) - need < r.gpus
+            r.groups
+            for r in reservations
+            if self.state.compatible_free(r.groups)
+            + self._freed_before(r.groups, r.seconds_until_needed)
+            - need
+            < r.gpus
         ]
         return [group for group in groups if not any(group in blocked for blocked in short)]
+
+    def _freed_before(self, groups: frozenset[int], seconds: float) -> int:
+        """GPUs of ``groups`` that block jobs holding them now will have given back within
+        ``seconds`` (their expected runtime ends): a forecast peak can take those, so they
+        need not be withheld now. A job without a runtime estimate is assumed to stay."""
+        now = self.instance.now
+        group_of = self.compat.group_of_node
+        freed = 0
+        for job_id, held in self.state.placement.items():
+            job = self.instance.job_by_id[job_id]
+            runtime = job.expected_runtime_s
+            if job.is_elastic or runtime is None:
+                continue
+            start = now if job_id in self.touched or job.start_time is None else job.start_time
+            if start + runtime <= now + seconds:
+                freed += sum(g for node, g in held.items() if group_of[node] in groups)
+        return freed
 
     # -- block jobs ---------------------------------------------------------------------
 

@@ -324,3 +324,24 @@ def test_no_job_gives_no_completion_figure() -> None:
     wl = workload([], horizon_h=1)
     m = summarize(run(wl, {})).metrics
     assert m["jct_mean_h"] is None and m["makespan_h"] is None and m["completed_share"] is None
+
+
+def test_a_job_that_fits_only_the_free_gpus_taken_together_counts_as_fragmentation_blocked() -> (
+    None
+):
+    # Two 4-GPU nodes with 2 GPUs held on each: 4 GPUs free, but no node has 4.
+    wl = workload(
+        [
+            job("a", gpus=2, hours=5),
+            job("b", gpus=2, hours=5),
+            job("gang", gpus=4, hours=1, at_h=0.25),
+        ],
+        nodes=(("n0", 4), ("n1", 4)),
+        horizon_h=1,
+    )
+    sim = run(wl, {0: [Start("a", {"n0": 2}), Start("b", {"n1": 2})]}, drain=False)
+    m = summarize(sim).metrics
+    # Re-plans at 0 (a and b fit), at 0.25 (the gang arrives: blocked), at 0.5 (blocked).
+    assert sim.counters.replans == 3
+    assert sim.counters.fragmentation_blocked_replans == 2
+    assert m["fragmentation_blocked_share"] == pytest.approx(2 / sim.counters.replans)

@@ -27,7 +27,7 @@ def test_the_seven_settings_are_there() -> None:
     assert SEVEN <= set(builtin_scenarios())
 
 
-@pytest.mark.parametrize("name", sorted(SEVEN))
+@pytest.mark.parametrize("name", builtin_scenarios())
 def test_scenario_loads_and_is_consistent(name: str) -> None:
     wl = load_scenario(name)
     wl.validate()
@@ -117,3 +117,10 @@ def test_timeseries_integrates_to_the_totals() -> None:
     assert busy_hours == pytest.approx(m["utilization"] * m["available_gpu_hours"], rel=1e-6)
     # GPUs are available in every bin (one node at most is down), so no bin reads zero busy.
     assert min(series["utilization"]) > 0
+
+
+def test_fragmentation_heavy_is_one_priority_with_small_jobs_and_whole_node_gangs() -> None:
+    wl = load_scenario("fragmentation-heavy")
+    sizes = {j.gpus for j in wl.jobs}
+    assert sizes == {1, 2, 8} and {j.priority for j in wl.jobs} == {1.0}
+    assert {n.gpus for n in wl.nodes} == {8} and not wl.services

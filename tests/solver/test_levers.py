@@ -4,7 +4,7 @@ simulator's ablation rows attribute every gain."""
 
 from __future__ import annotations
 
-from solver.plan import ActionKind
+from solver.plan import ActionKind, ReasonCode
 from solver.policies import get_policy
 from solver.validate import validate
 
@@ -46,3 +46,28 @@ def test_without_service_resize_a_service_keeps_its_daily_peak() -> None:
     off = FAST.model_copy(update={"elastic_resize": False})
     peak = get_policy("shaper").plan(instance(nodes, [chat], config=off))
     assert sum(peak.placement["chat"].values()) == 4
+
+
+def test_the_look_ahead_counts_gpus_that_free_up_before_the_peak() -> None:
+    # The service needs 6 more GPUs in 2 h. Node a has 6 free GPUs plus 2 held by the
+    # service; b's 8 GPUs are held by a job. A long 4-GPU job fits on a now.
+    def jobs(b_ends_in_s: float) -> list:  # type: ignore[type-arg]
+        return [
+            service("s", (2, 2, 8), {"a": 2}, min_replicas=1),
+            running("b-job", {"b": 8}, expected_runtime_s=b_ends_in_s + 3600.0),
+            job("long", 4, expected_runtime_s=36_000),
+        ]
+
+    nodes = [node("a"), node("b")]
+    # b frees its 8 GPUs within the hour: the peak can take those, so the long job starts.
+    freed = get_policy("shaper").plan(instance(nodes, jobs(1800.0)))
+    assert "long" in freed.placement
+    # b runs on past the peak: a's GPUs are all the service will have, so they are kept.
+    kept = get_policy("shaper").plan(instance(nodes, jobs(10 * 3600.0)))
+    assert kept.pending["long"].code is ReasonCode.FORECAST_RESERVATION
+    # And with the look-ahead off, it starts either way.
+    off = FAST.model_copy(update={"lookahead": False})
+    assert (
+        "long"
+        in get_policy("shaper").plan(instance(nodes, jobs(10 * 3600.0), config=off)).placement
+    )
