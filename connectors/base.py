@@ -4,14 +4,41 @@ Two halves:
 
 * **Wire schemas** — what a connector pushes to ``POST /api/v1/clusters/{cluster}/telemetry``:
   a full :class:`TelemetrySnapshot` or a :class:`TelemetryDelta`, each carrying the
-  connector's session id and a sequence number. The control plane acknowledges a replayed
-  sequence number without writing twice and answers a gap with 409 (send a snapshot).
+  connector's session id and a sequence number. The telemetry contract below says what the
+  control plane answers.
 * **The Connector protocol** — a tiny required surface (:class:`Connector`: read the
   scheduler's current state) plus optional capability protocols for scheduler-level actions.
   Connectors return these types, never SDK objects.
 
 Units are explicit in the field names: memory in MiB (nodes) or GiB (GPU models), CPU in
 cores, times as timezone-aware datetimes.
+
+Telemetry contract (the control plane's side is app/telemetry):
+
+* **Sessions.** ``connector_session`` is a random id per connector process. A cluster has
+  one live session at a time. A snapshot from a session the cluster has never seen makes it
+  the live one (the control plane records since when) and supersedes the one before. Any
+  push from a superseded session answers **409** ``stale_session``: another connector owns
+  the cluster now, and this one should stop, not resync — a resync would only be refused
+  again. A delta from a session that has no accepted snapshot answers 409
+  ``snapshot_required``.
+* **Sequence.** ``seq`` is a 64-bit integer, 0 … 2^63 - 1 (above: 422 on ``seq``); it only
+  grows within a session. A snapshot may jump ahead (epoch milliseconds are fine); a delta
+  must be exactly the last accepted ``seq`` + 1, else 409 ``snapshot_required`` with the
+  ``expected_seq``.
+* **Replays.** A push whose ``(session, seq)`` was accepted before is acknowledged with
+  ``duplicate: true`` and written once — if its content is the same (a digest of the
+  accepted push is kept for the live session's last :data:`REPLAY_WINDOW` pushes). The
+  same ``(session, seq)`` with other content is 409 ``replay_mismatch``. A ``seq`` below the
+  live session's last accepted one that was never accepted (or is older than that window,
+  so cannot be told apart) is 409 ``out_of_order``. Either way, send a fresh snapshot with
+  a higher ``seq``.
+* **Physics.** Nothing impossible is stored: a push that is not a possible state of a
+  cluster (more GPUs held than a node has, one GPU held by two jobs, GPUs held on a
+  ``down`` node or by a job that is not running/suspended or beyond what it requested,
+  times out of order or outside [2000-01-01, now + 1 day], utilizations outside [0, 1],
+  numbers that are not finite) is refused whole with 422 naming the field; the bounds are
+  in app/telemetry/physics.py.
 """
 
 from __future__ import annotations
@@ -25,6 +52,17 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}$"
 ShortText = Annotated[str, Field(min_length=1, max_length=255)]
+
+# ``seq`` is stored as a signed 64-bit integer (PostgreSQL ``bigint``).
+MAX_SEQ = 2**63 - 1
+# How many accepted pushes of the live session the control plane can tell replays of.
+REPLAY_WINDOW = 64
+# Bounds that keep every reported number storable (PostgreSQL ``integer`` columns) and
+# far above any real machine: 64 TiB of node memory, 4 TiB of memory on one GPU.
+MAX_NODE_MEMORY_MIB = 64 * 1024 * 1024
+MAX_GPU_MEMORY_GIB = 4096
+MAX_REPLICAS = 100_000
+MAX_RESTARTS = 1_000_000
 
 
 class SchedulerKind(StrEnum):
@@ -87,7 +125,7 @@ class NodeReport(_Wire):
     gpu_model: Annotated[str, Field(max_length=64)] | None = None
     gpu_count: Annotated[int, Field(ge=0, le=1024)] = 0
     cpu_cores: Annotated[int, Field(ge=0, le=1_000_000)] = 0
-    memory_mib: Annotated[int, Field(ge=0)] = 0
+    memory_mib: Annotated[int, Field(ge=0, le=MAX_NODE_MEMORY_MIB)] = 0
     labels: dict[str, Annotated[str, Field(max_length=255)]] = Field(default_factory=dict)
     state: NodeState = NodeState.up
 
@@ -131,20 +169,22 @@ class JobReport(_Wire):
     sla_class: Annotated[str, Field(max_length=64)] = "standard"
     gpus_requested: Annotated[int, Field(ge=0, le=100_000)] = 0
     allowed_gpu_models: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list)
-    min_gpu_memory_gib: Annotated[float, Field(ge=0)] = 0
+    min_gpu_memory_gib: Annotated[
+        float, Field(ge=0, le=MAX_GPU_MEMORY_GIB, allow_inf_nan=False)
+    ] = 0
     required_precision: Annotated[str, Field(max_length=16)] | None = None
     gang_size: Annotated[int, Field(ge=1, le=10_000)] = 1
     checkpointable: bool = False
-    min_replicas: Annotated[int, Field(ge=0)] = 0
-    max_replicas: Annotated[int, Field(ge=0)] = 0
-    replicas: Annotated[int, Field(ge=0)] = 0
+    min_replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] = 0
+    max_replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] = 0
+    replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] = 0
     submit_time: AwareDatetime | None = None
     start_time: AwareDatetime | None = None
     end_time: AwareDatetime | None = None
     state: JobState = JobState.pending
     # Why the scheduler holds the job where it is (Slurm's Reason, Kueue's condition).
     reason: Annotated[str, Field(max_length=255)] = ""
-    restart_count: Annotated[int, Field(ge=0)] = 0
+    restart_count: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 0
     allocations: list[AllocationReport] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -157,7 +197,9 @@ class JobReport(_Wire):
 class SampleReport(_Wire):
     at: AwareDatetime
     metric: Metric
-    value: Annotated[float, Field(ge=0)]
+    # Finite: JSON ``Infinity`` and overflowing literals (1e309) are refused here; each
+    # metric's own bound is checked with the node it is about (app/telemetry/physics.py).
+    value: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     node: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
     gpu_index: Annotated[int, Field(ge=0, le=1023)] | None = None
     job: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
@@ -181,7 +223,7 @@ class NodeSamples(BaseModel):
 
 class _Push(_Wire):
     connector_session: Annotated[str, Field(min_length=1, max_length=64)]
-    seq: Annotated[int, Field(ge=0)]
+    seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
     sent_at: AwareDatetime | None = None
     samples: list[SampleReport] = Field(default_factory=list)
 
@@ -207,7 +249,8 @@ class TelemetrySnapshot(_Push):
 
 
 class TelemetryDelta(_Push):
-    """Changes since the previous push of the same session (``seq`` = previous + 1)."""
+    """Changes since the previous accepted push of the same session (``seq`` = its + 1).
+    A job listed here replaces the stored one whole, its allocations included."""
 
     kind: Literal["delta"] = "delta"
     nodes: list[NodeReport] = Field(default_factory=list)

@@ -69,6 +69,16 @@ logger = logging.getLogger(__name__)
 Payload = TelemetrySnapshot | TelemetryDelta
 
 
+def _error_code(response: httpx.Response) -> str | None:
+    """The ``error.code`` of a control-plane error body, if it has one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
+
+
 class RunnerFatal(Exception):
     """The runner cannot go on (bad token, unknown cluster, unreadable scheduler config)."""
 
@@ -237,6 +247,13 @@ class TelemetryRunner:
             if 200 <= status < 300:
                 return self._accepted(payload, view, response)
             if status == 409:
+                if _error_code(response) == "stale_session":
+                    # A newer connector took the cluster over: resyncing would only be
+                    # refused again, push after push. Stop; a restart is a new session.
+                    raise RunnerFatal(
+                        f"superseded by a newer connector for {self.config.cluster}: "
+                        f"{response.text[:300]}"
+                    )
                 self.stats.conflicts += 1
                 logger.warning("control plane answered 409 to seq %d: resync", payload.seq)
                 self._forget(payload)

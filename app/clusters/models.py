@@ -3,9 +3,10 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
+import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from app.core.types import enum_column, required_utc_column, utc_column
+from app.core.types import enum_column, json_column, required_utc_column, utc_column
 from connectors.base import SchedulerKind
 
 CLUSTER_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -57,7 +58,16 @@ class Cluster(ClusterBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=63, unique=True)
     connector_status: ConnectorStatus = enum_column(ConnectorStatus.never_seen, 16)
+    # The live connector session (app/telemetry/fencing.py) and when its first snapshot
+    # was accepted. ``last_seq`` is ``bigint`` on PostgreSQL; SQLite's INTEGER is 64-bit.
     connector_session: str | None = Field(default=None, max_length=64)
-    last_seq: int | None = None
+    connector_session_since: datetime | None = utc_column()
+    last_seq: int | None = Field(
+        default=None, sa_column=sa.Column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"))
+    )
+    # [[seq, digest], …]: the live session's last accepted pushes, to tell replays apart.
+    recent_pushes: list[list[int | str]] = json_column(list)
+    # [{"session", "since", "superseded_at", "last_seq"}, …]: sessions that lost the cluster.
+    superseded_sessions: list[dict[str, str | int | None]] = json_column(list)
     last_seen_at: datetime | None = utc_column()
     created_at: datetime = required_utc_column()

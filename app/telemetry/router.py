@@ -59,8 +59,10 @@ class _PushRoute(APIRoute):
 def push_telemetry(
     session: SessionDep, clock: ClockDep, cluster: str, push: TelemetryPush
 ) -> TelemetryAck:
-    """A full snapshot or a delta. A replayed sequence number is acknowledged with
-    ``duplicate: true`` and not written twice; a gap answers 409 ``snapshot_required``."""
+    """A full snapshot or a delta (the contract: connectors/base.py). An exact replay is
+    acknowledged with ``duplicate: true`` and not written twice; 409 ``snapshot_required``
+    (a gap), ``stale_session`` (another connector owns the cluster), ``replay_mismatch``
+    or ``out_of_order``; 422 for a push that cannot be a cluster's state."""
     return service.ingest(session=session, cluster_name=cluster, push=push, now=clock.now())
 
 
@@ -68,7 +70,13 @@ router.add_api_route(
     "/clusters/{cluster}/telemetry",
     push_telemetry,
     methods=["POST"],
-    responses={409: {"description": "Sequence gap or new connector session: send a snapshot"}},
+    responses={
+        409: {
+            "description": "snapshot_required (sequence gap or unknown session: send a "
+            "snapshot), stale_session (superseded by a newer connector: stop), "
+            "replay_mismatch or out_of_order (send a snapshot with a higher seq)"
+        }
+    },
     route_class_override=_PushRoute,
     **scoped("connector:{cluster}"),
 )
@@ -80,10 +88,14 @@ class SamplesAck(BaseModel):
 
 @router.post("/clusters/{cluster}/nodes/{node}/samples", **scoped("agent:{cluster}/{node}"))
 def push_node_samples(
-    session: SessionDep, cluster: str, node: str, body: NodeSamples
+    session: SessionDep, clock: ClockDep, cluster: str, node: str, body: NodeSamples
 ) -> SamplesAck:
     """A node agent's measurements of its own node (CPU, memory; GPUs through NVML)."""
     accepted = service.record_node_samples(
-        session=session, cluster_name=cluster, node_name=node, samples=list(body.samples)
+        session=session,
+        cluster_name=cluster,
+        node_name=node,
+        samples=list(body.samples),
+        now=clock.now(),
     )
     return SamplesAck(accepted=accepted)

@@ -2,17 +2,24 @@
 
 Algorithm (one transaction; nothing is written unless every check passes):
 
-1. Lock the cluster row and check the sequence: a replayed ``(session, seq)`` is
-   acknowledged as a duplicate without writing; a delta that does not follow the last
-   accepted push of the same connector session raises ``SnapshotRequired`` (HTTP 409).
-2. Validate cross-references the wire schema cannot see: GPU models in the catalogue,
-   duplicate names/ids, allocations and samples pointing at known nodes, GPU indices
-   within the node. Errors name the field (``jobs[12].allocations[0].node``).
+1. Lock the cluster row and fence the push (``fencing.admit``): a superseded connector
+   session is refused (409 ``stale_session``); a replayed ``(session, seq)`` with the same
+   content is acknowledged as a duplicate without writing, with other content refused (409
+   ``replay_mismatch``); an older seq never accepted is refused (409 ``out_of_order``); a
+   delta that does not follow the last accepted push of the live session raises
+   ``SnapshotRequired`` (409); a snapshot from a new session takes the cluster over.
+2. Check the push against what can be true of a cluster (``physics.check_push``): known
+   GPU models, nodes and jobs; times in order and in a window around now; bounded numbers;
+   allocations only of running/suspended jobs, on nodes that are not down, within what the
+   job requested, and per node within its GPUs with no GPU held twice — for a delta,
+   merged with the stored open allocations. Errors name the field
+   (``jobs[12].allocations[0].node``), HTTP 422.
 3. Diff against the stored state and write only what changed: new rows by bulk insert,
    changed rows by bulk update; a snapshot marks vanished nodes ``down`` and vanished jobs
    ``finished``; allocations that changed are closed (``released_at``) and reopened, so the
    allocation table keeps the placement history.
-4. Store samples; record the sequence, session and connector status.
+4. Store samples; record the sequence, its digest, the session and connector status
+   (``fencing.record``).
 """
 
 from __future__ import annotations
@@ -27,15 +34,15 @@ from sqlmodel import Session, select
 
 from app.clusters.models import Cluster, ConnectorStatus
 from app.core.bulk import insert_rows, insert_tuples, json_text, update_rows, update_tuples
-from app.core.errors import Invalid, NotFound, SnapshotRequired
+from app.core.errors import Invalid, NotFound
 from app.core.gc_pause import paused_gc
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
+from app.telemetry import fencing, physics
 from app.telemetry.models import TelemetrySample
 from connectors.base import (
     TERMINAL_JOB_STATES,
-    AllocationReport,
     JobReport,
     JobState,
     Metric,
@@ -95,16 +102,25 @@ def _ingest(
 ) -> TelemetryAck:
     cluster = _lock_cluster(session, cluster_name)
     ack = TelemetryAck(cluster=cluster.name, seq=push.seq)
-    if _is_replay(cluster, push):
+    content_digest = fencing.digest(push)
+    admission = fencing.admit(cluster, push, content_digest)
+    if admission.duplicate:
         session.rollback()
         return ack.model_copy(update={"duplicate": True})
 
-    catalogue = gpu_model_service.ids_by_name(session=session)
-    stored_nodes = _stored_nodes(session, cluster.id)  # type: ignore[arg-type]
-    stored_jobs = _stored_jobs(session, cluster.id)  # type: ignore[arg-type]
-    _validate(push, catalogue, stored_nodes, stored_jobs)
-
     cluster_id: int = cluster.id  # type: ignore[assignment]
+    catalogue = gpu_model_service.ids_by_name(session=session)
+    stored_nodes = _stored_nodes(session, cluster_id)
+    stored_jobs = _stored_jobs(session, cluster_id)
+    physics.check_push(
+        push,
+        now=now,
+        catalogue=catalogue,
+        stored_nodes={name: (row["gpu_count"], row["state"]) for name, row in stored_nodes.items()},
+        stored_jobs=stored_jobs.keys(),
+        stored_holdings=_stored_holdings(session, cluster_id, push),
+    )
+
     nodes_written, node_ids = _write_nodes(session, cluster_id, push, stored_nodes, catalogue, now)
     jobs_written, jobs_finished, job_ids, placements = _write_jobs(
         session, cluster_id, push, stored_jobs, node_ids, now
@@ -116,8 +132,7 @@ def _ingest(
         session, SAMPLES, _sample_rows(push, cluster_id, node_ids, job_ids)
     )
 
-    cluster.connector_session = push.connector_session
-    cluster.last_seq = push.seq
+    fencing.record(cluster, push, content_digest, admission=admission, now=now)
     cluster.last_seen_at = now
     cluster.connector_status = ConnectorStatus.connected
     session.add(cluster)
@@ -139,30 +154,6 @@ def _lock_cluster(session: Session, name: str) -> Cluster:
     if cluster is None:
         raise NotFound(f"cluster {name!r} is not registered", resource="cluster", resource_id=name)
     return cluster
-
-
-def _is_replay(cluster: Cluster, push: TelemetrySnapshot | TelemetryDelta) -> bool:
-    same_session = cluster.connector_session == push.connector_session
-    if same_session and cluster.last_seq is not None and push.seq <= cluster.last_seq:
-        return True
-    if isinstance(push, TelemetryDelta):
-        if not same_session or cluster.last_seq is None:
-            raise SnapshotRequired(
-                "no snapshot accepted from this connector session yet: send a snapshot",
-                field="connector_session",
-                resource="cluster",
-                resource_id=cluster.name,
-            )
-        if push.seq != cluster.last_seq + 1:
-            raise SnapshotRequired(
-                f"sequence gap: expected seq {cluster.last_seq + 1}, got {push.seq}; "
-                "send a snapshot",
-                field="seq",
-                resource="cluster",
-                resource_id=cluster.name,
-                details={"expected_seq": cluster.last_seq + 1},
-            )
-    return False
 
 
 def _rows(session: Session, query: sa.Select[Any]) -> Sequence[Sequence[Any]]:
@@ -208,89 +199,36 @@ def _stored_jobs(session: Session, cluster_id: int) -> dict[str, tuple[int, tupl
     return {row[1]: (row[0], tuple(row[2:])) for row in _rows(session, query)}
 
 
-def _validate(
-    push: TelemetrySnapshot | TelemetryDelta,
-    catalogue: dict[str, int],
-    stored_nodes: dict[str, dict[str, Any]],
-    stored_jobs: dict[str, tuple[int, tuple[Any, ...]]],
-) -> None:
-    """Check what the schema cannot, before anything is written."""
-    node_gpus: dict[str, int] = {}
-    if isinstance(push, TelemetryDelta):
-        removed = set(push.removed_nodes)
-        node_gpus = {n: r["gpu_count"] for n, r in stored_nodes.items() if n not in removed}
-    seen_nodes: set[str] = set()
-    for i, node in enumerate(push.nodes):
-        if node.name in seen_nodes:
-            raise Invalid(f"node {node.name!r} appears twice", field=f"nodes[{i}].name")
-        seen_nodes.add(node.name)
-        if node.gpu_model is not None and node.gpu_model not in catalogue:
-            raise Invalid(
-                f"unknown GPU model {node.gpu_model!r}; register it under /api/v1/gpu-models",
-                field=f"nodes[{i}].gpu_model",
-            )
-        node_gpus[node.name] = node.gpu_count
-
-    job_names: set[str] = set()
-    if isinstance(push, TelemetryDelta):
-        job_names = set(stored_jobs) - set(push.removed_jobs)
-    seen_jobs: set[str] = set()
-    for i, job in enumerate(push.jobs):
-        if job.external_id in seen_jobs:
-            raise Invalid(f"job {job.external_id!r} appears twice", field=f"jobs[{i}].external_id")
-        seen_jobs.add(job.external_id)
-        if job.allowed_gpu_models:
-            for k, model in enumerate(job.allowed_gpu_models):
-                if model not in catalogue:
-                    raise Invalid(
-                        f"unknown GPU model {model!r}", field=f"jobs[{i}].allowed_gpu_models[{k}]"
-                    )
-        if job.allocations:
-            _validate_allocations(job.allocations, node_gpus, f"jobs[{i}]")
-    job_names |= seen_jobs
-
-    for i, sample in enumerate(push.samples):
-        if sample.node is not None:
-            if sample.node not in node_gpus:
-                raise Invalid(
-                    f"sample for unknown node {sample.node!r}", field=f"samples[{i}].node"
-                )
-            if sample.gpu_index is not None and sample.gpu_index >= node_gpus[sample.node]:
-                raise Invalid(
-                    f"GPU index {sample.gpu_index} does not exist on {sample.node!r}",
-                    field=f"samples[{i}].gpu_index",
-                )
-        if sample.job is not None and sample.job not in job_names:
-            raise Invalid(f"sample for unknown job {sample.job!r}", field=f"samples[{i}].job")
-
-
-def _validate_allocations(
-    allocations: Sequence[AllocationReport], node_gpus: dict[str, int], where: str
-) -> None:
-    seen_nodes: set[str] = set()
-    for k, allocation in enumerate(allocations):
-        node = allocation.node
-        capacity = node_gpus.get(node)
-        if capacity is None:
-            raise Invalid(
-                f"allocation on unknown node {node!r}", field=f"{where}.allocations[{k}].node"
-            )
-        if node in seen_nodes:
-            raise Invalid(
-                f"node {node!r} listed twice for one job", field=f"{where}.allocations[{k}].node"
-            )
-        seen_nodes.add(node)
-        if allocation.gpus > capacity:
-            raise Invalid(
-                f"{allocation.gpus} GPUs allocated on a node with {capacity}",
-                field=f"{where}.allocations[{k}].gpu_count",
-            )
-        if allocation.gpu_indices and max(allocation.gpu_indices) >= capacity:
-            m, index = next((m, i) for m, i in enumerate(allocation.gpu_indices) if i >= capacity)
-            raise Invalid(
-                f"GPU index {index} does not exist on {node!r} ({capacity} GPUs)",
-                field=f"{where}.allocations[{k}].gpu_indices[{m}]",
-            )
+def _stored_holdings(
+    session: Session, cluster_id: int, push: TelemetrySnapshot | TelemetryDelta
+) -> list[physics.StoredHolding]:
+    """For a delta, the open allocations on the nodes it touches (a snapshot replaces them
+    all, so it is judged alone): the rest of the cluster cannot conflict with it."""
+    if isinstance(push, TelemetrySnapshot):
+        return []
+    touched = {n.name for n in push.nodes} | set(push.removed_nodes)
+    touched |= {a.node for job in push.jobs for a in job.allocations}
+    if not touched:
+        return []
+    query = (
+        sa.select(
+            JOBS.c.external_id,
+            NODES.c.name,
+            ALLOCATIONS.c.gpu_indices,
+            ALLOCATIONS.c.gpu_count,
+        )
+        .join(JOBS, JOBS.c.id == ALLOCATIONS.c.job_id)
+        .join(NODES, NODES.c.id == ALLOCATIONS.c.node_id)
+        .where(
+            JOBS.c.cluster_id == cluster_id,
+            ALLOCATIONS.c.released_at.is_(None),
+            NODES.c.name.in_(sorted(touched)),
+        )
+    )
+    return [
+        physics.StoredHolding(job, node, tuple(indices or ()), count)
+        for job, node, indices, count in session.execute(query)
+    ]
 
 
 def _node_values(report: NodeReport, catalogue: dict[str, int]) -> dict[str, Any]:
@@ -523,9 +461,15 @@ NODE_METRICS = frozenset(
 
 
 def record_node_samples(
-    *, session: Session, cluster_name: str, node_name: str, samples: list[SampleReport]
+    *,
+    session: Session,
+    cluster_name: str,
+    node_name: str,
+    samples: list[SampleReport],
+    now: datetime,
 ) -> int:
-    """Store a node agent's measurements of its own node; all or nothing."""
+    """Store a node agent's measurements of its own node; all or nothing. The samples are
+    held to the same bounds and time window as a connector's (``physics.check_sample``)."""
     cluster = session.exec(select(Cluster).where(Cluster.name == cluster_name)).first()
     if cluster is None:
         raise NotFound(
@@ -553,11 +497,13 @@ def record_node_samples(
                 f"sample is about {sample.node!r}, not this node {node_name!r}",
                 field=f"samples[{i}].node",
             )
-        if sample.gpu_index is not None and sample.gpu_index >= node.gpu_count:
-            raise Invalid(
-                f"GPU index {sample.gpu_index} does not exist on {node_name!r}",
-                field=f"samples[{i}].gpu_index",
-            )
+        physics.check_sample(
+            sample,
+            f"samples[{i}]",
+            now=now,
+            node_gpus={node_name: node.gpu_count},
+            job_names=None,
+        )
     rows = [
         {
             "cluster_id": cluster.id,

@@ -84,8 +84,9 @@ def test_replayed_sequence_is_acknowledged_without_a_second_write(
     replay = client.post(URL, headers=auth["connector_alpha"], json=body)
     assert replay.status_code == 200 and replay.json()["duplicate"] is True
     assert replay.json()["samples_written"] == 0
+    # An older sequence number that was never accepted is not a duplicate: it is refused.
     older = client.post(URL, headers=auth["connector_alpha"], json=snapshot(4))
-    assert older.json()["duplicate"] is True
+    assert older.status_code == 409 and older.json()["error"]["code"] == "out_of_order"
     assert _counts(session) == before
 
 

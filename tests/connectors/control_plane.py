@@ -1,9 +1,12 @@
 """A stand-in for the control plane's telemetry endpoint, for the runner's protocol tests.
 
-It keeps the contract of ``POST /api/v1/clusters/{cluster}/telemetry``: bearer token with
-scope ``connector:<cluster>``, a replayed ``(session, seq)`` acknowledged as a duplicate, a
-delta that does not follow the last accepted push of its session answered with 409. Tests
-can queue forced answers (500, 422, …) and connection failures ahead of it.
+It keeps the contract of ``POST /api/v1/clusters/{cluster}/telemetry`` (documented in
+``connectors/base.py``): bearer token with scope ``connector:<cluster>``; a replayed
+``(session, seq)`` acknowledged as a duplicate, an older seq never accepted answered 409
+``out_of_order``; a delta that does not follow the last accepted push of its session 409
+``snapshot_required``; a snapshot from a new session supersedes the old one, whose pushes
+then get 409 ``stale_session``. Tests can queue forced answers (500, 422, …) and connection
+failures ahead of it. The real endpoint is tested in tests/app.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class ControlPlane:
     received: list[Received] = field(default_factory=list)
     session: str | None = None
     last_seq: int | None = None
+    accepted_seqs: set[int] = field(default_factory=set)
+    superseded: set[str] = field(default_factory=set)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,19 +80,26 @@ class ControlPlane:
         push = (TelemetrySnapshot if body["kind"] == "snapshot" else TelemetryDelta).model_validate(
             body
         )
+        if push.connector_session in self.superseded:
+            return self._answer(body, 409, _error("stale_session"))
         same_session = push.connector_session == self.session
         if same_session and self.last_seq is not None and push.seq <= self.last_seq:
-            return self._answer(body, 200, self._ack(push.seq, duplicate=True))
+            if push.seq in self.accepted_seqs:
+                return self._answer(body, 200, self._ack(push.seq, duplicate=True))
+            return self._answer(body, 409, _error("out_of_order"))
         if isinstance(push, TelemetryDelta) and (
             not same_session or self.last_seq is None or push.seq != self.last_seq + 1
         ):
-            return self._answer(body, 409, {"detail": "send a snapshot"})
+            return self._answer(body, 409, _error("snapshot_required"))
         self._apply(push)
         return self._answer(body, 200, self._ack(push.seq))
 
     def _apply(self, push: TelemetrySnapshot | TelemetryDelta) -> None:
         if isinstance(push, TelemetrySnapshot):
             self.nodes, self.jobs = {}, {}
+            if self.session is not None and push.connector_session != self.session:
+                self.superseded.add(self.session)
+                self.accepted_seqs = set()
         else:
             for name in push.removed_nodes:
                 self.nodes.pop(name)
@@ -98,6 +110,7 @@ class ControlPlane:
         for job in push.jobs:
             self.jobs[job.external_id] = job.model_dump(mode="json")
         self.session, self.last_seq = push.connector_session, push.seq
+        self.accepted_seqs.add(push.seq)
 
     def _ack(self, seq: int, *, duplicate: bool = False) -> dict[str, Any]:
         return {"cluster": self.cluster, "seq": seq, "duplicate": duplicate}
@@ -116,3 +129,7 @@ class ControlPlane:
                 status=status,
             )
         )
+
+
+def _error(code: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": code.replace("_", " ")}}

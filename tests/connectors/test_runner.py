@@ -123,6 +123,17 @@ def test_409_sends_a_snapshot_at_once_with_the_next_seq() -> None:
     assert (plane.received[-1].kind, plane.received[-1].seq) == ("delta", 3)
 
 
+def test_a_superseded_session_stops_the_runner_instead_of_resyncing_for_ever() -> None:
+    plane = ControlPlane()
+    harness = Harness(ScriptedConnector(BASE), plane)
+    harness.runner.run_once()
+    # A second connector on the same cluster sends a snapshot: it takes the cluster over.
+    plane.session, plane.superseded = "session-2", {"session-1"}
+    with pytest.raises(RunnerFatal, match="superseded by a newer connector for hpc-a"):
+        harness.runner.run_once()
+    assert [r.status for r in plane.received] == [200, 409]
+
+
 @pytest.mark.parametrize(
     "failure",
     [500, 502, 503, 429, httpx.ConnectError("refused"), httpx.ReadTimeout("slow")],
