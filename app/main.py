@@ -1,4 +1,9 @@
-"""create_app(): routers, exception handlers, the dashboard, health."""
+"""create_app(): routers, exception handlers, middleware, the dashboard, docs, health.
+
+Middleware, outermost first: security headers on every answer (``app.core.headers``),
+then the catch-all that turns any exception into the documented JSON body without
+dropping the connection (``app.core.unhandled``), then the body limit.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +19,18 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.deps import AUTHENTICATED, SessionDep, get_clock
+from app.api.deps import AUTHENTICATED, SessionDep, authenticate_request, get_clock
+from app.api.docs import add_docs
+from app.api.responses import declare_error_responses
 from app.api.router import api_router
 from app.core.body_limit import BodyLimitMiddleware
 from app.core.config import Settings, get_settings
 from app.core.db import get_session
-from app.core.errors import Forbidden, ShaperError, Unauthorized
-from app.tokens import service as token_service
+from app.core.db_errors import classify
+from app.core.errors import Forbidden, ShaperError, TooManyRequests, Unauthorized
+from app.core.headers import SecurityHeadersMiddleware
+from app.core.ratelimit import AuthFailureLimiter
+from app.core.unhandled import UnhandledErrorMiddleware
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _UNION_TAGS = {"snapshot", "delta"}  # pydantic puts the discriminator value in error paths
@@ -32,28 +42,54 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="Shaper",
         version="0.1.0",
         summary="Compute-shaping control plane for GPU and HPC clusters",
-        docs_url="/docs",
+        docs_url=None,  # add_docs serves both pages without a CDN
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.auth_limiter = AuthFailureLimiter(
+        limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
+    )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(UnhandledErrorMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware)
     app.add_exception_handler(ShaperError, _shaper_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.include_router(api_router)
+    add_docs(app)
+    _document_errors(app)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         """Liveness: the process answers. No token needed."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"], responses={503: {"description": "database unreachable"}})
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        responses={503: {"description": "database unreachable or unable to write"}},
+    )
     def readyz(session: SessionDep) -> JSONResponse:
-        """Readiness: the database answers. No token needed."""
+        """Readiness: the database answers and takes writes. No token needed.
+
+        The write probe is a no-op ``UPDATE`` of the one ``alembic_version`` row in a
+        savepoint that is rolled back: it takes the path every real write takes, so a
+        read-only PostgreSQL (``default_transaction_read_only``, a hot standby), a
+        read-only SQLite file or a role without write grants refuse it, and it leaves
+        nothing behind. A temporary table would prove the same but writes PostgreSQL's
+        catalogue on every probe. A full disk shows only at commit; writes that meet it
+        answer 503 themselves (``app.core.db_errors``)."""
         try:
             session.execute(text("SELECT 1"))
         except Exception as exc:  # any driver error means not ready
-            return JSONResponse({"status": "unavailable", "reason": type(exc).__name__}, 503)
+            return _not_ready("unreachable", exc)
+        probe = session.begin_nested()
+        try:
+            session.execute(text("UPDATE alembic_version SET version_num = version_num"))
+        except Exception as exc:
+            return _not_ready("cannot_write", exc)
+        finally:
+            probe.rollback()
         return JSONResponse({"status": "ok"})
 
     # The dashboard shell and its assets hold no data: every figure on it comes from the
@@ -65,6 +101,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return FileResponse(WEB_DIR / "templates" / "index.html")
 
     return app
+
+
+def _not_ready(reason: str, exc: Exception) -> JSONResponse:
+    """``reason``: read_only, out_of_space, cannot_write or unreachable; ``cause``: the
+    driver's code (SQLSTATE, SQLite error name) or the exception's type."""
+    classified = classify(exc)
+    cause = str(classified.details.get("reason", "")) if classified else ""
+    if cause == "25006" or cause.startswith("SQLITE_READONLY"):
+        reason = "read_only"
+    elif cause in ("53100", "SQLITE_FULL"):
+        reason = "out_of_space"
+    return JSONResponse(
+        {"status": "unavailable", "reason": reason, "cause": cause or type(exc).__name__},
+        503,
+        headers={"Retry-After": "5"},
+    )
+
+
+def _document_errors(app: FastAPI) -> None:
+    """The OpenAPI document with every operation's error answers declared."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = declare_error_responses(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _field_path(loc: Sequence[int | str]) -> str:
@@ -96,8 +159,7 @@ def _error_json(
 
 
 async def _shaper_error(_request: Request, exc: ShaperError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-    return _error_json(exc.status_code, exc.body(), headers)
+    return _error_json(exc.status_code, exc.body(), exc.headers())
 
 
 def _refuse_before_validation(request: Request) -> JSONResponse | None:
@@ -117,17 +179,16 @@ def _refuse_before_validation(request: Request) -> JSONResponse | None:
         if kind.lower() != "bearer" or not credentials:
             raise Unauthorized("missing bearer token (Authorization: Bearer shp_…)")
         clock = request.app.dependency_overrides.get(get_clock, get_clock)()
-        principal = token_service.authenticate(
-            session=session, plaintext=credentials.strip(), now=clock.now()
+        principal = authenticate_request(
+            request, session=session, plaintext=credentials.strip(), now=clock.now()
         )
         required = scope.format(**request.path_params)
         if scope != AUTHENTICATED and not principal.allows(required):
             raise Forbidden(
                 f"this token lacks the scope {required!r}", details={"required_scope": required}
             )
-    except (Unauthorized, Forbidden) as exc:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return _error_json(exc.status_code, exc.body(), headers)
+    except (Unauthorized, Forbidden, TooManyRequests) as exc:
+        return _error_json(exc.status_code, exc.body(), exc.headers())
     finally:
         if isinstance(produced, Iterator):
             produced.close()

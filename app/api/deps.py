@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -11,7 +12,8 @@ from sqlmodel import Session
 from app.core.clock import Clock, SystemClock
 from app.core.config import Settings
 from app.core.db import get_session
-from app.core.errors import Forbidden, Unauthorized
+from app.core.errors import Forbidden, TooManyRequests, Unauthorized
+from app.core.ratelimit import AuthFailureLimiter
 from app.core.security import Principal
 from app.tokens import service as token_service
 
@@ -36,15 +38,36 @@ SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 _bearer = HTTPBearer(auto_error=False, description="A Shaper API token: `shp_<id>_<secret>`")
 
 
+def authenticate_request(
+    request: Request, *, session: Session, plaintext: str, now: datetime
+) -> Principal:
+    """The token's principal, counting a refused token against the caller's address and
+    refusing (429) an address over its limit (``app.core.ratelimit``)."""
+    limiter: AuthFailureLimiter = request.app.state.auth_limiter
+    address = request.client.host if request.client else "unknown"
+    wait_s = limiter.retry_after(address, now.timestamp())
+    if wait_s is not None:
+        raise TooManyRequests(
+            f"too many failed authentications from {address}; retry in {wait_s} s",
+            retry_after_s=wait_s,
+        )
+    try:
+        return token_service.authenticate(session=session, plaintext=plaintext, now=now)
+    except Unauthorized:
+        limiter.record_failure(address, now.timestamp())
+        raise
+
+
 def get_principal(
+    request: Request,
     session: SessionDep,
     clock: ClockDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthorized("missing bearer token (Authorization: Bearer shp_…)")
-    return token_service.authenticate(
-        session=session, plaintext=credentials.credentials, now=clock.now()
+    return authenticate_request(
+        request, session=session, plaintext=credentials.credentials, now=clock.now()
     )
 
 

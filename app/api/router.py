@@ -1,8 +1,10 @@
-"""Mounts every domain router under /api/v1."""
+"""Mounts every domain router under /api/v1, each behind the parameter net
+(``app.api.params``)."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from app.actions.router import router as actions
+from app.api.params import refuse_unusable_parameters
 from app.clusters.router import router as clusters
 from app.gpu_models.router import router as gpu_models
 from app.jobs.router import router as jobs
@@ -28,4 +30,4 @@ for domain_router in (
     simulations,
     tokens,
 ):
-    api_router.include_router(domain_router)
+    api_router.include_router(domain_router, dependencies=[Depends(refuse_unusable_parameters)])

@@ -6,11 +6,27 @@ import sqlalchemy as sa
 from sqlmodel import Session, select
 
 from app.clusters.models import Cluster, ClusterCreate, ClusterPublic, ClusterUpdate
-from app.core.errors import Conflict, NotFound
+from app.core.errors import Conflict, Invalid, NotFound
 from app.nodes.models import Node
+from solver.policies import POLICY_NAMES
+
+
+def _check(cluster_in: ClusterCreate | ClusterUpdate) -> None:
+    """A cluster whose policy the planner does not know would never be planned again; a
+    NUL PostgreSQL cannot store (SQLite could: refused on both alike)."""
+    if cluster_in.description is not None and "\x00" in cluster_in.description:
+        raise Invalid("description: must not contain NUL (\\u0000)", field="description")
+    policy = cluster_in.policy
+    if policy is not None and policy not in POLICY_NAMES:
+        raise Invalid(
+            f"policy: {policy!r} is not one of {', '.join(POLICY_NAMES)}",
+            field="policy",
+            details={"allowed": list(POLICY_NAMES)},
+        )
 
 
 def register_cluster(*, session: Session, cluster_in: ClusterCreate, now: datetime) -> Cluster:
+    _check(cluster_in)
     if session.exec(select(Cluster).where(Cluster.name == cluster_in.name)).first():
         raise Conflict(
             f"cluster {cluster_in.name!r} is already registered",
@@ -61,6 +77,7 @@ def to_public(*, session: Session, clusters: list[Cluster]) -> list[ClusterPubli
 
 
 def update_cluster(*, session: Session, name: str, cluster_in: ClusterUpdate) -> Cluster:
+    _check(cluster_in)
     cluster = get_cluster(session=session, name=name)
     cluster.sqlmodel_update(cluster_in.model_dump(exclude_unset=True, exclude_none=True))
     session.add(cluster)

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    # Failed authentications per client address before it gets 429 (app.core.ratelimit).
+    auth_failure_limit: int = Field(default=20, ge=1)
+    auth_failure_window_s: float = Field(default=60.0, gt=0)
     cycle_period_s: float = Field(default=30.0, gt=0)
     # Overrides every saga step's timeout (impatient tests, slow sites); unset: the
     # per-step defaults in app.actions.saga.STEP_TIMEOUT_S.

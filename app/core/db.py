@@ -50,6 +50,9 @@ class UtcDateTime(TypeDecorator[datetime]):
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
+    # A failed statement's message would otherwise quote its parameters (token digests,
+    # whatever a request sent) into tracebacks and logs.
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:":

@@ -2,6 +2,9 @@
 
 Every error says what was wrong and where: ``field`` is a path into the request
 (``jobs[12].external_id``), ``resource``/``resource_id`` name the object involved.
+Every answer that is not a success, a 500 included, has the same body:
+``{"error": {"code", "message", "field"?, "id"?, "details"?, "retryable"}}``; a retryable
+one that knows when to come back says so in ``Retry-After`` (``headers()``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class ShaperError(Exception):
         error["retryable"] = self.retryable
         return {"error": error}
 
+    def headers(self) -> dict[str, str] | None:
+        return None
+
 
 class Invalid(ShaperError):
     status_code = 422
@@ -73,6 +79,9 @@ class Unauthorized(ShaperError):
     status_code = 401
     code = "unauthorized"
 
+    def headers(self) -> dict[str, str] | None:
+        return {"WWW-Authenticate": "Bearer"}
+
 
 class Forbidden(ShaperError):
     status_code = 403
@@ -96,3 +105,39 @@ class ConnectorUnavailable(ShaperError):
     def __init__(self, message: str, *, retryable: bool = True, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.retryable = retryable
+
+
+class Unavailable(ShaperError):
+    """Something the request needs is down for now (the database read-only, full or
+    unreachable): retry after ``retry_after_s``."""
+
+    status_code = 503
+    code = "unavailable"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: int = 5, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class TooManyRequests(ShaperError):
+    status_code = 429
+    code = "rate_limited"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: int, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class Internal(ShaperError):
+    """An unexpected failure; its body never carries the exception's text."""
+
+    status_code = 500
+    code = "internal"

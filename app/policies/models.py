@@ -7,7 +7,18 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, model_validator
 from sqlmodel import Field, SQLModel
 
-from app.core.types import json_column, required_utc_column
+from app.core.types import (
+    MAX_TEAMS,
+    AwareDatetime,
+    GpuCount,
+    NoNulStr,
+    Replicas,
+    Seconds,
+    json_column,
+    required_utc_column,
+)
+
+MAX_MIGRATIONS_PER_DAY = 10_000
 
 
 class TeamPolicy(BaseModel):
@@ -15,29 +26,29 @@ class TeamPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    team: str = Field(min_length=1, max_length=128)
+    team: NoNulStr = Field(min_length=1, max_length=128)
     priority_weight: float = Field(default=1.0, gt=0, le=1000)
-    guaranteed_gpus: int = Field(default=0, ge=0)
-    borrowing_limit_gpus: int | None = Field(default=None, ge=0)
-    max_queue_wait_s: int | None = Field(default=None, ge=0)
+    guaranteed_gpus: GpuCount = 0
+    borrowing_limit_gpus: GpuCount | None = None
+    max_queue_wait_s: Seconds | None = None
     preemptible: bool = True
-    max_migrations_per_day: int = Field(default=4, ge=0)
-    deadline: datetime | None = None
+    max_migrations_per_day: int = Field(default=4, ge=0, le=MAX_MIGRATIONS_PER_DAY)
+    deadline: AwareDatetime | None = None
 
 
 class ServicePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    service: str = Field(min_length=1, max_length=255)
-    min_replicas: int = Field(default=1, ge=0)
+    service: NoNulStr = Field(min_length=1, max_length=255)
+    min_replicas: Replicas = 1
     demand_target: float = Field(default=1.0, gt=0, le=1.0)
 
 
 class SlaPolicySpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    teams: list[TeamPolicy] = Field(default_factory=list)
-    services: list[ServicePolicy] = Field(default_factory=list)
+    teams: list[TeamPolicy] = Field(default_factory=list, max_length=MAX_TEAMS)
+    services: list[ServicePolicy] = Field(default_factory=list, max_length=MAX_TEAMS)
 
     @model_validator(mode="after")
     def _unique_names(self) -> SlaPolicySpec:
@@ -58,12 +69,12 @@ class SlaPolicyCreate(SQLModel):
         min_length=1, max_length=64, schema_extra={"pattern": r"^[a-z0-9][a-z0-9-]*$"}
     )
     spec: SlaPolicySpec
-    comment: str = Field(default="", max_length=1024)
+    comment: NoNulStr = Field(default="", max_length=1024)
 
 
 class SlaPolicyUpdate(SQLModel):
     spec: SlaPolicySpec
-    comment: str = Field(default="", max_length=1024)
+    comment: NoNulStr = Field(default="", max_length=1024)
 
 
 class SlaPolicyPublic(SQLModel):

@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
+from app.core.types import DbId
 from app.policies import service
 from app.policies.models import SlaPolicyCreate, SlaPolicyPublic, SlaPolicyUpdate
 
@@ -52,7 +53,7 @@ def list_policy_versions(session: SessionDep, name: str) -> list[SlaPolicyPublic
 
 
 @router.get("/{name}/versions/{version}", **scoped("viewer"))
-def get_policy_version(session: SessionDep, name: str, version: int) -> SlaPolicyPublic:
+def get_policy_version(session: SessionDep, name: str, version: DbId) -> SlaPolicyPublic:
     return SlaPolicyPublic.model_validate(
         service.get_policy(session=session, name=name, version=version)
     )

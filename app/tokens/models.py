@@ -6,13 +6,13 @@ from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
 from app.core.security import is_valid_scope
-from app.core.types import json_column, required_utc_column, utc_column
+from app.core.types import AwareDatetime, NoNulStr, json_column, required_utc_column, utc_column
 
 
 class ApiTokenCreate(SQLModel):
-    name: str = Field(min_length=1, max_length=128)
-    scopes: list[str] = Field(min_length=1, max_length=32)
-    expires_at: datetime | None = None
+    name: NoNulStr = Field(min_length=1, max_length=128)
+    scopes: list[NoNulStr] = Field(min_length=1, max_length=32)
+    expires_at: AwareDatetime | None = None  # a naive time would be stored as if UTC
 
     @field_validator("scopes")
     @classmethod

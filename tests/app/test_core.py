@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from app.core.config import Settings
 from app.core.logging import RedactSecrets
+from app.core.ratelimit import AuthFailureLimiter
 from app.core.security import Principal, generate_token, secret_matches, split_token
 
 
@@ -59,3 +60,17 @@ def test_secrets_never_reach_the_log(caplog: pytest.LogCaptureFixture) -> None:
     assert RedactSecrets().filter(record)
     assert token not in record.getMessage() and "abc.def" not in record.getMessage()
     assert record.getMessage().startswith(f"got shp_{token.split('_')[1]}_***")
+
+
+def test_auth_failure_limiter_slides_and_stays_bounded() -> None:
+    limiter = AuthFailureLimiter(limit=3, window_s=60, max_addresses=2)
+    for at in (0.0, 10.0, 20.0):
+        assert limiter.retry_after("10.0.0.1", at) is None
+        limiter.record_failure("10.0.0.1", at)
+    assert limiter.retry_after("10.0.0.1", 30.0) == 30  # until the failure at 0 s is old
+    assert limiter.retry_after("10.0.0.2", 30.0) is None  # per address
+    assert limiter.retry_after("10.0.0.1", 60.0) is None  # one failure left the window
+    limiter.record_failure("10.0.0.2", 61.0)
+    limiter.record_failure("10.0.0.3", 62.0)  # a third address: the oldest is forgotten
+    assert limiter.retry_after("10.0.0.1", 62.0) is None
+    assert len(limiter._failures) == 2

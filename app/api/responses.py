@@ -1,0 +1,92 @@
+"""The error answers each operation can give, declared in its OpenAPI entry.
+
+Derived from what the operation is rather than listed by hand on each route, so a new
+route is documented correctly without anyone remembering to: every ``/api/v1`` operation
+needs a token (401; 429 once an address has failed too often; 403 unless any token will
+do), needs the database (503) and can fail (500); one with parameters or a body can be
+refused as invalid (422, replacing FastAPI's own schema, which is not our body), one with
+a body as too large (413), and one with path parameters can name something missing
+(404). 409 stays where a route declares it (only some can conflict). Every one of them
+has the body ``ErrorBody`` describes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="machine-readable: invalid, not_found, unavailable, …")
+    message: str
+    field: str | None = Field(default=None, description="path into the request at fault")
+    id: str | int | None = Field(default=None, description="id of the resource involved")
+    details: dict[str, Any] | None = None
+    retryable: bool
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+_REF = {"$ref": "#/components/schemas/ErrorBody"}
+_DESCRIPTIONS = {
+    "401": "Missing, invalid, expired or revoked token",
+    "403": "The token lacks the scope this operation needs",
+    "404": "Nothing with that id or name",
+    "409": "Conflicts with the current state",
+    "413": "Body over SHAPER_MAX_BODY_BYTES",
+    "422": "A value is invalid; `field` names it",
+    "429": "Too many failed authentications from this address; see Retry-After",
+    "500": "Unexpected failure (the server log has the details)",
+    "503": "The database cannot serve this now (read-only, full, unreachable); see Retry-After",
+}
+
+
+def _error_response(status: str) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": _DESCRIPTIONS[status],
+        "content": {"application/json": {"schema": _REF}},
+    }
+    if status in ("429", "503"):
+        response["headers"] = {
+            "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}
+        }
+    return response
+
+
+def declare_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
+    """Adds the error answers to every ``/api/`` operation of ``schema`` (in place)."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    definitions = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(definitions.pop("$defs", {}))
+    components["ErrorBody"] = definitions
+    for path, item in schema.get("paths", {}).items():
+        if not path.startswith("/api/"):
+            continue
+        for operation in item.values():
+            responses = operation.setdefault("responses", {})
+            parameters = operation.get("parameters", [])
+            statuses = ["401", "429", "500", "503"]
+            if operation.get("x-required-scope") != "authenticated":
+                statuses.append("403")
+            if parameters or "requestBody" in operation:
+                statuses.append("422")
+            if "requestBody" in operation:
+                statuses.append("413")
+            if any(p.get("in") == "path" for p in parameters):
+                statuses.append("404")
+            if "409" in responses:
+                statuses.append("409")
+            for status in statuses:
+                declared = _error_response(status)
+                if status == "409":  # keep the route's own description of its conflict
+                    declared["description"] = responses["409"].get("description", "")
+                responses[status] = declared
+    # FastAPI's validation error schemas, unused once every 422 above is ours.
+    for unused in ("HTTPValidationError", "ValidationError"):
+        if f"#/components/schemas/{unused}" not in json.dumps(schema["paths"]):
+            components.pop(unused, None)
+    return schema
