@@ -98,6 +98,11 @@ class _Reservation:
     groups: frozenset[int]
     gpus: int
     seconds_until_needed: float
+    # Running jobs at the start of the cycle that end before the need, and the GPUs each
+    # holds in ``groups`` (see ``GreedyEngine._freed_before``).
+    ending: dict[str, int] = field(default_factory=dict)
+    ending_total: int = 0
+    touched_seen: int = 0  # how much of the engine's touched log is counted in the total
 
 
 @dataclass
@@ -151,6 +156,7 @@ class GreedyEngine:
         self.migrations = 0
         self.preemptions = 0
         self.touched: set[str] = set()  # started, moved or stopped this cycle
+        self.touched_log: list[str] = []  # the same, in the order they were touched
         self.reservations: list[_Reservation] = []
         self.failed_place: dict[tuple[object, ...], tuple[int, bool]] = {}
         self.epoch = 0
@@ -456,7 +462,7 @@ class GreedyEngine:
         name = self.instance.nodes[node].name
         for resident, target in moved:
             self.migrations += 1
-            self.touched.add(resident.id)
+            self.touch(resident.id)
             self.made_room_for[resident.id] = (job.id, frozenset({name}))
             self.result.decisions[resident.id] = Reason(
                 code=ReasonCode.DEFRAGMENTATION,
@@ -477,7 +483,7 @@ class GreedyEngine:
         """Count and explain the jobs a decision stops."""
         for victim in victims:
             self.preemptions += 1
-            self.touched.add(victim.id)
+            self.touch(victim.id)
             self.result.decisions[victim.id] = Reason(
                 code=ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY, message=why(victim)
             )
@@ -514,6 +520,28 @@ class GreedyEngine:
                 existing.gpus += gpus
                 existing.seconds_until_needed = min(existing.seconds_until_needed, needed_at)
         self.reservations = [merged[key] for key in sorted(merged, key=sorted)]
+        for reservation in self.reservations:
+            for job_id, held in self.state.placement.items():
+                gpus = self._ending_in(reservation, job_id, held, start=None)
+                if gpus:
+                    reservation.ending[job_id] = gpus
+            reservation.ending_total = sum(reservation.ending.values())
+
+    def _ending_in(
+        self, reservation: _Reservation, job_id: str, held: dict[int, int], *, start: float | None
+    ) -> int:
+        """GPUs ``job_id`` holds in the reservation's groups if it ends before they are
+        needed (from ``start``, default its own start time), else 0."""
+        job = self.instance.job_by_id[job_id]
+        runtime = job.expected_runtime_s
+        if job.is_elastic or runtime is None:
+            return 0
+        now = self.instance.now
+        began = start if start is not None else (job.start_time or now)
+        if began + runtime > now + reservation.seconds_until_needed:
+            return 0
+        group_of = self.compat.group_of_node
+        return sum(g for node, g in held.items() if group_of[node] in reservation.groups)
 
     def reservations_for(self, job: Job) -> list[_Reservation]:
         """Reservations a job must leave alone: none if it can move away in time (it is
@@ -534,29 +562,34 @@ class GreedyEngine:
         short = [
             r.groups
             for r in reservations
-            if self.state.compatible_free(r.groups)
-            + self._freed_before(r.groups, r.seconds_until_needed)
-            - need
-            < r.gpus
+            if self.state.compatible_free(r.groups) + self._freed_before(r) - need < r.gpus
         ]
         return [group for group in groups if not any(group in blocked for blocked in short)]
 
-    def _freed_before(self, groups: frozenset[int], seconds: float) -> int:
-        """GPUs of ``groups`` that block jobs holding them now will have given back within
-        ``seconds`` (their expected runtime ends): a forecast peak can take those, so they
-        need not be withheld now. A job without a runtime estimate is assumed to stay."""
-        now = self.instance.now
-        group_of = self.compat.group_of_node
-        freed = 0
-        for job_id, held in self.state.placement.items():
-            job = self.instance.job_by_id[job_id]
-            runtime = job.expected_runtime_s
-            if job.is_elastic or runtime is None:
-                continue
-            start = now if job_id in self.touched or job.start_time is None else job.start_time
-            if start + runtime <= now + seconds:
-                freed += sum(g for node, g in held.items() if group_of[node] in groups)
-        return freed
+    def touch(self, job_id: str) -> None:
+        """Record that this cycle started, moved or stopped ``job_id``."""
+        if job_id not in self.touched:
+            self.touched.add(job_id)
+            self.touched_log.append(job_id)
+
+    def _freed_before(self, reservation: _Reservation) -> int:
+        """GPUs of the reservation's groups that block jobs holding them will have given back
+        before they are needed (their expected runtime ends): a forecast peak can take
+        those, so they need not be withheld now. A job without a runtime estimate is assumed
+        to stay. Kept up to date from the jobs this cycle touched, each counted once when
+        it is touched (a touched job is not moved or stopped again in the same cycle), so
+        that the greedy pays O(jobs) per reservation in all, not per call."""
+        log = self.touched_log
+        while reservation.touched_seen < len(log):
+            job_id = log[reservation.touched_seen]
+            reservation.touched_seen += 1
+            reservation.ending_total -= reservation.ending.pop(job_id, 0)
+            held = self.state.held(job_id)
+            if held:
+                reservation.ending_total += self._ending_in(
+                    reservation, job_id, held, start=self.instance.now
+                )
+        return reservation.ending_total
 
     # -- block jobs ---------------------------------------------------------------------
 
@@ -630,7 +663,7 @@ class GreedyEngine:
 
     def _start(self, job: Job, placement: dict[int, int]) -> None:
         self.state.place(job, placement)
-        self.touched.add(job.id)
+        self.touch(job.id)
         self.started_by_team[job.team] = self.started_by_team.get(job.team, 0) + job.total_gpus
         code = ReasonCode.OVERDUE if self.instance.is_overdue(job) else ReasonCode.PLACED
         self.result.decisions.setdefault(
@@ -891,7 +924,7 @@ class GreedyEngine:
         names = self.instance.nodes
         for resident in moved:
             self.migrations += 1
-            self.touched.add(resident.id)
+            self.touch(resident.id)
             self.made_room_for[resident.id] = (job.id, frozenset(resident.placement))
             where = ", ".join(sorted(resident.placement))
             self.result.decisions[resident.id] = Reason(

@@ -105,7 +105,7 @@ def greedy_options(config: SolverConfig) -> GreedyOptions:
     )
 
 
-_STATUS = {
+CP_SAT_STATUS = {  # CP-SAT's status codes as the plan reports them
     cp_model.OPTIMAL: SolveStatus.OPTIMAL,
     cp_model.FEASIBLE: SolveStatus.FEASIBLE,
     cp_model.INFEASIBLE: SolveStatus.INFEASIBLE,
@@ -254,7 +254,7 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     params.random_seed = config.seed
     params.relative_gap_limit = config.relative_gap
     status = solver.solve(model.model)
-    solve_status = _STATUS.get(status, SolveStatus.UNKNOWN)
+    solve_status = CP_SAT_STATUS.get(status, SolveStatus.UNKNOWN)
 
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return _finish(
@@ -580,7 +580,7 @@ def _empty_nodes(model: PlacementModel, solver: cp_model.CpSolver, engine: Greed
             continue
         state.place(job, {target: job.total_gpus})
         engine.migrations += 1
-        engine.touched.add(job.id)
+        engine.touch(job.id)
         engine.result.decisions[job.id] = Reason(
             code=ReasonCode.DEFRAGMENTATION,
             message=f"moved to {engine.instance.nodes[target].name} to empty whole nodes",
@@ -638,7 +638,7 @@ def _realise(model: PlacementModel, solver: cp_model.CpSolver, engine: GreedyEng
             if placement is None:
                 continue
             state.place(job, placement)
-            engine.touched.add(job.id)
+            engine.touch(job.id)
             engine.started_by_team[job.team] = (
                 engine.started_by_team.get(job.team, 0) + job.total_gpus
             )
@@ -672,4 +672,4 @@ def _fill(engine: GreedyEngine, queue: list[Job], missing: dict[str, int]) -> No
     engine.diagnose(queue)
 
 
-__all__ = ["GREEDY", "greedy_options", "solve"]
+__all__ = ["CP_SAT_STATUS", "GREEDY", "greedy_options", "solve"]
