@@ -1,5 +1,4 @@
-"""The ``shaper`` command: serve, db, token, demo (and, as they land: sim, worker, agent,
-connector)."""
+"""The ``shaper`` command: serve, worker, beat, db, token, demo, sim, agent, connector."""
 
 from __future__ import annotations
 
@@ -54,6 +53,63 @@ def serve(
         port=port or settings.port,
         log_level=settings.log_level.lower(),
     )
+
+
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _celery_app() -> object:
+    """The control plane's Celery app, refusing the embedded default (no broker)."""
+    if not get_settings().broker_url:
+        console.print(
+            "SHAPER_BROKER_URL is not set: the embedded default runs tasks inside `shaper serve`"
+            " and needs no worker; set it (e.g. redis://127.0.0.1:6379/0) to run workers"
+        )
+        raise typer.Exit(2)
+    from app.core.logging import configure_logging
+    from app.worker import celery_app
+
+    configure_logging(get_settings().log_level)
+    return celery_app
+
+
+@cli.command(context_settings=_PASS_THROUGH)
+def worker(
+    ctx: typer.Context,
+    queues: Annotated[str, typer.Option(help="comma-separated queues to consume")] = "control",
+    beat: Annotated[
+        bool, typer.Option(help="also fire the periodic tasks (one such process per site)")
+    ] = False,
+    schedule: Annotated[str | None, typer.Option(help="beat schedule file (with --beat)")] = None,
+    pool: Annotated[str, typer.Option(help="prefork | solo | threads")] = "prefork",
+    concurrency: Annotated[int | None, typer.Option(min=1)] = None,
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Run a control-plane Celery worker (needs SHAPER_BROKER_URL). Arguments after the
+    options go to Celery's worker unchanged (e.g. --without-gossip)."""
+    app = _celery_app()
+    argv = ["worker", "-Q", queues, "-n", f"{queues.split(',')[0]}@%h", "--pool", pool]
+    argv += ["-l", loglevel]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
+    if beat:
+        argv.append("--beat")
+        if schedule:
+            argv += ["-s", schedule]
+    app.worker_main([*argv, *ctx.args])  # type: ignore[attr-defined]
+
+
+@cli.command(context_settings=_PASS_THROUGH)
+def beat(
+    ctx: typer.Context,
+    schedule: Annotated[str | None, typer.Option(help="beat schedule file")] = None,
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Fire the periodic tasks (shaping cycles, action sweep, stale connectors) on the
+    broker, for workers to run (needs SHAPER_BROKER_URL). One per site."""
+    app = _celery_app()
+    argv = ["beat", "-l", loglevel, *(["-s", schedule] if schedule else []), *ctx.args]
+    app.start(argv)  # type: ignore[attr-defined]
 
 
 @db_cli.command("upgrade")

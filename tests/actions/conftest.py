@@ -161,27 +161,23 @@ class Pipeline:
     def start_control(self, **extra_env: str) -> Worker:
         return self._spawn(
             "control",
-            [
+            [  # `shaper worker`, as docker-compose.yml runs it
                 sys.executable,
                 "-m",
-                "celery",
-                "-A",
-                "app.worker",
+                "app",
                 "worker",
-                "-Q",
+                "--queues",
                 "control",
-                "-n",
-                "control@%h",
                 "--pool",
                 "solo",
                 "--beat",
-                "-s",
+                "--schedule",
                 str(self.root / f"beat-{time.time_ns()}"),
+                "--loglevel",
+                "INFO",
                 "--without-heartbeat",
                 "--without-gossip",
                 "--without-mingle",
-                "-l",
-                "INFO",
             ],
             extra_env,
         )
