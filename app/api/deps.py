@@ -1,4 +1,11 @@
-"""Dependencies as ``Annotated`` aliases, and the one way routes declare their scope."""
+"""Dependencies as ``Annotated`` aliases, and the one way routes declare their scope.
+
+``SessionDep`` is the request's session. A GET, HEAD or OPTIONS only reads, so its
+transaction begins DEFERRED and never waits for, nor holds, SQLite's write lock; any other
+method begins IMMEDIATE, taking the lock before its first read (why: ``app.core.db``).
+``WriteSessionDep`` is for a GET that writes all the same (a readiness probe of writes).
+Both come from ``app.core.db.get_session``, the one dependency tests override.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +18,29 @@ from sqlmodel import Session
 
 from app.core.clock import Clock, SystemClock
 from app.core.config import Settings
-from app.core.db import get_session
+from app.core.db import begin, get_session
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
 from app.core.ratelimit import AuthFailureLimiter
 from app.core.security import Principal
 from app.tokens import service as token_service
 
-SessionDep = Annotated[Session, Depends(get_session)]
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def get_request_session(
+    request: Request, session: Annotated[Session, Depends(get_session)]
+) -> Session:
+    begin(session, writes=request.method not in READ_METHODS)
+    return session
+
+
+def get_write_session(session: Annotated[Session, Depends(get_session)]) -> Session:
+    begin(session, writes=True)
+    return session
+
+
+SessionDep = Annotated[Session, Depends(get_request_session)]
+WriteSessionDep = Annotated[Session, Depends(get_write_session)]
 _system_clock = SystemClock()
 
 

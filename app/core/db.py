@@ -1,19 +1,44 @@
-"""Engine, sessions and the column types every table shares."""
+"""Engine, sessions and the column types every table shares.
+
+SQLite transactions: a reader never takes the write lock; a writer takes it up front.
+pysqlite opens transactions lazily and breaks SAVEPOINT, so the engine emits BEGIN itself
+(the ``begin`` event), choosing the mode from the connection's ``shaper_sqlite_begin``
+execution option:
+
+* ``IMMEDIATE`` (the default): the write lock is taken at BEGIN, waiting up to
+  ``busy_timeout`` for it. A transaction that reads and then writes (every ingest, every
+  saga step, the cycle's write phases) needs it: begun DEFERRED, its first write would
+  have to upgrade a read snapshot to a writer, and SQLite refuses an upgrade at once with
+  SQLITE_BUSY whenever another connection writes meanwhile, without waiting. So anything
+  that does not say otherwise, every Celery task and CLI command included, stays safe.
+* ``DEFERRED``: a plain BEGIN, for transactions that only read: in WAL mode they read a
+  snapshot and neither wait for the writer nor hold it up. ``begin(session, writes=False)``
+  starts a session's next transaction so; the API does it for every GET, HEAD and OPTIONS
+  (``app.api.deps``) and the shaping cycle for its read phases (``app.shaping.cycle``).
+
+A busy database (the lock not free within ``busy_timeout``) raises SQLITE_BUSY, which
+``app.core.db_errors`` answers 503 retryable with ``Retry-After``. PostgreSQL ignores the
+option: its readers never block its writers.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, event
+from sqlalchemy import Connection, DateTime, Engine, event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Session, SQLModel, create_engine
 
 from app.core.config import get_settings
+
+BEGIN_OPTION = "shaper_sqlite_begin"
+# How long a SQLite writer waits for the write lock before SQLITE_BUSY (503, retryable).
+SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 # Named constraints make migrations reviewable and reversible on every backend.
 SQLModel.metadata.naming_convention = {
@@ -49,7 +74,9 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str, *, sqlite_busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any
+) -> Engine:
     # A failed statement's message would otherwise quote its parameters (token digests,
     # whatever a request sent) into tracebacks and logs.
     kwargs.setdefault("hide_parameters", True)
@@ -58,26 +85,35 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False}, **kwargs)
-        event.listen(engine, "connect", _sqlite_pragmas)
-        # pysqlite opens transactions lazily and breaks SAVEPOINT; take control of BEGIN so
-        # SQLite transactions (and nested ones) behave as on PostgreSQL. IMMEDIATE: a
-        # transaction that reads and then writes (every ingest, every saga step) would
-        # otherwise fail at once with "database is locked" when another one writes
-        # meanwhile; taking the write lock up front makes it wait (busy_timeout) instead.
-        # Every transaction takes it, reads too (a dashboard GET waits behind an ingest):
-        # the embedded default serialises its sessions; PostgreSQL is for concurrency.
-        event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        event.listen(engine, "connect", partial(_sqlite_pragmas, sqlite_busy_timeout_ms))
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     return create_engine(url, pool_pre_ping=True, **kwargs)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_pragmas(busy_timeout_ms: int, dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
     cursor.close()
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    mode = connection.get_execution_options().get(BEGIN_OPTION, "IMMEDIATE")
+    connection.exec_driver_sql("BEGIN" if mode == "DEFERRED" else "BEGIN IMMEDIATE")
+
+
+def begin(session: Session, *, writes: bool) -> None:
+    """Start ``session``'s next transaction, taking SQLite's write lock at once when it
+    ``writes`` (IMMEDIATE) or not at all when it only reads (DEFERRED). A transaction in
+    progress is left as it is: its mode was chosen when it began. A session bound to a
+    connection that is already in a transaction (the tests' SAVEPOINT per test) runs in
+    its owner's transaction, whatever the mode."""
+    if session.in_transaction():
+        return
+    session.connection(execution_options={BEGIN_OPTION: "IMMEDIATE" if writes else "DEFERRED"})
 
 
 @lru_cache

@@ -26,6 +26,18 @@
    advise mode, ``approved`` by ``shaper`` in enforce mode, none in observe mode.
 8. **Dispatch** of approved actions whose prerequisites have succeeded is the saga
    runner's job (``app.actions.saga``), kicked by the task that runs the cycle.
+
+Transactions: nothing is open while the solver runs, on either backend. On SQLite a
+write transaction holds the one write lock, so the cycle never writes where it reads at
+length (``app.core.db``): the snapshot and the open plans are read in a read transaction
+(DEFERRED), which ends; the review's expiries are written in a short write transaction
+(IMMEDIATE) that reads again, under the lock, what it changes; the solve runs with no
+transaction; the comparison with a proposal reads in a read transaction; withdrawing a
+proposal, keeping it, and persisting the plan are each one short write transaction that
+checks again under the lock what may have changed meanwhile (an operator's decision on
+the proposal, the nodes other plans still work on). The snapshot's rows are detached
+from the session, so no later commit expires them and the solve never loads from the
+database.
 """
 
 from __future__ import annotations
@@ -40,7 +52,8 @@ from app.actions import service as action_service
 from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
 from app.actions.saga import reserves
 from app.clusters.models import ShapingMode
-from app.jobs.models import Job
+from app.core.db import begin
+from app.jobs.models import Allocation, Job
 from app.plans.models import OPEN_PLAN_STATES, Plan, PlanState
 from app.shaping.review import review_plan
 from app.shaping.snapshot import (
@@ -83,12 +96,25 @@ def run_cycle(
     policy: str | None = None,
     config: SolverConfig | None = None,
 ) -> CycleResult:
-    snapshot = take_snapshot(session=session, cluster_name=cluster_name, now=now)  # 1
+    # What the cycle read stays loaded across its own commits: an expired object would
+    # load again on first use, opening a transaction where none may be open.
+    expire_on_commit, session.expire_on_commit = session.expire_on_commit, False
+    try:
+        return _run_cycle(session, cluster_name, now, policy, config)
+    finally:
+        session.expire_on_commit = expire_on_commit
+
+
+def _run_cycle(
+    session: Session,
+    cluster_name: str,
+    now: datetime,
+    policy: str | None,
+    config: SolverConfig | None,
+) -> CycleResult:
+    snapshot, open_plans = _read(session, cluster_name, now)  # 1
     policy_name = policy or snapshot.policy
-    open_plans = _open_plans(session, snapshot.cluster_id)
     expired = _review(session, snapshot, open_plans, now)  # 2
-    _clear_displaced(session, snapshot)
-    session.commit()  # nothing stays locked while the solver runs
     changed = bool(expired)
     fresh: tuple[Instance, sp.Plan, list[str]] | None = None
     proposal = next((p for p, a in open_plans if _undecided(a)), None)
@@ -96,7 +122,7 @@ def run_cycle(
         actions = {p.id: a for p, a in open_plans}[proposal.id]
         stale = _stale_because(snapshot, proposal, policy_name)
         if stale is None:
-            fresh = _solve(snapshot, policy_name, config, lock_proposed=False)
+            fresh = _solve(session, snapshot, policy_name, config, lock_proposed=False)
             stale = _materially_better(session, snapshot, fresh[0], fresh[1], actions)
             if stale is None:
                 return _keep(session, proposal, now, expired)
@@ -109,16 +135,38 @@ def run_cycle(
         changed = True
     if fresh is None or changed:
         if changed:  # jobs of what was withdrawn are free to plan again
-            snapshot = take_snapshot(session=session, cluster_name=cluster_name, now=now)
-        fresh = _solve(snapshot, policy_name, config, lock_proposed=True)  # 4-5
+            snapshot, _ = _read(session, cluster_name, now)
+        fresh = _solve(session, snapshot, policy_name, config, lock_proposed=True)  # 4-5
     instance, plan, violations = fresh
     result = _persist(session, snapshot, instance, plan, policy_name, violations, now)  # 6-7
     return CycleResult(**{**result.__dict__, "expired": expired})
 
 
+def _read(
+    session: Session, cluster_name: str, now: datetime
+) -> tuple[ClusterSnapshot, list[tuple[Plan, list[Action]]]]:
+    """The snapshot and the open plans, read in one read transaction that then ends. The
+    snapshot's rows are detached: they stay as read, whatever the session does next."""
+    begin(session, writes=False)
+    snapshot = take_snapshot(session=session, cluster_name=cluster_name, now=now)
+    open_plans = _open_plans(session, snapshot.cluster_id)
+    for row in (*snapshot.nodes, *snapshot.gpu_models):
+        session.expunge(row)
+    session.commit()
+    return snapshot, open_plans
+
+
 def _solve(
-    snapshot: ClusterSnapshot, policy_name: str, config: SolverConfig | None, *, lock_proposed: bool
+    session: Session,
+    snapshot: ClusterSnapshot,
+    policy_name: str,
+    config: SolverConfig | None,
+    *,
+    lock_proposed: bool,
 ) -> tuple[Instance, sp.Plan, list[str]]:
+    """The plan and its violations, with no transaction open however long it takes."""
+    if session.in_transaction():  # only ever a read: end it rather than hold it
+        session.commit()
     instance = to_instance(snapshot, config=config, lock_proposed=lock_proposed)
     plan = get_policy(policy_name).plan(instance)
     return instance, plan, [str(v) for v in validate(instance, plan)]
@@ -155,8 +203,18 @@ def _review(
     open_plans: list[tuple[Plan, list[Action]]],
     now: datetime,
 ) -> int:
+    """Expire what no longer applies and settle plans that are done, in one short write
+    transaction: every plan and action is read again under the write lock first, so what
+    a worker or an operator did since the snapshot counts."""
+    back = _back(snapshot)
+    if not open_plans and not back:
+        return 0
+    begin(session, writes=True)
     expired = 0
     for plan, actions in open_plans:
+        session.refresh(plan)
+        for action in actions:
+            session.refresh(action)
         review = review_plan(snapshot, actions)
         for action in actions:
             why = review.expired.get(action.id)  # type: ignore[arg-type]
@@ -172,14 +230,23 @@ def _review(
             session.refresh(action)
         _settle(plan, actions, now, next(iter(review.expired.values()), None))
         session.add(plan)
-    session.flush()
+    _clear_displaced(session, back)
+    session.commit()
     return expired
 
 
-def _clear_displaced(session: Session, snapshot: ClusterSnapshot) -> None:
-    """A displaced job that runs again is no longer displaced."""
-    back = [row.id for row in snapshot.jobs if row.displaced and row.placement]
-    for job in session.exec(select(Job).where(col(Job.id).in_(back))) if back else ():
+def _back(snapshot: ClusterSnapshot) -> list[int]:
+    """Displaced jobs that the snapshot shows running again."""
+    return [row.id for row in snapshot.jobs if row.displaced and row.placement]
+
+
+def _clear_displaced(session: Session, back: list[int]) -> None:
+    """A displaced job that runs again is no longer displaced: checked again under the
+    write lock (it holds GPUs now), since a job can be displaced anew after the snapshot."""
+    if not back:
+        return
+    running = select(Allocation.job_id).where(col(Allocation.released_at).is_(None))
+    for job in session.exec(select(Job).where(col(Job.id).in_(back), col(Job.id).in_(running))):
         job.displaced_at, job.displaced_reason = None, None
         session.add(job)
 
@@ -200,12 +267,15 @@ def _settle(plan: Plan, actions: list[Action], now: datetime, why: str | None) -
 
 
 def _keep(session: Session, plan: Plan, now: datetime, expired: int) -> CycleResult:
+    begin(session, writes=True)
     plan.checked_at = now
     session.add(plan)
     session.commit()
+    begin(session, writes=False)
     proposed = session.exec(
         select(Action.id).where(Action.plan_id == plan.id, Action.state == ActionState.proposed)
     ).all()
+    session.commit()
     return CycleResult(
         plan_id=plan.id,  # type: ignore[arg-type]
         actions=len(proposed),
@@ -237,7 +307,10 @@ def _materially_better(
         return None
     current = {job.id: dict(job.placement) for job in instance.jobs}
     graph = action_graph(instance, fresh)
-    deferred = _deferred(instance, fresh, graph, _footprint(session, snapshot.cluster_id))
+    begin(session, writes=False)
+    footprint = _footprint(session, snapshot.cluster_id)
+    session.commit()
+    deferred = _deferred(instance, fresh, graph, footprint)
     fresh_target = dict(current)
     for index, action in enumerate(fresh.actions):
         if index not in deferred:
@@ -266,6 +339,7 @@ def _materially_better(
 def _close(session: Session, plan: Plan, state: PlanState, why: str, now: datetime) -> bool:
     """Withdraw an undecided proposal whole; False (and nothing changed) when an operator
     decided any of it meanwhile."""
+    begin(session, writes=True)
     locked = session.exec(
         select(Plan)
         .where(Plan.id == plan.id)
@@ -388,8 +462,10 @@ def _persist(
     violations: list[str],
     now: datetime,
 ) -> CycleResult:
+    """One short write transaction; the nodes other plans work on are read under its lock."""
     graph = action_graph(instance, plan)
     acting = not violations and snapshot.mode != ShapingMode.observe
+    begin(session, writes=True)
     deferred = _deferred(instance, plan, graph, _footprint(session, snapshot.cluster_id))
     stats = plan.stats
     row = Plan(

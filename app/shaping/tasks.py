@@ -10,7 +10,7 @@ from sqlmodel import Session, select
 from app.actions import tasks as action_tasks
 from app.clusters.models import Cluster
 from app.core.clock import SystemClock
-from app.core.db import get_engine
+from app.core.db import begin, get_engine
 from app.shaping.cycle import run_cycle
 from app.shaping.dispatch import approved_actions
 from app.shaping.lease import shaping_lease
@@ -23,6 +23,8 @@ def run_shaping_cycles() -> dict[str, int]:
     """Plan every cluster once; a replica that is not the leader does nothing.
 
     Not ``acks_late``: a cycle lost with its worker is simply run again one period later.
+    Each cluster's cycle opens and ends its own short transactions (``app.shaping.cycle``):
+    no transaction spans a solve, so the API keeps reading and writing meanwhile.
     """
     planned: dict[str, int] = {}
     with Session(get_engine()) as lease_session, shaping_lease(lease_session) as leader:
@@ -30,15 +32,17 @@ def run_shaping_cycles() -> dict[str, int]:
             log.info("another replica holds the shaping lease; skipping this period")
             return planned
         with Session(get_engine()) as session:
+            begin(session, writes=False)
             names = list(session.exec(select(Cluster.name).order_by(Cluster.name)))
         for name in names:
-            with Session(get_engine()) as session:
+            with Session(get_engine(), expire_on_commit=False) as session:
                 try:
                     result = run_cycle(session=session, cluster_name=name, now=SystemClock().now())
                 except Exception:  # one cluster's failure must not starve the others
                     log.exception("shaping cycle failed for cluster %s", name)
                     continue
                 planned[name] = result.plan_id
+                begin(session, writes=False)
                 ready = approved_actions(session=session, plan_id=result.plan_id)
             for action_id in ready:  # enforce mode: the sagas start now, not at the next sweep
                 action_tasks.kick(action_id)
