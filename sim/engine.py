@@ -95,8 +95,6 @@ class JobState:
     version: int = 0
     preemptions: int = 0
     migrations: int = 0
-    lost_work: float = 0.0
-    overhead_seconds: float = 0.0
     run_start: float = 0.0
     expected_end: float = 0.0
     moved_at: list[float] = field(default_factory=list)
@@ -850,7 +848,6 @@ class Simulation:
         state.overhead_until, state.overheads = self._overheads(
             ("checkpoint", restore), state.placement
         )
-        state.overhead_seconds += state.overhead_until - self.now
         self.running[state.spec.id] = state
         self._schedule_completion(state)
 
@@ -866,7 +863,6 @@ class Simulation:
         state.overhead_until, state.overheads = self._overheads(
             ("migration", cost), state.placement
         )
-        state.overhead_seconds += state.overhead_until - self.now
         state.migrations += 1
         state.moved_at.append(self.now)
         self.counters.migrations += 1
@@ -893,7 +889,6 @@ class Simulation:
     def _requeue_after_loss(self, state: JobState) -> None:
         lost = state.progress - state.checkpointed
         if lost > EPS:
-            state.lost_work += lost
             state.ledger.lost += state.ledger.take_back(lost) * state.spec.gpus
         state.progress = state.checkpointed
         state.version += 1
