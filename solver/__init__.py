@@ -25,7 +25,8 @@ Entry points: :class:`solver.instance.Instance` in, :class:`solver.plan.Plan` ou
     plan.stats          # engine, status, objective, best bound, gap, wall time
 
 The objective is documented in :mod:`solver.objective`, the CP-SAT model in
-:mod:`solver.model`, the engine that runs it in :mod:`solver.solve`.
+:mod:`solver.model`, the engine that runs it in :mod:`solver.solve` (its phases each in a module
+of their own), the rule-based engine behind every policy in :mod:`solver.greedy`.
 """
 
 from solver.instance import (

@@ -72,10 +72,10 @@ from ortools.sat.python import cp_model
 
 from solver.actions import build_plan
 from solver.compat import node_accepts
+from solver.cp_sat import CP_SAT_STATUS, exact_solver
 from solver.instance import Instance, Job, NodeState
 from solver.objective import elastic_demand, evaluate
 from solver.plan import Plan, SolveStats, SolveStatus
-from solver.solve import CP_SAT_STATUS
 from solver.validate import Violation, validate
 
 MAX_NODES = 16
@@ -493,11 +493,7 @@ def solve_exact(
         exact.add_hint(hint)
     if pin is not None:
         exact.pin(pin)
-    solver = cp_model.CpSolver()
-    params = solver.parameters
-    params.max_time_in_seconds = time_limit_s
-    params.num_workers = num_workers
-    params.random_seed = seed
+    solver = exact_solver(time_limit_s=time_limit_s, num_workers=num_workers, seed=seed)
     code = solver.solve(exact.model)
     status = CP_SAT_STATUS.get(code, SolveStatus.UNKNOWN)
     bound: float | None = None

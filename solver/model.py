@@ -22,19 +22,21 @@ Constraint families (``solver/constraints/``), each ``build()`` returning its ob
 ``capacity`` (per pool: a packing condition over its free-GPU levels for the chunk sizes,
 tight for power-of-two sizes, plus CPU and memory totals), ``quota`` (team caps, and the
 GPUs a team must start so that the greedy's preemptions stay within its guarantee),
-``lookahead`` (capacity held for elastic services' coming peaks), ``overdue`` (as many
-jobs past their max queue wait placed as any solution places, found by a first solve),
-``migration`` (how many
+``lookahead`` (capacity held for elastic services' coming peaks), ``migration`` (how many
 nodes of each evacuable kind to empty by moving their checkpointable residents within the
 node group, under the disruption budget, at their migration cost) and ``fragmentation``
-(whole free nodes kept).
+(whole free nodes kept). ``overdue`` (as many jobs past their max queue wait placed as any
+solution places) is added after ``build()``, by the overdue pass of ``solver.solve``
+(``solver.overdue_pass``), since its bound comes from a first solve of the built model.
 
 The model is a relaxation of node-level packing where sizes are not a divisible chain or
 CPU/memory bind, so its solution is *realised* node by node afterwards (first-fit
 decreasing within each group, then a greedy fill); the realised plan is legal by
 construction and checked by ``solver.validate``.
 
-Objective coefficients are the ``solver.objective`` terms scaled by ``SCALE`` to integers.
+Objective coefficients are the ``solver.objective`` terms scaled by
+``solver.objective.SCALE`` to integers. The model's inputs are gathered from the greedy
+engine by ``solver.model_inputs``; a solution becomes a placement in ``solver.extraction``.
 """
 
 from __future__ import annotations
@@ -44,10 +46,19 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from solver.compat import Compatibility, job_signature
+from solver.constraints import (
+    assignment,
+    capacity,
+    fragmentation,
+    lookahead,
+    migration,
+    quota,
+)
 from solver.instance import Instance, Job
 from solver.state import UNLIMITED, ClusterState
 
-SCALE = 1000
+# The families ``build()`` adds, in this order (the order fixes the model's proto).
+FAMILIES = (assignment, migration, capacity, quota, lookahead, fragmentation)
 
 
 @dataclass
@@ -306,7 +317,7 @@ class PlacementModel:
         self.options_by_class: dict[int, list[Option]] = {}
         self.objective_terms: list[tuple[int, cp_model.IntVar]] = []
         self.whole_nodes_used: dict[int, cp_model.IntVar] = {}  # pool index -> var
-        self.overdue_required = 0  # overdue jobs the model must place (``overdue``)
+        self.overdue_required = 0  # overdue jobs the model must place (overdue pass)
         self.overdue_proven = True  # that count is the most any solution places
 
     def _make_options(self) -> None:
@@ -351,19 +362,12 @@ class PlacementModel:
         return None
 
     def build(self) -> None:
-        from solver.constraints import (
-            assignment,
-            capacity,
-            fragmentation,
-            lookahead,
-            migration,
-            overdue,
-            quota,
-        )
-
+        """Options, then every constraint family, then the objective they contribute."""
         self._make_options()
-        for family in (assignment, migration, capacity, quota, lookahead, fragmentation):
+        for family in FAMILIES:
             self.objective_terms.extend(family.build(self))
-        # Hard: as many overdue jobs as any solution places (a first solve decides).
-        overdue.build(self)
+        self.maximize()
+
+    def maximize(self) -> None:
+        """Set (or set back, after the overdue pass's first solve) the model's objective."""
         self.model.maximize(sum(coef * var for coef, var in self.objective_terms))

@@ -16,10 +16,13 @@ clamped to the service's min/max replicas. ``boost(j)`` (``Instance.boost``) is
 ``overdue_weight`` for a pending job past its SLA's max queue wait, its aging credit
 (1 + whole ``aging_s`` periods waited) for another pending job, and 1 for a running one; the
 boost orders such jobs first, while
-the rule that they are placed when they can be is hard (``solver.constraints.overdue``,
+the rule that they are placed when they can be is hard (``solver.overdue_pass``,
 ``solver.validate`` rule 10). ``served(e) = min(replicas, demand now)``: replicas above
 demand are reserve, not output. The *priority-weighted allocation* reported by the
 benchmark is the first two lines without the boost.
+
+The CP-SAT model (``solver.model`` and its ``solver.constraints``) uses these terms with
+integer coefficients: each scaled by ``SCALE`` and rounded.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solver.instance import Instance, Job, NodeState
+
+SCALE = 1000  # objective units -> CP-SAT's integer coefficients
 
 
 @dataclass(frozen=True)

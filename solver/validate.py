@@ -33,7 +33,7 @@ it": starting such a job on what the plan leaves free changes nothing else, so t
 with that start is legal too and places more overdue work. The full rule (could some
 *other* legal plan, with other starts, preemptions or moves, place it?) is a search
 problem, not a check; the engines enforce it as far as they can (``solver.greedy`` places
-overdue jobs first and preempts for them, ``solver.constraints.overdue`` makes the CP-SAT
+overdue jobs first and preempts for them, ``solver.overdue_pass`` makes the CP-SAT
 model place as many overdue jobs as any solution of it can). A gang that would fit only
 across several nodes' leftovers is not flagged either: the check stays a single-node one
 so that it never rejects a plan an engine could not have improved by a plain start.

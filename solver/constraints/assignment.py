@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ortools.sat.python import cp_model
 
-from solver.model import SCALE
+from solver.objective import SCALE
 
 if TYPE_CHECKING:
     from solver.model import PlacementModel

@@ -80,7 +80,8 @@ def test_cp_sat_empties_a_node_by_migration_to_fit_a_gang() -> None:
     from ortools.sat.python import cp_model
 
     from solver.greedy import GreedyEngine
-    from solver.solve import GREEDY, _evacuations
+    from solver.model_inputs import evacuations as _evacuations
+    from solver.solve import GREEDY
 
     jobs = [
         running("r0", {"n0": 4}, checkpointable=True),

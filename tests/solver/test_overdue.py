@@ -10,6 +10,7 @@ from ortools.sat.python import cp_model
 from solver.compat import Compatibility
 from solver.instance import Instance, SlaPolicy, SolverConfig
 from solver.model import PlacementModel, build_classes, build_pools
+from solver.overdue_pass import require_overdue
 from solver.plan import ActionKind, ReasonCode
 from solver.state import ClusterState
 from solver.validate import validate
@@ -84,6 +85,7 @@ def _model(inst: Instance) -> PlacementModel:
     classes = build_classes(inst, state.compat, pending, {j.id: () for j in pending})
     model = PlacementModel(inst, build_pools(state, pending), classes, [], {})
     model.build()
+    require_overdue(model)
     return model
 
 

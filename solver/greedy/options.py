@@ -1,0 +1,65 @@
+"""What configures a greedy pass: the queue order, how services are sized, which levers
+(preemption, migration, look-ahead, backfill) it may pull. One options value per policy
+(``solver.policies``) and one for the shaper (``solver.greedy_variants``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from solver.instance import Instance
+
+
+class Order(enum.StrEnum):
+    ARRIVAL = "arrival"
+    PRIORITY = "priority"
+    VALUE = "value"
+
+
+class ElasticMode(enum.StrEnum):
+    PEAK = "peak"  # reserve the daily peak, never scale down (the study's FIFO baseline)
+    DEMAND = "demand"  # follow the forecast for now
+
+
+@dataclass(frozen=True)
+class GreedyOptions:
+    engine: str = "greedy"
+    order: Order = Order.VALUE
+    elastic: ElasticMode = ElasticMode.DEMAND
+    strict_fifo: bool = False
+    backfill: bool = False
+    preempt: bool = False
+    migrate: bool = False
+    lookahead: bool = False
+    defrag_first: bool = False  # try migration before preemption for a job that does not fit
+    # The first job in the policy's order that starves (``Instance.is_starving``) and does
+    # not fit gets an EASY-backfill reservation that every later job must leave alone.
+    starvation_guard: bool = False
+    preemption_candidates: int = 32  # nodes looked at per preemption attempt
+    # A service short of its demand may move (``migrate``) or stop (``preempt``) block work
+    # to grow (``solver.greedy.elastic``): the shaper's configuration.
+    disrupt_for_services: bool = False
+
+    @property
+    def grows_services_by_disruption(self) -> bool:
+        return self.disrupt_for_services and (self.preempt or self.migrate)
+
+
+def sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]:
+    """Queue position of every job; jobs past their max queue wait first in every order."""
+    keys: dict[str, tuple[object, ...]] = {}
+    for job in instance.jobs:
+        overdue = 0 if instance.is_overdue(job) else 1
+        if order is Order.ARRIVAL:
+            keys[job.id] = (overdue, job.submit_time, job.id)
+        elif order is Order.PRIORITY:
+            keys[job.id] = (overdue, -instance.weight(job), job.submit_time, job.id)
+        else:
+            keys[job.id] = (
+                overdue,
+                -instance.weight(job) * instance.boost(job),  # aging credit included
+                -job.total_gpus,
+                job.submit_time,
+                job.id,
+            )
+    return keys

@@ -1,0 +1,249 @@
+"""Preemption: a pending block job that does not fit may stop strictly lower-priority
+preemptible work (cheapest first, per node), never taking a team below its guarantee and
+only when the job's value ``w(j) · boost · gpus · speed`` exceeds what the victims hold and
+lose ``Σ w(v) · gpus(v) · (speed + lost_seconds(v) / value_horizon_s)``. Victims whose GPUs
+the job does not end up using go back where they were, so a victim is only ever "stopped
+for" a job that takes its GPUs.
+
+Also the rule by which services stop block work (``solver.greedy.elastic``): only
+checkpointable victims, which a requeue costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from solver.greedy.ledger import Ledger
+from solver.greedy.lookahead import Lookahead
+from solver.instance import Job
+
+Candidate = tuple[float, int, int, list[Job]]  # (cost per GPU freed, node, GPUs freed, victims)
+
+
+class Preemption:
+    def __init__(self, ledger: Ledger, lookahead: Lookahead) -> None:
+        self.ledger = ledger
+        self.lookahead = lookahead
+        instance = ledger.instance
+        self.victims = {j.id for j in instance.jobs if self._could_be_victim(j)}
+        # Running jobs that would be victims but for their daily limit or their dwell.
+        self.victims_held_back = {
+            j.id
+            for j in instance.jobs
+            if j.is_running
+            and (
+                self._over_preemption_limit(j)
+                or (not j.is_elastic and instance.is_frozen(j) and instance.is_preemptible(j))
+            )
+        }
+        self.failed: dict[tuple[object, ...], float] = {}  # -> highest weight that failed
+        # Lowest weight of a possible victim per node; victims only leave, so it stays a floor.
+        self.victim_floor = [math.inf] * len(instance.nodes)
+        for job in instance.jobs:
+            if job.id in self.victims or job.id in self.victims_held_back:
+                for node_name in job.placement:
+                    node = ledger.state.node_index[node_name]
+                    self.victim_floor[node] = min(self.victim_floor[node], ledger.weight[job.id])
+
+    def _could_be_victim(self, job: Job) -> bool:
+        instance = self.ledger.instance
+        return (
+            not job.is_elastic
+            and job.is_running
+            and instance.is_preemptible(job)
+            and not self._over_preemption_limit(job)
+            and not instance.is_frozen(job)
+        )
+
+    def _over_preemption_limit(self, job: Job) -> bool:
+        limit = self.ledger.instance.policy_for(job).max_preemptions_per_day
+        return limit is not None and job.preemptions_today >= limit
+
+    def service_victim(self, job: Job) -> bool:
+        """A block job a service may stop to grow: preemptible, under its daily limit, and
+        checkpointable (requeued without losing work)."""
+        return self.ledger.options.preempt and job.id in self.victims and job.checkpointable
+
+    def try_preempt(self, job: Job, groups: list[int]) -> dict[int, int] | None:
+        """A placement for ``job`` on GPUs freed by stopping lower-priority work, or None.
+        The victims stay stopped; the caller places the job."""
+        ledger = self.ledger
+        state = ledger.state
+        compat = ledger.compat
+        cap = ledger.config.max_preemptions_per_cycle
+        if cap is not None and ledger.preemptions >= cap:
+            ledger.budget_blocked.add(job.id)
+            return None
+        weight = ledger.weight[job.id]
+        # A job of the same shape, team and urgency that failed with at least this weight
+        # fails too: it has fewer victims and gains less.
+        key = ledger.failure_key(job, ("preempt", job.team, job.id in ledger.overdue))
+        if self.failed.get(key, -math.inf) >= weight:
+            return None
+        job_by_id = ledger.instance.job_by_id
+        nodes = ledger.instance.nodes
+        need = job.total_gpus
+        victims_set = self.victims
+        touched = ledger.touched
+        weights = ledger.weight
+        most = ledger.options.preemption_candidates
+        ranked: list[Candidate] = []
+        blocked_by_limit = False
+        floor = self.victim_floor
+        for group in self.lookahead.allowed_groups(job, groups):
+            for node in compat.groups[group].node_indices:
+                if floor[node] >= weight or not state.ready[node]:
+                    continue
+                on_node = state.jobs_on_node[node]
+                victims = [
+                    job_by_id[v]
+                    for v in on_node
+                    if v in victims_set and v not in touched and weights[v] < weight
+                ]
+                if not victims:
+                    if any(v in self.victims_held_back and weights[v] < weight for v in on_node):
+                        blocked_by_limit = True
+                    continue
+                victims.sort(key=lambda v: (weights[v.id], -v.total_gpus, v.id))
+                free = state.free_gpus[node]
+                cost = 0.0
+                taken: list[Job] = []
+                for victim in victims:
+                    if free >= min(need, nodes[node].gpus):
+                        break
+                    taken.append(victim)
+                    free += on_node[victim.id]
+                    cost += self.stop_cost(victim)
+                if free <= state.free_gpus[node]:
+                    continue
+                ranked.append((cost / free, node, free, taken))
+                if len(ranked) >= most:
+                    break
+            if len(ranked) >= most:
+                break
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        single = [r for r in ranked if r[2] >= need]
+        attempts: list[list[Candidate]] = [[r] for r in single[:3]]
+        limit = job.max_nodes if job.max_nodes is not None else job.replicas
+        if not single and limit > 1:
+            gang: list[Candidate] = []
+            total = 0
+            for entry in ranked:
+                gang.append(entry)
+                total += entry[2]
+                if total >= need:
+                    break
+            attempts.append(gang)
+        for attempt in attempts:
+            placement = self._evict_and_place(job, groups, attempt)
+            if placement is not None:
+                return placement
+        if blocked_by_limit:
+            ledger.budget_blocked.add(job.id)
+        self.failed[key] = max(self.failed.get(key, -math.inf), weight)
+        return None
+
+    def _evict_and_place(
+        self, job: Job, groups: list[int], attempt: Iterable[Candidate]
+    ) -> dict[int, int] | None:
+        """Stop the attempt's victims and find the job a placement; keep it only if it pays.
+
+        Victims whose GPUs the placement leaves alone go back where they were (so a victim
+        is only ever "stopped for" a job that takes its GPUs), and the trade must favour
+        the job in the objective's units: its value ``w(j) · boost · Σ gpus · speed`` must
+        exceed the victims' ``Σ w(v) · gpus · (speed + lost_seconds / value_horizon_s)`` —
+        the work they hold now and the work since their last checkpoint that a stop loses.
+        """
+        ledger = self.ledger
+        state = ledger.state
+        mark = state.mark()
+        stopped: list[tuple[Job, dict[int, int]]] = []
+        stopped_by_team = dict(ledger.stopped_by_team)
+
+        def undo() -> None:
+            state.rollback(mark)
+            ledger.stopped_by_team = stopped_by_team
+
+        for _, _, _, victims in attempt:
+            for victim in victims:
+                if victim.id not in state.placement:
+                    continue  # a gang victim already stopped from another node
+                own = job.total_gpus if victim.team == job.team else 0
+                if ledger.reclaimable(victim.team, own) < victim.held_gpus:
+                    undo()
+                    return None
+                held = state.evict(victim)
+                ledger.stopped_by_team[victim.team] = (
+                    ledger.stopped_by_team.get(victim.team, 0) + victim.held_gpus
+                )
+                stopped.append((victim, held))
+        placement = state.find_gang(
+            job, job.replicas, self.lookahead.allowed_groups(job, groups), job.max_nodes
+        )
+        if placement is None:
+            undo()
+            return None
+        state.place(job, placement)
+        # Put back the victims that still fit where they were, the costliest first.
+        kept: list[Job] = []
+        for victim, held in sorted(stopped, key=lambda s: (-self.stop_cost(s[0]), s[0].id)):
+            fits = all(
+                state.replicas_fitting(victim, node) * victim.gpus_per_replica >= gpus
+                for node, gpus in held.items()
+            )
+            if fits:
+                state.place(victim, held)
+                ledger.stopped_by_team[victim.team] -= victim.held_gpus
+            else:
+                kept.append(victim)
+        kept.sort(key=lambda v: v.id)
+        cap = ledger.config.max_preemptions_per_cycle
+        if cap is not None and ledger.preemptions + len(kept) > cap:
+            undo()
+            return None
+        boost = ledger.config.overdue_weight if job.id in ledger.overdue else 1.0
+        gain = (
+            ledger.weight[job.id]
+            * boost
+            * sum(gpus * ledger.node_speed(node) for node, gpus in placement.items())
+        )
+        cost = sum(self.stop_cost(victim) for victim in kept)
+        if kept and gain <= cost:
+            ledger.not_worth[job.id] = (
+                f"stopping lower-priority work for it would cost more than it gains "
+                f"({cost:.3g} >= {gain:.3g} value units: work held and work lost since "
+                "the last checkpoint)"
+            )
+            undo()
+            return None
+        # The caller places the job itself.
+        for node, gpus in placement.items():
+            state.remove(job, node, gpus)
+        taken = {ledger.instance.nodes[node].name for node in placement}
+        for victim in kept:
+            ledger.made_room_for[victim.id] = (job.id, frozenset(taken & set(victim.placement)))
+
+        def why(victim: Job) -> str:
+            where = ", ".join(sorted(ledger.made_room_for[victim.id][1]))
+            return (
+                f"stopped for {job.id}, which takes its GPUs on {where} "
+                f"(weight {ledger.weight[job.id]:g} > {ledger.weight[victim.id]:g}; "
+                f"{gain:.3g} > {cost:.3g} value units)"
+            )
+
+        ledger.note_stopped(kept, why)
+        ledger.epoch += 1
+        return placement
+
+    def stop_cost(self, victim: Job) -> float:
+        """What stopping a running block job costs, in objective units: the work it holds
+        now and the work since its last checkpoint that it loses."""
+        ledger = self.ledger
+        horizon = ledger.config.value_horizon_s
+        lost = ledger.instance.migration.preemption_lost_seconds(victim, ledger.instance.now)
+        index = ledger.state.node_index
+        return ledger.weight[victim.id] * sum(
+            gpus * (ledger.node_speed(index[name]) + lost / horizon)
+            for name, gpus in victim.placement.items()
+        )
