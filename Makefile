@@ -34,6 +34,7 @@ bench: venv
 	$(BIN)/python -m bench.solver --sizes 100 1000
 	$(BIN)/python -m bench.actions
 	$(BIN)/python -m bench.checkpoint
+	$(BIN)/python -m bench.api
 
 clean:
 	rm -rf $(VENV) shaper-data .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,9 @@
-"""The ``shaper`` command: serve, worker, beat, db, token, demo, sim, agent, connector."""
+"""The ``shaper`` command: serve, worker, beat, db, token, audit, demo, sim, agent,
+connector."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
@@ -9,6 +11,7 @@ from rich.console import Console
 from sqlmodel import Session
 
 from agent.cli import agent_cli
+from app.audit.models import Actor
 from app.core.config import get_settings
 from sim.cli import sim_app
 
@@ -154,7 +157,9 @@ def token_create(
         raise typer.Exit(2) from None
     prepare_database(get_settings())
     with Session(get_engine()) as session:
-        created = service.create_token(session=session, token_in=token_in, now=SystemClock().now())
+        created = service.create_token(
+            session=session, token_in=token_in, now=SystemClock().now(), actor=_local_actor()
+        )
     console.print(f"token {created.key_id} ({', '.join(created.scopes)}) — shown once:")
     print(created.token)
 
@@ -169,6 +174,73 @@ def token_list() -> None:
         for token in service.list_tokens(session=session):
             state = "revoked" if token.revoked_at else "active"
             print(f"{token.id}\t{token.key_id}\t{token.name}\t{','.join(token.scopes)}\t{state}")
+
+
+def _local_actor() -> Actor:
+    """Who the audit log names for a change made on this host's command line."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        user = "unknown"
+    return Actor(token_id=None, name=f"cli:{user}"[:128], scopes=("local",))
+
+
+@cli.command()
+def audit(
+    object_type: Annotated[
+        str | None,
+        typer.Option("--type", help="token, cluster, gpu_model, sla_policy, action, plan"),
+    ] = None,
+    object_id: Annotated[str | None, typer.Option("--id", help="the object's id or name")] = None,
+    actor: Annotated[str | None, typer.Option(help="the token's name")] = None,
+    since: Annotated[
+        datetime | None, typer.Option(help="inclusive, UTC (2026-12-03T08:00:00)")
+    ] = None,
+    until: Annotated[datetime | None, typer.Option(help="exclusive, UTC")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+) -> None:
+    """List the audit log, newest first: when, who (token id, name), what, which object,
+    what changed (the same records as GET /api/v1/audit)."""
+    import json
+
+    from app.audit import service
+    from app.audit.service import AuditObject
+    from app.core.db import get_engine
+    from app.core.errors import Invalid
+
+    try:
+        kind = AuditObject(object_type) if object_type is not None else None
+    except ValueError:
+        console.print(
+            f"[red]--type:[/red] {object_type!r} is not one of "
+            f"{', '.join(o.value for o in AuditObject)}"
+        )
+        raise typer.Exit(2) from None
+    with Session(get_engine()) as session:
+        try:
+            page = service.list_records(
+                session=session,
+                object_type=kind,
+                object_id=object_id,
+                actor=actor,
+                since=_utc(since),
+                until=_utc(until),
+                limit=limit,
+            )
+        except Invalid as exc:
+            console.print(f"[red]{exc.message}[/red]")
+            raise typer.Exit(2) from None
+    for item in page.items:
+        who = f"{item.actor_token_id or '-'}:{item.actor_name}"
+        changes = json.dumps(item.changes, separators=(",", ":"), sort_keys=True)
+        print(f"{item.at.isoformat()}\t{who}\t{item.action}\t{item.object_id}\t{changes}")
+    console.print(f"{len(page.items)} of {page.total} records")
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
 @cli.command()

@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.api.deps import AUTHENTICATED, SessionDep, authenticate_request, get_clock
 from app.api.docs import add_docs
@@ -232,8 +233,30 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     )
 
 
-async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path. Starlette answers 405 naming only the
+    methods of the first route whose path matched, so ``POST /clusters`` was missing
+    from the ``Allow`` of ``OPTIONS /clusters`` (RFC 9110 §15.5.6: list them all). Asked
+    of the routes themselves, method by method: included routers nest their routes."""
+    allowed = [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL
+            for route in request.app.router.routes
+        )
+    ]
+    return ", ".join(allowed)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    headers = dict(exc.headers) if exc.headers else {}
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed_methods(request) or headers.get("Allow", "")
     return _error_json(
         exc.status_code,
         {
@@ -243,5 +266,5 @@ async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONRes
                 "retryable": False,
             }
         },
-        dict(exc.headers) if exc.headers else None,
+        headers or None,
     )

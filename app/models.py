@@ -3,6 +3,7 @@
 from sqlmodel import SQLModel
 
 from app.actions.models import Action
+from app.audit.models import AuditRecord
 from app.clusters.models import Cluster
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
@@ -18,6 +19,7 @@ __all__ = [
     "Action",
     "Allocation",
     "ApiToken",
+    "AuditRecord",
     "Cluster",
     "GpuModel",
     "Job",

@@ -1,16 +1,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
 from app.actions import saga, service
 from app.actions.models import ActionPublic, ActionState, ActionStepPublic, ChurnPublic
-from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
+from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.core.paging import MAX_LIMIT, Page
 
 router = APIRouter(prefix="/actions", tags=["actions"])
+ILLEGAL_MOVE: dict[int | str, dict[str, Any]] = {
+    409: {"description": "The action's state does not allow this move (or a prerequisite's)"}
+}
 
 
 def get_dispatcher() -> Callable[[int], None]:
@@ -60,12 +63,12 @@ def get_action(session: SessionDep, action_id: int) -> ActionPublic:
 def _decide(
     session: SessionDep,
     clock: ClockDep,
-    principal: CurrentPrincipal,
+    actor: ActorDep,
     action_id: int,
     to: ActionState,
 ) -> ActionPublic:
     service.transition(
-        session=session, action_id=action_id, to=to, by=principal.name, now=clock.now()
+        session=session, action_id=action_id, to=to, by=actor.name, now=clock.now(), actor=actor
     )
     return service.get_action(session=session, action_id=action_id)
 
@@ -76,32 +79,32 @@ def list_action_steps(session: SessionDep, action_id: int) -> list[ActionStepPub
     return saga.list_steps(session=session, action_id=action_id)
 
 
-@router.post("/{action_id}/approve", **scoped("operator"))
+@router.post("/{action_id}/approve", responses=ILLEGAL_MOVE, **scoped("operator"))
 def approve_action(
     session: SessionDep,
     clock: ClockDep,
-    principal: CurrentPrincipal,
+    actor: ActorDep,
     dispatch: DispatcherDep,
     action_id: int,
 ) -> ActionPublic:
     """Approve a proposed action, and the proposed actions it depends on (409 naming them
     when one can no longer run); its saga starts once they have succeeded."""
-    decided = _decide(session, clock, principal, action_id, ActionState.approved)
+    decided = _decide(session, clock, actor, action_id, ActionState.approved)
     for prerequisite in decided.depends_on:
         dispatch(prerequisite)
     dispatch(action_id)
     return decided
 
 
-@router.post("/{action_id}/reject", **scoped("operator"))
+@router.post("/{action_id}/reject", responses=ILLEGAL_MOVE, **scoped("operator"))
 def reject_action(
-    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, action_id: int
+    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: int
 ) -> ActionPublic:
-    return _decide(session, clock, principal, action_id, ActionState.rejected)
+    return _decide(session, clock, actor, action_id, ActionState.rejected)
 
 
-@router.post("/{action_id}/cancel", **scoped("operator"))
+@router.post("/{action_id}/cancel", responses=ILLEGAL_MOVE, **scoped("operator"))
 def cancel_action(
-    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, action_id: int
+    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: int
 ) -> ActionPublic:
-    return _decide(session, clock, principal, action_id, ActionState.cancelled)
+    return _decide(session, clock, actor, action_id, ActionState.cancelled)

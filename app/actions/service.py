@@ -16,6 +16,9 @@ from app.actions.models import (
     ActionState,
     ChurnPublic,
 )
+from app.audit import service as audit
+from app.audit.models import Actor
+from app.audit.service import AuditObject
 from app.clusters.models import Cluster
 from app.core.errors import Conflict, NotFound
 from app.core.paging import Page, count_rows
@@ -70,6 +73,7 @@ def transition(
     by: str,
     now: datetime,
     error: str | None = None,
+    actor: Actor | None = None,
 ) -> Action:
     """An operator's decision on one action (approve, reject, cancel); an illegal move is a
     Conflict, not a no-op.
@@ -81,6 +85,8 @@ def transition(
     """
     action = lock_action(session, action_id)
     _check_move(action, to)
+    before = action.state
+    also_approved: list[int] = []
     if to is ActionState.approved:
         for prerequisite in _prerequisites(session, action):
             state = ActionState(prerequisite.state)
@@ -96,15 +102,35 @@ def transition(
             if state is ActionState.proposed:
                 _decide(prerequisite, ActionState.approved, by, now)
                 session.add(prerequisite)
+                also_approved.append(prerequisite.id)  # type: ignore[arg-type]
     _decide(action, to, by, now)
     if error is not None:
         action.error = error
     session.add(action)
     if to in UNDONE_ACTION_STATES:
         ended(session=session, action=action, now=now)
+    changes: dict[str, object] = {"state": [before, to.value]}
+    if also_approved:
+        changes["prerequisites_approved"] = also_approved
+    audit.record(
+        session=session,
+        actor=actor,
+        verb=DECISION_VERBS.get(to, to.value),
+        object_type=AuditObject.action,
+        object_id=action_id,
+        now=now,
+        changes=changes,
+    )
     session.commit()
     session.refresh(action)
     return action
+
+
+DECISION_VERBS = {
+    ActionState.approved: "approve",
+    ActionState.rejected: "reject",
+    ActionState.cancelled: "cancel",
+}
 
 
 def end_unstarted(*, session: Session, action_id: int, error: str, by: str, now: datetime) -> bool:

@@ -9,6 +9,7 @@ Both come from ``app.core.db.get_session``, the one dependency tests override.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -16,6 +17,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
+from app.audit.models import Actor
 from app.core.clock import Clock, SystemClock
 from app.core.config import Settings
 from app.core.db import begin, get_session
@@ -95,6 +97,22 @@ def get_principal(
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+# What a proxy or client may send as X-Request-ID to tie an audit record to its own logs.
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+def get_actor(request: Request, principal: CurrentPrincipal) -> Actor:
+    """Who a change is recorded against (``app.audit``): the token, never its secret."""
+    request_id = request.headers.get("x-request-id")
+    return Actor(
+        token_id=principal.token_id,
+        name=principal.name,
+        scopes=tuple(sorted(principal.scopes)),
+        request_id=request_id if request_id and _REQUEST_ID_RE.match(request_id) else None,
+    )
+
+
+ActorDep = Annotated[Actor, Depends(get_actor)]
 AUTHENTICATED = "authenticated"
 
 

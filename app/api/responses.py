@@ -5,9 +5,9 @@ route is documented correctly without anyone remembering to: every ``/api/v1`` o
 needs a token (401; 429 once an address has failed too often; 403 unless any token will
 do), needs the database (503) and can fail (500); one with parameters or a body can be
 refused as invalid (422, replacing FastAPI's own schema, which is not our body), one with
-a body as too large (413), and one with path parameters can name something missing
-(404). 409 stays where a route declares it (only some can conflict). Every one of them
-has the body ``ErrorBody`` describes.
+a body as malformed JSON (400) or too large (413), and one with path parameters can name
+something missing (404). 409 stays where a route declares it (only some can conflict).
+Every one of them has the body ``ErrorBody`` describes.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class ErrorBody(BaseModel):
 
 _REF = {"$ref": "#/components/schemas/ErrorBody"}
 _DESCRIPTIONS = {
+    "400": "The body is not valid JSON",
     "401": "Missing, invalid, expired or revoked token",
     "403": "The token lacks the scope this operation needs",
     "404": "Nothing with that id or name",
@@ -75,7 +76,7 @@ def declare_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
             if parameters or "requestBody" in operation:
                 statuses.append("422")
             if "requestBody" in operation:
-                statuses.append("413")
+                statuses += ["400", "413"]
             if any(p.get("in") == "path" for p in parameters):
                 statuses.append("404")
             if "409" in responses:

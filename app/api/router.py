@@ -5,6 +5,7 @@ from fastapi import APIRouter, Depends
 
 from app.actions.router import router as actions
 from app.api.params import refuse_unusable_parameters
+from app.audit.router import router as audit
 from app.clusters.router import router as clusters
 from app.gpu_models.router import router as gpu_models
 from app.jobs.router import router as jobs
@@ -29,5 +30,6 @@ for domain_router in (
     policies,
     simulations,
     tokens,
+    audit,
 ):
     api_router.include_router(domain_router, dependencies=[Depends(refuse_unusable_parameters)])

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.api.deps import ClockDep, SessionDep, scoped
+from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.clusters import service
 from app.clusters.models import CLUSTER_NAME_PATTERN, ClusterCreate, ClusterPublic, ClusterUpdate
 
@@ -15,11 +15,18 @@ def list_clusters(session: SessionDep) -> list[ClusterPublic]:
     return service.to_public(session=session, clusters=service.list_clusters(session=session))
 
 
-@router.post("", status_code=201, **scoped("admin"))
+@router.post(
+    "",
+    status_code=201,
+    responses={409: {"description": "A cluster of that name is registered"}},
+    **scoped("admin"),
+)
 def register_cluster(
-    session: SessionDep, clock: ClockDep, cluster_in: ClusterCreate
+    session: SessionDep, clock: ClockDep, actor: ActorDep, cluster_in: ClusterCreate
 ) -> ClusterPublic:
-    cluster = service.register_cluster(session=session, cluster_in=cluster_in, now=clock.now())
+    cluster = service.register_cluster(
+        session=session, cluster_in=cluster_in, now=clock.now(), actor=actor
+    )
     return service.to_public(session=session, clusters=[cluster])[0]
 
 
@@ -30,12 +37,16 @@ def get_cluster(session: SessionDep, cluster: str) -> ClusterPublic:
 
 
 @router.patch("/{cluster}", **scoped("operator"))
-def update_cluster(session: SessionDep, cluster: str, cluster_in: ClusterUpdate) -> ClusterPublic:
-    updated = service.update_cluster(session=session, name=cluster, cluster_in=cluster_in)
+def update_cluster(
+    session: SessionDep, clock: ClockDep, actor: ActorDep, cluster: str, cluster_in: ClusterUpdate
+) -> ClusterPublic:
+    updated = service.update_cluster(
+        session=session, name=cluster, cluster_in=cluster_in, now=clock.now(), actor=actor
+    )
     return service.to_public(session=session, clusters=[updated])[0]
 
 
 @router.delete("/{cluster}", status_code=204, **scoped("admin"))
-def delete_cluster(session: SessionDep, cluster: str) -> Response:
-    service.delete_cluster(session=session, name=cluster)
+def delete_cluster(session: SessionDep, clock: ClockDep, actor: ActorDep, cluster: str) -> Response:
+    service.delete_cluster(session=session, name=cluster, now=clock.now(), actor=actor)
     return Response(status_code=204)

@@ -5,6 +5,9 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Session, select
 
+from app.audit import service as audit
+from app.audit.models import Actor
+from app.audit.service import AuditObject
 from app.clusters.models import Cluster, ClusterCreate, ClusterPublic, ClusterUpdate
 from app.core.errors import Conflict, Invalid, NotFound
 from app.nodes.models import Node
@@ -25,7 +28,9 @@ def _check(cluster_in: ClusterCreate | ClusterUpdate) -> None:
         )
 
 
-def register_cluster(*, session: Session, cluster_in: ClusterCreate, now: datetime) -> Cluster:
+def register_cluster(
+    *, session: Session, cluster_in: ClusterCreate, now: datetime, actor: Actor | None = None
+) -> Cluster:
     _check(cluster_in)
     if session.exec(select(Cluster).where(Cluster.name == cluster_in.name)).first():
         raise Conflict(
@@ -36,6 +41,15 @@ def register_cluster(*, session: Session, cluster_in: ClusterCreate, now: dateti
         )
     cluster = Cluster(**cluster_in.model_dump(), created_at=now)
     session.add(cluster)
+    audit.record(
+        session=session,
+        actor=actor,
+        verb="create",
+        object_type=AuditObject.cluster,
+        object_id=cluster.name,
+        now=now,
+        changes=cluster_in.model_dump(),
+    )
     session.commit()
     session.refresh(cluster)
     return cluster
@@ -76,17 +90,49 @@ def to_public(*, session: Session, clusters: list[Cluster]) -> list[ClusterPubli
     ]
 
 
-def update_cluster(*, session: Session, name: str, cluster_in: ClusterUpdate) -> Cluster:
+def update_cluster(
+    *,
+    session: Session,
+    name: str,
+    cluster_in: ClusterUpdate,
+    now: datetime,
+    actor: Actor | None = None,
+) -> Cluster:
+    """Changes what ``cluster_in`` sets (its mode, policy, description); the audit
+    record, when anything changed, has each field's value before and after."""
     _check(cluster_in)
     cluster = get_cluster(session=session, name=name)
-    cluster.sqlmodel_update(cluster_in.model_dump(exclude_unset=True, exclude_none=True))
+    update = cluster_in.model_dump(exclude_unset=True, exclude_none=True)
+    changed = audit.diff({field: getattr(cluster, field) for field in update}, update)
+    cluster.sqlmodel_update(update)
     session.add(cluster)
+    if changed:
+        audit.record(
+            session=session,
+            actor=actor,
+            verb="update",
+            object_type=AuditObject.cluster,
+            object_id=cluster.name,
+            now=now,
+            changes=changed,
+        )
     session.commit()
     session.refresh(cluster)
     return cluster
 
 
-def delete_cluster(*, session: Session, name: str) -> None:
+def delete_cluster(
+    *, session: Session, name: str, now: datetime, actor: Actor | None = None
+) -> None:
     cluster = get_cluster(session=session, name=name)
     session.delete(cluster)
+    audit.record(
+        session=session,
+        actor=actor,
+        verb="delete",
+        object_type=AuditObject.cluster,
+        object_id=name,
+        now=now,
+        changes={"scheduler": cluster.scheduler, "mode": cluster.mode, "policy": cluster.policy},
+    )
     session.commit()

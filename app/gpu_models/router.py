@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import SessionDep, scoped
+from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.gpu_models import service
 from app.gpu_models.models import GpuModelCreate, GpuModelPublic
 
@@ -14,10 +14,17 @@ def list_gpu_models(session: SessionDep) -> list[GpuModelPublic]:
     return [GpuModelPublic.model_validate(m) for m in service.list_gpu_models(session=session)]
 
 
-@router.post("", status_code=201, **scoped("admin"))
-def create_gpu_model(session: SessionDep, model_in: GpuModelCreate) -> GpuModelPublic:
+@router.post(
+    "",
+    status_code=201,
+    responses={409: {"description": "A model of that name is in the catalogue"}},
+    **scoped("admin"),
+)
+def create_gpu_model(
+    session: SessionDep, clock: ClockDep, actor: ActorDep, model_in: GpuModelCreate
+) -> GpuModelPublic:
     return GpuModelPublic.model_validate(
-        service.create_gpu_model(session=session, model_in=model_in)
+        service.create_gpu_model(session=session, model_in=model_in, now=clock.now(), actor=actor)
     )
 
 

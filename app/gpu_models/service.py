@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlmodel import Session, select
 
+from app.audit import service as audit
+from app.audit.models import Actor
+from app.audit.service import AuditObject
 from app.core.errors import Conflict, NotFound
 from app.gpu_models.models import GpuModel, GpuModelCreate
 
@@ -51,7 +56,9 @@ def get_gpu_model(*, session: Session, name: str) -> GpuModel:
     return model
 
 
-def create_gpu_model(*, session: Session, model_in: GpuModelCreate) -> GpuModel:
+def create_gpu_model(
+    *, session: Session, model_in: GpuModelCreate, now: datetime, actor: Actor | None = None
+) -> GpuModel:
     if session.exec(select(GpuModel).where(GpuModel.name == model_in.name)).first():
         raise Conflict(
             f"GPU model {model_in.name!r} already exists",
@@ -64,6 +71,15 @@ def create_gpu_model(*, session: Session, model_in: GpuModelCreate) -> GpuModel:
         precisions=[p.value for p in model_in.precisions],
     )
     session.add(model)
+    audit.record(
+        session=session,
+        actor=actor,
+        verb="create",
+        object_type=AuditObject.gpu_model,
+        object_id=model.name,
+        now=now,
+        changes=model_in.model_dump(),
+    )
     session.commit()
     session.refresh(model)
     return model

@@ -1,16 +1,19 @@
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from app.actions.router import DispatcherDep
-from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
+from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.core.paging import MAX_LIMIT, Page
 from app.plans import service
 from app.plans.models import PlanPublic, PlanState
 
 router = APIRouter(prefix="/plans", tags=["plans"])
+NOT_PROPOSED: dict[int | str, dict[str, Any]] = {
+    409: {"description": "The plan is no longer proposed"}
+}
 
 
 @router.get("", **scoped("viewer"))
@@ -31,30 +34,38 @@ def get_plan(session: SessionDep, plan_id: int) -> PlanPublic:
     return service.get_plan(session=session, plan_id=plan_id)
 
 
-@router.post("/{plan_id}/approve", **scoped("operator"))
+@router.post("/{plan_id}/approve", responses=NOT_PROPOSED, **scoped("operator"))
 def approve_plan(
     session: SessionDep,
     clock: ClockDep,
-    principal: CurrentPrincipal,
+    actor: ActorDep,
     dispatch: DispatcherDep,
     plan_id: int,
 ) -> PlanPublic:
     """Approve the whole plan: its actions run in dependency order (a start waits for the
     actions that free its GPUs; a failed prerequisite cancels what depends on it)."""
     plan, approved = service.decide_plan(
-        session=session, plan_id=plan_id, approve=True, by=principal.name, now=clock.now()
+        session=session,
+        plan_id=plan_id,
+        approve=True,
+        by=actor.name,
+        now=clock.now(),
+        actor=actor,
     )
     for action_id in approved:
         dispatch(action_id)
     return plan
 
 
-@router.post("/{plan_id}/reject", **scoped("operator"))
-def reject_plan(
-    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, plan_id: int
-) -> PlanPublic:
+@router.post("/{plan_id}/reject", responses=NOT_PROPOSED, **scoped("operator"))
+def reject_plan(session: SessionDep, clock: ClockDep, actor: ActorDep, plan_id: int) -> PlanPublic:
     """Reject every proposed action of the plan; nothing of it runs."""
     plan, _ = service.decide_plan(
-        session=session, plan_id=plan_id, approve=False, by=principal.name, now=clock.now()
+        session=session,
+        plan_id=plan_id,
+        approve=False,
+        by=actor.name,
+        now=clock.now(),
+        actor=actor,
     )
     return plan

@@ -7,6 +7,9 @@ from sqlmodel import Session, col, select
 
 from app.actions import service as action_service
 from app.actions.models import Action, ActionState
+from app.audit import service as audit
+from app.audit.models import Actor
+from app.audit.service import AuditObject
 from app.clusters.models import Cluster
 from app.core.errors import Conflict, NotFound
 from app.core.paging import Page, count_rows
@@ -47,7 +50,13 @@ def get_plan(*, session: Session, plan_id: int) -> PlanPublic:
 
 
 def decide_plan(
-    *, session: Session, plan_id: int, approve: bool, by: str, now: datetime
+    *,
+    session: Session,
+    plan_id: int,
+    approve: bool,
+    by: str,
+    now: datetime,
+    actor: Actor | None = None,
 ) -> tuple[PlanPublic, list[int]]:
     """Approve or reject every proposed action of a plan at once. Returns the plan and the
     ids of the actions approved (for dispatch). Only a proposed plan can be decided;
@@ -92,8 +101,21 @@ def decide_plan(
             ),
         )
     ).first()
+    before = plan.state
     plan.state = PlanState.approved if approve or remaining is not None else PlanState.rejected
     plan.decided_by, plan.decided_at = by, now
     session.add(plan)
+    audit.record(
+        session=session,
+        actor=actor,
+        verb="approve" if approve else "reject",
+        object_type=AuditObject.plan,
+        object_id=plan_id,
+        now=now,
+        changes={
+            "state": [before, plan.state],
+            "actions": decided,
+        },
+    )
     session.commit()
     return get_plan(session=session, plan_id=plan_id), decided if approve else []

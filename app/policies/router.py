@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import ClockDep, CurrentPrincipal, SessionDep, scoped
+from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.core.types import DbId
 from app.policies import service
 from app.policies.models import SlaPolicyCreate, SlaPolicyPublic, SlaPolicyUpdate
@@ -15,12 +15,17 @@ def list_policies(session: SessionDep) -> list[SlaPolicyPublic]:
     return [SlaPolicyPublic.model_validate(p) for p in service.list_latest(session=session)]
 
 
-@router.post("", status_code=201, **scoped("operator"))
+@router.post(
+    "",
+    status_code=201,
+    responses={409: {"description": "A policy of that name exists; PUT a new version"}},
+    **scoped("operator"),
+)
 def create_policy(
-    session: SessionDep, clock: ClockDep, principal: CurrentPrincipal, policy_in: SlaPolicyCreate
+    session: SessionDep, clock: ClockDep, actor: ActorDep, policy_in: SlaPolicyCreate
 ) -> SlaPolicyPublic:
     policy = service.create_policy(
-        session=session, policy_in=policy_in, by=principal.name, now=clock.now()
+        session=session, policy_in=policy_in, by=actor.name, now=clock.now(), actor=actor
     )
     return SlaPolicyPublic.model_validate(policy)
 
@@ -34,13 +39,18 @@ def get_policy(session: SessionDep, name: str) -> SlaPolicyPublic:
 def edit_policy(
     session: SessionDep,
     clock: ClockDep,
-    principal: CurrentPrincipal,
+    actor: ActorDep,
     name: str,
     policy_in: SlaPolicyUpdate,
 ) -> SlaPolicyPublic:
     """Writes a new version; earlier versions stay readable."""
     policy = service.new_version(
-        session=session, name=name, policy_in=policy_in, by=principal.name, now=clock.now()
+        session=session,
+        name=name,
+        policy_in=policy_in,
+        by=actor.name,
+        now=clock.now(),
+        actor=actor,
     )
     return SlaPolicyPublic.model_validate(policy)
 

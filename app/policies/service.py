@@ -1,16 +1,25 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Session, select
 
+from app.audit import service as audit
+from app.audit.models import Actor
+from app.audit.service import AuditObject
 from app.core.errors import Conflict, NotFound
 from app.policies.models import SlaPolicy, SlaPolicyCreate, SlaPolicyUpdate
 
 
 def create_policy(
-    *, session: Session, policy_in: SlaPolicyCreate, by: str, now: datetime
+    *,
+    session: Session,
+    policy_in: SlaPolicyCreate,
+    by: str,
+    now: datetime,
+    actor: Actor | None = None,
 ) -> SlaPolicy:
     if session.exec(select(SlaPolicy).where(SlaPolicy.name == policy_in.name)).first():
         raise Conflict(
@@ -28,13 +37,20 @@ def create_policy(
         created_by=by,
     )
     session.add(policy)
+    _record(session, actor, "create", policy, now, teams=[], services=[])
     session.commit()
     session.refresh(policy)
     return policy
 
 
 def new_version(
-    *, session: Session, name: str, policy_in: SlaPolicyUpdate, by: str, now: datetime
+    *,
+    session: Session,
+    name: str,
+    policy_in: SlaPolicyUpdate,
+    by: str,
+    now: datetime,
+    actor: Actor | None = None,
 ) -> SlaPolicy:
     latest = get_policy(session=session, name=name)
     policy = SlaPolicy(
@@ -46,9 +62,53 @@ def new_version(
         created_by=by,
     )
     session.add(policy)
+    _record(
+        session,
+        actor,
+        "update",
+        policy,
+        now,
+        teams=_names(latest.spec, "teams", "team"),
+        services=_names(latest.spec, "services", "service"),
+    )
     session.commit()  # the (name, version) unique constraint refuses a concurrent twin
     session.refresh(policy)
     return policy
+
+
+def _names(spec: dict[str, Any], section: str, key: str) -> list[str]:
+    return sorted(str(entry.get(key)) for entry in spec.get(section, []))
+
+
+def _record(
+    session: Session,
+    actor: Actor | None,
+    verb: str,
+    policy: SlaPolicy,
+    now: datetime,
+    *,
+    teams: list[str],
+    services: list[str],
+) -> None:
+    """The new version, and which teams and services it names before and after (the
+    specs themselves stay readable as versions)."""
+    after = {
+        "teams": _names(policy.spec, "teams", "team"),
+        "services": _names(policy.spec, "services", "service"),
+    }
+    audit.record(
+        session=session,
+        actor=actor,
+        verb=verb,
+        object_type=AuditObject.sla_policy,
+        object_id=policy.name,
+        now=now,
+        changes={
+            "version": [policy.version - 1 or None, policy.version],
+            "comment": policy.comment,
+            **audit.diff({"teams": teams, "services": services}, after),
+        },
+    )
 
 
 def get_policy(*, session: Session, name: str, version: int | None = None) -> SlaPolicy:

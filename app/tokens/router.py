@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
-from app.api.deps import AUTHENTICATED, ClockDep, CurrentPrincipal, SessionDep, scoped
+from app.api.deps import AUTHENTICATED, ActorDep, ClockDep, CurrentPrincipal, SessionDep, scoped
 from app.core.types import DbId
 from app.tokens import service
 from app.tokens.models import ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
@@ -28,13 +28,19 @@ def list_tokens(session: SessionDep) -> list[ApiTokenPublic]:
 
 @router.post("/tokens", status_code=201, **scoped("admin"))
 def create_token(
-    session: SessionDep, clock: ClockDep, response: Response, token_in: ApiTokenCreate
+    session: SessionDep,
+    clock: ClockDep,
+    actor: ActorDep,
+    response: Response,
+    token_in: ApiTokenCreate,
 ) -> ApiTokenCreated:
     """The token is in this response only; Shaper keeps just its hash."""
     response.headers["Cache-Control"] = "no-store"  # a secret: never into any cache
-    return service.create_token(session=session, token_in=token_in, now=clock.now())
+    return service.create_token(session=session, token_in=token_in, now=clock.now(), actor=actor)
 
 
 @router.delete("/tokens/{token_id}", **scoped("admin"))
-def revoke_token(session: SessionDep, clock: ClockDep, token_id: DbId) -> ApiTokenPublic:
-    return service.revoke_token(session=session, token_id=token_id, now=clock.now())
+def revoke_token(
+    session: SessionDep, clock: ClockDep, actor: ActorDep, token_id: DbId
+) -> ApiTokenPublic:
+    return service.revoke_token(session=session, token_id=token_id, now=clock.now(), actor=actor)

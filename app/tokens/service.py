@@ -4,12 +4,17 @@ from datetime import datetime
 
 from sqlmodel import Session, select
 
+from app.audit import service as audit
+from app.audit.models import Actor
+from app.audit.service import AuditObject
 from app.core.errors import NotFound, Unauthorized
 from app.core.security import Principal, generate_token, secret_matches, split_token
 from app.tokens.models import ApiToken, ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
 
 
-def create_token(*, session: Session, token_in: ApiTokenCreate, now: datetime) -> ApiTokenCreated:
+def create_token(
+    *, session: Session, token_in: ApiTokenCreate, now: datetime, actor: Actor | None = None
+) -> ApiTokenCreated:
     new = generate_token()
     token = ApiToken(
         key_id=new.key_id,
@@ -20,6 +25,22 @@ def create_token(*, session: Session, token_in: ApiTokenCreate, now: datetime) -
         expires_at=token_in.expires_at,
     )
     session.add(token)
+    session.flush()
+    audit.record(
+        session=session,
+        actor=actor,
+        verb="create",
+        object_type=AuditObject.token,
+        object_id=token.id,
+        now=now,
+        # The key id is the token's public half; the secret and its digest never go here.
+        changes={
+            "key_id": token.key_id,
+            "name": token.name,
+            "scopes": token.scopes,
+            "expires_at": token.expires_at,
+        },
+    )
     session.commit()
     session.refresh(token)
     return ApiTokenCreated.model_validate(token, update={"token": new.plaintext})
@@ -48,13 +69,25 @@ def list_tokens(*, session: Session) -> list[ApiTokenPublic]:
     ]  # type: ignore[arg-type]
 
 
-def revoke_token(*, session: Session, token_id: int, now: datetime) -> ApiTokenPublic:
+def revoke_token(
+    *, session: Session, token_id: int, now: datetime, actor: Actor | None = None
+) -> ApiTokenPublic:
+    """Revoke a token; revoking it again changes nothing (and records nothing)."""
     token = session.get(ApiToken, token_id)
     if token is None:
         raise NotFound(f"token {token_id} does not exist", resource="token", resource_id=token_id)
     if token.revoked_at is None:
         token.revoked_at = now
         session.add(token)
+        audit.record(
+            session=session,
+            actor=actor,
+            verb="revoke",
+            object_type=AuditObject.token,
+            object_id=token_id,
+            now=now,
+            changes={"name": token.name, "revoked_at": [None, now]},
+        )
         session.commit()
         session.refresh(token)
     return ApiTokenPublic.model_validate(token)

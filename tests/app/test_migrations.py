@@ -24,6 +24,7 @@ TABLES = {
     "action_steps",
     "sla_policies",
     "api_tokens",
+    "audit_log",
 }
 
 
