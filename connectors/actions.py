@@ -16,7 +16,9 @@ and waits for a :class:`StepReport` as the keyword argument ``report`` of
   or pending one (the scheduler starts it when it fits, where it chooses);
 * ``confirm`` → a read: the job runs on ``args["nodes"]`` (``expect: running``) or runs
   nowhere (``expect: stopped``); "not yet" is a retryable failure naming what was seen, so
-  the control plane polls until it holds or gives up with the observed state;
+  the control plane polls until it holds or gives up with the observed state; a confirmed
+  start runs the connector's ``upkeep`` (``SupportsUpkeep``), which gives back a
+  reservation spent by it;
 * ``reserve`` → ``reserve(gpus=args["gpus"], ttl_s=args["ttl_s"])``, ``unreserve`` →
   ``unreserve`` (``SupportsReservation``);
 * ``resume`` → ``resume`` when the scheduler reports the job suspended, nothing when it
@@ -67,6 +69,7 @@ from connectors.base import (
     SupportsResize,
     SupportsStart,
     SupportsSuspend,
+    SupportsUpkeep,
     make_executor_app,
     run_executor_worker,
 )
@@ -340,6 +343,14 @@ class ConnectorStepExecutor:
             goal = "stopped"
         if not ok:
             raise ConnectorError(f"{seen}; expected {goal}", retryable=True)
+        if expect == "running" and isinstance(self.connector, SupportsUpkeep):
+            # The job runs where the plan put it: what was held for it goes back at once
+            # (or at the deployment's next upkeep, if the scheduler refuses it now).
+            try:
+                for line in self.connector.upkeep():
+                    log.info("%s", line)
+            except ConnectorError as error:
+                log.warning("upkeep after confirming job %s: %s", workload_id, error)
         return self._done(seen, workload_id, state=job.state.value, nodes=where)
 
     def _reserve(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:

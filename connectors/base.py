@@ -173,6 +173,11 @@ class JobReport(_Wire):
         float, Field(ge=0, le=MAX_GPU_MEMORY_GIB, allow_inf_nan=False)
     ] = 0
     required_precision: Annotated[str, Field(max_length=16)] | None = None
+    # The only nodes a pending job may start on (Slurm's ReqNodeList): a job requeued with
+    # its checkpoint is pinned to the node that holds its image. Empty: any node.
+    required_nodes: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+        default_factory=list, max_length=1024
+    )
     gang_size: Annotated[int, Field(ge=1, le=10_000)] = 1
     checkpointable: bool = False
     min_replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] = 0
@@ -348,6 +353,15 @@ class SupportsReservation(Protocol):
         counts_on: list[str] | None = None,
     ) -> None: ...
     def unreserve(self, external_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsUpkeep(Protocol):
+    """Periodic housekeeping of what the connector itself holds in its scheduler (Slurm:
+    reservations whose job now runs or has gone). The connector deployment calls it every
+    few seconds; it returns one line per thing it tidied, for the log."""
+
+    def upkeep(self) -> list[str]: ...
 
 
 @runtime_checkable

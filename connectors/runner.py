@@ -6,6 +6,8 @@ The loop, once per ``interval_s``:
    scheduler is down) backs off exponentially with jitter and reads again; the next push is
    then a snapshot, because what happened meanwhile is unknown. Nothing partial is pushed:
    a read gives the whole state or nothing. A non-retryable error is fatal.
+   Then the connector's ``upkeep`` (``SupportsUpkeep``: Slurm gives back spent
+   reservations); a failure there is logged and tried again next cycle.
 2. **Build** the payload: a :class:`TelemetrySnapshot` when the control plane's view is
    unknown (first push, after a 409, a refused payload, a failed read, or every
    ``resync_interval_s``), else a :class:`TelemetryDelta` of the nodes and jobs that are new
@@ -59,6 +61,7 @@ from connectors.base import (
     JobReport,
     NodeReport,
     SchedulerKind,
+    SupportsUpkeep,
     TelemetryAck,
     TelemetryDelta,
     TelemetrySnapshot,
@@ -174,6 +177,7 @@ class TelemetryRunner:
         state = self._read()
         if state is None:
             return None
+        upkeep(self.connector)
         outcome = self._push(*self._build(state))
         if outcome == _CONFLICT and not self.stopping:
             # The control plane lost track of this session: the snapshot goes out at once.
@@ -318,6 +322,18 @@ class TelemetryRunner:
 
 
 # --- command line ----------------------------------------------------------------------------
+
+
+def upkeep(connector: object) -> None:
+    """The connector's housekeeping (``SupportsUpkeep``), once; a failure only waits for
+    the next round."""
+    if not isinstance(connector, SupportsUpkeep):
+        return
+    try:
+        for line in connector.upkeep():
+            logger.info("%s", line)
+    except ConnectorError as error:
+        logger.warning("upkeep failed (%s); again next round", error)
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -488,9 +504,17 @@ def _serve_actions(
             os.kill(os.getpid(), signal.SIGTERM)
 
     telemetry = None
+    stop_upkeep = threading.Event()
     if runner is not None:
         telemetry = threading.Thread(target=_push, name="telemetry", daemon=True)
         telemetry.start()
+    elif isinstance(connector, SupportsUpkeep):
+        # Without telemetry nothing else would tidy what the connector holds.
+        def _upkeep() -> None:
+            while not stop_upkeep.wait(args.interval):
+                upkeep(connector)
+
+        threading.Thread(target=_upkeep, name="upkeep", daemon=True).start()
     logger.info(
         "serving %s action steps on queue %s (broker %s, journal %s) and %s",
         kind.value,
@@ -506,6 +530,7 @@ def _serve_actions(
     except _StoppedEarly:
         logger.info("stopped before the action worker had started")
     finally:
+        stop_upkeep.set()
         if runner is not None and telemetry is not None:
             runner.stop()
             telemetry.join(timeout=runner.config.request_timeout_s + 5)

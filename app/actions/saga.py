@@ -88,7 +88,7 @@ DEFAULT_STEP_TIMEOUT_S = 120.0
 # Schedulers that decide where a job runs: their jobs move by requeue, not behind them.
 SCHEDULER_OWNED = frozenset({SchedulerKind.slurm})
 # Schedulers whose connector holds GPUs for a job (connectors.base.SupportsReservation).
-RESERVING = frozenset({SchedulerKind.sim})
+RESERVING = frozenset({SchedulerKind.sim, SchedulerKind.slurm})
 # Long enough for a real move (checkpoint + transfer + restore); a reservation is consumed
 # when its job starts and given back when what it was for is withdrawn, so this only bounds
 # a give-back that never arrives.
@@ -143,6 +143,12 @@ class StepReport:
             retryable=bool(data.get("retryable", False)),
             outcome=str(data.get("outcome", "executed")),
         )
+
+
+def places_itself(scheduler: str) -> bool:
+    """Whether this scheduler decides where a job runs (Slurm), so that a job moves by
+    requeue and a service grows where the scheduler puts it."""
+    return SchedulerKind(scheduler) in SCHEDULER_OWNED
 
 
 def reserves(scheduler: str) -> bool:
@@ -205,7 +211,7 @@ def _forward_steps(action: Action, job: Job, cluster: Cluster, generation: int) 
     plan = _Plan(action, cluster.name, generation)
     kind = ActionKind(action.kind)
     fwd = StepPhase.forward
-    owned = SchedulerKind(cluster.scheduler) in SCHEDULER_OWNED
+    owned = places_itself(cluster.scheduler)
     scheduler = connector_queue(cluster.name)
     if kind is ActionKind.migrate:
         source = agent_queue(cluster.name, _single(action.source_node, "source", action))

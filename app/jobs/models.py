@@ -28,6 +28,7 @@ class JobPublic(SQLModel):
     sla_class: str
     gpus_requested: int
     allowed_gpu_models: list[str]
+    required_nodes: list[str] = []
     min_gpu_memory_gib: float
     required_precision: str | None
     gang_size: int
@@ -71,6 +72,8 @@ class Job(SQLModel, table=True):
     sla_class: str = Field(default="standard", max_length=64)
     gpus_requested: int = 0
     allowed_gpu_models: list[str] = json_column(list)
+    # A pending job may start only there (wire: JobReport.required_nodes).
+    required_nodes: list[str] = json_column(list)
     min_gpu_memory_gib: float = 0
     required_precision: str | None = Field(default=None, max_length=16)
     gang_size: int = 1

@@ -18,9 +18,10 @@
    action frees waits for it. Each group of connected actions stands or falls whole: it
    is deferred when its actions need each other in a cycle or when it touches a node an
    unfinished plan is still working on. On clusters whose scheduler honours reservations,
-   every move and every start gets a ``reserve`` action first (what frees GPUs for it
-   waits for that too), so nothing else can take the GPUs in between — not even free
-   ones, which the native scheduler would otherwise keep handing to its own queue.
+   every move and every start — and a service's growth, where Shaper places replicas —
+   gets a ``reserve`` action first (what frees GPUs for it waits for that too), so nothing
+   else can take the GPUs in between — not even free ones, which the native scheduler
+   would otherwise keep handing to its own queue.
 7. **Persist** the plan with a reason for every decision (each action's names its plan
    and, for what frees GPUs, the jobs it frees them for) and its actions: ``proposed`` in
    advise mode, ``approved`` by ``shaper`` in enforce mode, none in observe mode.
@@ -50,7 +51,7 @@ from sqlmodel import Session, col, select
 
 from app.actions import service as action_service
 from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
-from app.actions.saga import reserves
+from app.actions.saga import places_itself, reserves
 from app.clusters.models import ShapingMode
 from app.core.db import begin
 from app.jobs.models import Allocation, Job
@@ -559,14 +560,16 @@ def _add_actions(
             target_replicas=action.replicas,
         )
         # Every move and start holds its GPUs first: the native scheduler keeps placing
-        # its own queue meanwhile, free GPUs included.
-        if reserving and kind in TAKES:
+        # its own queue meanwhile, free GPUs included. So does a service's growth where
+        # Shaper places its replicas (not where the scheduler owns placement: Slurm).
+        taken = _taken(kind, action.from_placement, action.to_placement, snapshot.scheduler)
+        if reserving and taken:
             holds[index] = new(
                 ActionKind.reserve,
                 job,
                 "reserve",
-                target_node=_nodes(action.to_placement),
-                target_placement=_local_placement(action.to_placement),
+                target_node=_nodes(taken),
+                target_placement=_local_placement(taken),
             )
     session.flush()
     for index, action_row in rows.items():
@@ -593,6 +596,18 @@ def _add_actions(
         )
         session.add(hold)
     return len(rows) + len(holds)
+
+
+def _taken(
+    kind: ActionKind, before: dict[str, int], after: dict[str, int], scheduler: str
+) -> dict[str, int]:
+    """The GPUs an action takes that a reservation should hold for it: all of a move's or
+    a start's target, and what a service's growth adds on each node."""
+    if kind in TAKES:
+        return after
+    if kind is ActionKind.resize and not places_itself(scheduler):
+        return {n: g - before.get(n, 0) for n, g in after.items() if g > before.get(n, 0)}
+    return {}
 
 
 def _reason(

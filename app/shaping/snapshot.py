@@ -16,6 +16,9 @@ Mapping to the solver (documented because it decides what the solver optimises):
   the demand observed at the same time yesterday, hour by hour, for the look-ahead window,
   falling back to the latest demand sample, then to the current replicas.
 * jobs with no GPUs and finished jobs are left out.
+* a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
+  checkpoint must resume where its image is) may be placed only there: those nodes get a
+  label ``shaper.io/pinned-<n>`` and the job a node selector for it.
 * what Shaper did to each job feeds the solver's dwell rule: ``last_acted_at`` (the end of
   its last action that ran: succeeded, failed or compensated) and ``actions_last_hour``;
   a job an action is about to act on or acting on (approved, dispatched, running,
@@ -44,6 +47,9 @@ from app.telemetry.models import TelemetrySample
 from connectors.base import TERMINAL_JOB_STATES, JobShape, Metric
 from solver import instance as si
 
+# Pinned jobs (``required_nodes``) select a label only their nodes carry (``_pin_labels``).
+PIN_LABEL = "shaper.io/pinned"
+PIN = "true"
 FORECAST_STEPS = 6
 FORECAST_STEP_S = 3600
 _NODE_STATES = {
@@ -78,6 +84,7 @@ class JobRow:
     last_moved_at: datetime | None
     last_acted_at: datetime | None = None
     actions_last_hour: int = 0
+    required_nodes: tuple[str, ...] = ()
     # An action of an open plan acts on it: approved or in flight (busy), or proposed.
     busy: bool = False
     proposed: bool = False
@@ -143,6 +150,7 @@ def take_snapshot(
             priority=j.priority,
             gpus_requested=j.gpus_requested,
             allowed_gpu_models=tuple(j.allowed_gpu_models),
+            required_nodes=tuple(j.required_nodes),
             min_gpu_memory_gib=j.min_gpu_memory_gib,
             required_precision=j.required_precision,
             gang_size=j.gang_size,
@@ -309,6 +317,7 @@ def to_instance(
         )
         for m in snapshot.gpu_models
     )
+    pins = _pin_labels(snapshot.jobs)
     nodes = tuple(
         si.Node(
             name=solver_node_name(snapshot.cluster, n.name),
@@ -317,7 +326,7 @@ def to_instance(
             gpus=n.gpu_count,
             cpu_milli=n.cpu_cores * 1000,
             memory_mib=n.memory_mib,
-            labels=dict(n.labels),
+            labels={**n.labels, **{key: PIN for pinned, key in pins.items() if n.name in pinned}},
             state=_NODE_STATES[n.state],
         )
         for n in snapshot.nodes
@@ -328,7 +337,11 @@ def to_instance(
     jobs = tuple(
         job
         for row in snapshot.jobs
-        if (job := _solver_job(snapshot.cluster, row, now, known_nodes, used_models, lock_proposed))
+        if (
+            job := _solver_job(
+                snapshot.cluster, row, now, known_nodes, used_models, lock_proposed, pins
+            )
+        )
         is not None
     )
     teams = snapshot.sla.get("teams", [])
@@ -354,6 +367,14 @@ def to_instance(
     )
 
 
+def _pin_labels(jobs: tuple[JobRow, ...]) -> dict[frozenset[str], str]:
+    """A label key for each set of nodes some pending job is pinned to. The nodes of a set
+    carry its label and the job selects it: only those nodes form their own compatibility
+    groups, so pins cost the solver nothing where there are none."""
+    sets = sorted({frozenset(j.required_nodes) for j in jobs if j.required_nodes}, key=sorted)
+    return {pinned: f"{PIN_LABEL}-{index}" for index, pinned in enumerate(sets)}
+
+
 def _solver_job(
     cluster: str,
     row: JobRow,
@@ -361,6 +382,7 @@ def _solver_job(
     known_nodes: set[str],
     models: set[str],
     lock_proposed: bool = True,
+    pins: dict[frozenset[str], str] | None = None,
 ) -> si.Job | None:
     placement: dict[str, int] = {}
     indices: dict[str, tuple[int, ...]] = {}
@@ -397,6 +419,11 @@ def _solver_job(
         allowed_gpu_models=allowed,
         gpu_memory_mib=int(row.min_gpu_memory_gib * 1024),
         precision=row.required_precision,
+        node_selector=(
+            {(pins or {})[frozenset(row.required_nodes)]: PIN}
+            if row.required_nodes and not placement
+            else {}
+        ),
         clusters=frozenset({cluster}),
         submit_time=row.submit_time.timestamp() if row.submit_time else now,
         start_time=row.start_time.timestamp() if row.start_time and placement else None,

@@ -65,9 +65,9 @@ _JOB_FIELDS = (
     "name", "team", "queue", "kind", "shape", "priority", "sla_class", "gpus_requested",
     "allowed_gpu_models", "min_gpu_memory_gib", "required_precision", "gang_size",
     "checkpointable", "min_replicas", "max_replicas", "replicas", "submit_time", "start_time",
-    "end_time", "state", "reason", "restart_count",
+    "end_time", "state", "reason", "restart_count", "required_nodes",
 )  # fmt: skip
-_JOB_JSON_FIELDS = frozenset({"allowed_gpu_models"})
+_JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes"})
 _JOB_STATE = _JOB_FIELDS.index("state")
 _JOB_INSERT_COLUMNS = ("cluster_id", "external_id", *_JOB_FIELDS, "updated_at")
 _JOB_UPDATE_COLUMNS = ("id", *_JOB_FIELDS, "updated_at")
@@ -313,6 +313,7 @@ def _job_row(report: JobReport) -> tuple[Any, ...]:
         report.state,
         report.reason,
         report.restart_count,
+        json_text(report.required_nodes),
     )
 
 

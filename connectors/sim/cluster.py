@@ -584,6 +584,9 @@ class SimCluster:
                 )
             job.resized = True
             self._set_replicas(job, replicas)
+            # The growth took what was held for it (or fitted elsewhere): the hold is spent.
+            self.reservations.pop(job.id, None)
+            self._reserved_until.pop(job.id, None)
 
     # -- for the simulated node agents -----------------------------------------------------
 

@@ -112,3 +112,6 @@ class SlurmConnectorConfig(_Settings):
     bin_dir: Path | None = None
     timeout_s: Annotated[float, Field(gt=0)] = 20.0
     mapping: SlurmMapping = Field(default_factory=SlurmMapping)
+    # Reservations that hold a plan's nodes for one job are named <prefix><job id>; the
+    # connector tidies only those (connectors/slurm/reservations.py).
+    reservation_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,32}$")] = "shaper-"

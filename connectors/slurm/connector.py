@@ -6,6 +6,12 @@ state or raises :class:`ConnectorError` — never part of it.
 
 Actions are idempotent where Slurm lets them be (cancelling a finished job, holding a held
 job, suspending a suspended one succeed), so a retried task does no harm.
+
+A plan's GPUs are held for its job by an advanced reservation of the job's target nodes
+(see :mod:`connectors.slurm.reservations` for why whole nodes and which flags): ``reserve``
+makes it, ``start`` and a pinned ``requeue`` put the job in it, and ``upkeep`` (run by the
+connector deployment every few seconds and after each confirmed start) takes the job out
+and deletes the reservation once the job runs — or has gone.
 """
 
 from __future__ import annotations
@@ -14,16 +20,30 @@ import logging
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
-from connectors.base import ClusterState, ConnectorError, NodeReport, SchedulerKind
+from connectors.base import (
+    TERMINAL_JOB_STATES,
+    ClusterState,
+    ConnectorError,
+    JobState,
+    NodeReport,
+    SchedulerKind,
+)
 from connectors.slurm.client import RunCommand, SlurmCli, SlurmRest
 from connectors.slurm.config import SlurmConnectorConfig
 from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_nodes
+from connectors.slurm.reservations import (
+    SlurmReservation,
+    create_args,
+    job_of,
+    parse_reservations,
+    reservation_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -149,9 +169,37 @@ class SlurmConnector:
                 self._scontrol(
                     "update", f"JobId={job_id}", f"ExcNodeList={','.join(exclude)}", what=what
                 )
+            if nodes:
+                self._enter_reservation(job_id, nodes, what=what)
         finally:
             if not hold:
                 self._scontrol("release", job_id, what=what)
+
+    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+        """Start a pending or held job, pinned to ``nodes`` (in its reservation when it has
+        one there); a suspended one resumes. A running job is left as it is: the confirm
+        that follows says whether it runs where the plan wanted."""
+        job_id = self._job_id(external_id)
+        what = f"start job {job_id}"
+        job = self._job(job_id, what=what)
+        state = job.report.state
+        if state is JobState.suspended:
+            self.resume(job_id)
+            return
+        if state is JobState.running:
+            return
+        if state in TERMINAL_JOB_STATES:
+            raise ConnectorError(f"{what}: the job has ended ({job.slurm_state})", retryable=False)
+        if not nodes:
+            self.release(job_id)
+            return
+        # Held while re-pinned, so that Slurm cannot start it elsewhere in between.
+        self._scontrol("hold", job_id, what=what)
+        try:
+            self._scontrol("update", f"JobId={job_id}", f"ReqNodeList={','.join(nodes)}", what=what)
+            self._enter_reservation(job_id, nodes, what=what, job=job)
+        finally:
+            self._scontrol("release", job_id, what=what)
 
     def hold(self, external_id: str) -> None:
         job_id = self._job_id(external_id)
@@ -191,6 +239,158 @@ class SlurmConnector:
             f"NumNodes={nodes}-{nodes}",
             what=f"set node count of job {job_id} to {nodes}",
         )
+
+    # --- reservations ----------------------------------------------------------------------
+
+    def reserve(
+        self,
+        external_id: str,
+        *,
+        gpus: dict[str, int],
+        ttl_s: float,
+        counts_on: list[str] | None = None,
+    ) -> None:
+        """Reserve the nodes of ``gpus`` for the job (replacing its earlier reservation).
+
+        A running job (one that will move) also keeps its own nodes reserved, so that if
+        the move fails it has somewhere to come back to; they are given back when it runs
+        again. A pending job enters the reservation at once, a running one when it is
+        requeued there. ``counts_on``: see ``SupportsReservation``.
+        """
+        job_id = self._job_id(external_id)
+        what = f"reserve {','.join(sorted(gpus))} for job {job_id}"
+        jobs = {job.report.external_id: job for job in self.read_jobs()}
+        job = jobs.get(job_id)
+        if job is None:
+            raise ConnectorError(f"{what}: Slurm has no job {job_id}", retryable=False)
+        if job.report.state in TERMINAL_JOB_STATES:
+            raise ConnectorError(f"{what}: the job has ended ({job.slurm_state})", retryable=False)
+        sizes = {node.name: node.gpu_count for node in self.read_nodes()}
+        unknown = sorted(set(gpus) - set(sizes))
+        if unknown:
+            raise ConnectorError(f"{what}: no such nodes {unknown}", retryable=False)
+        if counts_on is not None:
+            _check_reservable(job_id, gpus, {*counts_on, job_id}, jobs.values(), sizes)
+        nodes = sorted(set(gpus) | set(job.nodes))
+        name = reservation_name(self.config.reservation_prefix, job_id)
+        if name in self._reservations():
+            self._leave_and_delete(job_id, name, job=job)
+        user = job.user or self.config.rest_user
+        self._scontrol(*create_args(name, nodes=nodes, user=user, ttl_s=ttl_s), what=what)
+        if job.report.state is JobState.pending:
+            self._scontrol("update", f"JobId={job_id}", f"ReservationName={name}", what=what)
+
+    def unreserve(self, external_id: str) -> None:
+        """Give the job's reserved nodes back to Slurm (nothing to do if none are held)."""
+        job_id = self._job_id(external_id)
+        name = reservation_name(self.config.reservation_prefix, job_id)
+        if name in self._reservations():
+            self._leave_and_delete(job_id, name)
+
+    def upkeep(self) -> list[str]:
+        """Delete Shaper's reservations that are spent: their job runs in them (it started
+        where the plan put it) or has gone. A running job not in its reservation is one
+        still to be moved there, so that reservation stays."""
+        prefix = self.config.reservation_prefix
+        ours = [r for r in self._reservations().values() if job_of(prefix, r.name)]
+        if not ours:
+            return []
+        jobs = {job.report.external_id: job for job in self.read_jobs()}
+        tidied: list[str] = []
+        for reservation in ours:
+            job_id = job_of(prefix, reservation.name) or ""
+            job = jobs.get(job_id)
+            if job is None or job.report.state in TERMINAL_JOB_STATES:
+                self._delete_reservation(reservation.name, what=f"tidy {reservation.name}")
+                tidied.append(f"deleted reservation {reservation.name}: job {job_id} has gone")
+            elif job.report.state is JobState.running and job.reservation == reservation.name:
+                self._leave_and_delete(job_id, reservation.name, job=job)
+                where = ",".join(job.nodes)
+                tidied.append(
+                    f"deleted reservation {reservation.name}: job {job_id} runs on {where}"
+                )
+        return tidied
+
+    def _reservations(self) -> dict[str, SlurmReservation]:
+        output = self._cli.run(
+            ["scontrol", "show", "reservation", "--oneliner"], what="read reservations"
+        )
+        return {r.name: r for r in parse_reservations(output)}
+
+    def _job(self, job_id: str, *, what: str) -> SlurmJob:
+        for job in self.read_jobs():
+            if job.report.external_id == job_id:
+                return job
+        raise ConnectorError(f"{what}: Slurm has no job {job_id}", retryable=False)
+
+    def _enter_reservation(
+        self, job_id: str, nodes: list[str], *, what: str, job: SlurmJob | None = None
+    ) -> None:
+        """Put a pending job in its reservation when that holds ``nodes``; a reservation
+        elsewhere (a move sent home) is given back."""
+        name = reservation_name(self.config.reservation_prefix, job_id)
+        reservation = self._reservations().get(name)
+        if reservation is None:
+            return
+        if not set(nodes) <= set(reservation.nodes):
+            self._leave_and_delete(job_id, name, job=job)
+            return
+        if job is None or job.reservation != name:
+            self._scontrol("update", f"JobId={job_id}", f"ReservationName={name}", what=what)
+
+    def _leave_and_delete(self, job_id: str, name: str, *, job: SlurmJob | None = None) -> None:
+        what = f"give back reservation {name}"
+        if job is None:
+            job = next((j for j in self.read_jobs() if j.report.external_id == job_id), None)
+        if job is not None and job.reservation == name:
+            try:
+                # A running job may leave its reservation; it keeps running (FLEX or not).
+                self._scontrol("update", f"JobId={job_id}", "ReservationName=", what=what)
+            except ConnectorError as error:
+                if error.retryable:
+                    raise
+                logger.info("%s: job %s could not leave it (%s)", what, job_id, error)
+        self._delete_reservation(name, what=what)
+
+    def _delete_reservation(self, name: str, *, what: str) -> None:
+        try:
+            self._cli.run(["scontrol", "delete", "reservation", name], what=what)
+        except ConnectorError as error:
+            if _already(str(error), "reservation is invalid"):
+                return  # gone already
+            if _already(str(error), "in use"):
+                raise ConnectorError(
+                    f"{what}: a job still runs in it ({error})", retryable=True
+                ) from None
+            raise
+
+
+def _check_reservable(
+    job_id: str,
+    gpus: dict[str, int],
+    leaving: set[str],
+    jobs: Iterable[SlurmJob],
+    sizes: dict[str, int],
+) -> None:
+    """The GPUs can come free for the job: jobs outside ``leaving`` leave enough."""
+    for node, wanted in sorted(gpus.items()):
+        others: dict[str, int] = {}
+        for job in jobs:
+            if job.report.external_id in leaving or job.report.state in TERMINAL_JOB_STATES:
+                continue
+            held = sum(
+                len(a.gpu_indices) or (a.gpu_count or 0)
+                for a in job.report.allocations
+                if a.node == node
+            )
+            if held:
+                others[job.report.external_id] = held
+        if sizes[node] - sum(others.values()) < wanted:
+            names = ", ".join(f"{j} ({g})" for j, g in sorted(others.items()))
+            raise ConnectorError(
+                f"cannot hold {wanted} GPUs on {node} for {job_id}: held by {names}",
+                retryable=False,
+            )
 
 
 def create_slurm_connector(**options: Any) -> SlurmConnector:

@@ -97,6 +97,7 @@ class SlurmJob:
     account: str
     user: str
     slurm_priority: int
+    reservation: str = ""  # the advanced reservation it runs in or waits for
 
 
 def api_version(document: Document, *, what: str) -> str:
@@ -445,6 +446,11 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         sla_class=sla_class,
         gpus_requested=max(gpus, allocated),
         allowed_gpu_models=[_model_name(m, mapping) for m in models],
+        required_nodes=(
+            expand_hostlist(str(job.get("required_nodes") or ""))
+            if state is JobState.pending
+            else []
+        ),
         gang_size=max(int(job.get("node_count") or 1), 1),
         checkpointable=checkpointable,
         submit_time=_time(job.get("submit_time")),
@@ -465,6 +471,7 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         account=account,
         user=user,
         slurm_priority=int(job.get("priority") or 0),
+        reservation=str(job.get("resv_name") or ""),
     )
 
 

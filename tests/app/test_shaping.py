@@ -172,3 +172,43 @@ def test_a_crashed_leader_is_replaced_at_the_next_tick(postgres_engine: Engine) 
             leader.wait(timeout=30)
         assert leader.stdout is not None
         leader.stdout.close()
+
+
+def test_a_job_pinned_to_its_checkpoint_node_is_placed_only_there(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """Slurm requeues a job preempted with a checkpoint pinned to the node holding its
+    image. Best fit would put it on n1 (4 GPUs free, against n2's 8); the pin says n2."""
+    client.post(
+        "/api/v1/clusters",
+        headers=auth["admin"],
+        json={"name": "alpha", "scheduler": "slurm", "mode": "advise"},
+    )
+    jobs = [
+        running("j1", "n1", [0, 1, 2, 3], priority=10),
+        job("resumer", gpus_requested=4, priority=50, required_nodes=["n2"]),
+    ]
+    response = client.post(
+        "/api/v1/clusters/alpha/telemetry",
+        headers=auth["connector_alpha"],
+        json=snapshot(1, nodes=[node("n1"), node("n2")], jobs=jobs),
+    )
+    assert response.status_code == 200, response.text
+    shown = client.get("/api/v1/jobs?cluster=alpha", headers=auth["viewer"]).json()["items"]
+    assert {j["external_id"]: j["required_nodes"] for j in shown} == {
+        "j1": [],
+        "resumer": ["n2"],
+    }
+
+    instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    pinned = instance.job_by_id["alpha/resumer"].node_selector
+    assert [n.name for n in instance.nodes if pinned.items() <= n.labels.items()] == ["alpha/n2"]
+
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    assert result.violations == 0
+    starts = [
+        (a.kind, a.target_node)
+        for a in session.exec(select(Action).where(Action.plan_id == result.plan_id))
+        if a.kind == "start"
+    ]
+    assert starts == [("start", "n2")]

@@ -7,6 +7,7 @@ the end. If it cannot start, every test that needs it fails with the script's ow
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -110,6 +111,10 @@ class SlurmCluster:
             timeout,
         )
 
+    def reservations(self) -> list[str]:
+        output = self.run("scontrol", "show", "reservation", "--oneliner")
+        return re.findall(r"^ReservationName=(\S+)", output, flags=re.MULTILINE)
+
     def cancel_all(self) -> None:
         subprocess.run(["scancel", "--user=root"], env=self.env, capture_output=True, check=False)
         self.wait_for(
@@ -119,6 +124,8 @@ class SlurmCluster:
                 for row in self.squeue().values()
             ),
         )
+        for name in self.reservations():  # a reserved node is never "idle"
+            self.run("scontrol", "delete", "reservation", name)
         self.wait_for("nodes to be idle", self.nodes_idle)
 
     def nodes_idle(self) -> bool:

@@ -30,6 +30,17 @@ class Clock:
         return self.now
 
 
+# Two 4-GPU nodes and one service of up to 6 one-GPU replicas, no arrivals.
+SERVICE_SPEC = SiteSpec(
+    name="svc",
+    nodes=(("a", "L40S", 4), ("b", "L40S", 4)),
+    teams=("serving",),
+    kinds=(JobKind.batch_inference,),
+    services=(ServiceSpec("chat", 6, 1),),
+    arrivals_per_hour=0,
+)
+
+
 def _cluster(spec: SiteSpec = SPEC) -> tuple[SimCluster, Clock]:
     clock = Clock()
     return SimCluster(spec, start=T0, seed=1, clock=clock), clock
@@ -122,15 +133,7 @@ def test_a_requeue_without_checkpoint_loses_the_work_and_can_pin_the_job() -> No
 
 
 def test_services_follow_demand_until_resized_and_refuse_out_of_range() -> None:
-    spec = SiteSpec(
-        name="svc",
-        nodes=(("a", "L40S", 4), ("b", "L40S", 4)),
-        teams=("serving",),
-        kinds=(JobKind.batch_inference,),
-        services=(ServiceSpec("chat", 6, 1),),
-        arrivals_per_hour=0,
-    )
-    cluster, clock = _cluster(spec)
+    cluster, clock = _cluster(SERVICE_SPEC)
     service = next(j for j in cluster.read_state().jobs if j.external_id == "chat")
     assert service.shape is JobShape.elastic and service.replicas == diurnal(6, T0)
     assert sum(len(a.gpu_indices) for a in service.allocations) == service.replicas
@@ -243,3 +246,29 @@ def test_a_reservation_keeps_freed_gpus_for_its_job_and_is_refused_on_a_stale_vi
     assert cluster.reservations == {}  # consumed
     clock.now = T0 + timedelta(minutes=1)
     cluster.unreserve("big")  # giving back what is gone already is fine
+
+
+@pytest.mark.parametrize("reserved", [False, True], ids=["control", "reserved"])
+def test_a_service_grows_into_gpus_reserved_for_it_and_the_growth_spends_the_hold(
+    reserved: bool,
+) -> None:
+    cluster, _clock = _cluster(SERVICE_SPEC)
+    cluster.resize("chat", replicas=1)
+    (home,) = _states(cluster)["chat"][1]
+    other = "b" if home == "a" else "a"
+    _submit(cluster, "beside", 3, 600)  # fills the service's node
+    _submit(cluster, "freed", 4, 600)  # fills the other one, then gives way to the service
+    assert _states(cluster)["freed"] == ("running", [other])
+    _submit(cluster, "rival", 2, 600)  # FIFO would give it what "freed" leaves
+    if reserved:
+        cluster.reserve("chat", gpus={other: 3}, ttl_s=600, counts_on=["freed", "chat"])
+
+    cluster.cancel("freed")
+
+    if not reserved:
+        assert _states(cluster)["rival"] == ("running", [other])
+        return
+    assert _states(cluster)["rival"] == ("pending", [])  # 1 GPU is not held, 2 are wanted
+    cluster.resize("chat", replicas=4)
+    assert _states(cluster)["chat"] == ("running", [home, other])
+    assert cluster.reservations == {}

@@ -120,7 +120,9 @@ def _api(deployment: dict[str, Any], method: str, path: str, role: str) -> Any:
     return response.json()
 
 
-def _submit_counter(slurm: SlurmCluster, root: Path, name: str, *options: str) -> tuple[str, Path]:
+def _submit_counter(
+    slurm: SlurmCluster, root: Path, name: str, *options: str, gpus: int = 2
+) -> tuple[str, Path]:
     """A checkpointable training job whose body is the counter under `agent exec --wait`."""
     count_file = root / f"{name}.count"
     body = (
@@ -129,7 +131,7 @@ def _submit_counter(slurm: SlurmCluster, root: Path, name: str, *options: str) -
         f"{PYTHON} {COUNTER} --count-file {count_file} --state-mb 100"
     )
     job_id = slurm.sbatch(
-        "--gres=gpu:h100:2",
+        f"--gres=gpu:h100:{gpus}",
         f"--job-name={name}",
         "--comment=shaper:kind=training,priority=50,checkpointable=true",
         *options,
@@ -406,5 +408,183 @@ def test_a_move_that_loses_both_target_and_source_leaves_the_job_queued_with_its
         assert next_count(count_file, at_home) > at_home
         assert progress_of(count_file)["started_at"] == first["started_at"]  # restored
         assert count_of(count_file) > first["count"]
+    finally:
+        slurm.run("scontrol", "update", "NodeName=node2", "State=RESUME")
+
+
+# --- whole plans: reservations hold what a move frees, and what it leaves -------------------
+
+
+def _plan(deployment: dict[str, Any], steps: list[dict[str, Any]]) -> list[int]:
+    """A proposed plan shaped as the shaping cycle shapes one (app/shaping/cycle.py): each
+    move and start after a ``reserve`` of its target, what frees GPUs for a job after that
+    job's reservation. ``steps``: action fields, with ``job`` (a Slurm job id) and
+    ``after`` (indices into ``steps``)."""
+    from app.actions.models import Action, ActionState
+    from app.plans.models import Plan, PlanState
+
+    engine = deployment["pipeline"].engine
+    now = datetime.now(UTC)
+    with Session(engine) as session:
+        jobs = {j.external_id: j for j in session.exec(select(Job)).all()}
+        cluster_id = next(iter(jobs.values())).cluster_id
+        plan = Plan(
+            cluster_id=cluster_id,
+            created_at=now,
+            policy="shaper",
+            engine="test",
+            mode="advise",
+            status="FEASIBLE",
+            state=PlanState.proposed,
+        )
+        session.add(plan)
+        session.flush()
+        rows: list[Action] = []
+        for index, fields in enumerate(steps):
+            fields = dict(fields)
+            job = jobs[fields.pop("job")]
+            fields.pop("after", None)
+            rows.append(
+                Action(
+                    plan_id=plan.id,
+                    cluster_id=cluster_id,
+                    job_id=job.id,
+                    state=ActionState.proposed,
+                    idempotency_key=f"e2e-plan:{plan.id}:{index}",
+                    reason=f"plan {plan.id}: end-to-end test",
+                    created_at=now,
+                    updated_at=now,
+                    **fields,
+                )
+            )
+        session.add_all(rows)
+        session.flush()
+        for row, fields in zip(rows, steps, strict=True):
+            row.depends_on = sorted(rows[i].id for i in fields.get("after", ()))  # type: ignore[misc]
+        session.commit()
+        return [plan.id, *(row.id for row in rows)]  # type: ignore[list-item]
+
+
+def _approve_plan_and_wait(
+    deployment: dict[str, Any], ids: list[int], slurm: SlurmCluster
+) -> dict[int, str]:
+    plan_id, *action_ids = ids
+    _api(deployment, "POST", f"/plans/{plan_id}/approve", "operator")
+    engine = deployment["pipeline"].engine
+
+    def settled() -> bool:
+        return all(action_state(engine, a)[0] in TERMINAL for a in action_ids)
+
+    if not procs.wait_until(settled, timeout=3 * WAIT_S + 60, interval=0.5):
+        raise AssertionError(
+            "plan stuck: "
+            + "; ".join(
+                f"{a} {state} {[(s.name, s.state, s.error) for s in steps]}"
+                for a in action_ids
+                for state, steps in [action_state(engine, a)]
+            )
+            + f"\nSlurm: {slurm.squeue()}\nreservations: {slurm.reservations()}"
+        )
+    return {a: action_state(engine, a)[0] for a in action_ids}
+
+
+def test_an_approved_plan_moves_a_job_and_the_freed_node_waits_for_the_planned_start(
+    slurm: SlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """node1 and node2 are half used; a two-GPU job waits (held, as a job Shaper stopped
+    does). The plan moves the counter from node1 to node2 and starts the waiting job on
+    node1. A rival submitted once the plan is approved would take node1 the moment the
+    move frees it (the control case is in test_slurm_reservations.py): the reservations
+    keep it for the planned job, and are given back once both jobs run where planned."""
+    root: Path = deployment["root"]
+    mover, count_file = _submit_counter(slurm, root, "mover", "--nodelist=node1", gpus=1)
+    slurm.sbatch("--gres=gpu:h100:1", "--nodelist=node2", "--job-name=filler")
+    slurm.sbatch("--gres=gpu:h100:2", "--nodelist=node3", "--job-name=blocker")
+    slurm.wait_state(mover, "RUNNING")
+    assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S)
+    first = progress_of(count_file)
+    planned = slurm.sbatch("--gres=gpu:h100:2", "-H", "--job-name=planned")
+    _known_job(deployment, mover, "node1")
+    assert procs.wait_until(
+        lambda: any(
+            j["external_id"] == planned
+            for j in _api(deployment, "GET", f"/jobs?cluster={CLUSTER}", "viewer")["items"]
+        ),
+        timeout=WAIT_S,
+    )
+
+    ids = _plan(
+        deployment,
+        [
+            {"job": mover, "kind": ActionKind.reserve, "target_node": "node2",
+             "target_placement": {"node2": 1}, "counts_on": [mover]},
+            {"job": mover, "kind": ActionKind.migrate, "source_node": "node1",
+             "target_node": "node2", "source_placement": {"node1": 1},
+             "target_placement": {"node2": 1}, "after": [0, 2]},
+            {"job": planned, "kind": ActionKind.reserve, "target_node": "node1",
+             "target_placement": {"node1": 2}, "counts_on": [mover, planned]},
+            {"job": planned, "kind": ActionKind.start, "target_node": "node1",
+             "target_placement": {"node1": 2}, "after": [1, 2]},
+        ],
+    )  # fmt: skip
+    rival = slurm.sbatch("--gres=gpu:h100:2", "--job-name=rival")
+    final = _approve_plan_and_wait(deployment, ids, slurm)
+
+    assert list(final.values()) == ["succeeded"] * 4, final
+    assert slurm.job(planned)["nodelist"] == "node1"
+    assert slurm.job(mover)["nodelist"] == "node2"
+    assert slurm.job(rival)["state"] == "PENDING"
+    # The counter went on from its checkpoint on node2.
+    at_end = count_of(count_file)
+    assert next_count(count_file, at_end) > at_end
+    assert progress_of(count_file)["started_at"] == first["started_at"]
+    # Spent reservations go back to Slurm (the start's confirm, or the next upkeep).
+    assert slurm.wait_for("the reservations to be given back", lambda: not slurm.reservations())
+    assert slurm.job(planned)["state"] == "RUNNING" and slurm.job(mover)["state"] == "RUNNING"
+
+
+def test_a_planned_move_that_loses_its_target_comes_back_to_its_held_source(
+    slurm: SlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """The stranding case again, now as the cycle plans it: the move's reservation holds
+    its source as well as its target until the job runs again. The target is drained
+    after the plan was made and a rival waits for node1; the rival does not get it, the
+    move fails, and the job comes back to node1 from its checkpoint, not displaced."""
+    root: Path = deployment["root"]
+    mover, count_file = _submit_counter(slurm, root, "held-home", "--nodelist=node1")
+    slurm.wait_state(mover, "RUNNING")
+    assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S)
+    first = progress_of(count_file)
+    _known_job(deployment, mover, "node1")
+    rival = slurm.sbatch("--gres=gpu:h100:2", "--nodelist=node1", "--job-name=rival")
+    ids = _plan(
+        deployment,
+        [
+            {"job": mover, "kind": ActionKind.reserve, "target_node": "node2",
+             "target_placement": {"node2": 2}, "counts_on": [mover]},
+            {"job": mover, "kind": ActionKind.migrate, "source_node": "node1",
+             "target_node": "node2", "source_placement": {"node1": 2},
+             "target_placement": {"node2": 2}, "after": [0]},
+        ],
+    )  # fmt: skip
+    slurm.run("scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=shaper-test")
+    try:
+        final = _approve_plan_and_wait(deployment, ids, slurm)
+        reserve_id, move_id = ids[1:]
+        _state, steps = action_state(deployment["pipeline"].engine, move_id)
+        assert final == {reserve_id: "succeeded", move_id: "compensated"}, (
+            "\n".join(f"{s.phase} {s.name} {s.state} {s.error}" for s in steps)
+            + "\n"
+            + deployment["pipeline"].logs()
+        )
+        assert slurm.job(rival)["state"] == "PENDING"
+        assert slurm.wait_state(mover, "RUNNING")["nodelist"] == "node1"
+        at_home = count_of(count_file)
+        assert next_count(count_file, at_home) > at_home
+        assert progress_of(count_file)["started_at"] == first["started_at"]  # restored
+        shown = _api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")
+        (row,) = [j for j in shown["items"] if j["external_id"] == mover]
+        assert row["displaced_at"] is None
+        assert slurm.wait_for("the reservation to be given back", lambda: not slurm.reservations())
     finally:
         slurm.run("scontrol", "update", "NodeName=node2", "State=RESUME")

@@ -361,3 +361,17 @@ def test_unknown_job_state_is_reported_pending() -> None:
     document = load(SHARED / "squeue.json")
     document["jobs"][0]["job_state"] = "WARPING"
     assert parse_jobs(document, SlurmMapping())[0].report.state is JobState.pending
+
+
+def test_a_pending_job_reports_the_nodes_it_is_pinned_to_and_a_running_one_none() -> None:
+    document = load(SHARED / "squeue.json")
+    pending = copy.deepcopy(document["jobs"][0])
+    pending.update(job_id=901, job_state="PENDING", required_nodes="node[1-2]", nodes="")
+    running = copy.deepcopy(document["jobs"][0])
+    running.update(job_id=902, job_state="RUNNING", required_nodes="node1")
+    document["jobs"] = [pending, running]
+
+    jobs = {j.report.external_id: j.report for j in parse_jobs(document, SlurmMapping())}
+
+    assert jobs["901"].required_nodes == ["node1", "node2"]
+    assert jobs["902"].required_nodes == []  # where it runs is in its allocations

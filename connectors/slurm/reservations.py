@@ -1,0 +1,90 @@
+"""Slurm advanced reservations that hold a plan's GPUs for one job.
+
+Slurm 22.05 reserves nodes or cores, not GPUs (``TRES=gres/gpu`` needs slurmdbd, and GRES
+are not reservable there anyway), so Shaper reserves the job's **target nodes whole**, one
+reservation per job, named ``<prefix><job id>``:
+
+* ``IGNORE_JOBS`` — jobs already running there keep running (the plan frees them itself);
+* ``OVERLAP`` — two jobs of one plan may share a node, each in its own reservation;
+* ``FLEX`` — a job that started in the reservation survives its end. Without it Slurm
+  ends the job when the reservation ends (``ResvOverRun=0``, measured here: "Reservation
+  ended for JobId=4"), so a control plane that went away would cost the job its work.
+
+Every other pending job is kept off those nodes until the reservation goes: when its job
+runs there (the start's confirm, or the connector's upkeep sweep, detaches the job and
+deletes the reservation), when the plan gives it back (``unreserve``), or when it ends
+(its time to live). The cost is that GPUs of those nodes that the plan does not use stay
+idle for that time too; it is usually the seconds between a checkpoint and a start.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from connectors.slurm.hostlist import expand_hostlist
+
+FLAGS = "IGNORE_JOBS,OVERLAP,FLEX"
+
+
+@dataclass(frozen=True)
+class SlurmReservation:
+    name: str
+    nodes: tuple[str, ...]
+    users: tuple[str, ...]
+    state: str
+
+
+def reservation_name(prefix: str, job_id: str) -> str:
+    return f"{prefix}{job_id}"
+
+
+def job_of(prefix: str, name: str) -> str | None:
+    """The job a reservation of Shaper's holds GPUs for; None for anyone else's."""
+    return name.removeprefix(prefix) if name.startswith(prefix) else None
+
+
+def duration_minutes(ttl_s: float) -> int:
+    """Slurm counts a reservation's duration in whole minutes; never shorter than asked."""
+    return max(1, math.ceil(ttl_s / 60))
+
+
+def create_args(name: str, *, nodes: list[str], user: str, ttl_s: float) -> list[str]:
+    return [
+        "create",
+        "reservation",
+        f"ReservationName={name}",
+        "StartTime=now",
+        f"Duration={duration_minutes(ttl_s)}",
+        f"Nodes={','.join(nodes)}",
+        f"Users={user}",
+        f"Flags={FLAGS}",
+    ]
+
+
+def parse_reservations(output: str) -> list[SlurmReservation]:
+    """``scontrol show reservation --oneliner``: one ``Key=Value …`` line per reservation.
+
+    22.05 has no JSON for reservations in the CLI. Values never contain spaces except
+    ``(null)`` markers and free text we do not read, so splitting on whitespace is enough
+    for the keys used here. "No reservations in the system" gives ``[]``.
+    """
+    found: list[SlurmReservation] = []
+    for line in output.splitlines():
+        if not line.startswith("ReservationName="):
+            continue
+        fields: dict[str, str] = {}
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep:
+                fields.setdefault(key, value)
+        users = fields.get("Users", "")
+        found.append(
+            SlurmReservation(
+                name=fields["ReservationName"],
+                nodes=tuple(expand_hostlist(fields.get("Nodes", ""))),
+                users=tuple(u for u in users.split(",") if u and u != "(null)"),
+                state=fields.get("State", ""),
+            )
+        )
+    return found

@@ -1,0 +1,153 @@
+"""A plan's GPUs held on the real Slurm: advanced reservations of the target nodes.
+
+The case the issue describes: a job moves off node1 so that a two-GPU job can start there
+— one that waits held, as every job Shaper stopped does until a plan starts it — and at
+the worst moment a rival is submitted that wants the same node. Without reservations
+Slurm gives node1 to the rival (measured here: the control case); with them the rival
+waits and the planned job starts where the plan put it. Then
+the reservations are given back as soon as the jobs run, a stale plan is refused before
+anything moves, and a job in a reservation outlives it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from connectors.base import ConnectorError
+from connectors.slurm import SlurmConnector
+from tests.connectors.conftest import SlurmCluster
+
+
+def _fragmented(slurm: SlurmCluster) -> tuple[str, str, str]:
+    """node1 and node2 each half used, node3 full; a two-GPU job waits, held, for a plan."""
+    mover = slurm.sbatch("--gres=gpu:1", "-w", "node1", "-J", "mover")
+    slurm.sbatch("--gres=gpu:1", "-w", "node2", "-J", "filler")
+    slurm.sbatch("--gres=gpu:2", "-w", "node3", "-J", "blocker")
+    slurm.wait_state(mover, "RUNNING")
+    planned = slurm.sbatch("--gres=gpu:2", "-H", "-J", "planned")
+    slurm.wait_for("the planned job to wait", lambda: slurm.job(planned)["state"] == "PENDING")
+    return mover, planned, "node1"
+
+
+def _move_and_start(
+    slurm: SlurmCluster, connector: SlurmConnector, *, reserve: bool
+) -> tuple[str, str, str]:
+    mover, planned, freed = _fragmented(slurm)
+    if reserve:  # what the plan's reserve actions do, in their order
+        connector.reserve(mover, gpus={"node2": 1}, ttl_s=600, counts_on=[mover])
+        connector.reserve(planned, gpus={freed: 2}, ttl_s=600, counts_on=[mover, planned])
+    rival = slurm.sbatch("--gres=gpu:2", "-J", "rival")
+    connector.requeue(mover, nodes=["node2"])  # the move frees node1
+    slurm.wait_for(  # after cred_expire
+        "the mover to run on node2",
+        lambda: (row := slurm.job(mover))["state"] == "RUNNING" and row["nodelist"] == "node2",
+    )
+    connector.start(planned, nodes=[freed])
+    return mover, planned, rival
+
+
+@pytest.mark.slow
+def test_without_a_reservation_slurm_gives_the_freed_node_to_a_higher_priority_rival(
+    slurm: SlurmCluster,
+) -> None:
+    """The control case: what the reservations below prevent does happen."""
+    connector = slurm.connector()
+    _mover, planned, rival = _move_and_start(slurm, connector, reserve=False)
+
+    row = slurm.wait_state(rival, "RUNNING")
+    assert row["nodelist"] == "node1"
+    assert slurm.job(planned)["state"] == "PENDING"
+
+
+@pytest.mark.slow
+def test_reserved_nodes_go_to_the_planned_job_and_come_back_once_it_runs(
+    slurm: SlurmCluster,
+) -> None:
+    connector = slurm.connector()
+    mover, planned, rival = _move_and_start(slurm, connector, reserve=True)
+
+    row = slurm.wait_state(planned, "RUNNING")
+    assert row["nodelist"] == "node1"
+    assert slurm.job(mover)["nodelist"] == "node2"
+    assert slurm.job(rival)["state"] == "PENDING"
+    assert "ReqNodeList=node1" in slurm.scontrol_job(planned)
+    assert sorted(slurm.reservations()) == [f"shaper-{mover}", f"shaper-{planned}"]
+
+    # Both jobs run where the plan put them: upkeep gives their nodes back to Slurm, and
+    # they keep running outside the reservations.
+    tidied = connector.upkeep()
+    assert sorted(tidied) == sorted(
+        [
+            f"deleted reservation shaper-{mover}: job {mover} runs on node2",
+            f"deleted reservation shaper-{planned}: job {planned} runs on node1",
+        ]
+    )
+    assert slurm.reservations() == []
+    assert "Reservation=" not in slurm.scontrol_job(planned)
+    assert connector.upkeep() == []
+    assert (slurm.job(planned)["state"], slurm.job(mover)["state"]) == ("RUNNING", "RUNNING")
+
+    # Nothing holds node1 for anyone any more: the rival gets it when the planned job ends.
+    slurm.run("scancel", planned)
+    assert slurm.wait_state(rival, "RUNNING")["nodelist"] == "node1"
+
+
+@pytest.mark.slow
+def test_a_plan_made_on_a_stale_view_is_refused_before_anything_is_reserved(
+    slurm: SlurmCluster,
+) -> None:
+    connector = slurm.connector()
+    mover, planned, freed = _fragmented(slurm)
+
+    # The plan counts on nothing leaving node1, but the mover holds one of its GPUs.
+    with pytest.raises(ConnectorError) as refused:
+        connector.reserve(planned, gpus={freed: 2}, ttl_s=600, counts_on=[planned])
+    assert refused.value.retryable is False
+    assert f"cannot hold 2 GPUs on node1 for {planned}: held by {mover} (1)" in str(refused.value)
+    assert slurm.reservations() == []
+
+    with pytest.raises(ConnectorError, match="no such nodes"):
+        connector.reserve(planned, gpus={"node9": 1}, ttl_s=600)
+    with pytest.raises(ConnectorError, match="Slurm has no job 999999"):
+        connector.reserve("999999", gpus={freed: 1}, ttl_s=600)
+
+
+@pytest.mark.slow
+def test_unreserve_gives_the_nodes_back_and_upkeep_tidies_after_a_job_that_went(
+    slurm: SlurmCluster,
+) -> None:
+    connector = slurm.connector()
+    _mover, planned, freed = _fragmented(slurm)
+    connector.reserve(planned, gpus={freed: 2}, ttl_s=600)
+    assert f"Reservation=shaper-{planned}" in slurm.scontrol_job(planned)
+    connector.reserve(planned, gpus={freed: 2}, ttl_s=600)  # a resent step: same result
+    assert slurm.reservations() == [f"shaper-{planned}"]
+
+    connector.unreserve(planned)
+    assert slurm.reservations() == []
+    assert "Reservation=" not in slurm.scontrol_job(planned)
+    connector.unreserve(planned)  # nothing held: nothing to do
+
+    # A reservation whose job has gone is deleted by the next upkeep.
+    connector.reserve(planned, gpus={freed: 2}, ttl_s=600)
+    slurm.run("scancel", planned)
+    slurm.wait_for("the job to end", lambda: slurm.job(planned)["state"] == "CANCELLED")
+    assert connector.upkeep() == [f"deleted reservation shaper-{planned}: job {planned} has gone"]
+    assert slurm.reservations() == []
+
+
+@pytest.mark.slow
+def test_a_job_that_started_in_its_reservation_outlives_it(slurm: SlurmCluster) -> None:
+    """FLEX: without it Slurm ends the job with its reservation (if upkeep never came)."""
+    connector = slurm.connector()
+    job = slurm.sbatch("--gres=gpu:2", "-H", "-J", "held")
+    connector.reserve(job, gpus={"node3": 2}, ttl_s=60)  # the shortest Slurm allows: 1 min
+    connector.start(job, nodes=["node3"])
+    assert slurm.wait_state(job, "RUNNING")["nodelist"] == "node3"
+    slurm.wait_for(
+        "the reservation to end",
+        lambda: "State=INACTIVE" in slurm.run("scontrol", "show", "reservation", "--oneliner"),
+        timeout=90,
+    )
+    assert slurm.job(job)["state"] == "RUNNING"
+    assert connector.upkeep() == [f"deleted reservation shaper-{job}: job {job} runs on node3"]
