@@ -167,9 +167,11 @@ def token_create(
 @token_cli.command("list")
 def token_list() -> None:
     """List tokens (never their secrets)."""
+    from app.bootstrap import prepare_database
     from app.core.db import get_engine
     from app.tokens import service
 
+    prepare_database(get_settings())
     with Session(get_engine()) as session:
         for token in service.list_tokens(session=session):
             state = "revoked" if token.revoked_at else "active"
@@ -207,6 +209,7 @@ def audit(
 
     from app.audit import service
     from app.audit.service import AuditObject
+    from app.bootstrap import prepare_database
     from app.core.db import get_engine
     from app.core.errors import Invalid
 
@@ -218,6 +221,7 @@ def audit(
             f"{', '.join(o.value for o in AuditObject)}"
         )
         raise typer.Exit(2) from None
+    prepare_database(get_settings())  # a fresh data directory has an empty log, not an error
     with Session(get_engine()) as session:
         try:
             page = service.list_records(
