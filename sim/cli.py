@@ -16,14 +16,23 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from sim.inflation import ALL_POLICIES as INFLATION_POLICIES
-from sim.inflation import POLICIES as PLACEMENTS
-from sim.inflation import (
+from sim.fgd import ALL_POLICIES as INFLATION_POLICIES
+from sim.fgd import (
+    MOVABLE,
+    TIE_BREAKS,
     InflationResult,
     SeedSpread,
     compare_to_baselines,
     run_inflation,
     spread_over_seeds,
+)
+from sim.fgd import POLICIES as PLACEMENTS
+from sim.fgd.report import (
+    result_rows,
+    results_markdown,
+    results_table,
+    seed_spread_json,
+    seed_spread_markdown,
 )
 from sim.metrics import RunResult
 from sim.report import (
@@ -356,29 +365,11 @@ def replay(
 
 
 def _print_seed_spread(spreads: list[SeedSpread], seeds: list[int], out: Path | None) -> None:
-    """The Markdown table of ``shaper sim inflation --seeds``."""
-    lines = [
-        f"seeds {', '.join(map(str, seeds))}: median over them",
-        "",
-        "| policy | unallocated GPUs, median | min-max | vs best baseline, median "
-        "| preempted, median | migrations, median |",
-        "|" + "---|" * 6,
-    ]
-    for sp in spreads:
-        cut = (
-            f"{-100 * sp.median_reduction + 0.0:+.1f} %" if sp.median_reduction is not None else "-"
-        )
-        lines.append(
-            f"| {sp.policy} | {sp.median_unallocated:.1f} | {sp.min_unallocated:.1f}-"
-            f"{sp.max_unallocated:.1f} | {cut} | {sp.median_preempted:.0f} "
-            f"| {sp.median_migrations:.0f} |"
-        )
-    console.print("\n".join(lines), markup=False, soft_wrap=True)
+    """The Markdown table of ``shaper sim inflation --seeds``, and its JSON in ``out``."""
+    console.print(seed_spread_markdown(spreads, seeds), markup=False, soft_wrap=True)
     if out is not None:
-        from dataclasses import asdict
-
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"seeds": seeds, "policies": [asdict(x) for x in spreads]}))
+        out.write_text(seed_spread_json(spreads, seeds))
         console.print(f"results: {out}")
 
 
@@ -411,8 +402,6 @@ def inflation(
     progress: ProgressOpt = True,
 ) -> None:
     """The FGD workload-inflation experiment: unallocated GPUs per placement policy."""
-    from rich.table import Table
-
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in INFLATION_POLICIES]
     if unknown:
@@ -423,9 +412,9 @@ def inflation(
         node_list = alibaba_node_list(pods, nodes)
     except TraceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--nodes") from exc
-    if movable not in ("be", "all"):
+    if movable not in MOVABLE:
         raise typer.BadParameter("be or all", param_hint="--movable")
-    if tie_break not in ("name", "random"):
+    if tie_break not in TIE_BREAKS:
         raise typer.BadParameter("name or random", param_hint="--tie-break")
     if placement not in PLACEMENTS:
         raise typer.BadParameter(f"unknown placement {placement!r}", param_hint="--placement")
@@ -464,49 +453,10 @@ def inflation(
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
     # Per policy: the largest cut against the best baseline at the same arrival ratio.
     best = compare_to_baselines(results)
-    table = Table(title=f"workload inflation to {target:.0%} of GPU capacity (seed {seed})")
-    for column in (
-        "policy",
-        "unallocated GPUs",
-        "vs best baseline",
-        "largest cut on curve (at)",
-        "unalloc. at 100 %",
-        "frag. share of idle",
-        "GPUs in use",
-        "pods failed",
-        "migrations",
-        "preempted",
-    ):
-        table.add_column(column, justify="right")
-    rows = []
-    for r in results:
-        versus = (
-            f"{100 * (r.unallocated_gpus / best.unallocated_gpus - 1):+.1f} %"
-            if best and best.unallocated_gpus
-            else "-"
-        )
-        row = (
-            r.policy,
-            f"{r.unallocated_gpus:.1f} of {r.capacity_gpus:.0f}",
-            versus,
-            f"{100 * r.best_reduction:+.1f} % ({100 * r.best_reduction_at:.0f} %)"
-            if r.best_reduction is not None and r.best_reduction_at is not None
-            else "-",
-            f"{at_100:.1f}" if (at_100 := r.unallocated_at(1.0)) is not None else "-",
-            f"{100 * r.fragmented_share:.1f} %",
-            f"{r.whole_gpus_allocated}",
-            f"{r.pods_failed} of {r.pods_arrived}",
-            f"{r.migrations}",
-            f"{r.preempted}",
-        )
-        table.add_row(*row)
-        rows.append(row)
-    console.print(table)
+    rows = result_rows(results, best)
+    console.print(results_table(rows, target=target, seed=seed))
     if markdown:
-        lines = ["| " + " | ".join(c.header for c in table.columns) + " |"]
-        lines.append("|" + "---|" * len(table.columns))
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        console.print("\n".join(lines), markup=False, soft_wrap=True)
+        console.print(results_markdown(rows), markup=False, soft_wrap=True)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps([r.to_json() for r in results], indent=1))

@@ -11,7 +11,7 @@ Pods (``openb_pod_list_*.csv``) → :class:`~sim.workload.BlockJob`:
   (pods never scheduled or with no deletion time use ``creation_time`` and the trace end);
 * ``num_gpu`` → ``gpus``; ``gpu_milli`` (share of one GPU for a GPU-sharing pod) is kept
   on the job; the replay engine allocates whole GPUs, so a 460-milli pod holds one GPU —
-  the fractional-GPU experiment is ``sim.inflation``;
+  the fractional-GPU experiment is ``sim.fgd``;
 * ``gpu_spec`` (``A|B``, empty = any) → allowed GPU models;
 * ``qos`` → priority and preemptibility: ``Guaranteed`` 4, ``LS`` (latency-sensitive) 3,
   ``Burstable`` 2, ``BE`` (best effort) 1; only BE pods are preemptible and checkpointable

@@ -1,11 +1,13 @@
 """What every trace loader shares: the options to window, scale and subsample a trace, the
-error a loader raises, the homogeneous cluster of a trace without nodes, and the step from
-a list of jobs to a :class:`Workload`."""
+error a loader raises and the check of a CSV header, the homogeneous cluster of a trace
+without nodes, and the step from a list of jobs to a :class:`Workload`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +32,18 @@ class TraceError(ValueError):
     def __init__(self, message: str, *, about: TraceInput = TraceInput.TRACE) -> None:
         super().__init__(message)
         self.about = about
+
+
+def require_header(
+    path: str | Path, fieldnames: Sequence[str] | None, columns: Sequence[str], *, source: str = ""
+) -> None:
+    """Refuse a CSV whose header lacks any of ``columns``, naming the missing ones (sorted)
+    and the ones found; ``source`` (e.g. ``"a Philly trace"``) says what the file is not."""
+    found = list(fieldnames or ())
+    missing = set(columns) - set(found)
+    if missing:
+        not_source = f"not {source}, " if source else ""
+        raise TraceError(f"{path}: {not_source}missing columns {sorted(missing)} (found {found})")
 
 
 @dataclass(frozen=True, slots=True)

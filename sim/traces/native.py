@@ -34,6 +34,7 @@ from sim.traces.common import (
     TraceOptions,
     homogeneous_cluster,
     make_workload,
+    require_header,
     shape_jobs,
 )
 from sim.workload import BlockJob, GpuModel, JobKind, Node, Service, Workload, service_from_record
@@ -137,12 +138,7 @@ def load_native(path: str | Path, options: TraceOptions | None = None) -> Worklo
     else:
         with open(path, newline="") as handle:
             reader = csv.DictReader(handle)
-            missing = set(REQUIRED) - set(reader.fieldnames or ())
-            if missing:
-                raise TraceError(
-                    f"{path}: missing columns {sorted(missing)} "
-                    f"(found {list(reader.fieldnames or ())})"
-                )
+            require_header(path, reader.fieldnames, REQUIRED)
             jobs = [
                 job_from_record(row, options, f"{path}:{line}")
                 for line, row in enumerate(reader, start=2)

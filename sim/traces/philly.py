@@ -33,6 +33,7 @@ from sim.traces.common import (
     TraceOptions,
     homogeneous_cluster,
     make_workload,
+    require_header,
     shape_jobs,
 )
 from sim.workload import BlockJob, JobKind, Workload
@@ -53,12 +54,7 @@ def read_philly(
     jobs: list[BlockJob] = []
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = set(COLUMNS) - set(reader.fieldnames or ())
-        if missing:
-            raise TraceError(
-                f"{path}: not a Philly trace, missing columns {sorted(missing)} "
-                f"(found {list(reader.fieldnames or ())})"
-            )
+        require_header(path, reader.fieldnames, COLUMNS, source="a Philly trace")
         for line, row in enumerate(reader, start=2):
             try:
                 submit = datetime.fromisoformat(row["timestamp"]).replace(tzinfo=UTC).timestamp()

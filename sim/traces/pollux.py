@@ -29,6 +29,7 @@ from sim.traces.common import (
     TraceOptions,
     homogeneous_cluster,
     make_workload,
+    require_header,
     shape_jobs,
 )
 from sim.workload import BlockJob, JobKind, Workload
@@ -51,12 +52,7 @@ def read_pollux(path: str | Path, options: TraceOptions) -> list[BlockJob]:
     jobs: list[BlockJob] = []
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = set(COLUMNS) - set(reader.fieldnames or ())
-        if missing:
-            raise TraceError(
-                f"{path}: not a Pollux workload, missing columns {sorted(missing)} "
-                f"(found {list(reader.fieldnames or ())})"
-            )
+        require_header(path, reader.fieldnames, COLUMNS, source="a Pollux workload")
         for line, row in enumerate(reader, start=2):
             try:
                 gpus = int(row["num_replicas"])

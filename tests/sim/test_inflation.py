@@ -10,21 +10,21 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.cli import sim_app
-from sim.inflation import (
+from sim.fgd import (
     ALL_POLICIES,
     FULL,
     Cluster,
     InflationResult,
     Pod,
     TaskMix,
-    _preempt_for,
-    _workload,
     compare_to_baselines,
     read_pods,
     run_inflation,
     select_node,
     spread_over_seeds,
 )
+from sim.fgd.preemption import preempt_for
+from sim.fgd.workload import inflated_workload
 from sim.traces import TraceError, TraceInput
 
 DATA = Path(__file__).parent / "data"
@@ -160,7 +160,7 @@ def test_typical_pods_by_count_with_cpu_pods() -> None:
 
 def test_workload_every_pod_then_draws() -> None:
     pods = [Pod(1000, 1, 1, 500, (), False), Pod(1000, 1, 2, FULL, (), False)] * 5
-    order = _workload(pods, capacity=20_000, target=1.3, rng=np.random.default_rng(1))
+    order = inflated_workload(pods, capacity=20_000, target=1.3, rng=np.random.default_rng(1))
     assert sorted(map(id, order[:10])) == sorted(map(id, pods))  # each pod once, first
     total = sum(p.gpu_request for p in order)
     assert 26_000 - 2 * FULL < total <= 26_000
@@ -220,13 +220,13 @@ def test_preemption_by_hand(tmp_path: Path) -> None:
     before = cluster.allocated_milli()
     # A whole GPU is wanted: GPU 0 of A once the 300-milli best-effort pod leaves (it fits
     # nowhere else: preempted). GPU 1 keeps its latency-sensitive pod.
-    assert _preempt_for(cluster, whole, rng, mix, "best-fit") == (0, 1)
+    assert preempt_for(cluster, whole, rng, mix, "best-fit") == (0, 1)
     assert cluster.allocated_milli() == before - 300 + FULL
     assert [p for p, _ in cluster.hosted[0]] == [ls_half, big_be, whole]
     check_cluster(cluster)
     # No GPU free of latency-sensitive work is left: two whole GPUs cannot be had.
     two = Pod(cpu=2000, mem=1, gpus=2, milli=FULL, models=(), checkpointable=False)
-    assert _preempt_for(cluster, two, rng, mix, "best-fit") is None
+    assert preempt_for(cluster, two, rng, mix, "best-fit") is None
     check_cluster(cluster)
 
 

@@ -14,9 +14,11 @@ from sim.traces import (
     TraceInput,
     TraceOptions,
     detect_kind,
+    load_native,
     load_trace,
     open_trace,
     read_philly,
+    read_pollux,
 )
 from sim.traces.alibaba import QOS_PRIORITY, read_alibaba_nodes, read_alibaba_pods
 from sim.traces.gavel import SPEED
@@ -192,6 +194,33 @@ def test_bad_files_say_where(tmp_path: Path) -> None:
     unknown.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="cannot tell"):
         load_trace(unknown)
+
+
+def test_a_csv_without_the_columns_names_them(tmp_path: Path) -> None:
+    # Philly, Pollux and Shaper's CSV share one header check: the missing columns (sorted),
+    # the ones found, and for a source's own loader what the file is not.
+    half = tmp_path / "half.csv"
+    half.write_text("name,time\nj1,0\n")
+    with pytest.raises(TraceError) as philly:
+        read_philly(half, TraceOptions())
+    assert str(philly.value) == (
+        f"{half}: not a Philly trace, missing columns "
+        "['cluster', 'duration', 'gpu_time', 'num_gpus', 'timestamp'] (found ['name', 'time'])"
+    )
+    with pytest.raises(TraceError) as pollux:
+        read_pollux(half, TraceOptions())
+    assert str(pollux.value) == (
+        f"{half}: not a Pollux workload, missing columns ['application', 'num_replicas'] "
+        "(found ['name', 'time'])"
+    )
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(TraceError) as native:
+        load_native(empty)
+    assert str(native.value) == (
+        f"{empty}: missing columns ['duration_s', 'gpus', 'id', 'submit_s'] (found [])"
+    )
+    assert philly.value.about is pollux.value.about is native.value.about is TraceInput.TRACE
 
 
 def test_an_unknown_format_names_the_known_ones(tmp_path: Path) -> None:
