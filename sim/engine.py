@@ -188,7 +188,9 @@ class Segment:
 def default_drain_span(workload: Workload) -> float:
     """How long after the horizon a drain may go on by default (see ``DRAIN_CAP_MIN_S``)."""
     jobs = [j for j in workload.jobs if j.submit_time <= workload.horizon]
-    slowest = min((m.speed for m in workload.gpu_models.values()), default=1.0) or 1.0
+    speeds = [m.speed for m in workload.gpu_models.values()]
+    speeds += [speed for j in jobs for _, speed in j.speeds]
+    slowest = min(speeds, default=1.0) or 1.0
     packed = sum(j.work * j.gpus for j in jobs) / max(1, workload.total_gpus)
     longest = max((j.work for j in jobs), default=0.0)
     return max(DRAIN_CAP_MIN_S, 3 * workload.horizon, (4 * packed + longest) / slowest)
@@ -615,9 +617,11 @@ class Simulation:
             begin + remaining / state.rate, EventKind.COMPLETION, state.spec.id, state.version
         )
 
-    def _rate(self, placement: dict[str, tuple[int, ...]]) -> float:
+    def _rate(self, job: BlockJob, placement: dict[str, tuple[int, ...]]) -> float:
+        """A gang runs at its slowest GPU: the least, over the models it holds, of the job's
+        speed there (its own, else the model's)."""
         models = self.workload.gpu_models
-        return min(models[self.nodes[node].spec.gpu_model].speed for node in placement)
+        return min(job.speed_on(models[self.nodes[node].spec.gpu_model]) for node in placement)
 
     # ------------------------------------------------------------ GPU owners
     def _take(self, node: NodeState, count: int, owner: str, kind: str) -> tuple[int, ...]:
@@ -831,7 +835,7 @@ class Simulation:
             name: self._take(self.nodes[name], count, state.spec.id, state.spec.kind.value)
             for name, count in placement.items()
         }
-        state.rate = self._rate(state.placement)
+        state.rate = self._rate(state.spec, state.placement)
         state.updated_at = self.now
         state.run_start = self.now
         state.held_since = self.now

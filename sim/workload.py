@@ -7,7 +7,9 @@ Units:
 
 * time: seconds from the start of the simulation (``t = 0``);
 * work of a block job: seconds of run time on its full gang of GPUs of the reference
-  speed (``speed = 1.0``); on a model with ``speed = s`` it runs ``s`` times faster;
+  speed (``speed = 1.0``); on a model with ``speed = s`` it runs ``s`` times faster, unless
+  the job names its own speed on that model (``BlockJob.speeds``: jobs gain differently
+  from a faster GPU, as Gavel measured per job type);
 * GPU fractions (Alibaba): ``gpu_milli`` per GPU, 1000 = a whole GPU.
 """
 
@@ -62,9 +64,20 @@ class BlockJob:
     gpu_milli: int = 1000
     cpu_milli: int = 0
     memory_mib: int = 0
+    # This job's own speed on some GPU models, as (model, speed) pairs in the units of
+    # ``GpuModel.speed``; a model not listed runs it at the model's speed. Empty for traces
+    # that carry no per-job speeds.
+    speeds: tuple[tuple[str, float], ...] = ()
 
     def can_run_on(self, gpu_model: str) -> bool:
         return not self.gpu_models or gpu_model in self.gpu_models
+
+    def speed_on(self, model: GpuModel) -> float:
+        """How fast this job runs on ``model``: its own speed there, else the model's."""
+        for name, speed in self.speeds:
+            if name == model.name:
+                return speed
+        return model.speed
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +209,11 @@ class Workload:
             unknown = set(job.gpu_models) - set(self.gpu_models)
             if unknown:
                 raise ValueError(f"job {job.id}: unknown GPU models {sorted(unknown)}")
+            unknown = {name for name, _ in job.speeds} - set(self.gpu_models)
+            if unknown:
+                raise ValueError(f"job {job.id}: speeds on unknown GPU models {sorted(unknown)}")
+            if any(speed <= 0 for _, speed in job.speeds):
+                raise ValueError(f"job {job.id}: speeds must be positive")
         for event in self.node_events:
             if event.node not in names:
                 raise ValueError(f"node event at {event.time}: unknown node {event.node!r}")

@@ -13,6 +13,9 @@ Fields → workload model:
 
 * job type (``ResNet-50 (batch size 64)``) → its throughputs
   (:mod:`sim.traces.gavel_throughputs`), and ``team`` = the model family (``ResNet-50``);
+* the job type's throughput on each model over its V100 throughput → ``speeds``, the job's
+  own speed on each model (ResNet-18 with batch size 256 runs at 0.08 on a K80, LM with
+  batch size 5 at 0.23), so that its progress on each GPU comes from its own type;
 * total steps ÷ the job type's V100 throughput → ``work``, the run time at reference speed:
   the V100 is the reference because Gavel's own generator turns a run time into steps with
   the V100 throughput (``reference_worker_type='v100'``);
@@ -25,9 +28,11 @@ Fields → workload model:
 
 Where the workload model differs from Gavel's:
 
-* heterogeneity: Gavel's point is that each job type gains differently from a faster GPU;
-  the workload model has one speed per GPU model. Each model's speed is the geometric
-  mean, over the job types, of its throughput over the V100's (P100 ≈ 0.58, K80 ≈ 0.22).
+* heterogeneity: Gavel's point is that each job type gains differently from a faster GPU.
+  The simulation runs each job at its own type's speed (``BlockJob.speeds``), but the
+  solver's instance has one speed per GPU model: each model's ``GpuModel.speed`` is the
+  geometric mean, over the job types, of its throughput over the V100's (P100 ≈ 0.58,
+  K80 ≈ 0.22), so Shaper plans with that mean while the jobs progress at their own speed.
 * multi-GPU jobs: the table has one-GPU throughputs; a job of scale factor s without its
   own row is taken to run s times faster than on one GPU (linear scaling). Gavel measured
   less (e.g. about 0.65 of linear for Transformer on 8 K80s), so such jobs run shorter here
@@ -158,6 +163,11 @@ def read_gavel(path: str | Path, options: TraceOptions) -> list[BlockJob]:
             except (ValueError, KeyError) as exc:
                 raise TraceError(f"{path}:{index + 1}: {exc.args[0]}") from exc
             fits = tuple(m for m, value in zip(MODELS, throughputs, strict=True) if value > 0)
+            speeds = tuple(
+                (model, value / throughputs[0])
+                for model, value in zip(MODELS, throughputs, strict=True)
+                if value > 0
+            )
             jobs.append(
                 BlockJob(
                     id=f"gavel-{len(jobs)}",
@@ -171,6 +181,7 @@ def read_gavel(path: str | Path, options: TraceOptions) -> list[BlockJob]:
                     checkpoint_interval=options.checkpoint_interval_h * 3600.0,
                     image_gb=options.image_gb,
                     team=parsed.job_type.split(" (")[0],
+                    speeds=speeds,
                 )
             )
     return shape_jobs(jobs, options)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.actions import Migrate, Preempt, Resize, Start
@@ -142,6 +144,51 @@ def test_faster_model_finishes_sooner() -> None:
     )
     sim = run(wl, {0: [Start("a", {"fast": 1})]})
     assert sim.jobs["a"].end_time == pytest.approx(2 * HOUR)
+
+
+def test_a_job_s_own_speed_on_a_model_beats_the_model_s() -> None:
+    # A job type 3x faster on V100 than on K80, on a cluster whose K80 has the mean speed
+    # 0.5: 3 h of reference work takes 3 h on a V100 and 9 h on a K80 (not the 6 h the
+    # model's speed gives); a job without its own speeds keeps the model's 6 h.
+    own = (("V100", 1.0), ("K80", 1 / 3))
+    jobs = [replace(job(name, gpus=1, hours=3), speeds=own) for name in ("on-v100", "on-k80")] + [
+        job("plain", gpus=1, hours=3),
+        replace(job("gang", gpus=2, hours=3), speeds=own),
+    ]
+    wl = workload(
+        jobs,
+        model="V100",
+        extra_models=(GpuModel(name="K80", speed=0.5),),
+        nodes=(("v", 4), ("k", 4)),
+        node_models={"k": "K80"},
+        horizon_h=12,
+    )
+    sim = run(
+        wl,
+        {
+            0: [
+                Start("on-v100", {"v": 1}),
+                Start("on-k80", {"k": 1}),
+                Start("plain", {"k": 1}),
+                # A gang across both models runs at its slowest GPU: the K80, at 1/3.
+                Start("gang", {"v": 1, "k": 1}),
+            ]
+        },
+    )
+    ends = {name: sim.jobs[name].end_time for name in ("on-v100", "on-k80", "plain", "gang")}
+    assert ends == pytest.approx(
+        {"on-v100": 3 * HOUR, "on-k80": 9 * HOUR, "plain": 6 * HOUR, "gang": 9 * HOUR}
+    )
+    assert ends["on-k80"] / ends["on-v100"] == pytest.approx(3.0)
+
+
+def test_speeds_on_unknown_models_or_not_positive_are_refused() -> None:
+    unknown = workload([replace(job("a", gpus=1, hours=1), speeds=(("H200", 2.0),))])
+    with pytest.raises(ValueError, match=r"job a: speeds on unknown GPU models \['H200'\]"):
+        unknown.validate()
+    zero = workload([replace(job("a", gpus=1, hours=1), speeds=(("A100", 0.0),))])
+    with pytest.raises(ValueError, match="job a: speeds must be positive"):
+        zero.validate()
 
 
 def test_node_failure_evicts_and_loses_unsaved_work() -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sim.actions import Start
+from sim.engine import Simulation
 from sim.run import simulate
 from sim.traces import (
     TraceError,
@@ -25,6 +27,8 @@ from sim.traces.gavel import SPEED
 from sim.traces.gavel_throughputs import STEPS_PER_SECOND
 from sim.traces.pollux import APPLICATION_GPU_HOURS
 
+from .builders import ScriptedPlanner, at
+
 DATA = Path(__file__).parent / "data"
 PHILLY = DATA / "philly-sample.csv"
 POLLUX = DATA / "pollux-workload-1.csv"
@@ -32,6 +36,7 @@ NODES = DATA / "alibaba-nodes-sample.csv"
 PODS = DATA / "alibaba-pods-sample.csv"
 RESOURCE_PODS = DATA / "alibaba-pods-resources-only.csv"
 GAVEL = DATA / "gavel-artifact-evaluation.trace"
+HOUR_S = 3600.0
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -318,6 +323,34 @@ def test_gavel_formats_and_constraints(tmp_path: Path) -> None:
     short.write_text(line("A3C", 10, 1, 0) + "A3C\tpython3\t1\n")
     with pytest.raises(TraceError, match="short.trace:2: 3 tab-separated fields, not 10"):
         load_trace(short, kind="gavel")
+
+
+def test_gavel_jobs_progress_at_their_own_job_type_s_speed(tmp_path: Path) -> None:
+    # Two job types, each one hour of work on a V100; on a K80 each runs at its own type's
+    # throughput over its V100 throughput, not the K80's mean over all types.
+    types = ("ResNet-18 (batch size 256)", "LM (batch size 5)")
+    fields = [[t, "cmd", "dir", "--steps", "0", "", "1", "1", "-1", "0"] for t in types]
+    for row, job_type in zip(fields, types, strict=True):
+        row[5] = repr(STEPS_PER_SECOND[(job_type, 1)][0] * HOUR_S)
+    trace = tmp_path / "two.trace"
+    trace.write_text("".join("\t".join(row) + "\n" for row in fields))
+    wl = load_trace(trace, kind="gavel")
+    resnet, lm = wl.jobs
+    for job, job_type in ((resnet, types[0]), (lm, types[1])):
+        v100, p100, k80 = STEPS_PER_SECOND[(job_type, 1)]
+        assert job.work == pytest.approx(HOUR_S)
+        assert job.speeds == (("V100", 1.0), ("P100", p100 / v100), ("K80", k80 / v100))
+    planner = ScriptedPlanner(
+        at({0: [Start(resnet.id, {"k80-000": 1}), Start(lm.id, {"k80-001": 1})]})
+    )
+    sim = Simulation(wl, planner, check_invariants=True).run()
+    for job, job_type in ((resnet, types[0]), (lm, types[1])):
+        v100, _, k80 = STEPS_PER_SECOND[(job_type, 1)]
+        assert sim.jobs[job.id].end_time == pytest.approx(HOUR_S * v100 / k80)
+    # ResNet-18 (256) gains 12.7x from a V100 over a K80, LM (5) 4.4x; the K80's mean
+    # speed (about 0.22) would have made both take about 4.6 h.
+    assert sim.jobs[resnet.id].end_time / HOUR_S == pytest.approx(12.70, abs=0.01)
+    assert sim.jobs[lm.id].end_time / HOUR_S == pytest.approx(4.37, abs=0.01)
 
 
 def test_gavel_replay_runs_on_three_models() -> None:
