@@ -1,10 +1,11 @@
 """The connector's action worker: saga steps for the scheduler, on Celery queue connector.<cluster>.
 
-The control plane (app/actions/saga.py) sends a scheduler-level step as the one keyword
-argument ``step`` of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>``
-and waits for a :class:`StepReport` as the keyword argument ``report`` of
-``step["reply_task"]`` on ``step["reply_queue"]``, sent with the connector's API token
-(scope ``connector:<cluster>``). Neither side imports the other; the dicts are the contract.
+The control plane (app/actions/saga.py) sends a scheduler-level step (a
+``wire.steps.StepRequest``, one of ``ConnectorStep``) as the one keyword argument ``step``
+of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and waits for a
+:class:`StepReport` as the keyword argument ``report`` of ``step["reply_task"]`` on
+``step["reply_queue"]``, sent with the connector's API token (scope
+``connector:<cluster>``). Neither side imports the other; ``wire`` is the contract.
 
 :class:`ConnectorStepExecutor` maps a step onto the connector's capability protocols:
 
@@ -16,9 +17,7 @@ and waits for a :class:`StepReport` as the keyword argument ``report`` of
   or pending one (the scheduler starts it when it fits, where it chooses);
 * ``confirm`` → a read: the job runs on ``args["nodes"]`` (``expect: running``) or runs
   nowhere (``expect: stopped``); "not yet" is a retryable failure naming what was seen, so
-  the control plane polls until it holds or gives up with the observed state; a confirmed
-  start runs the connector's ``upkeep`` (``SupportsUpkeep``), which gives back a
-  reservation spent by it;
+  the control plane polls until it holds or gives up with the observed state;
 * ``reserve`` → ``reserve(gpus=args["gpus"], ttl_s=args["ttl_s"])``, ``unreserve`` →
   ``unreserve`` (``SupportsReservation``);
 * ``resume`` → ``resume`` when the scheduler reports the job suspended, nothing when it
@@ -36,9 +35,8 @@ with outcome ``duplicate`` without touching the scheduler. Failures that may pas
 retry (a retryable :class:`ConnectorError`: scheduler down) are not journalled, so the
 control plane's resend runs the step again.
 
-The executor knows nothing of Celery; :func:`make_connector_app` and :func:`run_worker`
-wrap it in a Celery worker with the settings node agents use too
-(``connectors.base.make_executor_app``).
+The executor knows nothing of Celery; the connector runner serves its :meth:`handle` with
+``wire.executor``, the same worker runtime node agents use.
 """
 
 from __future__ import annotations
@@ -48,19 +46,13 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
 from connectors.base import (
     ConnectorError,
-    JobReport,
-    JobState,
-    Outcome,
-    StepReport,
-    StepRequest,
     SupportsCancel,
     SupportsHold,
     SupportsNodeCount,
@@ -69,13 +61,10 @@ from connectors.base import (
     SupportsResize,
     SupportsStart,
     SupportsSuspend,
-    SupportsUpkeep,
-    make_executor_app,
-    run_executor_worker,
 )
-
-if TYPE_CHECKING:
-    from celery import Celery
+from wire.queues import connector_queue
+from wire.steps import ConnectorStep, Outcome, StepReport, StepRequest
+from wire.telemetry import JobReport, JobState
 
 log = logging.getLogger(__name__)
 
@@ -84,26 +73,8 @@ STATE_DIR_ENV = "SHAPER_CONNECTOR_STATE_DIR"
 MAX_REMEMBERED_STEPS = 10_000
 
 
-class ConnectorStep(StrEnum):
-    start = "start"
-    confirm = "confirm"
-    reserve = "reserve"
-    unreserve = "unreserve"
-    resume = "resume"
-    requeue = "requeue"
-    resize = "resize"
-    hold = "hold"
-    release = "release"
-    suspend = "suspend"
-    cancel = "cancel"
-
-
 class _Refused(Exception):
     """The step cannot run here; nothing was done."""
-
-
-def connector_queue(cluster: str) -> str:
-    return f"connector.{cluster}"
 
 
 def default_state_dir(cluster: str) -> Path:
@@ -343,14 +314,6 @@ class ConnectorStepExecutor:
             goal = "stopped"
         if not ok:
             raise ConnectorError(f"{seen}; expected {goal}", retryable=True)
-        if expect == "running" and isinstance(self.connector, SupportsUpkeep):
-            # The job runs where the plan put it: what was held for it goes back at once
-            # (or at the deployment's next upkeep, if the scheduler refuses it now).
-            try:
-                for line in self.connector.upkeep():
-                    log.info("%s", line)
-            except ConnectorError as error:
-                log.warning("upkeep after confirming job %s: %s", workload_id, error)
         return self._done(seen, workload_id, state=job.state.value, nodes=where)
 
     def _reserve(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -436,28 +399,3 @@ def _names(args: dict[str, Any], field: str) -> list[str] | None:
     if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
         raise _Refused(f"args.{field} must be a list of node names, got {value!r}")
     return value
-
-
-# -- Celery -----------------------------------------------------------------------------
-
-
-def make_connector_app(
-    *, broker: str, cluster: str, executor: ConnectorStepExecutor, token: str
-) -> Celery:
-    """token: the connector's API token (scope connector:<cluster>); the control plane
-    accepts a step's answer only from the cluster the step was sent to."""
-    return make_executor_app(
-        name=f"shaper-connector-{cluster}",
-        broker=broker,
-        queue=connector_queue(cluster),
-        task_names=[f"shaper.connector.{step.value}" for step in ConnectorStep],
-        handle=executor.handle,
-        token=token,
-        # The runner prints its own fatal errors to stderr after the worker stops.
-        redirect_stdouts=False,
-    )
-
-
-def run_worker(app: Celery, *, cluster: str, loglevel: str = "INFO") -> None:
-    """Serve connector.<cluster> in this thread until SIGTERM/SIGINT (a warm shutdown)."""
-    run_executor_worker(app, queue=connector_queue(cluster), loglevel=loglevel)

@@ -4,8 +4,9 @@ Every step is a message to the one process that can do it — the node agent of 
 (``agent.<cluster>.<node>``) for process-level steps, the cluster's connector
 (``connector.<cluster>``) for scheduler-level ones — and its state lives in ``action_steps``.
 Executors answer with a report (``app.actions.tasks.report``) that names the step's
-idempotency key. :func:`advance` runs on every event (approval, a report, the periodic
-sweep), in phases:
+idempotency key. The message, the report, the step names and the queue names are the
+ones in ``wire`` (``wire.steps``, ``wire.queues``), which the executors import too.
+:func:`advance` runs on every event (approval, a report, the periodic sweep), in phases:
 
 1. **Lock** the action row (``SELECT … FOR UPDATE``): one advance at a time per action,
    whichever worker runs it.
@@ -32,7 +33,7 @@ Migrate, for a job on node S moving to node T (generation G):
 there and fences T against the old generation) → ``restore@S`` (a no-op when the job still
 runs at S, else from the checkpoint it left there).
 
-On a cluster whose scheduler owns where jobs run (Slurm: ``SCHEDULER_OWNED``) the job
+On a cluster whose scheduler owns where jobs run (Slurm: ``schedulers.places_itself``) the job
 cannot move behind the scheduler's back. The image is *staged* on the target and the
 scheduler is asked to requeue the job pinned there; when it starts the job, the job's
 ``shaper agent exec --wait`` restores it from the image (agent.resume):
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -64,31 +65,40 @@ from app.actions.models import (
     ActionState,
     ActionStep,
     ActionStepPublic,
-    StepPhase,
     StepState,
 )
+from app.actions.schedulers import places_itself
 from app.clusters.models import Cluster
 from app.core.config import DEFAULT_SCHEDULER_START_WAIT_S
 from app.core.errors import Conflict, NotFound
 from app.core.security import Principal
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
-from connectors.base import JobState, SchedulerKind
+from wire.queues import (
+    CONTROL_QUEUE,
+    REPLY_TASK,
+    agent_queue,
+    connector_queue,
+    executor_scope,
+    is_agent_queue,
+    is_connector_queue,
+    step_task,
+)
+from wire.steps import AgentStep, ConnectorStep, StepPhase, StepReport, StepRequest
+from wire.telemetry import JobState
 
 log = logging.getLogger(__name__)
 
-REPORT_TASK = "app.actions.tasks.report"
-CONTROL_QUEUE = "control"
 MAX_ATTEMPTS = 3
 SCHEDULER_START_WAIT_S = DEFAULT_SCHEDULER_START_WAIT_S  # SHAPER_SCHEDULER_START_WAIT_S
 # How long a step may stay unanswered before it is sent again (the executor deduplicates).
 # (A confirm after a stage waits for the scheduler, so it gets longer: see _timeout.)
-STEP_TIMEOUT_S = {"checkpoint": 600.0, "restore": 300.0, "transfer": 600.0}
+STEP_TIMEOUT_S: dict[str, float] = {
+    AgentStep.checkpoint: 600.0,
+    AgentStep.restore: 300.0,
+    AgentStep.transfer: 600.0,
+}
 DEFAULT_STEP_TIMEOUT_S = 120.0
-# Schedulers that decide where a job runs: their jobs move by requeue, not behind them.
-SCHEDULER_OWNED = frozenset({SchedulerKind.slurm})
-# Schedulers whose connector holds GPUs for a job (connectors.base.SupportsReservation).
-RESERVING = frozenset({SchedulerKind.sim, SchedulerKind.slurm})
 # Long enough for a real move (checkpoint + transfer + restore); a reservation is consumed
 # when its job starts and given back when what it was for is withdrawn, so this only bounds
 # a give-back that never arrives.
@@ -117,57 +127,6 @@ class Outgoing:
     task: str
     kwargs: dict[str, Any]
     countdown: float = 0.0
-
-
-@dataclass
-class StepReport:
-    """What an executor says about one step (the wire form is a plain dict)."""
-
-    action_id: int
-    key: str
-    ok: bool
-    result: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    retryable: bool = False
-    # "executed", "duplicate" (answered from the executor's journal) or "refused".
-    outcome: str = "executed"
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> StepReport:
-        return cls(
-            action_id=int(data["action_id"]),
-            key=str(data["key"]),
-            ok=bool(data["ok"]),
-            result=dict(data.get("result") or {}),
-            error=data.get("error"),
-            retryable=bool(data.get("retryable", False)),
-            outcome=str(data.get("outcome", "executed")),
-        )
-
-
-def places_itself(scheduler: str) -> bool:
-    """Whether this scheduler decides where a job runs (Slurm), so that a job moves by
-    requeue and a service grows where the scheduler puts it."""
-    return SchedulerKind(scheduler) in SCHEDULER_OWNED
-
-
-def reserves(scheduler: str) -> bool:
-    """Whether plans on this scheduler get ``reserve`` actions for what they free."""
-    return SchedulerKind(scheduler) in RESERVING
-
-
-def agent_queue(cluster: str, node: str) -> str:
-    return f"agent.{cluster}.{node}"
-
-
-def connector_queue(cluster: str) -> str:
-    return f"connector.{cluster}"
-
-
-def step_task(queue: str, step: str) -> str:
-    """The task name an executor registers for a step: shaper.agent.restore, …"""
-    kind = "agent" if queue.startswith("agent.") else "connector"
-    return f"shaper.{kind}.{step}"
 
 
 # -- planning --------------------------------------------------------------------------
@@ -220,40 +179,40 @@ def _forward_steps(action: Action, job: Job, cluster: Cluster, generation: int) 
             raise _Unplannable("migrate needs a target node other than its source")
         if owned:
             names = [
-                ("checkpoint", source),
-                ("transfer", target),
-                ("stage", target),
-                ("requeue", scheduler),
-                ("confirm", target),
-                ("release", source),
+                (AgentStep.checkpoint, source),
+                (AgentStep.transfer, target),
+                (AgentStep.stage, target),
+                (ConnectorStep.requeue, scheduler),
+                (AgentStep.confirm, target),
+                (AgentStep.release, source),
             ]
         else:
             names = [
-                ("checkpoint", source),
-                ("transfer", target),
-                ("restore", target),
-                ("confirm", target),
-                ("release", source),
+                (AgentStep.checkpoint, source),
+                (AgentStep.transfer, target),
+                (AgentStep.restore, target),
+                (AgentStep.confirm, target),
+                (AgentStep.release, source),
             ]
         for seq, (name, queue) in enumerate(names):
             plan.add(name, queue, fwd, seq)
     elif kind is ActionKind.preempt and job.checkpointable:
         source = agent_queue(cluster.name, _single(action.source_node, "source", action))
-        plan.add("checkpoint", source, fwd, 0)
+        plan.add(AgentStep.checkpoint, source, fwd, 0)
         if owned:
-            plan.add("stage", source, fwd, 1)
-            plan.add("requeue", scheduler, fwd, 2)
+            plan.add(AgentStep.stage, source, fwd, 1)
+            plan.add(ConnectorStep.requeue, scheduler, fwd, 2)
         else:
-            plan.add("release", source, fwd, 1)
+            plan.add(AgentStep.release, source, fwd, 1)
     elif kind is ActionKind.preempt:
-        plan.add("requeue", scheduler, fwd, 0)
-        plan.add("confirm", scheduler, fwd, 1)
+        plan.add(ConnectorStep.requeue, scheduler, fwd, 0)
+        plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
     elif kind in (ActionKind.start, ActionKind.resume, ActionKind.requeue):
         # "Succeeded" means seen: the confirm polls the scheduler for the effect.
-        plan.add(kind.value, scheduler, fwd, 0)
-        plan.add("confirm", scheduler, fwd, 1)
+        plan.add(ConnectorStep(kind.value), scheduler, fwd, 0)
+        plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
     else:  # resize, reserve, unreserve: the scheduler does them
-        plan.add(kind.value, scheduler, fwd, 0)
+        plan.add(ConnectorStep(kind.value), scheduler, fwd, 0)
     return plan.steps
 
 
@@ -273,7 +232,9 @@ def _holds(session: Session, job: Job, node_id: int) -> bool:
 
 def _requeued(steps: list[ActionStep]) -> bool:
     """Whether the forward phase's requeue may have reached the scheduler."""
-    requeue = next((s for s in steps if s.phase == StepPhase.forward and s.name == "requeue"), None)
+    requeue = next(
+        (s for s in steps if s.phase == StepPhase.forward and s.name == ConnectorStep.requeue), None
+    )
     if requeue is None:
         return False
     timed_out = requeue.state == StepState.failed and (requeue.error or "").startswith(NO_ANSWER)
@@ -287,32 +248,32 @@ def _compensation_steps(
     plan = _Plan(action, cluster, generation)
     seq = max(s.seq for s in steps) + 1
     by_name = {s.name: s for s in steps if s.phase == StepPhase.forward}
-    checkpoint = by_name.get("checkpoint")
+    checkpoint = by_name.get(AgentStep.checkpoint)
     if checkpoint is None or checkpoint.state in (StepState.pending, StepState.skipped):
         return []  # nothing process-level happened (or only the scheduler was asked)
     source = checkpoint.queue
     reached_target = [
         s
         for s in steps
-        if s.queue.startswith("agent.")
+        if is_agent_queue(s.queue)
         and s.queue != source
         and s.state not in (StepState.pending, StepState.skipped)
     ]
     if reached_target:
-        plan.add("release", reached_target[0].queue, StepPhase.compensate, seq)
+        plan.add(AgentStep.release, reached_target[0].queue, StepPhase.compensate, seq)
         seq += 1
     if _requeued(steps):
         # The scheduler has the job (pending, or started on the target): send it home,
         # to resume from the image the checkpoint left at the source.
         for name, queue in (
-            ("stage", source),
-            ("requeue", connector_queue(cluster)),
-            ("confirm", source),
+            (AgentStep.stage, source),
+            (ConnectorStep.requeue, connector_queue(cluster)),
+            (AgentStep.confirm, source),
         ):
             plan.add(name, queue, StepPhase.compensate, seq)
             seq += 1
     else:
-        plan.add("restore", source, StepPhase.compensate, seq)
+        plan.add(AgentStep.restore, source, StepPhase.compensate, seq)
     return plan.steps
 
 
@@ -328,21 +289,28 @@ def _message(
 ) -> Outgoing:
     """The message for a step; arguments come from the results of earlier steps."""
     by_name = {(s.phase, s.name): s for s in steps}
-    checkpoint = by_name.get((StepPhase.forward, "checkpoint"))
-    transfer = by_name.get((StepPhase.forward, "transfer"))
+    checkpoint = by_name.get((StepPhase.forward, AgentStep.checkpoint))
+    transfer = by_name.get((StepPhase.forward, AgentStep.transfer))
     image = checkpoint.result.get("image") if checkpoint is not None else None
     args: dict[str, Any] = {}
-    if step.name in ("transfer", "restore", "release", "stage") and image is not None:
+    if (
+        step.name in (AgentStep.transfer, AgentStep.restore, AgentStep.release, AgentStep.stage)
+        and image is not None
+    ):
         args["image"] = image
-    if step.phase == StepPhase.forward and step.name in ("restore", "stage") and transfer:
+    if (
+        step.phase == StepPhase.forward
+        and step.name in (AgentStep.restore, AgentStep.stage)
+        and transfer
+    ):
         args["image_dir"] = transfer.result.get("image_dir")
-    stage = by_name.get((StepPhase(step.phase), "stage"))
-    if step.name == "confirm" and stage is not None:
+    stage = by_name.get((StepPhase(step.phase), AgentStep.stage))
+    if step.name == AgentStep.confirm and stage is not None:
         # The scheduler starts the job; the agent waits for it to run restored from here.
         args["resumed_from"] = stage.result.get("image_dir")
         args["wait_s"] = start_wait_s
     kind = ActionKind(action.kind)
-    if step.name == "requeue":
+    if step.name == ConnectorStep.requeue:
         pin = _requeue_pin(action, job, step)
         if pin is not None:
             args["nodes"] = [pin]
@@ -350,7 +318,7 @@ def _message(
             # A stopped job waits until a plan starts it again: it must not take back the
             # GPUs it was stopped to free.
             args["hold"] = True
-    if step.name == "reserve":
+    if step.name == ConnectorStep.reserve:
         args.update(
             {
                 "gpus": dict(action.target_placement),
@@ -361,20 +329,20 @@ def _message(
     targets = sorted(action.target_placement) or [
         n for n in (action.target_node or "").split(",") if n
     ]
-    if step.name in ("start", "resume") and targets:
+    if step.name in (ConnectorStep.start, ConnectorStep.resume) and targets:
         args["nodes"] = targets
-    if step.name == "confirm" and step.queue.startswith("connector."):
+    if step.name == ConnectorStep.confirm and is_connector_queue(step.queue):
         if kind in (ActionKind.start, ActionKind.resume):
             args.update({"expect": "running", "nodes": targets})
         else:
             args["expect"] = "stopped"
-    if step.name == "release":
+    if step.name == AgentStep.release:
         # A migrated job's image on its source is no longer needed (nor a copy on a target
         # that compensation fences off); a preempted job's is what it resumes from.
         args["delete_image"] = not (
             step.phase == StepPhase.forward and ActionKind(action.kind) is ActionKind.preempt
         )
-    if step.queue.startswith("connector."):
+    if is_connector_queue(step.queue):
         args.update(
             {
                 "source_node": action.source_node,
@@ -382,19 +350,21 @@ def _message(
                 "replicas": action.target_replicas,
             }
         )
-    kwargs = {
-        "action_id": action.id,
-        "key": step.idempotency_key,
-        "step": step.name,
-        "phase": StepPhase(step.phase).value,
-        "workload_id": job.external_id if job is not None else None,
-        "generation": step.generation,
-        "args": args,
-        "reply_task": REPORT_TASK,
-        "reply_queue": CONTROL_QUEUE,
-    }
+    request = StepRequest(
+        action_id=action.id,
+        key=step.idempotency_key,
+        step=str(step.name),
+        phase=StepPhase(step.phase).value,
+        workload_id=job.external_id if job is not None else None,
+        generation=step.generation,
+        args=args,
+        reply_task=REPLY_TASK,
+        reply_queue=CONTROL_QUEUE,
+    )
     return Outgoing(
-        queue=step.queue, task=step_task(step.queue, step.name), kwargs={"step": kwargs}
+        queue=step.queue,
+        task=step_task(step.queue, step.name),
+        kwargs={"step": request.model_dump(mode="json")},
     )
 
 
@@ -438,8 +408,8 @@ def _timeout(
 ) -> float:
     if override is not None:
         return override
-    staged = any(s.name == "stage" and s.phase == step.phase for s in steps)
-    if step.name == "confirm" and staged:  # it waits that long for the scheduler (_message)
+    staged = any(s.name == AgentStep.stage and s.phase == step.phase for s in steps)
+    if step.name == AgentStep.confirm and staged:  # it waits that long for the scheduler (_message)
         return max(DEFAULT_STEP_TIMEOUT_S, start_wait_s + 60.0)
     return STEP_TIMEOUT_S.get(step.name, DEFAULT_STEP_TIMEOUT_S)
 
@@ -670,7 +640,7 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
 
 def _polls(step: ActionStep) -> bool:
     """A connector's confirm: "not yet" is an answer, asked again until it holds."""
-    return step.name == "confirm" and step.queue.startswith("connector.")
+    return step.name == ConnectorStep.confirm and is_connector_queue(step.queue)
 
 
 def _max_attempts(step: ActionStep, start_wait_s: float) -> int:
@@ -735,15 +705,15 @@ def _on_failure(
         action.error = f"{action.error or 'failed'}; compensation {why}"[:4096]
         checkpointed = any(
             s.phase == StepPhase.forward
-            and s.name == "checkpoint"
+            and s.name == AgentStep.checkpoint
             and s.state == StepState.succeeded
             for s in steps
         )
         if (
             job is not None
             and checkpointed
-            and failed.queue.startswith("agent.")
-            and (failed.name == "restore")
+            and is_agent_queue(failed.queue)
+            and (failed.name == AgentStep.restore)
         ):
             # Neither target nor source could take the job: it goes back to its
             # scheduler's queue with its checkpoint, and the next plan places it first.
@@ -752,12 +722,20 @@ def _on_failure(
                 select(Cluster.name).where(Cluster.id == action.cluster_id)
             ).one()
             back = _Plan(action, cluster, failed.generation)
-            back.add("resume", connector_queue(cluster), StepPhase.compensate, failed.seq + 1)
+            back.add(
+                ConnectorStep.resume, connector_queue(cluster), StepPhase.compensate, failed.seq + 1
+            )
             step = back.steps[0]
             session.add(step)
             session.flush()
             return [_send(action, job, step, [*steps, step], now, start_wait_s)]
-        if job is not None and failed.name in ("stage", "requeue", "confirm", "resume"):
+        stuck = (
+            AgentStep.stage,
+            ConnectorStep.requeue,
+            ConnectorStep.confirm,
+            ConnectorStep.resume,
+        )
+        if job is not None and failed.name in stuck:  # a confirm of the agent's too: same name
             _displace(job, action, now, why)  # queued (or stuck) away from its GPUs
         _move(action, ActionState.failed, now)
         return []
@@ -790,7 +768,8 @@ def _on_failure(
 def _fallen_back(step: ActionStep, steps: list[ActionStep]) -> bool:
     """A compensating restore that failed and was followed by the queue fallback."""
     return any(
-        s.phase == StepPhase.compensate and s.name == "resume" and s.seq > step.seq for s in steps
+        s.phase == StepPhase.compensate and s.name == ConnectorStep.resume and s.seq > step.seq
+        for s in steps
     )
 
 
@@ -810,15 +789,6 @@ def _compensation_summary(steps: list[ActionStep]) -> str:
         if s.phase == StepPhase.compensate and s.state == StepState.succeeded
     ]
     return ", ".join(done) or "nothing to undo"
-
-
-def executor_scope(queue: str) -> str:
-    """The token scope of whoever consumes a queue: agent.lab.n1 → agent:lab/n1."""
-    kind, _, rest = queue.partition(".")
-    if kind == "agent":
-        cluster, _, node = rest.partition(".")
-        return f"agent:{cluster}/{node}"
-    return f"connector:{rest}"
 
 
 def record_report(

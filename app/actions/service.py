@@ -16,6 +16,7 @@ from app.actions.models import (
     ActionState,
     ChurnPublic,
 )
+from app.actions.schedulers import places_itself
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
@@ -183,6 +184,8 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
         ]
         if ActionKind(action.kind) is ActionKind.reserve and _taker_withdrawn(action, siblings):
             ready += _give_back_reservation(session, action, siblings, now)
+        if ActionKind(action.kind) in TAKER_KINDS and _returned_by_plan(session, action):
+            ready += _give_back_reservation(session, action, siblings, now)
         return ready
     why = f"action {action.id} ({action.kind}) of the same plan is {action.state}"
     if action.error:
@@ -202,7 +205,16 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
     return given_back
 
 
-TAKER_KINDS = (ActionKind.start, ActionKind.migrate)
+TAKER_KINDS = (ActionKind.start, ActionKind.migrate, ActionKind.resize)
+
+
+def _returned_by_plan(session: Session, action: Action) -> bool:
+    """Whether a reservation is given back when the action it was for has done its job.
+    The simulated clusters' scheduler spends one when its job starts; Slurm's cannot tell
+    when a move has ended (the job runs on the target before the move is confirmed, and
+    its reservation also holds the way home), so the plan gives it back."""
+    cluster = session.get(Cluster, action.cluster_id)
+    return cluster is not None and places_itself(cluster.scheduler)
 
 
 def _taker_withdrawn(reservation: Action, siblings: list[Action]) -> bool:

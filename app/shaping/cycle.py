@@ -51,7 +51,7 @@ from sqlmodel import Session, col, select
 
 from app.actions import service as action_service
 from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
-from app.actions.saga import places_itself, reserves
+from app.actions.schedulers import places_itself, reserves
 from app.clusters.models import ShapingMode
 from app.core.db import begin
 from app.jobs.models import Allocation, Job
@@ -588,9 +588,9 @@ def _add_actions(
             {_local(plan.actions[p].job_id) for p in graph.depends_on[index] if p in rows}
             | {_local(plan.actions[index].job_id)}
         )
-        gpus = sum(served.target_placement.values())
+        gpus = sum(hold.target_placement.values())
         hold.reason = (
-            f"plan {row.id}: hold {gpus} GPUs on {served.target_node} for job "
+            f"plan {row.id}: hold {gpus} GPUs on {hold.target_node} for job "
             f"{_local(plan.actions[index].job_id)} until its {served.kind} (action {served.id}) "
             "takes them"
         )

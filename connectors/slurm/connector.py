@@ -26,14 +26,7 @@ from typing import Any
 
 import httpx
 
-from connectors.base import (
-    TERMINAL_JOB_STATES,
-    ClusterState,
-    ConnectorError,
-    JobState,
-    NodeReport,
-    SchedulerKind,
-)
+from connectors.base import ConnectorError
 from connectors.slurm.client import RunCommand, SlurmCli, SlurmRest
 from connectors.slurm.config import SlurmConnectorConfig
 from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_nodes
@@ -44,6 +37,7 @@ from connectors.slurm.reservations import (
     parse_reservations,
     reservation_name,
 )
+from wire.telemetry import TERMINAL_JOB_STATES, ClusterState, JobState, NodeReport, SchedulerKind
 
 logger = logging.getLogger(__name__)
 
@@ -253,9 +247,10 @@ class SlurmConnector:
         """Reserve the nodes of ``gpus`` for the job (replacing its earlier reservation).
 
         A running job (one that will move) also keeps its own nodes reserved, so that if
-        the move fails it has somewhere to come back to; they are given back when it runs
-        again. A pending job enters the reservation at once, a running one when it is
-        requeued there. ``counts_on``: see ``SupportsReservation``.
+        the move fails it has somewhere to come back to; all are given back when the
+        plan's action ends (``unreserve``). The job enters the reservation when the plan
+        puts it there: at its ``start``, or when a move requeues it. ``counts_on``: see
+        ``SupportsReservation``.
         """
         job_id = self._job_id(external_id)
         what = f"reserve {','.join(sorted(gpus))} for job {job_id}"
@@ -277,8 +272,6 @@ class SlurmConnector:
             self._leave_and_delete(job_id, name, job=job)
         user = job.user or self.config.rest_user
         self._scontrol(*create_args(name, nodes=nodes, user=user, ttl_s=ttl_s), what=what)
-        if job.report.state is JobState.pending:
-            self._scontrol("update", f"JobId={job_id}", f"ReservationName={name}", what=what)
 
     def unreserve(self, external_id: str) -> None:
         """Give the job's reserved nodes back to Slurm (nothing to do if none are held)."""
@@ -288,9 +281,11 @@ class SlurmConnector:
             self._leave_and_delete(job_id, name)
 
     def upkeep(self) -> list[str]:
-        """Delete Shaper's reservations that are spent: their job runs in them (it started
-        where the plan put it) or has gone. A running job not in its reservation is one
-        still to be moved there, so that reservation stays."""
+        """Delete what is left of Shaper's reservations: those whose job has gone, and those
+        that have ended (their time to live ran out before the plan gave them back; the job
+        leaves it first and, thanks to FLEX, keeps running). A reservation in use stays
+        until its plan's action ends: a move's also holds the way home. One that cannot be
+        tidied now is left for the next round, the others are still tidied."""
         prefix = self.config.reservation_prefix
         ours = [r for r in self._reservations().values() if job_of(prefix, r.name)]
         if not ours:
@@ -300,15 +295,18 @@ class SlurmConnector:
         for reservation in ours:
             job_id = job_of(prefix, reservation.name) or ""
             job = jobs.get(job_id)
-            if job is None or job.report.state in TERMINAL_JOB_STATES:
-                self._delete_reservation(reservation.name, what=f"tidy {reservation.name}")
-                tidied.append(f"deleted reservation {reservation.name}: job {job_id} has gone")
-            elif job.report.state is JobState.running and job.reservation == reservation.name:
-                self._leave_and_delete(job_id, reservation.name, job=job)
-                where = ",".join(job.nodes)
-                tidied.append(
-                    f"deleted reservation {reservation.name}: job {job_id} runs on {where}"
-                )
+            try:
+                if job is None or job.report.state in TERMINAL_JOB_STATES:
+                    self._delete_reservation(reservation.name, what=f"tidy {reservation.name}")
+                    tidied.append(f"deleted reservation {reservation.name}: job {job_id} has gone")
+                elif reservation.state == "INACTIVE":
+                    self._leave_and_delete(job_id, reservation.name, job=job)
+                    tidied.append(
+                        f"deleted reservation {reservation.name}: it ended before job "
+                        f"{job_id}'s plan gave it back"
+                    )
+            except ConnectorError as error:
+                logger.warning("upkeep of %s: %s; again next round", reservation.name, error)
         return tidied
 
     def _reservations(self) -> dict[str, SlurmReservation]:
@@ -331,6 +329,7 @@ class SlurmConnector:
         name = reservation_name(self.config.reservation_prefix, job_id)
         reservation = self._reservations().get(name)
         if reservation is None:
+            logger.info("%s: no reservation holds %s for it", what, ",".join(nodes))
             return
         if not set(nodes) <= set(reservation.nodes):
             self._leave_and_delete(job_id, name, job=job)
@@ -387,9 +386,9 @@ def _check_reservable(
                 others[job.report.external_id] = held
         if sizes[node] - sum(others.values()) < wanted:
             names = ", ".join(f"{j} ({g})" for j, g in sorted(others.items()))
+            why = f"held by {names}" if names else f"the node has {sizes[node]}"
             raise ConnectorError(
-                f"cannot hold {wanted} GPUs on {node} for {job_id}: held by {names}",
-                retryable=False,
+                f"cannot hold {wanted} GPUs on {node} for {job_id}: {why}", retryable=False
             )
 
 

@@ -8,23 +8,31 @@ reservation per job, named ``<prefix><job id>``:
 * ``OVERLAP`` — two jobs of one plan may share a node, each in its own reservation;
 * ``FLEX`` — a job that started in the reservation survives its end. Without it Slurm
   ends the job when the reservation ends (``ResvOverRun=0``, measured here: "Reservation
-  ended for JobId=4"), so a control plane that went away would cost the job its work.
+  ended for JobId=4"), so a control plane that went away would cost the job its work;
+* ``NO_HOLD_JOBS_AFTER_END`` — a job still waiting in it when it ends is not held by
+  Slurm ("Reservation … was deleted", priority 0) but queued as any other.
 
-Every other pending job is kept off those nodes until the reservation goes: when its job
-runs there (the start's confirm, or the connector's upkeep sweep, detaches the job and
-deletes the reservation), when the plan gives it back (``unreserve``), or when it ends
-(its time to live). The cost is that GPUs of those nodes that the plan does not use stay
-idle for that time too; it is usually the seconds between a checkpoint and a start.
+Every other pending job is kept off those nodes until the reservation goes: when the
+plan's action that took them ends (the control plane then sends ``unreserve``, which
+takes the job out and deletes the reservation), or when it ends (its time to live; the
+connector's upkeep deletes what is left). A move's reservation covers its source too,
+so it must last until the move has ended, not only until the job first runs on the
+target. The cost is that GPUs of those nodes that the plan does not use stay idle for
+that time too: usually the seconds between a checkpoint and a start.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from connectors.slurm.hostlist import expand_hostlist
 
-FLAGS = "IGNORE_JOBS,OVERLAP,FLEX"
+FLAGS = "IGNORE_JOBS,OVERLAP,FLEX,NO_HOLD_JOBS_AFTER_END"
+# Slurm job ids (arrays and heterogeneous jobs included): a reservation named
+# <prefix><something else> is somebody else's, whatever its prefix.
+_JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,10 @@ def reservation_name(prefix: str, job_id: str) -> str:
 
 def job_of(prefix: str, name: str) -> str | None:
     """The job a reservation of Shaper's holds GPUs for; None for anyone else's."""
-    return name.removeprefix(prefix) if name.startswith(prefix) else None
+    if not name.startswith(prefix):
+        return None
+    job_id = name.removeprefix(prefix)
+    return job_id if _JOB_ID.match(job_id) else None
 
 
 def duration_minutes(ttl_s: float) -> int:

@@ -538,7 +538,7 @@ def test_an_approved_plan_moves_a_job_and_the_freed_node_waits_for_the_planned_s
     at_end = count_of(count_file)
     assert next_count(count_file, at_end) > at_end
     assert progress_of(count_file)["started_at"] == first["started_at"]
-    # Spent reservations go back to Slurm (the start's confirm, or the next upkeep).
+    # The plan gives the reservations back once its actions have ended (unreserve actions).
     assert slurm.wait_for("the reservations to be given back", lambda: not slurm.reservations())
     assert slurm.job(planned)["state"] == "RUNNING" and slurm.job(mover)["state"] == "RUNNING"
 

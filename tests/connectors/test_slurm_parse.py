@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from connectors.base import AllocationReport, ConnectorError, JobKind, JobState, NodeState
+from connectors.base import ConnectorError
 from connectors.slurm.config import MappingRule, SlurmMapping
 from connectors.slurm.hostlist import expand_hostlist, expand_index_list
 from connectors.slurm.parse import (
@@ -23,6 +23,13 @@ from connectors.slurm.parse import (
     parse_nodes,
     parse_tags,
 )
+from connectors.slurm.reservations import (
+    SlurmReservation,
+    duration_minutes,
+    job_of,
+    parse_reservations,
+)
+from wire.telemetry import AllocationReport, JobKind, JobState, NodeState
 
 DATA = Path(__file__).parent / "data"
 SHARED = DATA / "slurm-22.05-shared"
@@ -375,3 +382,22 @@ def test_a_pending_job_reports_the_nodes_it_is_pinned_to_and_a_running_one_none(
 
     assert jobs["901"].required_nodes == ["node1", "node2"]
     assert jobs["902"].required_nodes == []  # where it runs is in its allocations
+
+
+def test_reservations_are_read_from_scontrol_and_only_shapers_are_claimed() -> None:
+    output = (
+        "ReservationName=shaper-42 StartTime=2026-12-03T07:11:23 EndTime=2026-12-03T07:21:23 "
+        "Duration=00:10:00 Nodes=node[1-2] NodeCnt=2 CoreCnt=8 Features=(null) "
+        "PartitionName=(null) Flags=FLEX,OVERLAP,IGNORE_JOBS,SPEC_NODES TRES=cpu=8 Users=root "
+        "Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null)\n"
+    )
+    (reservation,) = parse_reservations(output)
+    assert reservation == SlurmReservation(
+        name="shaper-42", nodes=("node1", "node2"), users=("root",), state="ACTIVE"
+    )
+    assert parse_reservations("No reservations in the system\n") == []
+    assert job_of("shaper-", "shaper-42") == "42"
+    assert job_of("shaper-", "shaper-7_3") == "7_3"
+    assert job_of("shaper-", "shaper-maint") is None  # an administrator's
+    assert job_of("shaper-", "maint") is None
+    assert duration_minutes(60) == 1 and duration_minutes(61) == 2 and duration_minutes(1) == 1

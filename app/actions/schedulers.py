@@ -1,0 +1,26 @@
+"""What each kind of scheduler lets a plan do, in one place: the saga, the shaping cycle
+and the action service all ask here.
+
+* **Places itself** (Slurm): the scheduler decides where a job runs. A job moves by a
+  requeue pinned to its target, not behind the scheduler's back; a service grows where
+  the scheduler puts it; a reservation is given back by the plan when the action it was
+  for ends, because the scheduler cannot tell when a move is over.
+* **Reserves** (the simulated clusters, Slurm): the connector can hold GPUs for one job
+  (``connectors.base.SupportsReservation``), so plans get ``reserve`` actions for what
+  they free.
+"""
+
+from __future__ import annotations
+
+from wire.telemetry import SchedulerKind
+
+SCHEDULER_OWNED = frozenset({SchedulerKind.slurm})
+RESERVING = frozenset({SchedulerKind.sim, SchedulerKind.slurm})
+
+
+def places_itself(scheduler: str) -> bool:
+    return SchedulerKind(scheduler) in SCHEDULER_OWNED
+
+
+def reserves(scheduler: str) -> bool:
+    return SchedulerKind(scheduler) in RESERVING
