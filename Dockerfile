@@ -5,6 +5,7 @@ WORKDIR /srv/shaper
 COPY pyproject.toml README.md alembic.ini ./
 COPY app app
 COPY solver solver
+COPY wire wire
 COPY connectors connectors
 COPY agent agent
 COPY sim sim

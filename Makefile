@@ -26,7 +26,7 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy solver app/core
+	$(BIN)/mypy solver app/core wire
 
 bench: venv
 	scripts/services.sh

@@ -1,4 +1,5 @@
 """The node agent: runs workloads under management and checkpoints/restores them.
 
-Imports only the standard library, pydantic and connectors.base (never `app`).
+Speaks `wire` (step protocol, queue names, executor runtime, node samples) and never
+imports `app` or `connectors`, its peers.
 """

@@ -118,7 +118,9 @@ def worker(
     import os
 
     from agent.steps import StepExecutor
-    from agent.worker import make_agent_app, run_worker
+    from wire.executor import make_executor_app, run_executor_worker
+    from wire.queues import agent_queue
+    from wire.steps import AgentStep
 
     broker_url = broker or os.environ.get("SHAPER_BROKER_URL")
     if not broker_url:
@@ -141,10 +143,15 @@ def worker(
         node=node,
         backend_options={"criu": {"criu": criu}} if criu else None,
     )
-    app = make_agent_app(
-        broker=broker_url, cluster=cluster, node=node, executor=executor, token=token
+    # Answers go with this node's token (scope agent:<cluster>/<node>): the control plane
+    # accepts a step's answer only from the node it was sent to. One step at a time, in
+    # this process, which owns the workloads it starts (the signal backend's restored
+    # workloads are its children); the fence journal makes a redelivered step harmless.
+    queue = agent_queue(cluster, node)
+    app = make_executor_app(
+        broker=broker_url, queue=queue, steps=AgentStep, handle=executor.handle, token=token
     )
-    run_worker(app, cluster=cluster, node=node, loglevel=log_level.upper())
+    run_executor_worker(app, queue=queue, loglevel=log_level.upper())
 
 
 @agent_cli.command("telemetry")

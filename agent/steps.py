@@ -1,11 +1,13 @@
 """The node agent's saga steps: checkpoint, transfer, restore, confirm, release — fenced.
 
-StepExecutor.run() takes a StepRequest, checks it against the workload's fence (see
-agent.fencing), runs it with the workload's checkpoint backend and returns the StepReport
-to send back. Each step is also idempotent on its own, so a step that ran but whose answer
-was lost (the agent died before it journalled it) gives the same answer when it runs again:
-a checkpoint already taken is returned, an image already copied is verified and kept, a
-workload that already runs here is not restored a second time.
+StepExecutor.run() takes an AgentStepRequest (wire.steps), checks it against the workload's
+fence (see agent.fencing), runs it with the workload's checkpoint backend and returns the
+StepReport to send back; StepExecutor.handle() does the same for a message as it comes off
+the agent's queue, which `shaper agent worker` serves with wire.executor. Each step is also
+idempotent on its own, so a step that ran but whose answer was lost (the agent died before
+it journalled it) gives the same answer when it runs again: a checkpoint already taken is
+returned, an image already copied is verified and kept, a workload that already runs here
+is not restored a second time.
 
 Images live in ``<state>/images/<workload>/g<generation>/image`` with the image record
 (CheckpointImage JSON) next to it in ``image.json``.
@@ -30,8 +32,9 @@ from agent.backends.base import (
     verify_image,
 )
 from agent.fencing import FenceStore
-from agent.protocol import AgentStep, Outcome, StepReport, StepRequest
 from agent.workload import CHECKPOINT_PATH_ENV, WorkloadState, WorkloadStore
+from wire.queues import agent_queue
+from wire.steps import AgentStep, AgentStepRequest, Outcome, StepReport
 
 log = logging.getLogger(__name__)
 # How long a restored workload must stay up for `confirm` to call it running.
@@ -52,14 +55,18 @@ class StepExecutor:
         """backend_options: constructor options by backend name ({"criu": {"criu": path}})."""
         self.store = store
         self.fences = FenceStore(store.state_dir)
-        self.name = f"agent.{cluster}.{node}"
+        self.name = agent_queue(cluster, node)
         self.images_dir = store.images_dir
         self.backend_options = backend_options or {}
         self.confirm_grace_s = confirm_grace_s
 
     # -- fencing ---------------------------------------------------------------------------
 
-    def run(self, request: StepRequest) -> StepReport:
+    def handle(self, message: dict[str, Any]) -> StepReport:
+        """Run a step as it came off the wire (an unknown step name does not validate)."""
+        return self.run(AgentStepRequest.model_validate(message))
+
+    def run(self, request: AgentStepRequest) -> StepReport:
         if (
             request.step is AgentStep.confirm
             and request.key not in self.fences.load(request.workload_id).steps
@@ -118,10 +125,10 @@ class StepExecutor:
             self._journal(request, report)
             return report
 
-    def _report(self, request: StepRequest, *, ok: bool, **fields: Any) -> StepReport:
+    def _report(self, request: AgentStepRequest, *, ok: bool, **fields: Any) -> StepReport:
         return request.answer(executor=self.name, ok=ok, **fields)
 
-    def _journal(self, request: StepRequest, report: StepReport) -> None:
+    def _journal(self, request: AgentStepRequest, report: StepReport) -> None:
         self.fences.journal(
             {
                 "key": request.key,
@@ -151,7 +158,7 @@ class StepExecutor:
     def _backend(self, name: str) -> Any:
         return create_backend(name, store=self.store, **self.backend_options.get(name, {}))
 
-    def checkpoint(self, request: StepRequest) -> dict[str, Any]:
+    def checkpoint(self, request: AgentStepRequest) -> dict[str, Any]:
         try:
             workload = self.store.load(request.workload_id)
         except KeyError:
@@ -180,7 +187,7 @@ class StepExecutor:
         _write_atomically(record, image.model_dump_json())
         return _checkpoint_result(image, again=False)
 
-    def transfer(self, request: StepRequest) -> dict[str, Any]:
+    def transfer(self, request: AgentStepRequest) -> dict[str, Any]:
         image = CheckpointImage.model_validate(request.args["image"])
         source = Path(image.image_dir).resolve()
         root = self._image_root(request.workload_id, request.generation)
@@ -208,7 +215,7 @@ class StepExecutor:
             "summary": f"{image.size_bytes / MiB:.0f} MiB copied and verified in {seconds:.2f} s",
         }
 
-    def restore(self, request: StepRequest) -> dict[str, Any]:
+    def restore(self, request: AgentStepRequest) -> dict[str, Any]:
         try:
             current = self.store.load(request.workload_id)
         except KeyError:
@@ -235,7 +242,7 @@ class StepExecutor:
             + (f" (stopped unrecorded copies {reaped} first)" if reaped else ""),
         }
 
-    def stage(self, request: StepRequest) -> dict[str, Any]:
+    def stage(self, request: AgentStepRequest) -> dict[str, Any]:
         """Leave a resume pointer: the scheduler will start the workload here (agent.resume).
 
         The image must be here and intact. The workload is welcome back on this node at this
@@ -260,7 +267,7 @@ class StepExecutor:
             "summary": f"staged {image_dir} to resume when the scheduler starts the job here",
         }
 
-    def _wait_for_start(self, request: StepRequest) -> None:
+    def _wait_for_start(self, request: AgentStepRequest) -> None:
         """Wait up to args.wait_s for the scheduler to start the workload here (restored
         by `agent exec` from the staged image when args.resumed_from names one); confirm
         then says whether it did."""
@@ -278,7 +285,7 @@ class StepExecutor:
         if wait_s > 0:
             procs.wait_until(started, timeout=wait_s, interval=0.5)
 
-    def confirm(self, request: StepRequest) -> dict[str, Any]:
+    def confirm(self, request: AgentStepRequest) -> dict[str, Any]:
         try:
             workload = self.store.load(request.workload_id)
         except KeyError:
@@ -300,7 +307,7 @@ class StepExecutor:
             )
         return {"pid": workload.pid, "summary": f"running as PID {workload.pid}"}
 
-    def release(self, request: StepRequest) -> dict[str, Any]:
+    def release(self, request: AgentStepRequest) -> dict[str, Any]:
         try:
             workload = self.store.load(request.workload_id)
         except KeyError:

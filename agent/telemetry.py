@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
-from connectors.base import Metric, NodeSamples, SampleReport
+from wire.telemetry import Metric, NodeSamples, SampleReport
 
 log = logging.getLogger(__name__)
 

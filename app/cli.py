@@ -14,6 +14,7 @@ from agent.cli import agent_cli
 from app.audit.models import Actor
 from app.core.config import get_settings
 from sim.cli import sim_app
+from wire.queues import CONTROL_QUEUE
 
 cli = typer.Typer(
     no_args_is_help=True,
@@ -79,7 +80,7 @@ def _celery_app() -> object:
 @cli.command(context_settings=_PASS_THROUGH)
 def worker(
     ctx: typer.Context,
-    queues: Annotated[str, typer.Option(help="comma-separated queues to consume")] = "control",
+    queues: Annotated[str, typer.Option(help="comma-separated queues to consume")] = CONTROL_QUEUE,
     beat: Annotated[
         bool, typer.Option(help="also fire the periodic tasks (one such process per site)")
     ] = False,

@@ -34,8 +34,8 @@ from app.shaping.cycle import run_cycle
 from app.telemetry import service as telemetry_service
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
-from connectors.base import JobKind, SchedulerKind, TelemetrySnapshot
 from connectors.sim import ServiceSpec, SimCluster, SimExecutors, SiteSpec
+from wire.telemetry import JobKind, SchedulerKind, TelemetrySnapshot
 
 STEP = timedelta(minutes=15)
 HISTORY = timedelta(hours=24)

@@ -9,7 +9,8 @@ Queues: ``control`` (control-plane work: cycles, saga steps' bookkeeping, execut
 reports); ``connector.<cluster>`` (scheduler-level saga steps, consumed by the cluster's
 connector) and ``agent.<cluster>.<node>`` (process-level steps, consumed by the node agent,
 ``shaper agent worker``). Messages to the last two are sent by task name
-(``shaper.agent.restore``…), so neither side imports the other.
+(``shaper.agent.restore``…), so neither side imports the other; the names, like the
+messages, are defined once in ``wire``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any
 from celery import Celery
 
 from app.core.config import Settings, get_settings
+from wire.queues import CONTROL_QUEUE
 
 log = logging.getLogger(__name__)
-CONTROL_QUEUE = "control"
 STALE_CHECK_PERIOD_S = 60.0
 # Dispatches approved actions and times out unanswered saga steps (app.actions.tasks.sweep).
 ACTION_SWEEP_PERIOD_S = 5.0

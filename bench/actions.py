@@ -35,7 +35,8 @@ from app.core.db import make_engine
 from app.core.security import Principal
 from app.jobs.models import Job
 from bench.scratch_db import DEFAULT_DSN, scratch_database
-from connectors.base import JobState
+from wire.steps import StepReport
+from wire.telemetry import JobState
 
 GiB = 1 << 30
 # The sim agents answer for every node (a real agent's token covers its own node only).
@@ -148,7 +149,7 @@ def run_level(engine: Engine, level: int, workers: int) -> dict[str, float]:
                     timed(
                         index,
                         saga.record_report,
-                        report=saga.StepReport.from_wire(report),
+                        report=StepReport.model_validate(report),
                         reporter=AGENTS,
                     )
             finally:

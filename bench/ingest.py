@@ -44,7 +44,7 @@ from app.telemetry import service as telemetry_service
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
 from bench.scratch_db import DEFAULT_DSN, scratch_database
-from connectors.base import TelemetrySnapshot
+from wire.telemetry import TelemetrySnapshot
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 MODELS = ["H100", "A100-80G", "L40S", "H200"]

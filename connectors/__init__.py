@@ -1,1 +1,2 @@
-"""Connectors: one per scheduler kind. They speak `connectors.base`, never `app`."""
+"""Connectors: one per scheduler kind. They speak `wire` and implement `connectors.base`;
+they never import `app`, nor `agent` (a peer)."""

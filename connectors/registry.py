@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from connectors.base import Connector, SchedulerKind
+from connectors.base import Connector
+from wire.telemetry import SchedulerKind
 
 ConnectorFactory = Callable[..., Connector]
 _factories: dict[SchedulerKind, ConnectorFactory] = {}

@@ -54,14 +54,15 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from connectors import registry
-from connectors.base import (
+from connectors.base import Connector, ConnectorError, SupportsUpkeep
+from wire.executor import make_executor_app, run_executor_worker
+from wire.queues import connector_queue
+from wire.steps import ConnectorStep
+from wire.telemetry import (
     ClusterState,
-    Connector,
-    ConnectorError,
     JobReport,
     NodeReport,
     SchedulerKind,
-    SupportsUpkeep,
     TelemetryAck,
     TelemetryDelta,
     TelemetrySnapshot,
@@ -468,18 +469,21 @@ def _serve_actions(
     """
     from kombu.utils.url import maybe_sanitize_url
 
-    from connectors.actions import (
-        ConnectorStepExecutor,
-        connector_queue,
-        default_state_dir,
-        make_connector_app,
-        run_worker,
-    )
+    from connectors.actions import ConnectorStepExecutor, default_state_dir
 
     state_dir = args.state_dir or default_state_dir(args.cluster)
     executor = ConnectorStepExecutor(connector, cluster=args.cluster, state_dir=state_dir)
-    app = make_connector_app(
-        broker=args.broker, cluster=args.cluster, executor=executor, token=args.token
+    queue = connector_queue(args.cluster)
+    # Answers go with the connector's token (scope connector:<cluster>): the control plane
+    # accepts a step's answer only from the cluster it was sent to.
+    app = make_executor_app(
+        broker=args.broker,
+        queue=queue,
+        steps=ConnectorStep,
+        handle=executor.handle,
+        token=args.token,
+        # This runner prints its own fatal errors to stderr after the worker stops.
+        redirect_stdouts=False,
     )
     failures: list[str] = []
 
@@ -518,7 +522,7 @@ def _serve_actions(
     logger.info(
         "serving %s action steps on queue %s (broker %s, journal %s) and %s",
         kind.value,
-        connector_queue(args.cluster),
+        queue,
         maybe_sanitize_url(args.broker),
         state_dir,
         "no telemetry (--actions-only)"
@@ -526,7 +530,7 @@ def _serve_actions(
         else f"pushing telemetry to {args.control_plane} as session {runner.session_id}",
     )
     try:
-        run_worker(app, cluster=args.cluster)
+        run_executor_worker(app, queue=queue)
     except _StoppedEarly:
         logger.info("stopped before the action worker had started")
     finally:

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
 from app.core.types import enum_column, json_column, required_utc_column, utc_column
+from wire.steps import StepPhase
 
 
 class ActionKind(StrEnum):
@@ -139,11 +140,6 @@ class Action(SQLModel, table=True):
     decided_by: str | None = Field(default=None, max_length=128)
     decided_at: datetime | None = utc_column()
     finished_at: datetime | None = utc_column()
-
-
-class StepPhase(StrEnum):
-    forward = "forward"
-    compensate = "compensate"
 
 
 class StepState(StrEnum):

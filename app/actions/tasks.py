@@ -16,7 +16,6 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from app.actions import local, saga
-from app.actions.saga import CONTROL_QUEUE
 from app.core.clock import SystemClock
 from app.core.config import get_settings
 from app.core.db import get_engine
@@ -24,6 +23,8 @@ from app.core.errors import Unauthorized
 from app.core.security import Principal
 from app.tokens import service as token_service
 from app.worker import celery_app
+from wire.queues import CONTROL_QUEUE, REPLY_TASK, executor_scope
+from wire.steps import StepReport
 
 log = logging.getLogger(__name__)
 _RETRY = {
@@ -94,12 +95,12 @@ def _deliver_locally(executor: local.Executor, message: saga.Outgoing) -> None:
     reporter = Principal(
         token_id=0,
         name=f"in-process {message.queue}",
-        scopes=frozenset({saga.executor_scope(message.queue)}),
+        scopes=frozenset({executor_scope(message.queue)}),
     )
     with Session(get_engine(), expire_on_commit=False) as session:
         outgoing = saga.record_report(
             session=session,
-            report=saga.StepReport.from_wire(answer),
+            report=StepReport.model_validate(answer),
             now=SystemClock().now(),
             reporter=reporter,
             start_wait_s=get_settings().scheduler_start_wait_s,
@@ -120,7 +121,7 @@ def advance(action_id: int) -> None:
     send(outgoing)
 
 
-@shared_task(name=saga.REPORT_TASK, **_RETRY)
+@shared_task(name=REPLY_TASK, **_RETRY)
 def report(report: dict[str, Any], token: str | None = None) -> None:
     """An executor's answer for one step (sent by node agents and connectors), with the
     executor's API token (``agent:<cluster>/<node>``, ``connector:<cluster>``)."""
@@ -133,7 +134,7 @@ def report(report: dict[str, Any], token: str | None = None) -> None:
             return
         outgoing = saga.record_report(
             session=session,
-            report=saga.StepReport.from_wire(report),
+            report=StepReport.model_validate(report),
             now=now,
             reporter=reporter,
             start_wait_s=get_settings().scheduler_start_wait_s,

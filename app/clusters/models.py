@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
 from app.core.types import enum_column, json_column, required_utc_column, utc_column
-from connectors.base import SchedulerKind
+from wire.telemetry import SchedulerKind
 
 CLUSTER_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 

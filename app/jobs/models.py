@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
 from app.core.types import enum_column, json_column, required_utc_column, utc_column
-from connectors.base import JobKind, JobShape, JobState
+from wire.telemetry import JobKind, JobShape, JobState
 
 
 class AllocationPublic(SQLModel):

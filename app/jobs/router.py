@@ -8,7 +8,7 @@ from app.api.deps import SessionDep, scoped
 from app.core.paging import MAX_LIMIT, Page
 from app.jobs import service
 from app.jobs.models import JobPublic
-from connectors.base import JobKind, JobShape, JobState
+from wire.telemetry import JobKind, JobShape, JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

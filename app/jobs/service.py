@@ -11,7 +11,7 @@ from app.core.errors import NotFound
 from app.core.paging import Page, count_rows, order_by_clauses
 from app.jobs.models import Allocation, AllocationPublic, Job, JobPublic
 from app.nodes.models import Node
-from connectors.base import JobKind, JobShape, JobState
+from wire.telemetry import JobKind, JobShape, JobState
 
 _SORTABLE: dict[str, Any] = {
     "priority": Job.priority,

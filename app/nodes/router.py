@@ -8,7 +8,7 @@ from app.api.deps import SessionDep, scoped
 from app.core.paging import MAX_LIMIT, Page
 from app.nodes import service
 from app.nodes.models import NodePublic
-from connectors.base import NodeState
+from wire.telemetry import NodeState
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 

@@ -10,7 +10,7 @@ from app.core.paging import Page, count_rows, order_by_clauses
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation
 from app.nodes.models import Node, NodePublic
-from connectors.base import NodeState
+from wire.telemetry import NodeState
 
 _allocated = (
     sa.select(Allocation.node_id, sa.func.sum(Allocation.gpu_count).label("gpus"))

@@ -44,8 +44,8 @@ from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.policies.models import SlaPolicy as SlaPolicyRow
 from app.telemetry.models import TelemetrySample
-from connectors.base import TERMINAL_JOB_STATES, JobShape, Metric
 from solver import instance as si
+from wire.telemetry import TERMINAL_JOB_STATES, JobShape, Metric
 
 # Pinned jobs (``required_nodes``) select a label only their nodes carry (``_pin_labels``).
 PIN_LABEL = "shaper.io/pinned"

@@ -36,7 +36,7 @@ from datetime import datetime
 
 from app.clusters.models import Cluster
 from app.core.errors import Conflict, SnapshotRequired
-from connectors.base import REPLAY_WINDOW, TelemetryDelta, TelemetrySnapshot
+from wire.telemetry import REPLAY_WINDOW, TelemetryDelta, TelemetrySnapshot
 
 SUPERSEDED_KEPT = 64
 

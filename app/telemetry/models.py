@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
 from app.core.types import enum_column, required_utc_column
-from connectors.base import Metric
+from wire.telemetry import Metric
 
 
 class TelemetrySample(SQLModel, table=True):

@@ -1,6 +1,6 @@
 """Checks a push against what can be true of a cluster, before anything is written.
 
-The wire schema (connectors/base.py) checks each value alone: types, ranges, finite
+The wire schema (wire/telemetry.py) checks each value alone: types, ranges, finite
 numbers. What needs the rest of the push, the stored state or the clock is checked here,
 in one place, for snapshots and deltas (``check_push``) and for a node agent's samples
 (``check_sample``). The first violation raises ``Invalid`` (HTTP 422) naming the field
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from app.core.errors import Invalid
-from connectors.base import (
+from wire.telemetry import (
     MAX_GPU_MEMORY_GIB,
     MAX_NODE_MEMORY_MIB,
     MAX_REPLICAS,

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import ClockDep, SessionDep, scoped
 from app.core.gc_pause import paused_gc
 from app.telemetry import service
-from connectors.base import NodeSamples, TelemetryAck, TelemetryPush
+from wire.telemetry import NodeSamples, TelemetryAck, TelemetryPush
 
 router = APIRouter(tags=["telemetry"])
 
@@ -59,7 +59,7 @@ class _PushRoute(APIRoute):
 def push_telemetry(
     session: SessionDep, clock: ClockDep, cluster: str, push: TelemetryPush
 ) -> TelemetryAck:
-    """A full snapshot or a delta (the contract: connectors/base.py). An exact replay is
+    """A full snapshot or a delta (the contract: wire/telemetry.py). An exact replay is
     acknowledged with ``duplicate: true`` and not written twice; 409 ``snapshot_required``
     (a gap), ``stale_session`` (another connector owns the cluster), ``replay_mismatch``
     or ``out_of_order``; 422 for a push that cannot be a cluster's state."""

@@ -41,7 +41,7 @@ from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.telemetry import fencing, physics
 from app.telemetry.models import TelemetrySample
-from connectors.base import (
+from wire.telemetry import (
     TERMINAL_JOB_STATES,
     JobReport,
     JobState,

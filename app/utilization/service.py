@@ -24,7 +24,7 @@ from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.telemetry.models import TelemetrySample
 from app.utilization.models import GroupBy, UtilizationPoint, UtilizationSeries, UtilizationSummary
-from connectors.base import Metric
+from wire.telemetry import Metric
 
 MAX_BUCKETS = 2000
 

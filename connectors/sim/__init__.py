@@ -8,10 +8,10 @@ answers scheduler-level steps). ``shaper demo`` hosts several in its own process
 
 from __future__ import annotations
 
-from connectors.base import JobKind, SchedulerKind
 from connectors.registry import register
 from connectors.sim.agents import SimExecutors
 from connectors.sim.cluster import ServiceSpec, SimCluster, SiteSpec, diurnal, utc_now
+from wire.telemetry import JobKind, SchedulerKind
 
 
 def create_sim_connector(

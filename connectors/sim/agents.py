@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from connectors.actions import ConnectorStepExecutor
-from connectors.base import ConnectorError, Outcome, StepReport, StepRequest
+from connectors.base import ConnectorError
 from connectors.sim.cluster import SimCluster
+from wire.queues import agent_queue_prefix
+from wire.steps import AgentStep, Outcome, StepReport, StepRequest
 
 
 class SimExecutors:
@@ -40,7 +42,7 @@ class SimExecutors:
 
     def queues(self) -> tuple[str, str]:
         """The queue prefixes this executor answers: its connector's and its agents'."""
-        return self.connector.name, f"agent.{self.cluster.cluster}."
+        return self.connector.name, agent_queue_prefix(self.cluster.cluster)
 
     def handle(self, queue: str, step: dict[str, Any]) -> dict[str, Any]:
         connector_queue, agent_prefix = self.queues()
@@ -60,7 +62,7 @@ class SimExecutors:
             fence = (node, job_id)
             seen = self._generation.get(fence, 0)
             stale = generation < seen or (
-                request.step == "restore" and generation <= self._left_at.get(fence, -1)
+                request.step == AgentStep.restore and generation <= self._left_at.get(fence, -1)
             )
             if stale:
                 return request.answer(
@@ -78,7 +80,7 @@ class SimExecutors:
                 )
             else:
                 report = request.answer(executor=queue, ok=True, result=result)
-                if request.step in ("checkpoint", "release"):
+                if request.step in (AgentStep.checkpoint, AgentStep.release):
                     self._left_at[fence] = max(self._left_at.get(fence, -1), generation)
             if report.ok or not report.retryable:
                 self._answers[request.key] = report.model_dump(mode="json")
@@ -86,7 +88,7 @@ class SimExecutors:
 
     def _run(self, name: str, node: str, job_id: str, args: dict[str, Any]) -> dict[str, Any]:
         cluster = self.cluster
-        if name == "checkpoint":
+        if name == AgentStep.checkpoint:
             done = cluster.take_off(job_id, node)
             image = {
                 "backend": "sim",
@@ -94,21 +96,21 @@ class SimExecutors:
                 "done_s": done.total_seconds(),
             }
             return {"image": image, "summary": f"simulated checkpoint after {done} of work"}
-        if name == "transfer":
+        if name == AgentStep.transfer:
             return {"image_dir": f"sim://{node}/{job_id}", "summary": "simulated image copied"}
-        if name == "stage":
+        if name == AgentStep.stage:
             return {"image_dir": f"sim://{node}/{job_id}", "summary": "simulated image staged"}
-        if name == "restore":
+        if name == AgentStep.restore:
             image = args.get("image")
             if image is None:
                 raise ConnectorError(f"no image to restore {job_id} from", retryable=False)
             cluster.put_on(job_id, node, timedelta(seconds=float(image["done_s"])))
             return {"summary": f"restored on {node} (simulated)"}
-        if name == "confirm":
+        if name == AgentStep.confirm:
             if not cluster.runs_on(job_id, node):
                 raise ConnectorError(f"job {job_id} does not run on {node}", retryable=False)
             return {"summary": f"running on {node}"}
-        if name == "release":
+        if name == AgentStep.release:
             stopped = cluster.stop_on(job_id, node)
             return {
                 "stopped": stopped,

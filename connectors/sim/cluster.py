@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from connectors.base import (
+from connectors.base import ConnectorError
+from wire.telemetry import (
     AllocationReport,
     ClusterState,
-    ConnectorError,
     JobKind,
     JobReport,
     JobShape,

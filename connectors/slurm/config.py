@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from connectors.base import JobKind
+from wire.telemetry import JobKind
 
 SUPPORTED_API_VERSIONS = ("v0.0.36", "v0.0.37", "v0.0.38")
 ApiVersion = Literal["v0.0.36", "v0.0.37", "v0.0.38"]

@@ -20,18 +20,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from connectors.base import (
+from connectors.base import ConnectorError
+from connectors.slurm.config import SUPPORTED_API_VERSIONS, SlurmMapping
+from connectors.slurm.hostlist import expand_hostlist, expand_index_list
+from wire.telemetry import (
     TERMINAL_JOB_STATES,
     AllocationReport,
-    ConnectorError,
     JobKind,
     JobReport,
     JobState,
     NodeReport,
     NodeState,
 )
-from connectors.slurm.config import SUPPORTED_API_VERSIONS, SlurmMapping
-from connectors.slurm.hostlist import expand_hostlist, expand_index_list
 
 logger = logging.getLogger(__name__)
 

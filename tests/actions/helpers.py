@@ -17,9 +17,9 @@ from app.clusters.models import Cluster, ShapingMode
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
-from connectors.base import JobState, SchedulerKind
 from tests.actions.conftest import CLUSTER, WAIT_S, Pipeline, Tracked, action_state
 from tests.agent.helpers import COUNTER, count_of, processes_mentioning
+from wire.telemetry import JobState, SchedulerKind
 
 TERMINAL = {"succeeded", "failed", "compensated", "cancelled", "rejected"}
 

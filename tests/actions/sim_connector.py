@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from connectors.base import Outcome, StepReport, make_executor_app
+from wire.executor import make_executor_app
+from wire.queues import connector_queue
+from wire.steps import Outcome, StepReport
 
 # A scheduler that does whatever it is asked: every scheduler-level step, confirms included.
 STEPS = ("start", "resume", "requeue", "resize", "confirm", "reserve", "unreserve")
@@ -41,12 +43,11 @@ def _handle(step: dict[str, Any]) -> StepReport:
     )
 
 
-# The same worker plumbing as the real connectors and agents (connectors.base).
+# The same worker runtime as the real connectors and agents (wire.executor).
 app = make_executor_app(
-    name="shaper-sim-connector",
     broker=os.environ.get("SHAPER_BROKER_URL", "memory://"),
-    queue="connector.lab",
-    task_names=[f"shaper.connector.{name}" for name in STEPS],
+    queue=connector_queue("lab"),
+    steps=STEPS,
     handle=_handle,
     token=os.environ.get("SHAPER_CONNECTOR_TOKEN", ""),
 )

@@ -22,10 +22,18 @@ from typing import Any
 
 from celery import Celery
 
-from app.actions.saga import executor_scope
-from connectors.base import REPLY_RETRY, JobKind, JobReport
 from connectors.sim import SimCluster, SimExecutors, SiteSpec
 from connectors.sim.cluster import utc_now
+from wire.executor import REPLY_RETRY
+from wire.queues import (
+    CONTROL_QUEUE,
+    REPLY_TASK,
+    agent_queue_prefix,
+    connector_queue,
+    executor_scope,
+    step_task,
+)
+from wire.telemetry import JobKind, JobReport
 
 CLUSTER = os.environ.get("SHAPER_SIM_SITE", "simlab")
 STATE = Path(os.environ.get("SHAPER_SIM_SITE_STATE", "sim-site-state.json"))
@@ -105,14 +113,14 @@ def _run(task: Any, step: dict[str, Any]) -> None:
         cluster.submit(report("rival", 4, at - timedelta(hours=1)), timedelta(hours=1))
     write_state(cluster)
     app.send_task(
-        str(step.get("reply_task") or "app.actions.tasks.report"),
+        str(step.get("reply_task") or REPLY_TASK),
         kwargs={"report": answer, "token": TOKENS[executor_scope(queue)]},
-        queue=str(step.get("reply_queue") or "control"),
+        queue=str(step.get("reply_queue") or CONTROL_QUEUE),
         retry=True,
         retry_policy=REPLY_RETRY,
     )
 
 
-for _kind in ("agent", "connector"):
+for _queue in (agent_queue_prefix(CLUSTER), connector_queue(CLUSTER)):
     for _step in STEPS:
-        app.task(name=f"shaper.{_kind}.{_step}", bind=True)(_run)
+        app.task(name=step_task(_queue, _step), bind=True)(_run)

@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.fencing import FenceStore
-from agent.protocol import Outcome, StepRequest
 from agent.steps import StepExecutor
 from agent.workload import WorkloadStore
 from tests.agent.helpers import Reaper, count_of, next_count, start_counter
+from wire.steps import AgentStepRequest, Outcome
 
 
-def request(step: str, generation: int, key: str, **args: Any) -> StepRequest:
-    return StepRequest.model_validate(
+def request(step: str, generation: int, key: str, **args: Any) -> AgentStepRequest:
+    return AgentStepRequest.model_validate(
         {
             "action_id": 1,
             "key": key,

@@ -7,14 +7,15 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
-from agent.protocol import StepRequest
 from app.actions import saga
 from app.actions.models import Action, ActionKind, ActionState, ActionStep
 from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.security import Principal
 from app.jobs.models import Job
-from connectors.base import JobState, SchedulerKind
+from wire.queues import executor_scope
+from wire.steps import AgentStepRequest, StepReport
+from wire.telemetry import JobState, SchedulerKind
 
 
 @pytest.fixture
@@ -61,9 +62,9 @@ def approved(
     return action.id  # type: ignore[return-value]
 
 
-def report(message: saga.Outgoing, ok: bool = True, **fields: Any) -> saga.StepReport:
+def report(message: saga.Outgoing, ok: bool = True, **fields: Any) -> StepReport:
     step = message.kwargs["step"]
-    return saga.StepReport(action_id=step["action_id"], key=step["key"], ok=ok, **fields)
+    return StepReport(action_id=step["action_id"], key=step["key"], ok=ok, **fields)
 
 
 def answer(
@@ -106,7 +107,7 @@ def test_a_migration_runs_its_steps_in_order_and_ignores_duplicates(
 
     assert where(first) == ("agent.lab.a", "checkpoint", 1)
     assert first.task == "shaper.agent.checkpoint"
-    request = StepRequest.model_validate(first.kwargs["step"])  # the agent's side agrees
+    request = AgentStepRequest.model_validate(first.kwargs["step"])  # the agent's side agrees
     assert request.workload_id == "w1" and request.key == "k:forward:checkpoint"
     assert state_of(session, action_id).state == "running"
     assert state_of(session, action_id).fencing_token == 1
@@ -233,7 +234,7 @@ def test_only_the_executor_a_step_was_sent_to_may_answer_it(
         session=session, report=report(checkpoint, result=IMAGE), now=clock.now(), reporter=node_a
     )
     assert where(only(transfer)) == ("agent.lab.b", "transfer", 1)
-    assert saga.executor_scope("connector.lab") == "connector:lab"
+    assert executor_scope("connector.lab") == "connector:lab"
 
 
 def test_actions_that_cannot_run_are_cancelled_with_a_reason(

@@ -19,10 +19,10 @@ import pytest
 from agent import procs, resume
 from agent.fencing import FenceStore
 from agent.foreground import EXIT_RESTORE_FAILED
-from agent.protocol import AgentStep, Outcome, StepReport, StepRequest
 from agent.steps import StepExecutor
 from agent.workload import WorkloadState, WorkloadStore
 from tests.agent.helpers import WAIT_S, Reaper, count_of, counter_command, next_count, progress_of
+from wire.steps import AgentStep, AgentStepRequest, Outcome, StepReport
 
 
 def _exec(
@@ -51,7 +51,7 @@ def _step(
     executor: StepExecutor, step: AgentStep, workload_id: str, generation: int, **args: Any
 ) -> StepReport:
     return executor.run(
-        StepRequest(
+        AgentStepRequest(
             action_id=1,
             key=f"test:{step.value}:{executor.name}:{generation}",
             step=step,

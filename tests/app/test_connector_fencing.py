@@ -13,9 +13,9 @@ from app.clusters.models import Cluster
 from app.core import migrate
 from app.core.clock import FrozenClock
 from app.core.db import make_engine
-from connectors.base import MAX_SEQ, REPLAY_WINDOW
 from tests.app.builders import delta, job, running, snapshot, util_sample
 from tests.conftest import T0
+from wire.telemetry import MAX_SEQ, REPLAY_WINDOW
 
 URL = "/api/v1/clusters/alpha/telemetry"
 

@@ -1,7 +1,7 @@
 """A stand-in for the control plane's telemetry endpoint, for the runner's protocol tests.
 
 It keeps the contract of ``POST /api/v1/clusters/{cluster}/telemetry`` (documented in
-``connectors/base.py``): bearer token with scope ``connector:<cluster>``; a replayed
+``wire/telemetry.py``): bearer token with scope ``connector:<cluster>``; a replayed
 ``(session, seq)`` acknowledged as a duplicate, an older seq never accepted answered 409
 ``out_of_order``; a delta that does not follow the last accepted push of its session 409
 ``snapshot_required``; a snapshot from a new session supersedes the old one, whose pushes
@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from connectors.base import TelemetryDelta, TelemetrySnapshot
+from wire.telemetry import TelemetryDelta, TelemetrySnapshot
 
 
 @dataclass

@@ -8,16 +8,10 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from connectors.base import (
-    ClusterState,
-    ConnectorError,
-    JobReport,
-    JobState,
-    NodeReport,
-    SchedulerKind,
-)
+from connectors.base import ConnectorError
 from connectors.runner import RunnerConfig, RunnerFatal, TelemetryRunner, main
 from tests.connectors.control_plane import ControlPlane
+from wire.telemetry import ClusterState, JobReport, JobState, NodeReport, SchedulerKind
 
 T0 = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 

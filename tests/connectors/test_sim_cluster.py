@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from connectors import registry
-from connectors.base import ConnectorError, JobKind, JobReport, JobShape, JobState, SchedulerKind
+from connectors.base import ConnectorError
 from connectors.sim import ServiceSpec, SimCluster, SimExecutors, SiteSpec, diurnal
+from wire.telemetry import JobKind, JobReport, JobShape, JobState, SchedulerKind
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SPEC = SiteSpec(

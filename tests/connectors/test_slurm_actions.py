@@ -26,18 +26,12 @@ from celery import Celery
 from kombu import Connection
 
 from connectors.actions import ConnectorStepExecutor, StepJournal
-from connectors.base import (
-    ClusterState,
-    ConnectorError,
-    JobReport,
-    JobState,
-    Outcome,
-    SchedulerKind,
-    StepRequest,
-)
+from connectors.base import ConnectorError
 from connectors.runner import main
 from tests.actions.conftest import RedisServer
 from tests.connectors.conftest import REPO, SlurmCluster
+from wire.steps import Outcome, StepRequest
+from wire.telemetry import ClusterState, JobReport, JobState, SchedulerKind
 
 CLUSTER = "hpc-test"
 EXECUTOR = f"connector.{CLUSTER}"

@@ -12,15 +12,8 @@ import pytest
 
 from connectors import registry
 from connectors.base import (
-    AllocationReport,
-    ClusterState,
     Connector,
     ConnectorError,
-    JobKind,
-    JobReport,
-    JobState,
-    NodeState,
-    SchedulerKind,
     SupportsCancel,
     SupportsHold,
     SupportsRequeue,
@@ -32,6 +25,15 @@ from connectors.slurm.hostlist import expand_hostlist, expand_index_list
 from connectors.slurm.parse import LABEL_PARTITIONS
 from tests.connectors.conftest import REST_URL, SlurmCluster
 from tests.connectors.control_plane import ControlPlane
+from wire.telemetry import (
+    AllocationReport,
+    ClusterState,
+    JobKind,
+    JobReport,
+    JobState,
+    NodeState,
+    SchedulerKind,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,122 @@
+"""The saga step protocol: what the control plane asks of an executor and what it answers.
+
+An executor is a node agent (process-level steps, :class:`AgentStep`) or a cluster's
+connector (scheduler-level steps, :class:`ConnectorStep`). The control plane
+(app/actions/saga.py) sends a :class:`StepRequest` as the one keyword argument ``step`` of
+the Celery task named by :func:`wire.queues.step_task` on the executor's queue
+(:func:`wire.queues.agent_queue`, :func:`wire.queues.connector_queue`); the executor
+answers with a :class:`StepReport` as the keyword argument ``report`` of ``reply_task`` on
+``reply_queue``, with its own API token. Both sides build and read the messages with these
+classes, so there is one definition of each field.
+
+Every step carries an idempotency ``key`` (an executor that answered it before answers
+again from its journal, outcome ``duplicate``) and the saga's fencing ``generation`` (an
+executor that has seen a newer one for the workload refuses the step, outcome
+``refused``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from wire.queues import CONTROL_QUEUE, REPLY_TASK
+
+
+class AgentStep(StrEnum):
+    """Process-level steps, run by the node agent of one node, always about one workload."""
+
+    checkpoint = "checkpoint"  # checkpoint the workload into this node's image store
+    transfer = "transfer"  # copy a checkpoint image here, verifying every checksum
+    restore = "restore"  # start the workload from an image (a no-op if it runs here)
+    # resume from an image here when the scheduler next starts the workload on this node
+    stage = "stage"
+    confirm = "confirm"  # the workload runs here and keeps running
+    release = "release"  # stop it here (if it runs) and drop its images
+
+
+class ConnectorStep(StrEnum):
+    """Scheduler-level steps, run by a cluster's connector (connectors.actions says how
+    each maps onto the connector's capabilities)."""
+
+    start = "start"
+    confirm = "confirm"  # a read: the job runs where expected, or nowhere
+    reserve = "reserve"
+    unreserve = "unreserve"
+    resume = "resume"
+    requeue = "requeue"
+    resize = "resize"
+    hold = "hold"
+    release = "release"
+    suspend = "suspend"
+    cancel = "cancel"
+
+
+class StepPhase(StrEnum):
+    """Which half of a saga a step belongs to: doing the action, or undoing it."""
+
+    forward = "forward"
+    compensate = "compensate"
+
+
+class Outcome(StrEnum):
+    executed = "executed"
+    duplicate = "duplicate"  # answered from the journal: the step ran before
+    refused = "refused"  # stale generation or not runnable here: nothing was touched
+
+
+class StepRequest(BaseModel):
+    """One step for one executor."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    action_id: int
+    key: str = Field(min_length=1, max_length=200)
+    # A plain string here: an executor refuses a step it does not know instead of dropping it.
+    step: str
+    phase: str = StepPhase.forward.value
+    workload_id: str | None = Field(default=None, max_length=255)
+    generation: int = Field(default=0, ge=0)
+    args: dict[str, Any] = Field(default_factory=dict)
+    reply_task: str = REPLY_TASK
+    reply_queue: str = CONTROL_QUEUE
+
+    def answer(self, *, executor: str, ok: bool, **fields: Any) -> StepReport:
+        """This step's report from ``executor`` (its action, key and generation)."""
+        return StepReport(
+            action_id=self.action_id,
+            key=self.key,
+            ok=ok,
+            executor=executor,
+            generation=self.generation,
+            **fields,
+        )
+
+
+class AgentStepRequest(StepRequest):
+    """A step for a node agent: one of AgentStep, always about one workload."""
+
+    step: AgentStep
+    workload_id: str = Field(min_length=1, max_length=128)
+
+
+class StepReport(BaseModel):
+    """An executor's answer for one step, sent to the request's ``reply_task``."""
+
+    action_id: int
+    key: str
+    ok: bool
+    outcome: Outcome = Outcome.executed
+    result: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    retryable: bool = False
+    # Who answered: "agent.<cluster>.<node>" or "connector.<cluster>".
+    executor: str = ""
+    generation: int = 0
+
+    @classmethod
+    def replayed(cls, remembered: dict[str, Any]) -> StepReport:
+        """A journalled answer sent again for a step that ran before."""
+        return cls.model_validate({**remembered, "outcome": Outcome.duplicate})
