@@ -433,7 +433,10 @@ def test_hold_and_start_then_sigterm_stops_the_process(
             "the job to be held", lambda: slurm.job(job_id)["reason"].startswith("JobHeld")
         )
         started = running.step("start", job_id)
-        assert started["ok"] is True and "released" in started["result"]["summary"], started
+        assert (
+            started["ok"] is True
+            and f"asked the scheduler to start job {job_id}" in started["result"]["summary"]
+        ), started
         slurm.wait_for(
             "the hold to go", lambda: not slurm.job(job_id)["reason"].startswith("JobHeld")
         )
