@@ -1,18 +1,19 @@
 """`shaper agent exec -- CMD` and `shaper agent ps`: workloads under the agent's management.
 
 app/cli.py mounts this as `cli.add_typer(agent_cli, name="agent")`; `python -m agent`
-runs it on its own.
+runs it on its own. Each command reads the environment once (agent.settings.AgentSettings)
+and passes what it needs down.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from agent.backends import BACKEND_NAMES
+from agent.settings import TOKEN_ENV, AgentSettings
 from agent.workload import WorkloadStartFailed, WorkloadStore, start_workload
 
 agent_cli = typer.Typer(no_args_is_help=True, add_completion=False, help="The node agent.")
@@ -23,6 +24,11 @@ StateDir = Annotated[
         help="Agent state directory. Default: $SHAPER_AGENT_STATE_DIR or /var/lib/shaper/agent"
     ),
 ]
+
+
+def _backend_options(criu: str | None) -> dict[str, dict[str, Any]]:
+    """Constructor options by backend name: the criu binary when one is configured."""
+    return {"criu": {"criu": criu}} if criu else {}
 
 
 @agent_cli.command(
@@ -57,19 +63,24 @@ def exec_(
     """
     if backend not in BACKEND_NAMES or backend == "sim":
         raise typer.BadParameter(f"{backend!r}: use criu or signal", param_hint="--backend")
-    workload_id = workload_id or os.environ.get("SLURM_JOB_ID") or None
+    settings = AgentSettings()
+    workload_id = workload_id or settings.slurm_job_id
     if wait and workload_id is None:
         raise typer.BadParameter(
             "--wait needs --id (or $SLURM_JOB_ID): the id the control plane knows the job by",
             param_hint="--id",
         )
-    store = WorkloadStore(state_dir)
+    store = WorkloadStore(state_dir or settings.state_dir)
     try:
         if wait:
             from agent import foreground
 
             status = foreground.run(
-                store=store, command=command, backend=backend, workload_id=workload_id
+                store=store,
+                command=command,
+                backend=backend,
+                workload_id=workload_id,
+                backend_options=_backend_options(settings.criu),
             )
         else:
             workload = start_workload(
@@ -86,7 +97,7 @@ def exec_(
 @agent_cli.command("ps")
 def ps(state_dir: StateDir = None) -> None:
     """List managed workloads: id, backend, state, PID, whether it runs, command."""
-    for workload in WorkloadStore(state_dir).all():
+    for workload in WorkloadStore(state_dir or AgentSettings().state_dir).all():
         alive = "alive" if workload.is_running() else "gone"
         typer.echo(
             f"{workload.id}\t{workload.backend}\t{workload.state.value}\t{workload.pid}\t"
@@ -108,25 +119,25 @@ def worker(
     ] = None,
     token_env: Annotated[
         str, typer.Option(help="Environment variable holding this node's agent:C/N token")
-    ] = "SHAPER_AGENT_TOKEN",
+    ] = TOKEN_ENV,
     log_level: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
     """Run the node agent: a Celery worker on queue agent.<cluster>.<node> that checkpoints,
     transfers, restores, confirms and releases workloads for the control plane's sagas,
     refusing steps with a stale fencing token."""
     import logging
-    import os
 
     from agent.steps import StepExecutor
     from wire.executor import make_executor_app, run_executor_worker
     from wire.queues import agent_queue
     from wire.steps import AgentStep
 
-    broker_url = broker or os.environ.get("SHAPER_BROKER_URL")
+    settings = AgentSettings()
+    broker_url = broker or settings.broker_url
     if not broker_url:
         typer.echo("error: --broker or $SHAPER_BROKER_URL is required", err=True)
         raise typer.Exit(2)
-    token = os.environ.get(token_env)
+    token = settings.token_in(token_env)
     if not token:
         typer.echo(
             f"error: ${token_env} must hold this node's token "
@@ -138,10 +149,10 @@ def worker(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     executor = StepExecutor(
-        store=WorkloadStore(state_dir),
+        store=WorkloadStore(state_dir or settings.state_dir),
         cluster=cluster,
         node=node,
-        backend_options={"criu": {"criu": criu}} if criu else None,
+        backend_options=_backend_options(criu or settings.criu),
     )
     # Answers go with this node's token (scope agent:<cluster>/<node>): the control plane
     # accepts a step's answer only from the node it was sent to. One step at a time, in
@@ -162,15 +173,14 @@ def telemetry(
     interval: Annotated[float, typer.Option(help="Seconds between samples")] = 15.0,
     token_env: Annotated[
         str, typer.Option(help="Environment variable holding this node's agent:C/N token")
-    ] = "SHAPER_AGENT_TOKEN",
+    ] = TOKEN_ENV,
 ) -> None:
     """Report this node's CPU and memory (and GPUs through NVML) to the control plane."""
     import logging
-    import os
 
     from agent.telemetry import run
 
-    token = os.environ.get(token_env)
+    token = AgentSettings().token_in(token_env)
     if not token:
         typer.echo(
             f"error: ${token_env} must hold this node's agent:{cluster}/{node} token", err=True

@@ -26,8 +26,9 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
+from typing import Any
 
 from agent import procs, resume
 from agent.backends import BackendError, create_backend
@@ -61,8 +62,11 @@ def start_or_resume(
     command: list[str],
     backend: str,
     workload_id: str,
+    backend_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunningWorkload:
-    """Restore the workload from a checkpoint staged on this node, else start CMD afresh."""
+    """Restore the workload from a checkpoint staged on this node, else start CMD afresh.
+
+    backend_options: constructor options by backend name ({"criu": {"criu": path}})."""
     pointer = resume.take(FenceStore(store.state_dir), store.images_dir, workload_id)
     if pointer is None:
         return start_workload(
@@ -72,7 +76,8 @@ def start_or_resume(
         f"restoring {workload_id} from the checkpoint staged at {pointer.image_dir} "
         f"(generation {pointer.generation})"
     )
-    backend_impl = create_backend(pointer.image.backend, store=store)
+    options = (backend_options or {}).get(pointer.image.backend, {})
+    backend_impl = create_backend(pointer.image.backend, store=store, **options)
     return backend_impl.restore(pointer.image, image_dir=pointer.image_dir)
 
 
@@ -123,6 +128,7 @@ def run(
     command: list[str],
     backend: str,
     workload_id: str,
+    backend_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> int:
     """exec --wait: start or resume, follow, stop the workload when told to stop."""
 
@@ -138,6 +144,7 @@ def run(
                 command=command,
                 backend=backend,
                 workload_id=workload_id,
+                backend_options=backend_options,
             )
         except (resume.StaleResume, BackendError) as error:
             _say(f"error: {error}")

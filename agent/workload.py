@@ -5,7 +5,7 @@ session, stdin from /dev/null, output to a log in the state directory), and a JS
 file records what is needed to checkpoint it later and to start it again: PID, command,
 environment, working directory, log path.
 
-State directory layout (default /var/lib/shaper/agent, or $SHAPER_AGENT_STATE_DIR):
+State directory layout (agent.settings: $SHAPER_AGENT_STATE_DIR, default /var/lib/shaper/agent):
 
     workloads/<id>.json        one RunningWorkload per managed workload
     workloads/<id>/output.log  the workload's stdout and stderr
@@ -26,7 +26,6 @@ from pydantic import BaseModel, Field
 
 from agent import procs
 
-DEFAULT_STATE_DIR = Path("/var/lib/shaper/agent")
 # A checkpoint-capable workload writes its cooperative checkpoint here on SIGUSR1...
 CHECKPOINT_PATH_ENV = "SHAPER_CHECKPOINT_PATH"
 # ...and, when started again, reads it back from here.
@@ -34,10 +33,6 @@ RESUME_FROM_ENV = "SHAPER_RESUME_FROM"
 WORKLOAD_ID_ENV = "SHAPER_WORKLOAD_ID"
 
 _WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-def default_state_dir() -> Path:
-    return Path(os.environ.get("SHAPER_AGENT_STATE_DIR", DEFAULT_STATE_DIR))
 
 
 def utc_now() -> datetime:
@@ -95,8 +90,8 @@ class RunningWorkload(BaseModel):
 class WorkloadStore:
     """JSON state files, one per workload, in the agent's state directory."""
 
-    def __init__(self, state_dir: Path | None = None) -> None:
-        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
         self.workloads_dir = self.state_dir / "workloads"
         # Checkpoint images this node wrote or received (agent steps, `agent exec --wait`).
         self.images_dir = self.state_dir / "images"

@@ -11,12 +11,18 @@ connector) and ``agent.<cluster>.<node>`` (process-level steps, consumed by the 
 ``shaper agent worker``). Messages to the last two are sent by task name
 (``shaper.agent.restore``…), so neither side imports the other; the names, like the
 messages, are defined once in ``wire``.
+
+The app is built on first use (:func:`get_celery_app`, from the process's settings), not at
+import: importing this module reads no environment. ``celery_app`` (for importers) and
+``celery`` (what ``celery -A app.worker`` looks up) are the same app, built when first
+asked for.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from functools import lru_cache
 from typing import Any
 
 from celery import Celery
@@ -67,7 +73,17 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-celery_app = make_celery(get_settings())
+@lru_cache(maxsize=1)
+def get_celery_app() -> Celery:
+    """The control plane's Celery app, built once per process from its settings."""
+    return make_celery(get_settings())
+
+
+def __getattr__(name: str) -> Celery:
+    # The module attributes `celery_app` and `celery`, built on first access (PEP 562).
+    if name in ("celery_app", "celery"):
+        return get_celery_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class InProcessBeat(threading.Thread):
@@ -103,6 +119,7 @@ def start_in_process_beat(settings: Settings) -> InProcessBeat | None:
     (`shaper serve`, `shaper demo`); with a broker, `shaper worker --beat` does it."""
     if not settings.tasks_in_process:
         return None
+    celery_app = get_celery_app()
     celery_app.loader.import_default_modules()  # the task modules a worker would import
     beat = InProcessBeat(celery_app)
     beat.start()

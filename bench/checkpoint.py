@@ -26,6 +26,7 @@ from pathlib import Path
 from agent import procs
 from agent.backends.base import verify_image
 from agent.backends.criu import CriuBackend
+from agent.settings import AgentSettings
 from agent.workload import WorkloadStore, kill_workload, start_workload
 
 MiB = 1 << 20
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="shaper-bench-checkpoint-", dir=args.dir))
     try:
         store = WorkloadStore(work / "state")
-        criu = CriuBackend(store=store)
+        criu = CriuBackend(store=store, criu=AgentSettings().criu)  # $SHAPER_CRIU, as the agent
         criu.check()
         rows = [measure(size, work, criu, store) for size in sizes]
     finally:

@@ -68,18 +68,12 @@ from wire.telemetry import JobReport, JobState
 
 log = logging.getLogger(__name__)
 
-STATE_DIR_ENV = "SHAPER_CONNECTOR_STATE_DIR"
 # Answers kept; the oldest keys go first (their sagas finished long ago).
 MAX_REMEMBERED_STEPS = 10_000
 
 
 class _Refused(Exception):
     """The step cannot run here; nothing was done."""
-
-
-def default_state_dir(cluster: str) -> Path:
-    configured = os.environ.get(STATE_DIR_ENV)
-    return Path(configured) if configured else Path("shaper-data") / f"connector-{cluster}"
 
 
 # -- journal ----------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from connectors import registry
 from connectors.base import Connector, ConnectorError, SupportsUpkeep
+from connectors.settings import BROKER_ENV, STATE_DIR_ENV, TOKEN_ENV, ConnectorSettings
 from wire.executor import make_executor_app, run_executor_worker
 from wire.queues import connector_queue
 from wire.steps import ConnectorStep
@@ -354,13 +355,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     plane's scheduler-level action steps on Celery queue ``connector.<cluster>``
     (connectors.actions): the Celery worker runs in the main thread, the telemetry loop in
     a background thread, and SIGTERM/SIGINT stop both. ``--actions-only`` skips telemetry.
+    The environment is read here, once (connectors.settings.ConnectorSettings), as the
+    options' defaults.
     """
+    settings = ConnectorSettings()
     parser = argparse.ArgumentParser(prog="connectors.runner", description=__doc__.split("\n")[0])
     parser.add_argument("--kind", required=True, choices=[kind.value for kind in SchedulerKind])
     parser.add_argument("--cluster", required=True)
     parser.add_argument("--control-plane", help="the control plane's URL (telemetry)")
-    token_env = "SHAPER_CONNECTOR_TOKEN"
-    parser.add_argument("--token", default=os.environ.get(token_env), help=f"or {token_env}")
+    parser.add_argument("--token", default=settings.token, help=f"or {TOKEN_ENV}")
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between pushes")
     parser.add_argument(
         "--set",
@@ -370,19 +373,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="connector option (JSON values allowed), e.g. --set rest_url=http://h:6820",
     )
-    broker_env = "SHAPER_BROKER_URL"
     parser.add_argument(
         "--broker",
-        default=os.environ.get(broker_env) or None,
+        default=settings.broker_url,
         metavar="URL",
-        help=f"Celery broker (or {broker_env}): also serve action steps on connector.<cluster>",
+        help=f"Celery broker (or {BROKER_ENV}): also serve action steps on connector.<cluster>",
     )
-    state_env = "SHAPER_CONNECTOR_STATE_DIR"
     parser.add_argument(
         "--state-dir",
         type=Path,
         default=None,
-        help=f"the action step journal (or {state_env}; default ./shaper-data/connector-<cluster>)",
+        help=f"the action step journal (or {STATE_DIR_ENV}; "
+        "default ./shaper-data/connector-<cluster>)",
     )
     parser.add_argument(
         "--actions-only", action="store_true", help="serve action steps, push no telemetry"
@@ -391,9 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format)
     if not args.token:
-        parser.error("--token (or SHAPER_CONNECTOR_TOKEN) is required")
+        parser.error(f"--token (or {TOKEN_ENV}) is required")
     if args.actions_only and not args.broker:
-        parser.error(f"--actions-only needs --broker (or {broker_env})")
+        parser.error(f"--actions-only needs --broker (or {BROKER_ENV})")
     if not args.actions_only and not args.control_plane:
         parser.error("--control-plane is required (unless --actions-only)")
 
@@ -430,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert runner is not None
         logger.info("telemetry only (no --broker): no action steps are served")
         return _push_telemetry(runner, kind)
-    return _serve_actions(args, kind, action_connector, runner)
+    state_dir: Path = args.state_dir or settings.state_dir_for(args.cluster)
+    return _serve_actions(args, kind, action_connector, runner, state_dir=state_dir)
 
 
 def _push_telemetry(runner: TelemetryRunner, kind: SchedulerKind) -> int:
@@ -461,6 +464,8 @@ def _serve_actions(
     kind: SchedulerKind,
     connector: Any,
     runner: TelemetryRunner | None,
+    *,
+    state_dir: Path,
 ) -> int:
     """The Celery worker in this (the main) thread, telemetry in a background thread.
 
@@ -469,9 +474,8 @@ def _serve_actions(
     """
     from kombu.utils.url import maybe_sanitize_url
 
-    from connectors.actions import ConnectorStepExecutor, default_state_dir
+    from connectors.actions import ConnectorStepExecutor
 
-    state_dir = args.state_dir or default_state_dir(args.cluster)
     executor = ConnectorStepExecutor(connector, cluster=args.cluster, state_dir=state_dir)
     queue = connector_queue(args.cluster)
     # Answers go with the connector's token (scope connector:<cluster>): the control plane

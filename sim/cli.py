@@ -7,7 +7,6 @@ Mounted by ``app.cli`` as ``shaper sim``; usable on its own with
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -53,6 +52,7 @@ from sim.run import (
     write_results,
 )
 from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
+from sim.settings import default_results_dir
 from sim.sweep import parse_seeds, summarize_sweep, sweep, sweep_json
 from sim.traces import (
     ALIBABA_NODE_LIST,
@@ -76,11 +76,17 @@ SeedOpt = Annotated[int | None, typer.Option("--seed", help="overrides the scena
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="write results as JSON here")]
 FormatOpt = Annotated[str, typer.Option("--format", help="figure format: png | svg")]
 # Where the dashboard reads results by default (the server's SHAPER_SIM_RESULTS_DIR, or
-# <SHAPER_DATA_DIR>/sim-results): the same environment gives the same place.
-DEFAULT_OUT_DIR = Path(
-    os.environ.get("SHAPER_SIM_RESULTS_DIR")
-    or Path(os.environ.get("SHAPER_DATA_DIR") or "shaper-data") / "sim-results"
-)
+# <SHAPER_DATA_DIR>/sim-results): the same environment gives the same place. Read when a
+# command runs (sim.settings), not when this module is imported.
+OutDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out-dir",
+        help="JSON and figures go here. Default: $SHAPER_SIM_RESULTS_DIR, else "
+        "$SHAPER_DATA_DIR/sim-results (shaper-data/sim-results)",
+        show_default=False,
+    ),
+]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar")]
 DrainOpt = Annotated[
     bool,
@@ -166,9 +172,7 @@ def compare_cmd(
     scenario: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
     policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(POLICIES),
     seed: SeedOpt = None,
-    out_dir: Annotated[
-        Path, typer.Option("--out-dir", help="JSON and figures go here")
-    ] = DEFAULT_OUT_DIR,
+    out_dir: OutDirOpt = None,
     fmt: FormatOpt = "png",
     markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = False,
@@ -177,6 +181,7 @@ def compare_cmd(
 ) -> None:
     """Simulate SCENARIO under several policies; print a table, write JSON and figures.
     Margins are over the best baseline (the strongest policy other than shaper)."""
+    out_dir = out_dir or default_results_dir()
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:
         _check_policy(name)
@@ -196,9 +201,7 @@ def compare_cmd(
 def table(
     scenarios: Annotated[str, typer.Option(help="comma-separated; default: all built-in")] = "",
     policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(POLICIES),
-    out_dir: Annotated[
-        Path, typer.Option("--out-dir", help="JSON and figures go here")
-    ] = DEFAULT_OUT_DIR,
+    out_dir: OutDirOpt = None,
     fmt: FormatOpt = "png",
     drain: DrainOpt = True,
     drain_cap_h: DrainCapOpt = None,
@@ -210,6 +213,7 @@ def table(
 ) -> None:
     """Compare every scenario and print one Markdown table (the README's): per scenario the
     best baseline is marked ★ and the margins are over it."""
+    out_dir = out_dir or default_results_dir()
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:
         _check_policy(name)
@@ -306,13 +310,14 @@ def replay(
         bool, typer.Option("--events/--cadence-only", help="also re-plan on every event")
     ] = False,
     seed: Annotated[int, typer.Option()] = 0,
-    out_dir: Annotated[Path, typer.Option("--out-dir")] = DEFAULT_OUT_DIR,
+    out_dir: OutDirOpt = None,
     fmt: FormatOpt = "png",
     progress: ProgressOpt = True,
     drain: DrainOpt = True,
     drain_cap_h: DrainCapOpt = None,
 ) -> None:
     """Replay a trace file under several policies; margins are over the best baseline."""
+    out_dir = out_dir or default_results_dir()
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:
         _check_policy(name)

@@ -17,7 +17,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from agent.workload import RunningWorkload, WorkloadSpec
+from agent.workload import (
+    RunningWorkload,
+    WorkloadSpec,
+    WorkloadState,
+    WorkloadStore,
+    kill_workload,
+)
 
 MANIFEST_NAME = "shaper-manifest.json"
 
@@ -174,6 +180,17 @@ def require_running(workload: RunningWorkload) -> None:
         raise WorkloadNotRunning(
             f"workload {workload.id}: process {workload.pid} is not running; nothing to checkpoint"
         )
+
+
+def release_process(store: WorkloadStore, workload: RunningWorkload, *, timeout: float) -> None:
+    """release() of the backends whose workload is a process on this node (criu, signal):
+    kill it, wait until it is gone and record it released."""
+    if not kill_workload(workload, timeout=timeout):
+        raise BackendError(
+            f"workload {workload.id}: PID {workload.pid} survived SIGKILL for {timeout} s"
+        )
+    workload.state = WorkloadState.RELEASED
+    store.save(workload)
 
 
 def fresh_image_dir(workload: RunningWorkload, image_dir: Path) -> Path:

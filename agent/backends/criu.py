@@ -29,12 +29,12 @@ from pathlib import Path
 
 from agent import procs
 from agent.backends.base import (
-    BackendError,
     BackendUnavailable,
     CheckpointFailed,
     CheckpointImage,
     RestoreFailed,
     fresh_image_dir,
+    release_process,
     require_running,
     seal_image,
     verify_image,
@@ -56,11 +56,11 @@ _VERSION = re.compile(r"^Version:\s*(\d+)\.(\d+)", re.MULTILINE)
 def find_criu(explicit: str | None = None) -> tuple[str, tuple[int, int]]:
     """Path and version of a usable criu binary, or BackendUnavailable saying how to get one.
 
-    Uses `explicit`, else $SHAPER_CRIU, else the first of PATH's criu and
-    /usr/local/sbin/criu (where the install script puts it; not on every PATH) that works.
+    Uses `explicit` (``--criu`` or $SHAPER_CRIU, agent.settings), else the first of PATH's
+    criu and /usr/local/sbin/criu (where the install script puts it; not on every PATH)
+    that works.
     """
-    chosen = explicit or os.environ.get("SHAPER_CRIU")
-    candidates = [chosen] if chosen else [shutil.which("criu"), "/usr/local/sbin/criu"]
+    candidates = [explicit] if explicit else [shutil.which("criu"), "/usr/local/sbin/criu"]
     tried = []
     for candidate in filter(None, candidates):
         try:
@@ -333,12 +333,7 @@ class CriuBackend:
     # -- release ------------------------------------------------------------------------
 
     def release(self, workload: RunningWorkload, *, timeout: float = 10.0) -> None:
-        if not kill_workload(workload, timeout=timeout):
-            raise BackendError(
-                f"workload {workload.id}: PID {workload.pid} survived SIGKILL for {timeout} s"
-            )
-        workload.state = WorkloadState.RELEASED
-        self.store.save(workload)
+        release_process(self.store, workload, timeout=timeout)
 
 
 def _read(path: Path) -> str:

@@ -21,12 +21,12 @@ from pathlib import Path
 
 from agent import procs
 from agent.backends.base import (
-    BackendError,
     CheckpointFailed,
     CheckpointImage,
     RestoreFailed,
     WorkloadNotRunning,
     fresh_image_dir,
+    release_process,
     require_running,
     seal_image,
     verify_image,
@@ -38,7 +38,6 @@ from agent.workload import (
     WorkloadStartFailed,
     WorkloadState,
     WorkloadStore,
-    kill_workload,
     start_process,
     utc_now,
 )
@@ -140,12 +139,7 @@ class SignalBackend:
             raise RestoreFailed(str(error)) from error
 
     def release(self, workload: RunningWorkload, *, timeout: float = 10.0) -> None:
-        if not kill_workload(workload, timeout=timeout):
-            raise BackendError(
-                f"workload {workload.id}: PID {workload.pid} survived SIGKILL for {timeout} s"
-            )
-        workload.state = WorkloadState.RELEASED
-        self.store.save(workload)
+        release_process(self.store, workload, timeout=timeout)
 
 
 def _remove(path: Path) -> None:

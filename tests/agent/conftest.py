@@ -14,6 +14,7 @@ import pytest
 
 from agent.backends.base import BackendUnavailable
 from agent.backends.criu import CriuBackend, find_criu
+from agent.settings import AgentSettings
 from agent.workload import WorkloadStore
 from tests.agent.helpers import Reaper
 
@@ -21,7 +22,7 @@ from tests.agent.helpers import Reaper
 @pytest.fixture(scope="session")
 def criu_binary() -> str:
     try:
-        path, _version = find_criu()
+        path, _version = find_criu(AgentSettings().criu)  # $SHAPER_CRIU, as the agent
     except BackendUnavailable as error:
         unavailable = str(error)
     else:
