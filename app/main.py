@@ -7,7 +7,7 @@ dropping the connection (``app.core.unhandled``), then the body limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +16,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from app.api.deps import AUTHENTICATED, SessionDep, authenticate_request, get_clock
+from app.api.deps import SessionDep, authorize
 from app.api.docs import add_docs
 from app.api.responses import declare_error_responses
 from app.api.router import api_router
 from app.core.body_limit import BodyLimitMiddleware
 from app.core.config import Settings, get_settings
-from app.core.db import get_session
 from app.core.db_errors import classify
-from app.core.errors import Forbidden, ShaperError, TooManyRequests, Unauthorized
+from app.core.errors import (
+    Forbidden,
+    Invalid,
+    ShaperError,
+    TooManyRequests,
+    Unauthorized,
+    error_body,
+)
 from app.core.headers import SecurityHeadersMiddleware
 from app.core.ratelimit import AuthFailureLimiter
 from app.core.unhandled import UnhandledErrorMiddleware
@@ -163,41 +168,23 @@ async def _shaper_error(_request: Request, exc: ShaperError) -> JSONResponse:
     return _error_json(exc.status_code, exc.body(), exc.headers())
 
 
-def _refuse_before_validation(request: Request) -> JSONResponse | None:
+async def _refuse_before_validation(request: Request) -> JSONResponse | None:
     """FastAPI parses the body before it runs dependencies, so a bad body would otherwise
-    be reported to a caller without a token. Check the token first, the same way the
-    route would (``scoped``), so the answer to an anonymous caller is always 401."""
+    be reported to a caller without a token. Check the token first, as the route would
+    (``app.api.deps.authorize``), so the answer to an anonymous caller is always 401."""
     route = request.scope.get("route")
     scope = (getattr(route, "openapi_extra", None) or {}).get("x-required-scope")
     if scope is None:
         return None
-    header = request.headers.get("authorization", "")
-    kind, _, credentials = header.partition(" ")
-    provider = request.app.dependency_overrides.get(get_session, get_session)
-    produced = provider()
-    session = next(produced) if isinstance(produced, Iterator) else produced
     try:
-        if kind.lower() != "bearer" or not credentials:
-            raise Unauthorized("missing bearer token (Authorization: Bearer shp_…)")
-        clock = request.app.dependency_overrides.get(get_clock, get_clock)()
-        principal = authenticate_request(
-            request, session=session, plaintext=credentials.strip(), now=clock.now()
-        )
-        required = scope.format(**request.path_params)
-        if scope != AUTHENTICATED and not principal.allows(required):
-            raise Forbidden(
-                f"this token lacks the scope {required!r}", details={"required_scope": required}
-            )
+        await authorize(request, scope)
     except (Unauthorized, Forbidden, TooManyRequests) as exc:
-        return _error_json(exc.status_code, exc.body(), exc.headers())
-    finally:
-        if isinstance(produced, Iterator):
-            produced.close()
+        return await _shaper_error(request, exc)
     return None
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    refused = await run_in_threadpool(_refuse_before_validation, request)
+    refused = await _refuse_before_validation(request)
     if refused is not None:
         return refused
     errors = [
@@ -207,30 +194,15 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     if any(e["type"] == "json_invalid" for e in errors):
         detail = next(e for e in exc.errors() if e["type"] == "json_invalid")
         reason = detail.get("ctx", {}).get("error", "")
-        return _error_json(
-            400,
-            {
-                "error": {
-                    "code": "malformed_json",
-                    "message": f"request body is not valid JSON: {reason}",
-                    "field": "body",
-                    "retryable": False,
-                }
-            },
-        )
+        message = f"request body is not valid JSON: {reason}"
+        return _error_json(400, error_body("malformed_json", message, field="body"))
     first = errors[0] if errors else {"field": "body", "message": "invalid request"}
-    return _error_json(
-        422,
-        {
-            "error": {
-                "code": "invalid",
-                "message": f"{first['field']}: {first['message']}",
-                "field": first["field"],
-                "details": {"errors": errors},
-                "retryable": False,
-            }
-        },
+    invalid = Invalid(
+        f"{first['field']}: {first['message']}",
+        field=first["field"],
+        details={"errors": errors},
     )
+    return await _shaper_error(request, invalid)
 
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -257,14 +229,4 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     headers = dict(exc.headers) if exc.headers else {}
     if exc.status_code == 405:
         headers["Allow"] = _allowed_methods(request) or headers.get("Allow", "")
-    return _error_json(
-        exc.status_code,
-        {
-            "error": {
-                "code": code,
-                "message": str(exc.detail),
-                "retryable": False,
-            }
-        },
-        headers or None,
-    )
+    return _error_json(exc.status_code, error_body(code, str(exc.detail)), headers or None)

@@ -60,6 +60,10 @@ MAX_REPLICAS = 100_000
 MAX_RESTARTS = 1_000_000
 
 
+# The kinds of scheduler a cluster can be registered as. Only ``slurm`` and ``sim`` have a
+# connector (connectors/registry.py); ``kubernetes``, ``kueue``, ``armada`` and ``ray`` are
+# accepted by the API and stored, but nothing can connect such a cluster yet. A comment, not
+# a docstring: pydantic would publish a docstring in the OpenAPI schema.
 class SchedulerKind(StrEnum):
     slurm = "slurm"
     kubernetes = "kubernetes"

@@ -70,7 +70,8 @@ from app.actions.models import (
 from app.actions.schedulers import places_itself
 from app.clusters.models import Cluster
 from app.core.config import DEFAULT_SCHEDULER_START_WAIT_S
-from app.core.errors import Conflict, NotFound
+from app.core.errors import Conflict
+from app.core.lookup import found
 from app.core.security import Principal
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -867,8 +868,10 @@ def active_action_ids(*, session: Session, limit: int = 1000) -> list[int]:
 
 
 def list_steps(*, session: Session, action_id: int) -> list[ActionStepPublic]:
-    if session.get(Action, action_id) is None:
-        raise NotFound(
-            f"action {action_id} does not exist", resource="action", resource_id=action_id
-        )
+    found(
+        session.get(Action, action_id),
+        f"action {action_id} does not exist",
+        resource="action",
+        resource_id=action_id,
+    )
     return [ActionStepPublic.model_validate(s) for s in _steps(session, action_id)]

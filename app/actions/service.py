@@ -21,7 +21,8 @@ from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.clusters.models import Cluster
-from app.core.errors import Conflict, NotFound
+from app.core.errors import Conflict
+from app.core.lookup import found
 from app.core.paging import Page, count_rows
 from app.jobs.models import Allocation, Job
 
@@ -59,11 +60,9 @@ def get_action(*, session: Session, action_id: int) -> ActionPublic:
         .outerjoin(Job, Job.id == Action.job_id)  # type: ignore[arg-type]
         .where(Action.id == action_id)
     ).first()
-    if row is None:
-        raise NotFound(
-            f"action {action_id} does not exist", resource="action", resource_id=action_id
-        )
-    return _public(*row)
+    return _public(
+        *found(row, f"action {action_id} does not exist", resource="action", resource_id=action_id)
+    )
 
 
 def transition(
@@ -314,11 +313,9 @@ def _prerequisites(session: Session, action: Action) -> list[Action]:
 def lock_action(session: Session, action_id: int) -> Action:
     """The action, locked for this transaction (and read again); NotFound if missing."""
     action = session.exec(select(Action).where(Action.id == action_id).with_for_update()).first()
-    if action is None:
-        raise NotFound(
-            f"action {action_id} does not exist", resource="action", resource_id=action_id
-        )
-    return action
+    return found(
+        action, f"action {action_id} does not exist", resource="action", resource_id=action_id
+    )
 
 
 def _check_move(action: Action, to: ActionState) -> None:

@@ -5,17 +5,23 @@ transaction begins DEFERRED and never waits for, nor holds, SQLite's write lock;
 method begins IMMEDIATE, taking the lock before its first read (why: ``app.core.db``).
 ``WriteSessionDep`` is for a GET that writes all the same (a readiness probe of writes).
 Both come from ``app.core.db.get_session``, the one dependency tests override.
+
+Authentication and scopes are checked here and only here: ``scoped`` on a route, and
+``authorize`` for ``app.main``, which must refuse an anonymous caller before it reports a
+bad body.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.audit.models import Actor
 from app.core.clock import Clock, SystemClock
@@ -83,17 +89,27 @@ def authenticate_request(
         raise
 
 
+def _principal(
+    request: Request,
+    *,
+    session: Session,
+    credentials: HTTPAuthorizationCredentials | None,
+    now: datetime,
+) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("missing bearer token (Authorization: Bearer shp_…)")
+    return authenticate_request(
+        request, session=session, plaintext=credentials.credentials, now=now
+    )
+
+
 def get_principal(
     request: Request,
     session: SessionDep,
     clock: ClockDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized("missing bearer token (Authorization: Bearer shp_…)")
-    return authenticate_request(
-        request, session=session, plaintext=credentials.credentials, now=clock.now()
-    )
+    return _principal(request, session=session, credentials=credentials, now=clock.now())
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
@@ -116,6 +132,17 @@ ActorDep = Annotated[Actor, Depends(get_actor)]
 AUTHENTICATED = "authenticated"
 
 
+def _require_scope(request: Request, principal: Principal, scope: str) -> Principal:
+    if scope == AUTHENTICATED:
+        return principal
+    required = scope.format(**request.path_params)
+    if not principal.allows(required):
+        raise Forbidden(
+            f"this token lacks the scope {required!r}", details={"required_scope": required}
+        )
+    return principal
+
+
 def scoped(scope: str) -> dict[str, Any]:
     """Route keyword arguments that enforce ``scope`` and publish it in the OpenAPI schema.
 
@@ -124,13 +151,28 @@ def scoped(scope: str) -> dict[str, Any]:
     """
 
     def require_scope(request: Request, principal: CurrentPrincipal) -> Principal:
-        if scope == AUTHENTICATED:
-            return principal
-        required = scope.format(**request.path_params)
-        if not principal.allows(required):
-            raise Forbidden(
-                f"this token lacks the scope {required!r}", details={"required_scope": required}
-            )
-        return principal
+        return _require_scope(request, principal, scope)
 
     return {"dependencies": [Depends(require_scope)], "openapi_extra": {"x-required-scope": scope}}
+
+
+async def authorize(request: Request, scope: str) -> Principal:
+    """What ``scoped(scope)`` checks, outside dependency injection: FastAPI parses the body
+    before it runs a route's dependencies, so ``app.main`` asks this first to answer an
+    anonymous caller 401 rather than report its bad body. The token is read, the session
+    and the clock are had, as a route gets them (overrides included)."""
+    credentials = await _bearer(request)
+
+    def check() -> Principal:
+        overrides = request.app.dependency_overrides
+        produced = overrides.get(get_session, get_session)()
+        session = next(produced) if isinstance(produced, Iterator) else produced
+        try:
+            now = overrides.get(get_clock, get_clock)().now()
+            principal = _principal(request, session=session, credentials=credentials, now=now)
+            return _require_scope(request, principal, scope)
+        finally:
+            if isinstance(produced, Iterator):
+                produced.close()
+
+    return await run_in_threadpool(check)

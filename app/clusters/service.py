@@ -9,7 +9,8 @@ from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.clusters.models import Cluster, ClusterCreate, ClusterPublic, ClusterUpdate
-from app.core.errors import Conflict, Invalid, NotFound
+from app.core.errors import Invalid
+from app.core.lookup import found, not_taken
 from app.nodes.models import Node
 from solver.policies import POLICY_NAMES
 
@@ -32,13 +33,12 @@ def register_cluster(
     *, session: Session, cluster_in: ClusterCreate, now: datetime, actor: Actor | None = None
 ) -> Cluster:
     _check(cluster_in)
-    if session.exec(select(Cluster).where(Cluster.name == cluster_in.name)).first():
-        raise Conflict(
-            f"cluster {cluster_in.name!r} is already registered",
-            field="name",
-            resource="cluster",
-            resource_id=cluster_in.name,
-        )
+    not_taken(
+        session.exec(select(Cluster).where(Cluster.name == cluster_in.name)).first(),
+        f"cluster {cluster_in.name!r} is already registered",
+        resource="cluster",
+        resource_id=cluster_in.name,
+    )
     cluster = Cluster(**cluster_in.model_dump(), created_at=now)
     session.add(cluster)
     audit.record(
@@ -57,9 +57,9 @@ def register_cluster(
 
 def get_cluster(*, session: Session, name: str) -> Cluster:
     cluster = session.exec(select(Cluster).where(Cluster.name == name)).first()
-    if cluster is None:
-        raise NotFound(f"cluster {name!r} is not registered", resource="cluster", resource_id=name)
-    return cluster
+    return found(
+        cluster, f"cluster {name!r} is not registered", resource="cluster", resource_id=name
+    )
 
 
 def list_clusters(*, session: Session) -> list[Cluster]:

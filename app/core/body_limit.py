@@ -6,6 +6,8 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.core.errors import error_body
+
 
 class BodyLimitMiddleware:
     """Answers 413 for a body over ``max_bytes``, whether declared by Content-Length or
@@ -52,16 +54,8 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
-        payload = json.dumps(
-            {
-                "error": {
-                    "code": "payload_too_large",
-                    "message": f"request body over {self.max_bytes} bytes (SHAPER_MAX_BODY_BYTES)",
-                    "field": "body",
-                    "retryable": False,
-                }
-            }
-        ).encode()
+        message = f"request body over {self.max_bytes} bytes (SHAPER_MAX_BODY_BYTES)"
+        payload = json.dumps(error_body("payload_too_large", message, field="body")).encode()
         await send(
             {
                 "type": "http.response.start",

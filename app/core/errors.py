@@ -1,15 +1,42 @@
-"""One error hierarchy, mapped to HTTP once (in ``app.main``).
+"""One error hierarchy, mapped to HTTP once (in ``app.main``), and the one error body.
 
 Every error says what was wrong and where: ``field`` is a path into the request
 (``jobs[12].external_id``), ``resource``/``resource_id`` name the object involved.
 Every answer that is not a success, a 500 included, has the same body:
 ``{"error": {"code", "message", "field"?, "id"?, "details"?, "retryable"}}``; a retryable
 one that knows when to come back says so in ``Retry-After`` (``headers()``).
+``error_body`` builds it, for these errors and for the answers no class here stands for
+(FastAPI's own 404 and 405, a body that is not JSON, one over the size limit).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def error_body(
+    code: str,
+    message: str,
+    *,
+    field: str | None = None,
+    resource: str | None = None,
+    resource_id: str | int | None = None,
+    details: dict[str, Any] | None = None,
+    retryable: bool = False,
+) -> dict[str, Any]:
+    """The body of every error answer; keys that say nothing (``None``, no details) are
+    left out."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if field is not None:
+        error["field"] = field
+    if resource is not None:
+        error["resource"] = resource
+    if resource_id is not None:
+        error["id"] = resource_id
+    if details:
+        error["details"] = details
+    error["retryable"] = retryable
+    return {"error": error}
 
 
 class ShaperError(Exception):
@@ -34,17 +61,15 @@ class ShaperError(Exception):
         self.details = details or {}
 
     def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.field is not None:
-            error["field"] = self.field
-        if self.resource is not None:
-            error["resource"] = self.resource
-        if self.resource_id is not None:
-            error["id"] = self.resource_id
-        if self.details:
-            error["details"] = self.details
-        error["retryable"] = self.retryable
-        return {"error": error}
+        return error_body(
+            self.code,
+            self.message,
+            field=self.field,
+            resource=self.resource,
+            resource_id=self.resource_id,
+            details=self.details,
+            retryable=self.retryable,
+        )
 
     def headers(self) -> dict[str, str] | None:
         return None
@@ -53,11 +78,6 @@ class ShaperError(Exception):
 class Invalid(ShaperError):
     status_code = 422
     code = "invalid"
-
-
-class BadRequest(ShaperError):
-    status_code = 400
-    code = "bad_request"
 
 
 class NotFound(ShaperError):
@@ -86,25 +106,6 @@ class Unauthorized(ShaperError):
 class Forbidden(ShaperError):
     status_code = 403
     code = "forbidden"
-
-
-class PayloadTooLarge(ShaperError):
-    status_code = 413
-    code = "payload_too_large"
-
-
-class Infeasible(ShaperError):
-    status_code = 422
-    code = "infeasible"
-
-
-class ConnectorUnavailable(ShaperError):
-    status_code = 503
-    code = "connector_unavailable"
-
-    def __init__(self, message: str, *, retryable: bool = True, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.retryable = retryable
 
 
 class Unavailable(ShaperError):

@@ -9,7 +9,7 @@ from sqlmodel import Session, select
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
-from app.core.errors import Conflict, NotFound
+from app.core.lookup import found, not_taken
 from app.gpu_models.models import GpuModel, GpuModelCreate
 
 # Public datasheet figures; relative_speed is dense BF16 throughput relative to A100
@@ -49,23 +49,20 @@ def list_gpu_models(*, session: Session) -> list[GpuModel]:
 
 def get_gpu_model(*, session: Session, name: str) -> GpuModel:
     model = session.exec(select(GpuModel).where(GpuModel.name == name)).first()
-    if model is None:
-        raise NotFound(
-            f"GPU model {name!r} is not in the catalogue", resource="gpu_model", resource_id=name
-        )
-    return model
+    return found(
+        model, f"GPU model {name!r} is not in the catalogue", resource="gpu_model", resource_id=name
+    )
 
 
 def create_gpu_model(
     *, session: Session, model_in: GpuModelCreate, now: datetime, actor: Actor | None = None
 ) -> GpuModel:
-    if session.exec(select(GpuModel).where(GpuModel.name == model_in.name)).first():
-        raise Conflict(
-            f"GPU model {model_in.name!r} already exists",
-            field="name",
-            resource="gpu_model",
-            resource_id=model_in.name,
-        )
+    not_taken(
+        session.exec(select(GpuModel).where(GpuModel.name == model_in.name)).first(),
+        f"GPU model {model_in.name!r} already exists",
+        resource="gpu_model",
+        resource_id=model_in.name,
+    )
     model = GpuModel(
         **model_in.model_dump(exclude={"precisions"}),
         precisions=[p.value for p in model_in.precisions],

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from app.clusters.models import Cluster
-from app.core.errors import NotFound
+from app.core.lookup import found
 from app.core.paging import Page, count_rows, order_by_clauses
 from app.jobs.models import Allocation, AllocationPublic, Job, JobPublic
 from app.nodes.models import Node
@@ -67,9 +67,7 @@ def get_job(*, session: Session, job_id: int) -> JobPublic:
         .join(Cluster, Cluster.id == Job.cluster_id)
         .where(Job.id == job_id)  # type: ignore[arg-type]
     ).first()
-    if row is None:
-        raise NotFound(f"job {job_id} does not exist", resource="job", resource_id=job_id)
-    job, name = row
+    job, name = found(row, f"job {job_id} does not exist", resource="job", resource_id=job_id)
     return _public(job, name, _open_allocations(session, [job_id]).get(job_id, []))
 
 

@@ -11,7 +11,8 @@ from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.clusters.models import Cluster
-from app.core.errors import Conflict, NotFound
+from app.core.errors import Conflict
+from app.core.lookup import found
 from app.core.paging import Page, count_rows
 from app.plans.models import Plan, PlanPublic, PlanState
 
@@ -43,9 +44,7 @@ def get_plan(*, session: Session, plan_id: int) -> PlanPublic:
         .outerjoin(Cluster, Cluster.id == Plan.cluster_id)
         .where(Plan.id == plan_id)  # type: ignore[arg-type]
     ).first()
-    if row is None:
-        raise NotFound(f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
-    plan, name = row
+    plan, name = found(row, f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
     return PlanPublic.model_validate(plan, update={"cluster": name})
 
 
@@ -62,9 +61,12 @@ def decide_plan(
     ids of the actions approved (for dispatch). Only a proposed plan can be decided;
     rejecting one that was approved in part withdraws only what is still proposed (and,
     through the dependency groups, what waits for it)."""
-    plan = session.exec(select(Plan).where(Plan.id == plan_id).with_for_update()).first()
-    if plan is None:
-        raise NotFound(f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
+    plan = found(
+        session.exec(select(Plan).where(Plan.id == plan_id).with_for_update()).first(),
+        f"plan {plan_id} does not exist",
+        resource="plan",
+        resource_id=plan_id,
+    )
     if PlanState(plan.state) is not PlanState.proposed:
         why = f" ({plan.state_reason})" if plan.state_reason else ""
         raise Conflict(

@@ -9,7 +9,8 @@ from sqlmodel import Session, select
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
-from app.core.errors import Conflict, NotFound
+from app.core.errors import NotFound
+from app.core.lookup import found, not_taken
 from app.policies.models import SlaPolicy, SlaPolicyCreate, SlaPolicyUpdate
 
 
@@ -21,13 +22,12 @@ def create_policy(
     now: datetime,
     actor: Actor | None = None,
 ) -> SlaPolicy:
-    if session.exec(select(SlaPolicy).where(SlaPolicy.name == policy_in.name)).first():
-        raise Conflict(
-            f"SLA policy {policy_in.name!r} exists; PUT a new version instead",
-            field="name",
-            resource="sla_policy",
-            resource_id=policy_in.name,
-        )
+    not_taken(
+        session.exec(select(SlaPolicy).where(SlaPolicy.name == policy_in.name)).first(),
+        f"SLA policy {policy_in.name!r} exists; PUT a new version instead",
+        resource="sla_policy",
+        resource_id=policy_in.name,
+    )
     policy = SlaPolicy(
         name=policy_in.name,
         version=1,
@@ -118,11 +118,13 @@ def get_policy(*, session: Session, name: str, version: int | None = None) -> Sl
         if version is not None
         else query.order_by(SlaPolicy.version.desc())
     )  # type: ignore[attr-defined]
-    policy = session.exec(query).first()
-    if policy is None:
-        what = f"SLA policy {name!r}" + (f" version {version}" if version else "")
-        raise NotFound(f"{what} does not exist", resource="sla_policy", resource_id=name)
-    return policy
+    what = f"SLA policy {name!r}" + (f" version {version}" if version else "")
+    return found(
+        session.exec(query).first(),
+        f"{what} does not exist",
+        resource="sla_policy",
+        resource_id=name,
+    )
 
 
 def list_latest(*, session: Session) -> list[SlaPolicy]:

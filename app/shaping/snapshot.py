@@ -29,7 +29,7 @@ Mapping to the solver (documented because it decides what the solver optimises):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -61,6 +61,12 @@ _NODE_STATES = {
 
 @dataclass(frozen=True)
 class JobRow:
+    """One job as the cycle sees it: frozen, so nothing in a solve can change the picture,
+    with lists as tuples. Its fields are ``Job`` columns, copied by name (``_job_columns``),
+    and what the snapshot derives (``_DERIVED``). The fields stay declared here rather than
+    generated from ``Job``: a table row is mutable and holds lists, and the readers
+    (``to_instance``, ``app.shaping.review``) and the type checker need them written out."""
+
     id: int
     external_id: str
     team: str
@@ -89,6 +95,31 @@ class JobRow:
     busy: bool = False
     proposed: bool = False
     displaced: bool = False
+
+
+# JobRow's fields that are not Job columns; every other field is copied from the job.
+_DERIVED = frozenset(
+    {
+        "placement",
+        "demand_history",
+        "migrations_today",
+        "preemptions_today",
+        "last_moved_at",
+        "last_acted_at",
+        "actions_last_hour",
+        "busy",
+        "proposed",
+        "displaced",
+    }
+)
+_JOB_COLUMNS = tuple(f.name for f in fields(JobRow) if f.name not in _DERIVED)
+
+
+def _job_columns(job: Job) -> dict[str, Any]:
+    """The job's columns that JobRow holds, lists frozen to tuples. A name here that ``Job``
+    no longer has fails loudly (AttributeError) instead of leaving a default."""
+    values = {name: getattr(job, name) for name in _JOB_COLUMNS}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 
 @dataclass(frozen=True)
@@ -143,23 +174,7 @@ def take_snapshot(
     open_actions = _open_actions(session, job_ids)
     rows = tuple(
         JobRow(
-            id=j.id,
-            external_id=j.external_id,
-            team=j.team,
-            shape=j.shape,  # type: ignore[arg-type]
-            priority=j.priority,
-            gpus_requested=j.gpus_requested,
-            allowed_gpu_models=tuple(j.allowed_gpu_models),
-            required_nodes=tuple(j.required_nodes),
-            min_gpu_memory_gib=j.min_gpu_memory_gib,
-            required_precision=j.required_precision,
-            gang_size=j.gang_size,
-            checkpointable=j.checkpointable,
-            min_replicas=j.min_replicas,
-            max_replicas=j.max_replicas,
-            replicas=j.replicas,
-            submit_time=j.submit_time,
-            start_time=j.start_time,
+            **_job_columns(j),
             placement=tuple(sorted(placements.get(j.id, []))),  # type: ignore[arg-type]
             demand_history=tuple(demand.get(j.id, [])),  # type: ignore[arg-type]
             migrations_today=moves.get((j.id, ActionKind.migrate), (0, None))[0],  # type: ignore[arg-type]

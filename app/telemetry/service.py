@@ -34,8 +34,9 @@ from sqlmodel import Session, select
 
 from app.clusters.models import Cluster, ConnectorStatus
 from app.core.bulk import insert_rows, insert_tuples, json_text, update_rows, update_tuples
-from app.core.errors import Invalid, NotFound
+from app.core.errors import Invalid
 from app.core.gc_pause import paused_gc
+from app.core.lookup import found
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -151,9 +152,9 @@ def _ingest(
 def _lock_cluster(session: Session, name: str) -> Cluster:
     query = select(Cluster).where(Cluster.name == name).with_for_update()
     cluster = session.exec(query).first()
-    if cluster is None:
-        raise NotFound(f"cluster {name!r} is not registered", resource="cluster", resource_id=name)
-    return cluster
+    return found(
+        cluster, f"cluster {name!r} is not registered", resource="cluster", resource_id=name
+    )
 
 
 def _rows(session: Session, query: sa.Select[Any]) -> Sequence[Sequence[Any]]:
@@ -471,23 +472,21 @@ def record_node_samples(
 ) -> int:
     """Store a node agent's measurements of its own node; all or nothing. The samples are
     held to the same bounds and time window as a connector's (``physics.check_sample``)."""
-    cluster = session.exec(select(Cluster).where(Cluster.name == cluster_name)).first()
-    if cluster is None:
-        raise NotFound(
-            f"cluster {cluster_name!r} is not registered",
-            resource="cluster",
-            resource_id=cluster_name,
-        )
-    node = session.exec(
-        select(Node).where(Node.cluster_id == cluster.id, Node.name == node_name)
-    ).first()
-    if node is None:
-        raise NotFound(
-            f"node {node_name!r} is not known in cluster {cluster_name!r} (its "
-            "connector reports nodes)",
-            resource="node",
-            resource_id=node_name,
-        )
+    cluster = found(
+        session.exec(select(Cluster).where(Cluster.name == cluster_name)).first(),
+        f"cluster {cluster_name!r} is not registered",
+        resource="cluster",
+        resource_id=cluster_name,
+    )
+    node = found(
+        session.exec(
+            select(Node).where(Node.cluster_id == cluster.id, Node.name == node_name)
+        ).first(),
+        f"node {node_name!r} is not known in cluster {cluster_name!r} (its "
+        "connector reports nodes)",
+        resource="node",
+        resource_id=node_name,
+    )
     for i, sample in enumerate(samples):
         if sample.metric not in NODE_METRICS:
             raise Invalid(

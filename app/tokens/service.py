@@ -7,7 +7,8 @@ from sqlmodel import Session, select
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
-from app.core.errors import NotFound, Unauthorized
+from app.core.errors import Unauthorized
+from app.core.lookup import found
 from app.core.security import Principal, generate_token, secret_matches, split_token
 from app.tokens.models import ApiToken, ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
 
@@ -73,9 +74,12 @@ def revoke_token(
     *, session: Session, token_id: int, now: datetime, actor: Actor | None = None
 ) -> ApiTokenPublic:
     """Revoke a token; revoking it again changes nothing (and records nothing)."""
-    token = session.get(ApiToken, token_id)
-    if token is None:
-        raise NotFound(f"token {token_id} does not exist", resource="token", resource_id=token_id)
+    token = found(
+        session.get(ApiToken, token_id),
+        f"token {token_id} does not exist",
+        resource="token",
+        resource_id=token_id,
+    )
     if token.revoked_at is None:
         token.revoked_at = now
         session.add(token)

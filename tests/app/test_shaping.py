@@ -15,9 +15,10 @@ from sqlmodel import Session, select
 
 from app.actions.models import Action
 from app.core.clock import FrozenClock
+from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
 from app.shaping.lease import shaping_lease
-from app.shaping.snapshot import take_snapshot, to_instance
+from app.shaping.snapshot import _JOB_COLUMNS, take_snapshot, to_instance
 from tests.app.builders import job, node, running, snapshot
 
 
@@ -61,6 +62,22 @@ def test_snapshot_maps_the_cluster_to_a_solver_instance(
     assert jobs["alpha/j1"].gpu_indices == {"alpha/n1": (0, 1, 2, 3)}
     assert jobs["alpha/big"].total_gpus == 8 and not jobs["alpha/big"].is_running
     assert jobs["alpha/big"].priority > jobs["alpha/j1"].priority
+
+
+@pytest.mark.usefixtures("fragmented")
+def test_a_snapshot_job_holds_its_job_columns_frozen(session: Session, clock: FrozenClock) -> None:
+    """JobRow's copied fields are Job's columns by name, lists frozen to tuples."""
+    row = next(
+        r
+        for r in take_snapshot(session=session, cluster_name="alpha", now=clock.now()).jobs
+        if r.external_id == "j1"
+    )
+    stored = session.exec(select(Job).where(Job.id == row.id)).one()
+    for name in _JOB_COLUMNS:
+        value = getattr(stored, name)
+        assert getattr(row, name) == (tuple(value) if isinstance(value, list) else value), name
+    assert row.placement == (("n1", (0, 1, 2, 3), 4),)
+    assert set(_JOB_COLUMNS) <= set(Job.model_fields)
 
 
 @pytest.mark.usefixtures("fragmented")
