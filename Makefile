@@ -21,6 +21,7 @@ test: venv
 	scripts/services.sh
 	scripts/browser.sh
 	scripts/install-criu.sh
+	scripts/prometheus.sh
 	$(BIN)/pytest -q
 
 lint: venv

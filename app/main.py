@@ -1,8 +1,9 @@
 """create_app(): routers, exception handlers, middleware, the dashboard, docs, health.
 
-Middleware, outermost first: security headers on every answer (``app.core.headers``),
-then the catch-all that turns any exception into the documented JSON body without
-dropping the connection (``app.core.unhandled``), then the body limit.
+Middleware, outermost first: request timing for ``/metrics`` (``app.metrics.http``),
+security headers on every answer (``app.core.headers``), then the catch-all that turns
+any exception into the documented JSON body without dropping the connection
+(``app.core.unhandled``), then the body limit.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from app.core.errors import (
 from app.core.headers import SecurityHeadersMiddleware
 from app.core.ratelimit import AuthFailureLimiter
 from app.core.unhandled import UnhandledErrorMiddleware
+from app.metrics.http import RequestTimingMiddleware, request_histogram
+from app.metrics.router import router as metrics_router
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _UNION_TAGS = {"snapshot", "delta"}  # pydantic puts the discriminator value in error paths
@@ -58,10 +61,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(UnhandledErrorMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
+    app.state.request_histogram = request_histogram()
+    app.add_middleware(RequestTimingMiddleware, histogram=app.state.request_histogram)
     app.add_exception_handler(ShaperError, _shaper_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.include_router(api_router)
+    app.include_router(metrics_router)
     add_docs(app)
     _document_errors(app)
 

@@ -59,15 +59,16 @@ def _error_response(status: str) -> dict[str, Any]:
 
 
 def declare_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
-    """Adds the error answers to every ``/api/`` operation of ``schema`` (in place)."""
+    """Adds the error answers to every ``/api/`` operation of ``schema``, and to every other
+    operation that needs a token (``/metrics``), in place."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     definitions = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
     components.update(definitions.pop("$defs", {}))
     components["ErrorBody"] = definitions
     for path, item in schema.get("paths", {}).items():
-        if not path.startswith("/api/"):
-            continue
         for operation in item.values():
+            if not path.startswith("/api/") and "x-required-scope" not in operation:
+                continue
             responses = operation.setdefault("responses", {})
             parameters = operation.get("parameters", [])
             statuses = ["401", "429", "500", "503"]

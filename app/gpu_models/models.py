@@ -5,7 +5,7 @@ from enum import StrEnum
 from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
-from app.core.types import json_column
+from app.core.types import NoNulStr, json_column
 
 
 class Precision(StrEnum):
@@ -23,7 +23,7 @@ class GpuModelBase(SQLModel):
     name: str = Field(
         min_length=1, max_length=64, schema_extra={"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$"}
     )
-    vendor: str = Field(default="nvidia", max_length=32)
+    vendor: NoNulStr = Field(default="nvidia", max_length=32)
     memory_gib: float = Field(gt=0, le=4096)
     relative_speed: float = Field(default=1.0, gt=0, le=100)
 

@@ -1,0 +1,277 @@
+"""Metric families computed from the database when Prometheus scrapes.
+
+Read at scrape time rather than kept as counters in the process, so every replica of the
+API answers the same figures and a restart loses nothing. Each family is one aggregate
+query; the cost is that of the dashboard's own summaries.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from sqlmodel import Session
+
+from app.actions.models import Action, ActionKind, ActionState
+from app.clusters.models import Cluster
+from app.gpu_models.models import GpuModel
+from app.jobs.models import Allocation, Job
+from app.nodes.models import Node
+from app.plans.models import Plan
+from app.telemetry.models import TelemetrySample
+from wire.telemetry import JobState, NodeState
+from wire.telemetry import Metric as SampleMetric
+
+# Core tables: typed columns for aggregate queries (the models' attributes are not).
+ACTIONS = Action.__table__  # type: ignore[attr-defined]
+ALLOCATIONS = Allocation.__table__  # type: ignore[attr-defined]
+CLUSTERS = Cluster.__table__  # type: ignore[attr-defined]
+JOBS = Job.__table__  # type: ignore[attr-defined]
+MODELS = GpuModel.__table__  # type: ignore[attr-defined]
+NODES = Node.__table__  # type: ignore[attr-defined]
+PLANS = Plan.__table__  # type: ignore[attr-defined]
+SAMPLES = TelemetrySample.__table__  # type: ignore[attr-defined]
+
+# Measured busy is the mean of the agents' GPU samples over this window.
+BUSY_WINDOW = timedelta(minutes=5)
+_OPEN_JOB_STATES = (JobState.pending, JobState.running, JobState.suspended)
+
+
+class DatabaseCollector:
+    """A prometheus_client collector over one session, for one scrape."""
+
+    def __init__(self, session: Session, now: datetime) -> None:
+        self.session = session
+        self.now = now
+        self._clusters: dict[int, str] = dict(
+            session.execute(sa.select(CLUSTERS.c.id, CLUSTERS.c.name)).tuples().all()
+        )
+
+    def describe(self) -> list[Metric]:
+        return []  # computed per scrape: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._gpus()
+        yield self._busy()
+        yield from self._jobs()
+        yield from self._plans()
+        yield self._actions()
+        yield self._migrations()
+        yield from self._telemetry()
+
+    def _cluster(self, cluster_id: int) -> str:
+        return self._clusters.get(cluster_id, str(cluster_id))
+
+    def _gpus(self) -> Iterator[Metric]:
+        gpus = GaugeMetricFamily(
+            "shaper_gpus",
+            "GPUs by state: allocated (held by jobs), free (up and unheld), unavailable "
+            "(down, or unheld on a draining node)",
+            labels=["cluster", "gpu_model", "state"],
+        )
+        team = GaugeMetricFamily(
+            "shaper_team_gpus_allocated",
+            "GPUs held by each team's jobs",
+            labels=["cluster", "team"],
+        )
+        held: dict[int, int] = dict(
+            self.session.execute(
+                sa.select(ALLOCATIONS.c.node_id, sa.func.sum(ALLOCATIONS.c.gpu_count))
+                .where(ALLOCATIONS.c.released_at.is_(None))
+                .group_by(ALLOCATIONS.c.node_id)
+            )
+            .tuples()
+            .all()
+        )
+        counts: dict[tuple[str, str, str], int] = defaultdict(int)
+        rows = self.session.execute(
+            sa.select(
+                NODES.c.id, NODES.c.cluster_id, MODELS.c.name, NODES.c.gpu_count, NODES.c.state
+            ).join(MODELS, MODELS.c.id == NODES.c.gpu_model_id)
+        ).all()
+        for node_id, cluster_id, model, size, state in rows:
+            key = (self._cluster(cluster_id), model)
+            allocated = min(int(held.get(node_id) or 0), size)
+            rest = size - allocated
+            counts[(*key, "allocated")] += allocated if state != NodeState.down else 0
+            if state == NodeState.up:
+                counts[(*key, "free")] += rest
+            else:
+                counts[(*key, "unavailable")] += rest if state == NodeState.draining else size
+        for (cluster, model, state), value in sorted(counts.items()):
+            gpus.add_metric([cluster, model, state], value)
+        by_team = self.session.execute(
+            sa.select(JOBS.c.cluster_id, JOBS.c.team, sa.func.sum(ALLOCATIONS.c.gpu_count))
+            .join(ALLOCATIONS, ALLOCATIONS.c.job_id == JOBS.c.id)
+            .where(ALLOCATIONS.c.released_at.is_(None))
+            .group_by(JOBS.c.cluster_id, JOBS.c.team)
+        ).all()
+        for cluster_id, team_name, value in sorted(by_team, key=lambda r: (r[0], r[1])):
+            team.add_metric([self._cluster(cluster_id), team_name], float(value or 0))
+        yield gpus
+        yield team
+
+    def _busy(self) -> Metric:
+        busy = GaugeMetricFamily(
+            "shaper_gpu_busy_ratio",
+            f"mean measured GPU utilization (node agents' samples, last "
+            f"{int(BUSY_WINDOW.total_seconds())} s)",
+            labels=["cluster", "gpu_model"],
+        )
+        rows = self.session.execute(
+            sa.select(NODES.c.cluster_id, MODELS.c.name, sa.func.avg(SAMPLES.c.value))
+            .join(NODES, NODES.c.id == SAMPLES.c.node_id)
+            .join(MODELS, MODELS.c.id == NODES.c.gpu_model_id)
+            .where(
+                SAMPLES.c.metric == SampleMetric.gpu_util.value,
+                SAMPLES.c.at >= self.now - BUSY_WINDOW,
+            )
+            .group_by(NODES.c.cluster_id, MODELS.c.name)
+        ).all()
+        for cluster_id, model, value in sorted(rows, key=lambda r: (r[0], r[1])):
+            busy.add_metric([self._cluster(cluster_id), model], float(value))
+        return busy
+
+    def _jobs(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily(
+            "shaper_jobs", "jobs not yet ended, by state", labels=["cluster", "state"]
+        )
+        queue = GaugeMetricFamily(
+            "shaper_queue_jobs", "pending jobs by SLA class", labels=["cluster", "sla_class"]
+        )
+        wait = GaugeMetricFamily(
+            "shaper_queue_wait_seconds_max",
+            "how long the longest-waiting pending job of each SLA class has waited",
+            labels=["cluster", "sla_class"],
+        )
+        states = self.session.execute(
+            sa.select(JOBS.c.cluster_id, JOBS.c.state, sa.func.count())
+            .where(JOBS.c.state.in_([s.value for s in _OPEN_JOB_STATES]))
+            .group_by(JOBS.c.cluster_id, JOBS.c.state)
+        ).all()
+        for cluster_id, state, value in sorted(states, key=lambda r: (r[0], str(r[1]))):
+            jobs.add_metric([self._cluster(cluster_id), str(JobState(state))], value)
+        pending = self.session.execute(
+            sa.select(
+                JOBS.c.cluster_id,
+                JOBS.c.sla_class,
+                sa.func.count(),
+                sa.func.min(JOBS.c.submit_time),
+            )
+            .where(JOBS.c.state == JobState.pending.value)
+            .group_by(JOBS.c.cluster_id, JOBS.c.sla_class)
+        ).all()
+        for cluster_id, sla_class, count, oldest in sorted(pending, key=lambda r: (r[0], r[1])):
+            labels = [self._cluster(cluster_id), sla_class]
+            queue.add_metric(labels, count)
+            if oldest is not None:
+                waited = self.now - _aware(oldest, self.now)
+                wait.add_metric(labels, max(waited.total_seconds(), 0.0))
+        yield jobs
+        yield queue
+        yield wait
+
+    def _plans(self) -> Iterator[Metric]:
+        solve = GaugeMetricFamily(
+            "shaper_plan_solve_seconds", "wall time of the latest plan's solve", labels=["cluster"]
+        )
+        gap = GaugeMetricFamily(
+            "shaper_plan_gap",
+            "relative gap between the latest plan and its bound (0 = proven optimal)",
+            labels=["cluster"],
+        )
+        age = GaugeMetricFamily(
+            "shaper_plan_age_seconds", "time since the latest plan was made", labels=["cluster"]
+        )
+        latest = (
+            sa.select(sa.func.max(PLANS.c.id).label("plan_id"))
+            .where(PLANS.c.cluster_id.is_not(None))
+            .group_by(PLANS.c.cluster_id)
+            .subquery()
+        )
+        rows = self.session.execute(
+            sa.select(PLANS.c.cluster_id, PLANS.c.wall_time_s, PLANS.c.gap, PLANS.c.created_at)
+            .join(latest, latest.c.plan_id == PLANS.c.id)
+            .order_by(PLANS.c.cluster_id)
+        ).all()
+        for cluster_id, wall_time_s, plan_gap, created_at in rows:
+            cluster = self._cluster(cluster_id)
+            solve.add_metric([cluster], wall_time_s)
+            if plan_gap is not None:
+                gap.add_metric([cluster], plan_gap)
+            age.add_metric(
+                [cluster], max((self.now - _aware(created_at, self.now)).total_seconds(), 0.0)
+            )
+        yield solve
+        yield gap
+        yield age
+
+    def _actions(self) -> Metric:
+        actions = GaugeMetricFamily(
+            "shaper_actions", "actions by kind and state", labels=["cluster", "kind", "state"]
+        )
+        rows = self.session.execute(
+            sa.select(
+                ACTIONS.c.cluster_id, ACTIONS.c.kind, ACTIONS.c.state, sa.func.count()
+            ).group_by(ACTIONS.c.cluster_id, ACTIONS.c.kind, ACTIONS.c.state)
+        ).all()
+        for cluster_id, kind, state, value in sorted(rows, key=lambda r: (r[0], r[1], r[2])):
+            labels = [self._cluster(cluster_id), str(ActionKind(kind)), str(ActionState(state))]
+            actions.add_metric(labels, value)
+        return actions
+
+    def _migrations(self) -> Metric:
+        durations = SummaryMetricFamily(
+            "shaper_migration_duration_seconds",
+            "succeeded migrations, from approval to the end of the saga",
+            labels=["cluster"],
+        )
+        finished = self.session.execute(
+            sa.select(ACTIONS.c.cluster_id, ACTIONS.c.decided_at, ACTIONS.c.finished_at).where(
+                ACTIONS.c.kind == ActionKind.migrate.value,
+                ACTIONS.c.state == ActionState.succeeded.value,
+                ACTIONS.c.decided_at.is_not(None),
+                ACTIONS.c.finished_at.is_not(None),
+            )
+        ).all()
+        totals: dict[int, tuple[int, float]] = defaultdict(lambda: (0, 0.0))
+        for cluster_id, decided, ended in finished:
+            count, seconds = totals[cluster_id]
+            took = _aware(ended, self.now) - _aware(decided, self.now)
+            totals[cluster_id] = (count + 1, seconds + max(took.total_seconds(), 0.0))
+        for cluster_id, (count, seconds) in sorted(totals.items()):
+            durations.add_metric([self._cluster(cluster_id)], count, seconds)
+        return durations
+
+    def _telemetry(self) -> Iterator[Metric]:
+        age = GaugeMetricFamily(
+            "shaper_telemetry_age_seconds",
+            "time since the cluster's connector last pushed telemetry that was accepted",
+            labels=["cluster"],
+        )
+        seq = GaugeMetricFamily(
+            "shaper_telemetry_last_seq",
+            "sequence number of the live connector session's last accepted push",
+            labels=["cluster"],
+        )
+        rows = self.session.execute(
+            sa.select(CLUSTERS.c.name, CLUSTERS.c.last_seen_at, CLUSTERS.c.last_seq).order_by(
+                CLUSTERS.c.name
+            )
+        ).all()
+        for name, last_seen_at, last_seq in rows:
+            if last_seen_at is not None:
+                seen = _aware(last_seen_at, self.now)
+                age.add_metric([name], max((self.now - seen).total_seconds(), 0.0))
+            if last_seq is not None:
+                seq.add_metric([name], last_seq)
+        yield age
+        yield seq
+
+
+def _aware(moment: datetime, like: datetime) -> datetime:
+    """SQLite hands back naive UTC times from aggregates and core selects."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=like.tzinfo)

@@ -1,0 +1,201 @@
+"""A real Prometheus (Debian's package, as a plain process) scrapes a running Shaper with
+a viewer token; PromQL then reads back what the test built. Every query of the Grafana
+dashboard in deploy/grafana/ is run against it too: valid PromQL over metrics that exist."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+
+from app.actions.models import Action, ActionKind, ActionState
+from app.core import migrate
+from app.core.db import make_engine
+from app.gpu_models import service as gpu_model_service
+from app.jobs.models import Job
+from app.shaping.cycle import run_cycle
+from tests.app.builders import job, node, running, snapshot
+from tests.live_server import app_on, free_port, serve, tokens_for
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "deploy" / "grafana" / "shaper-dashboard.json"
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    url = f"sqlite:///{tmp_path / 'shaper.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        gpu_model_service.ensure_default_catalogue(session=session)
+        session.commit()
+    yield engine
+    engine.dispose()
+
+
+def _prometheus_binary() -> str:
+    found = shutil.which("prometheus")
+    if found is None:
+        pytest.fail("no prometheus binary: `make test` installs it (scripts/prometheus.sh)")
+    return found
+
+
+class Prometheus:
+    def __init__(self, root: Path, target: str, token: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (root / "token").write_text(token)
+        (root / "token").chmod(0o600)
+        (root / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: shaper\n"
+            "    metrics_path: /metrics\n"
+            f"    authorization: {{credentials_file: {root / 'token'}}}\n"
+            f"    static_configs: [{{targets: ['{target}']}}]\n"
+        )
+        self.log = root / "prometheus.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [
+                    _prometheus_binary(),
+                    f"--config.file={root / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={root / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def query(self, promql: str) -> dict[str, Any]:
+        response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10)
+        body = response.json()
+        assert body["status"] == "success", (promql, body)
+        return body["data"]
+
+    def wait_for(self, promql: str) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                result = self.query(promql)["result"]
+            except (httpx.HTTPError, ValueError):  # not listening, or not ready yet
+                result = []
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no data for {promql}:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+
+def _plan_and_a_finished_migration(engine: Engine) -> None:
+    """A plan (solve time, gap) and one migration that took 90 s, so that every family
+    the dashboard reads has samples."""
+    now = datetime.now(UTC)
+    with Session(engine) as session:
+        run_cycle(session=session, cluster_name="alpha", now=now, policy="shaper")
+        j1 = session.exec(select(Job).where(Job.external_id == "j1")).one()
+        session.add(
+            Action(
+                cluster_id=j1.cluster_id,
+                job_id=j1.id,
+                kind=ActionKind.migrate,
+                state=ActionState.succeeded,
+                idempotency_key="prometheus-test:migrate",
+                created_at=now - timedelta(seconds=100),
+                updated_at=now,
+                decided_at=now - timedelta(seconds=90),
+                finished_at=now,
+            )
+        )
+        session.commit()
+
+
+def test_prometheus_scrapes_shaper_and_the_dashboard_queries_work(
+    engine: Engine, tmp_path: Path
+) -> None:
+    with Session(engine) as session:
+        tokens = tokens_for(session, datetime.now(UTC), ["admin", "viewer", "connector:alpha"])
+        session.commit()
+    with serve(app_on(engine)) as base:
+        admin = {"Authorization": f"Bearer {tokens['admin']}"}
+        created = httpx.post(
+            f"{base}/api/v1/clusters", headers=admin, json={"name": "alpha", "scheduler": "slurm"}
+        )
+        assert created.status_code in (200, 201), created.text
+        now = datetime.now(UTC).replace(microsecond=0).isoformat()
+        pushed = httpx.post(
+            f"{base}/api/v1/clusters/alpha/telemetry",
+            headers={"Authorization": f"Bearer {tokens['connector:alpha']}"},
+            json=snapshot(
+                1,
+                nodes=[node("n1"), node("n2")],
+                jobs=[
+                    running("j1", "n1", [0, 1, 2]),
+                    job("big", gpus_requested=8),
+                ],
+                samples=[{"at": now, "metric": "gpu_util", "node": "n1", "value": 0.4}],
+            ),
+        )
+        assert pushed.status_code == 200, pushed.text
+        _plan_and_a_finished_migration(engine)
+
+        prometheus = Prometheus(tmp_path, base.removeprefix("http://"), tokens["viewer"])
+        try:
+            (up,) = prometheus.wait_for('up{job="shaper"} == 1')
+            assert up["value"][1] == "1"
+            (allocated,) = prometheus.wait_for('shaper_gpus{cluster="alpha",state="allocated"}')
+            assert allocated["metric"]["gpu_model"] == "H100"
+            assert float(allocated["value"][1]) == 3
+            (free,) = prometheus.query('sum(shaper_gpus{state="free"})')["result"]
+            assert float(free["value"][1]) == 13
+            (queued,) = prometheus.query("shaper_queue_jobs")["result"]
+            assert float(queued["value"][1]) == 1
+            prometheus.wait_for("shaper_http_request_duration_seconds_count")
+            (busy,) = prometheus.query("shaper_gpu_busy_ratio")["result"]
+            assert float(busy["value"][1]) == 0.4
+            (mean,) = prometheus.query(
+                "shaper_migration_duration_seconds_sum / shaper_migration_duration_seconds_count"
+            )["result"]
+            assert float(mean["value"][1]) == 90
+
+            # The dashboard: every query parses and names only metric families Shaper
+            # declares (a family may have no sample yet, e.g. the gap of a greedy plan).
+            dashboard = json.loads(DASHBOARD.read_text())
+            scraped = httpx.get(
+                f"{base}/metrics", headers={"Authorization": f"Bearer {tokens['viewer']}"}
+            ).text
+            exported = set(re.findall(r"^# HELP (\S+)", scraped, flags=re.MULTILINE))
+            expressions = [
+                target["expr"] for panel in dashboard["panels"] for target in panel["targets"]
+            ]
+            assert len(expressions) >= 10
+            for expr in expressions:
+                promql = expr.replace("$cluster", ".*")
+                prometheus.query(promql)  # status "success", or the assertion names it
+                for name in re.findall(r"\b(shaper_[a-z_]+)", promql):
+                    family = re.sub(r"_(bucket|sum|count)$", "", name)
+                    assert family in exported, f"{name} in {expr!r} is not exported"
+            variable = dashboard["templating"]["list"][0]["definition"]
+            assert re.match(r"label_values\((shaper_[a-z_]+), cluster\)", variable)
+        finally:
+            prometheus.stop()
