@@ -46,7 +46,7 @@ def serve(
     if host is not None:
         settings = settings.model_copy(update={"host": host})
         type(settings).model_validate(settings.model_dump())  # re-run the bind-safety check
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     prepare_database(settings)
     from app.worker import start_in_process_beat
 
@@ -73,7 +73,7 @@ def _celery_app() -> object:
     from app.core.logging import configure_logging
     from app.worker import celery_app
 
-    configure_logging(get_settings().log_level)
+    configure_logging(get_settings().log_level, get_settings().log_format)
     return celery_app
 
 

@@ -30,6 +30,7 @@ from app.clusters import service as cluster_service
 from app.clusters.models import Cluster, ClusterCreate, ShapingMode
 from app.core.config import get_settings
 from app.core.db import get_engine
+from app.core.logging import configure_logging
 from app.shaping.cycle import run_cycle
 from app.telemetry import service as telemetry_service
 from app.tokens import service as token_service
@@ -238,6 +239,8 @@ def run_demo(*, port: int, reset: bool) -> None:
         console.print(f"seeded {seeded.pushed} telemetry snapshots across {len(SITES)} clusters")
     _seed_simulation(settings.resolved_sim_results_dir, console)
     base = f"http://{settings.host}:{port}"
+    # From here the log says what each cycle decided and how each action ended.
+    configure_logging(settings.log_level, settings.log_format)
     _go_live(seeded.clusters, base_url=base, tokens=connector_tokens)
     start_in_process_beat(settings)
     modes = ", ".join(f"{site.name} {site.mode.value}" for site in SITES)

@@ -1,6 +1,7 @@
 """create_app(): routers, exception handlers, middleware, the dashboard, docs, health.
 
-Middleware, outermost first: request timing for ``/metrics`` (``app.metrics.http``),
+Middleware, outermost first: the request id (``app.core.request_id``), request timing
+for ``/metrics`` (``app.metrics.http``),
 security headers on every answer (``app.core.headers``), then the catch-all that turns
 any exception into the documented JSON body without dropping the connection
 (``app.core.unhandled``), then the body limit.
@@ -37,6 +38,7 @@ from app.core.errors import (
 )
 from app.core.headers import SecurityHeadersMiddleware
 from app.core.ratelimit import AuthFailureLimiter
+from app.core.request_id import RequestIdMiddleware
 from app.core.unhandled import UnhandledErrorMiddleware
 from app.metrics.http import RequestTimingMiddleware, request_histogram
 from app.metrics.router import router as metrics_router
@@ -63,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(SecurityHeadersMiddleware)
     app.state.request_histogram = request_histogram()
     app.add_middleware(RequestTimingMiddleware, histogram=app.state.request_histogram)
+    app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(ShaperError, _shaper_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]

@@ -394,6 +394,15 @@ def _move(action: Action, to: ActionState, now: datetime) -> None:
         )
     action.state = to
     action.updated_at = now
+    if to in TERMINAL_ACTION_STATES:
+        log.info(
+            "action %s (%s) %s%s",
+            action.id,
+            action.kind,
+            to.value,
+            f": {action.error}" if action.error else "",
+            extra={"action_id": action.id, "plan_id": action.plan_id},
+        )
 
 
 def _steps(session: Session, action_id: int) -> list[ActionStep]:

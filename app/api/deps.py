@@ -13,7 +13,6 @@ bad body.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
@@ -28,6 +27,7 @@ from app.core.clock import Clock, SystemClock
 from app.core.config import Settings
 from app.core.db import begin, get_session
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
+from app.core.logging import REQUEST_ID
 from app.core.ratelimit import AuthFailureLimiter
 from app.core.security import Principal
 from app.tokens import service as token_service
@@ -113,18 +113,17 @@ def get_principal(
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
-# What a proxy or client may send as X-Request-ID to tie an audit record to its own logs.
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
-def get_actor(request: Request, principal: CurrentPrincipal) -> Actor:
-    """Who a change is recorded against (``app.audit``): the token, never its secret."""
-    request_id = request.headers.get("x-request-id")
+def get_actor(principal: CurrentPrincipal) -> Actor:
+    """Who a change is recorded against (``app.audit``): the token, never its secret, and
+    the request's id (the client's X-Request-ID or one made up: ``app.core.request_id``),
+    the same id the request's log lines and its answer carry."""
     return Actor(
         token_id=principal.token_id,
         name=principal.name,
         scopes=tuple(sorted(principal.scopes)),
-        request_id=request_id if request_id and _REQUEST_ID_RE.match(request_id) else None,
+        request_id=REQUEST_ID.get(),
     )
 
 

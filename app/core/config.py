@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     # `shaper sim compare|table|replay` write by default.
     sim_results_dir: Path | None = None
     log_level: str = "INFO"
+    # "json": one JSON object per line (ts, level, logger, message, and the request, plan,
+    # action and cluster ids when a line has them), for log shippers; "text" for people.
+    log_format: Literal["text", "json"] = "text"
     # Dev convenience only: refused in production (see validator below).
     allow_public_bind: bool = False
 

@@ -42,6 +42,17 @@ def run_shaping_cycles() -> dict[str, int]:
                     log.exception("shaping cycle failed for cluster %s", name)
                     continue
                 planned[name] = result.plan_id
+                log.info(
+                    "cluster %s: %s plan %s (%s), %d actions%s%s",
+                    name,
+                    "kept" if result.kept else "new",
+                    result.plan_id,
+                    result.status,
+                    result.actions,
+                    f", {result.violations} violations" if result.violations else "",
+                    f", {result.expired} expired" if result.expired else "",
+                    extra={"cluster": name, "plan_id": result.plan_id},
+                )
                 begin(session, writes=False)
                 ready = approved_actions(session=session, plan_id=result.plan_id)
             for action_id in ready:  # enforce mode: the sagas start now, not at the next sweep
