@@ -125,7 +125,13 @@ class NodeReport(_Wire):
     gpu_count: Annotated[int, Field(ge=0, le=1024)] = 0
     cpu_cores: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     memory_mib: Annotated[int, Field(ge=0, le=MAX_NODE_MEMORY_MIB)] = 0
-    labels: dict[str, Annotated[str, Field(max_length=255)]] = Field(default_factory=dict)
+    # Kubernetes' own bounds on a label (a key's prefix ≤ 253, its name ≤ 63, a value
+    # ≤ 63; values up to 255 are kept for other schedulers' node features), and at most
+    # 256 of them: node feature discovery sets ~100 on a GPU node.
+    labels: dict[
+        Annotated[str, Field(min_length=1, max_length=317)],
+        Annotated[str, Field(max_length=255)],
+    ] = Field(default_factory=dict, max_length=256)
     state: NodeState = NodeState.up
 
     @model_validator(mode="after")

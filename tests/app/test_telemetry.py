@@ -174,6 +174,16 @@ def test_snapshot_replaces_state_and_finishes_vanished_jobs(
         (snapshot(1, jobs=[job("j1", state="exploded")]), 422, "jobs[0].state"),
         (snapshot(1, jobs=[job("j1", colour="red")]), 422, "jobs[0].colour"),
         (snapshot(-1), 422, "seq"),
+        (
+            snapshot(1, nodes=[node("n1", labels={f"k{i}": "v" for i in range(257)})]),
+            422,
+            "nodes[0].labels",
+        ),
+        (
+            snapshot(1, nodes=[node("n1", labels={"x" * 318: "v"})]),
+            422,
+            f"nodes[0].labels.{'x' * 318}.[key]",  # the key at fault
+        ),
         ({"kind": "everything", "connector_session": "s1", "seq": 1}, 422, "kind"),
     ],
 )
