@@ -16,11 +16,14 @@ serve: venv
 	$(BIN)/shaper serve
 
 ## Install; start PostgreSQL and Redis, install Chromium and a CRIU that works on this
-## kernel when missing (Slurm is installed and started by its test fixture); run everything.
+## kernel when missing, build the Kubernetes control plane and Kueue once per machine
+## (scripts/k8s-build.sh: cached, ~25 min cold on 2 cores); Slurm and the Kubernetes cluster
+## are started by their test fixtures; run everything.
 test: venv
 	scripts/services.sh
 	scripts/browser.sh
 	scripts/install-criu.sh
+	scripts/k8s-build.sh >/dev/null
 	scripts/prometheus.sh
 	$(BIN)/pytest -q
 
