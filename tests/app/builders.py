@@ -5,6 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sqlmodel import Session
+
+from app.actions.models import Action, ActionKind
+from app.plans.models import Plan
 from tests.conftest import T0
 
 
@@ -71,3 +75,49 @@ def delta(seq: int, *, session: str = "s1", **fields: Any) -> dict[str, Any]:
 
 def util_sample(node_name: str, at: datetime, value: float) -> dict[str, Any]:
     return {"at": at.isoformat(), "metric": "gpu_util", "node": node_name, "value": value}
+
+
+def migration_plan(
+    session: Session,
+    *,
+    cluster_id: int,
+    now: datetime,
+    moves: int = 1,
+    reason: str = "defragment n1",
+    **plan_fields: Any,
+) -> tuple[Plan, list[Action]]:
+    """A stored CP-SAT plan of ``moves`` proposed migrations n1 → n2 (jobs j1, j2, …), as
+    the API lists and decides them; ``plan_fields`` override the plan's columns."""
+    fields: dict[str, Any] = {
+        "cluster_id": cluster_id,
+        "created_at": now,
+        "policy": "shaper",
+        "engine": "cp-sat",
+        "mode": "advise",
+        "status": "OPTIMAL",
+        "objective": 1.0,
+        "best_bound": 1.0,
+        "gap": 0.0,
+        "wall_time_s": 0.1,
+        "decisions": [{"job": "j1", "action": "migrate", "reason": reason}],
+    }
+    plan = Plan(**{**fields, **plan_fields})
+    session.add(plan)
+    session.commit()
+    actions = [
+        Action(
+            plan_id=plan.id,
+            cluster_id=cluster_id,
+            kind=ActionKind.migrate,
+            idempotency_key=f"plan-{plan.id}-j{i + 1}",
+            reason=reason,
+            source_node="n1",
+            target_node="n2",
+            created_at=now,
+            updated_at=now,
+        )
+        for i in range(moves)
+    ]
+    session.add_all(actions)
+    session.commit()
+    return plan, actions

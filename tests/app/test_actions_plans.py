@@ -4,10 +4,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from app.actions.models import TRANSITIONS, Action, ActionKind, ActionState
+from app.actions.models import TRANSITIONS, ActionState
 from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
-from app.plans.models import Plan
+from tests.app.builders import migration_plan
 
 
 @pytest.fixture
@@ -16,34 +16,14 @@ def proposed(client: TestClient, auth: dict, session: Session, clock: FrozenCloc
         "/api/v1/clusters", headers=auth["admin"], json={"name": "alpha", "scheduler": "slurm"}
     )
     cluster = session.exec(select(Cluster).where(Cluster.name == "alpha")).one()
-    plan = Plan(
-        cluster_id=cluster.id,
-        created_at=clock.now(),
-        policy="shaper",
-        engine="cp-sat",
-        mode="advise",
-        status="OPTIMAL",
+    _plan, (action,) = migration_plan(
+        session,
+        cluster_id=cluster.id,  # type: ignore[arg-type]
+        now=clock.now(),
         objective=10.0,
         best_bound=10.0,
-        gap=0.0,
         wall_time_s=0.2,
-        decisions=[{"job": "j1", "action": "migrate", "reason": "defragment n1"}],
     )
-    session.add(plan)
-    session.commit()
-    action = Action(
-        plan_id=plan.id,
-        cluster_id=cluster.id,
-        kind=ActionKind.migrate,
-        idempotency_key=f"plan-{plan.id}-j1",
-        reason="defragment n1",
-        source_node="n1",
-        target_node="n2",
-        created_at=clock.now(),
-        updated_at=clock.now(),
-    )
-    session.add(action)
-    session.commit()
     return action.id  # type: ignore[return-value]
 
 

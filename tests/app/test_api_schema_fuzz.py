@@ -24,7 +24,6 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from app.actions.models import Action, ActionKind
 from app.actions.router import get_dispatcher
 from app.api.deps import get_clock
 from app.clusters.models import Cluster
@@ -33,10 +32,9 @@ from app.core.config import Settings
 from app.core.db import get_session
 from app.core.ratelimit import AuthFailureLimiter
 from app.main import create_app
-from app.plans.models import Plan
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
-from tests.app.builders import job, node, running, snapshot, util_sample
+from tests.app.builders import job, migration_plan, node, running, snapshot, util_sample
 from tests.app.test_policies import SPEC
 from tests.conftest import T0, _session_in_rollback
 
@@ -71,36 +69,12 @@ def _seed(app: FastAPI, session: Session, clock: FrozenClock) -> dict[str, str]:
         ):
             assert response.status_code < 300, response.text
     cluster = session.exec(select(Cluster).where(Cluster.name == "alpha")).one()
-    plan = Plan(
-        cluster_id=cluster.id,
-        created_at=clock.now(),
-        policy="shaper",
-        engine="cp-sat",
-        mode="advise",
+    migration_plan(
+        session,
+        cluster_id=cluster.id,  # type: ignore[arg-type]
+        now=clock.now(),
         state="proposed",
-        status="OPTIMAL",
-        objective=1.0,
-        best_bound=1.0,
-        gap=0.0,
-        wall_time_s=0.1,
-        decisions=[{"job": "j1", "action": "migrate", "reason": "defragment n1"}],
     )
-    session.add(plan)
-    session.commit()
-    session.add(
-        Action(
-            plan_id=plan.id,
-            cluster_id=cluster.id,
-            kind=ActionKind.migrate,
-            idempotency_key=f"plan-{plan.id}-j1",
-            reason="defragment n1",
-            source_node="n1",
-            target_node="n2",
-            created_at=clock.now(),
-            updated_at=clock.now(),
-        )
-    )
-    session.commit()
     return headers
 
 

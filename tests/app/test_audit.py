@@ -15,14 +15,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
-from app.actions.models import Action, ActionKind
 from app.actions.router import get_dispatcher
 from app.audit.models import Actor, AuditRecord
 from app.clusters import service as cluster_service
 from app.clusters.models import Cluster, ClusterCreate, ClusterUpdate
 from app.core.clock import FrozenClock
-from app.plans.models import Plan
 from app.tokens.models import ApiToken
+from tests.app.builders import migration_plan
 from tests.app.test_policies import SPEC
 
 AUDIT = "/api/v1/audit"
@@ -40,38 +39,15 @@ def _plan_with_actions(session: Session, clock: FrozenClock, count: int) -> tupl
     cluster = Cluster(name="alpha", scheduler="slurm", created_at=clock.now())
     session.add(cluster)
     session.commit()
-    plan = Plan(
-        cluster_id=cluster.id,
-        created_at=clock.now(),
-        policy="shaper",
-        engine="cp-sat",
-        mode="advise",
+    plan, actions = migration_plan(
+        session,
+        cluster_id=cluster.id,  # type: ignore[arg-type]
+        now=clock.now(),
+        moves=count,
+        reason="defragment",
         state="proposed",
-        status="OPTIMAL",
-        objective=1.0,
-        best_bound=1.0,
-        gap=0.0,
-        wall_time_s=0.1,
         decisions=[],
     )
-    session.add(plan)
-    session.commit()
-    actions = [
-        Action(
-            plan_id=plan.id,
-            cluster_id=cluster.id,
-            kind=ActionKind.migrate,
-            idempotency_key=f"plan-{plan.id}-j{i}",
-            reason="defragment",
-            source_node="n1",
-            target_node="n2",
-            created_at=clock.now(),
-            updated_at=clock.now(),
-        )
-        for i in range(count)
-    ]
-    session.add_all(actions)
-    session.commit()
     return plan.id, [a.id for a in actions]  # type: ignore[misc, return-value]
 
 
