@@ -64,6 +64,9 @@ GPU_FAMILY=hopper
 DIR=/var/lib/shaper-k8s
 
 log() { printf 'k8s-cluster: %s\n' "$*" >&2; }
+# alive, stop_daemons GRACE_S NAME...
+# shellcheck source=lib/daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/daemons.sh"
 die() {
   printf 'k8s-cluster: ERROR: %s\n' "$*" >&2
   exit 1
@@ -105,12 +108,6 @@ readonly ADMIN_KUBECONFIG=$DIR/kubeconfig
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG")
 
 # --- PID helpers: a PID counts only while it still runs the expected program -----------
-alive() { # alive PID: running and not a zombie waiting to be reaped
-  local state
-  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
-  [[ -n $state && $state != Z ]]
-}
-
 pid_of() { # pid_of NAME -> the live PID recorded for NAME, or nothing
   local name=$1 file=$RUN/$1.pid pid
   [[ -s $file ]] || return 0
@@ -119,32 +116,6 @@ pid_of() { # pid_of NAME -> the live PID recorded for NAME, or nothing
   # /proc/PID/comm holds the first 15 characters of the program's name.
   [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "${name:0:15}" ]] && echo "$pid"
   return 0
-}
-
-stop_components() { # SIGTERM to all at once, wait up to 15 s, then SIGKILL
-  local name pid i names=() pids=()
-  for name in "$@"; do
-    pid=$(pid_of "$name")
-    if [[ -n $pid ]]; then
-      kill -TERM "$pid" 2>/dev/null || true
-      names+=("$name")
-      pids+=("$pid")
-    fi
-  done
-  for ((i = 0; i < 150; i++)); do
-    local running=0
-    for pid in "${pids[@]}"; do alive "$pid" && running=1; done
-    ((running)) || break
-    sleep 0.1
-  done
-  for i in "${!pids[@]}"; do
-    if alive "${pids[$i]}"; then
-      log "${names[$i]} (pid ${pids[$i]}) ignored SIGTERM for 15 s; sending SIGKILL"
-      kill -KILL "${pids[$i]}" 2>/dev/null || true
-    fi
-    log "stopped ${names[$i]} (pid ${pids[$i]})"
-  done
-  for name in "$@"; do rm -f "$RUN/$name.pid"; done
 }
 
 fail_with_log() { # fail_with_log MESSAGE COMPONENT
@@ -592,10 +563,10 @@ cmd_stop() {
     log "nothing to stop: $DIR does not exist"
     return 0
   }
-  stop_components kueue kwok
-  stop_components kube-scheduler kube-controller-manager
-  stop_components kube-apiserver
-  stop_components etcd
+  stop_daemons 15 kueue kwok
+  stop_daemons 15 kube-scheduler kube-controller-manager
+  stop_daemons 15 kube-apiserver
+  stop_daemons 15 etcd
 }
 
 cmd_status() {

@@ -36,6 +36,9 @@ WAIT_S=${SHAPER_SLURM_WAIT_S:-60}
 DIR=/var/lib/shaper-slurm
 
 log() { printf 'slurm-cluster: %s\n' "$*" >&2; }
+# alive, stop_daemons GRACE_S NAME...
+# shellcheck source=lib/daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/daemons.sh"
 die() {
   printf 'slurm-cluster: ERROR: %s\n' "$*" >&2
   exit 1
@@ -89,38 +92,6 @@ pid_of() { # pid_of NAME -> prints the live PID recorded for NAME, or nothing
     *) false ;;
   esac && echo "$pid"
   return 0
-}
-
-alive() { # alive PID: running and not a zombie waiting to be reaped
-  local state
-  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
-  [[ -n $state && $state != Z ]]
-}
-
-stop_daemons() { # stop_daemons NAME...: SIGTERM to all at once, wait up to 10 s, then SIGKILL
-  local name pid i names=() pids=()
-  for name in "$@"; do
-    pid=$(pid_of "$name")
-    if [[ -n $pid ]]; then
-      kill -TERM "$pid" 2>/dev/null || true
-      names+=("$name")
-      pids+=("$pid")
-    fi
-  done
-  for ((i = 0; i < 100; i++)); do
-    local running=0
-    for pid in "${pids[@]}"; do alive "$pid" && running=1; done
-    ((running)) || break
-    sleep 0.1
-  done
-  for i in "${!pids[@]}"; do
-    if alive "${pids[$i]}"; then
-      log "${names[$i]} (pid ${pids[$i]}) ignored SIGTERM for 10 s; sending SIGKILL"
-      kill -KILL "${pids[$i]}" 2>/dev/null || true
-    fi
-    log "stopped ${names[$i]} (pid ${pids[$i]})"
-  done
-  for name in "$@"; do rm -f "$RUN/$name.pid"; done
 }
 
 fail_with_log() { # fail_with_log MESSAGE LOGFILE
@@ -412,10 +383,10 @@ cmd_stop() {
     return 0
   }
   cancel_jobs
-  stop_daemons slurmrestd "${NODES[@]/#/slurmd-}"
-  stop_daemons slurmctld
+  stop_daemons 10 slurmrestd "${NODES[@]/#/slurmd-}"
+  stop_daemons 10 slurmctld
   kill_leftover_steps
-  stop_daemons munged
+  stop_daemons 10 munged
 }
 
 cmd_status() {
