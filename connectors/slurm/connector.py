@@ -9,9 +9,10 @@ job, suspending a suspended one succeed), so a retried task does no harm.
 
 A plan's GPUs are held for its job by an advanced reservation of the job's target nodes
 (see :mod:`connectors.slurm.reservations` for why whole nodes and which flags): ``reserve``
-makes it, ``start`` and a pinned ``requeue`` put the job in it, and ``upkeep`` (run by the
-connector deployment every few seconds and after each confirmed start) takes the job out
-and deletes the reservation once the job runs — or has gone.
+makes it, ``start`` and a pinned ``requeue`` put the job in it, ``unreserve`` (sent by the
+control plane when the action it was for has ended) takes the job out and deletes it, and
+``upkeep`` (run by the connector deployment every few seconds) deletes what is left:
+reservations that ended or whose job has gone.
 """
 
 from __future__ import annotations
