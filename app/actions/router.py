@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query
 from app.actions import saga, service
 from app.actions.models import ActionPublic, ActionState, ActionStepPublic, ChurnPublic
 from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
-from app.core.paging import MAX_LIMIT, Page
+from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 
 router = APIRouter(prefix="/actions", tags=["actions"])
 ILLEGAL_MOVE: dict[int | str, dict[str, Any]] = {
@@ -33,7 +33,7 @@ def list_actions(
     state: ActionState | None = None,
     plan_id: int | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[ActionPublic]:
     return service.list_actions(
         session=session, cluster=cluster, state=state, plan_id=plan_id, limit=limit, offset=offset

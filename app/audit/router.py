@@ -9,7 +9,7 @@ from app.api.deps import SessionDep, scoped
 from app.audit import service
 from app.audit.models import AuditRecordPublic
 from app.audit.service import AuditObject
-from app.core.paging import MAX_LIMIT, Page
+from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 from app.core.types import DbId
 
 router = APIRouter(prefix="/audit", tags=["audit"])
@@ -27,7 +27,7 @@ def list_audit_records(
     since: Annotated[AwareDatetime | None, Query(description="inclusive")] = None,
     until: Annotated[AwareDatetime | None, Query(description="exclusive")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[AuditRecordPublic]:
     """Every change made through the API, newest first: who (the token's id, name and
     scopes), what (`<object type>.<verb>` and the object's id), when, the request's

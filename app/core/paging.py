@@ -13,6 +13,9 @@ from app.core.errors import Invalid
 
 T = TypeVar("T")
 MAX_LIMIT = 1000
+# Past any table's size and within every backend's integer (SQLite's LIMIT/OFFSET are
+# signed 64-bit; larger values would be a 500, not the 422 that names ``offset``).
+MAX_OFFSET = 2**31 - 1
 
 
 class Page(BaseModel, Generic[T]):

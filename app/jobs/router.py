@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import SessionDep, scoped
-from app.core.paging import MAX_LIMIT, Page
+from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 from app.jobs import service
 from app.jobs.models import JobPublic
 from wire.telemetry import JobKind, JobShape, JobState
@@ -24,7 +24,7 @@ def list_jobs(
     shape: JobShape | None = None,
     sort: Annotated[str | None, Query(description="e.g. `-priority,submit_time`")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[JobPublic]:
     return service.list_jobs(
         session=session,

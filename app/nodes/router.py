@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import SessionDep, scoped
-from app.core.paging import MAX_LIMIT, Page
+from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 from app.nodes import service
 from app.nodes.models import NodePublic
 from wire.telemetry import NodeState
@@ -21,7 +21,7 @@ def list_nodes(
     gpu_model: str | None = None,
     sort: Annotated[str | None, Query(description="e.g. `-gpus_allocated,name`")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[NodePublic]:
     return service.list_nodes(
         session=session,

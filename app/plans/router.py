@@ -6,7 +6,7 @@ from fastapi import APIRouter, Query
 
 from app.actions.router import DispatcherDep
 from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
-from app.core.paging import MAX_LIMIT, Page
+from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 from app.plans import service
 from app.plans.models import PlanPublic, PlanState
 
@@ -22,7 +22,7 @@ def list_plans(
     cluster: str | None = None,
     state: PlanState | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[PlanPublic]:
     return service.list_plans(
         session=session, cluster=cluster, state=state, limit=limit, offset=offset

@@ -83,12 +83,17 @@ class SlaPolicyPublic(SQLModel):
     version: int
     spec: dict[str, Any]
     comment: str
+    deleted: bool = False
     created_at: datetime
     created_by: str
 
 
 class SlaPolicy(SQLModel, table=True):
-    """Versioned: an edit writes a new row with version + 1; old versions stay readable."""
+    """Versioned: an edit writes a new row with version + 1; old versions stay readable.
+
+    A delete is a version too (``deleted``, the last spec kept): the policy stops applying
+    and leaves the list, its history stays readable, and creating the name again continues
+    its numbering."""
 
     __tablename__ = "sla_policies"
     __table_args__ = (sa.UniqueConstraint("name", "version", name="uq_sla_policies_name_version"),)
@@ -98,5 +103,6 @@ class SlaPolicy(SQLModel, table=True):
     version: int
     spec: dict[str, Any] = json_column(dict)
     comment: str = Field(default="", max_length=1024)
+    deleted: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
     created_at: datetime = required_utc_column()
     created_by: str = Field(max_length=128)

@@ -55,6 +55,19 @@ def edit_policy(
     return SlaPolicyPublic.model_validate(policy)
 
 
+@router.delete(
+    "/{name}",
+    status_code=204,
+    responses={404: {"description": "No such policy, or it is deleted already"}},
+    **scoped("operator"),
+)
+def delete_policy(session: SessionDep, clock: ClockDep, actor: ActorDep, name: str) -> None:
+    """Stops the policy applying (its cluster falls back to the defaults) and drops it from
+    the list; its versions, the deletion included, stay readable. POST the name again to
+    bring it back as its next version."""
+    service.delete_policy(session=session, name=name, by=actor.name, now=clock.now(), actor=actor)
+
+
 @router.get("/{name}/versions", **scoped("viewer"))
 def list_policy_versions(session: SessionDep, name: str) -> list[SlaPolicyPublic]:
     return [

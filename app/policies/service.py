@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.audit import service as audit
 from app.audit.models import Actor
@@ -22,15 +22,17 @@ def create_policy(
     now: datetime,
     actor: Actor | None = None,
 ) -> SlaPolicy:
+    before = _latest(session, policy_in.name)
     not_taken(
-        session.exec(select(SlaPolicy).where(SlaPolicy.name == policy_in.name)).first(),
+        before if before is not None and not before.deleted else None,
         f"SLA policy {policy_in.name!r} exists; PUT a new version instead",
         resource="sla_policy",
         resource_id=policy_in.name,
     )
     policy = SlaPolicy(
         name=policy_in.name,
-        version=1,
+        # A deleted name created again continues its history rather than rewriting it.
+        version=before.version + 1 if before is not None else 1,
         spec=policy_in.spec.model_dump(mode="json"),
         comment=policy_in.comment,
         created_at=now,
@@ -76,6 +78,43 @@ def new_version(
     return policy
 
 
+def delete_policy(
+    *, session: Session, name: str, by: str, now: datetime, actor: Actor | None = None
+) -> SlaPolicy:
+    """Append a ``deleted`` version (the last spec kept, for the record): the policy no
+    longer applies to any cycle and leaves the list; its versions stay readable."""
+    latest = get_policy(session=session, name=name)
+    tombstone = SlaPolicy(
+        name=name,
+        version=latest.version + 1,
+        spec=latest.spec,
+        comment="deleted",
+        deleted=True,
+        created_at=now,
+        created_by=by,
+    )
+    session.add(tombstone)
+    _record(
+        session,
+        actor,
+        "delete",
+        tombstone,
+        now,
+        teams=_names(latest.spec, "teams", "team"),
+        services=_names(latest.spec, "services", "service"),
+        after_empty=True,
+    )
+    session.commit()  # the (name, version) unique constraint refuses a concurrent twin
+    session.refresh(tombstone)
+    return tombstone
+
+
+def _latest(session: Session, name: str) -> SlaPolicy | None:
+    return session.exec(
+        select(SlaPolicy).where(SlaPolicy.name == name).order_by(SlaPolicy.version.desc())  # type: ignore[attr-defined]
+    ).first()
+
+
 def _names(spec: dict[str, Any], section: str, key: str) -> list[str]:
     return sorted(str(entry.get(key)) for entry in spec.get(section, []))
 
@@ -89,12 +128,13 @@ def _record(
     *,
     teams: list[str],
     services: list[str],
+    after_empty: bool = False,
 ) -> None:
     """The new version, and which teams and services it names before and after (the
-    specs themselves stay readable as versions)."""
-    after = {
-        "teams": _names(policy.spec, "teams", "team"),
-        "services": _names(policy.spec, "services", "service"),
+    specs themselves stay readable as versions); after a delete it names none."""
+    after: dict[str, list[str]] = {
+        "teams": [] if after_empty else _names(policy.spec, "teams", "team"),
+        "services": [] if after_empty else _names(policy.spec, "services", "service"),
     }
     audit.record(
         session=session,
@@ -112,6 +152,8 @@ def _record(
 
 
 def get_policy(*, session: Session, name: str, version: int | None = None) -> SlaPolicy:
+    """One version, or the current one; a deleted policy has no current version (404
+    saying so), though each of its versions, the deletion included, stays readable."""
     query = select(SlaPolicy).where(SlaPolicy.name == name)
     query = (
         query.where(SlaPolicy.version == version)
@@ -119,12 +161,20 @@ def get_policy(*, session: Session, name: str, version: int | None = None) -> Sl
         else query.order_by(SlaPolicy.version.desc())
     )  # type: ignore[attr-defined]
     what = f"SLA policy {name!r}" + (f" version {version}" if version else "")
-    return found(
+    policy = found(
         session.exec(query).first(),
         f"{what} does not exist",
         resource="sla_policy",
         resource_id=name,
     )
+    if version is None and policy.deleted:
+        raise NotFound(
+            f"SLA policy {name!r} was deleted (version {policy.version}); its versions "
+            "stay readable",
+            resource="sla_policy",
+            resource_id=name,
+        )
+    return policy
 
 
 def list_latest(*, session: Session) -> list[SlaPolicy]:
@@ -138,6 +188,7 @@ def list_latest(*, session: Session) -> list[SlaPolicy]:
         .join(
             latest, sa.and_(SlaPolicy.name == latest.c.name, SlaPolicy.version == latest.c.version)
         )
+        .where(col(SlaPolicy.deleted).is_(False))
         .order_by(SlaPolicy.name)
     )
     return list(session.exec(query))

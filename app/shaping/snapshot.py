@@ -194,6 +194,8 @@ def take_snapshot(
         .where(SlaPolicyRow.name == policy_name)
         .order_by(SlaPolicyRow.version.desc())
     ).first()  # type: ignore[attr-defined]
+    if sla_row is not None and sla_row.deleted:
+        sla_row = None  # a deleted policy applies no more: the defaults do
     return ClusterSnapshot(
         cluster=cluster.name,
         cluster_id=cluster.id,

@@ -1,17 +1,23 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
+from pydantic import Field as PydanticField
 from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
-from app.core.security import is_valid_scope
+from app.core.security import SCOPE_RE, is_valid_scope
 from app.core.types import AwareDatetime, NoNulStr, json_column, required_utc_column, utc_column
+
+# The pattern is published in the OpenAPI document so clients (and schemathesis) know which
+# scopes exist; the validator below gives the readable refusal.
+Scope = Annotated[NoNulStr, PydanticField(json_schema_extra={"pattern": SCOPE_RE.pattern})]
 
 
 class ApiTokenCreate(SQLModel):
     name: NoNulStr = Field(min_length=1, max_length=128)
-    scopes: list[NoNulStr] = Field(min_length=1, max_length=32)
+    scopes: list[Scope] = Field(min_length=1, max_length=32)
     expires_at: AwareDatetime | None = None  # a naive time would be stored as if UTC
 
     @field_validator("scopes")

@@ -1,6 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from app.core.clock import FrozenClock
+from app.policies.models import SlaPolicySpec
+from app.shaping.snapshot import take_snapshot
 
 SPEC = {
     "teams": [
@@ -14,6 +21,8 @@ SPEC = {
     ],
     "services": [{"service": "chat-api", "min_replicas": 2}],
 }
+# As stored: every field of the spec, defaults included.
+SPEC_JSON: dict[str, Any] = SlaPolicySpec.model_validate(SPEC).model_dump(mode="json")
 
 
 def test_policies_are_versioned(client: TestClient, auth: dict) -> None:
@@ -64,3 +73,43 @@ def test_bad_policies_are_refused(client: TestClient, auth: dict) -> None:
         == 404
     )
     assert client.get("/api/v1/policies", headers=auth["viewer"]).json() == []
+
+
+def test_a_deleted_policy_stops_applying_and_keeps_its_history(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    client.post(
+        "/api/v1/clusters",
+        headers=auth["admin"],
+        json={"name": "alpha", "scheduler": "sim"},
+    )
+    client.post("/api/v1/policies", headers=auth["operator"], json={"name": "alpha", "spec": SPEC})
+    assert take_snapshot(session=session, cluster_name="alpha", now=clock.now()).sla == SPEC_JSON
+
+    assert client.delete("/api/v1/policies/alpha", headers=auth["viewer"]).status_code == 403
+    assert client.delete("/api/v1/policies/alpha", headers=auth["operator"]).status_code == 204
+    gone = client.get("/api/v1/policies/alpha", headers=auth["viewer"])
+    assert gone.status_code == 404 and "was deleted" in gone.json()["error"]["message"]
+    assert client.get("/api/v1/policies", headers=auth["viewer"]).json() == []
+    versions = client.get("/api/v1/policies/alpha/versions", headers=auth["viewer"]).json()
+    assert [(v["version"], v["deleted"]) for v in versions] == [(1, False), (2, True)]
+    assert versions[1]["spec"] == versions[0]["spec"]  # the last terms, for the record
+    session.expire_all()
+    assert take_snapshot(session=session, cluster_name="alpha", now=clock.now()).sla == {}
+
+    # Deleting again, or editing what is deleted, finds nothing; creating continues history.
+    assert client.delete("/api/v1/policies/alpha", headers=auth["operator"]).status_code == 404
+    assert (
+        client.put("/api/v1/policies/alpha", headers=auth["operator"], json={"spec": SPEC})
+    ).status_code == 404
+    again = client.post(
+        "/api/v1/policies", headers=auth["operator"], json={"name": "alpha", "spec": SPEC}
+    )
+    assert again.status_code == 201 and again.json()["version"] == 3
+    assert [p["name"] for p in client.get("/api/v1/policies", headers=auth["viewer"]).json()] == [
+        "alpha"
+    ]
+    audit = client.get(
+        "/api/v1/audit", params={"object_type": "sla_policy"}, headers=auth["admin"]
+    ).json()
+    assert [e["action"] for e in audit["items"]].count("sla_policy.delete") == 1
