@@ -75,6 +75,7 @@ def exec_(
         if wait:
             from agent import foreground
 
+            assert workload_id is not None  # --wait without an id was refused above
             status = foreground.run(
                 store=store,
                 command=command,

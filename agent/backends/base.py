@@ -100,7 +100,9 @@ class CheckpointBackend(Protocol):
         """
         ...
 
-    def restore(self, image: CheckpointImage, *, image_dir: Path | None = None) -> RunningWorkload:
+    def restore(
+        self, image: CheckpointImage, *, image_dir: str | Path | None = None
+    ) -> RunningWorkload:
         """Verify the image's checksums and start the workload from it.
 
         image_dir overrides image.image_dir when the image was copied elsewhere.
@@ -175,11 +177,13 @@ def image_size(files: dict[str, ImageFile]) -> int:
     return sum(entry.size for entry in files.values())
 
 
-def require_running(workload: RunningWorkload) -> None:
+def require_running(workload: RunningWorkload) -> int:
+    """The workload's PID; WorkloadNotRunning when it has none or that process is gone."""
     if workload.pid is None or not workload.is_running():
         raise WorkloadNotRunning(
             f"workload {workload.id}: process {workload.pid} is not running; nothing to checkpoint"
         )
+    return workload.pid
 
 
 def release_process(store: WorkloadStore, workload: RunningWorkload, *, timeout: float) -> None:

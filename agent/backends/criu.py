@@ -134,9 +134,9 @@ class CriuBackend:
     # -- checkpoint ---------------------------------------------------------------------
 
     def checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
-        require_running(workload)
+        pid = require_running(workload)
         image_dir = fresh_image_dir(workload, image_dir)
-        root_pid = workload.namespace_pid or workload.pid
+        root_pid = workload.namespace_pid or pid
         dump = [
             self.criu,
             "dump",
@@ -176,8 +176,8 @@ class CriuBackend:
         # gone before anyone restores the image.
         if workload.namespace_pid is not None:
             kill_workload(workload, timeout=self.gone_timeout)
-        gone = [workload.pid, *([workload.holder_pid] if workload.holder_pid else [])]
-        if not all(procs.wait_gone(pid, timeout=self.gone_timeout) for pid in gone):
+        gone = [pid, *([workload.holder_pid] if workload.holder_pid else [])]
+        if not all(procs.wait_gone(p, timeout=self.gone_timeout) for p in gone):
             kill_workload(workload, timeout=self.gone_timeout)
             if workload.is_running():
                 raise CheckpointFailed(
@@ -211,7 +211,9 @@ class CriuBackend:
 
     # -- restore ------------------------------------------------------------------------
 
-    def restore(self, image: CheckpointImage, *, image_dir: Path | None = None) -> RunningWorkload:
+    def restore(
+        self, image: CheckpointImage, *, image_dir: str | Path | None = None
+    ) -> RunningWorkload:
         if image.backend != self.name:
             raise RestoreFailed(
                 f"workload {image.workload.id}: a {image.backend!r} image cannot be restored "

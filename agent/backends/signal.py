@@ -65,7 +65,7 @@ class SignalBackend:
         self._clock = clock
 
     def checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
-        require_running(workload)
+        pid = require_running(workload)
         if workload.checkpoint_path is None:
             raise CheckpointFailed(
                 f"workload {workload.id} was not started with ${CHECKPOINT_PATH_ENV}; "
@@ -77,20 +77,19 @@ class SignalBackend:
 
         started = self._clock()
         try:
-            os.kill(workload.pid, self.checkpoint_signal)
+            os.kill(pid, self.checkpoint_signal)
         except ProcessLookupError:
             raise WorkloadNotRunning(
-                f"workload {workload.id}: process {workload.pid} exited before the "
-                "checkpoint signal"
+                f"workload {workload.id}: process {pid} exited before the checkpoint signal"
             ) from None
-        if not procs.wait_gone(workload.pid, timeout=self.checkpoint_timeout):
+        if not procs.wait_gone(pid, timeout=self.checkpoint_timeout):
             raise CheckpointFailed(
                 f"workload {workload.id}: did not save and exit within "
                 f"{self.checkpoint_timeout} s of {signal.Signals(self.checkpoint_signal).name}; "
                 "it keeps running"
             )
         saved = self._clock()
-        status = procs.exit_code(workload.pid)
+        status = procs.exit_code(pid)
         if not saved_to.exists():
             raise CheckpointFailed(
                 f"workload {workload.id}: exited (status {_describe(status)}) without writing "
@@ -117,7 +116,9 @@ class SignalBackend:
         self.store.save(workload)
         return image
 
-    def restore(self, image: CheckpointImage, *, image_dir: Path | None = None) -> RunningWorkload:
+    def restore(
+        self, image: CheckpointImage, *, image_dir: str | Path | None = None
+    ) -> RunningWorkload:
         if image.backend != self.name:
             raise RestoreFailed(
                 f"workload {image.workload.id}: a {image.backend!r} image cannot be restored "

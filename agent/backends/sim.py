@@ -67,7 +67,9 @@ class SimBackend:
             details={"memory_bytes": memory_bytes},
         )
 
-    def restore(self, image: CheckpointImage, *, image_dir: Path | None = None) -> RunningWorkload:
+    def restore(
+        self, image: CheckpointImage, *, image_dir: str | Path | None = None
+    ) -> RunningWorkload:
         if image.backend != self.name:
             raise RestoreFailed(
                 f"workload {image.workload.id}: a {image.backend!r} image cannot be restored "

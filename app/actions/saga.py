@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.actions import service as action_service
 from app.actions.models import (
@@ -71,7 +71,7 @@ from app.actions.schedulers import places_itself
 from app.clusters.models import Cluster
 from app.core.config import DEFAULT_SCHEDULER_START_WAIT_S
 from app.core.errors import Conflict
-from app.core.lookup import found
+from app.core.lookup import found, row_id
 from app.core.security import Principal
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -143,7 +143,7 @@ class _Plan:
     def add(self, name: str, queue: str, phase: StepPhase, seq: int) -> None:
         self.steps.append(
             ActionStep(
-                action_id=self.action.id,  # type: ignore[arg-type]
+                action_id=row_id(self.action),
                 seq=seq,
                 phase=phase,
                 name=name,
@@ -223,7 +223,7 @@ def _holds(session: Session, job: Job, node_id: int) -> bool:
         session.exec(
             select(Allocation.id).where(
                 Allocation.job_id == job.id,
-                Allocation.released_at.is_(None),  # type: ignore[union-attr]
+                col(Allocation.released_at).is_(None),
                 Allocation.node_id == node_id,
             )
         ).first()
@@ -408,7 +408,9 @@ def _move(action: Action, to: ActionState, now: datetime) -> None:
 def _steps(session: Session, action_id: int) -> list[ActionStep]:
     return list(
         session.exec(
-            select(ActionStep).where(ActionStep.action_id == action_id).order_by(ActionStep.seq)  # type: ignore[arg-type]
+            select(ActionStep)
+            .where(ActionStep.action_id == action_id)
+            .order_by(col(ActionStep.seq))
         )
     )
 
@@ -463,16 +465,15 @@ def _prerequisites_block(session: Session, action: Action) -> str | None:
         return None
     states = dict(
         session.exec(
-            select(Action.id, Action.state).where(
-                Action.id.in_(action.depends_on)  # type: ignore[union-attr]
-            )
+            select(col(Action.id), col(Action.state)).where(col(Action.id).in_(action.depends_on))
         ).all()
     )
     for prerequisite in action.depends_on:
         state = ActionState(states.get(prerequisite, ActionState.cancelled))
         if state in UNDONE_ACTION_STATES:
             return f"prerequisite action {prerequisite} is {state.value}"
-    if all(ActionState(states.get(p)) is ActionState.succeeded for p in action.depends_on):
+    # Each prerequisite is in ``states`` here: a missing one returned above (cancelled).
+    if all(ActionState(states[p]) is ActionState.succeeded for p in action.depends_on):
         return None
     return ""
 
@@ -499,7 +500,7 @@ def _advance_locked(
     if state not in (ActionState.running, ActionState.compensating):
         return []
     job = session.get(Job, action.job_id) if action.job_id is not None else None
-    steps = _steps(session, action.id)  # type: ignore[arg-type]
+    steps = _steps(session, row_id(action))
     phase = StepPhase.forward if state is ActionState.running else StepPhase.compensate
     for step in (s for s in steps if s.phase == phase):
         if step.state in (StepState.succeeded, StepState.skipped):
@@ -561,7 +562,7 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
             if node is not None and not _holds(session, job, node):
                 session.add(
                     Allocation(
-                        job_id=job.id,  # type: ignore[arg-type]
+                        job_id=row_id(job),
                         node_id=node,
                         gpu_indices=[],
                         gpu_count=gpus,
@@ -576,7 +577,7 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
     held = session.exec(
         select(Allocation).where(
             Allocation.job_id == job.id,
-            Allocation.released_at.is_(None),  # type: ignore[union-attr]
+            col(Allocation.released_at).is_(None),
             Allocation.node_id == nodes.get(action.source_node or ""),
         )
     ).all()
@@ -589,7 +590,7 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
     if kind is ActionKind.migrate and target is not None and not _holds(session, job, target):
         session.add(
             Allocation(
-                job_id=job.id,  # type: ignore[arg-type]
+                job_id=row_id(job),
                 node_id=target,
                 gpu_indices=[],  # the target's scheduler or connector assigns devices
                 gpu_count=sum(a.gpu_count for a in held) or job.gpus_requested,
@@ -616,7 +617,7 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
         select(Action.id).where(
             Action.job_id == job.id,
             Action.id != action.id,
-            Action.state.in_(  # type: ignore[attr-defined]
+            col(Action.state).in_(
                 [ActionState.dispatched, ActionState.running, ActionState.compensating]
             ),
         )
@@ -852,7 +853,7 @@ def record_report(
     elif report.retryable and step.attempts < _max_attempts(step, start_wait_s):
         job = session.get(Job, action.job_id) if action.job_id is not None else None
         step.error = (report.error or "")[:4096]
-        steps = _steps(session, action.id)  # type: ignore[arg-type]
+        steps = _steps(session, row_id(action))
         outgoing = [_send(action, job, step, steps, now, start_wait_s)]
     else:
         _finish_step(step, StepState.failed, now, result=report.result, error=report.error)
@@ -866,14 +867,13 @@ def record_report(
 
 def active_action_ids(*, session: Session, limit: int = 1000) -> list[int]:
     """Actions the sweep must look at: approved or with a saga in flight."""
-    return list(
-        session.exec(
-            select(Action.id)
-            .where(Action.state.in_([s.value for s in ACTIVE_STATES]))  # type: ignore[attr-defined]
-            .order_by(Action.id)  # type: ignore[arg-type]
-            .limit(limit)
-        )
+    ids = session.exec(
+        select(col(Action.id))
+        .where(col(Action.state).in_([s.value for s in ACTIVE_STATES]))
+        .order_by(col(Action.id))
+        .limit(limit)
     )
+    return [i for i in ids if i is not None]  # a primary key is never NULL
 
 
 def list_steps(*, session: Session, action_id: int) -> list[ActionStepPublic]:

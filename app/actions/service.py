@@ -4,7 +4,7 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 
 import sqlalchemy as sa
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.actions.models import (
     TERMINAL_ACTION_STATES,
@@ -22,7 +22,7 @@ from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.clusters.models import Cluster
 from app.core.errors import Conflict
-from app.core.lookup import found
+from app.core.lookup import found, row_id
 from app.core.paging import Page, count_rows
 from app.jobs.models import Allocation, Job
 
@@ -37,28 +37,28 @@ def list_actions(
     offset: int = 0,
 ) -> Page[ActionPublic]:
     query = (
-        sa.select(Action, Cluster.name, Job.external_id)
-        .join(Cluster, Cluster.id == Action.cluster_id)  # type: ignore[arg-type]
-        .outerjoin(Job, Job.id == Action.job_id)  # type: ignore[arg-type]
+        sa.select(Action, col(Cluster.name), col(Job.external_id))
+        .join(Cluster, col(Cluster.id) == Action.cluster_id)
+        .outerjoin(Job, col(Job.id) == Action.job_id)
     )
     if cluster is not None:
-        query = query.where(Cluster.name == cluster)
+        query = query.where(col(Cluster.name) == cluster)
     if state is not None:
-        query = query.where(Action.state == state.value)
+        query = query.where(col(Action.state) == state.value)
     if plan_id is not None:
-        query = query.where(Action.plan_id == plan_id)
+        query = query.where(col(Action.plan_id) == plan_id)
     total = count_rows(session, query)
-    rows = session.execute(query.order_by(Action.id.desc()).limit(limit).offset(offset))  # type: ignore[union-attr]
+    rows = session.execute(query.order_by(col(Action.id).desc()).limit(limit).offset(offset))
     items = [_public(a, c, j) for a, c, j in rows]
     return Page[ActionPublic](items=items, total=total, limit=limit, offset=offset)
 
 
 def get_action(*, session: Session, action_id: int) -> ActionPublic:
     row = session.execute(
-        sa.select(Action, Cluster.name, Job.external_id)
-        .join(Cluster, Cluster.id == Action.cluster_id)  # type: ignore[arg-type]
-        .outerjoin(Job, Job.id == Action.job_id)  # type: ignore[arg-type]
-        .where(Action.id == action_id)
+        sa.select(Action, col(Cluster.name), col(Job.external_id))
+        .join(Cluster, col(Cluster.id) == Action.cluster_id)
+        .outerjoin(Job, col(Job.id) == Action.job_id)
+        .where(col(Action.id) == action_id)
     ).first()
     return _public(
         *found(row, f"action {action_id} does not exist", resource="action", resource_id=action_id)
@@ -102,7 +102,7 @@ def transition(
             if state is ActionState.proposed:
                 _decide(prerequisite, ActionState.approved, by, now)
                 session.add(prerequisite)
-                also_approved.append(prerequisite.id)  # type: ignore[arg-type]
+                also_approved.append(row_id(prerequisite))
     _decide(action, to, by, now)
     if error is not None:
         action.error = error
@@ -170,14 +170,14 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
         session.exec(
             select(Action)
             .where(Action.plan_id == action.plan_id)
-            .order_by(Action.id)  # type: ignore[arg-type]
+            .order_by(col(Action.id))
             .with_for_update()
             .execution_options(populate_existing=True)
         )
     )
     if ActionState(action.state) is ActionState.succeeded:
         ready = [
-            a.id  # type: ignore[misc]
+            row_id(a)
             for a in siblings
             if action.id in (a.depends_on or []) and ActionState(a.state) is ActionState.approved
         ]
@@ -288,7 +288,7 @@ def _give_back_reservation(
         )
         session.add(give_back)
         session.flush()
-        created.append(give_back.id)  # type: ignore[arg-type]
+        created.append(row_id(give_back))
     return created
 
 
@@ -356,24 +356,24 @@ def churn(
     since = now - timedelta(seconds=window_s)
     finished = sa.func.coalesce(Action.finished_at, Action.updated_at)
     query = (
-        sa.select(finished, Job.external_id)
-        .join(Cluster, Cluster.id == Action.cluster_id)  # type: ignore[arg-type]
-        .join(Job, Job.id == Action.job_id)  # type: ignore[arg-type]
+        sa.select(finished, col(Job.external_id))
+        .join(Cluster, col(Cluster.id) == Action.cluster_id)
+        .join(Job, col(Job.id) == Action.job_id)
         .where(
-            Action.state.in_([s.value for s in RAN]),  # type: ignore[attr-defined]
-            Action.kind.not_in([k.value for k in NOT_ON_JOBS]),  # type: ignore[attr-defined]
+            col(Action.state).in_([s.value for s in RAN]),
+            col(Action.kind).not_in([k.value for k in NOT_ON_JOBS]),
             # A start that failed never ran the job: nothing happened to it.
             sa.not_(
                 sa.and_(
-                    Action.state == ActionState.failed.value,
-                    Action.kind.in_([k.value for k in NEVER_RAN_WHEN_FAILED]),  # type: ignore[attr-defined]
+                    col(Action.state) == ActionState.failed.value,
+                    col(Action.kind).in_([k.value for k in NEVER_RAN_WHEN_FAILED]),
                 )
             ),
             finished >= since,
         )
     )
     if cluster is not None:
-        query = query.where(Cluster.name == cluster)
+        query = query.where(col(Cluster.name) == cluster)
     times: dict[str, list[datetime]] = {}
     total = 0
     for at, external_id in session.execute(query):
@@ -401,16 +401,16 @@ def churn(
 def _job_hours(session: Session, cluster: str | None, since: datetime, now: datetime) -> float:
     """Hours jobs held GPUs in [since, now]: each job's allocation intervals, merged."""
     query = (
-        sa.select(Allocation.job_id, Allocation.started_at, Allocation.released_at)
-        .join(Job, Job.id == Allocation.job_id)  # type: ignore[arg-type]
-        .join(Cluster, Cluster.id == Job.cluster_id)  # type: ignore[arg-type]
+        sa.select(col(Allocation.job_id), col(Allocation.started_at), col(Allocation.released_at))
+        .join(Job, col(Job.id) == Allocation.job_id)
+        .join(Cluster, col(Cluster.id) == Job.cluster_id)
         .where(
-            sa.or_(Allocation.released_at.is_(None), Allocation.released_at > since),  # type: ignore[union-attr]
-            Allocation.started_at < now,
+            sa.or_(col(Allocation.released_at).is_(None), col(Allocation.released_at) > since),
+            col(Allocation.started_at) < now,
         )
     )
     if cluster is not None:
-        query = query.where(Cluster.name == cluster)
+        query = query.where(col(Cluster.name) == cluster)
     spans: dict[int, list[tuple[datetime, datetime]]] = {}
     for job_id, started, released in session.execute(query):
         start, end = max(started, since), min(released or now, now)

@@ -11,7 +11,6 @@ import logging
 import threading
 from typing import Any
 
-from celery import shared_task
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
@@ -21,6 +20,7 @@ from app.core.config import get_settings
 from app.core.db import get_engine
 from app.core.errors import Unauthorized
 from app.core.security import Principal
+from app.core.task import task
 from app.tokens import service as token_service
 from app.worker import celery_app
 from wire.queues import CONTROL_QUEUE, REPLY_TASK, executor_scope
@@ -108,7 +108,7 @@ def _deliver_locally(executor: local.Executor, message: saga.Outgoing) -> None:
     send(outgoing)
 
 
-@shared_task(name="app.actions.tasks.advance", **_RETRY)
+@task(name="app.actions.tasks.advance", **_RETRY)
 def advance(action_id: int) -> None:
     """Move one action's saga as far as it can go (dispatches an approved action)."""
     with Session(get_engine(), expire_on_commit=False) as session:
@@ -121,7 +121,7 @@ def advance(action_id: int) -> None:
     send(outgoing)
 
 
-@shared_task(name=REPLY_TASK, **_RETRY)
+@task(name=REPLY_TASK, **_RETRY)
 def report(report: dict[str, Any], token: str | None = None) -> None:
     """An executor's answer for one step (sent by node agents and connectors), with the
     executor's API token (``agent:<cluster>/<node>``, ``connector:<cluster>``)."""
@@ -142,7 +142,7 @@ def report(report: dict[str, Any], token: str | None = None) -> None:
     send(outgoing)
 
 
-@shared_task(name="app.actions.tasks.sweep", acks_late=False, time_limit=120)
+@task(name="app.actions.tasks.sweep", acks_late=False, time_limit=120)
 def sweep() -> int:
     """Periodic: dispatch approved actions, resend or time out unanswered steps.
 

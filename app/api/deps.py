@@ -13,7 +13,7 @@ bad body.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -165,13 +165,13 @@ async def authorize(request: Request, scope: str) -> Principal:
     def check() -> Principal:
         overrides = request.app.dependency_overrides
         produced = overrides.get(get_session, get_session)()
-        session = next(produced) if isinstance(produced, Iterator) else produced
+        session = next(produced) if isinstance(produced, Generator) else produced
         try:
             now = overrides.get(get_clock, get_clock)().now()
             principal = _principal(request, session=session, credentials=credentials, now=now)
             return _require_scope(request, principal, scope)
         finally:
-            if isinstance(produced, Iterator):
+            if isinstance(produced, Generator):
                 produced.close()
 
     return await run_in_threadpool(check)

@@ -3,14 +3,14 @@ from __future__ import annotations
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.clusters.models import Cluster, ClusterCreate, ClusterPublic, ClusterUpdate
 from app.core.errors import Invalid
-from app.core.lookup import found, not_taken
+from app.core.lookup import found, not_taken, row_id
 from app.nodes.models import Node
 from solver.policies import POLICY_NAMES
 
@@ -67,26 +67,28 @@ def list_clusters(*, session: Session) -> list[Cluster]:
 
 
 def to_public(*, session: Session, clusters: list[Cluster]) -> list[ClusterPublic]:
-    ids = [c.id for c in clusters]
+    ids = [row_id(c) for c in clusters]
     counts: dict[int, tuple[int, int]] = {}
     if ids:
         query = (
             sa.select(
-                Node.cluster_id, sa.func.count(), sa.func.coalesce(sa.func.sum(Node.gpu_count), 0)
-            )  # type: ignore[arg-type]
-            .where(Node.cluster_id.in_(ids), Node.state != "down")  # type: ignore[attr-defined]
-            .group_by(Node.cluster_id)
+                col(Node.cluster_id),
+                sa.func.count(),
+                sa.func.coalesce(sa.func.sum(Node.gpu_count), 0),
+            )
+            .where(col(Node.cluster_id).in_(ids), col(Node.state) != "down")
+            .group_by(col(Node.cluster_id))
         )
         counts = {cid: (int(n), int(g)) for cid, n, g in session.execute(query)}
     return [
         ClusterPublic.model_validate(
             c,
             update={
-                "node_count": counts.get(c.id, (0, 0))[0],  # type: ignore[arg-type]
-                "gpu_count": counts.get(c.id, (0, 0))[1],
-            },  # type: ignore[arg-type]
+                "node_count": counts.get(cid, (0, 0))[0],
+                "gpu_count": counts.get(cid, (0, 0))[1],
+            },
         )
-        for c in clusters
+        for c, cid in zip(clusters, ids, strict=True)
     ]
 
 

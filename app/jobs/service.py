@@ -4,7 +4,8 @@ from collections import defaultdict
 from typing import Any
 
 import sqlalchemy as sa
-from sqlmodel import Session
+from sqlalchemy.orm import Mapped
+from sqlmodel import Session, col
 
 from app.clusters.models import Cluster
 from app.core.lookup import found
@@ -41,31 +42,31 @@ def list_jobs(
     limit: int = 100,
     offset: int = 0,
 ) -> Page[JobPublic]:
-    query = sa.select(Job, Cluster.name).join(Cluster, Cluster.id == Job.cluster_id)  # type: ignore[arg-type]
-    filters = {
-        Cluster.name: cluster,
-        Job.state: state,
-        Job.team: team,
-        Job.queue: queue,
-        Job.kind: kind,
-        Job.shape: shape,
+    query = sa.select(Job, col(Cluster.name)).join(Cluster, col(Cluster.id) == Job.cluster_id)
+    filters: dict[Mapped[Any], object] = {
+        col(Cluster.name): cluster,
+        col(Job.state): state,
+        col(Job.team): team,
+        col(Job.queue): queue,
+        col(Job.kind): kind,
+        col(Job.shape): shape,
     }
     for column, value in filters.items():
         if value is not None:
             query = query.where(column == value)
     total = count_rows(session, query)
     order = order_by_clauses(sort, _SORTABLE, default=("-priority", "submit_time"))
-    rows = list(session.execute(query.order_by(*order, Job.id).limit(limit).offset(offset)))
+    rows = list(session.execute(query.order_by(*order, col(Job.id)).limit(limit).offset(offset)))
     allocations = _open_allocations(session, [job.id for job, _ in rows])
-    items = [_public(job, name, allocations.get(job.id, [])) for job, name in rows]  # type: ignore[arg-type]
+    items = [_public(job, name, allocations.get(job.id, [])) for job, name in rows]
     return Page[JobPublic](items=items, total=total, limit=limit, offset=offset)
 
 
 def get_job(*, session: Session, job_id: int) -> JobPublic:
     row = session.execute(
-        sa.select(Job, Cluster.name)
-        .join(Cluster, Cluster.id == Job.cluster_id)
-        .where(Job.id == job_id)  # type: ignore[arg-type]
+        sa.select(Job, col(Cluster.name))
+        .join(Cluster, col(Cluster.id) == Job.cluster_id)
+        .where(col(Job.id) == job_id)
     ).first()
     job, name = found(row, f"job {job_id} does not exist", resource="job", resource_id=job_id)
     return _public(job, name, _open_allocations(session, [job_id]).get(job_id, []))
@@ -75,9 +76,14 @@ def _open_allocations(session: Session, job_ids: list[int]) -> dict[int, list[Al
     if not job_ids:
         return {}
     query = (
-        sa.select(Allocation.job_id, Node.name, Allocation.gpu_indices, Allocation.started_at)
-        .join(Node, Node.id == Allocation.node_id)  # type: ignore[arg-type]
-        .where(Allocation.job_id.in_(job_ids), Allocation.released_at.is_(None))  # type: ignore[attr-defined,union-attr]
+        sa.select(
+            col(Allocation.job_id),
+            col(Node.name),
+            col(Allocation.gpu_indices),
+            col(Allocation.started_at),
+        )
+        .join(Node, col(Node.id) == Allocation.node_id)
+        .where(col(Allocation.job_id).in_(job_ids), col(Allocation.released_at).is_(None))
     )
     result: dict[int, list[AllocationPublic]] = defaultdict(list)
     for job_id, node, indices, started in session.execute(query):

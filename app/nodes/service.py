@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from app.clusters.models import Cluster
 from app.core.paging import Page, count_rows, order_by_clauses
@@ -13,9 +13,9 @@ from app.nodes.models import Node, NodePublic
 from wire.telemetry import NodeState
 
 _allocated = (
-    sa.select(Allocation.node_id, sa.func.sum(Allocation.gpu_count).label("gpus"))
-    .where(Allocation.released_at.is_(None))  # type: ignore[union-attr]
-    .group_by(Allocation.node_id)
+    sa.select(col(Allocation.node_id), sa.func.sum(Allocation.gpu_count).label("gpus"))
+    .where(col(Allocation.released_at).is_(None))
+    .group_by(col(Allocation.node_id))
     .subquery()
 )
 _SORTABLE: dict[str, Any] = {
@@ -41,23 +41,23 @@ def list_nodes(
     query = (
         sa.select(
             Node,
-            Cluster.name.label("cluster_name"),
-            GpuModel.name.label("gpu_model_name"),  # type: ignore[attr-defined]
+            sa.label("cluster_name", col(Cluster.name)),
+            sa.label("gpu_model_name", col(GpuModel.name)),
             sa.func.coalesce(_allocated.c.gpus, 0).label("allocated"),
         )
-        .join(Cluster, Cluster.id == Node.cluster_id)  # type: ignore[arg-type]
-        .outerjoin(GpuModel, GpuModel.id == Node.gpu_model_id)  # type: ignore[arg-type]
+        .join(Cluster, col(Cluster.id) == Node.cluster_id)
+        .outerjoin(GpuModel, col(GpuModel.id) == Node.gpu_model_id)
         .outerjoin(_allocated, _allocated.c.node_id == Node.id)
     )
     if cluster is not None:
-        query = query.where(Cluster.name == cluster)
+        query = query.where(col(Cluster.name) == cluster)
     if state is not None:
-        query = query.where(Node.state == state.value)
+        query = query.where(col(Node.state) == state.value)
     if gpu_model is not None:
-        query = query.where(GpuModel.name == gpu_model)
+        query = query.where(col(GpuModel.name) == gpu_model)
     total = count_rows(session, query)
     order = order_by_clauses(sort, _SORTABLE, default=("cluster", "name"))
-    rows = session.execute(query.order_by(*order, Node.id).limit(limit).offset(offset))
+    rows = session.execute(query.order_by(*order, col(Node.id)).limit(limit).offset(offset))
     items = [
         NodePublic(
             id=node.id,

@@ -12,7 +12,7 @@ from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.clusters.models import Cluster
 from app.core.errors import Conflict
-from app.core.lookup import found
+from app.core.lookup import found, row_id
 from app.core.paging import Page, count_rows
 from app.plans.models import Plan, PlanPublic, PlanState
 
@@ -25,24 +25,26 @@ def list_plans(
     limit: int = 50,
     offset: int = 0,
 ) -> Page[PlanPublic]:
-    query = sa.select(Plan, Cluster.name).outerjoin(Cluster, Cluster.id == Plan.cluster_id)  # type: ignore[arg-type]
+    query = sa.select(Plan, col(Cluster.name)).outerjoin(
+        Cluster, col(Cluster.id) == Plan.cluster_id
+    )
     if cluster is not None:
-        query = query.where(Cluster.name == cluster)
+        query = query.where(col(Cluster.name) == cluster)
     if state is not None:
-        query = query.where(Plan.state == state.value)
+        query = query.where(col(Plan.state) == state.value)
     total = count_rows(session, query)
     rows = session.execute(
-        query.order_by(Plan.created_at.desc(), Plan.id.desc()).limit(limit).offset(offset)
-    )  # type: ignore[attr-defined,union-attr]
+        query.order_by(col(Plan.created_at).desc(), col(Plan.id).desc()).limit(limit).offset(offset)
+    )
     items = [PlanPublic.model_validate(p, update={"cluster": name}) for p, name in rows]
     return Page[PlanPublic](items=items, total=total, limit=limit, offset=offset)
 
 
 def get_plan(*, session: Session, plan_id: int) -> PlanPublic:
     row = session.execute(
-        sa.select(Plan, Cluster.name)
-        .outerjoin(Cluster, Cluster.id == Plan.cluster_id)
-        .where(Plan.id == plan_id)  # type: ignore[arg-type]
+        sa.select(Plan, col(Cluster.name))
+        .outerjoin(Cluster, col(Cluster.id) == Plan.cluster_id)
+        .where(col(Plan.id) == plan_id)
     ).first()
     plan, name = found(row, f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
     return PlanPublic.model_validate(plan, update={"cluster": name})
@@ -90,7 +92,7 @@ def decide_plan(
         action.state, action.updated_at = target, now
         action.decided_by, action.decided_at = by, now
         session.add(action)
-        decided.append(action.id)  # type: ignore[arg-type]
+        decided.append(row_id(action))
         if not approve:
             action_service.ended(session=session, action=action, now=now)
     # Rejecting a plan an operator approved in part stops what has not started; what was

@@ -111,7 +111,7 @@ def delete_policy(
 
 def _latest(session: Session, name: str) -> SlaPolicy | None:
     return session.exec(
-        select(SlaPolicy).where(SlaPolicy.name == name).order_by(SlaPolicy.version.desc())  # type: ignore[attr-defined]
+        select(SlaPolicy).where(SlaPolicy.name == name).order_by(col(SlaPolicy.version).desc())
     ).first()
 
 
@@ -158,8 +158,8 @@ def get_policy(*, session: Session, name: str, version: int | None = None) -> Sl
     query = (
         query.where(SlaPolicy.version == version)
         if version is not None
-        else query.order_by(SlaPolicy.version.desc())
-    )  # type: ignore[attr-defined]
+        else query.order_by(col(SlaPolicy.version).desc())
+    )
     what = f"SLA policy {name!r}" + (f" version {version}" if version else "")
     policy = found(
         session.exec(query).first(),
@@ -179,14 +179,17 @@ def get_policy(*, session: Session, name: str, version: int | None = None) -> Sl
 
 def list_latest(*, session: Session) -> list[SlaPolicy]:
     latest = (
-        sa.select(SlaPolicy.name, sa.func.max(SlaPolicy.version).label("version"))
-        .group_by(SlaPolicy.name)
+        sa.select(col(SlaPolicy.name), sa.func.max(SlaPolicy.version).label("version"))
+        .group_by(col(SlaPolicy.name))
         .subquery()
     )
     query = (
         select(SlaPolicy)
         .join(
-            latest, sa.and_(SlaPolicy.name == latest.c.name, SlaPolicy.version == latest.c.version)
+            latest,
+            sa.and_(
+                col(SlaPolicy.name) == latest.c.name, col(SlaPolicy.version) == latest.c.version
+            ),
         )
         .where(col(SlaPolicy.deleted).is_(False))
         .order_by(SlaPolicy.name)
@@ -197,7 +200,7 @@ def list_latest(*, session: Session) -> list[SlaPolicy]:
 def list_versions(*, session: Session, name: str) -> list[SlaPolicy]:
     versions = list(
         session.exec(
-            select(SlaPolicy).where(SlaPolicy.name == name).order_by(SlaPolicy.version)  # type: ignore[arg-type]
+            select(SlaPolicy).where(SlaPolicy.name == name).order_by(col(SlaPolicy.version))
         )
     )
     if not versions:

@@ -54,6 +54,7 @@ from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, Actio
 from app.actions.schedulers import places_itself, reserves
 from app.clusters.models import ShapingMode
 from app.core.db import begin
+from app.core.lookup import row_id
 from app.jobs.models import Allocation, Job
 from app.plans.models import OPEN_PLAN_STATES, Plan, PlanState
 from app.shaping.review import review_plan
@@ -218,13 +219,13 @@ def _review(
             session.refresh(action)
         review = review_plan(snapshot, actions)
         for action in actions:
-            why = review.expired.get(action.id)  # type: ignore[arg-type]
+            why = review.expired.get(row_id(action))
             if why is not None and action_service.end_unstarted(
                 session=session,
-                action_id=action.id,
+                action_id=row_id(action),
                 error=f"expired: {why}",
                 by=SHAPER,
-                now=now,  # type: ignore[arg-type]
+                now=now,
             ):
                 expired += 1
         for action in actions:
@@ -278,7 +279,7 @@ def _keep(session: Session, plan: Plan, now: datetime, expired: int) -> CycleRes
     ).all()
     session.commit()
     return CycleResult(
-        plan_id=plan.id,  # type: ignore[arg-type]
+        plan_id=row_id(plan),
         actions=len(proposed),
         violations=0,
         status=plan.status,
@@ -313,9 +314,9 @@ def _materially_better(
     session.commit()
     deferred = _deferred(instance, fresh, graph, footprint)
     fresh_target = dict(current)
-    for index, action in enumerate(fresh.actions):
+    for index, move in enumerate(fresh.actions):
         if index not in deferred:
-            fresh_target[action.job_id] = dict(action.to_placement)
+            fresh_target[move.job_id] = dict(move.to_placement)
     kept_target = dict(current)
     external = {row.id: row.external_id for row in snapshot.jobs}
     for action in actions:
@@ -364,10 +365,10 @@ def _close(session: Session, plan: Plan, state: PlanState, why: str, now: dateti
         if ActionState(action.state) == ActionState.proposed:
             action_service.end_unstarted(
                 session=session,
-                action_id=action.id,
+                action_id=row_id(action),
                 error=f"{word}: {why}",
                 by=SHAPER,
-                now=now,  # type: ignore[arg-type]
+                now=now,
             )
     locked.state = state
     locked.state_reason = why[:1024]
@@ -504,7 +505,7 @@ def _persist(
     session.add(row)
     session.commit()
     return CycleResult(
-        plan_id=row.id,  # type: ignore[arg-type]
+        plan_id=row_id(row),
         actions=created,
         violations=len(violations),
         status=row.status,
@@ -580,7 +581,7 @@ def _add_actions(
         # What frees GPUs for a job waits for that job's reservation to be in place.
         prerequisites |= {holds[t].id for t in graph.serves[index] if t in holds}
         action_row.depends_on = sorted(p for p in prerequisites if p is not None)
-        action_row.reason = _reason(row.id, plan, graph, index, rows)  # type: ignore[arg-type]
+        action_row.reason = _reason(row_id(row), plan, graph, index, rows)
         session.add(action_row)
     for index, hold in holds.items():
         served = rows[index]

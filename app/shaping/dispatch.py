@@ -10,17 +10,16 @@ duty.
 
 from __future__ import annotations
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.actions.models import Action, ActionState
 
 
 def approved_actions(*, session: Session, plan_id: int) -> list[int]:
     """Ids of the plan's actions that wait for dispatch, oldest first."""
-    return list(
-        session.exec(
-            select(Action.id)
-            .where(Action.plan_id == plan_id, Action.state == ActionState.approved)
-            .order_by(Action.id)  # type: ignore[arg-type]
-        )
-    )  # type: ignore[arg-type]
+    ids = session.exec(
+        select(col(Action.id))
+        .where(Action.plan_id == plan_id, Action.state == ActionState.approved)
+        .order_by(col(Action.id))
+    )
+    return [i for i in ids if i is not None]  # a primary key is never NULL

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from app.actions import service as action_service
 from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
+from app.core.lookup import row_id
 from app.shaping.snapshot import ClusterSnapshot, JobRow
 from solver.dependencies import gpu_changes
 
@@ -70,8 +71,8 @@ def review_plan(snapshot: ClusterSnapshot, actions: list[Action]) -> Review:
     jobs = snapshot.job_by_id
     nodes = {node.name: node for node in snapshot.nodes}
     held_now = {node.name: 0 for node in snapshot.nodes}
-    for row in snapshot.jobs:
-        for node, gpus in held_by_job(row).items():
+    for job in snapshot.jobs:
+        for node, gpus in held_by_job(job).items():
             held_now[node] = held_now.get(node, 0) + gpus
     # What the plan's unfinished actions will still take and free, per node.
     live = [a for a in actions if ActionState(a.state) not in TERMINAL_ACTION_STATES]
@@ -98,7 +99,7 @@ def review_plan(snapshot: ClusterSnapshot, actions: list[Action]) -> Review:
         if info is None or info.state != "up":
             state = "gone" if info is None else info.state
             for action in node_takers:
-                why.setdefault(action.id, f"node {node} is {state}")  # type: ignore[arg-type]
+                why.setdefault(row_id(action), f"node {node} is {state}")
             continue
         available = info.gpu_count - held_now.get(node, 0) + freed.get(node, 0)
         if need.get(node, 0) > available:
@@ -115,7 +116,7 @@ def review_plan(snapshot: ClusterSnapshot, actions: list[Action]) -> Review:
                 + ")"
             )
             for action in node_takers:
-                why.setdefault(action.id, message)  # type: ignore[arg-type]
+                why.setdefault(row_id(action), message)
     for action in live:
         if ActionKind(action.kind) is ActionKind.unreserve:
             continue  # giving GPUs back always applies
@@ -123,12 +124,12 @@ def review_plan(snapshot: ClusterSnapshot, actions: list[Action]) -> Review:
             row = jobs.get(action.job_id) if action.job_id is not None else None
             problem = _job_check(action, row)
             if problem is not None:
-                why.setdefault(action.id, problem)  # type: ignore[arg-type]
+                why.setdefault(row_id(action), problem)
     for component in action_service.dependency_groups(actions):
-        reasons = [why[a.id] for a in component if a.id in why]  # type: ignore[index]
+        reasons = [why[i] for i in map(row_id, component) if i in why]
         if not reasons:
             continue
         for action in component:
             if ActionState(action.state) in UNSTARTED:
-                review.expired[action.id] = reasons[0]  # type: ignore[index]
+                review.expired[row_id(action)] = reasons[0]
     return review

@@ -34,11 +34,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.actions.models import Action, ActionKind, ActionState
 from app.actions.service import NEVER_RAN_WHEN_FAILED, NOT_ON_JOBS, RAN
 from app.clusters import service as cluster_service
+from app.core.lookup import row_id
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -151,14 +152,14 @@ def take_snapshot(
         for j in session.exec(select(Job).where(Job.cluster_id == cluster.id))
         if j.state not in TERMINAL_JOB_STATES and j.gpus_requested > 0
     ]
-    job_ids = [j.id for j in jobs]
+    job_ids = [row_id(j) for j in jobs]
     placements: dict[int, list[tuple[str, tuple[int, ...], int]]] = {}
     if job_ids:
         open_allocations = session.exec(
             select(Allocation).where(
-                Allocation.job_id.in_(job_ids),  # type: ignore[attr-defined]
-                Allocation.released_at.is_(None),
-            )  # type: ignore[union-attr]
+                col(Allocation.job_id).in_(job_ids),
+                col(Allocation.released_at).is_(None),
+            )
         )
         for allocation in open_allocations:
             placements.setdefault(allocation.job_id, []).append(
@@ -168,39 +169,40 @@ def take_snapshot(
                     allocation.gpu_count,
                 )
             )
-    demand = _demand_history(session, [j.id for j in jobs if j.shape == JobShape.elastic], now)
+    elastic = [jid for j, jid in zip(jobs, job_ids, strict=True) if j.shape == JobShape.elastic]
+    demand = _demand_history(session, elastic, now)
     moves = _moves_today(session, job_ids, now)
     acted = _acted(session, job_ids, now)
     open_actions = _open_actions(session, job_ids)
     rows = tuple(
         JobRow(
             **_job_columns(j),
-            placement=tuple(sorted(placements.get(j.id, []))),  # type: ignore[arg-type]
-            demand_history=tuple(demand.get(j.id, [])),  # type: ignore[arg-type]
-            migrations_today=moves.get((j.id, ActionKind.migrate), (0, None))[0],  # type: ignore[arg-type]
-            preemptions_today=moves.get((j.id, ActionKind.preempt), (0, None))[0],  # type: ignore[arg-type]
-            last_moved_at=moves.get((j.id, ActionKind.migrate), (0, None))[1],  # type: ignore[arg-type]
-            last_acted_at=acted.get(j.id, (None, 0))[0],  # type: ignore[arg-type]
-            actions_last_hour=acted.get(j.id, (None, 0))[1],  # type: ignore[arg-type]
-            busy=ActionState.approved in open_actions.get(j.id, ()),  # type: ignore[arg-type]
-            proposed=ActionState.proposed in open_actions.get(j.id, ()),  # type: ignore[arg-type]
+            placement=tuple(sorted(placements.get(jid, []))),
+            demand_history=tuple(demand.get(jid, [])),
+            migrations_today=moves.get((jid, ActionKind.migrate), (0, None))[0],
+            preemptions_today=moves.get((jid, ActionKind.preempt), (0, None))[0],
+            last_moved_at=moves.get((jid, ActionKind.migrate), (0, None))[1],
+            last_acted_at=acted.get(jid, (None, 0))[0],
+            actions_last_hour=acted.get(jid, (None, 0))[1],
+            busy=ActionState.approved in open_actions.get(jid, ()),
+            proposed=ActionState.proposed in open_actions.get(jid, ()),
             displaced=j.displaced_at is not None,
         )
-        for j in jobs
+        for j, jid in zip(jobs, job_ids, strict=True)
     )
     policy_name = sla_policy or cluster.name
     sla_row = session.exec(
         select(SlaPolicyRow)
         .where(SlaPolicyRow.name == policy_name)
-        .order_by(SlaPolicyRow.version.desc())
-    ).first()  # type: ignore[attr-defined]
+        .order_by(col(SlaPolicyRow.version).desc())
+    ).first()
     if sla_row is not None and sla_row.deleted:
         sla_row = None  # a deleted policy applies no more: the defaults do
     return ClusterSnapshot(
         cluster=cluster.name,
-        cluster_id=cluster.id,
+        cluster_id=row_id(cluster),
         mode=cluster.mode,
-        policy=cluster.policy,  # type: ignore[arg-type]
+        policy=cluster.policy,
         scheduler=cluster.scheduler,
         taken_at=now,
         gpu_models=tuple(session.exec(select(GpuModel)).all()),
@@ -217,13 +219,13 @@ def _demand_history(
         return {}
     since = now - timedelta(days=1, hours=1)
     query = (
-        sa.select(TelemetrySample.job_id, TelemetrySample.at, TelemetrySample.value)
+        sa.select(col(TelemetrySample.job_id), col(TelemetrySample.at), col(TelemetrySample.value))
         .where(
-            TelemetrySample.job_id.in_(job_ids),  # type: ignore[union-attr]
-            TelemetrySample.metric == Metric.demand_replicas.value,
-            TelemetrySample.at >= since,
+            col(TelemetrySample.job_id).in_(job_ids),
+            col(TelemetrySample.metric) == Metric.demand_replicas.value,
+            col(TelemetrySample.at) >= since,
         )
-        .order_by(TelemetrySample.at)
+        .order_by(col(TelemetrySample.at))
     )
     history: dict[int, list[tuple[datetime, float]]] = {}
     for job_id, at, value in session.execute(query):
@@ -237,13 +239,18 @@ def _moves_today(
     if not job_ids:
         return {}
     query = (
-        sa.select(Action.job_id, Action.kind, sa.func.count(), sa.func.max(Action.updated_at))
-        .where(
-            Action.job_id.in_(job_ids),  # type: ignore[union-attr]
-            Action.state == ActionState.succeeded.value,
-            Action.updated_at >= now - timedelta(days=1),
+        sa.select(
+            col(Action.job_id),
+            col(Action.kind),
+            sa.func.count(),
+            sa.func.max(Action.updated_at),
         )
-        .group_by(Action.job_id, Action.kind)
+        .where(
+            col(Action.job_id).in_(job_ids),
+            col(Action.state) == ActionState.succeeded.value,
+            col(Action.updated_at) >= now - timedelta(days=1),
+        )
+        .group_by(col(Action.job_id), col(Action.kind))
     )
     return {
         (job_id, kind): (int(count), last) for job_id, kind, count, last in session.execute(query)
@@ -269,22 +276,22 @@ def _acted(
         return {}
     ended = sa.func.coalesce(Action.finished_at, Action.updated_at)
     never_ran = sa.and_(
-        Action.state == ActionState.failed.value,
-        Action.kind.in_([k.value for k in NEVER_RAN_WHEN_FAILED]),  # type: ignore[attr-defined]
+        col(Action.state) == ActionState.failed.value,
+        col(Action.kind).in_([k.value for k in NEVER_RAN_WHEN_FAILED]),
     )
     query = (
         sa.select(
-            Action.job_id,
+            col(Action.job_id),
             sa.func.max(sa.case((never_ran, None), else_=ended)),
             sa.func.sum(sa.case((ended >= now - timedelta(hours=1), 1), else_=0)),
         )
         .where(
-            Action.job_id.in_(job_ids),  # type: ignore[union-attr]
-            Action.kind.not_in([k.value for k in NOT_ON_JOBS]),  # type: ignore[attr-defined]
-            Action.state.in_([s.value for s in RAN]),  # type: ignore[attr-defined]
+            col(Action.job_id).in_(job_ids),
+            col(Action.kind).not_in([k.value for k in NOT_ON_JOBS]),
+            col(Action.state).in_([s.value for s in RAN]),
             ended >= now - timedelta(days=1),
         )
-        .group_by(Action.job_id)
+        .group_by(col(Action.job_id))
     )
     return {job_id: (last, int(count or 0)) for job_id, last, count in session.execute(query)}
 
@@ -294,9 +301,9 @@ def _open_actions(session: Session, job_ids: list[int]) -> dict[int, set[ActionS
     when one waits for a decision."""
     if not job_ids:
         return {}
-    query = sa.select(Action.job_id, Action.state).where(
-        Action.job_id.in_(job_ids),  # type: ignore[union-attr]
-        Action.state.in_([s.value for s in (*IN_FLIGHT_STATES, ActionState.proposed)]),  # type: ignore[attr-defined]
+    query = sa.select(col(Action.job_id), col(Action.state)).where(
+        col(Action.job_id).in_(job_ids),
+        col(Action.state).in_([s.value for s in (*IN_FLIGHT_STATES, ActionState.proposed)]),
     )
     found: dict[int, set[ActionState]] = {}
     for job_id, state in session.execute(query):

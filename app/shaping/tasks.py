@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
 from sqlmodel import Session, select
 
 from app.actions import tasks as action_tasks
 from app.clusters.models import Cluster
 from app.core.clock import SystemClock
 from app.core.db import begin, get_engine
+from app.core.task import task
 from app.shaping.cycle import run_cycle
 from app.shaping.dispatch import approved_actions
 from app.shaping.lease import shaping_lease
@@ -18,7 +18,7 @@ from app.shaping.lease import shaping_lease
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="app.shaping.tasks.run_shaping_cycles", time_limit=120, soft_time_limit=100)
+@task(name="app.shaping.tasks.run_shaping_cycles", time_limit=120, soft_time_limit=100)
 def run_shaping_cycles() -> dict[str, int]:
     """Plan every cluster once; a replica that is not the leader does nothing.
 

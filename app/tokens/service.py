@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.core.errors import Unauthorized
-from app.core.lookup import found
+from app.core.lookup import found, row_id
 from app.core.security import Principal, generate_token, secret_matches, split_token
 from app.tokens.models import ApiToken, ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
 
@@ -60,14 +60,14 @@ def authenticate(*, session: Session, plaintext: str, now: datetime) -> Principa
         raise Unauthorized("token revoked")
     if token.expires_at is not None and token.expires_at <= now:
         raise Unauthorized("token expired")
-    return Principal(token_id=token.id, name=token.name, scopes=frozenset(token.scopes))  # type: ignore[arg-type]
+    return Principal(token_id=row_id(token), name=token.name, scopes=frozenset(token.scopes))
 
 
 def list_tokens(*, session: Session) -> list[ApiTokenPublic]:
     return [
         ApiTokenPublic.model_validate(t)
-        for t in session.exec(select(ApiToken).order_by(ApiToken.id))
-    ]  # type: ignore[arg-type]
+        for t in session.exec(select(ApiToken).order_by(col(ApiToken.id)))
+    ]
 
 
 def revoke_token(

@@ -101,10 +101,10 @@ class SimExecutors:
         if name == AgentStep.stage:
             return {"image_dir": f"sim://{node}/{job_id}", "summary": "simulated image staged"}
         if name == AgentStep.restore:
-            image = args.get("image")
-            if image is None:
+            staged = args.get("image")
+            if staged is None:
                 raise ConnectorError(f"no image to restore {job_id} from", retryable=False)
-            cluster.put_on(job_id, node, timedelta(seconds=float(image["done_s"])))
+            cluster.put_on(job_id, node, timedelta(seconds=float(staged["done_s"])))
             return {"summary": f"restored on {node} (simulated)"}
         if name == AgentStep.confirm:
             if not cluster.runs_on(job_id, node):

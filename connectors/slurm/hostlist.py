@@ -47,14 +47,14 @@ def _expand_item(item: str) -> list[str]:
     close_at = item.index("]", open_at)
     prefix, ranges, rest = item[:open_at], item[open_at + 1 : close_at], item[close_at + 1 :]
     tails = _expand_item(rest) if rest else [""]
-    names = []
+    names: list[str] = []
     for number in _expand_ranges(ranges, item):
         names.extend(prefix + number + tail for tail in tails)
     return names
 
 
 def _expand_ranges(ranges: str, item: str) -> list[str]:
-    numbers = []
+    numbers: list[str] = []
     for part in ranges.split(","):
         match = _RANGE.match(part.strip())
         if match is None:

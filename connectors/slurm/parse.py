@@ -184,7 +184,9 @@ def _gpu_item(item: str) -> tuple[str | None, int] | None:
 
 def _split_gres(gres: str) -> list[str]:
     # Commas also appear inside "(S:0,2)", so split only outside parentheses.
-    items, depth, current = [], 0, []
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in gres or "":
         if char == "(":
             depth += 1
