@@ -1,5 +1,5 @@
-"""The ``shaper`` command: serve, worker, beat, db, token, audit, demo, sim, agent,
-connector."""
+"""The ``shaper`` command: serve, worker, beat, db, token, audit, diagnose, demo, sim,
+agent, connector."""
 
 from __future__ import annotations
 
@@ -246,6 +246,45 @@ def audit(
 
 def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+@cli.command()
+def diagnose(
+    cluster: Annotated[str, typer.Option(help="the cluster's name")],
+    hours: Annotated[float, typer.Option(min=0.01, max=31 * 24, help="the window's length")] = 24,
+    until: Annotated[
+        datetime | None, typer.Option(help="the window's end, UTC (default: now)")
+    ] = None,
+    busy_threshold: Annotated[
+        float, typer.Option(min=0.001, max=1.0, help="allocated GPUs busy below this are idle")
+    ] = 0.1,
+) -> None:
+    """Why the cluster's GPUs were idle: GPU-hours and share per cause, by GPU model and
+    by team (the same figures as GET /api/v1/diagnosis)."""
+    from datetime import timedelta
+
+    from app.bootstrap import prepare_database
+    from app.core.clock import SystemClock
+    from app.core.db import get_engine
+    from app.core.errors import Invalid, NotFound
+    from app.diagnosis import service
+    from app.diagnosis.report import print_diagnosis
+
+    end = _utc(until) or SystemClock().now()
+    prepare_database(get_settings())
+    with Session(get_engine()) as session:
+        try:
+            result = service.diagnose(
+                session=session,
+                cluster=cluster,
+                since=end - timedelta(hours=hours),
+                until=end,
+                busy_threshold=busy_threshold,
+            )
+        except (Invalid, NotFound) as exc:
+            console.print(f"[red]{exc.message}[/red]")
+            raise typer.Exit(2) from None
+    print_diagnosis(result, Console())
 
 
 @cli.command()

@@ -33,6 +33,7 @@ from sim.fgd.report import (
     seed_spread_json,
     seed_spread_markdown,
 )
+from sim.idle_report import idle_markdown, idle_table
 from sim.metrics import RunResult
 from sim.report import (
     best_baseline,
@@ -96,6 +97,13 @@ DrainOpt = Annotated[
         "(completion times over all jobs) or stop at the horizon (unfinished jobs censored)",
     ),
 ]
+WhyIdleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--why-idle/--no-why-idle",
+        help="also print idle GPU-hours by cause (no demand, fragmentation, reservation, …)",
+    ),
+]
 DrainCapOpt = Annotated[
     float | None,
     typer.Option(help="stop draining at this many hours (default: 4 × the horizon, ≥ +24 h)"),
@@ -120,8 +128,11 @@ def _load(scenario: str, seed: int | None) -> Workload:
         raise typer.BadParameter(str(exc), param_hint="SCENARIO") from exc
 
 
-def _print_run(result: RunResult) -> None:
-    console.print(rich_table({result.policy: result}, f"{result.scenario} · {result.policy}"))
+def _print_run(result: RunResult, why_idle: bool = False) -> None:
+    title = f"{result.scenario} · {result.policy}"
+    console.print(rich_table({result.policy: result}, title))
+    if why_idle:
+        console.print(idle_table({result.policy: result}, title))
 
 
 def _figures(results: dict[str, RunResult], out_dir: Path, name: str, fmt: str) -> list[Path]:
@@ -151,6 +162,7 @@ def run(
     progress: ProgressOpt = False,
     drain: DrainOpt = True,
     drain_cap_h: DrainCapOpt = None,
+    why_idle: WhyIdleOpt = False,
 ) -> None:
     """Simulate SCENARIO under one policy and print its metrics."""
     _check_policy(policy)
@@ -158,7 +170,7 @@ def run(
     workload = _load(scenario, seed)
     started = time.perf_counter()
     result = run_policy(workload, policy, show_progress=progress, drain=drain, drain_cap=cap)
-    _print_run(result)
+    _print_run(result, why_idle)
     console.print(f"wall time {time.perf_counter() - started:.2f} s")
     if out is not None:
         console.print(f"results: {write_results(result, out)}")
@@ -178,6 +190,7 @@ def compare_cmd(
     progress: ProgressOpt = False,
     drain: DrainOpt = True,
     drain_cap_h: DrainCapOpt = None,
+    why_idle: WhyIdleOpt = False,
 ) -> None:
     """Simulate SCENARIO under several policies; print a table, write JSON and figures.
     Margins are over the best baseline (the strongest policy other than shaper)."""
@@ -190,8 +203,12 @@ def compare_cmd(
     results = compare(workload, names, show_progress=progress, drain=drain, drain_cap=cap)
     best = best_baseline(results) or names[0]
     console.print(rich_table(results, f"{workload.name} (seed {workload.seed})", best))
+    if why_idle:
+        console.print(idle_table(results, workload.name))
     if markdown:
         console.print(markdown_table(results, best), markup=False, soft_wrap=True)
+        if why_idle:
+            console.print(idle_markdown(results), markup=False, soft_wrap=True)
     console.print(f"results: {write_results(results, out_dir / f'{workload.name}.json')}")
     for path in _figures(results, out_dir, workload.name, fmt):
         console.print(f"figure: {path}")
@@ -315,6 +332,7 @@ def replay(
     progress: ProgressOpt = True,
     drain: DrainOpt = True,
     drain_cap_h: DrainCapOpt = None,
+    why_idle: WhyIdleOpt = False,
 ) -> None:
     """Replay a trace file under several policies; margins are over the best baseline."""
     out_dir = out_dir or default_results_dir()
@@ -362,6 +380,8 @@ def replay(
         drain_cap=cap,
     )
     console.print(rich_table(results, workload.name, best_baseline(results) or names[0]))
+    if why_idle:
+        console.print(idle_table(results, workload.name))
     console.print(f"wall time {time.perf_counter() - started:.1f} s")
     stem = trace.stem
     console.print(f"results: {write_results(results, out_dir / f'{stem}.json')}")

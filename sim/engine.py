@@ -43,6 +43,7 @@ from enum import IntEnum, StrEnum
 from typing import Protocol
 
 from sim.actions import Migrate, Preempt, Resize, SimPlan, Start
+from sim.diagnosis import IdleTracker
 from sim.ledger import JobLedger, check
 from sim.workload import BlockJob, Node, Service, Workload
 
@@ -212,6 +213,7 @@ class Simulation:
         progress: Callable[[float, float], None] | None = None,
         drain: bool = True,
         drain_cap: float | None = None,
+        diagnose: bool = True,
     ) -> None:
         workload.validate()
         self.workload = workload
@@ -234,6 +236,9 @@ class Simulation:
         self.run_end = horizon  # when the run stopped: the horizon, the drain or the cap
         self.drained = False  # every job that arrived was done by ``run_end``
         self.window: Counters | None = None  # the counters at the horizon
+        # Why GPUs sit idle over the window (``sim.diagnosis``); off for callers that only
+        # want the other figures fast.
+        self.idle: IdleTracker | None = IdleTracker(workload) if diagnose else None
 
         self.now = 0.0
         self.nodes: dict[str, NodeState] = {
@@ -461,6 +466,8 @@ class Simulation:
     def _advance(self, time: float) -> None:
         dt = time - self.now
         if dt > EPS:
+            if self.idle is not None:  # reads the state held since the last event
+                self.idle.add(self, self.now, time)
             c = self.counters
             c.allocated_gpu_seconds += self._allocated * dt
             c.available_gpu_seconds += self._available * dt
@@ -569,6 +576,20 @@ class Simulation:
                 self.counters.demand_seconds += demand * dt
                 self.counters.unmet_demand_seconds += (demand - served) * dt
             t = t_end
+
+    def dumping_gpus(self) -> list[tuple[str, str]]:
+        """(node, job) of every free GPU still dumping a checkpoint of a job that left it."""
+        return [
+            (node_name, self.nodes[node_name].busy_job[index])
+            for (node_name, index), until in self._draining.items()
+            if until > self.now + EPS
+            and self.nodes[node_name].up
+            and self.nodes[node_name].owners[index] is None
+        ]
+
+    def service_capacity(self, svc: ServiceState) -> float:
+        """Replicas of demand the service serves now (a replica serves its model's speed)."""
+        return self._service_capacity(svc)
 
     def _service_capacity(self, svc: ServiceState) -> float:
         models = self.workload.gpu_models

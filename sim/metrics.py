@@ -29,6 +29,10 @@ Over the window (all GPU-times in GPU-hours):
   free GPUs taken together but not on the fewest nodes its gang may span — the re-plans
   at which moving work could have admitted it. 0 means capacity, not fragmentation, kept
   jobs waiting.
+* ``idle_<cause>_gpu_hours``: why GPUs were idle, one cause per idle GPU-hour
+  (``solver.diagnosis.causes``, mapped from the simulator's state by ``sim.diagnosis``);
+  they add up to capacity − busy GPU-hours, failed nodes included (``draining_down``).
+  ``RunResult.idle_causes`` has the same by GPU model, team and hour.
 
 Over the whole run:
 
@@ -58,8 +62,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.diagnosis import idle_metric
 from sim.engine import JobStatus, Simulation
 from sim.ledger import CATEGORIES
+from solver.diagnosis import IdleCause
 
 HOUR = 3600.0
 CHURN_WINDOW_S = 600.0
@@ -88,6 +94,8 @@ class RunResult:
     run_end: float = 0.0
     timing: dict[str, float] = field(default_factory=dict)
     node_events: list[dict[str, Any]] = field(default_factory=list)
+    # Why GPUs sat idle over the window (``sim.diagnosis.IdleTracker.summary``).
+    idle_causes: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +110,7 @@ class RunResult:
             "occupancy": self.occupancy,
             "node_events": self.node_events,
             "timing": self.timing,
+            "idle_causes": self.idle_causes,
         }
 
 
@@ -231,6 +240,9 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         "actions_per_job_hour": (block_actions + resizes) / job_hours if job_hours else 0.0,
         "jobs_acted_twice_10min": float(acted_twice),
     }
+    idle_causes = sim.idle.summary() if sim.idle is not None else {}
+    for cause, hours in idle_causes.get("by_cause", {}).items():
+        metrics[idle_metric(IdleCause(cause))] = hours
     # Wall-clock figures vary run to run; they are kept apart from the reproducible metrics.
     timing = {"solve_seconds": c.solve_seconds}
     rows = [f"{name}/{i}" for name, node in sim.nodes.items() for i in range(node.spec.gpus)]
@@ -255,6 +267,7 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         horizon=horizon,
         run_end=end,
         timing=timing,
+        idle_causes=idle_causes,
         node_events=[
             {"t_h": e.time / HOUR, "node": e.node, "kind": e.kind}
             for e in sim.workload.node_events

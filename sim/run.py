@@ -76,6 +76,7 @@ def simulate(
     record_occupancy: bool | None = None,
     drain: bool = True,
     drain_cap: float | None = None,
+    diagnose: bool = True,
 ) -> Simulation:
     planner = SolverPlanner(policy, validate=validate_plans) if isinstance(policy, str) else policy
     with progress_bar(show_progress, f"{workload.name} · {planner.name}") as callback:
@@ -90,6 +91,7 @@ def simulate(
             progress=callback,
             drain=drain,
             drain_cap=drain_cap,
+            diagnose=diagnose,
         )
         sim.run()
     return sim

@@ -7,6 +7,7 @@ from app.actions.router import router as actions
 from app.api.params import refuse_unusable_parameters
 from app.audit.router import router as audit
 from app.clusters.router import router as clusters
+from app.diagnosis.router import router as diagnosis
 from app.gpu_models.router import router as gpu_models
 from app.jobs.router import router as jobs
 from app.nodes.router import router as nodes
@@ -25,6 +26,7 @@ for domain_router in (
     nodes,
     jobs,
     utilization,
+    diagnosis,
     plans,
     actions,
     policies,

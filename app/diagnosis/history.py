@@ -1,0 +1,343 @@
+"""A cluster's stored history over a window, replayed as the idle-GPU classifier's states:
+``[(start, end, ClusterAt), …]``, each held constant between two changes.
+
+What is read, and what each piece becomes (``solver.diagnosis.state``):
+
+* nodes: today's rows (node history is not kept, as in ``app.utilization``): a node down
+  now is down for the whole window. A node without a GPU model counts as model ``none``.
+* allocations: every interval that overlaps the window; its busy fraction in a bucket is
+  the mean of the ``gpu_util`` samples of its GPUs there (per-GPU samples where the agent
+  sends them, else the node's), None (counted busy) without samples.
+* elastic services: GPUs held above ``ceil(mean demand_replicas of the bucket)`` replicas
+  are held above demand (``reservation``); without a demand sample, none are.
+* the queue: a block job with GPUs is queued from its submit time until it ends (its end
+  time, else its last update when it is finished) whenever it holds no allocation — before
+  its first start and after a preemption. A job without a submit time is never queued.
+  A gang of ``gang_size`` that divides its GPUs is that many members; any other job is one.
+* quota: the cluster's SLA policy (named after it, as the shaping cycle reads it), the
+  version in force at each instant; caps are ``guaranteed + borrowing limit``.
+
+Plans' reservations of free GPUs are not stored in a form this can read: they are not
+counted (free GPUs a plan keeps for a job show as ``queue_order`` while a job fits them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import pairwise
+
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from app.gpu_models.models import GpuModel
+from app.jobs.models import Allocation, Job
+from app.nodes.models import Node
+from app.policies.models import SlaPolicy
+from app.telemetry.models import TelemetrySample
+from solver.diagnosis import AllocationAt, ClusterAt, NodeAt, NodeCondition, QueuedJobAt
+from wire.telemetry import TERMINAL_JOB_STATES, JobShape, Metric
+
+NO_MODEL = "none"
+_CONDITIONS = {"up": NodeCondition.UP, "draining": NodeCondition.DRAINING}
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    job_id: int
+    node_id: int
+    gpus: int
+    indices: tuple[int, ...]
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Lifetime:
+    job_id: int
+    team: str
+    elastic: bool
+    gpus_per_replica: int
+    queued_as: QueuedJobAt | None  # None: never queued (a service, no GPUs)
+    submit: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    cluster_id: int
+    cluster: str
+    since: datetime
+    until: datetime
+    bucket_s: int
+    busy_threshold: float
+
+    def bucket(self, t: float) -> int:
+        return int((t - self.since.timestamp()) // self.bucket_s)
+
+
+def replay(session: Session, window: Window) -> Iterator[tuple[float, float, ClusterAt]]:
+    """The cluster's states over the window, in time order, each with its interval."""
+    nodes, node_names = _nodes(session, window)
+    held = _allocations(session, window)
+    lives = _lifetimes(session, window)
+    busy = _busy_means(session, window)
+    demand = _demand_means(session, window)
+    caps = _quota_caps(session, window)
+
+    since, until = window.since.timestamp(), window.until.timestamp()
+    points = {since, until}
+    points |= {since + k * window.bucket_s for k in range(1, window.bucket(until) + 1)}
+    points |= {t for h in held for t in (h.start, h.end)}
+    points |= {t for life in lives.values() for t in (life.submit, life.end)}
+    points |= {at for at, _ in caps}
+    times = sorted(t for t in points if since <= t <= until)
+
+    # A sweep: what starts is added as time passes it, what ended is dropped.
+    by_start = sorted(held, key=lambda h: h.start)
+    queued = sorted((life for life in lives.values() if life.queued_as), key=lambda j: j.submit)
+    next_held = next_queued = 0
+    active: list[_Held] = []
+    waiting: list[_Lifetime] = []
+    for start, end in pairwise(times):
+        while next_held < len(by_start) and by_start[next_held].start <= start:
+            active.append(by_start[next_held])
+            next_held += 1
+        while next_queued < len(queued) and queued[next_queued].submit <= start:
+            waiting.append(queued[next_queued])
+            next_queued += 1
+        active = [h for h in active if h.end > start]
+        waiting = [life for life in waiting if life.end > start]
+        holding = {h.job_id for h in active}
+        yield (
+            start,
+            end,
+            ClusterAt(
+                nodes=nodes,
+                allocations=_allocations_at(
+                    active, lives, node_names, busy, demand, window.bucket(start)
+                ),
+                queue=tuple(
+                    j.queued_as for j in waiting if j.queued_as and j.job_id not in holding
+                ),
+                quota_caps=_caps_at(caps, start),
+                busy_threshold=window.busy_threshold,
+            ),
+        )
+
+
+def _nodes(session: Session, window: Window) -> tuple[tuple[NodeAt, ...], dict[int, str]]:
+    query = (
+        sa.select(Node.id, Node.name, GpuModel.name, Node.gpu_count, Node.state)
+        .select_from(Node)
+        .outerjoin(GpuModel, GpuModel.id == Node.gpu_model_id)  # type: ignore[arg-type]
+        .where(Node.cluster_id == window.cluster_id)
+        .order_by(Node.name)
+    )
+    nodes, names = [], {}
+    for node_id, name, model, gpus, state in session.execute(query):
+        names[node_id] = name
+        condition = _CONDITIONS.get(str(state), NodeCondition.DOWN)
+        nodes.append(NodeAt(name, model or NO_MODEL, int(gpus or 0), condition))
+    return tuple(nodes), names
+
+
+def _allocations(session: Session, window: Window) -> list[_Held]:
+    query = (
+        sa.select(
+            Allocation.job_id,
+            Allocation.node_id,
+            Allocation.gpu_count,
+            Allocation.gpu_indices,
+            Allocation.started_at,
+            Allocation.released_at,
+        )
+        .select_from(Allocation)
+        .join(Node, Node.id == Allocation.node_id)  # type: ignore[arg-type]
+        .where(Node.cluster_id == window.cluster_id)
+        .where(Allocation.started_at < window.until)
+        .where(sa.or_(Allocation.released_at.is_(None), Allocation.released_at > window.since))  # type: ignore[union-attr]
+        .order_by(Allocation.started_at)
+    )
+    return [
+        _Held(
+            job_id,
+            node_id,
+            int(gpus),
+            tuple(indices or ()),
+            started.timestamp(),
+            released.timestamp() if released else math.inf,
+        )
+        for job_id, node_id, gpus, indices, started, released in session.execute(query)
+    ]
+
+
+def _lifetimes(session: Session, window: Window) -> dict[int, _Lifetime]:
+    """Jobs that could be queued in the window, and every job that holds GPUs in it."""
+    query = sa.select(Job).where(
+        Job.cluster_id == window.cluster_id,
+        sa.or_(Job.submit_time.is_(None), Job.submit_time < window.until),  # type: ignore[union-attr]
+        sa.or_(Job.end_time.is_(None), Job.end_time > window.since),  # type: ignore[union-attr]
+    )
+    lives = {}
+    for (job,) in session.execute(query):
+        elastic = job.shape == JobShape.elastic
+        finished = job.end_time or (job.updated_at if job.state in TERMINAL_JOB_STATES else None)
+        queued = None
+        if not elastic and job.gpus_requested > 0 and job.submit_time is not None:
+            gang = job.gang_size if job.gang_size > 1 else 1
+            members = gang if job.gpus_requested % gang == 0 else 1
+            queued = QueuedJobAt(
+                team=job.team,
+                gpus=job.gpus_requested,
+                gpu_models=frozenset(job.allowed_gpu_models),
+                members=members,
+            )
+        lives[job.id] = _Lifetime(
+            job_id=job.id,
+            team=job.team,
+            elastic=elastic,
+            gpus_per_replica=max(1, job.gpus_requested),
+            queued_as=queued,
+            submit=job.submit_time.timestamp() if job.submit_time else math.inf,
+            end=finished.timestamp() if finished else math.inf,
+        )
+    return lives
+
+
+def _bucket_index(session: Session, window: Window) -> sa.ColumnElement[int]:
+    """The sample's bucket, computed in SQL as ``app.utilization`` does: PostgreSQL's cast
+    rounds, so it floors first; SQLite's truncates (= floor, as offsets are ≥ 0)."""
+    offset_s = sa.extract("epoch", TelemetrySample.at) - window.since.timestamp()
+    scaled = offset_s / window.bucket_s
+    if session.connection().dialect.name == "postgresql":
+        return sa.cast(sa.func.floor(scaled), sa.Integer)
+    return sa.cast(scaled, sa.Integer)
+
+
+def _busy_means(session: Session, window: Window) -> dict[tuple[int, int | None, int], float]:
+    """Mean ``gpu_util`` per (node, GPU index or None for the node's own, bucket)."""
+    bucket = _bucket_index(session, window)
+    query = (
+        sa.select(
+            TelemetrySample.node_id,
+            TelemetrySample.gpu_index,
+            bucket,
+            sa.func.avg(TelemetrySample.value),
+        )
+        .where(
+            TelemetrySample.cluster_id == window.cluster_id,
+            TelemetrySample.metric == Metric.gpu_util.value,
+            TelemetrySample.at >= window.since,
+            TelemetrySample.at < window.until,
+        )
+        .group_by(TelemetrySample.node_id, TelemetrySample.gpu_index, bucket)
+    )
+    return {
+        (node_id, gpu_index, int(index)): float(mean)
+        for node_id, gpu_index, index, mean in session.execute(query)
+        if node_id is not None
+    }
+
+
+def _demand_means(session: Session, window: Window) -> dict[tuple[int, int], float]:
+    bucket = _bucket_index(session, window)
+    query = (
+        sa.select(TelemetrySample.job_id, bucket, sa.func.avg(TelemetrySample.value))
+        .where(
+            TelemetrySample.cluster_id == window.cluster_id,
+            TelemetrySample.metric == Metric.demand_replicas.value,
+            TelemetrySample.at >= window.since,
+            TelemetrySample.at < window.until,
+        )
+        .group_by(TelemetrySample.job_id, bucket)
+    )
+    return {
+        (job_id, int(index)): float(mean)
+        for job_id, index, mean in session.execute(query)
+        if job_id is not None
+    }
+
+
+def _quota_caps(session: Session, window: Window) -> list[tuple[float, dict[str, int]]]:
+    """(in force from, caps) of each version of the cluster's SLA policy, oldest first."""
+    query = (
+        sa.select(SlaPolicy.created_at, SlaPolicy.spec)
+        .where(SlaPolicy.name == window.cluster, SlaPolicy.created_at < window.until)
+        .order_by(SlaPolicy.version)
+    )
+    versions = []
+    for created_at, spec in session.execute(query):
+        caps = {
+            team["team"]: int(team.get("guaranteed_gpus", 0)) + int(team["borrowing_limit_gpus"])
+            for team in (spec or {}).get("teams", [])
+            if team.get("borrowing_limit_gpus") is not None
+        }
+        versions.append((max(created_at.timestamp(), window.since.timestamp()), caps))
+    return versions
+
+
+def _caps_at(versions: list[tuple[float, dict[str, int]]], t: float) -> dict[str, int]:
+    current: dict[str, int] = {}
+    for since, caps in versions:
+        if since <= t:
+            current = caps
+    return current
+
+
+def _allocations_at(
+    active: list[_Held],
+    lives: dict[int, _Lifetime],
+    node_names: dict[int, str],
+    busy: dict[tuple[int, int | None, int], float],
+    demand: dict[tuple[int, int], float],
+    bucket: int,
+) -> tuple[AllocationAt, ...]:
+    above_by_job = _above_demand(active, lives, demand, bucket)
+    allocations = []
+    for held in active:
+        life = lives.get(held.job_id)
+        above = min(held.gpus, above_by_job.get(held.job_id, 0))
+        if above:
+            above_by_job[held.job_id] -= above
+        allocations.append(
+            AllocationAt(
+                node=node_names[held.node_id],
+                team=life.team if life else "-",
+                gpus=held.gpus,
+                busy=_busy(held, busy, bucket),
+                above_demand=above,
+            )
+        )
+    return tuple(allocations)
+
+
+def _above_demand(
+    active: list[_Held],
+    lives: dict[int, _Lifetime],
+    demand: dict[tuple[int, int], float],
+    bucket: int,
+) -> dict[int, int]:
+    """Per service: GPUs it holds beyond the replicas its demand of the bucket needs."""
+    held_by_service: defaultdict[int, int] = defaultdict(int)
+    for held in active:
+        life = lives.get(held.job_id)
+        if life is not None and life.elastic:
+            held_by_service[held.job_id] += held.gpus
+    above = {}
+    for job_id, gpus in held_by_service.items():
+        mean = demand.get((job_id, bucket))
+        if mean is not None:
+            needed = math.ceil(mean) * lives[job_id].gpus_per_replica
+            above[job_id] = max(0, gpus - needed)
+    return above
+
+
+def _busy(held: _Held, busy: dict[tuple[int, int | None, int], float], bucket: int) -> float | None:
+    per_gpu = [busy[key] for i in held.indices if (key := (held.node_id, i, bucket)) in busy]
+    if per_gpu:
+        return sum(per_gpu) / len(per_gpu)
+    return busy.get((held.node_id, None, bucket))
