@@ -106,6 +106,16 @@ class SupportsNodeCount(Protocol):
     def update_node_count(self, external_id: str, *, nodes: int) -> None: ...
 
 
+@runtime_checkable
+class SupportsChangeWait(Protocol):
+    """Connectors that learn of changes as they happen (a Kubernetes watch): the runner
+    waits on this between pushes instead of sleeping its whole interval, so a change reaches
+    the control plane at once. True when something changed since the previous call (which
+    the call consumes), False after ``timeout_s`` without a change."""
+
+    def wait_for_change(self, timeout_s: float) -> bool: ...
+
+
 class ConnectorError(Exception):
     """A scheduler could not be read or changed. ``retryable`` says whether trying again helps."""
 

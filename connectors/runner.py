@@ -1,6 +1,7 @@
 """Push a connector's telemetry to the control plane, for every connector kind.
 
-The loop, once per ``interval_s``:
+The loop, once per ``interval_s`` — or as soon as a connector that can tell
+(``SupportsChangeWait``: a Kubernetes watch) reports a change, after ``change_debounce_s``:
 
 1. **Read** ``ClusterState`` from the connector. A retryable :class:`ConnectorError` (the
    scheduler is down) backs off exponentially with jitter and reads again; the next push is
@@ -54,7 +55,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from connectors import registry
-from connectors.base import Connector, ConnectorError, SupportsUpkeep
+from connectors.base import Connector, ConnectorError, SupportsChangeWait, SupportsUpkeep
 from connectors.settings import BROKER_ENV, STATE_DIR_ENV, TOKEN_ENV, ConnectorSettings
 from wire.executor import make_executor_app, run_executor_worker
 from wire.queues import connector_queue
@@ -72,6 +73,8 @@ from wire.telemetry import (
 logger = logging.getLogger(__name__)
 
 Payload = TelemetrySnapshot | TelemetryDelta
+# How often a wait for a change looks whether the runner was stopped.
+CHANGE_WAIT_SLICE_S = 0.5
 
 
 def _error_code(response: httpx.Response) -> str | None:
@@ -100,6 +103,9 @@ class RunnerConfig(BaseModel):
     request_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     # A full snapshot now and then bounds any drift between the two sides; None: never.
     resync_interval_s: Annotated[float, Field(gt=0)] | None = 600.0
+    # After a change that a connector reported (SupportsChangeWait), how long to gather
+    # more before pushing: a burst of pod events makes one push, not hundreds.
+    change_debounce_s: Annotated[float, Field(ge=0)] = 0.2
 
 
 @dataclass
@@ -171,7 +177,23 @@ class TelemetryRunner:
             self.run_once()
             if self.stopping or (max_cycles is not None and self.stats.cycles >= max_cycles):
                 break
+            self._wait_between_cycles()
+
+    def _wait_between_cycles(self) -> None:
+        """The interval, or less when the connector reports a change (``SupportsChangeWait``):
+        then a short debounce, so that a burst of changes makes one push."""
+        if not isinstance(self.connector, SupportsChangeWait):
             self._sleep(self.config.interval_s)
+            return
+        remaining = self.config.interval_s
+        while remaining > 0 and not self.stopping:
+            # Slices, so that stop() is seen while the connector waits.
+            step = min(remaining, CHANGE_WAIT_SLICE_S)
+            if self.connector.wait_for_change(step):
+                self._sleep(self.config.change_debounce_s)
+                self.connector.wait_for_change(0)  # what the debounce gathered is in this push
+                return
+            remaining -= step
 
     def run_once(self) -> TelemetryAck | None:
         """One cycle: read (retrying), push (retrying); ``None`` when stopped or refused."""

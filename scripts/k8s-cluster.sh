@@ -5,6 +5,7 @@
 #   scripts/k8s-cluster.sh start  [--dir DIR] [--nodes N] [--gpus-per-node G]
 #   scripts/k8s-cluster.sh stop   [--dir DIR]   stop every component by PID
 #   scripts/k8s-cluster.sh status [--dir DIR]   components and nodes
+#   scripts/k8s-cluster.sh restart COMPONENT [--dir DIR]   stop one component, start it again
 #
 # Components: etcd (TLS, client certificates), kube-apiserver (RBAC and Node authorization,
 # the default admission plugins plus NodeRestriction, service-account signing keys),
@@ -72,7 +73,7 @@ die() {
   exit 1
 }
 usage() {
-  sed -n '5,7p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '5,8p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -80,6 +81,7 @@ usage() {
 [[ $# -ge 1 ]] || usage
 COMMAND=$1
 shift
+COMPONENT=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --dir | --nodes | --gpus-per-node)
@@ -95,10 +97,15 @@ while [[ $# -gt 0 ]]; do
     --nodes=*) NODES=${1#--nodes=} && shift ;;
     --gpus-per-node=*) GPUS_PER_NODE=${1#--gpus-per-node=} && shift ;;
     -h | --help) usage ;;
-    *) die "unknown argument: $1" ;;
+    *)
+      [[ $COMMAND == restart && -z $COMPONENT && $1 != -* ]] || die "unknown argument: $1"
+      COMPONENT=$1
+      shift
+      ;;
   esac
 done
-case $COMMAND in start | stop | status) ;; *) usage ;; esac
+case $COMMAND in start | stop | status | restart) ;; *) usage ;; esac
+[[ $COMMAND != restart || -n $COMPONENT ]] || usage
 [[ $NODES =~ ^[0-9]+$ && $GPUS_PER_NODE =~ ^[0-9]+$ ]] || die "--nodes and --gpus-per-node take numbers"
 [[ $DIR == /* ]] || DIR=$(pwd)/$DIR
 DIR=${DIR%/}
@@ -586,8 +593,30 @@ cmd_status() {
   return $rc
 }
 
+cmd_restart() {
+  # A component's outage as the tests need it (a watch that must survive an API server
+  # restart): SIGTERM (its graceful shutdown, as a rolling upgrade does), then start it
+  # again and wait until it is ready. Its state (etcd's data, certificates) is kept.
+  local start
+  case $COMPONENT in
+    etcd) start=start_etcd ;;
+    kube-apiserver) start=start_apiserver ;;
+    kube-controller-manager) start=start_controller_manager ;;
+    kube-scheduler) start=start_scheduler ;;
+    kwok) start=start_kwok ;;
+    kueue) start=start_kueue ;;
+    *) die "restart: unknown component $COMPONENT (one of: ${COMPONENTS[*]})" ;;
+  esac
+  [[ -n $(pid_of "$COMPONENT") ]] || die "restart: $COMPONENT is not running in $DIR"
+  # A short grace: the API server waits out its long-running requests (every watch)
+  # longer than a test should; what is left is killed, as a crash would be.
+  stop_daemons 5 "$COMPONENT"
+  "$start"
+}
+
 case $COMMAND in
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
+  restart) cmd_restart ;;
 esac

@@ -1,0 +1,42 @@
+"""Options of the Kubernetes connector (and of the Kueue connector, which adds none yet).
+
+``shaper connector run --kind kubernetes --cluster gpu-a --set kubeconfig=/path`` — every
+``--set KEY=VALUE`` is a field here. Without ``kubeconfig`` the connector runs in the
+cluster, with its Pod's ServiceAccount (deploy/kubernetes/).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class KubernetesConnectorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: Annotated[str, Field(min_length=1, max_length=128)]
+    # None: in the cluster (the ServiceAccount's token and CA).
+    kubeconfig: Path | None = None
+    context: str | None = None
+    # Only pods, Jobs, Deployments … of these namespaces become jobs; empty: all. The
+    # connector still watches all namespaces (one stream per resource, not one per
+    # namespace) and filters here.
+    namespaces: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list
+    )
+    # Jobs whose pods ask for no GPU (controllers, DNS, the connector itself) are left out
+    # unless this is set: Shaper places GPU work.
+    include_cpu_only: bool = False
+    # GFD product label (nvidia.com/gpu.product) → catalogue name, over the built-in
+    # families, e.g. {"NVIDIA-L4": "L4"}.
+    gpu_model_aliases: dict[str, str] = Field(default_factory=dict)
+    # Model of GPUs on nodes without a product label.
+    default_gpu_model: Annotated[str, Field(min_length=1, max_length=64)] = "gpu"
+    # NoSchedule/NoExecute taints that do not make a node draining: "GPU pods only"
+    # taints that sites put on every GPU node.
+    ignored_taints: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu", "amd.com/gpu"])
+    # How long the first list of every collection may take before read_state says so.
+    sync_timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    page_size: Annotated[int, Field(ge=1, le=10_000)] = 500

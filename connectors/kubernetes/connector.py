@@ -1,0 +1,285 @@
+"""The Kubernetes connector: telemetry from list+watch caches of the API server.
+
+When Kueue is installed use ``--kind kueue`` (connectors.kueue): it reads the same
+objects plus Kueue's Workloads, ClusterQueues and LocalQueues, so a job held by Kueue is
+reported with Kueue's reason, queue and priority rather than only as a suspended Job.
+This connector logs a hint at start when it finds Kueue's API group.
+
+One :class:`Informer` per collection (nodes, pods, priority classes, and the owners it
+watches: Jobs, Deployments, StatefulSets) keeps a cache current; ``read_state`` translates
+the caches (connectors.kubernetes.nodes, connectors.kubernetes.pods) and raises a
+retryable :class:`ConnectorError` while any cache is not synced (the first list, an API
+server outage, a re-list after 410). Every change a watch applies sets a flag that
+``wait_for_change`` (``SupportsChangeWait``) waits on, so the runner pushes a change
+within a fraction of a second instead of at its next interval.
+
+Subclasses (the Kueue connector) hook in at three places: :meth:`watched` (more
+collections), :meth:`job_groups` (how pods and objects group into jobs) and
+:meth:`job_reports` (how groups become reports). Actions find their objects through
+:attr:`api`, :meth:`owner_object` and :meth:`pods_of` (by external id).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from connectors.base import ConnectorError
+from connectors.kubernetes.client import api_client
+from connectors.kubernetes.config import KubernetesConnectorConfig
+from connectors.kubernetes.informer import Informer, Object
+from connectors.kubernetes.nodes import node_change_matters, node_report, node_state
+from connectors.kubernetes.pods import (
+    JobGroup,
+    OwnerRef,
+    TranslationContext,
+    group_pods,
+    job_reports,
+    owner_of,
+    parse_external_id,
+    pod_gpus,
+    pod_live,
+    pod_node,
+)
+from wire.telemetry import ClusterState, JobReport, NodeReport, SchedulerKind
+
+logger = logging.getLogger(__name__)
+
+# Collections every Kubernetes connector watches: name → API path (all namespaces).
+BASE_COLLECTIONS = {
+    "nodes": "/api/v1/nodes",
+    "pods": "/api/v1/pods",
+    "priorityclasses": "/apis/scheduling.k8s.io/v1/priorityclasses",
+}
+# Owners watched as objects (so a Job without pods is seen): kind → (informer, API path).
+OWNER_COLLECTIONS = {
+    "Job": ("jobs", "/apis/batch/v1/jobs"),
+    "Deployment": ("deployments", "/apis/apps/v1/deployments"),
+    "StatefulSet": ("statefulsets", "/apis/apps/v1/statefulsets"),
+}
+KUEUE_GROUP_PATH = "/apis/kueue.x-k8s.io"
+
+
+class KubernetesConnector:
+    kind = SchedulerKind.kubernetes
+
+    def __init__(
+        self,
+        config: KubernetesConnectorConfig,
+        *,
+        api: ApiClient | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        start: bool = True,
+    ) -> None:
+        self.config = config
+        self.cluster = config.cluster
+        # The one client of this connector; the actions use it too.
+        self.api = (
+            api
+            if api is not None
+            else api_client(kubeconfig=config.kubeconfig, context=config.context)
+        )
+        self._clock = clock
+        self._changed = threading.Event()
+        self._synced_once = False
+        self._created = time.monotonic()
+        self.informers: dict[str, Informer] = {
+            name: Informer(
+                api=self.api,
+                path=path,
+                name=name,
+                page_size=config.page_size,
+                on_change=self._changed.set,
+                relevant=node_change_matters if name == "nodes" else None,
+            )
+            for name, path in self.watched().items()
+        }
+        if start:
+            self.start()
+
+    # --- hooks for subclasses --------------------------------------------------------------
+
+    def watched(self) -> dict[str, str]:
+        """The collections to watch: informer name → API path."""
+        return {
+            **BASE_COLLECTIONS,
+            **dict(OWNER_COLLECTIONS.values()),
+        }
+
+    def job_groups(self) -> dict[str, JobGroup]:
+        """Pods and watched owner objects grouped into jobs, by external id."""
+        owners = {
+            kind: self.informers[name].items() for kind, (name, _) in OWNER_COLLECTIONS.items()
+        }
+        return group_pods(self.informers["pods"].items(), owners, namespaces=self.config.namespaces)
+
+    def job_reports(
+        self, groups: dict[str, JobGroup], context: TranslationContext
+    ) -> list[JobReport]:
+        return job_reports(groups.values(), context)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for informer in self.informers.values():
+            informer.start()
+
+    def close(self) -> None:
+        for informer in self.informers.values():
+            informer.stop()
+
+    def __enter__(self) -> KubernetesConnector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(
+            informer.wait_synced(max(0.0, deadline - time.monotonic()))
+            for informer in self.informers.values()
+        )
+
+    def wait_for_change(self, timeout_s: float) -> bool:
+        """``SupportsChangeWait``: True when a cache changed since the previous call (which
+        this call consumes), False after ``timeout_s`` without one."""
+        if not self._changed.wait(timeout_s):
+            return False
+        self._changed.clear()
+        return True
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def _check_synced(self) -> None:
+        if not self._synced_once:
+            # The first read waits for the first lists, so the first push is complete
+            # rather than a retry later.
+            remaining = self.config.sync_timeout_s - (time.monotonic() - self._created)
+            self.wait_synced(max(0.0, remaining))
+        unsynced = [i for i in self.informers.values() if not i.synced]
+        if unsynced:
+            reasons = "; ".join(str(i.error or f"{i.name}: not synced") for i in unsynced)
+            raise ConnectorError(
+                f"Kubernetes API of cluster {self.cluster} not in sync: {reasons}",
+                retryable=True,
+            )
+        self._synced_once = True
+
+    def read_nodes(self, pods: list[Object]) -> list[NodeReport]:
+        held: dict[str, int] = {}
+        for pod in pods:
+            node = pod_node(pod)
+            if node and pod_live(pod):
+                held[node] = held.get(node, 0) + pod_gpus(pod)
+        return sorted(
+            (
+                node_report(
+                    node,
+                    gpus_held=held.get(node["metadata"]["name"], 0),
+                    aliases=self.config.gpu_model_aliases,
+                    default_gpu_model=self.config.default_gpu_model,
+                    ignored_taints=self.config.ignored_taints,
+                )
+                for node in self.informers["nodes"].items()
+            ),
+            key=lambda n: n.name,
+        )
+
+    def translation_context(self) -> TranslationContext:
+        priority_classes: dict[str, int] = {}
+        default_priority = 0
+        for priority_class in self.informers["priorityclasses"].items():
+            value = int(priority_class.get("value") or 0)
+            priority_classes[priority_class["metadata"]["name"]] = value
+            if priority_class.get("globalDefault"):
+                default_priority = value
+        return TranslationContext(
+            node_states={
+                node["metadata"]["name"]: node_state(
+                    node, ignored_taints=self.config.ignored_taints
+                )
+                for node in self.informers["nodes"].items()
+            },
+            priority_classes=priority_classes,
+            default_priority=default_priority,
+            gpu_model_aliases=self.config.gpu_model_aliases,
+            include_cpu_only=self.config.include_cpu_only,
+        )
+
+    def read_state(self) -> ClusterState:
+        self._check_synced()
+        observed_at = self._clock()
+        nodes = self.read_nodes(self.informers["pods"].items())
+        jobs = self.job_reports(self.job_groups(), self.translation_context())
+        return ClusterState(observed_at=observed_at, nodes=nodes, jobs=jobs)
+
+    # --- lookups for the actions -----------------------------------------------------------
+
+    def owner_object(self, external_id: str) -> Object | None:
+        """The watched object an external id stands for (a Job, Deployment or
+        StatefulSet), from the cache; None for kinds that are not watched or gone."""
+        owner = parse_external_id(external_id)
+        collection = OWNER_COLLECTIONS.get(owner.kind)
+        if collection is None and owner.kind == "Pod":
+            return self.informers["pods"].get(owner.namespace, owner.name)
+        if collection is None:
+            return None
+        return self.informers[collection[0]].get(owner.namespace, owner.name)
+
+    def pods_of(self, external_id: str) -> list[Object]:
+        """The cached pods of a job (all phases), by name."""
+        owner = parse_external_id(external_id)
+        return sorted(
+            (
+                pod
+                for pod in self.informers["pods"].items()
+                if (pod.get("metadata") or {}).get("namespace") == owner.namespace
+                and _same_owner(owner_of(pod), owner)
+            ),
+            key=lambda pod: pod["metadata"]["name"],
+        )
+
+
+def _same_owner(found: OwnerRef, wanted: OwnerRef) -> bool:
+    return found.external_id == wanted.external_id
+
+
+def kueue_installed(api: ApiClient) -> bool:
+    """Whether the API server serves Kueue's API group (its CRDs are installed)."""
+    try:
+        response = api.call_api(
+            KUEUE_GROUP_PATH,
+            "GET",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=(10.0, 10.0),
+        )
+        response.release_conn()
+    except ApiException:
+        return False
+    except Exception as error:  # a hint only: never stop the connector for it
+        logger.debug("could not look for Kueue: %r", error)
+        return False
+    return True
+
+
+def create_kubernetes_connector(**options: Any) -> KubernetesConnector:
+    """The registry's factory: ``options`` are :class:`KubernetesConnectorConfig` fields."""
+    connector = KubernetesConnector(KubernetesConnectorConfig(**options))
+    if kueue_installed(connector.api):
+        logger.info(
+            "Kueue is installed in cluster %s: --kind kueue also reports Kueue's admission, "
+            "queues and reasons",
+            connector.cluster,
+        )
+    return connector

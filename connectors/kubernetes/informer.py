@@ -1,0 +1,350 @@
+"""A list+watch cache of one Kubernetes resource collection, as client-go's reflector keeps.
+
+The algorithm, in one background thread per collection:
+
+1. **List** the collection in pages (``limit``/``continue``), a consistent read from etcd;
+   the cache becomes exactly that list, and the list's ``resourceVersion`` is where the
+   watch starts. The informer is *synced* from here on.
+2. **Watch** from that resource version with ``allowWatchBookmarks=true`` and a server-side
+   timeout of 4–5 minutes (jittered, so many connectors do not reconnect in step). Each
+   ADDED/MODIFIED/DELETED event is applied to the cache, moves the resource version, and
+   calls ``on_change`` (unless ``relevant`` says the change does not matter); a BOOKMARK
+   only moves the resource version. When the server ends
+   the stream (its timeout) the watch resumes from the last resource version: nothing is
+   lost and nothing is listed again.
+3. **410 Gone** — the resource version was compacted away, answered either as the HTTP
+   status or, more often, as an ERROR event inside the stream (the watch cache's "too old
+   resource version") — means events were lost: list again (step 1), at once.
+4. **Connection lost / other errors** (the API server restarts, a network blip, 5xx): the
+   informer is not synced (``error`` says why), backs off exponentially with jitter
+   (0.2 s … 10 s) and resumes the watch from the last resource version; if that has gone
+   meanwhile, step 3 follows.
+
+Objects are kept as the API serves them (parsed JSON, camelCase), less
+``metadata.managedFields``, which is often most of an object and which nothing here reads:
+client model classes would cost several times the memory and time for 10,000 pods. The
+cache replaces objects whole and never mutates them, so ``items()`` and ``get()`` hand out
+shared references — callers must not mutate them either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import urllib3
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from connectors.base import ConnectorError
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str | None, str]
+Object = dict[str, Any]
+
+# Server-side watch timeout range; the client's read timeout is longer, so a healthy but
+# quiet stream is always ended by the server (bookmarks also arrive about once a minute).
+WATCH_TIMEOUT_S = (240, 300)
+READ_TIMEOUT_MARGIN_S = 60
+CONNECT_TIMEOUT_S = 10.0
+LIST_TIMEOUT_S = 60.0
+BACKOFF_INITIAL_S = 0.2
+BACKOFF_MAX_S = 10.0
+
+
+class _Gone(Exception):
+    """The watch's resource version is too old (410): the cache must be listed again."""
+
+
+def _key(obj: Object) -> Key:
+    metadata = obj.get("metadata") or {}
+    return metadata.get("namespace"), metadata["name"]
+
+
+def _slim(obj: Object) -> Object:
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict) and "managedFields" in metadata:
+        obj["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
+    return obj
+
+
+class Informer:
+    """A thread-safe cache of one collection (``path``, e.g. ``/api/v1/pods``), kept
+    current by list+watch; see the module docstring for the algorithm."""
+
+    def __init__(
+        self,
+        *,
+        api: ApiClient,
+        path: str,
+        name: str | None = None,
+        page_size: int = 500,
+        on_change: Callable[[], None] | None = None,
+        relevant: Callable[[Object | None, Object | None], bool] | None = None,
+    ) -> None:
+        self.api = api
+        self.path = path
+        self.name = name or path.rstrip("/").rsplit("/", 1)[-1]
+        self.page_size = page_size
+        self.on_change = on_change
+        # Whether a change (old, new; None for absent) is worth on_change: a node's
+        # heartbeat every few seconds is not. Every change is applied to the cache anyway.
+        self.relevant = relevant
+        # Why the informer is not synced now; None while it is.
+        self.error: ConnectorError | None = ConnectorError(
+            f"{self.name}: not listed yet", retryable=True
+        )
+        # Counters, for logs, tests and the benchmark.
+        self.lists = 0
+        self.gone = 0
+        self.watch_failures = 0
+        self.events = 0
+        self._objects: dict[Key, Object] = {}
+        self._resource_version: str | None = None
+        self._lock = threading.Lock()
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._response: urllib3.BaseHTTPResponse | None = None
+        self._thread: threading.Thread | None = None
+        self._rng = random.Random()
+
+    # --- control ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._close_response()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=CONNECT_TIMEOUT_S)
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        return self._synced.wait(timeout_s)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    @property
+    def resource_version(self) -> str | None:
+        return self._resource_version
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def items(self) -> list[Object]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def get(self, namespace: str | None, name: str) -> Object | None:
+        with self._lock:
+            return self._objects.get((namespace, name))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._objects)
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        attempt = 0
+        # A restarted informer (start after stop) resumes its watch where it stopped.
+        must_list = self._resource_version is None
+        while not self._stop.is_set():
+            try:
+                if must_list:
+                    self._list()
+                    must_list = False
+                self._watch()
+                attempt = 0
+            except _Gone as gone:
+                self.gone += 1
+                self._unsynced(f"{self.name}: {gone}; listing again")
+                logger.info("%s: resource version gone (%s); listing again", self.name, gone)
+                must_list = True
+                attempt = 0
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
+                if self._stop.is_set():
+                    break
+                self.watch_failures += 1
+                delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2**attempt)
+                delay *= 0.5 + 0.5 * self._rng.random()
+                self._unsynced(f"{self.name}: {_describe(error)}")
+                logger.warning(
+                    "%s: %s; watching again in %.1f s", self.name, _describe(error), delay
+                )
+                attempt += 1
+                self._stop.wait(delay)
+            finally:
+                self._close_response()
+
+    def _unsynced(self, reason: str) -> None:
+        self._synced.clear()
+        self.error = ConnectorError(reason, retryable=True)
+
+    def _request(self, query: list[tuple[str, str]], *, timeout: tuple[float, float]) -> Any:
+        return self.api.call_api(
+            self.path,
+            "GET",
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=timeout,
+        )
+
+    def _list(self) -> None:
+        started = time.monotonic()
+        objects: dict[Key, Object] = {}
+        continue_token: str | None = None
+        while True:
+            query = [("limit", str(self.page_size))]
+            if continue_token:
+                query.append(("continue", continue_token))
+            try:
+                response = self._request(query, timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S))
+            except ApiException as error:
+                if error.status == 410:
+                    # The continue token expired between pages: the pages do not make one
+                    # consistent list; start over.
+                    raise _Gone("the list's continue token expired") from error
+                raise
+            try:
+                page = json.loads(response.data)
+            finally:
+                response.release_conn()
+            for obj in page.get("items") or []:
+                obj = _slim(obj)
+                objects[_key(obj)] = obj
+            metadata = page.get("metadata") or {}
+            continue_token = metadata.get("continue")
+            if not continue_token:
+                resource_version = metadata.get("resourceVersion")
+                break
+            if self._stop.is_set():
+                return
+        with self._lock:
+            self._objects = objects
+            self._resource_version = resource_version
+        self.lists += 1
+        self.error = None
+        self._synced.set()
+        log = logger.info if self.lists > 1 else logger.debug
+        log(
+            "%s: listed %d objects at resource version %s in %.2f s",
+            self.name,
+            len(objects),
+            resource_version,
+            time.monotonic() - started,
+        )
+        self._changed()
+
+    def _watch(self) -> None:
+        timeout_s = self._rng.randint(*WATCH_TIMEOUT_S)
+        query = [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_s)),
+        ]
+        if self._resource_version:
+            query.append(("resourceVersion", self._resource_version))
+        try:
+            response = self._request(
+                query, timeout=(CONNECT_TIMEOUT_S, timeout_s + READ_TIMEOUT_MARGIN_S)
+            )
+        except ApiException as error:
+            if error.status == 410:
+                raise _Gone(f"410 on watch from {self._resource_version}") from error
+            raise
+        self._response = response
+        if self._stop.is_set():
+            return
+        # The stream is open from where the cache stands: nothing was missed.
+        self.error = None
+        self._synced.set()
+        for line in _lines(response):
+            if self._stop.is_set():
+                return
+            self._apply(json.loads(line))
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code")
+            message = obj.get("message", "")
+            if code == 410:
+                raise _Gone(message or "410 Gone")
+            raise ApiException(status=code or 0, reason=f"watch error: {message}")
+        resource_version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            self._resource_version = resource_version or self._resource_version
+            return
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            logger.warning("%s: unknown watch event %r ignored", self.name, kind)
+            return
+        obj = _slim(obj)
+        key = _key(obj)
+        with self._lock:
+            if kind == "DELETED":
+                old = self._objects.pop(key, None)
+                new: Object | None = None
+            else:
+                old, new = self._objects.get(key), obj
+                self._objects[key] = obj
+            if resource_version:
+                self._resource_version = resource_version
+        self.events += 1
+        if self.relevant is None or self.relevant(old, new):
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:  # a listener's bug must not stop the cache
+                logger.exception("%s: on_change failed", self.name)
+
+    def _close_response(self) -> None:
+        response, self._response = self._response, None
+        if response is None:
+            return
+        try:
+            # shutdown() ends a read blocked in another thread; close() alone would not.
+            response.shutdown()
+            response.release_conn()
+        except Exception as error:  # closing is best effort
+            logger.debug("%s: closing the watch stream: %r", self.name, error)
+
+
+def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[str]:
+    """The stream's newline-delimited JSON documents, as complete lines."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=True):
+        pending += chunk
+        if b"\n" not in pending:
+            continue
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line.decode("utf-8")
+    if pending.strip():
+        yield pending.decode("utf-8")
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"API server answered {error.status} {error.reason}".strip()
+    return f"{type(error).__name__}: {error}"

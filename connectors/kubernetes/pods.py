@@ -1,0 +1,525 @@
+"""Pods grouped by their top-level owner → ``JobReport``: the conventions of this connector.
+
+**Which owner.** A pod belongs to the first that applies of:
+
+1. a JobSet — label ``jobset.sigs.k8s.io/jobset-name`` (its pods' Jobs are parts of it);
+2. a LeaderWorkerSet — label ``leaderworkerset.sigs.k8s.io/name``;
+3. a RayCluster — label ``ray.io/cluster``;
+4. its controller (``ownerReferences[controller=true]``): a ReplicaSet whose name is
+   ``<deployment>-<pod-template-hash>`` stands for that Deployment; a Job, StatefulSet or
+   any other kind stands for itself;
+5. else the pod alone (kind ``pod``).
+
+**external_id** is ``<namespace>/<kind>/<name>`` with the kind in lower case
+(``ml/job/train-7``, ``serve/deployment/llm``), cut to 255 characters with a digest when
+longer; :func:`parse_external_id` reads it back for the actions. Jobs, Deployments and
+StatefulSets are also watched themselves, so a Job that has no pods yet (suspended, or
+held by Kueue) is reported too, pending, with what its template asks for.
+
+**Shape and size.** Deployments and StatefulSets are elastic services: ``gpus_requested``
+per replica (from the pod template), ``replicas`` = ``spec.replicas`` or the pods holding
+GPUs now, whichever is more (a rolling update's surge holds GPUs too), and the range from
+the owner's annotations ``shaper.io/min-replicas`` / ``shaper.io/max-replicas`` — without
+them both are ``spec.replicas``: Shaper does not resize a service nobody declared elastic.
+Everything else is a block job: ``gang_size`` = a Job's parallelism (capped by its
+completions) or the pods of the group; ``gpus_requested`` = GPUs per pod × gang size, never
+less than what the pods hold. A pod's GPUs are its effective ``nvidia.com/gpu`` request
+(containers and sidecars summed, init containers' largest if more; limits when no request).
+
+**State.** A Job with condition Complete (or SuccessCriteriaMet) is ``finished``, Failed
+(or FailureTarget) ``failed``. Otherwise a group with a live pod bound to a node is
+``running`` (it holds those GPUs, even while its containers start). A suspended Job
+(``spec.suspend``, Kueue's way of holding one) is ``pending`` with reason ``suspended``;
+a pod-only group whose pods all ended is ``finished`` (or ``failed`` if one failed); the
+rest is ``pending`` with the scheduler's reason (PodScheduled=False's message).
+
+**Allocations** per node: the GPU requests of the group's live bound pods, only while
+running, and only on nodes that are known and not ``down`` (a NotReady node's pods are
+lost to the plan until Kubernetes evicts them).
+
+**Fields from labels and annotations** (on the owner object, its pod template or its first
+pod, in that order of precedence):
+
+* ``shaper.io/team`` label → team (default: the namespace);
+* ``kueue.x-k8s.io/queue-name`` label → queue (default ``default``);
+* ``shaper.io/kind`` label → kind (a ``JobKind`` value); default ``training`` for Jobs,
+  JobSets and RayClusters, ``realtime_inference`` for Deployments, StatefulSets and
+  LeaderWorkerSets, ``other`` for bare pods;
+* ``shaper.io/sla-class`` label → sla_class;
+* ``shaper.io/checkpointable: "true"`` annotation → checkpointable;
+* ``spec.priority`` of the pods (the admission plugin's value of their PriorityClass), or
+  the template's ``priorityClassName`` looked up, clamped to 0 … 1,000,000;
+* ``nvidia.com/gpu.product`` in the node selector → ``allowed_gpu_models``; a pending
+  job pinned to nodes (``kubernetes.io/hostname`` in its node selector or required
+  affinity, or ``metadata.name`` match fields) → ``required_nodes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from connectors.base import ConnectorError
+from connectors.kubernetes.nodes import GPU_RESOURCE, PRODUCT_LABEL, gpu_model_name, whole
+from wire.telemetry import (
+    MAX_REPLICAS,
+    AllocationReport,
+    JobKind,
+    JobReport,
+    JobShape,
+    JobState,
+    NodeState,
+)
+
+Object = dict[str, Any]
+
+TEAM_LABEL = "shaper.io/team"
+KIND_LABEL = "shaper.io/kind"
+SLA_LABEL = "shaper.io/sla-class"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+CHECKPOINTABLE_ANNOTATION = "shaper.io/checkpointable"
+MIN_REPLICAS_ANNOTATION = "shaper.io/min-replicas"
+MAX_REPLICAS_ANNOTATION = "shaper.io/max-replicas"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+LWS_LABEL = "leaderworkerset.sigs.k8s.io/name"
+RAY_LABEL = "ray.io/cluster"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+MAX_PRIORITY = 1_000_000
+MAX_GANG = 10_000
+
+# Lower-case kind in an external id → the Kubernetes kind.
+KINDS = {
+    kind.lower(): kind
+    for kind in (
+        "Job",
+        "JobSet",
+        "Deployment",
+        "StatefulSet",
+        "LeaderWorkerSet",
+        "RayCluster",
+        "ReplicaSet",
+        "Pod",
+    )
+}
+ELASTIC_KINDS = frozenset({"Deployment", "StatefulSet"})
+_DEFAULT_KIND = {
+    "Job": JobKind.training,
+    "JobSet": JobKind.training,
+    "RayCluster": JobKind.training,
+    "Deployment": JobKind.realtime_inference,
+    "StatefulSet": JobKind.realtime_inference,
+    "LeaderWorkerSet": JobKind.realtime_inference,
+}
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_MAX_ID = 255
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    """The top-level object a job stands for."""
+
+    kind: str  # as Kubernetes spells it: "Job", "Deployment" …
+    namespace: str
+    name: str
+
+    @property
+    def external_id(self) -> str:
+        external_id = f"{self.namespace}/{self.kind.lower()}/{self.name}"
+        if len(external_id) <= _MAX_ID:
+            return external_id
+        digest = hashlib.sha256(external_id.encode()).hexdigest()[:16]
+        return f"{external_id[: _MAX_ID - 17]}+{digest}"
+
+
+def parse_external_id(external_id: str) -> OwnerRef:
+    """The owner an external id names; a non-retryable ConnectorError when it names none."""
+    parts = external_id.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise ConnectorError(
+            f"not a Kubernetes job id (namespace/kind/name): {external_id!r}", retryable=False
+        )
+    namespace, kind, name = parts
+    return OwnerRef(KINDS.get(kind, kind), namespace, name)
+
+
+def owner_of(pod: Mapping[str, Any]) -> OwnerRef:
+    metadata = pod.get("metadata") or {}
+    namespace = metadata.get("namespace") or "default"
+    labels = metadata.get("labels") or {}
+    for label, kind in ((JOBSET_LABEL, "JobSet"), (LWS_LABEL, "LeaderWorkerSet")):
+        if labels.get(label):
+            return OwnerRef(kind, namespace, labels[label])
+    if labels.get(RAY_LABEL):
+        return OwnerRef("RayCluster", namespace, labels[RAY_LABEL])
+    controller = next(
+        (ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller")),
+        None,
+    )
+    if controller is None:
+        return OwnerRef("Pod", namespace, metadata["name"])
+    kind, name = controller.get("kind", "Pod"), controller.get("name", metadata["name"])
+    template_hash = labels.get("pod-template-hash")
+    if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
+        return OwnerRef("Deployment", namespace, name[: -len(template_hash) - 1])
+    return OwnerRef(kind, namespace, name)
+
+
+# --- pods ------------------------------------------------------------------------------------
+
+
+def _requested(container: Mapping[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    for source in ("requests", "limits"):  # a limit alone is also the request
+        amounts = resources.get(source) or {}
+        if GPU_RESOURCE in amounts:
+            return whole(amounts[GPU_RESOURCE])
+    return 0
+
+
+def pod_spec_gpus(spec: Mapping[str, Any]) -> int:
+    """The GPUs a pod with this spec asks for (its effective request)."""
+    containers = sum(_requested(c) for c in spec.get("containers") or [])
+    sidecars = 0
+    largest_init = 0
+    for init in spec.get("initContainers") or []:
+        if init.get("restartPolicy") == "Always":
+            sidecars += _requested(init)
+        else:
+            largest_init = max(largest_init, sidecars + _requested(init))
+    return max(containers + sidecars, largest_init)
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    return pod_spec_gpus(pod.get("spec") or {})
+
+
+def pod_live(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") not in _TERMINAL_PHASES
+
+
+def pod_node(pod: Mapping[str, Any]) -> str | None:
+    node = (pod.get("spec") or {}).get("nodeName")
+    return str(node) if node else None
+
+
+def pinned_nodes(spec: Mapping[str, Any]) -> list[str]:
+    """The nodes a pod spec is pinned to by hostname (empty: not pinned)."""
+    selected = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
+    if selected:
+        return [selected]
+    required = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms") or []
+    nodes: list[str] = []
+    for term in required:  # terms are ORed: every one must pin for the pod to be pinned
+        term_nodes = [
+            value
+            for requirement in [
+                *((r, "key") for r in term.get("matchExpressions") or []),
+                *((r, "field") for r in term.get("matchFields") or []),
+            ]
+            for value in _pinning_values(*requirement)
+        ]
+        if not term_nodes:
+            return []
+        nodes.extend(term_nodes)
+    return sorted(set(nodes))
+
+
+def _pinning_values(requirement: Mapping[str, Any], where: str) -> list[str]:
+    key = requirement.get("key")
+    pinning = HOSTNAME_LABEL if where == "key" else "metadata.name"
+    if key == pinning and requirement.get("operator") == "In":
+        return [str(v) for v in requirement.get("values") or []]
+    return []
+
+
+def allowed_models(spec: Mapping[str, Any], aliases: Mapping[str, str]) -> list[str]:
+    product = (spec.get("nodeSelector") or {}).get(PRODUCT_LABEL)
+    return [gpu_model_name(product, None, aliases=aliases)] if product else []
+
+
+def parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def _unschedulable_reason(pods: Iterable[Mapping[str, Any]]) -> str:
+    for pod in pods:
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                reason = condition.get("message") or condition.get("reason") or "unschedulable"
+                return str(reason)
+    return ""
+
+
+# --- groups ----------------------------------------------------------------------------------
+
+
+@dataclass
+class JobGroup:
+    """One job: its owner, the owner's object when watched, and its pods."""
+
+    owner: OwnerRef
+    obj: Object | None = None
+    pods: list[Object] = field(default_factory=list)
+
+    @property
+    def external_id(self) -> str:
+        return self.owner.external_id
+
+    def template_spec(self) -> Mapping[str, Any]:
+        """The pod spec the owner makes pods from, else its first pod's."""
+        if self.obj is not None:
+            spec = ((self.obj.get("spec") or {}).get("template") or {}).get("spec")
+            if spec:
+                return dict(spec)
+        return (self.pods[0].get("spec") or {}) if self.pods else {}
+
+    def meta(self, which: str) -> Mapping[str, Any]:
+        """Labels or annotations (``which``) of the owner object, its pod template and its
+        first pod, in that order of precedence."""
+        merged: dict[str, Any] = {}
+        template = ((self.obj or {}).get("spec") or {}).get("template") or {}
+        sources = [self.pods[0] if self.pods else {}, template, self.obj or {}]
+        for source in sources:
+            merged.update(((source.get("metadata") or {}).get(which)) or {})
+        return merged
+
+
+def group_pods(
+    pods: Iterable[Object],
+    owners: Mapping[str, Iterable[Object]],
+    *,
+    namespaces: Iterable[str] = (),
+) -> dict[str, JobGroup]:
+    """Pods by owner, plus every watched owner object (``owners``: kind → objects) even
+    without pods; only the given namespaces when any are."""
+    wanted = set(namespaces)
+    groups: dict[str, JobGroup] = {}
+    for kind, objects in owners.items():
+        for obj in objects:
+            metadata = obj.get("metadata") or {}
+            namespace = metadata.get("namespace") or "default"
+            if wanted and namespace not in wanted:
+                continue
+            owner = OwnerRef(kind, namespace, metadata["name"])
+            groups[owner.external_id] = JobGroup(owner, obj)
+    for pod in pods:
+        owner = owner_of(pod)
+        if wanted and owner.namespace not in wanted:
+            continue
+        group = groups.get(owner.external_id)
+        if group is None:
+            group = groups[owner.external_id] = JobGroup(owner)
+        group.pods.append(pod)
+    return groups
+
+
+@dataclass(frozen=True)
+class TranslationContext:
+    """What translating a group needs beyond the group itself."""
+
+    node_states: Mapping[str, NodeState]
+    priority_classes: Mapping[str, int] = field(default_factory=dict)
+    default_priority: int = 0
+    gpu_model_aliases: Mapping[str, str] = field(default_factory=dict)
+    include_cpu_only: bool = False
+
+
+def _clamp_priority(value: int) -> int:
+    return max(0, min(MAX_PRIORITY, value))
+
+
+def group_priority(group: JobGroup, context: TranslationContext) -> int:
+    values = [
+        int(p["spec"]["priority"])
+        for p in group.pods
+        if isinstance((p.get("spec") or {}).get("priority"), int)
+    ]
+    if values:
+        return _clamp_priority(max(values))
+    class_name = group.template_spec().get("priorityClassName")
+    if class_name:
+        return _clamp_priority(context.priority_classes.get(class_name, 0))
+    return _clamp_priority(context.default_priority)
+
+
+def allocations(
+    pods: Iterable[Mapping[str, Any]], node_states: Mapping[str, NodeState]
+) -> list[AllocationReport]:
+    per_node: dict[str, int] = {}
+    for pod in pods:
+        node = pod_node(pod)
+        if node is None or not pod_live(pod):
+            continue
+        state = node_states.get(node)
+        gpus = pod_gpus(pod)
+        if state is None or state is NodeState.down or gpus == 0:
+            continue
+        per_node[node] = per_node.get(node, 0) + gpus
+    return [AllocationReport(node=node, gpu_count=n) for node, n in sorted(per_node.items())]
+
+
+def _int_annotation(annotations: Mapping[str, Any], key: str) -> int | None:
+    value = annotations.get(key)
+    try:
+        return max(0, min(MAX_REPLICAS, int(str(value)))) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _job_kind(group: JobGroup) -> JobKind:
+    label = group.meta("labels").get(KIND_LABEL)
+    try:
+        return JobKind(label) if label else _DEFAULT_KIND.get(group.owner.kind, JobKind.other)
+    except ValueError:
+        return _DEFAULT_KIND.get(group.owner.kind, JobKind.other)
+
+
+def _gang_size(group: JobGroup, live_pods: list[Object]) -> int:
+    if group.owner.kind == "Job" and group.obj is not None:
+        spec = group.obj.get("spec") or {}
+        parallelism = spec.get("parallelism", 1)
+        completions = spec.get("completions")
+        size = min(parallelism, completions) if isinstance(completions, int) else parallelism
+        return max(1, min(MAX_GANG, int(size or 1)))
+    return max(1, min(MAX_GANG, len(live_pods) or len(group.pods)))
+
+
+def job_state(group: JobGroup, live_bound: list[Object]) -> tuple[JobState, str]:
+    """State and reason, by the rules of the module docstring."""
+    if group.obj is not None and group.owner.kind == "Job":
+        if _condition(group.obj, "Complete") or _condition(group.obj, "SuccessCriteriaMet"):
+            return JobState.finished, ""
+        failed = _condition(group.obj, "Failed") or _condition(group.obj, "FailureTarget")
+        if failed:
+            return JobState.failed, str(failed.get("message") or failed.get("reason") or "")
+    if live_bound:
+        return JobState.running, ""
+    if group.obj is not None and (group.obj.get("spec") or {}).get("suspend"):
+        return JobState.pending, "suspended"
+    if group.pods and group.obj is None and not any(pod_live(p) for p in group.pods):
+        phases = {(p.get("status") or {}).get("phase") for p in group.pods}
+        return (JobState.failed if "Failed" in phases else JobState.finished), ""
+    return JobState.pending, _unschedulable_reason(group.pods)
+
+
+def _times(group: JobGroup, state: JobState) -> dict[str, datetime | None]:
+    obj_meta = (group.obj or {}).get("metadata") or {}
+    obj_status = (group.obj or {}).get("status") or {}
+    created = [parse_time((p.get("metadata") or {}).get("creationTimestamp")) for p in group.pods]
+    started = [parse_time((p.get("status") or {}).get("startTime")) for p in group.pods]
+    submit = parse_time(obj_meta.get("creationTimestamp")) or min(
+        (t for t in created if t), default=None
+    )
+    start = parse_time(obj_status.get("startTime")) or min((t for t in started if t), default=None)
+    end = None
+    if state in (JobState.finished, JobState.failed):
+        end = parse_time(obj_status.get("completionTime"))
+        for kind in ("Failed", "Complete"):
+            condition = _condition(group.obj or {}, kind)
+            if end is None and condition is not None:
+                end = parse_time(condition.get("lastTransitionTime"))
+    # Physics wants submit ≤ start ≤ end; a later time that is out of order is dropped.
+    if submit and start and start < submit:
+        start = None
+    if end and ((start and end < start) or (submit and end < submit)):
+        end = None
+    if state is JobState.pending:
+        start = None
+    return {"submit_time": submit, "start_time": start, "end_time": end}
+
+
+def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None:
+    """The group as a ``JobReport``; None when it asks for no GPU and those are left out."""
+    spec = group.template_spec()
+    per_pod = pod_spec_gpus(spec)
+    live = [p for p in group.pods if pod_live(p)]
+    live_bound = [p for p in live if pod_node(p)]
+    held = allocations(live_bound, context.node_states)
+    held_gpus = sum(a.gpus for a in held)
+    if not context.include_cpu_only and per_pod == 0 and not any(pod_gpus(p) for p in live):
+        return None
+    state, reason = job_state(group, live_bound)
+    if state is not JobState.running:
+        held, held_gpus = [], 0
+    labels = group.meta("labels")
+    annotations = group.meta("annotations")
+    fields: dict[str, Any] = {
+        "external_id": group.external_id,
+        "name": group.owner.name[:255],
+        "team": str(labels.get(TEAM_LABEL) or group.owner.namespace)[:128],
+        "queue": str(labels.get(QUEUE_LABEL) or "default")[:128],
+        "kind": _job_kind(group),
+        "priority": group_priority(group, context),
+        "checkpointable": str(annotations.get(CHECKPOINTABLE_ANNOTATION, "")).lower() == "true",
+        "state": state,
+        "reason": reason[:255],
+        "restart_count": min(
+            1_000_000,
+            sum(
+                int(s.get("restartCount") or 0)
+                for p in group.pods
+                for s in (p.get("status") or {}).get("containerStatuses") or []
+            ),
+        ),
+        "allocations": held,
+        "allowed_gpu_models": allowed_models(spec, context.gpu_model_aliases),
+        **_times(group, state),
+    }
+    if labels.get(SLA_LABEL):
+        fields["sla_class"] = str(labels[SLA_LABEL])[:64]
+    if state is JobState.pending:
+        pinned = pinned_nodes(live[0].get("spec") or {}) if live else pinned_nodes(spec)
+        fields["required_nodes"] = pinned
+    if group.owner.kind in ELASTIC_KINDS:
+        desired = int(((group.obj or {}).get("spec") or {}).get("replicas", 1) or 0)
+        holding = len({p["metadata"]["name"] for p in live_bound})
+        replicas = min(MAX_REPLICAS, max(desired, holding))
+        low = _int_annotation(annotations, MIN_REPLICAS_ANNOTATION)
+        high = _int_annotation(annotations, MAX_REPLICAS_ANNOTATION)
+        low = desired if low is None else low
+        high = max(desired if high is None else high, low)
+        fields.update(
+            shape=JobShape.elastic,
+            # A rolling update's old pods may ask for more than the new template.
+            gpus_requested=max([per_pod, *(pod_gpus(p) for p in live_bound)]),
+            replicas=replicas,
+            min_replicas=min(low, MAX_REPLICAS),
+            max_replicas=min(high, MAX_REPLICAS),
+        )
+        if holding == 0 and desired > 0 and state is JobState.pending and not reason:
+            fields["reason"] = _unschedulable_reason(group.pods)[:255]
+    else:
+        gang = _gang_size(group, live)
+        requested = (
+            per_pod * gang
+            if group.obj is not None
+            else sum(pod_gpus(p) for p in (live or group.pods))
+        )
+        fields.update(gang_size=gang, gpus_requested=min(100_000, max(requested, held_gpus)))
+    return JobReport(**fields)
+
+
+def job_reports(groups: Iterable[JobGroup], context: TranslationContext) -> list[JobReport]:
+    reports = (job_report(group, context) for group in groups)
+    return sorted((r for r in reports if r is not None), key=lambda r: r.external_id)

@@ -1,0 +1,350 @@
+"""The pure translations of the Kubernetes and Kueue connectors, on small dict fixtures, and
+the runner's wake-up on a connector that reports changes.
+
+The Workload fixtures are trimmed from objects Kueue v0.17.0 (Apache-2.0) wrote on the
+tests' control plane (tests/k8s); the pods and nodes follow what kube-apiserver v1.37
+serves (Apache-2.0). The real thing is exercised in tests/k8s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from connectors.kubernetes.nodes import gpu_model_name, node_report, node_state
+from connectors.kubernetes.pods import (
+    JobGroup,
+    OwnerRef,
+    TranslationContext,
+    group_pods,
+    job_report,
+    owner_of,
+    parse_external_id,
+    pinned_nodes,
+    pod_spec_gpus,
+)
+from connectors.kueue.workloads import KueueQueues, workload_report, workload_state
+from connectors.runner import RunnerConfig, TelemetryRunner
+from wire.telemetry import ClusterState, JobShape, JobState, NodeState
+
+NOW = "2026-12-03T10:29:56Z"
+
+
+def node(name: str = "n1", **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/gpu.memory": "81559",
+            },
+        },
+        "spec": status.pop("spec", {}),
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "1Ti", "nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": status.pop("ready", "True")}],
+        },
+    }
+
+
+def pod(
+    name: str,
+    *,
+    owner: tuple[str, str] | None = None,
+    node_name: str | None = None,
+    phase: str = "Running",
+    gpus: int = 1,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "ml",
+        "labels": labels or {},
+        "creationTimestamp": NOW,
+    }
+    if owner:
+        metadata["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
+    limits = {"nvidia.com/gpu": str(gpus)}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": limits}}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": metadata, "spec": spec, "status": {"phase": phase, "startTime": NOW}}
+
+
+def job(name: str, *, parallelism: int = 2, suspend: bool = False, gpus: int = 4) -> dict[str, Any]:
+    template = {"spec": pod("t", gpus=gpus)["spec"]}
+    return {
+        "metadata": {"name": name, "namespace": "ml", "creationTimestamp": NOW},
+        "spec": {
+            "parallelism": parallelism,
+            "completions": parallelism,
+            "suspend": suspend,
+            "template": template,
+        },
+        "status": {},
+    }
+
+
+CONTEXT = TranslationContext(node_states={"n1": NodeState.up, "n2": NodeState.up})
+
+
+@pytest.mark.parametrize(
+    ("product", "memory", "model"),
+    [
+        ("NVIDIA-H100-80GB-HBM3", "81559", "H100"),
+        ("NVIDIA-A100-SXM4-40GB", "40960", "A100-40G"),
+        ("NVIDIA-A100-SXM4-80GB", "81920", "A100-80G"),
+        ("NVIDIA-L40S", "46068", "L40S"),
+        ("NVIDIA-A10G", "23028", "A10"),
+        ("Tesla-T4", "15360", "T4"),
+        ("NVIDIA-L4", "23034", "L4"),
+        ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "4864", "A100-40G-MIG-1g.5gb"),
+    ],
+)
+def test_gfd_products_map_to_catalogue_names(product: str, memory: str, model: str) -> None:
+    assert gpu_model_name(product, memory, aliases={}) == model
+
+
+def test_an_alias_wins_over_the_families() -> None:
+    assert gpu_model_name("NVIDIA-L4", None, aliases={"NVIDIA-L4": "G2"}) == "G2"
+
+
+def test_node_state_from_ready_cordon_and_taints() -> None:
+    ignored = ["nvidia.com/gpu"]
+    assert node_state(node(), ignored_taints=ignored) is NodeState.up
+    assert node_state(node(ready="Unknown"), ignored_taints=ignored) is NodeState.down
+    cordoned = node(spec={"unschedulable": True})
+    assert node_state(cordoned, ignored_taints=ignored) is NodeState.draining
+    gpu_only = node(spec={"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]})
+    assert node_state(gpu_only, ignored_taints=ignored) is NodeState.up
+    tainted = node(spec={"taints": [{"key": "maintenance", "effect": "NoExecute"}]})
+    assert node_state(tainted, ignored_taints=ignored) is NodeState.draining
+
+
+def test_a_node_never_reports_fewer_gpus_than_its_pods_hold() -> None:
+    restarting_plugin = node()
+    restarting_plugin["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    restarting_plugin["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "7"
+    report = node_report(
+        restarting_plugin, gpus_held=3, aliases={}, default_gpu_model="gpu", ignored_taints=[]
+    )
+    assert (report.gpu_model, report.gpu_count, report.memory_mib) == ("H100", 3, 1024 * 1024)
+    assert report.labels["shaper.io/allocatable.nvidia.com/mig-1g.10gb"] == "7"
+
+
+def test_owners_and_external_ids() -> None:
+    rs = pod("p", owner=("ReplicaSet", "llm-5d8f9"), labels={"pod-template-hash": "5d8f9"})
+    assert owner_of(rs) == OwnerRef("Deployment", "ml", "llm")
+    js = pod("p", owner=("Job", "big-w-0"), labels={"jobset.sigs.k8s.io/jobset-name": "big"})
+    assert owner_of(js).external_id == "ml/jobset/big"
+    assert owner_of(pod("solo")).external_id == "ml/pod/solo"
+    assert parse_external_id("ml/statefulset/db") == OwnerRef("StatefulSet", "ml", "db")
+    long = OwnerRef("Job", "ml", "x" * 253).external_id
+    assert len(long) == 255 and long != OwnerRef("Job", "ml", "x" * 252 + "y").external_id
+
+
+def test_effective_gpu_request_counts_sidecars_and_the_largest_init() -> None:
+    spec = {
+        "containers": [{"resources": {"requests": {"nvidia.com/gpu": "2"}}}],
+        "initContainers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "1"}}, "restartPolicy": "Always"},
+            {"resources": {"limits": {"nvidia.com/gpu": "8"}}},
+        ],
+    }
+    assert pod_spec_gpus(spec) == 9  # the sidecar runs beside the 8-GPU init container
+
+
+def test_pinning_by_hostname_or_node_name() -> None:
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}
+                ]
+            }
+        }
+    }
+    assert pinned_nodes({"affinity": affinity}) == ["b"]
+    assert pinned_nodes({"nodeSelector": {"kubernetes.io/hostname": "a"}}) == ["a"]
+    assert pinned_nodes({"nodeSelector": {"zone": "x"}}) == []
+
+
+def test_a_running_gang_job_with_allocations_per_node() -> None:
+    pods = [
+        pod("train-a", owner=("Job", "train"), node_name="n1", gpus=4),
+        pod("train-b", owner=("Job", "train"), node_name="n2", gpus=4),
+        pod("other", gpus=0),
+    ]
+    groups = group_pods(pods, {"Job": [job("train")]})
+    report = job_report(groups["ml/job/train"], CONTEXT)
+    assert report is not None
+    assert (report.state, report.gang_size, report.gpus_requested) == (JobState.running, 2, 8)
+    assert {a.node: a.gpus for a in report.allocations} == {"n1": 4, "n2": 4}
+    assert job_report(groups["ml/pod/other"], CONTEXT) is None  # asks for no GPU
+
+
+def test_a_suspended_job_is_pending_and_pods_on_a_down_node_hold_nothing() -> None:
+    held = job_report(JobGroup(OwnerRef("Job", "ml", "q"), job("q", suspend=True)), CONTEXT)
+    assert held is not None and (held.state, held.reason) == (JobState.pending, "suspended")
+    assert held.gpus_requested == 8 and held.start_time is None
+    down = TranslationContext(node_states={"n1": NodeState.down})
+    group = JobGroup(OwnerRef("Pod", "ml", "p"), None, [pod("p", node_name="n1", gpus=2)])
+    report = job_report(group, down)
+    assert report is not None and report.state is JobState.running and report.allocations == []
+
+
+def test_a_deployment_is_elastic_within_its_annotated_range() -> None:
+    deployment = {
+        "metadata": {
+            "name": "llm",
+            "namespace": "ml",
+            "annotations": {"shaper.io/min-replicas": "1", "shaper.io/max-replicas": "4"},
+        },
+        "spec": {"replicas": 2, "template": {"spec": pod("t", gpus=1)["spec"]}},
+    }
+    rs_labels = {"pod-template-hash": "abc"}
+    pods = [
+        pod(f"llm-abc-{i}", owner=("ReplicaSet", "llm-abc"), node_name="n1", labels=rs_labels)
+        for i in range(3)  # a rolling update's surge: one more than asked for
+    ]
+    groups = group_pods(pods, {"Deployment": [deployment]})
+    report = job_report(groups["ml/deployment/llm"], CONTEXT)
+    assert report is not None and report.shape is JobShape.elastic
+    assert (report.min_replicas, report.replicas, report.max_replicas) == (1, 3, 4)
+    assert report.kind.value == "realtime_inference"
+
+
+# Trimmed from Kueue v0.17.0's Workloads of two 2-pod, 4-GPU Jobs on an 8-GPU ClusterQueue.
+def workload(job_name: str, conditions: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"job-{job_name}-8c0f6",
+            "namespace": "ml",
+            "creationTimestamp": NOW,
+            "ownerReferences": [{"kind": "Job", "name": job_name, "controller": True}],
+        },
+        "spec": {
+            "active": extra.pop("active", True),
+            "priority": 100,
+            "queueName": "lq",
+            "podSets": [
+                {
+                    "name": "main",
+                    "count": 2,
+                    "template": {"spec": job("t")["spec"]["template"]["spec"]},
+                }
+            ],
+        },
+        "status": {"conditions": conditions, **extra},
+    }
+
+
+ADMITTED = workload(
+    "j-a",
+    [
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+        {"type": "Admitted", "status": "True", "reason": "Admitted"},
+    ],
+    admission={
+        "clusterQueue": "cq",
+        "podSetAssignments": [{"name": "main", "count": 2, "flavors": {"nvidia.com/gpu": "h100"}}],
+    },
+)
+WAITING = workload(
+    "j-b",
+    [
+        {
+            "type": "QuotaReserved",
+            "status": "False",
+            "reason": "Pending",
+            "message": "couldn't assign flavors to pod set main: insufficient unused quota for "
+            "nvidia.com/gpu in flavor h100, 8 more needed",
+        }
+    ],
+)
+QUEUES = KueueQueues.of(
+    local_queues=[{"metadata": {"name": "lq", "namespace": "ml"}, "spec": {"clusterQueue": "cq"}}],
+    cluster_queues=[
+        {
+            "metadata": {"name": "cq"},
+            "spec": {
+                "resourceGroups": [
+                    {"coveredResources": ["nvidia.com/gpu"], "flavors": [{"name": "h100"}]}
+                ]
+            },
+        }
+    ],
+    flavors=[
+        {
+            "metadata": {"name": "h100"},
+            "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        }
+    ],
+)
+
+
+def test_an_admitted_workload_runs_on_its_flavor_with_kueues_priority_and_team() -> None:
+    pods = [pod(f"j-a-{i}", owner=("Job", "j-a"), node_name="n1", gpus=4) for i in range(2)]
+    group = JobGroup(OwnerRef("Job", "ml", "j-a"), job("j-a"), pods)
+    report = workload_report(ADMITTED, group, CONTEXT, QUEUES)
+    assert report is not None
+    assert (report.state, report.team, report.queue, report.priority) == (
+        JobState.running,
+        "cq",
+        "lq",
+        100,
+    )
+    assert report.allowed_gpu_models == ["H100"] and report.gang_size == 2
+
+
+def test_a_waiting_workload_says_why_and_a_deactivated_one_is_held() -> None:
+    group = JobGroup(OwnerRef("Job", "ml", "j-b"), job("j-b", suspend=True))
+    report = workload_report(WAITING, group, CONTEXT, QUEUES)
+    assert report is not None and report.state is JobState.pending
+    assert report.reason.startswith("couldn't assign flavors to pod set main")
+    assert report.team == "cq" and report.gpus_requested == 8
+    deactivated = workload("j-b", WAITING["status"]["conditions"], active=False)
+    assert workload_state(deactivated, None) == (JobState.pending, "deactivated")
+    evicted = workload(
+        "j-c", [{"type": "Evicted", "status": "True", "message": "Preempted to fit j-z"}]
+    )
+    assert workload_state(evicted, None) == (JobState.pending, "evicted: Preempted to fit j-z")
+
+
+class ChangingConnector:
+    """A connector whose scheduler tells of changes (SupportsChangeWait), for the runner."""
+
+    kind = "kubernetes"
+    cluster = "c"
+
+    def __init__(self, changes: list[bool]) -> None:
+        self.changes = changes
+        self.waits: list[float] = []
+
+    def read_state(self) -> ClusterState:
+        from datetime import UTC, datetime
+
+        return ClusterState(observed_at=datetime.now(UTC), nodes=[], jobs=[])
+
+    def wait_for_change(self, timeout_s: float) -> bool:
+        self.waits.append(timeout_s)
+        return self.changes.pop(0) if self.changes else False
+
+
+def test_the_runner_pushes_on_a_change_after_a_debounce_not_after_its_interval() -> None:
+    sleeps: list[float] = []
+    connector = ChangingConnector([False, True, True])  # the 2nd slice sees a change
+    runner = TelemetryRunner(
+        connector,  # type: ignore[arg-type]
+        RunnerConfig(control_plane="http://cp", cluster="c", token="t", interval_s=30),
+        transport=httpx.MockTransport(
+            lambda r: httpx.Response(200, json={"cluster": "c", "seq": 0})
+        ),
+        sleep=sleeps.append,
+    )
+    runner.run(max_cycles=2)
+    assert runner.stats.cycles == 2
+    assert sleeps == [0.2]  # the debounce; never the 30 s interval
+    # Two slices of at most 0.5 s, then the debounce's changes consumed with a 0 s wait.
+    assert connector.waits == [0.5, 0.5, 0]
