@@ -1,0 +1,622 @@
+"""What the Kubernetes connector does to a cluster: scale, evict, cordon, move, suspend, delete.
+
+Each function takes an ``ApiClient`` (connectors.kubernetes.client) and names its objects
+by keyword; the connector class maps saga steps onto them. Every one is idempotent — a
+retry after success changes nothing or finishes what a crash left half done — and raises
+:class:`ConnectorError` with ``retryable`` set as Kueue's guide on errors advises: the API
+server down, a timeout, 429, 409 and 5xx may pass on a retry; 400/403/404/422 will not,
+and their message names the verb and the resource, so a missing RBAC rule reads as one.
+
+What each needs of the connector's ClusterRole (deploy/kubernetes/ grants exactly this):
+
+=====================  ===============================================================
+scale                  patch apps deployments/scale, statefulsets/scale
+evict                  create pods/eviction
+cordon, uncordon       patch nodes
+recreate_pinned        get, delete, create pods; for a Job's pod: get, patch batch jobs
+suspend_job/resume     get, patch batch jobs
+delete_job             delete batch jobs
+delete_pod             delete pods
+=====================  ===============================================================
+
+Moving work (``recreate_pinned``) follows one contract with the workload, the same as the
+node agent's ``signal`` backend: a pod that can move says so with the annotation
+``shaper.io/checkpointable: "true"`` and reads where to resume from the environment
+variable ``SHAPER_RESUME_FROM``. A bare pod is recreated with that variable set. A Job's
+pod template is immutable except for its scheduling directives and metadata (even while
+suspended; k8s.io/kubernetes pkg/apis/batch/validation), so a Job's template must declare
+the variable from the Downward API —
+``valueFrom.fieldRef.fieldPath: metadata.annotations['shaper.io/resume-from']`` — and
+Shaper sets that annotation. A pod that would lose its work is never moved unless the
+caller allows a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
+
+from connectors.base import ConnectorError
+
+CHECKPOINTABLE = "shaper.io/checkpointable"
+RESUME_FROM = "shaper.io/resume-from"
+RESUME_FROM_ENV = "SHAPER_RESUME_FROM"
+RESUME_FROM_FIELD = f"metadata.annotations['{RESUME_FROM}']"
+HOSTNAME = "kubernetes.io/hostname"
+# Kueue marks the Jobs it manages with this label; it owns their spec.suspend.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+# One request's ceiling: the saga retries a step that times out, the API server does not
+# need to be waited on longer.
+REQUEST_TIMEOUT_S = 30.0
+# How long a function waits for the cluster to finish what it asked (a pod to go, a Job
+# to be stopped) before it answers "retry"; a retry resumes from where this one stopped.
+SETTLE_TIMEOUT_S = 60.0
+POLL_S = 0.2
+MERGE_PATCH = "application/merge-patch+json"
+
+T = TypeVar("T")
+
+
+class ObjectGone(ConnectorError):
+    """404: the object (or its kind) does not exist; callers that delete treat it as done."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+class Conflict(ConnectorError):
+    """409: the object changed since it was read (or a precondition failed); read again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
+
+
+def call(verb: str, resource: str, send: Callable[[], T]) -> T:
+    """``send()``, with the API server's refusals turned into :class:`ConnectorError`.
+
+    ``verb`` and ``resource`` (``"patch"``, ``"deployments/scale web in ns-a"``) name the
+    request in every message, so a 403 says which RBAC rule is missing.
+    """
+    what = f"{verb} {resource}"
+    try:
+        return send()
+    except ApiException as error:
+        raise api_error(error, what) from error
+    except (TransportError, OSError) as error:
+        raise ConnectorError(f"{what}: API server unreachable: {error}", retryable=True) from error
+
+
+def api_error(error: ApiException, what: str) -> ConnectorError:
+    status = int(error.status or 0)
+    message = f"{what}: {status} {_reason(error)}"
+    if status == 404:
+        return ObjectGone(message)
+    if status == 409:
+        return Conflict(message)
+    if status == 403:
+        return ConnectorError(
+            f"{message} (the connector's RBAC does not allow it)", retryable=False
+        )
+    # 429: throttled, or a disruption budget; 5xx and no status at all: the server or the way to it.
+    retryable = status in (0, 408, 429) or status >= 500
+    return ConnectorError(message, retryable=retryable)
+
+
+def _reason(error: ApiException) -> str:
+    """The Status message the API server sent, with its causes; else the HTTP reason."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return str(error.reason or error.body or "")
+    if not isinstance(body, dict):
+        return str(error.reason)
+    text = str(body.get("message") or error.reason)
+    causes = (body.get("details") or {}).get("causes") or []
+    extra = [str(c.get("message")) for c in causes if c.get("message")]
+    return "; ".join([text, *extra])
+
+
+def _core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+def _batch(api: client.ApiClient) -> client.BatchV1Api:
+    return client.BatchV1Api(api)
+
+
+def wait_until(what: str, done: Callable[[], bool], timeout_s: float) -> None:
+    """Poll ``done`` until true; a retryable error when the cluster takes longer."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise ConnectorError(
+                f"timed out after {timeout_s:.0f} s waiting for {what}", retryable=True
+            )
+        time.sleep(POLL_S)
+
+
+# -- elastic services -------------------------------------------------------------------
+
+
+def scale(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    kind: Literal["deployment", "statefulset"],
+    name: str,
+    replicas: int,
+) -> None:
+    """Set the replicas of a Deployment or StatefulSet through its ``/scale`` subresource.
+
+    The subresource needs only ``patch`` on ``deployments/scale``/``statefulsets/scale``,
+    not on the whole object (so the connector cannot change what the service runs), and is
+    what the HorizontalPodAutoscaler uses. Setting the same count again is a no-op.
+    """
+    if replicas < 0:
+        raise ConnectorError(f"replicas must be >= 0, got {replicas}", retryable=False)
+    apps = client.AppsV1Api(api)
+    body = {"spec": {"replicas": replicas}}
+    if kind == "deployment":
+        call(
+            "patch",
+            f"deployments/scale {name} in {namespace}",
+            lambda: apps.patch_namespaced_deployment_scale(
+                name, namespace, body, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+            ),
+        )
+    elif kind == "statefulset":
+        call(
+            "patch",
+            f"statefulsets/scale {name} in {namespace}",
+            lambda: apps.patch_namespaced_stateful_set_scale(
+                name, namespace, body, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+            ),
+        )
+    else:
+        raise ConnectorError(
+            f"cannot scale a {kind!r}: only deployment and statefulset", retryable=False
+        )
+
+
+# -- pods and nodes ---------------------------------------------------------------------
+
+
+def evict(api: client.ApiClient, *, namespace: str, pod: str, uid: str | None = None) -> None:
+    """Evict a pod through the Eviction API (policy/v1), which honours PodDisruptionBudgets.
+
+    A budget that would be violated answers 429: a retryable :class:`ConnectorError` with
+    the API server's reason (the budget and how many pods it needs), since it passes once
+    another replica is Ready. A pod already gone is success. ``uid`` makes a retry safe
+    for controllers that reuse names (StatefulSet): a pod of the same name but another uid
+    is a new incarnation and is left alone.
+    """
+    core = _core(api)
+    options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
+    eviction = client.V1Eviction(
+        metadata=client.V1ObjectMeta(name=pod, namespace=namespace), delete_options=options
+    )
+    try:
+        call(
+            "create",
+            f"pods/eviction {pod} in {namespace}",
+            lambda: core.create_namespaced_pod_eviction(
+                pod, namespace, eviction, _request_timeout=REQUEST_TIMEOUT_S
+            ),
+        )
+    except ObjectGone:
+        return
+    except Conflict:
+        # The uid precondition failed: the pod we meant has gone and another took its name.
+        if uid:
+            return
+        raise
+
+
+def delete_pod(api: client.ApiClient, *, namespace: str, pod: str) -> None:
+    """Delete a pod (cancel of a bare pod) with its own grace period; gone already is done."""
+    core = _core(api)
+    try:
+        call(
+            "delete",
+            f"pods {pod} in {namespace}",
+            lambda: core.delete_namespaced_pod(pod, namespace, _request_timeout=REQUEST_TIMEOUT_S),
+        )
+    except ObjectGone:
+        return
+
+
+def cordon(api: client.ApiClient, *, node: str) -> None:
+    """Mark a node unschedulable (``kubectl cordon``); pods on it keep running."""
+    _set_unschedulable(api, node=node, unschedulable=True)
+
+
+def uncordon(api: client.ApiClient, *, node: str) -> None:
+    """Let the scheduler place pods on a node again (``kubectl uncordon``)."""
+    _set_unschedulable(api, node=node, unschedulable=None)
+
+
+def _set_unschedulable(api: client.ApiClient, *, node: str, unschedulable: bool | None) -> None:
+    core = _core(api)
+    # null removes the field, as kubectl uncordon leaves a node: false is its default.
+    body = {"spec": {"unschedulable": unschedulable}}
+    call(
+        "patch",
+        f"nodes {node}",
+        lambda: core.patch_node(
+            node, body, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+
+
+# -- moving a pod -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodOnNode:
+    """A pod of the work being checkpointed, and where it runs (what the node agent needs)."""
+
+    namespace: str
+    pod: str
+    node: str
+    uid: str
+
+
+def recreate_pinned(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    pod: str,
+    node: str,
+    resume_from: str | None,
+    allow_restart: bool = False,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> None:
+    """Move a pod to ``node``: delete it and create it again, pinned there, resuming from
+    ``resume_from`` (the checkpoint the node agent took before this step).
+
+    * A bare pod is recreated under the same name with a required node affinity
+      ``kubernetes.io/hostname In [node]`` (the scheduler still checks that it fits, unlike
+      ``spec.nodeName``), env ``SHAPER_RESUME_FROM`` and annotation ``shaper.io/resume-from``.
+    * A Job's pod: the Job is moved instead (:func:`recreate_job_pinned`), all its pods.
+    * A pod of another controller (ReplicaSet, StatefulSet, …) is refused: the controller
+      would recreate it from its own template, unpinned. A Job that Kueue manages is refused
+      too: Kueue owns its suspension (use connectors.kueue.actions).
+    * A pod without ``shaper.io/checkpointable: "true"`` would lose its work: refused
+      unless ``allow_restart``.
+
+    ``resume_from=None``: no new checkpoint; the pod keeps the pointer it carries, if any.
+    Idempotent: a pod already running or pending on ``node`` with the same resume pointer is
+    left alone; a retry after a timeout finishes the move. Errors: non-retryable for a
+    refusal or a pod that does not exist; retryable while the old pod takes longer than
+    ``timeout_s`` to terminate.
+    """
+    core = _core(api)
+    resource = f"pods {pod} in {namespace}"
+    current = call(
+        "get",
+        resource,
+        lambda: core.read_namespaced_pod(pod, namespace, _request_timeout=REQUEST_TIMEOUT_S),
+    )
+    owner = _controller(current.metadata)
+    if owner is not None and owner.kind == "Job":
+        recreate_job_pinned(
+            api,
+            namespace=namespace,
+            job=owner.name,
+            nodes=[node],
+            resume_from=resume_from,
+            allow_restart=allow_restart,
+            timeout_s=timeout_s,
+        )
+        return
+    if owner is not None:
+        raise ConnectorError(
+            f"cannot move pod {pod} in {namespace}: its {owner.kind} {owner.name} would "
+            "recreate it from its own template; move it through its owner",
+            retryable=False,
+        )
+    annotations = current.metadata.annotations or {}
+    if current.metadata.deletion_timestamp is None and _placed_as_asked(
+        current, node=node, resume_from=resume_from
+    ):
+        return
+    # A pod not yet scheduled has done no work to lose.
+    started = bool(current.spec.node_name)
+    if started and annotations.get(CHECKPOINTABLE) != "true" and not allow_restart:
+        raise ConnectorError(
+            f'pod {pod} in {namespace} is not checkpointable (no {CHECKPOINTABLE}: "true"): '
+            "moving it would restart it from scratch, and no policy allows a restart",
+            retryable=False,
+        )
+    replacement = _pinned_replacement(current, nodes=[node], resume_from=resume_from)
+    if current.metadata.deletion_timestamp is None:
+        # The old pod's uid as a precondition: a retry must not delete our replacement.
+        options = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=current.metadata.uid)
+        )
+        try:
+            call(
+                "delete",
+                resource,
+                lambda: core.delete_namespaced_pod(
+                    pod, namespace, body=options, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+            )
+        except ObjectGone:
+            pass
+
+    def gone() -> bool:
+        try:
+            call(
+                "get",
+                resource,
+                lambda: core.read_namespaced_pod(
+                    pod, namespace, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+            )
+        except ObjectGone:
+            return True
+        return False
+
+    # The name is only free once the kubelet has stopped the old containers (its grace
+    # period), and two copies of one job must never run at once.
+    wait_until(
+        f"pod {pod} in {namespace} to terminate before it is recreated on {node}", gone, timeout_s
+    )
+    # A Conflict (AlreadyExists) is retryable: another attempt of this step created it
+    # first, and the read of the next retry checks that it is the one asked for.
+    call(
+        "create",
+        resource,
+        lambda: core.create_namespaced_pod(
+            namespace, replacement, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+
+
+def _controller(metadata: client.V1ObjectMeta) -> client.V1OwnerReference | None:
+    return next((o for o in metadata.owner_references or [] if o.controller), None)
+
+
+def _placed_as_asked(pod: client.V1Pod, *, node: str, resume_from: str | None) -> bool:
+    annotations = pod.metadata.annotations or {}
+    if resume_from not in (None, annotations.get(RESUME_FROM)):
+        return False
+    if pod.spec.node_name:
+        return bool(pod.spec.node_name == node) and pod.status.phase in ("Pending", "Running")
+    return _pinned_nodes(pod.spec.affinity) == [node]
+
+
+def _pinned_nodes(affinity: client.V1Affinity | None) -> list[str] | None:
+    """The nodes a required hostname affinity pins to (the same in every term); else None."""
+    required = (
+        affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        if affinity and affinity.node_affinity
+        else None
+    )
+    pins = []
+    for term in (required.node_selector_terms if required else None) or []:
+        hostnames = [
+            e for e in term.match_expressions or [] if e.key == HOSTNAME and e.operator == "In"
+        ]
+        if len(hostnames) != 1:
+            return None
+        pins.append(sorted(hostnames[0].values or []))
+    if not pins or any(p != pins[0] for p in pins):
+        return None
+    return pins[0]
+
+
+def _pinned_affinity(affinity: client.V1Affinity | None, nodes: list[str]) -> client.V1Affinity:
+    """``affinity`` with every required node-selector term also requiring a node in
+    ``nodes`` (terms are ORed, expressions in a term ANDed); an earlier pin is replaced."""
+    affinity = affinity or client.V1Affinity()
+    node_affinity = affinity.node_affinity or client.V1NodeAffinity()
+    required = node_affinity.required_during_scheduling_ignored_during_execution
+    terms = list(required.node_selector_terms or []) if required else []
+    if not terms:
+        terms = [client.V1NodeSelectorTerm(match_expressions=[])]
+    pin = client.V1NodeSelectorRequirement(key=HOSTNAME, operator="In", values=sorted(nodes))
+    pinned_terms = [
+        client.V1NodeSelectorTerm(
+            match_expressions=[e for e in term.match_expressions or [] if e.key != HOSTNAME]
+            + [pin],
+            match_fields=term.match_fields,
+        )
+        for term in terms
+    ]
+    node_affinity.required_during_scheduling_ignored_during_execution = client.V1NodeSelector(
+        node_selector_terms=pinned_terms
+    )
+    affinity.node_affinity = node_affinity
+    return affinity
+
+
+def _pinned_replacement(
+    current: client.V1Pod, *, nodes: list[str], resume_from: str | None
+) -> client.V1Pod:
+    """The pod to create in ``current``'s place: same metadata that a user set, same spec
+    less what the API server and the scheduler filled in, pinned, with the resume pointer."""
+    spec: client.V1PodSpec = current.spec
+    spec.node_name = None
+    spec.affinity = _pinned_affinity(spec.affinity, nodes)
+    annotations = dict(current.metadata.annotations or {})
+    if resume_from is not None:
+        annotations[RESUME_FROM] = resume_from
+        for container in spec.containers:
+            env = [e for e in container.env or [] if e.name != RESUME_FROM_ENV]
+            container.env = [*env, client.V1EnvVar(name=RESUME_FROM_ENV, value=resume_from)]
+    metadata = client.V1ObjectMeta(
+        name=current.metadata.name,
+        namespace=current.metadata.namespace,
+        labels=current.metadata.labels,
+        annotations=annotations,
+    )
+    return client.V1Pod(api_version="v1", kind="Pod", metadata=metadata, spec=spec)
+
+
+# -- Jobs (batch/v1) --------------------------------------------------------------------
+
+
+def _read_job(api: client.ApiClient, *, namespace: str, job: str) -> client.V1Job:
+    batch = _batch(api)
+    return call(
+        "get",
+        f"jobs {job} in {namespace}",
+        lambda: batch.read_namespaced_job(job, namespace, _request_timeout=REQUEST_TIMEOUT_S),
+    )
+
+
+def _patch_job(
+    api: client.ApiClient, *, namespace: str, job: str, body: dict[str, Any]
+) -> client.V1Job:
+    batch = _batch(api)
+    return call(
+        "patch",
+        f"jobs {job} in {namespace}",
+        lambda: batch.patch_namespaced_job(
+            job, namespace, body, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+
+
+def _refuse_if_kueue(current: client.V1Job, what: str) -> None:
+    queue = (current.metadata.labels or {}).get(KUEUE_QUEUE_LABEL)
+    if queue:
+        raise ConnectorError(
+            f"cannot {what}: Kueue manages it (LocalQueue {queue}) and undoes any change to "
+            "spec.suspend of an admitted Job, restarting its pods; deactivate its Workload "
+            "instead (connectors.kueue.actions)",
+            retryable=False,
+        )
+
+
+def suspend_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
+    """Suspend a Job (``spec.suspend``): the Job controller deletes its active pods and
+    creates none until it is resumed. For plain Kubernetes; a Job Kueue manages is refused
+    (measured with Kueue v0.17: it unsuspends the Job at once, and the pods restart)."""
+    current = _read_job(api, namespace=namespace, job=job)
+    _refuse_if_kueue(current, f"suspend job {job} in {namespace}")
+    if current.spec.suspend:
+        return
+    _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": True}})
+
+
+def resume_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
+    """Let a suspended Job create its pods again (``spec.suspend: false``); see suspend_job."""
+    current = _read_job(api, namespace=namespace, job=job)
+    _refuse_if_kueue(current, f"resume job {job} in {namespace}")
+    if not current.spec.suspend:
+        return
+    _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+
+
+def delete_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
+    """Delete a Job and, in the background, its pods (cancel); a Job already gone is done."""
+    batch = _batch(api)
+    try:
+        call(
+            "delete",
+            f"jobs {job} in {namespace}",
+            lambda: batch.delete_namespaced_job(
+                job, namespace, propagation_policy="Background", _request_timeout=REQUEST_TIMEOUT_S
+            ),
+        )
+    except ObjectGone:
+        return
+
+
+def declares_resume_env(template: client.V1PodTemplateSpec) -> bool:
+    """Whether every container of a pod template reads ``SHAPER_RESUME_FROM`` from the
+    ``shaper.io/resume-from`` annotation (the Downward API), the one way a Job's pods can
+    see a pointer set after the Job was created."""
+    for container in template.spec.containers:
+        declared = next((e for e in container.env or [] if e.name == RESUME_FROM_ENV), None)
+        field_ref = declared.value_from.field_ref if declared and declared.value_from else None
+        if field_ref is None or field_ref.field_path != RESUME_FROM_FIELD:
+            return False
+    return True
+
+
+def resume_blocker(template: client.V1PodTemplateSpec) -> str | None:
+    """Why a Job's new pods would restart from scratch rather than resume; None if they
+    would resume: checkpointable, and reading the resume pointer."""
+    annotations = (template.metadata.annotations if template.metadata else None) or {}
+    if annotations.get(CHECKPOINTABLE) != "true":
+        return f'its pods are not checkpointable (no {CHECKPOINTABLE}: "true" on the pod template)'
+    if not declares_resume_env(template):
+        return (
+            f"its pod template does not declare env {RESUME_FROM_ENV} from fieldRef "
+            f"{RESUME_FROM_FIELD}, so new pods could not resume (a Job's containers cannot "
+            "change after creation)"
+        )
+    return None
+
+
+def recreate_job_pinned(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    job: str,
+    nodes: list[str],
+    resume_from: str | None,
+    allow_restart: bool = False,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> None:
+    """Move a Job's pods to ``nodes``: suspend → wait until no pod is active → pin the pod
+    template (required node affinity on ``kubernetes.io/hostname``) and set its annotation
+    ``shaper.io/resume-from`` → resume.
+
+    Kubernetes lets a suspended Job's scheduling directives and template metadata change
+    once no pod is active (MutableSchedulingDirectivesForSuspendedJobs, on by default since
+    1.36) — the way Kueue places the Jobs it admits. The containers cannot change, so the
+    pods read the pointer from the annotation through the Downward API (module docstring).
+    ``resume_from=None`` keeps the pointer the Job already carries (a plan's start of a held
+    Job: ``start(nodes)`` on plain Kubernetes). A running Job whose pods could not resume is
+    refused unless ``allow_restart``; a suspended one without pods has nothing to lose.
+    Idempotent: a Job already pinned there with that pointer and running is left alone; a
+    retry after a timeout continues (a suspended Job is not suspended again).
+    """
+    what = f"move job {job} in {namespace} to {','.join(nodes)}"
+    current = _read_job(api, namespace=namespace, job=job)
+    _refuse_if_kueue(current, what)
+    template = current.spec.template
+    template_annotations = (template.metadata.annotations if template.metadata else None) or {}
+    if (
+        not current.spec.suspend
+        and _pinned_nodes(template.spec.affinity) == sorted(nodes)
+        and resume_from in (None, template_annotations.get(RESUME_FROM))
+    ):
+        return
+    # A suspended Job with no pod left loses nothing by moving (a plan's start of a held Job).
+    running = not current.spec.suspend or bool(current.status.active)
+    blocker = resume_blocker(template) if running else None
+    if blocker and not allow_restart:
+        raise ConnectorError(
+            f"cannot {what}: {blocker}, and no policy allows a restart", retryable=False
+        )
+    if not current.spec.suspend:
+        _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": True}})
+
+    def stopped() -> bool:
+        status = _read_job(api, namespace=namespace, job=job).status
+        suspended = any(
+            c.type == "Suspended" and c.status == "True" for c in status.conditions or []
+        )
+        return suspended and not status.active
+
+    wait_until(f"job {job} in {namespace} to stop its pods", stopped, timeout_s)
+    affinity = api.sanitize_for_serialization(_pinned_affinity(template.spec.affinity, nodes))
+    pinned: dict[str, Any] = {"spec": {"affinity": affinity}}
+    if resume_from is not None:
+        pinned["metadata"] = {"annotations": {RESUME_FROM: resume_from}}
+    _patch_job(api, namespace=namespace, job=job, body={"spec": {"template": pinned}})
+    _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})

@@ -1,0 +1,292 @@
+"""What the Kueue connector does to a cluster: hold a Workload out of admission, let it back
+in, and preempt it with a checkpoint so that it resumes where it stopped.
+
+Kueue decides which Workloads run; Shaper steers it through ``spec.active`` of a Workload
+(``kueue.x-k8s.io/v1beta2``), the supported way to stop an admitted one: deactivating evicts
+it (condition ``Evicted``, reason ``Deactivated``), Kueue suspends its Job, the pods go, the
+quota is released, and it stays out of admission until reactivated; then it queues again and
+is admitted like any other. What was measured against Kueue v0.17.0 and Kubernetes v1.37:
+
+* Setting ``spec.suspend`` of an admitted Job that Kueue manages does not stop it: Kueue
+  unsuspends it at once, the Job controller has already killed its pods, new ones start from
+  scratch, and the quota stays reserved. So "suspend the Workload's job" is deactivation;
+  connectors.kubernetes.actions.suspend_job refuses Kueue's Jobs.
+* While a Workload is evicted, Kueue's stop of its Job (run on each reconcile; read in
+  pkg/controller/jobs/job, not measured alone) restores the Job's pod template metadata
+  from the Workload's ``spec.podSets``, so an annotation patched only on the template may
+  be removed again; ``spec.podSets`` may change once the quota is released (Kueue's
+  webhook freezes it only while quota is reserved), so the resume pointer is written there
+  and on the Job. Kueue compares only containers and tolerations of a Job and its Workload,
+  so neither write makes it rebuild the Workload.
+
+Checkpoint-aware preemption (kubernetes-sigs/kueue#477) follows the contract of
+connectors.kubernetes.actions: the pod template says ``shaper.io/checkpointable: "true"`` and
+declares ``SHAPER_RESUME_FROM`` from the annotation ``shaper.io/resume-from``.
+
+RBAC (kueue.x-k8s.io unless said): ``deactivate``/``reactivate``: patch workloads;
+``preempt_with_checkpoint``: get, patch, update workloads; get, patch batch jobs; list pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from kubernetes import client
+
+from connectors.base import ConnectorError
+from connectors.kubernetes.actions import (
+    JOB_UID_LABEL,
+    MERGE_PATCH,
+    REQUEST_TIMEOUT_S,
+    RESUME_FROM,
+    SETTLE_TIMEOUT_S,
+    Conflict,
+    PodOnNode,
+    call,
+    resume_blocker,
+    wait_until,
+)
+
+GROUP, VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
+# Kueue's own marker on a Job it is in the middle of stopping (pkg/controller/jobs/job).
+KUEUE_STOPPING = "kueue.x-k8s.io/stopping"
+# Attempts at a read-modify-write of a Workload that Kueue updates concurrently.
+CONFLICT_ATTEMPTS = 5
+
+Checkpoint = Callable[[list[PodOnNode]], str]
+
+
+def _custom(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+def _resource(namespace: str, workload: str) -> str:
+    return f"workloads.{GROUP} {workload} in {namespace}"
+
+
+def read_workload(api: client.ApiClient, *, namespace: str, workload: str) -> dict[str, Any]:
+    custom = _custom(api)
+    found: dict[str, Any] = call(
+        "get",
+        _resource(namespace, workload),
+        lambda: custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, WORKLOADS, workload, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+    return found
+
+
+def _set_active(api: client.ApiClient, *, namespace: str, workload: str, active: bool) -> None:
+    custom = _custom(api)
+    call(
+        "patch",
+        _resource(namespace, workload),
+        lambda: custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            WORKLOADS,
+            workload,
+            {"spec": {"active": active}},
+            _content_type=MERGE_PATCH,
+            _request_timeout=REQUEST_TIMEOUT_S,
+        ),
+    )
+
+
+def deactivate(api: client.ApiClient, *, namespace: str, workload: str) -> None:
+    """Hold a Workload out of admission (``spec.active: false``); an admitted one is evicted,
+    its Job suspended by Kueue and its pods deleted (their work lost unless checkpointed:
+    :func:`preempt_with_checkpoint`). Returns once Kueue has the request, not when the pods
+    are gone. Idempotent; a missing Workload is a non-retryable error."""
+    _set_active(api, namespace=namespace, workload=workload, active=False)
+
+
+def reactivate(api: client.ApiClient, *, namespace: str, workload: str) -> None:
+    """Let a Workload be admitted again (``spec.active: true``): it queues in its
+    ClusterQueue and Kueue admits it when quota and ordering allow. Idempotent."""
+    _set_active(api, namespace=namespace, workload=workload, active=True)
+
+
+def is_active(workload: dict[str, Any]) -> bool:
+    return bool(workload.get("spec", {}).get("active", True))
+
+
+def condition_true(workload: dict[str, Any], kind: str) -> bool:
+    conditions = workload.get("status", {}).get("conditions") or []
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+
+def job_of(workload: dict[str, Any]) -> str:
+    """The name of the batch/v1 Job that owns a Workload; other kinds are not supported yet."""
+    metadata = workload["metadata"]
+    for owner in metadata.get("ownerReferences") or []:
+        if (
+            owner.get("controller")
+            and owner.get("kind") == "Job"
+            and owner.get("apiVersion") == "batch/v1"
+        ):
+            return str(owner["name"])
+    raise ConnectorError(
+        f"workload {metadata['name']} in {metadata['namespace']} is not a batch/v1 Job's; "
+        "checkpoint-aware preemption supports Jobs only",
+        retryable=False,
+    )
+
+
+def preempt_with_checkpoint(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    workload: str,
+    checkpoint: Checkpoint,
+    allow_restart: bool = False,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> str | None:
+    """Preempt a Workload so that it resumes from a checkpoint when Kueue admits it again.
+
+    1. ``checkpoint(pods)`` — the Job's running pods and their nodes; the connector passes a
+       function that asks the node agents to checkpoint and returns the resume pointer —
+       only while the Workload is still active: once it is inactive its pods are stopping
+       and the pointer already stored is the latest.
+    2. The pointer goes on the Job (annotation ``shaper.io/resume-from``) before anything
+       stops, so a crash after this point loses nothing.
+    3. The Workload is deactivated (held): Kueue evicts it, suspends the Job, the pods go.
+    4. Once the quota is released, the pointer is written into the Workload's pod set and the
+       Job's pod template, so the pods Kueue starts on re-admission carry it (and read it as
+       ``SHAPER_RESUME_FROM``). :func:`reactivate` lets it run again.
+
+    Returns the resume pointer (None when nothing ran, so there was nothing to checkpoint).
+    A Job whose pods could not resume (not checkpointable, or no ``SHAPER_RESUME_FROM``
+    declared) is refused before anything happens unless ``allow_restart``. Idempotent: a
+    retry of a call that timed out waiting for Kueue does not checkpoint again. Raises a
+    retryable error when Kueue takes longer than ``timeout_s`` to stop the Job, and passes
+    on the checkpoint function's errors (nothing has changed then).
+    """
+    batch = client.BatchV1Api(api)
+    current = read_workload(api, namespace=namespace, workload=workload)
+    job = job_of(current)
+    job_resource = f"jobs {job} in {namespace}"
+    owner = call(
+        "get",
+        job_resource,
+        lambda: batch.read_namespaced_job(job, namespace, _request_timeout=REQUEST_TIMEOUT_S),
+    )
+    resume_from: str | None = (owner.metadata.annotations or {}).get(RESUME_FROM)
+    if is_active(current):
+        pods = _running_pods(api, namespace=namespace, job_uid=owner.metadata.uid)
+        blocker = resume_blocker(owner.spec.template) if pods else None
+        if blocker and not allow_restart:
+            raise ConnectorError(
+                f"cannot preempt workload {workload} in {namespace} with a checkpoint: "
+                f"{blocker}, and no policy allows a restart",
+                retryable=False,
+            )
+        if pods and not blocker:
+            pointer = checkpoint(pods)
+            # Before anything stops: from here on a crash loses no work.
+            call(
+                "patch",
+                job_resource,
+                lambda: batch.patch_namespaced_job(
+                    job,
+                    namespace,
+                    {"metadata": {"annotations": {RESUME_FROM: pointer}}},
+                    _content_type=MERGE_PATCH,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                ),
+            )
+            resume_from = pointer
+        deactivate(api, namespace=namespace, workload=workload)
+
+    def stopped() -> bool:
+        seen = read_workload(api, namespace=namespace, workload=workload)
+        if condition_true(seen, "QuotaReserved"):
+            return False
+        status_job = call(
+            "get",
+            job_resource,
+            lambda: batch.read_namespaced_job(job, namespace, _request_timeout=REQUEST_TIMEOUT_S),
+        )
+        stopping = KUEUE_STOPPING in (status_job.metadata.annotations or {})
+        return bool(status_job.spec.suspend) and not stopping and not status_job.status.active
+
+    wait_until(f"Kueue to stop job {job} of workload {workload} in {namespace}", stopped, timeout_s)
+    if resume_from is not None:
+        _store_in_pod_sets(api, namespace=namespace, workload=workload, resume_from=resume_from)
+        call(
+            "patch",
+            job_resource,
+            lambda: batch.patch_namespaced_job(
+                job,
+                namespace,
+                {"spec": {"template": {"metadata": {"annotations": {RESUME_FROM: resume_from}}}}},
+                _content_type=MERGE_PATCH,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            ),
+        )
+    return resume_from
+
+
+def _running_pods(api: client.ApiClient, *, namespace: str, job_uid: str) -> list[PodOnNode]:
+    core = client.CoreV1Api(api)
+    listed = call(
+        "list",
+        f"pods in {namespace}",
+        lambda: core.list_namespaced_pod(
+            namespace,
+            label_selector=f"{JOB_UID_LABEL}={job_uid}",
+            _request_timeout=REQUEST_TIMEOUT_S,
+        ),
+    )
+    return [
+        PodOnNode(
+            namespace=namespace, pod=p.metadata.name, node=p.spec.node_name, uid=p.metadata.uid
+        )
+        for p in listed.items
+        if p.spec.node_name
+        and p.metadata.deletion_timestamp is None
+        and p.status.phase in ("Pending", "Running")
+    ]
+
+
+def _store_in_pod_sets(
+    api: client.ApiClient, *, namespace: str, workload: str, resume_from: str
+) -> None:
+    """Write the pointer into every pod set's template annotations: Kueue restores the Job's
+    template from these while the Workload is evicted. Read-modify-replace (a merge patch
+    would replace the whole list), retried while Kueue writes the same object."""
+    custom = _custom(api)
+    resource = _resource(namespace, workload)
+    for attempt in range(CONFLICT_ATTEMPTS):
+        current = read_workload(api, namespace=namespace, workload=workload)
+        changed = False
+        for pod_set in current["spec"]["podSets"]:
+            metadata = pod_set["template"].setdefault("metadata", {})
+            annotations = metadata.get("annotations") or {}
+            if annotations.get(RESUME_FROM) != resume_from:
+                metadata["annotations"] = {**annotations, RESUME_FROM: resume_from}
+                changed = True
+        if not changed:
+            return
+        try:
+            call(
+                "update",
+                resource,
+                partial(
+                    custom.replace_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    WORKLOADS,
+                    workload,
+                    current,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                ),
+            )
+            return
+        except Conflict:
+            if attempt == CONFLICT_ATTEMPTS - 1:
+                raise
