@@ -30,7 +30,7 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy solver app/core wire
+	$(BIN)/mypy app agent connectors sim solver wire
 
 bench: venv
 	scripts/services.sh

@@ -28,8 +28,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -252,7 +252,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=max(Console().width, 150))
     results: dict[str, dict[str, Figures]] = {}
-    databases = {
+    databases: dict[str, Callable[[], AbstractContextManager[str]]] = {
         "sqlite": sqlite_database,
         "postgres": partial(scratch_database, args.dsn, "shaper_bench_api"),
     }

@@ -36,6 +36,7 @@ from app.core.clock import FrozenClock
 from app.core.config import Settings
 from app.core.db import get_session, make_engine
 from app.core.gc_pause import paused_gc
+from app.core.lookup import row_id
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Allocation, Job
 from app.main import create_app
@@ -157,34 +158,34 @@ def naive_ingest(
             )
             session.add(node)
             session.flush()
-            node_ids[report.name] = node.id  # type: ignore[assignment]
+            node_ids[report.name] = row_id(node)
             rows += 1
-        for report in track(snapshot.jobs, description="naive: jobs", transient=True):
+        for job_report in track(snapshot.jobs, description="naive: jobs", transient=True):
             job = Job(
                 cluster_id=cluster_id,
-                external_id=report.external_id,
-                name=report.name,
-                team=report.team,
-                queue=report.queue,
-                kind=report.kind,
-                shape=report.shape,
-                priority=report.priority,
-                gpus_requested=report.gpus_requested,
-                allowed_gpu_models=list(report.allowed_gpu_models),
-                checkpointable=report.checkpointable,
-                submit_time=report.submit_time,
-                start_time=report.start_time,
-                state=report.state,
+                external_id=job_report.external_id,
+                name=job_report.name,
+                team=job_report.team,
+                queue=job_report.queue,
+                kind=job_report.kind,
+                shape=job_report.shape,
+                priority=job_report.priority,
+                gpus_requested=job_report.gpus_requested,
+                allowed_gpu_models=list(job_report.allowed_gpu_models),
+                checkpointable=job_report.checkpointable,
+                submit_time=job_report.submit_time,
+                start_time=job_report.start_time,
+                state=job_report.state,
                 updated_at=NOW,
             )
             session.add(job)
             session.flush()
             rows += 1
-            for allocation in report.allocations:
+            for allocation in job_report.allocations:
                 session.add(
                     Allocation(
-                        job_id=job.id,
-                        node_id=node_ids[allocation.node],  # type: ignore[arg-type]
+                        job_id=row_id(job),
+                        node_id=node_ids[allocation.node],
                         gpu_indices=list(allocation.gpu_indices),
                         gpu_count=allocation.gpus,
                         started_at=NOW,
@@ -230,9 +231,11 @@ def main() -> None:
             catalogue = gpu_model_service.ids_by_name(session=session)
             names = [f"bench-{how}-{i}" for i in range(args.repeat) for how in ("shaper", "http")]
             ids = {
-                name: cluster_service.register_cluster(
-                    session=session, cluster_in=ClusterCreate(name=name), now=NOW
-                ).id
+                name: row_id(
+                    cluster_service.register_cluster(
+                        session=session, cluster_in=ClusterCreate(name=name), now=NOW
+                    )
+                )
                 for name in [*names, "bench-naive"]
             }
             scopes = [f"connector:{name}" for name in names if "-http-" in name]

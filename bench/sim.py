@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     engines = getattr(sim.planner, "engines", {})
     print("plans won by     " + ", ".join(f"{name} {n:,}" for name, n in sorted(engines.items())))
     print(f"sim/real ratio   {simulated / wall:,.0f}x")
-    print(f"utilization      {100 * m['utilization']:.1f} %")
+    utilization = m["utilization"]
+    assert utilization is not None  # summarize always sets it
+    print(f"utilization      {100 * utilization:.1f} %")
     print(f"jobs completed   {m['jobs_completed']:,.0f} of {m['jobs_arrived']:,.0f} arrived")
     bound = "≥ " if m["jct_censored_jobs"] else ""  # unfinished jobs: lower bounds
 

@@ -189,7 +189,7 @@ def plot_utilization(results: Mapping[str, RunResult], path: str | Path, title: 
     fig, ax = plt.subplots(figsize=(9, 4.4))
     for name, result in results.items():
         series = result.timeseries
-        mean = 100 * result.metrics["utilization"]
+        mean = 100 * _number(result.metrics, "utilization")  # always set: never None
         ax.step(
             series["t_h"],
             [100 * u for u in series["utilization"]],
@@ -262,7 +262,8 @@ def plot_occupancy(results: Mapping[str, RunResult], path: str | Path, title: st
             ax.set_yticks(range(len(result.gpu_rows)), result.gpu_rows, fontsize=6)
         else:
             ax.set_yticks([])
-        ax.set_title(f"{name}: utilization {100 * result.metrics['utilization']:.1f} %", fontsize=9)
+        util = 100 * _number(result.metrics, "utilization")  # always set: never None
+        ax.set_title(f"{name}: utilization {util:.1f} %", fontsize=9)
     axes[-1, 0].set_xlabel("simulated time (h)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in palette.values()]
     fig.legend(

@@ -12,7 +12,7 @@ the runs stop at the horizon: what happens after it cannot change them.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -88,24 +88,29 @@ def sweep(
         base = results[baseline].metrics
         for name in names:
             m = results[name].metrics
+            util, value = _figure(m, "utilization"), _figure(m, "weighted_output")
+            base_util, base_value = _figure(base, "utilization"), _figure(base, "weighted_output")
             rows.append(
                 SeedRow(
                     seed=seed,
                     policy=name,
-                    utilization=m["utilization"],
-                    delta_util_pt=100 * (m["utilization"] - base["utilization"]),
-                    value=m["weighted_output"],
-                    value_ratio=(
-                        m["weighted_output"] / base["weighted_output"]
-                        if base["weighted_output"] > 0
-                        else None
-                    ),
+                    utilization=util,
+                    delta_util_pt=100 * (util - base_util),
+                    value=value,
+                    value_ratio=value / base_value if base_value > 0 else None,
                     jobs_completed=int(m["jobs_completed_in_window"] or 0),
                 )
             )
         if on_seed is not None:
             on_seed(seed)
     return rows
+
+
+def _figure(metrics: Mapping[str, float | None], key: str) -> float:
+    """A figure ``sim.metrics.summarize`` always sets to a number (never None)."""
+    value = metrics[key]
+    assert value is not None, f"metric {key!r} is None"
+    return value
 
 
 def summarize_sweep(rows: Sequence[SeedRow]) -> list[SweepSummary]:

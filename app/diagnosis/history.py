@@ -31,7 +31,7 @@ from datetime import datetime
 from itertools import pairwise
 
 import sqlalchemy as sa
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
@@ -131,11 +131,13 @@ def replay(session: Session, window: Window) -> Iterator[tuple[float, float, Clu
 
 def _nodes(session: Session, window: Window) -> tuple[tuple[NodeAt, ...], dict[int, str]]:
     query = (
-        sa.select(Node.id, Node.name, GpuModel.name, Node.gpu_count, Node.state)
+        sa.select(
+            col(Node.id), col(Node.name), col(GpuModel.name), col(Node.gpu_count), col(Node.state)
+        )
         .select_from(Node)
-        .outerjoin(GpuModel, GpuModel.id == Node.gpu_model_id)  # type: ignore[arg-type]
-        .where(Node.cluster_id == window.cluster_id)
-        .order_by(Node.name)
+        .outerjoin(GpuModel, col(GpuModel.id) == col(Node.gpu_model_id))
+        .where(col(Node.cluster_id) == window.cluster_id)
+        .order_by(col(Node.name))
     )
     nodes, names = [], {}
     for node_id, name, model, gpus, state in session.execute(query):
@@ -148,19 +150,23 @@ def _nodes(session: Session, window: Window) -> tuple[tuple[NodeAt, ...], dict[i
 def _allocations(session: Session, window: Window) -> list[_Held]:
     query = (
         sa.select(
-            Allocation.job_id,
-            Allocation.node_id,
-            Allocation.gpu_count,
-            Allocation.gpu_indices,
-            Allocation.started_at,
-            Allocation.released_at,
+            col(Allocation.job_id),
+            col(Allocation.node_id),
+            col(Allocation.gpu_count),
+            col(Allocation.gpu_indices),
+            col(Allocation.started_at),
+            col(Allocation.released_at),
         )
         .select_from(Allocation)
-        .join(Node, Node.id == Allocation.node_id)  # type: ignore[arg-type]
-        .where(Node.cluster_id == window.cluster_id)
-        .where(Allocation.started_at < window.until)
-        .where(sa.or_(Allocation.released_at.is_(None), Allocation.released_at > window.since))  # type: ignore[union-attr]
-        .order_by(Allocation.started_at)
+        .join(Node, col(Node.id) == col(Allocation.node_id))
+        .where(col(Node.cluster_id) == window.cluster_id)
+        .where(col(Allocation.started_at) < window.until)
+        .where(
+            sa.or_(
+                col(Allocation.released_at).is_(None), col(Allocation.released_at) > window.since
+            )
+        )
+        .order_by(col(Allocation.started_at))
     )
     return [
         _Held(
@@ -178,9 +184,9 @@ def _allocations(session: Session, window: Window) -> list[_Held]:
 def _lifetimes(session: Session, window: Window) -> dict[int, _Lifetime]:
     """Jobs that could be queued in the window, and every job that holds GPUs in it."""
     query = sa.select(Job).where(
-        Job.cluster_id == window.cluster_id,
-        sa.or_(Job.submit_time.is_(None), Job.submit_time < window.until),  # type: ignore[union-attr]
-        sa.or_(Job.end_time.is_(None), Job.end_time > window.since),  # type: ignore[union-attr]
+        col(Job.cluster_id) == window.cluster_id,
+        sa.or_(col(Job.submit_time).is_(None), col(Job.submit_time) < window.until),
+        sa.or_(col(Job.end_time).is_(None), col(Job.end_time) > window.since),
     )
     lives = {}
     for (job,) in session.execute(query):
@@ -211,7 +217,7 @@ def _lifetimes(session: Session, window: Window) -> dict[int, _Lifetime]:
 def _bucket_index(session: Session, window: Window) -> sa.ColumnElement[int]:
     """The sample's bucket, computed in SQL as ``app.utilization`` does: PostgreSQL's cast
     rounds, so it floors first; SQLite's truncates (= floor, as offsets are ≥ 0)."""
-    offset_s = sa.extract("epoch", TelemetrySample.at) - window.since.timestamp()
+    offset_s = sa.extract("epoch", col(TelemetrySample.at)) - window.since.timestamp()
     scaled = offset_s / window.bucket_s
     if session.connection().dialect.name == "postgresql":
         return sa.cast(sa.func.floor(scaled), sa.Integer)
@@ -223,18 +229,18 @@ def _busy_means(session: Session, window: Window) -> dict[tuple[int, int | None,
     bucket = _bucket_index(session, window)
     query = (
         sa.select(
-            TelemetrySample.node_id,
-            TelemetrySample.gpu_index,
+            col(TelemetrySample.node_id),
+            col(TelemetrySample.gpu_index),
             bucket,
-            sa.func.avg(TelemetrySample.value),
+            sa.func.avg(col(TelemetrySample.value)),
         )
         .where(
-            TelemetrySample.cluster_id == window.cluster_id,
-            TelemetrySample.metric == Metric.gpu_util.value,
-            TelemetrySample.at >= window.since,
-            TelemetrySample.at < window.until,
+            col(TelemetrySample.cluster_id) == window.cluster_id,
+            col(TelemetrySample.metric) == Metric.gpu_util.value,
+            col(TelemetrySample.at) >= window.since,
+            col(TelemetrySample.at) < window.until,
         )
-        .group_by(TelemetrySample.node_id, TelemetrySample.gpu_index, bucket)
+        .group_by(col(TelemetrySample.node_id), col(TelemetrySample.gpu_index), bucket)
     )
     return {
         (node_id, gpu_index, int(index)): float(mean)
@@ -246,14 +252,14 @@ def _busy_means(session: Session, window: Window) -> dict[tuple[int, int | None,
 def _demand_means(session: Session, window: Window) -> dict[tuple[int, int], float]:
     bucket = _bucket_index(session, window)
     query = (
-        sa.select(TelemetrySample.job_id, bucket, sa.func.avg(TelemetrySample.value))
+        sa.select(col(TelemetrySample.job_id), bucket, sa.func.avg(col(TelemetrySample.value)))
         .where(
-            TelemetrySample.cluster_id == window.cluster_id,
-            TelemetrySample.metric == Metric.demand_replicas.value,
-            TelemetrySample.at >= window.since,
-            TelemetrySample.at < window.until,
+            col(TelemetrySample.cluster_id) == window.cluster_id,
+            col(TelemetrySample.metric) == Metric.demand_replicas.value,
+            col(TelemetrySample.at) >= window.since,
+            col(TelemetrySample.at) < window.until,
         )
-        .group_by(TelemetrySample.job_id, bucket)
+        .group_by(col(TelemetrySample.job_id), bucket)
     )
     return {
         (job_id, int(index)): float(mean)
@@ -265,9 +271,9 @@ def _demand_means(session: Session, window: Window) -> dict[tuple[int, int], flo
 def _quota_caps(session: Session, window: Window) -> list[tuple[float, dict[str, int]]]:
     """(in force from, caps) of each version of the cluster's SLA policy, oldest first."""
     query = (
-        sa.select(SlaPolicy.created_at, SlaPolicy.spec)
-        .where(SlaPolicy.name == window.cluster, SlaPolicy.created_at < window.until)
-        .order_by(SlaPolicy.version)
+        sa.select(col(SlaPolicy.created_at), col(SlaPolicy.spec))
+        .where(col(SlaPolicy.name) == window.cluster, col(SlaPolicy.created_at) < window.until)
+        .order_by(col(SlaPolicy.version))
     )
     versions = []
     for created_at, spec in session.execute(query):

@@ -15,7 +15,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from app.clusters.models import Cluster
 from app.core.errors import Invalid
@@ -48,39 +48,42 @@ def summarize(
         )
 
     group_of_node = {
-        GroupBy.cluster: Cluster.name,
-        GroupBy.gpu_model: sa.func.coalesce(GpuModel.name, "none"),
-        GroupBy.team: Cluster.name,  # capacity is shared; see module docstring
+        GroupBy.cluster: col(Cluster.name),
+        GroupBy.gpu_model: sa.func.coalesce(col(GpuModel.name), "none"),
+        GroupBy.team: col(Cluster.name),  # capacity is shared; see module docstring
     }[group_by]
     capacity_query = (
-        sa.select(group_of_node, sa.func.sum(Node.gpu_count))
+        sa.select(group_of_node, sa.func.sum(col(Node.gpu_count)))
         .select_from(Node)
-        .join(Cluster, Cluster.id == Node.cluster_id)  # type: ignore[arg-type]
-        .outerjoin(GpuModel, GpuModel.id == Node.gpu_model_id)  # type: ignore[arg-type]
-        .where(Node.state != "down")
+        .join(Cluster, col(Cluster.id) == col(Node.cluster_id))
+        .outerjoin(GpuModel, col(GpuModel.id) == col(Node.gpu_model_id))
+        .where(col(Node.state) != "down")
         .group_by(group_of_node)
     )
     if cluster is not None:
-        capacity_query = capacity_query.where(Cluster.name == cluster)
+        capacity_query = capacity_query.where(col(Cluster.name) == cluster)
     capacity = {key: int(total or 0) for key, total in session.execute(capacity_query)}
     if group_by is GroupBy.team:
         capacity = {"*": sum(capacity.values())}
 
-    group_of_allocation = Job.team if group_by is GroupBy.team else group_of_node
+    group_of_allocation = col(Job.team) if group_by is GroupBy.team else group_of_node
     allocation_query = (
         sa.select(
-            group_of_allocation, Allocation.gpu_count, Allocation.started_at, Allocation.released_at
+            group_of_allocation,
+            col(Allocation.gpu_count),
+            col(Allocation.started_at),
+            col(Allocation.released_at),
         )
         .select_from(Allocation)
-        .join(Job, Job.id == Allocation.job_id)  # type: ignore[arg-type]
-        .join(Node, Node.id == Allocation.node_id)  # type: ignore[arg-type]
-        .join(Cluster, Cluster.id == Node.cluster_id)  # type: ignore[arg-type]
-        .outerjoin(GpuModel, GpuModel.id == Node.gpu_model_id)  # type: ignore[arg-type]
-        .where(Allocation.started_at < until)
-        .where(sa.or_(Allocation.released_at.is_(None), Allocation.released_at > since))  # type: ignore[union-attr]
+        .join(Job, col(Job.id) == col(Allocation.job_id))
+        .join(Node, col(Node.id) == col(Allocation.node_id))
+        .join(Cluster, col(Cluster.id) == col(Node.cluster_id))
+        .outerjoin(GpuModel, col(GpuModel.id) == col(Node.gpu_model_id))
+        .where(col(Allocation.started_at) < until)
+        .where(sa.or_(col(Allocation.released_at).is_(None), col(Allocation.released_at) > since))
     )
     if cluster is not None:
-        allocation_query = allocation_query.where(Cluster.name == cluster)
+        allocation_query = allocation_query.where(col(Cluster.name) == cluster)
     gpu_seconds: dict[str, list[float]] = defaultdict(lambda: [0.0] * n_buckets)
     for key, gpus, started, released in session.execute(allocation_query):
         start = max(started, since)
@@ -90,26 +93,26 @@ def summarize(
     measured: dict[str, list[float | None]] = {}
     if group_by is not GroupBy.team:
         # extract(epoch) compiles to EXTRACT on PostgreSQL and strftime('%s') on SQLite.
-        offset_s = sa.extract("epoch", TelemetrySample.at) - since.timestamp()
+        offset_s = sa.extract("epoch", col(TelemetrySample.at)) - since.timestamp()
         scaled = offset_s / bucket_s
         # PostgreSQL's cast rounds, SQLite's truncates (= floor here, as offsets are ≥ 0).
         postgres = session.connection().dialect.name == "postgresql"
         bucket_index = sa.func.floor(scaled) if postgres else sa.cast(scaled, sa.Integer)
         sample_query = (
-            sa.select(group_of_node, bucket_index, sa.func.avg(TelemetrySample.value))
+            sa.select(group_of_node, bucket_index, sa.func.avg(col(TelemetrySample.value)))
             .select_from(TelemetrySample)
-            .join(Node, Node.id == TelemetrySample.node_id)  # type: ignore[arg-type]
-            .join(Cluster, Cluster.id == Node.cluster_id)  # type: ignore[arg-type]
-            .outerjoin(GpuModel, GpuModel.id == Node.gpu_model_id)  # type: ignore[arg-type]
+            .join(Node, col(Node.id) == col(TelemetrySample.node_id))
+            .join(Cluster, col(Cluster.id) == col(Node.cluster_id))
+            .outerjoin(GpuModel, col(GpuModel.id) == col(Node.gpu_model_id))
             .where(
-                TelemetrySample.metric == Metric.gpu_util.value,
-                TelemetrySample.at >= since,
-                TelemetrySample.at < until,
+                col(TelemetrySample.metric) == Metric.gpu_util.value,
+                col(TelemetrySample.at) >= since,
+                col(TelemetrySample.at) < until,
             )
             .group_by(group_of_node, bucket_index)
         )
         if cluster is not None:
-            sample_query = sample_query.where(Cluster.name == cluster)
+            sample_query = sample_query.where(col(Cluster.name) == cluster)
         for key, index, mean in session.execute(sample_query):
             series = measured.setdefault(key, [None] * n_buckets)
             if 0 <= int(index) < n_buckets:
