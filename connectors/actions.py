@@ -27,6 +27,12 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   ``update_node_count(nodes=args["replicas"])``;
 * ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names.
 
+Before a ``requeue`` or ``suspend``, a connector that restarts stopped work itself
+(``SupportsResumePointer``: Kubernetes, Kueue) is handed the step's resume pointer:
+``args["resume_from"]``, else the ``image_dir`` of ``args["image"]`` (the image the saga's
+checkpoint step reported). Other connectors ignore it (on Slurm the agent's ``stage`` step
+already placed the image where the restarted job finds it).
+
 A step is refused (not run) when its name is unknown, it names no workload, the connector
 lacks the capability, or its generation is older than one already seen for the workload
 (the saga that sent it has been superseded). Answers are journalled by idempotency key in
@@ -59,6 +65,7 @@ from connectors.base import (
     SupportsRequeue,
     SupportsReservation,
     SupportsResize,
+    SupportsResumePointer,
     SupportsStart,
     SupportsSuspend,
 )
@@ -255,6 +262,7 @@ class ConnectorStepExecutor:
         connector = self._capable(SupportsRequeue, "requeue")
         nodes, exclude = _names(args, "nodes"), _names(args, "exclude")
         hold = bool(args.get("hold"))
+        resume_from = self._hand_over_pointer(workload_id, args)
         if hold:
             connector.requeue(workload_id, nodes=nodes, exclude=exclude, hold=True)
         else:
@@ -272,7 +280,15 @@ class ConnectorStepExecutor:
             nodes=nodes,
             exclude=exclude,
             held=hold,
+            **({"resume_from": resume_from} if resume_from else {}),
         )
+
+    def _hand_over_pointer(self, workload_id: str, args: dict[str, Any]) -> str | None:
+        """The step's resume pointer, given to a connector that restarts the work itself."""
+        resume_from = _resume_pointer(args)
+        if resume_from is not None and isinstance(self.connector, SupportsResumePointer):
+            self.connector.set_resume_pointer(workload_id, resume_from)
+        return resume_from
 
     def _start(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         nodes = _names(args, "nodes")
@@ -376,8 +392,14 @@ class ConnectorStepExecutor:
         return self._done(f"released job {workload_id}", workload_id)
 
     def _suspend(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
-        self._capable(SupportsSuspend, "suspend").suspend(workload_id)
-        return self._done(f"suspended job {workload_id}", workload_id)
+        connector = self._capable(SupportsSuspend, "suspend")
+        resume_from = self._hand_over_pointer(workload_id, args)
+        connector.suspend(workload_id)
+        return self._done(
+            f"suspended job {workload_id}",
+            workload_id,
+            **({"resume_from": resume_from} if resume_from else {}),
+        )
 
     def _cancel(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         self._capable(SupportsCancel, "cancel").cancel(workload_id)
@@ -393,3 +415,16 @@ def _names(args: dict[str, Any], field: str) -> list[str] | None:
     if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
         raise _Refused(f"args.{field} must be a list of node names, got {value!r}")
     return value
+
+
+def _resume_pointer(args: dict[str, Any]) -> str | None:
+    """Where the stopped work resumes from: ``args.resume_from``, else the directory of the
+    checkpoint image that the saga's checkpoint step reported (``args.image``)."""
+    pointer = args.get("resume_from")
+    if pointer is None and isinstance(args.get("image"), dict):
+        pointer = args["image"].get("image_dir")
+    if pointer is None:
+        return None
+    if not isinstance(pointer, str) or not pointer:
+        raise _Refused(f"args.resume_from must be a non-empty string, got {pointer!r}")
+    return pointer

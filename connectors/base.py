@@ -100,6 +100,20 @@ class SupportsStart(Protocol):
 
 
 @runtime_checkable
+class SupportsResumePointer(Protocol):
+    """Connectors whose scheduler restarts a stopped job itself (Kubernetes recreates its
+    pods, Kueue re-admits its Workload) and so must tell the new pods where to resume.
+
+    The saga's checkpoint step (the node agent's) says where the checkpoint is; the
+    executor hands that pointer over with ``set_resume_pointer`` just before the
+    ``requeue`` or ``suspend`` of the same step, which gives it to the pods it restarts.
+    The connector keeps it only until that call: the durable copies are the ones the action
+    writes into the scheduler's objects, and a resent step hands it over again."""
+
+    def set_resume_pointer(self, external_id: str, resume_from: str) -> None: ...
+
+
+@runtime_checkable
 class SupportsNodeCount(Protocol):
     """Change how many nodes a job gets (Slurm: pending jobs; running ones only shrink)."""
 

@@ -211,7 +211,8 @@ class TelemetryRunner:
     # --- phases ----------------------------------------------------------------------------
 
     def _backoff(self, attempt: int) -> float:
-        ceiling = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2**attempt)
+        # 2.0 ** n: a float (int ** int is typed Any, since a negative power is a float).
+        ceiling = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2.0**attempt)
         return ceiling * (0.5 + 0.5 * self._rng.random())
 
     def _read(self) -> ClusterState | None:
@@ -424,18 +425,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     kind = SchedulerKind(args.kind)
     importlib.import_module(f"connectors.{kind.value}")  # registers the kind
     try:
-        # One per thread when both run: a connector's HTTP client is not shared.
+        # One connector for both threads: telemetry reads it while the action worker acts
+        # through it. A second would double what it holds (a Kubernetes connector's
+        # informer caches: every node and pod) and its connections, and a simulated
+        # cluster must be one. Each kind is safe to share: the simulator locks; Slurm runs
+        # its CLI per call and shares an httpx.Client, which httpx documents as shareable
+        # between threads; Kubernetes' informers already share one ApiClient (urllib3's
+        # thread-safe pool; the client keeps no per-request state), and the action
+        # worker's solo pool runs one step at a time.
         connector = registry.create(kind, cluster=args.cluster, **dict(args.set))
-        action_connector = None
-        if args.broker:
-            # A simulated cluster lives in this process: both threads must act on the same
-            # one (it is thread-safe); a real scheduler is reached through two clients, or
-            # one when there is no telemetry thread (--actions-only).
-            action_connector = (
-                connector
-                if kind is SchedulerKind.sim or args.actions_only
-                else registry.create(kind, cluster=args.cluster, **dict(args.set))
-            )
+        action_connector = connector if args.broker else None
     except (LookupError, ValidationError, ValueError, TypeError) as error:
         print(f"connector: bad configuration for {kind.value}: {error}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ scale                  patch apps deployments/scale, statefulsets/scale
 evict                  create pods/eviction
 cordon, uncordon       patch nodes
 recreate_pinned        get, delete, create pods; for a Job's pod: get, patch batch jobs
-suspend_job/resume     get, patch batch jobs
+suspend_job/resume     get, patch batch jobs (suspend_job_to_resume too)
 delete_job             delete batch jobs
 delete_pod             delete pods
 =====================  ===============================================================
@@ -566,7 +566,7 @@ def recreate_job_pinned(
     *,
     namespace: str,
     job: str,
-    nodes: list[str],
+    nodes: list[str] | None,
     resume_from: str | None,
     allow_restart: bool = False,
     timeout_s: float = SETTLE_TIMEOUT_S,
@@ -579,23 +579,87 @@ def recreate_job_pinned(
     once no pod is active (MutableSchedulingDirectivesForSuspendedJobs, on by default since
     1.36) — the way Kueue places the Jobs it admits. The containers cannot change, so the
     pods read the pointer from the annotation through the Downward API (module docstring).
+    ``nodes=None`` keeps the template's placement (a restart where the scheduler chooses).
     ``resume_from=None`` keeps the pointer the Job already carries (a plan's start of a held
     Job: ``start(nodes)`` on plain Kubernetes). A running Job whose pods could not resume is
     refused unless ``allow_restart``; a suspended one without pods has nothing to lose.
     Idempotent: a Job already pinned there with that pointer and running is left alone; a
     retry after a timeout continues (a suspended Job is not suspended again).
     """
-    what = f"move job {job} in {namespace} to {','.join(nodes)}"
+    where = f" to {','.join(nodes)}" if nodes else ""
+    what = f"move job {job} in {namespace}{where}"
     current = _read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
     template = current.spec.template
-    template_annotations = (template.metadata.annotations if template.metadata else None) or {}
-    if (
-        not current.spec.suspend
-        and _pinned_nodes(template.spec.affinity) == sorted(nodes)
-        and resume_from in (None, template_annotations.get(RESUME_FROM))
+    if not current.spec.suspend and _prepared_as_asked(
+        template, nodes=nodes, resume_from=resume_from
     ):
         return
+    _stop_for_resume(
+        api,
+        current,
+        nodes=nodes,
+        resume_from=resume_from,
+        allow_restart=allow_restart,
+        timeout_s=timeout_s,
+        what=what,
+    )
+    _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+
+
+def suspend_job_to_resume(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    job: str,
+    resume_from: str | None,
+    nodes: list[str] | None = None,
+    allow_restart: bool = False,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> None:
+    """Suspend a Job so that its pods resume from ``resume_from`` (and run on ``nodes``,
+    when given) once it is resumed: :func:`recreate_job_pinned` without the final resume.
+    The Job stays suspended until :func:`resume_job` (or a ``recreate_job_pinned``) lets it
+    run; this is how a checkpointed Job is held. ``resume_from=None`` keeps the pointer the
+    template carries. A running Job whose pods could not resume is refused unless
+    ``allow_restart``. Idempotent; retryable while its pods take longer than ``timeout_s``
+    to go."""
+    where = f" on {','.join(nodes)}" if nodes else ""
+    what = f"suspend job {job} in {namespace} to resume{where}"
+    current = _read_job(api, namespace=namespace, job=job)
+    _refuse_if_kueue(current, what)
+    _stop_for_resume(
+        api,
+        current,
+        nodes=nodes,
+        resume_from=resume_from,
+        allow_restart=allow_restart,
+        timeout_s=timeout_s,
+        what=what,
+    )
+
+
+def _prepared_as_asked(
+    template: client.V1PodTemplateSpec, *, nodes: list[str] | None, resume_from: str | None
+) -> bool:
+    annotations = (template.metadata.annotations if template.metadata else None) or {}
+    pinned = nodes is None or _pinned_nodes(template.spec.affinity) == sorted(nodes)
+    return pinned and resume_from in (None, annotations.get(RESUME_FROM))
+
+
+def _stop_for_resume(
+    api: client.ApiClient,
+    current: client.V1Job,
+    *,
+    nodes: list[str] | None,
+    resume_from: str | None,
+    allow_restart: bool,
+    timeout_s: float,
+    what: str,
+) -> None:
+    """Suspend → wait until no pod is active → pin the template and set its pointer."""
+    namespace, job = current.metadata.namespace, current.metadata.name
+    template = current.spec.template
     # A suspended Job with no pod left loses nothing by moving (a plan's start of a held Job).
     running = not current.spec.suspend or bool(current.status.active)
     blocker = resume_blocker(template) if running else None
@@ -614,9 +678,12 @@ def recreate_job_pinned(
         return suspended and not status.active
 
     wait_until(f"job {job} in {namespace} to stop its pods", stopped, timeout_s)
-    affinity = api.sanitize_for_serialization(_pinned_affinity(template.spec.affinity, nodes))
-    pinned: dict[str, Any] = {"spec": {"affinity": affinity}}
+    if _prepared_as_asked(template, nodes=nodes, resume_from=resume_from):
+        return
+    prepared: dict[str, Any] = {}
+    if nodes is not None:
+        affinity = api.sanitize_for_serialization(_pinned_affinity(template.spec.affinity, nodes))
+        prepared["spec"] = {"affinity": affinity}
     if resume_from is not None:
-        pinned["metadata"] = {"annotations": {RESUME_FROM: resume_from}}
-    _patch_job(api, namespace=namespace, job=job, body={"spec": {"template": pinned}})
-    _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+        prepared["metadata"] = {"annotations": {RESUME_FROM: resume_from}}
+    _patch_job(api, namespace=namespace, job=job, body={"spec": {"template": prepared}})

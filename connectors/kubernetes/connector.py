@@ -7,15 +7,18 @@ This connector logs a hint at start when it finds Kueue's API group.
 
 One :class:`Informer` per collection (nodes, pods, priority classes, and the owners it
 watches: Jobs, Deployments, StatefulSets) keeps a cache current; ``read_state`` translates
-the caches (connectors.kubernetes.nodes, connectors.kubernetes.pods) and raises a
-retryable :class:`ConnectorError` while any cache is not synced (the first list, an API
-server outage, a re-list after 410). Every change a watch applies sets a flag that
+the caches (connectors.kubernetes.nodes, connectors.kubernetes.pods), incrementally: only
+the jobs and nodes that the changes since the previous call touched
+(connectors.kubernetes.incremental; ``rebuild_state`` translates whole and equals it). It
+raises a retryable :class:`ConnectorError` while any cache is not synced (the first list,
+an API server outage, a re-list after 410). Every change a watch applies sets a flag that
 ``wait_for_change`` (``SupportsChangeWait``) waits on, so the runner pushes a change
 within a fraction of a second instead of at its next interval.
 
-Subclasses (the Kueue connector) hook in at three places: :meth:`watched` (more
+Subclasses (the Kueue connector) hook in at four places: :meth:`watched` (more
 collections), :meth:`job_groups` (how pods and objects group into jobs) and
-:meth:`job_reports` (how groups become reports). Actions find their objects through
+:meth:`job_reports` (how groups become reports), and :meth:`job_index`, which must do
+incrementally what the two before do whole. Actions find their objects through
 :attr:`api`, :meth:`owner_object` and :meth:`pods_of` (by external id).
 """
 
@@ -32,8 +35,10 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from connectors.base import ConnectorError
+from connectors.kubernetes.capabilities import KubernetesCapabilities
 from connectors.kubernetes.client import api_client
 from connectors.kubernetes.config import KubernetesConnectorConfig
+from connectors.kubernetes.incremental import JobReports
 from connectors.kubernetes.informer import Informer, Object
 from connectors.kubernetes.nodes import node_change_matters, node_report, node_state
 from connectors.kubernetes.pods import (
@@ -47,6 +52,7 @@ from connectors.kubernetes.pods import (
     pod_gpus,
     pod_live,
     pod_node,
+    priorities,
 )
 from wire.telemetry import ClusterState, JobReport, NodeReport, SchedulerKind
 
@@ -67,7 +73,7 @@ OWNER_COLLECTIONS = {
 KUEUE_GROUP_PATH = "/apis/kueue.x-k8s.io"
 
 
-class KubernetesConnector:
+class KubernetesConnector(KubernetesCapabilities):
     kind = SchedulerKind.kubernetes
 
     def __init__(
@@ -101,8 +107,10 @@ class KubernetesConnector:
             )
             for name, path in self.watched().items()
         }
+        self._reports = self.job_index()
+        self._reports_lock = threading.Lock()
         if start:
-            self.start()
+            self.start_watching()
 
     # --- hooks for subclasses --------------------------------------------------------------
 
@@ -125,9 +133,15 @@ class KubernetesConnector:
     ) -> list[JobReport]:
         return job_reports(groups.values(), context)
 
+    def job_index(self) -> JobReports:
+        """What keeps ``read_state``'s reports current: the incremental equal of
+        :meth:`job_groups` and :meth:`job_reports`, which a subclass overrides with them."""
+        return JobReports(self, {kind: name for kind, (name, _) in OWNER_COLLECTIONS.items()})
+
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start_watching(self) -> None:
+        # Not ``start``: that is the saga step (SupportsStart, connectors.kubernetes.capabilities).
         for informer in self.informers.values():
             informer.start()
 
@@ -194,13 +208,7 @@ class KubernetesConnector:
         )
 
     def translation_context(self) -> TranslationContext:
-        priority_classes: dict[str, int] = {}
-        default_priority = 0
-        for priority_class in self.informers["priorityclasses"].items():
-            value = int(priority_class.get("value") or 0)
-            priority_classes[priority_class["metadata"]["name"]] = value
-            if priority_class.get("globalDefault"):
-                default_priority = value
+        priority_classes, default_priority = priorities(self.informers["priorityclasses"].items())
         return TranslationContext(
             node_states={
                 node["metadata"]["name"]: node_state(
@@ -215,6 +223,17 @@ class KubernetesConnector:
         )
 
     def read_state(self) -> ClusterState:
+        """The cluster now: the reports kept current from the informers' changes
+        (connectors.kubernetes.incremental), translating only what changed."""
+        self._check_synced()
+        observed_at = self._clock()
+        with self._reports_lock:
+            nodes, jobs = self._reports.update()
+        return ClusterState(observed_at=observed_at, nodes=nodes, jobs=jobs)
+
+    def rebuild_state(self) -> ClusterState:
+        """The cluster now, translated whole from the caches: what ``read_state`` equals
+        (slow at scale; for tests and for checking)."""
         self._check_synced()
         observed_at = self._clock()
         nodes = self.read_nodes(self.informers["pods"].items())

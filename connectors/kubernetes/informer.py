@@ -25,6 +25,13 @@ Objects are kept as the API serves them (parsed JSON, camelCase), less
 client model classes would cost several times the memory and time for 10,000 pods. The
 cache replaces objects whole and never mutates them, so ``items()`` and ``get()`` hand out
 shared references — callers must not mutate them either.
+
+**Changes for an incremental reader.** Besides the cache, the informer keeps the keys that
+changed since the last :meth:`Informer.drain` — every ADDED/MODIFIED/DELETED, relevant or
+not — and whether a list replaced the cache whole meanwhile. ``drain`` hands out, under
+the cache's lock, either those keys with their objects now (None: deleted) or, after a
+list, the whole cache; the reader that applied every drain in turn holds what ``items()``
+holds (connectors.kubernetes.incremental relies on this).
 """
 
 from __future__ import annotations
@@ -106,6 +113,9 @@ class Informer:
         self.watch_failures = 0
         self.events = 0
         self._objects: dict[Key, Object] = {}
+        # Keys changed since the last drain(), and whether a list replaced the cache.
+        self._dirty: set[Key] = set()
+        self._replaced = False
         self._resource_version: str | None = None
         self._lock = threading.Lock()
         self._synced = threading.Event()
@@ -154,6 +164,21 @@ class Informer:
     def __len__(self) -> int:
         with self._lock:
             return len(self._objects)
+
+    def drain(self, *, whole: bool = False) -> tuple[bool, dict[Key, Object | None]]:
+        """What changed since the previous drain: ``(False, {key: object now, or None when
+        deleted})``, or ``(True, the whole cache)`` after a list replaced it (or when
+        ``whole`` is asked for) — then keys absent from it are gone. Consumes the changes."""
+        with self._lock:
+            replaced = whole or self._replaced
+            changed: dict[Key, Object | None]
+            if replaced:
+                changed = dict(self._objects)
+            else:
+                changed = {key: self._objects.get(key) for key in self._dirty}
+            self._dirty = set()
+            self._replaced = False
+        return replaced, changed
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -235,9 +260,7 @@ class Informer:
                 break
             if self._stop.is_set():
                 return
-        with self._lock:
-            self._objects = objects
-            self._resource_version = resource_version
+        self._replace(objects, resource_version)
         self.lists += 1
         self.error = None
         self._synced.set()
@@ -250,6 +273,13 @@ class Informer:
             time.monotonic() - started,
         )
         self._changed()
+
+    def _replace(self, objects: dict[Key, Object], resource_version: str | None) -> None:
+        with self._lock:
+            self._objects = objects
+            self._resource_version = resource_version
+            self._dirty = set()
+            self._replaced = True
 
     def _watch(self) -> None:
         timeout_s = self._rng.randint(*WATCH_TIMEOUT_S)
@@ -304,6 +334,7 @@ class Informer:
             else:
                 old, new = self._objects.get(key), obj
                 self._objects[key] = obj
+            self._dirty.add(key)
             if resource_version:
                 self._resource_version = resource_version
         self.events += 1

@@ -38,7 +38,9 @@ running, and only on nodes that are known and not ``down`` (a NotReady node's po
 lost to the plan until Kubernetes evicts them).
 
 **Fields from labels and annotations** (on the owner object, its pod template or its first
-pod, in that order of precedence):
+pod, in that order of precedence; "first" is by name, as are a group's pods wherever
+their order matters, so that a report depends on the objects and not on the order the
+watch delivered them in):
 
 * ``shaper.io/team`` label → team (default: the namespace);
 * ``kueue.x-k8s.io/queue-name`` label → queue (default ``default``);
@@ -276,7 +278,8 @@ def _unschedulable_reason(pods: Iterable[Mapping[str, Any]]) -> str:
 
 @dataclass
 class JobGroup:
-    """One job: its owner, the owner's object when watched, and its pods."""
+    """One job: its owner, the owner's object when watched, and its pods (in name order,
+    see :func:`arrange`)."""
 
     owner: OwnerRef
     obj: Object | None = None
@@ -331,7 +334,23 @@ def group_pods(
         if group is None:
             group = groups[owner.external_id] = JobGroup(owner)
         group.pods.append(pod)
+    for group in groups.values():
+        arrange(group)
     return groups
+
+
+def pod_order(pod: Mapping[str, Any]) -> tuple[str, str]:
+    metadata = pod.get("metadata") or {}
+    return str(metadata.get("name") or ""), str(metadata.get("namespace") or "")
+
+
+def arrange(group: JobGroup) -> JobGroup:
+    """A group's pods in name order, and a group without an owner object owned as its
+    first pod says: a report must not depend on the order the watch saw its pods in."""
+    group.pods.sort(key=pod_order)
+    if group.obj is None and group.pods:
+        group.owner = owner_of(group.pods[0])
+    return group
 
 
 @dataclass(frozen=True)
@@ -343,6 +362,18 @@ class TranslationContext:
     default_priority: int = 0
     gpu_model_aliases: Mapping[str, str] = field(default_factory=dict)
     include_cpu_only: bool = False
+
+
+def priorities(priority_classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], int]:
+    """PriorityClass name → value, and the value of the global default (0 without one)."""
+    values: dict[str, int] = {}
+    default = 0
+    for priority_class in priority_classes:
+        value = int(priority_class.get("value") or 0)
+        values[priority_class["metadata"]["name"]] = value
+        if priority_class.get("globalDefault"):
+            default = value
+    return values, default
 
 
 def _clamp_priority(value: int) -> int:

@@ -4,22 +4,26 @@ It watches what the Kubernetes connector watches and Kueue's Workloads, LocalQue
 ClusterQueues and ResourceFlavors (``kueue.x-k8s.io/v1beta2``), and reports each job with
 what Kueue decided about it (connectors.kueue.workloads): held or admitted, why it waits,
 its queue, team (ClusterQueue) and priority. Jobs that Kueue does not manage (no Workload)
-are reported as the Kubernetes connector reports them.
+are reported as the Kubernetes connector reports them. ``read_state`` keeps the reports
+current change by change (:class:`KueueJobReports`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from connectors.kubernetes.config import KubernetesConnectorConfig
-from connectors.kubernetes.connector import KubernetesConnector
-from connectors.kubernetes.informer import Object
+from connectors.kubernetes.connector import OWNER_COLLECTIONS, KubernetesConnector
+from connectors.kubernetes.incremental import Changes, JobReports, complete, key_order
+from connectors.kubernetes.informer import Key, Object
 from connectors.kubernetes.pods import (
     JobGroup,
     TranslationContext,
     job_report,
     parse_external_id,
 )
+from connectors.kueue.capabilities import KueueCapabilities
 from connectors.kueue.workloads import KueueQueues, workload_owner, workload_report
 from wire.telemetry import JobReport, SchedulerKind
 
@@ -30,9 +34,11 @@ KUEUE_COLLECTIONS = {
     "clusterqueues": f"{KUEUE_API}/clusterqueues",
     "resourceflavors": f"{KUEUE_API}/resourceflavors",
 }
+# Collections whose every change may alter every job (through KueueQueues).
+QUEUE_COLLECTIONS = ("localqueues", "clusterqueues", "resourceflavors")
 
 
-class KueueConnector(KubernetesConnector):
+class KueueConnector(KueueCapabilities, KubernetesConnector):
     kind = SchedulerKind.kueue
 
     def watched(self) -> dict[str, str]:
@@ -49,7 +55,9 @@ class KueueConnector(KubernetesConnector):
         """Workloads by their owner's external id (the job they stand for)."""
         wanted = set(self.config.namespaces)
         by_owner: dict[str, Object] = {}
-        for workload in self.informers["workloads"].items():
+        # In name order: of several Workloads of one owner the last by namespace/name
+        # counts, whatever order the watch delivered them in.
+        for workload in sorted(self.informers["workloads"].items(), key=_workload_order):
             owner = workload_owner(workload)
             if owner is None or (wanted and owner.namespace not in wanted):
                 continue
@@ -74,10 +82,72 @@ class KueueConnector(KubernetesConnector):
             reports.append(workload_report(workload, JobGroup(owner), context, queues))
         return sorted((r for r in reports if r is not None), key=lambda r: r.external_id)
 
+    def job_index(self) -> JobReports:
+        return KueueJobReports(self, {kind: name for kind, (name, _) in OWNER_COLLECTIONS.items()})
+
     def workload_of(self, external_id: str) -> Object | None:
         """The Workload of a job, from the cache (None when Kueue does not manage it)."""
         owner = parse_external_id(external_id)
         return self.workloads_by_owner().get(owner.external_id)
+
+
+def _workload_order(workload: Object) -> tuple[str, str]:
+    metadata = workload.get("metadata") or {}
+    return key_order((metadata.get("namespace"), metadata["name"]))
+
+
+class KueueJobReports(JobReports):
+    """The Kubernetes connector's incremental reports plus the Workloads and queues: the
+    equal of :meth:`KueueConnector.job_reports` (the invariant is
+    connectors.kubernetes.incremental's)."""
+
+    connector: KueueConnector
+
+    def reset(self) -> None:
+        super().reset()
+        self.workload_owner: dict[Key, str] = {}
+        self.workloads: dict[str, dict[Key, Object]] = {}
+        self.queues = KueueQueues()
+
+    def more_changes(self, changes: Changes, dirty: set[str]) -> bool:
+        for key, workload in complete(
+            changes["workloads"], lambda: list(self.workload_owner)
+        ).items():
+            before = self.workload_owner.pop(key, None)
+            if before is not None:
+                workloads = self.workloads[before]
+                del workloads[key]
+                if not workloads:
+                    del self.workloads[before]
+                dirty.add(before)
+            owner = workload_owner(workload) if workload is not None else None
+            if workload is None or owner is None:
+                continue
+            if self.wanted and owner.namespace not in self.wanted:
+                continue
+            self.workload_owner[key] = owner.external_id
+            self.workloads.setdefault(owner.external_id, {})[key] = workload
+            dirty.add(owner.external_id)
+        if any(changes[name][0] or changes[name][1] for name in QUEUE_COLLECTIONS):
+            self.queues = self.connector.queues()
+            return True
+        return False
+
+    def more_ids(self) -> Iterable[str]:
+        return self.workloads
+
+    def report(
+        self, external_id: str, group: JobGroup | None, context: TranslationContext
+    ) -> JobReport | None:
+        workloads = self.workloads.get(external_id)
+        if not workloads:
+            return super().report(external_id, group, context)
+        workload = workloads[max(workloads, key=key_order)]
+        if group is None:
+            owner = workload_owner(workload)
+            assert owner is not None
+            group = JobGroup(owner)
+        return workload_report(workload, group, context, self.queues)
 
 
 def create_kueue_connector(**options: Any) -> KueueConnector:

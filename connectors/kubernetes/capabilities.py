@@ -1,0 +1,292 @@
+"""The saga steps the Kubernetes connector can run: the capability protocols of
+connectors.base over the functions of connectors.kubernetes.actions.
+
+What each step does to the object a job's external id names (``<namespace>/<kind>/<name>``,
+connectors.kubernetes.pods):
+
+==================================  ==========================================================
+step                                plain Kubernetes
+==================================  ==========================================================
+resize(replicas)                    Deployment, StatefulSet: ``scale`` (``/scale``)
+hold / release                      Job: ``suspend_job`` / ``resume_job``
+suspend / resume                    Job: ``suspend_job_to_resume`` (the pods go, the template
+                                    keeps the resume pointer) / ``resume_job``
+requeue(nodes, hold)                Job: ``recreate_job_pinned`` to ``nodes`` with the
+                                    pointer; with ``hold`` ``suspend_job_to_resume`` (pinned,
+                                    left suspended); without nodes or pointer a restart
+                                    (suspend, then resume unless ``hold``); a bare pod:
+                                    ``recreate_pinned`` to its one node
+start(nodes)                        suspended Job: ``recreate_job_pinned(resume_from=None)``
+                                    to ``nodes`` (its pointer kept), ``resume_job`` without
+                                    nodes; an unbound bare pod: ``recreate_pinned``
+cancel                              Job: ``delete_job``; bare pod: ``delete_pod``
+set_resume_pointer                  kept for the ``requeue``/``suspend`` that follows
+==================================  ==========================================================
+
+Anything else is refused with a non-retryable :class:`ConnectorError` that says why (the
+executor answers the step failed, not retried): other owners (JobSet, LeaderWorkerSet,
+RayCluster) until their controllers are handled; ``exclude`` (Kubernetes pins to named
+nodes, it cannot place "anywhere but"); holding a bare pod (nothing would recreate it).
+Not offered at all, so the executor refuses the step itself: ``reserve``/``unreserve`` —
+Kubernetes has nothing like a Slurm reservation that keeps free GPUs for one job — and
+``update_node_count``. A malformed or unknown external id is non-retryable (the API
+server's 404), like Slurm's.
+
+**Work is never lost silently.** Suspending or moving a running Job deletes its pods, so
+they must be able to resume (``shaper.io/checkpointable: "true"`` and
+``SHAPER_RESUME_FROM`` declared from the annotation, connectors.kubernetes.actions), and
+they must have somewhere to resume from: the pointer of the checkpoint the saga's agent
+step took (``set_resume_pointer``, handed over by the executor), or one the Job already
+carries. Otherwise the step is refused. A requeue without a pin is the scheduler's restart
+that the plan asked for under a policy that allows it (the saga's preemption of a job that
+cannot checkpoint), so it goes ahead. The connector never calls a node agent itself: the
+saga runs the agent's checkpoint step first and passes on what it reported.
+
+The Kueue connector (connectors.kueue.capabilities) overrides these for the jobs Kueue
+manages: Kueue owns their ``spec.suspend``, and the functions here refuse them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from kubernetes import client
+
+from connectors.base import ConnectorError
+from connectors.kubernetes import actions
+from connectors.kubernetes.pods import OwnerRef, parse_external_id
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+    from connectors.kubernetes.informer import Object
+
+SCALABLE: dict[str, Literal["deployment", "statefulset"]] = {
+    "Deployment": "deployment",
+    "StatefulSet": "statefulset",
+}
+ENDED_CONDITIONS = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
+
+
+class KubernetesCapabilities:
+    """Steps of the Kubernetes connector: a mixin of ``KubernetesConnector`` (it needs the
+    connector's ``api``, and ``owner_object`` for the Kueue variant)."""
+
+    if TYPE_CHECKING:
+        api: ApiClient
+        cluster: str
+
+        def owner_object(self, external_id: str) -> Object | None: ...
+
+    # external id → the pointer set_resume_pointer was given, until the step's action takes it.
+    _resume_pointers: dict[str, str]
+
+    # --- resume pointers (SupportsResumePointer) -------------------------------------------
+
+    def set_resume_pointer(self, external_id: str, resume_from: str) -> None:
+        parse_external_id(external_id)
+        self._pointers()[external_id] = resume_from
+
+    def _pointers(self) -> dict[str, str]:
+        pointers: dict[str, str] | None = getattr(self, "_resume_pointers", None)
+        if pointers is None:
+            pointers = self._resume_pointers = {}
+        return pointers
+
+    def _take_pointer(self, external_id: str) -> str | None:
+        return self._pointers().pop(external_id, None)
+
+    # --- SupportsResize --------------------------------------------------------------------
+
+    def resize(self, external_id: str, *, replicas: int) -> None:
+        owner = parse_external_id(external_id)
+        kind = SCALABLE.get(owner.kind)
+        if kind is None:
+            raise _cannot("resize", owner, "only Deployments and StatefulSets have replicas to set")
+        actions.scale(
+            self.api, namespace=owner.namespace, kind=kind, name=owner.name, replicas=replicas
+        )
+
+    # --- SupportsHold ----------------------------------------------------------------------
+
+    def hold(self, external_id: str) -> None:
+        owner = self._job("hold", external_id)
+        actions.suspend_job(self.api, namespace=owner.namespace, job=owner.name)
+
+    def release(self, external_id: str) -> None:
+        owner = self._job("release", external_id)
+        actions.resume_job(self.api, namespace=owner.namespace, job=owner.name)
+
+    # --- SupportsSuspend -------------------------------------------------------------------
+
+    def suspend(self, external_id: str) -> None:
+        resume_from = self._take_pointer(external_id)
+        owner = self._job("suspend", external_id)
+        self._refuse_a_fresh_start("suspend", owner, resume_from)
+        actions.suspend_job_to_resume(
+            self.api, namespace=owner.namespace, job=owner.name, resume_from=resume_from
+        )
+
+    def resume(self, external_id: str) -> None:
+        owner = self._job("resume", external_id)
+        actions.resume_job(self.api, namespace=owner.namespace, job=owner.name)
+
+    # --- SupportsRequeue -------------------------------------------------------------------
+
+    def requeue(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        exclude: list[str] | None = None,
+        hold: bool = False,
+    ) -> None:
+        resume_from = self._take_pointer(external_id)
+        owner = parse_external_id(external_id)
+        if exclude:
+            raise _cannot(
+                "requeue",
+                owner,
+                f"Kubernetes pins to named nodes and cannot keep a job off {','.join(exclude)}",
+            )
+        pin = nodes or None
+        if owner.kind == "Pod":
+            self._move_pod(owner, pin, resume_from=resume_from, hold=hold)
+            return
+        if owner.kind != "Job":
+            raise _cannot("requeue", owner, _JOBS_ONLY)
+        namespace, job = owner.namespace, owner.name
+        if pin is None and resume_from is None:
+            # The restart a plan asked for under a policy that allows it: nothing to keep.
+            actions.suspend_job_to_resume(
+                self.api, namespace=namespace, job=job, resume_from=None, allow_restart=True
+            )
+            if not hold:
+                actions.resume_job(self.api, namespace=namespace, job=job)
+            return
+        if pin is not None:
+            # A pin is a move (the saga pins only jobs it checkpointed): the work must go on.
+            self._refuse_a_fresh_start("move", owner, resume_from)
+        move = actions.suspend_job_to_resume if hold else actions.recreate_job_pinned
+        move(
+            self.api,
+            namespace=namespace,
+            job=job,
+            nodes=pin,
+            resume_from=resume_from,
+            allow_restart=pin is None,
+        )
+
+    def _move_pod(
+        self, owner: OwnerRef, nodes: list[str] | None, *, resume_from: str | None, hold: bool
+    ) -> None:
+        if hold:
+            raise _cannot("hold", owner, "nothing would recreate a bare pod once it is deleted")
+        if nodes is None or len(nodes) != 1:
+            raise _cannot("requeue", owner, "a bare pod moves to exactly one named node")
+        actions.recreate_pinned(
+            self.api,
+            namespace=owner.namespace,
+            pod=owner.name,
+            node=nodes[0],
+            resume_from=resume_from,
+        )
+
+    # --- SupportsStart ---------------------------------------------------------------------
+
+    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+        """Start a held (suspended) Job, pinned to ``nodes`` when given, resuming from the
+        pointer it carries; a Job that is not suspended is left to the scheduler (the
+        confirm that follows says where it runs). An unbound bare pod is pinned."""
+        owner = parse_external_id(external_id)
+        pin = nodes or None
+        if owner.kind == "Pod":
+            if pin is not None and not self._pod_bound(owner):
+                self._move_pod(owner, pin, resume_from=None, hold=False)
+            return
+        if owner.kind != "Job":
+            raise _cannot("start", owner, _JOBS_ONLY)
+        current = self._read_job(owner, "start")
+        ended = [
+            c.type
+            for c in current.status.conditions or []
+            if c.type in ENDED_CONDITIONS and c.status == "True"
+        ]
+        if ended:
+            raise _cannot("start", owner, f"it has ended ({ended[0]})")
+        if not current.spec.suspend:
+            return
+        if pin is None:
+            actions.resume_job(self.api, namespace=owner.namespace, job=owner.name)
+            return
+        actions.recreate_job_pinned(
+            self.api, namespace=owner.namespace, job=owner.name, nodes=pin, resume_from=None
+        )
+
+    # --- SupportsCancel --------------------------------------------------------------------
+
+    def cancel(self, external_id: str) -> None:
+        owner = parse_external_id(external_id)
+        if owner.kind == "Job":
+            actions.delete_job(self.api, namespace=owner.namespace, job=owner.name)
+        elif owner.kind == "Pod":
+            actions.delete_pod(self.api, namespace=owner.namespace, pod=owner.name)
+        else:
+            raise _cannot("cancel", owner, "its owner is the site's to delete, not Shaper's")
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _job(self, step: str, external_id: str) -> OwnerRef:
+        owner = parse_external_id(external_id)
+        if owner.kind != "Job":
+            raise _cannot(step, owner, _JOBS_ONLY)
+        return owner
+
+    def _read_job(self, owner: OwnerRef, step: str) -> client.V1Job:
+        batch = client.BatchV1Api(self.api)
+        job: client.V1Job = actions.call(
+            "get",
+            f"jobs {owner.name} in {owner.namespace}",
+            lambda: batch.read_namespaced_job(
+                owner.name, owner.namespace, _request_timeout=actions.REQUEST_TIMEOUT_S
+            ),
+        )
+        return job
+
+    def _pod_bound(self, owner: OwnerRef) -> bool:
+        core = client.CoreV1Api(self.api)
+        pod = actions.call(
+            "get",
+            f"pods {owner.name} in {owner.namespace}",
+            lambda: core.read_namespaced_pod(
+                owner.name, owner.namespace, _request_timeout=actions.REQUEST_TIMEOUT_S
+            ),
+        )
+        return bool(pod.spec.node_name)
+
+    def _refuse_a_fresh_start(self, step: str, owner: OwnerRef, resume_from: str | None) -> None:
+        """Refuse to stop a running Job that has nowhere to resume from: no pointer from
+        this step's checkpoint and none on its pod template. (Whether its pods *can* resume
+        is the action's own check.)"""
+        if resume_from is not None:
+            return
+        current = self._read_job(owner, step)
+        running = not current.spec.suspend or bool(current.status.active)
+        template = current.spec.template
+        carried = ((template.metadata.annotations if template.metadata else None) or {}).get(
+            actions.RESUME_FROM
+        )
+        if running and carried is None:
+            raise _cannot(
+                step,
+                owner,
+                "its pods would start over: the step carries no checkpoint to resume from "
+                "(the saga's checkpoint step gives one) and the Job holds none",
+            )
+
+
+_JOBS_ONLY = "the Kubernetes connector acts on batch/v1 Jobs and bare pods only"
+
+
+def _cannot(step: str, owner: OwnerRef, why: str) -> ConnectorError:
+    return ConnectorError(f"cannot {step} {owner.external_id}: {why}", retryable=False)

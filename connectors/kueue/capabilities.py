@@ -1,0 +1,196 @@
+"""The saga steps the Kueue connector can run: for a job Kueue manages (it has a Workload),
+Kueue's own levers (connectors.kueue.actions); for any other job, the Kubernetes
+connector's steps (connectors.kubernetes.capabilities).
+
+==================================  ==========================================================
+step                                a job with a Workload
+==================================  ==========================================================
+resize(replicas)                    as on Kubernetes (services are not Kueue's)
+hold / release                      ``deactivate`` / ``reactivate``
+suspend / resume                    ``preempt_with_checkpoint`` / ``reactivate``
+requeue(hold)                       with a resume pointer ``preempt_with_checkpoint``, else
+                                    ``deactivate`` and wait until Kueue has stopped it; then
+                                    ``reactivate`` unless ``hold``
+start(nodes)                        ``reactivate``
+cancel                              ``delete_job`` (the Workload goes with its Job)
+==================================  ==========================================================
+
+Kueue admits a Workload and the kube-scheduler places its pods, so the connector cannot
+pin one: ``start(nodes)`` lets it be admitted wherever its flavors allow (the confirm that
+follows says where it runs), a held requeue ignores ``nodes`` (a held job has no
+placement), and a requeue that would have to run it on given nodes now is refused, as is
+``exclude``. Reservations are not offered, as on Kubernetes.
+
+``hold`` stops an admitted workload and its work is lost unless it was checkpointed;
+``suspend`` keeps it: the Workload's pods must be able to resume, and a running one needs
+the pointer of the checkpoint the saga's agent step took (``set_resume_pointer``, from
+the executor). ``preempt_with_checkpoint``'s ``checkpoint`` callback answers with that
+pointer — the saga has already checkpointed, the connector does not call an agent — and
+refuses when there is none, before anything stops.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kubernetes import client
+
+from connectors.base import ConnectorError
+from connectors.kubernetes import actions as kube_actions
+from connectors.kubernetes.actions import KUEUE_QUEUE_LABEL, PodOnNode
+from connectors.kubernetes.capabilities import KubernetesCapabilities
+from connectors.kubernetes.pods import OwnerRef, parse_external_id
+from connectors.kueue import actions
+from connectors.kueue.actions import Checkpoint
+
+if TYPE_CHECKING:
+    from connectors.kubernetes.informer import Object
+
+
+class KueueCapabilities(KubernetesCapabilities):
+    """Steps of the Kueue connector: a mixin of ``KueueConnector`` (``workload_of``)."""
+
+    if TYPE_CHECKING:
+
+        def workload_of(self, external_id: str) -> Object | None: ...
+
+    def hold(self, external_id: str) -> None:
+        owner, workload = self._workload(external_id)
+        if workload is None:
+            super().hold(external_id)
+            return
+        actions.deactivate(self.api, namespace=owner.namespace, workload=workload)
+
+    def release(self, external_id: str) -> None:
+        owner, workload = self._workload(external_id)
+        if workload is None:
+            super().release(external_id)
+            return
+        actions.reactivate(self.api, namespace=owner.namespace, workload=workload)
+
+    def suspend(self, external_id: str) -> None:
+        owner, workload = self._workload(external_id)
+        if workload is None:
+            super().suspend(external_id)
+            return
+        resume_from = self._take_pointer(external_id)
+        actions.preempt_with_checkpoint(
+            self.api,
+            namespace=owner.namespace,
+            workload=workload,
+            checkpoint=_taken(owner, resume_from),
+        )
+
+    def resume(self, external_id: str) -> None:
+        owner, workload = self._workload(external_id)
+        if workload is None:
+            super().resume(external_id)
+            return
+        actions.reactivate(self.api, namespace=owner.namespace, workload=workload)
+
+    def requeue(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        exclude: list[str] | None = None,
+        hold: bool = False,
+    ) -> None:
+        owner, workload = self._workload(external_id)
+        if workload is None:
+            super().requeue(external_id, nodes=nodes, exclude=exclude, hold=hold)
+            return
+        resume_from = self._take_pointer(external_id)
+        if exclude or (nodes and not hold):
+            raise ConnectorError(
+                f"cannot requeue {external_id} onto or away from given nodes: Kueue admits "
+                "it and the scheduler places it",
+                retryable=False,
+            )
+        namespace = owner.namespace
+        if resume_from is not None:
+            actions.preempt_with_checkpoint(
+                self.api,
+                namespace=namespace,
+                workload=workload,
+                checkpoint=_taken(owner, resume_from),
+                allow_restart=True,
+            )
+        else:
+            # The restart a plan asked for under a policy that allows it.
+            actions.deactivate(self.api, namespace=namespace, workload=workload)
+            if not hold:
+                self._wait_stopped(namespace, workload)
+        if not hold:
+            actions.reactivate(self.api, namespace=namespace, workload=workload)
+
+    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+        owner, workload = self._workload(external_id)
+        if workload is None:
+            super().start(external_id, nodes=nodes)
+            return
+        actions.reactivate(self.api, namespace=owner.namespace, workload=workload)
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _workload(self, external_id: str) -> tuple[OwnerRef, str | None]:
+        """The job's owner and the name of its Workload; None when Kueue does not manage it
+        (a retryable error while a Job that Kueue will manage has no Workload yet)."""
+        owner = parse_external_id(external_id)
+        workload = self.workload_of(external_id)
+        if workload is not None:
+            return owner, str(workload["metadata"]["name"])
+        if owner.kind == "Job":
+            labels = (self._read_job(owner, "find the Workload of").metadata.labels) or {}
+            if labels.get(KUEUE_QUEUE_LABEL):
+                raise ConnectorError(
+                    f"job {external_id} is queued in Kueue (LocalQueue "
+                    f"{labels[KUEUE_QUEUE_LABEL]}) but its Workload is not seen yet",
+                    retryable=True,
+                )
+        return owner, None
+
+    def _wait_stopped(self, namespace: str, workload: str) -> None:
+        """Until Kueue has released the Workload's quota and suspended its Job, so that a
+        reactivation queues it again instead of finding it still admitted."""
+        batch = client.BatchV1Api(self.api)
+        current = actions.read_workload(self.api, namespace=namespace, workload=workload)
+        job = actions.job_of(current)
+
+        def stopped() -> bool:
+            seen = actions.read_workload(self.api, namespace=namespace, workload=workload)
+            if actions.condition_true(seen, "QuotaReserved"):
+                return False
+            found = kube_actions.call(
+                "get",
+                f"jobs {job} in {namespace}",
+                lambda: batch.read_namespaced_job(
+                    job, namespace, _request_timeout=kube_actions.REQUEST_TIMEOUT_S
+                ),
+            )
+            stopping = actions.KUEUE_STOPPING in (found.metadata.annotations or {})
+            return bool(found.spec.suspend) and not stopping and not found.status.active
+
+        kube_actions.wait_until(
+            f"Kueue to stop job {job} of workload {workload} in {namespace}",
+            stopped,
+            kube_actions.SETTLE_TIMEOUT_S,
+        )
+
+
+def _taken(owner: OwnerRef, resume_from: str | None) -> Checkpoint:
+    """``preempt_with_checkpoint``'s checkpoint callback: the saga's agent step has already
+    checkpointed the pods, so this answers with its pointer, or refuses when it gave none."""
+
+    def checkpoint(pods: list[PodOnNode]) -> str:
+        if resume_from is None:
+            where = ", ".join(f"{p.pod} on {p.node}" for p in pods)
+            raise ConnectorError(
+                f"cannot suspend {owner.external_id}: its running pods ({where}) would start "
+                "over; the step carries no checkpoint to resume from (the saga's checkpoint "
+                "step gives one)",
+                retryable=False,
+            )
+        return resume_from
+
+    return checkpoint
