@@ -30,7 +30,7 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy app agent connectors sim solver wire
+	$(BIN)/mypy app agent connectors sim solver wire bench
 
 bench: venv
 	scripts/services.sh

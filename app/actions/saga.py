@@ -33,10 +33,12 @@ Migrate, for a job on node S moving to node T (generation G):
 there and fences T against the old generation) → ``restore@S`` (a no-op when the job still
 runs at S, else from the checkpoint it left there).
 
-On a cluster whose scheduler owns where jobs run (Slurm: ``schedulers.places_itself``) the job
-cannot move behind the scheduler's back. The image is *staged* on the target and the
-scheduler is asked to requeue the job pinned there; when it starts the job, the job's
-``shaper agent exec --wait`` restores it from the image (agent.resume):
+On a cluster whose scheduler owns where jobs run (Slurm, Kubernetes, Kueue:
+``schedulers.places_itself``) the job cannot move behind the scheduler's back. The image
+is *staged* on the target and the scheduler is asked to requeue the job pinned there
+(the requeue carries the image: Kubernetes' connector hands the new pods its pointer as
+``SHAPER_RESUME_FROM``); when it starts the job, the job's ``shaper agent exec --wait``
+restores it from the image (agent.resume):
 ``checkpoint@S → transfer@T → stage@T → requeue@connector(pin T) → confirm@T (waits for
 the scheduler to start it, restored) → release@S``. A checkpointable job is preempted with
 ``checkpoint@S → stage@S → requeue@connector(pin S)``: it resumes from its checkpoint
@@ -311,6 +313,11 @@ def _message(
         args["resumed_from"] = stage.result.get("image_dir")
         args["wait_s"] = start_wait_s
     kind = ActionKind(action.kind)
+    if step.name in (ConnectorStep.requeue, ConnectorStep.suspend) and image is not None:
+        # Where the job resumes from: Kubernetes' connector writes it on the Job (or the
+        # Kueue Workload) so the pods the scheduler starts next read SHAPER_RESUME_FROM;
+        # Slurm's job body finds its staged image itself and ignores it.
+        args["image"] = image
     if step.name == ConnectorStep.requeue:
         pin = _requeue_pin(action, job, step)
         if pin is not None:

@@ -11,7 +11,9 @@ from wire.telemetry import JobKind, JobShape, JobState
 
 class AllocationPublic(SQLModel):
     node: str
+    # Device indices where the scheduler knows them (Slurm); Kubernetes only counts.
     gpu_indices: list[int]
+    gpu_count: int
     started_at: datetime
 
 

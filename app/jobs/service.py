@@ -80,14 +80,17 @@ def _open_allocations(session: Session, job_ids: list[int]) -> dict[int, list[Al
             col(Allocation.job_id),
             col(Node.name),
             col(Allocation.gpu_indices),
+            col(Allocation.gpu_count),
             col(Allocation.started_at),
         )
         .join(Node, col(Node.id) == Allocation.node_id)
         .where(col(Allocation.job_id).in_(job_ids), col(Allocation.released_at).is_(None))
     )
     result: dict[int, list[AllocationPublic]] = defaultdict(list)
-    for job_id, node, indices, started in session.execute(query):
-        result[job_id].append(AllocationPublic(node=node, gpu_indices=indices, started_at=started))
+    for job_id, node, indices, count, started in session.execute(query):
+        result[job_id].append(
+            AllocationPublic(node=node, gpu_indices=indices, gpu_count=count, started_at=started)
+        )
     return result
 
 

@@ -33,7 +33,7 @@ from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
 from tests.actions.conftest import Pipeline, RedisServer, action_state
-from tests.actions.helpers import TERMINAL
+from tests.actions.helpers import TERMINAL, stored_plan
 from tests.agent.helpers import COUNTER, count_of, next_count, progress_of
 from tests.connectors.conftest import SlurmCluster
 from tests.live_server import app_on, serve, tokens_for
@@ -416,53 +416,9 @@ def test_a_move_that_loses_both_target_and_source_leaves_the_job_queued_with_its
 
 
 def _plan(deployment: dict[str, Any], steps: list[dict[str, Any]]) -> list[int]:
-    """A proposed plan shaped as the shaping cycle shapes one (app/shaping/cycle.py): each
-    move and start after a ``reserve`` of its target, what frees GPUs for a job after that
-    job's reservation. ``steps``: action fields, with ``job`` (a Slurm job id) and
-    ``after`` (indices into ``steps``)."""
-    from app.actions.models import Action, ActionState
-    from app.plans.models import Plan, PlanState
-
-    engine = deployment["pipeline"].engine
-    now = datetime.now(UTC)
-    with Session(engine) as session:
-        jobs = {j.external_id: j for j in session.exec(select(Job)).all()}
-        cluster_id = next(iter(jobs.values())).cluster_id
-        plan = Plan(
-            cluster_id=cluster_id,
-            created_at=now,
-            policy="shaper",
-            engine="test",
-            mode="advise",
-            status="FEASIBLE",
-            state=PlanState.proposed,
-        )
-        session.add(plan)
-        session.flush()
-        rows: list[Action] = []
-        for index, fields in enumerate(steps):
-            fields = dict(fields)
-            job = jobs[fields.pop("job")]
-            fields.pop("after", None)
-            rows.append(
-                Action(
-                    plan_id=plan.id,
-                    cluster_id=cluster_id,
-                    job_id=job.id,
-                    state=ActionState.proposed,
-                    idempotency_key=f"e2e-plan:{plan.id}:{index}",
-                    reason=f"plan {plan.id}: end-to-end test",
-                    created_at=now,
-                    updated_at=now,
-                    **fields,
-                )
-            )
-        session.add_all(rows)
-        session.flush()
-        for row, fields in zip(rows, steps, strict=True):
-            row.depends_on = sorted(rows[i].id for i in fields.get("after", ()))  # type: ignore[misc]
-        session.commit()
-        return [plan.id, *(row.id for row in rows)]  # type: ignore[list-item]
+    """A proposed plan (tests.actions.helpers.stored_plan): each move and start after a
+    ``reserve`` of its target, what frees GPUs for a job after that job's reservation."""
+    return stored_plan(deployment["pipeline"].engine, steps)
 
 
 def _approve_plan_and_wait(

@@ -77,6 +77,10 @@ class Kube:
         return client.CoreV1Api(self.api)
 
     @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    @property
     def batch(self) -> client.BatchV1Api:
         return client.BatchV1Api(self.api)
 

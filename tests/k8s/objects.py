@@ -182,3 +182,39 @@ def resolved_env(pod: client.V1Pod, name: str) -> str | None:
         assert field_path.startswith(prefix), field_path
         return (pod.metadata.annotations or {}).get(field_path[len(prefix) : -2])
     return None
+
+
+def inference_deployment(
+    name: str, *, replicas: int, gpus: int = 1, min_replicas: int = 1, max_replicas: int = 4
+) -> client.V1Deployment:
+    """An elastic inference service: ``gpus`` GPUs a replica, its range in Shaper's
+    annotations, pods labelled ``app=<name>``."""
+    resources = {"cpu": "1", "memory": "1Gi", GPU: str(gpus)}
+    labels = {"app": name}
+    return client.V1Deployment(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            annotations={
+                "shaper.io/min-replicas": str(min_replicas),
+                "shaper.io/max-replicas": str(max_replicas),
+            },
+        ),
+        spec=client.V1DeploymentSpec(
+            replicas=replicas,
+            selector=client.V1LabelSelector(match_labels=labels),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels),
+                spec=client.V1PodSpec(
+                    containers=[
+                        client.V1Container(
+                            name="serve",
+                            image="registry.example/serve:1",
+                            resources=client.V1ResourceRequirements(
+                                requests=resources, limits=resources
+                            ),
+                        )
+                    ]
+                ),
+            ),
+        ),
+    )

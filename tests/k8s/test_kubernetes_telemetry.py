@@ -18,6 +18,7 @@ from kubernetes import client
 from connectors.kubernetes import KubernetesConnector, KubernetesConnectorConfig
 from connectors.runner import RunnerConfig, TelemetryRunner
 from tests.k8s.conftest import K8sCluster, Kube, wait_for
+from tests.k8s.objects import inference_deployment
 from wire.telemetry import JobShape, JobState, NodeState, TelemetryDelta, TelemetrySnapshot
 
 pytestmark = pytest.mark.slow
@@ -171,32 +172,7 @@ def test_the_watch_survives_an_api_server_restart(
 
 
 def test_a_deployment_is_an_elastic_service(kube: Kube, connector: Any) -> None:
-    resources = {"cpu": "1", GPU: "1"}
-    labels = {"app": "llm"}
-    deployment = client.V1Deployment(
-        metadata=client.V1ObjectMeta(
-            name="llm",
-            annotations={"shaper.io/min-replicas": "1", "shaper.io/max-replicas": "6"},
-        ),
-        spec=client.V1DeploymentSpec(
-            replicas=2,
-            selector=client.V1LabelSelector(match_labels=labels),
-            template=client.V1PodTemplateSpec(
-                metadata=client.V1ObjectMeta(labels=labels),
-                spec=client.V1PodSpec(
-                    containers=[
-                        client.V1Container(
-                            name="serve",
-                            image="registry.example/llm:1",
-                            resources=client.V1ResourceRequirements(
-                                requests=resources, limits=resources
-                            ),
-                        )
-                    ]
-                ),
-            ),
-        ),
-    )
+    deployment = inference_deployment("llm", replicas=2, min_replicas=1, max_replicas=6)
     client.AppsV1Api(kube.api).create_namespaced_deployment(kube.namespace, deployment)
     external_id = f"{kube.namespace}/deployment/llm"
 

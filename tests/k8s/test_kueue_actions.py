@@ -92,6 +92,9 @@ def test_a_workload_strict_fifo_left_behind_a_large_one_is_started_by_holding_th
     wait_for("running to be admitted", lambda: admitted(kube, "running"))
     kube.batch.create_namespaced_job(kube.namespace, gpu_job("large", gpus=8, queue=queue))
     wait_for("large to wait for quota", lambda: pending(kube, "large"))
+    # Kueue orders by the Workloads' creation times, which have a resolution of a second:
+    # created within the same second as large, small could tie with it at the head.
+    time.sleep(1.1)
     kube.batch.create_namespaced_job(kube.namespace, gpu_job("small", gpus=2, queue=queue))
     wait_for("small's Workload", lambda: kube.workload_of_job("small"))
     stays("small blocked behind large", lambda: admitted(kube, "small") is None)

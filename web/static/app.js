@@ -98,7 +98,20 @@ async function showNodes() {
     api(`/jobs?cluster=${encodeURIComponent(cluster)}&state=running&limit=1000`),
   ]);
   const holder = {};
-  for (const job of jobs.items) for (const a of job.allocations) for (const i of a.gpu_indices) holder[`${a.node}/${i}`] = job.external_id;
+  const counted = [];
+  for (const job of jobs.items) for (const a of job.allocations) {
+    if (a.gpu_indices.length) for (const i of a.gpu_indices) holder[`${a.node}/${i}`] = job.external_id;
+    else counted.push([a, job.external_id]);
+  }
+  // Schedulers that only count GPUs (Kubernetes) name no device: show them on the
+  // node's first cells no indexed job holds.
+  const nodeSize = Object.fromEntries(nodes.items.map((n) => [n.name, n.gpu_count]));
+  for (const [a, job] of counted) {
+    let left = a.gpu_count;
+    for (let i = 0; left > 0 && i < (nodeSize[a.node] || 0); i++) {
+      if (!holder[`${a.node}/${i}`]) { holder[`${a.node}/${i}`] = job; left--; }
+    }
+  }
   $("#gpu-map").innerHTML = nodes.items.map((node) => {
     const gpus = Array.from({ length: node.gpu_count }, (_, i) => {
       const job = holder[`${node.name}/${i}`];
@@ -116,7 +129,7 @@ async function showJobs() {
   $("#job-table tbody").innerHTML = page.items.map((j) => `<tr>
     <td>${esc(j.external_id)}</td><td>${esc(j.cluster)}</td><td>${esc(j.team)}</td><td>${esc(j.kind)}</td>
     <td>${j.priority}</td><td>${j.shape === "elastic" ? `${j.replicas}×${j.gpus_requested}` : j.gpus_requested}</td><td>${esc(j.state)}</td>
-    <td>${j.allocations.map((a) => `${esc(a.node)}[${a.gpu_indices.join(",")}]`).join(" ")}</td>
+    <td>${j.allocations.map((a) => `${esc(a.node)}${a.gpu_indices.length ? `[${a.gpu_indices.join(",")}]` : `×${a.gpu_count}`}`).join(" ")}</td>
     <td>${j.submit_time ? esc(j.submit_time.slice(0, 16).replace("T", " ")) : ""}</td></tr>`).join("");
   const end = Math.min(page.offset + page.limit, page.total);
   $("#job-page").textContent = `${page.total ? page.offset + 1 : 0}–${end} of ${page.total}`;

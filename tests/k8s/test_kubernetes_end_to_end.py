@@ -1,0 +1,264 @@
+"""A real Kubernetes + Kueue cluster under Shaper, end to end, with nothing simulated but
+the nodes (kwok plays their kubelets).
+
+Around the test control plane (tests/k8s/conftest.py) run the real parts of a deployment:
+the API on PostgreSQL over HTTP, a control-plane Celery worker and the Kueue connector
+(``python -m connectors.runner --kind kueue``: telemetry and the scheduler-level steps on
+queue ``connector.<cluster>``), separate processes on a private Redis. Plans are stored as
+the shaping cycle stores them and approved through the API; their actions reach the
+cluster only through the connector.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from sqlmodel import Session
+
+from agent import procs
+from app.actions.models import ActionKind
+from app.actions.router import get_dispatcher
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate
+from app.core import migrate
+from app.core.db import make_engine
+from app.gpu_models import service as gpu_model_service
+from tests.actions.conftest import Pipeline, RedisServer, action_state
+from tests.actions.helpers import TERMINAL, stored_plan
+from tests.k8s.conftest import GPUS_PER_NODE, NODES, K8sCluster, Kube, wait_for
+from tests.k8s.objects import admitted, gpu_job, gpu_queues, inference_deployment, running_pods
+from tests.live_server import app_on, serve, tokens_for
+
+pytestmark = pytest.mark.slow
+
+CLUSTER = "k8s-e2e"
+OTHER = "k8s-other"
+PYTHON = sys.executable
+WAIT_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    k8s_cluster: K8sCluster,
+    make_postgres_database: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
+    """The API, a control worker and the Kueue connector around the test control plane."""
+    root = tmp_path_factory.mktemp("k8s-deployment")
+    redis_server = RedisServer(root)
+    redis_server.start()
+    url = make_postgres_database("k8s_e2e")
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    with Session(engine) as session:
+        gpu_model_service.ensure_default_catalogue(session=session)
+        for name in (CLUSTER, OTHER):
+            cluster_service.register_cluster(
+                session=session,
+                now=now,
+                cluster_in=ClusterCreate(name=name, scheduler="kueue", mode="advise"),
+            )
+        tokens = tokens_for(
+            session, now, ["operator", "viewer", f"connector:{CLUSTER}", f"connector:{OTHER}"]
+        )
+    pipeline = Pipeline(
+        root=root,
+        database_url=url,
+        engine=engine,
+        broker=redis_server.url,
+        env={
+            "SHAPER_DATABASE_URL": url,
+            "SHAPER_BROKER_URL": redis_server.url,
+            "PYTHONUNBUFFERED": "1",
+            "SHAPER_CYCLE_PERIOD_S": "86400",  # the tests store their plans; no cycle replaces them
+        },
+        redis=redis_server,
+        tokens=tokens,
+    )
+    app = app_on(engine)
+    app.dependency_overrides[get_dispatcher] = lambda: pipeline.advance
+    try:
+        with serve(app) as base:
+            pipeline.start_control()
+            pipeline._spawn(
+                "connector",
+                [PYTHON, "-m", "connectors.runner", "--kind", "kueue", "--cluster", CLUSTER,
+                 "--control-plane", base, "--interval", "5", "--broker", redis_server.url,
+                 "--state-dir", str(root / "connector"),
+                 "--set", f"kubeconfig={k8s_cluster.kubeconfig}"],
+                {"SHAPER_CONNECTOR_TOKEN": tokens[f"connector:{CLUSTER}"]},
+            )  # fmt: skip
+            yield {"pipeline": pipeline, "base": base, "tokens": tokens}
+    finally:
+        pipeline.stop_all()
+        redis_server.stop()
+        engine.dispose()
+
+
+def _api(deployment: dict[str, Any], path: str, role: str = "viewer", **params: Any) -> Any:
+    response = httpx.get(
+        f"{deployment['base']}/api/v1{path}",
+        params=params,
+        headers={"Authorization": f"Bearer {deployment['tokens'][role]}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _job(deployment: dict[str, Any], external_id: str) -> dict[str, Any] | None:
+    items = _api(deployment, "/jobs", cluster=CLUSTER, limit=1000)["items"]
+    return next((j for j in items if j["external_id"] == external_id), None)
+
+
+def _approve_plan_and_wait(deployment: dict[str, Any], ids: list[int]) -> dict[int, str]:
+    plan_id, *action_ids = ids
+    response = httpx.post(
+        f"{deployment['base']}/api/v1/plans/{plan_id}/approve",
+        headers={"Authorization": f"Bearer {deployment['tokens']['operator']}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    engine = deployment["pipeline"].engine
+
+    def settled() -> bool:
+        return all(action_state(engine, a)[0] in TERMINAL for a in action_ids)
+
+    if not procs.wait_until(settled, timeout=2 * WAIT_S, interval=0.5):
+        raise AssertionError(
+            "plan stuck: "
+            + "; ".join(
+                f"{a} {state} {[(s.name, s.state, s.error) for s in steps]}"
+                for a in action_ids
+                for state, steps in [action_state(engine, a)]
+            )
+            + f"\nconnector log:\n{deployment['pipeline'].workers['connector'].tail()}"
+        )
+    return {a: action_state(engine, a)[0] for a in action_ids}
+
+
+def _running_replicas(kube: Kube, name: str) -> int:
+    pods = kube.core.list_namespaced_pod(kube.namespace, label_selector=f"app={name}").items
+    live = [p for p in pods if p.spec.node_name and not p.metadata.deletion_timestamp]
+    return sum(1 for pod in live if pod.status.phase == "Running")
+
+
+def test_the_cluster_reaches_the_api(deployment: dict[str, Any], kube: Kube) -> None:
+    nodes = _api(deployment, "/nodes", cluster=CLUSTER, limit=1000)["items"]
+    kwok = [n for n in nodes if n["name"].startswith("kwok-gpu-")]
+    assert len(kwok) >= NODES
+    assert {(n["gpu_model"], n["gpu_count"]) for n in kwok} == {("H100", GPUS_PER_NODE)}
+
+    kube.apps.create_namespaced_deployment(kube.namespace, inference_deployment("chat", replicas=1))
+    external_id = f"{kube.namespace}/deployment/chat"
+    job = wait_for(
+        f"{external_id} in the API",
+        lambda: (j := _job(deployment, external_id)) and j["state"] == "running" and j,
+    )
+    assert job["shape"] == "elastic" and job["kind"] == "realtime_inference"
+    assert (job["min_replicas"], job["max_replicas"], job["replicas"]) == (1, 4, 1)
+    assert sum(a["gpu_count"] for a in job["allocations"]) == 1
+
+
+def test_a_plan_scales_an_inference_deployment_up_and_down(
+    deployment: dict[str, Any], kube: Kube
+) -> None:
+    kube.apps.create_namespaced_deployment(
+        kube.namespace, inference_deployment("search", replicas=1)
+    )
+    external_id = f"{kube.namespace}/deployment/search"
+    wait_for(
+        f"{external_id} running in the API",
+        lambda: (j := _job(deployment, external_id)) and j["state"] == "running",
+    )
+    engine = deployment["pipeline"].engine
+    for replicas in (3, 1):
+        ids = stored_plan(
+            engine,
+            [{"job": external_id, "kind": ActionKind.resize, "target_replicas": replicas}],
+            tag=f"k8s-resize-{kube.namespace}-{replicas}",
+        )
+        assert list(_approve_plan_and_wait(deployment, ids).values()) == ["succeeded"]
+        scaled = kube.apps.read_namespaced_deployment(external_id.split("/")[-1], kube.namespace)
+        assert scaled.spec.replicas == replicas
+        wait_for(
+            f"{replicas} running replicas of search",
+            lambda replicas=replicas: _running_replicas(kube, "search") == replicas,
+        )
+        wait_for(
+            f"the API to show {replicas} replicas",
+            lambda replicas=replicas: (
+                (j := _job(deployment, external_id)) and j["replicas"] == replicas
+            ),
+        )
+
+
+def test_only_the_clusters_own_connector_may_push(deployment: dict[str, Any]) -> None:
+    base, tokens = deployment["base"], deployment["tokens"]
+    snapshot = {"kind": "snapshot", "connector_session": "intruder", "seq": 1, "nodes": []}
+    for role, status in (("viewer", 403), ("operator", 403), (f"connector:{OTHER}", 403)):
+        response = httpx.post(
+            f"{base}/api/v1/clusters/{CLUSTER}/telemetry",
+            json=snapshot,
+            headers={"Authorization": f"Bearer {tokens[role]}"},
+            timeout=30,
+        )
+        assert response.status_code == status, (role, response.text)
+    # Nothing of the refused pushes landed: the cluster still has its nodes.
+    assert _api(deployment, "/nodes", cluster=CLUSTER)["total"] >= NODES
+
+
+def test_a_plan_holds_a_strict_fifo_blocker_and_starts_the_workload_behind_it(
+    deployment: dict[str, Any], kube: Kube
+) -> None:
+    """StrictFIFO, 8 GPUs of quota, 4 in use: an 8-GPU workload at the head of the queue
+    leaves a 2-GPU one waiting though it fits (tests/k8s/test_kueue_actions.py shows Kueue
+    does). A plan that holds the blocker (requeue, held: the connector deactivates its
+    Workload) and then starts the small one gets it admitted and running; the blocker
+    waits, deactivated, for a later plan."""
+    queue = gpu_queues(kube, gpus=8, strategy="StrictFIFO")
+    kube.batch.create_namespaced_job(kube.namespace, gpu_job("running", gpus=4, queue=queue))
+    wait_for("running to be admitted", lambda: admitted(kube, "running"))
+    kube.batch.create_namespaced_job(kube.namespace, gpu_job("large", gpus=8, queue=queue))
+    wait_for("large's Workload", lambda: kube.workload_of_job("large"))
+    time.sleep(1.1)  # Workloads are ordered by creation time, to the second
+    kube.batch.create_namespaced_job(kube.namespace, gpu_job("small", gpus=2, queue=queue))
+    large, small = (f"{kube.namespace}/job/{name}" for name in ("large", "small"))
+    for external_id in (large, small):
+        wait_for(
+            f"{external_id} pending in the API",
+            lambda external_id=external_id: (
+                (j := _job(deployment, external_id)) and j["state"] == "pending"
+            ),
+        )
+    assert admitted(kube, "small") is None, "Kueue admitted small past the head on its own"
+
+    ids = stored_plan(
+        deployment["pipeline"].engine,
+        [
+            {"job": large, "kind": ActionKind.requeue},
+            {"job": small, "kind": ActionKind.start, "after": [0]},
+        ],
+        tag=f"k8s-fifo-{kube.namespace}",
+    )
+    assert list(_approve_plan_and_wait(deployment, ids).values()) == ["succeeded"] * 2
+    assert admitted(kube, "small") and running_pods(kube, "small")
+    workload = kube.workload_of_job("large")
+    assert workload is not None and workload["spec"]["active"] is False
+    wait_for(
+        "the API to show small running and large held",
+        lambda: (
+            (s := _job(deployment, small))
+            and s["state"] == "running"
+            and (b := _job(deployment, large))
+            and b["state"] == "pending"
+            and b["reason"] == "deactivated"
+        ),
+    )
