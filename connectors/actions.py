@@ -286,7 +286,9 @@ class ConnectorStepExecutor:
     def _hand_over_pointer(self, workload_id: str, args: dict[str, Any]) -> str | None:
         """The step's resume pointer, given to a connector that restarts the work itself."""
         resume_from = _resume_pointer(args)
-        if resume_from is not None and isinstance(self.connector, SupportsResumePointer):
+        if isinstance(self.connector, SupportsResumePointer):
+            # Handed over on every requeue and suspend, None included: a pointer an earlier,
+            # abandoned step left behind must not make this one resume from an old image.
             self.connector.set_resume_pointer(workload_id, resume_from)
         return resume_from
 

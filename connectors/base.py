@@ -106,11 +106,12 @@ class SupportsResumePointer(Protocol):
 
     The saga's checkpoint step (the node agent's) says where the checkpoint is; the
     executor hands that pointer over with ``set_resume_pointer`` just before the
-    ``requeue`` or ``suspend`` of the same step, which gives it to the pods it restarts.
-    The connector keeps it only until that call: the durable copies are the ones the action
-    writes into the scheduler's objects, and a resent step hands it over again."""
+    ``requeue`` or ``suspend`` of the same step, which gives it to the pods it restarts;
+    ``None`` (a step without a checkpoint) clears what an earlier step left. The connector
+    keeps it only until that call: the durable copies are the ones the action writes into
+    the scheduler's objects, and a resent step hands it over again."""
 
-    def set_resume_pointer(self, external_id: str, resume_from: str) -> None: ...
+    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None: ...
 
 
 @runtime_checkable

@@ -6,6 +6,9 @@ and the action service all ask here.
   requeue pinned to its target, not behind the scheduler's back; a service grows where
   the scheduler puts it; a reservation is given back by the plan when the action it was
   for ends, because the scheduler cannot tell when a move is over.
+* **Sends jobs to nodes** (all but Kueue): a plan may move a running job to a node. Kueue
+  admits a Workload and the scheduler places its pods; a start is a reactivation and a
+  requeue cannot be pinned, so no migration is planned there.
 * **Reserves** (the simulated clusters, Slurm): the connector can hold GPUs for one job
   (``connectors.base.SupportsReservation``), so plans get ``reserve`` actions for what
   they free.
@@ -17,6 +20,7 @@ from wire.telemetry import SchedulerKind
 
 SCHEDULER_OWNED = frozenset({SchedulerKind.slurm, SchedulerKind.kubernetes, SchedulerKind.kueue})
 RESERVING = frozenset({SchedulerKind.sim, SchedulerKind.slurm})
+UNPINNABLE = frozenset({SchedulerKind.kueue})
 
 
 def places_itself(scheduler: str) -> bool:
@@ -25,3 +29,7 @@ def places_itself(scheduler: str) -> bool:
 
 def reserves(scheduler: str) -> bool:
     return SchedulerKind(scheduler) in RESERVING
+
+
+def moves_jobs(scheduler: str) -> bool:
+    return SchedulerKind(scheduler) not in UNPINNABLE

@@ -271,12 +271,14 @@ def _demand_means(session: Session, window: Window) -> dict[tuple[int, int], flo
 def _quota_caps(session: Session, window: Window) -> list[tuple[float, dict[str, int]]]:
     """(in force from, caps) of each version of the cluster's SLA policy, oldest first."""
     query = (
-        sa.select(col(SlaPolicy.created_at), col(SlaPolicy.spec))
+        sa.select(col(SlaPolicy.created_at), col(SlaPolicy.spec), col(SlaPolicy.deleted))
         .where(col(SlaPolicy.name) == window.cluster, col(SlaPolicy.created_at) < window.until)
         .order_by(col(SlaPolicy.version))
     )
     versions = []
-    for created_at, spec in session.execute(query):
+    for created_at, stored_spec, deleted in session.execute(query):
+        # A deletion keeps the last spec for the record; from then on no caps apply.
+        spec = {} if deleted else stored_spec
         caps = {
             team["team"]: int(team.get("guaranteed_gpus", 0)) + int(team["borrowing_limit_gpus"])
             for team in (spec or {}).get("teams", [])

@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
 from app.actions.models import Action, ActionKind, ActionState
+from app.actions.schedulers import moves_jobs
 from app.actions.service import NEVER_RAN_WHEN_FAILED, NOT_ON_JOBS, RAN
 from app.clusters import service as cluster_service
 from app.core.lookup import row_id
@@ -381,13 +382,18 @@ def to_instance(
         )
         for t in teams
     )
+    config = config or si.SolverConfig()
+    if not moves_jobs(snapshot.scheduler):
+        # The scheduler cannot be told where a job goes: a planned move could only fail,
+        # after its checkpoint had stopped the job.
+        config = config.model_copy(update={"migration": False, "cp_sat_migration": False})
     return si.Instance(
         now=now,
         gpu_models=gpu_models,
         nodes=nodes,
         jobs=jobs,
         policies=policies,
-        config=config or si.SolverConfig(),
+        config=config,
     )
 
 

@@ -83,9 +83,12 @@ class KubernetesCapabilities:
 
     # --- resume pointers (SupportsResumePointer) -------------------------------------------
 
-    def set_resume_pointer(self, external_id: str, resume_from: str) -> None:
+    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None:
         parse_external_id(external_id)
-        self._pointers()[external_id] = resume_from
+        if resume_from is None:
+            self._pointers().pop(external_id, None)
+        else:
+            self._pointers()[external_id] = resume_from
 
     def _pointers(self) -> dict[str, str]:
         pointers: dict[str, str] | None = getattr(self, "_resume_pointers", None)

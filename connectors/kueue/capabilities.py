@@ -114,7 +114,9 @@ class KueueCapabilities(KubernetesCapabilities):
                 namespace=namespace,
                 workload=workload,
                 checkpoint=_taken(owner, resume_from),
-                allow_restart=True,
+                # A checkpoint was taken for this: pods that cannot resume from it would
+                # restart from scratch while the control plane believes the work is kept.
+                allow_restart=False,
             )
         else:
             # The restart a plan asked for under a policy that allows it.

@@ -33,7 +33,9 @@ def _demand(job_id: str, minute: int, value: float) -> dict:
 
 
 @pytest.fixture
-def history(client: TestClient, auth: dict, clock: FrozenClock) -> None:
+def history(
+    client: TestClient, auth: dict, clock: FrozenClock, request: pytest.FixtureRequest
+) -> None:
     """Three 8-GPU nodes: n1 H100, n2 A100-80G, n3 H100 down throughout.
 
     First hour: job a (team x) holds n1's GPUs 0-3, measured at 5 % busy; job q (team x,
@@ -50,6 +52,9 @@ def history(client: TestClient, auth: dict, clock: FrozenClock) -> None:
         "spec": {"teams": [{"team": "x", "guaranteed_gpus": 4, "borrowing_limit_gpus": 0}]},
     }
     assert client.post("/api/v1/policies", headers=auth["operator"], json=policy).status_code == 201
+    if getattr(request, "param", None) == "policy deleted":
+        deleted = client.delete("/api/v1/policies/alpha", headers=auth["operator"])
+        assert deleted.status_code == 204
     nodes = [node("n1"), node("n2", gpu_model="A100-80G"), node("n3", state="down")]
     later = (T0 + timedelta(hours=1)).isoformat()
     a = running("a", "n1", [0, 1, 2, 3], team="x")
@@ -126,6 +131,15 @@ def test_causes_worked_out_by_hand(client: TestClient, auth: dict) -> None:
         b["cause"]: b["gpu_hours"] for b in body["by_bucket"] if b["start"] == body["since"]
     }
     assert first_hour == {"draining_down": 8.0, "allocated_idle": 4.0, "quota": 12.0}
+
+
+@pytest.mark.parametrize("history", ["policy deleted"], indirect=True)
+@pytest.mark.usefixtures("history")
+def test_a_deleted_policy_caps_no_team(client: TestClient, auth: dict) -> None:
+    """The same history with x's cap deleted before it: q fits the free GPUs and waits on
+    the scheduler's order, not on a quota (the deletion keeps the last spec on record)."""
+    causes = {c["cause"]: c["gpu_hours"] for c in _diagnosis(client, auth)["causes"]}
+    assert causes["quota"] == 0.0 and causes["queue_order"] == 12.0
 
 
 @pytest.mark.usefixtures("history")

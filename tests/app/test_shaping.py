@@ -24,11 +24,15 @@ from tests.app.builders import job, node, running, snapshot
 
 @pytest.fixture
 def fragmented(client: TestClient, auth: dict) -> None:
+    _fragmented(client, auth, scheduler="slurm")
+
+
+def _fragmented(client: TestClient, auth: dict, *, scheduler: str) -> None:
     """Two 8-GPU nodes, each half used by a checkpointable job; an 8-GPU job waits."""
     client.post(
         "/api/v1/clusters",
         headers=auth["admin"],
-        json={"name": "alpha", "scheduler": "slurm", "mode": "advise"},
+        json={"name": "alpha", "scheduler": scheduler, "mode": "advise"},
     )
     jobs = [
         running("j1", "n1", [0, 1, 2, 3], checkpointable=True, priority=10),
@@ -122,6 +126,19 @@ def test_shaper_defragments_and_proposes_in_advise_mode(
     assert plan["state"] == "proposed" and plan["checked_at"] is not None
     listed = client.get("/api/v1/plans", headers=auth["viewer"], params={"cluster": "alpha"})
     assert listed.json()["total"] == 1  # no plan row per cycle while the proposal stands
+
+
+def test_no_migration_is_planned_where_the_scheduler_cannot_be_told_where_a_job_goes(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """Kueue admits and the scheduler places: the defragmenting move planned on Slurm
+    above would be refused there after its checkpoint had stopped the job."""
+    _fragmented(client, auth, scheduler="kueue")
+    instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    assert not instance.config.migration and not instance.config.cp_sat_migration
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    decisions = _decisions(client, auth, result.plan_id)
+    assert all(d["action"] != "migrate" for ds in decisions.values() for d in ds), decisions
 
 
 @pytest.mark.usefixtures("fragmented")

@@ -52,7 +52,7 @@ class Restarting(Staging):
 
     kind = SchedulerKind.kubernetes
 
-    def set_resume_pointer(self, external_id: str, resume_from: str) -> None:
+    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None:
         self.calls.append(("pointer", external_id, resume_from))
 
 
@@ -80,11 +80,13 @@ def test_the_checkpoint_image_reaches_a_connector_that_restarts_the_work(tmp_pat
         ("suspend", "j"),
     ]
 
-    # A step without a checkpoint hands nothing over; a malformed pointer is refused.
+    # A step without a checkpoint clears what an earlier one may have left (so no stale
+    # image is resumed from); a malformed pointer is refused before anything is touched.
     connector.calls.clear()
     assert "resume_from" not in executor.run(step("suspend")).result
     bad = executor.run(step("requeue", resume_from=""))
-    assert bad.outcome is Outcome.refused and connector.calls == [("suspend", "j")]
+    assert bad.outcome is Outcome.refused
+    assert connector.calls == [("pointer", "j", None), ("suspend", "j")]
 
 
 def test_connectors_that_stage_images_are_not_handed_a_pointer(tmp_path: Path) -> None:
