@@ -35,7 +35,11 @@ def get_policy(session: SessionDep, name: str) -> SlaPolicyPublic:
     return SlaPolicyPublic.model_validate(service.get_policy(session=session, name=name))
 
 
-@router.put("/{name}", **scoped("operator"))
+@router.put(
+    "/{name}",
+    responses={409: {"description": "Another edit wrote the next version first; read again"}},
+    **scoped("operator"),
+)
 def edit_policy(
     session: SessionDep,
     clock: ClockDep,
@@ -58,7 +62,10 @@ def edit_policy(
 @router.delete(
     "/{name}",
     status_code=204,
-    responses={404: {"description": "No such policy, or it is deleted already"}},
+    responses={
+        404: {"description": "No such policy, or it is deleted already"},
+        409: {"description": "Another edit wrote the next version first; read again"},
+    },
     **scoped("operator"),
 )
 def delete_policy(session: SessionDep, clock: ClockDep, actor: ActorDep, name: str) -> None:

@@ -4,12 +4,13 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
-from app.core.errors import NotFound
+from app.core.errors import Conflict, NotFound
 from app.core.lookup import found, not_taken
 from app.policies.models import SlaPolicy, SlaPolicyCreate, SlaPolicyUpdate
 
@@ -40,7 +41,7 @@ def create_policy(
     )
     session.add(policy)
     _record(session, actor, "create", policy, now, teams=[], services=[])
-    session.commit()
+    _commit(session, policy_in.name)
     session.refresh(policy)
     return policy
 
@@ -73,7 +74,7 @@ def new_version(
         teams=_names(latest.spec, "teams", "team"),
         services=_names(latest.spec, "services", "service"),
     )
-    session.commit()  # the (name, version) unique constraint refuses a concurrent twin
+    _commit(session, name)
     session.refresh(policy)
     return policy
 
@@ -104,9 +105,24 @@ def delete_policy(
         services=_names(latest.spec, "services", "service"),
         after_empty=True,
     )
-    session.commit()  # the (name, version) unique constraint refuses a concurrent twin
+    _commit(session, name)
     session.refresh(tombstone)
     return tombstone
+
+
+def _commit(session: Session, name: str) -> None:
+    """Commit a new version; the (name, version) unique constraint refuses a concurrent
+    twin (two edits, an edit and a delete, two creations read the same latest version):
+    the later one is a 409 to read the policy again, not a 500."""
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(
+            f"SLA policy {name!r} changed while this request was handled; read it and retry",
+            resource="sla_policy",
+            resource_id=name,
+        ) from None
 
 
 def _latest(session: Session, name: str) -> SlaPolicy | None:

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
 from app.core.clock import FrozenClock
+from app.policies import service
 from app.policies.models import SlaPolicySpec
 from app.shaping.snapshot import take_snapshot
 
@@ -113,3 +115,30 @@ def test_a_deleted_policy_stops_applying_and_keeps_its_history(
         "/api/v1/audit", params={"object_type": "sla_policy"}, headers=auth["admin"]
     ).json()
     assert [e["action"] for e in audit["items"]].count("sla_policy.delete") == 1
+
+
+def test_an_edit_racing_another_is_a_conflict_not_a_server_error(
+    client: TestClient, auth: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.post("/api/v1/policies", headers=auth["operator"], json={"name": "race", "spec": SPEC})
+    first = service.get_policy
+    read: list[Any] = []
+
+    def stale(**kwargs: Any) -> Any:
+        # What a concurrent edit read: version 1, before the other wrote version 2.
+        read.append(first(**kwargs))
+        return read[0]
+
+    assert (
+        client.put("/api/v1/policies/race", headers=auth["operator"], json={"spec": SPEC}).json()[
+            "version"
+        ]
+        == 2
+    )
+    monkeypatch.setattr(service, "get_policy", lambda **kwargs: stale(**{**kwargs, "version": 1}))
+    raced = client.put("/api/v1/policies/race", headers=auth["operator"], json={"spec": SPEC})
+    assert raced.status_code == 409, raced.text
+    assert raced.json()["error"]["code"] == "conflict"
+    monkeypatch.undo()
+    versions = client.get("/api/v1/policies/race/versions", headers=auth["viewer"]).json()
+    assert [v["version"] for v in versions] == [1, 2]
