@@ -318,6 +318,9 @@ def _message(
         # Kueue Workload) so the pods the scheduler starts next read SHAPER_RESUME_FROM;
         # Slurm's job body finds its staged image itself and ignores it.
         args["image"] = image
+        if stage is not None and stage.result.get("image_dir"):
+            # Staged on the node the requeue pins the job to: resume from that copy.
+            args["resume_from"] = stage.result["image_dir"]
     if step.name == ConnectorStep.requeue:
         pin = _requeue_pin(action, job, step)
         if pin is not None:

@@ -337,6 +337,10 @@ def test_on_slurm_a_migration_stages_the_image_and_requeues_the_job_pinned_to_th
     assert where(requeue) == ("connector.lab", "requeue", 1)
     assert requeue.task == "shaper.connector.requeue"
     assert requeue.kwargs["step"]["args"]["nodes"] == ["b"]
+    # The requeue carries the image and the staged copy on b, for a scheduler that starts
+    # the job's pods itself (Kubernetes: SHAPER_RESUME_FROM); Slurm's job body ignores it.
+    assert requeue.kwargs["step"]["args"]["image"] == IMAGE["image"]
+    assert requeue.kwargs["step"]["args"]["resume_from"] == STAGED_AT_B["image_dir"]
 
     confirm = only(answer(session, clock, requeue))
     assert where(confirm) == ("agent.lab.b", "confirm", 1)
