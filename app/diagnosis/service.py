@@ -10,6 +10,7 @@ from sqlmodel import Session
 
 from app.clusters import service as cluster_service
 from app.core.errors import Invalid
+from app.core.lookup import row_id
 from app.diagnosis.history import Window, replay
 from app.diagnosis.models import BucketCauseHours, CauseHours, GroupCauseHours, IdleDiagnosis
 from solver.diagnosis import IdleCause, IdleHours, classify
@@ -40,7 +41,7 @@ def diagnose(
         )
     row = cluster_service.get_cluster(session=session, name=cluster)
     window = Window(
-        cluster_id=row.id,  # type: ignore[arg-type]
+        cluster_id=row_id(row),
         cluster=row.name,
         since=since,
         until=until,
