@@ -306,17 +306,26 @@ def demo(
 def connector(ctx: typer.Context) -> None:
     """Run a connector next to its scheduler: `shaper connector run --kind slurm --cluster NAME
     --control-plane URL --token … [--broker URL]` (with a broker it also serves action steps on
-    connector.<cluster>; see `shaper connector run --help`)."""
-    from connectors.runner import main as run_connector
-
+    connector.<cluster>; see `shaper connector run --help`). `shaper connector import-policies
+    --kind kueue --cluster NAME --control-plane URL` imports the site's Kueue ClusterQueues as
+    the cluster's SLA policy (see `shaper connector import-policies --help`)."""
     args = list(ctx.args)
+    if args and args[0] == "import-policies":
+        from connectors.import_policies import main as import_policies
+
+        raise typer.Exit(import_policies(args[1:]))
     if not args or args[0] != "run":
         console.print(
             "usage: shaper connector run --kind KIND --cluster NAME "
             "--control-plane URL [--token T] [--interval S] [--set key=value …] "
-            "[--broker URL [--state-dir DIR] [--actions-only]]"
+            "[--broker URL [--state-dir DIR] [--actions-only]]\n"
+            "       shaper connector import-policies --kind kueue --cluster NAME "
+            "--control-plane URL [--token T] [--set kubeconfig=PATH] [--cluster-queue CQ …] "
+            "[--selector LABELS] [--policy NAME] [--replace] [--dry-run]"
         )
         raise typer.Exit(2)
+    from connectors.runner import main as run_connector
+
     raise typer.Exit(run_connector(args[1:]))
 
 
