@@ -1,4 +1,5 @@
-"""What the Kubernetes connector does to a cluster: scale, evict, cordon, move, suspend, delete.
+"""What the Kubernetes connector does to a cluster: scale, evict, cordon, suspend, move and
+delete Jobs, delete pods.
 
 Each function takes an ``ApiClient`` (connectors.kubernetes.client) and names its objects
 by keyword; the connector class maps saga steps onto them. Every one is idempotent — a
@@ -7,28 +8,36 @@ retry after success changes nothing or finishes what a crash left half done — 
 server down, a timeout, 429, 409 and 5xx may pass on a retry; 400/403/404/422 will not,
 and their message names the verb and the resource, so a missing RBAC rule reads as one.
 
-What each needs of the connector's ClusterRole (deploy/kubernetes/ grants exactly this):
+What each needs of the connector's ClusterRole:
 
 =====================  ===============================================================
 scale                  patch apps deployments/scale, statefulsets/scale
 evict                  create pods/eviction
 cordon, uncordon       patch nodes
-recreate_pinned        get, delete, create pods; for a Job's pod: get, patch batch jobs
-suspend_job/resume     get, patch batch jobs (suspend_job_to_resume too)
+suspend_job/resume     get, patch batch jobs (recreate_job_pinned and
+                       suspend_job_to_resume too)
 delete_job             delete batch jobs
 delete_pod             delete pods
 =====================  ===============================================================
 
-Moving work (``recreate_pinned``) follows one contract with the workload, the same as the
-node agent's ``signal`` backend: a pod that can move says so with the annotation
+deploy/kubernetes/ grants what the saga's steps (connectors.kubernetes.capabilities) call:
+``evict`` and ``cordon``/``uncordon`` are library functions that no plan drives yet, so
+the deployed role does not allow them (a site that calls them adds the rules).
+
+Moving work follows one contract with the workload, the same as the node agent's
+``signal`` backend: a pod that can move says so with the annotation
 ``shaper.io/checkpointable: "true"`` and reads where to resume from the environment
-variable ``SHAPER_RESUME_FROM``. A bare pod is recreated with that variable set. A Job's
-pod template is immutable except for its scheduling directives and metadata (even while
-suspended; k8s.io/kubernetes pkg/apis/batch/validation), so a Job's template must declare
-the variable from the Downward API —
-``valueFrom.fieldRef.fieldPath: metadata.annotations['shaper.io/resume-from']`` — and
-Shaper sets that annotation. A pod that would lose its work is never moved unless the
-caller allows a restart.
+variable ``SHAPER_RESUME_FROM``. A Job's pod template is immutable except for its
+scheduling directives and metadata (even while suspended; k8s.io/kubernetes
+pkg/apis/batch/validation), so a Job's template must declare the variable from the
+Downward API — ``valueFrom.fieldRef.fieldPath: metadata.annotations['shaper.io/resume-from']``
+— and Shaper sets that annotation (connectors.kubernetes.pods.resume_blocker is the test,
+shared with telemetry's ``checkpointable``). A Job that would lose its work is never stopped
+unless the caller allows a restart.
+
+Bare pods are not moved: moving one is delete-then-create, and if the connector died or
+timed out between the two nothing would ever recreate the pod (its work and its spec
+would be gone). Work that must move runs as a Job, whose controller keeps the pod spec.
 """
 
 from __future__ import annotations
@@ -44,14 +53,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from connectors.base import ConnectorError
+from connectors.kubernetes.pods import HOSTNAME_LABEL, QUEUE_LABEL, RESUME_FROM, resume_blocker
 
-CHECKPOINTABLE = "shaper.io/checkpointable"
-RESUME_FROM = "shaper.io/resume-from"
-RESUME_FROM_ENV = "SHAPER_RESUME_FROM"
-RESUME_FROM_FIELD = f"metadata.annotations['{RESUME_FROM}']"
-HOSTNAME = "kubernetes.io/hostname"
-# Kueue marks the Jobs it manages with this label; it owns their spec.suspend.
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 # One request's ceiling: the saga retries a step that times out, the API server does not
 # need to be waited on longer.
@@ -256,7 +259,7 @@ def _set_unschedulable(api: client.ApiClient, *, node: str, unschedulable: bool 
     )
 
 
-# -- moving a pod -----------------------------------------------------------------------
+# -- pinning ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -269,132 +272,6 @@ class PodOnNode:
     uid: str
 
 
-def recreate_pinned(
-    api: client.ApiClient,
-    *,
-    namespace: str,
-    pod: str,
-    node: str,
-    resume_from: str | None,
-    allow_restart: bool = False,
-    timeout_s: float = SETTLE_TIMEOUT_S,
-) -> None:
-    """Move a pod to ``node``: delete it and create it again, pinned there, resuming from
-    ``resume_from`` (the checkpoint the node agent took before this step).
-
-    * A bare pod is recreated under the same name with a required node affinity
-      ``kubernetes.io/hostname In [node]`` (the scheduler still checks that it fits, unlike
-      ``spec.nodeName``), env ``SHAPER_RESUME_FROM`` and annotation ``shaper.io/resume-from``.
-    * A Job's pod: the Job is moved instead (:func:`recreate_job_pinned`), all its pods.
-    * A pod of another controller (ReplicaSet, StatefulSet, …) is refused: the controller
-      would recreate it from its own template, unpinned. A Job that Kueue manages is refused
-      too: Kueue owns its suspension (use connectors.kueue.actions).
-    * A pod without ``shaper.io/checkpointable: "true"`` would lose its work: refused
-      unless ``allow_restart``.
-
-    ``resume_from=None``: no new checkpoint; the pod keeps the pointer it carries, if any.
-    Idempotent: a pod already running or pending on ``node`` with the same resume pointer is
-    left alone; a retry after a timeout finishes the move. Errors: non-retryable for a
-    refusal or a pod that does not exist; retryable while the old pod takes longer than
-    ``timeout_s`` to terminate.
-    """
-    core = _core(api)
-    resource = f"pods {pod} in {namespace}"
-    current = call(
-        "get",
-        resource,
-        lambda: core.read_namespaced_pod(pod, namespace, _request_timeout=REQUEST_TIMEOUT_S),
-    )
-    owner = _controller(current.metadata)
-    if owner is not None and owner.kind == "Job":
-        recreate_job_pinned(
-            api,
-            namespace=namespace,
-            job=owner.name,
-            nodes=[node],
-            resume_from=resume_from,
-            allow_restart=allow_restart,
-            timeout_s=timeout_s,
-        )
-        return
-    if owner is not None:
-        raise ConnectorError(
-            f"cannot move pod {pod} in {namespace}: its {owner.kind} {owner.name} would "
-            "recreate it from its own template; move it through its owner",
-            retryable=False,
-        )
-    annotations = current.metadata.annotations or {}
-    if current.metadata.deletion_timestamp is None and _placed_as_asked(
-        current, node=node, resume_from=resume_from
-    ):
-        return
-    # A pod not yet scheduled has done no work to lose.
-    started = bool(current.spec.node_name)
-    if started and annotations.get(CHECKPOINTABLE) != "true" and not allow_restart:
-        raise ConnectorError(
-            f'pod {pod} in {namespace} is not checkpointable (no {CHECKPOINTABLE}: "true"): '
-            "moving it would restart it from scratch, and no policy allows a restart",
-            retryable=False,
-        )
-    replacement = _pinned_replacement(current, nodes=[node], resume_from=resume_from)
-    if current.metadata.deletion_timestamp is None:
-        # The old pod's uid as a precondition: a retry must not delete our replacement.
-        options = client.V1DeleteOptions(
-            preconditions=client.V1Preconditions(uid=current.metadata.uid)
-        )
-        try:
-            call(
-                "delete",
-                resource,
-                lambda: core.delete_namespaced_pod(
-                    pod, namespace, body=options, _request_timeout=REQUEST_TIMEOUT_S
-                ),
-            )
-        except ObjectGone:
-            pass
-
-    def gone() -> bool:
-        try:
-            call(
-                "get",
-                resource,
-                lambda: core.read_namespaced_pod(
-                    pod, namespace, _request_timeout=REQUEST_TIMEOUT_S
-                ),
-            )
-        except ObjectGone:
-            return True
-        return False
-
-    # The name is only free once the kubelet has stopped the old containers (its grace
-    # period), and two copies of one job must never run at once.
-    wait_until(
-        f"pod {pod} in {namespace} to terminate before it is recreated on {node}", gone, timeout_s
-    )
-    # A Conflict (AlreadyExists) is retryable: another attempt of this step created it
-    # first, and the read of the next retry checks that it is the one asked for.
-    call(
-        "create",
-        resource,
-        lambda: core.create_namespaced_pod(
-            namespace, replacement, _request_timeout=REQUEST_TIMEOUT_S
-        ),
-    )
-
-
-def _controller(metadata: client.V1ObjectMeta) -> client.V1OwnerReference | None:
-    return next((o for o in metadata.owner_references or [] if o.controller), None)
-
-
-def _placed_as_asked(pod: client.V1Pod, *, node: str, resume_from: str | None) -> bool:
-    annotations = pod.metadata.annotations or {}
-    if resume_from not in (None, annotations.get(RESUME_FROM)):
-        return False
-    if pod.spec.node_name:
-        return bool(pod.spec.node_name == node) and pod.status.phase in ("Pending", "Running")
-    return _pinned_nodes(pod.spec.affinity) == [node]
-
-
 def _pinned_nodes(affinity: client.V1Affinity | None) -> list[str] | None:
     """The nodes a required hostname affinity pins to (the same in every term); else None."""
     required = (
@@ -405,7 +282,9 @@ def _pinned_nodes(affinity: client.V1Affinity | None) -> list[str] | None:
     pins = []
     for term in (required.node_selector_terms if required else None) or []:
         hostnames = [
-            e for e in term.match_expressions or [] if e.key == HOSTNAME and e.operator == "In"
+            e
+            for e in term.match_expressions or []
+            if e.key == HOSTNAME_LABEL and e.operator == "In"
         ]
         if len(hostnames) != 1:
             return None
@@ -424,10 +303,10 @@ def _pinned_affinity(affinity: client.V1Affinity | None, nodes: list[str]) -> cl
     terms = list(required.node_selector_terms or []) if required else []
     if not terms:
         terms = [client.V1NodeSelectorTerm(match_expressions=[])]
-    pin = client.V1NodeSelectorRequirement(key=HOSTNAME, operator="In", values=sorted(nodes))
+    pin = client.V1NodeSelectorRequirement(key=HOSTNAME_LABEL, operator="In", values=sorted(nodes))
     pinned_terms = [
         client.V1NodeSelectorTerm(
-            match_expressions=[e for e in term.match_expressions or [] if e.key != HOSTNAME]
+            match_expressions=[e for e in term.match_expressions or [] if e.key != HOSTNAME_LABEL]
             + [pin],
             match_fields=term.match_fields,
         )
@@ -440,39 +319,18 @@ def _pinned_affinity(affinity: client.V1Affinity | None, nodes: list[str]) -> cl
     return affinity
 
 
-def _pinned_replacement(
-    current: client.V1Pod, *, nodes: list[str], resume_from: str | None
-) -> client.V1Pod:
-    """The pod to create in ``current``'s place: same metadata that a user set, same spec
-    less what the API server and the scheduler filled in, pinned, with the resume pointer."""
-    spec: client.V1PodSpec = current.spec
-    spec.node_name = None
-    spec.affinity = _pinned_affinity(spec.affinity, nodes)
-    annotations = dict(current.metadata.annotations or {})
-    if resume_from is not None:
-        annotations[RESUME_FROM] = resume_from
-        for container in spec.containers:
-            env = [e for e in container.env or [] if e.name != RESUME_FROM_ENV]
-            container.env = [*env, client.V1EnvVar(name=RESUME_FROM_ENV, value=resume_from)]
-    metadata = client.V1ObjectMeta(
-        name=current.metadata.name,
-        namespace=current.metadata.namespace,
-        labels=current.metadata.labels,
-        annotations=annotations,
-    )
-    return client.V1Pod(api_version="v1", kind="Pod", metadata=metadata, spec=spec)
-
-
 # -- Jobs (batch/v1) --------------------------------------------------------------------
 
 
-def _read_job(api: client.ApiClient, *, namespace: str, job: str) -> client.V1Job:
+def read_job(api: client.ApiClient, *, namespace: str, job: str) -> client.V1Job:
+    """The Job as the API server has it now (errors as :func:`call` says)."""
     batch = _batch(api)
-    return call(
+    found: client.V1Job = call(
         "get",
         f"jobs {job} in {namespace}",
         lambda: batch.read_namespaced_job(job, namespace, _request_timeout=REQUEST_TIMEOUT_S),
     )
+    return found
 
 
 def _patch_job(
@@ -489,7 +347,7 @@ def _patch_job(
 
 
 def _refuse_if_kueue(current: client.V1Job, what: str) -> None:
-    queue = (current.metadata.labels or {}).get(KUEUE_QUEUE_LABEL)
+    queue = (current.metadata.labels or {}).get(QUEUE_LABEL)
     if queue:
         raise ConnectorError(
             f"cannot {what}: Kueue manages it (LocalQueue {queue}) and undoes any change to "
@@ -503,7 +361,7 @@ def suspend_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
     """Suspend a Job (``spec.suspend``): the Job controller deletes its active pods and
     creates none until it is resumed. For plain Kubernetes; a Job Kueue manages is refused
     (measured with Kueue v0.17: it unsuspends the Job at once, and the pods restart)."""
-    current = _read_job(api, namespace=namespace, job=job)
+    current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, f"suspend job {job} in {namespace}")
     if current.spec.suspend:
         return
@@ -512,7 +370,7 @@ def suspend_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
 
 def resume_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
     """Let a suspended Job create its pods again (``spec.suspend: false``); see suspend_job."""
-    current = _read_job(api, namespace=namespace, job=job)
+    current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, f"resume job {job} in {namespace}")
     if not current.spec.suspend:
         return
@@ -534,31 +392,9 @@ def delete_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
         return
 
 
-def declares_resume_env(template: client.V1PodTemplateSpec) -> bool:
-    """Whether every container of a pod template reads ``SHAPER_RESUME_FROM`` from the
-    ``shaper.io/resume-from`` annotation (the Downward API), the one way a Job's pods can
-    see a pointer set after the Job was created."""
-    for container in template.spec.containers:
-        declared = next((e for e in container.env or [] if e.name == RESUME_FROM_ENV), None)
-        field_ref = declared.value_from.field_ref if declared and declared.value_from else None
-        if field_ref is None or field_ref.field_path != RESUME_FROM_FIELD:
-            return False
-    return True
-
-
-def resume_blocker(template: client.V1PodTemplateSpec) -> str | None:
-    """Why a Job's new pods would restart from scratch rather than resume; None if they
-    would resume: checkpointable, and reading the resume pointer."""
-    annotations = (template.metadata.annotations if template.metadata else None) or {}
-    if annotations.get(CHECKPOINTABLE) != "true":
-        return f'its pods are not checkpointable (no {CHECKPOINTABLE}: "true" on the pod template)'
-    if not declares_resume_env(template):
-        return (
-            f"its pod template does not declare env {RESUME_FROM_ENV} from fieldRef "
-            f"{RESUME_FROM_FIELD}, so new pods could not resume (a Job's containers cannot "
-            "change after creation)"
-        )
-    return None
+def template_blocker(api: client.ApiClient, template: client.V1PodTemplateSpec) -> str | None:
+    """:func:`connectors.kubernetes.pods.resume_blocker` of a pod template the client read."""
+    return resume_blocker(api.sanitize_for_serialization(template))
 
 
 def recreate_job_pinned(
@@ -588,7 +424,7 @@ def recreate_job_pinned(
     """
     where = f" to {','.join(nodes)}" if nodes else ""
     what = f"move job {job} in {namespace}{where}"
-    current = _read_job(api, namespace=namespace, job=job)
+    current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
     template = current.spec.template
     if not current.spec.suspend and _prepared_as_asked(
@@ -626,7 +462,7 @@ def suspend_job_to_resume(
     to go."""
     where = f" on {','.join(nodes)}" if nodes else ""
     what = f"suspend job {job} in {namespace} to resume{where}"
-    current = _read_job(api, namespace=namespace, job=job)
+    current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
     _stop_for_resume(
         api,
@@ -657,21 +493,69 @@ def _stop_for_resume(
     timeout_s: float,
     what: str,
 ) -> None:
-    """Suspend → wait until no pod is active → pin the template and set its pointer."""
+    """Suspend → wait until no pod is active → pin the template and set its pointer.
+
+    A non-retryable error after this call suspended the Job itself (a template patch the
+    API server refuses, the Job deleted meanwhile) lets the Job run again before it is
+    raised: the step failed, and nothing else would ever unsuspend the Job (the saga's
+    compensation is an agent step). Its new pods then start from the pointer the template
+    already carried, or from scratch. A Job that was suspended already, by an earlier
+    attempt of the step whose wait timed out or by anyone else, is left suspended: this
+    call cannot tell that it suspended it."""
     namespace, job = current.metadata.namespace, current.metadata.name
     template = current.spec.template
     # A suspended Job with no pod left loses nothing by moving (a plan's start of a held Job).
     running = not current.spec.suspend or bool(current.status.active)
-    blocker = resume_blocker(template) if running else None
+    blocker = template_blocker(api, template) if running else None
     if blocker and not allow_restart:
         raise ConnectorError(
             f"cannot {what}: {blocker}, and no policy allows a restart", retryable=False
         )
+    suspended_here = False
     if not current.spec.suspend:
         _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": True}})
+        suspended_here = True
+    try:
+        _prepare_stopped(
+            api,
+            template,
+            namespace=namespace,
+            job=job,
+            nodes=nodes,
+            resume_from=resume_from,
+            timeout_s=timeout_s,
+        )
+    except ConnectorError as error:
+        if not suspended_here or error.retryable:
+            raise
+        try:
+            _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+        except ConnectorError as undo:
+            raise ConnectorError(
+                f"{error}; and the Job this step suspended could not be let run again "
+                f"({undo}): it stays suspended until resumed",
+                retryable=False,
+            ) from error
+        raise ConnectorError(
+            f"{error} (the Job this step suspended was let run again)", retryable=False
+        ) from error
+
+
+def _prepare_stopped(
+    api: client.ApiClient,
+    template: client.V1PodTemplateSpec,
+    *,
+    namespace: str,
+    job: str,
+    nodes: list[str] | None,
+    resume_from: str | None,
+    timeout_s: float,
+) -> None:
+    """Wait until a suspended Job has no pod left, then pin its template and set its
+    pointer."""
 
     def stopped() -> bool:
-        status = _read_job(api, namespace=namespace, job=job).status
+        status = read_job(api, namespace=namespace, job=job).status
         suspended = any(
             c.type == "Suspended" and c.status == "True" for c in status.conditions or []
         )

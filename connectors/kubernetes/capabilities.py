@@ -14,11 +14,10 @@ suspend / resume                    Job: ``suspend_job_to_resume`` (the pods go,
 requeue(nodes, hold)                Job: ``recreate_job_pinned`` to ``nodes`` with the
                                     pointer; with ``hold`` ``suspend_job_to_resume`` (pinned,
                                     left suspended); without nodes or pointer a restart
-                                    (suspend, then resume unless ``hold``); a bare pod:
-                                    ``recreate_pinned`` to its one node
+                                    (suspend, then resume unless ``hold``)
 start(nodes)                        suspended Job: ``recreate_job_pinned(resume_from=None)``
                                     to ``nodes`` (its pointer kept), ``resume_job`` without
-                                    nodes; an unbound bare pod: ``recreate_pinned``
+                                    nodes; a bare pod without nodes: nothing to do
 cancel                              Job: ``delete_job``; bare pod: ``delete_pod``
 set_resume_pointer                  kept for the ``requeue``/``suspend`` that follows
 ==================================  ==========================================================
@@ -26,7 +25,11 @@ set_resume_pointer                  kept for the ``requeue``/``suspend`` that fo
 Anything else is refused with a non-retryable :class:`ConnectorError` that says why (the
 executor answers the step failed, not retried): other owners (JobSet, LeaderWorkerSet,
 RayCluster) until their controllers are handled; ``exclude`` (Kubernetes pins to named
-nodes, it cannot place "anywhere but"); holding a bare pod (nothing would recreate it).
+nodes, it cannot place "anywhere but"); moving or holding a bare pod — a requeue, or a
+start that pins one that is not bound yet. A move of a bare pod is delete-then-create,
+and if the connector failed between the two (a crash, a timeout whose retry finds the pod
+gone) nothing would ever recreate it: its spec and its work would be lost. Work that
+must move runs as a Job, whose controller keeps the pod template.
 Not offered at all, so the executor refuses the step itself: ``reserve``/``unreserve`` —
 Kubernetes has nothing like a Slurm reservation that keeps free GPUs for one job — and
 ``update_node_count``. A malformed or unknown external id is non-retryable (the API
@@ -35,12 +38,16 @@ server's 404), like Slurm's.
 **Work is never lost silently.** Suspending or moving a running Job deletes its pods, so
 they must be able to resume (``shaper.io/checkpointable: "true"`` and
 ``SHAPER_RESUME_FROM`` declared from the annotation, connectors.kubernetes.actions), and
-they must have somewhere to resume from: the pointer of the checkpoint the saga's agent
-step took (``set_resume_pointer``, handed over by the executor), or one the Job already
-carries. Otherwise the step is refused. A requeue without a pin is the scheduler's restart
-that the plan asked for under a policy that allows it (the saga's preemption of a job that
-cannot checkpoint), so it goes ahead. The connector never calls a node agent itself: the
-saga runs the agent's checkpoint step first and passes on what it reported.
+a running Job must have somewhere to resume from: the pointer of the checkpoint this
+step's agent step took (``set_resume_pointer``, which the executor calls before every
+requeue and suspend, None clearing what an earlier step left). A pointer the Job carries
+from an earlier move does not count for a running Job — its pods have run on since that
+checkpoint — so without this step's own the step is refused. A held Job (suspended, no
+pod left) has nothing to lose and keeps the pointer it carries. A requeue without a pin
+is the scheduler's restart that the plan asked for under a policy that allows it (the
+saga's preemption of a job that cannot checkpoint), so it goes ahead. The connector
+never calls a node agent itself: the saga runs the agent's checkpoint step first and
+passes on what it reported.
 
 The Kueue connector (connectors.kueue.capabilities) overrides these for the jobs Kueue
 manages: Kueue owns their ``spec.suspend``, and the functions here refuse them.
@@ -154,8 +161,7 @@ class KubernetesCapabilities:
             )
         pin = nodes or None
         if owner.kind == "Pod":
-            self._move_pod(owner, pin, resume_from=resume_from, hold=hold)
-            return
+            raise _cannot("hold" if hold else "requeue", owner, _BARE_POD)
         if owner.kind != "Job":
             raise _cannot("requeue", owner, _JOBS_ONLY)
         namespace, job = owner.namespace, owner.name
@@ -180,36 +186,23 @@ class KubernetesCapabilities:
             allow_restart=pin is None,
         )
 
-    def _move_pod(
-        self, owner: OwnerRef, nodes: list[str] | None, *, resume_from: str | None, hold: bool
-    ) -> None:
-        if hold:
-            raise _cannot("hold", owner, "nothing would recreate a bare pod once it is deleted")
-        if nodes is None or len(nodes) != 1:
-            raise _cannot("requeue", owner, "a bare pod moves to exactly one named node")
-        actions.recreate_pinned(
-            self.api,
-            namespace=owner.namespace,
-            pod=owner.name,
-            node=nodes[0],
-            resume_from=resume_from,
-        )
-
     # --- SupportsStart ---------------------------------------------------------------------
 
     def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
         """Start a held (suspended) Job, pinned to ``nodes`` when given, resuming from the
         pointer it carries; a Job that is not suspended is left to the scheduler (the
-        confirm that follows says where it runs). An unbound bare pod is pinned."""
+        confirm that follows says where it runs), as is a bare pod already bound or
+        started without nodes. Pinning a bare pod that is not bound yet is refused
+        (module docstring)."""
         owner = parse_external_id(external_id)
         pin = nodes or None
         if owner.kind == "Pod":
             if pin is not None and not self._pod_bound(owner):
-                self._move_pod(owner, pin, resume_from=None, hold=False)
+                raise _cannot("start", owner, _BARE_POD)
             return
         if owner.kind != "Job":
             raise _cannot("start", owner, _JOBS_ONLY)
-        current = self._read_job(owner, "start")
+        current = actions.read_job(self.api, namespace=owner.namespace, job=owner.name)
         ended = [
             c.type
             for c in current.status.conditions or []
@@ -245,17 +238,6 @@ class KubernetesCapabilities:
             raise _cannot(step, owner, _JOBS_ONLY)
         return owner
 
-    def _read_job(self, owner: OwnerRef, step: str) -> client.V1Job:
-        batch = client.BatchV1Api(self.api)
-        job: client.V1Job = actions.call(
-            "get",
-            f"jobs {owner.name} in {owner.namespace}",
-            lambda: batch.read_namespaced_job(
-                owner.name, owner.namespace, _request_timeout=actions.REQUEST_TIMEOUT_S
-            ),
-        )
-        return job
-
     def _pod_bound(self, owner: OwnerRef) -> bool:
         core = client.CoreV1Api(self.api)
         pod = actions.call(
@@ -268,27 +250,28 @@ class KubernetesCapabilities:
         return bool(pod.spec.node_name)
 
     def _refuse_a_fresh_start(self, step: str, owner: OwnerRef, resume_from: str | None) -> None:
-        """Refuse to stop a running Job that has nowhere to resume from: no pointer from
-        this step's checkpoint and none on its pod template. (Whether its pods *can* resume
-        is the action's own check.)"""
+        """Refuse to stop a running Job without this step's own pointer: a pointer its
+        template carries from an earlier move is older than the work its pods did since.
+        (Whether its pods *can* resume is the action's own check.)"""
         if resume_from is not None:
             return
-        current = self._read_job(owner, step)
+        current = actions.read_job(self.api, namespace=owner.namespace, job=owner.name)
         running = not current.spec.suspend or bool(current.status.active)
-        template = current.spec.template
-        carried = ((template.metadata.annotations if template.metadata else None) or {}).get(
-            actions.RESUME_FROM
-        )
-        if running and carried is None:
+        if running:
             raise _cannot(
                 step,
                 owner,
                 "its pods would start over: the step carries no checkpoint to resume from "
-                "(the saga's checkpoint step gives one) and the Job holds none",
+                "(the saga's checkpoint step gives one), and a pointer the Job carries from "
+                "an earlier move is older than the work done since",
             )
 
 
 _JOBS_ONLY = "the Kubernetes connector acts on batch/v1 Jobs and bare pods only"
+_BARE_POD = (
+    "a bare pod is never moved: nothing would recreate it if the connector failed between "
+    "deleting it and creating it again; run the workload as a Job"
+)
 
 
 def _cannot(step: str, owner: OwnerRef, why: str) -> ConnectorError:

@@ -48,7 +48,13 @@ watch delivered them in):
   JobSets and RayClusters, ``realtime_inference`` for Deployments, StatefulSets and
   LeaderWorkerSets, ``other`` for bare pods;
 * ``shaper.io/sla-class`` label → sla_class;
-* ``shaper.io/checkpointable: "true"`` annotation → checkpointable;
+* checkpointable: a Job whose pod template (its first pod's, while the Job itself is not
+  seen) passes :func:`resume_blocker` — the very test the actions make before they stop
+  it (``shaper.io/checkpointable: "true"`` and ``SHAPER_RESUME_FROM`` declared from the
+  annotation ``shaper.io/resume-from``), so the solver never plans a move the connector
+  refuses; a bare pod is never checkpointable (no step moves one: nothing would recreate
+  it, connectors.kubernetes.capabilities); other owners: the annotation
+  ``shaper.io/checkpointable: "true"``;
 * ``spec.priority`` of the pods (the admission plugin's value of their PriorityClass), or
   the template's ``priorityClassName`` looked up, clamped to 0 … 1,000,000;
 * ``nvidia.com/gpu.product`` in the node selector → ``allowed_gpu_models``; a pending
@@ -81,8 +87,14 @@ Object = dict[str, Any]
 TEAM_LABEL = "shaper.io/team"
 KIND_LABEL = "shaper.io/kind"
 SLA_LABEL = "shaper.io/sla-class"
+# Kueue marks the Jobs it manages with this label; it owns their spec.suspend.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# The contract of work that can move (connectors.kubernetes.actions' docstring): the pod
+# template says it is checkpointable and reads where to resume from an annotation.
 CHECKPOINTABLE_ANNOTATION = "shaper.io/checkpointable"
+RESUME_FROM = "shaper.io/resume-from"
+RESUME_FROM_ENV = "SHAPER_RESUME_FROM"
+RESUME_FROM_FIELD = f"metadata.annotations['{RESUME_FROM}']"
 MIN_REPLICAS_ANNOTATION = "shaper.io/min-replicas"
 MAX_REPLICAS_ANNOTATION = "shaper.io/max-replicas"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -240,6 +252,41 @@ def _pinning_values(requirement: Mapping[str, Any], where: str) -> list[str]:
     if key == pinning and requirement.get("operator") == "In":
         return [str(v) for v in requirement.get("values") or []]
     return []
+
+
+def declares_resume_env(template: Mapping[str, Any]) -> bool:
+    """Whether every container of a pod template (or pod; the API's JSON form) reads
+    ``SHAPER_RESUME_FROM`` from the ``shaper.io/resume-from`` annotation (the Downward API),
+    the one way a Job's pods can see a pointer set after the Job was created."""
+    containers = (template.get("spec") or {}).get("containers") or []
+    for container in containers:
+        declared = next(
+            (e for e in container.get("env") or [] if e.get("name") == RESUME_FROM_ENV), None
+        )
+        field_ref = ((declared or {}).get("valueFrom") or {}).get("fieldRef") or {}
+        if field_ref.get("fieldPath") != RESUME_FROM_FIELD:
+            return False
+    return bool(containers)
+
+
+def resume_blocker(template: Mapping[str, Any]) -> str | None:
+    """Why a Job's new pods, made from this pod template (the API's JSON form), would
+    restart from scratch rather than resume; None if they would resume: checkpointable, and
+    reading the resume pointer. The actions' test before they stop work, and telemetry's
+    ``checkpointable``."""
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(CHECKPOINTABLE_ANNOTATION) != "true":
+        return (
+            f'its pods are not checkpointable (no {CHECKPOINTABLE_ANNOTATION}: "true" on the '
+            "pod template)"
+        )
+    if not declares_resume_env(template):
+        return (
+            f"its pod template does not declare env {RESUME_FROM_ENV} from fieldRef "
+            f"{RESUME_FROM_FIELD}, so new pods could not resume (a Job's containers cannot "
+            "change after creation)"
+        )
+    return None
 
 
 def allowed_models(spec: Mapping[str, Any], aliases: Mapping[str, str]) -> list[str]:
@@ -436,6 +483,18 @@ def _gang_size(group: JobGroup, live_pods: list[Object]) -> int:
     return max(1, min(MAX_GANG, len(live_pods) or len(group.pods)))
 
 
+def _checkpointable(group: JobGroup, annotations: Mapping[str, Any]) -> bool:
+    """By the rules of the module docstring: for Jobs and bare pods, what the actions
+    accept."""
+    if group.owner.kind == "Pod":
+        return False
+    if group.owner.kind == "Job":
+        if group.obj is not None:
+            return resume_blocker((group.obj.get("spec") or {}).get("template") or {}) is None
+        return bool(group.pods) and resume_blocker(group.pods[0]) is None
+    return str(annotations.get(CHECKPOINTABLE_ANNOTATION, "")).lower() == "true"
+
+
 def job_state(group: JobGroup, live_bound: list[Object]) -> tuple[JobState, str]:
     """State and reason, by the rules of the module docstring."""
     if group.obj is not None and group.owner.kind == "Job":
@@ -502,7 +561,7 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
         "queue": str(labels.get(QUEUE_LABEL) or "default")[:128],
         "kind": _job_kind(group),
         "priority": group_priority(group, context),
-        "checkpointable": str(annotations.get(CHECKPOINTABLE_ANNOTATION, "")).lower() == "true",
+        "checkpointable": _checkpointable(group, annotations),
         "state": state,
         "reason": reason[:255],
         "restart_count": min(

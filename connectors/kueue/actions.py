@@ -40,14 +40,15 @@ from connectors.kubernetes.actions import (
     JOB_UID_LABEL,
     MERGE_PATCH,
     REQUEST_TIMEOUT_S,
-    RESUME_FROM,
     SETTLE_TIMEOUT_S,
     Conflict,
     PodOnNode,
     call,
-    resume_blocker,
+    read_job,
+    template_blocker,
     wait_until,
 )
+from connectors.kubernetes.pods import RESUME_FROM
 
 GROUP, VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
 # Kueue's own marker on a Job it is in the middle of stopping (pkg/controller/jobs/job).
@@ -169,15 +170,11 @@ def preempt_with_checkpoint(
     current = read_workload(api, namespace=namespace, workload=workload)
     job = job_of(current)
     job_resource = f"jobs {job} in {namespace}"
-    owner = call(
-        "get",
-        job_resource,
-        lambda: batch.read_namespaced_job(job, namespace, _request_timeout=REQUEST_TIMEOUT_S),
-    )
+    owner = read_job(api, namespace=namespace, job=job)
     resume_from: str | None = (owner.metadata.annotations or {}).get(RESUME_FROM)
     if is_active(current):
         pods = _running_pods(api, namespace=namespace, job_uid=owner.metadata.uid)
-        blocker = resume_blocker(owner.spec.template) if pods else None
+        blocker = template_blocker(api, owner.spec.template) if pods else None
         if blocker and not allow_restart:
             raise ConnectorError(
                 f"cannot preempt workload {workload} in {namespace} with a checkpoint: "
@@ -201,19 +198,7 @@ def preempt_with_checkpoint(
             resume_from = pointer
         deactivate(api, namespace=namespace, workload=workload)
 
-    def stopped() -> bool:
-        seen = read_workload(api, namespace=namespace, workload=workload)
-        if condition_true(seen, "QuotaReserved"):
-            return False
-        status_job = call(
-            "get",
-            job_resource,
-            lambda: batch.read_namespaced_job(job, namespace, _request_timeout=REQUEST_TIMEOUT_S),
-        )
-        stopping = KUEUE_STOPPING in (status_job.metadata.annotations or {})
-        return bool(status_job.spec.suspend) and not stopping and not status_job.status.active
-
-    wait_until(f"Kueue to stop job {job} of workload {workload} in {namespace}", stopped, timeout_s)
+    wait_stopped(api, namespace=namespace, workload=workload, job=job, timeout_s=timeout_s)
     if resume_from is not None:
         _store_in_pod_sets(api, namespace=namespace, workload=workload, resume_from=resume_from)
         call(
@@ -228,6 +213,30 @@ def preempt_with_checkpoint(
             ),
         )
     return resume_from
+
+
+def wait_stopped(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    workload: str,
+    job: str,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> None:
+    """Until Kueue has released a deactivated Workload's quota and stopped its Job
+    (suspended, Kueue's own stopping marker gone, no pod active): then the pointer can be
+    written into its pod sets, and a reactivation queues it again instead of finding it
+    still admitted. A retryable error when Kueue takes longer than ``timeout_s``."""
+
+    def stopped() -> bool:
+        seen = read_workload(api, namespace=namespace, workload=workload)
+        if condition_true(seen, "QuotaReserved"):
+            return False
+        found = read_job(api, namespace=namespace, job=job)
+        stopping = KUEUE_STOPPING in (found.metadata.annotations or {})
+        return bool(found.spec.suspend) and not stopping and not found.status.active
+
+    wait_until(f"Kueue to stop job {job} of workload {workload} in {namespace}", stopped, timeout_s)
 
 
 def _running_pods(api: client.ApiClient, *, namespace: str, job_uid: str) -> list[PodOnNode]:

@@ -33,13 +33,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kubernetes import client
-
 from connectors.base import ConnectorError
 from connectors.kubernetes import actions as kube_actions
-from connectors.kubernetes.actions import KUEUE_QUEUE_LABEL, PodOnNode
+from connectors.kubernetes.actions import PodOnNode
 from connectors.kubernetes.capabilities import KubernetesCapabilities
-from connectors.kubernetes.pods import OwnerRef, parse_external_id
+from connectors.kubernetes.pods import QUEUE_LABEL, OwnerRef, parse_external_id
 from connectors.kueue import actions
 from connectors.kueue.actions import Checkpoint
 
@@ -122,7 +120,16 @@ class KueueCapabilities(KubernetesCapabilities):
             # The restart a plan asked for under a policy that allows it.
             actions.deactivate(self.api, namespace=namespace, workload=workload)
             if not hold:
-                self._wait_stopped(namespace, workload)
+                # So that the reactivation queues it again instead of finding it still
+                # admitted.
+                actions.wait_stopped(
+                    self.api,
+                    namespace=namespace,
+                    workload=workload,
+                    job=actions.job_of(
+                        actions.read_workload(self.api, namespace=namespace, workload=workload)
+                    ),
+                )
         if not hold:
             actions.reactivate(self.api, namespace=namespace, workload=workload)
 
@@ -143,41 +150,15 @@ class KueueCapabilities(KubernetesCapabilities):
         if workload is not None:
             return owner, str(workload["metadata"]["name"])
         if owner.kind == "Job":
-            labels = (self._read_job(owner, "find the Workload of").metadata.labels) or {}
-            if labels.get(KUEUE_QUEUE_LABEL):
+            job = kube_actions.read_job(self.api, namespace=owner.namespace, job=owner.name)
+            labels = job.metadata.labels or {}
+            if labels.get(QUEUE_LABEL):
                 raise ConnectorError(
                     f"job {external_id} is queued in Kueue (LocalQueue "
-                    f"{labels[KUEUE_QUEUE_LABEL]}) but its Workload is not seen yet",
+                    f"{labels[QUEUE_LABEL]}) but its Workload is not seen yet",
                     retryable=True,
                 )
         return owner, None
-
-    def _wait_stopped(self, namespace: str, workload: str) -> None:
-        """Until Kueue has released the Workload's quota and suspended its Job, so that a
-        reactivation queues it again instead of finding it still admitted."""
-        batch = client.BatchV1Api(self.api)
-        current = actions.read_workload(self.api, namespace=namespace, workload=workload)
-        job = actions.job_of(current)
-
-        def stopped() -> bool:
-            seen = actions.read_workload(self.api, namespace=namespace, workload=workload)
-            if actions.condition_true(seen, "QuotaReserved"):
-                return False
-            found = kube_actions.call(
-                "get",
-                f"jobs {job} in {namespace}",
-                lambda: batch.read_namespaced_job(
-                    job, namespace, _request_timeout=kube_actions.REQUEST_TIMEOUT_S
-                ),
-            )
-            stopping = actions.KUEUE_STOPPING in (found.metadata.annotations or {})
-            return bool(found.spec.suspend) and not stopping and not found.status.active
-
-        kube_actions.wait_until(
-            f"Kueue to stop job {job} of workload {workload} in {namespace}",
-            stopped,
-            kube_actions.SETTLE_TIMEOUT_S,
-        )
 
 
 def _taken(owner: OwnerRef, resume_from: str | None) -> Checkpoint:

@@ -86,9 +86,16 @@ class KueueConnector(KueueCapabilities, KubernetesConnector):
         return KueueJobReports(self, {kind: name for kind, (name, _) in OWNER_COLLECTIONS.items()})
 
     def workload_of(self, external_id: str) -> Object | None:
-        """The Workload of a job, from the cache (None when Kueue does not manage it)."""
+        """The Workload of a job (None when Kueue does not manage it): from the index that
+        ``read_state`` keeps by owner (:class:`KueueJobReports`), brought up to date with
+        the caches first, rather than a sort of every Workload per call."""
         owner = parse_external_id(external_id)
-        return self.workloads_by_owner().get(owner.external_id)
+        self._check_synced()
+        with self._reports_lock:
+            self._reports.update()
+            reports = self._reports
+            assert isinstance(reports, KueueJobReports)
+            return reports.workload(owner.external_id)
 
 
 def _workload_order(workload: Object) -> tuple[str, str]:
@@ -136,13 +143,18 @@ class KueueJobReports(JobReports):
     def more_ids(self) -> Iterable[str]:
         return self.workloads
 
+    def workload(self, external_id: str) -> Object | None:
+        """The Workload a job's report comes from: of several naming one owner, the last by
+        namespace/name (as :meth:`KueueConnector.workloads_by_owner`)."""
+        workloads = self.workloads.get(external_id)
+        return workloads[max(workloads, key=key_order)] if workloads else None
+
     def report(
         self, external_id: str, group: JobGroup | None, context: TranslationContext
     ) -> JobReport | None:
-        workloads = self.workloads.get(external_id)
-        if not workloads:
+        workload = self.workload(external_id)
+        if workload is None:
             return super().report(external_id, group, context)
-        workload = workloads[max(workloads, key=key_order)]
         if group is None:
             owner = workload_owner(workload)
             assert owner is not None

@@ -23,6 +23,7 @@ from connectors.kubernetes.pods import (
     parse_external_id,
     pinned_nodes,
     pod_spec_gpus,
+    resume_blocker,
 )
 from connectors.kueue.workloads import KueueQueues, workload_report, workload_state
 from connectors.runner import RunnerConfig, TelemetryRunner
@@ -216,6 +217,66 @@ def test_a_deployment_is_elastic_within_its_annotated_range() -> None:
 
 
 # Trimmed from Kueue v0.17.0's Workloads of two 2-pod, 4-GPU Jobs on an 8-GPU ClusterQueue.
+RESUME_ENV = {
+    "name": "SHAPER_RESUME_FROM",
+    "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['shaper.io/resume-from']"}},
+}
+
+
+def checkpointable_job(name: str, *, annotation: str | None = "true", env: bool = True) -> Any:
+    """A Job whose pod template carries ``annotation`` and, with ``env``, declares the
+    resume pointer from the Downward API."""
+    obj = job(name, parallelism=1)
+    template = obj["spec"]["template"]
+    if annotation is not None:
+        template["metadata"] = {"annotations": {"shaper.io/checkpointable": annotation}}
+    if env:
+        for container in template["spec"]["containers"]:
+            container["env"] = [RESUME_ENV]
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("annotation", "env", "checkpointable"),
+    [
+        ("true", True, True),
+        # What the actions refuse, telemetry does not call checkpointable either: the solver
+        # must not plan a move the connector will not make.
+        ("True", True, False),
+        ("true", False, False),
+        (None, True, False),
+    ],
+)
+def test_a_job_is_checkpointable_exactly_when_the_actions_would_move_it(
+    annotation: str | None, env: bool, checkpointable: bool
+) -> None:
+    obj = checkpointable_job("train", annotation=annotation, env=env)
+    assert (resume_blocker(obj["spec"]["template"]) is None) is checkpointable
+    (group,) = group_pods([], {"Job": [obj]}).values()
+    report = job_report(group, CONTEXT)
+    assert report is not None and report.checkpointable is checkpointable
+
+    # Before the Job itself is seen, its first pod (made from that template) says the same.
+    first = pod("train-0", owner=("Job", "train"), node_name="n1")
+    first["metadata"]["annotations"] = (
+        obj["spec"]["template"].get("metadata", {}).get("annotations", {})
+    )
+    first["spec"]["containers"] = obj["spec"]["template"]["spec"]["containers"]
+    (from_pod,) = group_pods([first], {}).values()
+    report = job_report(from_pod, CONTEXT)
+    assert report is not None and report.checkpointable is checkpointable
+
+
+def test_a_bare_pod_is_never_checkpointable() -> None:
+    # No step moves a bare pod (nothing would recreate it), however it is annotated.
+    bare = pod("sim", node_name="n1")
+    bare["metadata"]["annotations"] = {"shaper.io/checkpointable": "true"}
+    bare["spec"]["containers"][0]["env"] = [RESUME_ENV]
+    (group,) = group_pods([bare], {}).values()
+    report = job_report(group, CONTEXT)
+    assert report is not None and report.checkpointable is False
+
+
 def workload(job_name: str, conditions: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {
         "metadata": {

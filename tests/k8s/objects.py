@@ -8,11 +8,15 @@ from typing import Any
 
 from kubernetes import client
 
-from connectors.kubernetes.actions import CHECKPOINTABLE, RESUME_FROM_ENV, RESUME_FROM_FIELD
+from connectors.kubernetes.pods import (
+    CHECKPOINTABLE_ANNOTATION,
+    QUEUE_LABEL,
+    RESUME_FROM_ENV,
+    RESUME_FROM_FIELD,
+)
 from tests.k8s.conftest import GPU_PRODUCT, Kube, condition, wait_for
 
 GPU = "nvidia.com/gpu"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 def trainer(*, gpus: int, resume_env: bool) -> client.V1Container:
@@ -51,7 +55,7 @@ def gpu_job(
     """A one-pod Job asking for ``gpus`` GPUs; through Kueue when ``queue`` names a
     LocalQueue, else a plain Job that Kueue leaves alone."""
     labels = {QUEUE_LABEL: queue} if queue else None
-    annotations = {CHECKPOINTABLE: "true"} if checkpointable else None
+    annotations = {CHECKPOINTABLE_ANNOTATION: "true"} if checkpointable else None
     return client.V1Job(
         metadata=client.V1ObjectMeta(name=name, labels=labels),
         spec=client.V1JobSpec(
@@ -72,7 +76,7 @@ def gpu_job(
 def bare_pod(
     name: str, *, gpus: int, checkpointable: bool = True, node: str | None = None
 ) -> client.V1Pod:
-    annotations = {CHECKPOINTABLE: "true"} if checkpointable else None
+    annotations = {CHECKPOINTABLE_ANNOTATION: "true"} if checkpointable else None
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name, annotations=annotations, labels={"app": name}),
         spec=client.V1PodSpec(

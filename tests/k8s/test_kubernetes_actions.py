@@ -208,94 +208,16 @@ def test_an_identity_without_the_rbac_rule_is_refused_naming_verb_and_resource(
     assert "RBAC" in str(forbidden.value)
 
 
-def test_recreate_pinned_moves_a_checkpointable_bare_pod_with_its_resume_pointer(
-    kube: Kube,
-) -> None:
-    kube.core.create_namespaced_pod(kube.namespace, bare_pod("sim", gpus=1))
-    before = wait_for("sim to run", lambda: pod_on(kube, "sim"))
-    target = next(n for n in kwok_nodes(kube) if n != before.spec.node_name)
-
-    actions.recreate_pinned(
-        kube.api, namespace=kube.namespace, pod="sim", node=target, resume_from="ckpt://sim/7"
-    )
-    after = wait_for(f"sim to run on {target}", lambda: pod_on(kube, "sim"))
-    assert after.metadata.uid != before.metadata.uid
-    assert after.spec.node_name == target
-    assert resolved_env(after, "SHAPER_RESUME_FROM") == "ckpt://sim/7"
-    assert after.metadata.annotations[actions.RESUME_FROM] == "ckpt://sim/7"
-    term = after.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
-    assert [(e.key, e.values) for e in term.node_selector_terms[0].match_expressions] == [
-        ("kubernetes.io/hostname", [target])
-    ]
-    # What the user set on the pod survives the move.
-    assert after.metadata.labels == {"app": "sim"}
-
-    # A retry finds it where it was asked to be, with that pointer: nothing happens.
-    actions.recreate_pinned(
-        kube.api, namespace=kube.namespace, pod="sim", node=target, resume_from="ckpt://sim/7"
-    )
-    assert kube.core.read_namespaced_pod("sim", kube.namespace).metadata.uid == after.metadata.uid
-
-    with pytest.raises(ConnectorError) as missing:
-        actions.recreate_pinned(
-            kube.api, namespace=kube.namespace, pod="gone", node=target, resume_from=None
-        )
-    assert not missing.value.retryable and "get pods gone" in str(missing.value)
-
-
-def test_recreate_pinned_never_moves_a_pod_that_would_lose_its_work(kube: Kube) -> None:
-    kube.core.create_namespaced_pod(kube.namespace, bare_pod("eval", gpus=1, checkpointable=False))
-    before = wait_for("eval to run", lambda: pod_on(kube, "eval"))
-    target = next(n for n in kwok_nodes(kube) if n != before.spec.node_name)
-
-    with pytest.raises(ConnectorError) as refused:
-        actions.recreate_pinned(
-            kube.api, namespace=kube.namespace, pod="eval", node=target, resume_from=None
-        )
-    assert not refused.value.retryable and "not checkpointable" in str(refused.value)
-    untouched = kube.core.read_namespaced_pod("eval", kube.namespace)
-    assert untouched.metadata.uid == before.metadata.uid
-    assert untouched.metadata.deletion_timestamp is None
-
-    # A policy that allows a restart may move it (from scratch: no resume pointer).
-    actions.recreate_pinned(
-        kube.api,
-        namespace=kube.namespace,
-        pod="eval",
-        node=target,
-        resume_from=None,
-        allow_restart=True,
-    )
-    after = wait_for(f"eval to run on {target}", lambda: pod_on(kube, "eval"))
-    assert after.spec.node_name == target and after.metadata.uid != before.metadata.uid
-    assert resolved_env(after, "SHAPER_RESUME_FROM") is None
-
-    # A pod of a ReplicaSet would come back unpinned from its owner's template: refused.
-    client.AppsV1Api(kube.api).create_namespaced_deployment(kube.namespace, deployment("svc", 1))
-    wait_for("svc to have 1 ready replica", lambda: ready_replicas(kube, "svc", 1))
-    replica = kube.core.list_namespaced_pod(kube.namespace, label_selector="app=svc").items[0]
-    with pytest.raises(ConnectorError) as owned:
-        actions.recreate_pinned(
-            kube.api,
-            namespace=kube.namespace,
-            pod=replica.metadata.name,
-            node=target,
-            resume_from="x",
-            allow_restart=True,
-        )
-    assert not owned.value.retryable and "ReplicaSet" in str(owned.value)
-
-
-def test_recreate_pinned_moves_a_jobs_pods_through_suspension(kube: Kube) -> None:
+def test_recreate_job_pinned_moves_a_jobs_pods_through_suspension(kube: Kube) -> None:
     kube.batch.create_namespaced_job(kube.namespace, gpu_job("train", gpus=2))
     (before,) = wait_for("train's pod to run", lambda: running_pods(kube, "train"))
     target = next(n for n in kwok_nodes(kube) if n != before.spec.node_name)
 
-    actions.recreate_pinned(
+    actions.recreate_job_pinned(
         kube.api,
         namespace=kube.namespace,
-        pod=before.metadata.name,
-        node=target,
+        job="train",
+        nodes=[target],
         resume_from="ckpt://train/3",
     )
     (after,) = wait_for(
@@ -307,8 +229,7 @@ def test_recreate_pinned_moves_a_jobs_pods_through_suspension(kube: Kube) -> Non
     job = kube.batch.read_namespaced_job("train", kube.namespace)
     assert job.spec.suspend is False
 
-    # The old pod's name is gone: a retry names the Job (the connector's workload), finds it
-    # pinned there with that pointer and running, and leaves its pod alone.
+    # A retry finds it pinned there with that pointer and running, and leaves its pod alone.
     actions.recreate_job_pinned(
         kube.api,
         namespace=kube.namespace,
@@ -322,11 +243,11 @@ def test_recreate_pinned_moves_a_jobs_pods_through_suspension(kube: Kube) -> Non
     kube.batch.create_namespaced_job(kube.namespace, gpu_job("plain", gpus=1, resume_env=False))
     (plain,) = wait_for("plain's pod to run", lambda: running_pods(kube, "plain"))
     with pytest.raises(ConnectorError) as refused:
-        actions.recreate_pinned(
+        actions.recreate_job_pinned(
             kube.api,
             namespace=kube.namespace,
-            pod=plain.metadata.name,
-            node=target,
+            job="plain",
+            nodes=[target],
             resume_from="ckpt://plain/1",
         )
     assert not refused.value.retryable and "SHAPER_RESUME_FROM" in str(refused.value)
@@ -343,6 +264,37 @@ def test_recreate_pinned_moves_a_jobs_pods_through_suspension(kube: Kube) -> Non
         f"plain to run on {target}",
         lambda: [p for p in running_pods(kube, "plain") if p.spec.node_name == target],
     )
+
+
+def test_a_job_this_call_suspended_runs_again_when_its_template_cannot_be_prepared(
+    kube: Kube,
+) -> None:
+    kube.batch.create_namespaced_job(kube.namespace, gpu_job("big", gpus=1))
+    (before,) = wait_for("big's pod to run", lambda: running_pods(kube, "big"))
+    # An annotation over the API server's 256 KiB limit: the template patch is refused
+    # with 422 once the Job is suspended and its pods gone.
+    oversized = "ckpt://" + "x" * 300_000
+    with pytest.raises(ConnectorError) as refused:
+        actions.suspend_job_to_resume(
+            kube.api, namespace=kube.namespace, job="big", resume_from=oversized
+        )
+    assert not refused.value.retryable and "422" in str(refused.value)
+    assert "let run again" in str(refused.value)
+    # Not left suspended for ever: the Job runs again (new pods, from the old pointer).
+    assert kube.batch.read_namespaced_job("big", kube.namespace).spec.suspend is False
+    wait_for(
+        "big to run again",
+        lambda: [p for p in running_pods(kube, "big") if p.metadata.uid != before.metadata.uid],
+    )
+
+    # A Job that was suspended already is not this call's to let run: it stays suspended.
+    actions.suspend_job(kube.api, namespace=kube.namespace, job="big")
+    wait_for("big's pods to go", lambda: not kube.pods_of_job("big"))
+    with pytest.raises(ConnectorError):
+        actions.suspend_job_to_resume(
+            kube.api, namespace=kube.namespace, job="big", resume_from=oversized
+        )
+    assert kube.batch.read_namespaced_job("big", kube.namespace).spec.suspend is True
 
 
 def test_suspend_resume_and_delete_a_plain_job(kube: Kube) -> None:

@@ -18,14 +18,15 @@ import pytest
 from kubernetes import client
 
 from connectors.actions import ConnectorStepExecutor
-from connectors.kubernetes.actions import RESUME_FROM, RESUME_FROM_ENV
 from connectors.kubernetes.config import KubernetesConnectorConfig
 from connectors.kubernetes.connector import KubernetesConnector
+from connectors.kubernetes.pods import RESUME_FROM, RESUME_FROM_ENV
 from connectors.kueue import actions as kueue_actions
 from connectors.kueue.connector import KueueConnector
 from tests.k8s.conftest import K8sCluster, Kube, wait_for
 from tests.k8s.objects import (
     admitted,
+    bare_pod,
     gpu_job,
     gpu_queues,
     inference_deployment,
@@ -100,6 +101,11 @@ def steps_on(
 
 def kwok_nodes(kube: Kube) -> list[str]:
     return sorted(n.metadata.name for n in kube.core.list_node(label_selector="type=kwok").items)
+
+
+def pod_running(kube: Kube, name: str) -> client.V1Pod | None:
+    pod = kube.core.read_namespaced_pod(name, kube.namespace)
+    return pod if pod.status.phase == "Running" and pod.spec.node_name else None
 
 
 def held_gpus(job: JobReport) -> int:
@@ -221,6 +227,12 @@ def test_requeue_pinned_and_start_move_a_checkpointable_job_with_its_resume_poin
     assert after.spec.node_name == target and after.metadata.uid != before.metadata.uid
     assert resolved_env(after, RESUME_FROM_ENV) == IMAGE_DIR
 
+    # Running again, it carries that pointer from the move; a later move without its own
+    # checkpoint would restart it from that outdated one: refused, nothing changes.
+    stale = steps.run("requeue", job, nodes=[before.spec.node_name])
+    assert not stale.ok and not stale.retryable and "start over" in (stale.error or "")
+    assert [p.metadata.uid for p in running_pods(kube, "train")] == [after.metadata.uid]
+
 
 def test_steps_that_would_lose_work_are_refused_and_change_nothing(
     kube: Kube, steps_on: Callable[[type[KubernetesConnector]], Steps]
@@ -244,6 +256,14 @@ def test_steps_that_would_lose_work_are_refused_and_change_nothing(
     request = steps.request("requeue", job, nodes=[target])
     first = steps.executor.run(request)
     assert not first.ok and steps.executor.run(request).outcome is Outcome.duplicate
+
+    # A bare pod is never moved, checkpoint or not: nothing would recreate it if the
+    # connector failed between deleting and creating it.
+    kube.core.create_namespaced_pod(kube.namespace, bare_pod("sim", gpus=1))
+    sim = wait_for("sim to run", lambda: pod_running(kube, "sim"))
+    bare = steps.run("requeue", f"{kube.namespace}/pod/sim", nodes=[target], resume_from="c://1")
+    assert not bare.ok and not bare.retryable and "run the workload as a Job" in (bare.error or "")
+    assert kube.core.read_namespaced_pod("sim", kube.namespace).metadata.uid == sim.metadata.uid
 
     # Reservations are not a capability of Kubernetes: the executor refuses the step.
     reserve = steps.run("reserve", job, gpus={target: 1}, ttl_s=60)

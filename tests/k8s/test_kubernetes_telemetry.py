@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from connectors.kubernetes import KubernetesConnector, KubernetesConnectorConfig
+from connectors.kubernetes.pods import CHECKPOINTABLE_ANNOTATION, RESUME_FROM_ENV, RESUME_FROM_FIELD
 from connectors.runner import RunnerConfig, TelemetryRunner
 from tests.k8s.conftest import K8sCluster, Kube, wait_for
 from tests.k8s.objects import inference_deployment
@@ -29,10 +30,19 @@ GPU = "nvidia.com/gpu"
 def gpu_job(name: str, gpus: int = 1, pods: int = 1) -> client.V1Job:
     """A Job outside Kueue (no queue label): the scheduler places it at once."""
     resources = {"cpu": "1", GPU: str(gpus)}
+    # Checkpointable as the actions require it: the annotation, and the resume pointer
+    # declared from it (connectors.kubernetes.pods.resume_blocker).
+    resume_from = client.V1EnvVar(
+        name=RESUME_FROM_ENV,
+        value_from=client.V1EnvVarSource(
+            field_ref=client.V1ObjectFieldSelector(field_path=RESUME_FROM_FIELD)
+        ),
+    )
     container = client.V1Container(
         name="work",
         image="registry.example/work:1",
         resources=client.V1ResourceRequirements(requests=resources, limits=resources),
+        env=[resume_from],
     )
     return client.V1Job(
         metadata=client.V1ObjectMeta(name=name, labels={"shaper.io/team": "vision"}),
@@ -40,7 +50,7 @@ def gpu_job(name: str, gpus: int = 1, pods: int = 1) -> client.V1Job:
             parallelism=pods,
             completions=pods,
             template=client.V1PodTemplateSpec(
-                metadata=client.V1ObjectMeta(annotations={"shaper.io/checkpointable": "true"}),
+                metadata=client.V1ObjectMeta(annotations={CHECKPOINTABLE_ANNOTATION: "true"}),
                 spec=client.V1PodSpec(restart_policy="Never", containers=[container]),
             ),
         ),

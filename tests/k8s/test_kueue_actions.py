@@ -11,6 +11,7 @@ import pytest
 from connectors.base import ConnectorError
 from connectors.kubernetes import actions as kube_actions
 from connectors.kubernetes.actions import PodOnNode
+from connectors.kubernetes.pods import RESUME_FROM
 from connectors.kueue import actions
 from tests.k8s.conftest import Kube, condition, wait_for
 from tests.k8s.objects import (
@@ -148,7 +149,7 @@ def test_checkpoint_aware_preemption_resumes_from_the_checkpoint_on_readmission(
     assert not kube.pods_of_job("pretrain")
     job = kube.batch.read_namespaced_job("pretrain", kube.namespace)
     assert job.spec.suspend is True
-    assert job.metadata.annotations[kube_actions.RESUME_FROM] == pointer
+    assert job.metadata.annotations[RESUME_FROM] == pointer
 
     # A retry (the saga's resend) checkpoints nothing again and answers the same pointer.
     again = actions.preempt_with_checkpoint(
