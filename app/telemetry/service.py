@@ -14,6 +14,10 @@ Algorithm (one transaction; nothing is written unless every check passes):
    job requested, and per node within its GPUs with no GPU held twice — for a delta,
    merged with the stored open allocations. Errors name the field
    (``jobs[12].allocations[0].node``), HTTP 422.
+   A delta is checked and written against the stored rows it names or touches (its nodes
+   and jobs, the nodes its allocations sit on, the other jobs' open allocations there, the
+   nodes and jobs its samples name): its cost follows the delta, not the cluster
+   (``_Scope``). A snapshot reads the whole cluster.
 3. Diff against the stored state and write only what changed: new rows by bulk insert,
    changed rows by bulk update; a snapshot marks vanished nodes ``down`` and vanished jobs
    ``finished``; allocations that changed are closed (``released_at``) and reopened, so the
@@ -24,7 +28,8 @@ Algorithm (one transaction; nothing is written unless every check passes):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -75,6 +80,47 @@ _JOB_UPDATE_COLUMNS = ("id", *_JOB_FIELDS, "updated_at")
 _ALLOCATION_COLUMNS = ("job_id", "node_id", "gpu_indices", "gpu_count", "started_at")
 
 
+# A delta naming more stored rows than this reads the whole cluster instead (a superset is
+# always correct): an IN list that long costs about as much, and SQLite bounds the number
+# of parameters of a statement.
+_NAMED_LIMIT = 5000
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """The stored rows a push is checked and written against. ``None``: the whole cluster
+    (a snapshot replaces it; a very large delta); else the names (possibly a few more).
+
+    For a delta: ``nodes`` are the nodes it reports or removes, those its allocations sit
+    on and those its samples name; ``jobs`` the jobs it reports or removes and those its
+    samples name; ``holding_nodes`` the nodes whose occupancy it can change (reported,
+    removed, allocated on), whose other open allocations count in the merged check."""
+
+    nodes: frozenset[str] | None
+    jobs: frozenset[str] | None
+    holding_nodes: frozenset[str]
+
+    @staticmethod
+    def of(push: TelemetrySnapshot | TelemetryDelta) -> _Scope:
+        if isinstance(push, TelemetrySnapshot):
+            return _Scope(None, None, frozenset())
+        holding = {n.name for n in push.nodes} | set(push.removed_nodes)
+        holding |= {a.node for job in push.jobs for a in job.allocations}
+        nodes = holding | {s.node for s in push.samples if s.node is not None}
+        jobs = {j.external_id for j in push.jobs} | set(push.removed_jobs)
+        jobs |= {s.job for s in push.samples if s.job is not None}
+        return _Scope(_bounded(nodes), _bounded(jobs), frozenset(holding))
+
+
+def _bounded(names: set[str]) -> frozenset[str] | None:
+    return frozenset(names) if len(names) <= _NAMED_LIMIT else None
+
+
+def _named(column: sa.ColumnElement[Any], names: Collection[Any] | None) -> sa.ColumnElement[bool]:
+    """``column IN names``; no condition when ``names`` is None (the whole cluster)."""
+    return sa.true() if names is None else column.in_(sorted(names))
+
+
 # Built once: a validator is compiled from the schema when the adapter is made.
 _PUSH: TypeAdapter[TelemetrySnapshot | TelemetryDelta] = TypeAdapter(TelemetryPush)
 
@@ -110,24 +156,33 @@ def _ingest(
         return ack.model_copy(update={"duplicate": True})
 
     cluster_id: int = cluster.id  # type: ignore[assignment]
+    scope = _Scope.of(push)
     catalogue = gpu_model_service.ids_by_name(session=session)
-    stored_nodes = _stored_nodes(session, cluster_id)
-    stored_jobs = _stored_jobs(session, cluster_id)
+    stored_nodes = _stored_nodes(session, cluster_id, scope.nodes)
+    stored_jobs = _stored_jobs(session, cluster_id, scope.jobs)
     physics.check_push(
         push,
         now=now,
         catalogue=catalogue,
         stored_nodes={name: (row["gpu_count"], row["state"]) for name, row in stored_nodes.items()},
         stored_jobs=stored_jobs.keys(),
-        stored_holdings=_stored_holdings(session, cluster_id, push),
+        stored_holdings=_stored_holdings(session, cluster_id, scope.holding_nodes, stored_nodes),
     )
 
-    nodes_written, node_ids = _write_nodes(session, cluster_id, push, stored_nodes, catalogue, now)
+    nodes_written, node_ids = _write_nodes(
+        session, cluster_id, push, stored_nodes, catalogue, now, scope.nodes
+    )
     jobs_written, jobs_finished, job_ids, placements = _write_jobs(
-        session, cluster_id, push, stored_jobs, node_ids, now
+        session, cluster_id, push, stored_jobs, node_ids, now, scope.jobs
     )
     allocations_written = _write_allocations(
-        session, cluster_id, placements, job_ids, finished=jobs_finished, now=now
+        session,
+        cluster_id,
+        placements,
+        job_ids,
+        finished=jobs_finished,
+        now=now,
+        whole_cluster=scope.jobs is None,
     )
     samples_written = insert_rows(
         session, SAMPLES, _sample_rows(push, cluster_id, node_ids, job_ids)
@@ -165,7 +220,10 @@ def _rows(session: Session, query: sa.Select[Any]) -> Sequence[Sequence[Any]]:
     connection = session.connection()
     if connection.dialect.name != "postgresql":
         return session.execute(query).all()
-    compiled = query.compile(dialect=connection.dialect)
+    # render_postcompile: an IN list's values become plain parameters psycopg can take.
+    compiled = query.compile(
+        dialect=connection.dialect, compile_kwargs={"render_postcompile": True}
+    )
     raw = connection.connection.driver_connection
     assert raw is not None
     with raw.cursor() as cursor:
@@ -174,10 +232,15 @@ def _rows(session: Session, query: sa.Select[Any]) -> Sequence[Sequence[Any]]:
     return rows
 
 
-def _stored_nodes(session: Session, cluster_id: int) -> dict[str, dict[str, Any]]:
+def _stored_nodes(
+    session: Session, cluster_id: int, names: Collection[str] | None
+) -> dict[str, dict[str, Any]]:
+    """name → the stored node (id and ``_NODE_FIELDS``), of ``names`` (None: all)."""
+    if names is not None and not names:
+        return {}
     columns = [NODES.c.id, NODES.c.name, *(NODES.c[f] for f in _NODE_FIELDS)]
-    rows = session.execute(sa.select(*columns).where(NODES.c.cluster_id == cluster_id)).all()
-    return {row.name: dict(row._mapping) for row in rows}
+    query = sa.select(*columns).where(NODES.c.cluster_id == cluster_id, _named(NODES.c.name, names))
+    return {row.name: dict(row._mapping) for row in session.execute(query)}
 
 
 def _json_text(column: sa.ColumnElement[Any]) -> sa.ColumnElement[str]:
@@ -191,45 +254,62 @@ def _int_list_json(values: list[int]) -> str:
     return "[" + ",".join(map(str, values)) + "]"
 
 
-def _stored_jobs(session: Session, cluster_id: int) -> dict[str, tuple[int, tuple[Any, ...]]]:
-    """external_id → (id, the _JOB_FIELDS values, JSON fields as compact text)."""
+def _stored_jobs(
+    session: Session, cluster_id: int, external_ids: Collection[str] | None
+) -> dict[str, tuple[int, tuple[Any, ...]]]:
+    """external_id → (id, the _JOB_FIELDS values, JSON fields as compact text), of
+    ``external_ids`` (None: all)."""
+    if external_ids is not None and not external_ids:
+        return {}
     columns = [_json_text(JOBS.c[f]) if f in _JOB_JSON_FIELDS else JOBS.c[f] for f in _JOB_FIELDS]
     query = sa.select(JOBS.c.id, JOBS.c.external_id, *columns).where(
-        JOBS.c.cluster_id == cluster_id
+        JOBS.c.cluster_id == cluster_id, _named(JOBS.c.external_id, external_ids)
     )
     return {row[1]: (row[0], tuple(row[2:])) for row in _rows(session, query)}
 
 
 def _stored_holdings(
-    session: Session, cluster_id: int, push: TelemetrySnapshot | TelemetryDelta
+    session: Session,
+    cluster_id: int,
+    touched: Collection[str],
+    stored_nodes: dict[str, dict[str, Any]],
 ) -> list[physics.StoredHolding]:
-    """For a delta, the open allocations on the nodes it touches (a snapshot replaces them
-    all, so it is judged alone): the rest of the cluster cannot conflict with it."""
-    if isinstance(push, TelemetrySnapshot):
+    """For a delta, the open allocations (of any job) on the stored nodes it touches; a
+    snapshot (``touched`` empty) replaces them all, so it is judged alone. The rest of the
+    cluster cannot conflict with a delta. ``stored_nodes`` holds at least the touched ones
+    that are stored (a node not stored holds nothing)."""
+    names = {row["id"]: name for name, row in stored_nodes.items() if name in touched}
+    if not names:
         return []
-    touched = {n.name for n in push.nodes} | set(push.removed_nodes)
-    touched |= {a.node for job in push.jobs for a in job.allocations}
-    if not touched:
-        return []
+    node_ids = _bounded_ids(names)
+    # The nodes' ids name this cluster's rows already; without the redundant condition on
+    # jobs.cluster_id, PostgreSQL joins by the jobs' primary key even on tables it has
+    # not analysed yet (right after a first snapshot), instead of scanning the cluster.
+    where = (
+        JOBS.c.cluster_id == cluster_id if node_ids is None else ALLOCATIONS.c.node_id.in_(node_ids)
+    )
     query = (
         sa.select(
             JOBS.c.external_id,
-            NODES.c.name,
+            ALLOCATIONS.c.node_id,
             ALLOCATIONS.c.gpu_indices,
             ALLOCATIONS.c.gpu_count,
         )
         .join(JOBS, JOBS.c.id == ALLOCATIONS.c.job_id)
-        .join(NODES, NODES.c.id == ALLOCATIONS.c.node_id)
-        .where(
-            JOBS.c.cluster_id == cluster_id,
-            ALLOCATIONS.c.released_at.is_(None),
-            NODES.c.name.in_(sorted(touched)),
-        )
+        .where(ALLOCATIONS.c.released_at.is_(None), where)
+        # In the order they were placed: a refusal then names the same holder whatever
+        # plan the database picks.
+        .order_by(ALLOCATIONS.c.id)
     )
     return [
-        physics.StoredHolding(job, node, tuple(indices or ()), count)
-        for job, node, indices, count in session.execute(query)
+        physics.StoredHolding(job, names[node_id], tuple(indices or ()), count)
+        for job, node_id, indices, count in session.execute(query)
+        if node_id in names
     ]
+
+
+def _bounded_ids(ids: Collection[int]) -> list[int] | None:
+    return sorted(ids) if len(ids) <= _NAMED_LIMIT else None
 
 
 def _node_values(report: NodeReport, catalogue: dict[str, int]) -> dict[str, Any]:
@@ -250,7 +330,10 @@ def _write_nodes(
     stored: dict[str, dict[str, Any]],
     catalogue: dict[str, int],
     now: datetime,
+    scope: Collection[str] | None,
 ) -> tuple[int, dict[str, int]]:
+    """Writes the nodes; returns how many rows changed and the ids of the stored nodes in
+    ``scope`` (None: all), new ones included."""
     inserts: list[dict[str, Any]] = []
     updates: list[dict[str, Any]] = []
     for report in push.nodes:
@@ -280,7 +363,9 @@ def _write_nodes(
     update_rows(session, NODES, updates)
     ids = {name: row["id"] for name, row in stored.items()}
     if inserts:
-        query = sa.select(NODES.c.id, NODES.c.name).where(NODES.c.cluster_id == cluster_id)
+        query = sa.select(NODES.c.id, NODES.c.name).where(
+            NODES.c.cluster_id == cluster_id, _named(NODES.c.name, scope)
+        )
         ids = {name: id_ for id_, name in session.execute(query)}
     return len(inserts) + len(updates), ids
 
@@ -329,10 +414,12 @@ def _write_jobs(
     stored: dict[str, tuple[int, tuple[Any, ...]]],
     node_ids: dict[str, int],
     now: datetime,
+    scope: Collection[str] | None,
 ) -> tuple[int, set[int], dict[str, int], _Placements]:
     """Writes the jobs; returns how many rows changed, the ids of vanished jobs now
-    finished, every job's id by external id, and the reported placements by external id
-    (worked out in the same pass, while the server indexes the rows already sent)."""
+    finished, the id of every job in ``scope`` (None: all) by external id, and the
+    reported placements by external id (worked out in the same pass, while the server
+    indexes the rows already sent)."""
     updates: list[tuple[Any, ...]] = []
     placements: _Placements = {}
 
@@ -370,7 +457,9 @@ def _write_jobs(
         )
     ids = {external_id: row[0] for external_id, row in stored.items()}
     if inserted:
-        query = sa.select(JOBS.c.id, JOBS.c.external_id).where(JOBS.c.cluster_id == cluster_id)
+        query = sa.select(JOBS.c.id, JOBS.c.external_id).where(
+            JOBS.c.cluster_id == cluster_id, _named(JOBS.c.external_id, scope)
+        )
         ids = {external_id: id_ for id_, external_id in _rows(session, query)}
     return inserted + len(updates) + len(finished), finished, ids, placements
 
@@ -383,22 +472,29 @@ def _write_allocations(
     *,
     finished: set[int],
     now: datetime,
+    whole_cluster: bool,
 ) -> int:
+    """Closes the open allocations of the reported and finished jobs that the report no
+    longer has, opens the new ones. ``whole_cluster``: read the open allocations of the
+    whole cluster (a snapshot touches nearly every job), else those of these jobs only."""
     desired = {job_ids[external_id]: wanted for external_id, wanted in placements.items()}
     touched = set(desired) | finished
     open_rows: list[Sequence[Any]] = []
     if touched:
-        query = (
-            sa.select(
-                ALLOCATIONS.c.id,
-                ALLOCATIONS.c.job_id,
-                ALLOCATIONS.c.node_id,
-                _json_text(ALLOCATIONS.c.gpu_indices),
-                ALLOCATIONS.c.gpu_count,
+        query = sa.select(
+            ALLOCATIONS.c.id,
+            ALLOCATIONS.c.job_id,
+            ALLOCATIONS.c.node_id,
+            _json_text(ALLOCATIONS.c.gpu_indices),
+            ALLOCATIONS.c.gpu_count,
+        ).where(ALLOCATIONS.c.released_at.is_(None))
+        only = None if whole_cluster else _bounded_ids(touched)
+        if only is None:
+            query = query.join(JOBS, JOBS.c.id == ALLOCATIONS.c.job_id).where(
+                JOBS.c.cluster_id == cluster_id
             )
-            .join(JOBS, JOBS.c.id == ALLOCATIONS.c.job_id)
-            .where(JOBS.c.cluster_id == cluster_id, ALLOCATIONS.c.released_at.is_(None))
-        )
+        else:
+            query = query.where(ALLOCATIONS.c.job_id.in_(only))
         open_rows = [r for r in _rows(session, query) if r[1] in touched]
     release: list[int] = []
     kept: set[tuple[int, int, str, int]] = set()

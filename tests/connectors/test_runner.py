@@ -98,6 +98,36 @@ def test_first_push_is_a_snapshot_then_deltas_of_what_changed() -> None:
     assert plane.jobs["1"]["state"] == "finished"
 
 
+def test_reports_shared_between_reads_are_not_compared_field_by_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An incremental connector hands back the same report objects for what did not
+    change: the delta leaves them out by identity, without calling ``__eq__``; a new
+    object is still compared by value (equal: left out; different: sent)."""
+    shared_node, shared_job = node("n1"), job("1", state=JobState.running)
+    first = state([shared_node, node("n2")], [shared_job, job("2"), job("3")])
+    second = state(
+        [shared_node, node("n2")], [shared_job, job("2"), job("3", state=JobState.running)]
+    )
+    plane = ControlPlane()
+    harness = Harness(ScriptedConnector(first, second), plane)
+    harness.runner.run_once()
+    compared: list[str] = []
+    real_eq = JobReport.__eq__
+
+    def counting_eq(self: JobReport, other: object) -> bool:
+        compared.append(self.external_id)
+        return real_eq(self, other)
+
+    monkeypatch.setattr(JobReport, "__eq__", counting_eq)
+    harness.runner.run_once()
+
+    delta = plane.received[-1].body
+    assert (delta["kind"], [j["external_id"] for j in delta["jobs"]]) == ("delta", ["3"])
+    assert delta["nodes"] == []
+    assert sorted(compared) == ["2", "3"]  # "1" is the acknowledged object itself
+
+
 def test_409_sends_a_snapshot_at_once_with_the_next_seq() -> None:
     plane = ControlPlane()
     harness = Harness(ScriptedConnector(BASE), plane)
