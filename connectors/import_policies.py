@@ -49,6 +49,7 @@ from connectors.base import ConnectorError
 from connectors.kubernetes.client import api_client
 from connectors.kubernetes.config import KubernetesConnectorConfig
 from connectors.kueue.policies import ImportedPolicy, import_cluster_queues, merged_spec
+from connectors.runner import option_argument
 
 TOKEN_ENV = "SHAPER_OPERATOR_TOKEN"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -220,16 +221,6 @@ def import_policy(
     return Outcome(written=True, version=int(written["version"]), spec=spec)
 
 
-def _option(text: str) -> tuple[str, Any]:
-    key, separator, value = text.partition("=")
-    if not separator or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="shaper connector import-policies",
@@ -242,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--token", default=None, help=f"an operator token (or {TOKEN_ENV})")
     parser.add_argument(
         "--set",
-        type=_option,
+        type=option_argument,
         action="append",
         default=[],
         metavar="KEY=VALUE",

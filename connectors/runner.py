@@ -374,7 +374,8 @@ def upkeep(connector: object) -> None:
         logger.warning("upkeep failed (%s); again next round", error)
 
 
-def _option(text: str) -> tuple[str, Any]:
+def option_argument(text: str) -> tuple[str, Any]:
+    """argparse type of ``--set KEY=VALUE``: the value as JSON when it parses, else text."""
     key, separator, value = text.partition("=")
     if not separator or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -403,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between pushes")
     parser.add_argument(
         "--set",
-        type=_option,
+        type=option_argument,
         action="append",
         default=[],
         metavar="KEY=VALUE",
