@@ -3,7 +3,6 @@ client: kwok GPU nodes, and a Job going through Kueue's quota, admission and the
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
@@ -17,102 +16,11 @@ from tests.k8s.conftest import (
     condition,
     wait_for,
 )
+from tests.k8s.objects import admitted, gpu_job, gpu_queues
 
 pytestmark = pytest.mark.slow
 
 GPU = "nvidia.com/gpu"
-
-
-def gpu_job(name: str, queue: str, gpus: int) -> client.V1Job:
-    """A one-pod Job asking for ``gpus`` GPUs, submitted to a Kueue LocalQueue."""
-    resources = {"cpu": "1", "memory": "1Gi", GPU: str(gpus)}
-    container = client.V1Container(
-        name="train",
-        image="registry.example/train:1",
-        command=["python", "train.py"],
-        resources=client.V1ResourceRequirements(requests=resources, limits=resources),
-    )
-    return client.V1Job(
-        metadata=client.V1ObjectMeta(name=name, labels={"kueue.x-k8s.io/queue-name": queue}),
-        spec=client.V1JobSpec(
-            parallelism=1,
-            completions=1,
-            backoff_limit=0,
-            template=client.V1PodTemplateSpec(
-                spec=client.V1PodSpec(restart_policy="Never", containers=[container])
-            ),
-        ),
-    )
-
-
-def gpu_queues(kube: Kube, gpus: int) -> str:
-    """A ResourceFlavor for the H100 nodes, a ClusterQueue with ``gpus`` GPUs of quota and a
-    LocalQueue in the test's namespace; returns the LocalQueue's name."""
-    suffix = uuid.uuid4().hex[:6]
-    flavor, cluster_queue = f"h100-{suffix}", f"gpu-cq-{suffix}"
-    kube.create_kueue(
-        "resourceflavors",
-        {
-            "kind": "ResourceFlavor",
-            "metadata": {"name": flavor},
-            "spec": {"nodeLabels": {"nvidia.com/gpu.product": GPU_PRODUCT}},
-        },
-    )
-    kube.create_kueue(
-        "clusterqueues",
-        {
-            "kind": "ClusterQueue",
-            "metadata": {"name": cluster_queue},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory", GPU],
-                        "flavors": [
-                            {
-                                "name": flavor,
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": "64"},
-                                    {"name": "memory", "nominalQuota": "256Gi"},
-                                    {"name": GPU, "nominalQuota": str(gpus)},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-    )
-    kube.create_kueue(
-        "localqueues",
-        {
-            "kind": "LocalQueue",
-            "metadata": {"name": "team-a", "namespace": kube.namespace},
-            "spec": {"clusterQueue": cluster_queue},
-        },
-    )
-    wait_for(
-        f"ClusterQueue {cluster_queue} to be Active",
-        lambda: (
-            (c := condition(kube.kueue("clusterqueues", cluster_queue), "Active"))
-            and c["status"] == "True"
-        ),
-    )
-    wait_for(
-        "LocalQueue team-a to be Active",
-        lambda: (
-            (c := condition(kube.kueue("localqueues", "team-a", kube.namespace), "Active"))
-            and c["status"] == "True"
-        ),
-    )
-    return "team-a"
-
-
-def admitted(kube: Kube, job: str) -> dict[str, Any] | None:
-    workload = kube.workload_of_job(job)
-    if workload and (c := condition(workload, "Admitted")) and c["status"] == "True":
-        return workload
-    return None
 
 
 def running_pod(kube: Kube, job: str) -> client.V1Pod | None:
@@ -144,7 +52,9 @@ def test_kueue_admits_within_quota_and_holds_the_job_beyond_it(kube: Kube) -> No
     # Within quota: Kueue suspends the Job on creation (its webhook), creates a Workload,
     # admits it, unsuspends the Job; the Job controller makes the pod, the scheduler binds
     # it to a kwok node, kwok runs it.
-    first = kube.batch.create_namespaced_job(kube.namespace, gpu_job("train-a", queue, 8))
+    first = kube.batch.create_namespaced_job(
+        kube.namespace, gpu_job("train-a", queue=queue, gpus=8)
+    )
     assert first.spec.suspend is True, "Kueue's mutating webhook did not suspend the Job"
     workload = wait_for(
         lambda: f"the Workload of train-a to be admitted: {kube.workload_of_job('train-a')}",
@@ -163,7 +73,7 @@ def test_kueue_admits_within_quota_and_holds_the_job_beyond_it(kube: Kube) -> No
     assert pod.spec.containers[0].resources.requests[GPU] == "8"
 
     # Beyond quota: the second Job stays suspended, its Workload pending with Kueue's reason.
-    kube.batch.create_namespaced_job(kube.namespace, gpu_job("train-b", queue, 8))
+    kube.batch.create_namespaced_job(kube.namespace, gpu_job("train-b", queue=queue, gpus=8))
 
     def pending_reason() -> dict[str, Any] | None:
         workload = kube.workload_of_job("train-b")
