@@ -18,8 +18,8 @@ serve: venv
 ## Install; start PostgreSQL and Redis, install Chromium and a CRIU that works on this
 ## kernel when missing, build the Kubernetes control plane and Kueue once per machine
 ## (scripts/k8s-build.sh: cached, ~25 min cold on 2 cores); Slurm and the Kubernetes cluster
-## are started by their test fixtures; run everything.
-test: venv
+## are started by their test fixtures; lint (ruff, strict mypy) first; run everything.
+test: venv lint
 	scripts/services.sh
 	scripts/browser.sh
 	scripts/install-criu.sh
