@@ -17,6 +17,7 @@ from sqlmodel import Session
 
 from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import Cluster
+from app.diagnosis import service as diagnosis_service
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -37,6 +38,9 @@ SAMPLES = TelemetrySample.__table__  # type: ignore[attr-defined]
 
 # Measured busy is the mean of the agents' GPU samples over this window.
 BUSY_WINDOW = timedelta(minutes=5)
+# Idle GPU-hours by cause over this window (the diagnosis replays the window's history, so
+# the window bounds a scrape's cost: tens of milliseconds for the demo's three clusters).
+IDLE_WINDOW = timedelta(hours=1)
 _OPEN_JOB_STATES = (JobState.pending, JobState.running, JobState.suspended)
 
 
@@ -61,6 +65,7 @@ class DatabaseCollector:
         yield self._actions()
         yield self._migrations()
         yield from self._telemetry()
+        yield self._idle()
 
     def _cluster(self, cluster_id: int) -> str:
         return self._clusters.get(cluster_id, str(cluster_id))
@@ -270,6 +275,21 @@ class DatabaseCollector:
                 seq.add_metric([name], last_seq)
         yield age
         yield seq
+
+    def _idle(self) -> Metric:
+        idle = GaugeMetricFamily(
+            "shaper_idle_gpu_hours",
+            f"idle or allocated-but-unused GPU-hours over the last "
+            f"{int(IDLE_WINDOW.total_seconds())} s, by cause (the why-idle diagnosis)",
+            labels=["cluster", "gpu_model", "cause"],
+        )
+        for name in sorted(self._clusters.values()):
+            diagnosis = diagnosis_service.diagnose(
+                session=self.session, cluster=name, since=self.now - IDLE_WINDOW, until=self.now
+            )
+            for cell in diagnosis.by_gpu_model:
+                idle.add_metric([name, cell.key or "none", str(cell.cause)], cell.gpu_hours)
+        return idle
 
 
 def _aware(moment: datetime, like: datetime) -> datetime:

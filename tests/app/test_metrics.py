@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlmodel import Session
@@ -125,3 +127,34 @@ def test_request_latency_is_labelled_by_route_template_not_by_path(
     )
     assert _labels(method="GET", route="/api/v1/jobs/{job_id}", status="4xx") in counts
     assert not any("999999" in route for route in routes)
+
+
+def test_idle_gpu_hours_by_cause_are_the_last_hours_diagnosis(
+    client: TestClient, auth: dict, clock: FrozenClock
+) -> None:
+    _site(client, auth)
+    clock.advance(1800)
+    idle = _scrape(client, auth)["shaper_idle_gpu_hours"]
+    now = clock.now()
+    response = client.get(
+        "/api/v1/diagnosis",
+        headers=auth["viewer"],
+        params={
+            "cluster": "alpha",
+            "since": (now - timedelta(hours=1)).isoformat(),
+            "until": now.isoformat(),
+        },
+    )
+    assert response.status_code == 200, response.text
+    diagnosis = response.json()
+    assert diagnosis["idle_gpu_hours"] > 0
+    assert idle == {
+        _labels(cluster="alpha", gpu_model=cell["key"] or "none", cause=cell["cause"]): cell[
+            "gpu_hours"
+        ]
+        for cell in diagnosis["by_gpu_model"]
+    }
+    assert sum(idle.values()) == pytest.approx(diagnosis["idle_gpu_hours"], abs=1e-5)
+    causes = {dict(key)["cause"] for key in idle}
+    assert causes <= {c["cause"] for c in diagnosis["causes"]}
+    assert "draining_down" in causes  # n3 is down

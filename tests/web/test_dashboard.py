@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from sqlmodel import Session
@@ -194,3 +195,60 @@ def test_simulation_results_table_and_chart(page: Page, site: dict[str, Any]) ->
     expect(page.locator("#sim-table tr[data-policy=shaper] td").nth(2)).to_have_text(f"+{gain:.1f}")
     expect(page.locator("#sim-chart polyline.sim-line")).to_have_count(2)
     expect(page.locator("#sim-none")).to_be_hidden()
+
+
+def test_why_idle_panel_matches_the_diagnosis_api(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    page.click("#nav a[data-view=idle]")
+    cluster = page.locator("#idle-cluster").input_value()
+    assert cluster == SITES[0].name
+    diagnosis = _diagnosis(site, cluster)
+    assert diagnosis["idle_gpu_hours"] > 0  # the demo site has idle GPUs to explain
+    rows = page.locator("#idle-table tbody tr[data-cause]")
+    expect(rows).to_have_count(len(diagnosis["causes"]))
+    # Every cause, in the API's order; their GPU-hours add up to the idle GPU-hours.
+    causes = [rows.nth(i).get_attribute("data-cause") for i in range(rows.count())]
+    assert causes == [c["cause"] for c in diagnosis["causes"]]
+    hours = [
+        float(rows.nth(i).get_attribute("data-gpu-hours") or "nan") for i in range(len(causes))
+    ]
+    assert sum(hours) == pytest.approx(diagnosis["idle_gpu_hours"], abs=1e-3)
+    shown = [
+        float(t)
+        for t in page.locator("#idle-table tbody tr[data-cause] td:nth-child(2)").all_inner_texts()
+    ]
+    assert sum(shown) == pytest.approx(diagnosis["idle_gpu_hours"], abs=0.05 * len(shown))
+    capacity = diagnosis["capacity_gpu_hours"]
+    top = max(diagnosis["causes"], key=lambda c: c["gpu_hours"])
+    expect(
+        page.locator(f'#idle-table tr[data-cause="{top["cause"]}"] td:nth-child(3)')
+    ).to_have_text(f"{100 * top['gpu_hours'] / capacity:.1f}")
+    expect(page.locator("#idle-table tr.total td:nth-child(2)")).to_have_text(
+        f"{diagnosis['idle_gpu_hours']:.1f}"
+    )
+    # By GPU model: one row per model the API names, each row's idle its cells' sum.
+    models = {g["key"] or "" for g in diagnosis["by_gpu_model"]}
+    expect(page.locator("#idle-model-table tbody tr[data-gpu-model]")).to_have_count(len(models))
+    for model in models:
+        idle = sum(g["gpu_hours"] for g in diagnosis["by_gpu_model"] if (g["key"] or "") == model)
+        row = page.locator(f'#idle-model-table tr[data-gpu-model="{model}"] td:last-child')
+        expect(row).to_have_text(f"{idle:.1f}")
+    # Another cluster: the panel follows the selection.
+    other = _diagnosis(site, SITES[1].name)
+    page.select_option("#idle-cluster", SITES[1].name)
+    expect(page.locator("#idle-table tr.total td:nth-child(2)")).to_have_text(
+        f"{other['idle_gpu_hours']:.1f}"
+    )
+
+
+def _diagnosis(site: dict[str, Any], cluster: str) -> dict[str, Any]:
+    response = httpx.get(
+        f"{site['base']}/api/v1/diagnosis",
+        params={"cluster": cluster},
+        headers={"Authorization": f"Bearer {site['tokens']['viewer']}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body

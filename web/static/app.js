@@ -36,7 +36,7 @@ async function signIn(token) {
     $("#whoami").textContent = `${me.name} · ${me.scopes.join(", ")}`;
     $("#login").hidden = true;
     state.clusters = await api("/clusters");
-    for (const select of ["#node-cluster", "#job-cluster"]) {
+    for (const select of ["#node-cluster", "#job-cluster", "#idle-cluster"]) {
       const keep = select === "#job-cluster" ? '<option value="">all</option>' : "";
       $(select).innerHTML = keep + state.clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
     }
@@ -50,7 +50,7 @@ function route() {
   const view = (location.hash || "#overview").slice(1).split("&")[0] || "overview";
   document.querySelectorAll(".view").forEach((v) => (v.hidden = v.id !== view));
   document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
-  ({ overview: showOverview, nodes: showNodes, jobs: showJobs, actions: showActions, policies: showPolicies, simulations: showSimulations }[view] || showOverview)()
+  ({ overview: showOverview, nodes: showNodes, jobs: showJobs, actions: showActions, policies: showPolicies, simulations: showSimulations, idle: showIdle }[view] || showOverview)()
     .catch((error) => console.error(error));
 }
 
@@ -186,6 +186,29 @@ async function showSimulations() {
   $("#sim-chart").innerHTML = simChart(runs);
 }
 
+async function showIdle() {
+  const cluster = $("#idle-cluster").value;
+  if (!cluster) { $("#idle-summary").textContent = "No clusters."; return; }
+  // No since/until: the server's last 24 h, by its own clock.
+  const d = await api(`/diagnosis?cluster=${encodeURIComponent(cluster)}`);
+  const hours = (v) => Number(v).toFixed(1);
+  const pct = (v, of) => (of > 0 ? (100 * v / of).toFixed(1) : "–");
+  $("#idle-summary").textContent = `${d.since.slice(0, 16).replace("T", " ")} – ${d.until.slice(0, 16).replace("T", " ")} UTC · `
+    + `capacity ${hours(d.capacity_gpu_hours)} GPU-h · busy ${hours(d.busy_gpu_hours)} · idle ${hours(d.idle_gpu_hours)} (${pct(d.idle_gpu_hours, d.capacity_gpu_hours)} %)`;
+  $("#idle-table tbody").innerHTML = d.causes.map((c) => `<tr data-cause="${esc(c.cause)}" data-gpu-hours="${esc(c.gpu_hours)}">
+    <td>${esc(c.cause.replace(/_/g, " "))}</td><td>${hours(c.gpu_hours)}</td><td>${pct(c.gpu_hours, d.capacity_gpu_hours)}</td><td>${(100 * c.share_of_idle).toFixed(1)}</td></tr>`).join("")
+    + `<tr class="total"><td>idle, all causes</td><td>${hours(d.idle_gpu_hours)}</td><td>${pct(d.idle_gpu_hours, d.capacity_gpu_hours)}</td><td>${d.idle_gpu_hours > 0 ? "100.0" : "–"}</td></tr>`;
+  // GPU model × cause, causes in the API's order; only causes some model has hours of.
+  const causes = d.causes.map((c) => c.cause).filter((cause) => d.by_gpu_model.some((g) => g.cause === cause && g.gpu_hours > 0));
+  const models = [...new Set(d.by_gpu_model.map((g) => g.key ?? ""))];
+  const cell = Object.fromEntries(d.by_gpu_model.map((g) => [`${g.key ?? ""}|${g.cause}`, g.gpu_hours]));
+  $("#idle-model-table thead").innerHTML = `<tr><th>GPU model</th>${causes.map((c) => `<th>${esc(c.replace(/_/g, " "))}</th>`).join("")}<th>idle</th></tr>`;
+  $("#idle-model-table tbody").innerHTML = models.map((m) => {
+    const values = causes.map((c) => cell[`${m}|${c}`] || 0);
+    return `<tr data-gpu-model="${esc(m)}"><td>${esc(m || "—")}</td>${values.map((v) => `<td>${hours(v)}</td>`).join("")}<td>${hours(values.reduce((a, b) => a + b, 0))}</td></tr>`;
+  }).join("") || '<tr><td>No idle GPU-hours in the window.</td></tr>';
+}
+
 function simChart(runs) {
   const width = 900, height = 260, left = 40, bottom = 24;
   const horizon = Math.max(...runs.map(([, r]) => r.t_h[r.t_h.length - 1] || 0), 1);
@@ -240,6 +263,7 @@ $("#login-form").addEventListener("submit", (event) => { event.preventDefault();
 $("#group-by").addEventListener("change", showOverview);
 $("#node-cluster").addEventListener("change", showNodes);
 $("#sim-result").addEventListener("change", showSimulations);
+$("#idle-cluster").addEventListener("change", showIdle);
 for (const id of ["#job-cluster", "#job-state", "#job-sort"]) $(id).addEventListener("change", () => { state.jobOffset = 0; showJobs(); });
 $("#job-prev").addEventListener("click", () => { state.jobOffset = Math.max(0, state.jobOffset - state.jobLimit); showJobs(); });
 $("#job-next").addEventListener("click", () => { state.jobOffset += state.jobLimit; showJobs(); });
