@@ -30,8 +30,10 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
 Before a ``requeue`` or ``suspend``, a connector that restarts stopped work itself
 (``SupportsResumePointer``: Kubernetes, Kueue) is handed the step's resume pointer:
 ``args["resume_from"]``, else the ``image_dir`` of ``args["image"]`` (the image the saga's
-checkpoint step reported). Other connectors ignore it (on Slurm the agent's ``stage`` step
-already placed the image where the restarted job finds it).
+checkpoint step reported), with the step's idempotency key, which it stamps on what it
+stops so that a resent step does not stop the work again. Other connectors ignore them
+(on Slurm the agent's ``stage`` step already placed the image where the restarted job
+finds it).
 
 A step is refused (not run) when its name is unknown, it names no workload, the connector
 lacks the capability, or its generation is older than one already seen for the workload
@@ -215,6 +217,8 @@ class ConnectorStepExecutor:
             # Written before the step runs, so a crash mid-step still fences older sagas.
             journal.generations[request.workload_id] = request.generation
             self.journal.save(journal)
+            if request.step in (ConnectorStep.requeue, ConnectorStep.suspend):
+                self._hand_over(request.workload_id, request.args, request.key)
             result = run_step(request.workload_id, request.args)
         except _Refused as refusal:
             refused = self._report(request, ok=False, outcome=Outcome.refused, error=str(refusal))
@@ -262,7 +266,7 @@ class ConnectorStepExecutor:
         connector = self._capable(SupportsRequeue, "requeue")
         nodes, exclude = _names(args, "nodes"), _names(args, "exclude")
         hold = bool(args.get("hold"))
-        resume_from = self._hand_over_pointer(workload_id, args)
+        resume_from = _resume_pointer(args)
         if hold:
             connector.requeue(workload_id, nodes=nodes, exclude=exclude, hold=True)
         else:
@@ -283,14 +287,13 @@ class ConnectorStepExecutor:
             **({"resume_from": resume_from} if resume_from else {}),
         )
 
-    def _hand_over_pointer(self, workload_id: str, args: dict[str, Any]) -> str | None:
-        """The step's resume pointer, given to a connector that restarts the work itself."""
-        resume_from = _resume_pointer(args)
+    def _hand_over(self, workload_id: str, args: dict[str, Any], key: str) -> None:
+        """A requeue's or suspend's resume pointer and idempotency key, given to a connector
+        that restarts the work itself, before the step runs."""
         if isinstance(self.connector, SupportsResumePointer):
             # Handed over on every requeue and suspend, None included: a pointer an earlier,
             # abandoned step left behind must not make this one resume from an old image.
-            self.connector.set_resume_pointer(workload_id, resume_from)
-        return resume_from
+            self.connector.set_resume_pointer(workload_id, _resume_pointer(args), step_key=key)
 
     def _start(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         nodes = _names(args, "nodes")
@@ -395,7 +398,7 @@ class ConnectorStepExecutor:
 
     def _suspend(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         connector = self._capable(SupportsSuspend, "suspend")
-        resume_from = self._hand_over_pointer(workload_id, args)
+        resume_from = _resume_pointer(args)
         connector.suspend(workload_id)
         return self._done(
             f"suspended job {workload_id}",

@@ -109,9 +109,16 @@ class SupportsResumePointer(Protocol):
     ``requeue`` or ``suspend`` of the same step, which gives it to the pods it restarts;
     ``None`` (a step without a checkpoint) clears what an earlier step left. The connector
     keeps it only until that call: the durable copies are the ones the action writes into
-    the scheduler's objects, and a resent step hands it over again."""
+    the scheduler's objects, and a resent step hands it over again.
 
-    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None: ...
+    ``step_key`` is the step's idempotency key. A connector stamps it on the object it stops
+    (an annotation), so that a resend of a step that already stopped and restarted the work
+    — the connector died before its answer was journalled, or the answer was lost — finds
+    its own stamp and finishes what is left instead of stopping the work a second time."""
+
+    def set_resume_pointer(
+        self, external_id: str, resume_from: str | None, *, step_key: str | None = None
+    ) -> None: ...
 
 
 @runtime_checkable

@@ -14,8 +14,8 @@ What each needs of the connector's ClusterRole:
 scale                  patch apps deployments/scale, statefulsets/scale
 evict                  create pods/eviction
 cordon, uncordon       patch nodes
-suspend_job/resume     get, patch batch jobs (recreate_job_pinned and
-                       suspend_job_to_resume too)
+suspend_job/resume     get, patch batch jobs (recreate_job_pinned,
+                       suspend_job_to_resume and restart_job too)
 delete_job             delete batch jobs
 delete_pod             delete pods
 =====================  ===============================================================
@@ -53,7 +53,13 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from connectors.base import ConnectorError
-from connectors.kubernetes.pods import HOSTNAME_LABEL, QUEUE_LABEL, RESUME_FROM, resume_blocker
+from connectors.kubernetes.pods import (
+    HOSTNAME_LABEL,
+    QUEUE_LABEL,
+    RESUME_FROM,
+    STOPPED_BY_STEP,
+    resume_blocker,
+)
 
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 # One request's ceiling: the saga retries a step that times out, the API server does not
@@ -377,6 +383,42 @@ def resume_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
 
 
+def restart_job(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    job: str,
+    step_key: str | None,
+    hold: bool = False,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> None:
+    """Restart a Job from scratch, the restart a plan asks for under a policy that allows
+    it: suspend (its pods go), wait until none is active, then resume unless ``hold`` (it
+    then stays suspended until a start lets it run).
+
+    ``step_key``, the saga step's idempotency key, is written on the Job
+    (``shaper.io/stopped-by-step``) in the patch that suspends it. A resend of the step
+    that finds its own key does not stop the Job again: it only finishes what is left
+    (waits for the pods to go, resumes unless ``hold``), and a Job that runs again since
+    is left alone — without this a step resent after its answer was lost would throw away
+    the work done since the first restart. Without a key every call restarts."""
+    what = f"restart job {job} in {namespace}"
+    current = read_job(api, namespace=namespace, job=job)
+    _refuse_if_kueue(current, what)
+    annotations = current.metadata.annotations or {}
+    stamped = step_key is not None and annotations.get(STOPPED_BY_STEP) == step_key
+    if stamped and not current.spec.suspend:
+        return
+    if not stamped:
+        body: dict[str, Any] = {"spec": {"suspend": True}}
+        if step_key is not None:
+            body["metadata"] = {"annotations": {STOPPED_BY_STEP: step_key}}
+        _patch_job(api, namespace=namespace, job=job, body=body)
+    _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
+    if not hold:
+        _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+
+
 def delete_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
     """Delete a Job and, in the background, its pods (cancel); a Job already gone is done."""
     batch = _batch(api)
@@ -553,15 +595,7 @@ def _prepare_stopped(
 ) -> None:
     """Wait until a suspended Job has no pod left, then pin its template and set its
     pointer."""
-
-    def stopped() -> bool:
-        status = read_job(api, namespace=namespace, job=job).status
-        suspended = any(
-            c.type == "Suspended" and c.status == "True" for c in status.conditions or []
-        )
-        return suspended and not status.active
-
-    wait_until(f"job {job} in {namespace} to stop its pods", stopped, timeout_s)
+    _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
     if _prepared_as_asked(template, nodes=nodes, resume_from=resume_from):
         return
     prepared: dict[str, Any] = {}
@@ -571,3 +605,17 @@ def _prepare_stopped(
     if resume_from is not None:
         prepared["metadata"] = {"annotations": {RESUME_FROM: resume_from}}
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"template": prepared}})
+
+
+def _wait_stopped(api: client.ApiClient, *, namespace: str, job: str, timeout_s: float) -> None:
+    """Until a suspended Job's controller says so (condition Suspended) and no pod is
+    active; a retryable error after ``timeout_s``."""
+
+    def stopped() -> bool:
+        status = read_job(api, namespace=namespace, job=job).status
+        suspended = any(
+            c.type == "Suspended" and c.status == "True" for c in status.conditions or []
+        )
+        return suspended and not status.active
+
+    wait_until(f"job {job} in {namespace} to stop its pods", stopped, timeout_s)

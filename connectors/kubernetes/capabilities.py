@@ -13,8 +13,9 @@ suspend / resume                    Job: ``suspend_job_to_resume`` (the pods go,
                                     keeps the resume pointer) / ``resume_job``
 requeue(nodes, hold)                Job: ``recreate_job_pinned`` to ``nodes`` with the
                                     pointer; with ``hold`` ``suspend_job_to_resume`` (pinned,
-                                    left suspended); without nodes or pointer a restart
-                                    (suspend, then resume unless ``hold``)
+                                    left suspended); without nodes or pointer
+                                    ``restart_job`` (suspend, then resume unless
+                                    ``hold``; a resent step does not restart twice)
 start(nodes)                        suspended Job: ``recreate_job_pinned(resume_from=None)``
                                     to ``nodes`` (its pointer kept), ``resume_job`` without
                                     nodes; a bare pod without nodes: nothing to do
@@ -85,26 +86,29 @@ class KubernetesCapabilities:
 
         def owner_object(self, external_id: str) -> Object | None: ...
 
-    # external id → the pointer set_resume_pointer was given, until the step's action takes it.
-    _resume_pointers: dict[str, str]
+    # external id → (pointer, step key) set_resume_pointer was given, until the step's action
+    # takes them.
+    _handed_over: dict[str, tuple[str | None, str | None]]
 
     # --- resume pointers (SupportsResumePointer) -------------------------------------------
 
-    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None:
+    def set_resume_pointer(
+        self, external_id: str, resume_from: str | None, *, step_key: str | None = None
+    ) -> None:
         parse_external_id(external_id)
-        if resume_from is None:
-            self._pointers().pop(external_id, None)
-        else:
-            self._pointers()[external_id] = resume_from
+        self._pointers()[external_id] = (resume_from, step_key)
 
-    def _pointers(self) -> dict[str, str]:
-        pointers: dict[str, str] | None = getattr(self, "_resume_pointers", None)
-        if pointers is None:
-            pointers = self._resume_pointers = {}
-        return pointers
+    def _pointers(self) -> dict[str, tuple[str | None, str | None]]:
+        handed: dict[str, tuple[str | None, str | None]] | None = getattr(
+            self, "_handed_over", None
+        )
+        if handed is None:
+            handed = self._handed_over = {}
+        return handed
 
-    def _take_pointer(self, external_id: str) -> str | None:
-        return self._pointers().pop(external_id, None)
+    def _take_pointer(self, external_id: str) -> tuple[str | None, str | None]:
+        """The step's resume pointer and idempotency key (None, None: none handed over)."""
+        return self._pointers().pop(external_id, (None, None))
 
     # --- SupportsResize --------------------------------------------------------------------
 
@@ -130,7 +134,7 @@ class KubernetesCapabilities:
     # --- SupportsSuspend -------------------------------------------------------------------
 
     def suspend(self, external_id: str) -> None:
-        resume_from = self._take_pointer(external_id)
+        resume_from, _ = self._take_pointer(external_id)
         owner = self._job("suspend", external_id)
         self._refuse_a_fresh_start("suspend", owner, resume_from)
         actions.suspend_job_to_resume(
@@ -151,7 +155,7 @@ class KubernetesCapabilities:
         exclude: list[str] | None = None,
         hold: bool = False,
     ) -> None:
-        resume_from = self._take_pointer(external_id)
+        resume_from, step_key = self._take_pointer(external_id)
         owner = parse_external_id(external_id)
         if exclude:
             raise _cannot(
@@ -167,11 +171,9 @@ class KubernetesCapabilities:
         namespace, job = owner.namespace, owner.name
         if pin is None and resume_from is None:
             # The restart a plan asked for under a policy that allows it: nothing to keep.
-            actions.suspend_job_to_resume(
-                self.api, namespace=namespace, job=job, resume_from=None, allow_restart=True
+            actions.restart_job(
+                self.api, namespace=namespace, job=job, step_key=step_key, hold=hold
             )
-            if not hold:
-                actions.resume_job(self.api, namespace=namespace, job=job)
             return
         if pin is not None:
             # A pin is a move (the saga pins only jobs it checkpointed): the work must go on.

@@ -95,6 +95,10 @@ CHECKPOINTABLE_ANNOTATION = "shaper.io/checkpointable"
 RESUME_FROM = "shaper.io/resume-from"
 RESUME_FROM_ENV = "SHAPER_RESUME_FROM"
 RESUME_FROM_FIELD = f"metadata.annotations['{RESUME_FROM}']"
+# The idempotency key of the saga step that last stopped a Job (Kubernetes) or a Workload
+# (Kueue), written in the same patch as the stop: a resent step finds it and does not stop
+# the work a second time (connectors.base.SupportsResumePointer).
+STOPPED_BY_STEP = "shaper.io/stopped-by-step"
 MIN_REPLICAS_ANNOTATION = "shaper.io/min-replicas"
 MAX_REPLICAS_ANNOTATION = "shaper.io/max-replicas"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"

@@ -48,7 +48,7 @@ from connectors.kubernetes.actions import (
     template_blocker,
     wait_until,
 )
-from connectors.kubernetes.pods import RESUME_FROM
+from connectors.kubernetes.pods import RESUME_FROM, STOPPED_BY_STEP
 
 GROUP, VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
 # Kueue's own marker on a Job it is in the middle of stopping (pkg/controller/jobs/job).
@@ -79,8 +79,18 @@ def read_workload(api: client.ApiClient, *, namespace: str, workload: str) -> di
     return found
 
 
-def _set_active(api: client.ApiClient, *, namespace: str, workload: str, active: bool) -> None:
+def _set_active(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    workload: str,
+    active: bool,
+    step_key: str | None = None,
+) -> None:
     custom = _custom(api)
+    body: dict[str, Any] = {"spec": {"active": active}}
+    if step_key is not None:
+        body["metadata"] = {"annotations": {STOPPED_BY_STEP: step_key}}
     call(
         "patch",
         _resource(namespace, workload),
@@ -90,19 +100,29 @@ def _set_active(api: client.ApiClient, *, namespace: str, workload: str, active:
             namespace,
             WORKLOADS,
             workload,
-            {"spec": {"active": active}},
+            body,
             _content_type=MERGE_PATCH,
             _request_timeout=REQUEST_TIMEOUT_S,
         ),
     )
 
 
-def deactivate(api: client.ApiClient, *, namespace: str, workload: str) -> None:
+def deactivate(
+    api: client.ApiClient, *, namespace: str, workload: str, step_key: str | None = None
+) -> None:
     """Hold a Workload out of admission (``spec.active: false``); an admitted one is evicted,
     its Job suspended by Kueue and its pods deleted (their work lost unless checkpointed:
     :func:`preempt_with_checkpoint`). Returns once Kueue has the request, not when the pods
-    are gone. Idempotent; a missing Workload is a non-retryable error."""
-    _set_active(api, namespace=namespace, workload=workload, active=False)
+    are gone. Idempotent; a missing Workload is a non-retryable error. ``step_key`` (a saga
+    step's idempotency key) is written on the Workload in the same patch:
+    :func:`stopped_by`."""
+    _set_active(api, namespace=namespace, workload=workload, active=False, step_key=step_key)
+
+
+def stopped_by(workload: dict[str, Any], step_key: str | None) -> bool:
+    """Whether the step with this idempotency key deactivated the Workload (its stamp)."""
+    annotations = workload.get("metadata", {}).get("annotations") or {}
+    return step_key is not None and annotations.get(STOPPED_BY_STEP) == step_key
 
 
 def reactivate(api: client.ApiClient, *, namespace: str, workload: str) -> None:
@@ -144,6 +164,7 @@ def preempt_with_checkpoint(
     workload: str,
     checkpoint: Checkpoint,
     allow_restart: bool = False,
+    step_key: str | None = None,
     timeout_s: float = SETTLE_TIMEOUT_S,
 ) -> str | None:
     """Preempt a Workload so that it resumes from a checkpoint when Kueue admits it again.
@@ -162,7 +183,9 @@ def preempt_with_checkpoint(
     Returns the resume pointer (None when nothing ran, so there was nothing to checkpoint).
     A Job whose pods could not resume (not checkpointable, or no ``SHAPER_RESUME_FROM``
     declared) is refused before anything happens unless ``allow_restart``. Idempotent: a
-    retry of a call that timed out waiting for Kueue does not checkpoint again. Raises a
+    retry of a call that timed out waiting for Kueue does not checkpoint again, and the
+    deactivation carries ``step_key`` (:func:`deactivate`) for the caller's own resend
+    check. Raises a
     retryable error when Kueue takes longer than ``timeout_s`` to stop the Job, and passes
     on the checkpoint function's errors (nothing has changed then).
     """
@@ -196,7 +219,7 @@ def preempt_with_checkpoint(
                 ),
             )
             resume_from = pointer
-        deactivate(api, namespace=namespace, workload=workload)
+        deactivate(api, namespace=namespace, workload=workload, step_key=step_key)
 
     wait_stopped(api, namespace=namespace, workload=workload, job=job, timeout_s=timeout_s)
     if resume_from is not None:

@@ -71,12 +71,15 @@ class KueueCapabilities(KubernetesCapabilities):
         if workload is None:
             super().suspend(external_id)
             return
-        resume_from = self._take_pointer(external_id)
+        resume_from, step_key = self._take_pointer(external_id)
+        if self._resent_after_release(owner, workload, step_key):
+            return
         actions.preempt_with_checkpoint(
             self.api,
             namespace=owner.namespace,
             workload=workload,
             checkpoint=_taken(owner, resume_from),
+            step_key=step_key,
         )
 
     def resume(self, external_id: str) -> None:
@@ -98,7 +101,7 @@ class KueueCapabilities(KubernetesCapabilities):
         if workload is None:
             super().requeue(external_id, nodes=nodes, exclude=exclude, hold=hold)
             return
-        resume_from = self._take_pointer(external_id)
+        resume_from, step_key = self._take_pointer(external_id)
         if exclude or (nodes and not hold):
             raise ConnectorError(
                 f"cannot requeue {external_id} onto or away from given nodes: Kueue admits "
@@ -106,6 +109,8 @@ class KueueCapabilities(KubernetesCapabilities):
                 retryable=False,
             )
         namespace = owner.namespace
+        if self._resent_after_release(owner, workload, step_key):
+            return
         if resume_from is not None:
             actions.preempt_with_checkpoint(
                 self.api,
@@ -115,10 +120,11 @@ class KueueCapabilities(KubernetesCapabilities):
                 # A checkpoint was taken for this: pods that cannot resume from it would
                 # restart from scratch while the control plane believes the work is kept.
                 allow_restart=False,
+                step_key=step_key,
             )
         else:
             # The restart a plan asked for under a policy that allows it.
-            actions.deactivate(self.api, namespace=namespace, workload=workload)
+            actions.deactivate(self.api, namespace=namespace, workload=workload, step_key=step_key)
             if not hold:
                 # So that the reactivation queues it again instead of finding it still
                 # admitted.
@@ -141,6 +147,15 @@ class KueueCapabilities(KubernetesCapabilities):
         actions.reactivate(self.api, namespace=owner.namespace, workload=workload)
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _resent_after_release(self, owner: OwnerRef, workload: str, step_key: str | None) -> bool:
+        """A resend of a step that already stopped this Workload (its stamp, written with
+        the deactivation) and after which it was let run again: nothing is left to do, and
+        stopping it a second time would throw away the work done since (or restart it from
+        the old checkpoint). An inactive stamped Workload is finished as usual: the actions
+        skip what is done."""
+        current = actions.read_workload(self.api, namespace=owner.namespace, workload=workload)
+        return actions.stopped_by(current, step_key) and actions.is_active(current)
 
     def _workload(self, external_id: str) -> tuple[OwnerRef, str | None]:
         """The job's owner and the name of its Workload; None when Kueue does not manage it

@@ -52,7 +52,10 @@ class Restarting(Staging):
 
     kind = SchedulerKind.kubernetes
 
-    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None:
+    def set_resume_pointer(
+        self, external_id: str, resume_from: str | None, *, step_key: str | None = None
+    ) -> None:
+        assert step_key, "the executor hands over the step's idempotency key"
         self.calls.append(("pointer", external_id, resume_from))
 
 

@@ -300,3 +300,54 @@ def test_suspend_of_a_kueue_workload_keeps_the_pointer_and_resume_continues_from
     (after,) = wait_for("pretrain's new pod to run", lambda: running_pods(kube, "pretrain"))
     assert after.metadata.uid != before.metadata.uid
     assert resolved_env(after, RESUME_FROM_ENV) == pointer
+
+
+@pytest.mark.parametrize("kind", [KubernetesConnector, KueueConnector], ids=["plain", "kueue"])
+def test_a_restart_resent_after_its_answer_was_lost_does_not_restart_the_job_again(
+    kind: type[KubernetesConnector],
+    kube: Kube,
+    tmp_path: Path,
+    steps_on: Callable[[type[KubernetesConnector]], Steps],
+) -> None:
+    """The restart a plan asks for under a policy that allows one (a requeue with neither
+    nodes nor a checkpoint) is stamped with the step's key: when the connector dies after
+    restarting the job but before journalling its answer, the control plane's resend
+    reaches a connector with no memory of it, finds the stamp, and leaves the new pods be."""
+    steps = steps_on(kind)
+    queue = gpu_queues(kube, gpus=8) if kind is KueueConnector else None
+    kube.batch.create_namespaced_job(
+        kube.namespace, gpu_job("sweep", gpus=2, checkpointable=False, queue=queue)
+    )
+    job = f"{kube.namespace}/job/sweep"
+    (first,) = wait_for("sweep's pod to run", lambda: running_pods(kube, "sweep"))
+
+    restart = steps.request("requeue", job)
+    report = steps.executor.run(restart)
+    assert report.ok, report.error
+    (second,) = wait_for(
+        "sweep's pod to run again",
+        lambda: [p for p in running_pods(kube, "sweep") if p.metadata.uid != first.metadata.uid],
+    )
+
+    # The same step on a connector whose journal is gone (a new state directory): it runs
+    # the step, sees its own stamp on the job, and changes nothing.
+    amnesiac = ConnectorStepExecutor(
+        steps.executor.connector, cluster=CLUSTER, state_dir=tmp_path / "after-a-crash"
+    )
+    resent = amnesiac.run(restart)
+    assert resent.ok and resent.outcome is Outcome.executed, resent.error
+    time.sleep(2.0)
+    assert [p.metadata.uid for p in running_pods(kube, "sweep")] == [second.metadata.uid]
+    assert kube.batch.read_namespaced_job("sweep", kube.namespace).spec.suspend is not True
+
+    # A new step (its own key) does restart it: the stamp is per step, not per job.
+    again = amnesiac.run(steps.request("requeue", job))
+    assert again.ok, again.error
+    wait_for(
+        "sweep's pod to run a third time",
+        lambda: [
+            p
+            for p in running_pods(kube, "sweep")
+            if p.metadata.uid not in (first.metadata.uid, second.metadata.uid)
+        ],
+    )
