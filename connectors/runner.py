@@ -1,7 +1,8 @@
 """Push a connector's telemetry to the control plane, for every connector kind.
 
 The loop, once per ``interval_s`` — or as soon as a connector that can tell
-(``SupportsChangeWait``: a Kubernetes watch) reports a change, after ``change_debounce_s``:
+(``SupportsChangeWait``: a Kubernetes watch) reports a change, after ``change_debounce_s``
+and no sooner than ``min_push_interval_s`` after the previous cycle began:
 
 1. **Read** ``ClusterState`` from the connector. A retryable :class:`ConnectorError` (the
    scheduler is down) backs off exponentially with jitter and reads again; the next push is
@@ -106,6 +107,11 @@ class RunnerConfig(BaseModel):
     # After a change that a connector reported (SupportsChangeWait), how long to gather
     # more before pushing: a burst of pod events makes one push, not hundreds.
     change_debounce_s: Annotated[float, Field(ge=0)] = 0.2
+    # The least time between the starts of two change-driven pushes: on a busy cluster
+    # (pods churning every few milliseconds) the debounce alone would push several times a
+    # second and keep the control plane's ingest busy for nothing; changes gathered
+    # meanwhile go in the next push. The interval still bounds the wait when nothing changes.
+    min_push_interval_s: Annotated[float, Field(ge=0)] = 1.0
 
 
 @dataclass
@@ -160,6 +166,7 @@ class TelemetryRunner:
         # What the control plane has acknowledged; None: unknown, so the next push is a snapshot.
         self._acked: View | None = None
         self._last_snapshot_at: float | None = None
+        self._cycle_started_at: float | None = None
         self._url = (
             f"{config.control_plane.rstrip('/')}/api/v1/clusters/"
             f"{quote(config.cluster, safe='')}/telemetry"
@@ -197,14 +204,25 @@ class TelemetryRunner:
             # Slices, so that stop() is seen while the connector waits.
             step = min(remaining, CHANGE_WAIT_SLICE_S)
             if self.connector.wait_for_change(step):
-                self._sleep(self.config.change_debounce_s)
-                self.connector.wait_for_change(0)  # what the debounce gathered is in this push
+                since_last = (
+                    self._monotonic() - self._cycle_started_at
+                    if self._cycle_started_at is not None
+                    else float("inf")
+                )
+                self._sleep(
+                    max(
+                        self.config.change_debounce_s,
+                        self.config.min_push_interval_s - since_last,
+                    )
+                )
+                self.connector.wait_for_change(0)  # what the wait gathered is in this push
                 return
             remaining -= step
 
     def run_once(self) -> TelemetryAck | None:
         """One cycle: read (retrying), push (retrying); ``None`` when stopped or refused."""
         self.stats.cycles += 1
+        self._cycle_started_at = self._monotonic()
         state = self._read()
         if state is None:
             return None
@@ -403,6 +421,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--token", default=settings.token, help=f"or {TOKEN_ENV}")
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between pushes")
     parser.add_argument(
+        "--min-push-interval",
+        type=float,
+        default=1.0,
+        help="least seconds between pushes that a watched change triggers (Kubernetes)",
+    )
+    parser.add_argument(
         "--set",
         type=option_argument,
         action="append",
@@ -461,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cluster=args.cluster,
                 token=args.token,
                 interval_s=args.interval,
+                min_push_interval_s=args.min_push_interval,
             ),
         )
     if action_connector is None:

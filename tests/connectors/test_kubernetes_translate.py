@@ -398,7 +398,13 @@ def test_the_runner_pushes_on_a_change_after_a_debounce_not_after_its_interval()
     connector = ChangingConnector([False, True, True])  # the 2nd slice sees a change
     runner = TelemetryRunner(
         connector,  # type: ignore[arg-type]
-        RunnerConfig(control_plane="http://cp", cluster="c", token="t", interval_s=30),
+        RunnerConfig(
+            control_plane="http://cp",
+            cluster="c",
+            token="t",
+            interval_s=30,
+            min_push_interval_s=0,
+        ),
         transport=httpx.MockTransport(
             lambda r: httpx.Response(200, json={"cluster": "c", "seq": 0})
         ),
@@ -409,3 +415,41 @@ def test_the_runner_pushes_on_a_change_after_a_debounce_not_after_its_interval()
     assert sleeps == [0.2]  # the debounce; never the 30 s interval
     # Two slices of at most 0.5 s, then the debounce's changes consumed with a 0 s wait.
     assert connector.waits == [0.5, 0.5, 0]
+
+
+def test_change_driven_pushes_on_a_busy_cluster_keep_the_minimum_interval() -> None:
+    """Every slice sees a change (pods churn all the time): each push still waits until
+    min_push_interval_s has passed since the previous one began, not just the debounce."""
+    now = [100.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(round(seconds, 3))
+        now[0] += seconds
+
+    def post(request: httpx.Request) -> httpx.Response:
+        now[0] += 0.3  # the push takes 0.3 s
+        return httpx.Response(200, json={"cluster": "c", "seq": 0})
+
+    connector = ChangingConnector([True] * 20)
+    runner = TelemetryRunner(
+        connector,  # type: ignore[arg-type]
+        RunnerConfig(
+            control_plane="http://cp",
+            cluster="c",
+            token="t",
+            interval_s=30,
+            min_push_interval_s=2.0,
+        ),
+        transport=httpx.MockTransport(post),
+        sleep=sleep,
+        monotonic=lambda: now[0],
+    )
+    runner.run(max_cycles=4)
+    # Each cycle took 0.3 s to push; the wait tops it up to 2 s between starts.
+    assert sleeps == [1.7, 1.7, 1.7]
+    # After a quiet spell longer than the minimum, a change waits only for the debounce.
+    now[0] += 60
+    connector.changes[:] = [True]
+    runner._wait_between_cycles()
+    assert sleeps[-1] == 0.2
