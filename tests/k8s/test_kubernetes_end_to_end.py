@@ -19,21 +19,23 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlmodel import Session
+from sqlmodel import Session, select
 
-from agent import procs
-from app.actions.models import ActionKind
+from app.actions.models import Action, ActionKind
 from app.actions.router import get_dispatcher
 from app.clusters import service as cluster_service
 from app.clusters.models import ClusterCreate
 from app.core import migrate
 from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
-from tests.actions.conftest import Pipeline, RedisServer, action_state
-from tests.actions.helpers import TERMINAL, stored_plan
+from app.jobs.models import Job
+from app.shaping.cycle import run_cycle
+from tests.actions.conftest import Pipeline, RedisServer
+from tests.actions.helpers import stored_plan
 from tests.k8s.conftest import GPUS_PER_NODE, NODES, K8sCluster, Kube, wait_for
 from tests.k8s.objects import admitted, gpu_job, gpu_queues, inference_deployment, running_pods
 from tests.live_server import app_on, serve, tokens_for
+from tests.support.plans import wait_until_settled
 
 pytestmark = pytest.mark.slow
 
@@ -126,22 +128,12 @@ def _approve_plan_and_wait(deployment: dict[str, Any], ids: list[int]) -> dict[i
         timeout=30,
     )
     assert response.status_code == 200, response.text
-    engine = deployment["pipeline"].engine
-
-    def settled() -> bool:
-        return all(action_state(engine, a)[0] in TERMINAL for a in action_ids)
-
-    if not procs.wait_until(settled, timeout=2 * WAIT_S, interval=0.5):
-        raise AssertionError(
-            "plan stuck: "
-            + "; ".join(
-                f"{a} {state} {[(s.name, s.state, s.error) for s in steps]}"
-                for a in action_ids
-                for state, steps in [action_state(engine, a)]
-            )
-            + f"\nconnector log:\n{deployment['pipeline'].workers['connector'].tail()}"
-        )
-    return {a: action_state(engine, a)[0] for a in action_ids}
+    return wait_until_settled(
+        deployment["pipeline"].engine,
+        action_ids,
+        timeout_s=2 * WAIT_S,
+        context=lambda: f"connector log:\n{deployment['pipeline'].workers['connector'].tail()}",
+    )
 
 
 def _running_replicas(kube: Kube, name: str) -> int:
@@ -260,5 +252,53 @@ def test_a_plan_holds_a_strict_fifo_blocker_and_starts_the_workload_behind_it(
             and (b := _job(deployment, large))
             and b["state"] == "pending"
             and b["reason"] == "deactivated"
+        ),
+    )
+
+
+def test_the_shaping_cycle_plans_on_the_clusters_telemetry_and_its_start_runs(
+    deployment: dict[str, Any], kube: Kube
+) -> None:
+    """No stored plan: the shaping cycle itself (snapshot of what the connector pushed,
+    the solver, the review) plans for the Kubernetes cluster. A plain Job created
+    suspended, as a site holds work outside any queue, asks for 2 GPUs that are free: the
+    cycle's plan starts it on a node of its choosing; approved through the API, the
+    connector pins the Job there and lets it run, and the API sees it running there."""
+    job = gpu_job("held", gpus=2)
+    job.spec.suspend = True
+    kube.batch.create_namespaced_job(kube.namespace, job)
+    external_id = f"{kube.namespace}/job/held"
+    wait_for(
+        f"{external_id} pending in the API",
+        lambda: (j := _job(deployment, external_id)) and j["state"] == "pending",
+    )
+    engine = deployment["pipeline"].engine
+    with Session(engine) as session:
+        result = run_cycle(session=session, cluster_name=CLUSTER, now=datetime.now(UTC))
+    assert result.actions >= 1 and not result.kept, result
+    with Session(engine) as session:
+        planned = session.exec(
+            select(Action, Job)
+            .join(Job, Action.job_id == Job.id)  # type: ignore[arg-type]
+            .where(Action.plan_id == result.plan_id)
+        ).all()
+    starts = [a for a, j in planned if j.external_id == external_id]
+    assert [a.kind for a in starts] == [ActionKind.start], [
+        (a.kind, j.external_id) for a, j in planned
+    ]
+    target = starts[0].target_node
+    assert target is not None, "a start planned on no node"
+    # The whole plan is approved (it may also act on other tests' leftovers); this Job's
+    # start must succeed.
+    states = _approve_plan_and_wait(deployment, [result.plan_id, *(a.id for a, _ in planned)])
+    assert states[starts[0].id] == "succeeded", states
+    (pod,) = wait_for("held's pod to run", lambda: running_pods(kube, "held"))
+    assert pod.spec.node_name == target
+    wait_for(
+        f"the API to show {external_id} running on {target}",
+        lambda: (
+            (j := _job(deployment, external_id))
+            and j["state"] == "running"
+            and {a["node"] for a in j["allocations"]} == {target}
         ),
     )
