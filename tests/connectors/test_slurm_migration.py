@@ -33,10 +33,11 @@ from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
 from tests.actions.conftest import Pipeline, RedisServer, action_state
-from tests.actions.helpers import TERMINAL, stored_plan
+from tests.actions.helpers import stored_plan
 from tests.agent.helpers import COUNTER, count_of, next_count, progress_of
 from tests.connectors.conftest import SlurmCluster
 from tests.live_server import app_on, serve, tokens_for
+from tests.support.plans import wait_until_settled
 
 CLUSTER = "hpc-test"
 NODES = ("node1", "node2", "node3")
@@ -196,20 +197,16 @@ def _approve_and_wait(
     deployment: dict[str, Any], action_id: int, slurm: SlurmCluster, job_id: str
 ) -> str:
     _api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
-    pipeline: Pipeline = deployment["pipeline"]
-
-    def settled() -> bool:
-        return action_state(pipeline.engine, action_id)[0] in TERMINAL
-
-    if not procs.wait_until(settled, timeout=2 * WAIT_S + 60, interval=0.5):
-        state, steps = action_state(pipeline.engine, action_id)
-        raise AssertionError(
-            f"action {action_id} stuck in {state}: "
-            f"{[(s.name, s.state, s.error) for s in steps]}\n"
-            f"Slurm: {slurm.job(job_id)}\n"
-            f"job output:\n{procs.read_tail(slurm.jobs_dir / f'{job_id}.out', lines=30)}"
-        )
-    return action_state(pipeline.engine, action_id)[0]
+    states = wait_until_settled(
+        deployment["pipeline"].engine,
+        [action_id],
+        timeout_s=2 * WAIT_S + 60,
+        context=lambda: (
+            f"Slurm: {slurm.job(job_id)}\njob output:\n"
+            f"{procs.read_tail(slurm.jobs_dir / f'{job_id}.out', lines=30)}"
+        ),
+    )
+    return states[action_id]
 
 
 def _gres_used(slurm: SlurmCluster, node: str) -> str:
@@ -426,22 +423,12 @@ def _approve_plan_and_wait(
 ) -> dict[int, str]:
     plan_id, *action_ids = ids
     _api(deployment, "POST", f"/plans/{plan_id}/approve", "operator")
-    engine = deployment["pipeline"].engine
-
-    def settled() -> bool:
-        return all(action_state(engine, a)[0] in TERMINAL for a in action_ids)
-
-    if not procs.wait_until(settled, timeout=3 * WAIT_S + 60, interval=0.5):
-        raise AssertionError(
-            "plan stuck: "
-            + "; ".join(
-                f"{a} {state} {[(s.name, s.state, s.error) for s in steps]}"
-                for a in action_ids
-                for state, steps in [action_state(engine, a)]
-            )
-            + f"\nSlurm: {slurm.squeue()}\nreservations: {slurm.reservations()}"
-        )
-    return {a: action_state(engine, a)[0] for a in action_ids}
+    return wait_until_settled(
+        deployment["pipeline"].engine,
+        action_ids,
+        timeout_s=3 * WAIT_S + 60,
+        context=lambda: f"Slurm: {slurm.squeue()}\nreservations: {slurm.reservations()}",
+    )
 
 
 def test_an_approved_plan_moves_a_job_and_the_freed_node_waits_for_the_planned_start(
