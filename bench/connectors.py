@@ -11,10 +11,11 @@ issue's targets:
    ``wait_for_change`` as the runner is. Also a warm ``read_state`` (incremental) beside a
    whole translation of the caches (``rebuild_state``), and whether the two agree.
 2. **The real connector process** (``python -m connectors.runner --kind kubernetes``)
-   pushing to the real API (uvicorn, a scratch PostgreSQL database): time from the
-   process's start to the first snapshot stored by the control plane, the latency of a pod
-   change until the control plane has the job, and the process's memory (RSS now and its
-   peak, VmHWM).
+   pushing to the real API (uvicorn, a scratch PostgreSQL database; bench.connector_push):
+   time from the process's start to the first snapshot stored by the control plane, the
+   latency of a pod change until the control plane has the job, and the process's memory
+   (RSS now and its peak, VmHWM). ``bench/slurm_connector.py`` measures the same of the
+   Slurm connector.
 
 Pods are bare pods with ``spec.nodeName`` set, created by a thread pool: through
 Deployments the controller manager (20 requests/s by default) and the scheduler would
@@ -30,13 +31,10 @@ SHAPER_TEST_POSTGRES_DSN (the PostgreSQL server for the scratch database).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,25 +43,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-from sqlalchemy import text
-from sqlmodel import Session
 
-from app.clusters import service as cluster_service
-from app.clusters.models import ClusterCreate
-from app.core.config import Settings
-from app.core.db import get_session, make_engine
-from app.gpu_models import service as gpu_model_service
-from app.main import create_app
-from app.tokens import service as token_service
-from app.tokens.models import ApiTokenCreate
-from bench.scratch_db import DEFAULT_DSN, scratch_database
+from bench.connector_push import (
+    CHANGE_P99_TARGET_S,
+    FIRST_SNAPSHOT_TARGET_S,
+    MEMORY_TARGET_MIB,
+    measure_pushed,
+    p99,
+    verdict,
+)
+from bench.scratch_db import DEFAULT_DSN
 from connectors.kubernetes import KubernetesConnector, KubernetesConnectorConfig
 from wire.telemetry import ClusterState, SchedulerKind, TelemetrySnapshot
 
@@ -73,10 +68,6 @@ NAMESPACE = "bench"
 CLUSTER = "bench-k8s"
 GPU = "nvidia.com/gpu"
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
-# The issue's targets.
-FIRST_SNAPSHOT_TARGET_S = 10.0
-CHANGE_P99_TARGET_S = 2.0
-MEMORY_TARGET_MIB = 300.0
 WORKERS = 8
 console = Console()
 
@@ -282,140 +273,7 @@ def differ(state: ClusterState, whole: ClusterState) -> None:
 # --- 2. the connector process, pushing to the real API --------------------------------------
 
 
-@contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """The API on uvicorn in a thread, on a free loopback port."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise SystemExit("the API server did not start")
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
-def memory_mib(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of a process, MiB: now and its peak."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024
-    return fields["VmRSS"], fields["VmHWM"]
-
-
-def measure_pushed(
-    kubeconfig: Path, core: client.CoreV1Api, nodes: list[str], changes: int, dsn: str
-) -> dict[str, Any]:
-    with scratch_database(dsn, "shaper_bench_connectors") as url:
-        engine = make_engine(url)
-        now = datetime.now(UTC)
-        with Session(engine) as session:
-            gpu_model_service.ensure_default_catalogue(session=session)
-            cluster_id = cluster_service.register_cluster(
-                session=session,
-                cluster_in=ClusterCreate(name=CLUSTER, scheduler=SchedulerKind.kubernetes),
-                now=now,
-            ).id
-            token = token_service.create_token(
-                session=session,
-                token_in=ApiTokenCreate(name="bench", scopes=[f"connector:{CLUSTER}"]),
-                now=now,
-            ).token
-
-        def scalar(query: str, **params: Any) -> Any:
-            with engine.connect() as connection:
-                return connection.execute(text(query), params).scalar()
-
-        def job_known(external_id: str) -> bool:
-            return bool(
-                scalar(
-                    "select 1 from jobs where cluster_id = :c and external_id = :e",
-                    c=cluster_id,
-                    e=external_id,
-                )
-            )
-
-        app = create_app(Settings(database_url=url))
-
-        def session_override() -> Iterator[Session]:
-            # The app's sessions on the scratch database, as bench/ingest.py does.
-            with Session(engine, expire_on_commit=False) as session:
-                yield session
-
-        app.dependency_overrides[get_session] = session_override
-        with serve(app) as api_url:
-            started = time.monotonic()
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "connectors.runner",
-                    "--kind=kubernetes",
-                    f"--cluster={CLUSTER}",
-                    f"--control-plane={api_url}",
-                    f"--set=kubeconfig={kubeconfig}",
-                ],
-                env={**os.environ, "SHAPER_CONNECTOR_TOKEN": token},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            try:
-                peak_rss = 0.0
-                while scalar("select last_seq from clusters where id = :c", c=cluster_id) is None:
-                    if process.poll() is not None:
-                        stderr = process.stderr.read() if process.stderr else ""
-                        raise SystemExit(f"the connector exited:\n{stderr[-3000:]}")
-                    if time.monotonic() - started > 120:
-                        raise SystemExit("no snapshot reached the control plane in 120 s")
-                    peak_rss = max(peak_rss, memory_mib(process.pid)[0])
-                    time.sleep(0.05)
-                first_s = time.monotonic() - started
-                jobs = scalar("select count(*) from jobs where cluster_id = :c", c=cluster_id)
-                latencies: list[float] = []
-                for i in range(changes):
-                    name = f"change-pushed-{i:04d}"
-                    sent = time.monotonic()
-                    core.create_namespaced_pod(
-                        NAMESPACE, pod_body(name, nodes[-1 - i % len(nodes)])
-                    )
-                    while not job_known(f"{NAMESPACE}/pod/{name}"):
-                        if time.monotonic() - sent > 30:
-                            raise SystemExit(f"{name} did not reach the control plane in 30 s")
-                        time.sleep(0.02)
-                    latencies.append(time.monotonic() - sent)
-                rss, hwm = memory_mib(process.pid)
-            finally:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-        engine.dispose()
-    return {"first_s": first_s, "jobs": jobs, "latencies": latencies, "rss": rss, "hwm": hwm}
-
-
 # --- report ----------------------------------------------------------------------------------
-
-
-def p99(values: list[float]) -> float:
-    return (
-        statistics.quantiles(values, n=100, method="inclusive")[98]
-        if len(values) > 1
-        else values[0]
-    )
-
-
-def verdict(value: float, target: float) -> str:
-    return "met" if value <= target else "NOT met"
 
 
 def main() -> None:
@@ -450,7 +308,23 @@ def main() -> None:
             pushed = None
             if not args.skip_push:
                 console.print("measuring the connector process pushing to the API …")
-                pushed = measure_pushed(kubeconfig, core, nodes, args.changes, args.dsn)
+
+                def change(i: int) -> str:
+                    name = f"change-pushed-{i:04d}"
+                    core.create_namespaced_pod(
+                        NAMESPACE, pod_body(name, nodes[-1 - i % len(nodes)])
+                    )
+                    return f"{NAMESPACE}/pod/{name}"
+
+                pushed = measure_pushed(
+                    kind="kubernetes",
+                    cluster=CLUSTER,
+                    scheduler=SchedulerKind.kubernetes,
+                    connector_args=[f"--set=kubeconfig={kubeconfig}"],
+                    changes=args.changes,
+                    change=change,
+                    dsn=args.dsn,
+                )
         except ApiException as error:
             raise SystemExit(f"the API server refused: {error.status} {error.reason}") from None
         finally:
