@@ -40,3 +40,6 @@ class KubernetesConnectorConfig(BaseModel):
     # How long the first list of every collection may take before read_state says so.
     sync_timeout_s: Annotated[float, Field(gt=0)] = 60.0
     page_size: Annotated[int, Field(ge=1, le=10_000)] = 500
+    # List by a streaming list (watch with sendInitialEvents) where the API server offers
+    # one, else in pages of page_size (connectors.kubernetes.informer).
+    stream_list: bool = True

@@ -102,6 +102,7 @@ class KubernetesConnector(KubernetesCapabilities):
                 path=path,
                 name=name,
                 page_size=config.page_size,
+                stream_list=config.stream_list,
                 on_change=self._changed.set,
                 relevant=node_change_matters if name == "nodes" else None,
             )

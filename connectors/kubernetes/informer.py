@@ -2,9 +2,16 @@
 
 The algorithm, in one background thread per collection:
 
-1. **List** the collection in pages (``limit``/``continue``), a consistent read from etcd;
-   the cache becomes exactly that list, and the list's ``resourceVersion`` is where the
-   watch starts. The informer is *synced* from here on.
+1. **List** the collection: as a *streaming list* where the API server offers one (a watch
+   with ``sendInitialEvents=true``, Kubernetes' WatchList, on by default since 1.32 and
+   what client-go's reflector uses): the current objects arrive as ADDED events, a
+   BOOKMARK annotated ``k8s.io/initial-events-end`` ends them, and the same stream goes on
+   as the watch of step 2. The server writes objects while the connector parses them,
+   instead of the two taking turns page by page, and no page is held whole in memory.
+   A server that refuses it (400/422, the feature off) or ends the stream before that
+   bookmark is listed in pages (``limit``/``continue``, a consistent read) from then on.
+   Either way the cache becomes exactly that list, and its ``resourceVersion`` is where
+   the watch starts. The informer is *synced* from here on.
 2. **Watch** from that resource version with ``allowWatchBookmarks=true`` and a server-side
    timeout of 4–5 minutes (jittered, so many connectors do not reconnect in step). Each
    ADDED/MODIFIED/DELETED event is applied to the cache, moves the resource version, and
@@ -36,7 +43,6 @@ holds (connectors.kubernetes.incremental relies on this).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -47,6 +53,7 @@ from typing import Any
 import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from pydantic_core import from_json
 
 from connectors.base import ConnectorError
 
@@ -63,6 +70,9 @@ CONNECT_TIMEOUT_S = 10.0
 LIST_TIMEOUT_S = 60.0
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 10.0
+# The bookmark that ends a streaming list's initial events (k8s.io/apimachinery's
+# metav1.InitialEventsAnnotationKey).
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 class _Gone(Exception):
@@ -92,6 +102,7 @@ class Informer:
         path: str,
         name: str | None = None,
         page_size: int = 500,
+        stream_list: bool = True,
         on_change: Callable[[], None] | None = None,
         relevant: Callable[[Object | None, Object | None], bool] | None = None,
     ) -> None:
@@ -99,6 +110,9 @@ class Informer:
         self.path = path
         self.name = name or path.rstrip("/").rsplit("/", 1)[-1]
         self.page_size = page_size
+        # Whether to list by a streaming list (step 1); turned off for good when the
+        # server does not offer one.
+        self.stream_list = stream_list
         self.on_change = on_change
         # Whether a change (old, new; None for absent) is worth on_change: a node's
         # heartbeat every few seconds is not. Every change is applied to the cache anyway.
@@ -188,6 +202,13 @@ class Informer:
         must_list = self._resource_version is None
         while not self._stop.is_set():
             try:
+                if must_list and self.stream_list:
+                    # Lists, then goes on watching on the same stream until it ends.
+                    listed = self._stream_list()
+                    must_list = not listed
+                    if listed:
+                        attempt = 0
+                        continue
                 if must_list:
                     self._list()
                     must_list = False
@@ -247,7 +268,7 @@ class Informer:
                     raise _Gone("the list's continue token expired") from error
                 raise
             try:
-                page = json.loads(response.data)
+                page = _parse(response.data)
             finally:
                 response.release_conn()
             for obj in page.get("items") or []:
@@ -260,6 +281,72 @@ class Informer:
                 break
             if self._stop.is_set():
                 return
+        self._listed(objects, resource_version, started)
+
+    def _stream_list(self) -> bool:
+        """Step 1 as a streaming list, then step 2 on the same stream until it ends. False
+        when the server offers no streaming list: then ``stream_list`` is off for good."""
+        started = time.monotonic()
+        timeout_s = self._rng.randint(*WATCH_TIMEOUT_S)
+        query = [
+            ("watch", "true"),
+            ("sendInitialEvents", "true"),
+            ("resourceVersionMatch", "NotOlderThan"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_s)),
+        ]
+        try:
+            response = self._request(
+                query, timeout=(CONNECT_TIMEOUT_S, timeout_s + READ_TIMEOUT_MARGIN_S)
+            )
+        except ApiException as error:
+            if error.status in (400, 403, 422):
+                return self._no_stream_list(f"the API server answered {error.status}")
+            raise
+        self._response = response
+        objects: dict[Key, Object] = {}
+        lines = _lines(response)
+        for line in lines:
+            if self._stop.is_set():
+                return True
+            event = _parse(line)
+            kind = event.get("type")
+            obj = event.get("object") or {}
+            if kind == "ADDED":
+                obj = _slim(obj)
+                objects[_key(obj)] = obj
+                continue
+            if kind == "BOOKMARK":
+                metadata = obj.get("metadata") or {}
+                if (metadata.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                    self._listed(objects, metadata.get("resourceVersion"), started)
+                    break
+            if kind == "ERROR":
+                self._apply(event)  # raises: 410 → list again, else back off
+            # Nothing else comes before the initial events end: a server that ignores
+            # sendInitialEvents (older than 1.27) sends a plain watch's events and
+            # bookmarks without the annotation.
+            return self._no_stream_list(f"a {kind} event before the initial events ended")
+        else:
+            # The stream ended before the bookmark: a server without streaming lists
+            # (its plain watch from "now" sends every object as ADDED, then nothing more).
+            return self._no_stream_list("the stream ended before its initial events did")
+        self.error = None
+        for line in lines:
+            if self._stop.is_set():
+                break
+            self._apply(_parse(line))
+        return True
+
+    def _no_stream_list(self, why: str) -> bool:
+        logger.info("%s: no streaming list (%s); listing in pages", self.name, why)
+        self.stream_list = False
+        return False
+
+    def _listed(
+        self, objects: dict[Key, Object], resource_version: str | None, started: float
+    ) -> None:
+        """The cache becomes a whole list: synced from here on."""
         self._replace(objects, resource_version)
         self.lists += 1
         self.error = None
@@ -307,7 +394,7 @@ class Informer:
         for line in _lines(response):
             if self._stop.is_set():
                 return
-            self._apply(json.loads(line))
+            self._apply(_parse(line))
 
     def _apply(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -358,6 +445,14 @@ class Informer:
             response.release_conn()
         except Exception as error:  # closing is best effort
             logger.debug("%s: closing the watch stream: %r", self.name, error)
+
+
+def _parse(document: str | bytes) -> Any:
+    """A JSON document, its object keys shared with every other document parsed so
+    (pydantic-core's string cache): 10,000 pods parsed event by event would otherwise
+    each hold their own copies of "metadata", "name", "resources"… — 40 MiB more at
+    10,000 pods than the same pods parsed in pages of 500 by ``json.loads``."""
+    return from_json(document, cache_strings="keys")
 
 
 def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[str]:

@@ -70,6 +70,10 @@ def quantity(value: object) -> Decimal:
 
 def whole(value: object) -> int:
     """A count of devices (GPUs): whole, never negative."""
+    # Extended resources are whole numbers, almost always written as plain digits: those
+    # skip the Decimal parse, which was a third of translating 10,000 pods.
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
     return max(0, int(quantity(value)))
 
 

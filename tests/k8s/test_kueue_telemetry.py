@@ -232,6 +232,8 @@ def test_forty_kueue_jobs_on_three_gpu_types_match_the_api_server(
             return state if last[0] == expected else None
 
         state = wait_for(lambda: f"the connector to match: {last} != {expected}", matches, 30)
+        # This API server offers streaming lists: every collection was listed by one.
+        assert all(i.stream_list and i.lists >= 1 for i in connector.informers.values())
 
     by_name = {job.name: job for job in state.jobs}
     for name, (job_state, _, pods) in expected["jobs"].items():
@@ -257,8 +259,11 @@ def test_forty_kueue_jobs_on_three_gpu_types_match_the_api_server(
     assert all(nodes[name].state is NodeState.up for name in gpu_zoo)
 
     # The plain Kubernetes connector sees the same pods; Kueue's held Jobs are suspended.
-    with KubernetesConnector(config) as plain:
+    # It lists in pages of 7, the way it lists a server without streaming lists.
+    paged = config.model_copy(update={"stream_list": False, "page_size": 7})
+    with KubernetesConnector(paged) as plain:
         assert plain.wait_synced(30)
+        assert plain.informers["pods"].lists == 1 and not plain.informers["pods"].stream_list
         jobs = {job.name: job for job in plain.read_state().jobs}
     for name, (job_state, held, _) in expected["jobs"].items():
         assert jobs[name].state is JobState(job_state)
