@@ -30,7 +30,7 @@ test: venv lint
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy app agent connectors sim solver wire bench
+	$(BIN)/mypy app agent connectors forecast sim solver wire bench
 
 bench: venv
 	scripts/services.sh

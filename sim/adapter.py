@@ -9,14 +9,27 @@ Mapping (simulation → solver):
 * a block job of ``g`` GPUs is ``Job(kind=block, replicas=g, gpus_per_replica=1)`` with
   ``max_nodes`` = the fewest nodes of its largest compatible node size that hold it (a
   4-GPU job stays on one 8-GPU node; a 16-GPU job spans two), its remaining run time at
-  reference speed as ``expected_runtime_s`` (an exact walltime estimate — traces record
-  the real duration), its image size as ``checkpoint_size_mib`` and the time its last
-  periodic checkpoint was written as ``last_checkpoint_time``;
+  reference speed as ``expected_runtime_s``, its image size as ``checkpoint_size_mib`` and
+  the time its last periodic checkpoint was written as ``last_checkpoint_time``. The run
+  time is ``runtime`` (:class:`RuntimeMode`): by default exact (traces record the real
+  duration); ``predicted`` is what ``forecast.duration`` predicts from the jobs that
+  finished before in this run (team, kind, GPUs; traces carry no user estimate) — as a
+  site would know it — less the work done; a job past its prediction is expected to run
+  as long again as it has (durations are heavy-tailed: the longer a job has run, the
+  longer it is likely to go on); ``none`` gives no run time (jobs never end early, as
+  for a scheduler that reports no time limit);
 * a service is ``Job(kind=elastic)`` whose ``forecast`` is its hourly demand from the
   current hour over ``forecast_hours`` hours, in replicas: demand is stated in replicas
   at reference speed and a replica on a slower model serves less, so it is converted at
-  the speed of the GPUs the service holds (``_replicas_for``); the simulator gives the
-  policy a perfect forecast, as the study it reproduces does;
+  the speed of the GPUs the service holds (``_replicas_for``). Where the demand comes from
+  is ``forecast`` (:class:`ForecastMode`): by default the simulator gives the policy a
+  perfect forecast, as the study it reproduces does; ``model`` forecasts as the control
+  plane does (``forecast.demand``: the SLA's quantile of an ETS forecast over the hourly
+  demand of the last week, the same forecaster and quantile rule as
+  ``app.shaping.snapshot``); ``peak`` reserves the highest hourly demand of that week at
+  every step (the daily-peak reservation the forecast replaces). A service present when
+  the simulation starts has run before it: its history before ``t = 0`` is its own curve;
+  one that starts later has history from its start only;
 * nodes carry their state (ready, draining, down); a team's SLA policy comes from the
   scenario; the migration cost model is the simulator's ``Transfer``;
 * Shaper's own history of a job, for its dwell time and move budget: under the shaper
@@ -39,8 +52,11 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from forecast import demand as demand_forecast
+from forecast.duration import DurationPredictor, JobFeatures
 from sim.actions import Action, Migrate, Preempt, Resize, SimPlan, Start
 from solver.instance import (
     GpuModel,
@@ -65,6 +81,21 @@ HOUR = 3600.0
 DAY = 86400.0
 
 
+HISTORY_HOURS = 7 * 24
+
+
+class ForecastMode(StrEnum):
+    PERFECT = "perfect"
+    MODEL = "model"
+    PEAK = "peak"
+
+
+class RuntimeMode(StrEnum):
+    EXACT = "exact"
+    PREDICTED = "predicted"
+    NONE = "none"  # no run time at all: what the control plane knew before forecast.duration
+
+
 class PlanRejected(RuntimeError):
     """The policy returned a plan that the solver's own validator refuses."""
 
@@ -80,8 +111,15 @@ class SolverPlanner:
         forecast_hours: int = FORECAST_HOURS,
         config_overrides: dict[str, object] | None = None,
         feeds_history: bool | None = None,
+        forecast: ForecastMode | str = ForecastMode.PERFECT,
+        runtime: RuntimeMode | str = RuntimeMode.EXACT,
     ) -> None:
         self.name = policy
+        self.forecast_mode = ForecastMode(forecast)
+        self.forecaster = demand_forecast.DemandForecaster()
+        self.runtime_mode = RuntimeMode(runtime)
+        self.durations = DurationPredictor()
+        self._unfinished: set[str] = set()  # block jobs queued or running at the last plan
         self.policy = get_policy(policy)
         # Only Shaper's own actions freeze a job (see the module docstring).
         self.feeds_history = policy == "shaper" if feeds_history is None else feeds_history
@@ -170,6 +208,8 @@ class SolverPlanner:
                 )
                 self._node_cache[key] = node
             nodes.append(node)
+        if self.runtime_mode is RuntimeMode.PREDICTED:
+            self._learn_durations(sim)
         jobs = [self._block_job(sim, s) for s in sim.running.values()]
         jobs += [self._block_job(sim, s) for s in sim.queue.values()]
         jobs += [self._service(sim, s) for s in sim.services.values()]
@@ -182,6 +222,37 @@ class SolverPlanner:
             migration=migration,
             config=config,
         )
+
+    @staticmethod
+    def _features(state: JobState) -> JobFeatures:
+        spec = state.spec
+        return JobFeatures(team=spec.team, kind=spec.kind, gpus=spec.gpus)
+
+    def _learn_durations(self, sim: Simulation) -> None:
+        """The jobs done since the last plan teach the predictor their work (the run time
+        at reference speed: what the prediction is in)."""
+        from sim.engine import JobStatus  # the engine imports this module
+
+        for job_id in self._unfinished.difference(sim.running, sim.queue):
+            state = sim.jobs[job_id]
+            if state.status is JobStatus.DONE:
+                self.durations.observe(self._features(state), state.spec.work)
+        self._unfinished = set(sim.running) | set(sim.queue)
+
+    def _predicted_runtime(self, sim: Simulation, state: JobState) -> float:
+        """Walltime from the current run's start (running) or work (queued) to the
+        predicted end (see the module docstring)."""
+        predicted = self.durations.predict(self._features(state))
+        done = state.progress
+        if state.placement and state.rate > 0:
+            begin = max(state.updated_at, state.overhead_until)
+            done = min(state.spec.work, done + max(0.0, sim.now - begin) * state.rate)
+        remaining = predicted - done if predicted > done else max(done, 1.0)
+        if not state.placement:
+            return remaining
+        rate = state.rate if state.rate > 0 else 1.0
+        pause = max(0.0, state.overhead_until - sim.now)
+        return (sim.now - state.run_start) + pause + remaining / rate
 
     def _max_nodes(self, spec_gpus: int, allowed: tuple[str, ...]) -> int:
         largest = max(
@@ -198,7 +269,12 @@ class SolverPlanner:
             sim._update_progress(state)
             behind = (state.progress - state.checkpointed) / state.rate
             last_checkpoint = max(state.run_start, state.updated_at - behind)
-        if running:
+        runtime: float | None
+        if self.runtime_mode is RuntimeMode.NONE:
+            runtime = None
+        elif self.runtime_mode is RuntimeMode.PREDICTED:
+            runtime = self._predicted_runtime(sim, state)
+        elif running:
             # Walltime from the current run's start to its (known) end: exact, as traces are.
             runtime = state.expected_end - state.run_start
         else:
@@ -301,9 +377,9 @@ class SolverPlanner:
         spec = state.spec
         hour_start = math.floor(sim.now / 3600) * 3600
         to_replicas = self._replicas_for(sim, state)
+        demand = self._demand_ahead(sim, state, hour_start)
         forecast = tuple(
-            min(spec.max_replicas, max(spec.min_replicas, to_replicas(spec.demand_at(t))))
-            for t in (hour_start + 3600 * h for h in range(self.forecast_hours))
+            min(spec.max_replicas, max(spec.min_replicas, to_replicas(d))) for d in demand
         )
         per = spec.gpus_per_replica
         return Job.model_construct(
@@ -343,6 +419,31 @@ class SolverPlanner:
             forecast=forecast,
             forecast_step_s=3600,
         )
+
+    def _demand_ahead(self, sim: Simulation, state: ServiceState, hour_start: float) -> list[float]:
+        """Demand (reference replicas) of the current hour and the ``forecast_hours - 1``
+        after it, as ``forecast_mode`` sees it (see the module docstring)."""
+        spec = state.spec
+        hours = [hour_start + HOUR * h for h in range(self.forecast_hours)]
+        if self.forecast_mode is ForecastMode.PERFECT:
+            return [spec.demand_at(t) for t in hours]
+        first = hour_start - HOUR * HISTORY_HOURS
+        if spec.start_time > 0:
+            first = max(first, math.floor(spec.start_time / HOUR) * HOUR)
+        series = [spec.curve_at(first + HOUR * h) for h in range(int((hour_start - first) // HOUR))]
+        now = spec.demand_at(sim.now)  # the current hour is observed, not forecast
+        if not series:
+            return [now] * self.forecast_hours
+        if self.forecast_mode is ForecastMode.PEAK:
+            return [max(now, *series)] * self.forecast_hours
+        ahead = self.forecaster.forecast(
+            spec.id,
+            series,
+            self.forecast_hours,
+            now=sim.now,
+            quantile=demand_forecast.quantile_for(spec.sla_target),
+        )
+        return [now, *(max(0.0, v) for v in ahead.upper[1:])]
 
     # ---------------------------------------------------------------- plan
     def plan(self, sim: Simulation) -> SimPlan:

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from sim.adapter import ForecastMode, RuntimeMode
 from sim.fgd import ALL_POLICIES as INFLATION_POLICIES
 from sim.fgd import (
     MOVABLE,
@@ -163,14 +164,49 @@ def run(
     drain: DrainOpt = True,
     drain_cap_h: DrainCapOpt = None,
     why_idle: WhyIdleOpt = False,
+    forecast: Annotated[
+        str,
+        typer.Option(
+            help="services' demand forecast: perfect (the curve) | model (the control "
+            "plane's: ETS quantile) | peak (the week's highest hour at every step)"
+        ),
+    ] = ForecastMode.PERFECT,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            help="block jobs' run time as the policy sees it: exact (the trace's) | "
+            "predicted (from the jobs done before) | none"
+        ),
+    ] = RuntimeMode.EXACT,
 ) -> None:
     """Simulate SCENARIO under one policy and print its metrics."""
     _check_policy(policy)
+    for value, allowed, hint in (
+        (forecast, ForecastMode, "--forecast"),
+        (runtime, RuntimeMode, "--runtime"),
+    ):
+        if value not in set(allowed):
+            raise typer.BadParameter(
+                f"unknown value {value!r}; one of {', '.join(allowed)}", param_hint=hint
+            )
     cap = _drain_cap(drain_cap_h)
     workload = _load(scenario, seed)
     started = time.perf_counter()
-    result = run_policy(workload, policy, show_progress=progress, drain=drain, drain_cap=cap)
+    result = run_policy(
+        workload,
+        policy,
+        show_progress=progress,
+        drain=drain,
+        drain_cap=cap,
+        forecast=forecast,
+        runtime=runtime,
+    )
     _print_run(result, why_idle)
+    m = result.metrics
+    console.print(
+        f"services: unmet demand {m['unmet_demand_replica_hours']:.2f} replica-h, "
+        f"held {m['service_gpu_hours']:.1f} GPU-h ({forecast} forecast)"
+    )
     console.print(f"wall time {time.perf_counter() - started:.2f} s")
     if out is not None:
         console.print(f"results: {write_results(result, out)}")

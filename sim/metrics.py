@@ -22,7 +22,7 @@ Over the window (all GPU-times in GPU-hours):
   restore time is not useful work. ``jobs_completed_in_window`` counts jobs done by then.
 * ``unmet_demand``: replica-hours of service demand not served (a replica on a model of
   speed ``s`` serves ``s``); ``sla_violations``: service-hours served below
-  ``sla_target`` × demand.
+  ``sla_target`` × demand; ``service_gpu_hours``: GPU-hours services held, serving or not.
 * ``fragmentation``: time-averaged share of idle GPUs that sit on nodes with fewer free
   GPUs than the smallest queued job needs (0 when nothing waits).
   ``fragmentation_blocked_share``: share of re-plans at which some queued job fitted the
@@ -213,6 +213,7 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         "queue_wait_max_h": max(waits) / HOUR if waits else None,
         "demand_replica_hours": w.demand_seconds / HOUR,
         "unmet_demand_replica_hours": w.unmet_demand_seconds / HOUR,
+        "service_gpu_hours": w.service_gpu_seconds / HOUR,
         "sla_violations": float(violations),
         "migrations": float(c.migrations),
         "preemptions": float(c.preemptions),

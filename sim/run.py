@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sim.adapter import SolverPlanner
+from sim.adapter import ForecastMode, RuntimeMode, SolverPlanner
 from sim.engine import Planner, Simulation
 from sim.metrics import RunResult, summarize
 from sim.workload import Workload
@@ -77,8 +77,16 @@ def simulate(
     drain: bool = True,
     drain_cap: float | None = None,
     diagnose: bool = True,
+    forecast: str = ForecastMode.PERFECT,
+    runtime: str = RuntimeMode.EXACT,
 ) -> Simulation:
-    planner = SolverPlanner(policy, validate=validate_plans) if isinstance(policy, str) else policy
+    """forecast, runtime: where services' demand forecasts and block jobs' run times come
+    from (``sim.adapter.ForecastMode``, ``RuntimeMode``); only for a policy given by name."""
+    planner = (
+        SolverPlanner(policy, validate=validate_plans, forecast=forecast, runtime=runtime)
+        if isinstance(policy, str)
+        else policy
+    )
     with progress_bar(show_progress, f"{workload.name} · {planner.name}") as callback:
         sim = Simulation(
             workload,

@@ -15,8 +15,12 @@ Units:
 
 from __future__ import annotations
 
+import math
+import random
+import zlib
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 
@@ -88,6 +92,11 @@ class Service:
     the reference model (speed 1.0); a replica on a faster model serves ``speed`` times
     more. The SLA is demand served: an hour in which served < ``sla_target`` × demand is a
     violation.
+
+    ``demand_noise`` (0 = none) makes each hour's demand the curve's × (1 + noise · z), with
+    z a standard normal drawn from the service id, ``noise_seed`` and the hour: real demand
+    only follows its daily cycle roughly, and a forecaster is only tested by what it cannot
+    read off the curve (``bench.forecast``). Reproducible: the same seed, the same demand.
     """
 
     id: str
@@ -100,21 +109,35 @@ class Service:
     sla_target: float = 1.0
     start_time: float = 0.0
     team: str = "inference"
+    demand_noise: float = 0.0
+    noise_seed: int = 0
 
     def demand_at(self, t: float) -> float:
         if t < self.start_time:
             return 0.0
-        hour = int(t // 3600) % len(self.hourly_demand)
-        return float(self.hourly_demand[hour])
+        return self.curve_at(t)
+
+    def curve_at(self, t: float) -> float:
+        """The demand of the hour ``t`` falls in, whether the service runs then or not (the
+        history a forecaster gets of a service that ran before the simulation starts)."""
+        hour = math.floor(t / 3600)
+        base = float(self.hourly_demand[hour % len(self.hourly_demand)])
+        if not self.demand_noise:
+            return base
+        return max(0.0, base * (1.0 + self.demand_noise * _normal(self.id, self.noise_seed, hour)))
 
     @property
     def peak_replicas(self) -> int:
-        import math
-
         return min(self.max_replicas, max(self.min_replicas, math.ceil(max(self.hourly_demand))))
 
     def can_run_on(self, gpu_model: str) -> bool:
         return not self.gpu_models or gpu_model in self.gpu_models
+
+
+@lru_cache(maxsize=65536)
+def _normal(service: str, seed: int, hour: int) -> float:
+    # crc32, not hash(): str hashes change from one process to the next.
+    return random.Random(zlib.crc32(f"{service}:{seed}:{hour}".encode())).gauss(0.0, 1.0)
 
 
 def service_from_record(record: dict[str, Any]) -> Service:
@@ -134,6 +157,8 @@ def service_from_record(record: dict[str, Any]) -> Service:
         sla_target=float(record.get("sla_target", 1.0)),
         start_time=float(record.get("start_h", 0.0)) * 3600.0,
         team=str(record.get("team", "inference")),
+        demand_noise=float(record.get("demand_noise", 0.0)),
+        noise_seed=int(record.get("noise_seed", 0)),
     )
 
 

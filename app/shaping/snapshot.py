@@ -12,9 +12,18 @@ Mapping to the solver (documented because it decides what the solver optimises):
   multiplied by its team's ``priority_weight`` from the cluster's SLA policy.
 * block jobs: ``gang_size`` replicas of ``gpus_requested / gang_size`` GPUs when that
   divides; running jobs use the largest GPU count that divides every node's share.
-* elastic services: ``gpus_requested`` GPUs per replica; the forecast is seasonal-naive —
-  the demand observed at the same time yesterday, hour by hour, for the look-ahead window,
-  falling back to the latest demand sample, then to the current replicas.
+* elastic services: ``gpus_requested`` GPUs per replica; the forecast (``forecast.demand``,
+  the simulator's forecaster too): step 0 is the latest demand sample, steps 1… the
+  quantile the service's SLA ``demand_target`` asks for (``quantile_for``) of an ETS
+  forecast over the hourly means of the last ``FORECAST_HISTORY_DAYS`` days — seasonal-naive
+  while there are less than two days, the latest sample under one; with no sample at all,
+  the current replicas. One fit per service is kept across cycles (``FORECASTER``).
+* block jobs' ``expected_runtime_s`` (backfill's shadow times, the look-ahead) is what
+  ``forecast.duration`` predicts from the cluster's block jobs that finished in the last
+  ``DURATION_HISTORY_DAYS`` days (team, kind, GPUs), once there are
+  ``MIN_DURATION_HISTORY`` of them — none before: the wire carries no time limit, and a
+  guess from nothing would only mislead the reservations. A running job past its
+  prediction is expected to run as long again as it has (durations are heavy-tailed).
 * jobs with no GPUs and finished jobs are left out.
 * a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
   checkpoint must resume where its image is) may be placed only there: those nodes get a
@@ -46,14 +55,27 @@ from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.policies.models import SlaPolicy as SlaPolicyRow
 from app.telemetry.models import TelemetrySample
+from forecast import demand as demand_forecast
+from forecast.duration import DurationPredictor, JobFeatures
 from solver import instance as si
-from wire.telemetry import TERMINAL_JOB_STATES, JobShape, Metric
+from wire.telemetry import TERMINAL_JOB_STATES, JobShape, JobState, Metric
 
 # Pinned jobs (``required_nodes``) select a label only their nodes carry (``_pin_labels``).
 PIN_LABEL = "shaper.io/pinned"
 PIN = "true"
 FORECAST_STEPS = 6
-FORECAST_STEP_S = 3600
+FORECAST_STEP_S = demand_forecast.STEP_S
+FORECAST_HISTORY_DAYS = 7
+# One per process: the fits it keeps are what makes a 30 s cycle over hundreds of
+# services cheap (see forecast.demand). A fit only changes how the forecast is computed,
+# never what the snapshot holds.
+FORECASTER = demand_forecast.DemandForecaster()
+DURATION_HISTORY_DAYS = 14
+DURATION_HISTORY_JOBS = 5000
+MIN_DURATION_HISTORY = 20
+# Per cluster: the predictor learnt from its finished jobs, and a hash of those: rebuilt
+# only when the history has changed (a job finished, an old one aged out).
+_DURATIONS: dict[str, tuple[int, DurationPredictor]] = {}
 _NODE_STATES = {
     "up": si.NodeState.READY,
     "draining": si.NodeState.DRAINING,
@@ -72,6 +94,7 @@ class JobRow:
     id: int
     external_id: str
     team: str
+    kind: str
     shape: str
     priority: int
     gpus_requested: int
@@ -125,6 +148,17 @@ def _job_columns(job: Job) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class FinishedJob:
+    """A block job that finished: what a run-time prediction learns from."""
+
+    team: str
+    kind: str
+    gpus: int
+    runtime_s: float
+    ended_at: datetime
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     cluster: str
     cluster_id: int
@@ -136,6 +170,7 @@ class ClusterSnapshot:
     nodes: tuple[Node, ...]
     jobs: tuple[JobRow, ...]
     sla: dict[str, Any]
+    finished: tuple[FinishedJob, ...] = ()  # oldest first
 
     @property
     def job_by_id(self) -> dict[int, JobRow]:
@@ -210,26 +245,81 @@ def take_snapshot(
         nodes=nodes,
         jobs=rows,
         sla=sla_row.spec if sla_row else {},
+        finished=_finished_jobs(session, row_id(cluster), now),
     )
+
+
+def _finished_jobs(session: Session, cluster_id: int, now: datetime) -> tuple[FinishedJob, ...]:
+    """The cluster's block jobs that finished (not failed or cancelled: their run time says
+    nothing of how long the work takes) in the last ``DURATION_HISTORY_DAYS`` days, at
+    most the ``DURATION_HISTORY_JOBS`` latest."""
+    query = (
+        sa.select(
+            col(Job.team),
+            col(Job.kind),
+            col(Job.gpus_requested),
+            col(Job.start_time),
+            col(Job.end_time),
+        )
+        .where(
+            col(Job.cluster_id) == cluster_id,
+            col(Job.state) == JobState.finished.value,
+            col(Job.shape) == JobShape.block.value,
+            col(Job.start_time).is_not(None),
+            col(Job.end_time) >= now - timedelta(days=DURATION_HISTORY_DAYS),
+        )
+        .order_by(col(Job.end_time).desc())
+        .limit(DURATION_HISTORY_JOBS)
+    )
+    rows = [
+        FinishedJob(
+            team=team,
+            kind=str(kind),
+            gpus=gpus,
+            runtime_s=max(0.0, (end - start).total_seconds()),
+            ended_at=end,
+        )
+        for team, kind, gpus, start, end in session.execute(query)
+    ]
+    return tuple(reversed(rows))
 
 
 def _demand_history(
     session: Session, job_ids: list[int], now: datetime
 ) -> dict[int, list[tuple[datetime, float]]]:
+    """Per service: the hourly mean demand of the complete hours of the last
+    ``FORECAST_HISTORY_DAYS`` days (one point per hour, at its start), then every sample of
+    the current hour. Means are taken in the database: a week of 30-second samples of
+    hundreds of services would be millions of rows a cycle."""
     if not job_ids:
         return {}
-    since = now - timedelta(days=1, hours=1)
-    query = (
-        sa.select(col(TelemetrySample.job_id), col(TelemetrySample.at), col(TelemetrySample.value))
-        .where(
-            col(TelemetrySample.job_id).in_(job_ids),
-            col(TelemetrySample.metric) == Metric.demand_replicas.value,
-            col(TelemetrySample.at) >= since,
-        )
-        .order_by(col(TelemetrySample.at))
+    hour_start = now.replace(minute=0, second=0, microsecond=0)
+    since = hour_start - timedelta(days=FORECAST_HISTORY_DAYS)
+    # extract(epoch) compiles to EXTRACT on PostgreSQL and strftime('%s') on SQLite;
+    # PostgreSQL's cast rounds, SQLite's truncates (= floor here, as offsets are ≥ 0).
+    scaled = (sa.extract("epoch", col(TelemetrySample.at)) - since.timestamp()) / FORECAST_STEP_S
+    postgres = session.connection().dialect.name == "postgresql"
+    hour_index = sa.func.floor(scaled) if postgres else sa.cast(scaled, sa.Integer)
+    is_demand = sa.and_(
+        col(TelemetrySample.job_id).in_(job_ids),
+        col(TelemetrySample.metric) == Metric.demand_replicas.value,
+    )
+    hourly = (
+        sa.select(col(TelemetrySample.job_id), hour_index, sa.func.avg(col(TelemetrySample.value)))
+        .where(is_demand, col(TelemetrySample.at) >= since, col(TelemetrySample.at) < hour_start)
+        .group_by(col(TelemetrySample.job_id), hour_index)
+        .order_by(col(TelemetrySample.job_id), hour_index)
     )
     history: dict[int, list[tuple[datetime, float]]] = {}
-    for job_id, at, value in session.execute(query):
+    for job_id, index, mean in session.execute(hourly):
+        at = since + timedelta(seconds=int(index) * FORECAST_STEP_S)
+        history.setdefault(job_id, []).append((at, float(mean)))
+    recent = (
+        sa.select(col(TelemetrySample.job_id), col(TelemetrySample.at), col(TelemetrySample.value))
+        .where(is_demand, col(TelemetrySample.at) >= hour_start)
+        .order_by(col(TelemetrySample.at))
+    )
+    for job_id, at, value in session.execute(recent):
         history.setdefault(job_id, []).append((at, value))
     return history
 
@@ -326,9 +416,11 @@ def to_instance(
     *,
     config: si.SolverConfig | None = None,
     lock_proposed: bool = True,
+    forecaster: demand_forecast.DemandForecaster | None = None,
 ) -> si.Instance:
     """lock_proposed: whether jobs of undecided proposals are locked too (False when the
-    cycle asks what a fresh plan would do instead of the open proposal)."""
+    cycle asks what a fresh plan would do instead of the open proposal). forecaster: the
+    services' demand forecaster, ``FORECASTER`` unless given."""
     model_by_id = {m.id: m for m in snapshot.gpu_models}
     used_models = {
         model_by_id[n.gpu_model_id].name for n in snapshot.nodes if n.gpu_model_id is not None
@@ -359,12 +451,39 @@ def to_instance(
     )
     known_nodes = {n.name for n in nodes}
     now = snapshot.taken_at.timestamp()
+    forecaster = forecaster or FORECASTER
+    targets = {s["service"]: s.get("demand_target") for s in snapshot.sla.get("services", [])}
+    durations = _duration_predictor(snapshot)
+    runtimes = {
+        row.id: _expected_runtime(row, now, durations)
+        for row in snapshot.jobs
+        if durations is not None and row.shape != JobShape.elastic
+    }
+    forecasts = {
+        row.id: _forecast(
+            row,
+            now,
+            forecaster=forecaster,
+            key=solver_job_id(snapshot.cluster, row.external_id),
+            quantile=demand_forecast.quantile_for(targets.get(row.external_id)),
+        )
+        for row in snapshot.jobs
+        if row.shape == JobShape.elastic
+    }
     jobs = tuple(
         job
         for row in snapshot.jobs
         if (
             job := _solver_job(
-                snapshot.cluster, row, now, known_nodes, used_models, lock_proposed, pins
+                snapshot.cluster,
+                row,
+                now,
+                known_nodes,
+                used_models,
+                lock_proposed,
+                pins,
+                forecasts.get(row.id, ()),
+                runtimes.get(row.id),
             )
         )
         is not None
@@ -413,6 +532,8 @@ def _solver_job(
     models: set[str],
     lock_proposed: bool = True,
     pins: dict[frozenset[str], str] | None = None,
+    forecast: tuple[int, ...] = (),
+    runtime: float | None = None,
 ) -> si.Job | None:
     placement: dict[str, int] = {}
     indices: dict[str, tuple[int, ...]] = {}
@@ -459,6 +580,7 @@ def _solver_job(
         start_time=row.start_time.timestamp() if row.start_time and placement else None,
         placement=placement,
         gpu_indices=indices or None,
+        expected_runtime_s=runtime,
         checkpointable=row.checkpointable,
         last_moved_at=row.last_moved_at.timestamp() if row.last_moved_at else None,
         migrations_today=row.migrations_today,
@@ -470,21 +592,55 @@ def _solver_job(
         overdue=row.displaced and not placement,
         min_replicas=row.min_replicas if elastic else 0,
         max_replicas=(row.max_replicas or None) if elastic else None,
-        forecast=_forecast(row, now) if elastic else (),
+        forecast=forecast if elastic else (),
         forecast_step_s=FORECAST_STEP_S,
     )
 
 
-def _forecast(row: JobRow, now: float) -> tuple[int, ...]:
-    """Seasonal-naive: the demand seen 24 h before each future hour, else the latest."""
+def _duration_predictor(snapshot: ClusterSnapshot) -> DurationPredictor | None:
+    finished = snapshot.finished
+    if len(finished) < MIN_DURATION_HISTORY:
+        return None
+    key = hash(finished)
+    cached = _DURATIONS.get(snapshot.cluster)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    predictor = DurationPredictor()
+    for job in finished:
+        predictor.observe(JobFeatures(team=job.team, kind=job.kind, gpus=job.gpus), job.runtime_s)
+    _DURATIONS[snapshot.cluster] = (key, predictor)
+    return predictor
+
+
+def _expected_runtime(row: JobRow, now: float, durations: DurationPredictor) -> float:
+    """Walltime from the job's start (running) or of the whole job (pending)."""
+    predicted = durations.predict(
+        JobFeatures(team=row.team, kind=str(row.kind), gpus=row.gpus_requested)
+    )
+    if row.start_time is None or not row.placement:
+        return predicted
+    elapsed = max(0.0, now - row.start_time.timestamp())
+    return predicted if predicted > elapsed else 2 * elapsed
+
+
+def _forecast(
+    row: JobRow,
+    now: float,
+    *,
+    forecaster: demand_forecast.DemandForecaster,
+    key: str,
+    quantile: float,
+) -> tuple[int, ...]:
+    """Step 0: the latest demand (now is observed, not forecast); steps 1…: the forecast's
+    ``quantile`` for each future hour. The hourly series ends with the last complete hour,
+    so the hour ``now`` falls in is its first step ahead and step k its (k+1)-th."""
     if not row.demand_history:
         return (row.replicas,)
-    history = [(at.timestamp(), value) for at, value in row.demand_history]
-    latest = history[-1][1]
-    steps = []
-    for step in range(FORECAST_STEPS):
-        target = now - 86400 + step * FORECAST_STEP_S
-        nearest = min(history, key=lambda h: abs(h[0] - target))
-        steps.append(nearest[1] if abs(nearest[0] - target) <= FORECAST_STEP_S else latest)
-    steps[0] = latest  # now is observed, not forecast
-    return tuple(max(0, math.ceil(v)) for v in steps)
+    samples = [(at.timestamp(), value) for at, value in row.demand_history]
+    latest = samples[-1][1]
+    series = demand_forecast.hourly_series(samples, end=now, step_s=FORECAST_STEP_S)
+    if not series:
+        return (max(0, math.ceil(latest)),)
+    ahead = forecaster.forecast(key, series, FORECAST_STEPS, now=now, quantile=quantile)
+    steps = [latest, *ahead.upper[1:FORECAST_STEPS]]
+    return tuple(max(0, math.ceil(v - 1e-9)) for v in steps)
