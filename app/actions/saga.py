@@ -16,7 +16,8 @@ ones in ``wire`` (``wire.steps``, ``wire.queues``), which the executors import t
 3. **Step**: in the current phase, the first step that is not finished decides —
    ``pending``: mark it ``sent`` and emit its message; ``sent`` for longer than its timeout:
    emit it again under the same key (the executor deduplicates) or, after
-   ``MAX_ATTEMPTS``, fail it; ``failed``: a forward failure starts compensation (a new
+   ``MAX_ATTEMPTS``, fail it (a compensation step is sent until it is answered: see
+   ``_advance_locked``); ``failed``: a forward failure starts compensation (a new
    generation, so nothing the forward phase sent can still act), a compensation failure
    fails the action.
 4. **Finish**: all forward steps done → ``succeeded``; all compensation steps done →
@@ -524,7 +525,15 @@ def _advance_locked(
             timeout = _timeout(step, steps, step_timeout_s, start_wait_s)
             if now - step.sent_at < timedelta(seconds=timeout):
                 return []
-            if step.attempts < _max_attempts(step, start_wait_s):
+            # A compensation step is never given up for want of an answer: its executor may
+            # only be cut off (a partitioned target), and failing it would leave the job
+            # stopped at its source with the record saying it runs there, while going on
+            # without it (restoring at the source before the target is fenced) could run
+            # the job twice once the target gets its queued restore. Found by
+            # tests/actions/test_crash_points.py::test_the_target_cut_off_from_the_broker.
+            if step.attempts < _max_attempts(step, start_wait_s) or (
+                step.phase == StepPhase.compensate
+            ):
                 log.warning(
                     "action %s: step %s unanswered by %s; sending it again",
                     action.id,

@@ -182,10 +182,21 @@ class Pipeline:
             extra_env,
         )
 
-    def start_agent(self, node: str, *options: str, cluster: str = CLUSTER) -> Worker:
+    def start_agent(
+        self,
+        node: str,
+        *options: str,
+        cluster: str = CLUSTER,
+        wrapper: tuple[str, ...] = (),
+        broker: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Worker:
+        """wrapper: a command the agent runs under (``ip netns exec NS``); broker: its URL
+        as seen from there; env: more environment (a skewed clock)."""
         return self._spawn(
             f"agent-{node}",
             [
+                *wrapper,
                 sys.executable,
                 "-m",
                 "agent",
@@ -195,12 +206,12 @@ class Pipeline:
                 "--node",
                 node,
                 "--broker",
-                self.broker,
+                broker or self.broker,
                 "--state-dir",
                 str(self.state_dir(node)),
                 *options,
             ],
-            {"SHAPER_AGENT_TOKEN": self.tokens[f"agent:{cluster}/{node}"]},
+            {"SHAPER_AGENT_TOKEN": self.tokens[f"agent:{cluster}/{node}"], **(env or {})},
         )
 
     def ensure(self, name: str, start: Callable[[], Worker]) -> Worker:
@@ -429,3 +440,17 @@ def start_sim_connector(pipeline: Pipeline) -> Worker:
             "SHAPER_CONNECTOR_TOKEN": pipeline.tokens[f"connector:{CLUSTER}"],
         },
     )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault-injection tallies (tests/actions/fault_model.py), when faults ran."""
+    from tests.actions.fault_model import DEGRADED, TALLY
+
+    if TALLY["faults injected"]:
+        terminalreporter.write_sep("-", "fault injection (tests/actions)")
+        main = ("sagas run", "faults injected", "jobs lost", "jobs run twice", "sagas unresolved")
+        terminalreporter.write_line(", ".join(f"{name}: {TALLY[name]}" for name in main))
+        for name in sorted(set(TALLY) - set(main)):
+            terminalreporter.write_line(f"{name}: {TALLY[name]}")
+        for line in sorted({line.split(": ", 2)[1] for line in DEGRADED})[:20]:
+            terminalreporter.write_line(f"  not as without faults, after: {line}")
