@@ -30,10 +30,10 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
 Before a ``requeue`` or ``suspend``, a connector that restarts stopped work itself
 (``SupportsResumePointer``: Kubernetes, Kueue) is handed the step's resume pointer:
 ``args["resume_from"]``, else the ``image_dir`` of ``args["image"]`` (the image the saga's
-checkpoint step reported), with the step's idempotency key, which it stamps on what it
-stops so that a resent step does not stop the work again. Other connectors ignore them
-(on Slurm the agent's ``stage`` step already placed the image where the restarted job
-finds it).
+checkpoint step reported); other connectors need none (on Slurm the agent's ``stage``
+step already placed the image where the restarted job finds it). A connector that stamps
+what it stops (``SupportsStepKey``: Kubernetes, Kueue, Slurm) is handed the step's
+idempotency key, so that a resent step does not stop the work again.
 
 A step is refused (not run) when its name is unknown, it names no workload, the connector
 lacks the capability, or its generation is older than one already seen for the workload
@@ -69,6 +69,7 @@ from connectors.base import (
     SupportsResize,
     SupportsResumePointer,
     SupportsStart,
+    SupportsStepKey,
     SupportsSuspend,
 )
 from wire.queues import connector_queue
@@ -293,7 +294,9 @@ class ConnectorStepExecutor:
         if isinstance(self.connector, SupportsResumePointer):
             # Handed over on every requeue and suspend, None included: a pointer an earlier,
             # abandoned step left behind must not make this one resume from an old image.
-            self.connector.set_resume_pointer(workload_id, _resume_pointer(args), step_key=key)
+            self.connector.set_resume_pointer(workload_id, _resume_pointer(args))
+        if isinstance(self.connector, SupportsStepKey):
+            self.connector.set_step_key(workload_id, key)
 
     def _start(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         nodes = _names(args, "nodes")

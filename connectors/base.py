@@ -109,16 +109,24 @@ class SupportsResumePointer(Protocol):
     ``requeue`` or ``suspend`` of the same step, which gives it to the pods it restarts;
     ``None`` (a step without a checkpoint) clears what an earlier step left. The connector
     keeps it only until that call: the durable copies are the ones the action writes into
-    the scheduler's objects, and a resent step hands it over again.
+    the scheduler's objects, and a resent step hands it over again."""
 
-    ``step_key`` is the step's idempotency key. A connector stamps it on the object it stops
-    (an annotation), so that a resend of a step that already stopped and restarted the work
-    — the connector died before its answer was journalled, or the answer was lost — finds
-    its own stamp and finishes what is left instead of stopping the work a second time."""
+    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None: ...
 
-    def set_resume_pointer(
-        self, external_id: str, resume_from: str | None, *, step_key: str | None = None
-    ) -> None: ...
+
+@runtime_checkable
+class SupportsStepKey(Protocol):
+    """Connectors that stamp the work they stop with the step that stopped it.
+
+    The executor hands a ``requeue``'s or ``suspend``'s idempotency key over with
+    ``set_step_key`` just before the step, as it does the resume pointer. The connector
+    writes it on the object it stops in the same change that stops it (Kubernetes: an
+    annotation on the Job or Workload; Slurm: the job's AdminComment), so that a resend
+    of a step that already stopped and restarted the work — the connector died before its
+    answer was journalled, or the answer was lost — finds its own stamp and finishes what
+    is left instead of stopping the work a second time (and losing what it did since)."""
+
+    def set_step_key(self, external_id: str, step_key: str) -> None: ...
 
 
 @runtime_checkable

@@ -56,7 +56,7 @@ manages: Kueue owns their ``spec.suspend``, and the functions here refuse them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kubernetes import client
 
@@ -86,29 +86,33 @@ class KubernetesCapabilities:
 
         def owner_object(self, external_id: str) -> Object | None: ...
 
-    # external id → (pointer, step key) set_resume_pointer was given, until the step's action
-    # takes them.
-    _handed_over: dict[str, tuple[str | None, str | None]]
+    # external id → the pointer and the step key the executor handed over, until the step's
+    # action takes them.
+    _resume_pointers: dict[str, str | None]
+    _step_keys: dict[str, str]
 
-    # --- resume pointers (SupportsResumePointer) -------------------------------------------
+    # --- what the executor hands over (SupportsResumePointer, SupportsStepKey) -------------
 
-    def set_resume_pointer(
-        self, external_id: str, resume_from: str | None, *, step_key: str | None = None
-    ) -> None:
+    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None:
         parse_external_id(external_id)
-        self._pointers()[external_id] = (resume_from, step_key)
+        self._handed("_resume_pointers")[external_id] = resume_from
 
-    def _pointers(self) -> dict[str, tuple[str | None, str | None]]:
-        handed: dict[str, tuple[str | None, str | None]] | None = getattr(
-            self, "_handed_over", None
-        )
+    def set_step_key(self, external_id: str, step_key: str) -> None:
+        parse_external_id(external_id)
+        self._handed("_step_keys")[external_id] = step_key
+
+    def _handed(self, name: str) -> dict[str, Any]:
+        handed: dict[str, Any] | None = getattr(self, name, None)
         if handed is None:
-            handed = self._handed_over = {}
+            handed = {}
+            setattr(self, name, handed)
         return handed
 
     def _take_pointer(self, external_id: str) -> tuple[str | None, str | None]:
-        """The step's resume pointer and idempotency key (None, None: none handed over)."""
-        return self._pointers().pop(external_id, (None, None))
+        """The step's resume pointer and idempotency key (None: none handed over)."""
+        pointer: str | None = self._handed("_resume_pointers").pop(external_id, None)
+        key: str | None = self._handed("_step_keys").pop(external_id, None)
+        return pointer, key
 
     # --- SupportsResize --------------------------------------------------------------------
 

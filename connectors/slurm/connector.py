@@ -43,6 +43,11 @@ from wire.telemetry import TERMINAL_JOB_STATES, ClusterState, JobState, NodeRepo
 logger = logging.getLogger(__name__)
 
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
+# A requeue's stamp in the job's AdminComment (connectors.base.SupportsStepKey): Slurm's
+# field for tools that administer jobs, which users cannot set.
+STEP_STAMP = "shaper-step:"
+_ADMIN_COMMENT = re.compile(r"(?:^|\s)AdminComment=(\S*)")
+_JOB_STATE = re.compile(r"(?:^|\s)JobState=(\S+)")
 
 
 def _already(message: str, *markers: str) -> bool:
@@ -66,6 +71,8 @@ class SlurmConnector:
         self.cluster = config.cluster
         self._clock = clock
         self._cli = SlurmCli(config, run=run)
+        # job id → the step key set_step_key handed over, until that step's requeue takes it.
+        self._step_keys: dict[str, str] = {}
         self._rest = (
             SlurmRest(config, cli=self._cli, transport=http_transport, monotonic=monotonic)
             if config.rest_url
@@ -143,10 +150,24 @@ class SlurmConnector:
         it runs the job again. ``nodes=[]`` clears an earlier pin. A job that is already
         pending is only re-pinned. ``hold=True`` leaves it held (no ``release``): it runs
         again only when a plan starts it.
+
+        With a step key (``set_step_key``) the job's AdminComment is stamped
+        ``shaper-step:<key>`` before it is released: a resend of the step that finds its
+        stamp on a job no longer pending (it ran again since) changes nothing, and one that
+        finds it pending finishes the pin and the release.
         """
         job_id = self._job_id(external_id)
         what = f"requeue job {job_id}"
         pin = nodes is not None or exclude is not None
+        stamp = self._step_keys.pop(job_id, None)
+        if stamp is not None:
+            stamp = f"{STEP_STAMP}{stamp}"
+            comment, state = self._admin_comment_and_state(job_id, what=what)
+            if comment == stamp and state != "PENDING":
+                # This step requeued the job before (its answer was lost) and it has run
+                # again since: requeueing it once more would throw that work away.
+                logger.info("%s: done by an earlier delivery of this step (%s)", what, state)
+                return
         try:
             self._cli.run(["scontrol", "requeuehold", job_id], what=what)
         except ConnectorError as error:
@@ -155,6 +176,9 @@ class SlurmConnector:
             if not pin and not hold:
                 return
             self._scontrol("hold", job_id, what=what)
+        if stamp is not None:
+            # Before the release below: from here on a resend sees that this step did it.
+            self._scontrol("update", f"JobId={job_id}", f"AdminComment={stamp}", what=what)
         try:
             if nodes is not None:
                 self._scontrol(
@@ -169,6 +193,24 @@ class SlurmConnector:
         finally:
             if not hold:
                 self._scontrol("release", job_id, what=what)
+
+    def set_step_key(self, external_id: str, step_key: str) -> None:
+        """SupportsStepKey: a requeue stamps its job's AdminComment with the key."""
+        if any(c.isspace() for c in step_key):
+            raise ConnectorError(f"a step key with white space: {step_key!r}", retryable=False)
+        self._step_keys[self._job_id(external_id)] = step_key
+
+    def _admin_comment_and_state(self, job_id: str, *, what: str) -> tuple[str, str]:
+        """The job's AdminComment and JobState, from ``scontrol show job`` (a job gone
+        from slurmctld's memory has neither)."""
+        try:
+            shown = self._cli.run(["scontrol", "show", "job", "--oneliner", job_id], what=what)
+        except ConnectorError as error:
+            if _already(str(error), "invalid job id"):
+                return "", ""
+            raise
+        comment, state = _ADMIN_COMMENT.search(shown), _JOB_STATE.search(shown)
+        return (comment.group(1) if comment else ""), (state.group(1) if state else "")
 
     def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
         """Start a pending or held job, pinned to ``nodes`` (in its reservation when it has

@@ -52,10 +52,7 @@ class Restarting(Staging):
 
     kind = SchedulerKind.kubernetes
 
-    def set_resume_pointer(
-        self, external_id: str, resume_from: str | None, *, step_key: str | None = None
-    ) -> None:
-        assert step_key, "the executor hands over the step's idempotency key"
+    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None:
         self.calls.append(("pointer", external_id, resume_from))
 
 
@@ -97,6 +94,26 @@ def test_connectors_that_stage_images_are_not_handed_a_pointer(tmp_path: Path) -
     executor = ConnectorStepExecutor(connector, cluster="k", state_dir=tmp_path)
     assert executor.run(step("requeue", nodes=["n1"], image=IMAGE)).ok
     assert connector.calls == [("requeue", "j", ["n1"], False)]
+
+
+class Stamping(Staging):
+    """A scheduler whose connector stamps what it stops with the step's key (Slurm)."""
+
+    def set_step_key(self, external_id: str, step_key: str) -> None:
+        self.calls.append(("key", external_id, step_key))
+
+
+def test_the_step_key_reaches_a_connector_that_stamps_before_it_stops(tmp_path: Path) -> None:
+    connector = Stamping()
+    executor = ConnectorStepExecutor(connector, cluster="k", state_dir=tmp_path)
+    requeue, suspend = step("requeue", nodes=["n1"]), step("suspend")
+    assert executor.run(requeue).ok and executor.run(suspend).ok
+    assert connector.calls == [
+        ("key", "j", requeue.key),
+        ("requeue", "j", ["n1"], False),
+        ("key", "j", suspend.key),
+        ("suspend", "j"),
+    ]
 
 
 def test_telemetry_and_the_action_worker_share_one_connector(

@@ -395,6 +395,42 @@ def test_requeue_pins_the_job_and_a_resent_key_is_answered_without_requeueing(
 
 
 @pytest.mark.slow
+def test_a_requeue_resent_after_its_answer_was_lost_does_not_requeue_again(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The connector died after requeueing the job but before journalling its answer: the
+    control plane's resend reaches a connector with no memory of the step. The requeue
+    stamped the job's AdminComment with its key, so the resend finds it and leaves the job
+    running where it went, instead of restarting it (and its work) a second time."""
+    job_id = slurm.sbatch("--gres=gpu:1", "-w", "node1", "-J", "stamped")
+    slurm.wait_state(job_id, "RUNNING")
+    request = StepRequest(
+        action_id=7, key=f"requeue:{uuid.uuid4().hex[:8]}", step="requeue",
+        workload_id=job_id, args={"nodes": ["node3"]},
+    )  # fmt: skip
+    first = ConnectorStepExecutor(slurm.connector(), cluster="hpc-test", state_dir=tmp_path / "a")
+    report = first.run(request)
+    assert report.ok, report.error
+    assert f"AdminComment=shaper-step:{request.key}" in slurm.scontrol_job(job_id)
+    row = slurm.wait_state(job_id, "RUNNING")  # after cred_expire (10 s)
+    assert nodes_of(row) == "node3" and restarts(slurm, job_id) == 1
+
+    amnesiac = ConnectorStepExecutor(
+        slurm.connector(), cluster="hpc-test", state_dir=tmp_path / "after-a-crash"
+    )
+    resent = amnesiac.run(request)
+    assert resent.ok and resent.outcome is Outcome.executed, resent.error
+    time.sleep(2)  # a requeue would show at once
+    assert restarts(slurm, job_id) == 1
+    assert slurm.job(job_id)["state"] == "RUNNING" and nodes_of(slurm.job(job_id)) == "node3"
+
+    # A new step (its own key) does requeue it: the stamp is per step, not per job.
+    again = amnesiac.run(request.model_copy(update={"key": f"requeue:{uuid.uuid4().hex[:8]}"}))
+    assert again.ok, again.error
+    assert restarts(slurm, job_id) == 2
+
+
+@pytest.mark.slow
 def test_cancel_and_refusals(slurm: SlurmCluster, worker: ConnectorWorker) -> None:
     job_id = slurm.sbatch("--gres=gpu:1", "-J", "doomed")
     slurm.wait_state(job_id, "RUNNING")
