@@ -4,6 +4,9 @@ BIN := $(VENV)/bin
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: venv demo serve test lint bench clean
+.PHONY: web screenshots
+WEB := web/frontend
+WEB_BUNDLE := web/static/dist/app.js
 
 venv:
 	@scripts/bootstrap.sh
@@ -11,6 +14,7 @@ venv:
 ## Run the service and dashboard on the embedded default (SQLite, in-process tasks).
 demo: venv
 	$(BIN)/shaper demo
+demo: web
 
 serve: venv
 	$(BIN)/shaper serve
@@ -26,6 +30,24 @@ test: venv lint
 	scripts/k8s-build.sh >/dev/null
 	scripts/prometheus.sh
 	$(BIN)/pytest -q
+test: web
+
+## The dashboard's bundle (TypeScript, uPlot; esbuild) from web/frontend/package-lock.json:
+## `npm ci` takes the locked versions (from npm's cache when it has them), `npm run build`
+## type-checks (tsc --noEmit) and bundles into web/static/dist (git-ignored). No browser
+## is downloaded: the tests drive Debian's Chromium.
+web: venv $(WEB_BUNDLE)
+
+$(WEB)/node_modules/.package-lock.json: $(WEB)/package-lock.json $(WEB)/package.json
+	cd $(WEB) && npm ci --prefer-offline --no-audit --no-fund
+
+$(WEB_BUNDLE): $(WEB)/node_modules/.package-lock.json $(wildcard $(WEB)/src/*) $(WEB)/build.mjs $(WEB)/tsconfig.json
+	cd $(WEB) && npm run --silent build
+
+## Refresh the dashboard screenshots that the README shows (web/screenshots/).
+screenshots: venv web
+	scripts/browser.sh
+	SHAPER_SCREENSHOTS=web/screenshots $(BIN)/pytest -q tests/web
 
 lint: venv
 	$(BIN)/ruff check .
@@ -42,3 +64,4 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) shaper-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(WEB)/node_modules web/static/dist

@@ -115,6 +115,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def dashboard() -> FileResponse:
         return FileResponse(WEB_DIR / "templates" / "index.html")
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:
+        # Browsers ask for it on every page; the dashboard's own <link rel="icon"> is the
+        # same picture.
+        return FileResponse(WEB_DIR / "static" / "favicon.svg", media_type="image/svg+xml")
+
     return app
 
 

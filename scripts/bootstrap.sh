@@ -17,6 +17,18 @@ if [ ! -x "$VENV/bin/python" ]; then
     rm -rf "$VENV"; "$PYTHON" -m venv "$VENV"
   fi
 fi
+# The dashboard is built with Node.js 18 or newer and npm (`make web`); Debian 12's own
+# packages are enough.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  command -v apt-get >/dev/null || { echo "[bootstrap] install Node.js >= 18 and npm" >&2; exit 1; }
+  echo "[bootstrap] installing nodejs and npm" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)'; then
+  echo "[bootstrap] Node.js $(node --version) is older than 18" >&2; exit 1
+fi
 stamp="$VENV/.installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip

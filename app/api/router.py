@@ -11,6 +11,7 @@ from app.diagnosis.router import router as diagnosis
 from app.gpu_models.router import router as gpu_models
 from app.jobs.router import router as jobs
 from app.nodes.router import router as nodes
+from app.overview.router import router as overview
 from app.plans.router import router as plans
 from app.policies.router import router as policies
 from app.simulations.router import router as simulations
@@ -26,6 +27,7 @@ for domain_router in (
     nodes,
     jobs,
     utilization,
+    overview,
     diagnosis,
     plans,
     actions,

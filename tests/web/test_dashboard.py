@@ -1,7 +1,13 @@
-"""The dashboard in a real headless Chromium, against a real server on the demo site."""
+"""The dashboard in a real headless Chromium, against a real server on the demo site.
+
+The page is the bundle that ``make web`` builds (web/static/dist). Each test leaves a
+screenshot of the page it ends on: under pytest's temporary folder, or where
+``SHAPER_SCREENSHOTS`` says (``make screenshots`` refreshes web/screenshots for the README).
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -10,7 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Page, Route, expect, sync_playwright
 from sqlmodel import Session
 
 from app.api.deps import get_clock
@@ -27,6 +34,23 @@ from tests.live_server import app_on, serve, tokens_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
+BUNDLE = Path(__file__).resolve().parents[2] / "web" / "static" / "dist" / "app.js"
+FIGURES = (
+    "gpus",
+    "allocated",
+    "free",
+    "idle_allocated",
+    "pending_jobs",
+    "pending_gpus",
+    "awaiting_approval_actions",
+    "awaiting_approval_plans",
+)
+
+
+def screenshot(page: Page, name: str, tmp_path: Path) -> None:
+    folder = Path(os.environ.get("SHAPER_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +79,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     assert Path(CHROMIUM).exists(), "Chromium is missing: run scripts/browser.sh (make test does)"
+    assert BUNDLE.exists(), "the dashboard is not built: run `make web` (make test does)"
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(
             executable_path=CHROMIUM,
@@ -90,21 +115,187 @@ def test_overview_shows_every_cluster_and_the_utilization_chart(
     expect(page.locator('.card[data-cluster="hpc-a"] .big')).to_have_text("128 GPUs")
     expect(page.locator("#whoami")).to_contain_text("viewer")
     assert "token=" not in page.url  # the token is taken out of the address bar
-    expect(page.locator("polyline.allocated")).to_have_count(len(SITES))
-    points = page.locator('polyline.allocated[data-key="hpc-a"]').get_attribute("points")
-    assert points and len(points.split()) == 48  # 24 h in 30-min buckets
+    chart = page.locator("#util-chart")
+    expect(chart).to_have_attribute("data-keys", ",".join(sorted(s.name for s in SITES)))
+    expect(chart).to_have_attribute("data-points", "48")  # 24 h in 30-min buckets
+    expect(chart.locator("canvas")).to_have_count(1)
+    # Every series is in the legend, inside the page (none cut off).
+    for site_ in SITES:
+        label = chart.locator(".u-legend .u-series .u-label", has_text=f"{site_.name} · ")
+        expect(label.first).to_be_visible()
+        box = label.first.bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= 1280
     page.select_option("#group-by", "gpu_model")
-    expect(page.locator('polyline.allocated[data-key="H100"]')).to_have_count(1)
-    page.screenshot(path=str(tmp_path / "overview.png"))
+    expect(chart).to_have_attribute("data-group-by", "gpu_model")
+    assert "H100" in (chart.get_attribute("data-keys") or "").split(",")
+    # Teams share capacity: the legend names the team, not the same GPU count for each.
+    page.select_option("#group-by", "team")
+    expect(chart).to_have_attribute("data-group-by", "team")
+    teams = (chart.get_attribute("data-keys") or "").split(",")
+    assert len(teams) > 1
+    labels = chart.locator(".u-legend .u-series .u-label").all_inner_texts()
+    assert set(teams) <= set(labels) and not any("GPUs" in label for label in labels)
+    page.select_option("#group-by", "cluster")
+    expect(chart).to_have_attribute("data-group-by", "cluster")
+    # The FIFO counterfactual from the latest replay, beside the chart.
+    for policy in ("fifo", "shaper"):
+        util = 100 * site["sim"][policy].metrics["utilization"]
+        row = page.locator(f"#replay tr[data-policy={policy}]")
+        expect(row.locator("td").nth(1)).to_have_text(f"{util:.1f} %")
+    gain = 100 * (
+        site["sim"]["shaper"].metrics["utilization"] - site["sim"]["fifo"].metrics["utilization"]
+    )
+    expect(page.locator("#replay tr[data-policy=shaper] td").nth(2)).to_have_text(f"{gain:+.1f} pt")
+    screenshot(page, "overview", tmp_path)
 
 
-def test_gpu_map_and_queue(page: Page, site: dict[str, Any]) -> None:
+def test_overview_figures_equal_the_api(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    expect(page.locator('#fleet-figures [data-figure="allocated"]')).to_be_visible()
+    overview = _get(site, "/overview")
+    assert overview["fleet"]["allocated"] > 0 and overview["fleet"]["pending_jobs"] > 0
+    assert overview["fleet"]["awaiting_approval_actions"] > 0  # k8s-inference advises
+    for cluster in overview["clusters"]:
+        card = page.locator(f'.card[data-cluster="{cluster["cluster"]}"]')
+        for name in FIGURES:
+            if name == "gpus":
+                continue  # the card's big figure is the cluster's capacity
+            expect(card.locator(f'[data-figure="{name}"]')).to_have_text(f"{cluster[name]:,}")
+        # And the API's figures agree with the listings they summarize.
+        where = {"cluster": cluster["cluster"]}
+        nodes = _get(site, "/nodes", {**where, "limit": "1000"})["items"]
+        up = [n for n in nodes if n["state"] != "down"]
+        assert cluster["allocated"] == sum(n["gpus_allocated"] for n in up)
+        assert cluster["gpus"] == sum(n["gpu_count"] for n in up)
+        pending = _get(site, "/jobs", {**where, "state": "pending", "limit": "1"})
+        assert cluster["pending_jobs"] == pending["total"]
+        proposed = _get(site, "/actions", {**where, "state": "proposed", "limit": "1"})
+        assert cluster["awaiting_approval_actions"] == proposed["total"]
+    fleet = page.locator("#fleet-figures")
+    for name in FIGURES:
+        shown = fleet.locator(f'[data-figure="{name}"]') if name != "gpus" else None
+        if shown is not None:
+            expect(shown).to_have_text(f"{overview['fleet'][name]:,}")
+
+
+def test_the_chart_follows_the_page_width_zooms_and_shows_values(
+    page: Page, site: dict[str, Any]
+) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    chart = page.locator("#util-chart")
+    expect(chart.locator("canvas")).to_have_count(1)
+    holder = chart.bounding_box()
+    canvas = chart.locator("canvas").bounding_box()
+    assert holder and canvas and canvas["width"] >= holder["width"] - 2
+    assert holder["width"] > 800  # at 1,280 px, beside the replay panel
+    page.set_viewport_size({"width": 1600, "height": 900})
+    page.wait_for_function(
+        "document.querySelector('#util-chart canvas').getBoundingClientRect().width"
+        f" > {canvas['width'] + 300}"
+    )
+    # A drag across the plot zooms into that time range.
+    over = chart.locator(".u-over").bounding_box()
+    assert over
+    full = float(chart.get_attribute("data-x-max") or 0) - float(
+        chart.get_attribute("data-x-min") or 0
+    )
+    y = over["y"] + over["height"] / 2
+    page.mouse.move(over["x"] + 0.3 * over["width"], y)
+    page.mouse.down()
+    page.mouse.move(over["x"] + 0.6 * over["width"], y, steps=5)
+    page.mouse.up()
+    page.wait_for_function(
+        f"(() => {{ const d = document.querySelector('#util-chart').dataset;"
+        f" return Number(d.xMax) - Number(d.xMin) < {full} * 0.5; }})()"
+    )
+    # The values under the cursor, beside it.
+    page.mouse.move(over["x"] + 0.45 * over["width"], y)
+    tip = chart.locator(".chart-tooltip")
+    expect(tip).to_be_visible()
+    expect(tip).to_contain_text("hpc-a")
+    expect(tip).to_contain_text("%")
+    page.mouse.dblclick(over["x"] + 0.45 * over["width"], y)
+    page.wait_for_function(
+        f"(() => {{ const d = document.querySelector('#util-chart').dataset;"
+        f" return Number(d.xMax) - Number(d.xMin) >= {full}; }})()"
+    )
+
+
+def test_a_stale_reply_never_overwrites_a_newer_selection(page: Page, site: dict[str, Any]) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    chart = page.locator("#util-chart")
+    expect(chart).to_have_attribute("data-group-by", "cluster")
+
+    # The GPU-model chart is asked for first and answers last, after the team chart.
+    held: list[Route] = []
+    stale = "group_by=gpu_model"
+    page.route(lambda url: stale in url, lambda route: held.append(route))
+    with page.expect_request(lambda request: stale in request.url):
+        page.select_option("#group-by", "gpu_model")
+    page.select_option("#group-by", "team")
+    expect(chart).to_have_attribute("data-group-by", "team")
+    _release(held)
+    page.wait_for_timeout(500)
+    expect(chart).to_have_attribute("data-group-by", "team")
+
+    # The GPU map: the first cluster's nodes answer after the second cluster was chosen.
+    first, second = SITES[0].name, SITES[1].name
+    slow = f"/api/v1/nodes?cluster={first}"
+    page.route(lambda url: slow in url, lambda route: held.append(route))
+    with page.expect_request(lambda request: slow in request.url):
+        page.click('a[data-view="nodes"]')
+    page.select_option("#node-cluster", second)
+    rows = _get(site, "/nodes", {"cluster": second, "limit": "1"})["total"]
+    expect(page.locator(".gpu-row")).to_have_count(rows)
+    _release(held)
+    page.wait_for_timeout(500)
+    expect(page.locator("#gpu-map")).to_have_attribute("data-cluster", second)
+    expect(page.locator(".gpu-row")).to_have_count(rows)
+    expect(page.locator("#node-cluster")).to_have_value(second)
+
+
+def test_favicon_is_served(page: Page, site: dict[str, Any]) -> None:
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    favicon = httpx.get(f"{site['base']}/favicon.ico", timeout=30)
+    assert favicon.status_code == 200
+    assert favicon.headers["content-type"].startswith("image/svg+xml")
+    assert page.locator('link[rel="icon"]').get_attribute("href") == "/static/favicon.svg"
+    assert failed == []
+
+
+def _release(held: list[Route]) -> None:
+    """Lets held requests answer now; one the page has since cancelled has nowhere to go."""
+    while held:
+        route = held.pop()
+        try:
+            route.continue_()
+        except PlaywrightError:
+            pass
+
+
+def _get(site: dict[str, Any], path: str, params: dict[str, str] | None = None) -> Any:
+    response = httpx.get(
+        f"{site['base']}/api/v1{path}",
+        params=params,
+        headers={"Authorization": f"Bearer {site['tokens']['viewer']}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_gpu_map_and_queue(page: Page, site: dict[str, Any], tmp_path: Path) -> None:
     page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
     expect(page.locator(".card")).to_have_count(len(SITES))
     page.click('a[data-view="nodes"]')
     expect(page.locator(".gpu-row")).to_have_count(16)  # hpc-a: 16 nodes
     expect(page.locator(".gpu-row .gpu")).to_have_count(128)
     assert page.locator(".gpu.busy").count() > 0
+    screenshot(page, "nodes", tmp_path)
     page.click('a[data-view="jobs"]')
     expect(page.locator("#job-table tbody tr").first).to_be_visible()
     everything = page.locator("#job-page").inner_text()
@@ -112,9 +303,12 @@ def test_gpu_map_and_queue(page: Page, site: dict[str, Any]) -> None:
     expect(page.locator("#job-page")).not_to_have_text(everything)
     states = page.locator("#job-table tbody tr td:nth-child(7)").all_inner_texts()
     assert states and set(states) == {"running"}
+    screenshot(page, "queue", tmp_path)
 
 
-def test_policy_editing_needs_operator_and_keeps_versions(page: Page, site: dict[str, Any]) -> None:
+def test_policy_editing_needs_operator_and_keeps_versions(
+    page: Page, site: dict[str, Any], tmp_path: Path
+) -> None:
     page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
     page.click('a[data-view="policies"]')
     page.fill("#policy-name", "viewer-try")
@@ -135,6 +329,7 @@ def test_policy_editing_needs_operator_and_keeps_versions(page: Page, site: dict
     page.fill("#policy-spec", '{"teams": [{"team": "research", "guaranteed_gpus": -4}]}')
     page.click("#policy-form button")
     expect(page.locator("#policy-error")).to_contain_text("spec.teams[0].guaranteed_gpus")
+    screenshot(page, "policies", tmp_path)
 
 
 def test_a_bad_token_asks_to_sign_in(page: Page, site: dict[str, Any]) -> None:
@@ -159,7 +354,7 @@ def test_operator_approves_a_proposed_action(page: Page, site: dict[str, Any]) -
     expect(row.locator("td:nth-child(6)")).to_have_text("approved")
 
 
-def test_operator_approves_a_whole_plan(page: Page, site: dict[str, Any]) -> None:
+def test_operator_approves_a_whole_plan(page: Page, site: dict[str, Any], tmp_path: Path) -> None:
     page.goto(f"{site['base']}/#token={site['tokens']['operator']}")
     expect(page.locator(".card")).to_have_count(len(SITES))
     page.click('a[data-view="actions"]')
@@ -176,9 +371,12 @@ def test_operator_approves_a_whole_plan(page: Page, site: dict[str, Any]) -> Non
     )
     expect(for_plan.first).to_be_visible()
     expect(for_plan.locator('td:nth-child(6):text-is("proposed")')).to_have_count(0)
+    screenshot(page, "plans-and-actions", tmp_path)
 
 
-def test_simulation_results_table_and_chart(page: Page, site: dict[str, Any]) -> None:
+def test_simulation_results_table_and_chart(
+    page: Page, site: dict[str, Any], tmp_path: Path
+) -> None:
     page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
     page.click("#nav a[data-view=simulations]")
     expect(page.locator("#sim-result option")).to_have_count(1)
@@ -195,9 +393,12 @@ def test_simulation_results_table_and_chart(page: Page, site: dict[str, Any]) ->
     expect(page.locator("#sim-table tr[data-policy=shaper] td").nth(2)).to_have_text(f"+{gain:.1f}")
     expect(page.locator("#sim-chart polyline.sim-line")).to_have_count(2)
     expect(page.locator("#sim-none")).to_be_hidden()
+    screenshot(page, "simulations", tmp_path)
 
 
-def test_why_idle_panel_matches_the_diagnosis_api(page: Page, site: dict[str, Any]) -> None:
+def test_why_idle_panel_matches_the_diagnosis_api(
+    page: Page, site: dict[str, Any], tmp_path: Path
+) -> None:
     page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
     expect(page.locator(".card")).to_have_count(len(SITES))
     page.click("#nav a[data-view=idle]")
@@ -240,6 +441,7 @@ def test_why_idle_panel_matches_the_diagnosis_api(page: Page, site: dict[str, An
     expect(page.locator("#idle-table tr.total td:nth-child(2)")).to_have_text(
         f"{other['idle_gpu_hours']:.1f}"
     )
+    screenshot(page, "why-idle", tmp_path)
 
 
 def _diagnosis(site: dict[str, Any], cluster: str) -> dict[str, Any]:

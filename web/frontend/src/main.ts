@@ -1,0 +1,141 @@
+// Shaper dashboard: a thin client of the REST API. The token lives in sessionStorage only.
+
+import "uplot/dist/uPlot.min.css";
+import "./style.css";
+import { api, isAbort, session, Unauthorized } from "./api";
+import { $, esc, select } from "./dom";
+import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
+import { pageState, showActions, showIdle, showJobs, showNodes, showPolicies, showSimulations } from "./pages";
+import type { Cluster } from "./types";
+
+let clusters: Cluster[] = [];
+
+function signOut(message = ""): void {
+  sessionStorage.removeItem("shaper-token");
+  session.token = null;
+  document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = true));
+  $("#login").hidden = false;
+  $("#login-error").textContent = message;
+}
+session.onUnauthorized = signOut;
+
+async function signIn(token: string): Promise<void> {
+  session.token = token;
+  try {
+    const me = await api<{ name: string; scopes: string[] }>("/whoami");
+    sessionStorage.setItem("shaper-token", token);
+    $("#whoami").textContent = `${me.name} · ${me.scopes.join(", ")}`;
+    $("#login").hidden = true;
+    clusters = await api<Cluster[]>("/clusters");
+    for (const id of ["#node-cluster", "#job-cluster", "#idle-cluster"]) {
+      const keep = id === "#job-cluster" ? '<option value="">all</option>' : "";
+      select(id).innerHTML = keep + clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
+    }
+    fillClusterFilter(clusters);
+    route();
+  } catch (error) {
+    if (!(error instanceof Unauthorized)) signOut(String((error as Error).message ?? error));
+  }
+}
+
+const VIEWS: Record<string, () => Promise<void>> = {
+  overview: () => showOverview(clusters),
+  nodes: showNodes,
+  jobs: showJobs,
+  actions: showActions,
+  policies: showPolicies,
+  simulations: showSimulations,
+  idle: showIdle,
+};
+
+function route(): void {
+  const asked = (location.hash || "#overview").slice(1).split("&")[0] || "overview";
+  const view = asked in VIEWS ? asked : "overview";
+  document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = v.id !== view));
+  document.querySelectorAll<HTMLAnchorElement>("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
+  run(VIEWS[view]);
+}
+
+function run(show: () => Promise<void>): void {
+  show().catch((error: unknown) => {
+    if (!isAbort(error) && !(error instanceof Unauthorized)) console.error(error);
+  });
+}
+
+document.addEventListener("click", async (event) => {
+  const target = event.target;
+  if (!(target instanceof HTMLElement)) return;
+  const { planDecide, decide, edit, id } = target.dataset;
+  if (planDecide || decide) {
+    const path = planDecide ? `/plans/${id}/${planDecide}` : `/actions/${id}/${decide}`;
+    try {
+      await api(path, { method: "POST" });
+    } catch (error) {
+      alert((error as Error).message);
+    }
+    run(showActions);
+  } else if (edit) {
+    const policy = pageState.policies[edit];
+    $<HTMLInputElement>("#policy-name").value = policy.name;
+    $<HTMLTextAreaElement>("#policy-spec").value = JSON.stringify(policy.spec, null, 2);
+    $("#policy-editor-title").textContent = `Edit ${policy.name} (now version ${policy.version})`;
+  }
+});
+
+$("#policy-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  $("#policy-error").textContent = "";
+  let spec: unknown;
+  try {
+    spec = JSON.parse($<HTMLTextAreaElement>("#policy-spec").value);
+  } catch (error) {
+    $("#policy-error").textContent = `spec is not JSON: ${(error as Error).message}`;
+    return;
+  }
+  const name = $<HTMLInputElement>("#policy-name").value;
+  const comment = $<HTMLInputElement>("#policy-comment").value;
+  try {
+    if (pageState.policies[name]) {
+      await api(`/policies/${encodeURIComponent(name)}`, { method: "PUT", body: JSON.stringify({ spec, comment }) });
+    } else {
+      await api("/policies", { method: "POST", body: JSON.stringify({ name, spec, comment }) });
+    }
+    run(showPolicies);
+  } catch (error) {
+    $("#policy-error").textContent = (error as Error).message;
+  }
+});
+
+$("#login-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  void signIn($<HTMLInputElement>("#token-input").value.trim());
+});
+for (const id of ["#group-by", "#util-cluster", "#util-range"]) select(id).addEventListener("change", redrawChart);
+select("#node-cluster").addEventListener("change", () => run(showNodes));
+select("#sim-result").addEventListener("change", () => run(showSimulations));
+select("#idle-cluster").addEventListener("change", () => run(showIdle));
+for (const id of ["#job-cluster", "#job-state", "#job-sort"]) {
+  select(id).addEventListener("change", () => {
+    pageState.jobOffset = 0;
+    run(showJobs);
+  });
+}
+$("#job-prev").addEventListener("click", () => {
+  pageState.jobOffset = Math.max(0, pageState.jobOffset - pageState.jobLimit);
+  run(showJobs);
+});
+$("#job-next").addEventListener("click", () => {
+  pageState.jobOffset += pageState.jobLimit;
+  run(showJobs);
+});
+window.addEventListener("hashchange", () => {
+  if (session.token) route();
+});
+followWidth();
+
+// A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
+const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");
+if (fromFragment) history.replaceState(null, "", location.pathname + "#overview");
+const saved = fromFragment || sessionStorage.getItem("shaper-token");
+if (saved) void signIn(saved);
+else signOut();

@@ -1,0 +1,235 @@
+// The pages not yet rebuilt on the new stack, ported from the first dashboard as they were,
+// each behind a Latest so that a slower reply for an older selection is never drawn.
+
+import { api, Latest } from "./api";
+import { $, COLORS, esc, select } from "./dom";
+import type { Action, Diagnosis, Job, Node, Page, Plan, Policy, SimulationListing, SimulationResult } from "./types";
+
+export const pageState = { jobOffset: 0, jobLimit: 50, policies: {} as Record<string, Policy> };
+
+const nodesRequest = new Latest();
+const jobsRequest = new Latest();
+const actionsRequest = new Latest();
+const policiesRequest = new Latest();
+const simulationsRequest = new Latest();
+const idleRequest = new Latest();
+
+export async function showNodes(): Promise<void> {
+  const cluster = select("#node-cluster").value;
+  const { signal, current } = nodesRequest.begin();
+  if (!cluster) {
+    $("#gpu-map").innerHTML = "<p>No clusters.</p>";
+    return;
+  }
+  const where = encodeURIComponent(cluster);
+  const [nodes, jobs] = await Promise.all([
+    api<Page<Node>>(`/nodes?cluster=${where}&limit=1000&sort=name`, { signal }),
+    api<Page<Job>>(`/jobs?cluster=${where}&state=running&limit=1000`, { signal }),
+  ]);
+  if (!current()) return;
+  const holder: Record<string, string> = {};
+  const counted: [Job["allocations"][number], string][] = [];
+  for (const job of jobs.items) {
+    for (const a of job.allocations) {
+      if (a.gpu_indices.length) for (const i of a.gpu_indices) holder[`${a.node}/${i}`] = job.external_id;
+      else counted.push([a, job.external_id]);
+    }
+  }
+  // Schedulers that only count GPUs (Kubernetes) name no device: show them on the
+  // node's first cells no indexed job holds.
+  const nodeSize = Object.fromEntries(nodes.items.map((n) => [n.name, n.gpu_count]));
+  for (const [a, job] of counted) {
+    let left = a.gpu_count;
+    for (let i = 0; left > 0 && i < (nodeSize[a.node] ?? 0); i++) {
+      if (!holder[`${a.node}/${i}`]) {
+        holder[`${a.node}/${i}`] = job;
+        left--;
+      }
+    }
+  }
+  const map = $("#gpu-map");
+  map.dataset.cluster = cluster;
+  map.innerHTML = nodes.items
+    .map((node) => {
+      const gpus = Array.from({ length: node.gpu_count }, (_, i) => {
+        const job = holder[`${node.name}/${i}`];
+        return `<span class="gpu ${job ? "busy" : ""}" title="GPU ${i}${job ? ` · ${esc(job)}` : " · free"}"></span>`;
+      }).join("");
+      return `<div class="gpu-row ${esc(node.state)}"><span class="name">${esc(node.name)}</span>${gpus}<span class="hint">${esc(node.gpu_model || "no GPU")} · ${node.gpus_allocated}/${node.gpu_count} · ${esc(node.state)}</span></div>`;
+    })
+    .join("");
+}
+
+export async function showJobs(): Promise<void> {
+  const params = new URLSearchParams({
+    limit: String(pageState.jobLimit),
+    offset: String(pageState.jobOffset),
+    sort: select("#job-sort").value,
+  });
+  if (select("#job-cluster").value) params.set("cluster", select("#job-cluster").value);
+  if (select("#job-state").value) params.set("state", select("#job-state").value);
+  const { signal, current } = jobsRequest.begin();
+  const page = await api<Page<Job>>(`/jobs?${params}`, { signal });
+  if (!current()) return;
+  $("#job-table tbody").innerHTML = page.items
+    .map(
+      (j) => `<tr>
+    <td>${esc(j.external_id)}</td><td>${esc(j.cluster)}</td><td>${esc(j.team)}</td><td>${esc(j.kind)}</td>
+    <td>${j.priority}</td><td>${j.shape === "elastic" ? `${j.replicas}×${j.gpus_requested}` : j.gpus_requested}</td><td>${esc(j.state)}</td>
+    <td>${j.allocations.map((a) => `${esc(a.node)}${a.gpu_indices.length ? `[${a.gpu_indices.join(",")}]` : `×${a.gpu_count}`}`).join(" ")}</td>
+    <td>${j.submit_time ? esc(j.submit_time.slice(0, 16).replace("T", " ")) : ""}</td></tr>`,
+    )
+    .join("");
+  const end = Math.min(page.offset + page.limit, page.total);
+  $("#job-page").textContent = `${page.total ? page.offset + 1 : 0}–${end} of ${page.total}`;
+  $<HTMLButtonElement>("#job-prev").disabled = page.offset === 0;
+  $<HTMLButtonElement>("#job-next").disabled = end >= page.total;
+}
+
+export async function showActions(): Promise<void> {
+  const { signal, current } = actionsRequest.begin();
+  const [actions, plans] = await Promise.all([
+    api<Page<Action>>("/actions?limit=100", { signal }),
+    api<Page<Plan>>("/plans?limit=20", { signal }),
+  ]);
+  if (!current()) return;
+  $("#action-table tbody").innerHTML =
+    actions.items
+      .map(
+        (a) => `<tr>
+    <td>${a.id}</td><td>${esc(a.cluster)}</td><td>${esc(a.kind)}</td><td>${esc(a.job_external_id)}</td>
+    <td>${esc(a.source_node || "")} → ${esc(a.target_node || (a.target_replicas ?? ""))}</td><td>${esc(a.state)}</td>
+    <td>${a.plan_id ?? ""}</td><td>${a.depends_on.map((d) => `#${d}`).join(" ")}</td>
+    <td>${esc(a.reason)}${a.error ? `<br><span class="error">${esc(a.error)}</span>` : ""}</td>
+    <td>${a.state === "proposed" ? `<button data-decide="approve" data-id="${a.id}">Approve</button> <button data-decide="reject" data-id="${a.id}">Reject</button>` : ""}</td></tr>`,
+      )
+      .join("") || '<tr><td colspan="10">No actions yet.</td></tr>';
+  $("#plan-table tbody").innerHTML =
+    plans.items
+      .map(
+        (p) => `<tr data-plan="${p.id}">
+    <td>${p.id}</td><td>${esc(p.cluster)}</td><td>${esc(p.created_at.slice(0, 19))}</td><td>${esc(p.policy)}</td><td>${esc(p.engine)}</td>
+    <td>${esc(p.status)}</td><td>${esc(p.state)}${p.state_reason ? `<br><span class="hint">${esc(p.state_reason)}</span>` : ""}</td><td>${p.objective ?? ""}</td><td>${p.gap ?? ""}</td>
+    <td>${p.decisions
+      .slice(0, 5)
+      .map((d) => esc(`${d.job}: ${d.action} — ${d.reason}`))
+      .join("<br>")}</td>
+    <td>${p.state === "proposed" ? `<button data-plan-decide="approve" data-id="${p.id}">Approve plan</button> <button data-plan-decide="reject" data-id="${p.id}">Reject plan</button>` : ""}</td></tr>`,
+      )
+      .join("") || '<tr><td colspan="11">No plans yet.</td></tr>';
+}
+
+export async function showPolicies(): Promise<void> {
+  const { signal, current } = policiesRequest.begin();
+  const policies = await api<Policy[]>("/policies", { signal });
+  if (!current()) return;
+  $("#policy-list").innerHTML = policies.length
+    ? `<table><thead><tr><th>Policy</th><th>Version</th><th>By</th><th>Comment</th><th></th></tr></thead><tbody>${policies
+        .map(
+          (p) => `<tr><td>${esc(p.name)}</td><td>${p.version}</td><td>${esc(p.created_by)}</td><td>${esc(p.comment)}</td>
+      <td><button data-edit="${esc(p.name)}">Edit</button></td></tr>`,
+        )
+        .join("")}</tbody></table>`
+    : "<p>No SLA policies yet.</p>";
+  pageState.policies = Object.fromEntries(policies.map((p) => [p.name, p]));
+}
+
+export async function showSimulations(): Promise<void> {
+  const { signal, current } = simulationsRequest.begin();
+  const results = await api<SimulationListing[]>("/simulations", { signal });
+  if (!current()) return;
+  const chooser = select("#sim-result");
+  const chosen = chooser.value;
+  chooser.innerHTML = results
+    .map(
+      (r) =>
+        `<option value="${esc(r.name)}">${esc(r.scenario)}${r.seed == null ? "" : ` (seed ${r.seed})`} · ${esc(r.policies.join(", "))}</option>`,
+    )
+    .join("");
+  if (results.some((r) => r.name === chosen)) chooser.value = chosen;
+  $("#sim-none").hidden = results.length > 0;
+  $("#sim-table").hidden = !results.length;
+  if (!results.length) {
+    $("#sim-chart").innerHTML = "";
+    return;
+  }
+  const result = await api<SimulationResult>(`/simulations/${encodeURIComponent(chooser.value)}`, { signal });
+  if (!current()) return;
+  const runs = Object.entries(result.runs);
+  const base = result.runs.fifo ? result.runs.fifo.metrics.utilization : null;
+  const num = (v: number | null | undefined, digits = 1): string => (v == null ? "–" : Number(v).toFixed(digits));
+  $("#sim-table tbody").innerHTML = runs
+    .map(([policy, run]) => {
+      const m = run.metrics;
+      // Completion figures are lower bounds when some job never finished.
+      const jct = m.jct_censored_jobs ? `≥ ${num(m.jct_mean_h)}` : num(m.jct_mean_h);
+      const delta = base == null ? "" : `${m.utilization >= base ? "+" : ""}${(100 * (m.utilization - base)).toFixed(1)}`;
+      return `<tr data-policy="${esc(policy)}"><td>${esc(policy)}</td><td>${num(100 * m.utilization)}</td><td>${delta}</td><td>${num(m.weighted_output)}</td>
+      <td>${num(m.jobs_completed, 0)}/${num(m.jobs_arrived, 0)}</td><td>${jct}</td><td>${num(m.unmet_demand_replica_hours)}</td>
+      <td>${num(m.migrations, 0)}</td><td>${num(m.preemptions, 0)}</td></tr>`;
+    })
+    .join("");
+  $("#sim-chart").innerHTML = simChart(runs);
+}
+
+export async function showIdle(): Promise<void> {
+  const cluster = select("#idle-cluster").value;
+  const { signal, current } = idleRequest.begin();
+  if (!cluster) {
+    $("#idle-summary").textContent = "No clusters.";
+    return;
+  }
+  // No since/until: the server's last 24 h, by its own clock.
+  const d = await api<Diagnosis>(`/diagnosis?cluster=${encodeURIComponent(cluster)}`, { signal });
+  if (!current()) return;
+  const hours = (v: number): string => Number(v).toFixed(1);
+  const pct = (v: number, of: number): string => (of > 0 ? ((100 * v) / of).toFixed(1) : "–");
+  $("#idle-summary").textContent =
+    `${d.since.slice(0, 16).replace("T", " ")} – ${d.until.slice(0, 16).replace("T", " ")} UTC · ` +
+    `capacity ${hours(d.capacity_gpu_hours)} GPU-h · busy ${hours(d.busy_gpu_hours)} · idle ${hours(d.idle_gpu_hours)} (${pct(d.idle_gpu_hours, d.capacity_gpu_hours)} %)`;
+  $("#idle-table tbody").innerHTML =
+    d.causes
+      .map(
+        (c) => `<tr data-cause="${esc(c.cause)}" data-gpu-hours="${esc(c.gpu_hours)}">
+    <td>${esc(c.cause.replace(/_/g, " "))}</td><td>${hours(c.gpu_hours)}</td><td>${pct(c.gpu_hours, d.capacity_gpu_hours)}</td><td>${(100 * c.share_of_idle).toFixed(1)}</td></tr>`,
+      )
+      .join("") +
+    `<tr class="total"><td>idle, all causes</td><td>${hours(d.idle_gpu_hours)}</td><td>${pct(d.idle_gpu_hours, d.capacity_gpu_hours)}</td><td>${d.idle_gpu_hours > 0 ? "100.0" : "–"}</td></tr>`;
+  // GPU model × cause, causes in the API's order; only causes some model has hours of.
+  const causes = d.causes
+    .map((c) => c.cause)
+    .filter((cause) => d.by_gpu_model.some((g) => g.cause === cause && g.gpu_hours > 0));
+  const models = [...new Set(d.by_gpu_model.map((g) => g.key ?? ""))];
+  const cell = Object.fromEntries(d.by_gpu_model.map((g) => [`${g.key ?? ""}|${g.cause}`, g.gpu_hours]));
+  $("#idle-model-table thead").innerHTML =
+    `<tr><th>GPU model</th>${causes.map((c) => `<th>${esc(c.replace(/_/g, " "))}</th>`).join("")}<th>idle</th></tr>`;
+  $("#idle-model-table tbody").innerHTML =
+    models
+      .map((m) => {
+        const values = causes.map((c) => cell[`${m}|${c}`] || 0);
+        return `<tr data-gpu-model="${esc(m)}"><td>${esc(m || "—")}</td>${values.map((v) => `<td>${hours(v)}</td>`).join("")}<td>${hours(values.reduce((a, b) => a + b, 0))}</td></tr>`;
+      })
+      .join("") || "<tr><td>No idle GPU-hours in the window.</td></tr>";
+}
+
+function simChart(runs: [string, SimulationResult["runs"][string]][]): string {
+  const width = 900,
+    height = 260,
+    left = 40,
+    bottom = 24;
+  const horizon = Math.max(...runs.map(([, r]) => r.t_h[r.t_h.length - 1] || 0), 1);
+  const x = (t: number): number => left + (t / horizon) * (width - left - 10);
+  const y = (v: number): number => 30 + (1 - Math.min(1, v)) * (height - bottom - 30);
+  let svg = `<svg width="${width}" height="${height}" role="img" aria-label="Utilization over simulated time">`;
+  for (const v of [0, 0.25, 0.5, 0.75, 1]) {
+    svg += `<line x1="${left}" x2="${width - 10}" y1="${y(v)}" y2="${y(v)}" stroke="#e3e7ee"/><text x="4" y="${y(v) + 4}">${v * 100}%</text>`;
+  }
+  svg += `<text x="${left}" y="${height - 6}">0 h</text><text x="${width - 60}" y="${height - 6}">${horizon.toFixed(0)} h</text>`;
+  runs.forEach(([policy, run], k) => {
+    const color = COLORS[k % COLORS.length];
+    const line = run.t_h.map((t, i) => `${x(t)},${y(run.utilization[i])}`).join(" ");
+    svg += `<polyline class="sim-line" data-policy="${esc(policy)}" fill="none" stroke="${color}" stroke-width="2" points="${line}"/>`;
+    svg += `<text x="${left + k * 140}" y="14" style="fill:${color}">■ ${esc(policy)}</text>`;
+  });
+  return svg + "</svg>";
+}

@@ -1,0 +1,164 @@
+// The API's answers, as far as the dashboard reads them (app/*/models.py).
+
+export interface Page<T> {
+  items: T[];
+  total: number;
+  offset: number;
+  limit: number;
+}
+
+export interface Cluster {
+  name: string;
+  scheduler: string;
+  description: string;
+  mode: string;
+  policy: string;
+  connector_status: string;
+  node_count: number;
+  gpu_count: number;
+}
+
+export interface GpuFigures {
+  gpus: number;
+  gpus_down: number;
+  allocated: number;
+  free: number;
+  idle_allocated: number;
+  unmeasured_allocated: number;
+  pending_jobs: number;
+  pending_gpus: number;
+  awaiting_approval_actions: number;
+  awaiting_approval_plans: number;
+}
+
+export interface ClusterFigures extends GpuFigures {
+  cluster: string;
+  mode: string;
+}
+
+export interface FleetOverview {
+  at: string;
+  busy_threshold: number;
+  recent_s: number;
+  clusters: ClusterFigures[];
+  fleet: GpuFigures;
+}
+
+export interface UtilizationPoint {
+  start: string;
+  allocated_gpus: number;
+  allocated_share: number;
+  measured_util: number | null;
+}
+
+export interface UtilizationSeries {
+  key: string;
+  capacity_gpus: number;
+  points: UtilizationPoint[];
+}
+
+export interface UtilizationSummary {
+  group_by: "cluster" | "gpu_model" | "team";
+  bucket_s: number;
+  since: string;
+  until: string;
+  series: UtilizationSeries[];
+}
+
+export interface Node {
+  name: string;
+  gpu_model: string | null;
+  gpu_count: number;
+  gpus_allocated: number;
+  state: string;
+}
+
+export interface Allocation {
+  node: string;
+  gpu_indices: number[];
+  gpu_count: number;
+}
+
+export interface Job {
+  external_id: string;
+  cluster: string;
+  team: string;
+  kind: string;
+  priority: number;
+  shape: string;
+  replicas: number;
+  gpus_requested: number;
+  state: string;
+  submit_time: string | null;
+  allocations: Allocation[];
+}
+
+export interface Action {
+  id: number;
+  plan_id: number | null;
+  cluster: string;
+  kind: string;
+  job_external_id: string | null;
+  source_node: string | null;
+  target_node: string | null;
+  target_replicas: number | null;
+  state: string;
+  depends_on: number[];
+  reason: string;
+  error: string | null;
+}
+
+export interface Plan {
+  id: number;
+  cluster: string | null;
+  created_at: string;
+  policy: string;
+  engine: string;
+  status: string;
+  state: string;
+  state_reason: string | null;
+  objective: number | null;
+  gap: number | null;
+  decisions: { job: string; action: string; reason: string }[];
+}
+
+export interface Policy {
+  name: string;
+  version: number;
+  created_by: string;
+  comment: string;
+  spec: unknown;
+}
+
+export interface SimulationListing {
+  name: string;
+  scenario: string;
+  seed: number | null;
+  policies: string[];
+}
+
+export interface SimulationRun {
+  metrics: Record<string, number>;
+  t_h: number[];
+  utilization: number[];
+}
+
+export interface SimulationResult {
+  runs: Record<string, SimulationRun>;
+}
+
+export interface CauseHours {
+  cause: string;
+  gpu_hours: number;
+  share_of_idle: number;
+}
+
+export interface Diagnosis {
+  since: string;
+  until: string;
+  capacity_gpu_hours: number;
+  busy_gpu_hours: number;
+  idle_gpu_hours: number;
+  causes: CauseHours[];
+  by_gpu_model: { key: string | null; cause: string; gpu_hours: number }[];
+}
