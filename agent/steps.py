@@ -6,8 +6,9 @@ StepReport to send back; StepExecutor.handle() does the same for a message as it
 the agent's queue, which `shaper agent worker` serves with wire.executor. Each step is also
 idempotent on its own, so a step that ran but whose answer was lost (the agent died before
 it journalled it) gives the same answer when it runs again: a checkpoint already taken is
-returned, an image already copied is verified and kept, a workload that already runs here
-is not restored a second time.
+returned, one whose agent died after the process stopped is recovered from the dump it
+left (the backend's recover_checkpoint), an image already copied is verified and kept, a
+workload that already runs here is not restored a second time.
 
 Images live in ``<state>/images/<workload>/g<generation>/image`` with the image record
 (CheckpointImage JSON) next to it in ``image.json``.
@@ -32,7 +33,7 @@ from agent.backends.base import (
     verify_image,
 )
 from agent.fencing import FenceStore
-from agent.workload import CHECKPOINT_PATH_ENV, WorkloadState, WorkloadStore
+from agent.workload import CHECKPOINT_PATH_ENV, RunningWorkload, WorkloadState, WorkloadStore
 from wire.queues import agent_queue
 from wire.steps import AgentStep, AgentStepRequest, Outcome, StepReport
 
@@ -169,9 +170,12 @@ class StepExecutor:
         record = root / "image.json"
         if workload.state is WorkloadState.CHECKPOINTED and record.exists():
             image = CheckpointImage.model_validate_json(record.read_text())
-            return _checkpoint_result(image, again=True)
+            return _checkpoint_result(image, note="taken earlier")
         image_dir = root / "image"
         if image_dir.exists():  # left by a checkpoint that died half way
+            if _interrupted(workload):
+                return self._recover(workload, image_dir, record)
+            # The process runs (or was never stopped for this checkpoint): start afresh.
             shutil.rmtree(image_dir)
         # Said before the process stops, so whoever waits on it (`agent exec --wait` in a
         # batch job) knows that it stopped on purpose and does not end the job.
@@ -185,7 +189,24 @@ class StepExecutor:
                 self.store.save(workload)
             raise
         _write_atomically(record, image.model_dump_json())
-        return _checkpoint_result(image, again=False)
+        return _checkpoint_result(image)
+
+    def _recover(self, workload: RunningWorkload, image_dir: Path, record: Path) -> dict[str, Any]:
+        """Finish a checkpoint whose agent died after the process stopped and before the
+        image was recorded: the dump left in image_dir is all that is left of the workload.
+
+        The backend seals it if its dump finished, or raises CheckpointLost (not retryable)
+        and leaves the directory for inspection.
+        """
+        image = self._backend(workload.backend).recover_checkpoint(workload, image_dir)
+        _write_atomically(record, image.model_dump_json())
+        log.warning(
+            "%s: recovered the interrupted checkpoint of %s from %s",
+            self.name,
+            workload.id,
+            image_dir,
+        )
+        return _checkpoint_result(image, note="recovered after the agent died mid-checkpoint")
 
     def transfer(self, request: AgentStepRequest) -> dict[str, Any]:
         image = CheckpointImage.model_validate(request.args["image"])
@@ -376,14 +397,21 @@ class StepExecutor:
     }
 
 
-def _checkpoint_result(image: CheckpointImage, *, again: bool) -> dict[str, Any]:
+def _checkpoint_result(image: CheckpointImage, *, note: str | None = None) -> dict[str, Any]:
     return {
         "image": image.model_dump(mode="json"),
         "summary": (
             f"{image.backend} image of {image.size_bytes / MiB:.0f} MiB in "
-            f"{image.duration_s:.2f} s" + (" (taken earlier)" if again else "")
+            f"{image.duration_s:.2f} s" + (f" ({note})" if note else "")
         ),
     }
+
+
+def _interrupted(workload: RunningWorkload) -> bool:
+    """Whether a checkpoint of the workload stopped its process and then lost its agent:
+    recorded as being (or having been) checkpointed, and its process gone."""
+    checkpointing = workload.state in (WorkloadState.CHECKPOINTING, WorkloadState.CHECKPOINTED)
+    return checkpointing and not workload.is_running()
 
 
 def _verifies(image: CheckpointImage, image_dir: Path) -> bool:

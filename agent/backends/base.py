@@ -52,6 +52,13 @@ class CheckpointFailed(BackendError):
     retryable = True
 
 
+class CheckpointLost(BackendError):
+    """The workload's process is gone and the dump it left is incomplete: its state is lost.
+
+    Not retryable: there is nothing left to checkpoint. The dump is kept for forensics.
+    """
+
+
 class RestoreFailed(BackendError):
     """The image could not be restored; nothing of the workload runs here."""
 
@@ -97,6 +104,18 @@ class CheckpointBackend(Protocol):
 
         Returns only once the source process is gone, so a restore can never overlap it.
         Raises CheckpointFailed (the workload keeps running) or WorkloadNotRunning.
+        """
+        ...
+
+    def recover_checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
+        """Seal the dump that an interrupted checkpoint of the workload left in image_dir.
+
+        For a checkpoint whose agent died after the workload's process stopped and before
+        the image was recorded: the dump is then the workload's only state. The backend
+        decides, by its own mark of a finished dump, whether the dump is complete; if so it
+        checksums it and returns the image, the workload recorded CHECKPOINTED, as
+        checkpoint() would have. Raises CheckpointLost when the dump is incomplete (the
+        directory is left as it is), CheckpointFailed while the process still runs.
         """
         ...
 
@@ -184,6 +203,25 @@ def require_running(workload: RunningWorkload) -> int:
             f"workload {workload.id}: process {workload.pid} is not running; nothing to checkpoint"
         )
     return workload.pid
+
+
+def require_gone(workload: RunningWorkload) -> None:
+    """Refuse to recover a checkpoint while the workload's process still runs: its dump may be
+    older than its state, and checkpointing it again is the way."""
+    if workload.is_running():
+        raise CheckpointFailed(
+            f"workload {workload.id}: process {workload.pid} still runs; checkpoint it again "
+            "rather than recover an interrupted dump"
+        )
+
+
+def checkpoint_lost(workload: RunningWorkload, image_dir: Path, why: str) -> CheckpointLost:
+    """The error for a workload whose process is gone with only an incomplete dump left."""
+    return CheckpointLost(
+        f"workload {workload.id}: its checkpoint was interrupted and its process is gone, "
+        f"but the dump in {image_dir} is incomplete ({why}): the workload's state is lost. "
+        "The directory is kept for inspection"
+    )
 
 
 def release_process(store: WorkloadStore, workload: RunningWorkload, *, timeout: float) -> None:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from agent import procs
 from agent.backends.base import (
@@ -33,8 +34,10 @@ from agent.backends.base import (
     CheckpointFailed,
     CheckpointImage,
     RestoreFailed,
+    checkpoint_lost,
     fresh_image_dir,
     release_process,
+    require_gone,
     require_running,
     seal_image,
     verify_image,
@@ -50,6 +53,10 @@ from agent.workload import (
 MIN_VERSION = (4, 1)
 INSTALL_HINT = "run scripts/install-criu.sh as root to build and install a working CRIU"
 _RESTORE_DONE = "Restore finished successfully"
+# CRIU's last line of a good dump, written once the image is complete and the tree killed
+# (or left stopped); a failed dump ends with "Dumping FAILED." instead.
+_DUMP_DONE = "Dumping finished successfully"
+_DUMP_LOG = "dump.log"
 _VERSION = re.compile(r"^Version:\s*(\d+)\.(\d+)", re.MULTILINE)
 
 
@@ -145,7 +152,7 @@ class CriuBackend:
             "-D",
             str(image_dir),
             "-o",
-            "dump.log",
+            _DUMP_LOG,
             "-v3",
             *self.dump_args,
         ]
@@ -167,8 +174,8 @@ class CriuBackend:
             raise CheckpointFailed(
                 f"workload {workload.id}: criu dump of PID {root_pid} failed "
                 f"(exit {result.returncode}); {self._still_running(workload)}. "
-                f"Log {image_dir / 'dump.log'}:\n"
-                f"{procs.read_tail(image_dir / 'dump.log') or result.stderr.strip()}"
+                f"Log {image_dir / _DUMP_LOG}:\n"
+                f"{procs.read_tail(image_dir / _DUMP_LOG) or result.stderr.strip()}"
             )
         dumped = self._clock()
 
@@ -185,19 +192,81 @@ class CriuBackend:
                     "a successful dump and SIGKILL; not releasing the image for restore"
                 )
         source_gone = self._clock()
+        return self._seal(
+            workload,
+            image_dir,
+            started=started,
+            phases={"dump": dumped - started, "wait_source_gone": source_gone - dumped},
+        )
+
+    def recover_checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
+        """Seal a dump whose agent died before recording it, if CRIU's log says it finished.
+
+        A `criu dump` outlives the agent that started it: wait for one still writing here
+        before reading its log. The dump's own duration is not known any more.
+        """
+        require_gone(workload)
+        image_dir = Path(image_dir).resolve()
+        started = self._clock()
+        if not procs.wait_until(
+            lambda: not _dumps_into(image_dir),
+            timeout=self.dump_timeout,
+            interval=0.5,
+            clock=self._clock,
+        ):
+            raise CheckpointFailed(
+                f"workload {workload.id}: a criu dump into {image_dir} is still running after "
+                f"{self.dump_timeout} s"
+            )
+        dump_log = image_dir / _DUMP_LOG
+        if _DUMP_DONE not in _read(dump_log):
+            tail = procs.read_tail(dump_log, lines=3) or "no dump.log"
+            raise checkpoint_lost(
+                workload, image_dir, f"CRIU's log does not say {_DUMP_DONE!r}; it ends:\n{tail}"
+            )
+        # A namespaced tree is killed by us after its dump, with its holder: finish that.
+        if not kill_workload(workload, timeout=self.gone_timeout):
+            raise CheckpointFailed(
+                f"workload {workload.id}: its holder PID {workload.holder_pid} survived SIGKILL; "
+                "not releasing the image for restore"
+            )
+        waited = self._clock()
+        return self._seal(
+            workload,
+            image_dir,
+            started=started,
+            phases={"wait_dump_gone": waited - started},
+            recovered=True,
+        )
+
+    def _seal(
+        self,
+        workload: RunningWorkload,
+        image_dir: Path,
+        *,
+        started: float,
+        phases: dict[str, float],
+        recovered: bool = False,
+    ) -> CheckpointImage:
+        """Checksum a finished dump of a gone workload and record the workload CHECKPOINTED."""
         # Measured now that nothing writes to it: CRIU checks this size on restore.
         log_path = Path(workload.spec.log_path)
         log_size = log_path.stat().st_size if log_path.exists() else None
-
+        details: dict[str, Any] = {
+            "root_pid": workload.namespace_pid or workload.pid,
+            "log_size": log_size,
+        }
+        if recovered:
+            details["recovered"] = True
         image = seal_image(
             backend=self.name,
             workload=workload,
             image_dir=image_dir,
             started=started,
-            phases={"dump": dumped - started, "wait_source_gone": source_gone - dumped},
+            phases=phases,
             clock=self._clock,
             created_at=self._now(),
-            details={"root_pid": root_pid, "log_size": log_size},
+            details=details,
         )
         workload.state = WorkloadState.CHECKPOINTED
         self.store.save(workload)
@@ -336,6 +405,22 @@ class CriuBackend:
 
     def release(self, workload: RunningWorkload, *, timeout: float = 10.0) -> None:
         release_process(self.store, workload, timeout=timeout)
+
+
+def _dumps_into(image_dir: Path) -> list[int]:
+    """PIDs of `criu dump` processes that write into image_dir."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            arguments = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dump" in arguments and os.fsencode(image_dir) in arguments:
+            if procs.is_running(int(entry.name)):
+                found.append(int(entry.name))
+    return found
 
 
 def _read(path: Path) -> str:

@@ -25,8 +25,10 @@ from agent.backends.base import (
     CheckpointImage,
     RestoreFailed,
     WorkloadNotRunning,
+    checkpoint_lost,
     fresh_image_dir,
     release_process,
+    require_gone,
     require_running,
     seal_image,
     verify_image,
@@ -103,12 +105,53 @@ class SignalBackend:
             )
         shutil.move(saved_to, image_dir / CHECKPOINT_NAME)
         moved = self._clock()
+        return self._seal(
+            workload,
+            image_dir,
+            started=started,
+            phases={"save_and_exit": saved - started, "move": moved - saved},
+        )
+
+    def recover_checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
+        """Seal the checkpoint a workload saved before its agent died, wherever it got to.
+
+        The workload writes its checkpoint atomically (write elsewhere, then rename) and the
+        agent removes any earlier one before the signal, so a checkpoint at its path, or
+        already moved into the image, is this round's and complete. Its exit status died
+        with the agent; like checkpoint(), an unknown status is not held against it.
+        """
+        require_gone(workload)
+        image_dir = Path(image_dir).resolve()
+        started = self._clock()
+        moved_to = image_dir / CHECKPOINT_NAME
+        saved_to = Path(workload.checkpoint_path) if workload.checkpoint_path else None
+        if saved_to is not None and saved_to.exists():
+            # Not moved yet, or only partly copied (a move across file systems copies).
+            _remove(moved_to)
+            shutil.move(saved_to, moved_to)
+        elif not moved_to.exists():
+            raise checkpoint_lost(
+                workload,
+                image_dir,
+                f"the workload exited without saving a checkpoint to {saved_to}",
+            )
+        moved = self._clock()
+        return self._seal(workload, image_dir, started=started, phases={"move": moved - started})
+
+    def _seal(
+        self,
+        workload: RunningWorkload,
+        image_dir: Path,
+        *,
+        started: float,
+        phases: dict[str, float],
+    ) -> CheckpointImage:
         image = seal_image(
             backend=self.name,
             workload=workload,
             image_dir=image_dir,
             started=started,
-            phases={"save_and_exit": saved - started, "move": moved - saved},
+            phases=phases,
             clock=self._clock,
             created_at=self._now(),
         )

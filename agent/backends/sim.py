@@ -2,7 +2,8 @@
 
 It keeps the same rules as the real backends, so sagas driven against simulated nodes
 fail where real ones would: only a running workload can be checkpointed, a workload never
-runs twice on one node, and an image of another backend is refused. Checkpoint time and
+runs twice on one node, an image of another backend is refused, and an interrupted
+checkpoint is recovered only if this node finished the dump. Checkpoint time and
 image size follow the workload's memory and a configured disk bandwidth.
 """
 
@@ -13,9 +14,11 @@ from datetime import datetime
 from pathlib import Path
 
 from agent.backends.base import (
+    CheckpointFailed,
     CheckpointImage,
     RestoreFailed,
     WorkloadNotRunning,
+    checkpoint_lost,
 )
 from agent.workload import RunningWorkload, WorkloadSpec, WorkloadState, utc_now
 
@@ -37,6 +40,9 @@ class SimBackend:
         self._now = now
         self._running: dict[str, RunningWorkload] = {}
         self._memory_bytes: dict[str, int] = {}
+        # Workloads whose dump this node finished, until they run again: the mark that
+        # recover_checkpoint() goes by, as CRIU's dump.log for the criu backend.
+        self._dumped: set[str] = set()
 
     def start(self, *, workload_id: str, memory_bytes: int) -> RunningWorkload:
         """Start a simulated workload holding memory_bytes of state."""
@@ -53,8 +59,21 @@ class SimBackend:
             raise WorkloadNotRunning(
                 f"workload {workload.id} is not running on this simulated node"
             )
-        memory_bytes = self._memory_bytes[workload.id]
         del self._running[workload.id]
+        self._dumped.add(workload.id)
+        return self._image(workload, image_dir)
+
+    def recover_checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
+        if self._running.get(workload.id) is not None:
+            raise CheckpointFailed(
+                f"workload {workload.id} still runs on this simulated node; checkpoint it again"
+            )
+        if workload.id not in self._dumped:
+            raise checkpoint_lost(workload, image_dir, "this node never finished its dump")
+        return self._image(workload, image_dir)
+
+    def _image(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
+        memory_bytes = self._memory_bytes[workload.id]
         workload.state = WorkloadState.CHECKPOINTED
         return CheckpointImage(
             workload=workload.spec,
@@ -99,4 +118,5 @@ class SimBackend:
         )
         self._running[spec.id] = workload
         self._memory_bytes[spec.id] = memory_bytes
+        self._dumped.discard(spec.id)
         return workload

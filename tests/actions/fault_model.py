@@ -18,8 +18,9 @@ What is simulated:
   ``agent.procs.is_same_process`` answers for those PIDs from the table, so the agent's
   own liveness checks see it. :class:`ModelBackend` is a checkpoint backend over it, with
   the rules of the real ones: only a running workload is checkpointed, the process is gone
-  when checkpoint returns, a restore verifies the image's checksums (real files) and
-  refuses to start a second copy on the node.
+  when checkpoint returns, a dump whose agent died before recording it is recovered only
+  if its log says it finished (CRIU's dump.log), a restore verifies the image's checksums
+  (real files) and refuses to start a second copy on the node.
 * the scheduler: :class:`ModelScheduler` (start, requeue with pin and hold, release,
   resize, reservations, and a read of its jobs). On a scheduler-owned cluster a start runs
   the job's batch step on the node, i.e. ``start_or_resume`` against that node's agent
@@ -59,7 +60,9 @@ from agent import foreground, procs, resume
 from agent.backends.base import (
     CheckpointImage,
     RestoreFailed,
+    checkpoint_lost,
     fresh_image_dir,
+    require_gone,
     require_running,
     seal_image,
     verify_image,
@@ -170,6 +173,17 @@ def job_spec(store: WorkloadStore, workload_id: str) -> WorkloadSpec:
     )
 
 
+DUMP_LOG = "dump.log"  # logs are not part of an image's manifest
+DUMP_DONE = "dump finished"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
 class ModelBackend:
     """A checkpoint backend over the process table, with the real backends' rules."""
 
@@ -185,6 +199,21 @@ class ModelBackend:
         image_dir = fresh_image_dir(workload, image_dir)
         (image_dir / "memory").write_text(f"state of {workload.id}")
         PROCESSES.kill(pid)  # a dump stops the process, as CRIU and the signal backend do
+        # Then it says the dump finished, as CRIU's dump.log does once the tree is gone.
+        (image_dir / DUMP_LOG).write_text(DUMP_DONE)
+        # Torn here, the agent dies in the longest window a real agent has: the image's
+        # checksum (seconds for a large CRIU image), before the workload is recorded
+        # CHECKPOINTED (tests/agent/test_interrupted_checkpoint.py tears it after that too).
+        self._torn()
+        return self._seal(workload, image_dir)
+
+    def recover_checkpoint(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
+        require_gone(workload)
+        if DUMP_DONE not in _read(image_dir / DUMP_LOG):
+            raise checkpoint_lost(workload, image_dir, "the dump did not finish")
+        return self._seal(workload, Path(image_dir).resolve())
+
+    def _seal(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
         image = seal_image(
             backend=self.name,
             workload=workload,
@@ -196,7 +225,6 @@ class ModelBackend:
         )
         workload.state = WorkloadState.CHECKPOINTED
         self.store.save(workload)
-        self._torn()
         return image
 
     def restore(
