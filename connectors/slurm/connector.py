@@ -22,6 +22,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,7 +48,23 @@ _JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
 # field for tools that administer jobs, which users cannot set.
 STEP_STAMP = "shaper-step:"
 _ADMIN_COMMENT = re.compile(r"(?:^|\s)AdminComment=(\S*)")
-_JOB_STATE = re.compile(r"(?:^|\s)JobState=(\S+)")
+_RESTARTS = re.compile(r"(?:^|\s)Restarts=(\d+)")
+_PRIORITY = re.compile(r"(?:^|\s)Priority=(\d+)")
+
+
+@dataclass(frozen=True)
+class _JobControl:
+    admin_comment: str
+    restarts: int
+    held: bool
+
+    def stamped_restarts(self, key: str) -> int | None:
+        """The restart count this step's stamp recorded; None when it is not stamped."""
+        prefix = f"{STEP_STAMP}{key}:"
+        if not self.admin_comment.startswith(prefix):
+            return None
+        count = self.admin_comment[len(prefix) :]
+        return int(count) if count.isdigit() else None
 
 
 def _already(message: str, *markers: str) -> bool:
@@ -152,33 +169,37 @@ class SlurmConnector:
         again only when a plan starts it.
 
         With a step key (``set_step_key``) the job's AdminComment is stamped
-        ``shaper-step:<key>`` before it is released: a resend of the step that finds its
-        stamp on a job no longer pending (it ran again since) changes nothing, and one that
-        finds it pending finishes the pin and the release.
+        ``shaper-step:<key>:<restarts>`` (its restart count then) before it is requeued.
+        A resend of the step that finds its stamp tells by the restart count whether the
+        requeue happened: not yet → requeue; yes and the job still held → finish the pin
+        and the release; yes and no longer held (released, run again since) → nothing, for
+        requeueing it once more would throw that work away.
         """
         job_id = self._job_id(external_id)
         what = f"requeue job {job_id}"
         pin = nodes is not None or exclude is not None
-        stamp = self._step_keys.pop(job_id, None)
-        if stamp is not None:
-            stamp = f"{STEP_STAMP}{stamp}"
-            comment, state = self._admin_comment_and_state(job_id, what=what)
-            if comment == stamp and state != "PENDING":
-                # This step requeued the job before (its answer was lost) and it has run
-                # again since: requeueing it once more would throw that work away.
-                logger.info("%s: done by an earlier delivery of this step (%s)", what, state)
-                return
-        try:
-            self._cli.run(["scontrol", "requeuehold", job_id], what=what)
-        except ConnectorError as error:
-            if not _already(str(error), "pending"):
-                raise
-            if not pin and not hold:
-                return
-            self._scontrol("hold", job_id, what=what)
-        if stamp is not None:
-            # Before the release below: from here on a resend sees that this step did it.
-            self._scontrol("update", f"JobId={job_id}", f"AdminComment={stamp}", what=what)
+        key = self._step_keys.pop(job_id, None)
+        requeued = False
+        if key is not None:
+            job = self._job_control(job_id, what=what)
+            stamped_at = job.stamped_restarts(key)
+            if stamped_at is not None and job.restarts > stamped_at:
+                if not job.held:
+                    logger.info("%s: done by an earlier delivery of this step", what)
+                    return
+                requeued = True  # held by this step's requeuehold: finish below
+            elif stamped_at is None:
+                stamp = f"{STEP_STAMP}{key}:{job.restarts}"
+                self._scontrol("update", f"JobId={job_id}", f"AdminComment={stamp}", what=what)
+        if not requeued:
+            try:
+                self._cli.run(["scontrol", "requeuehold", job_id], what=what)
+            except ConnectorError as error:
+                if not _already(str(error), "pending"):
+                    raise
+                if not pin and not hold:
+                    return
+                self._scontrol("hold", job_id, what=what)
         try:
             if nodes is not None:
                 self._scontrol(
@@ -200,17 +221,21 @@ class SlurmConnector:
             raise ConnectorError(f"a step key with white space: {step_key!r}", retryable=False)
         self._step_keys[self._job_id(external_id)] = step_key
 
-    def _admin_comment_and_state(self, job_id: str, *, what: str) -> tuple[str, str]:
-        """The job's AdminComment and JobState, from ``scontrol show job`` (a job gone
-        from slurmctld's memory has neither)."""
-        try:
-            shown = self._cli.run(["scontrol", "show", "job", "--oneliner", job_id], what=what)
-        except ConnectorError as error:
-            if _already(str(error), "invalid job id"):
-                return "", ""
-            raise
-        comment, state = _ADMIN_COMMENT.search(shown), _JOB_STATE.search(shown)
-        return (comment.group(1) if comment else ""), (state.group(1) if state else "")
+    def _job_control(self, job_id: str, *, what: str) -> _JobControl:
+        """What a requeue's resend needs of the job, from ``scontrol show job``."""
+        shown = self._cli.run(["scontrol", "show", "job", "--oneliner", job_id], what=what)
+
+        def field(pattern: re.Pattern[str]) -> str:
+            found = pattern.search(shown)
+            return found.group(1) if found else ""
+
+        restarts = field(_RESTARTS)
+        return _JobControl(
+            admin_comment=field(_ADMIN_COMMENT),
+            restarts=int(restarts) if restarts.isdigit() else 0,
+            # A held job's priority is 0 (scontrol hold, requeuehold).
+            held=field(_PRIORITY) == "0",
+        )
 
     def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
         """Start a pending or held job, pinned to ``nodes`` (in its reservation when it has

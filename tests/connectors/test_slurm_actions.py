@@ -431,6 +431,30 @@ def test_a_requeue_resent_after_its_answer_was_lost_does_not_requeue_again(
 
 
 @pytest.mark.slow
+def test_a_requeue_resent_after_it_stopped_short_of_the_release_releases_the_job(
+    slurm: SlurmCluster,
+) -> None:
+    """The first delivery requeued and held the job, then died (or its release timed out)
+    before letting it go: the resend, finding its stamp and the restart it caused, does
+    not requeue again and does not leave the job held — it releases it."""
+    job_id = slurm.sbatch("--gres=gpu:1", "-w", "node2", "-J", "half-done")
+    slurm.wait_state(job_id, "RUNNING")
+    connector = slurm.connector()
+    connector.set_step_key(job_id, "restart-7")
+    # Stopped short of the release: the same as a requeue that was told to hold.
+    connector.requeue(job_id, hold=True)
+    assert "AdminComment=shaper-step:restart-7:0" in slurm.scontrol_job(job_id)
+    assert restarts(slurm, job_id) == 1
+    assert "Priority=0" in slurm.scontrol_job(job_id)
+
+    resend = slurm.connector()
+    resend.set_step_key(job_id, "restart-7")
+    resend.requeue(job_id)
+    slurm.wait_state(job_id, "RUNNING")  # released, and runs after cred_expire
+    assert restarts(slurm, job_id) == 1
+
+
+@pytest.mark.slow
 def test_cancel_and_refusals(slurm: SlurmCluster, worker: ConnectorWorker) -> None:
     job_id = slurm.sbatch("--gres=gpu:1", "-J", "doomed")
     slurm.wait_state(job_id, "RUNNING")
