@@ -8,8 +8,9 @@ The algorithm, in one background thread per collection:
    BOOKMARK annotated ``k8s.io/initial-events-end`` ends them, and the same stream goes on
    as the watch of step 2. The server writes objects while the connector parses them,
    instead of the two taking turns page by page, and no page is held whole in memory.
-   A server that refuses it (400/422, the feature off) or ends the stream before that
-   bookmark is listed in pages (``limit``/``continue``, a consistent read) from then on.
+   A server that refuses it (400/422, the feature off) or ignores it (a plain watch's
+   events before that bookmark) is listed in pages (``limit``/``continue``, a consistent
+   read) from then on; a stream that merely ends early is followed by pages this time.
    Either way the cache becomes exactly that list, and its ``resourceVersion`` is where
    the watch starts. The informer is *synced* from here on.
 2. **Watch** from that resource version with ``allowWatchBookmarks=true`` and a server-side
@@ -328,9 +329,12 @@ class Informer:
             # bookmarks without the annotation.
             return self._no_stream_list(f"a {kind} event before the initial events ended")
         else:
-            # The stream ended before the bookmark: a server without streaming lists
-            # (its plain watch from "now" sends every object as ADDED, then nothing more).
-            return self._no_stream_list("the stream ended before its initial events did")
+            # The stream ended before the bookmark: a server shutting down, or a list
+            # longer than the watch's timeout. This list goes by pages; the next one
+            # streams again (a server that ignores sendInitialEvents sends bookmarks
+            # without the annotation, or other events, and is caught above).
+            logger.info("%s: the streaming list ended early; listing in pages", self.name)
+            return False
         self.error = None
         for line in lines:
             if self._stop.is_set():

@@ -123,18 +123,22 @@ def test_a_streaming_list_fills_the_cache_and_the_same_stream_goes_on_as_the_wat
 
 
 @pytest.mark.parametrize(
-    "refusal",
+    ("refusal", "streams_later"),
     [
-        ApiException(status=422, reason="sendInitialEvents is forbidden"),
-        # A server that ignores sendInitialEvents: a plain watch's ADDED events, then the
-        # stream ends (or goes on) without the bookmark.
-        Response(events=[added("a"), added("b")]),
-        Response(events=[added("a"), {"type": "MODIFIED", "object": pod("a", "2")}]),
+        (ApiException(status=422, reason="sendInitialEvents is forbidden"), False),
+        # A server that ignores sendInitialEvents: a plain watch's events, or bookmarks
+        # without the annotation, before any end of initial events.
+        (Response(events=[added("a"), {"type": "MODIFIED", "object": pod("a", "2")}]), False),
+        (Response(events=[added("a"), {"type": "BOOKMARK", "object": pod("a", "2")}]), False),
+        # A stream that ends early (a server shutting down, a list longer than the
+        # watch's timeout) says nothing of the server: this list goes by pages, the next
+        # streams again.
+        (Response(events=[added("a"), added("b")]), True),
     ],
-    ids=["refused", "ended-without-bookmark", "plain-watch-events"],
+    ids=["refused", "plain-watch-events", "plain-bookmark", "ended-early"],
 )
-def test_a_server_without_streaming_lists_is_listed_in_pages_from_then_on(
-    refusal: Response | ApiException,
+def test_a_streaming_list_that_fails_is_listed_in_pages(
+    refusal: Response | ApiException, streams_later: bool
 ) -> None:
     pages = [
         Response(body={"items": [pod("a")], "metadata": {"continue": "next"}}),
@@ -143,7 +147,7 @@ def test_a_server_without_streaming_lists_is_listed_in_pages_from_then_on(
     server = ScriptedServer([refusal, *pages])
     informer = informer_on(server)
     run_until_listed(informer, server)
-    assert informer.stream_list is False and informer.lists == 1
+    assert informer.stream_list is streams_later and informer.lists == 1
     assert sorted(obj["metadata"]["name"] for obj in informer.items()) == ["a", "b"]
     assert informer.resource_version == "7"
     assert [q.get("limit") for q in server.queries[1:3]] == ["500", "500"]
