@@ -2,9 +2,12 @@
 (nodes with their open allocations, recent busy samples per node, pending jobs, proposals
 waiting for a decision), so one request stays cheap at 10,000 GPUs and 100,000 jobs.
 
-Idle-but-allocated is judged per node: the mean of the node's ``gpu_util`` samples (per
-GPU or node-wide) over the recent window, against the busy threshold the idle diagnosis
-uses, applied to every GPU allocated on that node.
+Idle-but-allocated is judged per allocated GPU against the busy threshold the idle
+diagnosis uses, over the recent window: by the mean of that GPU's own ``gpu_util``
+samples when the allocation names its GPUs and they are measured one by one; else by the
+node-wide samples (no ``gpu_index``) when there are some. Free GPUs' samples never count:
+a node with one busy job and seven free GPUs at 0 % is not idle. An allocation that can be
+judged neither way (no GPU indices, and only per-GPU samples on its node) is unmeasured.
 """
 
 from __future__ import annotations
@@ -39,17 +42,18 @@ def fleet_overview(
     clusters = cluster_service.list_clusters(session=session)
     figures = {row_id(c): ClusterFigures(cluster=c.name, mode=str(c.mode)) for c in clusters}
 
-    busy_rows = session.execute(
-        sa.select(col(TelemetrySample.node_id), sa.func.avg(col(TelemetrySample.value)))
-        .where(
-            col(TelemetrySample.metric) == Metric.gpu_util.value,
-            col(TelemetrySample.at) > now - recent,
-            col(TelemetrySample.at) <= now,
-            col(TelemetrySample.node_id).is_not(None),
-        )
-        .group_by(col(TelemetrySample.node_id))
+    node_wide, per_gpu = _recent_busy(session, now - recent, now)
+    idle_on: defaultdict[int, int] = defaultdict(int)
+    unmeasured_on: defaultdict[int, int] = defaultdict(int)
+    allocations = session.execute(
+        sa.select(
+            col(Allocation.node_id), col(Allocation.gpu_count), col(Allocation.gpu_indices)
+        ).where(col(Allocation.released_at).is_(None))
     ).tuples()
-    busy_by_node = {node_id: float(busy) for node_id, busy in busy_rows}
+    for node_id, count, indices in allocations:
+        idle, unmeasured = _judge(node_id, count, indices, node_wide, per_gpu, busy_threshold)
+        idle_on[node_id] += idle
+        unmeasured_on[node_id] += unmeasured
     held = (
         sa.select(
             col(Allocation.node_id), sa.func.sum(col(Allocation.gpu_count)).label("allocated")
@@ -79,11 +83,9 @@ def fleet_overview(
         cluster.allocated += allocated
         if state == NodeState.up:
             cluster.free += gpu_count - allocated
-        busy = busy_by_node.get(node_id)
-        if busy is None:
-            cluster.unmeasured_allocated += allocated
-        elif busy < busy_threshold:
-            cluster.idle_allocated += allocated
+        idle = min(idle_on[node_id], allocated)
+        cluster.idle_allocated += idle
+        cluster.unmeasured_allocated += min(unmeasured_on[node_id], allocated - idle)
 
     # A block job asks for gpus_requested in all; an elastic service that much per replica.
     asked = sa.case(
@@ -132,3 +134,50 @@ def fleet_overview(
         clusters=sorted(figures.values(), key=lambda c: c.cluster),
         fleet=GpuFigures(**totals),
     )
+
+
+def _recent_busy(
+    session: Session, since: datetime, until: datetime
+) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+    """Mean ``gpu_util`` over (since, until]: per node from node-wide samples, and per
+    (node, GPU index) from per-GPU ones."""
+    rows = session.execute(
+        sa.select(
+            col(TelemetrySample.node_id),
+            col(TelemetrySample.gpu_index),
+            sa.func.avg(col(TelemetrySample.value)),
+        )
+        .where(
+            col(TelemetrySample.metric) == Metric.gpu_util.value,
+            col(TelemetrySample.at) > since,
+            col(TelemetrySample.at) <= until,
+            col(TelemetrySample.node_id).is_not(None),
+        )
+        .group_by(col(TelemetrySample.node_id), col(TelemetrySample.gpu_index))
+    ).tuples()
+    node_wide: dict[int, float] = {}
+    per_gpu: dict[tuple[int, int], float] = {}
+    for node_id, index, busy in rows:
+        if index is None:
+            node_wide[node_id] = float(busy)
+        else:
+            per_gpu[(node_id, index)] = float(busy)
+    return node_wide, per_gpu
+
+
+def _judge(
+    node_id: int,
+    count: int,
+    indices: list[int] | None,
+    node_wide: dict[int, float],
+    per_gpu: dict[tuple[int, int], float],
+    threshold: float,
+) -> tuple[int, int]:
+    """(idle, unmeasured) GPUs of one open allocation (module docstring)."""
+    if indices and any((node_id, i) in per_gpu for i in indices):
+        measured = [per_gpu.get((node_id, i)) for i in indices]
+        idle = sum(1 for busy in measured if busy is not None and busy < threshold)
+        return idle, sum(1 for busy in measured if busy is None)
+    if node_id in node_wide:
+        return (count if node_wide[node_id] < threshold else 0), 0
+    return 0, count

@@ -107,5 +107,42 @@ def test_threshold_and_window_are_parameters(client: TestClient, auth: dict) -> 
     assert bad.json()["error"]["field"] == "busy_threshold"
 
 
+def test_free_gpus_samples_do_not_make_a_busy_job_idle(
+    client: TestClient, auth: dict, clock: FrozenClock
+) -> None:
+    """Per-GPU samples: job a on GPU 0 at 70 %, the node's seven free GPUs at 0 % (a node
+    mean of 9 %); job b on GPUs 0-3 of another node at 2 % beside job c on GPUs 4-7 at
+    100 %. Only b's four GPUs are idle."""
+    created = client.post(
+        "/api/v1/clusters", headers=auth["admin"], json={"name": "alpha", "scheduler": "sim"}
+    )
+    assert created.status_code == 201, created.text
+    now = clock.now() - timedelta(minutes=1)
+
+    def gpu_sample(node_name: str, index: int, value: float) -> dict:
+        return {**util_sample(node_name, now, value), "gpu_index": index}
+
+    samples = [gpu_sample("n1", 0, 0.7), *(gpu_sample("n1", i, 0.0) for i in range(1, 8))]
+    samples += [gpu_sample("n2", i, 0.02) for i in range(4)]
+    samples += [gpu_sample("n2", i, 1.0) for i in range(4, 8)]
+    jobs = [
+        running("a", "n1", [0]),
+        running("b", "n2", [0, 1, 2, 3]),
+        running("c", "n2", [4, 5, 6, 7]),
+    ]
+    response = client.post(
+        URL,
+        headers=auth["connector_alpha"],
+        json=snapshot(1, nodes=[node("n1"), node("n2")], jobs=jobs, samples=samples),
+    )
+    assert response.status_code == 200, response.text
+    alpha = client.get("/api/v1/overview", headers=auth["viewer"]).json()["clusters"][0]
+    assert (alpha["allocated"], alpha["idle_allocated"], alpha["unmeasured_allocated"]) == (
+        9,
+        4,
+        0,
+    )
+
+
 def test_needs_a_viewer_token(client: TestClient) -> None:
     assert client.get("/api/v1/overview").status_code == 401
