@@ -32,6 +32,7 @@ when every series has grown by an hour, 15 ms when none has.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 import zlib
@@ -43,6 +44,8 @@ from statistics import NormalDist
 import numpy as np
 from statsmodels.tools.sm_exceptions import ConvergenceWarning
 from statsmodels.tsa.exponential_smoothing.ets import ETSModel
+
+logger = logging.getLogger(__name__)
 
 SEASON = 24  # hourly steps in a day
 STEP_S = 3600
@@ -180,18 +183,20 @@ def _ets_forecast(
         # A flat or perfectly periodic series converges to a bound, and its residuals are
         # all zero (statsmodels then divides 0 by 0 for diagnostics nobody reads here):
         # still the best fit, with a zero-width interval.
+        # A series with wild values overflows on the way (the caller checks that what
+        # comes out is finite and falls back when it is not).
         warnings.simplefilter("ignore", ConvergenceWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         results = model.fit(disp=False) if params is None else model.smooth(params)
-    mean = np.asarray(results.forecast(steps), dtype=float)
-    upper = _ana_upper(
-        mean,
-        alpha=float(results.smoothing_level),
-        gamma=float(results.smoothing_seasonal),
-        sigma2=float(results.mse),
-        season=season,
-        quantile=quantile,
-    )
+        mean = np.asarray(results.forecast(steps), dtype=float)
+        upper = _ana_upper(
+            mean,
+            alpha=float(results.smoothing_level),
+            gamma=float(results.smoothing_seasonal),
+            sigma2=float(results.mse),
+            season=season,
+            quantile=quantile,
+        )
     forecast = DemandForecast(
         mean=tuple(float(v) for v in mean),
         upper=tuple(float(v) for v in upper),
@@ -226,6 +231,11 @@ class DemandForecaster:
         self.refit_s = refit_s
         self.season = season
         self._fits: dict[str, _Fit] = {}
+        # When each service last asked: fits of services not seen for two refit periods
+        # (ended, deleted, moved) go, so a long-lived process does not keep every
+        # service it ever saw.
+        self._used: dict[str, float] = {}
+        self._pruned_at: float | None = None
         self.fits = 0  # parameter estimations run (the costly step), for tests and benches
 
     def forecast(
@@ -251,9 +261,23 @@ class DemandForecaster:
             and cached.forecast.quantile == quantile
         ):
             return cached.forecast
+        self._used[key] = now
+        self._prune(now)
         stale = cached is None or now - cached.fitted_at >= self._refit_after(key)
         params = None if stale or cached is None else cached.params
-        forecast, fitted = _ets_forecast(frozen, steps, quantile, self.season, params)
+        try:
+            forecast, fitted = _ets_forecast(frozen, steps, quantile, self.season, params)
+        except (ArithmeticError, ValueError, np.linalg.LinAlgError) as error:
+            # One odd series (a spike of 1e300, a degenerate fit) must not stop the cycle
+            # that plans every other job: this service falls back, the next cycle tries
+            # again.
+            logger.warning("service %s: ETS failed (%r); seasonal-naive instead", key, error)
+            self._fits.pop(key, None)
+            return seasonal_naive_forecast(series, steps, quantile, self.season)
+        if not all(math.isfinite(v) for v in (*forecast.mean, *forecast.upper)):
+            logger.warning("service %s: ETS gave a non-finite forecast; seasonal-naive", key)
+            self._fits.pop(key, None)
+            return seasonal_naive_forecast(series, steps, quantile, self.season)
         if stale:
             self.fits += 1
         fitted_at = now if stale or cached is None else cached.fitted_at
@@ -264,6 +288,15 @@ class DemandForecaster:
         """``refit_s`` to 1.5 × ``refit_s``, fixed per service: services fitted in the same
         cycle (all of them, after a restart) do not all refit in the same cycle again."""
         return self.refit_s * (1.0 + (zlib.crc32(key.encode()) % 1000) / 2000)
+
+    def _prune(self, now: float) -> None:
+        if self._pruned_at is not None and now - self._pruned_at < self.refit_s:
+            return
+        self._pruned_at = now
+        for key, used in list(self._used.items()):
+            if now - used > 2 * self.refit_s:
+                del self._used[key]
+                self._fits.pop(key, None)
 
     def forget(self, keep: set[str]) -> None:
         """Drop the fits of services no longer seen (ended, deleted)."""

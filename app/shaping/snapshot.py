@@ -643,4 +643,9 @@ def _forecast(
         return (max(0, math.ceil(latest)),)
     ahead = forecaster.forecast(key, series, FORECAST_STEPS, now=now, quantile=quantile)
     steps = [latest, *ahead.upper[1:FORECAST_STEPS]]
-    return tuple(max(0, math.ceil(v - 1e-9)) for v in steps)
+    # The solver clamps to the service's range anyway; clamped here first so that a wild
+    # sample (1e300 replicas) cannot overflow ceil() and stop the cycle.
+    cap = max(row.max_replicas, row.replicas, 1)
+    return tuple(
+        max(0, math.ceil(min(v, cap) - 1e-9)) if math.isfinite(v) else cap for v in steps
+    )

@@ -110,3 +110,18 @@ def test_hourly_series_means_fills_gaps_and_leaves_the_current_hour_out() -> Non
 )
 def test_the_quantile_follows_the_sla_demand_target(target: float | None, quantile: float) -> None:
     assert fd.quantile_for(target) == quantile
+
+
+def test_a_series_ets_cannot_take_falls_back_and_old_fits_are_dropped() -> None:
+    """A wild spike (1e300 replicas) in a service's history must not stop the cycle: the
+    forecast falls back to seasonal-naive and stays finite; a service not asked about for
+    two refit periods loses its fit."""
+    forecaster = fd.DemandForecaster(refit_s=3600)
+    calm = [2.0 + (h % 24 == 12) for h in range(24 * 3)]
+    wild = [*calm[:-1], 1e300]
+    ahead = forecaster.forecast("wild", wild, 6, now=0.0, quantile=0.9)
+    assert all(math.isfinite(v) for v in (*ahead.mean, *ahead.upper))
+    forecaster.forecast("calm", calm, 6, now=0.0, quantile=0.9)
+    assert "calm" in forecaster._fits
+    forecaster.forecast("other", calm, 6, now=3 * 3600.0, quantile=0.9)
+    assert "calm" not in forecaster._fits and "other" in forecaster._fits
