@@ -108,3 +108,15 @@ def cancel_action(
     session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: int
 ) -> ActionPublic:
     return _decide(session, clock, actor, action_id, ActionState.cancelled)
+
+
+@router.post("/{action_id}/abandon", responses=ILLEGAL_MOVE, **scoped("operator"))
+def abandon_action(
+    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: int
+) -> ActionPublic:
+    """Give up on a compensating action whose executor will never answer (its node gone
+    for good): it ends failed and its saga stops. 409 for any other state."""
+    service.abandon(
+        session=session, action_id=action_id, by=actor.name, now=clock.now(), actor=actor
+    )
+    return service.get_action(session=session, action_id=action_id)

@@ -126,6 +126,46 @@ def transition(
     return action
 
 
+def abandon(
+    *, session: Session, action_id: int, by: str, now: datetime, actor: Actor | None = None
+) -> Action:
+    """An operator gives up on an action whose compensation cannot finish: the saga resends
+    an unanswered compensation step until it is answered (app.actions.saga), which never
+    happens when its executor is gone for good (a node removed). The action ends
+    ``failed`` with the reason, the saga stops, its job is no longer locked, and what the
+    scheduler reports next is what the control plane believes. Only a ``compensating``
+    action can be abandoned: anything else is a Conflict."""
+    action = lock_action(session, action_id)
+    current = ActionState(action.state)
+    if current is not ActionState.compensating:
+        raise Conflict(
+            f"action {action_id} is {current.value}; only a compensating action can be abandoned",
+            resource="action",
+            resource_id=action_id,
+            details={"state": current.value},
+        )
+    _decide(action, ActionState.failed, by, now)
+    before = f"; it had failed with: {action.error}" if action.error else ""
+    action.error = (
+        f"abandoned by {by} while compensating{before}; the job is where its scheduler "
+        "reports it next"
+    )[:2000]
+    session.add(action)
+    ended(session=session, action=action, now=now)
+    audit.record(
+        session=session,
+        actor=actor,
+        verb="abandon",
+        object_type=AuditObject.action,
+        object_id=action_id,
+        now=now,
+        changes={"state": [current.value, ActionState.failed.value]},
+    )
+    session.commit()
+    session.refresh(action)
+    return action
+
+
 DECISION_VERBS = {
     ActionState.approved: "approve",
     ActionState.rejected: "reject",

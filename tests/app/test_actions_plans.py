@@ -65,3 +65,30 @@ def test_state_machine_has_no_way_out_of_terminal_states() -> None:
     ):
         assert TRANSITIONS[state] == frozenset()
     assert set(TRANSITIONS) == set(ActionState)
+
+
+def test_a_compensating_action_can_be_abandoned_and_nothing_else(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock, proposed: int
+) -> None:
+    """A compensation whose executor is gone for good is resent for ever (app.actions.saga);
+    an operator ends it, failed, saying so; its saga then sends nothing more."""
+    from app.actions import saga
+    from app.actions.models import Action
+
+    url = f"/api/v1/actions/{proposed}/abandon"
+    assert client.post(url, headers=auth["operator"]).status_code == 409  # proposed
+    action = session.get(Action, proposed)
+    assert action is not None
+    action.state, action.error = ActionState.compensating, "restore on n2 unanswered"
+    session.add(action)
+    session.commit()
+    assert client.post(url, headers=auth["viewer"]).status_code == 403
+    abandoned = client.post(url, headers=auth["operator"])
+    assert abandoned.status_code == 200, abandoned.text
+    body = abandoned.json()
+    assert body["state"] == "failed" and body["finished_at"] is not None
+    assert body["error"].startswith("abandoned by operator while compensating")
+    assert "restore on n2 unanswered" in body["error"]
+    session.expire_all()
+    assert saga.advance(session=session, action_id=proposed, now=clock.now()) == []
+    assert client.post(url, headers=auth["operator"]).status_code == 409  # failed now
