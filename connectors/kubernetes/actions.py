@@ -555,7 +555,10 @@ def _stop_for_resume(
         )
     suspended_here = False
     if not current.spec.suspend:
-        _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": True}})
+        # A restart's stamp from an earlier step goes with this stop (null removes it in a
+        # merge patch): a late resend of that restart must not take this stop for its own.
+        body = {"metadata": {"annotations": {STOPPED_BY_STEP: None}}, "spec": {"suspend": True}}
+        _patch_job(api, namespace=namespace, job=job, body=body)
         suspended_here = True
     try:
         _prepare_stopped(

@@ -273,6 +273,9 @@ class SlurmConnector:
 
     def suspend(self, external_id: str) -> None:
         job_id = self._job_id(external_id)
+        # Idempotent as it is (a suspended job stays suspended): no stamp, and the key the
+        # executor handed over for it is not kept.
+        self._step_keys.pop(job_id, None)
         self._scontrol(
             "suspend", job_id, what=f"suspend job {job_id}", ok_if=("already suspended",)
         )
