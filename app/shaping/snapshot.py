@@ -646,6 +646,4 @@ def _forecast(
     # The solver clamps to the service's range anyway; clamped here first so that a wild
     # sample (1e300 replicas) cannot overflow ceil() and stop the cycle.
     cap = max(row.max_replicas, row.replicas, 1)
-    return tuple(
-        max(0, math.ceil(min(v, cap) - 1e-9)) if math.isfinite(v) else cap for v in steps
-    )
+    return tuple(max(0, math.ceil(min(v, cap) - 1e-9)) if math.isfinite(v) else cap for v in steps)
