@@ -65,6 +65,16 @@ class Cluster(ClusterBase, table=True):
     last_seq: int | None = Field(
         default=None, sa_column=sa.Column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"))
     )
+    # Sequence numbers the live sessions skipped (pushes that never landed: a snapshot
+    # accepted with seq > last_seq + 1 counts the gap), summed over the cluster's life.
+    seq_gaps: int = Field(
+        default=0,
+        sa_column=sa.Column(
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            nullable=False,
+            server_default="0",
+        ),
+    )
     # [[seq, digest], …]: the live session's last accepted pushes, to tell replays apart.
     recent_pushes: list[list[int | str]] = json_column(list)
     # [{"session", "since", "superseded_at", "last_seq"}, …]: sessions that lost the cluster.

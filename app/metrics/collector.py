@@ -12,7 +12,12 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
-from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from sqlmodel import Session
 
 from app.actions.models import Action, ActionKind, ActionState
@@ -262,19 +267,27 @@ class DatabaseCollector:
             "sequence number of the live connector session's last accepted push",
             labels=["cluster"],
         )
+        gaps = CounterMetricFamily(
+            "shaper_telemetry_seq_gaps",
+            "sequence numbers the cluster's connector sessions skipped: pushes built that "
+            "never landed",
+            labels=["cluster"],
+        )
         rows = self.session.execute(
-            sa.select(CLUSTERS.c.name, CLUSTERS.c.last_seen_at, CLUSTERS.c.last_seq).order_by(
-                CLUSTERS.c.name
-            )
+            sa.select(
+                CLUSTERS.c.name, CLUSTERS.c.last_seen_at, CLUSTERS.c.last_seq, CLUSTERS.c.seq_gaps
+            ).order_by(CLUSTERS.c.name)
         ).all()
-        for name, last_seen_at, last_seq in rows:
+        for name, last_seen_at, last_seq, seq_gaps in rows:
             if last_seen_at is not None:
                 seen = _aware(last_seen_at, self.now)
                 age.add_metric([name], max((self.now - seen).total_seconds(), 0.0))
             if last_seq is not None:
                 seq.add_metric([name], last_seq)
+            gaps.add_metric([name], seq_gaps or 0)
         yield age
         yield seq
+        yield gaps
 
     def _idle(self) -> Metric:
         idle = GaugeMetricFamily(

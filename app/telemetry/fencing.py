@@ -20,12 +20,13 @@ push, and jobs one had seen finish would run again.
 4. A snapshot from a session never seen takes the cluster over (``Admission.takes_over``).
 
 ``record`` then (after the push is written, in the same transaction) stores the seq and
-digest, and on a take-over moves the previous session to ``superseded_sessions`` (the last
-``SUPERSEDED_KEPT``; one older than that would count as new again) and starts an empty
-digest window for the new one.
+digest, adds the seqs the live session skipped to ``seq_gaps``, and on a take-over moves
+the previous session to ``superseded_sessions`` (the last ``SUPERSEDED_KEPT``; one older
+than that would count as new again) and starts an empty digest window for the new one.
 
-The digest is SHA-256 of the push as the wire schema serializes it: two bodies that parse
-to the same push (key order, spacing, defaults written out or not) are the same content.
+The digest is SHA-256 of the push as the wire schema serializes it: two bodies that
+parse to the same push (key order, spacing, defaults written out or not) are the same
+content.
 """
 
 from __future__ import annotations
@@ -147,6 +148,10 @@ def record(
         cluster.connector_session = push.connector_session
         cluster.connector_session_since = now
         pushes = []
+    elif cluster.last_seq is not None and push.seq > cluster.last_seq + 1:
+        # The same session skipped seqs (a delta refused for a gap, then this snapshot):
+        # pushes it built that never landed, for shaper_telemetry_seq_gaps_total.
+        cluster.seq_gaps = (cluster.seq_gaps or 0) + push.seq - cluster.last_seq - 1
     entry: list[int | str] = [push.seq, content_digest]
     cluster.recent_pushes = [*pushes, entry][-REPLAY_WINDOW:]
     cluster.last_seq = push.seq

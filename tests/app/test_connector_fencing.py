@@ -116,6 +116,22 @@ def test_replays_are_told_apart_by_content(push: Any, session: Session) -> None:
     assert _code(push(delta(8, jobs=[running("j1", "n1", [3])]))) == (409, "replay_mismatch")
 
 
+def test_skipped_seqs_are_counted_as_gaps_and_exported(
+    push: Any, session: Session, client: TestClient, auth: dict
+) -> None:
+    """seq 1 and 2 land, 3 and 4 never do (a delta refused for its gap), then snapshot 5:
+    two skipped. A new session taking over starts afresh and adds none; /metrics says so."""
+    assert push(snapshot(1)).status_code == 200
+    assert push(delta(2)).status_code == 200
+    assert _code(push(delta(4))) == (409, "snapshot_required")
+    assert push(snapshot(5)).status_code == 200
+    assert _cluster(session).seq_gaps == 2
+    assert push(snapshot(40, session="s2")).status_code == 200  # takes over: not a gap
+    assert _cluster(session).seq_gaps == 2
+    metrics = client.get("/metrics", headers=auth["viewer"]).text
+    assert 'shaper_telemetry_seq_gaps_total{cluster="alpha"} 2.0' in metrics
+
+
 def test_only_the_last_pushes_can_be_replayed(push: Any) -> None:
     for seq in range(REPLAY_WINDOW + 1):
         assert push(snapshot(seq)).status_code == 200
