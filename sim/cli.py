@@ -55,7 +55,7 @@ from sim.run import (
 )
 from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
 from sim.settings import default_results_dir
-from sim.sweep import parse_seeds, summarize_sweep, sweep, sweep_json
+from sim.sweep import parse_seeds, parse_solver_overrides, summarize_sweep, sweep, sweep_json
 from sim.traces import (
     ALIBABA_NODE_LIST,
     KINDS,
@@ -295,6 +295,13 @@ def sweep_cmd(
     seeds: Annotated[str, typer.Option(help="e.g. 1-20 or 3,5,8")] = "1-20",
     policies: Annotated[str, typer.Option(help="comma-separated")] = "shaper",
     baseline: Annotated[str, typer.Option(help="gains are measured against it")] = "fifo",
+    solver: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="SolverConfig override, repeatable (e.g. gang_aware_placement=true)",
+        ),
+    ] = None,
     out: OutOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
@@ -306,6 +313,10 @@ def sweep_cmd(
         chosen = parse_seeds(seeds)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--seeds") from exc
+    try:
+        overrides = parse_solver_overrides(solver or [])
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise typer.BadParameter(str(exc), param_hint="--solver") from exc
     _load(scenario, chosen[0])  # a bad scenario fails before the first run
     with progress_bar(progress, f"{scenario} over {len(chosen)} seeds") as callback:
         done = iter(range(1, len(chosen) + 1))
@@ -315,6 +326,7 @@ def sweep_cmd(
             names,
             baseline=baseline,
             on_seed=(lambda _seed: callback(next(done), len(chosen))) if callback else None,
+            solver_config=overrides,
         )
     console.print(sweep_markdown(rows, summarize_sweep(rows), baseline), markup=False)
     if out is not None:

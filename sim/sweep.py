@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sim.run import compare
 from sim.scenario import load_scenario
+from solver.instance import SolverConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,19 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_solver_overrides(items: Sequence[str]) -> dict[str, object]:
+    """``["gang_aware_placement=true", ...]`` → ``SolverConfig`` overrides, checked against
+    its fields (pydantic coerces the strings when the config is built)."""
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"solver: {item!r} is not KEY=VALUE")
+        overrides[key.strip()] = value.strip()
+    SolverConfig.model_validate(overrides)  # an unknown key or a bad value fails here
+    return overrides
+
+
 def sweep(
     scenario: str,
     seeds: Sequence[int],
@@ -80,11 +94,17 @@ def sweep(
     *,
     baseline: str = "fifo",
     on_seed: Callable[[int], None] | None = None,
+    solver_config: Mapping[str, object] | None = None,
 ) -> list[SeedRow]:
+    """``solver_config``: overrides of the scenario's ``SolverConfig`` (the shaper's
+    levers; the baselines ignore them)."""
     names = list(dict.fromkeys([baseline, *policies]))
     rows: list[SeedRow] = []
     for seed in seeds:
-        results = compare(load_scenario(scenario, seed=seed), names, drain=False)
+        workload = load_scenario(scenario, seed=seed)
+        if solver_config:
+            workload = replace(workload, solver_config={**workload.solver_config, **solver_config})
+        results = compare(workload, names, drain=False)
         base = results[baseline].metrics
         for name in names:
             m = results[name].metrics

@@ -56,6 +56,8 @@ def realise(model: PlacementModel, solver: cp_model.CpSolver, engine: GreedyEngi
                     if node is None:
                         break
                     replicas = min(missing, state.replicas_fitting(job, node))
+                    if state.gang_fit is not None:
+                        replicas = 1  # each replica where it leaves the least waste
                     if cap is not None:
                         room = (cap - state.team_usage[job.team]) // job.gpus_per_replica
                         replicas = min(replicas, room)

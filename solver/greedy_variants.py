@@ -42,6 +42,7 @@ def greedy_options(config: SolverConfig) -> GreedyOptions:
         preempt=config.preemption,
         lookahead=config.lookahead,
         elastic=ElasticMode.DEMAND if config.elastic_resize else ElasticMode.PEAK,
+        gang_aware=config.gang_aware_placement,
     )
 
 

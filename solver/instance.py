@@ -297,6 +297,12 @@ class SolverConfig(_Frozen):
         description="resize services to the demand of now; off: reserve their daily peak, "
         "as the FIFO baseline does",
     )
+    gang_aware_placement: bool = Field(
+        default=False,
+        description="place service replicas, small jobs and moved jobs on the node that "
+        "leaves the free GPUs most usable by the block jobs waiting (solver.gang_fit); "
+        "off: best fit",
+    )
     # Off by default (a job past its SLA's max queue wait always gets the reservation):
     # measured at 6 h on the built-in scenarios (README, "Starvation") it shortened the
     # longest waits but idled reserved GPUs, costing up to 3.3 utilization points.

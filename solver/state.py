@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from solver.compat import Compatibility
+from solver.gang_fit import GangFit
 from solver.instance import Instance, Job, NodeState
 
 UNLIMITED = 1 << 60
@@ -32,6 +33,9 @@ class ClusterState:
         self.jobs_on_node: list[dict[str, int]] = [{} for _ in nodes]
         self._log: list[tuple[str, int, int]] = []
         self._logging = False
+        # Set by the shaper's engine (``SolverConfig.gang_aware_placement``): single-node
+        # placements then leave free GPUs the waiting gangs can use (``solver.gang_fit``).
+        self.gang_fit: GangFit | None = None
         for job in instance.jobs:
             for node_name, gpus in job.placement.items():
                 self.add(job, self.node_index[node_name], gpus)
@@ -64,6 +68,8 @@ class ClusterState:
         self.free_gpus[node] = old - gpus
         self.free_cpu[node] -= replicas * job.cpu_milli_per_replica
         self.free_mem[node] -= replicas * job.memory_mib_per_replica
+        if self.gang_fit is not None and job.id not in self.placement:
+            self.gang_fit.started(job)
         held = self.placement.setdefault(job.id, {})
         held[node] = held.get(node, 0) + gpus
         self.jobs_on_node[node][job.id] = held[node]
@@ -87,6 +93,8 @@ class ClusterState:
             self.jobs_on_node[node][job.id] = held[node]
         if not held:
             del self.placement[job.id]
+            if self.gang_fit is not None:
+                self.gang_fit.stopped(job)
         self.team_usage[job.team] -= gpus
         self._move_bucket(node, old, old + gpus)
         if self._logging:
@@ -143,10 +151,12 @@ class ClusterState:
     def find_single_node(
         self, job: Job, replicas: int, groups: list[int], exclude: set[int] | None = None
     ) -> int | None:
-        """Best node holding ``replicas`` replicas: fastest model, keep whole nodes, tightest."""
+        """Best node holding ``replicas`` replicas: fastest model, then (with ``gang_fit``)
+        the least waste for the waiting gangs, keep whole nodes, tightest."""
         need = replicas * job.gpus_per_replica
-        best: tuple[float, int, int, int] | None = None
+        best: tuple[float, float, int, int, int] | None = None
         nodes = self.instance.nodes
+        gang_fit = self.gang_fit
         for group in self.group_order(groups):
             bucket = self.buckets[group]
             speed = self.compat.groups[group].gpu_model.speed
@@ -161,11 +171,13 @@ class ClusterState:
                 if found is None:
                     continue
                 breaks_whole = 1 if free == nodes[found].gpus and need < free else 0
-                key = (-speed, breaks_whole, free - need, found)
+                waste = 0.0 if gang_fit is None else gang_fit.waste_increase(job, found, free, need)
+                key = (-speed, waste, breaks_whole, free - need, found)
                 if best is None or key < best:
                     best = key
-                break
-        return None if best is None else best[3]
+                if gang_fit is None:
+                    break  # best fit: the tightest level of the group is its candidate
+        return None if best is None else best[4]
 
     def find_gang(
         self,

@@ -126,6 +126,8 @@ class ElasticGrowth:
             if node is None:
                 break
             replicas = min(missing, state.replicas_fitting(job, node))
+            if state.gang_fit is not None:
+                replicas = 1  # each replica where it leaves the least waste
             state.add(job, node, replicas * job.gpus_per_replica)
             ledger.count_started(job.team, replicas * job.gpus_per_replica)
             missing -= replicas

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from solver.compat import Compatibility
+from solver.gang_fit import GangFit
 from solver.greedy.options import GreedyOptions
 from solver.instance import Instance, Job
 from solver.plan import Reason, ReasonCode
@@ -45,6 +46,8 @@ class Ledger:
         self.config = instance.config
         self.state = ClusterState(instance, compat)
         self.compat = self.state.compat
+        if options.gang_aware:
+            self.state.gang_fit = GangFit(instance, self.compat)
         self.result = GreedyResult(instance=instance, state=self.state)
         self.weight = {job.id: instance.weight(job) for job in instance.jobs}
         self.overdue = {job.id for job in instance.jobs if instance.is_overdue(job)}

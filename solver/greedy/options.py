@@ -39,6 +39,9 @@ class GreedyOptions:
     # A service short of its demand may move (``migrate``) or stop (``preempt``) block work
     # to grow (``solver.greedy.elastic``): the shaper's configuration.
     disrupt_for_services: bool = False
+    # Single-node placements (replicas, small jobs, moves) leave free GPUs the waiting gangs
+    # can use rather than best fit's holes (``solver.gang_fit``).
+    gang_aware: bool = False
 
     @property
     def grows_services_by_disruption(self) -> bool:

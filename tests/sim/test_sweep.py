@@ -11,7 +11,14 @@ from typer.testing import CliRunner
 from sim.cli import sim_app
 from sim.run import run_policy
 from sim.scenario import load_scenario
-from sim.sweep import SeedRow, Spread, parse_seeds, summarize_sweep, sweep
+from sim.sweep import (
+    SeedRow,
+    Spread,
+    parse_seeds,
+    parse_solver_overrides,
+    summarize_sweep,
+    sweep,
+)
 
 
 def test_parse_seeds() -> None:
@@ -20,6 +27,14 @@ def test_parse_seeds() -> None:
     for bad in ("", "a-3", "4-2", ","):
         with pytest.raises(ValueError, match="seeds"):
             parse_seeds(bad)
+
+
+def test_parse_solver_overrides() -> None:
+    overrides = parse_solver_overrides(["gang_aware_placement=true", "time_limit_s = 0.5"])
+    assert overrides == {"gang_aware_placement": "true", "time_limit_s": "0.5"}
+    for bad in (["gang_aware_placement"], ["no_such_lever=true"], ["time_limit_s=-1"]):
+        with pytest.raises(ValueError):
+            parse_solver_overrides(bad)
 
 
 def test_each_seed_is_the_scenario_run_with_that_seed() -> None:
