@@ -6,7 +6,7 @@ checked by ``solver.validate.validate`` before anything is applied, as dispatch 
 
 Mapping (simulation → solver):
 
-* a block job of ``g`` GPUs is ``Job(kind=block, replicas=g, gpus_per_replica=1)`` with
+* a block job of ``g`` GPUs is ``Job(shape=block, replicas=g, gpus_per_replica=1)`` with
   ``max_nodes`` = the fewest nodes of its largest compatible node size that hold it (a
   4-GPU job stays on one 8-GPU node; a 16-GPU job spans two), its remaining run time at
   reference speed as ``expected_runtime_s``, its image size as ``checkpoint_size_mib`` and
@@ -18,7 +18,7 @@ Mapping (simulation → solver):
   as long again as it has (durations are heavy-tailed: the longer a job has run, the
   longer it is likely to go on); ``none`` gives no run time (jobs never end early, as
   for a scheduler that reports no time limit);
-* a service is ``Job(kind=elastic)`` whose ``forecast`` is its hourly demand from the
+* a service is ``Job(shape=elastic)`` whose ``forecast`` is its hourly demand from the
   current hour over ``forecast_hours`` hours, in replicas: demand is stated in replicas
   at reference speed and a replica on a slower model serves less, so it is converted at
   the speed of the GPUs the service holds (``_replicas_for``). Where the demand comes from
@@ -34,7 +34,7 @@ Mapping (simulation → solver):
   scenario; the migration cost model is the simulator's ``Transfer``;
 * Shaper's own history of a job, for its dwell time and move budget: under the shaper
   policy (``feeds_history``), ``last_acted_at`` and ``actions_last_hour`` come from the
-  actions its plans took on the job (``JobState.acted_at``: starts, migrations,
+  actions its plans took on the job (``SimJob.acted_at``: starts, migrations,
   preemptions, requeues). The baselines stand for the sites' own schedulers, not for
   Shaper: they get no history, so their jobs are never frozen. A job lifted for a
   migration that could not land is ``overdue`` until it starts again. Nothing is ever
@@ -62,7 +62,7 @@ from solver.instance import (
     GpuModel,
     Instance,
     Job,
-    JobKind,
+    JobShape,
     MigrationCostModel,
     Node,
     NodeState,
@@ -74,7 +74,7 @@ from solver.policies import get_policy
 from solver.validate import validate
 
 if TYPE_CHECKING:
-    from sim.engine import JobState, ServiceState, Simulation
+    from sim.engine import SimJob, SimService, Simulation
 
 FORECAST_HOURS = 24
 HOUR = 3600.0
@@ -183,14 +183,9 @@ class SolverPlanner:
     def instance(self, sim: Simulation) -> Instance:
         models, policies, migration, config = self._static_parts(sim)
         nodes = []
-        for state in sim.nodes.values():
-            spec = state.spec
-            if not state.up:
-                node_state = NodeState.DOWN
-            elif state.draining:
-                node_state = NodeState.DRAINING
-            else:
-                node_state = NodeState.READY
+        for sim_node in sim.nodes.values():
+            spec = sim_node.spec
+            node_state = sim_node.state
             key = (spec.name, node_state)
             node = self._node_cache.get(key)
             if node is None:
@@ -224,7 +219,7 @@ class SolverPlanner:
         )
 
     @staticmethod
-    def _features(state: JobState) -> JobFeatures:
+    def _features(state: SimJob) -> JobFeatures:
         spec = state.spec
         return JobFeatures(team=spec.team, kind=spec.kind, gpus=spec.gpus)
 
@@ -239,7 +234,7 @@ class SolverPlanner:
                 self.durations.observe(self._features(state), state.spec.work)
         self._unfinished = set(sim.running) | set(sim.queue)
 
-    def _predicted_runtime(self, sim: Simulation, state: JobState) -> float:
+    def _predicted_runtime(self, sim: Simulation, state: SimJob) -> float:
         """Walltime from the current run's start (running) or work (queued) to the
         predicted end (see the module docstring)."""
         predicted = self.durations.predict(self._features(state))
@@ -261,7 +256,7 @@ class SolverPlanner:
         )
         return max(1, math.ceil(spec_gpus / max(1, largest)))
 
-    def _block_job(self, sim: Simulation, state: JobState) -> Job:
+    def _block_job(self, sim: Simulation, state: SimJob) -> Job:
         spec = state.spec
         running = bool(state.placement)
         last_checkpoint = None
@@ -303,7 +298,7 @@ class SolverPlanner:
         job = Job.model_construct(
             id=spec.id,
             team=spec.team,
-            kind=JobKind.BLOCK,
+            shape=JobShape.BLOCK,
             priority=spec.priority,
             gpus_per_replica=1,
             replicas=spec.gpus,
@@ -342,7 +337,7 @@ class SolverPlanner:
         return job
 
     @staticmethod
-    def _replicas_for(sim: Simulation, state: ServiceState) -> Callable[[float], int]:
+    def _replicas_for(sim: Simulation, state: SimService) -> Callable[[float], int]:
         """Demand (replicas at reference speed) → replicas the solver must plan.
 
         The solver counts replicas; the simulation serves ``speed`` per replica. The
@@ -373,7 +368,7 @@ class SolverPlanner:
 
         return replicas
 
-    def _service(self, sim: Simulation, state: ServiceState) -> Job:
+    def _service(self, sim: Simulation, state: SimService) -> Job:
         spec = state.spec
         hour_start = math.floor(sim.now / 3600) * 3600
         to_replicas = self._replicas_for(sim, state)
@@ -385,7 +380,7 @@ class SolverPlanner:
         return Job.model_construct(
             id=spec.id,
             team=spec.team,
-            kind=JobKind.ELASTIC,
+            shape=JobShape.ELASTIC,
             priority=spec.priority,
             gpus_per_replica=per,
             replicas=state.replicas,
@@ -420,7 +415,7 @@ class SolverPlanner:
             forecast_step_s=3600,
         )
 
-    def _demand_ahead(self, sim: Simulation, state: ServiceState, hour_start: float) -> list[float]:
+    def _demand_ahead(self, sim: Simulation, state: SimService, hour_start: float) -> list[float]:
         """Demand (reference replicas) of the current hour and the ``forecast_hours - 1``
         after it, as ``forecast_mode`` sees it (see the module docstring)."""
         spec = state.spec

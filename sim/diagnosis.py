@@ -31,14 +31,13 @@ from solver.diagnosis import (
     IdleCause,
     IdleHours,
     NodeAt,
-    NodeCondition,
     QueuedJobAt,
     classify,
 )
 from solver.instance import SlaPolicy
 
 if TYPE_CHECKING:
-    from sim.engine import JobState, Simulation
+    from sim.engine import SimJob, Simulation
     from sim.workload import Workload
 
 EPS = 1e-6
@@ -74,15 +73,9 @@ class IdleTracker:
         self.hours.add(classify(self.cluster_at(sim)), cluster=CLUSTER, start=start, end=end)
 
     def cluster_at(self, sim: Simulation) -> ClusterAt:
-        nodes = []
-        for state in sim.nodes.values():
-            if not state.up:
-                condition = NodeCondition.DOWN
-            elif state.draining:
-                condition = NodeCondition.DRAINING
-            else:
-                condition = NodeCondition.UP
-            nodes.append(NodeAt(state.spec.name, state.spec.gpu_model, state.spec.gpus, condition))
+        nodes = [
+            NodeAt(n.spec.name, n.spec.gpu_model, n.spec.gpus, n.state) for n in sim.nodes.values()
+        ]
         allocations = [
             AllocationAt(node, job.spec.team, len(indices))
             for job in sim.running.values()
@@ -108,7 +101,7 @@ class IdleTracker:
         queue = tuple({id(q): q for q in map(self._queued, sim.queue.values())}.values())
         return ClusterAt(tuple(nodes), tuple(allocations), queue, self._caps)
 
-    def _queued(self, job: JobState) -> QueuedJobAt:
+    def _queued(self, job: SimJob) -> QueuedJobAt:
         """The job as the classifier sees it, one shared object per distinct shape: a long
         queue is read at every event of the window."""
         spec = job.spec

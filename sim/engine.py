@@ -15,7 +15,7 @@ Algorithm (one run):
    and apply its actions in a fixed order — preempt, shrink services, lift migrating jobs
    off their sources, land them on their targets, grow services, start — rejecting (and
    counting) any action that is not legal in the current state. Each applied action is
-   recorded on its job (``JobState.acted_at``, ``ServiceState.resized_at``): the churn
+   recorded on its job (``SimJob.acted_at``, ``SimService.resized_at``): the churn
    metrics count them, and the shaper's planner feeds them back to the solver as
    Shaper's own recent actions (its dwell time and move budget).
 5. At the horizon (the end of the measured window: arrivals and node events stop there),
@@ -46,6 +46,7 @@ from sim.actions import Migrate, Preempt, Resize, SimPlan, Start
 from sim.diagnosis import IdleTracker
 from sim.ledger import JobLedger, check
 from sim.workload import BlockJob, Node, Service, Workload
+from solver.instance import NodeState
 
 EPS = 1e-6
 HOUR = 3600.0
@@ -80,7 +81,9 @@ class Planner(Protocol):
 
 
 @dataclass(slots=True)
-class JobState:
+class SimJob:
+    """A block job as the simulation runs it: its spec and where it is now."""
+
     spec: BlockJob
     status: JobStatus = JobStatus.QUEUED
     placement: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -118,7 +121,9 @@ class JobState:
 
 
 @dataclass(slots=True)
-class ServiceState:
+class SimService:
+    """A service as the simulation runs it: its spec and its replicas now."""
+
     spec: Service
     placement: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     resized_at: list[float] = field(default_factory=list)  # resizes that changed it
@@ -132,7 +137,9 @@ class ServiceState:
 
 
 @dataclass(slots=True)
-class NodeState:
+class SimNode:
+    """A node as the simulation runs it: its spec, its GPUs' owners, up or draining."""
+
     spec: Node
     owners: list[str | None]
     free: int = 0
@@ -147,6 +154,13 @@ class NodeState:
     @property
     def schedulable(self) -> bool:
         return self.up and not self.draining
+
+    @property
+    def state(self) -> NodeState:
+        """The node as the solver and the idle classifier name it."""
+        if not self.up:
+            return NodeState.DOWN
+        return NodeState.DRAINING if self.draining else NodeState.READY
 
 
 @dataclass(slots=True)
@@ -241,8 +255,8 @@ class Simulation:
         self.idle: IdleTracker | None = IdleTracker(workload) if diagnose else None
 
         self.now = 0.0
-        self.nodes: dict[str, NodeState] = {
-            n.name: NodeState(
+        self.nodes: dict[str, SimNode] = {
+            n.name: SimNode(
                 spec=n,
                 owners=[None] * n.gpus,
                 free=n.gpus,
@@ -252,12 +266,10 @@ class Simulation:
             )
             for n in workload.nodes
         }
-        self.jobs: dict[str, JobState] = {}
-        self.queue: dict[str, JobState] = {}
-        self.running: dict[str, JobState] = {}
-        self.services: dict[str, ServiceState] = {
-            s.id: ServiceState(spec=s) for s in workload.services
-        }
+        self.jobs: dict[str, SimJob] = {}
+        self.queue: dict[str, SimJob] = {}
+        self.running: dict[str, SimJob] = {}
+        self.services: dict[str, SimService] = {s.id: SimService(spec=s) for s in workload.services}
         self.counters = Counters()
         self._draining: dict[tuple[str, int], float] = {}  # free GPUs dumping, until when
         self.segments: list[Segment] = []
@@ -419,7 +431,7 @@ class Simulation:
     def _handle(self, kind: EventKind, ref: str, version: int) -> bool:
         if kind == EventKind.ARRIVAL:
             spec = self._job_specs[ref]
-            state = JobState(spec=spec, updated_at=self.now, queued_since=self.now)
+            state = SimJob(spec=spec, updated_at=self.now, queued_since=self.now)
             self.jobs[spec.id] = state
             self._enqueue(state)
             return self.replan_on_events
@@ -587,11 +599,11 @@ class Simulation:
             and self.nodes[node_name].owners[index] is None
         ]
 
-    def service_capacity(self, svc: ServiceState) -> float:
+    def service_capacity(self, svc: SimService) -> float:
         """Replicas of demand the service serves now (a replica serves its model's speed)."""
         return self._service_capacity(svc)
 
-    def _service_capacity(self, svc: ServiceState) -> float:
+    def _service_capacity(self, svc: SimService) -> float:
         models = self.workload.gpu_models
         return sum(
             len(reps) * models[self.nodes[node].spec.gpu_model].speed
@@ -599,14 +611,14 @@ class Simulation:
         )
 
     # -------------------------------------------------------------- job state
-    def _enqueue(self, state: JobState) -> None:
+    def _enqueue(self, state: SimJob) -> None:
         state.status = JobStatus.QUEUED
         state.queued_since = self.now
         self.queue[state.spec.id] = state
         self._pending_sizes[state.spec.gpus] += 1
         self._frag_cache = None
 
-    def _dequeue(self, state: JobState) -> None:
+    def _dequeue(self, state: SimJob) -> None:
         del self.queue[state.spec.id]
         self._pending_sizes[state.spec.gpus] -= 1
         if not self._pending_sizes[state.spec.gpus]:
@@ -614,7 +626,7 @@ class Simulation:
         self._frag_cache = None
         state.queue_wait += self.now - state.queued_since
 
-    def _update_progress(self, state: JobState) -> None:
+    def _update_progress(self, state: SimJob) -> None:
         if state.status != JobStatus.RUNNING:
             return
         begin = max(state.updated_at, state.overhead_until)
@@ -629,7 +641,7 @@ class Simulation:
             last = min(state.progress, math.floor(state.progress / interval + EPS) * interval)
             state.checkpointed = max(state.checkpointed, last)
 
-    def _schedule_completion(self, state: JobState) -> None:
+    def _schedule_completion(self, state: SimJob) -> None:
         state.version += 1
         begin = max(self.now, state.overhead_until)
         remaining = max(0.0, state.spec.work - state.progress)
@@ -645,7 +657,7 @@ class Simulation:
         return min(job.speed_on(models[self.nodes[node].spec.gpu_model]) for node in placement)
 
     # ------------------------------------------------------------ GPU owners
-    def _take(self, node: NodeState, count: int, owner: str, kind: str) -> tuple[int, ...]:
+    def _take(self, node: SimNode, count: int, owner: str, kind: str) -> tuple[int, ...]:
         taken: list[int] = []
         for index, current in enumerate(node.owners):
             if current is None:
@@ -685,13 +697,13 @@ class Simulation:
         self._allocated -= len(indices)
         self._frag_cache = None
 
-    def _release(self, state: JobState) -> None:
+    def _release(self, state: SimJob) -> None:
         self._settle_hold(state)
         for node, indices in state.placement.items():
             self._give_back(node, indices, state.spec.id)
         state.placement = {}
 
-    def _settle_hold(self, state: JobState) -> None:
+    def _settle_hold(self, state: SimJob) -> None:
         """Book the GPU-time held since ``held_since``, and its overhead intervals."""
         gpus = state.gpus_held
         state.ledger.allocated += gpus * (self.now - state.held_since)
@@ -727,7 +739,7 @@ class Simulation:
         return ready, intervals
 
     # ----------------------------------------------------------------- nodes
-    def _fail_node(self, node: NodeState) -> None:
+    def _fail_node(self, node: SimNode) -> None:
         if node.up:
             self._available -= node.spec.gpus
         node.up = False
@@ -788,7 +800,7 @@ class Simulation:
                 continue
             services_before[svc.spec.id] = svc.replicas_by_node()
             grows.append((svc, self._shrink_service(svc, resize.placement)))
-        lifted: list[tuple[Migrate, JobState, dict[str, tuple[int, ...]]]] = []
+        lifted: list[tuple[Migrate, SimJob, dict[str, tuple[int, ...]]]] = []
         for move in migrates:
             state = self.running.get(move.job)
             if state is None:
@@ -851,7 +863,7 @@ class Simulation:
         if self.check_invariants:
             self.assert_invariants()
 
-    def _place(self, state: JobState, placement: dict[str, int]) -> None:
+    def _place(self, state: SimJob, placement: dict[str, int]) -> None:
         state.placement = {
             name: self._take(self.nodes[name], count, state.spec.id, state.spec.kind.value)
             for name, count in placement.items()
@@ -861,7 +873,7 @@ class Simulation:
         state.run_start = self.now
         state.held_since = self.now
 
-    def _start(self, state: JobState, placement: dict[str, int]) -> None:
+    def _start(self, state: SimJob, placement: dict[str, int]) -> None:
         self._dequeue(state)
         self._place(state, placement)
         state.status = JobStatus.RUNNING
@@ -877,7 +889,7 @@ class Simulation:
         self._schedule_completion(state)
 
     def _migrate(
-        self, state: JobState, source: dict[str, tuple[int, ...]], target: dict[str, int]
+        self, state: SimJob, source: dict[str, tuple[int, ...]], target: dict[str, int]
     ) -> None:
         transfer = self.workload.transfer
         # The source's GPUs dump the checkpoint while the target's wait for it and restore.
@@ -893,7 +905,7 @@ class Simulation:
         self.counters.migrations += 1
         self._schedule_completion(state)
 
-    def _stop(self, state: JobState, *, checkpoint: bool, by_policy: bool = True) -> None:
+    def _stop(self, state: SimJob, *, checkpoint: bool, by_policy: bool = True) -> None:
         self._update_progress(state)
         transfer = self.workload.transfer
         placement = state.placement
@@ -911,7 +923,7 @@ class Simulation:
             self.counters.evictions += 1
         self._requeue_after_loss(state)
 
-    def _requeue_after_loss(self, state: JobState) -> None:
+    def _requeue_after_loss(self, state: SimJob) -> None:
         lost = state.progress - state.checkpointed
         if lost > EPS:
             state.ledger.lost += state.ledger.take_back(lost) * state.spec.gpus
@@ -920,7 +932,7 @@ class Simulation:
         self._enqueue(state)
 
     # --------------------------------------------------------------- services
-    def _shrink_service(self, svc: ServiceState, target: dict[str, int]) -> dict[str, int]:
+    def _shrink_service(self, svc: SimService, target: dict[str, int]) -> dict[str, int]:
         for node_name in list(svc.placement):
             reps = svc.placement[node_name]
             keep = target.get(node_name, 0)
@@ -930,7 +942,7 @@ class Simulation:
                 del svc.placement[node_name]
         return target
 
-    def _grow_service(self, svc: ServiceState, target: dict[str, int]) -> None:
+    def _grow_service(self, svc: SimService, target: dict[str, int]) -> None:
         per = svc.spec.gpus_per_replica
         for node_name, want in target.items():
             node = self.nodes.get(node_name)

@@ -24,6 +24,9 @@ from functools import lru_cache
 from typing import Any
 
 
+# What a block job does, in the words of ``wire.telemetry.JobKind`` (the block-job ones: a
+# real-time service is a ``Service`` here). The simulator imports only the solver, so it
+# keeps this copy of those values; nothing maps between the two.
 class JobKind(StrEnum):
     TRAINING = "training"
     BATCH_INFERENCE = "batch_inference"

@@ -4,12 +4,18 @@ Units are explicit and integral wherever the solver counts: GPUs are whole GPUs,
 CPU is in milli-CPUs, memory in MiB, times are seconds since the epoch (``now``,
 ``submit_time``, ``start_time``) and durations are seconds.
 
-A :class:`Job` is either a *block* job (training, batch inference, HPC: a fixed number
-of replicas, all placed or none — a gang when it spans nodes) or an *elastic* service
-(real-time inference: replicas between ``min_replicas`` and ``max_replicas`` that should
-follow ``forecast``). A job is *running* when ``placement`` is non-empty and *pending*
-otherwise. ``placement`` maps node name to the number of GPUs the job holds there; it is
-always a multiple of ``gpus_per_replica``.
+A :class:`Job`'s ``shape`` (:class:`JobShape`) makes it either a *block* job (training,
+batch inference, HPC: a fixed number of replicas, all placed or none — a gang when it spans
+nodes) or an *elastic* service (real-time inference: replicas between ``min_replicas`` and
+``max_replicas`` that should follow ``forecast``). A job is *running* when ``placement``
+is non-empty and *pending* otherwise. ``placement`` maps node name to the number of GPUs the
+job holds there; it is always a multiple of ``gpus_per_replica``.
+
+:class:`NodeState` and :class:`JobShape` are the solver's copies of ``wire.telemetry``'s
+``NodeState`` (``up`` there is READY here) and ``JobShape``: the solver imports only ortools
+and pydantic, so it cannot share them, and ``app.shaping.snapshot`` maps one onto the other
+once (``NODE_STATES``, ``JOB_SHAPES``). What a job does (training, inference …: the wire's
+``JobKind``) is not the solver's business.
 
 Shaper's own recent actions on a job (``last_acted_at``, ``actions_last_hour``) and a saga
 in flight (``locked``) *freeze* it for a while (:meth:`Instance.is_frozen`): every policy
@@ -70,7 +76,7 @@ class Node(_Frozen):
     free_gpu_indices: tuple[int, ...] | None = None
 
 
-class JobKind(enum.StrEnum):
+class JobShape(enum.StrEnum):
     BLOCK = "block"
     ELASTIC = "elastic"
 
@@ -80,10 +86,10 @@ class Job(_Frozen):
 
     id: str
     team: str = "default"
-    kind: JobKind = JobKind.BLOCK
+    shape: JobShape = JobShape.BLOCK
     priority: float = Field(default=1.0, gt=0, description="multiplies the team's weight")
 
-    # Shape: ``replicas`` × ``gpus_per_replica`` GPUs; CPU and memory per replica.
+    # Size: ``replicas`` × ``gpus_per_replica`` GPUs; CPU and memory per replica.
     gpus_per_replica: int = Field(default=1, ge=1)
     replicas: int = Field(default=1, ge=0, description="block: gang size; elastic: current")
     cpu_milli_per_replica: int = Field(default=0, ge=0)
@@ -146,12 +152,12 @@ class Job(_Frozen):
                     f"job {self.id}: placement on {node} is {gpus} GPUs, "
                     f"not a positive multiple of gpus_per_replica={self.gpus_per_replica}"
                 )
-        if self.kind is JobKind.BLOCK and self.placement and self.held_gpus != self.total_gpus:
+        if self.shape is JobShape.BLOCK and self.placement and self.held_gpus != self.total_gpus:
             raise ValueError(
                 f"job {self.id}: holds {self.held_gpus} GPUs but replicas × gpus_per_replica "
                 f"is {self.total_gpus}"
             )
-        if self.kind is JobKind.ELASTIC and self.max_replicas is not None:
+        if self.shape is JobShape.ELASTIC and self.max_replicas is not None:
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"job {self.id}: max_replicas < min_replicas")
         return self
@@ -162,7 +168,7 @@ class Job(_Frozen):
 
     @property
     def is_elastic(self) -> bool:
-        return self.kind is JobKind.ELASTIC
+        return self.shape is JobShape.ELASTIC
 
     @property
     def total_gpus(self) -> int:

@@ -6,6 +6,11 @@ absent from it holds nothing. ``Plan.actions`` are the steps from the instance's
 placement to that target, each with a :class:`Reason`. ``Plan.pending`` gives the reason
 for every pending job that stays pending (and every job the plan stops).
 ``Plan.gpu_indices`` names the GPUs behind each count (kept where a job stays).
+
+The control plane stores each action as a row whose kind is its own
+``app.actions.models.ActionKind``: these five plus the saga kinds only it needs (reserve,
+unreserve, resume). The solver imports nothing of ``app``, so the two enums stay apart and
+``app.shaping.cycle.ACTION_KINDS`` maps one onto the other, once.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,15 @@ from app.core import migrate
 from app.core.clock import FrozenClock
 from app.core.config import Settings
 from app.core.db import get_session, make_engine
-from app.gpu_models import service as gpu_model_service
 from app.main import create_app
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
+from tests.support.clock import T0
+from tests.support.database import session_in_rollback
 
 POSTGRES_ADMIN_DSN = os.environ.get(
     "SHAPER_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 )
-T0 = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 
 
 def _admin_connection() -> psycopg.Connection[Any]:
@@ -101,24 +100,9 @@ def postgres_only_engine(postgres_engine: Engine) -> Engine:
     return postgres_engine
 
 
-def _session_in_rollback(engine: Engine) -> Iterator[Session]:
-    connection = engine.connect()
-    transaction = connection.begin()
-    session = Session(
-        bind=connection, join_transaction_mode="create_savepoint", expire_on_commit=False
-    )
-    gpu_model_service.ensure_default_catalogue(session=session)
-    try:
-        yield session
-    finally:
-        session.close()
-        transaction.rollback()
-        connection.close()
-
-
 @pytest.fixture
 def session(engine: Engine) -> Iterator[Session]:
-    yield from _session_in_rollback(engine)
+    yield from session_in_rollback(engine)
 
 
 @pytest.fixture

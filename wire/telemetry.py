@@ -4,7 +4,10 @@ A connector pushes to ``POST /api/v1/clusters/{cluster}/telemetry`` a full
 :class:`TelemetrySnapshot` or a :class:`TelemetryDelta`, each carrying the connector's
 session id and a sequence number, and gets a :class:`TelemetryAck`; a node agent pushes
 :class:`NodeSamples` about its own node. The enums here (scheduler, node and job states,
-job kinds and shapes, metrics) are the words both sides use, so they live here too.
+job kinds and shapes, metrics) are the words both sides use, so they live here too. A
+job's ``kind`` is what it does (training, inference …); its ``shape`` is how it holds GPUs
+(a block or an elastic service). The solver, which imports only ortools and pydantic, has
+its own ``NodeState`` and ``JobShape``; ``app.shaping.snapshot`` maps these onto them, once.
 Connectors return these types, never SDK objects; the service stores them (app/telemetry).
 
 Units are explicit in the field names: memory in MiB (nodes) or GiB (GPU models), CPU in

@@ -11,6 +11,11 @@ from app.core.types import enum_column, json_column, required_utc_column, utc_co
 from wire.steps import StepPhase
 
 
+# What an action row does (its values are stored and in the API). start … requeue are what
+# a plan asks for (``solver.plan.ActionKind``, mapped once by ``app.shaping.cycle.ACTION_KINDS``:
+# the solver may not import ``app``, and these add kinds it never plans); reserve, unreserve
+# and resume are the control plane's own. A comment, not a docstring: pydantic would publish
+# a docstring in the OpenAPI schema.
 class ActionKind(StrEnum):
     # Holds GPUs on the target for the job a plan frees them for (ahead of the actions
     # that free them), so the native scheduler cannot hand them to anyone else.

@@ -1,4 +1,4 @@
-"""Actions as durable sagas: the steps of each kind, and the state machine that runs them.
+"""Actions as durable sagas: the state machine that runs each action's steps.
 
 Every step is a message to the one process that can do it — the node agent of a node
 (``agent.<cluster>.<node>``) for process-level steps, the cluster's connector
@@ -6,20 +6,23 @@ Every step is a message to the one process that can do it — the node agent of 
 Executors answer with a report (``app.actions.tasks.report``) that names the step's
 idempotency key. The message, the report, the step names and the queue names are the
 ones in ``wire`` (``wire.steps``, ``wire.queues``), which the executors import too.
+Which steps each action kind runs, in which order, and what compensation runs are in
+``app.actions.recipes``; how a step's message is built, in ``app.actions.messages``.
 :func:`advance` runs on every event (approval, a report, the periodic sweep), in phases:
 
 1. **Lock** the action row (``SELECT … FOR UPDATE``): one advance at a time per action,
    whichever worker runs it.
-2. **Dispatch** an approved action: plan its forward steps, bump the job's generation (the
-   fencing token) when the saga moves the job, and go ``dispatched`` → ``running``.
+2. **Dispatch** an approved action: plan its forward steps (``recipes.forward_steps``),
+   bump the job's generation (the fencing token) when the saga moves the job, and go
+   ``dispatched`` → ``running``.
    An action whose job another saga is already moving is cancelled, not queued.
 3. **Step**: in the current phase, the first step that is not finished decides —
    ``pending``: mark it ``sent`` and emit its message; ``sent`` for longer than its timeout:
    emit it again under the same key (the executor deduplicates) or, after
    ``MAX_ATTEMPTS``, fail it (a compensation step is sent until it is answered: see
    ``_advance_locked``); ``failed``: a forward failure starts compensation (a new
-   generation, so nothing the forward phase sent can still act), a compensation failure
-   fails the action.
+   generation, so nothing the forward phase sent can still act;
+   ``recipes.compensation_steps``), a compensation failure fails the action.
 4. **Finish**: all forward steps done → ``succeeded``; all compensation steps done →
    ``compensated``. ``error`` says what failed and what compensation did.
 
@@ -27,38 +30,19 @@ Messages are returned to the caller and sent only after the commit, so no messag
 to state that was rolled back. A crash between the commit and the send leaves a ``sent``
 step that times out and is sent again. Reports for a step that is not ``sent`` (duplicates,
 late answers of an earlier attempt or of a phase that was abandoned) change nothing.
-
-Migrate, for a job on node S moving to node T (generation G):
-``checkpoint@S → transfer@T → restore@T → confirm@T → release@S``. Compensation
-(generation G+1): ``release@T`` (only if a step reached T: it kills whatever was restored
-there and fences T against the old generation) → ``restore@S`` (a no-op when the job still
-runs at S, else from the checkpoint it left there).
-
-On a cluster whose scheduler owns where jobs run (Slurm, Kubernetes, Kueue:
-``schedulers.places_itself``) the job cannot move behind the scheduler's back. The image
-is *staged* on the target and the scheduler is asked to requeue the job pinned there
-(the requeue carries the image: Kubernetes' connector hands the new pods its pointer as
-``SHAPER_RESUME_FROM``); when it starts the job, the job's ``shaper agent exec --wait``
-restores it from the image (agent.resume):
-``checkpoint@S → transfer@T → stage@T → requeue@connector(pin T) → confirm@T (waits for
-the scheduler to start it, restored) → release@S``. A checkpointable job is preempted with
-``checkpoint@S → stage@S → requeue@connector(pin S)``: it resumes from its checkpoint
-when the scheduler runs it again. Compensation before the requeue is the one above (the
-job's batch step still waits at S); after it, ``release@T → stage@S →
-requeue@connector(pin S) → confirm@S``: the job goes back to S and resumes there.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlmodel import Session, col, select
 
 from app.actions import service as action_service
+from app.actions.messages import Outgoing, step_message
 from app.actions.models import (
     TERMINAL_ACTION_STATES,
     TRANSITIONS,
@@ -70,7 +54,13 @@ from app.actions.models import (
     ActionStepPublic,
     StepState,
 )
-from app.actions.schedulers import places_itself
+from app.actions.recipes import (
+    NO_ANSWER,
+    Unplannable,
+    compensation_steps,
+    forward_steps,
+    resume_step,
+)
 from app.clusters.models import Cluster
 from app.core.config import DEFAULT_SCHEDULER_START_WAIT_S
 from app.core.errors import Conflict
@@ -78,17 +68,8 @@ from app.core.lookup import found, row_id
 from app.core.security import Principal
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
-from wire.queues import (
-    CONTROL_QUEUE,
-    REPLY_TASK,
-    agent_queue,
-    connector_queue,
-    executor_scope,
-    is_agent_queue,
-    is_connector_queue,
-    step_task,
-)
-from wire.steps import AgentStep, ConnectorStep, StepPhase, StepReport, StepRequest
+from wire.queues import CONTROL_QUEUE, executor_scope, is_agent_queue, is_connector_queue
+from wire.steps import AgentStep, ConnectorStep, StepPhase, StepReport
 from wire.telemetry import JobState
 
 log = logging.getLogger(__name__)
@@ -103,121 +84,18 @@ STEP_TIMEOUT_S: dict[str, float] = {
     AgentStep.transfer: 600.0,
 }
 DEFAULT_STEP_TIMEOUT_S = 120.0
-# Long enough for a real move (checkpoint + transfer + restore); a reservation is consumed
-# when its job starts and given back when what it was for is withdrawn, so this only bounds
-# a give-back that never arrives.
-RESERVATION_TTL_S = 3600.0
 # A connector's confirm is a poll: "not yet" answers are retried this often, at least this
 # many times and for at least the scheduler's start wait (SHAPER_SCHEDULER_START_WAIT_S).
 CONFIRM_POLL_S = 5.0
 CONFIRM_POLLS = 24
 ADVANCE_TASK = "app.actions.tasks.advance"
 RETRY_BACKOFF_S = (1.0, 4.0, 15.0)
-# A step's error when its executor never answered (it may still have run it).
-NO_ANSWER = "no answer"
 ACTIVE_STATES = (
     ActionState.approved,
     ActionState.dispatched,
     ActionState.running,
     ActionState.compensating,
 )
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """A message to send once the transaction that decided it has committed."""
-
-    queue: str
-    task: str
-    kwargs: dict[str, Any]
-    countdown: float = 0.0
-
-
-# -- planning --------------------------------------------------------------------------
-
-
-class _Plan:
-    def __init__(self, action: Action, cluster: str, generation: int) -> None:
-        self.action = action
-        self.cluster = cluster
-        self.generation = generation
-        self.steps: list[ActionStep] = []
-
-    def add(self, name: str, queue: str, phase: StepPhase, seq: int) -> None:
-        self.steps.append(
-            ActionStep(
-                action_id=row_id(self.action),
-                seq=seq,
-                phase=phase,
-                name=name,
-                queue=queue,
-                generation=self.generation,
-                idempotency_key=f"{self.action.idempotency_key}:{phase.value}:{name}"[:200],
-            )
-        )
-
-
-def _single(nodes: str | None, what: str, action: Action) -> str:
-    names = [n for n in (nodes or "").split(",") if n]
-    if len(names) != 1:
-        raise _Unplannable(
-            f"{action.kind} needs exactly one {what} node, the action names {nodes or 'none'}"
-        )
-    return names[0]
-
-
-class _Unplannable(Exception):
-    pass
-
-
-def _forward_steps(action: Action, job: Job, cluster: Cluster, generation: int) -> list[ActionStep]:
-    plan = _Plan(action, cluster.name, generation)
-    kind = ActionKind(action.kind)
-    fwd = StepPhase.forward
-    owned = places_itself(cluster.scheduler)
-    scheduler = connector_queue(cluster.name)
-    if kind is ActionKind.migrate:
-        source = agent_queue(cluster.name, _single(action.source_node, "source", action))
-        target = agent_queue(cluster.name, _single(action.target_node, "target", action))
-        if source == target:
-            raise _Unplannable("migrate needs a target node other than its source")
-        if owned:
-            names = [
-                (AgentStep.checkpoint, source),
-                (AgentStep.transfer, target),
-                (AgentStep.stage, target),
-                (ConnectorStep.requeue, scheduler),
-                (AgentStep.confirm, target),
-                (AgentStep.release, source),
-            ]
-        else:
-            names = [
-                (AgentStep.checkpoint, source),
-                (AgentStep.transfer, target),
-                (AgentStep.restore, target),
-                (AgentStep.confirm, target),
-                (AgentStep.release, source),
-            ]
-        for seq, (name, queue) in enumerate(names):
-            plan.add(name, queue, fwd, seq)
-    elif kind is ActionKind.preempt and job.checkpointable:
-        source = agent_queue(cluster.name, _single(action.source_node, "source", action))
-        plan.add(AgentStep.checkpoint, source, fwd, 0)
-        if owned:
-            plan.add(AgentStep.stage, source, fwd, 1)
-            plan.add(ConnectorStep.requeue, scheduler, fwd, 2)
-        else:
-            plan.add(AgentStep.release, source, fwd, 1)
-    elif kind is ActionKind.preempt:
-        plan.add(ConnectorStep.requeue, scheduler, fwd, 0)
-        plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
-    elif kind in (ActionKind.start, ActionKind.resume, ActionKind.requeue):
-        # "Succeeded" means seen: the confirm polls the scheduler for the effect.
-        plan.add(ConnectorStep(kind.value), scheduler, fwd, 0)
-        plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
-    else:  # resize, reserve, unreserve: the scheduler does them
-        plan.add(ConnectorStep(kind.value), scheduler, fwd, 0)
-    return plan.steps
 
 
 def _holds(session: Session, job: Job, node_id: int) -> bool:
@@ -232,167 +110,6 @@ def _holds(session: Session, job: Job, node_id: int) -> bool:
         ).first()
         is not None
     )
-
-
-def _requeued(steps: list[ActionStep]) -> bool:
-    """Whether the forward phase's requeue may have reached the scheduler."""
-    requeue = next(
-        (s for s in steps if s.phase == StepPhase.forward and s.name == ConnectorStep.requeue), None
-    )
-    if requeue is None:
-        return False
-    timed_out = requeue.state == StepState.failed and (requeue.error or "").startswith(NO_ANSWER)
-    return requeue.state == StepState.succeeded or timed_out
-
-
-def _compensation_steps(
-    action: Action, steps: list[ActionStep], cluster: str, generation: int
-) -> list[ActionStep]:
-    """Undo what the forward steps did: fence the target, keep or bring the job back home."""
-    plan = _Plan(action, cluster, generation)
-    seq = max(s.seq for s in steps) + 1
-    by_name = {s.name: s for s in steps if s.phase == StepPhase.forward}
-    checkpoint = by_name.get(AgentStep.checkpoint)
-    if checkpoint is None or checkpoint.state in (StepState.pending, StepState.skipped):
-        return []  # nothing process-level happened (or only the scheduler was asked)
-    source = checkpoint.queue
-    reached_target = [
-        s
-        for s in steps
-        if is_agent_queue(s.queue)
-        and s.queue != source
-        and s.state not in (StepState.pending, StepState.skipped)
-    ]
-    if reached_target:
-        plan.add(AgentStep.release, reached_target[0].queue, StepPhase.compensate, seq)
-        seq += 1
-    if _requeued(steps):
-        # The scheduler has the job (pending, or started on the target): send it home,
-        # to resume from the image the checkpoint left at the source.
-        for name, queue in (
-            (AgentStep.stage, source),
-            (ConnectorStep.requeue, connector_queue(cluster)),
-            (AgentStep.confirm, source),
-        ):
-            plan.add(name, queue, StepPhase.compensate, seq)
-            seq += 1
-    else:
-        plan.add(AgentStep.restore, source, StepPhase.compensate, seq)
-    return plan.steps
-
-
-# -- messages --------------------------------------------------------------------------
-
-
-def _message(
-    action: Action,
-    job: Job | None,
-    step: ActionStep,
-    steps: list[ActionStep],
-    start_wait_s: float = SCHEDULER_START_WAIT_S,
-) -> Outgoing:
-    """The message for a step; arguments come from the results of earlier steps."""
-    by_name = {(s.phase, s.name): s for s in steps}
-    checkpoint = by_name.get((StepPhase.forward, AgentStep.checkpoint))
-    transfer = by_name.get((StepPhase.forward, AgentStep.transfer))
-    image = checkpoint.result.get("image") if checkpoint is not None else None
-    args: dict[str, Any] = {}
-    if (
-        step.name in (AgentStep.transfer, AgentStep.restore, AgentStep.release, AgentStep.stage)
-        and image is not None
-    ):
-        args["image"] = image
-    if (
-        step.phase == StepPhase.forward
-        and step.name in (AgentStep.restore, AgentStep.stage)
-        and transfer
-    ):
-        args["image_dir"] = transfer.result.get("image_dir")
-    stage = by_name.get((StepPhase(step.phase), AgentStep.stage))
-    if step.name == AgentStep.confirm and stage is not None:
-        # The scheduler starts the job; the agent waits for it to run restored from here.
-        args["resumed_from"] = stage.result.get("image_dir")
-        args["wait_s"] = start_wait_s
-    kind = ActionKind(action.kind)
-    if step.name in (ConnectorStep.requeue, ConnectorStep.suspend) and image is not None:
-        # Where the job resumes from: Kubernetes' connector writes it on the Job (or the
-        # Kueue Workload) so the pods the scheduler starts next read SHAPER_RESUME_FROM;
-        # Slurm's job body finds its staged image itself and ignores it.
-        args["image"] = image
-        if stage is not None and stage.result.get("image_dir"):
-            # Staged on the node the requeue pins the job to: resume from that copy.
-            args["resume_from"] = stage.result["image_dir"]
-    if step.name == ConnectorStep.requeue:
-        pin = _requeue_pin(action, job, step)
-        if pin is not None:
-            args["nodes"] = [pin]
-        if step.phase == StepPhase.forward and kind in (ActionKind.preempt, ActionKind.requeue):
-            # A stopped job waits until a plan starts it again: it must not take back the
-            # GPUs it was stopped to free.
-            args["hold"] = True
-    if step.name == ConnectorStep.reserve:
-        args.update(
-            {
-                "gpus": dict(action.target_placement),
-                "ttl_s": RESERVATION_TTL_S,
-                "counts_on": list(action.counts_on),
-            }
-        )
-    targets = sorted(action.target_placement) or [
-        n for n in (action.target_node or "").split(",") if n
-    ]
-    if step.name in (ConnectorStep.start, ConnectorStep.resume) and targets:
-        args["nodes"] = targets
-    if step.name == ConnectorStep.confirm and is_connector_queue(step.queue):
-        if kind in (ActionKind.start, ActionKind.resume):
-            args.update({"expect": "running", "nodes": targets})
-        else:
-            args["expect"] = "stopped"
-    if step.name == AgentStep.release:
-        # A migrated job's image on its source is no longer needed (nor a copy on a target
-        # that compensation fences off); a preempted job's is what it resumes from.
-        args["delete_image"] = not (
-            step.phase == StepPhase.forward and ActionKind(action.kind) is ActionKind.preempt
-        )
-    if is_connector_queue(step.queue):
-        args.update(
-            {
-                "source_node": action.source_node,
-                "target_node": action.target_node,
-                "replicas": action.target_replicas,
-            }
-        )
-    request = StepRequest(
-        action_id=action.id,
-        key=step.idempotency_key,
-        step=str(step.name),
-        phase=StepPhase(step.phase).value,
-        workload_id=job.external_id if job is not None else None,
-        generation=step.generation,
-        args=args,
-        reply_task=REPLY_TASK,
-        reply_queue=CONTROL_QUEUE,
-    )
-    return Outgoing(
-        queue=step.queue,
-        task=step_task(step.queue, step.name),
-        kwargs={"step": request.model_dump(mode="json")},
-    )
-
-
-def _requeue_pin(action: Action, job: Job | None, step: ActionStep) -> str | None:
-    """The node a requeued job must run on next: where its staged image waits."""
-    kind = ActionKind(action.kind)
-    if step.phase == StepPhase.compensate:
-        return action.source_node
-    if kind is ActionKind.migrate:
-        return action.target_node
-    if kind is ActionKind.preempt and job is not None and job.checkpointable:
-        return action.source_node
-    return None  # a plain requeue: the scheduler chooses
-
-
-# -- the state machine -----------------------------------------------------------------
 
 
 def _move(action: Action, to: ActionState, now: datetime) -> None:
@@ -432,7 +149,7 @@ def _timeout(
     if override is not None:
         return override
     staged = any(s.name == AgentStep.stage and s.phase == step.phase for s in steps)
-    if step.name == AgentStep.confirm and staged:  # it waits that long for the scheduler (_message)
+    if step.name == AgentStep.confirm and staged:  # it waits for the scheduler (step_message)
         return max(DEFAULT_STEP_TIMEOUT_S, start_wait_s + 60.0)
     return STEP_TIMEOUT_S.get(step.name, DEFAULT_STEP_TIMEOUT_S)
 
@@ -650,8 +367,8 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
     moving = kind is ActionKind.migrate or (kind is ActionKind.preempt and job.checkpointable)
     generation = job.generation + 1 if moving else job.generation
     try:
-        steps = _forward_steps(action, job, cluster, generation)
-    except _Unplannable as error:
+        steps = forward_steps(action, job, cluster, generation)
+    except Unplannable as error:
         _move(action, ActionState.cancelled, now)
         action.error = str(error)
         return False
@@ -694,7 +411,7 @@ def _send(
     step.sent_at = now
     action.attempts += 1
     action.updated_at = now
-    message = _message(action, job, step, steps, start_wait_s)
+    message = step_message(action, job, step, steps, start_wait_s)
     if retry:
         backoff = (
             CONFIRM_POLL_S
@@ -751,11 +468,7 @@ def _on_failure(
             cluster = session.exec(
                 select(Cluster.name).where(Cluster.id == action.cluster_id)
             ).one()
-            back = _Plan(action, cluster, failed.generation)
-            back.add(
-                ConnectorStep.resume, connector_queue(cluster), StepPhase.compensate, failed.seq + 1
-            )
-            step = back.steps[0]
+            step = resume_step(action, failed, cluster)
             session.add(step)
             session.flush()
             return [_send(action, job, step, [*steps, step], now, start_wait_s)]
@@ -777,7 +490,7 @@ def _on_failure(
         job = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
     generation = (job.generation + 1) if job is not None else failed.generation
     cluster = session.exec(select(Cluster.name).where(Cluster.id == action.cluster_id)).one()
-    compensation = _compensation_steps(action, steps, cluster, generation)
+    compensation = compensation_steps(action, steps, cluster, generation)
     if not compensation:
         # Nothing ran that needs undoing: the scheduler refused, or nothing reached a node.
         _move(action, ActionState.failed, now)

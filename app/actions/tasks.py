@@ -15,6 +15,7 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from app.actions import local, saga
+from app.actions.messages import Outgoing
 from app.core.clock import SystemClock
 from app.core.config import get_settings
 from app.core.db import get_engine
@@ -48,7 +49,7 @@ def _timings() -> dict[str, Any]:
     }
 
 
-def send(outgoing: list[saga.Outgoing]) -> None:
+def send(outgoing: list[Outgoing]) -> None:
     # The Shaper app explicitly: in an API process Celery's "current" app may be a default
     # one that points at a broker nobody configured.
     eager = celery_app.conf.task_always_eager
@@ -88,7 +89,7 @@ def _logged(function: Any, *args: Any) -> None:
         log.exception("in-process delivery of %s failed", getattr(function, "__name__", function))
 
 
-def _deliver_locally(executor: local.Executor, message: saga.Outgoing) -> None:
+def _deliver_locally(executor: local.Executor, message: Outgoing) -> None:
     """Embedded default: the step runs in this process (app.actions.local) and its answer
     is recorded as that executor's report; the saga then goes on from there."""
     answer = executor(message.queue, message.kwargs["step"])

@@ -37,12 +37,13 @@ from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.policies.models import SlaPolicy
+from app.shaping.snapshot import NODE_STATES
 from app.telemetry.models import TelemetrySample
-from solver.diagnosis import AllocationAt, ClusterAt, NodeAt, NodeCondition, QueuedJobAt
+from solver import instance as si
+from solver.diagnosis import AllocationAt, ClusterAt, NodeAt, QueuedJobAt
 from wire.telemetry import TERMINAL_JOB_STATES, JobShape, Metric
 
 NO_MODEL = "none"
-_CONDITIONS = {"up": NodeCondition.UP, "draining": NodeCondition.DRAINING}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +143,9 @@ def _nodes(session: Session, window: Window) -> tuple[tuple[NodeAt, ...], dict[i
     nodes, names = [], {}
     for node_id, name, model, gpus, state in session.execute(query):
         names[node_id] = name
-        condition = _CONDITIONS.get(str(state), NodeCondition.DOWN)
-        nodes.append(NodeAt(name, model or NO_MODEL, int(gpus or 0), condition))
+        # Through the snapshot's table (the one wire → solver mapping); unknown is down.
+        solver_state = NODE_STATES.get(state, si.NodeState.DOWN)
+        nodes.append(NodeAt(name, model or NO_MODEL, int(gpus or 0), solver_state))
     return tuple(nodes), names
 
 

@@ -43,6 +43,7 @@ database.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -78,6 +79,16 @@ SHAPER = "shaper"
 SUPERSEDE_GAIN = 0.05
 SUPERSEDE_MIN_UNITS = 1.0
 TAKES = (ActionKind.start, ActionKind.migrate)
+# The one place a plan's action (``solver.plan.ActionKind``) becomes an action row's kind:
+# the control plane's ``ActionKind`` is the solver's five and its own saga kinds (reserve,
+# unreserve, resume), which the solver, importing nothing of ``app``, cannot know.
+ACTION_KINDS: Mapping[sp.ActionKind, ActionKind] = {
+    sp.ActionKind.START: ActionKind.start,
+    sp.ActionKind.MIGRATE: ActionKind.migrate,
+    sp.ActionKind.RESIZE: ActionKind.resize,
+    sp.ActionKind.PREEMPT: ActionKind.preempt,
+    sp.ActionKind.REQUEUE: ActionKind.requeue,
+}
 
 
 @dataclass(frozen=True)
@@ -549,7 +560,7 @@ def _add_actions(
         if index in deferred:
             continue
         job = _local(action.job_id)
-        kind = ActionKind(action.kind.value)
+        kind = ACTION_KINDS[action.kind]
         rows[index] = new(
             kind,
             job,

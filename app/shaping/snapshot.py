@@ -6,8 +6,13 @@ the solve works on a consistent picture however long it takes. ``to_instance`` i
 
 Mapping to the solver (documented because it decides what the solver optimises):
 
+* the wire's words become the solver's through one table each, here and nowhere else
+  (the solver imports neither ``wire`` nor ``app``, so it keeps its own enums):
+  ``NODE_STATES`` (``up``/``draining``/``down`` → READY/DRAINING/DOWN) and ``JOB_SHAPES``
+  (``block``/``elastic`` → BLOCK/ELASTIC); a job's ``kind`` (training, inference …) is not
+  the solver's business and feeds only ``forecast.duration``.
 * node names become ``<cluster>/<node>`` so instances of several clusters never clash;
-  ``up``/``draining``/``down`` map to READY/DRAINING/DOWN; CPU cores → milli-CPUs.
+  CPU cores → milli-CPUs.
 * a job's ``priority`` p (0…1,000,000 on the wire) becomes the solver weight 1 + p / 10,
   multiplied by its team's ``priority_weight`` from the cluster's SLA policy.
 * block jobs: ``gang_size`` replicas of ``gpus_requested / gang_size`` GPUs when that
@@ -38,6 +43,7 @@ Mapping to the solver (documented because it decides what the solver optimises):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -58,7 +64,7 @@ from app.telemetry.models import TelemetrySample
 from forecast import demand as demand_forecast
 from forecast.duration import DurationPredictor, JobFeatures
 from solver import instance as si
-from wire.telemetry import TERMINAL_JOB_STATES, JobShape, JobState, Metric
+from wire.telemetry import TERMINAL_JOB_STATES, JobShape, JobState, Metric, NodeState
 
 # Pinned jobs (``required_nodes``) select a label only their nodes carry (``_pin_labels``).
 PIN_LABEL = "shaper.io/pinned"
@@ -76,10 +82,16 @@ MIN_DURATION_HISTORY = 20
 # Per cluster: the predictor learnt from its finished jobs, and a hash of those: rebuilt
 # only when the history has changed (a job finished, an old one aged out).
 _DURATIONS: dict[str, tuple[int, DurationPredictor]] = {}
-_NODE_STATES = {
-    "up": si.NodeState.READY,
-    "draining": si.NodeState.DRAINING,
-    "down": si.NodeState.DOWN,
+# The one place the wire's words become the solver's (``app.diagnosis.history`` reads
+# node states through this table too).
+NODE_STATES: Mapping[NodeState, si.NodeState] = {
+    NodeState.up: si.NodeState.READY,
+    NodeState.draining: si.NodeState.DRAINING,
+    NodeState.down: si.NodeState.DOWN,
+}
+JOB_SHAPES: Mapping[JobShape, si.JobShape] = {
+    JobShape.block: si.JobShape.BLOCK,
+    JobShape.elastic: si.JobShape.ELASTIC,
 }
 
 
@@ -444,7 +456,7 @@ def to_instance(
             cpu_milli=n.cpu_cores * 1000,
             memory_mib=n.memory_mib,
             labels={**n.labels, **{key: PIN for pinned, key in pins.items() if n.name in pinned}},
-            state=_NODE_STATES[n.state],
+            state=NODE_STATES[n.state],
         )
         for n in snapshot.nodes
         if n.gpu_model_id is not None and n.gpu_count > 0
@@ -543,7 +555,8 @@ def _solver_job(
             continue
         placement[name] = placement.get(name, 0) + gpus
         indices[name] = tuple(sorted(indices.get(name, ()) + node_indices))
-    elastic = row.shape == JobShape.elastic
+    shape = JOB_SHAPES[JobShape(row.shape)]
+    elastic = shape is si.JobShape.ELASTIC
     if elastic:
         per_replica = max(row.gpus_requested, 1)
         held = sum(placement.values())
@@ -562,7 +575,7 @@ def _solver_job(
     return si.Job(
         id=solver_job_id(cluster, row.external_id),
         team=row.team,
-        kind=si.JobKind.ELASTIC if elastic else si.JobKind.BLOCK,
+        shape=shape,
         priority=1.0 + row.priority / 10,
         gpus_per_replica=max(per_replica, 1),
         replicas=max(replicas, 0),

@@ -8,7 +8,7 @@ stored history) and the simulator (``sim.diagnosis``, from its own state) both u
 from solver.diagnosis.causes import IdleCause
 from solver.diagnosis.classify import Diagnosis, IdleGpus, classify
 from solver.diagnosis.hours import IdleHours, IdleRow
-from solver.diagnosis.state import AllocationAt, ClusterAt, NodeAt, NodeCondition, QueuedJobAt
+from solver.diagnosis.state import AllocationAt, ClusterAt, NodeAt, QueuedJobAt
 
 __all__ = [
     "AllocationAt",
@@ -19,7 +19,6 @@ __all__ = [
     "IdleHours",
     "IdleRow",
     "NodeAt",
-    "NodeCondition",
     "QueuedJobAt",
     "classify",
 ]

@@ -6,9 +6,9 @@ Algorithm:
    claims more GPUs than a node has must not make the books unbalanced) and its free GPUs.
 2. Down node: every GPU is ``draining_down``. Otherwise each allocation's GPUs above its
    owner's demand are ``reservation``, the rest ``allocated_idle`` when measured below the
-   threshold, else busy. A draining node's free GPUs are ``draining_down``; an up node's
+   threshold, else busy. A draining node's free GPUs are ``draining_down``; a ready node's
    reserved free GPUs are ``reservation``.
-3. The up nodes' remaining free GPUs ("open") are asked about the queue, with the checks of
+3. The ready nodes' remaining free GPUs ("open") are asked about the queue, with the checks of
    ``causes`` in order. Jobs are admissible when they accept the node's model and their
    team has room under its cap for the whole job. Whether a job's gang can be completed is
    measured on the open GPUs of the nodes it accepts, once per job.
@@ -23,7 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from solver.diagnosis.causes import IdleCause
-from solver.diagnosis.state import ClusterAt, NodeAt, NodeCondition, QueuedJobAt
+from solver.diagnosis.state import ClusterAt, NodeAt, QueuedJobAt
+from solver.instance import NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,7 @@ def classify(cluster: ClusterAt) -> Diagnosis:
     for node in cluster.nodes:
         capacity_by_model[node.gpu_model] += node.gpus
         busy_by_model[node.gpu_model] += 0  # every model appears, idle or not
-        if node.condition is NodeCondition.DOWN:
+        if node.state is NodeState.DOWN:
             if node.gpus:
                 idle.append(
                     IdleGpus(IdleCause.DRAINING_DOWN, node.name, node.gpu_model, None, node.gpus)
@@ -104,7 +105,7 @@ def classify(cluster: ClusterAt) -> Diagnosis:
         free = room
         if not free:
             continue
-        if node.condition is NodeCondition.DRAINING:
+        if node.state is NodeState.DRAINING:
             idle.append(IdleGpus(IdleCause.DRAINING_DOWN, node.name, node.gpu_model, None, free))
             continue
         reserved = min(max(node.reserved_gpus, 0), free)

@@ -1,22 +1,18 @@
 """One cluster at one instant, as the idle-GPU classifier reads it.
 
 Plain frozen dataclasses rather than pydantic models: the simulator builds one at every
-event, and validation there would cost more than the classification.
+event, and validation there would cost more than the classification. A node's ``state`` is
+the solver's :class:`~solver.instance.NodeState`, the same word the instance uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from solver.instance import NodeState
 
 DEFAULT_BUSY_THRESHOLD = 0.1
-
-
-class NodeCondition(StrEnum):
-    UP = "up"
-    DRAINING = "draining"
-    DOWN = "down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +20,7 @@ class NodeAt:
     name: str
     gpu_model: str
     gpus: int
-    condition: NodeCondition = NodeCondition.UP
+    state: NodeState = NodeState.READY
     # Free GPUs of this node set aside (a plan's reservation, a service's forecast); they
     # are not free for queued work.
     reserved_gpus: int = 0

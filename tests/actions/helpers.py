@@ -14,15 +14,15 @@ from sqlmodel import Session, select
 from agent import procs
 from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import Cluster, ShapingMode
-from app.core.lookup import row_id
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
-from tests.actions.conftest import CLUSTER, WAIT_S, Pipeline, Tracked, action_state
-from tests.agent.helpers import COUNTER, count_of, processes_mentioning
+from tests.actions.conftest import Tracked
+from tests.support.counter import COUNTER, count_of
+from tests.support.pipeline import CLUSTER, WAIT_S, Pipeline
+from tests.support.plans import TERMINAL, action_state
+from tests.support.processes import processes_mentioning
 from wire.telemetry import JobState, SchedulerKind
-
-TERMINAL = {"succeeded", "failed", "compensated", "cancelled", "rejected"}
 
 
 def now() -> datetime:
@@ -230,51 +230,3 @@ def placed_on(engine: Engine, job_id: int) -> list[str]:
                 .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))  # type: ignore[union-attr]
             )
         )
-
-
-def stored_plan(engine: Engine, steps: list[dict[str, Any]], *, tag: str = "e2e-plan") -> list[int]:
-    """A proposed plan shaped as the shaping cycle shapes one (app/shaping/cycle.py), for
-    the end-to-end tests against real schedulers: ``steps`` are action fields with ``job``
-    (the scheduler's external id) and ``after`` (indices into ``steps``: the action's
-    prerequisites). Returns ``[plan id, action ids…]``."""
-    from app.plans.models import Plan, PlanState
-
-    created = now()
-    with Session(engine) as session:
-        jobs = {j.external_id: j for j in session.exec(select(Job)).all()}
-        cluster_id = jobs[steps[0]["job"]].cluster_id
-        plan = Plan(
-            cluster_id=cluster_id,
-            created_at=created,
-            policy="shaper",
-            engine="test",
-            mode="advise",
-            status="FEASIBLE",
-            state=PlanState.proposed,
-        )
-        session.add(plan)
-        session.flush()
-        rows: list[Action] = []
-        for index, fields in enumerate(steps):
-            fields = dict(fields)
-            job = jobs[fields.pop("job")]
-            fields.pop("after", None)
-            rows.append(
-                Action(
-                    plan_id=plan.id,
-                    cluster_id=cluster_id,
-                    job_id=job.id,
-                    state=ActionState.proposed,
-                    idempotency_key=f"{tag}:{plan.id}:{index}",
-                    reason=f"plan {plan.id}: end-to-end test",
-                    created_at=created,
-                    updated_at=created,
-                    **fields,
-                )
-            )
-        session.add_all(rows)
-        session.flush()
-        for row, fields in zip(rows, steps, strict=True):
-            row.depends_on = sorted(row_id(rows[i]) for i in fields.get("after", ()))
-        session.commit()
-        return [row_id(plan), *(row_id(row) for row in rows)]

@@ -8,7 +8,7 @@ from agent import procs
 from app.actions import saga
 from app.actions.models import Action, ActionKind, ActionStep
 from app.shaping.cycle import run_cycle
-from tests.actions.conftest import Api, Pipeline, Tracked, start_sim_connector
+from tests.actions.conftest import Api, Tracked, start_sim_connector
 from tests.actions.helpers import (
     add_job,
     finish_jobs,
@@ -19,7 +19,8 @@ from tests.actions.helpers import (
     start_counter,
     wait_for_action,
 )
-from tests.agent.helpers import count_of, next_count
+from tests.support.counter import count_of, next_count
+from tests.support.pipeline import Pipeline
 
 JOBS = ("adv-1", "adv-2")
 

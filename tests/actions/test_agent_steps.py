@@ -8,7 +8,8 @@ from typing import Any
 from agent.fencing import FenceStore
 from agent.steps import StepExecutor
 from agent.workload import WorkloadStore
-from tests.agent.helpers import Reaper, count_of, next_count, start_counter
+from tests.support.counter import count_of, next_count, start_counter
+from tests.support.processes import Reaper
 from wire.steps import AgentStepRequest, Outcome
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent import procs
 from app.actions.models import ActionKind
-from tests.actions.conftest import Api, Pipeline, Tracked, action_state
+from tests.actions.conftest import Api, Tracked
 from tests.actions.helpers import (
     add_job,
     finish_jobs,
@@ -16,7 +16,9 @@ from tests.actions.helpers import (
     steps_of,
     wait_for_action,
 )
-from tests.agent.helpers import count_of, next_count, progress_of
+from tests.support.counter import count_of, next_count, progress_of
+from tests.support.pipeline import Pipeline
+from tests.support.plans import action_state
 
 
 def test_restore_failure_on_the_target_brings_the_job_back_to_its_source(

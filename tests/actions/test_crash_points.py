@@ -51,7 +51,7 @@ from tests.actions.fault_model import (
     control_faults,
     executor_faults,
 )
-from tests.conftest import T0
+from tests.support.clock import T0
 from wire.telemetry import JobState, SchedulerKind
 
 SLURM = SchedulerKind.slurm

@@ -49,7 +49,7 @@ from app.tokens.models import ApiTokenCreate
 from connectors.runner import RunnerConfig, TelemetryRunner
 from tests.actions import fault_model
 from tests.actions.fault_model import PROCESSES, TALLY, Fault, Scenario, World
-from tests.conftest import T0
+from tests.support.clock import T0
 from wire.telemetry import (
     AllocationReport,
     ClusterState,

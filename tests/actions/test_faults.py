@@ -22,7 +22,7 @@ import redis
 from agent import procs
 from app.actions import saga
 from app.actions.models import ActionKind
-from tests.actions.conftest import Api, Pipeline, Tracked, action_state
+from tests.actions.conftest import Api, Tracked
 from tests.actions.fault_model import TALLY
 from tests.actions.helpers import (
     add_job,
@@ -32,7 +32,9 @@ from tests.actions.helpers import (
     start_counter,
     wait_for_action,
 )
-from tests.agent.helpers import count_of, next_count, progress_of
+from tests.support.counter import count_of, next_count, progress_of
+from tests.support.pipeline import Pipeline
+from tests.support.plans import action_state
 
 IMPATIENT = {"SHAPER_ACTION_STEP_TIMEOUT_S": "3"}
 

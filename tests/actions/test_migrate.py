@@ -7,7 +7,7 @@ from pathlib import Path
 from agent import procs
 from agent.workload import WorkloadState
 from app.actions.models import ActionKind, StepState
-from tests.actions.conftest import Api, Pipeline, Tracked, action_state, send
+from tests.actions.conftest import Api, Tracked
 from tests.actions.helpers import (
     add_job,
     finish_jobs,
@@ -19,7 +19,9 @@ from tests.actions.helpers import (
     steps_of,
     wait_for_action,
 )
-from tests.agent.helpers import count_of, next_count, progress_of
+from tests.support.counter import count_of, next_count, progress_of
+from tests.support.pipeline import Pipeline, send
+from tests.support.plans import action_state
 
 MIGRATE_STEPS = [
     ("forward", "checkpoint", "agent.lab.a", "succeeded"),

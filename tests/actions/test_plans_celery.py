@@ -18,8 +18,9 @@ from app.clusters.models import ClusterCreate, ShapingMode
 from app.plans.models import Plan
 from app.shaping.cycle import run_cycle
 from app.telemetry import service as telemetry_service
-from tests.actions.conftest import Api, Pipeline, _token, start_test_worker
+from tests.actions.conftest import Api, _token, start_test_worker
 from tests.actions.helpers import now
+from tests.support.pipeline import Pipeline
 from wire.telemetry import ClusterState, SchedulerKind, TelemetrySnapshot
 
 SITE = "simlab"

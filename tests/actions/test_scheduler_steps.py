@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 from app.actions.models import ActionKind
-from tests.actions.conftest import Api, Pipeline, start_sim_connector
+from tests.actions.conftest import Api, start_sim_connector
 from tests.actions.helpers import add_job, finish_jobs, job_generation, propose, steps_of
 from tests.actions.helpers import wait_for_action as wait
+from tests.support.pipeline import Pipeline
 
 
 def test_requeue_and_start_go_to_the_connector_and_a_preempt_without_checkpoint_requeues(

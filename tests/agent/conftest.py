@@ -16,7 +16,7 @@ from agent.backends.base import BackendUnavailable
 from agent.backends.criu import CriuBackend, find_criu
 from agent.settings import AgentSettings
 from agent.workload import WorkloadStore
-from tests.agent.helpers import Reaper
+from tests.support.processes import Reaper
 
 
 @pytest.fixture(scope="session")

@@ -21,15 +21,8 @@ from agent.backends.base import (
 )
 from agent.backends.criu import CriuBackend, find_criu
 from agent.workload import WorkloadState, WorkloadStore
-from tests.agent.helpers import (
-    Reaper,
-    count_of,
-    next_count,
-    processes_mentioning,
-    progress_of,
-    resident_bytes,
-    start_counter,
-)
+from tests.support.counter import count_of, next_count, progress_of, start_counter
+from tests.support.processes import Reaper, processes_mentioning, resident_bytes
 
 MiB = 1 << 20
 

@@ -21,7 +21,8 @@ from agent.fencing import FenceStore
 from agent.foreground import EXIT_RESTORE_FAILED
 from agent.steps import StepExecutor
 from agent.workload import WorkloadState, WorkloadStore
-from tests.agent.helpers import WAIT_S, Reaper, count_of, counter_command, next_count, progress_of
+from tests.support.counter import WAIT_S, count_of, counter_command, next_count, progress_of
+from tests.support.processes import Reaper
 from wire.steps import AgentStep, AgentStepRequest, Outcome, StepReport
 
 

@@ -23,7 +23,8 @@ from agent.backends.signal import CHECKPOINT_NAME, SignalBackend
 from agent.backends.sim import SimBackend
 from agent.steps import StepExecutor
 from agent.workload import RunningWorkload, WorkloadState, WorkloadStore, start_workload
-from tests.agent.helpers import Reaper, count_of, next_count, progress_of, start_counter
+from tests.support.counter import count_of, next_count, progress_of, start_counter
+from tests.support.processes import Reaper
 from wire.steps import AgentStep, AgentStepRequest, Outcome, StepReport
 
 

@@ -11,14 +11,8 @@ from agent import procs
 from agent.backends.base import CheckpointFailed, ImageCorrupt, WorkloadNotRunning
 from agent.backends.signal import CHECKPOINT_NAME, SignalBackend
 from agent.workload import WorkloadState, WorkloadStore, start_workload
-from tests.agent.helpers import (
-    Reaper,
-    count_of,
-    next_count,
-    processes_mentioning,
-    progress_of,
-    start_counter,
-)
+from tests.support.counter import count_of, next_count, progress_of, start_counter
+from tests.support.processes import Reaper, processes_mentioning
 
 MiB = 1 << 20
 

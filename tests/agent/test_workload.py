@@ -16,7 +16,7 @@ from agent.workload import (
     kill_workload,
     start_workload,
 )
-from tests.agent.helpers import Reaper
+from tests.support.processes import Reaper
 
 
 def _environ(pid: int) -> dict[str, str]:

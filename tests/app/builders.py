@@ -9,7 +9,7 @@ from sqlmodel import Session
 
 from app.actions.models import Action, ActionKind
 from app.plans.models import Plan
-from tests.conftest import T0
+from tests.support.clock import T0
 
 
 def node(name: str = "n1", **fields: Any) -> dict[str, Any]:

@@ -36,7 +36,8 @@ from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
 from tests.app.builders import job, migration_plan, node, running, snapshot, util_sample
 from tests.app.test_policies import SPEC
-from tests.conftest import T0, _session_in_rollback
+from tests.support.clock import T0
+from tests.support.database import session_in_rollback
 
 MAX_EXAMPLES = int(os.environ.get("SHAPER_FUZZ_EXAMPLES", "12"))
 PHASES = os.environ.get("SHAPER_FUZZ_PHASES", "examples,fuzzing").split(",")
@@ -87,7 +88,7 @@ APPS = {
 
 
 def _attach(app: FastAPI, engine: Engine) -> Iterator[dict[str, str]]:
-    for session in _session_in_rollback(engine):
+    for session in session_in_rollback(engine):
         clock = FrozenClock(T0)
         app.dependency_overrides[get_session] = lambda: session  # noqa: B023
         app.dependency_overrides[get_clock] = lambda: clock  # noqa: B023

@@ -14,7 +14,7 @@ from app.core import migrate
 from app.core.clock import FrozenClock
 from app.core.db import make_engine
 from tests.app.builders import delta, job, running, snapshot, util_sample
-from tests.conftest import T0
+from tests.support.clock import T0
 from wire.telemetry import MAX_SEQ, REPLAY_WINDOW
 
 URL = "/api/v1/clusters/alpha/telemetry"

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from tests.live_server import free_port
+from tests.support.live_server import free_port
 
 WAIT_S = 120.0
 

@@ -16,7 +16,7 @@ from app.core.clock import FrozenClock
 from app.diagnosis.models import IdleDiagnosis
 from app.diagnosis.report import print_diagnosis
 from tests.app.builders import job, node, running, snapshot, util_sample
-from tests.conftest import T0
+from tests.support.clock import T0
 
 URL = "/api/v1/diagnosis"
 TELEMETRY = "/api/v1/clusters/alpha/telemetry"

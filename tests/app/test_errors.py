@@ -30,8 +30,8 @@ from app.core.logging import RedactSecrets
 from app.main import create_app
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
-from tests.conftest import T0
-from tests.live_server import app_on, serve, tokens_for
+from tests.support.clock import T0
+from tests.support.live_server import app_on, serve, tokens_for
 
 ERROR_KEYS = {"code", "message", "retryable"}
 

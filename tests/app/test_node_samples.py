@@ -19,8 +19,8 @@ from app.gpu_models import service as gpu_model_service
 from app.telemetry import service as telemetry_service
 from app.telemetry.models import TelemetrySample
 from tests.app.builders import node, snapshot
-from tests.conftest import T0
-from tests.live_server import app_on, serve, tokens_for
+from tests.support.clock import T0
+from tests.support.live_server import app_on, serve, tokens_for
 from wire.telemetry import NodeReport, TelemetrySnapshot
 
 URL = "/api/v1/clusters/alpha/nodes/n1/samples"

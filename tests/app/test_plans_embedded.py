@@ -35,7 +35,7 @@ from app.plans.models import Plan, PlanState
 from app.shaping.cycle import run_cycle
 from app.telemetry import service as telemetry_service
 from connectors.sim import SimCluster, SimExecutors, SiteSpec
-from tests.live_server import app_on, tokens_for
+from tests.support.live_server import app_on, tokens_for
 from wire.telemetry import JobKind, JobReport, SchedulerKind, TelemetrySnapshot
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -26,7 +26,7 @@ from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
 from tests.app.builders import job, node, running, snapshot
-from tests.live_server import app_on, free_port, serve, tokens_for
+from tests.support.live_server import app_on, free_port, serve, tokens_for
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "shaper-dashboard.json"

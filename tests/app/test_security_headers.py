@@ -21,7 +21,7 @@ from app.core.db import make_engine
 from app.core.headers import DASHBOARD_CSP
 from app.demo import seed_demo_site
 from app.gpu_models import service as gpu_model_service
-from tests.live_server import app_on, serve, tokens_for
+from tests.support.live_server import app_on, serve, tokens_for
 
 COMMON = {
     "x-content-type-options": "nosniff",

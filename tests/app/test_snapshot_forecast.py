@@ -19,7 +19,7 @@ from app.shaping.snapshot import (
 )
 from forecast.demand import DemandForecaster
 from tests.app.builders import job, node, snapshot
-from tests.conftest import T0
+from tests.support.clock import T0
 
 TELEMETRY = "/api/v1/clusters/alpha/telemetry"
 

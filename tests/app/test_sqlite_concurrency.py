@@ -32,8 +32,8 @@ from app.shaping.cycle import CycleResult, run_cycle
 from solver import Instance
 from solver import plan as sp
 from tests.app.builders import job, node, running, snapshot
-from tests.conftest import T0
-from tests.live_server import app_on, serve, tokens_for
+from tests.support.clock import T0
+from tests.support.live_server import app_on, serve, tokens_for
 
 BUSY_TIMEOUT_MS = 500
 SOLVE_S = 2.0

@@ -16,7 +16,7 @@ from app.main import create_app
 from app.telemetry import service as telemetry_service
 from app.telemetry.models import TelemetrySample
 from tests.app.builders import delta, job, node, running, snapshot, util_sample
-from tests.conftest import T0
+from tests.support.clock import T0
 from wire.telemetry import TelemetrySnapshot
 
 URL = "/api/v1/clusters/alpha/telemetry"

@@ -1,5 +1,5 @@
 """A delta is checked and written against the stored rows it names or touches, not the
-whole cluster (app/telemetry/service.py, ``_Scope``), on both backends.
+whole cluster (app/telemetry/ingest.py, ``_Scope``), on both backends.
 
 Proof by comparison: every push goes to two clusters, ``alpha`` ingested as the service
 does now and ``beta`` with the scope switched off (``_NAMED_LIMIT`` below any set, so every
@@ -23,10 +23,10 @@ from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
-from app.telemetry import service
+from app.telemetry import ingest
 from app.telemetry.models import TelemetrySample
 from tests.app.builders import delta, job, node, running, snapshot, util_sample
-from tests.conftest import T0
+from tests.support.clock import T0
 
 JOBS = Job.__table__  # type: ignore[attr-defined]
 NODES = Node.__table__  # type: ignore[attr-defined]
@@ -159,7 +159,7 @@ def _push_both(
     for cluster in ("alpha", "beta"):
         with monkeypatch.context() as patch:
             if cluster == "beta":  # every set over the limit: the whole cluster is read
-                patch.setattr(service, "_NAMED_LIMIT", -1)
+                patch.setattr(ingest, "_NAMED_LIMIT", -1)
             response = client.post(
                 f"/api/v1/clusters/{cluster}/telemetry",
                 headers=auth[f"connector_{cluster}"],
@@ -184,7 +184,7 @@ def test_a_delta_is_stored_and_refused_as_against_the_whole_cluster(
     read: dict[str, list[int]] = {"nodes": [], "jobs": []}
 
     def spy(name: str, kind: str) -> Callable[..., Any]:
-        real = getattr(service, name)
+        real = getattr(ingest, name)
 
         def wrapper(*args: Any) -> Any:
             rows = real(*args)
@@ -193,8 +193,8 @@ def test_a_delta_is_stored_and_refused_as_against_the_whole_cluster(
 
         return wrapper
 
-    monkeypatch.setattr(service, "_stored_nodes", spy("_stored_nodes", "nodes"))
-    monkeypatch.setattr(service, "_stored_jobs", spy("_stored_jobs", "jobs"))
+    monkeypatch.setattr(ingest, "_stored_nodes", spy("_stored_nodes", "nodes"))
+    monkeypatch.setattr(ingest, "_stored_jobs", spy("_stored_jobs", "jobs"))
 
     def push(body: dict[str, Any]) -> tuple[int, Any]:
         return _push_both(client, auth, session, monkeypatch, body)

@@ -15,7 +15,7 @@ from sqlmodel import Session
 from app.jobs.models import Allocation, Job
 from app.telemetry.models import TelemetrySample
 from tests.app.builders import delta, job, node, running, snapshot, util_sample
-from tests.conftest import T0
+from tests.support.clock import T0
 
 URL = "/api/v1/clusters/alpha/telemetry"
 SAMPLES_URL = "/api/v1/clusters/alpha/nodes/n1/samples"

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from app.core.clock import FrozenClock
 from tests.app.builders import job, node, running, snapshot, util_sample
-from tests.conftest import T0
+from tests.support.clock import T0
 
 URL = "/api/v1/clusters/alpha/telemetry"
 

@@ -28,8 +28,8 @@ from kombu import Connection
 from connectors.actions import ConnectorStepExecutor, StepJournal
 from connectors.base import ConnectorError
 from connectors.runner import main
-from tests.actions.conftest import RedisServer
 from tests.connectors.conftest import REPO, SlurmCluster
+from tests.support.pipeline import RedisServer
 from wire.steps import Outcome, StepRequest
 from wire.telemetry import ClusterState, JobReport, JobState, SchedulerKind
 

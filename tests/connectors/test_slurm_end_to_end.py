@@ -20,7 +20,7 @@ from app.gpu_models import service as gpu_model_service
 from connectors.runner import RunnerConfig, TelemetryRunner
 from connectors.slurm.config import SlurmMapping
 from tests.connectors.conftest import SlurmCluster
-from tests.live_server import app_on, free_port, serve, tokens_for
+from tests.support.live_server import app_on, free_port, serve, tokens_for
 
 NOW = datetime.now(UTC)
 

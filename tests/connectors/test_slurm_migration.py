@@ -32,12 +32,11 @@ from app.core import migrate
 from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
-from tests.actions.conftest import Pipeline, RedisServer, action_state
-from tests.actions.helpers import stored_plan
-from tests.agent.helpers import COUNTER, count_of, next_count, progress_of
 from tests.connectors.conftest import SlurmCluster
-from tests.live_server import app_on, serve, tokens_for
-from tests.support.plans import wait_until_settled
+from tests.support.counter import COUNTER, count_of, next_count, progress_of
+from tests.support.live_server import app_on, serve, tokens_for
+from tests.support.pipeline import Pipeline, RedisServer
+from tests.support.plans import action_state, stored_plan, wait_until_settled
 
 CLUSTER = "hpc-test"
 NODES = ("node1", "node2", "node3")
@@ -413,7 +412,7 @@ def test_a_move_that_loses_both_target_and_source_leaves_the_job_queued_with_its
 
 
 def _plan(deployment: dict[str, Any], steps: list[dict[str, Any]]) -> list[int]:
-    """A proposed plan (tests.actions.helpers.stored_plan): each move and start after a
+    """A proposed plan (tests.support.plans.stored_plan): each move and start after a
     ``reserve`` of its target, what frees GPUs for a job after that job's reservation."""
     return stored_plan(deployment["pipeline"].engine, steps)
 

@@ -30,12 +30,11 @@ from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
-from tests.actions.conftest import Pipeline, RedisServer
-from tests.actions.helpers import stored_plan
 from tests.k8s.conftest import GPUS_PER_NODE, NODES, K8sCluster, Kube, wait_for
 from tests.k8s.objects import admitted, gpu_job, gpu_queues, inference_deployment, running_pods
-from tests.live_server import app_on, serve, tokens_for
-from tests.support.plans import wait_until_settled
+from tests.support.live_server import app_on, serve, tokens_for
+from tests.support.pipeline import Pipeline, RedisServer
+from tests.support.plans import stored_plan, wait_until_settled
 
 pytestmark = pytest.mark.slow
 

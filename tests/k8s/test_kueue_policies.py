@@ -21,7 +21,7 @@ from sqlmodel import Session
 from app.core import migrate
 from app.core.db import make_engine
 from tests.k8s.conftest import KUEUE_GROUP, KUEUE_VERSION, K8sCluster, Kube
-from tests.live_server import app_on, serve, tokens_for
+from tests.support.live_server import app_on, serve, tokens_for
 
 pytestmark = pytest.mark.slow
 

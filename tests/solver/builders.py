@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from solver.actions import build_plan
-from solver.instance import GpuModel, Instance, Job, JobKind, Node, SlaPolicy, SolverConfig
+from solver.instance import GpuModel, Instance, Job, JobShape, Node, SlaPolicy, SolverConfig
 from solver.plan import Plan, SolveStats
 from solver.policies import get_policy
 from solver.validate import check
@@ -50,7 +50,7 @@ def service(
     kw.setdefault("max_replicas", 16)
     return Job(
         id=job_id,
-        kind=JobKind.ELASTIC,
+        shape=JobShape.ELASTIC,
         gpus_per_replica=gpus,
         replicas=sum(placement.values()) // gpus,
         placement=placement,

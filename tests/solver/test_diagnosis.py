@@ -15,11 +15,11 @@ from solver.diagnosis import (
     IdleCause,
     IdleHours,
     NodeAt,
-    NodeCondition,
     QueuedJobAt,
     classify,
 )
 from solver.diagnosis.causes import PRECEDENCE
+from solver.instance import NodeState
 
 H100, A100 = "H100", "A100"
 
@@ -100,8 +100,8 @@ def test_a_job_limited_to_few_nodes_needs_its_share_on_each() -> None:
 def test_draining_and_down_nodes() -> None:
     cluster = ClusterAt(
         nodes=(
-            _node("d", condition=NodeCondition.DOWN),
-            _node("r", condition=NodeCondition.DRAINING),
+            _node("d", state=NodeState.DOWN),
+            _node("r", state=NodeState.DRAINING),
         ),
         # On a down node even held GPUs do no work; on a draining one they still run.
         allocations=(AllocationAt("d", "x", 2), AllocationAt("r", "x", 2)),
@@ -198,7 +198,7 @@ def _idle_gpu_by_gpu(cluster: ClusterAt) -> int:
                 )
                 slots.append(not above_demand and not measured_idle)
         slots = slots[: node.gpus]
-        if node.condition is NodeCondition.DOWN:
+        if node.state is NodeState.DOWN:
             idle += node.gpus
         else:
             idle += node.gpus - sum(slots)
@@ -214,7 +214,7 @@ def random_cluster(seed: int) -> ClusterAt:
             name=f"n{i}",
             gpu_model=rng.choice(models),
             gpus=rng.choice((1, 2, 4, 8)),
-            condition=rng.choice([NodeCondition.UP] * 4 + list(NodeCondition)),
+            state=rng.choice([NodeState.READY] * 4 + list(NodeState)),
             reserved_gpus=rng.choice((0, 0, 0, 1, 3)),
         )
         for i in range(rng.randint(0, 8))

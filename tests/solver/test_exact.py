@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.instances import make_instance
 from solver.exact import MAX_NODES, solve_exact
 from solver.instance import Instance, NodeState, SlaPolicy
 from solver.objective import evaluate
@@ -12,7 +13,7 @@ from solver.policies import POLICY_NAMES, get_policy
 from solver.validate import validate
 
 from .builders import FAST, NOW, instance, job, node, running, service
-from .test_properties import random_instance, with_shaper_history
+from .random_instances import random_instance, with_shaper_history
 
 # 20 GB default checkpoint at 1,000 MiB/s both ways, plus 30 s overhead.
 MIGRATION_S = 30.0 + 2 * 20_000 / 1000
@@ -134,8 +135,6 @@ def test_no_policy_beats_the_exact_bound(seed: int) -> None:
 @pytest.mark.parametrize(("gpus", "seed"), [(16, 1), (16, 2), (32, 1), (32, 3), (64, 1)])
 def test_benchmark_instances_are_solved_exactly(gpus: int, seed: int) -> None:
     """The small section of bench/solver.py: proven optimal, legal, above every policy."""
-    from bench.solver import make_instance
-
     inst = make_instance(gpus, 1.0, seed, FAST)
     result = solve_exact(inst, time_limit_s=10.0, num_workers=1)
     assert result.exact, (result.status, result.violations)

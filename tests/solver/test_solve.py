@@ -13,6 +13,7 @@ from solver.solve import SATURATED_NOTE
 from solver.validate import check
 
 from .builders import instance, job, node, plan_with, running, service
+from .random_instances import random_instance
 
 
 def _knapsack() -> Instance:
@@ -122,8 +123,6 @@ def test_quota_and_gangs_hold_in_the_cp_sat_plan() -> None:
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_deterministic_with_a_fixed_seed(policy: str) -> None:
-    from .test_properties import random_instance
-
     inst = random_instance(seed=11, nodes=12, pending=40)
     inst = inst.model_copy(
         update={"config": SolverConfig(num_workers=2, seed=3, deterministic=True, time_limit_s=1.0)}

@@ -1,15 +1,35 @@
-"""Waiting on approved actions, for the end-to-end tests against real schedulers (Slurm in
+"""Plans and their actions in a test database: storing a proposed plan, reading an
+action's state and steps, waiting until actions settle. Shared by the pipeline tests
+(tests/actions) and the end-to-end tests against real schedulers (Slurm in
 tests/connectors, Kubernetes and Kueue in tests/k8s)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
 
 from agent import procs
-from tests.actions.conftest import action_state
-from tests.actions.helpers import TERMINAL
+from app.actions.models import Action, ActionState, ActionStep
+from app.core.lookup import row_id
+from app.jobs.models import Job
+
+TERMINAL = {"succeeded", "failed", "compensated", "cancelled", "rejected"}
+
+
+def action_state(engine: Engine, action_id: int) -> tuple[str, list[ActionStep]]:
+    with Session(engine) as session:
+        action = session.get(Action, action_id)
+        assert action is not None
+        steps = list(
+            session.exec(
+                select(ActionStep).where(ActionStep.action_id == action_id).order_by(ActionStep.seq)  # type: ignore[arg-type]
+            )
+        )
+        return action.state, steps
 
 
 def wait_until_settled(
@@ -33,3 +53,51 @@ def wait_until_settled(
             + f"\n{context()}"
         )
     return {a: action_state(engine, a)[0] for a in action_ids}
+
+
+def stored_plan(engine: Engine, steps: list[dict[str, Any]], *, tag: str = "e2e-plan") -> list[int]:
+    """A proposed plan shaped as the shaping cycle shapes one (app/shaping/cycle.py), for
+    the end-to-end tests against real schedulers: ``steps`` are action fields with ``job``
+    (the scheduler's external id) and ``after`` (indices into ``steps``: the action's
+    prerequisites). Returns ``[plan id, action ids…]``."""
+    from app.plans.models import Plan, PlanState
+
+    created = datetime.now(UTC)
+    with Session(engine) as session:
+        jobs = {j.external_id: j for j in session.exec(select(Job)).all()}
+        cluster_id = jobs[steps[0]["job"]].cluster_id
+        plan = Plan(
+            cluster_id=cluster_id,
+            created_at=created,
+            policy="shaper",
+            engine="test",
+            mode="advise",
+            status="FEASIBLE",
+            state=PlanState.proposed,
+        )
+        session.add(plan)
+        session.flush()
+        rows: list[Action] = []
+        for index, fields in enumerate(steps):
+            fields = dict(fields)
+            job = jobs[fields.pop("job")]
+            fields.pop("after", None)
+            rows.append(
+                Action(
+                    plan_id=plan.id,
+                    cluster_id=cluster_id,
+                    job_id=job.id,
+                    state=ActionState.proposed,
+                    idempotency_key=f"{tag}:{plan.id}:{index}",
+                    reason=f"plan {plan.id}: end-to-end test",
+                    created_at=created,
+                    updated_at=created,
+                    **fields,
+                )
+            )
+        session.add_all(rows)
+        session.flush()
+        for row, fields in zip(rows, steps, strict=True):
+            row.depends_on = sorted(row_id(rows[i]) for i in fields.get("after", ()))
+        session.commit()
+        return [row_id(plan), *(row_id(row) for row in rows)]

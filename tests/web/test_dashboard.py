@@ -30,7 +30,7 @@ from app.gpu_models import service as gpu_model_service
 from app.shaping.cycle import run_cycle
 from sim.run import compare, write_results
 from sim.scenario import load_scenario
-from tests.live_server import app_on, serve, tokens_for
+from tests.support.live_server import app_on, serve, tokens_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)

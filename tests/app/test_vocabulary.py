@@ -1,0 +1,44 @@
+"""The wire's and the control plane's words become the solver's in one table each, at the
+boundary (``app.shaping``): every word has exactly one counterpart, and the stored strings
+of the control plane are the ones they always were."""
+
+from app.actions.models import ActionKind
+from app.shaping.cycle import ACTION_KINDS
+from app.shaping.snapshot import JOB_SHAPES, NODE_STATES
+from solver import instance as si
+from solver import plan as sp
+from wire.telemetry import JobShape, NodeState
+
+
+def test_every_node_state_maps_onto_the_solvers() -> None:
+    assert NODE_STATES == {
+        NodeState.up: si.NodeState.READY,
+        NodeState.draining: si.NodeState.DRAINING,
+        NodeState.down: si.NodeState.DOWN,
+    }
+    assert set(NODE_STATES.values()) == set(si.NodeState)
+
+
+def test_every_job_shape_maps_onto_the_solvers() -> None:
+    assert JOB_SHAPES == {
+        JobShape.block: si.JobShape.BLOCK,
+        JobShape.elastic: si.JobShape.ELASTIC,
+    }
+    assert set(JOB_SHAPES.values()) == set(si.JobShape)
+
+
+def test_every_planned_action_kind_has_a_stored_kind_of_the_same_name() -> None:
+    assert set(ACTION_KINDS) == set(sp.ActionKind)
+    assert {planned.value: stored.value for planned, stored in ACTION_KINDS.items()} == {
+        "start": "start",
+        "migrate": "migrate",
+        "resize": "resize",
+        "preempt": "preempt",
+        "requeue": "requeue",
+    }
+    # The control plane's own saga kinds are not the solver's to plan.
+    assert set(ActionKind) - set(ACTION_KINDS.values()) == {
+        ActionKind.reserve,
+        ActionKind.unreserve,
+        ActionKind.resume,
+    }
