@@ -188,22 +188,26 @@ def kick(action_id: int) -> Outgoing:
 
 
 def _prerequisites_block(session: Session, action: Action) -> str | None:
-    """'' to wait, an error when a prerequisite ended undone, None when all succeeded."""
-    if not action.depends_on:
-        return None
-    states = dict(
-        session.exec(
-            select(col(Action.id), col(Action.state)).where(col(Action.id).in_(action.depends_on))
-        ).all()
-    )
-    for prerequisite in action.depends_on:
-        state = ActionState(states.get(prerequisite, ActionState.cancelled))
-        if state in UNDONE_ACTION_STATES:
-            return f"prerequisite action {prerequisite} is {state.value}"
-    # Each prerequisite is in ``states`` here: a missing one returned above (cancelled).
-    if all(ActionState(states[p]) is ActionState.succeeded for p in action.depends_on):
-        return None
-    return ""
+    """'' to wait, an error when a prerequisite ended undone, None when all succeeded and
+    the plan's reservations are in place (``action_service.waits_for_reservations``)."""
+    if action.depends_on:
+        states = dict(
+            session.exec(
+                select(col(Action.id), col(Action.state)).where(
+                    col(Action.id).in_(action.depends_on)
+                )
+            ).all()
+        )
+        for prerequisite in action.depends_on:
+            state = ActionState(states.get(prerequisite, ActionState.cancelled))
+            if state in UNDONE_ACTION_STATES:
+                return f"prerequisite action {prerequisite} is {state.value}"
+        # Each prerequisite is in ``states`` here: a missing one returned above (cancelled).
+        if not all(ActionState(states[p]) is ActionState.succeeded for p in action.depends_on):
+            return ""
+    if action_service.waits_for_reservations(session, action):
+        return ""
+    return None
 
 
 def _advance_locked(

@@ -198,7 +198,9 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
       action connected to it by dependencies (either way) is cancelled with the reason;
     * if GPUs were reserved for its job by its plan and the job will not take them now, an
       ``unreserve`` action (approved by shaper) gives them back to the scheduler — also
-      when a reservation succeeds after what it was for was withdrawn.
+      when a reservation succeeds after what it was for was withdrawn;
+    * when it was the plan's last reservation still to end, the plan's other approved
+      actions, which waited for it (``waits_for_reservations``), may run.
     """
     action.finished_at = action.finished_at or now
     session.add(action)
@@ -225,7 +227,7 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
             ready += _give_back_reservation(session, action, siblings, now)
         if ActionKind(action.kind) in TAKER_KINDS and _returned_by_plan(session, action):
             ready += _give_back_reservation(session, action, siblings, now)
-        return ready
+        return ready + [i for i in _reservations_in_place(action, siblings) if i not in ready]
     why = f"action {action.id} ({action.kind}) of the same plan is {action.state}"
     if action.error:
         why += f": {action.error}"
@@ -241,10 +243,57 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
     for taker in withdrawn:
         if ActionKind(taker.kind) in TAKER_KINDS:
             given_back += _give_back_reservation(session, taker, siblings, now)
-    return given_back
+    return given_back + _reservations_in_place(action, siblings)
 
 
 TAKER_KINDS = (ActionKind.start, ActionKind.migrate, ActionKind.resize)
+# A reservation in these states may still take hold: its plan's other actions wait for it.
+RESERVING_STATES = (
+    ActionState.approved,
+    ActionState.dispatched,
+    ActionState.running,
+    ActionState.compensating,
+)
+
+
+def waits_for_reservations(session: Session, action: Action) -> bool:
+    """Whether an action waits for its plan's reservations: none of a plan's actions that
+    act on jobs runs while one of its approved reservations has yet to end.
+
+    Dependencies order only an action's own group, but any action can set the native
+    scheduler's queue moving (a start of the job at its head, GPUs a requeue frees), and
+    the queue then takes free GPUs that the plan gave to a start of another group whose
+    reservation is not yet in place. The plan's counts are only true while all of its
+    reservations hold them. Ordering only: a reservation that fails takes down its own
+    group (``ended``), not the plan's others."""
+    if action.plan_id is None or ActionKind(action.kind) in NOT_ON_JOBS:
+        return False
+    pending = session.exec(
+        select(Action.id).where(
+            Action.plan_id == action.plan_id,
+            Action.kind == ActionKind.reserve,
+            col(Action.state).in_([s.value for s in RESERVING_STATES]),
+        )
+    ).first()
+    return pending is not None
+
+
+def _reservations_in_place(action: Action, siblings: list[Action]) -> list[int]:
+    """When ``action`` was its plan's last reservation still to end: the plan's approved
+    actions that waited for the reservations (``waits_for_reservations``)."""
+    if ActionKind(action.kind) is not ActionKind.reserve:
+        return []
+    if any(
+        ActionKind(a.kind) is ActionKind.reserve and ActionState(a.state) in RESERVING_STATES
+        for a in siblings
+        if a.id != action.id
+    ):
+        return []
+    return [
+        row_id(a)
+        for a in siblings
+        if ActionKind(a.kind) not in NOT_ON_JOBS and ActionState(a.state) is ActionState.approved
+    ]
 
 
 def _returned_by_plan(session: Session, action: Action) -> bool:

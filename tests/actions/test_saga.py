@@ -13,6 +13,7 @@ from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.security import Principal
 from app.jobs.models import Job
+from app.plans.models import Plan, PlanState
 from wire.queues import executor_scope
 from wire.steps import AgentStepRequest, StepReport
 from wire.telemetry import JobState, SchedulerKind
@@ -424,3 +425,65 @@ def test_only_a_confirm_after_a_stage_waits_for_the_scheduler() -> None:
     other = [step("stage", "compensate"), step("confirm")]
     assert saga._timeout(other[1], other, None, 300.0) == saga.DEFAULT_STEP_TIMEOUT_S
     assert saga._timeout(requeued[2], requeued, 5.0, 300.0) == 5.0
+
+
+def test_a_plans_actions_wait_until_all_of_its_reservations_have_ended(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    """Two independent groups of one plan. The first group's start has its own reservation
+    but waits for the second group's too: run first, it could set the native queue moving
+    onto GPUs that reservation is to hold. Ordering only: that reservation failing does not
+    take the first group down, and its end lets the start go."""
+    plan = Plan(
+        cluster_id=job.cluster_id,
+        created_at=clock.now(),
+        policy="shaper",
+        engine="greedy",
+        mode="enforce",
+        status="optimal",
+        state=PlanState.approved,
+    )
+    session.add(plan)
+    pending = Job(
+        cluster_id=job.cluster_id,
+        external_id="p1",
+        state=JobState.pending,
+        updated_at=clock.now(),
+    )
+    session.add(pending)
+    session.commit()
+
+    def action(kind: ActionKind, on: Job, key: str, depends_on: list[int]) -> int:
+        row = Action(
+            plan_id=plan.id,
+            cluster_id=on.cluster_id,
+            job_id=on.id,
+            kind=kind,
+            state=ActionState.approved,
+            idempotency_key=key,
+            target_node="a",
+            target_placement={"a": 1},
+            depends_on=depends_on,
+            created_at=clock.now(),
+            updated_at=clock.now(),
+        )
+        session.add(row)
+        session.commit()
+        return row.id  # type: ignore[return-value]
+
+    hold = action(ActionKind.reserve, pending, "hold", [])
+    start = action(ActionKind.start, pending, "start", [hold])
+    other_hold = action(ActionKind.reserve, job, "other-hold", [])
+
+    answer(session, clock, only(saga.advance(session=session, action_id=hold, now=clock.now())))
+    assert state_of(session, hold).state == "succeeded"
+    assert saga.advance(session=session, action_id=start, now=clock.now()) == []
+    assert state_of(session, start).state == "approved"  # the other reservation first
+
+    refused = only(saga.advance(session=session, action_id=other_hold, now=clock.now()))
+    kicks = answer(session, clock, refused, ok=False, error="cannot hold 1 GPUs on a")
+    assert state_of(session, other_hold).state == "failed"
+    assert saga.kick(start) in kicks  # the plan's last reservation has ended
+    sent = only(saga.advance(session=session, action_id=start, now=clock.now()))
+    assert where(sent)[1] == "start"
+    assert state_of(session, start).state == "running"

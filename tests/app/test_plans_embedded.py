@@ -317,3 +317,51 @@ def test_a_move_that_loses_target_and_source_leaves_no_job_stranded(
     with Session(committed_engine) as session:
         back = session.get(Job, move.job_id)
         assert back is not None and back.displaced_at is None
+
+
+def test_a_plan_holds_all_its_gpus_before_any_of_its_actions_lets_the_queue_move(
+    site_factory: Any, committed_engine: Engine
+) -> None:
+    """The demo's first plan, small: its start of the job at the head of the FIFO queue
+    unblocks the queue, and the native scheduler's next job takes free GPUs that another
+    start of the same plan was given. Every reservation of a plan is in place before any
+    of its other actions runs, whichever of its independent groups goes first."""
+    site = site_factory(mode=ShapingMode.enforce)
+
+    def submit(job_id: str, gpus: int, priority: int, *, then_minutes: int = 1) -> None:
+        site.cluster.advance_to(site.clock.now)
+        report = _report(job_id, gpus, submitted=site.clock.now, priority=priority)
+        site.cluster.submit(report.model_copy(update={"checkpointable": False}), timedelta(hours=4))
+        site.clock.now += timedelta(minutes=then_minutes)
+
+    submit("bulk", 8, priority=10)  # first fit: all of a
+    submit("steady", 4, priority=100, then_minutes=30)  # half of b
+    submit("head", 8, priority=100)  # fits nowhere: blocks the queue
+    submit("filler", 1, priority=10)  # behind it; the plan leaves it waiting
+    submit("urgent", 4, priority=100)  # the plan starts it on b's free half
+    assert site.states()["filler"] == ("pending", [])
+    result = site.cycle()
+    actions = site.actions(result.plan_id)
+    takers = {a.job_id: a for a in actions if a.kind == ActionKind.start}
+    with Session(committed_engine) as session:
+        names = {j.id: j.external_id for j in session.exec(select(Job)).all()}
+    starts = {names[job_id]: (a.target_node, a.id) for job_id, a in takers.items()}
+    assert {job: node for job, (node, _) in starts.items()} == {"head": "a", "urgent": "b"}
+    # The head's group alone first (its reservation, the preemption, its start), as the
+    # sweep ran the demo's first groups before the later ones had held anything.
+    head = {starts["head"][1]}
+    head |= {p for a in actions if a.id in head for p in a.depends_on}
+    head |= {p for a in actions if a.id in head for p in a.depends_on}
+    assert sorted(a.kind for a in actions if a.id in head) == ["preempt", "reserve", "start"]
+    for _ in range(20):
+        for action_id in sorted(head):
+            tasks.advance(action_id)
+        site.clock.now += timedelta(seconds=5)
+        time.sleep(0.02)
+    site.run_sagas()
+    done = {a.id: (a.kind, a.state, a.error) for a in site.actions(result.plan_id)}
+    assert {state for _, state, _ in done.values()} == {ActionState.succeeded}, done
+    states = site.states()
+    assert states["head"] == ("running", ["a"])
+    assert states["urgent"] == ("running", ["b"])
+    assert states["filler"] == ("pending", [])  # the plan's GPUs were not its to take
