@@ -20,6 +20,7 @@ POLICIES = ("fifo", "backfill", "priority", "shaper")
 ABLATIONS: dict[str, dict[str, object]] = {
     "shaper, no migration": {"migration": False},
     "shaper, no preemption": {"preemption": False},
+    "shaper, no replica moves": {"replica_moves": False},
     "shaper, no look-ahead": {"lookahead": False},
     "shaper, no service resize": {"elastic_resize": False},
     "shaper, greedy only (no CP-SAT)": {"use_cp_sat": False},

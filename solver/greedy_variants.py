@@ -31,6 +31,7 @@ GREEDY = GreedyOptions(
     preemption_candidates=256,
     starvation_guard=True,
     disrupt_for_services=True,
+    move_replicas=True,
 )
 
 
@@ -43,6 +44,7 @@ def greedy_options(config: SolverConfig) -> GreedyOptions:
         lookahead=config.lookahead,
         elastic=ElasticMode.DEMAND if config.elastic_resize else ElasticMode.PEAK,
         gang_aware=config.gang_aware_placement,
+        move_replicas=config.replica_moves,
     )
 
 

@@ -293,6 +293,11 @@ class SolverConfig(_Frozen):
     preemption: bool = Field(
         default=True, description="stop lower-priority work for a job or a service worth more"
     )
+    replica_moves: bool = Field(
+        default=True,
+        description="move a service's replicas to other nodes to empty a node for a gang "
+        "that fits nowhere else (a replica holds no state to checkpoint: it restarts there)",
+    )
     lookahead: bool = Field(
         default=True,
         description="keep capacity a service's forecast will need from long jobs that could "

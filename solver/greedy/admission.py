@@ -39,7 +39,9 @@ class Admission:
         options = ledger.options
         # May a job that does not fit make room? Turned off for the fill after CP-SAT.
         self.may_preempt = options.preempt
-        self.may_migrate = options.migrate
+        # Defragmentation moves checkpointable jobs (``migrate``) and service replicas
+        # (``move_replicas``).
+        self.may_migrate = options.migrate or options.move_replicas
         # Job shape -> (epoch, blocked by a forecast) of a failed placement attempt.
         self.failed: dict[tuple[object, ...], tuple[int, bool]] = {}
         self.fit_cache: dict[tuple[object, ...], bool] = {}

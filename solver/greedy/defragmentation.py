@@ -1,10 +1,18 @@
 """Defragmentation by migration: a pending block job that does not fit may move
 checkpointable single-node jobs off a few nodes (within the per-cycle migration budget)
-to make room. It only rearranges what is held, so it needs no value trade; a resident
-whose node the job leaves room on stays where it is.
+to make room: whole nodes emptied for a gang, or, for a job that fits on one node, just
+enough of one node's residents moved elsewhere. It only rearranges what is held, so it
+needs no value trade; a resident whose node the job leaves room on stays where it is.
 
 Movable: a running, checkpointable, single-node block job, not frozen, off its migration
 cooldown and under its team's daily migration limit; it is moved at most once a cycle.
+
+Relocatable (``move_replicas``): a service's replicas on a node to be emptied restart on
+other nodes, as many as left (the service's size does not change; the plan shows it as a
+resize to the new placement). A replica holds no state to checkpoint, so such a move uses
+no migration budget; each service moves at most once a cycle, and not while an action is
+in flight on it. Without this, one replica of each of two services on two nodes keeps a
+whole-node gang waiting with 14 of 16 GPUs free until demand changes.
 """
 
 from __future__ import annotations
@@ -13,6 +21,9 @@ from solver.greedy.ledger import Ledger
 from solver.greedy.lookahead import Lookahead
 from solver.instance import Job
 from solver.plan import Reason, ReasonCode
+
+# Nodes tried per job when making room by moving only some of a node's residents.
+PARTIAL_TRIES = 4
 
 
 class Defragmentation:
@@ -34,6 +45,11 @@ class Defragmentation:
             and len(j.placement) == 1
             and instance.is_frozen(j)
         }
+        self.relocatable = (
+            {j.id for j in instance.jobs if j.is_elastic and j.placement and not j.locked}
+            if ledger.options.move_replicas
+            else set()
+        )
         self.failed: dict[tuple[object, ...], bool] = {}  # -> blocked by the budget
 
     def _could_move(self, job: Job) -> bool:
@@ -55,6 +71,12 @@ class Defragmentation:
         """Movable and not yet started, moved or stopped this cycle."""
         return job_id in self.movable and job_id not in self.ledger.touched
 
+    def _may_leave(self, job_id: str) -> bool:
+        """May leave a node emptied for a gang: a movable job or a service's replicas."""
+        return (
+            job_id in self.movable or job_id in self.relocatable
+        ) and job_id not in self.ledger.touched
+
     def try_defrag(self, job: Job, groups: list[int]) -> dict[int, int] | None:
         """A placement for ``job`` on nodes emptied by moving their residents, or None.
         The moves stay; the caller places the job."""
@@ -72,7 +94,7 @@ class Defragmentation:
         need = job.total_gpus
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
         movable = self.movable
-        touched = ledger.touched
+        relocatable = self.relocatable
         held_back = self.movable_held_back
         for group in state.group_order(self.lookahead.allowed_groups(job, groups)):
             candidates: list[tuple[int, int, int, list[Job]]] = []
@@ -81,11 +103,13 @@ class Defragmentation:
                 if not state.ready[node] or nodes[node].gpus < job.gpus_per_replica:
                     continue
                 on_node = state.jobs_on_node[node]
-                if on_node and all(r in held_back or r in movable for r in on_node):
+                if on_node and all(
+                    r in held_back or r in movable or r in relocatable for r in on_node
+                ):
                     if any(r in held_back for r in on_node):
                         frozen_sizes.append(nodes[node].gpus)
                         continue
-                if on_node and all(r in movable and r not in touched for r in on_node):
+                if on_node and all(self._may_leave(r) for r in on_node):
                     candidates.append(
                         (
                             len(on_node),
@@ -97,8 +121,9 @@ class Defragmentation:
             candidates.sort(key=lambda c: (c[0], c[1], c[2]))
             chosen: list[tuple[int, list[Job]]] = []
             capacity = 0
-            movers = 0
-            for count, _, node, residents in candidates:
+            movers = 0  # migrations: replicas restart and use no budget
+            for _, _, node, residents in candidates:
+                count = sum(1 for r in residents if not r.is_elastic)
                 if len(chosen) >= limit or movers + count > budget:
                     continue
                 chosen.append((node, residents))
@@ -106,7 +131,11 @@ class Defragmentation:
                 movers += count
                 if capacity >= need:
                     break
-            if capacity < need:
+            if capacity >= need:
+                placement = self._evacuate_and_place(job, groups, chosen)
+                if placement is not None:
+                    return placement
+            else:
                 # Would emptying nodes have made room, were the budget larger or no
                 # resident within its dwell time?
                 sizes = sorted([nodes[c[2]].gpus for c in candidates] + frozen_sizes)
@@ -114,11 +143,52 @@ class Defragmentation:
                 if room >= need:
                     ledger.budget_blocked.add(job.id)
                     blocked = True
-                continue
-            placement = self._evacuate_and_place(job, groups, chosen)
+            placement = self._make_room_on_one_node(job, groups, group, budget)
             if placement is not None:
                 return placement
         self.failed[key] = blocked
+        return None
+
+    def _make_room_on_one_node(
+        self, job: Job, groups: list[int], group: int, budget: int
+    ) -> dict[int, int] | None:
+        """Room for a job that fits on one node, made by moving only some of a node's
+        residents: the fewest migrations, then the fewest movers (services' replicas
+        first), then the least room left over. Every mover is smaller than the job (a
+        node with room for the job would have taken it), so each move trades GPUs held
+        for more GPUs put to work. Only the first ``PARTIAL_TRIES`` nodes are tried."""
+        ledger = self.ledger
+        state = ledger.state
+        nodes = ledger.instance.nodes
+        job_by_id = ledger.instance.job_by_id
+        need = job.total_gpus
+        options: list[tuple[int, int, int, int, list[Job]]] = []
+        for node in ledger.compat.groups[group].node_indices:
+            if not state.ready[node] or nodes[node].gpus < need:
+                continue
+            short = need - state.free_gpus[node]
+            if short <= 0:
+                continue  # held back by CPU or memory, which moving GPUs does not mend
+            on_node = state.jobs_on_node[node]
+            leavers = sorted(
+                (job_by_id[r] for r in on_node if self._may_leave(r) and on_node[r] < need),
+                key=lambda r: (not r.is_elastic, -on_node[r.id], r.id),
+            )
+            chosen: list[Job] = []
+            freed = migrations = 0
+            for resident in leavers:
+                if freed >= short:
+                    break
+                chosen.append(resident)
+                freed += on_node[resident.id]
+                migrations += not resident.is_elastic
+            if freed >= short and migrations <= budget:
+                options.append((migrations, len(chosen), freed - short, node, chosen))
+        options.sort(key=lambda o: (o[0], o[1], o[2], o[3]))
+        for _, _, _, node, chosen in options[:PARTIAL_TRIES]:
+            placement = self._evacuate_and_place(job, groups, [(node, chosen)])
+            if placement is not None:
+                return placement
         return None
 
     def _evacuate_and_place(
@@ -128,9 +198,14 @@ class Defragmentation:
         state = ledger.state
         mark = state.mark()
         evicted: list[tuple[Job, dict[int, int]]] = []
-        for _, residents in chosen:
+        for emptied, residents in chosen:
             for resident in residents:
-                evicted.append((resident, state.evict(resident)))
+                if resident.is_elastic:  # only its replicas on this node leave
+                    gpus = state.held(resident.id)[emptied]
+                    state.remove(resident, emptied, gpus)
+                    evicted.append((resident, {emptied: gpus}))
+                else:
+                    evicted.append((resident, state.evict(resident)))
         placement = state.find_gang(job, job.replicas, groups, job.max_nodes)
         if placement is None:
             state.rollback(mark)
@@ -138,7 +213,7 @@ class Defragmentation:
         state.place(job, placement)
         # A resident whose node the job left room on stays: only a move that makes room
         # for the job is "moved to make room" for it.
-        homeless: list[Job] = []
+        homeless: list[tuple[Job, dict[int, int]]] = []
         for resident, original in sorted(evicted, key=lambda e: (-e[0].total_gpus, e[0].id)):
             if all(
                 state.replicas_fitting(resident, node) * resident.gpus_per_replica >= gpus
@@ -146,10 +221,18 @@ class Defragmentation:
             ):
                 state.place(resident, original)
             else:
-                homeless.append(resident)
+                homeless.append((resident, original))
         moved: list[Job] = []
-        for resident in homeless:
+        relocated: list[tuple[Job, frozenset[str]]] = []
+        for resident, original in homeless:
             resident_groups = state.ready_groups(resident)
+            if resident.is_elastic:
+                if not self._relocate(resident, sum(original.values()), resident_groups):
+                    state.rollback(mark)
+                    return None
+                left = frozenset(ledger.instance.nodes[n].name for n in original)
+                relocated.append((resident, left))
+                continue
             node = state.find_single_node(resident, resident.replicas, resident_groups)
             if node is None:
                 state.rollback(mark)
@@ -174,5 +257,23 @@ class Defragmentation:
                 message=f"moved to {names[next(iter(state.held(resident.id)))].name} "
                 f"to make room on {where} for {job.id}",
             )
+        for service, left in relocated:
+            ledger.touch(service.id)
+            ledger.made_room_for[service.id] = (job.id, left)
+            ledger.result.decisions[service.id] = Reason(
+                code=ReasonCode.DEFRAGMENTATION,
+                message=f"replicas moved off {', '.join(sorted(left))} to make room for {job.id}",
+            )
         ledger.epoch += 1
         return placement
+
+    def _relocate(self, service: Job, gpus: int, groups: list[int]) -> bool:
+        """Place ``gpus`` GPUs of ``service``'s replicas elsewhere, one replica at a time
+        where each fits best; False if they do not all fit."""
+        state = self.ledger.state
+        for _ in range(gpus // service.gpus_per_replica):
+            node = state.find_single_node(service, 1, groups)
+            if node is None:
+                return False
+            state.add(service, node, service.gpus_per_replica)
+        return True

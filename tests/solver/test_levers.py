@@ -1,6 +1,6 @@
-"""The shaper's levers (``SolverConfig.migration``, ``preemption``, ``lookahead``,
-``elastic_resize``): each turned off removes what it does, and nothing else, so that the
-simulator's ablation rows attribute every gain."""
+"""The shaper's levers (``SolverConfig.migration``, ``preemption``, ``replica_moves``,
+``lookahead``, ``elastic_resize``): each turned off removes what it does, and nothing
+else, so that the simulator's ablation rows attribute every gain."""
 
 from __future__ import annotations
 
@@ -27,6 +27,47 @@ def test_without_migration_a_gang_is_not_made_room_for_by_moving_work() -> None:
     assert ActionKind.MIGRATE in _kinds(instance(nodes, jobs))
     off = FAST.model_copy(update={"migration": False})
     assert ActionKind.MIGRATE not in _kinds(instance(nodes, jobs, config=off))
+
+
+def test_a_job_that_fits_one_node_moves_only_what_is_in_its_way() -> None:
+    # 3 GPUs free on a, 2 on b: the 4-GPU job fits nowhere until the 1-GPU job on a
+    # moves to b; the 4-GPU job that cannot move stays on a.
+    jobs = [
+        running("small", {"a": 1}, checkpointable=True, preemptible=False),
+        running("stays", {"a": 4}, preemptible=False),
+        running("fixed", {"b": 6}, preemptible=False),
+        job("p", 4),
+    ]
+    nodes = [node("a"), node("b")]
+    plan = get_policy("shaper").plan(instance(nodes, jobs))
+    assert not validate(instance(nodes, jobs), plan)
+    assert plan.placement["p"] == {"a": 4}
+    assert plan.placement["small"] == {"b": 1}
+    assert {a.job_id for a in plan.actions if a.kind is ActionKind.MIGRATE} == {"small"}
+    off = FAST.model_copy(update={"migration": False})
+    assert ActionKind.START not in _kinds(instance(nodes, jobs, config=off))
+
+
+def test_service_replicas_move_to_empty_a_node_for_a_gang() -> None:
+    # One replica of each of two services on each of two nodes: 14 of 16 GPUs free and
+    # nowhere for the 8-GPU gang, until one replica restarts beside the other.
+    jobs = [
+        service("chat", (1,), {"a": 1}, preemptible=False),
+        service("embed", (1,), {"b": 1}, preemptible=False),
+        job("gang", 8),
+    ]
+    nodes = [node("a"), node("b")]
+    plan = get_policy("shaper").plan(instance(nodes, jobs))
+    assert not validate(instance(nodes, jobs), plan)
+    assert plan.placement["gang"] in ({"a": 8}, {"b": 8})
+    emptied = next(iter(plan.placement["gang"]))
+    moved = [a for a in plan.actions if a.kind is ActionKind.RESIZE]
+    assert len(moved) == 1 and moved[0].replicas == 1  # same size, another node
+    assert emptied in moved[0].from_placement and emptied not in moved[0].to_placement
+    assert moved[0].reason.code is ReasonCode.DEFRAGMENTATION
+    off = FAST.model_copy(update={"replica_moves": False})
+    kinds = _kinds(instance(nodes, jobs, config=off))
+    assert ActionKind.START not in kinds and ActionKind.RESIZE not in kinds
 
 
 def test_without_preemption_higher_priority_work_waits() -> None:
