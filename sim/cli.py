@@ -302,6 +302,14 @@ def sweep_cmd(
             help="SolverConfig override, repeatable (e.g. gang_aware_placement=true)",
         ),
     ] = None,
+    drain: Annotated[
+        bool,
+        typer.Option(
+            "--drain/--no-drain",
+            help="run every seed until its queue drains and compare completion times "
+            "(mean and p99 JCT, longest wait) too; slower",
+        ),
+    ] = False,
     out: OutOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
@@ -327,8 +335,9 @@ def sweep_cmd(
             baseline=baseline,
             on_seed=(lambda _seed: callback(next(done), len(chosen))) if callback else None,
             solver_config=overrides,
+            drain=drain,
         )
-    console.print(sweep_markdown(rows, summarize_sweep(rows), baseline), markup=False)
+    console.print(sweep_markdown(rows, summarize_sweep(rows, baseline), baseline), markup=False)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(sweep_json(scenario, baseline, rows), indent=1))

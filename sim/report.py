@@ -359,15 +359,25 @@ def sweep_markdown(
     def ratio(value: float | None) -> str:
         return "unbounded" if value is None else f"{value:.2f}×"
 
+    def hours(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1f}"
+
+    drained = any(r.jct_p99_h is not None for r in rows)
+    times = " JCT mean h | JCT p99 h | wait max h |" if drained else ""
     lines = [
         f"| seed | policy | util % | Δ util vs {baseline} (pt) | value | value vs {baseline} "
-        "| jobs done |",
-        "|" + "---|" * 7,
+        f"| jobs done |{times}",
+        "|" + "---|" * (10 if drained else 7),
     ]
     for r in rows:
+        cells = (
+            f" {hours(r.jct_mean_h)} | {hours(r.jct_p99_h)} | {hours(r.wait_max_h)} |"
+            if drained
+            else ""
+        )
         lines.append(
             f"| {r.seed} | {r.policy} | {100 * r.utilization:.1f} | {r.delta_util_pt:+.1f} "
-            f"| {r.value:,.0f} | {ratio(r.value_ratio)} | {r.jobs_completed} |"
+            f"| {r.value:,.0f} | {ratio(r.value_ratio)} | {r.jobs_completed} |{cells}"
         )
     lines += [
         "",
@@ -384,4 +394,22 @@ def sweep_markdown(
             f"| {s.policy} | {s.seeds} | {u.mean:+.1f} | {u.median:+.1f} | {u.worst:+.1f} "
             f"| {value_cells} | {s.unbounded_ratios} |"
         )
+    if drained:
+        lines += [
+            "",
+            f"| policy | seeds | JCT mean h, mean | median | JCT p99 h, mean | median | worst "
+            f"| p99 no worse than {baseline}'s |",
+            "|" + "---|" * 8,
+        ]
+        for s in summaries:
+            m, p = s.jct_mean_h, s.jct_p99_h
+            mean_cells = f"{m.mean:.1f} | {m.median:.1f}" if m else "– | –"
+            # Spread.worst is the minimum; for a completion time the worst is the largest.
+            p99_cells = f"{p.mean:.1f} | {p.median:.1f} | {p.best:.1f}" if p else "– | – | –"
+            no_worse = (
+                "–"
+                if s.policy == baseline or s.p99_no_worse_seeds is None
+                else f"{s.p99_no_worse_seeds} of {s.seeds} seeds"
+            )
+            lines.append(f"| {s.policy} | {s.seeds} | {mean_cells} | {p99_cells} | {no_worse} |")
     return "\n".join(lines)

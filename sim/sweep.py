@@ -5,8 +5,12 @@ every policy on them; the gain of each policy over the baseline is then summariz
 the seeds (mean, median, worst). A scenario's table row shows one seed; this shows the
 spread behind it.
 
-Only the window's figures (utilization, value, jobs done by the horizon) are compared, so
-the runs stop at the horizon: what happens after it cannot change them.
+By default only the window's figures (utilization, value, jobs done by the horizon) are
+compared, so the runs stop at the horizon: what happens after it cannot change them. With
+``drain`` every run goes on until its queue drains, as the scenario tables do, and each row
+also carries the completion times over every job (mean and p99 JCT, longest wait): the
+summary then says on how many seeds each policy's p99 was no worse than the baseline's,
+which one seed's table cannot.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ class SeedRow:
     # None when the baseline produced no value at all (the ratio is unbounded).
     value_ratio: float | None
     jobs_completed: int
+    # Over every job, run to drain (``sweep(drain=True)``); None otherwise.
+    jct_mean_h: float | None = None
+    jct_p99_h: float | None = None
+    wait_max_h: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,11 @@ class SweepSummary:
     delta_util_pt: Spread
     value_ratio: Spread | None
     unbounded_ratios: int
+    # With drained runs: the spread of mean and p99 JCT, and the seeds on which the
+    # policy's p99 was no worse than the baseline's.
+    jct_mean_h: Spread | None = None
+    jct_p99_h: Spread | None = None
+    p99_no_worse_seeds: int | None = None
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -95,16 +108,18 @@ def sweep(
     baseline: str = "fifo",
     on_seed: Callable[[int], None] | None = None,
     solver_config: Mapping[str, object] | None = None,
+    drain: bool = False,
 ) -> list[SeedRow]:
     """``solver_config``: overrides of the scenario's ``SolverConfig`` (the shaper's
-    levers; the baselines ignore them)."""
+    levers; the baselines ignore them). ``drain``: run each to its drained queue and
+    record completion times (see the module docstring)."""
     names = list(dict.fromkeys([baseline, *policies]))
     rows: list[SeedRow] = []
     for seed in seeds:
         workload = load_scenario(scenario, seed=seed)
         if solver_config:
             workload = replace(workload, solver_config={**workload.solver_config, **solver_config})
-        results = compare(workload, names, drain=False)
+        results = compare(workload, names, drain=drain)
         base = results[baseline].metrics
         for name in names:
             m = results[name].metrics
@@ -119,6 +134,9 @@ def sweep(
                     value=value,
                     value_ratio=value / base_value if base_value > 0 else None,
                     jobs_completed=int(m["jobs_completed_in_window"] or 0),
+                    jct_mean_h=m["jct_mean_h"] if drain else None,
+                    jct_p99_h=m["jct_p99_h"] if drain else None,
+                    wait_max_h=m["queue_wait_max_h"] if drain else None,
                 )
             )
         if on_seed is not None:
@@ -133,11 +151,20 @@ def _figure(metrics: Mapping[str, float | None], key: str) -> float:
     return value
 
 
-def summarize_sweep(rows: Sequence[SeedRow]) -> list[SweepSummary]:
+def summarize_sweep(rows: Sequence[SeedRow], baseline: str = "fifo") -> list[SweepSummary]:
     summaries = []
+    base_p99 = {r.seed: r.jct_p99_h for r in rows if r.policy == baseline}
     for policy in dict.fromkeys(r.policy for r in rows):
         mine = [r for r in rows if r.policy == policy]
         ratios = [r.value_ratio for r in mine if r.value_ratio is not None]
+        means = [r.jct_mean_h for r in mine if r.jct_mean_h is not None]
+        p99s = [r.jct_p99_h for r in mine if r.jct_p99_h is not None]
+        # A seed counts when both p99s exist (a run where no job arrived has none).
+        compared: list[tuple[float, float]] = []
+        for r in mine:
+            base = base_p99.get(r.seed)
+            if r.jct_p99_h is not None and base is not None:
+                compared.append((r.jct_p99_h, base))
         summaries.append(
             SweepSummary(
                 policy=policy,
@@ -145,6 +172,11 @@ def summarize_sweep(rows: Sequence[SeedRow]) -> list[SweepSummary]:
                 delta_util_pt=Spread.of([r.delta_util_pt for r in mine]),
                 value_ratio=Spread.of(ratios) if ratios else None,
                 unbounded_ratios=len(mine) - len(ratios),
+                jct_mean_h=Spread.of(means) if means else None,
+                jct_p99_h=Spread.of(p99s) if p99s else None,
+                p99_no_worse_seeds=(
+                    sum(1 for p99, base in compared if p99 <= base + 1e-9) if compared else None
+                ),
             )
         )
     return summaries
@@ -155,5 +187,5 @@ def sweep_json(scenario: str, baseline: str, rows: Sequence[SeedRow]) -> dict[st
         "scenario": scenario,
         "baseline": baseline,
         "rows": [asdict(r) for r in rows],
-        "summary": [asdict(s) for s in summarize_sweep(rows)],
+        "summary": [asdict(s) for s in summarize_sweep(rows, baseline)],
     }

@@ -95,3 +95,55 @@ def test_cli_sweep_rejects_bad_input() -> None:
     assert bad_seeds.exit_code == 2 and "runs backwards" in bad_seeds.output
     bad_policy = runner.invoke(sim_app, ["sweep", "training-heavy", "--policies", "nope"])
     assert bad_policy.exit_code == 2 and "unknown policy" in bad_policy.output
+
+
+def test_a_drained_sweep_carries_each_runs_completion_times() -> None:
+    rows = sweep("training-heavy-peak4", [4], ["priority"], baseline="priority", drain=True)
+    direct = run_policy(load_scenario("training-heavy-peak4", seed=4), "priority").metrics
+    (row,) = rows
+    assert row.jct_mean_h == direct["jct_mean_h"] and row.jct_p99_h == direct["jct_p99_h"]
+    assert row.wait_max_h == direct["queue_wait_max_h"]
+    # Undrained runs stop at the horizon and carry none.
+    assert sweep("training-heavy-peak4", [4], [], baseline="priority")[0].jct_p99_h is None
+
+
+def test_p99_no_worse_counts_seeds_against_the_baseline_by_hand() -> None:
+    def row(seed: int, policy: str, p99: float | None) -> SeedRow:
+        return SeedRow(seed, policy, 0.5, 0.0, 10.0, 1.0, 1, jct_mean_h=5.0, jct_p99_h=p99)
+
+    rows = [
+        row(1, "priority", 30.0),
+        row(1, "shaper", 30.0),  # equal: no worse
+        row(2, "priority", 30.0),
+        row(2, "shaper", 31.0),  # worse
+        row(3, "priority", None),  # no job arrived: not compared
+        row(3, "shaper", 20.0),
+    ]
+    priority, shaper = summarize_sweep(rows, "priority")
+    assert shaper.p99_no_worse_seeds == 1
+    assert shaper.jct_p99_h == Spread(mean=27.0, median=30.0, worst=20.0, best=31.0)
+    assert priority.p99_no_worse_seeds == 2  # against itself, on the seeds it has a p99
+
+
+def test_cli_sweep_drain_prints_completion_times(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        sim_app,
+        [
+            "sweep",
+            "training-heavy-peak4",
+            "--seeds",
+            "4",
+            "--baseline",
+            "priority",
+            "--policies",
+            "shaper",
+            "--drain",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "JCT p99 h" in result.output
+    assert any(
+        line.startswith("| shaper | 1 |") and line.rstrip().endswith("of 1 seeds |")
+        for line in result.output.splitlines()
+    )
