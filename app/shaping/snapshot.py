@@ -513,7 +513,10 @@ def to_instance(
         )
         for t in teams
     )
-    config = config or si.SolverConfig()
+    # No connector can move a service's replica yet: a resize carries only the replica
+    # count, so a placement-only resize would change nothing and the start waiting on it
+    # would fail (the simulator, which places replicas itself, plans with them).
+    config = (config or si.SolverConfig()).model_copy(update={"replica_moves": False})
     if not moves_jobs(snapshot.scheduler):
         # The scheduler cannot be told where a job goes: a planned move could only fail,
         # after its checkpoint had stopped the job.

@@ -72,10 +72,13 @@ class Defragmentation:
         return job_id in self.movable and job_id not in self.ledger.touched
 
     def _may_leave(self, job_id: str) -> bool:
-        """May leave a node emptied for a gang: a movable job or a service's replicas."""
-        return (
-            job_id in self.movable or job_id in self.relocatable
-        ) and job_id not in self.ledger.touched
+        """May leave a node emptied for a gang: a movable job, or a service's replicas
+        unless work was stopped or moved this cycle to make room for that service."""
+        if job_id in self.ledger.touched:
+            return False
+        if job_id in self.relocatable:
+            return all(b != job_id for b, _ in self.ledger.made_room_for.values())
+        return job_id in self.movable
 
     def try_defrag(self, job: Job, groups: list[int]) -> dict[int, int] | None:
         """A placement for ``job`` on nodes emptied by moving their residents, or None.
@@ -132,7 +135,7 @@ class Defragmentation:
                 if capacity >= need:
                     break
             if capacity >= need:
-                placement = self._evacuate_and_place(job, groups, chosen)
+                placement = self._evacuate_and_place(job, [group], chosen)
                 if placement is not None:
                     return placement
             else:
@@ -186,27 +189,47 @@ class Defragmentation:
                 options.append((migrations, len(chosen), freed - short, node, chosen))
         options.sort(key=lambda o: (o[0], o[1], o[2], o[3]))
         for _, _, _, node, chosen in options[:PARTIAL_TRIES]:
-            placement = self._evacuate_and_place(job, groups, [(node, chosen)])
+            placement = self._evacuate_and_place(job, [group], [(node, chosen)], target=node)
             if placement is not None:
                 return placement
         return None
 
     def _evacuate_and_place(
-        self, job: Job, groups: list[int], chosen: list[tuple[int, list[Job]]]
+        self,
+        job: Job,
+        groups: list[int],
+        chosen: list[tuple[int, list[Job]]],
+        *,
+        target: int | None = None,
     ) -> dict[int, int] | None:
+        """Move ``chosen`` nodes' residents away and find ``job`` a placement in ``groups``
+        (on ``target`` alone when given), or undo everything and return None.
+
+        Making room for part of a node (``target``) and restarting a service's replicas
+        elsewhere are trades, kept only when the job's value placed exceeds what the moves
+        cost in the objective's units: each migration's time, and the speed a service's
+        replicas lose on slower GPUs. Emptying whole nodes of block jobs alone keeps its
+        old rule (it only rearranges what is held)."""
         ledger = self.ledger
         state = ledger.state
         mark = state.mark()
         evicted: list[tuple[Job, dict[int, int]]] = []
+        held_before: dict[str, dict[int, int]] = {}
         for emptied, residents in chosen:
             for resident in residents:
                 if resident.is_elastic:  # only its replicas on this node leave
+                    held_before.setdefault(resident.id, dict(state.held(resident.id)))
                     gpus = state.held(resident.id)[emptied]
                     state.remove(resident, emptied, gpus)
                     evicted.append((resident, {emptied: gpus}))
                 else:
                     evicted.append((resident, state.evict(resident)))
-        placement = state.find_gang(job, job.replicas, groups, job.max_nodes)
+        placement: dict[int, int] | None
+        if target is not None:
+            fits = state.replicas_fitting(job, target) >= job.replicas
+            placement = {target: job.total_gpus} if fits else None
+        else:
+            placement = state.find_gang(job, job.replicas, groups, job.max_nodes)
         if placement is None:
             state.rollback(mark)
             return None
@@ -223,15 +246,14 @@ class Defragmentation:
             else:
                 homeless.append((resident, original))
         moved: list[Job] = []
-        relocated: list[tuple[Job, frozenset[str]]] = []
+        relocated: dict[str, Job] = {}
         for resident, original in homeless:
             resident_groups = state.ready_groups(resident)
             if resident.is_elastic:
                 if not self._relocate(resident, sum(original.values()), resident_groups):
                     state.rollback(mark)
                     return None
-                left = frozenset(ledger.instance.nodes[n].name for n in original)
-                relocated.append((resident, left))
+                relocated[resident.id] = resident
                 continue
             node = state.find_single_node(resident, resident.replicas, resident_groups)
             if node is None:
@@ -242,6 +264,11 @@ class Defragmentation:
         if ledger.migrations + len(moved) > ledger.config.max_migrations_per_cycle:
             state.rollback(mark)
             ledger.budget_blocked.add(job.id)
+            return None
+        if (target is not None or relocated) and not self._pays(
+            job, placement, moved, [(s, held_before[s.id]) for s in relocated.values()]
+        ):
+            state.rollback(mark)
             return None
         # Keep the evictions; the caller places the job itself.
         for node, gpus in placement.items():
@@ -257,7 +284,15 @@ class Defragmentation:
                 message=f"moved to {names[next(iter(state.held(resident.id)))].name} "
                 f"to make room on {where} for {job.id}",
             )
-        for service, left in relocated:
+        for service in relocated.values():
+            before, after = held_before[service.id], state.held(service.id)
+            left = frozenset(names[n].name for n, g in before.items() if after.get(n, 0) < g)
+            # The moved replicas are the service's size, not a scale-up: the CP-SAT pass's
+            # base (``GreedyEngine.rebase``) keeps them where they landed.
+            base = dict(ledger.after_scale_down.get(service.id, {}))
+            for n in set(before) | set(after):
+                base[n] = max(0, base.get(n, 0) + after.get(n, 0) - before.get(n, 0))
+            ledger.after_scale_down[service.id] = {n: g for n, g in base.items() if g}
             ledger.touch(service.id)
             ledger.made_room_for[service.id] = (job.id, left)
             ledger.result.decisions[service.id] = Reason(
@@ -266,6 +301,35 @@ class Defragmentation:
             )
         ledger.epoch += 1
         return placement
+
+    def _pays(
+        self,
+        job: Job,
+        placement: dict[int, int],
+        moved: list[Job],
+        relocated: list[tuple[Job, dict[int, int]]],
+    ) -> bool:
+        """Whether starting ``job`` on ``placement`` is worth more than the moves that make
+        room for it (``solver.objective``'s units: an hour of a reference GPU)."""
+        ledger = self.ledger
+        instance = ledger.instance
+        horizon = ledger.config.value_horizon_s
+        gain = (
+            ledger.weight[job.id]
+            * instance.boost(job)
+            * sum(gpus * ledger.node_speed(n) for n, gpus in placement.items())
+        )
+        cost = sum(
+            ledger.weight[r.id] * r.total_gpus * instance.migration.migration_seconds(r) / horizon
+            for r in moved
+        )
+        for service, before in relocated:
+            speed = {n: ledger.node_speed(n) for n in (*before, *ledger.state.held(service.id))}
+            lost = sum(g * speed[n] for n, g in before.items()) - sum(
+                g * speed[n] for n, g in ledger.state.held(service.id).items()
+            )
+            cost += ledger.weight[service.id] * max(0.0, lost)
+        return gain > cost
 
     def _relocate(self, service: Job, gpus: int, groups: list[int]) -> bool:
         """Place ``gpus`` GPUs of ``service``'s replicas elsewhere, one replica at a time

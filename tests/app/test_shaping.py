@@ -19,6 +19,7 @@ from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
 from app.shaping.lease import shaping_lease
 from app.shaping.snapshot import _JOB_COLUMNS, take_snapshot, to_instance
+from solver import SolverConfig
 from tests.app.builders import job, node, running, snapshot
 
 
@@ -66,6 +67,15 @@ def test_snapshot_maps_the_cluster_to_a_solver_instance(
     assert jobs["alpha/j1"].gpu_indices == {"alpha/n1": (0, 1, 2, 3)}
     assert jobs["alpha/big"].total_gpus == 8 and not jobs["alpha/big"].is_running
     assert jobs["alpha/big"].priority > jobs["alpha/j1"].priority
+
+
+@pytest.mark.usefixtures("fragmented")
+def test_the_control_plane_never_plans_a_replica_move(session: Session, clock: FrozenClock) -> None:
+    """A resize carries only a replica count: no connector can move a replica, so the
+    live instance turns the lever off whatever the config says."""
+    taken = take_snapshot(session=session, cluster_name="alpha", now=clock.now())
+    assert not to_instance(taken).config.replica_moves
+    assert not to_instance(taken, config=SolverConfig(replica_moves=True)).config.replica_moves
 
 
 @pytest.mark.usefixtures("fragmented")

@@ -1,0 +1,77 @@
+"""Defragmentation's moves (``solver.greedy.defragmentation``): a service's replicas and
+part of a node, checked through the whole solve (greedy, then CP-SAT on its base)."""
+
+from __future__ import annotations
+
+from solver.plan import ActionKind
+from solver.solve import solve
+from solver.validate import validate
+
+from .builders import instance, job, node, running, service
+
+
+def test_a_moved_service_keeps_its_replicas_through_the_cp_sat_pass() -> None:
+    # The gang needs a and b whole; the service's two replicas move to c. The CP-SAT pass
+    # works from the greedy's base, which once counted the moved replicas as a scale-up
+    # to undo, and gave the service's GPUs to P: the service went from 2 replicas to 0.
+    jobs = [
+        service("S", (2,), {"a": 1, "b": 1}, preemptible=False),
+        running("K", {"c": 6}, preemptible=False),
+        job("G", 8, replicas=2, priority=30.0),
+        job("P", 2, priority=20.0),
+    ]
+    inst = instance([node("a"), node("b"), node("c")], jobs)
+    plan = solve(inst)
+    assert not validate(inst, plan)
+    assert plan.placement["G"] == {"a": 8, "b": 8}
+    assert plan.placement["S"] == {"c": 2}
+
+
+def test_making_room_does_not_let_a_job_past_a_forecast_reservation() -> None:
+    # h1 is kept for R's coming peak; J (long, not checkpointable) may not take it. Moving
+    # T off a1 once found J a place on h1 instead of the node cleared for it.
+    jobs = [
+        service("R", (0, 8, 8, 8, 8, 8, 8, 8), {}, allowed_gpu_models=frozenset({"h100"})),
+        service("T", (2,), {"a1": 2}, allowed_gpu_models=frozenset({"a100"})),
+        running("K", {"a1": 4}, preemptible=False),
+        job("J", 4, expected_runtime_s=10 * 86400.0),
+    ]
+    inst = instance([node("h1", model="h100"), node("a1")], jobs)
+    plan = solve(inst)
+    assert not validate(inst, plan)
+    assert "h1" not in plan.placement.get("J", {})
+
+
+def test_no_move_that_costs_more_than_the_start_it_makes_room_for() -> None:
+    # A priority-10 replica to a slower GPU, or a priority-10 job with a 2 TB checkpoint
+    # migrated, so that a priority-0.1 job can start: both lose value, and are not made.
+    service_case = [
+        service("S", (1,), {"h1": 1}, priority=10.0),
+        running("K", {"h1": 5}, preemptible=False),
+        running("K2", {"a1": 7}, preemptible=False),
+        job("J", 3, priority=0.1),
+    ]
+    inst = instance([node("h1", model="h100"), node("a1")], service_case)
+    assert not solve(inst).actions
+    migration_case = [
+        running(
+            "B",
+            {"a": 2},
+            checkpointable=True,
+            preemptible=False,
+            priority=10.0,
+            checkpoint_size_mib=2_000_000,
+        ),
+        running("K", {"a": 4}, preemptible=False),
+        running("K2", {"b": 6}, preemptible=False),
+        job("J", 3, priority=0.1),
+    ]
+    assert not solve(instance([node("a"), node("b")], migration_case)).actions
+    # Worth it for a job of the same priority with a small checkpoint.
+    cheap = [
+        running("B", {"a": 2}, checkpointable=True, preemptible=False, checkpoint_size_mib=100),
+        *migration_case[1:3],
+        job("J", 3),
+    ]
+    kinds = {a.kind for a in solve(instance([node("a"), node("b")], cheap)).actions}
+    assert kinds == {ActionKind.MIGRATE, ActionKind.START}
