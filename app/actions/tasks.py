@@ -23,7 +23,7 @@ from app.core.errors import Unauthorized
 from app.core.security import Principal
 from app.core.task import task
 from app.tokens import service as token_service
-from app.worker import celery_app
+from app.worker import get_celery_app
 from wire.queues import CONTROL_QUEUE, REPLY_TASK, executor_scope
 from wire.steps import StepReport
 
@@ -52,6 +52,7 @@ def _timings() -> dict[str, Any]:
 def send(outgoing: list[Outgoing]) -> None:
     # The Shaper app explicitly: in an API process Celery's "current" app may be a default
     # one that points at a broker nobody configured.
+    celery_app = get_celery_app()  # built on first use, not when this module is imported
     eager = celery_app.conf.task_always_eager
     for message in outgoing:
         if eager and message.task == saga.ADVANCE_TASK:
@@ -170,5 +171,6 @@ def sweep() -> int:
 def kick(action_id: int) -> None:
     """Dispatch an approved action now. With no broker (the embedded default) the
     in-process beat's sweep dispatches it within one period."""
+    celery_app = get_celery_app()
     if not celery_app.conf.task_always_eager:
         celery_app.send_task(advance.name, args=[action_id], queue=CONTROL_QUEUE)
