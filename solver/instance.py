@@ -295,8 +295,8 @@ class SolverConfig(_Frozen):
     )
     replica_moves: bool = Field(
         default=True,
-        description="move a service's replicas to other nodes to empty a node for a gang "
-        "that fits nowhere else (a replica holds no state to checkpoint: it restarts there); "
+        description="move a service's replicas to other nodes to clear room for a pending "
+        "job that fits nowhere else (a replica holds no state to checkpoint: it restarts there); "
         "the simulator only: no connector can move a replica yet, so the control plane "
         "plans with it off",
     )

@@ -76,6 +76,13 @@ TERMINAL_ACTION_STATES = frozenset(
 )
 # Ended without doing what it was for: its dependants cannot run.
 UNDONE_ACTION_STATES = TERMINAL_ACTION_STATES - {ActionState.succeeded}
+# Approved and not yet ended: it may still act on the cluster.
+ACTIVE_ACTION_STATES = (
+    ActionState.approved,
+    ActionState.dispatched,
+    ActionState.running,
+    ActionState.compensating,
+)
 
 
 class ActionPublic(SQLModel):

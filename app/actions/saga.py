@@ -44,6 +44,7 @@ from sqlmodel import Session, col, select
 from app.actions import service as action_service
 from app.actions.messages import Outgoing, step_message
 from app.actions.models import (
+    ACTIVE_ACTION_STATES,
     TERMINAL_ACTION_STATES,
     TRANSITIONS,
     UNDONE_ACTION_STATES,
@@ -90,12 +91,6 @@ CONFIRM_POLL_S = 5.0
 CONFIRM_POLLS = 24
 ADVANCE_TASK = "app.actions.tasks.advance"
 RETRY_BACKOFF_S = (1.0, 4.0, 15.0)
-ACTIVE_STATES = (
-    ActionState.approved,
-    ActionState.dispatched,
-    ActionState.running,
-    ActionState.compensating,
-)
 
 
 def _holds(session: Session, job: Job, node_id: int) -> bool:
@@ -605,7 +600,7 @@ def active_action_ids(*, session: Session, limit: int = 1000) -> list[int]:
     """Actions the sweep must look at: approved or with a saga in flight."""
     ids = session.exec(
         select(col(Action.id))
-        .where(col(Action.state).in_([s.value for s in ACTIVE_STATES]))
+        .where(col(Action.state).in_([s.value for s in ACTIVE_ACTION_STATES]))
         .order_by(col(Action.id))
         .limit(limit)
     )

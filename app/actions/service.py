@@ -7,6 +7,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
 from app.actions.models import (
+    ACTIVE_ACTION_STATES,
     TERMINAL_ACTION_STATES,
     TRANSITIONS,
     UNDONE_ACTION_STATES,
@@ -247,13 +248,6 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
 
 
 TAKER_KINDS = (ActionKind.start, ActionKind.migrate, ActionKind.resize)
-# A reservation in these states may still take hold: its plan's other actions wait for it.
-RESERVING_STATES = (
-    ActionState.approved,
-    ActionState.dispatched,
-    ActionState.running,
-    ActionState.compensating,
-)
 
 
 def waits_for_reservations(session: Session, action: Action) -> bool:
@@ -272,7 +266,7 @@ def waits_for_reservations(session: Session, action: Action) -> bool:
         select(Action.id).where(
             Action.plan_id == action.plan_id,
             Action.kind == ActionKind.reserve,
-            col(Action.state).in_([s.value for s in RESERVING_STATES]),
+            col(Action.state).in_([s.value for s in ACTIVE_ACTION_STATES]),
         )
     ).first()
     return pending is not None
@@ -284,7 +278,7 @@ def _reservations_in_place(action: Action, siblings: list[Action]) -> list[int]:
     if ActionKind(action.kind) is not ActionKind.reserve:
         return []
     if any(
-        ActionKind(a.kind) is ActionKind.reserve and ActionState(a.state) in RESERVING_STATES
+        ActionKind(a.kind) is ActionKind.reserve and ActionState(a.state) in ACTIVE_ACTION_STATES
         for a in siblings
         if a.id != action.id
     ):

@@ -11,11 +11,13 @@ class GpuFigures(BaseModel):
     ``gpus``: GPUs of nodes that are not down (the utilization chart's capacity).
     ``allocated``: GPUs held by open allocations on those nodes. ``free``: GPUs of nodes
     that are up and nobody holds (a draining node's unheld GPUs take no new work, so they
-    count in neither). ``idle_allocated``: allocated GPUs whose node measured GPU busy
-    under ``busy_threshold`` on average over the recent window; ``unmeasured_allocated``:
-    allocated GPUs of nodes with no such sample. ``pending_gpus``: what the pending jobs
-    ask for (an elastic service its minimum replicas, at least one). ``awaiting_approval``:
-    actions proposed in advise mode that no operator has decided yet, and their plans.
+    count in neither). ``idle_allocated``: allocated GPUs measured busy under
+    ``busy_threshold`` on average over the recent window, each judged by its own
+    ``gpu_util`` samples when its allocation names it, else by its node's node-wide ones;
+    ``unmeasured_allocated``: allocated GPUs that neither kind of sample judges.
+    ``pending_gpus``: what the pending jobs ask for (an elastic service its minimum
+    replicas, at least one). ``awaiting_approval``: actions proposed in advise mode that no
+    operator has decided yet, and their plans.
     """
 
     gpus: int = 0

@@ -45,6 +45,7 @@ def fleet_overview(
     node_wide, per_gpu = _recent_busy(session, now - recent, now)
     idle_on: defaultdict[int, int] = defaultdict(int)
     unmeasured_on: defaultdict[int, int] = defaultdict(int)
+    allocated_on: defaultdict[int, int] = defaultdict(int)
     allocations = session.execute(
         sa.select(
             col(Allocation.node_id), col(Allocation.gpu_count), col(Allocation.gpu_indices)
@@ -54,31 +55,18 @@ def fleet_overview(
         idle, unmeasured = _judge(node_id, count, indices, node_wide, per_gpu, busy_threshold)
         idle_on[node_id] += idle
         unmeasured_on[node_id] += unmeasured
-    held = (
-        sa.select(
-            col(Allocation.node_id), sa.func.sum(col(Allocation.gpu_count)).label("allocated")
-        )
-        .where(col(Allocation.released_at).is_(None))
-        .group_by(col(Allocation.node_id))
-        .subquery()
-    )
+        allocated_on[node_id] += count
     nodes = session.execute(
-        sa.select(
-            col(Node.id),
-            col(Node.cluster_id),
-            col(Node.gpu_count),
-            col(Node.state),
-            sa.func.coalesce(held.c.allocated, 0),
-        ).outerjoin(held, held.c.node_id == col(Node.id))
+        sa.select(col(Node.id), col(Node.cluster_id), col(Node.gpu_count), col(Node.state))
     ).tuples()
-    for node_id, cluster_id, gpu_count, state, allocated_raw in nodes:
+    for node_id, cluster_id, gpu_count, state in nodes:
         cluster = figures.get(cluster_id)
         if cluster is None:
             continue
         if state == NodeState.down:
             cluster.gpus_down += gpu_count
             continue
-        allocated = min(int(allocated_raw), gpu_count)
+        allocated = min(allocated_on[node_id], gpu_count)
         cluster.gpus += gpu_count
         cluster.allocated += allocated
         if state == NodeState.up:

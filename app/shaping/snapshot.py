@@ -51,7 +51,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from app.actions.models import Action, ActionKind, ActionState
+from app.actions.models import ACTIVE_ACTION_STATES, Action, ActionKind, ActionState
 from app.actions.schedulers import moves_jobs
 from app.actions.service import NEVER_RAN_WHEN_FAILED, NOT_ON_JOBS, RAN
 from app.clusters import service as cluster_service
@@ -360,14 +360,6 @@ def _moves_today(
     }
 
 
-IN_FLIGHT_STATES = (
-    ActionState.approved,
-    ActionState.dispatched,
-    ActionState.running,
-    ActionState.compensating,
-)
-
-
 def _acted(
     session: Session, job_ids: list[int], now: datetime
 ) -> dict[int, tuple[datetime | None, int]]:
@@ -406,7 +398,7 @@ def _open_actions(session: Session, job_ids: list[int]) -> dict[int, set[ActionS
         return {}
     query = sa.select(col(Action.job_id), col(Action.state)).where(
         col(Action.job_id).in_(job_ids),
-        col(Action.state).in_([s.value for s in (*IN_FLIGHT_STATES, ActionState.proposed)]),
+        col(Action.state).in_([s.value for s in (*ACTIVE_ACTION_STATES, ActionState.proposed)]),
     )
     found: dict[int, set[ActionState]] = {}
     for job_id, state in session.execute(query):

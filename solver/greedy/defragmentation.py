@@ -1,18 +1,22 @@
 """Defragmentation by migration: a pending block job that does not fit may move
 checkpointable single-node jobs off a few nodes (within the per-cycle migration budget)
 to make room: whole nodes emptied for a gang, or, for a job that fits on one node, just
-enough of one node's residents moved elsewhere. It only rearranges what is held, so it
-needs no value trade; a resident whose node the job leaves room on stays where it is.
+enough of one node's residents moved elsewhere. Emptying whole nodes of block jobs only
+rearranges what is held, so it needs no value trade; making room on part of a node and
+moving replicas are trades (``_pays``). A resident whose node the job leaves room on stays
+where it is.
 
 Movable: a running, checkpointable, single-node block job, not frozen, off its migration
 cooldown and under its team's daily migration limit; it is moved at most once a cycle.
 
-Relocatable (``move_replicas``): a service's replicas on a node to be emptied restart on
-other nodes, as many as left (the service's size does not change; the plan shows it as a
-resize to the new placement). A replica holds no state to checkpoint, so such a move uses
-no migration budget; each service moves at most once a cycle, and not while an action is
-in flight on it. Without this, one replica of each of two services on two nodes keeps a
-whole-node gang waiting with 14 of 16 GPUs free until demand changes.
+Relocatable (``move_replicas``): a service's replicas on a node being cleared (emptied
+for a gang, or made room on for a job that fits one node) restart on other nodes, as many
+as left (the service's size does not change; the plan shows it as a resize to the new
+placement). A replica holds no state to checkpoint, so such a move uses no migration
+budget; each service moves at most once a cycle, not while an action is in flight on it,
+and not when work was stopped or moved to make room for it. Without this, one replica of
+each of two services on two nodes keeps a whole-node gang waiting with 14 of 16 GPUs free
+until demand changes.
 """
 
 from __future__ import annotations
@@ -37,14 +41,18 @@ class Defragmentation:
             else set()
         )
         # Checkpointable single-node jobs that would be movable but for their dwell.
-        self.movable_held_back = {
-            j.id
-            for j in instance.jobs
-            if not j.is_elastic
-            and j.checkpointable
-            and len(j.placement) == 1
-            and instance.is_frozen(j)
-        }
+        self.movable_held_back = (
+            {
+                j.id
+                for j in instance.jobs
+                if not j.is_elastic
+                and j.checkpointable
+                and len(j.placement) == 1
+                and instance.is_frozen(j)
+            }
+            if ledger.options.migrate
+            else set()
+        )
         self.relocatable = (
             {j.id for j in instance.jobs if j.is_elastic and j.placement and not j.locked}
             if ledger.options.move_replicas
@@ -146,15 +154,13 @@ class Defragmentation:
                 if room >= need:
                     ledger.budget_blocked.add(job.id)
                     blocked = True
-            placement = self._make_room_on_one_node(job, groups, group, budget)
+            placement = self._make_room_on_one_node(job, group, budget)
             if placement is not None:
                 return placement
         self.failed[key] = blocked
         return None
 
-    def _make_room_on_one_node(
-        self, job: Job, groups: list[int], group: int, budget: int
-    ) -> dict[int, int] | None:
+    def _make_room_on_one_node(self, job: Job, group: int, budget: int) -> dict[int, int] | None:
         """Room for a job that fits on one node, made by moving only some of a node's
         residents: the fewest migrations, then the fewest movers (services' replicas
         first), then the least room left over. Every mover is smaller than the job (a

@@ -32,7 +32,7 @@ class GreedyOptions:
     migrate: bool = False
     lookahead: bool = False
     defrag_first: bool = False  # try migration before preemption for a job that does not fit
-    # Defragmentation may also move service replicas off a node it empties for a gang.
+    # Defragmentation may also move service replicas off a node it clears for a job.
     move_replicas: bool = False
     # The first job in the policy's order that starves (``Instance.is_starving``) and does
     # not fit gets an EASY-backfill reservation that every later job must leave alone.

@@ -8,7 +8,7 @@ from solver.plan import ActionKind, ReasonCode
 from solver.policies import get_policy
 from solver.validate import validate
 
-from .builders import FAST, instance, job, node, running, service
+from .builders import FAST, NOW, instance, job, node, running, service
 
 
 def _kinds(inst) -> set[ActionKind]:  # type: ignore[no-untyped-def]
@@ -68,6 +68,19 @@ def test_service_replicas_move_to_empty_a_node_for_a_gang() -> None:
     off = FAST.model_copy(update={"replica_moves": False})
     kinds = _kinds(instance(nodes, jobs, config=off))
     assert ActionKind.START not in kinds and ActionKind.RESIZE not in kinds
+
+
+def test_without_migration_a_frozen_resident_is_not_blamed_on_the_budget() -> None:
+    # With migration off, a dwell-frozen checkpointable job is not a move the budget
+    # held back: the gang waits for fragmentation, whatever replica_moves says.
+    jobs = [
+        running("held", {"a": 4}, checkpointable=True, last_acted_at=NOW - 60),
+        running("pinned", {"b": 4}, preemptible=False),
+        job("gang", 8, max_nodes=1),
+    ]
+    off = FAST.model_copy(update={"migration": False, "use_cp_sat": False})
+    plan = get_policy("shaper").plan(instance([node("a"), node("b")], jobs, config=off))
+    assert plan.pending["gang"].code is ReasonCode.FRAGMENTATION
 
 
 def test_without_preemption_higher_priority_work_waits() -> None:
