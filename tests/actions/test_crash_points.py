@@ -139,8 +139,10 @@ def torn_checkpoint(world: World) -> bool:
 
 
 def check(world: World, *, strict: bool) -> list[str]:
-    """What went wrong; ``strict``: one fault at a time, so the outcome is the fault-free
-    one. Tallies jobs lost, run twice and sagas unresolved."""
+    """What went wrong: a saga unresolved, a job lost or run twice, a job left where the
+    saga's end says it is not. ``strict`` (one fault at a time) also lists, in the session's
+    tally and not as a problem, an outcome other than the fault-free run's. Tallies jobs
+    lost, run twice and sagas unresolved."""
     problems, lost = _check(world, strict=strict)
     if torn_checkpoint(world):
         TALLY["torn checkpoints"] += 1
@@ -217,6 +219,7 @@ def test_a_worker_killed_at_every_step_boundary(
     baseline = run(faults_engine, world_root, scenario, {})
     assert check(baseline, strict=True) == [], baseline.trace
     problems = []
+    runs = fired = 0
     sqlite = faults_engine.dialect.name == "sqlite"
     for index, label in enumerate(baseline.trace):
         if sqlite and (_is_step(label) or scenario.fails):
@@ -230,11 +233,15 @@ def test_a_worker_killed_at_every_step_boundary(
             menu = [f for f in menu if f.point in fault_model.CONTROL_POINTS]
         for fault in menu:
             world = run(faults_engine, world_root, scenario, {index: fault})
+            runs += 1
+            fired += world.injected
             problems += [
                 f"{fault} at delivery {index} ({label}): {problem}"
                 for problem in check(world, strict=True)
             ]
     assert not problems, "\n".join(problems[:40])
+    # A model change that stopped crash points from firing would pass as fault-free runs.
+    assert runs == 0 or fired > 0, f"{runs} runs, no fault injected"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
@@ -244,6 +251,7 @@ def test_random_schedules_of_several_faults(
     baseline = run(faults_engine, world_root, scenario, {})
     length = len(baseline.trace)
     problems = []
+    fired = 0
     for seed in range(RANDOM_SEEDS):
         rng = random.Random(f"{scenario.name}:{seed}")
         # A number per faulty delivery: it picks a fault that fits whatever comes then.
@@ -253,11 +261,13 @@ def test_random_schedules_of_several_faults(
             if rng.random() < RANDOM_FAULT_RATE
         }
         world = run(faults_engine, world_root, scenario, schedule)
+        fired += world.injected
         problems += [
             f"seed {seed}, faults at deliveries {sorted(schedule)}: {problem}"
             for problem in check(world, strict=False)
         ]
     assert not problems, "\n".join(problems[:40])
+    assert fired > 0, f"{RANDOM_SEEDS} schedules, no fault injected"
 
 
 def test_the_model_scheduler_reports_what_runs(world_root: Path, faults_sqlite: Engine) -> None:

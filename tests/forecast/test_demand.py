@@ -121,6 +121,7 @@ def test_a_series_ets_cannot_take_falls_back_and_old_fits_are_dropped() -> None:
     wild = [*calm[:-1], 1e300]
     ahead = forecaster.forecast("wild", wild, 6, now=0.0, quantile=0.9)
     assert all(math.isfinite(v) for v in (*ahead.mean, *ahead.upper))
+    assert ahead.method is fd.Method.SEASONAL_NAIVE
     forecaster.forecast("calm", calm, 6, now=0.0, quantile=0.9)
     assert "calm" in forecaster._fits
     forecaster.forecast("other", calm, 6, now=3 * 3600.0, quantile=0.9)

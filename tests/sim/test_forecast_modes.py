@@ -3,8 +3,11 @@ forecaster, or the week's peak."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from forecast import demand as fd
 from forecast.duration import JobFeatures
 from sim.adapter import ForecastMode, RuntimeMode, SolverPlanner
 from sim.metrics import summarize
@@ -55,9 +58,18 @@ def test_the_adapter_asks_the_shared_forecaster_with_the_slas_quantile() -> None
     wl = workload([], services=[chat], horizon_h=2, nodes=(("n0", 8),))
     planner = SolverPlanner("shaper", forecast="model")
     sim = simulate(wl, planner)
+    asked: list[float] = []
+    ask = planner.forecaster.forecast
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs["quantile"])
+        return ask(*args, **kwargs)
+
+    planner.forecaster.forecast = recording  # type: ignore[method-assign]
     forecast = planner.instance(sim).job_by_id["chat"].forecast
     assert len(forecast) == planner.forecast_hours
     assert planner.forecaster.fits >= 1
+    assert asked == [fd.quantile_for(0.9)]
     peak = SolverPlanner("shaper", forecast="peak")
     assert set(peak.instance(simulate(wl, peak)).job_by_id["chat"].forecast) == {4}
 

@@ -32,14 +32,15 @@ def test_making_room_does_not_let_a_job_past_a_forecast_reservation() -> None:
     # T off a1 once found J a place on h1 instead of the node cleared for it.
     jobs = [
         service("R", (0, 8, 8, 8, 8, 8, 8, 8), {}, allowed_gpu_models=frozenset({"h100"})),
-        service("T", (2,), {"a1": 2}, allowed_gpu_models=frozenset({"a100"})),
-        running("K", {"a1": 4}, preemptible=False),
+        running("T", {"a1": 2}, checkpointable=True, preemptible=False),
+        running("T2", {"a1": 2}, preemptible=False),
+        running("K", {"a1": 2}, preemptible=False),
         job("J", 4, expected_runtime_s=10 * 86400.0),
     ]
     inst = instance([node("h1", model="h100"), node("a1")], jobs)
     plan = solve(inst)
     assert not validate(inst, plan)
-    assert "h1" not in plan.placement.get("J", {})
+    assert plan.placement["J"] == {"a1": 4}  # on the node cleared for it, not on h1
 
 
 def test_no_move_that_costs_more_than_the_start_it_makes_room_for() -> None:
