@@ -247,14 +247,20 @@ def test_no_transaction_is_open_while_the_cycle_solves(
     assert outcome["result"].plan_id > 0
 
 
-def _hold_write_lock(engine: Engine, seconds: float, taken: threading.Event) -> threading.Thread:
-    """Another writer: a write transaction that stays open ``seconds``."""
+def _hold_write_lock(
+    engine: Engine, taken: threading.Event, release: threading.Event, at_most: float
+) -> threading.Thread:
+    """Another writer: a write transaction that stays open until ``release`` is set.
+
+    Held until the test says so (not for a fixed time) so that a slow CI machine cannot
+    let the lock go before the request under test has asked for it.
+    """
 
     def hold() -> None:
         with engine.connect() as connection, connection.begin():  # BEGIN IMMEDIATE
             connection.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
             taken.set()
-            time.sleep(seconds)
+            release.wait(at_most)
 
     thread = threading.Thread(target=hold)
     thread.start()
@@ -263,8 +269,8 @@ def _hold_write_lock(engine: Engine, seconds: float, taken: threading.Event) -> 
 
 
 def test_a_write_waits_for_the_lock_and_succeeds(site: Site) -> None:
-    taken = threading.Event()
-    holder = _hold_write_lock(site.engine, 0.3, taken)
+    taken, release = threading.Event(), threading.Event()
+    holder = _hold_write_lock(site.engine, taken, release, at_most=0.3)
     started = time.monotonic()
     answer = httpx.post(
         f"{site.base}/api/v1/tokens",
@@ -278,17 +284,20 @@ def test_a_write_waits_for_the_lock_and_succeeds(site: Site) -> None:
 
 
 def test_a_write_that_outwaits_busy_timeout_is_503_retryable(site: Site) -> None:
-    taken = threading.Event()
-    holder = _hold_write_lock(site.engine, 2.0, taken)
-    with httpx.Client(base_url=site.base, timeout=30) as client:
-        # Reads go on meanwhile: they never wait for the writer.
-        read = client.get("/api/v1/clusters/alpha", headers=site.headers("viewer"))
-        answer = client.post(
-            "/api/v1/tokens",
-            headers=site.headers("admin"),
-            json={"name": "impatient", "scopes": ["viewer"]},
-        )
-    holder.join()
+    taken, release = threading.Event(), threading.Event()
+    holder = _hold_write_lock(site.engine, taken, release, at_most=60.0)
+    try:
+        with httpx.Client(base_url=site.base, timeout=30) as client:
+            # Reads go on meanwhile: they never wait for the writer.
+            read = client.get("/api/v1/clusters/alpha", headers=site.headers("viewer"))
+            answer = client.post(
+                "/api/v1/tokens",
+                headers=site.headers("admin"),
+                json={"name": "impatient", "scopes": ["viewer"]},
+            )
+    finally:
+        release.set()
+        holder.join()
     assert read.status_code == 200, read.text
     assert answer.status_code == 503, answer.text
     assert answer.headers["Retry-After"].isdigit()
