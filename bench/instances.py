@@ -25,9 +25,14 @@ TEAMS = ("research", "product", "batch", "infra")
 NOW = 1_000_000.0
 
 
-def make_instance(gpus: int, load: float, seed: int, config: SolverConfig) -> Instance:
+def make_instance(
+    gpus: int, load: float, seed: int, config: SolverConfig, *, clusters: int | None = None
+) -> Instance:
+    """``clusters``: how many clusters the nodes are dealt over (default: one per 1,000
+    GPUs, at most four)."""
     rng = random.Random(seed * 1_000_003 + gpus)
-    clusters = [f"c{i}" for i in range(max(1, min(4, gpus // 1000)))]
+    count = clusters if clusters is not None else max(1, min(4, gpus // 1000))
+    cluster_names = [f"c{i}" for i in range(count)]
     nodes: list[Node] = []
     total = 0
     while total < gpus:
@@ -37,7 +42,7 @@ def make_instance(gpus: int, load: float, seed: int, config: SolverConfig) -> In
         nodes.append(
             Node(
                 name=f"n{len(nodes):05d}",
-                cluster=clusters[len(nodes) % len(clusters)],
+                cluster=cluster_names[len(nodes) % len(cluster_names)],
                 gpu_model=model.name,
                 gpus=size,
                 cpu_milli=size * 12_000,
@@ -169,4 +174,39 @@ def make_instance(gpus: int, load: float, seed: int, config: SolverConfig) -> In
         jobs=tuple(jobs),
         policies=policies,
         config=config,
+    )
+
+
+def make_federated_instance(
+    clusters: int, gpus_per_cluster: int, load: float, seed: int, config: SolverConfig
+) -> Instance:
+    """A federation group of ``clusters`` clusters planned as one instance, as the live
+    cycle and ``sim.adapter`` build it: each pending job submitted to one cluster
+    (``home_cluster``; starting it elsewhere costs the transfer of its image), each running
+    job and service held to the cluster it runs in. The nodes, running state and queue are
+    :func:`make_instance`'s over ``clusters × gpus_per_cluster`` GPUs; the homes are drawn
+    from a second generator so that they leave those draws as they were."""
+    instance = make_instance(clusters * gpus_per_cluster, load, seed, config, clusters=clusters)
+    rng = random.Random(seed * 7_919 + clusters)
+    names = sorted({node.cluster for node in instance.nodes})
+    # Unequal load, as in the simulator's federation-unequal: half the clusters get most
+    # of the submissions.
+    weights = [4.0 if index < len(names) // 2 else 1.0 for index in range(len(names))]
+    cluster_of = {node.name: node.cluster for node in instance.nodes}
+    jobs = []
+    for job in instance.jobs:
+        if job.placement:
+            here = cluster_of[next(iter(job.placement))]
+            update: dict[str, object] = {"clusters": frozenset({here})}
+        else:
+            update = {"home_cluster": rng.choices(names, weights=weights)[0]}
+        jobs.append(job.model_copy(update=update))
+    # A new Instance (not model_copy, which would keep the cached look-ups of the old jobs).
+    return Instance(
+        now=instance.now,
+        gpu_models=instance.gpu_models,
+        nodes=instance.nodes,
+        jobs=tuple(jobs),
+        policies=instance.policies,
+        config=instance.config,
     )

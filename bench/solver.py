@@ -3,6 +3,13 @@
     .venv/bin/python bench/solver.py                 # 100, 1,000 and 10,000 GPUs, load 1× and 2×
     .venv/bin/python bench/solver.py --sizes 100 1000 --loads 1
     .venv/bin/python bench/solver.py --exact-only    # only the small section (16, 32, 64 GPUs)
+    .venv/bin/python bench/solver.py --sizes --exact-sizes --loads 1 --federated 10 1000
+                                                     # a federation group: 10 clusters × 1,000
+
+Federated section (``--federated CLUSTERS GPUS_PER_CLUSTER``): the same kind of instance
+dealt over that many clusters and planned as one federation group; each pending job is
+submitted to one cluster (most to half of them) and pays its image's transfer when it
+starts in another ("away"); running jobs and services stay where they are.
 
 Instances: four GPU models (different memory, precisions, speed), 4- and 8-GPU nodes in
 one cluster per 1,000 GPUs (at most four), a fragmented running state (small jobs scattered
@@ -37,10 +44,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.instances import make_instance  # noqa: E402
+from bench.instances import make_federated_instance, make_instance  # noqa: E402
 from solver.exact import solve_exact  # noqa: E402
 from solver.instance import SolverConfig  # noqa: E402
 from solver.objective import evaluate  # noqa: E402
+from solver.plan import ActionKind  # noqa: E402
 from solver.policies import POLICY_NAMES, get_policy  # noqa: E402
 from solver.relaxation import global_upper_bound  # noqa: E402
 from solver.validate import validate  # noqa: E402
@@ -50,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[100, 1000, 10000])
     parser.add_argument("--loads", type=float, nargs="+", default=[1.0, 2.0])
     parser.add_argument("--policies", nargs="+", default=list(POLICY_NAMES))
     parser.add_argument("--seed", type=int, default=7)
@@ -60,10 +68,20 @@ def main() -> None:
     parser.add_argument("--exact-seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--exact-time-limit", type=float, default=30.0)
     parser.add_argument("--exact-only", action="store_true", help="skip the large section")
+    parser.add_argument(
+        "--federated",
+        type=int,
+        nargs=2,
+        metavar=("CLUSTERS", "GPUS_PER_CLUSTER"),
+        help="also plan a federation group of CLUSTERS clusters as one instance (e.g. 10 1000)",
+    )
     args = parser.parse_args()
     config = SolverConfig(time_limit_s=args.time_limit, num_workers=args.workers, seed=args.seed)
-    if not args.exact_only:
+    if not args.exact_only and args.sizes:
         large_section(args, config)
+    if args.federated:
+        print()
+        federated_section(args, config)
     if args.exact_sizes:
         if not args.exact_only:
             print()
@@ -113,6 +131,42 @@ def large_section(args: argparse.Namespace, config: SolverConfig) -> None:
                     f"{ratio:.2f}x   (instance built in {build_s:.2f} s)",
                     flush=True,
                 )
+
+
+def federated_section(args: argparse.Namespace, config: SolverConfig) -> None:
+    """One federation group planned as one instance (``make_federated_instance``): the
+    pending jobs may start in any cluster, paying their image's transfer away from home."""
+    clusters, per_cluster = args.federated
+    header = (
+        f"{'federation':>16} {'jobs':>6} {'policy':<9} {'wall s':>7} {'objective':>11} "
+        f"{'LP-UB gap %':>11} {'started':>7} {'away':>5} {'engine':<9} {'viol':>4}"
+    )
+    print(header)
+    print("-" * len(header))
+    for load in args.loads:
+        instance = make_federated_instance(clusters, per_cluster, load, args.seed, config)
+        global_bound = global_upper_bound(instance)
+        cluster_of = {node.name: node.cluster for node in instance.nodes}
+        for name in args.policies:
+            started = time.perf_counter()
+            plan = get_policy(name).plan(instance)
+            wall = time.perf_counter() - started
+            violations = validate(instance, plan)
+            starts = [a for a in plan.actions if a.kind is ActionKind.START]
+            away = sum(
+                1
+                for a in starts
+                if cluster_of[next(iter(a.to_placement))]
+                != instance.job_by_id[a.job_id].home_cluster
+            )
+            gap = 100 * (global_bound - plan.stats.objective) / global_bound
+            label = f"{clusters}×{per_cluster} @{load:g}"
+            print(
+                f"{label:>16} {len(instance.jobs):>6} {name:<9} {wall:7.3f} "
+                f"{plan.stats.objective:11.1f} {gap:11.2f} {len(starts):>7} {away:>5} "
+                f"{plan.stats.engine:<9} {len(violations):>4}",
+                flush=True,
+            )
 
 
 def small_section(args: argparse.Namespace, config: SolverConfig) -> None:

@@ -40,6 +40,16 @@ Mapping (simulation → solver):
   migration that could not land is ``overdue`` until it starts again. Nothing is ever
   ``locked``: the simulator applies a plan at once, no action stays in flight.
 
+Several clusters (a workload whose nodes name more than one ``cluster``): a job is
+submitted to one (``BlockJob.cluster``) and its image is where it last ran
+(``SimJob.location``). By default each cluster is planned alone, as today's schedulers
+do: one instance per cluster with its nodes, the jobs submitted there and the services
+it serves, each planned by the policy on its own. A policy named ``federated-NAME``
+plans the clusters as one federation group: one instance over all of them, where a
+pending job may start in any cluster (``Job.home_cluster`` = where its image is, so
+starting elsewhere costs the transfer, ``MigrationCostModel.remote_start_seconds``)
+while a running job moves only within its cluster and a service stays in its own.
+
 Mapping back: ``start`` → :class:`~sim.actions.Start`, ``migrate`` → ``Migrate``,
 ``resize`` → ``Resize`` (GPUs per node / GPUs per replica), ``preempt`` → ``Preempt``
 without checkpoint (work since the last checkpoint is lost), ``requeue`` → ``Preempt``
@@ -58,6 +68,7 @@ from typing import TYPE_CHECKING
 from forecast import demand as demand_forecast
 from forecast.duration import DurationPredictor, JobFeatures
 from sim.actions import Action, Migrate, Preempt, Resize, SimPlan, Start
+from solver.federation import split_by_cluster
 from solver.instance import (
     GpuModel,
     Instance,
@@ -100,6 +111,16 @@ class PlanRejected(RuntimeError):
     """The policy returned a plan that the solver's own validator refuses."""
 
 
+FEDERATED = "federated-"
+
+
+def split_policy_name(name: str) -> tuple[str, bool]:
+    """``federated-shaper`` → (``shaper``, True); ``shaper`` → (``shaper``, False)."""
+    if name.startswith(FEDERATED):
+        return name.removeprefix(FEDERATED), True
+    return name, False
+
+
 class SolverPlanner:
     """Plans each cycle with one of the solver's policies (fifo, backfill, priority, shaper)."""
 
@@ -115,14 +136,16 @@ class SolverPlanner:
         runtime: RuntimeMode | str = RuntimeMode.EXACT,
     ) -> None:
         self.name = policy
+        base, self.federated = split_policy_name(policy)
         self.forecast_mode = ForecastMode(forecast)
         self.forecaster = demand_forecast.DemandForecaster()
         self.runtime_mode = RuntimeMode(runtime)
         self.durations = DurationPredictor()
         self._unfinished: set[str] = set()  # block jobs queued or running at the last plan
-        self.policy = get_policy(policy)
+        self.policy = get_policy(base)
         # Only Shaper's own actions freeze a job (see the module docstring).
-        self.feeds_history = policy == "shaper" if feeds_history is None else feeds_history
+        self.feeds_history = base == "shaper" if feeds_history is None else feeds_history
+        self._clusters: list[str] = []
         self.validate = validate
         self.forecast_hours = forecast_hours
         self.config_overrides = dict(config_overrides or {})
@@ -166,7 +189,10 @@ class SolverPlanner:
             )
             transfer = workload.transfer
             migration = MigrationCostModel(
-                bandwidth_mib_per_s=transfer.bandwidth_mib_per_s, overhead_s=transfer.overhead_s
+                bandwidth_mib_per_s=transfer.bandwidth_mib_per_s,
+                overhead_s=transfer.overhead_s,
+                inter_cluster_bandwidth_mib_per_s=transfer.inter_cluster_bandwidth_mib_per_s,
+                inter_cluster_overhead_s=transfer.inter_cluster_overhead_s,
             )
             # Reproducible by default: one CP-SAT worker, deterministic time, the run's seed.
             defaults = {"deterministic": True, "num_workers": 1, "seed": workload.seed}
@@ -177,6 +203,16 @@ class SolverPlanner:
             for node in workload.nodes:
                 sizes.setdefault(node.gpu_model, []).append(node.gpus)
             self._largest_node = {model: max(v) for model, v in sizes.items()}
+            self._clusters = workload.clusters
+            if len(self._clusters) > 1 and not self.federated:
+                homeless = [j.id for j in workload.jobs if j.cluster is None]
+                homeless += [s.id for s in workload.services if s.cluster is None]
+                if homeless:
+                    raise ValueError(
+                        f"policy {self.name} plans each of {len(self._clusters)} clusters "
+                        f"alone, but {', '.join(homeless[:5])} name no cluster: give each "
+                        "job and service a cluster, or use federated-" + self.name
+                    )
             self._static = (models, policies, migration, config)
         return self._static
 
@@ -281,8 +317,11 @@ class SolverPlanner:
         if self.feeds_history and state.acted_at:
             last_acted = state.acted_at[-1]
             acted_last_hour = sum(1 for t in state.acted_at if t > sim.now - HOUR)
+        clusters, home = self._where(sim, state)
         key = (
             state.version,
+            clusters,
+            home,
             running,
             last_checkpoint,
             moved,
@@ -311,7 +350,8 @@ class SolverPlanner:
             precision=None,
             node_selector={},
             tolerations=frozenset(),
-            clusters=None,
+            clusters=clusters,
+            home_cluster=home,
             submit_time=spec.submit_time,
             start_time=state.run_start if running else None,
             placement={n: len(i) for n, i in state.placement.items()},
@@ -335,6 +375,18 @@ class SolverPlanner:
         )
         self._job_cache[spec.id] = (key, job)
         return job
+
+    def _where(self, sim: Simulation, state: SimJob) -> tuple[frozenset[str] | None, str | None]:
+        """The clusters a block job may run in, and where its image is (see the module
+        docstring); (None, None) when there is one cluster."""
+        if len(self._clusters) <= 1:
+            return None, None
+        if state.placement:
+            here = sim.nodes[next(iter(state.placement))].spec.cluster
+            return frozenset({here}), here
+        if self.federated:
+            return None, state.location
+        return frozenset({state.location}) if state.location is not None else None, None
 
     @staticmethod
     def _replicas_for(sim: Simulation, state: SimService) -> Callable[[float], int]:
@@ -392,7 +444,12 @@ class SolverPlanner:
             precision=None,
             node_selector={},
             tolerations=frozenset(),
-            clusters=None,
+            clusters=(
+                frozenset({spec.cluster})
+                if spec.cluster is not None and len(self._clusters) > 1
+                else None
+            ),
+            home_cluster=None,
             submit_time=spec.start_time,
             start_time=spec.start_time if state.replicas else None,
             placement={n: len(reps) * per for n, reps in state.placement.items() if reps},
@@ -442,24 +499,32 @@ class SolverPlanner:
 
     # ---------------------------------------------------------------- plan
     def plan(self, sim: Simulation) -> SimPlan:
-        instance = self.instance(sim)
-        started = time.perf_counter()
-        plan = self.policy.plan(instance)
-        elapsed = time.perf_counter() - started
-        self.engines[plan.stats.engine] += 1
-        if self.validate:
-            violations = validate(instance, plan)
-            if violations:
-                self.invalid_plans += 1
-                self.last_violations = [str(v) for v in violations]
-                raise PlanRejected(
-                    f"policy {self.name} at t={sim.now:.0f}: " + "; ".join(self.last_violations[:5])
-                )
+        whole = self.instance(sim)
+        parts = [whole] if self.federated else split_by_cluster(whole)
+        actions: list[Action] = []
+        elapsed = 0.0
+        statuses = []
+        for instance in parts:
+            started = time.perf_counter()
+            plan = self.policy.plan(instance)
+            elapsed += time.perf_counter() - started
+            self.engines[plan.stats.engine] += 1
+            if self.validate:
+                violations = validate(instance, plan)
+                if violations:
+                    self.invalid_plans += 1
+                    self.last_violations = [str(v) for v in violations]
+                    raise PlanRejected(
+                        f"policy {self.name} at t={sim.now:.0f}: "
+                        + "; ".join(self.last_violations[:5])
+                    )
+            actions += to_actions(plan, sim)
+            statuses.append(str(plan.stats.status))
         return SimPlan(
-            actions=to_actions(plan, sim),
+            actions=actions,
             solve_seconds=elapsed,
-            status=str(plan.stats.status),
-            wake_at=self._thaw_time(sim, instance),
+            status=statuses[0] if len(set(statuses)) == 1 else ",".join(statuses),
+            wake_at=self._thaw_time(sim, whole),
         )
 
     def _thaw_time(self, sim: Simulation, instance: Instance) -> float | None:

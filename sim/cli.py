@@ -15,7 +15,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from sim.adapter import ForecastMode, RuntimeMode
+from sim import federation as federation_runs
+from sim.adapter import ForecastMode, RuntimeMode, split_policy_name
 from sim.fgd import ALL_POLICIES as INFLATION_POLICIES
 from sim.fgd import (
     MOVABLE,
@@ -53,7 +54,7 @@ from sim.run import (
     run_policy,
     write_results,
 )
-from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
+from sim.scenario import ScenarioError, builtin_scenarios, federation_scenarios, load_scenario
 from sim.settings import default_results_dir
 from sim.sweep import parse_seeds, parse_solver_overrides, summarize_sweep, sweep, sweep_json
 from sim.traces import (
@@ -118,8 +119,12 @@ def _drain_cap(hours: float | None) -> float | None:
 
 
 def _check_policy(policy: str) -> None:
-    if policy not in POLICIES:
-        raise typer.BadParameter(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+    base, _ = split_policy_name(policy)
+    if base not in POLICIES:
+        raise typer.BadParameter(
+            f"unknown policy {policy!r}; one of {', '.join(POLICIES)}, each also as "
+            "federated-NAME (plan all the scenario's clusters as one group)"
+        )
 
 
 def _load(scenario: str, seed: int | None) -> Workload:
@@ -543,6 +548,41 @@ def inflation(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps([r.to_json() for r in results], indent=1))
         console.print(f"results: {out}")
+
+
+@sim_app.command("federation")
+def federation_cmd(
+    scenarios: Annotated[
+        str, typer.Option(help="comma-separated; default: all built-in multi-cluster ones")
+    ] = "",
+    policies: Annotated[str, typer.Option(help="comma-separated")] = ",".join(
+        federation_runs.POLICIES
+    ),
+    seed: SeedOpt = None,
+    out_dir: OutDirOpt = None,
+    drain_cap_h: DrainCapOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Multi-cluster scenarios planned per cluster (fifo, priority, shaper: each cluster
+    alone) and as one federation group (federated-priority, federated-shaper): one
+    Markdown table, then what federation gains per scenario. Runs until queues drain."""
+    out_dir = out_dir or default_results_dir()
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    for name in names:
+        _check_policy(name)
+    cap = _drain_cap(drain_cap_h)
+    chosen = [s.strip() for s in scenarios.split(",") if s.strip()] or federation_scenarios()
+    workloads = [_load(scenario, seed) for scenario in chosen]  # bad names fail first
+    results = {}
+    for workload in workloads:
+        if len(workload.clusters) < 2:
+            raise typer.BadParameter(
+                f"{workload.name} has one cluster; federation needs two or more",
+                param_hint="--scenarios",
+            )
+        results[workload.name] = compare(workload, names, drain_cap=cap, show_progress=progress)
+        write_results(results[workload.name], out_dir / f"{workload.name}.json")
+    console.print(federation_runs.federation_table(results, names), markup=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

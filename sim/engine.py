@@ -114,6 +114,9 @@ class SimJob:
     overheads: list[tuple[str, float, float]] = field(default_factory=list)
     # Work kept at the horizon (the window's value), set when the horizon passes.
     kept_at_horizon: float | None = None
+    # The cluster its image (inputs, checkpoint) is in: where it was submitted until it
+    # runs elsewhere. Starting it in another cluster sends the image there first.
+    location: str | None = None
 
     @property
     def gpus_held(self) -> int:
@@ -179,6 +182,8 @@ class Counters:
     # Free GPUs still dumping the checkpoint of a job that left them (allocated to it).
     draining_gpu_seconds: float = 0.0
     migrations: int = 0
+    # Starts and migrations in a cluster other than the one the job's image was in.
+    remote_starts: int = 0
     preemptions: int = 0
     evictions: int = 0
     rejected_actions: int = 0
@@ -431,7 +436,9 @@ class Simulation:
     def _handle(self, kind: EventKind, ref: str, version: int) -> bool:
         if kind == EventKind.ARRIVAL:
             spec = self._job_specs[ref]
-            state = SimJob(spec=spec, updated_at=self.now, queued_since=self.now)
+            state = SimJob(
+                spec=spec, updated_at=self.now, queued_since=self.now, location=spec.cluster
+            )
             self.jobs[spec.id] = state
             self._enqueue(state)
             return self.replan_on_events
@@ -713,20 +720,32 @@ class Simulation:
                 state.ledger.charge(kind, gpus * seconds)
         state.held_since = self.now
 
+    def _remote_seconds(self, state: SimJob) -> float:
+        """What sending the job's image to the cluster it was just placed in costs (0 when
+        it is there already); the image is there from now on."""
+        cluster = self.nodes[next(iter(state.placement))].spec.cluster
+        if state.location is None or state.location == cluster:
+            return 0.0
+        state.location = cluster
+        self.counters.remote_starts += 1
+        return self.workload.transfer.remote_seconds(state.spec.image_gb)
+
     def _overheads(
-        self, own: tuple[str, float] | None, placement: dict[str, tuple[int, ...]]
+        self, own: list[tuple[str, float]], placement: dict[str, tuple[int, ...]]
     ) -> tuple[float, list[tuple[str, float, float]]]:
         """The overhead intervals of a job just placed, and when it may compute.
 
-        Its own cost (a restore, or a migration's checkpoint and restore) comes first; then,
-        if a GPU it took is still dumping a previous owner's checkpoint, the wait for the
-        slowest of them, charged as that dump's kind.
+        Its own costs (sending its image from another cluster, a restore, or a migration's
+        checkpoint and restore) come first, one after the other; then, if a GPU it took is
+        still dumping a previous owner's checkpoint, the wait for the slowest of them,
+        charged as that dump's kind.
         """
         intervals: list[tuple[str, float, float]] = []
         ready = self.now
-        if own is not None and own[1] > 0:
-            ready = self.now + own[1]
-            intervals.append((own[0], self.now, ready))
+        for kind, seconds in own:
+            if seconds > 0:
+                intervals.append((kind, ready, ready + seconds))
+                ready += seconds
         slowest = ("", 0.0)
         for name, indices in placement.items():
             node = self.nodes[name]
@@ -879,12 +898,11 @@ class Simulation:
         state.status = JobStatus.RUNNING
         if state.first_start is None:
             state.first_start = self.now
-        restore = 0.0
+        transfer = self.workload.transfer
+        costs = [("migration", self._remote_seconds(state))]
         if state.progress > 0:
-            restore = self.workload.transfer.restore_seconds(state.spec.image_gb)
-        state.overhead_until, state.overheads = self._overheads(
-            ("checkpoint", restore), state.placement
-        )
+            costs.append(("checkpoint", transfer.restore_seconds(state.spec.image_gb)))
+        state.overhead_until, state.overheads = self._overheads(costs, state.placement)
         self.running[state.spec.id] = state
         self._schedule_completion(state)
 
@@ -896,9 +914,9 @@ class Simulation:
         checkpoint = transfer.checkpoint_seconds(state.spec.image_gb)
         self._mark_busy(source, checkpoint, state.spec.id, "migration")
         self._place(state, target)
-        cost = transfer.migration_seconds(state.spec.image_gb)
+        cost = transfer.migration_seconds(state.spec.image_gb) + self._remote_seconds(state)
         state.overhead_until, state.overheads = self._overheads(
-            ("migration", cost), state.placement
+            [("migration", cost)], state.placement
         )
         state.migrations += 1
         state.moved_at.append(self.now)

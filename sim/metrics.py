@@ -216,6 +216,7 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         "service_gpu_hours": w.service_gpu_seconds / HOUR,
         "sla_violations": float(violations),
         "migrations": float(c.migrations),
+        "remote_starts": float(c.remote_starts),
         "preemptions": float(c.preemptions),
         "failure_evictions": float(c.evictions),
         "allocated_block_gpu_hours": allocated_block / HOUR,

@@ -32,6 +32,11 @@ Times in YAML are hours (``*_h``) unless the key says otherwise. Example::
     node_events:
       - {at_h: 10, node: h100-0, kind: fail}
 
+Several clusters: each ``cluster`` entry names its ``cluster``; a job, a ``generate``
+block (a list of them for several streams) or a service names the ``cluster`` it is
+submitted to; ``transfer`` takes ``inter_cluster_bandwidth_mib_per_s`` and
+``inter_cluster_overhead_s`` for what crossing between clusters costs.
+
 The generator uses ``numpy.random.default_rng(seed)``: the same seed gives the same jobs.
 """
 
@@ -80,19 +85,27 @@ STUDY_ORDER = (
 
 
 def builtin_scenarios() -> list[str]:
+    """The one-cluster scenarios (``shaper sim table``'s rows)."""
     names = {p.stem for p in scenario_dir().glob("*.yaml")}
     return [n for n in STUDY_ORDER if n in names] + sorted(names - set(STUDY_ORDER))
+
+
+def federation_scenarios() -> list[str]:
+    """The multi-cluster scenarios (``shaper sim federation``'s), in ``federation/``."""
+    return sorted(p.stem for p in (scenario_dir() / "federation").glob("*.yaml"))
 
 
 def resolve(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return path
-    candidate = scenario_dir() / f"{name_or_path}.yaml"
-    if candidate.exists():
-        return candidate
+    for folder in (scenario_dir(), scenario_dir() / "federation"):
+        candidate = folder / f"{name_or_path}.yaml"
+        if candidate.exists():
+            return candidate
     raise ScenarioError(
-        f"scenario {name_or_path!r}: no such file, and not one of {builtin_scenarios()}"
+        f"scenario {name_or_path!r}: no such file, and not one of "
+        f"{builtin_scenarios() + federation_scenarios()}"
     )
 
 
@@ -158,6 +171,7 @@ def _job(entry: dict[str, Any], index: int) -> BlockJob:
         image_gb=float(entry.get("image_gb", 10.0)),
         team=str(entry.get("team", "default")),
         preemptible=bool(entry.get("preemptible", True)),
+        cluster=str(entry["cluster"]) if entry.get("cluster") is not None else None,
     )
 
 
@@ -197,6 +211,7 @@ def _generate(spec: dict[str, Any], rng: np.random.Generator, first: int) -> lis
             "checkpoint_interval_h": kind.get("checkpoint_interval_h", 0.0),
             "image_gb": kind.get("image_gb", 10.0),
             "team": _weighted_choice(rng, kind.get("team", "default")),
+            "cluster": spec.get("cluster"),
         }
         jobs.append(_job(entry, first + n))
     return jobs

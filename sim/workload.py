@@ -75,6 +75,10 @@ class BlockJob:
     # ``GpuModel.speed``; a model not listed runs it at the model's speed. Empty for traces
     # that carry no per-job speeds.
     speeds: tuple[tuple[str, float], ...] = ()
+    # The cluster it is submitted to, where its inputs are (None: a one-cluster workload).
+    # A planner that federates clusters may start it in another one, after sending its
+    # image there (``Transfer.remote_seconds``).
+    cluster: str | None = None
 
     def can_run_on(self, gpu_model: str) -> bool:
         return not self.gpu_models or gpu_model in self.gpu_models
@@ -114,6 +118,8 @@ class Service:
     team: str = "inference"
     demand_noise: float = 0.0
     noise_seed: int = 0
+    # The cluster whose users it serves: its replicas stay there (None: any cluster).
+    cluster: str | None = None
 
     def demand_at(self, t: float) -> float:
         if t < self.start_time:
@@ -162,6 +168,7 @@ def service_from_record(record: dict[str, Any]) -> Service:
         team=str(record.get("team", "inference")),
         demand_noise=float(record.get("demand_noise", 0.0)),
         noise_seed=int(record.get("noise_seed", 0)),
+        cluster=str(record["cluster"]) if record.get("cluster") is not None else None,
     )
 
 
@@ -184,10 +191,17 @@ class Transfer:
     this is the same model the solver uses to price a move
     (``solver.instance.MigrationCostModel``), so the solver's estimate and the simulated
     cost agree.
+
+    Between clusters the image crosses the sites' link once more, at
+    ``inter_cluster_bandwidth_mib_per_s`` after ``inter_cluster_overhead_s`` (submitting to
+    another scheduler): a job started in a cluster other than where its image is, and a
+    migration to another cluster, pay ``remote_seconds`` on top.
     """
 
     bandwidth_mib_per_s: float = 1000.0
     overhead_s: float = 30.0
+    inter_cluster_bandwidth_mib_per_s: float = 100.0
+    inter_cluster_overhead_s: float = 120.0
 
     def checkpoint_seconds(self, image_gb: float) -> float:
         return self.overhead_s / 2 + image_gb * 1024 / self.bandwidth_mib_per_s
@@ -197,6 +211,11 @@ class Transfer:
 
     def migration_seconds(self, image_gb: float) -> float:
         return self.checkpoint_seconds(image_gb) + self.restore_seconds(image_gb)
+
+    def remote_seconds(self, image_gb: float) -> float:
+        return (
+            self.inter_cluster_overhead_s + image_gb * 1024 / self.inter_cluster_bandwidth_mib_per_s
+        )
 
 
 @dataclass(slots=True)
@@ -221,6 +240,10 @@ class Workload:
     def total_gpus(self) -> int:
         return sum(node.gpus for node in self.nodes)
 
+    @property
+    def clusters(self) -> list[str]:
+        return sorted({node.cluster for node in self.nodes})
+
     def validate(self) -> None:
         names = {node.name for node in self.nodes}
         if len(names) != len(self.nodes):
@@ -231,6 +254,15 @@ class Workload:
         ids = [job.id for job in self.jobs] + [svc.id for svc in self.services]
         if len(set(ids)) != len(ids):
             raise ValueError(f"workload {self.name}: duplicate job or service ids")
+        clusters = set(self.clusters)
+        homes = [(job.id, job.cluster) for job in self.jobs]
+        homes += [(svc.id, svc.cluster) for svc in self.services]
+        for item, home in homes:
+            if home is not None and home not in clusters:
+                raise ValueError(
+                    f"{item}: cluster {home!r} has no nodes (clusters: "
+                    f"{', '.join(sorted(clusters))})"
+                )
         for job in self.jobs:
             if job.gpus <= 0 or job.work <= 0:
                 raise ValueError(f"job {job.id}: gpus and work must be positive")

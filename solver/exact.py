@@ -213,6 +213,7 @@ class ExactModel:
         for node_name, var in variables.items():
             speed = instance.speed(instance.node_by_name[node_name])
             self.terms.append((value * speed, var, _upper(var)))
+        self._away(job)
         gpus_after = per_replica * self._total(job)
         self._team_after[job.team].append(gpus_after)
         frozen = instance.is_frozen(job)
@@ -256,6 +257,26 @@ class ExactModel:
         self.terms.append((-weight * job.held_gpus * lost / horizon, stopped, 1))
         self._team_stopped[job.team].append(job.held_gpus * stopped)
         self._gang(job, new=moved)
+
+    def _away(self, job: Job) -> None:
+        """The transfer a block job pays in a cluster other than where its image is (its
+        ``home_cluster`` while pending, its current cluster while running), per replica
+        there: a gang sits in one cluster, so the sum is the whole transfer or nothing."""
+        node_by_name = self.instance.node_by_name
+        if job.is_running:
+            here: str | None = node_by_name[next(iter(job.placement))].cluster
+        else:
+            here = job.home_cluster
+        if here is None:
+            return
+        seconds = self.instance.migration.remote_start_seconds(job)
+        weight = self.instance.weight(job)
+        gpus = job.held_gpus if job.is_running else job.total_gpus
+        per_replica_cost = weight * gpus * seconds / self.instance.config.value_horizon_s
+        per_replica_cost /= job.replicas
+        for node_name, var in self.replicas[job.id].items():
+            if node_by_name[node_name].cluster != here:
+                self.terms.append((-per_replica_cost, var, _upper(var)))
 
     def _gang(self, job: Job, *, new: cp_model.IntVar) -> None:
         """A started or moved block job: one cluster, at most ``max_nodes`` nodes."""

@@ -105,6 +105,11 @@ class Job(_Frozen):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: frozenset[str] = frozenset()
     clusters: frozenset[str] | None = None
+    home_cluster: str | None = Field(
+        default=None,
+        description="cluster holding the job's inputs or checkpoint; starting elsewhere "
+        "transfers them (MigrationCostModel.remote_start_seconds). None: no home",
+    )
 
     # Lifecycle.
     submit_time: float = 0.0
@@ -222,20 +227,38 @@ class SlaPolicy(_Frozen):
 
 
 class MigrationCostModel(_Frozen):
-    """Lost GPU-time of a migration: checkpoint write + transfer + restore, per GPU held."""
+    """Lost GPU-time of a migration: checkpoint write + transfer + restore, per GPU held.
+
+    Within a cluster the image goes through shared storage at ``bandwidth_mib_per_s``.
+    Between the clusters of a federation group it crosses the sites' link at
+    ``inter_cluster_bandwidth_mib_per_s`` with ``inter_cluster_overhead_s`` more (a
+    resubmission to another scheduler, a second copy): a pending job started away from its
+    ``home_cluster`` pays that one transfer of its image, a running job moved to another
+    cluster pays it besides its checkpoint and restore.
+    """
 
     bandwidth_mib_per_s: float = Field(default=1000.0, gt=0)
     overhead_s: float = Field(default=30.0, ge=0)
+    inter_cluster_bandwidth_mib_per_s: float = Field(default=100.0, gt=0)
+    inter_cluster_overhead_s: float = Field(default=120.0, ge=0)
     default_checkpoint_mib: int = Field(default=20_000, ge=0)
     lost_work_cap_s: float = Field(
         default=4 * 3600.0, ge=0, description="cap on work a preemption is charged for"
     )
 
-    def migration_seconds(self, job: Job) -> float:
+    def _size(self, job: Job) -> int:
         size = job.checkpoint_size_mib
-        if size is None:
-            size = self.default_checkpoint_mib
-        return self.overhead_s + 2.0 * size / self.bandwidth_mib_per_s
+        return self.default_checkpoint_mib if size is None else size
+
+    def migration_seconds(self, job: Job, *, across: bool = False) -> float:
+        """``across``: to another cluster (the image also crosses the sites' link)."""
+        seconds = self.overhead_s + 2.0 * self._size(job) / self.bandwidth_mib_per_s
+        return seconds + (self.remote_start_seconds(job) if across else 0.0)
+
+    def remote_start_seconds(self, job: Job) -> float:
+        """The one transfer of a job's image to a cluster other than its home."""
+        transfer = self._size(job) / self.inter_cluster_bandwidth_mib_per_s
+        return self.inter_cluster_overhead_s + transfer
 
     def preemption_lost_seconds(self, job: Job, now: float) -> float:
         """Work lost when ``job`` is stopped now: since its last checkpoint or its start."""

@@ -105,6 +105,10 @@ class JobClass:
     elastic: bool = False
     overdue: bool = False  # pending past its SLA's max queue wait
     size: int = 0  # jobs in the class, or missing replicas for an elastic class
+    # Where its image is, and what placing one of its jobs in another cluster costs
+    # (objective units: ``solver.objective``'s "started away" term).
+    home_cluster: str | None = None
+    remote_cost: float = 0.0
 
     @property
     def total_gpus(self) -> int:
@@ -228,8 +232,14 @@ def build_classes(
         overdue = instance.is_overdue(job)
         boost = instance.boost(job)
         capped = teams is None or job.team in teams
+        remote_cost = 0.0
+        if job.home_cluster is not None:
+            seconds = instance.migration.remote_start_seconds(job)
+            remote_cost = weight * job.total_gpus * seconds / instance.config.value_horizon_s
         key = (
             job_signature(job),
+            job.home_cluster,
+            remote_cost,
             job.replicas,
             job.gpus_per_replica,
             job.cpu_milli_per_replica,
@@ -257,6 +267,8 @@ def build_classes(
                 team=job.team,
                 reserves=reserves[job.id],
                 overdue=overdue,
+                home_cluster=job.home_cluster,
+                remote_cost=remote_cost,
             )
             by_key[key] = job_class
         job_class.jobs.append(job)

@@ -8,11 +8,15 @@ Units: one *unit* is one reference GPU (speed 1.0) of priority weight 1 held for
                 + Σ_elastic e        w(e) · gpus_per_replica · Σ_fastest served(e) replicas s(n)
                 − elastic_unmet_weight · Σ_e w(e) · gpus_per_replica · unmet(e)
                 − Σ_migrated j       w(j) · gpus(j) · migration_seconds(j) / value_horizon_s
+                − Σ_started away j   w(j) · gpus(j) · remote_start_seconds(j) / value_horizon_s
                 − Σ_stopped j        w(j) · gpus(j) · lost_work_seconds(j) / value_horizon_s
                 + fragmentation_weight · (ready nodes left with all GPUs free)
 
 ``unmet(e) = max(0, demand(e) − replicas(e))`` with ``demand(e)`` the forecast for now,
-clamped to the service's min/max replicas. ``boost(j)`` (``Instance.boost``) is
+clamped to the service's min/max replicas. A migration to another cluster costs its
+``migration_seconds(across=True)``; a pending job *started away* from its ``home_cluster``
+pays the one transfer of its image there (both in ``ObjectiveTerms.migration``).
+``boost(j)`` (``Instance.boost``) is
 ``overdue_weight`` for a pending job past its SLA's max queue wait, its aging credit
 (1 + whole ``aging_s`` periods waited) for another pending job, and 1 for a running one; the
 boost orders such jobs first, while
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.instance import Instance, Job, NodeState
+from solver.instance import Instance, Job, Node, NodeState
 
 SCALE = 1000  # objective units -> CP-SAT's integer coefficients
 
@@ -47,6 +51,11 @@ class ObjectiveTerms:
 
 def elastic_demand(job: Job) -> int:
     return job.demand_at(0)
+
+
+def _cluster_of(placement: dict[str, int], node_by_name: dict[str, Node]) -> str:
+    """A block job's cluster (a gang never spans clusters: ``solver.validate``)."""
+    return node_by_name[next(iter(placement))].cluster
 
 
 def evaluate(instance: Instance, placement: dict[str, dict[str, int]]) -> ObjectiveTerms:
@@ -92,9 +101,16 @@ def evaluate(instance: Instance, placement: dict[str, dict[str, int]]) -> Object
         value = weight * speed_gpus
         allocation += value
         boosted += value * instance.boost(job)
+        if not job.is_running and target and job.home_cluster is not None:
+            if _cluster_of(target, node_by_name) != job.home_cluster:
+                seconds = instance.migration.remote_start_seconds(job)
+                migration += weight * gpus * seconds / horizon
         if job.is_running and target != job.placement:
             if target:
-                seconds = instance.migration.migration_seconds(job)
+                across = _cluster_of(target, node_by_name) != _cluster_of(
+                    job.placement, node_by_name
+                )
+                seconds = instance.migration.migration_seconds(job, across=across)
                 migration += weight * job.held_gpus * seconds / horizon
             else:
                 seconds = instance.migration.preemption_lost_seconds(job, instance.now)

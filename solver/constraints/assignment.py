@@ -1,6 +1,7 @@
 """Each class places at most its jobs (or missing replicas); the value of what is placed.
 
-Value per block job: weight × overdue boost × GPUs × speed of the pool's model.
+Value per block job: weight × overdue boost × GPUs × speed of the pool's model, less the
+transfer of its image when the pool is in a cluster other than its home.
 Value per elastic replica: weight × GPUs × (speed + elastic_unmet_weight): it is served
 work and it removes unmet demand.
 """
@@ -33,5 +34,8 @@ def build(model: PlacementModel) -> list[tuple[int, cp_model.IntVar]]:
                 value = job_class.weight * job_class.gpus_per_replica * (speed + unmet_weight)
             else:
                 value = job_class.weight * job_class.boost * job_class.total_gpus * speed
+                home = job_class.home_cluster
+                if home is not None and option.pool.cluster != home:
+                    value -= job_class.remote_cost
             terms.append((round(value * SCALE), option.var))
     return terms

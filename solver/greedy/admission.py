@@ -185,6 +185,14 @@ class Admission:
                 return True
         return False
 
+    def _home_groups(self, job: Job, groups: list[int]) -> list[int] | None:
+        """The groups of the job's home cluster when others are allowed too, else None."""
+        if job.home_cluster is None:
+            return None
+        compat = self.ledger.compat
+        home = [g for g in groups if compat.groups[g].cluster == job.home_cluster]
+        return home if 0 < len(home) < len(groups) else None
+
     def _try_place(
         self,
         job: Job,
@@ -203,7 +211,13 @@ class Admission:
                     ledger.forecast_blocked.add(job.id)
                 return None
         allowed = self.lookahead.allowed_groups(job, groups) if reservations else groups
-        placement = state.find_gang(job, job.replicas, allowed, job.max_nodes, exclude)
+        placement = None
+        home = self._home_groups(job, allowed)
+        if home:
+            # Its own cluster first: anywhere else its image has to be sent there first.
+            placement = state.find_gang(job, job.replicas, home, job.max_nodes, exclude)
+        if placement is None:
+            placement = state.find_gang(job, job.replicas, allowed, job.max_nodes, exclude)
         blocked_by_forecast = False
         if placement is None and len(allowed) < len(groups):
             if state.find_gang(job, job.replicas, groups, job.max_nodes, exclude):

@@ -183,8 +183,9 @@ def test_two_clusters_gangs_stay_within_one() -> None:
         transfer=Transfer(),
         replan_interval=1800.0,
     )
+    # The jobs name no cluster, so only a planner of both clusters at once may place them.
     for policy in POLICIES:
-        sim = simulate(wl, policy, check_invariants=True)
+        sim = simulate(wl, f"federated-{policy}", check_invariants=True)
         # 6 GPUs would need both clusters: the gang never starts; the small job runs.
         assert sim.jobs["wide"].status is JobStatus.QUEUED, policy
         assert sim.jobs["small"].status is JobStatus.DONE, policy

@@ -1,0 +1,118 @@
+"""Several clusters in one instance (a federation group) or each on its own.
+
+:func:`federate` builds the group's instance from one instance per cluster: nodes and
+running work stay where they are (a running job is held to its cluster: moving one across
+clusters is a checkpoint, a transfer and a resubmission the plan does not make yet), and
+each pending job may start in its own cluster or in those ``movable`` lists for it, with
+its cluster as ``home_cluster`` so that starting elsewhere costs the transfer of its image
+(``MigrationCostModel.remote_start_seconds``). :func:`split_by_cluster` is the opposite:
+an instance whose every job is held to one cluster, as one instance per cluster, for
+planning each alone. :func:`cross_cluster_starts` reads what federation changed in a plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from solver.instance import GpuModel, Instance, MigrationCostModel, SlaPolicy, SolverConfig
+from solver.plan import ActionKind, Plan
+
+
+def federate(
+    parts: Mapping[str, Instance],
+    *,
+    movable: Mapping[str, frozenset[str]],
+    migration: MigrationCostModel,
+    config: SolverConfig,
+) -> Instance:
+    """One instance over ``parts`` (cluster name → that cluster's instance, whose nodes all
+    name it). ``movable``: job id → the other clusters a pending job may start in.
+
+    GPU models are shared by name (the same name defined twice differently is a
+    ``ValueError``); a team's SLA policy is the first cluster's that defines it (in the
+    order of ``parts``): a federation group plans under one set of rules."""
+    models: dict[str, GpuModel] = {}
+    policies: dict[str, SlaPolicy] = {}
+    nodes = []
+    jobs = []
+    for cluster, part in parts.items():
+        for model in part.gpu_models:
+            if models.setdefault(model.name, model) != model:
+                raise ValueError(f"GPU model {model.name!r} is defined differently in {cluster}")
+        for policy in part.policies:
+            policies.setdefault(policy.team, policy)
+        for node in part.nodes:
+            if node.cluster != cluster:
+                raise ValueError(f"node {node.name} is in {node.cluster}, not {cluster}")
+            nodes.append(node)
+        for job in part.jobs:
+            update: dict[str, object] = {"clusters": frozenset({cluster})}
+            if not job.is_running and job.id in movable:
+                update = {"clusters": movable[job.id] | {cluster}, "home_cluster": cluster}
+            jobs.append(job.model_copy(update=update))
+    return Instance(
+        now=max((part.now for part in parts.values()), default=0.0),
+        gpu_models=tuple(models.values()),
+        nodes=tuple(nodes),
+        jobs=tuple(jobs),
+        policies=tuple(policies.values()),
+        migration=migration,
+        config=config,
+    )
+
+
+def split_by_cluster(instance: Instance) -> list[Instance]:
+    """One instance per cluster, for planning each alone: its nodes, and the jobs held to
+    it (every job must be held to one cluster). One cluster: the instance itself."""
+    clusters = sorted({node.cluster for node in instance.nodes})
+    if len(clusters) <= 1:
+        return [instance]
+    parts = []
+    for cluster in clusters:
+        jobs = []
+        for job in instance.jobs:
+            if job.clusters is None or len(job.clusters) != 1:
+                raise ValueError(f"job {job.id}: may run in several clusters, planned alone")
+            if cluster in job.clusters:
+                jobs.append(job)
+        nodes = tuple(node for node in instance.nodes if node.cluster == cluster)
+        # A new Instance, not model_copy: that would carry the whole's cached look-ups.
+        parts.append(
+            Instance(
+                now=instance.now,
+                gpu_models=instance.gpu_models,
+                nodes=nodes,
+                jobs=tuple(jobs),
+                policies=instance.policies,
+                migration=instance.migration,
+                config=instance.config,
+            )
+        )
+    return parts
+
+
+@dataclass(frozen=True)
+class CrossClusterStart:
+    job_id: str
+    home: str
+    target: str
+    placement: dict[str, int]
+
+
+def cross_cluster_starts(instance: Instance, plan: Plan) -> list[CrossClusterStart]:
+    """The plan's starts of pending jobs in a cluster other than their home."""
+    nodes = instance.node_by_name
+    starts = []
+    for action in plan.actions:
+        if action.kind is not ActionKind.START:
+            continue
+        job = instance.job_by_id[action.job_id]
+        if job.home_cluster is None or not action.to_placement:
+            continue
+        target = nodes[next(iter(action.to_placement))].cluster
+        if target != job.home_cluster:
+            starts.append(
+                CrossClusterStart(job.id, job.home_cluster, target, dict(action.to_placement))
+            )
+    return starts
