@@ -5,6 +5,7 @@ from sqlmodel import SQLModel
 from app.actions.models import Action
 from app.audit.models import AuditRecord
 from app.clusters.models import Cluster
+from app.federation.models import FederationGroup
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -21,6 +22,7 @@ __all__ = [
     "ApiToken",
     "AuditRecord",
     "Cluster",
+    "FederationGroup",
     "GpuModel",
     "Job",
     "Node",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from wire.telemetry import ClusterState, SchedulerKind
+from wire.telemetry import ClusterState, SchedulerKind, SubmitSpec
 
 
 @runtime_checkable
@@ -127,6 +127,16 @@ class SupportsStepKey(Protocol):
     is left instead of stopping the work a second time (and losing what it did since)."""
 
     def set_step_key(self, external_id: str, step_key: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsSubmit(Protocol):
+    """Submit a job from a ``SubmitSpec`` read in another cluster (a federated move), as
+    ``name``; return its external id here. Idempotent by name: when a job of that name
+    exists already (a resent step), return its id and submit nothing. A spec this
+    scheduler cannot run raises a non-retryable ConnectorError saying why."""
+
+    def submit(self, spec: SubmitSpec, *, name: str) -> str: ...
 
 
 @runtime_checkable

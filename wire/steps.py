@@ -52,6 +52,11 @@ class ConnectorStep(StrEnum):
     release = "release"
     suspend = "suspend"
     cancel = "cancel"
+    # Submit a job to this cluster from another one's ``SubmitSpec`` (args: ``spec``, the
+    # spec as JSON; ``name``: the name it gets, unique per move, so a resent submit finds
+    # the job it submitted before instead of submitting twice). The report's ``result``
+    # carries the new job's ``external_id``.
+    submit = "submit"
 
 
 class StepPhase(StrEnum):

@@ -43,9 +43,10 @@ Telemetry contract (the control plane's side is app/telemetry):
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
@@ -61,6 +62,7 @@ MAX_NODE_MEMORY_MIB = 64 * 1024 * 1024
 MAX_GPU_MEMORY_GIB = 4096
 MAX_REPLICAS = 100_000
 MAX_RESTARTS = 1_000_000
+MAX_SUBMIT_SPEC = 64 * 1024  # characters of a SubmitSpec's native part as JSON
 
 
 # The kinds of scheduler a cluster can be registered as. Only ``slurm`` and ``sim`` have a
@@ -166,6 +168,41 @@ class AllocationReport(_Wire):
         return self.gpu_count if self.gpu_count is not None else len(self.gpu_indices)
 
 
+class PortableSpec(_Wire):
+    """A job any scheduler can run: a container image or an environment, a command, the
+    resources it needs."""
+
+    image: Annotated[str, Field(max_length=512)] | None = None
+    command: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list)
+    env: dict[str, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict)
+    gpus: Annotated[int, Field(ge=0, le=100_000)] = 0
+    cpus: Annotated[float, Field(ge=0, le=100_000, allow_inf_nan=False)] = 0
+    memory_mib: Annotated[int, Field(ge=0, le=MAX_NODE_MEMORY_MIB)] = 0
+
+
+class SubmitSpec(_Wire):
+    """How to submit a pending job again in another cluster of its federation group.
+
+    ``native`` is the job in its own scheduler's words, enough for a connector of the same
+    kind to submit an equivalent job (Slurm: ``{"script": the batch script, "options":
+    {sbatch option: value}, "workdir": path}``; each connector's module docstring says
+    what it puts there). A connector of another kind cannot read it: a job moves across
+    scheduler families only when it also declares a ``portable`` form, and the plan says
+    when it cannot move. Bounded (64 Ki characters as JSON) so that telemetry stays small.
+    """
+
+    scheduler: SchedulerKind
+    native: dict[str, Any] = Field(default_factory=dict)
+    portable: PortableSpec | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> SubmitSpec:
+        size = len(json.dumps(self.native, separators=(",", ":")))
+        if size > MAX_SUBMIT_SPEC:
+            raise ValueError(f"native is {size} characters as JSON, above {MAX_SUBMIT_SPEC}")
+        return self
+
+
 class JobReport(_Wire):
     external_id: Annotated[str, Field(pattern=NAME_PATTERN)]
     name: Annotated[str, Field(max_length=255)] = ""
@@ -199,6 +236,9 @@ class JobReport(_Wire):
     reason: Annotated[str, Field(max_length=255)] = ""
     restart_count: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 0
     allocations: list[AllocationReport] = Field(default_factory=list)
+    # How to submit it elsewhere (pending jobs of clusters in a federation group; None:
+    # the connector cannot say, and the job stays where it was submitted).
+    submit: SubmitSpec | None = None
 
     @model_validator(mode="after")
     def _replica_range(self) -> JobReport:

@@ -8,6 +8,7 @@ from app.api.params import refuse_unusable_parameters
 from app.audit.router import router as audit
 from app.clusters.router import router as clusters
 from app.diagnosis.router import router as diagnosis
+from app.federation.router import router as federation
 from app.gpu_models.router import router as gpu_models
 from app.jobs.router import router as jobs
 from app.nodes.router import router as nodes
@@ -22,6 +23,7 @@ from app.utilization.router import router as utilization
 api_router = APIRouter(prefix="/api/v1")
 for domain_router in (
     clusters,
+    federation,
     telemetry,
     gpu_models,
     nodes,

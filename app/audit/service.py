@@ -30,6 +30,7 @@ class AuditObject(StrEnum):
     sla_policy = "sla_policy"
     action = "action"
     plan = "plan"
+    federation_group = "federation_group"
 
 
 def record(

@@ -50,6 +50,7 @@ class ClusterPublic(ClusterBase):
     created_at: datetime
     node_count: int = 0
     gpu_count: int = 0
+    federation_group: str | None = None
 
 
 class Cluster(ClusterBase, table=True):
@@ -57,6 +58,13 @@ class Cluster(ClusterBase, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=63, unique=True)
+    # The federation group it is planned with (app/federation); None: planned alone.
+    # No ON DELETE rule: deleting a group clears its members first (app.federation.service),
+    # and SQLite cannot report such a rule on a column added in place (the migration's).
+    federation_group_id: int | None = Field(
+        default=None,
+        sa_column=sa.Column(sa.Integer, sa.ForeignKey("federation_groups.id"), index=True),
+    )
     connector_status: ConnectorStatus = enum_column(ConnectorStatus.never_seen, 16)
     # The live connector session (app/telemetry/fencing.py) and when its first snapshot
     # was accepted. ``last_seq`` is ``bigint`` on PostgreSQL; SQLite's INTEGER is 64-bit.

@@ -11,6 +11,7 @@ from app.audit.service import AuditObject
 from app.clusters.models import Cluster, ClusterCreate, ClusterPublic, ClusterUpdate
 from app.core.errors import Invalid
 from app.core.lookup import found, not_taken, row_id
+from app.federation.models import FederationGroup
 from app.nodes.models import Node
 from solver.policies import POLICY_NAMES
 
@@ -80,12 +81,22 @@ def to_public(*, session: Session, clusters: list[Cluster]) -> list[ClusterPubli
             .group_by(col(Node.cluster_id))
         )
         counts = {cid: (int(n), int(g)) for cid, n, g in session.execute(query)}
+    group_ids = {c.federation_group_id for c in clusters if c.federation_group_id is not None}
+    groups: dict[int, str] = {}
+    if group_ids:
+        rows = session.execute(
+            sa.select(col(FederationGroup.id), col(FederationGroup.name)).where(
+                col(FederationGroup.id).in_(group_ids)
+            )
+        )
+        groups = {int(gid): str(name) for gid, name in rows}
     return [
         ClusterPublic.model_validate(
             c,
             update={
                 "node_count": counts.get(cid, (0, 0))[0],
                 "gpu_count": counts.get(cid, (0, 0))[1],
+                "federation_group": groups.get(c.federation_group_id or -1),
             },
         )
         for c, cid in zip(clusters, ids, strict=True)

@@ -76,6 +76,12 @@ class Job(SQLModel, table=True):
     allowed_gpu_models: list[str] = json_column(list)
     # A pending job may start only there (wire: JobReport.required_nodes).
     required_nodes: list[str] = json_column(list)
+    # How to submit it in another cluster of its federation group (wire:
+    # JobReport.submit as compact JSON text, compared as text by each push; None: its
+    # connector cannot say, so it stays where it is). Text, not JSON: the JSON columns are
+    # compared with their spaces taken out, and a batch script's spaces are its own.
+    # Not published: a batch script may hold what only its owner should read.
+    submit_spec: str | None = Field(default=None, sa_column=sa.Column(sa.Text(), nullable=True))
     min_gpu_memory_gib: float = 0
     required_precision: str | None = Field(default=None, max_length=16)
     gang_size: int = 1

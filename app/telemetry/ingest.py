@@ -71,7 +71,7 @@ _JOB_FIELDS = (
     "name", "team", "queue", "kind", "shape", "priority", "sla_class", "gpus_requested",
     "allowed_gpu_models", "min_gpu_memory_gib", "required_precision", "gang_size",
     "checkpointable", "min_replicas", "max_replicas", "replicas", "submit_time", "start_time",
-    "end_time", "state", "reason", "restart_count", "required_nodes",
+    "end_time", "state", "reason", "restart_count", "required_nodes", "submit_spec",
 )  # fmt: skip
 _JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes"})
 _JOB_STATE = _JOB_FIELDS.index("state")
@@ -379,6 +379,7 @@ def _job_row(report: JobReport) -> tuple[Any, ...]:
         report.reason,
         report.restart_count,
         json_text(report.required_nodes),
+        report.submit.model_dump_json() if report.submit is not None else None,
     )
 
 

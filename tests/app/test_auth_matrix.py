@@ -24,6 +24,7 @@ PATH_VALUES = {
     "action_id": "1",
     "token_id": "1",
     "version": "1",
+    "group": "site",
 }
 # Who is refused (403) for each required scope, and who is let through.
 REFUSED = {

@@ -25,6 +25,7 @@ TABLES = {
     "sla_policies",
     "api_tokens",
     "audit_log",
+    "federation_groups",
 }
 
 

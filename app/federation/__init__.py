@@ -1,0 +1,1 @@
+"""Federation groups: clusters that opt in to being planned together (issue 16)."""

@@ -1,0 +1,163 @@
+"""What planning a federation group as one would change: a what-if over the live state.
+
+Algorithm (``plan_group``):
+
+1. Snapshot every cluster of the group and build its instance, as its own shaping cycle
+   does (``app.shaping.snapshot``); nothing is held while the solver runs after that.
+2. A pending block job may start in another cluster of the group when its connector said
+   how to submit it there (``jobs.submit_spec``) and that cluster can run it: a cluster
+   whose scheduler is of the spec's kind, or any cluster when the spec has a portable
+   form. A job pinned to nodes (``required_nodes``: a requeue with its checkpoint) or a
+   service stays where it is.
+3. Solve each cluster alone (what its cycle plans today) and the group as one instance
+   (``solver.federation.federate``: a start away from home pays its image's transfer over
+   the group's link), with the same policy (shaper) and no migrations (the cycles do
+   those); compare the pending jobs each starts and the objective.
+4. Report each pending job the group plan starts in another cluster.
+
+This is read-only: moving a pending job (submit in the target cluster, cancel at home
+once accepted) is not dispatched yet. The answer says so (``dispatch``).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+from sqlmodel import Session, col, select
+
+from app.clusters.models import Cluster
+from app.core.db import begin
+from app.core.errors import Invalid
+from app.core.lookup import row_id
+from app.federation.models import FederationGroup
+from app.federation.service import get_group, members
+from app.jobs.models import Job
+from app.shaping.snapshot import solver_job_id, take_snapshot, to_instance
+from solver import Instance, SolverConfig
+from solver.federation import cross_cluster_starts, federate
+from solver.instance import MigrationCostModel
+from solver.objective import evaluate
+from solver.plan import ActionKind
+from solver.policies import get_policy
+from wire.telemetry import JobShape, JobState
+
+POLICY = "shaper"
+NOT_DISPATCHED = (
+    "what-if only: moving a pending job to another cluster (submit there, cancel here once "
+    "accepted) is not dispatched yet"
+)
+
+
+class Figures(BaseModel):
+    pending_started: int
+    objective: float
+
+
+class FederatedMove(BaseModel):
+    job: str
+    from_cluster: str
+    to_cluster: str
+    gpus: int
+    nodes: list[str]
+
+
+class FederationWhatIf(BaseModel):
+    group: str
+    clusters: list[str]
+    planned_at: datetime
+    policy: str
+    pending_jobs: int
+    movable_jobs: int
+    alone: Figures
+    federated: Figures
+    moves: list[FederatedMove]
+    dispatch: str = NOT_DISPATCHED
+
+
+def _movable(session: Session, clusters: list[Cluster]) -> dict[str, frozenset[str]]:
+    """Solver job id → the other clusters of the group that can run the pending job."""
+    by_id = {row_id(c): c for c in clusters}
+    query = select(Job).where(
+        col(Job.cluster_id).in_(list(by_id)),
+        Job.state == JobState.pending,
+        col(Job.submit_spec).is_not(None),
+    )
+    movable: dict[str, frozenset[str]] = {}
+    for job in session.exec(query):
+        spec: dict[str, Any] = json.loads(job.submit_spec or "{}")
+        if job.shape != JobShape.block or job.required_nodes:
+            continue
+        home = by_id[job.cluster_id]
+        portable = spec.get("portable") is not None
+        targets = frozenset(
+            c.name
+            for c in clusters
+            if c.name != home.name and (portable or c.scheduler == spec.get("scheduler"))
+        )
+        if targets:
+            movable[solver_job_id(home.name, job.external_id)] = targets
+    return movable
+
+
+def _figures(instance: Instance, placement: dict[str, dict[str, int]], started: int) -> Figures:
+    return Figures(
+        pending_started=started, objective=round(evaluate(instance, placement).objective, 3)
+    )
+
+
+def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatIf:
+    begin(session, writes=False)
+    group: FederationGroup = get_group(session=session, name=name)
+    clusters = members(session=session, group=group)
+    if len(clusters) < 2:
+        raise Invalid(
+            f"federation group {name!r} has {len(clusters)} cluster(s): add at least two",
+            field="group",
+        )
+    config = SolverConfig(migration=False, cp_sat_migration=False, replica_moves=False)
+    parts = {
+        c.name: to_instance(
+            take_snapshot(session=session, cluster_name=c.name, now=now), config=config
+        )
+        for c in clusters
+    }
+    movable = _movable(session, clusters)
+    session.rollback()  # nothing is held while the solver runs
+    policy = get_policy(POLICY)
+    link = MigrationCostModel(
+        inter_cluster_bandwidth_mib_per_s=group.inter_cluster_bandwidth_mib_per_s,
+        inter_cluster_overhead_s=group.inter_cluster_overhead_s,
+    )
+    alone_started = 0
+    alone_objective = 0.0
+    for part in parts.values():
+        plan = policy.plan(part)
+        alone_started += sum(1 for a in plan.actions if a.kind is ActionKind.START)
+        alone_objective += evaluate(part, plan.placement).objective
+    whole = federate(parts, movable=movable, migration=link, config=config)
+    plan = policy.plan(whole)
+    started = sum(1 for a in plan.actions if a.kind is ActionKind.START)
+    moves = [
+        FederatedMove(
+            job=start.job_id.split("/", 1)[1],
+            from_cluster=start.home,
+            to_cluster=start.target,
+            gpus=sum(start.placement.values()),
+            nodes=sorted(node.split("/", 1)[1] for node in start.placement),
+        )
+        for start in cross_cluster_starts(whole, plan)
+    ]
+    return FederationWhatIf(
+        group=name,
+        clusters=[c.name for c in clusters],
+        planned_at=now,
+        policy=POLICY,
+        pending_jobs=sum(1 for j in whole.jobs if not j.is_running and not j.is_elastic),
+        movable_jobs=len(movable),
+        alone=Figures(pending_started=alone_started, objective=round(alone_objective, 3)),
+        federated=_figures(whole, plan.placement, started),
+        moves=moves,
+    )

@@ -1,0 +1,209 @@
+"""Federation groups through the API: membership, audit, and the group what-if on live
+telemetry (issue 16). The what-if is read-only: it says so in its answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from app.jobs.models import Job
+from tests.app.builders import job, node, running, snapshot
+
+GROUPS = "/api/v1/federation-groups"
+
+
+def _cluster(client: TestClient, auth: dict, name: str, scheduler: str = "sim") -> None:
+    response = client.post(
+        "/api/v1/clusters", headers=auth["admin"], json={"name": name, "scheduler": scheduler}
+    )
+    assert response.status_code == 201, response.text
+
+
+@pytest.fixture
+def two(client: TestClient, auth: dict) -> None:
+    _cluster(client, auth, "alpha")
+    _cluster(client, auth, "beta")
+
+
+def _group(client: TestClient, auth: dict, *clusters: str, name: str = "site") -> dict[str, Any]:
+    created = client.post(GROUPS, headers=auth["admin"], json={"name": name})
+    assert created.status_code == 201, created.text
+    body: dict[str, Any] = created.json()
+    for cluster in clusters:
+        added = client.put(f"{GROUPS}/{name}/clusters/{cluster}", headers=auth["admin"])
+        assert added.status_code == 200, added.text
+        body = added.json()
+    return body
+
+
+@pytest.mark.usefixtures("two")
+def test_clusters_join_and_leave_a_group_and_every_change_is_audited(
+    client: TestClient, auth: dict
+) -> None:
+    body = _group(client, auth, "alpha", "beta")
+    assert body["clusters"] == ["alpha", "beta"]
+    assert body["inter_cluster_bandwidth_mib_per_s"] == 100.0
+    again = client.put(f"{GROUPS}/site/clusters/alpha", headers=auth["admin"])
+    assert again.status_code == 200 and again.json()["clusters"] == ["alpha", "beta"]
+    cluster = client.get("/api/v1/clusters/alpha", headers=auth["viewer"]).json()
+    assert cluster["federation_group"] == "site"
+
+    # One group per cluster: joining a second one is a conflict that names the first.
+    client.post(GROUPS, headers=auth["admin"], json={"name": "other"})
+    taken = client.put(f"{GROUPS}/other/clusters/alpha", headers=auth["admin"])
+    assert taken.status_code == 409
+    assert "is in federation group 'site'" in taken.json()["error"]["message"]
+
+    left = client.delete(f"{GROUPS}/site/clusters/beta", headers=auth["admin"])
+    assert left.status_code == 200 and left.json()["clusters"] == ["alpha"]
+    patched = client.patch(
+        f"{GROUPS}/site", headers=auth["admin"], json={"inter_cluster_bandwidth_mib_per_s": 250}
+    )
+    assert patched.json()["inter_cluster_bandwidth_mib_per_s"] == 250
+    assert client.delete(f"{GROUPS}/site", headers=auth["admin"]).status_code == 204
+    alpha = client.get("/api/v1/clusters/alpha", headers=auth["viewer"]).json()
+    assert alpha["federation_group"] is None
+
+    audit = client.get(
+        "/api/v1/audit", headers=auth["admin"], params={"object_type": "federation_group"}
+    ).json()
+    verbs = [(r["action"], r["object_id"], r["changes"]) for r in audit["items"]]
+    assert ("federation_group.update", "site", {"added": "alpha"}) in verbs
+    assert ("federation_group.update", "site", {"removed": "beta"}) in verbs
+    assert ("federation_group.delete", "site", {"clusters": ["alpha"]}) in verbs
+
+
+@pytest.mark.usefixtures("two")
+def test_bad_input_and_missing_scopes_are_refused_with_the_field(
+    client: TestClient, auth: dict
+) -> None:
+    bad = client.post(GROUPS, headers=auth["admin"], json={"name": "Bad Name"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "name"
+    slow = client.post(
+        GROUPS, headers=auth["admin"], json={"name": "g", "inter_cluster_bandwidth_mib_per_s": 0}
+    )
+    assert slow.status_code == 422
+    assert slow.json()["error"]["field"] == "inter_cluster_bandwidth_mib_per_s"
+    assert client.post(GROUPS, headers=auth["operator"], json={"name": "g"}).status_code == 403
+    assert client.get(GROUPS, headers=auth["viewer"]).json() == []
+    _group(client, auth, name="g")
+    missing = client.put(f"{GROUPS}/g/clusters/nowhere", headers=auth["admin"])
+    assert missing.status_code == 404 and missing.json()["error"]["resource"] == "cluster"
+    assert client.post(GROUPS, headers=auth["admin"], json={"name": "g"}).status_code == 409
+    lonely = client.post(f"{GROUPS}/g/what-if", headers=auth["viewer"])
+    assert lonely.status_code == 422
+    assert "add at least two" in lonely.json()["error"]["message"]
+
+
+def _push(client: TestClient, auth: dict, cluster: str, jobs: list[dict[str, Any]]) -> None:
+    body = snapshot(1, nodes=[node("n1")], jobs=jobs)
+    response = client.post(
+        f"/api/v1/clusters/{cluster}/telemetry", headers=auth[f"connector_{cluster}"], json=body
+    )
+    assert response.status_code == 200, response.text
+
+
+SPEC = {"scheduler": "sim", "native": {"gpus": 8, "runtime_s": 3600}}
+
+
+@pytest.mark.usefixtures("two")
+def test_the_what_if_starts_a_waiting_job_in_the_idle_cluster_and_changes_nothing(
+    client: TestClient, auth: dict, session: Session
+) -> None:
+    _group(client, auth, "alpha", "beta")
+    full = running("big", "n1", list(range(8)))
+    waiting = job("waiting", gpus_requested=8, submit=SPEC)
+    stuck = job("stuck", gpus_requested=8)  # its connector gave no spec: it stays home
+    _push(client, auth, "alpha", [full, waiting, stuck])
+    _push(client, auth, "beta", [])
+    stored = session.exec(select(Job).where(Job.external_id == "waiting")).one()
+    assert json.loads(stored.submit_spec or "") == {**SPEC, "portable": None}
+
+    answer = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"])
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["clusters"] == ["alpha", "beta"]
+    assert body["pending_jobs"] == 2 and body["movable_jobs"] == 1
+    assert body["alone"]["pending_started"] == 0
+    assert body["federated"]["pending_started"] == 1
+    assert body["federated"]["objective"] > body["alone"]["objective"]
+    assert body["moves"] == [
+        {
+            "job": "waiting",
+            "from_cluster": "alpha",
+            "to_cluster": "beta",
+            "gpus": 8,
+            "nodes": ["n1"],
+        }
+    ]
+    assert body["dispatch"].startswith("what-if only")
+    # Read-only: no plan, no action, the job still pending at home.
+    assert client.get("/api/v1/plans", headers=auth["viewer"]).json()["total"] == 0
+    assert client.get("/api/v1/actions", headers=auth["viewer"]).json()["total"] == 0
+
+
+@pytest.mark.usefixtures("two")
+def test_a_job_whose_spec_the_other_scheduler_cannot_read_stays_home(
+    client: TestClient, auth: dict
+) -> None:
+    _cluster(client, auth, "gamma", scheduler="slurm")
+    client.post(GROUPS, headers=auth["admin"], json={"name": "mixed"})
+    for cluster in ("alpha", "gamma"):
+        client.put(f"{GROUPS}/mixed/clusters/{cluster}", headers=auth["admin"])
+    _push(client, auth, "alpha", [running("big", "n1", list(range(8))), job("w", submit=SPEC)])
+    body = client.post(f"{GROUPS}/mixed/what-if", headers=auth["viewer"]).json()
+    assert body["movable_jobs"] == 0 and body["moves"] == []
+    # A portable form lets it cross scheduler families.
+    portable = {**SPEC, "portable": {"image": "train:1", "command": ["python", "t.py"], "gpus": 2}}
+    again = snapshot(
+        2,
+        nodes=[node("n1")],
+        jobs=[running("big", "n1", list(range(8))), job("w", submit=portable)],
+    )
+    pushed = client.post(
+        "/api/v1/clusters/alpha/telemetry", headers=auth["connector_alpha"], json=again
+    )
+    assert pushed.status_code == 200, pushed.text
+    body = client.post(f"{GROUPS}/mixed/what-if", headers=auth["viewer"]).json()
+    assert body["movable_jobs"] == 1
+
+
+@pytest.mark.usefixtures("two")
+def test_a_resent_spec_with_spaces_in_its_script_writes_nothing_again(
+    client: TestClient, auth: dict
+) -> None:
+    spec = {"scheduler": "slurm", "native": {"script": "#!/bin/sh\nsleep 600  # two spaces"}}
+    url = "/api/v1/clusters/alpha/telemetry"
+    first = client.post(
+        url, headers=auth["connector_alpha"], json=snapshot(1, jobs=[job("w", submit=spec)])
+    )
+    again = client.post(
+        url, headers=auth["connector_alpha"], json=snapshot(2, jobs=[job("w", submit=spec)])
+    )
+    assert first.json()["jobs_written"] == 1
+    assert again.json()["jobs_written"] == 0
+    changed = {**spec, "native": {"script": "#!/bin/sh\nsleep 601"}}
+    third = client.post(
+        url, headers=auth["connector_alpha"], json=snapshot(3, jobs=[job("w", submit=changed)])
+    )
+    assert third.json()["jobs_written"] == 1
+
+
+@pytest.mark.usefixtures("two")
+def test_a_spec_above_its_bound_is_refused_whole_naming_the_field(
+    client: TestClient, auth: dict, session: Session
+) -> None:
+    spec = {"scheduler": "slurm", "native": {"script": "#!/bin/sh\n" + "x" * 70_000}}
+    refused = client.post(
+        "/api/v1/clusters/alpha/telemetry",
+        headers=auth["connector_alpha"],
+        json=snapshot(1, jobs=[job("w", submit=spec)]),
+    )
+    assert refused.status_code == 422
+    assert refused.json()["error"]["field"].startswith("jobs[0].submit")
+    assert "above 65536" in refused.json()["error"]["message"]
+    assert session.exec(select(Job)).all() == []
