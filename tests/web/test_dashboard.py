@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Page, Route, expect, sync_playwright
+from playwright.sync_api import Locator, Page, Route, expect, sync_playwright
 from sqlmodel import Session
 
 from app.api.deps import get_clock
@@ -179,6 +180,22 @@ def test_overview_figures_equal_the_api(page: Page, site: dict[str, Any]) -> Non
             expect(shown).to_have_text(f"{overview['fleet'][name]:,}")
 
 
+def _wait_until(page: Page, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` from here, not with ``page.wait_for_function``: Playwright
+    evaluates that predicate with ``eval`` in the page, which the dashboard's
+    Content-Security-Policy (``script-src 'self'``) rightly refuses."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the page never reached the awaited state"
+        page.wait_for_timeout(100)
+
+
+def _x_range(chart: Locator) -> float:
+    return float(chart.get_attribute("data-x-max") or 0) - float(
+        chart.get_attribute("data-x-min") or 0
+    )
+
+
 def test_the_chart_follows_the_page_width_zooms_and_shows_values(
     page: Page, site: dict[str, Any]
 ) -> None:
@@ -190,25 +207,20 @@ def test_the_chart_follows_the_page_width_zooms_and_shows_values(
     assert holder and canvas and canvas["width"] >= holder["width"] - 2
     assert holder["width"] > 800  # at 1,280 px, beside the replay panel
     page.set_viewport_size({"width": 1600, "height": 900})
-    page.wait_for_function(
-        "document.querySelector('#util-chart canvas').getBoundingClientRect().width"
-        f" > {canvas['width'] + 300}"
+    wider = canvas["width"] + 300
+    _wait_until(
+        page, lambda: (chart.locator("canvas").bounding_box() or {"width": 0})["width"] > wider
     )
     # A drag across the plot zooms into that time range.
     over = chart.locator(".u-over").bounding_box()
     assert over
-    full = float(chart.get_attribute("data-x-max") or 0) - float(
-        chart.get_attribute("data-x-min") or 0
-    )
+    full = _x_range(chart)
     y = over["y"] + over["height"] / 2
     page.mouse.move(over["x"] + 0.3 * over["width"], y)
     page.mouse.down()
     page.mouse.move(over["x"] + 0.6 * over["width"], y, steps=5)
     page.mouse.up()
-    page.wait_for_function(
-        f"(() => {{ const d = document.querySelector('#util-chart').dataset;"
-        f" return Number(d.xMax) - Number(d.xMin) < {full} * 0.5; }})()"
-    )
+    _wait_until(page, lambda: _x_range(chart) < full * 0.5)
     # The values under the cursor, beside it.
     page.mouse.move(over["x"] + 0.45 * over["width"], y)
     tip = chart.locator(".chart-tooltip")
@@ -216,10 +228,7 @@ def test_the_chart_follows_the_page_width_zooms_and_shows_values(
     expect(tip).to_contain_text("hpc-a")
     expect(tip).to_contain_text("%")
     page.mouse.dblclick(over["x"] + 0.45 * over["width"], y)
-    page.wait_for_function(
-        f"(() => {{ const d = document.querySelector('#util-chart').dataset;"
-        f" return Number(d.xMax) - Number(d.xMin) >= {full}; }})()"
-    )
+    _wait_until(page, lambda: _x_range(chart) >= full)
 
 
 def test_a_stale_reply_never_overwrites_a_newer_selection(page: Page, site: dict[str, Any]) -> None:
