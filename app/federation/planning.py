@@ -5,10 +5,10 @@ Algorithm (``plan_group``):
 1. Snapshot every cluster of the group and build its instance, as its own shaping cycle
    does (``app.shaping.snapshot``); nothing is held while the solver runs after that.
 2. A pending block job may start in another cluster of the group when its connector said
-   how to submit it there (``jobs.submit_spec``) and that cluster can run it: a cluster
-   whose scheduler is of the spec's kind, or any cluster when the spec has a portable
-   form. A job pinned to nodes (``required_nodes``: a requeue with its checkpoint) or a
-   service stays where it is.
+   how to submit it there (``jobs.submit_spec``), that cluster can run it (its scheduler
+   is of the spec's kind, or any kind when the spec has a portable form) and its team may
+   go there (``allowed_clusters`` in its home cluster's SLA policy). A job pinned to nodes
+   (``required_nodes``: a requeue with its checkpoint) or a service stays where it is.
 3. Solve each cluster alone (what its cycle plans today) and the group as one instance
    (``solver.federation.federate``: a start away from home pays its image's transfer over
    the group's link), with the same policy (shaper) and no migrations (the cycles do
@@ -77,8 +77,12 @@ class FederationWhatIf(BaseModel):
     dispatch: str = NOT_DISPATCHED
 
 
-def _movable(session: Session, clusters: list[Cluster]) -> dict[str, frozenset[str]]:
-    """Solver job id → the other clusters of the group that can run the pending job."""
+def _movable(
+    session: Session, clusters: list[Cluster], allowed: dict[tuple[str, str], frozenset[str]]
+) -> dict[str, frozenset[str]]:
+    """Solver job id → the other clusters of the group that can run the pending job and
+    that its team may use (``allowed``: (cluster, team) → the clusters its home cluster's
+    SLA policy lets it go to; absent: any)."""
     by_id = {row_id(c): c for c in clusters}
     query = select(Job).where(
         col(Job.cluster_id).in_(list(by_id)),
@@ -92,10 +96,13 @@ def _movable(session: Session, clusters: list[Cluster]) -> dict[str, frozenset[s
             continue
         home = by_id[job.cluster_id]
         portable = spec.get("portable") is not None
+        permitted = allowed.get((home.name, job.team))
         targets = frozenset(
             c.name
             for c in clusters
-            if c.name != home.name and (portable or c.scheduler == spec.get("scheduler"))
+            if c.name != home.name
+            and (portable or c.scheduler == spec.get("scheduler"))
+            and (permitted is None or c.name in permitted)
         )
         if targets:
             movable[solver_job_id(home.name, job.external_id)] = targets
@@ -118,13 +125,17 @@ def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatI
             field="group",
         )
     config = SolverConfig(migration=False, cp_sat_migration=False, replica_moves=False)
-    parts = {
-        c.name: to_instance(
-            take_snapshot(session=session, cluster_name=c.name, now=now), config=config
-        )
-        for c in clusters
+    snapshots = {
+        c.name: take_snapshot(session=session, cluster_name=c.name, now=now) for c in clusters
     }
-    movable = _movable(session, clusters)
+    parts = {name: to_instance(snapshot, config=config) for name, snapshot in snapshots.items()}
+    allowed = {
+        (name, team["team"]): frozenset(team["allowed_clusters"])
+        for name, snapshot in snapshots.items()
+        for team in snapshot.sla.get("teams", [])
+        if team.get("allowed_clusters") is not None
+    }
+    movable = _movable(session, clusters, allowed)
     session.rollback()  # nothing is held while the solver runs
     policy = get_policy(POLICY)
     link = MigrationCostModel(

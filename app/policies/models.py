@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 from sqlmodel import Field, SQLModel
 
+from app.clusters.models import CLUSTER_NAME_PATTERN
 from app.core.types import (
     MAX_TEAMS,
     AwareDatetime,
@@ -19,6 +20,7 @@ from app.core.types import (
 )
 
 MAX_MIGRATIONS_PER_DAY = 10_000
+ClusterName = Annotated[str, StringConstraints(pattern=CLUSTER_NAME_PATTERN, max_length=63)]
 
 
 class TeamPolicy(BaseModel):
@@ -34,6 +36,9 @@ class TeamPolicy(BaseModel):
     preemptible: bool = True
     max_migrations_per_day: int = Field(default=4, ge=0, le=MAX_MIGRATIONS_PER_DAY)
     deadline: AwareDatetime | None = None
+    # The clusters of its federation group the team's pending jobs may be moved to (data
+    # residency, a site's agreement); None: any member; [] none. Its own cluster always.
+    allowed_clusters: list[ClusterName] | None = Field(default=None, max_length=MAX_TEAMS)
 
 
 class ServicePolicy(BaseModel):

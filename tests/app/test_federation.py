@@ -207,3 +207,37 @@ def test_a_spec_above_its_bound_is_refused_whole_naming_the_field(
     assert refused.json()["error"]["field"].startswith("jobs[0].submit")
     assert "above 65536" in refused.json()["error"]["message"]
     assert session.exec(select(Job)).all() == []
+
+
+@pytest.mark.usefixtures("two")
+def test_a_team_goes_only_to_the_clusters_its_sla_policy_allows(
+    client: TestClient, auth: dict
+) -> None:
+    _group(client, auth, "alpha", "beta")
+    _push(client, auth, "alpha", [running("big", "n1", list(range(8))), job("w", submit=SPEC)])
+    _push(client, auth, "beta", [])
+
+    def policy(allowed: list[str] | None, version: int) -> None:
+        team: dict[str, Any] = {"team": "vision", "allowed_clusters": allowed}
+        body = {"name": "alpha", "spec": {"teams": [team]}}
+        if version == 1:
+            answer = client.post("/api/v1/policies", headers=auth["operator"], json=body)
+        else:
+            answer = client.put(
+                "/api/v1/policies/alpha", headers=auth["operator"], json={"spec": body["spec"]}
+            )
+        assert answer.status_code in (200, 201), answer.text
+
+    policy([], 1)  # data that may not leave alpha
+    body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
+    assert body["movable_jobs"] == 0 and body["moves"] == []
+    policy(["beta"], 2)
+    body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
+    assert [m["to_cluster"] for m in body["moves"]] == ["beta"]
+    bad = client.put(
+        "/api/v1/policies/alpha",
+        headers=auth["operator"],
+        json={"spec": {"teams": [{"team": "vision", "allowed_clusters": ["Not A Name"]}]}},
+    )
+    assert bad.status_code == 422
+    assert "allowed_clusters" in bad.json()["error"]["field"]
