@@ -1,8 +1,8 @@
 """What each kind of scheduler lets a plan do, in one place: the saga, the shaping cycle
 and the action service all ask here.
 
-* **Places itself** (Slurm, Kubernetes, Kueue): the scheduler decides where a job runs
-  (a pod cannot be restored behind the kubelet's back either). A job moves by a
+* **Places itself** (Slurm, Kubernetes, Kueue, Armada): the scheduler decides where a
+  job runs (a pod cannot be restored behind the kubelet's back either). A job moves by a
   requeue pinned to its target, not behind the scheduler's back; a service grows where
   the scheduler puts it; a reservation is given back by the plan when the action it was
   for ends, because the scheduler cannot tell when a move is over.
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from wire.telemetry import SchedulerKind
 
-SCHEDULER_OWNED = frozenset({SchedulerKind.slurm, SchedulerKind.kubernetes, SchedulerKind.kueue})
+SCHEDULER_OWNED = frozenset(
+    {SchedulerKind.slurm, SchedulerKind.kubernetes, SchedulerKind.kueue, SchedulerKind.armada}
+)
 RESERVING = frozenset({SchedulerKind.sim, SchedulerKind.slurm})
 UNPINNABLE = frozenset({SchedulerKind.kueue})
 

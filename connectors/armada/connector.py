@@ -1,0 +1,462 @@
+"""The Armada connector: state from each job set's event stream, actions through Armada's
+submit API (armada-client).
+
+**Reading.** For every followed job set (config.followed) the connector keeps the id of
+the last message it applied and asks ``GetJobSetEvents`` for what came after it
+(``watch: false``: the stream ends at the server's last message). Each event is folded
+into the job it is about (connectors.armada.jobs) and the resume point moves past it at
+once, so a stream that breaks half-way — a dropped connection, a restarting server —
+raises a retryable error after what it delivered, and the next read resumes from there:
+nothing is applied twice or lost. The first read replays each job set from its start.
+A read returns the whole state or raises (``ConnectorError``): an unknown queue is
+NOT_FOUND and not retryable.
+
+**Acting.** Armada can cancel, reprioritize and preempt jobs and submit new ones; it
+cannot stop a job and start the same job again, pin a queued job elsewhere or hold one.
+So the connector does those by cancelling the job and submitting its pods again, marked
+as the same workload (connectors.armada.jobs), with a client id that makes Armada answer a
+resend with the job it already made (its submit deduplication):
+
+======================  ==================================================================
+step / call             what Armada is asked
+======================  ==================================================================
+requeue(nodes, hold)    cancel, then submit again — pinned to ``nodes[0]`` (node selector
+                        ``node_label``), with ``SHAPER_RESUME_FROM`` and the annotation
+                        ``shaper.io/resume-from`` when the saga checkpointed it, into the
+                        cordoned ``hold_queue`` when ``hold``
+hold / release / start  a queued job moves into / out of the hold queue (cancel, submit);
+                        ``start(nodes)`` pins it on the way out
+cancel                  ``CancelJobs``
+reprioritize            ``ReprioritizeJobs`` of one job or of a whole job set
+preempt                 ``PreemptJobs`` (Armada's own preemption: no checkpoint, no resubmit)
+move_job_set            a queued job set to another executor cluster: every job cancelled
+                        and submitted again with the node selector ``executor_label``, if
+                        the target's declared nodes can run each of them
+======================  ==================================================================
+
+Preempt-with-checkpoint is the saga's: its checkpoint step runs on the node agent, then
+the requeue step hands the connector the image's pointer (``set_resume_pointer``) and its
+idempotency key (``set_step_key``); the key goes on the new job (``shaper.io/stopped-by-
+step``), so a resend that finds it stamped on the workload's newest job does nothing more.
+
+Not supported yet (each says so in its error): suspend/resume (Armada has no suspended
+state), requeue ``exclude`` (node anti-affinity), pinning one job to several nodes,
+reservations and resize.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from connectors.armada.client import ArmadaApi
+from connectors.armada.config import ArmadaConnectorConfig, ExecutorNode
+from connectors.armada.jobs import (
+    ATTEMPT_ANNOTATION,
+    FIRST_SUBMITTED_ANNOTATION,
+    HOME_QUEUE_ANNOTATION,
+    RESUME_FROM,
+    STOPPED_BY_STEP,
+    WORKLOAD_ANNOTATION,
+    ArmadaJob,
+    Phase,
+    apply,
+    current_attempts,
+)
+from connectors.armada.proto import resubmission
+from connectors.armada.reports import job_report, node_reports
+from connectors.armada.submission import NewJob, new_job_item
+from connectors.base import ConnectorError
+from wire.telemetry import ClusterState, SchedulerKind
+
+logger = logging.getLogger(__name__)
+
+# Finished jobs stay in the reports this long (the control plane sees how they ended),
+# then leave the connector's memory.
+FINISHED_RETENTION = timedelta(hours=1)
+
+
+class ArmadaConnector:
+    kind = SchedulerKind.armada
+
+    def __init__(
+        self,
+        config: ArmadaConnectorConfig,
+        *,
+        api: ArmadaApi | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.config = config
+        self.cluster = config.cluster
+        self.api = api or ArmadaApi(config)
+        self._clock = clock
+        # The telemetry thread and the action worker share the connector (runner.main).
+        self._lock = threading.RLock()
+        self._jobs: dict[str, ArmadaJob] = {}
+        self._resume_after: dict[tuple[str, str], str] = {}
+        # Handed over by the executor just before a requeue, taken by it.
+        self._pointers: dict[str, str | None] = {}
+        self._step_keys: dict[str, str] = {}
+
+    def close(self) -> None:
+        self.api.close()
+
+    def __enter__(self) -> ArmadaConnector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def resume_point(self, queue: str, job_set: str) -> str:
+        """The id of the last message applied from a job set ("" before the first)."""
+        with self._lock:
+            return self._resume_after.get((queue, job_set), "")
+
+    def catch_up(self) -> None:
+        """Apply every job set's messages since the last one applied."""
+        with self._lock:
+            for ref in self.config.followed():
+                where = (ref.queue, ref.job_set)
+                after = self._resume_after.get(where, "")
+                for message_id, event in self.api.events(ref.queue, ref.job_set, after=after):
+                    if event is not None:
+                        job = apply(self._jobs.get(event.job_id), event)
+                        if job is not None:
+                            self._jobs[event.job_id] = job
+                    self._resume_after[where] = message_id
+            self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        horizon = self._clock() - FINISHED_RETENTION
+        for job_id, job in list(self._jobs.items()):
+            if job.terminal and job.ended_at is not None and job.ended_at < horizon:
+                del self._jobs[job_id]
+
+    def workloads(self) -> dict[str, ArmadaJob]:
+        """Each workload's newest job, by workload id, as of the last catch-up."""
+        with self._lock:
+            return current_attempts(self._jobs)
+
+    def read_state(self) -> ClusterState:
+        observed_at = self._clock()
+        with self._lock:
+            cordoned = frozenset(q.name for q in self.api.queues() if q.cordoned)
+            self.catch_up()
+            current = list(current_attempts(self._jobs).values())
+            jobs = [job_report(job, self.config, cordoned=cordoned) for job in current]
+            nodes = node_reports(self.config, current)
+        return ClusterState(observed_at=observed_at, nodes=nodes, jobs=jobs)
+
+    def _job(self, external_id: str) -> ArmadaJob:
+        self.catch_up()
+        job = current_attempts(self._jobs).get(external_id)
+        if job is None:
+            followed = ", ".join(f"{r.queue}/{r.job_set}" for r in self.config.followed())
+            raise ConnectorError(
+                f"armada: no job {external_id} in the followed job sets ({followed})",
+                retryable=False,
+            )
+        return job
+
+    # --- submissions -----------------------------------------------------------------------
+
+    def submit(self, queue: str, job_set: str, job: NewJob) -> str:
+        """Submit a new job; its Armada job id (also its workload id)."""
+        return self.api.submit(queue, job_set, [new_job_item(job)])[0]
+
+    def _submit_again(
+        self,
+        job: ArmadaJob,
+        *,
+        purpose: str,
+        queue: str,
+        node_selector: dict[str, str | None],
+        resume_from: str | None = None,
+        step_key: str | None = None,
+    ) -> str:
+        """Cancel ``job`` (unless it ended) and submit its pods again as the next attempt
+        of its workload; the new job's id. The client id is derived from the job and the
+        purpose (or the step key), so a resend gets the job the first call made.
+        ``resume_from`` replaces the job's resume pointer (None: it starts over)."""
+        if not job.terminal:
+            self.api.cancel(job.queue, job.job_set, job.job_id)
+        home = job.spec.annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
+        annotations: dict[str, str | None] = {
+            WORKLOAD_ANNOTATION: job.workload_id,
+            ATTEMPT_ANNOTATION: str(job.spec.attempt + 1),
+            HOME_QUEUE_ANNOTATION: home,
+            RESUME_FROM: resume_from,
+        }
+        first_submitted = job.first_submitted_at
+        if first_submitted is not None:
+            annotations[FIRST_SUBMITTED_ANNOTATION] = first_submitted.isoformat()
+        if step_key is not None:
+            annotations[STOPPED_BY_STEP] = step_key
+        seed = step_key or f"{job.job_id}:{purpose}"
+        client_id = "shaper-" + hashlib.sha256(seed.encode()).hexdigest()[:40]
+        item = resubmission(
+            job.spec,
+            client_id=client_id,
+            priority=job.priority,
+            annotations=annotations,
+            node_selector=node_selector,
+            resume_from=resume_from,
+        )
+        (new_id,) = self.api.submit(queue, job.job_set, [item])
+        logger.info(
+            "armada: %s: job %s of workload %s is now job %s in queue %s",
+            purpose,
+            job.job_id,
+            job.workload_id,
+            new_id,
+            queue,
+        )
+        return new_id
+
+    def _home(self, job: ArmadaJob) -> str:
+        return job.spec.annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
+
+    def _held(self, job: ArmadaJob) -> bool:
+        return job.queue == self.config.hold_queue and not job.terminal
+
+    def _hold_queue(self, external_id: str) -> str:
+        if self.config.hold_queue is None:
+            raise ConnectorError(
+                f"cannot hold Armada job {external_id}: Armada has no held state and no "
+                "hold_queue (a cordoned queue to park held jobs in) is configured",
+                retryable=False,
+            )
+        return self.config.hold_queue
+
+    def _pin(self, external_id: str, nodes: list[str] | None) -> dict[str, str | None]:
+        """The node selector change for a pin: ``nodes`` None or empty clears an earlier
+        pin; an Armada job is one pod, so it runs on one node."""
+        if not nodes:
+            return {self.config.node_label: None}
+        if len(nodes) > 1:
+            raise ConnectorError(
+                f"cannot pin Armada job {external_id} to {', '.join(nodes)}: an Armada job "
+                "runs one pod, on one node (gang jobs are not supported yet)",
+                retryable=False,
+            )
+        return {self.config.node_label: nodes[0]}
+
+    # --- capabilities (connectors.base) ----------------------------------------------------
+
+    def set_resume_pointer(self, external_id: str, resume_from: str | None) -> None:
+        with self._lock:
+            self._pointers[external_id] = resume_from
+
+    def set_step_key(self, external_id: str, step_key: str) -> None:
+        with self._lock:
+            self._step_keys[external_id] = step_key
+
+    def requeue(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        exclude: list[str] | None = None,
+        hold: bool = False,
+    ) -> None:
+        with self._lock:
+            resume_from = self._pointers.pop(external_id, None)
+            step_key = self._step_keys.pop(external_id, None)
+            if exclude:
+                raise ConnectorError(
+                    f"cannot requeue Armada job {external_id} away from {', '.join(exclude)}: "
+                    "node anti-affinity is not supported yet",
+                    retryable=False,
+                )
+            selector = self._pin(external_id, nodes)
+            queue_if_held = self._hold_queue(external_id) if hold else None
+            job = self._job(external_id)
+            if step_key is not None and job.spec.annotations.get(STOPPED_BY_STEP) == step_key:
+                logger.info("armada: requeue of %s: done by an earlier delivery", external_id)
+                return
+            if job.terminal and job.phase is not Phase.cancelled:
+                raise ConnectorError(
+                    f"cannot requeue Armada job {job.job_id} (workload {external_id}): it "
+                    f"has ended ({job.phase.value})",
+                    retryable=False,
+                )
+            self._submit_again(
+                job,
+                purpose="requeue",
+                queue=queue_if_held or self._home(job),
+                node_selector=selector,
+                resume_from=resume_from,
+                step_key=step_key,
+            )
+
+    def hold(self, external_id: str) -> None:
+        with self._lock:
+            hold_queue = self._hold_queue(external_id)
+            job = self._job(external_id)
+            if self._held(job):
+                return
+            if job.terminal or job.active:
+                raise ConnectorError(
+                    f"cannot hold Armada job {job.job_id} (workload {external_id}): it is "
+                    f"{job.phase.value}; only a queued job can be held (a requeue with hold "
+                    "stops a running one)",
+                    retryable=False,
+                )
+            self._submit_again(
+                job,
+                purpose="hold",
+                queue=hold_queue,
+                node_selector={},
+                resume_from=job.spec.annotations.get(RESUME_FROM),
+            )
+
+    def release(self, external_id: str) -> None:
+        self.start(external_id)
+
+    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+        """A held job goes back to its queue (pinned to ``nodes`` when given); a queued
+        one that a plan pins elsewhere is submitted again with that pin; a running one,
+        or one already pinned there, is left alone."""
+        with self._lock:
+            job = self._job(external_id)
+            if job.terminal:
+                raise ConnectorError(
+                    f"cannot start Armada job {job.job_id} (workload {external_id}): it has "
+                    f"ended ({job.phase.value})",
+                    retryable=False,
+                )
+            pinned = job.spec.node_selector.get(self.config.node_label)
+            repin = bool(nodes) and [pinned] != nodes and job.phase is Phase.queued
+            if not self._held(job) and not repin:
+                return
+            self._submit_again(
+                job,
+                purpose=f"start:{','.join(nodes or [])}",
+                queue=self._home(job),
+                node_selector=self._pin(external_id, nodes) if nodes else {},
+                # Moving a queued job keeps where it resumes from.
+                resume_from=job.spec.annotations.get(RESUME_FROM),
+            )
+
+    def cancel(self, external_id: str) -> None:
+        with self._lock:
+            job = self._job(external_id)
+            if not job.terminal:
+                self.api.cancel(job.queue, job.job_set, job.job_id)
+
+    def reprioritize(self, external_id: str, *, priority: float) -> None:
+        """Armada's priority of one job (lower runs first within its queue)."""
+        with self._lock:
+            job = self._job(external_id)
+            results = self.api.reprioritize(job.queue, job.job_set, [job.job_id], priority)
+            _refused(results, f"reprioritize job {job.job_id}")
+
+    def reprioritize_job_set(self, queue: str, job_set: str, *, priority: float) -> None:
+        results = self.api.reprioritize(queue, job_set, None, priority)
+        _refused(results, f"reprioritize job set {job_set} in queue {queue}")
+
+    def preempt(self, external_id: str) -> None:
+        """Armada's own preemption of a running job: it ends as preempted, with no
+        checkpoint and nothing submitted again (the saga's requeue does that)."""
+        with self._lock:
+            job = self._job(external_id)
+            if job.active:
+                self.api.preempt(job.queue, job.job_set, job.job_id)
+
+    def move_job_set(self, queue: str, job_set: str, *, executor: str) -> dict[str, str]:
+        """Move a queued job set to executor cluster ``executor``: every job is cancelled
+        and submitted again with the node selector ``executor_label: executor``. Refused
+        (nothing changed) when a job has left the queue already, or when no declared node
+        of that executor can run a job (its GPUs, its node selector). Workload id → new
+        Armada job id."""
+        with self._lock:
+            self.catch_up()
+            jobs = [
+                job
+                for job in current_attempts(self._jobs).values()
+                if job.queue == queue and job.job_set == job_set and not job.terminal
+            ]
+            if not jobs:
+                raise ConnectorError(
+                    f"armada: job set {job_set} in queue {queue} has no queued jobs to move",
+                    retryable=False,
+                )
+            started = [f"{job.job_id} ({job.phase.value})" for job in jobs if job.active]
+            if started:
+                raise ConnectorError(
+                    f"cannot move job set {job_set}: only a queued job set moves, and "
+                    f"{', '.join(started)} left the queue",
+                    retryable=False,
+                )
+            targets = [node for node in self.config.nodes if node.executor == executor]
+            if not targets:
+                raise ConnectorError(
+                    f"cannot move job set {job_set} to executor {executor}: no node of it is "
+                    "declared (config nodes)",
+                    retryable=False,
+                )
+            misfits = [
+                f"{job.job_id}: {why}"
+                for job in jobs
+                if (why := self._misfit(job, targets)) is not None
+            ]
+            if misfits:
+                raise ConnectorError(
+                    f"cannot move job set {job_set} to executor {executor}: " + "; ".join(misfits),
+                    retryable=False,
+                )
+            moved = {}
+            for job in sorted(jobs, key=lambda j: j.job_id):
+                moved[job.workload_id] = self._submit_again(
+                    job,
+                    purpose=f"move:{executor}",
+                    queue=job.queue,
+                    node_selector={self.config.executor_label: executor},
+                    resume_from=job.spec.annotations.get(RESUME_FROM),
+                )
+            return moved
+
+    def _misfit(self, job: ArmadaJob, nodes: list[ExecutorNode]) -> str | None:
+        """Why no node of ``nodes`` can run ``job``; None when one can."""
+        ignored = {self.config.executor_label, self.config.node_label}
+        wanted = {k: v for k, v in job.spec.node_selector.items() if k not in ignored}
+        model_label = self.config.mapping.gpu_model_label
+
+        def labels(node: ExecutorNode) -> dict[str, str]:
+            found = dict(node.labels)
+            if node.gpu_model is not None:
+                found.setdefault(model_label, node.gpu_model)
+            return found
+
+        fits = [
+            node
+            for node in nodes
+            if node.gpu_count >= job.spec.gpus
+            and all(labels(node).get(key) == value for key, value in wanted.items())
+        ]
+        if fits:
+            return None
+        needs = [f"{job.spec.gpus} GPUs"] + [f"{k}={v}" for k, v in sorted(wanted.items())]
+        return f"needs {', '.join(needs)}, which no node there has"
+
+
+def _refused(results: dict[str, str], what: str) -> None:
+    failed = {job_id: why for job_id, why in results.items() if why}
+    if failed:
+        raise ConnectorError(
+            f"armada: {what}: "
+            + "; ".join(f"{job_id}: {why}" for job_id, why in sorted(failed.items())),
+            retryable=False,
+        )
+
+
+def create_armada_connector(**options: Any) -> ArmadaConnector:
+    """``shaper connector run --kind armada --cluster C --set url=host:50051 --set
+    job_sets='[{"queue": "q", "job_set": "s"}]' …``: the options are the config's fields."""
+    return ArmadaConnector(ArmadaConnectorConfig(**options))

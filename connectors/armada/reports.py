@@ -1,0 +1,153 @@
+"""Armada jobs and executor nodes as Shaper's wire types (the one mapping, tested).
+
+Per workload (connectors.armada.jobs: the newest job of its lineage):
+
+* ``external_id``: the workload id (its first job's id), stable across resubmissions;
+  ``restart_count``: the attempt number; ``submit_time``: when its first job was submitted;
+* ``state``: queued, leased and pending → pending (``reason`` says which, and on which
+  executor cluster); running → running; succeeded → finished; failed and preempted →
+  failed; cancelled → cancelled; a job waiting in the hold queue is pending with the
+  reason "held by Shaper";
+* ``queue``: the Armada queue (a held job's home queue); ``team``, ``kind``,
+  ``sla_class``, ``priority`` from the job's ``shaper.io/*`` labels, else the mapping;
+* ``gpus_requested``: the GPUs its pod asks for; ``allowed_gpu_models``: the
+  ``gpu_model_label`` of its node selector; ``required_nodes``: the ``node_label`` of it;
+* ``checkpointable``: the annotation ``shaper.io/checkpointable: "true"`` (its pod reads
+  ``SHAPER_RESUME_FROM``, which the connector sets when it submits the job again);
+* ``allocations``: a running job's GPUs on the node the ``running`` event named.
+
+Nodes: the configured inventory, labelled with their executor cluster; a node that only
+the events name gets the GPUs its running jobs hold (nothing else is known of it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from pydantic import ValidationError
+
+from connectors.armada.config import ArmadaConnectorConfig
+from connectors.armada.jobs import (
+    CHECKPOINTABLE_ANNOTATION,
+    HOME_QUEUE_ANNOTATION,
+    ArmadaJob,
+    Phase,
+)
+from connectors.base import ConnectorError
+from wire.telemetry import AllocationReport, JobKind, JobReport, JobState, NodeReport
+
+TEAM_LABEL = "shaper.io/team"
+KIND_LABEL = "shaper.io/kind"
+SLA_LABEL = "shaper.io/sla-class"
+PRIORITY_LABEL = "shaper.io/priority"
+# Where a node's executor cluster shows in its Shaper labels.
+EXECUTOR_NODE_LABEL = "armadaproject.io/executor"
+
+_STATES = {
+    Phase.queued: JobState.pending,
+    Phase.leased: JobState.pending,
+    Phase.pending: JobState.pending,
+    Phase.running: JobState.running,
+    Phase.succeeded: JobState.finished,
+    Phase.failed: JobState.failed,
+    Phase.preempted: JobState.failed,
+    Phase.cancelled: JobState.cancelled,
+}
+
+
+def job_state(phase: Phase) -> JobState:
+    return _STATES[phase]
+
+
+def _reason(job: ArmadaJob, config: ArmadaConnectorConfig, cordoned: frozenset[str]) -> str:
+    if job.queue == config.hold_queue and not job.terminal:
+        return "held by Shaper until a plan starts it"
+    if job.phase is Phase.queued and job.queue in cordoned:
+        return f"queue {job.queue} is cordoned"
+    if job.phase is Phase.leased:
+        return f"leased to executor {job.executor}"
+    if job.phase is Phase.pending:
+        return f"pod starting on executor {job.executor}"
+    return job.reason
+
+
+def job_report(
+    job: ArmadaJob, config: ArmadaConnectorConfig, *, cordoned: frozenset[str] = frozenset()
+) -> JobReport:
+    mapping = config.mapping
+    labels, annotations = job.spec.labels, job.spec.annotations
+    home_queue = annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
+    priority = mapping.queue_priorities.get(home_queue, mapping.default_priority)
+    if labels.get(PRIORITY_LABEL, "").isdigit():
+        priority = min(int(labels[PRIORITY_LABEL]), 1_000_000)
+    kind = mapping.default_kind
+    if labels.get(KIND_LABEL) in JobKind.__members__:
+        kind = JobKind(labels[KIND_LABEL])
+    selector = job.spec.node_selector
+    model = selector.get(mapping.gpu_model_label)
+    pinned = selector.get(config.node_label)
+    state = job_state(job.phase)
+    allocations = []
+    if state is JobState.running and job.node:
+        allocations = [AllocationReport(node=job.node, gpu_count=job.spec.gpus)]
+    try:
+        return JobReport(
+            external_id=job.workload_id,
+            name=labels.get("app.kubernetes.io/name", job.job_set)[:255],
+            team=labels.get(TEAM_LABEL, home_queue)[:128],
+            queue=home_queue,
+            kind=kind,
+            priority=priority,
+            sla_class=labels.get(SLA_LABEL, mapping.default_sla_class)[:64],
+            gpus_requested=job.spec.gpus,
+            allowed_gpu_models=[model] if model else [],
+            required_nodes=[pinned] if pinned else [],
+            checkpointable=annotations.get(CHECKPOINTABLE_ANNOTATION) == "true",
+            submit_time=job.first_submitted_at,
+            start_time=job.started_at if state is not JobState.pending else None,
+            end_time=job.ended_at,
+            state=state,
+            reason=_reason(job, config, cordoned)[:255],
+            restart_count=job.spec.attempt,
+            allocations=allocations,
+        )
+    except ValidationError as error:
+        raise ConnectorError(
+            f"armada job {job.job_id} (job set {job.job_set}, queue {job.queue}) cannot be "
+            f"reported: {error}",
+            retryable=False,
+        ) from error
+
+
+def node_reports(config: ArmadaConnectorConfig, jobs: list[ArmadaJob]) -> list[NodeReport]:
+    held: dict[str, int] = defaultdict(int)
+    executor_of: dict[str, str] = {}
+    for job in jobs:
+        if job.phase is Phase.running and job.node:
+            held[job.node] += job.spec.gpus
+            executor_of[job.node] = job.executor
+    reports = []
+    declared = set()
+    for node in config.nodes:
+        declared.add(node.name)
+        reports.append(
+            NodeReport(
+                name=node.name,
+                gpu_model=node.gpu_model,
+                gpu_count=node.gpu_count,
+                cpu_cores=node.cpu_cores,
+                memory_mib=node.memory_mib,
+                labels={**node.labels, EXECUTOR_NODE_LABEL: node.executor},
+            )
+        )
+    for name in sorted(set(held) - declared):
+        gpus = held[name]
+        reports.append(
+            NodeReport(
+                name=name,
+                gpu_model=config.mapping.default_gpu_model if gpus else None,
+                gpu_count=gpus,
+                labels={EXECUTOR_NODE_LABEL: executor_of[name]},
+            )
+        )
+    return reports
