@@ -186,12 +186,23 @@ class Admission:
         return False
 
     def _home_groups(self, job: Job, groups: list[int]) -> list[int] | None:
-        """The groups of the job's home cluster when others are allowed too, else None."""
+        """The groups of the job's home cluster, to try first, when others are allowed too
+        and none of theirs is worth the transfer: a model elsewhere faster by more than
+        the transfer costs per GPU (``remote_start_seconds / value_horizon_s``, the
+        objective's units) goes first instead, with the rest, fastest first. None: no
+        preference."""
         if job.home_cluster is None:
             return None
         compat = self.ledger.compat
         home = [g for g in groups if compat.groups[g].cluster == job.home_cluster]
-        return home if 0 < len(home) < len(groups) else None
+        if not 0 < len(home) < len(groups):
+            return None
+        instance = self.ledger.instance
+        penalty = instance.migration.remote_start_seconds(job) / instance.config.value_horizon_s
+        speed = {g: compat.groups[g].gpu_model.speed for g in groups}
+        best_home = max(speed[g] for g in home)
+        best_away = max(speed[g] for g in groups if g not in home)
+        return home if best_away - penalty <= best_home else None
 
     def _try_place(
         self,

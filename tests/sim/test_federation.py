@@ -260,3 +260,28 @@ jobs:
     assert "one cluster" in refused.output
     with pytest.raises(ScenarioError):
         load_scenario("federation-nowhere")
+
+
+@pytest.mark.parametrize("use_cp_sat", [True, False])
+def test_a_much_faster_model_away_is_worth_the_transfer(use_cp_sat: bool) -> None:
+    # Home has slow GPUs (0.6); the other cluster's are 1.0. Per GPU the faster model is
+    # worth 0.4 units an hour; the transfer costs (120 + 102.4) s / 3600 s = 0.06.
+    instance = Instance(
+        now=0.0,
+        gpu_models=(
+            SolverGpuModel(name="H100", memory_mib=81920),
+            SolverGpuModel(name="A100", memory_mib=81920, speed=0.6),
+        ),
+        nodes=(
+            SolverNode(name="a0", cluster="ampere", gpu_model="A100", gpus=8),
+            SolverNode(name="h0", cluster="hopper", gpu_model="H100", gpus=8),
+        ),
+        jobs=(Job(id="j", replicas=2, home_cluster="ampere", checkpoint_size_mib=10_240),),
+        migration=MigrationCostModel(inter_cluster_bandwidth_mib_per_s=100),
+    )
+    instance = instance.model_copy(
+        update={"config": instance.config.model_copy(update={"use_cp_sat": use_cp_sat})}
+    )
+    plan = get_policy("shaper").plan(instance)
+    (start,) = [a for a in plan.actions if a.kind is ActionKind.START]
+    assert dict(start.to_placement) == {"h0": 2}
