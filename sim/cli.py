@@ -10,7 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -317,6 +317,15 @@ def sweep_cmd(
     ] = False,
     out: OutOpt = None,
     progress: ProgressOpt = True,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="run each seed as a task on this existing Ray cluster (host:port of its "
+            "GCS, or ray://host:10001); same rows as a local run",
+        ),
+    ] = None,
 ) -> None:
     """Run SCENARIO over many seeds: each policy's gain over the baseline, seed by seed."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -331,17 +340,24 @@ def sweep_cmd(
     except ValueError as exc:  # pydantic's ValidationError included
         raise typer.BadParameter(str(exc), param_hint="--solver") from exc
     _load(scenario, chosen[0])  # a bad scenario fails before the first run
-    with progress_bar(progress, f"{scenario} over {len(chosen)} seeds") as callback:
+    where = f" on Ray at {ray_address}" if ray_address else ""
+    with progress_bar(progress, f"{scenario} over {len(chosen)} seeds{where}") as callback:
         done = iter(range(1, len(chosen) + 1))
-        rows = sweep(
-            scenario,
-            chosen,
-            names,
-            baseline=baseline,
-            on_seed=(lambda _seed: callback(next(done), len(chosen))) if callback else None,
-            solver_config=overrides,
-            drain=drain,
-        )
+        options: dict[str, Any] = {
+            "baseline": baseline,
+            "on_seed": (lambda _seed: callback(next(done), len(chosen))) if callback else None,
+            "solver_config": overrides,
+            "drain": drain,
+        }
+        if ray_address:
+            from sim.ray_sweep import RayUnavailable, sweep_on_ray
+
+            try:
+                rows = sweep_on_ray(ray_address, scenario, chosen, names, **options)
+            except RayUnavailable as exc:
+                raise typer.BadParameter(str(exc), param_hint="--ray") from exc
+        else:
+            rows = sweep(scenario, chosen, names, **options)
     console.print(sweep_markdown(rows, summarize_sweep(rows, baseline), baseline), markup=False)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

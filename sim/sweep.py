@@ -22,6 +22,7 @@ from typing import Any
 
 from sim.run import compare
 from sim.scenario import load_scenario
+from sim.workload import Workload
 from solver.instance import SolverConfig
 
 
@@ -112,35 +113,63 @@ def sweep(
 ) -> list[SeedRow]:
     """``solver_config``: overrides of the scenario's ``SolverConfig`` (the shaper's
     levers; the baselines ignore them). ``drain``: run each to its drained queue and
-    record completion times (see the module docstring)."""
-    names = list(dict.fromkeys([baseline, *policies]))
+    record completion times (see the module docstring). One seed after the other, here;
+    sim.ray_sweep runs the same seeds as Ray tasks."""
+    names = policy_names(baseline, policies)
     rows: list[SeedRow] = []
     for seed in seeds:
-        workload = load_scenario(scenario, seed=seed)
-        if solver_config:
-            workload = replace(workload, solver_config={**workload.solver_config, **solver_config})
-        results = compare(workload, names, drain=drain)
-        base = results[baseline].metrics
-        for name in names:
-            m = results[name].metrics
-            util, value = _figure(m, "utilization"), _figure(m, "weighted_output")
-            base_util, base_value = _figure(base, "utilization"), _figure(base, "weighted_output")
-            rows.append(
-                SeedRow(
-                    seed=seed,
-                    policy=name,
-                    utilization=util,
-                    delta_util_pt=100 * (util - base_util),
-                    value=value,
-                    value_ratio=value / base_value if base_value > 0 else None,
-                    jobs_completed=int(m["jobs_completed_in_window"] or 0),
-                    jct_mean_h=m["jct_mean_h"] if drain else None,
-                    jct_p99_h=m["jct_p99_h"] if drain else None,
-                    wait_max_h=m["queue_wait_max_h"] if drain else None,
-                )
-            )
+        metrics = seed_metrics(seed_workload(scenario, seed, solver_config), names, drain=drain)
+        rows.extend(seed_rows(seed, metrics, baseline=baseline, drain=drain))
         if on_seed is not None:
             on_seed(seed)
+    return rows
+
+
+def policy_names(baseline: str, policies: Sequence[str]) -> list[str]:
+    """The policies each seed runs: the baseline first, no repeats."""
+    return list(dict.fromkeys([baseline, *policies]))
+
+
+def seed_workload(
+    scenario: str, seed: int, solver_config: Mapping[str, object] | None = None
+) -> Workload:
+    """The scenario's jobs for one seed, with the sweep's solver overrides."""
+    workload = load_scenario(scenario, seed=seed)
+    if solver_config:
+        workload = replace(workload, solver_config={**workload.solver_config, **solver_config})
+    return workload
+
+
+Metrics = dict[str, dict[str, float | None]]
+
+
+def seed_metrics(workload: Workload, names: Sequence[str], *, drain: bool) -> Metrics:
+    """Every policy's metrics on one seed's workload: what a seed's run gives back (small,
+    so that a remote run returns only this, not the runs' time series)."""
+    results = compare(workload, names, drain=drain)
+    return {name: dict(results[name].metrics) for name in names}
+
+
+def seed_rows(seed: int, metrics: Metrics, *, baseline: str, drain: bool) -> list[SeedRow]:
+    base = metrics[baseline]
+    base_util, base_value = _figure(base, "utilization"), _figure(base, "weighted_output")
+    rows = []
+    for name, m in metrics.items():
+        util, value = _figure(m, "utilization"), _figure(m, "weighted_output")
+        rows.append(
+            SeedRow(
+                seed=seed,
+                policy=name,
+                utilization=util,
+                delta_util_pt=100 * (util - base_util),
+                value=value,
+                value_ratio=value / base_value if base_value > 0 else None,
+                jobs_completed=int(m["jobs_completed_in_window"] or 0),
+                jct_mean_h=m["jct_mean_h"] if drain else None,
+                jct_p99_h=m["jct_p99_h"] if drain else None,
+                wait_max_h=m["queue_wait_max_h"] if drain else None,
+            )
+        )
     return rows
 
 

@@ -1,14 +1,15 @@
 """What each kind of scheduler lets a plan do, in one place: the saga, the shaping cycle
 and the action service all ask here.
 
-* **Places itself** (Slurm, Kubernetes, Kueue, Armada): the scheduler decides where a
+* **Places itself** (Slurm, Kubernetes, Kueue, Ray, Armada): the scheduler decides where a
   job runs (a pod cannot be restored behind the kubelet's back either). A job moves by a
   requeue pinned to its target, not behind the scheduler's back; a service grows where
   the scheduler puts it; a reservation is given back by the plan when the action it was
   for ends, because the scheduler cannot tell when a move is over.
-* **Sends jobs to nodes** (all but Kueue): a plan may move a running job to a node. Kueue
-  admits a Workload and the scheduler places its pods; a start is a reactivation and a
-  requeue cannot be pinned, so no migration is planned there.
+* **Sends jobs to nodes** (all but Kueue and Ray): a plan may move a running job to a node.
+  Kueue admits a Workload and the scheduler places its pods; a start is a reactivation and
+  a requeue cannot be pinned, so no migration is planned there. Ray places a job's actors
+  and placement groups itself (connectors/ray: a requeue pinned to nodes is refused).
 * **Reserves** (the simulated clusters, Slurm): the connector can hold GPUs for one job
   (``connectors.base.SupportsReservation``), so plans get ``reserve`` actions for what
   they free.
@@ -19,10 +20,16 @@ from __future__ import annotations
 from wire.telemetry import SchedulerKind
 
 SCHEDULER_OWNED = frozenset(
-    {SchedulerKind.slurm, SchedulerKind.kubernetes, SchedulerKind.kueue, SchedulerKind.armada}
+    {
+        SchedulerKind.slurm,
+        SchedulerKind.kubernetes,
+        SchedulerKind.kueue,
+        SchedulerKind.ray,
+        SchedulerKind.armada,
+    }
 )
 RESERVING = frozenset({SchedulerKind.sim, SchedulerKind.slurm})
-UNPINNABLE = frozenset({SchedulerKind.kueue})
+UNPINNABLE = frozenset({SchedulerKind.kueue, SchedulerKind.ray})
 
 
 def places_itself(scheduler: str) -> bool:
