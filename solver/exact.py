@@ -21,7 +21,7 @@ Constraints, each the model form of a ``solver.validate`` rule (numbers as there
 4. gangs: a block job holds all its replicas or none; a started or moved one within one
    cluster and on at most ``max_nodes`` nodes (a kept placement is exempt, as in validate);
 5. movement: ``moved`` only for a checkpointable job out of its cooldown and under its
-   SLA's migrations per day; at most ``max_migrations_per_cycle`` moves;
+   SLA's migrations per day, within its cluster; at most ``max_migrations_per_cycle`` moves;
 6. stopping: ``stopped`` only for a preemptible job under its preemptions per day; at most
    ``max_preemptions_per_cycle`` stops; per team, GPUs stopped at most the GPUs it held
    above its guarantee plus the GPUs it starts or grows (validate's guarantee rule);
@@ -224,6 +224,11 @@ class ExactModel:
             self._gang(job, new=placed)
             return
         policy = instance.policy_for(job)
+        # A running job moves only within its cluster (validate rule 5).
+        here = instance.node_by_name[next(iter(job.placement))].cluster
+        for node_name, var in variables.items():
+            if instance.node_by_name[node_name].cluster != here:
+                model.add(var == 0)
         keep = model.new_bool_var(f"keep_{job.id}")
         moved = model.new_bool_var(f"moved_{job.id}")
         stopped = model.new_bool_var(f"stopped_{job.id}")

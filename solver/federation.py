@@ -29,11 +29,11 @@ def federate(
     """One instance over ``parts`` (cluster name → that cluster's instance, whose nodes all
     name it). ``movable``: job id → the other clusters a pending job may start in.
 
-    GPU models are shared by name (the same name defined twice differently is a
-    ``ValueError``); a team's SLA policy is the first cluster's that defines it (in the
-    order of ``parts``): a federation group plans under one set of rules."""
+    GPU models are shared by name, and so are SLA policies by team: the same name defined
+    differently by two members is a ``ValueError`` naming both (a federation group plans
+    under one set of rules, and the solver weighs and caps jobs by team)."""
     models: dict[str, GpuModel] = {}
-    policies: dict[str, SlaPolicy] = {}
+    policies: dict[str, tuple[str, SlaPolicy]] = {}
     nodes = []
     jobs = []
     for cluster, part in parts.items():
@@ -41,7 +41,11 @@ def federate(
             if models.setdefault(model.name, model) != model:
                 raise ValueError(f"GPU model {model.name!r} is defined differently in {cluster}")
         for policy in part.policies:
-            policies.setdefault(policy.team, policy)
+            first, known = policies.setdefault(policy.team, (cluster, policy))
+            if known != policy:
+                raise ValueError(
+                    f"team {policy.team!r} has a different SLA policy in {first} and {cluster}"
+                )
         for node in part.nodes:
             if node.cluster != cluster:
                 raise ValueError(f"node {node.name} is in {node.cluster}, not {cluster}")
@@ -56,7 +60,7 @@ def federate(
         gpu_models=tuple(models.values()),
         nodes=tuple(nodes),
         jobs=tuple(jobs),
-        policies=tuple(policies.values()),
+        policies=tuple(policy for _, policy in policies.values()),
         migration=migration,
         config=config,
     )

@@ -91,7 +91,8 @@ def saturates(instance: Instance, engine: GreedyEngine, target: dict[str, dict[s
     with a ready compatible node is placed (but a frozen one, which no plan may start), no
     running job is stopped, every service has its demand and look-ahead target, and what is
     started or grown runs on the fastest GPU model the job accepts (running jobs keep their
-    model: CP-SAT moves them only within their node group)."""
+    model: CP-SAT moves them only within their node group), and no job starts away from
+    its home cluster (that start pays a transfer: a plan without it may be worth more)."""
     compat = engine.compat
     node_by_name = instance.node_by_name
     for job in instance.jobs:
@@ -110,6 +111,9 @@ def saturates(instance: Instance, engine: GreedyEngine, target: dict[str, dict[s
             continue
         if not held:
             continue
+        if job.home_cluster is not None and not job.is_running:
+            if any(node_by_name[name].cluster != job.home_cluster for name in held):
+                return False
         # A job on nodes it no longer accepts (a locked service there) can only keep them.
         fastest = max(
             (compat.groups[g].gpu_model.speed for g in compat.groups_for(job)), default=0.0

@@ -141,6 +141,13 @@ class ClusterState:
     def ready_groups(self, job: Job) -> list[int]:
         return self.compat.ready_groups_for(job)
 
+    def in_cluster_of(self, groups: list[int], nodes: Iterable[int]) -> list[int]:
+        """The groups in the cluster of ``nodes`` (where a running job is): a running job
+        moves only within its cluster (moving one to another is a checkpoint, a transfer
+        and a resubmission nothing dispatches yet)."""
+        clusters = {self.instance.nodes[n].cluster for n in nodes}
+        return [g for g in groups if self.compat.groups[g].cluster in clusters]
+
     def compatible_free(self, groups: Iterable[int]) -> int:
         return sum(self.group_free[g] for g in groups)
 

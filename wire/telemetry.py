@@ -43,7 +43,6 @@ Telemetry contract (the control plane's side is app/telemetry):
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -62,7 +61,7 @@ MAX_NODE_MEMORY_MIB = 64 * 1024 * 1024
 MAX_GPU_MEMORY_GIB = 4096
 MAX_REPLICAS = 100_000
 MAX_RESTARTS = 1_000_000
-MAX_SUBMIT_SPEC = 64 * 1024  # characters of a SubmitSpec's native part as JSON
+MAX_SUBMIT_SPEC = 64 * 1024  # characters of a SubmitSpec as JSON (as jobs.submit_spec stores it)
 
 
 # The kinds of scheduler a cluster can be registered as. Only ``slurm`` and ``sim`` have a
@@ -173,8 +172,12 @@ class PortableSpec(_Wire):
     resources it needs."""
 
     image: Annotated[str, Field(max_length=512)] | None = None
-    command: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list)
-    env: dict[str, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict)
+    command: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=256
+    )
+    env: dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=4096)]] = (
+        Field(default_factory=dict, max_length=256)
+    )
     gpus: Annotated[int, Field(ge=0, le=100_000)] = 0
     cpus: Annotated[float, Field(ge=0, le=100_000, allow_inf_nan=False)] = 0
     memory_mib: Annotated[int, Field(ge=0, le=MAX_NODE_MEMORY_MIB)] = 0
@@ -185,10 +188,12 @@ class SubmitSpec(_Wire):
 
     ``native`` is the job in its own scheduler's words, enough for a connector of the same
     kind to submit an equivalent job (Slurm: ``{"script": the batch script, "options":
-    {sbatch option: value}, "workdir": path}``; each connector's module docstring says
-    what it puts there). A connector of another kind cannot read it: a job moves across
-    scheduler families only when it also declares a ``portable`` form, and the plan says
-    when it cannot move. Bounded (64 Ki characters as JSON) so that telemetry stays small.
+    {sbatch option: value}, "workdir": path, "user": its owner}``; each connector's
+    module docstring says what it puts there). A connector of another kind cannot read
+    it: a job moves across scheduler families only when it also declares a ``portable``
+    form, and the plan says when it cannot move. At most 64 Ki characters as JSON, so that
+    telemetry stays small: a connector leaves out (and logs) a spec above that rather than
+    have its push refused.
     """
 
     scheduler: SchedulerKind
@@ -197,9 +202,10 @@ class SubmitSpec(_Wire):
 
     @model_validator(mode="after")
     def _bounded(self) -> SubmitSpec:
-        size = len(json.dumps(self.native, separators=(",", ":")))
+        # Measured as stored (jobs.submit_spec is this JSON text), characters not bytes.
+        size = len(self.model_dump_json())
         if size > MAX_SUBMIT_SPEC:
-            raise ValueError(f"native is {size} characters as JSON, above {MAX_SUBMIT_SPEC}")
+            raise ValueError(f"the spec is {size} characters as JSON, above {MAX_SUBMIT_SPEC}")
         return self
 
 

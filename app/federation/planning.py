@@ -25,7 +25,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
 from app.clusters.models import Cluster
@@ -40,7 +40,7 @@ from solver import Instance, SolverConfig
 from solver.federation import cross_cluster_starts, federate
 from solver.instance import MigrationCostModel
 from solver.objective import evaluate
-from solver.plan import ActionKind
+from solver.plan import ActionKind, Plan
 from solver.policies import get_policy
 from wire.telemetry import JobShape, JobState
 
@@ -52,7 +52,7 @@ NOT_DISPATCHED = (
 
 
 class Figures(BaseModel):
-    pending_started: int
+    pending_started: int = Field(description="pending block jobs the plan starts")
     objective: float
 
 
@@ -115,42 +115,66 @@ def _figures(instance: Instance, placement: dict[str, dict[str, int]], started: 
     )
 
 
+def _block_starts(instance: Instance, plan: Plan) -> int:
+    jobs = instance.job_by_id
+    return sum(
+        1 for a in plan.actions if a.kind is ActionKind.START and not jobs[a.job_id].is_elastic
+    )
+
+
 def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatIf:
+    # Read in a read transaction (a POST's session has begun a write one: on SQLite that
+    # would hold the one write lock through every solve), copy what the plans need, and
+    # end it: no ORM object is touched after, so none reopens a transaction while the
+    # solver runs.
+    session.rollback()
     begin(session, writes=False)
     group: FederationGroup = get_group(session=session, name=name)
     clusters = members(session=session, group=group)
+    names = [c.name for c in clusters]
     if len(clusters) < 2:
         raise Invalid(
             f"federation group {name!r} has {len(clusters)} cluster(s): add at least two",
             field="group",
         )
+    link = MigrationCostModel(
+        inter_cluster_bandwidth_mib_per_s=group.inter_cluster_bandwidth_mib_per_s,
+        inter_cluster_overhead_s=group.inter_cluster_overhead_s,
+    )
     config = SolverConfig(migration=False, cp_sat_migration=False, replica_moves=False)
-    snapshots = {
-        c.name: take_snapshot(session=session, cluster_name=c.name, now=now) for c in clusters
+    snapshots = {n: take_snapshot(session=session, cluster_name=n, now=now) for n in names}
+    # A job may need a GPU model only another member has: each part knows the group's.
+    models = frozenset(
+        m.name
+        for snapshot in snapshots.values()
+        for m in snapshot.gpu_models
+        for node in snapshot.nodes
+        if node.gpu_model_id == m.id and node.gpu_count > 0
+    )
+    parts = {
+        n: to_instance(snapshot, config=config, known_models=models)
+        for n, snapshot in snapshots.items()
     }
-    parts = {name: to_instance(snapshot, config=config) for name, snapshot in snapshots.items()}
     allowed = {
-        (name, team["team"]): frozenset(team["allowed_clusters"])
-        for name, snapshot in snapshots.items()
+        (n, team["team"]): frozenset(team["allowed_clusters"])
+        for n, snapshot in snapshots.items()
         for team in snapshot.sla.get("teams", [])
         if team.get("allowed_clusters") is not None
     }
     movable = _movable(session, clusters, allowed)
     session.rollback()  # nothing is held while the solver runs
+    try:
+        whole = federate(parts, movable=movable, migration=link, config=config)
+    except ValueError as error:  # the members' rules disagree: say which
+        raise Invalid(f"federation group {name!r}: {error}", field="group") from error
     policy = get_policy(POLICY)
-    link = MigrationCostModel(
-        inter_cluster_bandwidth_mib_per_s=group.inter_cluster_bandwidth_mib_per_s,
-        inter_cluster_overhead_s=group.inter_cluster_overhead_s,
-    )
     alone_started = 0
     alone_objective = 0.0
     for part in parts.values():
         plan = policy.plan(part)
-        alone_started += sum(1 for a in plan.actions if a.kind is ActionKind.START)
+        alone_started += _block_starts(part, plan)
         alone_objective += evaluate(part, plan.placement).objective
-    whole = federate(parts, movable=movable, migration=link, config=config)
     plan = policy.plan(whole)
-    started = sum(1 for a in plan.actions if a.kind is ActionKind.START)
     moves = [
         FederatedMove(
             job=start.job_id.split("/", 1)[1],
@@ -163,12 +187,12 @@ def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatI
     ]
     return FederationWhatIf(
         group=name,
-        clusters=[c.name for c in clusters],
+        clusters=names,
         planned_at=now,
         policy=POLICY,
         pending_jobs=sum(1 for j in whole.jobs if not j.is_running and not j.is_elastic),
         movable_jobs=len(movable),
         alone=Figures(pending_started=alone_started, objective=round(alone_objective, 3)),
-        federated=_figures(whole, plan.placement, started),
+        federated=_figures(whole, plan.placement, _block_starts(whole, plan)),
         moves=moves,
     )

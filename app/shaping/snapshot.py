@@ -421,14 +421,22 @@ def to_instance(
     config: si.SolverConfig | None = None,
     lock_proposed: bool = True,
     forecaster: demand_forecast.DemandForecaster | None = None,
+    known_models: frozenset[str] | None = None,
 ) -> si.Instance:
     """lock_proposed: whether jobs of undecided proposals are locked too (False when the
     cycle asks what a fresh plan would do instead of the open proposal). forecaster: the
-    services' demand forecaster, ``FORECASTER`` unless given."""
+    services' demand forecaster, ``FORECASTER`` unless given. known_models: the GPU models
+    a job's allowed models are kept among (default: those of this cluster's nodes; a
+    federation group's plan passes the group's, so a job may ask for one only another
+    member has)."""
     model_by_id = {m.id: m for m in snapshot.gpu_models}
-    used_models = {
-        model_by_id[n.gpu_model_id].name for n in snapshot.nodes if n.gpu_model_id is not None
-    }
+    used_models = (
+        set(known_models)
+        if known_models is not None
+        else {
+            model_by_id[n.gpu_model_id].name for n in snapshot.nodes if n.gpu_model_id is not None
+        }
+    )
     gpu_models = tuple(
         si.GpuModel(
             name=m.name,

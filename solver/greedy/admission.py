@@ -62,7 +62,7 @@ class Admission:
             if job.id in frozen:
                 pending[job.id] = ledger.frozen_reason(job)
                 continue  # left as it is; never blocks the queue
-            groups = state.ready_groups(job)
+            groups = self._worth_it(job, state.ready_groups(job))
             if not groups or not self.could_ever_fit(job, groups):
                 continue  # diagnosed at the end; never blocks the queue
             late = job.id in ledger.overdue
@@ -147,7 +147,7 @@ class Admission:
             return
         ledger.epoch += 1
         for job in late:
-            groups = state.ready_groups(job)
+            groups = self._worth_it(job, state.ready_groups(job))
             if not groups:
                 continue
             cap = ledger.instance.policy_for(job).quota_cap
@@ -204,6 +204,25 @@ class Admission:
         best_away = max(speed[g] for g in groups if g not in home)
         return home if best_away - penalty <= best_home else None
 
+    def _worth_it(self, job: Job, groups: list[int]) -> list[int]:
+        """The groups where starting ``job`` is worth what it costs: away from its home
+        cluster a GPU must be worth more than its share of the image's transfer
+        (``boost · speed > remote_start_seconds / value_horizon_s``, ``solver.objective``'s
+        units). Filtered here, before any way of placing it (fitting, making room,
+        preempting, backfilling) looks at them."""
+        if job.home_cluster is None:
+            return groups
+        instance = self.ledger.instance
+        compat = self.ledger.compat
+        cost = instance.migration.remote_start_seconds(job) / instance.config.value_horizon_s
+        boost = instance.boost(job)
+        return [
+            g
+            for g in groups
+            if compat.groups[g].cluster == job.home_cluster
+            or boost * compat.groups[g].gpu_model.speed > cost
+        ]
+
     def _try_place(
         self,
         job: Job,
@@ -214,7 +233,9 @@ class Admission:
         ledger = self.ledger
         state = ledger.state
         reservations = () if probe else tuple(id(r) for r in self.lookahead.reservations_for(job))
-        key = ledger.failure_key(job, ("place", reservations))
+        # Where its image is and how big: a start away may not pay its transfer.
+        away = (job.home_cluster, job.checkpoint_size_mib) if job.home_cluster else None
+        key = ledger.failure_key(job, ("place", reservations, away))
         if not exclude:
             failed = self.failed.get(key)
             if failed is not None and failed[0] == ledger.epoch:

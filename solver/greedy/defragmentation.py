@@ -254,7 +254,7 @@ class Defragmentation:
         moved: list[Job] = []
         relocated: dict[str, Job] = {}
         for resident, original in homeless:
-            resident_groups = state.ready_groups(resident)
+            resident_groups = state.in_cluster_of(state.ready_groups(resident), original)
             if resident.is_elastic:
                 if not self._relocate(resident, sum(original.values()), resident_groups):
                     state.rollback(mark)

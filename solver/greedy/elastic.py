@@ -246,9 +246,8 @@ class ElasticGrowth:
                 break
             if migrate and ledger.migrations + len(moved) < config.max_migrations_per_cycle:
                 held = state.evict(resident)
-                target = state.find_single_node(
-                    resident, resident.replicas, state.ready_groups(resident), {node}
-                )
+                groups = state.in_cluster_of(state.ready_groups(resident), held)
+                target = state.find_single_node(resident, resident.replicas, groups, {node})
                 if target is not None:
                     state.place(resident, {target: resident.total_gpus})
                     moved.append((resident, target))

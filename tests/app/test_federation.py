@@ -4,6 +4,7 @@ telemetry (issue 16). The what-if is read-only: it says so in its answer."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any
 
 import pytest
@@ -241,3 +242,91 @@ def test_a_team_goes_only_to_the_clusters_its_sla_policy_allows(
     )
     assert bad.status_code == 422
     assert "allowed_clusters" in bad.json()["error"]["field"]
+
+
+@pytest.mark.usefixtures("two")
+def test_a_job_may_ask_for_a_gpu_model_only_another_member_has(
+    client: TestClient, auth: dict
+) -> None:
+    _group(client, auth, "alpha", "beta")
+    # alpha has only A100s; the job accepts only H100s, which beta has, idle.
+    a100 = node("n1", gpu_model="A100-80G")
+    h100_only = job("w", gpus_requested=2, allowed_gpu_models=["H100"], submit=SPEC)
+    body = snapshot(1, nodes=[a100], jobs=[h100_only])
+    pushed = client.post(
+        "/api/v1/clusters/alpha/telemetry", headers=auth["connector_alpha"], json=body
+    )
+    assert pushed.status_code == 200, pushed.text
+    _push(client, auth, "beta", [])
+    answer = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
+    assert answer["alone"]["pending_started"] == 0
+    assert [(m["job"], m["to_cluster"]) for m in answer["moves"]] == [("w", "beta")]
+
+
+@pytest.mark.usefixtures("two")
+def test_members_whose_rules_for_a_team_differ_are_refused_naming_them(
+    client: TestClient, auth: dict
+) -> None:
+    _group(client, auth, "alpha", "beta")
+    for cluster, weight in (("alpha", 1.0), ("beta", 5.0)):
+        spec = {"teams": [{"team": "vision", "priority_weight": weight}]}
+        created = client.post(
+            "/api/v1/policies", headers=auth["operator"], json={"name": cluster, "spec": spec}
+        )
+        assert created.status_code == 201, created.text
+    _push(client, auth, "alpha", [job("w", submit=SPEC)])
+    _push(client, auth, "beta", [job("v")])
+    refused = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"])
+    assert refused.status_code == 422
+    message = refused.json()["error"]["message"]
+    assert "team 'vision' has a different SLA policy in alpha and beta" in message
+
+
+def test_the_what_if_holds_no_write_lock_while_it_solves(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real SQLite file, as a POST's session has it (a write transaction begun):
+    another writer must get the lock during every solve."""
+    from datetime import UTC, datetime
+
+    from app.clusters.models import Cluster
+    from app.core import migrate
+    from app.core.db import begin, make_engine
+    from app.federation import planning
+    from app.federation.models import FederationGroup
+    from solver.policies import get_policy
+
+    path = tmp_path / "shaper.db"
+    migrate.upgrade(f"sqlite:///{path}")
+    engine = make_engine(f"sqlite:///{path}", sqlite_busy_timeout_ms=100)
+    now = datetime(2026, 12, 3, tzinfo=UTC)
+    with Session(engine) as setup:
+        group = FederationGroup(name="site", created_at=now)
+        setup.add(group)
+        setup.commit()
+        for name in ("alpha", "beta"):
+            setup.add(Cluster(name=name, federation_group_id=group.id, created_at=now))
+        setup.commit()
+    real = get_policy("shaper")
+    other_writer: list[str] = []
+
+    class Watching:
+        def plan(self, instance: Any) -> Any:
+            probe = sqlite3.connect(path, timeout=0.1)
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+                probe.execute("ROLLBACK")
+                other_writer.append("ok")
+            except sqlite3.OperationalError as error:
+                other_writer.append(str(error))
+            finally:
+                probe.close()
+            return real.plan(instance)
+
+    monkeypatch.setattr(planning, "get_policy", lambda name: Watching())
+    with Session(engine, expire_on_commit=False) as session:
+        begin(session, writes=True)  # what SessionDep does for a POST
+        answer = planning.plan_group(session=session, name="site", now=now)
+    engine.dispose()
+    assert answer.clusters == ["alpha", "beta"]
+    assert other_writer == ["ok", "ok", "ok"]  # two clusters alone, then the group

@@ -86,6 +86,7 @@ def test_cpu_only_cluster_queue_and_selection() -> None:
             "preemptible": False,
             "max_migrations_per_day": 4,
             "deadline": None,
+            "allowed_clusters": None,
         }
     ]
     # Only inference imported, but research still counts as its cohort peer.
@@ -133,7 +134,12 @@ def test_merge_keeps_shaper_only_fields_other_teams_and_services() -> None:
     imported = policy_spec(cluster_queues("gpu-cluster-queues.yaml"))
     current = {
         "teams": [
-            {**teams(imported)["research"], "guaranteed_gpus": 1, "max_queue_wait_s": 600.0},
+            {
+                **teams(imported)["research"],
+                "guaranteed_gpus": 1,
+                "max_queue_wait_s": 600.0,
+                "allowed_clusters": [],  # data that may not leave this cluster
+            },
             {"team": "hand-made", "guaranteed_gpus": 2},
         ],
         "services": [{"service": "chat", "min_replicas": 2, "demand_target": 1.0}],
@@ -142,6 +148,7 @@ def test_merge_keeps_shaper_only_fields_other_teams_and_services() -> None:
     assert [t["team"] for t in merged["teams"]] == ["research", "hand-made", "batch", "inference"]
     research = merged["teams"][0]
     assert research["guaranteed_gpus"] == 24 and research["max_queue_wait_s"] == 600.0
+    assert research["allowed_clusters"] == []
     assert merged["services"] == current["services"]
     assert merged_spec(merged, imported) == merged  # a second import changes nothing
     assert merged_spec(current, imported, replace=True) == imported

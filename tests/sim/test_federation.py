@@ -285,3 +285,44 @@ def test_a_much_faster_model_away_is_worth_the_transfer(use_cp_sat: bool) -> Non
     plan = get_policy("shaper").plan(instance)
     (start,) = [a for a in plan.actions if a.kind is ActionKind.START]
     assert dict(start.to_placement) == {"h0": 2}
+
+
+@pytest.mark.parametrize("use_cp_sat", [True, False])
+def test_a_start_away_that_costs_more_than_it_gains_is_not_made(use_cp_sat: bool) -> None:
+    # East is full; west is empty. Sending a 600,000 MiB image over 100 MiB/s takes
+    # 6,120 s: 1.7 units per GPU against the 1.0 an hour of its work is worth.
+    running = Job(id="r", replicas=8, placement={"e0": 8}, start_time=-HOUR)
+    huge = Job(id="p", replicas=8, home_cluster="east", checkpoint_size_mib=600_000)
+    base = _instance(huge)
+    config = base.config.model_copy(update={"use_cp_sat": use_cp_sat})
+    instance = base.model_copy(update={"jobs": (running, huge), "config": config})
+    plan = get_policy("shaper").plan(instance)
+    assert [a for a in plan.actions if a.kind is ActionKind.START] == []
+    assert evaluate(instance, plan.placement).objective == pytest.approx(
+        evaluate(instance, {"r": {"e0": 8}}).objective
+    )
+
+
+def test_cp_sat_itself_keeps_a_job_at_home_when_both_clusters_have_room() -> None:
+    # A job that fits nowhere (16 GPUs on one 8-GPU node) keeps the greedy plan from
+    # "placing every placeable job", so CP-SAT runs instead of being skipped.
+    home_west = Job(id="j", replicas=4, home_cluster="west")
+    nowhere = Job(id="x", replicas=16, max_nodes=1)
+    base = _instance(home_west)
+    instance = base.model_copy(update={"jobs": (home_west, nowhere)})
+    plan = get_policy("shaper").plan(instance)
+    assert "CP-SAT skipped" not in plan.stats.note
+    (start,) = [a for a in plan.actions if a.kind is ActionKind.START]
+    assert dict(start.to_placement) == {"w0": 4}
+
+
+def test_no_plan_may_move_a_running_job_to_another_cluster() -> None:
+    from solver.validate import validate
+    from tests.solver.builders import plan_from
+
+    moved = Job(id="r", replicas=4, placement={"e0": 4}, checkpointable=True, start_time=-HOUR)
+    instance = _instance(moved)
+    violations = [str(v) for v in validate(instance, plan_from(instance, {"r": {"w0": 4}}))]
+    assert any("moved to another cluster" in v for v in violations)
+    # The exact model cannot plan it either: pinned there, it finds no legal plan.
+    assert solve_exact(instance, pin={"r": {"w0": 4}}, time_limit_s=5.0).plan is None
