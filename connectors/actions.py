@@ -25,7 +25,13 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   preempted by requeue (and held) by ``release``, and only a read tells them apart;
 * ``resize`` → ``resize(replicas=)`` or, for schedulers that size jobs in nodes (Slurm),
   ``update_node_count(nodes=args["replicas"])``;
-* ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names.
+* ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names;
+* ``submit`` → ``submit(spec, name=args["name"])`` (``SupportsSubmit``), a federated move's
+  arrival: ``args["spec"]`` is the ``SubmitSpec`` the source cluster reported for the job
+  ``workload_id`` (a job of the *source* cluster), and the result's ``external_id`` is the
+  new job's id here. The connector is idempotent by name, the journal by key; its
+  generation is fenced under ``moved-in:<args.source_cluster>/<workload_id>``, not under
+  the bare id, which may name another job of this cluster.
 
 Before a ``requeue`` or ``suspend``, a connector that restarts stopped work itself
 (``SupportsResumePointer``: Kubernetes, Kueue) is handed the step's resume pointer:
@@ -70,11 +76,12 @@ from connectors.base import (
     SupportsResumePointer,
     SupportsStart,
     SupportsStepKey,
+    SupportsSubmit,
     SupportsSuspend,
 )
 from wire.queues import connector_queue
 from wire.steps import ConnectorStep, Outcome, StepReport, StepRequest
-from wire.telemetry import JobReport, JobState
+from wire.telemetry import JobReport, JobState, SubmitSpec
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +170,7 @@ class ConnectorStepExecutor:
             ConnectorStep.release: self._release,
             ConnectorStep.suspend: self._suspend,
             ConnectorStep.cancel: self._cancel,
+            ConnectorStep.submit: self._submit,
         }
 
     def handle(self, message: Mapping[str, Any]) -> StepReport | None:
@@ -209,14 +217,15 @@ class ConnectorStepExecutor:
                 raise _Refused(f"unknown step {request.step!r} (this connector does {known})")
             if not request.workload_id:
                 raise _Refused(f"step {request.step} names no workload")
-            seen = journal.generations.get(request.workload_id, 0)
+            fence = _fence(request)
+            seen = journal.generations.get(fence, 0)
             if request.generation < seen:
                 raise _Refused(
-                    f"stale generation {request.generation} for {request.workload_id}: "
+                    f"stale generation {request.generation} for {fence}: "
                     f"this connector has seen generation {seen}"
                 )
             # Written before the step runs, so a crash mid-step still fences older sagas.
-            journal.generations[request.workload_id] = request.generation
+            journal.generations[fence] = request.generation
             self.journal.save(journal)
             if request.step in (ConnectorStep.requeue, ConnectorStep.suspend):
                 self._hand_over(request.workload_id, request.args, request.key)
@@ -412,6 +421,48 @@ class ConnectorStepExecutor:
     def _cancel(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         self._capable(SupportsCancel, "cancel").cancel(workload_id)
         return self._done(f"cancelled job {workload_id}", workload_id)
+
+    def _submit(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Submit the job ``workload_id`` of another cluster here, from its spec, as
+        ``args.name``; the result's ``external_id`` is the new job's id here."""
+        name = args.get("name")
+        if not isinstance(name, str) or not name:
+            raise _Refused(f"submit needs args.name (the move's job name), got {name!r}")
+        raw_spec = args.get("spec")
+        if not isinstance(raw_spec, dict):
+            raise _Refused(f"submit needs args.spec (a SubmitSpec as JSON), got {raw_spec!r}")
+        try:
+            spec = SubmitSpec.model_validate(raw_spec)
+        except ValidationError as error:
+            raise _Refused(f"args.spec is not a SubmitSpec: {error}") from None
+        connector = self._capable(SupportsSubmit, "submit")
+        external_id = connector.submit(spec, name=name)
+        return self._done(
+            f"submitted job {workload_id} of another cluster here as job {external_id} ({name})",
+            workload_id,
+            external_id=external_id,
+            name=name,
+        )
+
+
+def _fence(request: StepRequest) -> str:
+    """The key a step's generation is fenced under: the workload it is about.
+
+    A ``submit`` names the job on the *source* cluster, whose id may equal one of this
+    cluster's own jobs (Slurm ids are small counters everywhere); fenced under that bare id
+    it would refuse, or be refused by, the sagas of this cluster's job of the same id. So a
+    submit is fenced under ``moved-in:<source cluster>/<id>`` (``moved-in:<id>`` when the
+    step does not say where the job comes from): a superseded move's submit is still
+    refused, and this cluster's own jobs are not touched."""
+    workload_id = request.workload_id or ""
+    if request.step != ConnectorStep.submit:
+        return workload_id
+    source = request.args.get("source_cluster")
+    return (
+        f"moved-in:{source}/{workload_id}"
+        if isinstance(source, str) and source
+        else (f"moved-in:{workload_id}")
+    )
 
 
 def _names(args: dict[str, Any], field: str) -> list[str] | None:

@@ -166,7 +166,7 @@ class ArmadaConnector:
 
     # --- submissions -----------------------------------------------------------------------
 
-    def submit(self, queue: str, job_set: str, job: NewJob) -> str:
+    def submit_job(self, queue: str, job_set: str, job: NewJob) -> str:
         """Submit a new job; its Armada job id (also its workload id)."""
         return self.api.submit(queue, job_set, [new_job_item(job)])[0]
 

@@ -8,7 +8,8 @@ autoscaler unless Shaper resizes them.
 
 Shaper sees the cluster through :meth:`SimCluster.read_state`, like any connector, and
 acts on it through the scheduler-level capabilities here (requeue — pinned or not, held
-or not —, start on given nodes, hold/release, suspend/resume, cancel, resize, reserve) and
+or not —, start on given nodes, hold/release, suspend/resume, cancel, resize, reserve, and
+submit: a federated move's arrival from another cluster, connectors.sim.submission) and
 through the simulated node agents
 (connectors.sim.agents: checkpoint, transfer, stage, restore, confirm, release). Time is passed
 in (``advance_to``), so the same cluster runs 24 h of history in a second or follows the
@@ -30,9 +31,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 from connectors.base import ConnectorError
+from connectors.sim.submission import job_from_spec, submit_spec
 from wire.telemetry import (
     AllocationReport,
     ClusterState,
@@ -44,6 +46,7 @@ from wire.telemetry import (
     NodeReport,
     SampleReport,
     SchedulerKind,
+    SubmitSpec,
 )
 
 # Finished jobs stay visible this long (schedulers keep them a while: Slurm's MinJobAge).
@@ -88,6 +91,10 @@ class SimJob:
     held: bool = False
     started_by_shaper: bool = False  # a `start` step: place it now, ahead of FIFO
     resized: bool = False  # a service Shaper has resized: its autoscaler stands down
+    # The federated move it arrived by (SimCluster.submit of a SubmitSpec): a resent
+    # submit finds it by this name instead of submitting it twice.
+    move_name: str | None = None
+    spec: SubmitSpec | None = None  # how to submit it elsewhere, made once while pending
 
     @property
     def id(self) -> str:
@@ -124,6 +131,7 @@ class SimCluster:
         self.reservations: dict[str, dict[str, int]] = {}
         self._reserved_until: dict[str, datetime] = {}
         self._counter = 0
+        self._moved_in = 0  # jobs that arrived by a federated move: <cluster>-in<n>
         self._next_arrival = self._draw_arrival(start)
         for service in spec.services:
             self._add_service(service)
@@ -370,7 +378,8 @@ class SimCluster:
                         "allocations": [
                             AllocationReport(node=node, gpu_indices=sorted(indices))
                             for node, indices in job.placement.items()
-                        ]
+                        ],
+                        "submit": self._submit_spec(job),
                     }
                 )
                 for job in self.jobs.values()
@@ -394,13 +403,76 @@ class SimCluster:
             ]
             return ClusterState(observed_at=self.now, nodes=nodes, jobs=jobs, samples=samples)
 
-    def submit(self, report: JobReport, work: timedelta) -> None:
-        """A job arrives now (a site's own workload, a test), needing ``work`` of run time."""
+    def _submit_spec(self, job: SimJob) -> SubmitSpec | None:
+        """How to submit a pending block job elsewhere (federated moves); None otherwise."""
+        if job.state is not JobState.pending or job.report.shape is not JobShape.block:
+            return None
+        if job.spec is None:
+            job.spec = submit_spec(job.report, job.work)
+        return job.spec
+
+    @overload
+    def submit(self, job: SubmitSpec, *, name: str) -> str: ...
+    @overload
+    def submit(self, job: JobReport, work: timedelta) -> str: ...
+    def submit(
+        self,
+        job: SubmitSpec | JobReport,
+        work: timedelta | None = None,
+        *,
+        name: str | None = None,
+    ) -> str:
+        """A job arrives now; its id here. Two ways in, one meaning (a submission):
+
+        * ``submit(report, work)`` — the site's own workload or a test's, ``work`` of run
+          time, under the report's own id;
+        * ``submit(spec, name=…)`` — connectors.base.SupportsSubmit, a federated move from
+          another cluster (connectors.sim.submission). Idempotent by ``name``: a job that
+          arrived under it before is returned, nothing is submitted. A spec this cluster
+          cannot run raises a non-retryable ConnectorError saying why."""
         with self._lock:
-            self.jobs[report.external_id] = SimJob(
-                report=report.model_copy(update={"state": JobState.pending}), work=work
+            if isinstance(job, JobReport):
+                if work is None:
+                    raise TypeError("submit(report, work): the job's run time is missing")
+                self.jobs[job.external_id] = SimJob(
+                    report=job.model_copy(update={"state": JobState.pending}), work=work
+                )
+                self._schedule()
+                return job.external_id
+            if not name:
+                raise ConnectorError("submit: a federated move needs a name", retryable=False)
+            return self._move_in(job, name)
+
+    def _move_in(self, spec: SubmitSpec, name: str) -> str:
+        self._act()
+        for existing in self.jobs.values():
+            if existing.move_name == name:
+                return existing.id
+        self._moved_in += 1
+        external_id = f"{self.cluster}-in{self._moved_in}"
+        report, work = job_from_spec(spec, external_id=external_id, name=name, cluster=self.cluster)
+        self._check_runnable(report, name)
+        self.jobs[external_id] = SimJob(
+            report=report.model_copy(update={"submit_time": self.now}), work=work, move_name=name
+        )
+        self._schedule()
+        return external_id
+
+    def _check_runnable(self, report: JobReport, name: str) -> None:
+        """Refuse a job no placement here could ever hold: too few GPUs of its models."""
+        allowed = set(report.allowed_gpu_models)
+        usable = sum(
+            gpus
+            for node, gpus in self._size.items()
+            if not allowed or self._models[node] in allowed
+        )
+        if usable < report.gpus_requested:
+            models = f" of {', '.join(sorted(allowed))}" if allowed else ""
+            raise ConnectorError(
+                f"submit {name} to simulated cluster {self.cluster}: the job needs "
+                f"{report.gpus_requested} GPUs{models}, the cluster has {usable}",
+                retryable=False,
             )
-            self._schedule()
 
     # -- the connector: scheduler-level actions --------------------------------------------
 

@@ -11,7 +11,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +57,32 @@ class SlurmCli:
     def _binary(self, name: str) -> str:
         return str(self._config.bin_dir / name) if self._config.bin_dir else name
 
-    def run(self, args: Sequence[str], *, what: str) -> str:
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        what: str,
+        input: str | None = None,
+        clean_env: Mapping[str, str] | None = None,
+    ) -> str:
+        """Run a Slurm command; ``input`` goes to its stdin. ``clean_env``: run it in that
+        environment (plus ``SLURM_CONF``) instead of the connector's — sbatch hands its
+        environment to the job, and the connector's holds its own secrets."""
         command = [self._binary(args[0]), *args[1:]]
+        env = self._env
+        if clean_env is not None:
+            env = dict(clean_env)
+            if self._config.slurm_conf is not None:
+                env["SLURM_CONF"] = str(self._config.slurm_conf)
         try:
             result = self._run(
                 command,
                 capture_output=True,
                 text=True,
-                env=self._env,
+                env=env,
                 timeout=self._config.timeout_s,
                 check=False,
+                **({"input": input} if input is not None else {}),
             )
         except FileNotFoundError:
             raise ConnectorError(

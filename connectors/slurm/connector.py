@@ -13,11 +13,18 @@ makes it, ``start`` and a pinned ``requeue`` put the job in it, ``unreserve`` (s
 control plane when the action it was for has ended) takes the job out and deletes it, and
 ``upkeep`` (run by the connector deployment every few seconds) deletes what is left:
 reservations that ended or whose job has gone.
+
+Federated moves (:mod:`connectors.slurm.submission` says what travels): pending jobs that
+can move carry a ``SubmitSpec`` of their batch script and sbatch options, the script read
+once per job and cached; ``submit`` sbatches such a spec here, idempotent by the move's
+name, which the new job's comment carries.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 import re
 import subprocess
 import time
@@ -27,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from connectors.base import ConnectorError
 from connectors.slurm.client import RunCommand, SlurmCli, SlurmRest
@@ -39,7 +47,24 @@ from connectors.slurm.reservations import (
     parse_reservations,
     reservation_name,
 )
-from wire.telemetry import TERMINAL_JOB_STATES, ClusterState, JobState, NodeReport, SchedulerKind
+from connectors.slurm.submission import (
+    TargetCluster,
+    check_move_name,
+    moved_job,
+    sbatch_request,
+    submit_spec,
+    submitted_id,
+)
+from wire.telemetry import (
+    MAX_SUBMIT_SPEC,
+    TERMINAL_JOB_STATES,
+    ClusterState,
+    JobReport,
+    JobState,
+    NodeReport,
+    SchedulerKind,
+    SubmitSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +115,8 @@ class SlurmConnector:
         self._cli = SlurmCli(config, run=run)
         # job id → the step key set_step_key handed over, until that step's requeue takes it.
         self._step_keys: dict[str, str] = {}
+        # pending job id → its batch script (None: it has none that can travel).
+        self._scripts: dict[str, str | None] = {}
         self._rest = (
             SlurmRest(config, cli=self._cli, transport=http_transport, monotonic=monotonic)
             if config.rest_url
@@ -133,7 +160,114 @@ class SlurmConnector:
         observed_at = self._clock()
         nodes = self.read_nodes()
         jobs = self.read_jobs()
-        return ClusterState(observed_at=observed_at, nodes=nodes, jobs=[job.report for job in jobs])
+        reports = self._with_submit_specs(jobs) if self.config.submit_specs else None
+        return ClusterState(
+            observed_at=observed_at,
+            nodes=nodes,
+            jobs=reports if reports is not None else [job.report for job in jobs],
+        )
+
+    # --- federated moves: what a pending job carries, and submitting one ------------------
+
+    def _with_submit_specs(self, jobs: list[SlurmJob]) -> list[JobReport]:
+        """The jobs' reports, pending ones that can move with their SubmitSpec.
+
+        A script is read once per job (it never changes) and at most
+        ``submit_scripts_per_read`` per read, so a queue of thousands costs a few reads'
+        worth of scontrol calls once, not every read; the cache keeps only pending jobs."""
+        movable = {job.report.external_id: job for job in jobs if job.submit_options is not None}
+        for job_id in list(self._scripts):
+            if job_id not in movable:
+                del self._scripts[job_id]
+        budget = self.config.submit_scripts_per_read
+        reports = []
+        for job in jobs:
+            job_id = job.report.external_id
+            if job_id in movable and job_id not in self._scripts and budget > 0:
+                budget -= 1
+                self._read_script(job_id)
+            script = self._scripts.get(job_id)
+            if job.submit_options is None or script is None:
+                reports.append(job.report)
+                continue
+            try:
+                spec = submit_spec(script=script, options=job.submit_options, user=job.user)
+            except ValidationError as error:  # above the wire's bound, with its options
+                logger.warning("job %s carries no submit spec: %s", job_id, error)
+                self._scripts[job_id] = None
+                reports.append(job.report)
+                continue
+            reports.append(job.report.model_copy(update={"submit": spec}))
+        return reports
+
+    def _read_script(self, job_id: str) -> None:
+        """Cache the job's batch script; None (never read again) when it has none, it is
+        too long for the wire, or the job has gone. A transient failure leaves it unread,
+        for the next read."""
+        what = f"read the batch script of job {job_id}"
+        try:
+            script = self._cli.run(["scontrol", "write", "batch_script", job_id, "-"], what=what)
+        except ConnectorError as error:
+            if error.retryable:
+                logger.info("%s: %s; again next read", what, error)
+                return
+            logger.info("%s: %s; the job reports no submit spec", what, error)
+            self._scripts[job_id] = None
+            return
+        if len(script) > MAX_SUBMIT_SPEC:
+            logger.warning(
+                "%s: %d characters, more than the %d a submit spec may carry; the job "
+                "cannot move to another cluster",
+                what,
+                len(script),
+                MAX_SUBMIT_SPEC,
+            )
+            self._scripts[job_id] = None
+            return
+        self._scripts[job_id] = script
+
+    def submit(self, spec: SubmitSpec, *, name: str) -> str:
+        """SupportsSubmit: sbatch ``spec`` here as move ``name``; the job's id.
+
+        Idempotent by name: the job's comment carries ``shaper-move:<name>``, and a job of
+        this cluster that has it (in any state squeue still shows) is returned instead of
+        submitting again — a resent step, or an sbatch whose answer was lost."""
+        check_move_name(name)
+        what = f"submit {name} to {self.cluster}"
+        listed = self._cli.run(["squeue", "-h", "-t", "all", "-o", "%i|%k"], what=what)
+        existing = moved_job(listed, name)
+        if existing is not None:
+            logger.info("%s: job %s was submitted for it before", what, existing)
+            return existing
+        request = sbatch_request(spec, name=name, target=self._target(what), home_of=_home_of)
+        args = ["sbatch", "--parsable", *request.args]
+        submitter = _effective_user()
+        if request.user is None and submitter == "root":
+            raise ConnectorError(
+                f"{what}: the job names no user to run as, and this connector runs as root; "
+                "set portable_user for jobs from another scheduler's portable form",
+                retryable=False,
+            )
+        if request.user is not None and request.user != submitter:
+            # Only root may submit as another user: Slurm says so if the connector is not.
+            args.insert(2, f"--uid={request.user}")
+        output = self._cli.run(args, what=what, input=request.script, clean_env=request.env)
+        job_id = submitted_id(output, what=what)
+        logger.info("%s: submitted as job %s", what, job_id)
+        return job_id
+
+    def _target(self, what: str) -> TargetCluster:
+        """This cluster's partitions and its default one (``sinfo`` marks it with '*')."""
+        output = self._cli.run(["sinfo", "-h", "-o", "%P"], what=what)
+        names = list(dict.fromkeys(line.strip() for line in output.splitlines() if line.strip()))
+        default = next((name.rstrip("*") for name in names if name.endswith("*")), None)
+        return TargetCluster(
+            name=self.cluster,
+            partitions=tuple(name.rstrip("*") for name in names),
+            default_partition=default,
+            portable_workdir=str(self.config.portable_workdir),
+            portable_user=self.config.portable_user,
+        )
 
     # --- actions ---------------------------------------------------------------------------
 
@@ -461,6 +595,20 @@ def _check_reservable(
             raise ConnectorError(
                 f"cannot hold {wanted} GPUs on {node} for {job_id}: {why}", retryable=False
             )
+
+
+def _home_of(user: str) -> str | None:
+    try:
+        return pwd.getpwnam(user).pw_dir
+    except KeyError:
+        return None
+
+
+def _effective_user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def create_slurm_connector(**options: Any) -> SlurmConnector:

@@ -23,6 +23,7 @@ from typing import Any
 from connectors.base import ConnectorError
 from connectors.slurm.config import SUPPORTED_API_VERSIONS, SlurmMapping
 from connectors.slurm.hostlist import expand_hostlist, expand_index_list
+from connectors.slurm.submission import OptionValue, not_movable, submit_options
 from wire.telemetry import (
     TERMINAL_JOB_STATES,
     AllocationReport,
@@ -98,6 +99,9 @@ class SlurmJob:
     user: str
     slurm_priority: int
     reservation: str = ""  # the advanced reservation it runs in or waits for
+    # Pending jobs that can move to another cluster: the sbatch options that reproduce
+    # them (connectors.slurm.submission); None for the others.
+    submit_options: dict[str, OptionValue] | None = None
 
 
 def api_version(document: Document, *, what: str) -> str:
@@ -474,6 +478,9 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         user=user,
         slurm_priority=int(job.get("priority") or 0),
         reservation=str(job.get("resv_name") or ""),
+        submit_options=(
+            submit_options(job) if state is JobState.pending and not_movable(job) is None else None
+        ),
     )
 
 

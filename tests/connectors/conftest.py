@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from connectors.slurm import SlurmConnector, SlurmConnectorConfig
+from tests.support import second_slurm_cluster
+from tests.support.second_slurm_cluster import SecondClusterLayout
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
@@ -181,3 +183,53 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     yield slurm_cluster
     slurm_cluster.close_connectors()
     slurm_cluster.cancel_all()
+
+
+# --- a second cluster, for federated moves (tests/support/second_slurm_cluster.py) ----------
+
+
+class SecondSlurmCluster(SlurmCluster):
+    """The second cluster: the same helpers, its own name, nodes and partition."""
+
+    layout: SecondClusterLayout
+
+    def config(self, **fields: Any) -> SlurmConnectorConfig:
+        return SlurmConnectorConfig(cluster="hpc-b", slurm_conf=self.conf, **fields)
+
+    def nodes_idle(self) -> bool:
+        output = self.run("sinfo", "-h", "-N", "-o", "%N %t")
+        return all(line.split()[1] == "idle" for line in output.splitlines())
+
+
+@pytest.fixture(scope="session")
+def slurm_b_cluster(slurm_cluster: SlurmCluster) -> Iterator[SecondSlurmCluster]:
+    """A second Slurm cluster beside ``slurm_cluster``, sharing its munged."""
+    directory = Path(tempfile.mkdtemp(prefix="shaper-slurm-b-test-", dir="/tmp"))
+    directory.chmod(0o755)
+    layout = SecondClusterLayout(
+        directory=directory,
+        munge_socket=slurm_cluster.directory / "munge" / "munge.socket.2",
+    )
+    cluster = SecondSlurmCluster(directory)
+    cluster.layout = layout
+    try:
+        second_slurm_cluster.start(layout)
+    except second_slurm_cluster.SecondClusterError as error:
+        second_slurm_cluster.stop(layout)
+        shutil.rmtree(directory, ignore_errors=True)
+        pytest.fail(f"the second Slurm test cluster did not start: {error}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.close_connectors()
+        second_slurm_cluster.stop(layout)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_b(slurm_b_cluster: SecondSlurmCluster) -> Iterator[SecondSlurmCluster]:
+    """The second cluster with no job running, before and after the test."""
+    slurm_b_cluster.cancel_all()
+    yield slurm_b_cluster
+    slurm_b_cluster.close_connectors()
+    slurm_b_cluster.cancel_all()

@@ -49,7 +49,7 @@ def connector(server: ArmadaTestServer) -> Iterator[ArmadaConnector]:
 
 
 def checkpointable_job(connector: ArmadaConnector, server: ArmadaTestServer) -> str:
-    job_id = connector.submit(
+    job_id = connector.submit_job(
         "research",
         "train",
         NewJob(

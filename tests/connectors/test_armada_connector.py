@@ -83,7 +83,7 @@ def test_queued_and_running_jobs_are_reported_with_executor_and_node(
     server: ArmadaTestServer, connector: ArmadaConnector
 ) -> None:
     labels = {"shaper.io/team": "vision", "shaper.io/kind": "training"}
-    on_h100 = connector.submit(
+    on_h100 = connector.submit_job(
         "research",
         "train",
         job(
@@ -93,7 +93,7 @@ def test_queued_and_running_jobs_are_reported_with_executor_and_node(
             annotations={"shaper.io/checkpointable": "true"},
         ),
     )
-    too_big = connector.submit("prod", "serve", job(16))
+    too_big = connector.submit_job("prod", "serve", job(16))
     assert server.schedule() == [on_h100]
 
     state = connector.read_state()
@@ -126,7 +126,7 @@ def test_queued_and_running_jobs_are_reported_with_executor_and_node(
 
 def test_a_node_only_the_events_name_holds_what_runs_there(server: ArmadaTestServer) -> None:
     with connector_for(server, nodes=[]) as connector:
-        job_id = connector.submit("research", "train", job(2))
+        job_id = connector.submit_job("research", "train", job(2))
         server.schedule()
         (node,) = connector.read_state().nodes
     assert (node.name, node.gpu_count, node.labels) == (
@@ -199,9 +199,9 @@ def test_the_lifecycle_folds_in_armadas_order() -> None:
 
 
 def test_cancel_and_reprioritize(server: ArmadaTestServer, connector: ArmadaConnector) -> None:
-    first = connector.submit("research", "sweep", job(8, priority=5))
-    second = connector.submit("research", "sweep", job(8, priority=5))
-    third = connector.submit("research", "sweep", job(8, priority=5))
+    first = connector.submit_job("research", "sweep", job(8, priority=5))
+    second = connector.submit_job("research", "sweep", job(8, priority=5))
+    third = connector.submit_job("research", "sweep", job(8, priority=5))
     connector.read_state()
 
     connector.cancel(first)
@@ -230,7 +230,7 @@ def test_cancel_and_reprioritize(server: ArmadaTestServer, connector: ArmadaConn
 def test_the_event_stream_resumes_after_a_dropped_connection(
     server: ArmadaTestServer, connector: ArmadaConnector
 ) -> None:
-    ids = [connector.submit("research", "train", job(2)) for _ in range(3)]
+    ids = [connector.submit_job("research", "train", job(2)) for _ in range(3)]
     connector.read_state()
     before = connector.resume_point("research", "train")
     assert server.schedule() == ids  # 3 × leased, pending, running: 9 new messages
@@ -251,7 +251,7 @@ def test_the_event_stream_resumes_after_a_dropped_connection(
 
 def test_the_event_stream_resumes_after_the_server_restarts(server: ArmadaTestServer) -> None:
     with connector_for(server, timeout_s=1.0) as connector:
-        job_id = connector.submit("research", "train", job(1))
+        job_id = connector.submit_job("research", "train", job(1))
         connector.read_state()
         server.stop()
         with pytest.raises(ConnectorError) as down:
@@ -283,7 +283,7 @@ def test_an_unknown_queue_is_an_error_that_retrying_does_not_fix(
         with pytest.raises(ConnectorError) as read:
             connector.read_state()
         with pytest.raises(ConnectorError) as submitted:
-            connector.submit("nope", "x", job(1))
+            connector.submit_job("nope", "x", job(1))
     for error in (read.value, submitted.value):
         assert not error.retryable
         assert "NOT_FOUND" in str(error) and "Queue nope does not exist" in str(error)
@@ -294,7 +294,7 @@ def test_bad_requests_are_refused_with_a_clear_error(
 ) -> None:
     # Armada's own answer: INVALID_ARGUMENT, not worth a retry.
     with pytest.raises(ConnectorError) as empty:
-        connector.submit("research", "", job(1))
+        connector.submit_job("research", "", job(1))
     assert not empty.value.retryable and "INVALID_ARGUMENT" in str(empty.value)
     # armada-client's own check, before anything is sent.
     with pytest.raises(ConnectorError) as unnamed:
@@ -324,7 +324,7 @@ def test_the_kind_registers_and_builds_from_options(server: ArmadaTestServer) ->
 def test_a_queued_job_set_moves_to_another_executor_where_it_fits(
     server: ArmadaTestServer, connector: ArmadaConnector
 ) -> None:
-    small = [connector.submit("research", "sweep", job(2)) for _ in range(2)]
+    small = [connector.submit_job("research", "sweep", job(2)) for _ in range(2)]
     moved = connector.move_job_set("research", "sweep", executor="exec-b")
     assert set(moved) == set(small)  # workload ids stay; Armada made new jobs
     for workload, new_id in moved.items():
@@ -343,7 +343,7 @@ def test_a_queued_job_set_moves_to_another_executor_where_it_fits(
     assert all(connector.workloads()[w].submitted_at > submitted[w] for w in small)
 
     # A job that needs more GPUs than any node of exec-b has stays where it is …
-    big = connector.submit("research", "train", job(8))
+    big = connector.submit_job("research", "train", job(8))
     with pytest.raises(ConnectorError, match=f"{big}: needs 8 GPUs") as misfit:
         connector.move_job_set("research", "train", executor="exec-b")
     assert not misfit.value.retryable and server.job(big).state == "queued"
@@ -369,7 +369,7 @@ def test_the_runner_pushes_armada_telemetry_and_resyncs_after_a_dropped_stream(
         sleep=sleeps.append,
         session_id="armada-session",
     )
-    first, second = (connector.submit("research", "train", job(4)) for _ in range(2))
+    first, second = (connector.submit_job("research", "train", job(4)) for _ in range(2))
     runner.run_once()
     server.schedule()
     runner.run_once()
@@ -415,7 +415,7 @@ def test_a_queued_job_is_held_in_the_cordoned_queue_and_released(
         SupportsStepKey,
     )
     assert all(isinstance(connector, capability) for capability in capabilities)
-    job_id = connector.submit("research", "train", job(2, priority=3))
+    job_id = connector.submit_job("research", "train", job(2, priority=3))
     connector.hold(job_id)
     connector.hold(job_id)  # idempotent: it is held already
     assert server.schedule() == []
@@ -438,7 +438,7 @@ def test_a_queued_job_is_held_in_the_cordoned_queue_and_released(
 
 def test_a_configured_token_goes_with_every_call(server: ArmadaTestServer) -> None:
     with connector_for(server, token="s3cret") as connector:
-        connector.submit("research", "train", job(1))
+        connector.submit_job("research", "train", job(1))
         connector.read_state()
     assert server.authorizations and set(server.authorizations) == {"Bearer s3cret"}
     assert "s3cret" not in repr(connector.config)

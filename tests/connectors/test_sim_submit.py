@@ -1,0 +1,185 @@
+"""Federated moves between simulated clusters: a pending job's SubmitSpec in telemetry, the
+`submit` step through the target's executor (idempotent by key and by name, fenced by the
+source job's generation), and the source's copy cancelled through its own executor."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from connectors.actions import ConnectorStepExecutor
+from connectors.sim import SimCluster, SiteSpec
+from wire.steps import Outcome, StepRequest
+from wire.telemetry import JobKind, JobReport, JobState, PortableSpec, SchedulerKind, SubmitSpec
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _site(name: str, *nodes: tuple[str, str, int]) -> SiteSpec:
+    return SiteSpec(
+        name=name, nodes=nodes, teams=("research",), kinds=(JobKind.training,), arrivals_per_hour=0
+    )
+
+
+def _clusters(clock: Clock) -> tuple[SimCluster, SimCluster]:
+    """A: one 8-GPU H100 node, full; B: two 8-GPU H100 nodes, empty."""
+    a = SimCluster(_site("lab-a", ("a1", "H100", 8)), start=T0, seed=1, clock=clock)
+    b = SimCluster(
+        _site("lab-b", ("b1", "H100", 8), ("b2", "H100", 8)), start=T0, seed=1, clock=clock
+    )
+    return a, b
+
+
+def _job(job_id: str, gpus: int, **fields: Any) -> JobReport:
+    return JobReport(external_id=job_id, gpus_requested=gpus, submit_time=T0, **fields)
+
+
+_keys = itertools.count(1)
+
+
+def _step(step: str, workload_id: str, *, generation: int = 1, key: str = "", **args: Any) -> Any:
+    return StepRequest(
+        action_id=11,
+        key=key or f"a11:forward:{step}:{next(_keys)}",
+        step=step,
+        workload_id=workload_id,
+        generation=generation,
+        args=args,
+    )
+
+
+def _pending_spec(cluster: SimCluster, job_id: str) -> SubmitSpec:
+    report = next(j for j in cluster.read_state().jobs if j.external_id == job_id)
+    assert report.state is JobState.pending
+    assert report.submit is not None
+    return report.submit
+
+
+def test_a_pending_job_moves_to_another_cluster_once_and_its_source_copy_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    a, b = _clusters(clock)
+    a.submit(_job("busy", 8), timedelta(hours=5))
+    a.submit(
+        _job("wait", 4, name="train-7", team="vision", priority=50, checkpointable=True),
+        timedelta(hours=2),
+    )
+    # A is full: "wait" waits, and carries how to submit it elsewhere; running jobs do not.
+    running = next(j for j in a.read_state().jobs if j.external_id == "busy")
+    assert running.state is JobState.running and running.submit is None
+    spec = _pending_spec(a, "wait")
+    assert spec.scheduler is SchedulerKind.sim
+    assert spec.native["gpus"] == 4 and spec.native["work_s"] == 2 * 3600
+    assert spec.native["team"] == "vision" and spec.native["checkpointable"] is True
+
+    on_a = ConnectorStepExecutor(a, cluster="lab-a", state_dir=tmp_path / "a")
+    on_b = ConnectorStepExecutor(b, cluster="lab-b", state_dir=tmp_path / "b")
+    submit = _step("submit", "wait", generation=4, spec=spec.model_dump(mode="json"), name="mv-11")
+    first = on_b.run(submit)
+    assert first.ok and first.outcome is Outcome.executed, first.error
+    new_id = first.result["external_id"]
+    moved = next(j for j in b.read_state().jobs if j.external_id == new_id)
+    assert moved.state is JobState.running and moved.gpus_requested == 4
+    assert (moved.name, moved.team, moved.priority) == ("train-7", "vision", 50)
+
+    # The same step again (its answer was lost): answered from the journal, same job.
+    again = on_b.run(submit)
+    assert again.outcome is Outcome.duplicate and again.result == first.result
+    # A new delivery under another key but the same move name: the job it submitted before.
+    other_key = on_b.run(
+        _step("submit", "wait", generation=4, spec=spec.model_dump(mode="json"), name="mv-11")
+    )
+    assert other_key.outcome is Outcome.executed and other_key.result["external_id"] == new_id
+    assert [j.id for j in b.jobs.values() if j.move_name == "mv-11"] == [new_id]
+
+    # Only now does A let go of its copy.
+    cancelled = on_a.run(_step("cancel", "wait", generation=4))
+    assert cancelled.ok, cancelled.error
+    assert a.jobs["wait"].state is JobState.cancelled
+
+    # The moved job needs the run time it had (it starts over: a pending job moves bare).
+    clock.now = T0 + timedelta(hours=2, seconds=1)
+    finished = next(j for j in b.read_state().jobs if j.external_id == new_id)
+    assert finished.state is JobState.finished and finished.submit is None
+
+
+def test_a_spec_the_cluster_cannot_run_is_refused_for_good_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    _, b = _clusters(Clock())
+    on_b = ConnectorStepExecutor(b, cluster="lab-b", state_dir=tmp_path)
+    slurm_spec = SubmitSpec(scheduler=SchedulerKind.slurm, native={"script": "#!/bin/sh\n"})
+    step = _step("submit", "42", spec=slurm_spec.model_dump(mode="json"), name="mv-1")
+    report = on_b.run(step)
+    assert not report.ok and not report.retryable
+    assert "a slurm job cannot run here: its spec has no portable form" in (report.error or "")
+    # Journalled: a resend gets the same answer without trying again.
+    assert on_b.run(step).outcome is Outcome.duplicate
+
+    too_big = SubmitSpec(scheduler=SchedulerKind.sim, native={"gpus": 24, "work_s": 60})
+    report = on_b.run(_step("submit", "43", spec=too_big.model_dump(mode="json"), name="mv-2"))
+    assert not report.ok and not report.retryable
+    assert "needs 24 GPUs, the cluster has 16" in (report.error or "")
+
+    wrong_model = SubmitSpec(
+        scheduler=SchedulerKind.sim,
+        native={"gpus": 1, "work_s": 60, "allowed_gpu_models": ["MI300X"]},
+    )
+    report = on_b.run(_step("submit", "44", spec=wrong_model.model_dump(mode="json"), name="mv-3"))
+    assert "needs 1 GPUs of MI300X, the cluster has 0" in (report.error or "")
+
+    malformed = on_b.run(_step("submit", "45", spec={"scheduler": "nope"}, name="mv-4"))
+    assert malformed.outcome is Outcome.refused and "not a SubmitSpec" in (malformed.error or "")
+    nameless = on_b.run(_step("submit", "46", spec=too_big.model_dump(mode="json")))
+    assert nameless.outcome is Outcome.refused and "args.name" in (nameless.error or "")
+    assert not any(job.move_name for job in b.jobs.values())
+
+
+def test_a_portable_spec_of_another_scheduler_runs_as_a_simulated_job(tmp_path: Path) -> None:
+    _, b = _clusters(Clock())
+    portable = SubmitSpec(
+        scheduler=SchedulerKind.kubernetes,
+        native={"job": {"kind": "Job"}},
+        portable=PortableSpec(image="trainer:1", command=["python", "train.py"], gpus=2),
+    )
+    on_b = ConnectorStepExecutor(b, cluster="lab-b", state_dir=tmp_path)
+    report = on_b.run(_step("submit", "ns/job", spec=portable.model_dump(mode="json"), name="mv-9"))
+    assert report.ok, report.error
+    job = b.jobs[report.result["external_id"]]
+    assert job.report.gpus_requested == 2 and job.state is JobState.running
+
+
+def test_a_submit_is_fenced_by_its_source_job_not_by_a_local_job_of_the_same_id(
+    tmp_path: Path,
+) -> None:
+    a, b = _clusters(Clock())
+    a.submit(_job("busy", 8), timedelta(hours=5))
+    a.submit(_job("7", 2), timedelta(hours=1))
+    spec = _pending_spec(a, "7").model_dump(mode="json")
+    b.submit(_job("7", 1), timedelta(hours=1))  # B has a job "7" of its own
+    on_b = ConnectorStepExecutor(b, cluster="lab-b", state_dir=tmp_path)
+
+    moved = on_b.run(
+        _step("submit", "7", generation=9, spec=spec, name="mv-5", source_cluster="lab-a")
+    )
+    assert moved.ok, moved.error
+    # B's own job 7, at its own (lower) generation, is not fenced by A's job 7.
+    held = on_b.run(_step("hold", "7", generation=1))
+    assert held.ok and held.outcome is Outcome.executed, held.error
+    # A superseded move of A's job 7 (an older generation) is refused, and submits nothing.
+    stale = on_b.run(
+        _step("submit", "7", generation=8, spec=spec, name="mv-4", source_cluster="lab-a")
+    )
+    assert stale.outcome is Outcome.refused and "stale generation 8" in (stale.error or "")
+    assert sorted(j.move_name or "" for j in b.jobs.values() if j.move_name) == ["mv-5"]
