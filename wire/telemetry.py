@@ -64,10 +64,9 @@ MAX_RESTARTS = 1_000_000
 MAX_SUBMIT_SPEC = 64 * 1024  # characters of a SubmitSpec as JSON (as jobs.submit_spec stores it)
 
 
-# The kinds of scheduler a cluster can be registered as. Only ``slurm`` and ``sim`` have a
-# connector (connectors/registry.py); ``kubernetes``, ``kueue``, ``armada`` and ``ray`` are
-# accepted by the API and stored, but nothing can connect such a cluster yet. A comment, not
-# a docstring: pydantic would publish a docstring in the OpenAPI schema.
+# The kinds of scheduler a cluster can be registered as; each has a connector
+# (connectors/<kind>/, registered at import in connectors/registry.py). A comment, not a
+# docstring: pydantic would publish a docstring in the OpenAPI schema.
 class SchedulerKind(StrEnum):
     slurm = "slurm"
     kubernetes = "kubernetes"
