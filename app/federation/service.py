@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
+from typing import Any, cast
 
+import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
 from sqlmodel import Session, col, select
 
 from app.audit import service as audit
@@ -146,34 +149,33 @@ def delete_group(*, session: Session, name: str, now: datetime, actor: Actor | N
 def add_cluster(
     *, session: Session, name: str, cluster: str, now: datetime, actor: Actor | None
 ) -> FederationGroup:
-    """Idempotent: a cluster already in this group stays; in another group is a conflict."""
+    """Idempotent: a cluster already in this group stays; in another group is a conflict
+    (checked again by the write itself: of two concurrent joins of one cluster, one wins)."""
     group = get_group(session=session, name=name)
     member = get_cluster(session=session, name=cluster)
     if member.federation_group_id == row_id(group):
         return group
-    if member.federation_group_id is not None:
-        other = session.get(FederationGroup, member.federation_group_id)
+    joined = 0
+    if member.federation_group_id is None:
+        result = session.execute(
+            sa.update(Cluster)
+            .where(col(Cluster.id) == row_id(member), col(Cluster.federation_group_id).is_(None))
+            .values(federation_group_id=row_id(group))
+        )
+        joined = cast("CursorResult[Any]", result).rowcount
+    if joined != 1:
+        session.rollback()
+        other = session.get(
+            FederationGroup, get_cluster(session=session, name=cluster).federation_group_id or -1
+        )
         raise Conflict(
             f"cluster {cluster!r} is in federation group "
-            f"{other.name if other else member.federation_group_id!r}: remove it there first",
+            f"{other.name if other else '?'!r}: remove it there first",
             field="cluster",
             resource="cluster",
             resource_id=cluster,
         )
-    member.federation_group_id = row_id(group)
-    session.add(member)
-    audit.record(
-        session=session,
-        actor=actor,
-        verb="update",
-        object_type=AuditObject.federation_group,
-        object_id=group.name,
-        now=now,
-        changes={"added": cluster},
-    )
-    session.commit()
-    session.refresh(group)
-    return group
+    return _membership_changed(session, group, {"added": cluster}, now, actor)
 
 
 def remove_cluster(
@@ -182,18 +184,29 @@ def remove_cluster(
     """Idempotent too: a cluster not in the group is left as it is."""
     group = get_group(session=session, name=name)
     member = get_cluster(session=session, name=cluster)
-    if member.federation_group_id == row_id(group):
-        member.federation_group_id = None
-        session.add(member)
-        audit.record(
-            session=session,
-            actor=actor,
-            verb="update",
-            object_type=AuditObject.federation_group,
-            object_id=group.name,
-            now=now,
-            changes={"removed": cluster},
-        )
-        session.commit()
-        session.refresh(group)
+    if member.federation_group_id != row_id(group):
+        return group
+    member.federation_group_id = None
+    session.add(member)
+    return _membership_changed(session, group, {"removed": cluster}, now, actor)
+
+
+def _membership_changed(
+    session: Session,
+    group: FederationGroup,
+    changes: dict[str, str],
+    now: datetime,
+    actor: Actor | None,
+) -> FederationGroup:
+    audit.record(
+        session=session,
+        actor=actor,
+        verb="update",
+        object_type=AuditObject.federation_group,
+        object_id=group.name,
+        now=now,
+        changes=changes,
+    )
+    session.commit()
+    session.refresh(group)
     return group
