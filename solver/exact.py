@@ -274,11 +274,9 @@ class ExactModel:
             here = job.home_cluster
         if here is None:
             return
-        seconds = self.instance.migration.remote_start_seconds(job)
         weight = self.instance.weight(job)
         gpus = job.held_gpus if job.is_running else job.total_gpus
-        per_replica_cost = weight * gpus * seconds / self.instance.config.value_horizon_s
-        per_replica_cost /= job.replicas
+        per_replica_cost = weight * gpus * self.instance.transfer_per_gpu(job) / job.replicas
         for node_name, var in self.replicas[job.id].items():
             if node_by_name[node_name].cluster != here:
                 self.terms.append((-per_replica_cost, var, _upper(var)))

@@ -468,6 +468,11 @@ class Instance(_Frozen):
     def speed(self, node: Node) -> float:
         return self.model_by_name[node.gpu_model].speed
 
+    def transfer_per_gpu(self, job: Job) -> float:
+        """What starting ``job`` away from its home cluster costs per GPU, in the
+        objective's units at weight 1: the transfer of its image over the value horizon."""
+        return self.migration.remote_start_seconds(job) / self.config.value_horizon_s
+
     def is_preemptible(self, job: Job) -> bool:
         if job.preemptible is not None:
             return job.preemptible

@@ -234,8 +234,7 @@ def build_classes(
         capped = teams is None or job.team in teams
         remote_cost = 0.0
         if job.home_cluster is not None:
-            seconds = instance.migration.remote_start_seconds(job)
-            remote_cost = weight * job.total_gpus * seconds / instance.config.value_horizon_s
+            remote_cost = weight * job.total_gpus * instance.transfer_per_gpu(job)
         key = (
             job_signature(job),
             job.home_cluster,

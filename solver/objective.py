@@ -103,8 +103,7 @@ def evaluate(instance: Instance, placement: dict[str, dict[str, int]]) -> Object
         boosted += value * instance.boost(job)
         if not job.is_running and target and job.home_cluster is not None:
             if _cluster_of(target, node_by_name) != job.home_cluster:
-                seconds = instance.migration.remote_start_seconds(job)
-                migration += weight * gpus * seconds / horizon
+                migration += weight * gpus * instance.transfer_per_gpu(job)
         if job.is_running and target != job.placement:
             if target:
                 across = _cluster_of(target, node_by_name) != _cluster_of(

@@ -188,17 +188,15 @@ class Admission:
     def _home_groups(self, job: Job, groups: list[int]) -> list[int] | None:
         """The groups of the job's home cluster, to try first, when others are allowed too
         and none of theirs is worth the transfer: a model elsewhere faster by more than
-        the transfer costs per GPU (``remote_start_seconds / value_horizon_s``, the
-        objective's units) goes first instead, with the rest, fastest first. None: no
-        preference."""
+        the transfer costs per GPU (``Instance.transfer_per_gpu``) goes first instead, with
+        the rest, fastest first. None: no preference."""
         if job.home_cluster is None:
             return None
         compat = self.ledger.compat
         home = [g for g in groups if compat.groups[g].cluster == job.home_cluster]
         if not 0 < len(home) < len(groups):
             return None
-        instance = self.ledger.instance
-        penalty = instance.migration.remote_start_seconds(job) / instance.config.value_horizon_s
+        penalty = self.ledger.instance.transfer_per_gpu(job)
         speed = {g: compat.groups[g].gpu_model.speed for g in groups}
         best_home = max(speed[g] for g in home)
         best_away = max(speed[g] for g in groups if g not in home)
@@ -207,14 +205,13 @@ class Admission:
     def _worth_it(self, job: Job, groups: list[int]) -> list[int]:
         """The groups where starting ``job`` is worth what it costs: away from its home
         cluster a GPU must be worth more than its share of the image's transfer
-        (``boost · speed > remote_start_seconds / value_horizon_s``, ``solver.objective``'s
-        units). Filtered here, before any way of placing it (fitting, making room,
-        preempting, backfilling) looks at them."""
+        (``boost · speed > Instance.transfer_per_gpu``). Filtered here, before any way of
+        placing it (fitting, making room, preempting, backfilling) looks at them."""
         if job.home_cluster is None:
             return groups
         instance = self.ledger.instance
         compat = self.ledger.compat
-        cost = instance.migration.remote_start_seconds(job) / instance.config.value_horizon_s
+        cost = instance.transfer_per_gpu(job)
         boost = instance.boost(job)
         return [
             g
