@@ -25,13 +25,24 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   preempted by requeue (and held) by ``release``, and only a read tells them apart;
 * ``resize`` → ``resize(replicas=)`` or, for schedulers that size jobs in nodes (Slurm),
   ``update_node_count(nodes=args["replicas"])``;
-* ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names;
-* ``submit`` → ``submit(spec, name=args["name"])`` (``SupportsSubmit``), a federated move's
-  arrival: ``args["spec"]`` is the ``SubmitSpec`` the source cluster reported for the job
-  ``workload_id`` (a job of the *source* cluster), and the result's ``external_id`` is the
-  new job's id here. The connector is idempotent by name, the journal by key; its
-  generation is fenced under ``moved-in:<args.source_cluster>/<workload_id>``, not under
-  the bare id, which may name another job of this cluster.
+* ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names; a move's
+  hold (``args["pending"]``) reads the job back once held and fails (releasing it) when it
+  is no longer pending: it started before the hold, and only a pending job moves;
+* ``submit`` → ``submit(spec, name=args["name"], nodes=args["nodes"], hold=args["hold"])``
+  (``SupportsSubmit``), a federated move's arrival: ``args["spec"]`` is the ``SubmitSpec``
+  the source cluster reported for the job ``workload_id`` (a job of the *source* cluster),
+  and the result's ``external_id`` is the new job's id here. ``nodes`` (absent: no pin)
+  pins it to those nodes here and ``hold`` (absent: false) submits it held: a running
+  job's move, which must not start before its checkpoint image is staged on the node and
+  is started by a ``release`` step; the result repeats ``nodes`` and ``held``. The
+  connector is idempotent by name (a resent submit is not held or pinned again), the
+  journal by key; its generation is fenced under
+  ``moved-in:<args.source_cluster>/<workload_id>``, not under the bare id, which may name
+  another job of this cluster.
+* ``withdraw`` → ``withdraw(args["name"])`` (``SupportsSubmit``), a ``submit`` undone: the job
+  that arrived as move ``args["name"]`` is cancelled; the result's ``external_id`` is its id,
+  or null when none arrived or it has ended. Fenced under the same key as ``submit``, so a
+  late submit of the superseded generation is refused, and submits nothing, after it.
 
 Before a ``requeue`` or ``suspend``, a connector that restarts stopped work itself
 (``SupportsResumePointer``: Kubernetes, Kueue) is handed the step's resume pointer:
@@ -81,7 +92,7 @@ from connectors.base import (
 )
 from wire.queues import connector_queue
 from wire.steps import ConnectorStep, Outcome, StepReport, StepRequest
-from wire.telemetry import JobReport, JobState, SubmitSpec
+from wire.telemetry import TERMINAL_JOB_STATES, JobReport, JobState, SubmitSpec
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +182,7 @@ class ConnectorStepExecutor:
             ConnectorStep.suspend: self._suspend,
             ConnectorStep.cancel: self._cancel,
             ConnectorStep.submit: self._submit,
+            ConnectorStep.withdraw: self._withdraw,
         }
 
     def handle(self, message: Mapping[str, Any]) -> StepReport | None:
@@ -401,7 +413,21 @@ class ConnectorStepExecutor:
         )
 
     def _hold(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
-        self._capable(SupportsHold, "hold").hold(workload_id)
+        connector = self._capable(SupportsHold, "hold")
+        connector.hold(workload_id)
+        if args.get("pending"):
+            # A move's hold: held, the job can no longer start, so one read tells whether it
+            # started before the hold took effect; such a job is not the move's to take.
+            state = self._job_state(workload_id)
+            if state is not JobState.pending:
+                if state is not None and state not in TERMINAL_JOB_STATES:
+                    connector.release(workload_id)  # leave it as it was
+                seen = state.value if state is not None else "not reported"
+                raise ConnectorError(
+                    f"job {workload_id} is {seen}: only a pending job is held for a move "
+                    "(the hold was released)",
+                    retryable=False,
+                )
         return self._done(f"held job {workload_id}", workload_id)
 
     def _release(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -424,7 +450,9 @@ class ConnectorStepExecutor:
 
     def _submit(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         """Submit the job ``workload_id`` of another cluster here, from its spec, as
-        ``args.name``; the result's ``external_id`` is the new job's id here."""
+        ``args.name`` — pinned to ``args.nodes`` and held when ``args.hold`` (a running
+        job's move: a ``release`` starts it once its image is staged); the result's
+        ``external_id`` is the new job's id here, ``held`` and ``nodes`` what was asked."""
         name = args.get("name")
         if not isinstance(name, str) or not name:
             raise _Refused(f"submit needs args.name (the move's job name), got {name!r}")
@@ -435,14 +463,41 @@ class ConnectorStepExecutor:
             spec = SubmitSpec.model_validate(raw_spec)
         except ValidationError as error:
             raise _Refused(f"args.spec is not a SubmitSpec: {error}") from None
+        nodes = _names(args, "nodes") or None
+        hold = args.get("hold")
+        if hold is None:
+            hold = False
+        if not isinstance(hold, bool):
+            raise _Refused(f"submit's args.hold must be true or false, got {hold!r}")
         connector = self._capable(SupportsSubmit, "submit")
-        external_id = connector.submit(spec, name=name)
+        external_id = connector.submit(spec, name=name, nodes=nodes, hold=hold)
+        how = "".join([f", pinned to {','.join(nodes)}" if nodes else "", ", held" if hold else ""])
         return self._done(
-            f"submitted job {workload_id} of another cluster here as job {external_id} ({name})",
+            f"submitted job {workload_id} of another cluster here as job {external_id} "
+            f"({name}{how})",
             workload_id,
             external_id=external_id,
             name=name,
+            held=hold,
+            nodes=nodes or [],
         )
+
+    def _withdraw(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Undo a ``submit`` of the job ``workload_id`` of another cluster: cancel the job
+        that arrived here as ``args.name``; the result's ``external_id`` is its id, or None
+        when no such job arrived (or it has ended already)."""
+        name = args.get("name")
+        if not isinstance(name, str) or not name:
+            raise _Refused(f"withdraw needs args.name (the move's job name), got {name!r}")
+        connector = self._capable(SupportsSubmit, "withdraw")
+        external_id = connector.withdraw(name)
+        summary = (
+            f"withdrew job {external_id} ({name}), submitted here for job {workload_id} "
+            "of another cluster"
+            if external_id is not None
+            else f"nothing to withdraw: no job of move {name} waits or runs here"
+        )
+        return self._done(summary, workload_id, external_id=external_id, name=name)
 
 
 def _fence(request: StepRequest) -> str:
@@ -453,9 +508,11 @@ def _fence(request: StepRequest) -> str:
     it would refuse, or be refused by, the sagas of this cluster's job of the same id. So a
     submit is fenced under ``moved-in:<source cluster>/<id>`` (``moved-in:<id>`` when the
     step does not say where the job comes from): a superseded move's submit is still
-    refused, and this cluster's own jobs are not touched."""
+    refused, and this cluster's own jobs are not touched. A ``withdraw`` is fenced under
+    the same key: once a newer saga has withdrawn the job, a late submit of an older one
+    is refused instead of submitting it again."""
     workload_id = request.workload_id or ""
-    if request.step != ConnectorStep.submit:
+    if request.step not in (ConnectorStep.submit, ConnectorStep.withdraw):
         return workload_id
     source = request.args.get("source_cluster")
     return (

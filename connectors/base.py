@@ -132,11 +132,28 @@ class SupportsStepKey(Protocol):
 @runtime_checkable
 class SupportsSubmit(Protocol):
     """Submit a job from a ``SubmitSpec`` read in another cluster (a federated move), as
-    ``name``; return its external id here. Idempotent by name: when a job of that name
-    exists already (a resent step), return its id and submit nothing. A spec this
-    scheduler cannot run raises a non-retryable ConnectorError saying why."""
+    ``name``; return its external id here. ``nodes`` pins it to those nodes of this cluster
+    (over any placement the spec names); ``hold`` submits it held, so that it waits for a
+    ``release`` (a running job's move: it must not start before its checkpoint image is
+    staged on the pinned node). Idempotent by name: when a job of that name exists already
+    (a resent step), return its id and submit nothing — it is not held or pinned again. A
+    spec this scheduler cannot run raises a non-retryable ConnectorError saying why.
+    ``withdraw`` undoes a submit by the same name (a move compensated, or one whose answer
+    was lost)."""
 
-    def submit(self, spec: SubmitSpec, *, name: str) -> str: ...
+    def submit(
+        self,
+        spec: SubmitSpec,
+        *,
+        name: str,
+        nodes: list[str] | None = None,
+        hold: bool = False,
+    ) -> str: ...
+
+    def withdraw(self, name: str) -> str | None:
+        """Cancel the job submitted here as move ``name``; its id, or None when no job of
+        that name ever arrived (or it has ended). Idempotent: a second call cancels nothing."""
+        ...
 
 
 @runtime_checkable

@@ -57,6 +57,10 @@ class ConnectorStep(StrEnum):
     # the job it submitted before instead of submitting twice). The report's ``result``
     # carries the new job's ``external_id``.
     submit = "submit"
+    # Undo a ``submit``: cancel the job this cluster accepted as move ``args["name"]``, if
+    # there is one (a submit whose answer was lost may or may not have reached it). The
+    # result's ``external_id`` is the job cancelled, or null when none had arrived.
+    withdraw = "withdraw"
 
 
 class StepPhase(StrEnum):

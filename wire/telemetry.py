@@ -183,7 +183,9 @@ class PortableSpec(_Wire):
 
 
 class SubmitSpec(_Wire):
-    """How to submit a pending job again in another cluster of its federation group.
+    """How to submit a pending or running job again in another cluster of its federation
+    group (a running one's move checkpoints it at the source and submits it there held and
+    pinned to the node its image is staged on: connectors.base.SupportsSubmit).
 
     ``native`` is the job in its own scheduler's words, enough for a connector of the same
     kind to submit an equivalent job (Slurm: ``{"script": the batch script, "options":
@@ -241,8 +243,9 @@ class JobReport(_Wire):
     reason: Annotated[str, Field(max_length=255)] = ""
     restart_count: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 0
     allocations: list[AllocationReport] = Field(default_factory=list)
-    # How to submit it elsewhere (pending jobs of clusters in a federation group; None:
-    # the connector cannot say, and the job stays where it was submitted).
+    # How to submit it elsewhere (pending and running jobs of clusters in a federation
+    # group; None: the connector cannot say, or the job is suspended or ending, and it stays
+    # where it was submitted).
     submit: SubmitSpec | None = None
 
     @model_validator(mode="after")

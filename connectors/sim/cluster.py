@@ -9,7 +9,8 @@ autoscaler unless Shaper resizes them.
 Shaper sees the cluster through :meth:`SimCluster.read_state`, like any connector, and
 acts on it through the scheduler-level capabilities here (requeue — pinned or not, held
 or not —, start on given nodes, hold/release, suspend/resume, cancel, resize, reserve, and
-submit: a federated move's arrival from another cluster, connectors.sim.submission) and
+submit: a federated move's arrival from another cluster, connectors.sim.submission, which
+withdraw undoes) and
 through the simulated node agents
 (connectors.sim.agents: checkpoint, transfer, stage, restore, confirm, release). Time is passed
 in (``advance_to``), so the same cluster runs 24 h of history in a second or follows the
@@ -53,6 +54,8 @@ from wire.telemetry import (
 KEEP_FINISHED = timedelta(hours=2)
 # How long a checkpointed job's GPUs on its node stay held for it at most.
 KEEP_SOURCE = timedelta(minutes=30)
+# The states of a job that has not ended: what cancel and withdraw stop.
+_LIVE = (JobState.pending, JobState.running, JobState.suspended)
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ class SimJob:
     # The federated move it arrived by (SimCluster.submit of a SubmitSpec): a resent
     # submit finds it by this name instead of submitting it twice.
     move_name: str | None = None
-    spec: SubmitSpec | None = None  # how to submit it elsewhere, made once while pending
+    spec: SubmitSpec | None = None  # how to submit it pending elsewhere, made once
 
     @property
     def id(self) -> str:
@@ -404,15 +407,40 @@ class SimCluster:
             return ClusterState(observed_at=self.now, nodes=nodes, jobs=jobs, samples=samples)
 
     def _submit_spec(self, job: SimJob) -> SubmitSpec | None:
-        """How to submit a pending block job elsewhere (federated moves); None otherwise."""
-        if job.state is not JobState.pending or job.report.shape is not JobShape.block:
+        """How to submit a pending or running block job elsewhere (federated moves); None
+        otherwise.
+
+        A pending job's spec asks for its whole run time (a pending job moves bare and
+        starts over there), made once. A running job's is made at each read: its
+        ``work_s`` is the run time it has *left* when checkpointable, since its move
+        checkpoints it here and it resumes there — and a simulated job's "restore" is
+        nothing but needing less work, because the job submitted from the spec starts
+        from zero (``done`` 0) when released: carrying the whole run time would make it
+        run again what it did here, and a restore that also applied the checkpoint's
+        ``done_s`` to it would count that twice. Read before the checkpoint, it is a little
+        more than is left when the checkpoint is taken: the moved job runs a few seconds
+        too long, never too short. A running job that cannot checkpoint would start over,
+        so its spec asks for its whole run time, like a pending one's."""
+        if job.report.shape is not JobShape.block:
+            return None
+        if job.state is JobState.running:
+            left = job.work - job.done if job.report.checkpointable else job.work
+            return submit_spec(job.report, max(left, timedelta(seconds=1)))
+        if job.state is not JobState.pending:
             return None
         if job.spec is None:
             job.spec = submit_spec(job.report, job.work)
         return job.spec
 
     @overload
-    def submit(self, job: SubmitSpec, *, name: str) -> str: ...
+    def submit(
+        self,
+        job: SubmitSpec,
+        *,
+        name: str,
+        nodes: list[str] | None = None,
+        hold: bool = False,
+    ) -> str: ...
     @overload
     def submit(self, job: JobReport, work: timedelta) -> str: ...
     def submit(
@@ -421,15 +449,21 @@ class SimCluster:
         work: timedelta | None = None,
         *,
         name: str | None = None,
+        nodes: list[str] | None = None,
+        hold: bool = False,
     ) -> str:
         """A job arrives now; its id here. Two ways in, one meaning (a submission):
 
         * ``submit(report, work)`` — the site's own workload or a test's, ``work`` of run
           time, under the report's own id;
-        * ``submit(spec, name=…)`` — connectors.base.SupportsSubmit, a federated move from
-          another cluster (connectors.sim.submission). Idempotent by ``name``: a job that
-          arrived under it before is returned, nothing is submitted. A spec this cluster
-          cannot run raises a non-retryable ConnectorError saying why."""
+        * ``submit(spec, name=…, nodes=…, hold=…)`` — connectors.base.SupportsSubmit, a
+          federated move from another cluster (connectors.sim.submission), pinned to
+          ``nodes`` when given and held (Reason ``JobHeldUser``, as Slurm's ``sbatch
+          --hold``) when ``hold``: it waits for a ``release``, then starts on those nodes
+          when they hold it. Idempotent by ``name``: a job that arrived under it before is
+          returned as it is (not held or pinned again), nothing is submitted. A spec this
+          cluster cannot run, or a pin to nodes it does not have, raises a non-retryable
+          ConnectorError saying why."""
         with self._lock:
             if isinstance(job, JobReport):
                 if work is None:
@@ -441,36 +475,69 @@ class SimCluster:
                 return job.external_id
             if not name:
                 raise ConnectorError("submit: a federated move needs a name", retryable=False)
-            return self._move_in(job, name)
+            return self._move_in(job, name, nodes=nodes or None, hold=hold)
 
-    def _move_in(self, spec: SubmitSpec, name: str) -> str:
+    def _move_in(self, spec: SubmitSpec, name: str, *, nodes: list[str] | None, hold: bool) -> str:
         self._act()
         for existing in self.jobs.values():
             if existing.move_name == name:
                 return existing.id
+        unknown = sorted(set(nodes or []) - set(self._size))
+        if unknown:
+            raise ConnectorError(
+                f"submit {name} to simulated cluster {self.cluster}: cannot pin the job to "
+                f"{', '.join(unknown)}: no such node here (it has {', '.join(self._size)})",
+                retryable=False,
+            )
         self._moved_in += 1
         external_id = f"{self.cluster}-in{self._moved_in}"
         report, work = job_from_spec(spec, external_id=external_id, name=name, cluster=self.cluster)
-        self._check_runnable(report, name)
+        self._check_runnable(report, name, nodes)
+        update: dict[str, Any] = {"submit_time": self.now}
+        if hold:
+            update["reason"] = "JobHeldUser"
         self.jobs[external_id] = SimJob(
-            report=report.model_copy(update={"submit_time": self.now}), work=work, move_name=name
+            report=report.model_copy(update=update),
+            work=work,
+            move_name=name,
+            pinned=list(dict.fromkeys(nodes)) if nodes else None,
+            held=hold,
         )
         self._schedule()
         return external_id
 
-    def _check_runnable(self, report: JobReport, name: str) -> None:
-        """Refuse a job no placement here could ever hold: too few GPUs of its models."""
+    def withdraw(self, name: str) -> str | None:
+        """SupportsSubmit: cancel the job that arrived as move ``name``; its id, or None
+        when none did or it has ended (so a second withdraw cancels nothing). The job stays
+        listed, cancelled, so a late submit of the same move finds it and submits nothing."""
+        with self._lock:
+            self._act()
+            for job in self.jobs.values():
+                if job.move_name == name and job.state in _LIVE:
+                    self._vacate(job, state=JobState.cancelled, end_time=self.now)
+                    self._schedule()
+                    return job.id
+            return None
+
+    def _check_runnable(self, report: JobReport, name: str, nodes: list[str] | None = None) -> None:
+        """Refuse a job no placement here could ever hold: too few GPUs of its models (on
+        ``nodes``, when it is pinned to them)."""
         allowed = set(report.allowed_gpu_models)
         usable = sum(
             gpus
             for node, gpus in self._size.items()
-            if not allowed or self._models[node] in allowed
+            if (not allowed or self._models[node] in allowed) and (not nodes or node in nodes)
         )
         if usable < report.gpus_requested:
             models = f" of {', '.join(sorted(allowed))}" if allowed else ""
+            where = (
+                f"the nodes it is pinned to ({', '.join(nodes)}) have"
+                if nodes
+                else "the cluster has"
+            )
             raise ConnectorError(
                 f"submit {name} to simulated cluster {self.cluster}: the job needs "
-                f"{report.gpus_requested} GPUs{models}, the cluster has {usable}",
+                f"{report.gpus_requested} GPUs{models}, {where} {usable}",
                 retryable=False,
             )
 
@@ -617,7 +684,7 @@ class SimCluster:
         with self._lock:
             self._act()
             job = self.job(external_id)
-            if job.state in (JobState.pending, JobState.running, JobState.suspended):
+            if job.state in _LIVE:
                 self._vacate(job, state=JobState.cancelled, end_time=self.now)
                 self._schedule()
 

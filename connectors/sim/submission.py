@@ -1,11 +1,15 @@
 """A simulated job as a ``wire.telemetry.SubmitSpec``, and such a spec as a simulated job.
 
-A pending job of a simulated cluster carries ``SubmitSpec(scheduler=sim, native=…)`` whose
-``native`` is :class:`SimNative`: what another simulated cluster needs to recreate it —
-its name, team, queue, kind, priority, SLA class, GPUs (and which models), gang size,
-whether it checkpoints, and ``work_s``, the run time it needs at full speed. A pending
-job that moves starts over there: the progress a requeued checkpointable job kept lives in
-its source cluster, and moving a pending job does not carry a checkpoint.
+A pending or running block job of a simulated cluster carries ``SubmitSpec(scheduler=sim,
+native=…)`` whose ``native`` is :class:`SimNative`: what another simulated cluster needs to
+recreate it — its name, team, queue, kind, priority, SLA class, GPUs (and which models),
+gang size, whether it checkpoints, and ``work_s``, the run time it needs at full speed
+there. A pending job that moves starts over there: the progress a requeued checkpointable
+job kept lives in its source cluster, and moving a pending job does not carry a
+checkpoint, so ``work_s`` is its whole run time. A running checkpointable job moves with
+its checkpoint, and the job submitted from its spec starts with no progress of its own, so
+its ``work_s`` is the run time it has left (connectors.sim.cluster ``_submit_spec`` says
+why that and not a progress field).
 
 A simulated cluster also takes a spec of another scheduler when it has a portable form:
 it cannot run the command, so it simulates one that holds the portable form's GPUs for
@@ -47,7 +51,9 @@ class SimNative(BaseModel):
 
 
 def submit_spec(report: JobReport, work: timedelta) -> SubmitSpec:
-    """The spec a pending simulated job carries in telemetry."""
+    """The spec a simulated job carries in telemetry; ``work``: the run time the job
+    submitted from it needs (all of it for a pending job, what is left for a running
+    checkpointable one)."""
     native = SimNative(
         name=report.name,
         team=report.team,

@@ -115,9 +115,10 @@ class SlurmConnectorConfig(_Settings):
     # Reservations that hold a plan's nodes for one job are named <prefix><job id>; the
     # connector tidies only those (connectors/slurm/reservations.py).
     reservation_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,32}$")] = "shaper-"
-    # Federated moves (connectors.slurm.submission): pending jobs carry how to submit them
-    # elsewhere. Their batch scripts are read with one `scontrol write batch_script` each,
-    # at most this many per read (the rest on later reads), and cached per job.
+    # Federated moves (connectors.slurm.submission): pending and running jobs carry how to
+    # submit them elsewhere. Their batch scripts are read with one `scontrol write
+    # batch_script` each, at most this many per read (pending jobs first, the rest on later
+    # reads), and cached per job while it can move.
     submit_specs: bool = True
     submit_scripts_per_read: Annotated[int, Field(ge=1, le=10_000)] = 50
     # Where a job submitted from another scheduler's portable form runs (and writes its

@@ -14,10 +14,12 @@ control plane when the action it was for has ended) takes the job out and delete
 ``upkeep`` (run by the connector deployment every few seconds) deletes what is left:
 reservations that ended or whose job has gone.
 
-Federated moves (:mod:`connectors.slurm.submission` says what travels): pending jobs that
-can move carry a ``SubmitSpec`` of their batch script and sbatch options, the script read
-once per job and cached; ``submit`` sbatches such a spec here, idempotent by the move's
-name, which the new job's comment carries.
+Federated moves (:mod:`connectors.slurm.submission` says what travels): pending and running
+jobs that can move carry a ``SubmitSpec`` of their batch script and sbatch options, the
+script read once per job and cached; ``submit`` sbatches such a spec here, idempotent by
+the move's name, which the new job's comment carries — held and pinned to given nodes
+when a running job moves (it waits for its checkpoint image, then a ``release``);
+``withdraw`` cancels the job of that name.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from connectors.slurm.reservations import (
 from connectors.slurm.submission import (
     TargetCluster,
     check_move_name,
+    live_moved_jobs,
     moved_job,
     sbatch_request,
     submit_spec,
@@ -115,7 +118,8 @@ class SlurmConnector:
         self._cli = SlurmCli(config, run=run)
         # job id → the step key set_step_key handed over, until that step's requeue takes it.
         self._step_keys: dict[str, str] = {}
-        # pending job id → its batch script (None: it has none that can travel).
+        # movable (pending or running) job id → its batch script (None: it has none that
+        # can travel). A job's script never changes, so a job that starts keeps its entry.
         self._scripts: dict[str, str | None] = {}
         self._rest = (
             SlurmRest(config, cli=self._cli, transport=http_transport, monotonic=monotonic)
@@ -167,25 +171,32 @@ class SlurmConnector:
             jobs=reports if reports is not None else [job.report for job in jobs],
         )
 
-    # --- federated moves: what a pending job carries, and submitting one ------------------
+    # --- federated moves: what a movable job carries, and submitting one -----------------
 
     def _with_submit_specs(self, jobs: list[SlurmJob]) -> list[JobReport]:
-        """The jobs' reports, pending ones that can move with their SubmitSpec.
+        """The jobs' reports, those that can move (pending or running, connectors.slurm.parse
+        says which) with their SubmitSpec.
 
-        A script is read once per job (it never changes) and at most
-        ``submit_scripts_per_read`` per read, so a queue of thousands costs a few reads'
-        worth of scontrol calls once, not every read; the cache keeps only pending jobs."""
+        A script is read once per job (it never changes, and a job that starts or is
+        requeued keeps it) and at most ``submit_scripts_per_read`` per read, pending jobs
+        first (they are what a move takes most), so a queue of thousands costs a few reads'
+        worth of scontrol calls once, not every read. The cache keeps only the jobs that
+        can move now: one that ended, was suspended or left squeue is dropped (and read
+        again should it become movable once more)."""
         movable = {job.report.external_id: job for job in jobs if job.submit_options is not None}
         for job_id in list(self._scripts):
             if job_id not in movable:
                 del self._scripts[job_id]
         budget = self.config.submit_scripts_per_read
+        unread = sorted(
+            (job_id for job_id in movable if job_id not in self._scripts),
+            key=lambda job_id: movable[job_id].report.state is not JobState.pending,
+        )
+        for job_id in unread[: max(budget, 0)]:
+            self._read_script(job_id)
         reports = []
         for job in jobs:
             job_id = job.report.external_id
-            if job_id in movable and job_id not in self._scripts and budget > 0:
-                budget -= 1
-                self._read_script(job_id)
             script = self._scripts.get(job_id)
             if job.submit_options is None or script is None:
                 reports.append(job.report)
@@ -226,12 +237,25 @@ class SlurmConnector:
             return
         self._scripts[job_id] = script
 
-    def submit(self, spec: SubmitSpec, *, name: str) -> str:
+    def submit(
+        self,
+        spec: SubmitSpec,
+        *,
+        name: str,
+        nodes: list[str] | None = None,
+        hold: bool = False,
+    ) -> str:
         """SupportsSubmit: sbatch ``spec`` here as move ``name``; the job's id.
+
+        ``nodes``: pinned to these nodes (``--nodelist``, which wins over any node list of
+        the source's: see connectors.slurm.submission); ``hold``: submitted held
+        (``--hold``, Reason ``JobHeldUser``), so it waits for a ``release`` — a running
+        job's move, whose checkpoint image must be staged on the node before it starts.
 
         Idempotent by name: the job's comment carries ``shaper-move:<name>``, and a job of
         this cluster that has it (in any state squeue still shows) is returned instead of
-        submitting again — a resent step, or an sbatch whose answer was lost."""
+        submitting again — a resent step, or an sbatch whose answer was lost. It is left as
+        it is: not held or pinned again (it may have been released since)."""
         check_move_name(name)
         what = f"submit {name} to {self.cluster}"
         listed = self._cli.run(["squeue", "-h", "-t", "all", "-o", "%i|%k"], what=what)
@@ -239,7 +263,14 @@ class SlurmConnector:
         if existing is not None:
             logger.info("%s: job %s was submitted for it before", what, existing)
             return existing
-        request = sbatch_request(spec, name=name, target=self._target(what), home_of=_home_of)
+        request = sbatch_request(
+            spec,
+            name=name,
+            target=self._target(what),
+            home_of=_home_of,
+            nodes=nodes,
+            hold=hold,
+        )
         args = ["sbatch", "--parsable", *request.args]
         submitter = _effective_user()
         if request.user is None and submitter == "root":
@@ -253,8 +284,36 @@ class SlurmConnector:
             args.insert(2, f"--uid={request.user}")
         output = self._cli.run(args, what=what, input=request.script, clean_env=request.env)
         job_id = submitted_id(output, what=what)
-        logger.info("%s: submitted as job %s", what, job_id)
+        logger.info(
+            "%s: submitted as job %s%s%s",
+            what,
+            job_id,
+            f", pinned to {','.join(nodes)}" if nodes else "",
+            ", held" if hold else "",
+        )
         return job_id
+
+    def withdraw(self, name: str) -> str | None:
+        """SupportsSubmit: cancel the job submitted here as move ``name``; its id, or None.
+
+        The job is found as ``submit`` finds it, by the ``shaper-move:<name>`` mark in its
+        comment, but only among jobs that have not ended (squeue's ``%T``): an ended job
+        stays listed for MinJobAge, and cancelling it again would change nothing. So a
+        second withdraw, or one after the job finished, or one for a submit that never
+        reached this cluster, cancels nothing and answers None. Two live jobs with the mark
+        would be a bug elsewhere; both are cancelled (the move is undone whole) and the
+        oldest's id is returned."""
+        check_move_name(name, step="withdraw")
+        what = f"withdraw {name} from {self.cluster}"
+        listed = self._cli.run(["squeue", "-h", "-t", "all", "-o", "%i|%k|%T"], what=what)
+        live = live_moved_jobs(listed, name)
+        if not live:
+            logger.info("%s: no job of that move waits or runs here", what)
+            return None
+        for job_id in live:
+            self.cancel(job_id)
+        logger.info("%s: cancelled job %s", what, ",".join(live))
+        return live[0]
 
     def _target(self, what: str) -> TargetCluster:
         """This cluster's partitions and its default one (``sinfo`` marks it with '*')."""

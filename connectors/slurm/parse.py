@@ -23,7 +23,7 @@ from typing import Any
 from connectors.base import ConnectorError
 from connectors.slurm.config import SUPPORTED_API_VERSIONS, SlurmMapping
 from connectors.slurm.hostlist import expand_hostlist, expand_index_list
-from connectors.slurm.submission import OptionValue, not_movable, submit_options
+from connectors.slurm.submission import ENDED_STATES, OptionValue, not_movable, submit_options
 from wire.telemetry import (
     TERMINAL_JOB_STATES,
     AllocationReport,
@@ -68,6 +68,11 @@ _JOB_STATES: dict[str, JobState] = {
     "REVOKED": JobState.cancelled,
 }
 _HOLDS_RESOURCES = frozenset({JobState.running, JobState.suspended})
+# The jobs that report how to submit them elsewhere (a federated move): pending ones, and
+# running ones (a checkpointable job's move checkpoints it here and restores it there).
+# A job that is ending (COMPLETING, STAGE_OUT: reported running) has nothing left to move,
+# and a suspended one is not taken while stopped.
+_MOVABLE_STATES = frozenset({JobState.pending, JobState.running})
 
 _DOWN_BASE_STATES = frozenset({"down", "error", "future", "unknown", "invalid", "inval"})
 _UP_BASE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
@@ -99,8 +104,9 @@ class SlurmJob:
     user: str
     slurm_priority: int
     reservation: str = ""  # the advanced reservation it runs in or waits for
-    # Pending jobs that can move to another cluster: the sbatch options that reproduce
-    # them (connectors.slurm.submission); None for the others.
+    # Pending or running jobs that can move to another cluster (not ending, not
+    # connectors.slurm.submission.not_movable): the sbatch options that reproduce them;
+    # None for the others.
     submit_options: dict[str, OptionValue] | None = None
 
 
@@ -479,7 +485,11 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         slurm_priority=int(job.get("priority") or 0),
         reservation=str(job.get("resv_name") or ""),
         submit_options=(
-            submit_options(job) if state is JobState.pending and not_movable(job) is None else None
+            submit_options(job)
+            if state in _MOVABLE_STATES
+            and raw_state.upper() not in ENDED_STATES
+            and not_movable(job) is None
+            else None
         ),
     )
 

@@ -1,7 +1,10 @@
-"""A pending Slurm job as a ``wire.telemetry.SubmitSpec``, and such a spec as an ``sbatch``.
+"""A Slurm job as a ``wire.telemetry.SubmitSpec``, and such a spec as an ``sbatch``.
 
-A federated move (issue 16) submits a job that waits in one cluster to another cluster of
-its group. The source's connector reports, with every pending job that can move,
+A federated move (issue 16) submits a job of one cluster to another cluster of its group:
+a pending job as it is, or a running one that its source checkpoints and the target
+restores (the control plane moves only checkpointable ones; the connector reports a spec
+for every running job that can move, and leaves that to it). The source's connector
+reports, with every pending or running (not ending) job that can move,
 ``SubmitSpec(scheduler=slurm, native=…)`` whose ``native`` holds:
 
 * ``script``: the batch script, as ``scontrol write batch_script <id> -`` prints it;
@@ -15,7 +18,17 @@ its group. The source's connector reports, with every pending job that can move,
 The target's connector turns that into an ``sbatch`` (:func:`sbatch_request`): the script
 on stdin, the options on the command line (which Slurm lets override the script's own
 ``#SBATCH`` lines), the partition swapped for one the target has, and a comment that
-carries ``shaper-move:<name>`` so that a resent step finds the job it submitted before.
+carries ``shaper-move:<name>`` so that a resent step finds the job it submitted before,
+and a ``withdraw`` (the move undone) finds the job to cancel (:func:`live_moved_jobs`).
+
+A running job's move submits it **held and pinned** (``sbatch_request(nodes=…, hold=True)``:
+``--hold`` and ``--nodelist``), so that it cannot start before its checkpoint image is
+staged on the target node; the control plane's ``release`` then lets Slurm start it
+there, and its body restores from the image. The pin is the connector's, never the
+spec's: a spec cannot carry a node list (:data:`ALLOWED_OPTIONS`), the script's own
+``--nodelist``/``-w``/``--exclude`` lines are switched off, and the ``--nodelist`` on the
+command line is the only one sbatch sees. A running job's options are its record's as
+they are (its full time limit, not what is left of it: the restored job gets it anew).
 
 What does not travel: ``#SBATCH`` lines that name things of the source cluster (node lists,
 reservations, dependencies, clusters) are switched off; the environment sbatch captured at
@@ -23,7 +36,8 @@ the original submission is not printable by Slurm's CLI (slurmctld keeps it in i
 so the moved job starts with a clean one (PATH, the user's HOME/USER/LOGNAME) instead of
 inheriting the connector's. Jobs that cannot move at all report no spec
 (:func:`not_movable`): array and heterogeneous jobs, jobs with dependencies, and jobs
-without a batch script.
+without a batch script; nor do suspended jobs and jobs that are ending (COMPLETING,
+STAGE_OUT), which connectors.slurm.parse leaves out.
 """
 
 from __future__ import annotations
@@ -49,7 +63,8 @@ MOVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,127}$")
 
 # The options a spec may carry: what submit_options writes. A spec naming any other is
 # refused, so that a spec (data from another cluster) cannot smuggle in --uid, --export,
-# --wrap or a node list.
+# --wrap or a node list (a move's pin to the target's nodes is the target connector's own
+# --nodelist, added after this check: sbatch_request(nodes=…)).
 ALLOWED_OPTIONS = frozenset(
     {
         "job-name",
@@ -85,6 +100,8 @@ _FLAGS = frozenset({"contiguous", "requeue", "no-requeue"})
 
 # #SBATCH lines that name things of the source cluster; Slurm would apply them on the
 # target (options on the command line override the script's, but these are not passed).
+# With them off, a pinned submit's --nodelist is the only node list sbatch sees, and no
+# --exclude of the script's can contradict it.
 _SOURCE_BOUND = frozenset(
     {"nodelist", "w", "exclude", "x", "reservation", "dependency", "d", "clusters", "M"}
 )
@@ -96,6 +113,8 @@ SWITCHED_OFF = "#SHAPER-OFF:SBATCH"
 CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+# A node of the target to pin a moved job to: one host name (no hostlist expressions).
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_OPTION_LENGTH = 4096
 
 
@@ -203,7 +222,7 @@ def submit_options(job: Document) -> dict[str, OptionValue]:
 
 
 def submit_spec(*, script: str, options: dict[str, OptionValue], user: str) -> SubmitSpec:
-    """The spec a pending job carries in telemetry (see the module docstring)."""
+    """The spec a pending or running job carries in telemetry (see the module docstring)."""
     native: dict[str, Any] = {"script": script, "options": options}
     workdir = options.get("chdir")
     if isinstance(workdir, str):
@@ -239,10 +258,10 @@ class TargetCluster:
     portable_user: str | None = None
 
 
-def check_move_name(name: str) -> str:
+def check_move_name(name: str, *, step: str = "submit") -> str:
     if not isinstance(name, str) or not MOVE_NAME.match(name):
         raise ConnectorError(
-            f"submit: the move name {name!r} must be 1-128 characters of letters, digits "
+            f"{step}: the move name {name!r} must be 1-128 characters of letters, digits "
             "and ._:@+/- (it becomes one word of the job's comment)",
             retryable=False,
         )
@@ -255,8 +274,37 @@ def move_comment(comment: str, name: str) -> str:
     return " ".join([*words, f"{MOVE_MARK}{name}"])
 
 
+# What squeue's ``%T`` prints for a job that has ended, or is ending and holds nothing it
+# could still start with: terminal states, and the flags of a job being cleaned up after
+# its end (connectors.slurm.parse reports those as still running: they hold resources).
+# A withdraw leaves these alone; every other state (pending, held, running, suspended,
+# requeued, and any Slurm adds later) is a job that may still run, and is cancelled.
+ENDED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "REVOKED",
+        "COMPLETING",
+        "STAGE_OUT",
+    }
+)
+
+
+def _oldest(job_ids: list[str]) -> list[str]:
+    """Job ids oldest first (ids are counters: a shorter one is older)."""
+    return sorted(job_ids, key=lambda job_id: (len(job_id), job_id))
+
+
 def moved_job(squeue_lines: str, name: str) -> str | None:
-    """The id of the job submitted for move ``name``, from ``squeue -o '%i|%k'`` lines."""
+    """The id of the job submitted for move ``name``, in any state, from
+    ``squeue -o '%i|%k'`` lines."""
     mark = f"{MOVE_MARK}{name}"
     found = []
     for line in squeue_lines.splitlines():
@@ -264,7 +312,21 @@ def moved_job(squeue_lines: str, name: str) -> str | None:
         if mark in comment.split():
             found.append(job_id.strip())
     # Two would be a bug elsewhere; the oldest is the one a first delivery submitted.
-    return min(found, key=lambda job_id: (len(job_id), job_id)) if found else None
+    return _oldest(found)[0] if found else None
+
+
+def live_moved_jobs(squeue_lines: str, name: str) -> list[str]:
+    """The ids of the jobs submitted for move ``name`` that have not ended (not in
+    :data:`ENDED_STATES`), oldest first, from ``squeue -o '%i|%k|%T'`` lines."""
+    mark = f"{MOVE_MARK}{name}"
+    found = []
+    for line in squeue_lines.splitlines():
+        job_id, _, rest = line.partition("|")
+        # The state is the last column: a comment may hold a '|' of its own.
+        comment, _, state = rest.rpartition("|")
+        if mark in comment.split() and state.strip().upper() not in ENDED_STATES:
+            found.append(job_id.strip())
+    return _oldest(found)
 
 
 def switch_off_source_directives(script: str) -> str:
@@ -282,24 +344,60 @@ def switch_off_source_directives(script: str) -> str:
 
 
 def sbatch_request(
-    spec: SubmitSpec, *, name: str, target: TargetCluster, home_of: Callable[[str], str | None]
+    spec: SubmitSpec,
+    *,
+    name: str,
+    target: TargetCluster,
+    home_of: Callable[[str], str | None],
+    nodes: list[str] | None = None,
+    hold: bool = False,
 ) -> SbatchRequest:
     """The sbatch that submits ``spec`` to ``target`` as move ``name``.
 
-    ``home_of``: a user's home directory (None: unknown), for the job's clean environment. A spec of
-    another scheduler runs only through its portable form; one that Slurm cannot run
-    raises a non-retryable :class:`ConnectorError` saying why."""
+    ``home_of``: a user's home directory (None: unknown), for the job's clean environment.
+    ``nodes``: pin the job to these nodes of the target (``--nodelist``; None or empty: no
+    pin). It wins over any node list of the source's: the spec cannot carry one and the
+    script's are switched off. Slurm reads a node list as the nodes the job must include,
+    so a job of more nodes than named gets others too: a move names all its nodes.
+    ``hold``: submit it held (``--hold``), to wait for a ``release``. A spec of another
+    scheduler runs only through its portable form; one that Slurm cannot run raises a
+    non-retryable :class:`ConnectorError` saying why."""
     check_move_name(name)
+    pin = _pin(nodes, what=f"submit {name} to {target.name}")
     if spec.scheduler is SchedulerKind.slurm:
-        return _native_request(spec.native, name=name, target=target, home_of=home_of)
-    if spec.portable is None:
+        request = _native_request(spec.native, name=name, target=target, home_of=home_of)
+    elif spec.portable is None:
         raise ConnectorError(
             f"submit {name}: a {spec.scheduler.value} job cannot run on Slurm cluster "
             f"{target.name}: its spec has no portable form (a command with its resources), "
             f"and a {spec.scheduler.value} spec's native form means nothing to Slurm",
             retryable=False,
         )
-    return _portable_request(spec.portable, name=name, target=target)
+    else:
+        request = _portable_request(spec.portable, name=name, target=target)
+    extra = [*([f"--nodelist={pin}"] if pin else []), *(["--hold"] if hold else [])]
+    if not extra:
+        return request
+    return SbatchRequest(
+        args=[*request.args, *extra],
+        script=request.script,
+        env=request.env,
+        user=request.user,
+    )
+
+
+def _pin(nodes: list[str] | None, *, what: str) -> str:
+    """``--nodelist``'s value for ``nodes`` ("" when none): each one node's name."""
+    if not nodes:
+        return ""
+    bad = [node for node in nodes if not isinstance(node, str) or not _NODE_NAME.match(node)]
+    if bad:
+        raise ConnectorError(
+            f"{what}: cannot pin the job to {bad}: a node to pin to is one node's name "
+            "(letters, digits and ._-)",
+            retryable=False,
+        )
+    return ",".join(dict.fromkeys(nodes))
 
 
 def _native_request(

@@ -75,9 +75,9 @@ def test_a_pending_job_moves_to_another_cluster_once_and_its_source_copy_is_canc
         _job("wait", 4, name="train-7", team="vision", priority=50, checkpointable=True),
         timedelta(hours=2),
     )
-    # A is full: "wait" waits, and carries how to submit it elsewhere; running jobs do not.
+    # A is full: "wait" waits, and carries how to submit it elsewhere (so does "busy").
     running = next(j for j in a.read_state().jobs if j.external_id == "busy")
-    assert running.state is JobState.running and running.submit is None
+    assert running.state is JobState.running and running.submit is not None
     spec = _pending_spec(a, "wait")
     assert spec.scheduler is SchedulerKind.sim
     assert spec.native["gpus"] == 4 and spec.native["work_s"] == 2 * 3600
@@ -183,3 +183,168 @@ def test_a_submit_is_fenced_by_its_source_job_not_by_a_local_job_of_the_same_id(
     )
     assert stale.outcome is Outcome.refused and "stale generation 8" in (stale.error or "")
     assert sorted(j.move_name or "" for j in b.jobs.values() if j.move_name) == ["mv-5"]
+
+
+def test_a_withdraw_cancels_the_moved_job_once_and_a_later_submit_brings_nothing_back(
+    tmp_path: Path,
+) -> None:
+    a, b = _clusters(Clock())
+    a.submit(_job("busy", 8), timedelta(hours=5))
+    a.submit(_job("wait", 4), timedelta(hours=2))
+    spec = _pending_spec(a, "wait")
+    moved = b.submit(spec, name="mv-21")
+    assert b.jobs[moved].state is JobState.running
+
+    assert b.withdraw("mv-21") == moved
+    assert b.jobs[moved].state is JobState.cancelled and not b.jobs[moved].placement
+    assert b.free() == {"b1": list(range(8)), "b2": list(range(8))}
+    # Again (a resent compensation): nothing left to cancel, nothing changes.
+    before = b.jobs[moved].report
+    assert b.withdraw("mv-21") is None
+    assert b.jobs[moved].report == before
+    # A move that never arrived; and a late submit of the withdrawn move submits nothing.
+    assert b.withdraw("mv-never") is None
+    assert b.submit(spec, name="mv-21") == moved
+    assert [j.id for j in b.jobs.values() if j.move_name] == [moved]
+    assert b.jobs[moved].state is JobState.cancelled
+
+
+def test_a_withdraw_step_reports_the_job_and_fences_a_late_submit(tmp_path: Path) -> None:
+    a, b = _clusters(Clock())
+    a.submit(_job("busy", 8), timedelta(hours=5))
+    a.submit(_job("7", 2), timedelta(hours=1))
+    spec = _pending_spec(a, "7").model_dump(mode="json")
+    b.submit(_job("7", 1), timedelta(hours=1))  # B has a job "7" of its own
+    on_b = ConnectorStepExecutor(b, cluster="lab-b", state_dir=tmp_path)
+    moved = on_b.run(
+        _step("submit", "7", generation=3, spec=spec, name="mv-31", source_cluster="lab-a")
+    )
+    assert moved.ok, moved.error
+    new_id = moved.result["external_id"]
+
+    withdrawn = on_b.run(_step("withdraw", "7", generation=4, name="mv-31", source_cluster="lab-a"))
+    assert withdrawn.ok and withdrawn.outcome is Outcome.executed, withdrawn.error
+    assert withdrawn.result["external_id"] == new_id and withdrawn.result["name"] == "mv-31"
+    assert b.jobs[new_id].state is JobState.cancelled
+    assert b.jobs["7"].state is JobState.running  # B's own job 7 is not touched
+    nothing = on_b.run(_step("withdraw", "7", generation=4, name="mv-31", source_cluster="lab-a"))
+    assert nothing.ok and nothing.result["external_id"] is None
+
+    # The superseded saga's submit arrives late (another move name): refused, nothing new.
+    late = on_b.run(
+        _step("submit", "7", generation=3, spec=spec, name="mv-30", source_cluster="lab-a")
+    )
+    assert late.outcome is Outcome.refused and "stale generation 3" in (late.error or "")
+    assert [j.move_name for j in b.jobs.values() if j.move_name] == ["mv-31"]
+    # B's own job 7, at its own generation, is fenced by neither.
+    held = on_b.run(_step("hold", "7", generation=1))
+    assert held.ok and held.outcome is Outcome.executed, held.error
+
+    nameless = on_b.run(_step("withdraw", "7", generation=4, source_cluster="lab-a"))
+    assert nameless.outcome is Outcome.refused and "args.name" in (nameless.error or "")
+
+
+def _report(cluster: SimCluster, job_id: str) -> JobReport:
+    return next(j for j in cluster.read_state().jobs if j.external_id == job_id)
+
+
+def test_a_running_job_carries_the_run_time_it_has_left_when_it_can_checkpoint() -> None:
+    clock = Clock()
+    a, _ = _clusters(clock)
+    a.submit(_job("ckpt", 4, checkpointable=True), timedelta(hours=3))
+    a.submit(_job("plain", 4), timedelta(hours=3))
+    clock.now = T0 + timedelta(hours=1)
+    ckpt, plain = _report(a, "ckpt"), _report(a, "plain")
+    assert ckpt.state is JobState.running and plain.state is JobState.running
+    assert ckpt.submit is not None and plain.submit is not None
+    # Its move checkpoints it and the job submitted there starts with no progress of its
+    # own: it needs what is left. One that cannot checkpoint starts over.
+    assert ckpt.submit.native["work_s"] == 2 * 3600
+    assert ckpt.submit.native["checkpointable"] is True
+    assert plain.submit.native["work_s"] == 3 * 3600
+    clock.now = T0 + timedelta(hours=2)
+    left = _report(a, "ckpt").submit
+    assert left is not None and left.native["work_s"] == 3600  # read anew, not cached
+
+
+def test_a_held_pinned_submit_waits_for_its_release_and_starts_on_its_node(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    a, b = _clusters(clock)
+    a.submit(_job("run", 4, name="train-9", checkpointable=True), timedelta(hours=3))
+    clock.now = T0 + timedelta(hours=1)
+    spec = _report(a, "run").submit
+    assert spec is not None
+    on_b = ConnectorStepExecutor(b, cluster="lab-b", state_dir=tmp_path)
+    submit = _step(
+        "submit",
+        "run",
+        spec=spec.model_dump(mode="json"),
+        name="mv-41",
+        nodes=["b2"],
+        hold=True,
+        source_cluster="lab-a",
+    )
+    report = on_b.run(submit)
+    assert report.ok and report.outcome is Outcome.executed, report.error
+    assert report.result["held"] is True and report.result["nodes"] == ["b2"]
+    new_id = report.result["external_id"]
+
+    # Held: B is empty and it fits, yet it waits (its image is not staged yet).
+    clock.now += timedelta(minutes=5)
+    waiting = _report(b, new_id)
+    assert waiting.state is JobState.pending and waiting.reason == "JobHeldUser"
+    assert b.free() == {"b1": list(range(8)), "b2": list(range(8))}
+
+    # Resent under another key: the same job, not submitted again.
+    again = on_b.run(
+        _step(
+            "submit",
+            "run",
+            spec=spec.model_dump(mode="json"),
+            name="mv-41",
+            nodes=["b1"],
+            hold=True,
+            source_cluster="lab-a",
+        )
+    )
+    assert again.ok and again.result["external_id"] == new_id, again.error
+    assert [j.id for j in b.jobs.values() if j.move_name == "mv-41"] == [new_id]
+
+    released = on_b.run(_step("release", new_id))
+    assert released.ok, released.error
+    started = _report(b, new_id)
+    assert started.state is JobState.running
+    assert [a.node for a in started.allocations] == ["b2"]  # where it was pinned, not b1
+    # It needs the two hours it had left, not the three it had in all.
+    clock.now += timedelta(hours=2, seconds=1)
+    assert _report(b, new_id).state is JobState.finished
+
+    # A resend after it started leaves it as it is: not held again.
+    assert b.submit(spec, name="mv-41", nodes=["b1"], hold=True) == new_id
+    assert b.jobs[new_id].held is False
+
+
+def test_a_pin_to_nodes_the_cluster_lacks_or_that_cannot_hold_the_job_is_refused(
+    tmp_path: Path,
+) -> None:
+    _, b = _clusters(Clock())
+    on_b = ConnectorStepExecutor(b, cluster="lab-b", state_dir=tmp_path)
+    spec = SubmitSpec(scheduler=SchedulerKind.sim, native={"gpus": 12, "work_s": 60})
+    nowhere = on_b.run(
+        _step("submit", "50", spec=spec.model_dump(mode="json"), name="mv-50", nodes=["zz9"])
+    )
+    assert not nowhere.ok and not nowhere.retryable
+    assert "cannot pin the job to zz9: no such node here" in (nowhere.error or "")
+    too_small = on_b.run(
+        _step("submit", "51", spec=spec.model_dump(mode="json"), name="mv-51", nodes=["b1"])
+    )
+    assert not too_small.ok and "needs 12 GPUs, the nodes it is pinned to (b1) have 8" in (
+        too_small.error or ""
+    )
+    bad_hold = on_b.run(
+        _step("submit", "52", spec=spec.model_dump(mode="json"), name="mv-52", hold="yes")
+    )
+    assert bad_hold.outcome is Outcome.refused and "args.hold" in (bad_hold.error or "")
+    assert not any(job.move_name for job in b.jobs.values())

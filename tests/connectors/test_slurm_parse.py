@@ -384,6 +384,48 @@ def test_a_pending_job_reports_the_nodes_it_is_pinned_to_and_a_running_one_none(
     assert jobs["902"].required_nodes == []  # where it runs is in its allocations
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_pending_and_running_jobs_carry_submit_options_and_others_none(version: str) -> None:
+    jobs = recorded_jobs(version)
+    # Job 5 runs (a checkpointable 2-node gang): a move checkpoints it and submits it again.
+    gang = jobs["5"]
+    assert gang.report.state is JobState.running
+    assert gang.submit_options == {
+        "job-name": "wrap",
+        "comment": "run42 shaper:kind=batch_inference,priority=70,checkpointable=true",
+        "chdir": "/tmp/sl1/jobs",
+        "partition": "high",
+        "nodes": "2",
+        "ntasks": "2",
+        "mem-per-cpu": "500M",
+        "gres": "gpu:2",
+        "requeue": True,
+    }
+    assert jobs["4"].submit_options is not None and jobs["4"].submit_options["account"] == (
+        "physics"
+    )
+    assert jobs["7"].report.state is JobState.pending and jobs["7"].submit_options is not None
+    assert jobs["6"].report.state is JobState.suspended and jobs["6"].submit_options is None
+    assert jobs["1"].report.state is JobState.cancelled and jobs["1"].submit_options is None
+
+
+def test_a_running_job_that_is_ending_or_cannot_move_carries_no_submit_options() -> None:
+    document = load(RECORDED / "rest-jobs-v0.0.38.json")
+    running = next(job for job in document["jobs"] if job["job_id"] == 5)
+    completing = {**copy.deepcopy(running), "job_id": 905, "job_state": "COMPLETING"}
+    array = {**copy.deepcopy(running), "job_id": 906, "array_job_id": 906}
+    interactive = {**copy.deepcopy(running), "job_id": 907, "batch_flag": False}
+    configuring = {**copy.deepcopy(running), "job_id": 908, "job_state": "CONFIGURING"}
+    document["jobs"] = [completing, array, interactive, configuring]
+
+    jobs = {j.report.external_id: j for j in parse_jobs(document, SlurmMapping())}
+
+    assert jobs["905"].report.state is JobState.running  # it still holds its nodes
+    assert jobs["905"].submit_options is None  # but it has nothing left to move
+    assert jobs["906"].submit_options is None and jobs["907"].submit_options is None
+    assert jobs["908"].submit_options is not None  # starting: it runs
+
+
 def test_reservations_are_read_from_scontrol_and_only_shapers_are_claimed() -> None:
     output = (
         "ReservationName=shaper-42 StartTime=2026-12-03T07:11:23 EndTime=2026-12-03T07:21:23 "

@@ -6,7 +6,8 @@ partition `batch`, its own slurmctld). A job waits in a full A; A's connector re
 to submit it again (its batch script and options); B's action executor submits it with a
 real `submit` step, and it runs there with the same script; a resent step submits nothing;
 then A's executor cancels A's copy. A spec B cannot run is refused for good, saying why.
-The first tests read Slurm's recorded JSON and need no cluster.
+A running job's move: B submits it held and pinned to one node, and it starts there only
+once released. The first tests read Slurm's recorded JSON and need no cluster.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from connectors.slurm import SlurmConnector
 from connectors.slurm.submission import (
     SWITCHED_OFF,
     TargetCluster,
+    live_moved_jobs,
     move_comment,
     moved_job,
     not_movable,
@@ -169,6 +171,45 @@ def test_a_job_moved_twice_carries_only_its_last_moves_mark() -> None:
     assert moved_job(listed, "mv-3") is None
 
 
+def test_a_withdraw_finds_only_the_moves_jobs_that_have_not_ended() -> None:
+    listed = (
+        "7|shaper-move:mv-2|CANCELLED\n12|shaper-move:mv-2|RUNNING\n"
+        "8|a|b shaper-move:mv-2|PENDING\n9|shaper-move:mv-20|RUNNING\n"
+        "10|shaper-move:mv-2|COMPLETING\n11|shaper:kind=hpc|RUNNING\n"
+    )
+    assert live_moved_jobs(listed, "mv-2") == ["8", "12"]  # oldest first
+    assert live_moved_jobs(listed, "mv-3") == []
+
+
+def test_a_pinned_held_submit_names_only_the_targets_nodes_and_is_held() -> None:
+    script = "#!/bin/bash\n#SBATCH --nodelist=node1\n#SBATCH --exclude=bnode2\nsleep 1\n"
+    spec = SubmitSpec(
+        scheduler=SchedulerKind.slurm,
+        native={"script": script, "options": {"partition": "batch", "nodes": "1"}},
+    )
+    request = sbatch_request(
+        spec, name="mv-7", target=TARGET, home_of=_no_home, nodes=["bnode2"], hold=True
+    )
+    # The pin is the only node list sbatch sees: the source's lines are switched off.
+    assert [a for a in request.args if a.startswith(("--nodelist", "--exclude"))] == [
+        "--nodelist=bnode2"
+    ]
+    assert "--hold" in request.args
+    assert f"{SWITCHED_OFF} --nodelist=node1" in request.script
+    assert f"{SWITCHED_OFF} --exclude=bnode2" in request.script
+    plain = sbatch_request(spec, name="mv-7", target=TARGET, home_of=_no_home, nodes=[])
+    assert not [a for a in plain.args if a.startswith(("--nodelist", "--hold"))]
+    # A spec cannot name nodes itself; and a pin is node names, not options.
+    smuggled = spec.model_copy(
+        update={"native": {**spec.native, "options": {"nodelist": "bnode1"}}}
+    )
+    with pytest.raises(ConnectorError, match=r"\['nodelist'\] are not options"):
+        sbatch_request(smuggled, name="mv-7", target=TARGET, home_of=_no_home)
+    with pytest.raises(ConnectorError, match="cannot pin the job to") as refused:
+        sbatch_request(spec, name="mv-7", target=TARGET, home_of=_no_home, nodes=["bnode1 --uid=0"])
+    assert not refused.value.retryable
+
+
 def test_a_move_name_must_be_one_word() -> None:
     spec = SubmitSpec(scheduler=SchedulerKind.slurm, native={"script": "#!/bin/sh\n"})
     with pytest.raises(ConnectorError, match="the move name 'a b' must be"):
@@ -267,8 +308,9 @@ def test_a_job_pending_on_a_full_cluster_runs_on_the_other_and_leaves_the_first(
     reader.read_state()
     jobs = {job.external_id: job for job in reader.read_state().jobs}  # from the cache
     scripts_read = [c for c in commands if c[1:3] == ["write", "batch_script"]]
-    assert sorted(c[3] for c in scripts_read) == sorted([waiting, big])  # once each
-    assert jobs[filler].state is JobState.running and jobs[filler].submit is None
+    assert sorted(c[3] for c in scripts_read) == sorted([waiting, big, filler])  # once each
+    # A running job carries its spec too (a checkpointable one's move restores it there).
+    assert jobs[filler].state is JobState.running and jobs[filler].submit is not None
     assert jobs[big].submit is None  # its script is longer than the wire takes
     spec = jobs[waiting].submit
     assert spec is not None and spec.scheduler is SchedulerKind.slurm
@@ -281,11 +323,12 @@ def test_a_job_pending_on_a_full_cluster_runs_on_the_other_and_leaves_the_first(
     commands.clear()
     frugal = SlurmConnector(slurm.config(submit_scripts_per_read=1), run=_recording_run(commands))
     slurm.connectors.append(frugal)
-    for _ in range(3):
+    for _ in range(4):
         reads_before = len(commands)
         frugal.read_state()
         assert len([c for c in commands[reads_before:] if c[1:2] == ["write"]]) <= 1
-    assert len([c for c in commands if c[1:2] == ["write"]]) == 2
+    writes = [c[3] for c in commands if c[1:2] == ["write"]]
+    assert len(writes) == 3 and writes[-1] == filler  # pending jobs' scripts first
 
     # B submits it, through its executor, with a real submit step.
     on_b = ConnectorStepExecutor(
@@ -316,6 +359,9 @@ def test_a_job_pending_on_a_full_cluster_runs_on_the_other_and_leaves_the_first(
     assert redelivered.ok and redelivered.result["external_id"] == moved
     marked = slurm_b.run("squeue", "-h", "-t", "all", "-o", "%i %k").splitlines()
     assert [line.split()[0] for line in marked if f"shaper-move:{name}" in line] == [moved]
+    # Withdrawing a move whose job has ended cancels nothing.
+    ended = on_b.run(_step("withdraw", waiting, name=name, source_cluster="hpc-test"))
+    assert ended.ok and ended.result["external_id"] is None, ended.error
 
     # Only after B has it does A let go of its copy.
     on_a = ConnectorStepExecutor(slurm.connector(), cluster="hpc-test", state_dir=tmp_path / "a")
@@ -375,3 +421,59 @@ def test_a_portable_spec_runs_on_slurm_as_a_command_with_its_resources(
     slurm_b.wait_state(report.result["external_id"], "COMPLETED")
     assert out.read_text().strip() == f"{JOB_USER}: hello from ray 0,1"
     assert slurm_b.job(report.result["external_id"])["tres-per-node"] == "gres:gpu:2"
+
+    # A move undone while its job runs: withdraw cancels it, once.
+    sleeper = spec.model_copy(
+        update={"portable": PortableSpec(command=["sleep", "600"], gpus=1, memory_mib=64)}
+    )
+    running = on_b.run(
+        _step("submit", "raysubmit_2", spec=sleeper.model_dump(mode="json"), name="mv-r2")
+    )
+    assert running.ok, running.error
+    job_id = running.result["external_id"]
+    slurm_b.wait_state(job_id, "RUNNING")
+    withdrawn = on_b.run(_step("withdraw", "raysubmit_2", name="mv-r2"))
+    assert withdrawn.ok and withdrawn.result["external_id"] == job_id, withdrawn.error
+    slurm_b.wait_state(job_id, "CANCELLED")
+    assert connector.withdraw("mv-r2") is None
+    assert connector.withdraw("mv-never-sent") is None
+
+
+def test_a_running_jobs_move_waits_held_on_its_pinned_node_until_released(
+    slurm: SlurmCluster, slurm_b: SecondSlurmCluster, tmp_path: Path
+) -> None:
+    # A job runs on A; its script names A's node, which B does not have.
+    script = slurm.jobs_dir / f"pinned-{tmp_path.name}.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodelist=node2\nsleep 600\n")
+    running = slurm.run(
+        "sbatch",
+        "--parsable",
+        f"--chdir={slurm.jobs_dir}",
+        "--output=/dev/null",
+        "--gres=gpu:1",
+        str(script),
+    ).strip()
+    slurm.wait_state(running, "RUNNING")
+    spec = next(j for j in slurm.connector().read_state().jobs if j.external_id == running).submit
+    assert spec is not None
+
+    # B submits it held and pinned to bnode2 (bnode1 is free too: Slurm would take it first).
+    on_b = ConnectorStepExecutor(slurm_b.connector(), cluster="hpc-b", state_dir=tmp_path)
+    name = f"mv-hpc-test-run-{running}"
+    step = {"spec": spec.model_dump(mode="json"), "name": name, "source_cluster": "hpc-test"}
+    report = on_b.run(_step("submit", running, nodes=["bnode2"], hold=True, **step))
+    assert report.ok, report.error
+    assert report.result["held"] is True and report.result["nodes"] == ["bnode2"]
+    moved = report.result["external_id"]
+    row = slurm_b.job(moved)
+    assert row["state"] == "PENDING" and row["reason"] == "JobHeldUser", row
+    assert "ReqNodeList=bnode2" in slurm_b.scontrol_job(moved)
+    # Resent (another key): the same job, neither released nor re-pinned.
+    again = on_b.run(_step("submit", running, nodes=["bnode1"], **step))
+    assert again.ok and again.result["external_id"] == moved, again.error
+    assert slurm_b.job(moved)["state"] == "PENDING"
+
+    # The image is staged: release, and Slurm starts it where it was pinned.
+    released = on_b.run(_step("release", moved))
+    assert released.ok, released.error
+    assert slurm_b.wait_state(moved, "RUNNING")["nodelist"] == "bnode2"
