@@ -76,9 +76,18 @@ def start_or_resume(
         f"restoring {workload_id} from the checkpoint staged at {pointer.image_dir} "
         f"(generation {pointer.generation})"
     )
-    options = (backend_options or {}).get(pointer.image.backend, {})
-    backend_impl = create_backend(pointer.image.backend, store=store, **options)
-    return backend_impl.restore(pointer.image, image_dir=pointer.image_dir)
+    image = pointer.image
+    if image.workload.id != workload_id:
+        # A job moved from another cluster has a new id here (the scheduler's); its image
+        # names the one it had there. It runs, and is recorded, under the new one: that is
+        # the id the saga's next steps here, and later sagas, name it by.
+        _say(f"the checkpoint was taken as {image.workload.id} in another cluster")
+        image = image.model_copy(
+            update={"workload": image.workload.model_copy(update={"id": workload_id})}
+        )
+    options = (backend_options or {}).get(image.backend, {})
+    backend_impl = create_backend(image.backend, store=store, **options)
+    return backend_impl.restore(image, image_dir=pointer.image_dir)
 
 
 def _child_of_ours(workload: RunningWorkload) -> int | None:

@@ -34,6 +34,13 @@ def connector_queue(cluster: str) -> str:
     return f"{CONNECTOR}.{cluster}"
 
 
+def connector_cluster(queue: str) -> str:
+    """The cluster whose connector consumes ``queue``: connector.lab → lab."""
+    if not is_connector_queue(queue):
+        raise ValueError(f"{queue!r} is not a connector's queue")
+    return queue.removeprefix(f"{CONNECTOR}.")
+
+
 def is_agent_queue(queue: str) -> bool:
     return queue.startswith(f"{AGENT}.")
 

@@ -11,12 +11,22 @@ not how a saga advances.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from app.actions.models import Action, ActionKind, ActionStep
+from app.core.lookup import row_id
 from app.jobs.models import Job
-from wire.queues import CONTROL_QUEUE, REPLY_TASK, is_connector_queue, step_task
+from wire.queues import (
+    CONTROL_QUEUE,
+    REPLY_TASK,
+    agent_queue_prefix,
+    connector_cluster,
+    is_connector_queue,
+    step_task,
+)
 from wire.steps import AgentStep, ConnectorStep, StepPhase, StepRequest
 
 # Long enough for a real move (checkpoint + transfer + restore); a reservation is consumed
@@ -108,6 +118,9 @@ def step_message(
         args["delete_image"] = not (
             step.phase == StepPhase.forward and ActionKind(action.kind) is ActionKind.preempt
         )
+    workload_id = job.external_id if job is not None else None
+    if kind is ActionKind.move:
+        workload_id = _move_workload(action, job, step, steps, args)
     if is_connector_queue(step.queue):
         args.update(
             {
@@ -121,7 +134,7 @@ def step_message(
         key=step.idempotency_key,
         step=str(step.name),
         phase=StepPhase(step.phase).value,
-        workload_id=job.external_id if job is not None else None,
+        workload_id=workload_id,
         generation=step.generation,
         args=args,
         reply_task=REPLY_TASK,
@@ -132,6 +145,55 @@ def step_message(
         task=step_task(step.queue, step.name),
         kwargs={"step": request.model_dump(mode="json")},
     )
+
+
+def _move_workload(
+    action: Action, job: Job | None, step: ActionStep, steps: list[ActionStep], args: dict[str, Any]
+) -> str | None:
+    """A move's step (recipes): its arguments, and the job it is about — the source's job,
+    except at the target after the submit, where it is the job the target accepted."""
+    forward = [s for s in steps if s.phase == StepPhase.forward]
+    submit = next(s for s in forward if s.name == ConnectorStep.submit)
+    cancel = next(s for s in forward if s.name == ConnectorStep.cancel)
+    source, target = connector_cluster(cancel.queue), connector_cluster(submit.queue)
+    here = job.external_id if job is not None else None
+    if step.name == ConnectorStep.hold:
+        # A job that started before the hold took effect is not moved: the connector reads
+        # it back once held, and refuses (releasing the hold) unless it is still pending.
+        args["pending"] = True
+    if step.name in (ConnectorStep.submit, ConnectorStep.withdraw):
+        # The move's name makes a resent submit (or its withdraw) find the job it submitted
+        # before; the source cluster is what the target fences the step under.
+        args["name"] = move_name(row_id(action), here or "")
+        args["source_cluster"] = source
+        if step.name == ConnectorStep.submit and job is not None and job.submit_spec:
+            args["spec"] = json.loads(job.submit_spec)
+        if (
+            step.name == ConnectorStep.submit
+            and action.target_node
+            and not any(s.name == ConnectorStep.hold for s in forward)
+        ):
+            # A running job's: held on the node its image is staged on until it is there.
+            args["nodes"] = [action.target_node]
+            args["hold"] = True
+        return here
+    at_target = step.queue.startswith(agent_queue_prefix(target)) or (
+        step.queue == submit.queue and step.name == ConnectorStep.release
+    )
+    if at_target:
+        arrived = submit.result.get("external_id")
+        return str(arrived) if arrived is not None else None
+    return here
+
+
+# What a job name may carry through every scheduler (Slurm's comment word, a label value).
+_NOT_IN_A_MOVE_NAME = re.compile(r"[^A-Za-z0-9._:@+/-]")
+
+
+def move_name(action_id: int, external_id: str) -> str:
+    """The name a move submits its job under at the target: unique per move, the same on
+    every resend (``shaper-<action>-<job at the source>``)."""
+    return _NOT_IN_A_MOVE_NAME.sub("-", f"shaper-{action_id}-{external_id}")[:128]
 
 
 def _requeue_pin(action: Action, job: Job | None, step: ActionStep) -> str | None:

@@ -14,7 +14,8 @@ from wire.steps import StepPhase
 # What an action row does (its values are stored and in the API). start … requeue are what
 # a plan asks for (``solver.plan.ActionKind``, mapped once by ``app.shaping.cycle.ACTION_KINDS``:
 # the solver may not import ``app``, and these add kinds it never plans); reserve, unreserve
-# and resume are the control plane's own. A comment, not a docstring: pydantic would publish
+# and resume are the control plane's own, and move is a federation group's plan
+# (``app.federation.moves``). A comment, not a docstring: pydantic would publish
 # a docstring in the OpenAPI schema.
 class ActionKind(StrEnum):
     # Holds GPUs on the target for the job a plan frees them for (ahead of the actions
@@ -28,6 +29,9 @@ class ActionKind(StrEnum):
     preempt = "preempt"
     resume = "resume"
     requeue = "requeue"
+    # A pending job goes to another cluster of its federation group (``target_cluster``):
+    # submitted there, cancelled here once the target has accepted it.
+    move = "move"
 
 
 class ActionState(StrEnum):
@@ -89,6 +93,8 @@ class ActionPublic(SQLModel):
     id: int
     plan_id: int | None
     cluster: str
+    # Where a ``move`` sends the job (the action's ``cluster`` is where it comes from).
+    target_cluster: str | None = None
     job_external_id: str | None
     kind: ActionKind
     state: ActionState
@@ -128,6 +134,12 @@ class Action(SQLModel, table=True):
     job_id: int | None = Field(
         default=None,
         sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="SET NULL"), index=True),
+    )
+    # A move's destination (another cluster of the job's federation group); NULL otherwise,
+    # and once that cluster is deleted (app.clusters.service clears it: SQLite cannot
+    # reflect an ON DELETE added with a column, so the schema carries none).
+    target_cluster_id: int | None = Field(
+        default=None, sa_column=sa.Column(sa.Integer, sa.ForeignKey("clusters.id"))
     )
     kind: ActionKind = enum_column(ActionKind.start, 16)
     state: ActionState = enum_column(ActionState.proposed, 16)

@@ -27,6 +27,25 @@ requeue@connector(pin S) → confirm@S``: the job goes back to S and resumes the
 the restore at S fails too, the job goes back to its scheduler's queue with its checkpoint
 (:func:`resume_step`).
 
+Move, a pending job of cluster A going to cluster B of its federation group (generation
+G): ``hold@connector.A → submit@connector.B → cancel@connector.A``. The hold keeps A's
+scheduler from starting the job while B takes it; the submit names the move (a resent one
+finds the job it submitted before); A's copy is cancelled only once B has answered the
+submit with the new job's id, and that cancel, like a compensation step, is sent until it
+is answered: given up, the job might be pending in both. Compensation (generation G+1):
+``withdraw@connector.B`` (when the submit was ever sent: a submit whose answer was lost may
+have arrived) → ``release@connector.A`` (when the hold may have taken effect).
+
+A running checkpointable job moves from node S of A to node T of B (B's scheduler must
+start a job pinned to a node: Slurm, Kubernetes, Armada): ``checkpoint@S →
+submit@connector.B (held, pinned to T) → transfer@T → stage@T → release@connector.B →
+confirm@T (B's scheduler has started it, restored from the staged image) →
+cancel@connector.A → release@S``. Steps at B after the submit name the job by its new id
+there (the submit's answer), so its image, fence and record at T are B's job's. The cancel
+and the release at S are sent until answered, and once the cancel has succeeded nothing is
+compensated (the job is B's). Before that, compensation is ``withdraw@connector.B →
+release@T`` (when a step reached T) ``→ restore@S`` (a no-op when it still runs there).
+
 The other kinds are the scheduler's alone: a job that cannot checkpoint is preempted with
 ``requeue → confirm``; ``start``, ``resume`` and ``requeue`` are the step itself then a
 ``confirm`` that polls the scheduler for its effect; ``resize``, ``reserve`` and
@@ -36,12 +55,13 @@ The other kinds are the scheduler's alone: a job that cannot checkpoint is preem
 from __future__ import annotations
 
 from app.actions.models import Action, ActionKind, ActionStep, StepState
-from app.actions.schedulers import places_itself
+from app.actions.schedulers import moves_jobs, places_itself
 from app.clusters.models import Cluster
 from app.core.lookup import row_id
 from app.jobs.models import Job
 from wire.queues import agent_queue, connector_queue, is_agent_queue
 from wire.steps import AgentStep, ConnectorStep, StepPhase
+from wire.telemetry import JobState, SubmitSpec
 
 # A step's error when its executor never answered (it may still have run it).
 NO_ANSWER = "no answer"
@@ -55,6 +75,9 @@ class _Plan:
         self.steps: list[ActionStep] = []
 
     def add(self, name: str, queue: str, phase: StepPhase, seq: int) -> None:
+        key = f"{self.action.idempotency_key}:{phase.value}:{name}"
+        if any(s.name == name and s.phase == phase for s in self.steps):
+            key += f":{seq}"  # a second step of that name (a move's two releases)
         self.steps.append(
             ActionStep(
                 action_id=row_id(self.action),
@@ -63,7 +86,7 @@ class _Plan:
                 name=name,
                 queue=queue,
                 generation=self.generation,
-                idempotency_key=f"{self.action.idempotency_key}:{phase.value}:{name}"[:200],
+                idempotency_key=key[:200],
             )
         )
 
@@ -81,10 +104,20 @@ class Unplannable(Exception):
     """The action names nodes its recipe cannot use; the saga cancels it with this message."""
 
 
-def forward_steps(action: Action, job: Job, cluster: Cluster, generation: int) -> list[ActionStep]:
-    """The steps that do the action, in order, under the job's (new) generation."""
+def forward_steps(
+    action: Action,
+    job: Job,
+    cluster: Cluster,
+    generation: int,
+    target_cluster: Cluster | None = None,
+) -> list[ActionStep]:
+    """The steps that do the action, in order, under the job's (new) generation.
+
+    ``target_cluster``: a move's destination (``action.target_cluster_id``)."""
     plan = _Plan(action, cluster.name, generation)
     kind = ActionKind(action.kind)
+    if kind is ActionKind.move:
+        return _move_steps(plan, job, cluster, target_cluster, action)
     fwd = StepPhase.forward
     owned = places_itself(cluster.scheduler)
     scheduler = connector_queue(cluster.name)
@@ -132,6 +165,107 @@ def forward_steps(action: Action, job: Job, cluster: Cluster, generation: int) -
     return plan.steps
 
 
+def _move_steps(
+    plan: _Plan, job: Job, cluster: Cluster, target: Cluster | None, action: Action
+) -> list[ActionStep]:
+    if target is None:
+        raise Unplannable("move names no target cluster (or it was deleted)")
+    if target.id == cluster.id:
+        raise Unplannable(f"move needs a target cluster other than {cluster.name}")
+    state = JobState(job.state)
+    if state not in (JobState.pending, JobState.running):
+        raise Unplannable(f"job {job.external_id} is {state.value}: there is nothing to move")
+    if job.submit_spec is None:
+        raise Unplannable(
+            f"{cluster.name}'s connector did not say how to submit job {job.external_id} "
+            "elsewhere (no submit spec)"
+        )
+    spec = SubmitSpec.model_validate_json(job.submit_spec)
+    if spec.portable is None and spec.scheduler != target.scheduler:
+        raise Unplannable(
+            f"job {job.external_id} has a {spec.scheduler} submit spec and no portable form: "
+            f"{target.name} runs {target.scheduler}"
+        )
+    source, there = connector_queue(cluster.name), connector_queue(target.name)
+    fwd = StepPhase.forward
+    if state is JobState.pending:
+        plan.add(ConnectorStep.hold, source, fwd, 0)
+        plan.add(ConnectorStep.submit, there, fwd, 1)
+        plan.add(ConnectorStep.cancel, source, fwd, 2)
+        return plan.steps
+    if not job.checkpointable:
+        raise Unplannable(
+            f"job {job.external_id} runs and cannot checkpoint: it would start over at "
+            f"{target.name}; only a checkpointable running job moves"
+        )
+    if not (places_itself(target.scheduler) and moves_jobs(target.scheduler)):
+        raise Unplannable(
+            f"a running job moves only to a cluster whose scheduler starts it pinned to the "
+            f"node its checkpoint is staged on (Slurm, Kubernetes, Armada); {target.name} "
+            f"runs {target.scheduler}"
+        )
+    node = _single(action.source_node, "source", action)
+    landing = _single(action.target_node, "target", action)
+    at_source = agent_queue(cluster.name, node)
+    at_target = agent_queue(target.name, landing)
+    for seq, (name, queue) in enumerate(
+        [
+            (AgentStep.checkpoint, at_source),
+            (ConnectorStep.submit, there),  # held, pinned to the target node
+            (AgentStep.transfer, at_target),
+            (AgentStep.stage, at_target),
+            (ConnectorStep.release, there),  # its scheduler starts it there, restored
+            (AgentStep.confirm, at_target),
+            (ConnectorStep.cancel, source),
+            (AgentStep.release, at_source),
+        ]
+    ):
+        plan.add(name, queue, fwd, seq)
+    return plan.steps
+
+
+def answered_or_given_up(action: Action, step: ActionStep) -> bool:
+    """Whether a step sent without an answer may be given up after its attempts: not a
+    compensation step, nor a move's last steps at its source (the cancel there, and the
+    release of a running job's checkpoint): see the module's docstring."""
+    if step.phase == StepPhase.compensate:
+        return False
+    if ActionKind(action.kind) is not ActionKind.move:
+        return True
+    source_release = step.name == AgentStep.release and is_agent_queue(step.queue)
+    return not (step.name == ConnectorStep.cancel or source_release)
+
+
+def _move_compensation(plan: _Plan, steps: list[ActionStep], seq: int) -> list[ActionStep]:
+    forward = [s for s in steps if s.phase == StepPhase.forward]
+    sent = [s for s in forward if s.state not in (StepState.pending, StepState.skipped)]
+    cancel = next(s for s in forward if s.name == ConnectorStep.cancel)
+    if cancel.state == StepState.succeeded:
+        return []  # the job is the target's now: what failed after is not undone
+    submit = next(s for s in forward if s.name == ConnectorStep.submit)
+    if submit in sent:
+        plan.add(ConnectorStep.withdraw, submit.queue, StepPhase.compensate, seq)
+        seq += 1
+    hold = next((s for s in forward if s.name == ConnectorStep.hold), None)
+    if hold is not None:  # a pending job's move
+        held = hold.state == StepState.succeeded or (
+            hold.state == StepState.failed and (hold.error or "").startswith(NO_ANSWER)
+        )
+        if held:
+            plan.add(ConnectorStep.release, hold.queue, StepPhase.compensate, seq)
+        return plan.steps
+    # A running job's: fence the target node, bring the job back at its source.
+    checkpoint = next(s for s in forward if s.name == AgentStep.checkpoint)
+    if checkpoint not in sent:
+        return plan.steps
+    landed = [s for s in sent if is_agent_queue(s.queue) and s.queue != checkpoint.queue]
+    if landed:
+        plan.add(AgentStep.release, landed[0].queue, StepPhase.compensate, seq)
+        seq += 1
+    plan.add(AgentStep.restore, checkpoint.queue, StepPhase.compensate, seq)
+    return plan.steps
+
+
 def _requeued(steps: list[ActionStep]) -> bool:
     """Whether the forward phase's requeue may have reached the scheduler."""
     requeue = next(
@@ -149,6 +283,8 @@ def compensation_steps(
     """Undo what the forward steps did: fence the target, keep or bring the job back home."""
     plan = _Plan(action, cluster, generation)
     seq = max(s.seq for s in steps) + 1
+    if ActionKind(action.kind) is ActionKind.move:
+        return _move_compensation(plan, steps, seq)
     by_name = {s.name: s for s in steps if s.phase == StepPhase.forward}
     checkpoint = by_name.get(AgentStep.checkpoint)
     if checkpoint is None or checkpoint.state in (StepState.pending, StepState.skipped):

@@ -58,6 +58,7 @@ from app.actions.models import (
 from app.actions.recipes import (
     NO_ANSWER,
     Unplannable,
+    answered_or_given_up,
     compensation_steps,
     forward_steps,
     resume_step,
@@ -247,8 +248,8 @@ def _advance_locked(
             # without it (restoring at the source before the target is fenced) could run
             # the job twice once the target gets its queued restore. Found by
             # tests/actions/test_crash_points.py::test_the_target_cut_off_from_the_broker.
-            if step.attempts < _max_attempts(step, start_wait_s) or (
-                step.phase == StepPhase.compensate
+            if step.attempts < _max_attempts(step, start_wait_s) or not answered_or_given_up(
+                action, step
             ):
                 log.warning(
                     "action %s: step %s unanswered by %s; sending it again",
@@ -284,6 +285,9 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
     kind = ActionKind(action.kind)
     if kind is ActionKind.preempt and not job.checkpointable:
         return  # the scheduler requeued it; its telemetry tells the rest
+    if kind is ActionKind.move:
+        _record_move(session, action, job, now)
+        return
     if kind not in (ActionKind.migrate, ActionKind.preempt, ActionKind.start, ActionKind.resume):
         return
     nodes = dict(
@@ -339,6 +343,32 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
     session.add(job)
 
 
+def _record_move(session: Session, action: Action, job: Job, now: datetime) -> None:
+    """A moved job is gone from its cluster (its connector's next push says cancelled),
+    and so are the GPUs it held there; its reason says where it went."""
+    submitted = session.exec(
+        select(ActionStep).where(
+            ActionStep.action_id == action.id,
+            ActionStep.phase == StepPhase.forward,
+            ActionStep.name == ConnectorStep.submit,
+        )
+    ).one()
+    target = session.get(Cluster, action.target_cluster_id) if action.target_cluster_id else None
+    for allocation in session.exec(
+        select(Allocation).where(Allocation.job_id == job.id, col(Allocation.released_at).is_(None))
+    ):  # a running job's GPUs at its source are free now
+        allocation.released_at = now
+        session.add(allocation)
+    job.state = JobState.cancelled
+    job.end_time = job.end_time or now
+    job.reason = (
+        f"moved to {target.name if target else 'another cluster'} as job "
+        f"{submitted.result.get('external_id')} by action {action.id}"
+    )[:255]
+    job.updated_at = now
+    session.add(job)
+
+
 def _dispatch(session: Session, action: Action, now: datetime) -> bool:
     """Plan the forward steps and fence the job; False when the action cannot run."""
     job = None
@@ -362,11 +392,18 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
         action.error = f"action {busy} is already moving job {job.external_id}"
         return False
     cluster = session.exec(select(Cluster).where(Cluster.id == action.cluster_id)).one()
+    target = (
+        session.get(Cluster, action.target_cluster_id)
+        if action.target_cluster_id is not None
+        else None
+    )
     kind = ActionKind(action.kind)
-    moving = kind is ActionKind.migrate or (kind is ActionKind.preempt and job.checkpointable)
+    moving = kind in (ActionKind.migrate, ActionKind.move) or (
+        kind is ActionKind.preempt and job.checkpointable
+    )
     generation = job.generation + 1 if moving else job.generation
     try:
-        steps = forward_steps(action, job, cluster, generation)
+        steps = forward_steps(action, job, cluster, generation, target)
     except Unplannable as error:
         _move(action, ActionState.cancelled, now)
         action.error = str(error)

@@ -4,6 +4,7 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 
 import sqlalchemy as sa
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from app.actions.models import (
@@ -27,6 +28,9 @@ from app.core.lookup import found, row_id
 from app.core.paging import Page, count_rows
 from app.jobs.models import Allocation, Job
 
+# The cluster a move sends its job to (``actions`` joins ``clusters`` twice).
+TARGET = aliased(Cluster, name="target_cluster")
+
 
 def list_actions(
     *,
@@ -38,9 +42,10 @@ def list_actions(
     offset: int = 0,
 ) -> Page[ActionPublic]:
     query = (
-        sa.select(Action, col(Cluster.name), col(Job.external_id))
+        sa.select(Action, col(Cluster.name), col(Job.external_id), col(TARGET.name))
         .join(Cluster, col(Cluster.id) == Action.cluster_id)
         .outerjoin(Job, col(Job.id) == Action.job_id)
+        .outerjoin(TARGET, col(TARGET.id) == Action.target_cluster_id)
     )
     if cluster is not None:
         query = query.where(col(Cluster.name) == cluster)
@@ -50,15 +55,16 @@ def list_actions(
         query = query.where(col(Action.plan_id) == plan_id)
     total = count_rows(session, query)
     rows = session.execute(query.order_by(col(Action.id).desc()).limit(limit).offset(offset))
-    items = [_public(a, c, j) for a, c, j in rows]
+    items = [_public(a, c, j, t) for a, c, j, t in rows]
     return Page[ActionPublic](items=items, total=total, limit=limit, offset=offset)
 
 
 def get_action(*, session: Session, action_id: int) -> ActionPublic:
     row = session.execute(
-        sa.select(Action, col(Cluster.name), col(Job.external_id))
+        sa.select(Action, col(Cluster.name), col(Job.external_id), col(TARGET.name))
         .join(Cluster, col(Cluster.id) == Action.cluster_id)
         .outerjoin(Job, col(Job.id) == Action.job_id)
+        .outerjoin(TARGET, col(TARGET.id) == Action.target_cluster_id)
         .where(col(Action.id) == action_id)
     ).first()
     return _public(
@@ -419,9 +425,16 @@ def _decide(action: Action, to: ActionState, by: str, now: datetime) -> None:
     action.decided_by, action.decided_at = by, now
 
 
-def _public(action: Action, cluster: str, job_external_id: str | None) -> ActionPublic:
+def _public(
+    action: Action, cluster: str, job_external_id: str | None, target_cluster: str | None
+) -> ActionPublic:
     return ActionPublic.model_validate(
-        action, update={"cluster": cluster, "job_external_id": job_external_id}
+        action,
+        update={
+            "cluster": cluster,
+            "job_external_id": job_external_id,
+            "target_cluster": target_cluster,
+        },
     )
 
 

@@ -5,6 +5,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from app.actions.models import Action
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
@@ -138,6 +139,12 @@ def delete_cluster(
     *, session: Session, name: str, now: datetime, actor: Actor | None = None
 ) -> None:
     cluster = get_cluster(session=session, name=name)
+    # Moves bound for it have nowhere to go (their sagas cancel them); its own cascade.
+    session.execute(
+        sa.update(Action)
+        .where(col(Action.target_cluster_id) == cluster.id)
+        .values(target_cluster_id=None)
+    )
     session.delete(cluster)
     audit.record(
         session=session,

@@ -15,13 +15,14 @@ Algorithm (``plan_group``):
    those); compare the pending jobs each starts and the objective.
 4. Report each pending job the group plan starts in another cluster.
 
-This is read-only: moving a pending job (submit in the target cluster, cancel at home
-once accepted) is not dispatched yet. The answer says so (``dispatch``).
+The what-if is read-only; ``app.federation.moves`` turns the same solve's moves into move
+actions (submit in the target cluster, cancel at home once accepted).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -45,9 +46,9 @@ from solver.policies import get_policy
 from wire.telemetry import JobShape, JobState
 
 POLICY = "shaper"
-NOT_DISPATCHED = (
-    "what-if only: moving a pending job to another cluster (submit there, cancel here once "
-    "accepted) is not dispatched yet"
+DISPATCH = (
+    "what-if only: the shaping cycle proposes these moves (a cluster in advise mode) or "
+    "dispatches them (enforce) as move actions of the source cluster; observe: neither"
 )
 
 
@@ -74,7 +75,7 @@ class FederationWhatIf(BaseModel):
     alone: Figures
     federated: Figures
     moves: list[FederatedMove]
-    dispatch: str = NOT_DISPATCHED
+    dispatch: str = DISPATCH
 
 
 def _movable(
@@ -122,7 +123,24 @@ def _block_starts(instance: Instance, plan: Plan) -> int:
     )
 
 
-def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatIf:
+@dataclass(frozen=True)
+class GroupSolve:
+    """One solve of a federation group as a whole, and of each member alone."""
+
+    group: str
+    clusters: list[str]
+    instance: Instance
+    plan: Plan
+    movable_jobs: int
+    alone: Figures
+    moves: list[FederatedMove]
+
+
+def solve_group(*, session: Session, name: str, now: datetime) -> GroupSolve:
+    """Plan the group as one over the live state (and each member alone, to compare).
+
+    The session's transaction is ended: nothing is held while the solver runs, and no ORM
+    object read here is used after."""
     # Read in a read transaction (a POST's session has begun a write one: on SQLite that
     # would hold the one write lock through every solve), copy what the plans need, and
     # end it: no ORM object is touched after, so none reopens a transaction while the
@@ -151,8 +169,10 @@ def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatI
         for node in snapshot.nodes
         if node.gpu_model_id == m.id and node.gpu_count > 0
     )
+    # A job with a proposal waiting (a move of an earlier group plan) is planned afresh:
+    # kept locked, the group would never make the same move again and would supersede it.
     parts = {
-        n: to_instance(snapshot, config=config, known_models=models)
+        n: to_instance(snapshot, config=config, known_models=models, lock_proposed=False)
         for n, snapshot in snapshots.items()
     }
     allowed = {
@@ -185,14 +205,28 @@ def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatI
         )
         for start in cross_cluster_starts(whole, plan)
     ]
-    return FederationWhatIf(
+    return GroupSolve(
         group=name,
         clusters=names,
+        instance=whole,
+        plan=plan,
+        movable_jobs=len(movable),
+        alone=Figures(pending_started=alone_started, objective=round(alone_objective, 3)),
+        moves=moves,
+    )
+
+
+def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatIf:
+    solved = solve_group(session=session, name=name, now=now)
+    whole = solved.instance
+    return FederationWhatIf(
+        group=name,
+        clusters=solved.clusters,
         planned_at=now,
         policy=POLICY,
         pending_jobs=sum(1 for j in whole.jobs if not j.is_running and not j.is_elastic),
-        movable_jobs=len(movable),
-        alone=Figures(pending_started=alone_started, objective=round(alone_objective, 3)),
-        federated=_figures(whole, plan.placement, _block_starts(whole, plan)),
-        moves=moves,
+        movable_jobs=solved.movable_jobs,
+        alone=solved.alone,
+        federated=_figures(whole, solved.plan.placement, _block_starts(whole, solved.plan)),
+        moves=solved.moves,
     )

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from app.actions.router import DispatcherDep
 from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
-from app.federation import planning, service
+from app.federation import moves, planning, service
 from app.federation.models import (
     FederationGroupCreate,
     FederationGroupPublic,
@@ -84,6 +85,18 @@ def remove_cluster(
 @router.post("/{group}/what-if", **scoped("viewer"))
 def what_if(session: SessionDep, clock: ClockDep, group: str) -> planning.FederationWhatIf:
     """Plans the group as one over the live state, and each cluster alone, and says which
-    pending jobs federation would start in another cluster. Changes nothing: moving a
-    pending job is not dispatched yet."""
+    pending jobs federation would start in another cluster. Changes nothing."""
     return planning.plan_group(session=session, name=group, now=clock.now())
+
+
+@router.post("/{group}/plan", **scoped("operator"))
+def plan(
+    session: SessionDep, clock: ClockDep, dispatch: DispatcherDep, group: str
+) -> moves.MovesProposed:
+    """Plans the group now, as the shaping cycle does each period: the pending jobs it
+    starts in another cluster become move actions of their home cluster (proposed in
+    advise mode, dispatched at once in enforce mode; none in observe mode)."""
+    outcome = moves.propose_moves(session=session, group=group, now=clock.now())
+    for action_id in outcome.approved:
+        dispatch(action_id)
+    return outcome

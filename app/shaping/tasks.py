@@ -1,4 +1,5 @@
-"""Celery entry point of the shaping cycle: one run per period, for every cluster."""
+"""Celery entry point of the shaping cycle: one run per period, for every cluster, then for
+every federation group."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from app.clusters.models import Cluster
 from app.core.clock import SystemClock
 from app.core.db import begin, get_engine
 from app.core.task import task
+from app.federation import service as federation_service
+from app.federation.moves import propose_moves
 from app.shaping.cycle import run_cycle
 from app.shaping.dispatch import approved_actions
 from app.shaping.lease import shaping_lease
@@ -57,4 +60,35 @@ def run_shaping_cycles() -> dict[str, int]:
                 ready = approved_actions(session=session, plan_id=result.plan_id)
             for action_id in ready:  # enforce mode: the sagas start now, not at the next sweep
                 action_tasks.kick(action_id)
+        _federate()
     return planned
+
+
+def _federate() -> None:
+    """Each federation group's plan, after its members' own: its moves of pending jobs to
+    another cluster of the group (app.federation.moves)."""
+    with Session(get_engine()) as session:
+        begin(session, writes=False)
+        groups = [
+            g.name
+            for g in federation_service.list_groups(session=session)
+            if len(federation_service.members(session=session, group=g)) >= 2
+        ]
+    for group in groups:
+        with Session(get_engine(), expire_on_commit=False) as session:
+            try:
+                outcome = propose_moves(session=session, group=group, now=SystemClock().now())
+            except Exception:  # one group's failure must not starve the others
+                log.exception("federation planning failed for group %s", group)
+                continue
+        log.info(
+            "federation group %s: %d moves proposed, %d approved, %d kept, %d superseded",
+            group,
+            len(outcome.proposed),
+            len(outcome.approved),
+            outcome.kept,
+            outcome.superseded,
+            extra={"federation_group": group},
+        )
+        for action_id in outcome.approved:
+            action_tasks.kick(action_id)

@@ -26,9 +26,6 @@ from app.actions.models import Action, ActionKind, ActionState
 from app.actions.router import get_dispatcher
 from app.clusters import service as cluster_service
 from app.clusters.models import ClusterCreate, ShapingMode
-from app.core import migrate
-from app.core.db import make_engine
-from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
 from app.plans import service as plan_service
 from app.plans.models import Plan, PlanState
@@ -70,24 +67,6 @@ def _report(job_id: str, gpus: int, *, submitted: datetime, priority: int = 10) 
         priority=priority,
         submit_time=submitted,
     )
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def committed_engine(
-    request: pytest.FixtureRequest, tmp_path: Path, make_postgres_database: Any
-) -> Iterator[Engine]:
-    """A committed database (the saga tasks open their own sessions)."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'shaper.db'}"
-    else:
-        url = make_postgres_database(f"plans_{tmp_path.name[-12:].replace('-', '_')}")
-    migrate.upgrade(url)
-    engine = make_engine(url)
-    with Session(engine) as session:
-        gpu_model_service.ensure_default_catalogue(session=session)
-        session.commit()
-    yield engine
-    engine.dispose()
 
 
 class Site:

@@ -97,7 +97,7 @@ export async function showActions(): Promise<void> {
     actions.items
       .map(
         (a) => `<tr>
-    <td>${a.id}</td><td>${esc(a.cluster)}</td><td>${esc(a.kind)}</td><td>${esc(a.job_external_id)}</td>
+    <td>${a.id}</td><td>${esc(a.cluster)}${a.target_cluster ? ` → ${esc(a.target_cluster)}` : ""}</td><td>${esc(a.kind)}</td><td>${esc(a.job_external_id)}</td>
     <td>${esc(a.source_node || "")} → ${esc(a.target_node || (a.target_replicas ?? ""))}</td><td>${esc(a.state)}</td>
     <td>${a.plan_id ?? ""}</td><td>${a.depends_on.map((d) => `#${d}`).join(" ")}</td>
     <td>${esc(a.reason)}${a.error ? `<br><span class="error">${esc(a.error)}</span>` : ""}</td>

@@ -97,6 +97,8 @@ export interface Action {
   id: number;
   plan_id: number | null;
   cluster: string;
+  // A federated move's destination (the cluster the job goes to); null otherwise.
+  target_cluster: string | null;
   kind: string;
   job_external_id: string | null;
   source_node: string | null;

@@ -1,0 +1,161 @@
+"""A federation group's plan, acted on: each pending job the group plan starts in another
+cluster becomes a ``move`` action of its home cluster (``app.actions.recipes`` says how a
+move runs: hold at home, submit at the target, cancel at home once accepted).
+
+Algorithm (:func:`propose_moves`, once per shaping period for every group with two or
+more clusters, after the members' own cycles; ``app.shaping.tasks``):
+
+1. Solve the group as one (``planning.solve_group``); no transaction is held meanwhile.
+2. In one write transaction, for each move of the solve: the job must still be pending at
+   home, with no other action of it unfinished (its cluster's own plan may have started
+   it meanwhile), and its home cluster must act (``observe`` only plans). A move of the
+   same job to the same cluster that is still proposed is kept, not duplicated. A new
+   move is proposed (``advise``: an operator approves it) or approved by shaper
+   (``enforce``: its saga starts at once).
+3. Proposed moves of the group's clusters that this solve no longer makes are cancelled:
+   approved later, they would move a job the group plan no longer wants moved.
+
+The target cluster's scheduler places the job once it arrives (or the target's next plan
+does): GPUs are not reserved there for it ahead of the move, so its own queue may take
+them first, and then the job waits there instead of at home.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+from sqlmodel import Session, col, select
+
+from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
+from app.clusters.models import Cluster, ShapingMode
+from app.core.db import begin
+from app.core.lookup import row_id
+from app.federation.planning import FederatedMove, solve_group
+from app.jobs.models import Job
+from wire.telemetry import JobState
+
+SHAPER = "shaper"
+
+
+class MovesProposed(BaseModel):
+    group: str
+    proposed: list[int] = Field(default_factory=list, description="move actions proposed now")
+    approved: list[int] = Field(
+        default_factory=list, description="move actions approved by shaper now (enforce mode)"
+    )
+    kept: int = Field(0, description="moves still proposed from an earlier plan")
+    superseded: int = Field(0, description="earlier proposals this plan no longer makes")
+    skipped: dict[str, str] = Field(
+        default_factory=dict, description="<cluster>/<job> → why the plan's move was not made"
+    )
+
+
+def propose_moves(*, session: Session, group: str, now: datetime) -> MovesProposed:
+    """Turn the group plan's moves into move actions; see the module docstring."""
+    solved = solve_group(session=session, name=group, now=now)
+    outcome = MovesProposed(group=group)
+    begin(session, writes=True)
+    clusters = {
+        c.name: c
+        for c in session.exec(select(Cluster).where(col(Cluster.name).in_(solved.clusters)))
+    }
+    wanted: set[tuple[int, int]] = set()  # (job id, target cluster id)
+    for move in solved.moves:
+        home, target = clusters.get(move.from_cluster), clusters.get(move.to_cluster)
+        if home is None or target is None:
+            continue  # deleted while the solver ran
+        job = session.exec(
+            select(Job)
+            .where(Job.cluster_id == row_id(home), Job.external_id == move.job)
+            .with_for_update()
+        ).first()
+        why = _why_not(session, home, job, row_id(target))
+        if job is not None:
+            wanted.add((row_id(job), row_id(target)))
+        if why is not None:
+            if why:
+                outcome.skipped[f"{move.from_cluster}/{move.job}"] = why
+            else:
+                outcome.kept += 1
+            continue
+        assert job is not None  # _why_not names a missing job
+        enforce = ShapingMode(home.mode) is ShapingMode.enforce
+        action = Action(
+            cluster_id=row_id(home),
+            target_cluster_id=row_id(target),
+            job_id=row_id(job),
+            kind=ActionKind.move,
+            state=ActionState.approved if enforce else ActionState.proposed,
+            idempotency_key=f"move:{home.name}:{job.id}:{job.generation}:{target.name}"[:128],
+            reason=_reason(group, move),
+            target_node=",".join(move.nodes)[:255],
+            created_at=now,
+            updated_at=now,
+            decided_by=SHAPER if enforce else None,
+            decided_at=now if enforce else None,
+        )
+        session.add(action)
+        session.flush()
+        (outcome.approved if enforce else outcome.proposed).append(row_id(action))
+    outcome.superseded = _supersede(session, [row_id(c) for c in clusters.values()], wanted, now)
+    session.commit()
+    return outcome
+
+
+def _why_not(session: Session, home: Cluster, job: Job | None, target_id: int) -> str | None:
+    """None: propose a move of the job; '': a proposal of this move waits already; else
+    why not (a proposed move of the job elsewhere does not count: it is superseded)."""
+    if ShapingMode(home.mode) is ShapingMode.observe:
+        return f"{home.name} is in observe mode: it only plans"
+    if job is None:
+        return "the job is no longer reported"
+    if JobState(job.state) is not JobState.pending:
+        return f"the job is {JobState(job.state).value} now"
+    unfinished = session.exec(
+        select(Action).where(
+            Action.job_id == job.id,
+            col(Action.state).not_in([s.value for s in TERMINAL_ACTION_STATES]),
+        )
+    ).all()
+    proposed = [
+        a
+        for a in unfinished
+        if ActionKind(a.kind) is ActionKind.move and ActionState(a.state) is ActionState.proposed
+    ]
+    if any(a.target_cluster_id == target_id for a in proposed):
+        return ""
+    unfinished = [a for a in unfinished if a not in proposed]
+    if unfinished:
+        return f"action {unfinished[0].id} ({unfinished[0].kind}) of the job is unfinished"
+    return None
+
+
+def _reason(group: str, move: FederatedMove) -> str:
+    return (
+        f"federation group {group}: {move.from_cluster} cannot start job {move.job} now; "
+        f"{move.to_cluster} has {move.gpus} GPUs for it on {', '.join(move.nodes)} "
+        "(submitted there, cancelled here once accepted)"
+    )[:2048]
+
+
+def _supersede(
+    session: Session, cluster_ids: list[int], wanted: set[tuple[int, int]], now: datetime
+) -> int:
+    stale = [
+        action
+        for action in session.exec(
+            select(Action).where(
+                col(Action.cluster_id).in_(cluster_ids),
+                Action.kind == ActionKind.move,
+                Action.state == ActionState.proposed,
+            )
+        )
+        if (action.job_id, action.target_cluster_id) not in wanted
+    ]
+    for action in stale:
+        action.state = ActionState.cancelled
+        action.error = "superseded: the federation group's latest plan no longer makes this move"
+        action.updated_at = action.finished_at = now
+        session.add(action)
+    return len(stale)

@@ -1,0 +1,222 @@
+"""The recipe of a federated move (app.actions.recipes, app.actions.messages), step by step
+and at each point it can fail, without a database or executors: which steps run where,
+which job each names, and what compensation undoes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from app.actions.messages import move_name, step_message
+from app.actions.models import Action, ActionKind, ActionStep, StepState
+from app.actions.recipes import (
+    NO_ANSWER,
+    Unplannable,
+    answered_or_given_up,
+    compensation_steps,
+    forward_steps,
+)
+from app.clusters.models import Cluster
+from app.jobs.models import Job
+from wire.steps import StepPhase
+from wire.telemetry import JobState, SchedulerKind
+
+NOW = datetime(2026, 12, 4, tzinfo=UTC)
+SPEC = json.dumps({"scheduler": "slurm", "native": {"script": "#!/bin/sh\nrun\n"}})
+PORTABLE = json.dumps(
+    {"scheduler": "slurm", "native": {}, "portable": {"image": "t:1", "command": ["t"], "gpus": 1}}
+)
+
+
+def _cluster(id_: int, name: str, scheduler: SchedulerKind = SchedulerKind.slurm) -> Cluster:
+    return Cluster(id=id_, name=name, scheduler=scheduler, created_at=NOW)
+
+
+A, B = _cluster(1, "a"), _cluster(2, "b")
+
+
+def _job(state: JobState, *, checkpointable: bool = True, spec: str | None = SPEC) -> Job:
+    return Job(
+        id=7,
+        cluster_id=1,
+        external_id="41",
+        name="train",
+        team="vision",
+        state=state,
+        checkpointable=checkpointable,
+        submit_spec=spec,
+        updated_at=NOW,
+    )
+
+
+def _move(**nodes: str) -> Action:
+    return Action(
+        id=5,
+        cluster_id=1,
+        target_cluster_id=2,
+        job_id=7,
+        kind=ActionKind.move,
+        idempotency_key="move:a:7:0:b",
+        source_node=nodes.get("source"),
+        target_node=nodes.get("target"),
+        created_at=NOW,
+        updated_at=NOW,
+    )
+
+
+def _plan(steps: list[ActionStep]) -> list[tuple[str, str]]:
+    return [(s.name, s.queue) for s in steps]
+
+
+def _ran(steps: list[ActionStep], upto: int, failed: str | None = "boom") -> None:
+    """Steps before ``upto`` succeeded, step ``upto`` failed with ``failed``, later ones
+    never ran."""
+    for step in steps:
+        if step.seq < upto:
+            step.state = StepState.succeeded
+        elif step.seq == upto:
+            step.state, step.error = StepState.failed, failed
+        else:
+            step.state = StepState.skipped
+
+
+def _message(action: Action, job: Job, step: ActionStep, steps: list[ActionStep]) -> dict:
+    return step_message(action, job, step, steps, start_wait_s=30.0).kwargs["step"]  # type: ignore[no-any-return]
+
+
+def test_a_pending_job_is_held_submitted_and_cancelled_once_accepted() -> None:
+    action, job = _move(), _job(JobState.pending)
+    steps = forward_steps(action, job, A, 1, B)
+    assert _plan(steps) == [
+        ("hold", "connector.a"),
+        ("submit", "connector.b"),
+        ("cancel", "connector.a"),
+    ]
+    hold, submit, cancel = (_message(action, job, s, steps) for s in steps)
+    assert hold["args"]["pending"] is True and hold["workload_id"] == "41"
+    assert submit["args"]["name"] == move_name(5, "41") == "shaper-5-41"
+    assert submit["args"]["source_cluster"] == "a"
+    assert submit["args"]["spec"] == json.loads(SPEC)
+    assert "hold" not in submit["args"]  # a pending job is submitted to wait in B's queue
+    assert cancel["workload_id"] == "41"
+    # The cancel at the source is never given up for want of an answer; the others are.
+    assert [answered_or_given_up(action, s) for s in steps] == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "error", "compensation"),
+    [
+        (0, "job 41 is running", []),  # the hold refused: nothing was done
+        (0, f"{NO_ANSWER} from connector.a", [("release", "connector.a")]),
+        (1, "b cannot run it", [("withdraw", "connector.b"), ("release", "connector.a")]),
+        (2, "slurmctld down", [("withdraw", "connector.b"), ("release", "connector.a")]),
+    ],
+)
+def test_a_pending_jobs_move_undoes_what_may_have_happened(
+    failed_at: int, error: str, compensation: list[tuple[str, str]]
+) -> None:
+    action, job = _move(), _job(JobState.pending)
+    steps = forward_steps(action, job, A, 1, B)
+    _ran(steps, failed_at, error)
+    undo = compensation_steps(action, steps, "a", 2)
+    assert _plan(undo) == compensation
+    assert all(s.phase == StepPhase.compensate and s.generation == 2 for s in undo)
+
+
+def test_a_running_job_is_checkpointed_staged_at_the_target_and_released_there() -> None:
+    action, job = _move(source="node1", target="bnode2"), _job(JobState.running)
+    steps = forward_steps(action, job, A, 1, B)
+    assert _plan(steps) == [
+        ("checkpoint", "agent.a.node1"),
+        ("submit", "connector.b"),
+        ("transfer", "agent.b.bnode2"),
+        ("stage", "agent.b.bnode2"),
+        ("release", "connector.b"),
+        ("confirm", "agent.b.bnode2"),
+        ("cancel", "connector.a"),
+        ("release", "agent.a.node1"),
+    ]
+    assert len({s.idempotency_key for s in steps}) == len(steps)  # two releases, two keys
+    steps[0].result = {"image": {"image_dir": "/img/41/g1/image", "backend": "criu"}}
+    steps[1].result = {"external_id": "9"}
+    steps[2].result = {"image_dir": "/b/img/9/g1/image"}
+    steps[3].result = {"image_dir": "/b/img/9/g1/image"}
+    sent = {(s.name, s.queue): _message(action, job, s, steps) for s in steps}
+    submit = sent["submit", "connector.b"]
+    assert submit["workload_id"] == "41" and submit["args"]["hold"] is True
+    assert submit["args"]["nodes"] == ["bnode2"]
+    # At the target after the submit, the job is the one B accepted.
+    for name, queue in [
+        ("transfer", "agent.b.bnode2"),
+        ("stage", "agent.b.bnode2"),
+        ("release", "connector.b"),
+        ("confirm", "agent.b.bnode2"),
+    ]:
+        assert sent[name, queue]["workload_id"] == "9", (name, queue)
+    assert sent["stage", "agent.b.bnode2"]["args"]["image_dir"] == "/b/img/9/g1/image"
+    assert sent["confirm", "agent.b.bnode2"]["args"]["resumed_from"] == "/b/img/9/g1/image"
+    assert sent["cancel", "connector.a"]["workload_id"] == "41"
+    assert sent["release", "agent.a.node1"]["workload_id"] == "41"
+    assert sent["release", "agent.a.node1"]["args"]["delete_image"] is True
+    assert [answered_or_given_up(action, s) for s in steps] == [True] * 6 + [False, False]
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "compensation"),
+    [
+        (0, [("restore", "agent.a.node1")]),  # a no-op when it still runs there
+        (1, [("withdraw", "connector.b"), ("restore", "agent.a.node1")]),
+        (
+            3,
+            [
+                ("withdraw", "connector.b"),
+                ("release", "agent.b.bnode2"),
+                ("restore", "agent.a.node1"),
+            ],
+        ),
+        (
+            5,
+            [
+                ("withdraw", "connector.b"),
+                ("release", "agent.b.bnode2"),
+                ("restore", "agent.a.node1"),
+            ],
+        ),
+        (7, []),  # cancelled at its source already: the job is B's, nothing is undone
+    ],
+)
+def test_a_running_jobs_move_brings_it_back_until_its_source_copy_is_cancelled(
+    failed_at: int, compensation: list[tuple[str, str]]
+) -> None:
+    action, job = _move(source="node1", target="bnode2"), _job(JobState.running)
+    steps = forward_steps(action, job, A, 1, B)
+    _ran(steps, failed_at)
+    steps[1].result = {"external_id": "9"}
+    undo = compensation_steps(action, steps, "a", 2)
+    assert _plan(undo) == compensation
+    if ("release", "agent.b.bnode2") in compensation:
+        release = next(s for s in undo if s.queue == "agent.b.bnode2")
+        assert _message(action, job, release, [*steps, *undo])["workload_id"] == "9"
+
+
+@pytest.mark.parametrize(
+    ("job", "target", "source", "why"),
+    [
+        (_job(JobState.running, checkpointable=False), B, "node1", "cannot checkpoint"),
+        (_job(JobState.pending, spec=None), B, None, "no submit spec"),
+        (_job(JobState.finished), B, None, "nothing to move"),
+        (_job(JobState.running, spec=PORTABLE), _cluster(3, "c", SchedulerKind.sim), "n", "pinned"),
+        (_job(JobState.running, spec=PORTABLE), _cluster(4, "d", SchedulerKind.kueue), "n", "pin"),
+        (_job(JobState.pending), _cluster(5, "e", SchedulerKind.kubernetes), None, "no portable"),
+        (_job(JobState.pending), None, None, "no target cluster"),
+        (_job(JobState.pending), A, None, "other than a"),
+    ],
+)
+def test_a_move_the_recipe_cannot_run_is_refused_saying_why(
+    job: Job, target: Cluster | None, source: str | None, why: str
+) -> None:
+    action = _move(**({"source": source, "target": "t1"} if source else {}))
+    with pytest.raises(Unplannable, match=why):
+        forward_steps(action, job, A, 1, target)

@@ -1,0 +1,409 @@
+"""Moving a pending job to another cluster of its federation group, on the embedded default
+(issue 16): two simulated clusters whose schedulers, connectors and step journals answer
+in-process (as in ``shaper demo``), the group's planning, the API and the in-process saga
+tasks, on SQLite and on PostgreSQL.
+
+``east`` is full (one 8-GPU node held by a long job) and a 4-GPU job waits there;
+``west`` is idle. The group plan moves the waiting job to ``west``: held at east,
+submitted to west, cancelled at east once west has answered with its id. The faults are
+the ones a move must survive: a target that refuses the job, answers lost on the way
+back, a source that does not answer its cancel, and a job that starts at home before the
+hold takes effect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from app.actions import local, saga, tasks
+from app.actions.models import Action, ActionKind, ActionState, ActionStep
+from app.actions.router import get_dispatcher
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate, ClusterUpdate, ShapingMode
+from app.federation import service as federation_service
+from app.federation.models import FederationGroupCreate
+from app.federation.moves import propose_moves
+from app.jobs.models import Job
+from app.telemetry import service as telemetry_service
+from connectors.sim import SimCluster, SimExecutors, SiteSpec
+from tests.support.live_server import app_on, tokens_for
+from wire.steps import StepPhase
+from wire.telemetry import JobKind, JobReport, JobState, SchedulerKind, TelemetrySnapshot
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+GROUP = "site"
+LOST: dict[str, Any] = {}  # a fault's answer: the step runs, its answer is lost
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Member:
+    """One simulated cluster of the group, wired as ``shaper demo`` wires its clusters."""
+
+    def __init__(
+        self, engine: Engine, tmp_path: Path, name: str, clock: Clock, mode: ShapingMode
+    ) -> None:
+        self.engine = engine
+        self.name = name
+        self.cluster = SimCluster(
+            SiteSpec(
+                name=name,
+                nodes=((f"{name}1", "H100", 8),),
+                teams=("research",),
+                kinds=(JobKind.training,),
+                arrivals_per_hour=0,
+            ),
+            start=T0,
+            seed=1,
+            clock=clock,
+        )
+        self.executors = SimExecutors(self.cluster, state_dir=tmp_path / name)
+        self.seq = 0
+        self.clock = clock
+        # A step's fault: called with the step message; returns an answer to give instead
+        # of running it (LOST: it ran, and its answer never arrives), or None to run it.
+        self.faults: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {}
+        self.seen: list[str] = []
+        with Session(engine) as session:
+            cluster_service.register_cluster(
+                session=session,
+                now=T0,
+                cluster_in=ClusterCreate(name=name, scheduler=SchedulerKind.sim, mode=mode),
+            )
+
+    def handle(self, queue: str, step: dict[str, Any]) -> dict[str, Any]:
+        self.seen.append(step["step"])
+        fault = self.faults.get(step["step"])
+        if fault is not None:
+            instead = fault(step)
+            if instead is LOST:
+                answer = self.executors.handle(queue, step)
+                # Delivered in-process, an answer always arrives: one for a step the saga
+                # never sent is what an answer that got lost leaves it (ignored, so the step
+                # stays sent until it times out and is sent again).
+                return {**answer, "key": f"{step['key']}:lost"}
+            if instead is not None:
+                return instead
+        return self.executors.handle(queue, step)
+
+    def push(self) -> None:
+        self.seq += 1
+        with Session(self.engine) as session:
+            telemetry_service.ingest(
+                session=session,
+                cluster_name=self.name,
+                push=TelemetrySnapshot.of(
+                    self.cluster.read_state(), connector_session="test", seq=self.seq
+                ),
+                now=self.clock.now,
+            )
+
+    def states(self) -> dict[str, str]:
+        return {j.external_id: j.state.value for j in self.cluster.read_state().jobs}
+
+
+class Group:
+    def __init__(self, engine: Engine, east: Member, west: Member) -> None:
+        self.engine, self.east, self.west = engine, east, west
+
+    def plan(self) -> Any:
+        self.east.push()
+        self.west.push()
+        with Session(self.engine, expire_on_commit=False) as session:
+            return propose_moves(session=session, group=GROUP, now=self.east.clock.now)
+
+    def approve(self, action_id: int) -> None:
+        with TestClient(app_on(self.engine)) as client:
+            client.app.dependency_overrides[get_dispatcher] = lambda: lambda action_id: None  # type: ignore[attr-defined]
+            with Session(self.engine) as session:
+                token = tokens_for(session, T0, ["operator"])["operator"]
+            response = client.post(
+                f"/api/v1/actions/{action_id}/approve",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert response.status_code == 200, response.text
+
+    def run_sagas(self, seconds: float = 20.0) -> None:
+        """What the in-process beat does: sweep until nothing is left to advance (resends
+        after a lost answer come back once their timeout has passed)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if tasks.sweep() == 0:
+                return
+            time.sleep(0.05)
+        with Session(self.engine) as session:
+            left = session.exec(select(Action)).all()
+        raise AssertionError(f"sagas still running: {[(a.id, a.kind, a.state) for a in left]}")
+
+    def action(self, action_id: int) -> Action:
+        with Session(self.engine) as session:
+            action = session.get(Action, action_id)
+            assert action is not None
+            return action
+
+    def steps(self, action_id: int) -> list[tuple[str, str, str, str]]:
+        with Session(self.engine) as session:
+            rows = session.exec(
+                select(ActionStep)
+                .where(ActionStep.action_id == action_id)
+                .order_by(col(ActionStep.seq))
+            )
+            return [(s.phase, s.name, s.queue, s.state) for s in rows]
+
+    def job(self, cluster: str, external_id: str) -> Job:
+        with Session(self.engine) as session:
+            job = session.exec(select(Job).where(Job.external_id == external_id)).first()
+            assert job is not None, f"{cluster}/{external_id} is not known"
+            return job
+
+
+def _report(job_id: str, gpus: int) -> JobReport:
+    return JobReport(
+        external_id=job_id,
+        team="research",
+        gpus_requested=gpus,
+        checkpointable=True,
+        priority=10,
+        submit_time=T0,
+    )
+
+
+@pytest.fixture
+def group_factory(
+    committed_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Group]]:
+    monkeypatch.setattr(tasks, "get_engine", lambda: committed_engine)
+    # The simulated schedulers answer at once: resend lost steps and retry quickly.
+    monkeypatch.setattr(tasks, "_timings", lambda: {"step_timeout_s": 0.3, "start_wait_s": 5.0})
+    monkeypatch.setattr(saga, "CONFIRM_POLL_S", 0.05)
+    monkeypatch.setattr(saga, "RETRY_BACKOFF_S", (0.05,))
+    registered: list[str] = []
+
+    def make(mode: ShapingMode = ShapingMode.advise) -> Group:
+        clock = Clock()
+        east = Member(committed_engine, tmp_path, "east", clock, mode)
+        west = Member(committed_engine, tmp_path, "west", clock, mode)
+        for member in (east, west):
+            for prefix in member.executors.queues():
+                local.register(prefix, member.handle)
+                registered.append(prefix)
+        with Session(committed_engine) as session:
+            federation_service.create_group(
+                session=session, group_in=FederationGroupCreate(name=GROUP), now=T0, actor=None
+            )
+            for name in ("east", "west"):
+                federation_service.add_cluster(
+                    session=session, name=GROUP, cluster=name, now=T0, actor=None
+                )
+        east.cluster.submit(_report("busy", 8), timedelta(hours=10))
+        east.cluster.submit(_report("waiting", 4), timedelta(hours=1))
+        clock.now = T0 + timedelta(minutes=10)
+        assert east.states() == {"busy": "running", "waiting": "pending"}
+        return Group(committed_engine, east, west)
+
+    yield make
+    for prefix in registered:
+        local.unregister(prefix)
+
+
+def _one_move(group: Group) -> int:
+    outcome = group.plan()
+    assert len(outcome.proposed) == 1, outcome
+    return int(outcome.proposed[0])
+
+
+def test_the_waiting_job_moves_to_the_idle_cluster_and_its_home_copy_is_cancelled(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory()
+    action_id = _one_move(group)
+    action = group.action(action_id)
+    assert action.kind == ActionKind.move and action.state == ActionState.proposed
+    assert "east cannot start job waiting now; west has 4 GPUs for it" in action.reason
+    # Planned again before anyone decided: the same proposal, not a second one.
+    again = group.plan()
+    assert again.proposed == [] and again.kept == 1
+
+    group.approve(action_id)
+    group.run_sagas()
+    action = group.action(action_id)
+    assert action.state == ActionState.succeeded, action.error
+    assert group.steps(action_id) == [
+        ("forward", "hold", "connector.east", "succeeded"),
+        ("forward", "submit", "connector.west", "succeeded"),
+        ("forward", "cancel", "connector.east", "succeeded"),
+    ]
+    # Gone from east, running at west (its scheduler placed it): once, not twice.
+    assert group.east.states() == {"busy": "running", "waiting": "cancelled"}
+    assert group.west.states() == {"west-in1": "running"}
+    moved = group.job("east", "waiting")
+    assert moved.state == JobState.cancelled
+    assert moved.reason == f"moved to west as job west-in1 by action {action_id}"
+
+    # The next plan sees the job at west, running: nothing more to move.
+    after = group.plan()
+    assert after.proposed == [] and after.approved == [] and after.kept == 0
+    assert group.job("west", "west-in1").state == JobState.running
+
+
+def test_the_api_lists_where_a_move_comes_from_and_goes_to(
+    group_factory: Callable[..., Group], committed_engine: Engine
+) -> None:
+    group = group_factory()
+    action_id = _one_move(group)
+    with TestClient(app_on(committed_engine)) as client:
+        with Session(committed_engine) as session:
+            token = tokens_for(session, T0, ["viewer"])["viewer"]
+        listed = client.get("/api/v1/actions", headers={"Authorization": f"Bearer {token}"}).json()[
+            "items"
+        ]
+    (shown,) = (a for a in listed if a["id"] == action_id)
+    assert (shown["cluster"], shown["target_cluster"], shown["kind"]) == ("east", "west", "move")
+    assert shown["job_external_id"] == "waiting" and shown["target_node"] == "west1"
+
+
+def test_a_target_that_refuses_the_job_leaves_it_pending_at_home_and_released(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory()
+    action_id = _one_move(group)
+
+    def refuse(step: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "action_id": step["action_id"],
+            "key": step["key"],
+            "ok": False,
+            "error": "submit: west cannot run it",
+            "executor": "connector.west",
+            "generation": step["generation"],
+        }
+
+    group.west.faults["submit"] = refuse
+    group.approve(action_id)
+    group.run_sagas()
+    action = group.action(action_id)
+    assert action.state == ActionState.compensated, action.error
+    assert "submit on connector.west failed: submit: west cannot run it" in (action.error or "")
+    assert [s for s in group.steps(action_id) if s[0] == StepPhase.compensate] == [
+        ("compensate", "withdraw", "connector.west", "succeeded"),
+        ("compensate", "release", "connector.east", "succeeded"),
+    ]
+    assert group.west.states() == {}
+    assert group.east.states() == {"busy": "running", "waiting": "pending"}
+    assert not group.east.cluster.jobs["waiting"].held  # back in east's queue as it was
+    assert group.job("east", "waiting").generation == 2  # the move's, then compensation's
+
+
+def test_lost_answers_are_resent_and_the_job_arrives_once(
+    group_factory: Callable[..., Group],
+) -> None:
+    """The submit runs at west and its answer is lost; the source's cancel goes unanswered
+    more often than a forward step is tried (a cancel is never given up: given up, the job
+    might wait in both clusters)."""
+    group = group_factory()
+    action_id = _one_move(group)
+    lost = {"submit": 1, "cancel": saga.MAX_ATTEMPTS + 1}
+
+    def lose(name: str) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+        def fault(step: dict[str, Any]) -> dict[str, Any] | None:
+            if lost[name] > 0:
+                lost[name] -= 1
+                return LOST
+            return None
+
+        return fault
+
+    group.west.faults["submit"] = lose("submit")
+    group.east.faults["cancel"] = lose("cancel")
+    group.approve(action_id)
+    group.run_sagas(seconds=30)
+    action = group.action(action_id)
+    assert action.state == ActionState.succeeded, action.error
+    assert group.west.seen.count("submit") == 2
+    assert group.east.seen.count("cancel") == saga.MAX_ATTEMPTS + 2
+    assert group.west.states() == {"west-in1": "running"}  # one job, not two
+    assert group.east.states()["waiting"] == "cancelled"
+
+
+def test_a_job_that_started_at_home_before_the_hold_is_not_moved(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory()
+    action_id = _one_move(group)
+    group.east.cluster.cancel("busy")  # east frees up: its FIFO starts the waiting job
+    assert group.east.states()["waiting"] == "running"
+    group.approve(action_id)
+    group.run_sagas()
+    action = group.action(action_id)
+    assert action.state == ActionState.failed
+    assert "job waiting is running: only a pending job is held for a move" in (action.error or "")
+    assert [s[1] for s in group.steps(action_id)] == ["hold", "submit", "cancel"]
+    assert group.west.seen == []  # nothing was submitted
+    assert group.east.states()["waiting"] == "running"
+    assert not group.east.cluster.jobs["waiting"].held
+
+
+def test_observe_mode_plans_no_move_and_enforce_approves_it(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory(ShapingMode.observe)
+    outcome = group.plan()
+    assert outcome.proposed == outcome.approved == []
+    assert outcome.skipped == {"east/waiting": "east is in observe mode: it only plans"}
+    with Session(group.engine) as session:
+        for name in ("east", "west"):
+            cluster_service.update_cluster(
+                session=session,
+                name=name,
+                cluster_in=ClusterUpdate(mode=ShapingMode.enforce),
+                now=T0,
+            )
+    outcome = group.plan()
+    assert outcome.proposed == [] and len(outcome.approved) == 1
+    action = group.action(outcome.approved[0])
+    assert action.state == ActionState.approved and action.decided_by == "shaper"
+    group.run_sagas()
+    assert group.action(outcome.approved[0]).state == ActionState.succeeded
+
+
+def test_a_proposal_the_next_plan_no_longer_makes_is_cancelled(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory()
+    action_id = _one_move(group)
+    group.east.cluster.cancel("busy")  # the job starts at home after all
+    outcome = group.plan()
+    assert outcome.superseded == 1 and outcome.proposed == []
+    action = group.action(action_id)
+    assert action.state == ActionState.cancelled
+    assert (action.error or "").startswith("superseded")
+
+
+def test_a_move_whose_target_cluster_was_deleted_is_cancelled_saying_so(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory()
+    action_id = _one_move(group)
+    with Session(group.engine) as session:
+        cluster_service.delete_cluster(session=session, name="west", now=T0)
+    group.approve(action_id)
+    group.run_sagas()
+    action = group.action(action_id)
+    assert action.state == ActionState.cancelled
+    assert action.error == "move names no target cluster (or it was deleted)"
+    assert group.east.states()["waiting"] == "pending"
