@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ import pytest
 
 from connectors.slurm import SlurmConnector, SlurmConnectorConfig
 from tests.support import second_slurm_cluster
+from tests.support.counter import COUNTER
 from tests.support.second_slurm_cluster import SecondClusterLayout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,6 +77,31 @@ class SlurmCluster:
             f"--wrap={command}",
         )
         return output.strip().split(";")[0]
+
+    @property
+    def connector_settings(self) -> tuple[str, ...]:
+        """``--set`` values of a connector process for this cluster."""
+        return (f"slurm_conf={self.conf}", 'mapping={"gpu_model_aliases": {"h100": "H100"}}')
+
+    def submit_counter(
+        self, root: Path, name: str, *options: str, gpus: int = 2
+    ) -> tuple[str, Path]:
+        """A checkpointable training job whose body is the counter under `agent exec
+        --wait` (100 MB of state), the node agents' state under root/nodes/<node>."""
+        count_file = root / f"{name}.count"
+        body = (
+            f"exec {sys.executable} -m agent exec --wait --backend criu "
+            f"--state-dir {root}/nodes/$SLURMD_NODENAME -- "
+            f"{sys.executable} {COUNTER} --count-file {count_file} --state-mb 100"
+        )
+        job_id = self.sbatch(
+            f"--gres=gpu:h100:{gpus}",
+            f"--job-name={name}",
+            "--comment=shaper:kind=training,priority=50,checkpointable=true",
+            *options,
+            command=body,
+        )
+        return job_id, count_file
 
     def squeue(self) -> dict[str, dict[str, Any]]:
         """Slurm's own view, from a format that is not the JSON the connector parses."""

@@ -13,36 +13,28 @@ starting it over.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlmodel import Session, select
 
 from agent import procs
 from app.actions.models import ActionKind
-from app.actions.router import get_dispatcher
-from app.clusters import service as cluster_service
-from app.clusters.models import ClusterCreate
-from app.core import migrate
-from app.core.db import make_engine
-from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
 from tests.connectors.conftest import SlurmCluster
-from tests.support.counter import COUNTER, count_of, next_count, progress_of
-from tests.support.live_server import app_on, serve, tokens_for
-from tests.support.pipeline import Pipeline, RedisServer
+from tests.support.counter import count_of, next_count, progress_of
+from tests.support.deployment import api
+from tests.support.deployment import deployment as deployment_of
+from tests.support.pipeline import Pipeline
 from tests.support.plans import action_state, stored_plan, wait_until_settled
 
 CLUSTER = "hpc-test"
 NODES = ("node1", "node2", "node3")
 WAIT_S = 60.0
 START_WAIT_S = 45.0
-PYTHON = sys.executable
 
 
 @pytest.fixture(scope="module")
@@ -54,90 +46,27 @@ def deployment(
     """API, control worker, three node agents and the connector, around the Slurm cluster."""
     root = tmp_path_factory.mktemp("slurm-deployment")
     root.chmod(0o755)
-    redis_server = RedisServer(root)
-    redis_server.start()
-    url = make_postgres_database("slurm_migration")
-    migrate.upgrade(url)
-    engine = make_engine(url)
-    now = datetime.now(UTC)
-    with Session(engine) as session:
-        gpu_model_service.ensure_default_catalogue(session=session)
-        cluster_service.register_cluster(
-            session=session,
-            now=now,
-            cluster_in=ClusterCreate(name=CLUSTER, scheduler="slurm", mode="advise"),
-        )
-        scopes = ["operator", "viewer", f"connector:{CLUSTER}"]
-        scopes += [f"agent:{CLUSTER}/{node}" for node in NODES]
-        tokens = tokens_for(session, now, scopes)
-    pipeline = Pipeline(
+    scopes = ["operator", "viewer", f"connector:{CLUSTER}"]
+    scopes += [f"agent:{CLUSTER}/{node}" for node in NODES]
+    env = {
+        "SHAPER_CYCLE_PERIOD_S": "86400",  # the test proposes; no cycle supersedes it
+        # Slurm here holds a requeued job for cred_expire = 10 s, not 120 s.
+        "SHAPER_SCHEDULER_START_WAIT_S": str(START_WAIT_S),
+    }
+    with deployment_of(
         root=root,
-        database_url=url,
-        engine=engine,
-        broker=redis_server.url,
-        env={
-            "SHAPER_DATABASE_URL": url,
-            "SHAPER_BROKER_URL": redis_server.url,
-            "PYTHONUNBUFFERED": "1",
-            "SHAPER_CYCLE_PERIOD_S": "86400",  # the test proposes; no cycle supersedes it
-            # Slurm here holds a requeued job for cred_expire = 10 s, not 120 s.
-            "SHAPER_SCHEDULER_START_WAIT_S": str(START_WAIT_S),
-        },
-        redis=redis_server,
-        tokens=tokens,
-    )
-    app = app_on(engine)
-    app.dependency_overrides[get_dispatcher] = lambda: pipeline.advance
-    try:
-        with serve(app) as base:
-            pipeline.start_control()
-            for node in NODES:
-                pipeline.start_agent(node, cluster=CLUSTER)
-            pipeline._spawn(
-                "connector",
-                [PYTHON, "-m", "connectors.runner", "--kind", "slurm", "--cluster", CLUSTER,
-                 "--control-plane", base, "--interval", "1", "--broker", redis_server.url,
-                 "--state-dir", str(root / "connector"),
-                 "--set", f"slurm_conf={slurm_cluster.conf}",
-                 "--set", 'mapping={"gpu_model_aliases": {"h100": "H100"}}'],
-                {"SHAPER_CONNECTOR_TOKEN": tokens[f"connector:{CLUSTER}"]},
-            )  # fmt: skip
-            yield {"pipeline": pipeline, "base": base, "tokens": tokens, "root": root}
-    finally:
-        pipeline.stop_all()
-        redis_server.stop()
-        engine.dispose()
-
-
-def _api(deployment: dict[str, Any], method: str, path: str, role: str) -> Any:
-    response = httpx.request(
-        method,
-        f"{deployment['base']}/api/v1{path}",
-        headers={"Authorization": f"Bearer {deployment['tokens'][role]}"},
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def _submit_counter(
-    slurm: SlurmCluster, root: Path, name: str, *options: str, gpus: int = 2
-) -> tuple[str, Path]:
-    """A checkpointable training job whose body is the counter under `agent exec --wait`."""
-    count_file = root / f"{name}.count"
-    body = (
-        f"exec {PYTHON} -m agent exec --wait --backend criu "
-        f"--state-dir {root}/nodes/$SLURMD_NODENAME -- "
-        f"{PYTHON} {COUNTER} --count-file {count_file} --state-mb 100"
-    )
-    job_id = slurm.sbatch(
-        f"--gres=gpu:h100:{gpus}",
-        f"--job-name={name}",
-        "--comment=shaper:kind=training,priority=50,checkpointable=true",
-        *options,
-        command=body,
-    )
-    return job_id, count_file
+        database_url=make_postgres_database("slurm_migration"),
+        clusters=[(CLUSTER, "slurm")],
+        scopes=scopes,
+        env=env,
+    ) as running:
+        pipeline: Pipeline = running["pipeline"]
+        for node in NODES:
+            pipeline.start_agent(node, cluster=CLUSTER)
+        pipeline.start_connector(
+            "slurm", CLUSTER, running["base"], *slurm_cluster.connector_settings
+        )
+        yield running
 
 
 def _known_job(deployment: dict[str, Any], job_id: str, node: str) -> dict[str, Any]:
@@ -146,7 +75,7 @@ def _known_job(deployment: dict[str, Any], job_id: str, node: str) -> dict[str, 
     last: list[Any] = []
 
     def seen() -> dict[str, Any] | None:
-        items = _api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")["items"]
+        items = api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")["items"]
         for job in items:
             if job["external_id"] == job_id:
                 last[:] = [job]
@@ -195,7 +124,7 @@ def _propose(deployment: dict[str, Any], job_id: str, kind: ActionKind, **nodes:
 def _approve_and_wait(
     deployment: dict[str, Any], action_id: int, slurm: SlurmCluster, job_id: str
 ) -> str:
-    _api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
     states = wait_until_settled(
         deployment["pipeline"].engine,
         [action_id],
@@ -219,7 +148,7 @@ def test_a_running_slurm_job_is_checkpointed_requeued_to_another_node_and_resume
     slurm: SlurmCluster, deployment: dict[str, Any]
 ) -> None:
     root: Path = deployment["root"]
-    job_id, count_file = _submit_counter(slurm, root, "migrating", "--nodelist=node1")
+    job_id, count_file = slurm.submit_counter(root, "migrating", "--nodelist=node1")
     slurm.wait_state(job_id, "RUNNING")
     assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S), procs.read_tail(
         slurm.jobs_dir / f"{job_id}.out"
@@ -269,7 +198,7 @@ def test_a_preempted_slurm_job_is_checkpointed_first_and_resumes_from_its_checkp
     checkpoint, image staged where it ran, requeue. The waiting job takes the GPUs; when it
     ends, Slurm runs the counter again and it goes on from its checkpoint."""
     root: Path = deployment["root"]
-    job_id, count_file = _submit_counter(slurm, root, "preempted", "--nodelist=node1")
+    job_id, count_file = slurm.submit_counter(root, "preempted", "--nodelist=node1")
     fillers = [
         slurm.sbatch("--gres=gpu:h100:2", f"--nodelist={node}", "--job-name=filler")
         for node in ("node2", "node3")
@@ -324,7 +253,7 @@ def test_a_migration_whose_target_never_runs_the_job_sends_it_home_to_resume(
     The confirm gives up; compensation fences the target, stages the image the checkpoint
     left on the source and requeues the job back there, where it resumes."""
     root: Path = deployment["root"]
-    job_id, count_file = _submit_counter(slurm, root, "homecoming", "--nodelist=node1")
+    job_id, count_file = slurm.submit_counter(root, "homecoming", "--nodelist=node1")
     slurm.wait_state(job_id, "RUNNING")
     assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S)
     first = progress_of(count_file)
@@ -370,7 +299,7 @@ def test_a_move_that_loses_both_target_and_source_leaves_the_job_queued_with_its
     Slurm's queue pinned to its source with the image staged there, shown as displaced by
     the API; when the source frees, Slurm runs it and it resumes from its checkpoint."""
     root: Path = deployment["root"]
-    job_id, count_file = _submit_counter(slurm, root, "stranded", "--nodelist=node1")
+    job_id, count_file = slurm.submit_counter(root, "stranded", "--nodelist=node1")
     slurm.wait_state(job_id, "RUNNING")
     assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S)
     first = progress_of(count_file)
@@ -393,7 +322,7 @@ def test_a_move_that_loses_both_target_and_source_leaves_the_job_queued_with_its
         ]
         assert slurm.job(rival)["state"] == "RUNNING"
         assert slurm.job(job_id)["state"] == "PENDING"  # queued, not lost and not held
-        shown = _api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")
+        shown = api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")
         (row,) = [j for j in shown["items"] if j["external_id"] == job_id]
         assert row["displaced_at"] is not None
         assert "checkpoint" in row["displaced_reason"]
@@ -421,7 +350,7 @@ def _approve_plan_and_wait(
     deployment: dict[str, Any], ids: list[int], slurm: SlurmCluster
 ) -> dict[int, str]:
     plan_id, *action_ids = ids
-    _api(deployment, "POST", f"/plans/{plan_id}/approve", "operator")
+    api(deployment, "POST", f"/plans/{plan_id}/approve", "operator")
     return wait_until_settled(
         deployment["pipeline"].engine,
         action_ids,
@@ -439,7 +368,7 @@ def test_an_approved_plan_moves_a_job_and_the_freed_node_waits_for_the_planned_s
     move frees it (the control case is in test_slurm_reservations.py): the reservations
     keep it for the planned job, and are given back once both jobs run where planned."""
     root: Path = deployment["root"]
-    mover, count_file = _submit_counter(slurm, root, "mover", "--nodelist=node1", gpus=1)
+    mover, count_file = slurm.submit_counter(root, "mover", "--nodelist=node1", gpus=1)
     slurm.sbatch("--gres=gpu:h100:1", "--nodelist=node2", "--job-name=filler")
     slurm.sbatch("--gres=gpu:h100:2", "--nodelist=node3", "--job-name=blocker")
     slurm.wait_state(mover, "RUNNING")
@@ -450,7 +379,7 @@ def test_an_approved_plan_moves_a_job_and_the_freed_node_waits_for_the_planned_s
     assert procs.wait_until(
         lambda: any(
             j["external_id"] == planned
-            for j in _api(deployment, "GET", f"/jobs?cluster={CLUSTER}", "viewer")["items"]
+            for j in api(deployment, "GET", f"/jobs?cluster={CLUSTER}", "viewer")["items"]
         ),
         timeout=WAIT_S,
     )
@@ -493,7 +422,7 @@ def test_a_planned_move_that_loses_its_target_comes_back_to_its_held_source(
     after the plan was made and a rival waits for node1; the rival does not get it, the
     move fails, and the job comes back to node1 from its checkpoint, not displaced."""
     root: Path = deployment["root"]
-    mover, count_file = _submit_counter(slurm, root, "held-home", "--nodelist=node1")
+    mover, count_file = slurm.submit_counter(root, "held-home", "--nodelist=node1")
     slurm.wait_state(mover, "RUNNING")
     assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S)
     first = progress_of(count_file)
@@ -524,7 +453,7 @@ def test_a_planned_move_that_loses_its_target_comes_back_to_its_held_source(
         at_home = count_of(count_file)
         assert next_count(count_file, at_home) > at_home
         assert progress_of(count_file)["started_at"] == first["started_at"]  # restored
-        shown = _api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")
+        shown = api(deployment, "GET", f"/jobs?cluster={CLUSTER}&limit=1000", "viewer")
         (row,) = [j for j in shown["items"] if j["external_id"] == mover]
         assert row["displaced_at"] is None
         assert slurm.wait_for("the reservation to be given back", lambda: not slurm.reservations())

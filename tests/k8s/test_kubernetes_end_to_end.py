@@ -11,7 +11,6 @@ cluster only through the connector.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -22,25 +21,17 @@ import pytest
 from sqlmodel import Session, select
 
 from app.actions.models import Action, ActionKind
-from app.actions.router import get_dispatcher
-from app.clusters import service as cluster_service
-from app.clusters.models import ClusterCreate
-from app.core import migrate
-from app.core.db import make_engine
-from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
 from tests.k8s.conftest import GPUS_PER_NODE, NODES, K8sCluster, Kube, wait_for
 from tests.k8s.objects import admitted, gpu_job, gpu_queues, inference_deployment, running_pods
-from tests.support.live_server import app_on, serve, tokens_for
-from tests.support.pipeline import Pipeline, RedisServer
+from tests.support.deployment import deployment as deployment_of
 from tests.support.plans import stored_plan, wait_until_settled
 
 pytestmark = pytest.mark.slow
 
 CLUSTER = "k8s-e2e"
 OTHER = "k8s-other"
-PYTHON = sys.executable
 WAIT_S = 90.0
 
 
@@ -52,55 +43,18 @@ def deployment(
 ) -> Iterator[dict[str, Any]]:
     """The API, a control worker and the Kueue connector around the test control plane."""
     root = tmp_path_factory.mktemp("k8s-deployment")
-    redis_server = RedisServer(root)
-    redis_server.start()
-    url = make_postgres_database("k8s_e2e")
-    migrate.upgrade(url)
-    engine = make_engine(url)
-    now = datetime.now(UTC)
-    with Session(engine) as session:
-        gpu_model_service.ensure_default_catalogue(session=session)
-        for name in (CLUSTER, OTHER):
-            cluster_service.register_cluster(
-                session=session,
-                now=now,
-                cluster_in=ClusterCreate(name=name, scheduler="kueue", mode="advise"),
-            )
-        tokens = tokens_for(
-            session, now, ["operator", "viewer", f"connector:{CLUSTER}", f"connector:{OTHER}"]
-        )
-    pipeline = Pipeline(
+    with deployment_of(
         root=root,
-        database_url=url,
-        engine=engine,
-        broker=redis_server.url,
-        env={
-            "SHAPER_DATABASE_URL": url,
-            "SHAPER_BROKER_URL": redis_server.url,
-            "PYTHONUNBUFFERED": "1",
-            "SHAPER_CYCLE_PERIOD_S": "86400",  # the tests store their plans; no cycle replaces them
-        },
-        redis=redis_server,
-        tokens=tokens,
-    )
-    app = app_on(engine)
-    app.dependency_overrides[get_dispatcher] = lambda: pipeline.advance
-    try:
-        with serve(app) as base:
-            pipeline.start_control()
-            pipeline._spawn(
-                "connector",
-                [PYTHON, "-m", "connectors.runner", "--kind", "kueue", "--cluster", CLUSTER,
-                 "--control-plane", base, "--interval", "5", "--broker", redis_server.url,
-                 "--state-dir", str(root / "connector"),
-                 "--set", f"kubeconfig={k8s_cluster.kubeconfig}"],
-                {"SHAPER_CONNECTOR_TOKEN": tokens[f"connector:{CLUSTER}"]},
-            )  # fmt: skip
-            yield {"pipeline": pipeline, "base": base, "tokens": tokens}
-    finally:
-        pipeline.stop_all()
-        redis_server.stop()
-        engine.dispose()
+        database_url=make_postgres_database("k8s_e2e"),
+        clusters=[(CLUSTER, "kueue"), (OTHER, "kueue")],
+        scopes=["operator", "viewer", f"connector:{CLUSTER}", f"connector:{OTHER}"],
+        # the tests store their plans; no cycle replaces them
+        env={"SHAPER_CYCLE_PERIOD_S": "86400"},
+    ) as running:
+        running["pipeline"].start_connector(
+            "kueue", CLUSTER, running["base"], f"kubeconfig={k8s_cluster.kubeconfig}", interval_s=5
+        )
+        yield running
 
 
 def _api(deployment: dict[str, Any], path: str, role: str = "viewer", **params: Any) -> Any:

@@ -167,6 +167,21 @@ class Pipeline:
             extra_env,
         )
 
+    def start_connector(
+        self, kind: str, cluster: str, control_plane: str, *settings: str, interval_s: float = 1
+    ) -> Worker:
+        """`shaper connector run` for ``cluster`` (its telemetry and its scheduler-level
+        steps), with its token; ``settings``: ``--set`` values (``slurm_conf=…``)."""
+        sets = [arg for setting in settings for arg in ("--set", setting)]
+        return self._spawn(
+            f"connector-{cluster}",
+            [sys.executable, "-m", "connectors.runner", "--kind", kind, "--cluster", cluster,
+             "--control-plane", control_plane, "--interval", str(interval_s),
+             "--broker", self.broker, "--state-dir", str(self.root / f"connector-{cluster}"),
+             *sets],
+            {"SHAPER_CONNECTOR_TOKEN": self.tokens[f"connector:{cluster}"]},
+        )  # fmt: skip
+
     def start_agent(
         self,
         node: str,
