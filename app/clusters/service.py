@@ -112,8 +112,9 @@ def update_cluster(
     now: datetime,
     actor: Actor | None = None,
 ) -> Cluster:
-    """Changes what ``cluster_in`` sets (its mode, policy, description); the audit
-    record, when anything changed, has each field's value before and after."""
+    """Changes what ``cluster_in`` sets (its mode, policy, description, labels: the whole
+    map, so a label is removed by leaving it out); the audit record, when anything
+    changed, has each field's value before and after."""
     _check(cluster_in)
     cluster = get_cluster(session=session, name=name)
     update = cluster_in.model_dump(exclude_unset=True, exclude_none=True)

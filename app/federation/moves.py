@@ -53,7 +53,7 @@ class MovesProposed(BaseModel):
 
 def propose_moves(*, session: Session, group: str, now: datetime) -> MovesProposed:
     """Turn the group plan's moves into move actions; see the module docstring."""
-    solved = solve_group(session=session, name=group, now=now)
+    solved = solve_group(session=session, name=group, now=now, compare=False)
     outcome = MovesProposed(group=group)
     begin(session, writes=True)
     clusters = {

@@ -7,9 +7,13 @@ Algorithm (``plan_group``):
 2. A pending block job may start in another cluster of the group when its connector said
    how to submit it there (``jobs.submit_spec``), that cluster can run it (its scheduler
    is of the spec's kind, or any kind when the spec has a portable form) and its team may
-   go there (``allowed_clusters`` in its home cluster's SLA policy). A job pinned to nodes
+   go there: its home cluster's SLA policy names the cluster in the team's
+   ``allowed_clusters`` (None: any) and the cluster's labels include every key=value of
+   the team's ``cluster_selector`` (data residency; None: any). Members whose policies
+   give one team different selectors are refused, naming both. A job pinned to nodes
    (``required_nodes``: a requeue with its checkpoint) or a service stays where it is.
-3. Solve each cluster alone (what its cycle plans today) and the group as one instance
+3. Solve each cluster alone (what its cycle plans today; the what-if only) and the group
+   as one instance, within ``PLAN_BUDGET_S``
    (``solver.federation.federate``: a start away from home pays its image's transfer over
    the group's link), with the same policy (shaper) and no migrations (the cycles do
    those); compare the pending jobs each starts and the objective.
@@ -29,7 +33,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
-from app.clusters.models import Cluster
+from app.clusters.models import Cluster, labels_match
 from app.core.db import begin
 from app.core.errors import Invalid
 from app.core.lookup import row_id
@@ -46,6 +50,9 @@ from solver.policies import get_policy
 from wire.telemetry import JobShape, JobState
 
 POLICY = "shaper"
+# A whole plan of the group within this wall-clock budget (SolverConfig.plan_budget_s): it
+# runs inside the shaping period, after every member's own cycle.
+PLAN_BUDGET_S = 5.0
 DISPATCH = (
     "what-if only: the shaping cycle proposes these moves (a cluster in advise mode) or "
     "dispatches them (enforce) as move actions of the source cluster; observe: neither"
@@ -83,7 +90,7 @@ def _movable(
 ) -> dict[str, frozenset[str]]:
     """Solver job id → the other clusters of the group that can run the pending job and
     that its team may use (``allowed``: (cluster, team) → the clusters its home cluster's
-    SLA policy lets it go to; absent: any)."""
+    SLA policy lets it go to, by name and by labels (``_allowed``); absent: any)."""
     by_id = {row_id(c): c for c in clusters}
     query = select(Job).where(
         col(Job.cluster_id).in_(list(by_id)),
@@ -110,6 +117,47 @@ def _movable(
     return movable
 
 
+def _same_selectors(group: str, slas: dict[str, dict[str, Any]]) -> None:
+    """A team's data may not leave its region whichever member it is queued in: members
+    whose policies give it different selectors (one none) are refused, naming both, as
+    ``solver.federation.federate`` refuses other differing team rules (it sees only the
+    solver's)."""
+    seen: dict[str, tuple[str, dict[str, str] | None]] = {}
+    for cluster, sla in slas.items():
+        for team in sla.get("teams", []):
+            selector = team.get("cluster_selector")
+            first, known = seen.setdefault(team["team"], (cluster, selector))
+            if known != selector:
+                raise Invalid(
+                    f"federation group {group!r}: team {team['team']!r} has a different "
+                    f"cluster_selector in {first} and {cluster}",
+                    field="group",
+                )
+
+
+def _allowed(
+    group: str, clusters: list[Cluster], slas: dict[str, dict[str, Any]]
+) -> dict[tuple[str, str], frozenset[str]]:
+    """(cluster, team) → the clusters the team's pending jobs queued there may go to, by
+    that cluster's SLA policy: those its ``allowed_clusters`` names (None: every member)
+    whose labels include its ``cluster_selector``. A team with neither rule is absent."""
+    _same_selectors(group, slas)
+    labels = {c.name: c.labels for c in clusters}
+    allowed: dict[tuple[str, str], frozenset[str]] = {}
+    for home, sla in slas.items():
+        for team in sla.get("teams", []):
+            names, selector = team.get("allowed_clusters"), team.get("cluster_selector")
+            if names is None and selector is None:
+                continue
+            permitted = frozenset(labels if names is None else names)
+            if selector is not None:
+                permitted = frozenset(
+                    c for c in permitted if labels_match(labels.get(c, {}), selector)
+                )
+            allowed[(home, team["team"])] = permitted
+    return allowed
+
+
 def _figures(instance: Instance, placement: dict[str, dict[str, int]], started: int) -> Figures:
     return Figures(
         pending_started=started, objective=round(evaluate(instance, placement).objective, 3)
@@ -132,12 +180,12 @@ class GroupSolve:
     instance: Instance
     plan: Plan
     movable_jobs: int
-    alone: Figures
+    alone: Figures | None  # None when not compared
     moves: list[FederatedMove]
 
 
-def solve_group(*, session: Session, name: str, now: datetime) -> GroupSolve:
-    """Plan the group as one over the live state (and each member alone, to compare).
+def solve_group(*, session: Session, name: str, now: datetime, compare: bool = True) -> GroupSolve:
+    """Plan the group as one over the live state (and, ``compare``, each member alone).
 
     The session's transaction is ended: nothing is held while the solver runs, and no ORM
     object read here is used after."""
@@ -159,7 +207,9 @@ def solve_group(*, session: Session, name: str, now: datetime) -> GroupSolve:
         inter_cluster_bandwidth_mib_per_s=group.inter_cluster_bandwidth_mib_per_s,
         inter_cluster_overhead_s=group.inter_cluster_overhead_s,
     )
-    config = SolverConfig(migration=False, cp_sat_migration=False, replica_moves=False)
+    config = SolverConfig(
+        migration=False, cp_sat_migration=False, replica_moves=False, plan_budget_s=PLAN_BUDGET_S
+    )
     snapshots = {n: take_snapshot(session=session, cluster_name=n, now=now) for n in names}
     # A job may need a GPU model only another member has: each part knows the group's.
     models = frozenset(
@@ -175,12 +225,7 @@ def solve_group(*, session: Session, name: str, now: datetime) -> GroupSolve:
         n: to_instance(snapshot, config=config, known_models=models, lock_proposed=False)
         for n, snapshot in snapshots.items()
     }
-    allowed = {
-        (n, team["team"]): frozenset(team["allowed_clusters"])
-        for n, snapshot in snapshots.items()
-        for team in snapshot.sla.get("teams", [])
-        if team.get("allowed_clusters") is not None
-    }
+    allowed = _allowed(name, clusters, {n: snapshot.sla for n, snapshot in snapshots.items()})
     movable = _movable(session, clusters, allowed)
     session.rollback()  # nothing is held while the solver runs
     try:
@@ -188,12 +233,15 @@ def solve_group(*, session: Session, name: str, now: datetime) -> GroupSolve:
     except ValueError as error:  # the members' rules disagree: say which
         raise Invalid(f"federation group {name!r}: {error}", field="group") from error
     policy = get_policy(POLICY)
-    alone_started = 0
-    alone_objective = 0.0
-    for part in parts.values():
-        plan = policy.plan(part)
-        alone_started += _block_starts(part, plan)
-        alone_objective += evaluate(part, plan.placement).objective
+    alone = None
+    if compare:
+        alone_started = 0
+        alone_objective = 0.0
+        for part in parts.values():
+            plan = policy.plan(part)
+            alone_started += _block_starts(part, plan)
+            alone_objective += evaluate(part, plan.placement).objective
+        alone = Figures(pending_started=alone_started, objective=round(alone_objective, 3))
     plan = policy.plan(whole)
     moves = [
         FederatedMove(
@@ -211,7 +259,7 @@ def solve_group(*, session: Session, name: str, now: datetime) -> GroupSolve:
         instance=whole,
         plan=plan,
         movable_jobs=len(movable),
-        alone=Figures(pending_started=alone_started, objective=round(alone_objective, 3)),
+        alone=alone,
         moves=moves,
     )
 
@@ -219,6 +267,7 @@ def solve_group(*, session: Session, name: str, now: datetime) -> GroupSolve:
 def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatIf:
     solved = solve_group(session=session, name=name, now=now)
     whole = solved.instance
+    assert solved.alone is not None  # compared
     return FederationWhatIf(
         group=name,
         clusters=solved.clusters,

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 from sqlmodel import Field, SQLModel
 
-from app.clusters.models import CLUSTER_NAME_PATTERN
+from app.clusters.models import CLUSTER_NAME_PATTERN, Labels
 from app.core.types import (
     MAX_TEAMS,
     AwareDatetime,
@@ -39,6 +39,9 @@ class TeamPolicy(BaseModel):
     # The clusters of its federation group the team's pending jobs may be moved to (data
     # residency, a site's agreement); None: any member; [] none. Its own cluster always.
     allowed_clusters: list[ClusterName] | None = Field(default=None, max_length=MAX_TEAMS)
+    # And only to those whose labels include every key=value here ({"region": "eu"}: data
+    # that may not leave the region); None: no such rule. Both rules must let a job go.
+    cluster_selector: Labels | None = None
 
 
 class ServicePolicy(BaseModel):

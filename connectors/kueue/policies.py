@@ -34,8 +34,8 @@ fungibility and per-flavor quotas (Shaper counts a team's GPUs over all models),
 ``maxPriorityThreshold``, and the Workload priorities (WorkloadPriorityClasses), which
 reach Shaper per job (``priority``) rather than per team. Fields Shaper has and Kueue
 does not (``max_queue_wait_s``, ``max_migrations_per_day``, ``deadline``,
-``allowed_clusters``) get Shaper's defaults here; connectors.import_policies keeps an
-operator's values of them.
+``allowed_clusters``, ``cluster_selector``) get Shaper's defaults here;
+connectors.import_policies keeps an operator's values of them.
 """
 
 from __future__ import annotations
@@ -57,7 +57,13 @@ MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
 MAX_GPUS = 1_000_000
 DEFAULT_MAX_MIGRATIONS_PER_DAY = 4
 # Fields of a team that Kueue has no notion of: an import keeps an operator's values.
-SHAPER_ONLY_FIELDS = ("max_queue_wait_s", "max_migrations_per_day", "deadline", "allowed_clusters")
+SHAPER_ONLY_FIELDS = (
+    "max_queue_wait_s",
+    "max_migrations_per_day",
+    "deadline",
+    "allowed_clusters",
+    "cluster_selector",
+)
 NEVER = "Never"
 
 
@@ -167,6 +173,7 @@ def team_policy(
         "max_migrations_per_day": DEFAULT_MAX_MIGRATIONS_PER_DAY,
         "deadline": None,
         "allowed_clusters": None,
+        "cluster_selector": None,
     }
     return team, notes
 
@@ -211,9 +218,9 @@ def merged_spec(
 
     Kept from ``current`` unless ``replace``: its services, its teams that no ClusterQueue
     names, and each imported team's Shaper-only fields (``max_queue_wait_s``,
-    ``max_migrations_per_day``, ``deadline``, ``allowed_clusters``). Teams keep their
-    order; new ones follow, sorted — so importing the same queues again gives the same
-    spec."""
+    ``max_migrations_per_day``, ``deadline``, ``allowed_clusters``, ``cluster_selector``).
+    Teams keep their order; new ones follow, sorted — so importing the same queues again
+    gives the same spec."""
     imported_teams = {str(t["team"]): dict(t) for t in imported["teams"]}
     if current is None or replace:
         return {"teams": list(imported_teams.values()), "services": list(imported["services"])}

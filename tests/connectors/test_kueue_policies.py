@@ -87,6 +87,7 @@ def test_cpu_only_cluster_queue_and_selection() -> None:
             "max_migrations_per_day": 4,
             "deadline": None,
             "allowed_clusters": None,
+            "cluster_selector": None,
         }
     ]
     # Only inference imported, but research still counts as its cohort peer.
@@ -139,6 +140,7 @@ def test_merge_keeps_shaper_only_fields_other_teams_and_services() -> None:
                 "guaranteed_gpus": 1,
                 "max_queue_wait_s": 600.0,
                 "allowed_clusters": [],  # data that may not leave this cluster
+                "cluster_selector": {"region": "eu"},
             },
             {"team": "hand-made", "guaranteed_gpus": 2},
         ],
@@ -148,7 +150,7 @@ def test_merge_keeps_shaper_only_fields_other_teams_and_services() -> None:
     assert [t["team"] for t in merged["teams"]] == ["research", "hand-made", "batch", "inference"]
     research = merged["teams"][0]
     assert research["guaranteed_gpus"] == 24 and research["max_queue_wait_s"] == 600.0
-    assert research["allowed_clusters"] == []
+    assert research["allowed_clusters"] == [] and research["cluster_selector"] == {"region": "eu"}
     assert merged["services"] == current["services"]
     assert merged_spec(merged, imported) == merged  # a second import changes nothing
     assert merged_spec(current, imported, replace=True) == imported
