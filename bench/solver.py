@@ -9,7 +9,9 @@
 Federated section (``--federated CLUSTERS GPUS_PER_CLUSTER``): the same kind of instance
 dealt over that many clusters and planned as one federation group; each pending job is
 submitted to one cluster (most to half of them) and pays its image's transfer when it
-starts in another ("away"); running jobs and services stay where they are.
+starts in another ("away"); running jobs and services stay where they are. With
+``--plan-budget SECONDS`` the shaper also plans each instance under that wall-clock budget
+for the whole plan (row ``shaper≤Ns``: CP-SAT gets what the greedy and the model leave).
 
 Instances: four GPU models (different memory, precisions, speed), 4- and 8-GPU nodes in
 one cluster per 1,000 GPUs (at most four), a fragmented running state (small jobs scattered
@@ -74,6 +76,13 @@ def main() -> None:
         nargs=2,
         metavar=("CLUSTERS", "GPUS_PER_CLUSTER"),
         help="also plan a federation group of CLUSTERS clusters as one instance (e.g. 10 1000)",
+    )
+    parser.add_argument(
+        "--plan-budget",
+        type=float,
+        metavar="SECONDS",
+        help="federated section: also plan each instance with the shaper under this "
+        "wall-clock budget for the whole plan (SolverConfig.plan_budget_s), beside it unbudgeted",
     )
     args = parser.parse_args()
     config = SolverConfig(time_limit_s=args.time_limit, num_workers=args.workers, seed=args.seed)
@@ -143,11 +152,21 @@ def federated_section(args: argparse.Namespace, config: SolverConfig) -> None:
     )
     print(header)
     print("-" * len(header))
+    budgeted = (
+        None
+        if args.plan_budget is None
+        else config.model_copy(update={"plan_budget_s": args.plan_budget})
+    )
     for load in args.loads:
         instance = make_federated_instance(clusters, per_cluster, load, args.seed, config)
         global_bound = global_upper_bound(instance)
         cluster_of = {node.name: node.cluster for node in instance.nodes}
-        for name in args.policies:
+        runs = [(name, name, instance) for name in args.policies]
+        if budgeted is not None and "shaper" in args.policies:
+            # The same instance (same seed) with the budget in its config.
+            within = make_federated_instance(clusters, per_cluster, load, args.seed, budgeted)
+            runs.append((f"shaper≤{args.plan_budget:g}s", "shaper", within))
+        for label_name, name, instance in runs:
             started = time.perf_counter()
             plan = get_policy(name).plan(instance)
             wall = time.perf_counter() - started
@@ -162,7 +181,7 @@ def federated_section(args: argparse.Namespace, config: SolverConfig) -> None:
             gap = 100 * (global_bound - plan.stats.objective) / global_bound
             label = f"{clusters}×{per_cluster} @{load:g}"
             print(
-                f"{label:>16} {len(instance.jobs):>6} {name:<9} {wall:7.3f} "
+                f"{label:>16} {len(instance.jobs):>6} {label_name:<9} {wall:7.3f} "
                 f"{plan.stats.objective:11.1f} {gap:11.2f} {len(starts):>7} {away:>5} "
                 f"{plan.stats.engine:<9} {len(violations):>4}",
                 flush=True,

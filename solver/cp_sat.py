@@ -53,9 +53,10 @@ def _solver(
     return solver
 
 
-def placement_solver(config: SolverConfig) -> cp_model.CpSolver:
+def placement_solver(config: SolverConfig, time_limit_s: float | None = None) -> cp_model.CpSolver:
+    """time_limit_s: less than the config's, when a plan budget leaves less."""
     return _solver(
-        time_limit_s=config.time_limit_s,
+        time_limit_s=config.time_limit_s if time_limit_s is None else time_limit_s,
         deterministic=config.deterministic,
         num_workers=config.num_workers,
         seed=config.seed,

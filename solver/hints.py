@@ -10,11 +10,14 @@ from solver.model import JobClass, Option, PlacementModel
 from solver.relaxation import lp_rounded, objective_of
 
 
-def add_best_hint(model: PlacementModel, rebase: Rebase) -> str:
-    """Hint the model with the better warm start; returns where it came from."""
+def add_best_hint(model: PlacementModel, rebase: Rebase, *, with_lp: bool = True) -> str:
+    """Hint the model with the better warm start; returns where it came from.
+
+    with_lp: also round the LP relaxation (False under a tight plan budget: on 10,000 jobs
+    it takes as long as building the model)."""
     hint = greedy_hint(model, rebase.starts, rebase.scale_ups)
     source = "greedy"
-    rounded = lp_rounded(model)
+    rounded = lp_rounded(model) if with_lp else None
     if rounded is not None and objective_of(model, rounded[0]) > objective_of(model, hint):
         hint, source = rounded[0], "rounded LP"
     _add_hints(model, hint)

@@ -278,6 +278,14 @@ class SolverConfig(_Frozen):
         gt=0,
         description="the main CP-SAT search's limit (a first solve for overdue jobs comes on top)",
     )
+    plan_budget_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="wall-clock budget for a whole plan: CP-SAT searches for what is left "
+        "of it after the greedy and the model (never more than time_limit_s), the rounded-LP "
+        "warm start is skipped when it would eat the search's time, and the greedy plan is "
+        "kept when too little is left to search; None: no budget (ignored when deterministic)",
+    )
     num_workers: int = Field(default=2, ge=1)
     seed: int = 0
     relative_gap: float = Field(

@@ -63,7 +63,7 @@ from solver.extraction import realise
 from solver.greedy import sort_key
 from solver.greedy_variants import GREEDY, best_greedy, greedy_options
 from solver.hints import add_best_hint
-from solver.instance import Instance
+from solver.instance import Instance, SolverConfig
 from solver.model_inputs import placement_model
 from solver.objective import SCALE, evaluate
 from solver.overdue_pass import require_overdue
@@ -105,6 +105,11 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
         plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
         return _finish(plan, started_at, note=SATURATED_NOTE)
 
+    budget = _Budget(config, started_at)
+    if budget.spent():
+        plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
+        return _finish(plan, started_at, note=budget.note("the greedy"))
+
     # 2. Base state.
     rebase = engine.rebase()
     base_terms = evaluate(instance, engine.result.target())
@@ -119,9 +124,12 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     # 4. Overdue pass (before the hints: its first solve starts cold).
     require_overdue(model)
     # 5. Warm start.
-    hint_source = add_best_hint(model, rebase)
+    hint_source = add_best_hint(model, rebase, with_lp=budget.allows_lp_hint())
     # 6. Search.
-    solver = placement_solver(config)
+    if budget.spent():
+        plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
+        return _finish(plan, started_at, note=budget.note("the greedy and the model"))
+    solver = placement_solver(config, budget.search_s())
     status = solver.solve(model.model)
     solve_status = CP_SAT_STATUS.get(status, SolveStatus.UNKNOWN)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -168,6 +176,47 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     elif broken is not None:
         note = f"CP-SAT plan did not use the room made for it ({broken}); greedy plan kept"
     return _finish(plan, started_at, note=note)
+
+
+class _Budget:
+    """What is left of ``config.plan_budget_s`` (none: no limit but the config's own).
+
+    The search gets what is left after a margin for what follows it (extraction, fill,
+    checks: a sixth of the time spent so far, at least 0.2 s), at most ``time_limit_s``;
+    under ``MIN_SEARCH_S`` it is not worth starting. The rounded-LP warm start runs only
+    when what is left covers a full search plus as long again as the phases before it took
+    (the LP costs about as much as building the model)."""
+
+    MIN_SEARCH_S = 0.5
+
+    def __init__(self, config: SolverConfig, started_at: float) -> None:
+        self.config = config
+        self.started_at = started_at
+        self.limit = None if config.deterministic else config.plan_budget_s
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.started_at
+
+    def search_s(self) -> float | None:
+        if self.limit is None:
+            return None
+        margin = max(0.2, self._elapsed() / 6)
+        return min(self.config.time_limit_s, self.limit - self._elapsed() - margin)
+
+    def spent(self) -> bool:
+        left = self.search_s()
+        return left is not None and left < self.MIN_SEARCH_S
+
+    def allows_lp_hint(self) -> bool:
+        if self.limit is None:
+            return True
+        return self.limit - self._elapsed() >= self.config.time_limit_s + self._elapsed()
+
+    def note(self, what: str) -> str:
+        return (
+            f"CP-SAT skipped: {what} took {self._elapsed():.2f} s of the "
+            f"{self.limit:g} s plan budget; greedy plan kept"
+        )
 
 
 def _finish(plan: Plan, started_at: float, *, note: str) -> Plan:

@@ -38,6 +38,10 @@ class Preemption:
             )
         }
         self.failed: dict[tuple[object, ...], float] = {}  # -> highest weight that failed
+        # stop_cost by victim: it reads only what a solve never changes (the victim's weight,
+        # its placement in the instance, node speeds, the clock), and the search asks for
+        # the same victims again and again (a profile at 10,000 jobs: 200,000 calls).
+        self._stop_costs: dict[str, float] = {}
         # Lowest weight of a possible victim per node; victims only leave, so it stays a floor.
         self.victim_floor = [math.inf] * len(instance.nodes)
         for job in instance.jobs:
@@ -239,11 +243,16 @@ class Preemption:
     def stop_cost(self, victim: Job) -> float:
         """What stopping a running block job costs, in objective units: the work it holds
         now and the work since its last checkpoint that it loses."""
+        known = self._stop_costs.get(victim.id)
+        if known is not None:
+            return known
         ledger = self.ledger
         horizon = ledger.config.value_horizon_s
         lost = ledger.instance.migration.preemption_lost_seconds(victim, ledger.instance.now)
         index = ledger.state.node_index
-        return ledger.weight[victim.id] * sum(
+        cost = ledger.weight[victim.id] * sum(
             gpus * (ledger.node_speed(index[name]) + lost / horizon)
             for name, gpus in victim.placement.items()
         )
+        self._stop_costs[victim.id] = cost
+        return cost

@@ -37,6 +37,23 @@ def test_cp_sat_beats_the_greedy_plan() -> None:
     assert plan.stats.gap == pytest.approx(0.0, abs=1e-9)
 
 
+def test_a_plan_budget_the_greedy_spends_keeps_the_greedy_plan_and_says_so() -> None:
+    inst = _knapsack()
+    spent = plan_with(
+        "shaper", inst.model_copy(update={"config": SolverConfig(plan_budget_s=0.001)})
+    )
+    assert spent.stats.engine == "greedy" and set(spent.placement) == {"A"}
+    assert spent.stats.note.startswith("CP-SAT skipped: the greedy took ")
+    assert spent.stats.note.endswith(" of the 0.001 s plan budget; greedy plan kept")
+    # A budget that leaves room searches as without one; deterministic runs ignore it.
+    for config in (
+        SolverConfig(plan_budget_s=30.0),
+        SolverConfig(plan_budget_s=0.001, deterministic=True),
+    ):
+        plan = plan_with("shaper", inst.model_copy(update={"config": config}))
+        assert plan.stats.engine == "cp-sat" and set(plan.placement) == {"B", "C"}
+
+
 def test_greedy_plan_is_kept_when_cp_sat_finds_nothing_better() -> None:
     # q (8) leaves p (4) waiting, so CP-SAT runs, and cannot do better than q alone.
     plan = plan_with("shaper", instance([node("a")], [job("p", 4), job("q", 8)]))
