@@ -13,11 +13,13 @@ Algorithm (``plan_group``):
    give one team different selectors are refused, naming both. A job pinned to nodes
    (``required_nodes``: a requeue with its checkpoint) or a service stays where it is.
 3. Solve each cluster alone (what its cycle plans today; the what-if only) and the group
-   as one instance, within ``PLAN_BUDGET_S``
-   (``solver.federation.federate``: a start away from home pays its image's transfer over
-   the group's link), with the same policy (shaper) and no migrations (the cycles do
-   those); compare the pending jobs each starts and the objective.
-4. Report each pending job the group plan starts in another cluster.
+   as one instance within ``PLAN_BUDGET_S`` (``solver.federation.federate``: a start away
+   from home pays its image's transfer over the group's link, at the rate its moves'
+   transfers measured, ``app.federation.link``), with the same policy (shaper) and no
+   migrations (the cycles do those); compare the pending jobs each starts and the
+   objective.
+4. Report each pending job the group plan starts in another cluster, and why each
+   pending job that may not go anywhere else stays home.
 
 The what-if is read-only; ``app.federation.moves`` turns the same solve's moves into move
 actions (submit in the target cluster, cancel at home once accepted).
@@ -37,6 +39,7 @@ from app.clusters.models import Cluster, labels_match
 from app.core.db import begin
 from app.core.errors import Invalid
 from app.core.lookup import row_id
+from app.federation.link import measured_link
 from app.federation.models import FederationGroup
 from app.federation.service import get_group, members
 from app.jobs.models import Job
@@ -72,6 +75,23 @@ class FederatedMove(BaseModel):
     nodes: list[str]
 
 
+class Link(BaseModel):
+    bandwidth_mib_per_s: float = Field(
+        description="what the plan priced a start away from home with: the rate measured on "
+        "the group's last move transfers, else the group's configured bandwidth"
+    )
+    measured_transfers: int = Field(description="transfers measured (0: configured rate)")
+
+
+class StaysHome(BaseModel):
+    job: str
+    cluster: str
+    why: str
+
+
+STAYS_HOME_SHOWN = 100
+
+
 class FederationWhatIf(BaseModel):
     group: str
     clusters: list[str]
@@ -82,39 +102,58 @@ class FederationWhatIf(BaseModel):
     alone: Figures
     federated: Figures
     moves: list[FederatedMove]
+    link: Link
+    stays_home: int = Field(description="pending jobs that cannot start in another member")
+    stays_home_examples: list[StaysHome] = Field(
+        description=f"why, for the first {STAYS_HOME_SHOWN} of them (by cluster and job)"
+    )
     dispatch: str = DISPATCH
 
 
 def _movable(
     session: Session, clusters: list[Cluster], allowed: dict[tuple[str, str], frozenset[str]]
-) -> dict[str, frozenset[str]]:
+) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
     """Solver job id → the other clusters of the group that can run the pending job and
     that its team may use (``allowed``: (cluster, team) → the clusters its home cluster's
-    SLA policy lets it go to, by name and by labels (``_allowed``); absent: any)."""
+    SLA policy lets it go to, by name and by labels (``_allowed``); absent: any); and, for
+    every other pending job, why it stays home."""
     by_id = {row_id(c): c for c in clusters}
-    query = select(Job).where(
-        col(Job.cluster_id).in_(list(by_id)),
-        Job.state == JobState.pending,
-        col(Job.submit_spec).is_not(None),
-    )
+    query = select(Job).where(col(Job.cluster_id).in_(list(by_id)), Job.state == JobState.pending)
     movable: dict[str, frozenset[str]] = {}
+    stays: dict[str, str] = {}
     for job in session.exec(query):
-        spec: dict[str, Any] = json.loads(job.submit_spec or "{}")
-        if job.shape != JobShape.block or job.required_nodes:
-            continue
         home = by_id[job.cluster_id]
+        job_id = solver_job_id(home.name, job.external_id)
+        if job.shape != JobShape.block:
+            stays[job_id] = "a service stays in its cluster"
+            continue
+        if job.required_nodes:
+            stays[job_id] = "it waits to resume from its checkpoint on its own nodes"
+            continue
+        if job.submit_spec is None:
+            stays[job_id] = f"{home.name}'s connector gave no submit spec for it"
+            continue
+        spec: dict[str, Any] = json.loads(job.submit_spec)
         portable = spec.get("portable") is not None
-        permitted = allowed.get((home.name, job.team))
-        targets = frozenset(
+        readers = [
             c.name
             for c in clusters
-            if c.name != home.name
-            and (portable or c.scheduler == spec.get("scheduler"))
-            and (permitted is None or c.name in permitted)
-        )
+            if c.name != home.name and (portable or c.scheduler == spec.get("scheduler"))
+        ]
+        permitted = allowed.get((home.name, job.team))
+        targets = frozenset(c for c in readers if permitted is None or c in permitted)
         if targets:
-            movable[solver_job_id(home.name, job.external_id)] = targets
-    return movable
+            movable[job_id] = targets
+        elif not readers:
+            stays[job_id] = (
+                f"no other member runs {spec.get('scheduler')} and its spec has no portable form"
+            )
+        else:
+            stays[job_id] = (
+                f"team {job.team}'s SLA policy in {home.name} lets it go to none of "
+                f"{', '.join(sorted(readers))} (allowed_clusters, cluster_selector)"
+            )
+    return movable, stays
 
 
 def _same_selectors(group: str, slas: dict[str, dict[str, Any]]) -> None:
@@ -182,6 +221,8 @@ class GroupSolve:
     movable_jobs: int
     alone: Figures | None  # None when not compared
     moves: list[FederatedMove]
+    stays: dict[str, str]  # solver job id → why it cannot start in another member
+    link: Link
 
 
 def solve_group(*, session: Session, name: str, now: datetime, compare: bool = True) -> GroupSolve:
@@ -203,8 +244,14 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
             f"federation group {name!r} has {len(clusters)} cluster(s): add at least two",
             field="group",
         )
+    measured = measured_link(session, [row_id(c) for c in clusters])
+    bandwidth = (
+        measured.bandwidth_mib_per_s
+        if measured is not None
+        else group.inter_cluster_bandwidth_mib_per_s
+    )
     link = MigrationCostModel(
-        inter_cluster_bandwidth_mib_per_s=group.inter_cluster_bandwidth_mib_per_s,
+        inter_cluster_bandwidth_mib_per_s=bandwidth,
         inter_cluster_overhead_s=group.inter_cluster_overhead_s,
     )
     config = SolverConfig(
@@ -226,7 +273,7 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
         for n, snapshot in snapshots.items()
     }
     allowed = _allowed(name, clusters, {n: snapshot.sla for n, snapshot in snapshots.items()})
-    movable = _movable(session, clusters, allowed)
+    movable, stays = _movable(session, clusters, allowed)
     session.rollback()  # nothing is held while the solver runs
     try:
         whole = federate(parts, movable=movable, migration=link, config=config)
@@ -261,6 +308,11 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
         movable_jobs=len(movable),
         alone=alone,
         moves=moves,
+        stays=stays,
+        link=Link(
+            bandwidth_mib_per_s=round(bandwidth, 3),
+            measured_transfers=measured.samples if measured is not None else 0,
+        ),
     )
 
 
@@ -278,4 +330,10 @@ def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatI
         alone=solved.alone,
         federated=_figures(whole, solved.plan.placement, _block_starts(whole, solved.plan)),
         moves=solved.moves,
+        link=solved.link,
+        stays_home=len(solved.stays),
+        stays_home_examples=[
+            StaysHome(cluster=job_id.split("/", 1)[0], job=job_id.split("/", 1)[1], why=why)
+            for job_id, why in sorted(solved.stays.items())[:STAYS_HOME_SHOWN]
+        ],
     )

@@ -11,8 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
+from app.actions.models import Action, ActionKind, ActionState, ActionStep, StepState
+from app.clusters.models import Cluster
 from app.jobs.models import Job
 from tests.app.builders import job, node, running, snapshot
+from tests.support.clock import T0
 
 GROUPS = "/api/v1/federation-groups"
 
@@ -142,6 +145,11 @@ def test_the_what_if_starts_a_waiting_job_in_the_idle_cluster_and_changes_nothin
         }
     ]
     assert body["dispatch"].startswith("what-if only")
+    # The plan says why a job cannot go elsewhere.
+    assert body["stays_home"] == 1
+    assert body["stays_home_examples"] == [
+        {"job": "stuck", "cluster": "alpha", "why": "alpha's connector gave no submit spec for it"}
+    ]
     # Read-only: no plan, no action, the job still pending at home.
     assert client.get("/api/v1/plans", headers=auth["viewer"]).json()["total"] == 0
     assert client.get("/api/v1/actions", headers=auth["viewer"]).json()["total"] == 0
@@ -158,6 +166,13 @@ def test_a_job_whose_spec_the_other_scheduler_cannot_read_stays_home(
     _push(client, auth, "alpha", [running("big", "n1", list(range(8))), job("w", submit=SPEC)])
     body = client.post(f"{GROUPS}/mixed/what-if", headers=auth["viewer"]).json()
     assert body["movable_jobs"] == 0 and body["moves"] == []
+    assert body["stays_home_examples"] == [
+        {
+            "job": "w",
+            "cluster": "alpha",
+            "why": "no other member runs sim and its spec has no portable form",
+        }
+    ]
     # A portable form lets it cross scheduler families.
     portable = {**SPEC, "portable": {"image": "train:1", "command": ["python", "t.py"], "gpus": 2}}
     again = snapshot(
@@ -232,6 +247,10 @@ def test_a_team_goes_only_to_the_clusters_its_sla_policy_allows(
     policy([], 1)  # data that may not leave alpha
     body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
     assert body["movable_jobs"] == 0 and body["moves"] == []
+    assert [e["why"] for e in body["stays_home_examples"]] == [
+        "team vision's SLA policy in alpha lets it go to none of beta "
+        "(allowed_clusters, cluster_selector)"
+    ]
     policy(["beta"], 2)
     body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
     assert [m["to_cluster"] for m in body["moves"]] == ["beta"]
@@ -330,3 +349,48 @@ def test_the_what_if_holds_no_write_lock_while_it_solves(
     engine.dispose()
     assert answer.clusters == ["alpha", "beta"]
     assert other_writer == ["ok", "ok", "ok"]  # two clusters alone, then the group
+
+
+@pytest.mark.usefixtures("two")
+def test_a_start_away_is_priced_at_the_rate_the_groups_move_transfers_measured(
+    client: TestClient, auth: dict, session: Session
+) -> None:
+    _group(client, auth, "alpha", "beta")
+    _push(client, auth, "alpha", [running("big", "n1", list(range(8))), job("w", submit=SPEC)])
+    _push(client, auth, "beta", [])
+    body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
+    assert body["link"] == {"bandwidth_mib_per_s": 100.0, "measured_transfers": 0}
+
+    alpha, beta = (
+        session.exec(select(Cluster).where(Cluster.name == n)).one() for n in ("alpha", "beta")
+    )
+    mib = 1024 * 1024
+    for index, (size, seconds) in enumerate([(200 * mib, 0.5), (100 * mib, 1.0), (mib, 0.0)]):
+        move = Action(
+            cluster_id=alpha.id,  # type: ignore[arg-type]
+            target_cluster_id=beta.id,
+            kind=ActionKind.move,
+            state=ActionState.succeeded,
+            idempotency_key=f"measured-{index}",
+            created_at=T0,
+            updated_at=T0,
+        )
+        session.add(move)
+        session.flush()
+        session.add(
+            ActionStep(
+                action_id=move.id,  # type: ignore[arg-type]
+                seq=2,
+                name="transfer",
+                queue="agent.beta.n1",
+                state=StepState.succeeded,
+                idempotency_key=f"measured-{index}:forward:transfer",
+                result={"bytes": size, "seconds": seconds},
+                finished_at=T0,
+            )
+        )
+    session.commit()
+    body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
+    # 300 MiB in 1.5 s; a copy that took no measurable time tells nothing of the link.
+    assert body["link"] == {"bandwidth_mib_per_s": 200.0, "measured_transfers": 2}
+    assert [m["to_cluster"] for m in body["moves"]] == ["beta"]
