@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +23,23 @@ from playwright.sync_api import Locator, Page, Route, expect, sync_playwright
 from sqlmodel import Session
 
 from app.api.deps import get_clock
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate, ShapingMode
 from app.core import migrate
 from app.core.clock import FrozenClock
 from app.core.config import Settings
 from app.core.db import make_engine
 from app.demo import SITES, seed_demo_site
+from app.federation import service as federation_service
+from app.federation.models import FederationGroupCreate
 from app.gpu_models import service as gpu_model_service
 from app.shaping.cycle import run_cycle
+from app.telemetry import service as telemetry_service
 from sim.run import compare, write_results
 from sim.scenario import load_scenario
+from tests.app.builders import job, node, running, snapshot
 from tests.support.live_server import app_on, serve, tokens_for
+from wire.telemetry import SchedulerKind, TelemetrySnapshot
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
@@ -463,3 +471,193 @@ def _diagnosis(site: dict[str, Any], cluster: str) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
+
+
+# A federation group of two simulated clusters: east is full and has a job waiting that
+# its connector said how to submit elsewhere; west is idle (tests/app/test_federation.py).
+GROUP = "site"
+GROUP_DESCRIPTION = "Amsterdam & Stockholm <b>pool</b>"
+LABELS = {"east": {"region": "eu-west", "site": "ams1"}, "west": {"region": "eu-north"}}
+MODES = {"east": ShapingMode.advise, "west": ShapingMode.observe}
+SPEC = {"scheduler": "sim", "native": {"gpus": 8, "runtime_s": 3600}}
+
+
+@pytest.fixture(scope="module")
+def federated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Its own server: a group's clusters would change what the demo site's pages show."""
+    data = tmp_path_factory.mktemp("web-federation")
+    url = f"sqlite:///{data / 'shaper.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    jobs = {
+        "east": [
+            running("big", "east1", list(range(8))),
+            job("waiting", gpus_requested=8, submit=SPEC),
+        ],
+        "west": [],
+    }
+    with Session(engine) as session:
+        gpu_model_service.ensure_default_catalogue(session=session)
+        for name, labels in LABELS.items():
+            cluster_service.register_cluster(
+                session=session,
+                now=NOW,
+                cluster_in=ClusterCreate(
+                    name=name, scheduler=SchedulerKind.sim, mode=MODES[name], labels=labels
+                ),
+            )
+            push = snapshot(1, nodes=[node(f"{name}1")], jobs=jobs[name])
+            telemetry_service.ingest(
+                session=session,
+                cluster_name=name,
+                push=TelemetrySnapshot.model_validate(push),
+                now=NOW,
+            )
+        federation_service.create_group(
+            session=session,
+            group_in=FederationGroupCreate(name=GROUP, description=GROUP_DESCRIPTION),
+            now=NOW,
+            actor=None,
+        )
+        for name in LABELS:
+            federation_service.add_cluster(
+                session=session, name=GROUP, cluster=name, now=NOW, actor=None
+            )
+        tokens = tokens_for(session, NOW, ("viewer", "operator"))
+
+    app = app_on(engine, Settings(environment="test", data_dir=data))
+    app.dependency_overrides[get_clock] = lambda: FrozenClock(NOW + timedelta(minutes=1))
+    with serve(app) as base:
+        yield {"base": base, "tokens": tokens}
+    engine.dispose()
+
+
+def _post(site: dict[str, Any], path: str, scope: str = "viewer") -> Any:
+    response = httpx.post(
+        f"{site['base']}/api/v1{path}",
+        headers={"Authorization": f"Bearer {site['tokens'][scope]}"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _one_decimal(value: float) -> str:
+    """As the page writes a float with one decimal (Intl.NumberFormat): its shortest decimal
+    form rounded half away from zero (48.05 → 48.1, where f"{48.05:.1f}" says 48.0)."""
+    return f"{Decimal(repr(value)).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP):,}"
+
+
+def test_federation_page_without_groups_says_how_to_make_one(
+    page: Page, site: dict[str, Any]
+) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    page.click("#nav a[data-view=federation]")
+    expect(page.locator("#nav a[data-view=federation]")).to_have_class("active")
+    none = page.locator("#federation-none")
+    expect(none).to_be_visible()
+    expect(none).to_contain_text("No federation groups yet")
+    expect(none).to_contain_text("/api/v1/federation-groups")
+    expect(page.locator(".group-card")).to_have_count(0)
+
+
+def test_federation_page_shows_members_and_the_what_if_of_the_api(
+    page: Page, federated: dict[str, Any], tmp_path: Path
+) -> None:
+    page.goto(f"{federated['base']}/#token={federated['tokens']['viewer']}")
+    expect(page.locator(".card")).to_have_count(len(LABELS))
+    page.click("#nav a[data-view=federation]")
+    card = page.locator(f'.group-card[data-group="{GROUP}"]')
+    expect(card).to_be_visible()
+    expect(page.locator("#federation-none")).to_be_hidden()
+    # What the API says comes through as text: markup in a description is not markup.
+    expect(card.locator(".description")).to_have_text(GROUP_DESCRIPTION)
+    expect(card.locator(".description b")).to_have_count(0)
+    expect(card.locator('[data-link="bandwidth"]')).to_have_text("100 MiB/s")
+    expect(card.locator('[data-link="overhead"]')).to_have_text("120 s")
+    expect(card.locator("tr[data-member]")).to_have_count(len(LABELS))
+    for name, labels in LABELS.items():
+        member = card.locator(f'tr[data-member="{name}"]')
+        expect(member.locator("td.mode")).to_have_text(MODES[name].value)
+        expect(member.locator(".label")).to_have_text([f"{k}={v}" for k, v in labels.items()])
+    # A viewer may ask what-if but not plan.
+    expect(card.locator("button[data-plan-group]")).to_be_disabled()
+    expect(card.locator(".group-buttons")).to_contain_text("needs the operator scope")
+
+    card.locator("button[data-what-if]").click()
+    moves = card.locator("table.moves tbody tr")
+    expect(moves).to_have_count(1)
+    answer = _post(federated, f"/federation-groups/{GROUP}/what-if")
+    assert answer["moves"] == [
+        {
+            "job": "waiting",
+            "from_cluster": "east",
+            "to_cluster": "west",
+            "gpus": 8,
+            "nodes": ["west1"],
+        }
+    ]
+    move = answer["moves"][0]
+    row = card.locator(f'table.moves tr[data-job="{move["job"]}"] td')
+    expect(row).to_have_text(
+        [move["job"], f"{move['from_cluster']} → {move['to_cluster']}", str(move["gpus"]), "west1"]
+    )
+    assert answer["alone"]["pending_started"] == 0 and answer["federated"]["pending_started"] == 1
+    for which in ("alone", "federated"):
+        figures = answer[which]
+        expect(card.locator(f'[data-figure="{which}-pending-started"]')).to_have_text(
+            str(figures["pending_started"])
+        )
+        objective = card.locator(f'[data-figure="{which}-objective"]')
+        expect(objective).to_have_text(_one_decimal(figures["objective"]))
+        assert float(objective.get_attribute("data-value") or "nan") == pytest.approx(
+            figures["objective"]
+        )
+    expect(card.locator(".dispatch")).to_have_text(answer["dispatch"])
+    screenshot(page, "federation", tmp_path)
+
+
+def test_operator_plans_a_group_and_the_move_waits_on_the_actions_page(
+    page: Page, federated: dict[str, Any], tmp_path: Path
+) -> None:
+    page.goto(f"{federated['base']}/#token={federated['tokens']['operator']}")
+    expect(page.locator(".card")).to_have_count(len(LABELS))
+    page.click("#nav a[data-view=federation]")
+    card = page.locator(f'.group-card[data-group="{GROUP}"]')
+    plan = card.locator("button[data-plan-group]")
+    expect(plan).to_be_enabled()
+    plan.click()
+    proposed = card.locator('[data-outcome="proposed"] a[data-action-link]')
+    expect(proposed).to_have_count(1)
+    action_id = proposed.get_attribute("data-action-link")
+    expect(card.locator('[data-outcome="approved"]')).to_have_text("none")
+    expect(card.locator('[data-outcome="superseded"]')).to_have_text("0")
+    # The API agrees: the move is proposed in east (advise), for west.
+    actions = httpx.get(
+        f"{federated['base']}/api/v1/actions",
+        params={"state": "proposed"},
+        headers={"Authorization": f"Bearer {federated['tokens']['viewer']}"},
+        timeout=30,
+    ).json()["items"]
+    assert [(a["id"], a["kind"], a["cluster"], a["target_cluster"]) for a in actions] == [
+        (int(action_id or 0), "move", "east", "west")
+    ]
+
+    proposed.click()
+    expect(page.locator("#actions")).to_be_visible()
+    row = page.locator(f'#action-table tr[data-action="{action_id}"]')
+    expect(row).to_have_class("marked")
+    cells = row.locator("td")
+    expect(cells.nth(1)).to_have_text("east → west")
+    expect(cells.nth(2)).to_have_text("move")
+    expect(cells.nth(3)).to_have_text("waiting")
+    expect(cells.nth(5)).to_have_text("proposed")
+    expect(row.locator('button[data-decide="approve"]')).to_be_visible()
+
+    # Planned again, the proposal is kept, not made twice.
+    page.click("#nav a[data-view=federation]")
+    card.locator("button[data-plan-group]").click()
+    expect(card.locator('[data-outcome="kept"]')).to_have_text("1")
+    expect(card.locator('[data-outcome="proposed"]')).to_have_text("none")
+    screenshot(page, "federation-planned", tmp_path)

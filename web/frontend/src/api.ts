@@ -8,6 +8,8 @@ interface ErrorBody {
 
 export const session = {
   token: null as string | null,
+  // The token's scopes (GET /whoami), for what a page offers; the API decides.
+  scopes: [] as string[],
   onUnauthorized: (_message: string): void => {},
 };
 

@@ -4,6 +4,7 @@ import "uplot/dist/uPlot.min.css";
 import "./style.css";
 import { api, isAbort, session, Unauthorized } from "./api";
 import { $, esc, select } from "./dom";
+import { planGroup, showFederation, whatIf } from "./federation";
 import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
 import { pageState, showActions, showIdle, showJobs, showNodes, showPolicies, showSimulations } from "./pages";
 import type { Cluster } from "./types";
@@ -13,6 +14,7 @@ let clusters: Cluster[] = [];
 function signOut(message = ""): void {
   sessionStorage.removeItem("shaper-token");
   session.token = null;
+  session.scopes = [];
   document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = true));
   $("#login").hidden = false;
   $("#login-error").textContent = message;
@@ -24,6 +26,7 @@ async function signIn(token: string): Promise<void> {
   try {
     const me = await api<{ name: string; scopes: string[] }>("/whoami");
     sessionStorage.setItem("shaper-token", token);
+    session.scopes = me.scopes;
     $("#whoami").textContent = `${me.name} · ${me.scopes.join(", ")}`;
     $("#login").hidden = true;
     clusters = await api<Cluster[]>("/clusters");
@@ -46,6 +49,7 @@ const VIEWS: Record<string, () => Promise<void>> = {
   policies: showPolicies,
   simulations: showSimulations,
   idle: showIdle,
+  federation: showFederation,
 };
 
 function route(): void {
@@ -65,8 +69,12 @@ function run(show: () => Promise<void>): void {
 document.addEventListener("click", async (event) => {
   const target = event.target;
   if (!(target instanceof HTMLElement)) return;
-  const { planDecide, decide, edit, id } = target.dataset;
-  if (planDecide || decide) {
+  const { planDecide, decide, edit, id, whatIf: whatIfGroup, planGroup: planned } = target.dataset;
+  if (whatIfGroup) {
+    run(() => whatIf(whatIfGroup));
+  } else if (planned) {
+    run(() => planGroup(planned));
+  } else if (planDecide || decide) {
     const path = planDecide ? `/plans/${id}/${planDecide}` : `/actions/${id}/${decide}`;
     try {
       await api(path, { method: "POST" });

@@ -93,10 +93,12 @@ export async function showActions(): Promise<void> {
     api<Page<Plan>>("/plans?limit=20", { signal }),
   ]);
   if (!current()) return;
+  // #actions&action=N (the Federation page's links): that action's row is marked.
+  const marked = new URLSearchParams(location.hash.slice(1)).get("action");
   $("#action-table tbody").innerHTML =
     actions.items
       .map(
-        (a) => `<tr>
+        (a) => `<tr data-action="${a.id}"${String(a.id) === marked ? ' class="marked"' : ""}>
     <td>${a.id}</td><td>${esc(a.cluster)}${a.target_cluster ? ` → ${esc(a.target_cluster)}` : ""}</td><td>${esc(a.kind)}</td><td>${esc(a.job_external_id)}</td>
     <td>${esc(a.source_node || "")} → ${esc(a.target_node || (a.target_replicas ?? ""))}</td><td>${esc(a.state)}</td>
     <td>${a.plan_id ?? ""}</td><td>${a.depends_on.map((d) => `#${d}`).join(" ")}</td>
@@ -104,6 +106,7 @@ export async function showActions(): Promise<void> {
     <td>${a.state === "proposed" ? `<button data-decide="approve" data-id="${a.id}">Approve</button> <button data-decide="reject" data-id="${a.id}">Reject</button>` : ""}</td></tr>`,
       )
       .join("") || '<tr><td colspan="10">No actions yet.</td></tr>';
+  document.querySelector("#action-table tr.marked")?.scrollIntoView({ block: "center" });
   $("#plan-table tbody").innerHTML =
     plans.items
       .map(

@@ -16,6 +16,9 @@ export interface Cluster {
   connector_status: string;
   node_count: number;
   gpu_count: number;
+  // Where it is ({"region": "eu-west"}): a team's cluster_selector matches these.
+  labels: Record<string, string>;
+  federation_group: string | null;
 }
 
 export interface GpuFigures {
@@ -163,4 +166,52 @@ export interface Diagnosis {
   idle_gpu_hours: number;
   causes: CauseHours[];
   by_gpu_model: { key: string | null; cause: string; gpu_hours: number }[];
+}
+
+// Federation (app/federation/models.py, planning.py, moves.py).
+export interface FederationGroup {
+  name: string;
+  description: string;
+  clusters: string[];
+  inter_cluster_bandwidth_mib_per_s: number;
+  inter_cluster_overhead_s: number;
+}
+
+export interface FederationFigures {
+  pending_started: number;
+  objective: number;
+}
+
+export interface FederatedMove {
+  job: string;
+  from_cluster: string;
+  to_cluster: string;
+  gpus: number;
+  nodes: string[];
+}
+
+export interface FederationWhatIf {
+  group: string;
+  clusters: string[];
+  planned_at: string;
+  policy: string;
+  pending_jobs: number;
+  movable_jobs: number;
+  alone: FederationFigures;
+  federated: FederationFigures;
+  moves: FederatedMove[];
+  // Newer servers say what the plan priced a start away from home at, and why jobs stay.
+  link?: { bandwidth_mib_per_s: number; measured_transfers: number };
+  stays_home?: number;
+  stays_home_examples?: { job: string; cluster: string; why: string }[];
+  dispatch: string;
+}
+
+export interface MovesProposed {
+  group: string;
+  proposed: number[];
+  approved: number[];
+  kept: number;
+  superseded: number;
+  skipped: Record<string, string>;
 }
