@@ -110,11 +110,11 @@ def follow(
         status = procs.exit_code(child) if child is not None else None
         record = store.load(workload.id)
         state = record.state
-        if state in (WorkloadState.CHECKPOINTING, WorkloadState.CHECKPOINTED):
-            if state is WorkloadState.CHECKPOINTED and not said_checkpointed:
+        if state in (WorkloadState.checkpointing, WorkloadState.checkpointed):
+            if state is WorkloadState.checkpointed and not said_checkpointed:
                 _say(f"{workload.id} was checkpointed; waiting for the scheduler to requeue it")
                 said_checkpointed = True
-        elif state is WorkloadState.RELEASED:
+        elif state is WorkloadState.released:
             if record.is_running():
                 kill_workload(record, timeout=10)
             _say(f"{workload.id} was released by the node agent; nothing runs here")
@@ -165,9 +165,9 @@ def run(
             record = store.load(workload_id)
         except KeyError:
             record = None
-        if record is not None and record.state is WorkloadState.RUNNING and record.is_running():
+        if record is not None and record.state is WorkloadState.running and record.is_running():
             _say(f"{signal.Signals(stopped.signum).name}: stopping {workload_id}")
             kill_workload(record, timeout=10)
-            record.state = WorkloadState.RELEASED
+            record.state = WorkloadState.released
             store.save(record)
         return 128 + stopped.signum

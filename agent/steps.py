@@ -168,7 +168,7 @@ class StepExecutor:
             ) from None
         root = self._image_root(request.workload_id, request.generation)
         record = root / "image.json"
-        if workload.state is WorkloadState.CHECKPOINTED and record.exists():
+        if workload.state is WorkloadState.checkpointed and record.exists():
             image = CheckpointImage.model_validate_json(record.read_text())
             return _checkpoint_result(image, note="taken earlier")
         image_dir = root / "image"
@@ -179,13 +179,13 @@ class StepExecutor:
             shutil.rmtree(image_dir)
         # Said before the process stops, so whoever waits on it (`agent exec --wait` in a
         # batch job) knows that it stopped on purpose and does not end the job.
-        workload.state = WorkloadState.CHECKPOINTING
+        workload.state = WorkloadState.checkpointing
         self.store.save(workload)
         try:
             image = self._backend(workload.backend).checkpoint(workload, image_dir)
         except BackendError:
             if workload.is_running():
-                workload.state = WorkloadState.RUNNING
+                workload.state = WorkloadState.running
                 self.store.save(workload)
             raise
         _write_atomically(record, image.model_dump_json())
@@ -241,7 +241,7 @@ class StepExecutor:
             current = self.store.load(request.workload_id)
         except KeyError:
             current = None
-        if current is not None and current.state is WorkloadState.RUNNING and current.is_running():
+        if current is not None and current.state is WorkloadState.running and current.is_running():
             return {"pid": current.pid, "summary": f"already running here as PID {current.pid}"}
         # An agent that died mid-restore may have left a restored copy nobody recorded.
         reaped = self._reap_unrecorded(request.workload_id)
@@ -301,7 +301,7 @@ class StepExecutor:
             except KeyError:
                 return False
             fresh = expected is None or workload.resumed_from == expected
-            return fresh and workload.state is WorkloadState.RUNNING and workload.is_running()
+            return fresh and workload.state is WorkloadState.running and workload.is_running()
 
         if wait_s > 0:
             procs.wait_until(started, timeout=wait_s, interval=0.5)
@@ -320,7 +320,7 @@ class StepExecutor:
                 f"{expected} (it started from {workload.resumed_from or 'scratch'})"
             )
         died = procs.wait_until(lambda: not workload.is_running(), timeout=self.confirm_grace_s)
-        if workload.state is not WorkloadState.RUNNING or died:
+        if workload.state is not WorkloadState.running or died:
             raise WorkloadNotRunning(
                 f"workload {request.workload_id} does not run on {self.name} "
                 f"(state {workload.state.value}, PID {workload.pid}); log:\n"
@@ -337,8 +337,8 @@ class StepExecutor:
         if workload is not None and workload.is_running():
             self._backend(workload.backend).release(workload)
             stopped = True
-        elif workload is not None and workload.state is not WorkloadState.RELEASED:
-            workload.state = WorkloadState.RELEASED
+        elif workload is not None and workload.state is not WorkloadState.released:
+            workload.state = WorkloadState.released
             self.store.save(workload)
         reaped = self._reap_unrecorded(request.workload_id)
         if request.args.get("delete_image", False):
@@ -410,7 +410,7 @@ def _checkpoint_result(image: CheckpointImage, *, note: str | None = None) -> di
 def _interrupted(workload: RunningWorkload) -> bool:
     """Whether a checkpoint of the workload stopped its process and then lost its agent:
     recorded as being (or having been) checkpointed, and its process gone."""
-    checkpointing = workload.state in (WorkloadState.CHECKPOINTING, WorkloadState.CHECKPOINTED)
+    checkpointing = workload.state in (WorkloadState.checkpointing, WorkloadState.checkpointed)
     return checkpointing and not workload.is_running()
 
 

@@ -40,11 +40,11 @@ def utc_now() -> datetime:
 
 
 class WorkloadState(StrEnum):
-    RUNNING = "running"
+    running = "running"
     # The agent is taking a checkpoint: the process is about to stop, on purpose.
-    CHECKPOINTING = "checkpointing"
-    CHECKPOINTED = "checkpointed"
-    RELEASED = "released"
+    checkpointing = "checkpointing"
+    checkpointed = "checkpointed"
+    released = "released"
 
 
 class WorkloadSpec(BaseModel):
@@ -62,7 +62,7 @@ class RunningWorkload(BaseModel):
 
     spec: WorkloadSpec
     backend: str
-    state: WorkloadState = WorkloadState.RUNNING
+    state: WorkloadState = WorkloadState.running
     # Host PID of the workload's root process; None for simulated workloads.
     pid: int | None = None
     # Its start time in ticks since boot, so a reused PID is never taken for it.

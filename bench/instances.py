@@ -118,7 +118,7 @@ def make_instance(
         jobs.append(
             Job(
                 id=f"svc{index:04d}",
-                shape=JobShape.ELASTIC,
+                shape=JobShape.elastic,
                 team="infra",
                 priority=4.0,
                 gpus_per_replica=per_replica,

@@ -171,7 +171,7 @@ def federated_section(args: argparse.Namespace, config: SolverConfig) -> None:
             plan = get_policy(name).plan(instance)
             wall = time.perf_counter() - started
             violations = validate(instance, plan)
-            starts = [a for a in plan.actions if a.kind is ActionKind.START]
+            starts = [a for a in plan.actions if a.kind is ActionKind.start]
             away = sum(
                 1
                 for a in starts

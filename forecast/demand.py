@@ -59,9 +59,9 @@ REFIT_S = 6 * 3600.0
 
 
 class Method(StrEnum):
-    ETS = "ets"
-    SEASONAL_NAIVE = "seasonal-naive"
-    LATEST = "latest"
+    ets = "ets"
+    seasonal_naive = "seasonal-naive"
+    latest = "latest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +140,10 @@ def seasonal_naive_forecast(
     if len(values) > season:
         errors = values[season:] - values[:-season]
         spread = float(np.quantile(errors, quantile))
-        method = Method.SEASONAL_NAIVE
+        method = Method.seasonal_naive
     else:
         spread = 0.0
-        method = Method.SEASONAL_NAIVE if len(values) == season else Method.LATEST
+        method = Method.seasonal_naive if len(values) == season else Method.latest
     return DemandForecast(
         mean=tuple(mean),
         upper=tuple(m + max(spread, 0.0) for m in mean),
@@ -201,7 +201,7 @@ def _ets_forecast(
         mean=tuple(float(v) for v in mean),
         upper=tuple(float(v) for v in upper),
         quantile=quantile,
-        method=Method.ETS,
+        method=Method.ets,
     )
     return forecast, np.asarray(results.params, dtype=float)
 

@@ -96,15 +96,15 @@ HISTORY_HOURS = 7 * 24
 
 
 class ForecastMode(StrEnum):
-    PERFECT = "perfect"
-    MODEL = "model"
-    PEAK = "peak"
+    perfect = "perfect"
+    model = "model"
+    peak = "peak"
 
 
 class RuntimeMode(StrEnum):
-    EXACT = "exact"
-    PREDICTED = "predicted"
-    NONE = "none"  # no run time at all: what the control plane knew before forecast.duration
+    exact = "exact"
+    predicted = "predicted"
+    none = "none"  # no run time at all: what the control plane knew before forecast.duration
 
 
 class PlanRejected(RuntimeError):
@@ -132,8 +132,8 @@ class SolverPlanner:
         forecast_hours: int = FORECAST_HOURS,
         config_overrides: dict[str, object] | None = None,
         feeds_history: bool | None = None,
-        forecast: ForecastMode | str = ForecastMode.PERFECT,
-        runtime: RuntimeMode | str = RuntimeMode.EXACT,
+        forecast: ForecastMode | str = ForecastMode.perfect,
+        runtime: RuntimeMode | str = RuntimeMode.exact,
     ) -> None:
         self.name = policy
         base, self.federated = split_policy_name(policy)
@@ -239,7 +239,7 @@ class SolverPlanner:
                 )
                 self._node_cache[key] = node
             nodes.append(node)
-        if self.runtime_mode is RuntimeMode.PREDICTED:
+        if self.runtime_mode is RuntimeMode.predicted:
             self._learn_durations(sim)
         jobs = [self._block_job(sim, s) for s in sim.running.values()]
         jobs += [self._block_job(sim, s) for s in sim.queue.values()]
@@ -266,7 +266,7 @@ class SolverPlanner:
 
         for job_id in self._unfinished.difference(sim.running, sim.queue):
             state = sim.jobs[job_id]
-            if state.status is JobStatus.DONE:
+            if state.status is JobStatus.done:
                 self.durations.observe(self._features(state), state.spec.work)
         self._unfinished = set(sim.running) | set(sim.queue)
 
@@ -301,9 +301,9 @@ class SolverPlanner:
             behind = (state.progress - state.checkpointed) / state.rate
             last_checkpoint = max(state.run_start, state.updated_at - behind)
         runtime: float | None
-        if self.runtime_mode is RuntimeMode.NONE:
+        if self.runtime_mode is RuntimeMode.none:
             runtime = None
-        elif self.runtime_mode is RuntimeMode.PREDICTED:
+        elif self.runtime_mode is RuntimeMode.predicted:
             runtime = self._predicted_runtime(sim, state)
         elif running:
             # Walltime from the current run's start to its (known) end: exact, as traces are.
@@ -337,7 +337,7 @@ class SolverPlanner:
         job = Job.model_construct(
             id=spec.id,
             team=spec.team,
-            shape=JobShape.BLOCK,
+            shape=JobShape.block,
             priority=spec.priority,
             gpus_per_replica=1,
             replicas=spec.gpus,
@@ -432,7 +432,7 @@ class SolverPlanner:
         return Job.model_construct(
             id=spec.id,
             team=spec.team,
-            shape=JobShape.ELASTIC,
+            shape=JobShape.elastic,
             priority=spec.priority,
             gpus_per_replica=per,
             replicas=state.replicas,
@@ -477,7 +477,7 @@ class SolverPlanner:
         after it, as ``forecast_mode`` sees it (see the module docstring)."""
         spec = state.spec
         hours = [hour_start + HOUR * h for h in range(self.forecast_hours)]
-        if self.forecast_mode is ForecastMode.PERFECT:
+        if self.forecast_mode is ForecastMode.perfect:
             return [spec.demand_at(t) for t in hours]
         first = hour_start - HOUR * HISTORY_HOURS
         if spec.start_time > 0:
@@ -486,7 +486,7 @@ class SolverPlanner:
         now = spec.demand_at(sim.now)  # the current hour is observed, not forecast
         if not series:
             return [now] * self.forecast_hours
-        if self.forecast_mode is ForecastMode.PEAK:
+        if self.forecast_mode is ForecastMode.peak:
             return [max(now, *series)] * self.forecast_hours
         ahead = self.forecaster.forecast(
             spec.id,
@@ -552,17 +552,17 @@ def to_actions(plan: Plan, sim: Simulation) -> list[Action]:
     actions: list[Action] = []
     for action in plan.actions:
         why = action.reason.code.value
-        if action.kind is ActionKind.START:
+        if action.kind is ActionKind.start:
             actions.append(Start(action.job_id, dict(action.to_placement), why))
-        elif action.kind is ActionKind.MIGRATE:
+        elif action.kind is ActionKind.migrate:
             actions.append(Migrate(action.job_id, dict(action.to_placement), why))
-        elif action.kind is ActionKind.RESIZE:
+        elif action.kind is ActionKind.resize:
             svc = sim.services[action.job_id]
             per = svc.spec.gpus_per_replica
             target = {n: gpus // per for n, gpus in action.to_placement.items() if gpus}
             actions.append(Resize(action.job_id, target, why))
-        elif action.kind is ActionKind.PREEMPT:
+        elif action.kind is ActionKind.preempt:
             actions.append(Preempt(action.job_id, checkpoint=False, reason=why))
-        elif action.kind is ActionKind.REQUEUE:
+        elif action.kind is ActionKind.requeue:
             actions.append(Preempt(action.job_id, checkpoint=True, reason=why))
     return actions

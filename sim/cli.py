@@ -175,14 +175,14 @@ def run(
             help="services' demand forecast: perfect (the curve) | model (the control "
             "plane's: ETS quantile) | peak (the week's highest hour at every step)"
         ),
-    ] = ForecastMode.PERFECT,
+    ] = ForecastMode.perfect,
     runtime: Annotated[
         str,
         typer.Option(
             help="block jobs' run time as the policy sees it: exact (the trace's) | "
             "predicted (from the jobs done before) | none"
         ),
-    ] = RuntimeMode.EXACT,
+    ] = RuntimeMode.exact,
 ) -> None:
     """Simulate SCENARIO under one policy and print its metrics."""
     _check_policy(policy)
@@ -367,10 +367,10 @@ def sweep_cmd(
 
 # The option to fix for each kind of trace error (``replay``; ``inflation`` names PODS).
 TRACE_HINTS = {
-    TraceInput.TRACE: "TRACE",
-    TraceInput.NODES: "--nodes",
-    TraceInput.KIND: "--kind",
-    TraceInput.CLUSTER: "--gpus / --gpus-per-node",
+    TraceInput.trace: "TRACE",
+    TraceInput.nodes: "--nodes",
+    TraceInput.kind: "--kind",
+    TraceInput.cluster: "--gpus / --gpus-per-node",
 }
 
 
@@ -552,7 +552,7 @@ def inflation(
             return
         results = run_all(seed)
     except TraceError as exc:
-        hint = "--nodes" if exc.about is TraceInput.NODES else "PODS"
+        hint = "--nodes" if exc.about is TraceInput.nodes else "PODS"
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
     # Per policy: the largest cut against the best baseline at the same arrival ratio.
     best = compare_to_baselines(results)

@@ -69,9 +69,9 @@ class EventKind(IntEnum):
 
 
 class JobStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
+    queued = "queued"
+    running = "running"
+    done = "done"
 
 
 class Planner(Protocol):
@@ -85,7 +85,7 @@ class SimJob:
     """A block job as the simulation runs it: its spec and where it is now."""
 
     spec: BlockJob
-    status: JobStatus = JobStatus.QUEUED
+    status: JobStatus = JobStatus.queued
     placement: dict[str, tuple[int, ...]] = field(default_factory=dict)
     progress: float = 0.0
     checkpointed: float = 0.0
@@ -162,8 +162,8 @@ class SimNode:
     def state(self) -> NodeState:
         """The node as the solver and the idle classifier name it."""
         if not self.up:
-            return NodeState.DOWN
-        return NodeState.DRAINING if self.draining else NodeState.READY
+            return NodeState.down
+        return NodeState.draining if self.draining else NodeState.ready
 
 
 @dataclass(slots=True)
@@ -380,9 +380,9 @@ class Simulation:
         )
         for state in self.jobs.values():
             self._update_progress(state)
-            if state.status == JobStatus.DONE:
+            if state.status == JobStatus.done:
                 state.kept_at_horizon = state.spec.work
-            elif state.status == JobStatus.RUNNING and state.spec.checkpointable:
+            elif state.status == JobStatus.running and state.spec.checkpointable:
                 # A running checkpointable job could be checkpointed at the horizon.
                 state.kept_at_horizon = state.progress
             else:
@@ -444,13 +444,13 @@ class Simulation:
             return self.replan_on_events
         if kind == EventKind.COMPLETION:
             state = self.jobs[ref]
-            if state.version != version or state.status != JobStatus.RUNNING:
+            if state.version != version or state.status != JobStatus.running:
                 return False
             self._update_progress(state)
             state.progress = state.spec.work
             state.checkpointed = state.spec.work
             self._release(state)
-            state.status = JobStatus.DONE
+            state.status = JobStatus.done
             state.end_time = self.now
             del self.running[state.spec.id]
             return self.replan_on_events
@@ -619,7 +619,7 @@ class Simulation:
 
     # -------------------------------------------------------------- job state
     def _enqueue(self, state: SimJob) -> None:
-        state.status = JobStatus.QUEUED
+        state.status = JobStatus.queued
         state.queued_since = self.now
         self.queue[state.spec.id] = state
         self._pending_sizes[state.spec.gpus] += 1
@@ -634,7 +634,7 @@ class Simulation:
         state.queue_wait += self.now - state.queued_since
 
     def _update_progress(self, state: SimJob) -> None:
-        if state.status != JobStatus.RUNNING:
+        if state.status != JobStatus.running:
             return
         begin = max(state.updated_at, state.overhead_until)
         if self.now > begin:
@@ -895,7 +895,7 @@ class Simulation:
     def _start(self, state: SimJob, placement: dict[str, int]) -> None:
         self._dequeue(state)
         self._place(state, placement)
-        state.status = JobStatus.RUNNING
+        state.status = JobStatus.running
         if state.first_start is None:
             state.first_start = self.now
         transfer = self.workload.transfer
@@ -990,7 +990,7 @@ class Simulation:
             state.queue_wait += end - state.queued_since
             state.queued_since = end
         for state in self.jobs.values():
-            kept = state.spec.work if state.status == JobStatus.DONE else state.checkpointed
+            kept = state.spec.work if state.status == JobStatus.done else state.checkpointed
             state.ledger.close(gpus=state.spec.gpus, kept_work=kept)
         self._sample(end)
         if self.record_occupancy:
@@ -1013,7 +1013,7 @@ class Simulation:
         """Conservation: every GPU has at most one owner and every owner knows its GPUs."""
         seen: dict[tuple[str, int], str] = {}
         for state in self.running.values():
-            assert state.status == JobStatus.RUNNING, state.spec.id
+            assert state.status == JobStatus.running, state.spec.id
             assert state.gpus_held == state.spec.gpus, state.spec.id
             for node, indices in state.placement.items():
                 for index in indices:
@@ -1040,7 +1040,7 @@ class Simulation:
             assert state.checkpointed <= state.progress + EPS, state.spec.id
             in_queue = state.spec.id in self.queue
             in_running = state.spec.id in self.running
-            assert in_queue + in_running + (state.status == JobStatus.DONE) == 1, state.spec.id
+            assert in_queue + in_running + (state.status == JobStatus.done) == 1, state.spec.id
         hist: Counter[tuple[int, int]] = Counter()
         for name, node_state in self.nodes.items():
             if not node_state.up:
@@ -1049,7 +1049,7 @@ class Simulation:
             if node_state.schedulable:
                 hist[(node_state.free, node_state.spec.gpus)] += 1
         assert +self._free_hist == hist, "free-GPU histogram out of date"
-        done = sum(1 for state in self.jobs.values() if state.status == JobStatus.DONE)
+        done = sum(1 for state in self.jobs.values() if state.status == JobStatus.done)
         assert len(self.jobs) == done + len(self.running) + len(self.queue), "jobs not conserved"
 
     # -------------------------------------------------------------- helpers

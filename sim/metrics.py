@@ -154,7 +154,7 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         useful += gpu_hours
         weighted += team_weight(sim, spec.team) * spec.priority * gpu_hours
         waits.append(state.queue_wait)
-        if state.status == JobStatus.DONE and state.end_time is not None:
+        if state.status == JobStatus.done and state.end_time is not None:
             completed += 1
             completed_in_window += state.end_time <= horizon + 1e-6
             jct.append(state.end_time - spec.submit_time)

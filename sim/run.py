@@ -78,8 +78,8 @@ def simulate(
     drain: bool = True,
     drain_cap: float | None = None,
     diagnose: bool = True,
-    forecast: str = ForecastMode.PERFECT,
-    runtime: str = RuntimeMode.EXACT,
+    forecast: str = ForecastMode.perfect,
+    runtime: str = RuntimeMode.exact,
 ) -> Simulation:
     """forecast, runtime: where services' demand forecasts and block jobs' run times come
     from (``sim.adapter.ForecastMode``, ``RuntimeMode``); only for a policy given by name."""

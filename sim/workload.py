@@ -28,10 +28,10 @@ from typing import Any
 # real-time service is a ``Service`` here). The simulator imports only the solver, so it
 # keeps this copy of those values; nothing maps between the two.
 class JobKind(StrEnum):
-    TRAINING = "training"
-    BATCH_INFERENCE = "batch_inference"
-    QUANTIZATION = "quantization"
-    HPC = "hpc"
+    training = "training"
+    batch_inference = "batch_inference"
+    quantization = "quantization"
+    hpc = "hpc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class BlockJob:
     gpus: int
     work: float
     priority: float = 1.0
-    kind: JobKind = JobKind.TRAINING
+    kind: JobKind = JobKind.training
     gpu_models: tuple[str, ...] = ()
     checkpointable: bool = False
     checkpoint_interval: float = 0.0

@@ -7,7 +7,7 @@ from solver.instance import Instance
 from solver.objective import ObjectiveTerms, evaluate
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode, SolveStats
 
-DEFAULT_DECISION = Reason(code=ReasonCode.PLACED, message="placed")
+DEFAULT_DECISION = Reason(code=ReasonCode.placed, message="placed")
 
 
 def build_plan(
@@ -32,13 +32,13 @@ def build_plan(
             if before != after:
                 actions.append(
                     Action(
-                        kind=ActionKind.RESIZE,
+                        kind=ActionKind.resize,
                         job_id=job.id,
                         from_placement=dict(before),
                         to_placement=dict(after),
                         replicas=sum(after.values()) // job.gpus_per_replica,
                         reason=decisions.get(
-                            job.id, Reason(code=ReasonCode.RESIZED_TO_DEMAND, message="resized")
+                            job.id, Reason(code=ReasonCode.resized_to_demand, message="resized")
                         ),
                     )
                 )
@@ -49,16 +49,16 @@ def build_plan(
             if not after:
                 pending_out[job.id] = pending.get(
                     job.id,
-                    Reason(code=ReasonCode.INSUFFICIENT_CAPACITY, message="not enough free GPUs"),
+                    Reason(code=ReasonCode.insufficient_capacity, message="not enough free GPUs"),
                 )
             continue
         if not before:
-            kind = ActionKind.START
+            kind = ActionKind.start
         elif not after:
-            kind = ActionKind.REQUEUE if job.checkpointable else ActionKind.PREEMPT
+            kind = ActionKind.requeue if job.checkpointable else ActionKind.preempt
             pending_out[job.id] = reason
         else:
-            kind = ActionKind.MIGRATE
+            kind = ActionKind.migrate
         actions.append(
             Action(
                 kind=kind,

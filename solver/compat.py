@@ -104,7 +104,7 @@ class Compatibility:
         self._ready_cache: dict[JobSignature, list[int]] = {}
         nodes = instance.nodes
         self._group_ready = [
-            any(nodes[i].state is NodeState.READY for i in group.node_indices)
+            any(nodes[i].state is NodeState.ready for i in group.node_indices)
             for group in self.groups
         ]
 

@@ -21,11 +21,11 @@ from solver.instance import SolverConfig
 from solver.plan import SolveStatus
 
 CP_SAT_STATUS = {  # CP-SAT's status codes as the plan reports them
-    cp_model.OPTIMAL: SolveStatus.OPTIMAL,
-    cp_model.FEASIBLE: SolveStatus.FEASIBLE,
-    cp_model.INFEASIBLE: SolveStatus.INFEASIBLE,
-    cp_model.MODEL_INVALID: SolveStatus.MODEL_INVALID,
-    cp_model.UNKNOWN: SolveStatus.UNKNOWN,
+    cp_model.OPTIMAL: SolveStatus.optimal,
+    cp_model.FEASIBLE: SolveStatus.feasible,
+    cp_model.INFEASIBLE: SolveStatus.infeasible,
+    cp_model.MODEL_INVALID: SolveStatus.model_invalid,
+    cp_model.UNKNOWN: SolveStatus.unknown,
 }
 
 

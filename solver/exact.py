@@ -181,7 +181,7 @@ class ExactModel:
         variables: dict[str, cp_model.IntVar] = {}
         for node in instance.nodes:
             held = job.placement.get(node.name, 0) // per_replica
-            may_gain = node.state is NodeState.READY and node_accepts(instance, node, job)
+            may_gain = node.state is NodeState.ready and node_accepts(instance, node, job)
             if frozen:
                 low = high = held
             elif may_gain:
@@ -370,7 +370,7 @@ class ExactModel:
                 model.add(sum(self._cpu_used[name]) <= max(node.cpu_milli, self._cpu_before[name]))
             if node.memory_mib and gpus:
                 model.add(sum(self._mem_used[name]) <= max(node.memory_mib, self._mem_before[name]))
-            if node.state is NodeState.READY and node.gpus > 0:
+            if node.state is NodeState.ready and node.gpus > 0:
                 free = model.new_bool_var(f"free_{name}")
                 if gpus:
                     model.add(sum(gpus) == 0).only_enforce_if(free)
@@ -434,7 +434,7 @@ class ExactModel:
             cpu = job.replicas * job.cpu_milli_per_replica
             mem = job.replicas * job.memory_mib_per_replica
             for node in instance.nodes:
-                if node.state is not NodeState.READY or not node_accepts(instance, node, job):
+                if node.state is not NodeState.ready or not node_accepts(instance, node, job):
                     continue
                 needs = [(node.gpus, job.total_gpus, "gpu", self._gpus_used[node.name])]
                 if node.cpu_milli:
@@ -519,13 +519,13 @@ def solve_exact(
         exact.pin(pin)
     solver = exact_solver(time_limit_s=time_limit_s, num_workers=num_workers, seed=seed)
     code = solver.solve(exact.model)
-    status = CP_SAT_STATUS.get(code, SolveStatus.UNKNOWN)
+    status = CP_SAT_STATUS.get(code, SolveStatus.unknown)
     bound: float | None = None
-    if status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE, SolveStatus.UNKNOWN):
+    if status in (SolveStatus.optimal, SolveStatus.feasible, SolveStatus.unknown):
         raw = solver.best_objective_bound
         if math.isfinite(raw):
             bound = raw / SCALE + exact.rounding_slack()
-    if status not in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+    if status not in (SolveStatus.optimal, SolveStatus.feasible):
         return ExactResult(
             status=status,
             objective=None,
@@ -551,7 +551,7 @@ def solve_exact(
         status=status,
         objective=terms.objective,
         bound=None if bound is None else max(bound, terms.objective),
-        exact=status is SolveStatus.OPTIMAL and not violations,
+        exact=status is SolveStatus.optimal and not violations,
         plan=plan,
         violations=violations,
         wall_time_s=time.perf_counter() - started,

@@ -109,7 +109,7 @@ def cross_cluster_starts(instance: Instance, plan: Plan) -> list[CrossClusterSta
     nodes = instance.node_by_name
     starts = []
     for action in plan.actions:
-        if action.kind is not ActionKind.START:
+        if action.kind is not ActionKind.start:
             continue
         job = instance.job_by_id[action.job_id]
         if job.home_cluster is None or not action.to_placement:

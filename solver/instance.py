@@ -52,9 +52,9 @@ class GpuModel(_Frozen):
 
 
 class NodeState(enum.StrEnum):
-    READY = "ready"
-    DRAINING = "draining"  # running work stays, nothing new lands here
-    DOWN = "down"
+    ready = "ready"
+    draining = "draining"  # running work stays, nothing new lands here
+    down = "down"
 
 
 class Node(_Frozen):
@@ -72,13 +72,13 @@ class Node(_Frozen):
     memory_mib: int = Field(default=0, ge=0, description="0 = memory not modelled")
     labels: dict[str, str] = Field(default_factory=dict)
     taints: frozenset[str] = frozenset()
-    state: NodeState = NodeState.READY
+    state: NodeState = NodeState.ready
     free_gpu_indices: tuple[int, ...] | None = None
 
 
 class JobShape(enum.StrEnum):
-    BLOCK = "block"
-    ELASTIC = "elastic"
+    block = "block"
+    elastic = "elastic"
 
 
 class Job(_Frozen):
@@ -86,7 +86,7 @@ class Job(_Frozen):
 
     id: str
     team: str = "default"
-    shape: JobShape = JobShape.BLOCK
+    shape: JobShape = JobShape.block
     priority: float = Field(default=1.0, gt=0, description="multiplies the team's weight")
 
     # Size: ``replicas`` × ``gpus_per_replica`` GPUs; CPU and memory per replica.
@@ -157,12 +157,12 @@ class Job(_Frozen):
                     f"job {self.id}: placement on {node} is {gpus} GPUs, "
                     f"not a positive multiple of gpus_per_replica={self.gpus_per_replica}"
                 )
-        if self.shape is JobShape.BLOCK and self.placement and self.held_gpus != self.total_gpus:
+        if self.shape is JobShape.block and self.placement and self.held_gpus != self.total_gpus:
             raise ValueError(
                 f"job {self.id}: holds {self.held_gpus} GPUs but replicas × gpus_per_replica "
                 f"is {self.total_gpus}"
             )
-        if self.shape is JobShape.ELASTIC and self.max_replicas is not None:
+        if self.shape is JobShape.elastic and self.max_replicas is not None:
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"job {self.id}: max_replicas < min_replicas")
         return self
@@ -173,7 +173,7 @@ class Job(_Frozen):
 
     @property
     def is_elastic(self) -> bool:
-        return self.shape is JobShape.ELASTIC
+        return self.shape is JobShape.elastic
 
     @property
     def total_gpus(self) -> int:

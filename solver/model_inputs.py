@@ -29,7 +29,7 @@ from solver.model import (
 from solver.plan import Reason, ReasonCode
 
 # Pending reasons that no plan changes: such jobs get no variable.
-NEVER_PLACEABLE = (ReasonCode.NO_COMPATIBLE_GPU_MODEL,)
+NEVER_PLACEABLE = (ReasonCode.no_compatible_gpu_model,)
 
 
 def placement_model(

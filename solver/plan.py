@@ -22,22 +22,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class ReasonCode(enum.StrEnum):
     # Why something was done.
-    PLACED = "placed"
-    RESIZED_TO_DEMAND = "resized_to_demand"
-    DEFRAGMENTATION = "defragmentation"
-    PREEMPTED_BY_HIGHER_PRIORITY = "preempted_by_higher_priority"
-    OVERDUE = "overdue"
+    placed = "placed"
+    resized_to_demand = "resized_to_demand"
+    defragmentation = "defragmentation"
+    preempted_by_higher_priority = "preempted_by_higher_priority"
+    overdue = "overdue"
     # Why a pending job stays pending (or a running one was stopped).
-    NO_COMPATIBLE_GPU_MODEL = "no_compatible_gpu_model"
-    QUOTA = "quota"
-    FRAGMENTATION = "fragmentation"
-    DISRUPTION_BUDGET = "disruption_budget"
-    LOWER_PRIORITY = "lower_priority"
-    INSUFFICIENT_CAPACITY = "insufficient_capacity"
-    QUEUE_ORDER = "queue_order"
-    FORECAST_RESERVATION = "forecast_reservation"
-    BACKFILL_RESERVATION = "backfill_reservation"
-    DWELL = "dwell"  # frozen: Shaper acted on it lately, its move budget is spent, or a saga runs
+    no_compatible_gpu_model = "no_compatible_gpu_model"
+    quota = "quota"
+    fragmentation = "fragmentation"
+    disruption_budget = "disruption_budget"
+    lower_priority = "lower_priority"
+    insufficient_capacity = "insufficient_capacity"
+    queue_order = "queue_order"
+    forecast_reservation = "forecast_reservation"
+    backfill_reservation = "backfill_reservation"
+    dwell = "dwell"  # frozen: Shaper acted on it lately, its move budget is spent, or a saga runs
 
 
 class Reason(BaseModel):
@@ -48,11 +48,11 @@ class Reason(BaseModel):
 
 
 class ActionKind(enum.StrEnum):
-    START = "start"  # pending job starts at ``to_placement``
-    MIGRATE = "migrate"  # checkpoint at ``from_placement``, restore at ``to_placement``
-    RESIZE = "resize"  # elastic service to ``replicas`` (``to_placement`` is the result)
-    PREEMPT = "preempt"  # stop; work since the last checkpoint is lost; back to the queue
-    REQUEUE = "requeue"  # checkpoint, stop, back to the queue (no work lost)
+    start = "start"  # pending job starts at ``to_placement``
+    migrate = "migrate"  # checkpoint at ``from_placement``, restore at ``to_placement``
+    resize = "resize"  # elastic service to ``replicas`` (``to_placement`` is the result)
+    preempt = "preempt"  # stop; work since the last checkpoint is lost; back to the queue
+    requeue = "requeue"  # checkpoint, stop, back to the queue (no work lost)
 
 
 class Action(BaseModel):
@@ -67,16 +67,16 @@ class Action(BaseModel):
 
 
 class SolveStatus(enum.StrEnum):
-    OPTIMAL = "optimal"
-    FEASIBLE = "feasible"  # a legal plan, optimality not proven
-    HEURISTIC = "heuristic"  # produced by a rule or a greedy engine, no bound
-    INFEASIBLE = "infeasible"
-    UNKNOWN = "unknown"
-    MODEL_INVALID = "model_invalid"
+    optimal = "optimal"
+    feasible = "feasible"  # a legal plan, optimality not proven
+    heuristic = "heuristic"  # produced by a rule or a greedy engine, no bound
+    infeasible = "infeasible"
+    unknown = "unknown"
+    model_invalid = "model_invalid"
 
 
 class SolveStats(BaseModel):
-    status: SolveStatus = SolveStatus.HEURISTIC
+    status: SolveStatus = SolveStatus.heuristic
     engine: str = "greedy"  # "fifo" | "backfill" | "priority" | "greedy" | "cp-sat"
     objective: float = 0.0
     best_bound: float | None = None

@@ -303,6 +303,6 @@ def global_upper_bound(instance: Instance) -> float:
     if lp.Solve() != pywraplp.Solver.OPTIMAL:
         return math.inf
     whole_nodes = sum(
-        1 for node in instance.nodes if node.state is NodeState.READY and node.gpus > 0
+        1 for node in instance.nodes if node.state is NodeState.ready and node.gpus > 0
     )
     return constant + float(objective.Value()) + config.fragmentation_weight * whole_nodes

@@ -99,15 +99,15 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
         )
 
     if not config.use_cp_sat:
-        plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
+        plan = greedy_plan(SolveStats(status=SolveStatus.heuristic, engine="greedy"))
         return _finish(plan, started_at, note="CP-SAT disabled in the config")
     if best.saturated:
-        plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
+        plan = greedy_plan(SolveStats(status=SolveStatus.heuristic, engine="greedy"))
         return _finish(plan, started_at, note=SATURATED_NOTE)
 
     budget = _Budget(config, started_at)
     if budget.spent():
-        plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
+        plan = greedy_plan(SolveStats(status=SolveStatus.heuristic, engine="greedy"))
         return _finish(plan, started_at, note=budget.note("the greedy"))
 
     # 2. Base state.
@@ -127,14 +127,14 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     hint_source = add_best_hint(model, rebase, with_lp=budget.allows_lp_hint())
     # 6. Search.
     if budget.spent():
-        plan = greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy"))
+        plan = greedy_plan(SolveStats(status=SolveStatus.heuristic, engine="greedy"))
         return _finish(plan, started_at, note=budget.note("the greedy and the model"))
     solver = placement_solver(config, budget.search_s())
     status = solver.solve(model.model)
-    solve_status = CP_SAT_STATUS.get(status, SolveStatus.UNKNOWN)
+    solve_status = CP_SAT_STATUS.get(status, SolveStatus.unknown)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return _finish(
-            greedy_plan(SolveStats(status=SolveStatus.HEURISTIC, engine="greedy")),
+            greedy_plan(SolveStats(status=SolveStatus.heuristic, engine="greedy")),
             started_at,
             note=f"CP-SAT returned {solver.status_name(status)}; greedy plan kept",
         )
@@ -152,7 +152,7 @@ def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
         decisions = {
             job_id: reason
             for job_id, reason in greedy_decisions.items()
-            if reason.code in (ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY, ReasonCode.DEFRAGMENTATION)
+            if reason.code in (ReasonCode.preempted_by_higher_priority, ReasonCode.defragmentation)
         }
         decisions.update(engine.result.decisions)
         plan = build_plan(

@@ -148,7 +148,7 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         for node_name, gpus in after.items():
             if gpus > before.get(node_name, 0):
                 node = nodes[node_name]
-                if node.state is not NodeState.READY:
+                if node.state is not NodeState.ready:
                     bad("compatibility", job.id, f"{node_name} is {node.state.value}")
                 if not node_accepts(instance, node, job):
                     bad("compatibility", job.id, f"{node_name} ({node.gpu_model}) not allowed")
@@ -262,7 +262,7 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         if quota_cap is not None and usage_after[job.team] + job.total_gpus > quota_cap:
             continue
         for node in instance.nodes:
-            if node.state is not NodeState.READY or not node_accepts(instance, node, job):
+            if node.state is not NodeState.ready or not node_accepts(instance, node, job):
                 continue
             if node.gpus - gpu_used[node.name] < job.total_gpus:
                 continue
@@ -318,9 +318,9 @@ def _check_indices(
 
 def _expected_kind(before: bool, after: bool, elastic: bool) -> set[ActionKind]:
     if elastic:
-        return {ActionKind.RESIZE}
+        return {ActionKind.resize}
     if not before:
-        return {ActionKind.START}
+        return {ActionKind.start}
     if not after:
-        return {ActionKind.PREEMPT, ActionKind.REQUEUE}
-    return {ActionKind.MIGRATE}
+        return {ActionKind.preempt, ActionKind.requeue}
+    return {ActionKind.migrate}

@@ -231,7 +231,7 @@ def release_process(store: WorkloadStore, workload: RunningWorkload, *, timeout:
         raise BackendError(
             f"workload {workload.id}: PID {workload.pid} survived SIGKILL for {timeout} s"
         )
-    workload.state = WorkloadState.RELEASED
+    workload.state = WorkloadState.released
     store.save(workload)
 
 

@@ -268,7 +268,7 @@ class CriuBackend:
             created_at=self._now(),
             details=details,
         )
-        workload.state = WorkloadState.CHECKPOINTED
+        workload.state = WorkloadState.checkpointed
         self.store.save(workload)
         return image
 

@@ -155,7 +155,7 @@ class SignalBackend:
             clock=self._clock,
             created_at=self._now(),
         )
-        workload.state = WorkloadState.CHECKPOINTED
+        workload.state = WorkloadState.checkpointed
         self.store.save(workload)
         return image
 

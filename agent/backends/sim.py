@@ -74,7 +74,7 @@ class SimBackend:
 
     def _image(self, workload: RunningWorkload, image_dir: Path) -> CheckpointImage:
         memory_bytes = self._memory_bytes[workload.id]
-        workload.state = WorkloadState.CHECKPOINTED
+        workload.state = WorkloadState.checkpointed
         return CheckpointImage(
             workload=workload.spec,
             backend=self.name,
@@ -108,7 +108,7 @@ class SimBackend:
     def release(self, workload: RunningWorkload, *, timeout: float = 10.0) -> None:
         if self._running.get(workload.id) is workload:
             del self._running[workload.id]
-        workload.state = WorkloadState.RELEASED
+        workload.state = WorkloadState.released
 
     def _run(
         self, spec: WorkloadSpec, *, memory_bytes: int, resumed_from: str | None

@@ -144,7 +144,7 @@ def _nodes(session: Session, window: Window) -> tuple[tuple[NodeAt, ...], dict[i
     for node_id, name, model, gpus, state in session.execute(query):
         names[node_id] = name
         # Through the snapshot's table (the one wire → solver mapping); unknown is down.
-        solver_state = NODE_STATES.get(state, si.NodeState.DOWN)
+        solver_state = NODE_STATES.get(state, si.NodeState.down)
         nodes.append(NodeAt(name, model or NO_MODEL, int(gpus or 0), solver_state))
     return tuple(nodes), names
 

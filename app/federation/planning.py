@@ -206,7 +206,7 @@ def _figures(instance: Instance, placement: dict[str, dict[str, int]], started: 
 def _block_starts(instance: Instance, plan: Plan) -> int:
     jobs = instance.job_by_id
     return sum(
-        1 for a in plan.actions if a.kind is ActionKind.START and not jobs[a.job_id].is_elastic
+        1 for a in plan.actions if a.kind is ActionKind.start and not jobs[a.job_id].is_elastic
     )
 
 

@@ -83,11 +83,11 @@ TAKES = (ActionKind.start, ActionKind.migrate)
 # the control plane's ``ActionKind`` is the solver's five and its own saga kinds (reserve,
 # unreserve, resume), which the solver, importing nothing of ``app``, cannot know.
 ACTION_KINDS: Mapping[sp.ActionKind, ActionKind] = {
-    sp.ActionKind.START: ActionKind.start,
-    sp.ActionKind.MIGRATE: ActionKind.migrate,
-    sp.ActionKind.RESIZE: ActionKind.resize,
-    sp.ActionKind.PREEMPT: ActionKind.preempt,
-    sp.ActionKind.REQUEUE: ActionKind.requeue,
+    sp.ActionKind.start: ActionKind.start,
+    sp.ActionKind.migrate: ActionKind.migrate,
+    sp.ActionKind.resize: ActionKind.resize,
+    sp.ActionKind.preempt: ActionKind.preempt,
+    sp.ActionKind.requeue: ActionKind.requeue,
 }
 
 

@@ -85,13 +85,13 @@ _DURATIONS: dict[str, tuple[int, DurationPredictor]] = {}
 # The one place the wire's words become the solver's (``app.diagnosis.history`` reads
 # node states through this table too).
 NODE_STATES: Mapping[NodeState, si.NodeState] = {
-    NodeState.up: si.NodeState.READY,
-    NodeState.draining: si.NodeState.DRAINING,
-    NodeState.down: si.NodeState.DOWN,
+    NodeState.up: si.NodeState.ready,
+    NodeState.draining: si.NodeState.draining,
+    NodeState.down: si.NodeState.down,
 }
 JOB_SHAPES: Mapping[JobShape, si.JobShape] = {
-    JobShape.block: si.JobShape.BLOCK,
-    JobShape.elastic: si.JobShape.ELASTIC,
+    JobShape.block: si.JobShape.block,
+    JobShape.elastic: si.JobShape.elastic,
 }
 
 
@@ -559,7 +559,7 @@ def _solver_job(
         placement[name] = placement.get(name, 0) + gpus
         indices[name] = tuple(sorted(indices.get(name, ()) + node_indices))
     shape = JOB_SHAPES[JobShape(row.shape)]
-    elastic = shape is si.JobShape.ELASTIC
+    elastic = shape is si.JobShape.elastic
     if elastic:
         per_replica = max(row.gpus_requested, 1)
         held = sum(placement.values())

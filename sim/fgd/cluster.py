@@ -28,7 +28,7 @@ def read_node_rows(path: str | Path) -> list[tuple[str, str, int, int, int]]:
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
         require_columns(
-            path, reader.fieldnames, NODE_COLUMNS, what="node list", about=TraceInput.NODES
+            path, reader.fieldnames, NODE_COLUMNS, what="node list", about=TraceInput.nodes
         )
         rows = []
         for line, row in enumerate(reader, start=2):
@@ -37,12 +37,12 @@ def read_node_rows(path: str | Path) -> list[tuple[str, str, int, int, int]]:
                 cpu = int(row["cpu_milli"])
                 mem = int(row["memory_mib"])
             except ValueError as exc:
-                raise TraceError(f"{path}:{line}: {exc}", about=TraceInput.NODES) from exc
+                raise TraceError(f"{path}:{line}: {exc}", about=TraceInput.nodes) from exc
             if not 0 <= gpus <= MAX_GPUS:
                 # The free-capacity arrays hold MAX_GPUS GPUs per node: more would be cut.
                 raise TraceError(
                     f"{path}:{line}: {gpus} GPUs; the experiment models 0 to {MAX_GPUS} per node",
-                    about=TraceInput.NODES,
+                    about=TraceInput.nodes,
                 )
             rows.append((row["sn"], row["model"] or "", cpu, mem, gpus))
     return rows

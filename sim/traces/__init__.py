@@ -75,14 +75,14 @@ def alibaba_node_list(pods_path: str | Path, nodes_path: str | Path | None) -> P
     if nodes_path is not None:
         given = Path(nodes_path)
         if not given.is_file():
-            raise TraceError(f"node list {given}: no such file", about=TraceInput.NODES)
+            raise TraceError(f"node list {given}: no such file", about=TraceInput.nodes)
         return given
     beside = Path(pods_path).with_name(ALIBABA_NODE_LIST)
     if not beside.is_file():
         raise TraceError(
             f"{pods_path} is an Alibaba pod list: its pods are placed on a node list, and "
             f"there is no {ALIBABA_NODE_LIST} next to it; pass --nodes",
-            about=TraceInput.NODES,
+            about=TraceInput.nodes,
         )
     return beside
 
@@ -98,7 +98,7 @@ def open_trace(
     (default: the one next to it)."""
     if kind not in KINDS:
         raise TraceError(
-            f"unknown trace kind {kind!r}; one of {', '.join(KINDS)}", about=TraceInput.KIND
+            f"unknown trace kind {kind!r}; one of {', '.join(KINDS)}", about=TraceInput.kind
         )
     path = Path(path)
     options = options or TraceOptions()
@@ -109,7 +109,7 @@ def open_trace(
             raise TraceError(
                 "an Alibaba pod list replays on its node list (--nodes), so --gpus and "
                 "--gpus-per-node do not apply; leave them out",
-                about=TraceInput.CLUSTER,
+                about=TraceInput.cluster,
             )
         nodes = alibaba_node_list(path, nodes_path)
         workload = load_alibaba(nodes, path, options)
@@ -117,7 +117,7 @@ def open_trace(
     if nodes_path is not None:
         raise TraceError(
             f"--nodes is the node list of an Alibaba pod list; {path} is a {kind} trace",
-            about=TraceInput.NODES,
+            about=TraceInput.nodes,
         )
     load, published = LOADERS[kind]
     workload = load(path, options)

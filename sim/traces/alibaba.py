@@ -54,7 +54,7 @@ def require_columns(
     needed: Sequence[str],
     *,
     what: str,
-    about: TraceInput = TraceInput.TRACE,
+    about: TraceInput = TraceInput.trace,
 ) -> None:
     """Refuse a CSV without the ``needed`` columns, naming them and the columns it has."""
     found = list(fieldnames or ())
@@ -81,7 +81,7 @@ def read_alibaba_nodes(path: str | Path) -> tuple[dict[str, GpuModel], list[Node
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
         require_columns(
-            path, reader.fieldnames, NODE_COLUMNS, what="node list", about=TraceInput.NODES
+            path, reader.fieldnames, NODE_COLUMNS, what="node list", about=TraceInput.nodes
         )
         for line, row in enumerate(reader, start=2):
             try:
@@ -89,7 +89,7 @@ def read_alibaba_nodes(path: str | Path) -> tuple[dict[str, GpuModel], list[Node
                 cpu = int(row["cpu_milli"] or 0)
                 memory = int(row["memory_mib"] or 0)
             except ValueError as exc:
-                raise TraceError(f"{path}:{line}: {exc}", about=TraceInput.NODES) from exc
+                raise TraceError(f"{path}:{line}: {exc}", about=TraceInput.nodes) from exc
             if gpus <= 0 or not row["model"]:
                 continue
             nodes.append(
@@ -144,7 +144,7 @@ def read_alibaba_pods(
                 gpus=gpus,
                 work=max(1.0, (deleted or trace_end) - max(scheduled, created)),
                 priority=QOS_PRIORITY.get(qos, 1.0),
-                kind=JobKind.BATCH_INFERENCE if not best_effort else JobKind.TRAINING,
+                kind=JobKind.batch_inference if not best_effort else JobKind.training,
                 gpu_models=pod_models(row),
                 checkpointable=best_effort and options.checkpointable,
                 preemptible=best_effort,

@@ -44,7 +44,7 @@ def choose_cluster(options: TraceOptions, published: PublishedCluster) -> Cluste
     """The options' values where given, the published ones elsewhere, and which is which."""
     for flag, value in (("--gpus", options.gpus), ("--gpus-per-node", options.gpus_per_node)):
         if value is not None and value < 1:
-            raise TraceError(f"{flag} must be at least 1, not {value}", about=TraceInput.CLUSTER)
+            raise TraceError(f"{flag} must be at least 1, not {value}", about=TraceInput.cluster)
     gpus = published.gpus if options.gpus is None else options.gpus
     per_node = published.gpus_per_node if options.gpus_per_node is None else options.gpus_per_node
     if options.gpus is None and options.gpus_per_node is None:

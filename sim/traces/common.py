@@ -20,16 +20,16 @@ class TraceInput(StrEnum):
     """Which input a :class:`TraceError` is about, so that a front end can point at the
     argument to fix (the CLI maps each to its option)."""
 
-    TRACE = "trace"
-    NODES = "nodes"
-    KIND = "kind"
-    CLUSTER = "cluster"
+    trace = "trace"
+    nodes = "nodes"
+    kind = "kind"
+    cluster = "cluster"
 
 
 class TraceError(ValueError):
     """A trace the loaders cannot use, with what was wrong and where (file, line, column)."""
 
-    def __init__(self, message: str, *, about: TraceInput = TraceInput.TRACE) -> None:
+    def __init__(self, message: str, *, about: TraceInput = TraceInput.trace) -> None:
         super().__init__(message)
         self.about = about
 

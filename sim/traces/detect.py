@@ -76,13 +76,13 @@ def detect_kind(path: str | Path) -> str:
         raise TraceError(
             f"cannot tell the trace format of {path}: it is not text; known formats: "
             f"{known_formats()}",
-            about=TraceInput.KIND,
+            about=TraceInput.kind,
         ) from exc
     if not first.strip():
         raise TraceError(
             f"cannot tell the trace format of {path}: its first line is empty; known formats: "
             f"{known_formats()}; pass --kind",
-            about=TraceInput.KIND,
+            about=TraceInput.kind,
         )
     if looks_like_gavel(first):
         return "gavel"
@@ -94,5 +94,5 @@ def detect_kind(path: str | Path) -> str:
     raise TraceError(
         f"cannot tell the trace format of {path}: its first line has the fields "
         f"{_shown(fields)}; known formats: {known_formats()}; pass --kind",
-        about=TraceInput.KIND,
+        about=TraceInput.kind,
     )

@@ -175,7 +175,7 @@ def read_gavel(path: str | Path, options: TraceOptions) -> list[BlockJob]:
                     gpus=parsed.scale_factor,
                     work=parsed.total_steps / throughputs[0],
                     priority=parsed.priority_weight,
-                    kind=JobKind.TRAINING,
+                    kind=JobKind.training,
                     gpu_models=() if len(fits) == len(MODELS) else fits,
                     checkpointable=options.checkpointable,
                     checkpoint_interval=options.checkpoint_interval_h * 3600.0,

@@ -111,7 +111,7 @@ def load_native(path: str | Path, options: TraceOptions | None = None) -> Worklo
                 raise TraceError(
                     f"{path} lists its nodes: the replay runs on them, so --gpus and "
                     "--gpus-per-node do not apply; leave them out",
-                    about=TraceInput.CLUSTER,
+                    about=TraceInput.cluster,
                 )
             nodes = [
                 Node(

@@ -72,7 +72,7 @@ def read_philly(
                     gpus=gpus,
                     work=duration,
                     priority=priority_by_team.get(team, 1.0),
-                    kind=JobKind.TRAINING,
+                    kind=JobKind.training,
                     checkpointable=options.checkpointable,
                     checkpoint_interval=options.checkpoint_interval_h * 3600.0,
                     image_gb=options.image_gb,

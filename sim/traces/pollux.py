@@ -66,7 +66,7 @@ def read_pollux(path: str | Path, options: TraceOptions) -> list[BlockJob]:
                     submit_time=submit,
                     gpus=gpus,
                     work=gpu_hours * 3600.0 / gpus,
-                    kind=JobKind.TRAINING,
+                    kind=JobKind.training,
                     checkpointable=options.checkpointable,
                     checkpoint_interval=options.checkpoint_interval_h * 3600.0,
                     image_gb=options.image_gb,

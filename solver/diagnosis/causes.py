@@ -36,15 +36,15 @@ from enum import StrEnum
 
 class IdleCause(StrEnum):
     # Declared in precedence order (``PRECEDENCE``); the module docstring says why.
-    DRAINING_DOWN = "draining_down"
-    RESERVATION = "reservation"
-    ALLOCATED_IDLE = "allocated_idle"
-    NO_DEMAND = "no_demand"
-    HETEROGENEITY = "heterogeneity"
-    QUOTA = "quota"
-    QUEUE_ORDER = "queue_order"
-    GANG_WAITING = "gang_waiting"
-    FRAGMENTATION = "fragmentation"
+    draining_down = "draining_down"
+    reservation = "reservation"
+    allocated_idle = "allocated_idle"
+    no_demand = "no_demand"
+    heterogeneity = "heterogeneity"
+    quota = "quota"
+    queue_order = "queue_order"
+    gang_waiting = "gang_waiting"
+    fragmentation = "fragmentation"
 
 
 PRECEDENCE: tuple[IdleCause, ...] = tuple(IdleCause)

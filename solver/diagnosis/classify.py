@@ -80,10 +80,10 @@ def classify(cluster: ClusterAt) -> Diagnosis:
     for node in cluster.nodes:
         capacity_by_model[node.gpu_model] += node.gpus
         busy_by_model[node.gpu_model] += 0  # every model appears, idle or not
-        if node.state is NodeState.DOWN:
+        if node.state is NodeState.down:
             if node.gpus:
                 idle.append(
-                    IdleGpus(IdleCause.DRAINING_DOWN, node.name, node.gpu_model, None, node.gpus)
+                    IdleGpus(IdleCause.draining_down, node.name, node.gpu_model, None, node.gpus)
                 )
             continue
         room = node.gpus
@@ -93,26 +93,26 @@ def classify(cluster: ClusterAt) -> Diagnosis:
             reserved = min(max(above_demand, 0), held)
             if reserved:
                 idle.append(
-                    IdleGpus(IdleCause.RESERVATION, node.name, node.gpu_model, team, reserved)
+                    IdleGpus(IdleCause.reservation, node.name, node.gpu_model, team, reserved)
                 )
             rest = held - reserved
             if rest and busy is not None and busy < cluster.busy_threshold:
                 idle.append(
-                    IdleGpus(IdleCause.ALLOCATED_IDLE, node.name, node.gpu_model, team, rest)
+                    IdleGpus(IdleCause.allocated_idle, node.name, node.gpu_model, team, rest)
                 )
             else:
                 busy_by_model[node.gpu_model] += rest
         free = room
         if not free:
             continue
-        if node.state is NodeState.DRAINING:
-            idle.append(IdleGpus(IdleCause.DRAINING_DOWN, node.name, node.gpu_model, None, free))
+        if node.state is NodeState.draining:
+            idle.append(IdleGpus(IdleCause.draining_down, node.name, node.gpu_model, None, free))
             continue
         reserved = min(max(node.reserved_gpus, 0), free)
         if reserved:
             idle.append(
                 IdleGpus(
-                    IdleCause.RESERVATION, node.name, node.gpu_model, node.reserved_for, reserved
+                    IdleCause.reservation, node.name, node.gpu_model, node.reserved_for, reserved
                 )
             )
         if free - reserved:
@@ -161,22 +161,22 @@ class _QueueView:
 
     def _decide(self, gpu_model: str, open_gpus: int) -> tuple[IdleCause, str | None]:
         if not self._queue:
-            return IdleCause.NO_DEMAND, None
+            return IdleCause.no_demand, None
         if gpu_model not in self._accepting:
             self._accepting[gpu_model] = [job for job in self._queue if job.accepts(gpu_model)]
         accepting = self._accepting[gpu_model]
         if not accepting:
-            return IdleCause.HETEROGENEITY, None
+            return IdleCause.heterogeneity, None
         admissible = [job for job in accepting if self._admitted[job]]
         if not admissible:
-            return IdleCause.QUOTA, _one_team(accepting)
+            return IdleCause.quota, _one_team(accepting)
         fitting = [job for job in admissible if job.smallest_piece <= open_gpus]
         startable = [job for job in fitting if self._can_complete(job)]
         if startable:
-            return IdleCause.QUEUE_ORDER, _one_team(startable)
+            return IdleCause.queue_order, _one_team(startable)
         if fitting:
-            return IdleCause.GANG_WAITING, _one_team(fitting)
-        return IdleCause.FRAGMENTATION, _one_team(admissible)
+            return IdleCause.gang_waiting, _one_team(fitting)
+        return IdleCause.fragmentation, _one_team(admissible)
 
     def _can_complete(self, job: QueuedJobAt) -> bool:
         """Whether the job's members fit the open GPUs of the nodes it accepts, on at most

@@ -69,13 +69,13 @@ class Admission:
             backfilling = options.backfill or self.guarded is not None
             if blocked_by is not None and not backfilling and not late:
                 pending[job.id] = Reason(
-                    code=ReasonCode.QUEUE_ORDER, message=f"behind {blocked_by.id} in FIFO order"
+                    code=ReasonCode.queue_order, message=f"behind {blocked_by.id} in FIFO order"
                 )
                 continue
             cap = instance.policy_for(job).quota_cap
             if cap is not None and state.team_usage[job.team] + job.total_gpus > cap:
                 pending[job.id] = Reason(
-                    code=ReasonCode.QUOTA,
+                    code=ReasonCode.quota,
                     message=f"team {job.team} would use "
                     f"{state.team_usage[job.team] + job.total_gpus} GPUs > quota {cap}",
                 )
@@ -87,7 +87,7 @@ class Admission:
                 if placement is None and job.id not in pending:
                     if self._try_place(job, groups, None, probe=True) is not None:
                         pending[job.id] = Reason(
-                            code=ReasonCode.BACKFILL_RESERVATION,
+                            code=ReasonCode.backfill_reservation,
                             message=f"would delay {blocked_by.id}, reserved from t={shadow_time:g}",
                         )
             else:
@@ -108,7 +108,7 @@ class Admission:
                     if shadow_nodes:  # no reservation without an end time to count on
                         blocked_by = self.guarded = job
                         pending[job.id] = Reason(
-                            code=ReasonCode.INSUFFICIENT_CAPACITY,
+                            code=ReasonCode.insufficient_capacity,
                             message=f"waiting since t={job.submit_time:g}; GPUs on "
                             f"{len(shadow_nodes)} node(s) reserved for it from "
                             f"t={shadow_time:g}",
@@ -123,7 +123,7 @@ class Admission:
         ledger.state.place(job, placement)
         ledger.touch(job.id)
         ledger.count_started(job.team, job.total_gpus)
-        code = ReasonCode.OVERDUE if ledger.instance.is_overdue(job) else ReasonCode.PLACED
+        code = ReasonCode.overdue if ledger.instance.is_overdue(job) else ReasonCode.placed
         ledger.result.decisions.setdefault(
             job.id, Reason(code=code, message=ledger.placed_message(job, placement))
         )

@@ -286,7 +286,7 @@ class Defragmentation:
             ledger.made_room_for[resident.id] = (job.id, frozenset(resident.placement))
             where = ", ".join(sorted(resident.placement))
             ledger.result.decisions[resident.id] = Reason(
-                code=ReasonCode.DEFRAGMENTATION,
+                code=ReasonCode.defragmentation,
                 message=f"moved to {names[next(iter(state.held(resident.id)))].name} "
                 f"to make room on {where} for {job.id}",
             )
@@ -302,7 +302,7 @@ class Defragmentation:
             ledger.touch(service.id)
             ledger.made_room_for[service.id] = (job.id, left)
             ledger.result.decisions[service.id] = Reason(
-                code=ReasonCode.DEFRAGMENTATION,
+                code=ReasonCode.defragmentation,
                 message=f"replicas moved off {', '.join(sorted(left))} to make room for {job.id}",
             )
         ledger.epoch += 1

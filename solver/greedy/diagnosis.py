@@ -32,38 +32,38 @@ class Diagnosis:
             groups = state.ready_groups(job)
             if not all_groups:
                 pending[job.id] = Reason(
-                    code=ReasonCode.NO_COMPATIBLE_GPU_MODEL,
+                    code=ReasonCode.no_compatible_gpu_model,
                     message="no node has a GPU model, memory, precision and labels it accepts",
                 )
             elif not groups:
                 pending[job.id] = Reason(
-                    code=ReasonCode.NO_COMPATIBLE_GPU_MODEL,
+                    code=ReasonCode.no_compatible_gpu_model,
                     message="no compatible node is ready",
                 )
             elif not self.admission.could_ever_fit(job, groups):
                 pending[job.id] = Reason(
-                    code=ReasonCode.INSUFFICIENT_CAPACITY,
+                    code=ReasonCode.insufficient_capacity,
                     message=f"{job.total_gpus} GPUs within the node spread limit exceed any "
                     "cluster's compatible nodes",
                 )
             elif job.id in ledger.forecast_blocked:
                 pending[job.id] = Reason(
-                    code=ReasonCode.FORECAST_RESERVATION,
+                    code=ReasonCode.forecast_reservation,
                     message="the free GPUs are needed by an elastic service's coming peak",
                 )
             elif job.id in ledger.budget_blocked:
                 pending[job.id] = Reason(
-                    code=ReasonCode.DISRUPTION_BUDGET,
+                    code=ReasonCode.disruption_budget,
                     message="making room needs more migrations or preemptions than allowed, "
                     "or work that Shaper acted on lately (dwell time, move budget)",
                 )
             elif job.id in ledger.not_worth:
                 pending[job.id] = Reason(
-                    code=ReasonCode.INSUFFICIENT_CAPACITY, message=ledger.not_worth[job.id]
+                    code=ReasonCode.insufficient_capacity, message=ledger.not_worth[job.id]
                 )
             elif state.compatible_free(groups) >= job.total_gpus:
                 pending[job.id] = Reason(
-                    code=ReasonCode.FRAGMENTATION,
+                    code=ReasonCode.fragmentation,
                     message=f"{state.compatible_free(groups)} compatible GPUs free but "
                     f"no node or gang of {job.total_gpus} fits",
                 )
@@ -73,12 +73,12 @@ class Diagnosis:
                 >= ledger.weight[job.id]
             ):
                 pending[job.id] = Reason(
-                    code=ReasonCode.LOWER_PRIORITY,
+                    code=ReasonCode.lower_priority,
                     message="compatible GPUs are held by work of equal or higher priority",
                 )
             else:
                 pending[job.id] = Reason(
-                    code=ReasonCode.INSUFFICIENT_CAPACITY,
+                    code=ReasonCode.insufficient_capacity,
                     message=f"{state.compatible_free(groups)} compatible GPUs free, "
                     f"{job.total_gpus} needed",
                 )

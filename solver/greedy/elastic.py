@@ -86,11 +86,11 @@ class ElasticGrowth:
             if shortfall > 0:
                 message += f", {shortfall} short of the target {target}"
             ledger.result.decisions[job.id] = Reason(
-                code=ReasonCode.RESIZED_TO_DEMAND, message=message
+                code=ReasonCode.resized_to_demand, message=message
             )
         if replicas == 0 and target > 0:
             ledger.result.pending[job.id] = Reason(
-                code=ReasonCode.INSUFFICIENT_CAPACITY,
+                code=ReasonCode.insufficient_capacity,
                 message=f"no room for any of {target} replicas",
             )
 
@@ -285,7 +285,7 @@ class ElasticGrowth:
             ledger.touch(resident.id)
             ledger.made_room_for[resident.id] = (job.id, frozenset({name}))
             ledger.result.decisions[resident.id] = Reason(
-                code=ReasonCode.DEFRAGMENTATION,
+                code=ReasonCode.defragmentation,
                 message=f"moved to {instance.nodes[target].name} to make room on {name} "
                 f"for service {job.id}",
             )

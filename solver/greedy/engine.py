@@ -193,7 +193,7 @@ class GreedyEngine:
         ledger.state.place(job, {node: job.total_gpus})
         ledger.migrations += 1
         ledger.touch(job.id)
-        ledger.result.decisions[job.id] = Reason(code=ReasonCode.DEFRAGMENTATION, message=why)
+        ledger.result.decisions[job.id] = Reason(code=ReasonCode.defragmentation, message=why)
 
     def admit(self, job: Job, placement: dict[int, int]) -> None:
         """Start a pending block job on ``placement``; ``fill`` gives its reason."""
@@ -227,7 +227,7 @@ class GreedyEngine:
         for job in queue:
             held = ledger.state.placement.get(job.id)
             if held and job.id not in result.decisions:
-                code = ReasonCode.OVERDUE if instance.is_overdue(job) else ReasonCode.PLACED
+                code = ReasonCode.overdue if instance.is_overdue(job) else ReasonCode.placed
                 result.decisions[job.id] = Reason(
                     code=code, message=ledger.placed_message(job, held)
                 )
@@ -279,7 +279,7 @@ def greedy_plan(instance: Instance, options: GreedyOptions, *, policy: str) -> P
     started = time.perf_counter()
     result = run_greedy(instance, options)
     stats = SolveStats(
-        status=SolveStatus.HEURISTIC,
+        status=SolveStatus.heuristic,
         engine=options.engine,
         wall_time_s=time.perf_counter() - started,
     )

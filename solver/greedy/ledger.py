@@ -103,7 +103,7 @@ class Ledger:
             self.preemptions += 1
             self.touch(victim.id)
             self.result.decisions[victim.id] = Reason(
-                code=ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY, message=why(victim)
+                code=ReasonCode.preempted_by_higher_priority, message=why(victim)
             )
 
     def node_speed(self, node: int) -> float:
@@ -122,7 +122,7 @@ class Ledger:
         )
 
     def frozen_reason(self, job: Job) -> Reason:
-        return Reason(code=ReasonCode.DWELL, message=self.instance.frozen_because(job) or "frozen")
+        return Reason(code=ReasonCode.dwell, message=self.instance.frozen_because(job) or "frozen")
 
     def placed_message(self, job: Job, placement: dict[int, int]) -> str:
         names = ", ".join(

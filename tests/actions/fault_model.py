@@ -223,7 +223,7 @@ class ModelBackend:
             clock=lambda: 0.0,
             created_at=datetime.now().astimezone(),
         )
-        workload.state = WorkloadState.CHECKPOINTED
+        workload.state = WorkloadState.checkpointed
         self.store.save(workload)
         return image
 
@@ -240,7 +240,7 @@ class ModelBackend:
 
     def release(self, workload: RunningWorkload, *, timeout: float = 10.0) -> None:
         PROCESSES.kill(workload.pid)
-        workload.state = WorkloadState.RELEASED
+        workload.state = WorkloadState.released
         self.store.save(workload)
         self._torn()
 
@@ -366,9 +366,9 @@ class ModelScheduler:
                 record = store.load(job_id)
             except KeyError:
                 record = None
-            if record is not None and record.state is WorkloadState.RUNNING:
+            if record is not None and record.state is WorkloadState.running:
                 PROCESSES.kill(record.pid)
-                record.state = WorkloadState.RELEASED
+                record.state = WorkloadState.released
                 store.save(record)
         elif not self.world.owned:
             for pid in PROCESSES.of(job_id):

@@ -67,7 +67,7 @@ def test_criu_migration_of_100_mb_continues_the_count(
     moved = pipeline.store("b").load(workload_id)
     assert moved.is_running() and moved.pid != source_pid
     assert not procs.is_running(source_pid)
-    assert pipeline.store("a").load(workload_id).state is WorkloadState.RELEASED
+    assert pipeline.store("a").load(workload_id).state is WorkloadState.released
     # The same process memory, moved: it started when the original did and counts on.
     at_success = count_of(counts)
     assert progress_of(counts)["started_at"] == first["started_at"]

@@ -40,7 +40,7 @@ def test_dump_and_restore_continue_the_count_with_100_mb_of_state(
     image = criu.checkpoint(workload, tmp_path / "image")
 
     assert not procs.is_running(source_pid)
-    assert store.load(workload.id).state is WorkloadState.CHECKPOINTED
+    assert store.load(workload.id).state is WorkloadState.checkpointed
     assert image.size_bytes >= 100 * MiB
     manifest = ImageManifest.model_validate_json((tmp_path / "image" / MANIFEST_NAME).read_text())
     assert manifest.files == image.files
@@ -62,7 +62,7 @@ def test_dump_and_restore_continue_the_count_with_100_mb_of_state(
     criu.release(restored)
     assert not procs.is_running(restored.pid)
     assert not procs.is_running(restored.holder_pid)
-    assert store.load(workload.id).state is WorkloadState.RELEASED
+    assert store.load(workload.id).state is WorkloadState.released
 
 
 def occupy_pid(reaper: Reaper, pid: int) -> subprocess.Popen[bytes]:
@@ -218,7 +218,7 @@ def test_a_corrupted_image_is_refused_and_nothing_is_restored(
     assert not list(store.workload_dir(workload.id).glob("restore-*.log"))
     assert processes_mentioning(str(count_file)) == []
     assert count_of(count_file) == at_dump
-    assert store.load(workload.id).state is WorkloadState.CHECKPOINTED
+    assert store.load(workload.id).state is WorkloadState.checkpointed
 
     # The undamaged image restores: the refusal was about the damage.
     reaper.track(criu.restore(image))
@@ -239,7 +239,7 @@ def test_a_failed_dump_leaves_the_workload_running(
 
     assert workload.is_running()
     assert next_count(count_file, count_of(count_file)) > 0
-    assert store.load(workload.id).state is WorkloadState.RUNNING
+    assert store.load(workload.id).state is WorkloadState.running
 
 
 def test_checkpointing_a_gone_workload_is_refused(

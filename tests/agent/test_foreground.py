@@ -89,7 +89,7 @@ def _move(
     assert checkpoint.ok, checkpoint.error
     # The job's body stays: the workload stopped on purpose, the scheduler ends the job.
     assert not procs.wait_until(lambda: first.poll() is not None, timeout=1.0)
-    assert WorkloadStore(a_dir).load("42").state is WorkloadState.CHECKPOINTED
+    assert WorkloadStore(a_dir).load("42").state is WorkloadState.checkpointed
     at_checkpoint = count_of(count_file)
 
     image = checkpoint.result["image"]
@@ -133,7 +133,7 @@ def test_a_checkpointed_job_resumes_on_another_node_when_started_there(
     second.send_signal(signal.SIGTERM)  # scancel: the workload goes with its job
     assert second.wait(timeout=WAIT_S) == 128 + signal.SIGTERM
     assert procs.wait_gone(restored.pid, timeout=WAIT_S)
-    assert WorkloadStore(tmp_path / "b").load("42").state is WorkloadState.RELEASED
+    assert WorkloadStore(tmp_path / "b").load("42").state is WorkloadState.released
 
 
 def test_exec_exits_with_the_workload_status(tmp_path: Path, reaper: Reaper) -> None:
@@ -164,7 +164,7 @@ def test_a_stale_staged_image_is_refused_not_resumed(
     third = _exec(reaper, tmp_path / "b", "42", *counter_command(count_file, 20))
     assert third.wait(timeout=WAIT_S) == EXIT_RESTORE_FAILED
     assert not resume.pointer_path(tmp_path / "b" / "images", "42").exists()
-    assert node_b.store.load("42").state is WorkloadState.RELEASED  # nothing was restored
+    assert node_b.store.load("42").state is WorkloadState.released  # nothing was restored
 
 
 def test_a_confirm_answered_before_is_replayed_without_waiting(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ def test_criu_dump_torn_while_sealed_is_recovered_and_restores(
     for generation in (1, 2):  # the second round dumps a restored, namespaced workload
         torn(store, monkeypatch, criu_module, "seal_image", generation, criu_binary)
         assert not workload.is_running()
-        assert store.load("counter").state is WorkloadState.CHECKPOINTING
+        assert store.load("counter").state is WorkloadState.checkpointing
         assert (
             "Dumping finished successfully"
             in (image_dir(store, generation) / "dump.log").read_text()
@@ -110,7 +110,7 @@ def test_criu_dump_torn_while_sealed_is_recovered_and_restores(
         assert any(name.startswith("pages-") for name in image.files)
         recorded = image_dir(store, generation).parent / "image.json"
         assert CheckpointImage.model_validate_json(recorded.read_text()) == image
-        assert store.load("counter").state is WorkloadState.CHECKPOINTED
+        assert store.load("counter").state is WorkloadState.checkpointed
 
         workload = reaper.track(criu.restore(image))
         assert next_count(count_file, at_dump) > at_dump
@@ -165,7 +165,7 @@ def test_signal_checkpoint_torn_while_sealed_is_recovered(
     assert report.ok and "recovered" in report.result["summary"], report.error
     image = CheckpointImage.model_validate(report.result["image"])
     assert set(image.files) == {CHECKPOINT_NAME}
-    assert store.load("counter").state is WorkloadState.CHECKPOINTED
+    assert store.load("counter").state is WorkloadState.checkpointed
     reaper.track(SignalBackend(store=store).restore(image))
     assert next_count(count_file, at_checkpoint) > at_checkpoint
 
@@ -198,7 +198,7 @@ def test_a_checkpoint_torn_after_the_backend_recorded_it_is_recovered(
     from agent import steps
 
     torn(store, monkeypatch, steps, "_write_atomically")
-    assert store.load("counter").state is WorkloadState.CHECKPOINTED
+    assert store.load("counter").state is WorkloadState.checkpointed
 
     report = checkpoint(store)
 
@@ -224,7 +224,7 @@ def test_a_workload_that_died_without_saving_is_reported_lost(
     assert image_dir(store).is_dir()  # kept for inspection
 
 
-@pytest.mark.parametrize("state", [WorkloadState.RUNNING, WorkloadState.CHECKPOINTING])
+@pytest.mark.parametrize("state", [WorkloadState.running, WorkloadState.checkpointing])
 def test_a_stale_directory_of_a_running_workload_is_replaced(
     tmp_path: Path, store: WorkloadStore, reaper: Reaper, state: WorkloadState
 ) -> None:
@@ -267,7 +267,7 @@ def test_sim_recovers_only_a_dump_it_finished(tmp_path: Path) -> None:
     recovered = sim.recover_checkpoint(workload, tmp_path)
 
     assert recovered.model_dump(exclude={"created_at"}) == image.model_dump(exclude={"created_at"})
-    assert workload.state is WorkloadState.CHECKPOINTED
+    assert workload.state is WorkloadState.checkpointed
 
     never = RunningWorkload(
         spec=workload.spec.model_copy(update={"id": "other"}),

@@ -86,7 +86,7 @@ def test_a_workload_that_ignores_the_signal_keeps_running(
     with pytest.raises(CheckpointFailed, match="did not save and exit.*keeps running"):
         impatient.checkpoint(workload, tmp_path / "image")
     assert workload.is_running()
-    assert store.load(workload.id).state is WorkloadState.RUNNING
+    assert store.load(workload.id).state is WorkloadState.running
 
 
 def _ignores_sigusr1(pid: int) -> bool:
@@ -113,7 +113,7 @@ def test_a_corrupted_checkpoint_is_refused_and_nothing_starts(
         signal_backend.restore(image)
 
     assert processes_mentioning(str(count_file)) == []
-    assert store.load(workload.id).state is WorkloadState.CHECKPOINTED
+    assert store.load(workload.id).state is WorkloadState.checkpointed
 
 
 def test_checkpointing_a_gone_workload_is_refused(
@@ -124,7 +124,7 @@ def test_checkpointing_a_gone_workload_is_refused(
 
     with pytest.raises(WorkloadNotRunning):
         signal_backend.checkpoint(workload, tmp_path / "image")
-    assert store.load(workload.id).state is WorkloadState.RELEASED
+    assert store.load(workload.id).state is WorkloadState.released
 
 
 def test_migrate_between_two_agents_with_a_copied_checkpoint(

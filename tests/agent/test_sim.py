@@ -23,7 +23,7 @@ def test_checkpoint_and_restore_follow_memory_and_bandwidth(tmp_path: Path) -> N
     assert image.size_bytes == 2_000_000_000
     assert image.duration_s == pytest.approx(20.0)
     assert image.created_at == FIXED_NOW
-    assert workload.state is WorkloadState.CHECKPOINTED
+    assert workload.state is WorkloadState.checkpointed
     assert sim.running() == []
     assert not (tmp_path / "image").exists()
 
@@ -50,7 +50,7 @@ def test_only_running_workloads_checkpoint(tmp_path: Path) -> None:
     sim.release(workload)
     sim.release(workload)  # releasing twice is harmless
 
-    assert workload.state is WorkloadState.RELEASED
+    assert workload.state is WorkloadState.released
     with pytest.raises(WorkloadNotRunning):
         sim.checkpoint(workload, tmp_path)
 

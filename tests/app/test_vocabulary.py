@@ -12,17 +12,17 @@ from wire.telemetry import JobShape, NodeState
 
 def test_every_node_state_maps_onto_the_solvers() -> None:
     assert NODE_STATES == {
-        NodeState.up: si.NodeState.READY,
-        NodeState.draining: si.NodeState.DRAINING,
-        NodeState.down: si.NodeState.DOWN,
+        NodeState.up: si.NodeState.ready,
+        NodeState.draining: si.NodeState.draining,
+        NodeState.down: si.NodeState.down,
     }
     assert set(NODE_STATES.values()) == set(si.NodeState)
 
 
 def test_every_job_shape_maps_onto_the_solvers() -> None:
     assert JOB_SHAPES == {
-        JobShape.block: si.JobShape.BLOCK,
-        JobShape.elastic: si.JobShape.ELASTIC,
+        JobShape.block: si.JobShape.block,
+        JobShape.elastic: si.JobShape.elastic,
     }
     assert set(JOB_SHAPES.values()) == set(si.JobShape)
 

@@ -55,7 +55,7 @@ def test_upper_is_above_the_mean_and_grows_with_the_quantile() -> None:
     series = _daily(7, noise=1.0)
     low = fd.forecast_demand(series, 6, quantile=0.6)
     high = fd.forecast_demand(series, 6, quantile=0.95)
-    assert low.method is fd.Method.ETS
+    assert low.method is fd.Method.ets
     assert all(u >= m for u, m in zip(low.upper, low.mean, strict=True))
     assert all(h > lo for h, lo in zip(high.upper, low.upper, strict=True))
 
@@ -64,20 +64,20 @@ def test_a_too_short_history_falls_back_to_seasonal_naive_then_to_the_latest() -
     series = _daily(7, noise=0.0)
     day_and_a_half = series[: DAY + DAY // 2]
     fallback = fd.forecast_demand(day_and_a_half, 3)
-    assert fallback.method is fd.Method.SEASONAL_NAIVE
+    assert fallback.method is fd.Method.seasonal_naive
     assert list(fallback.mean) == day_and_a_half[DAY // 2 : DAY // 2 + 3]
     hours = series[:10]
     latest = fd.forecast_demand(hours, 3)
-    assert latest.method is fd.Method.LATEST
+    assert latest.method is fd.Method.latest
     assert latest.mean == latest.upper == (hours[-1],) * 3
     forecaster = fd.DemandForecaster()
-    assert forecaster.forecast("s", hours, 3, now=0.0).method is fd.Method.LATEST
+    assert forecaster.forecast("s", hours, 3, now=0.0).method is fd.Method.latest
     assert forecaster.fits == 0
 
 
 def test_a_flat_series_gives_a_flat_forecast_without_warnings() -> None:
     forecast = fd.forecast_demand([4.0] * (3 * DAY), 6, quantile=0.99)
-    assert forecast.method is fd.Method.ETS
+    assert forecast.method is fd.Method.ets
     assert forecast.mean == pytest.approx((4.0,) * 6)
     assert forecast.upper == pytest.approx((4.0,) * 6, abs=1e-6)
 
@@ -121,7 +121,7 @@ def test_a_series_ets_cannot_take_falls_back_and_old_fits_are_dropped() -> None:
     wild = [*calm[:-1], 1e300]
     ahead = forecaster.forecast("wild", wild, 6, now=0.0, quantile=0.9)
     assert all(math.isfinite(v) for v in (*ahead.mean, *ahead.upper))
-    assert ahead.method is fd.Method.SEASONAL_NAIVE
+    assert ahead.method is fd.Method.seasonal_naive
     forecaster.forecast("calm", calm, 6, now=0.0, quantile=0.9)
     assert "calm" in forecaster._fits
     forecaster.forecast("other", calm, 6, now=3 * 3600.0, quantile=0.9)

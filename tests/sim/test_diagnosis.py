@@ -56,7 +56,7 @@ def test_heterogeneity_then_no_demand() -> None:
         horizon_h=3,
     )
     result = summarize(Simulation(load, ScriptedPlanner(_first_fit)).run())
-    assert _hours(result) == {IdleCause.HETEROGENEITY: 8.0, IdleCause.NO_DEMAND: 8.0 + 16.0}
+    assert _hours(result) == {IdleCause.heterogeneity: 8.0, IdleCause.no_demand: 8.0 + 16.0}
     assert result.idle_causes["by_gpu_model"]["A100"] == {"heterogeneity": 8.0, "no_demand": 16.0}
     assert result.idle_causes["by_hour"][0] == {"hour": 0, "heterogeneity": 8.0}
 
@@ -82,9 +82,9 @@ def test_a_failed_node_is_draining_down_and_a_small_gap_is_fragmentation() -> No
     # no_demand: n1's 2 free GPUs for 0-1.25 h and 2-3 h, n0's 4 for 0-1 h and 2.5-3 h.
     assert _hours(result) == pytest.approx(
         {
-            IdleCause.DRAINING_DOWN: 4.0,
-            IdleCause.FRAGMENTATION: 1.5,
-            IdleCause.NO_DEMAND: 2 * 1.25 + 2 * 1.0 + 4 * 1.0 + 4 * 0.5,
+            IdleCause.draining_down: 4.0,
+            IdleCause.fragmentation: 1.5,
+            IdleCause.no_demand: 2 * 1.25 + 2 * 1.0 + 4 * 1.0 + 4 * 0.5,
         }
     )
 
@@ -113,7 +113,7 @@ def test_fifo_idles_the_service_peak_reservation(training_heavy: dict[str, RunRe
     (chat,) = load.services
     hours = int(load.horizon // 3600)
     above_peak = sum(chat.peak_replicas - chat.demand_at(h * 3600.0) for h in range(hours))
-    assert _hours(training_heavy["fifo"]) == {IdleCause.RESERVATION: pytest.approx(above_peak)}
+    assert _hours(training_heavy["fifo"]) == {IdleCause.reservation: pytest.approx(above_peak)}
     assert "reservation" in idle_markdown(training_heavy)
     assert math.isclose(
         training_heavy["fifo"].idle_causes["by_team"]["inference"]["reservation"], above_peak

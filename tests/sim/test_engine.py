@@ -58,7 +58,7 @@ def test_preempt_without_any_checkpoint_loses_everything() -> None:
     m = summarize(sim).metrics
     assert m["lost_gpu_hours"] == pytest.approx(3)
     assert m["useful_gpu_hours"] == 0
-    assert sim.jobs["a"].status is JobStatus.QUEUED
+    assert sim.jobs["a"].status is JobStatus.queued
 
 
 def test_checkpointed_preemption_keeps_progress_and_pays_checkpoint() -> None:
@@ -123,7 +123,7 @@ def test_illegal_actions_are_rejected_not_applied() -> None:
         },
     )
     assert sim.counters.rejected_actions == 4
-    assert sim.jobs["b"].status is JobStatus.QUEUED
+    assert sim.jobs["b"].status is JobStatus.queued
 
 
 def test_wrong_gpu_model_is_rejected() -> None:
@@ -203,7 +203,7 @@ def test_node_failure_evicts_and_loses_unsaved_work() -> None:
     assert m["failure_evictions"] == 1 and m["preemptions"] == 0
     # Available GPU-time excludes the down node: 4 GPUs × 3 h.
     assert m["available_gpu_hours"] == pytest.approx(12)
-    assert sim.jobs["a"].status is JobStatus.QUEUED
+    assert sim.jobs["a"].status is JobStatus.queued
 
 
 def test_drained_node_accepts_nothing_new_but_keeps_running_work() -> None:
@@ -212,8 +212,8 @@ def test_drained_node_accepts_nothing_new_but_keeps_running_work() -> None:
         events=[NodeEvent(time=0.5 * HOUR, node="n0", kind="drain")],
     )
     sim = run(wl, {0: [Start("a", {"n0": 2})], 1: [Start("b", {"n0": 2})]})
-    assert sim.jobs["a"].status is JobStatus.DONE
-    assert sim.jobs["b"].status is JobStatus.QUEUED
+    assert sim.jobs["a"].status is JobStatus.done
+    assert sim.jobs["b"].status is JobStatus.queued
     assert sim.counters.rejected_actions == 1
 
 

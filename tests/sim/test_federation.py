@@ -104,7 +104,7 @@ def test_each_cluster_planned_alone_needs_every_job_to_name_its_cluster() -> Non
         simulate(_two_clusters([_job("homeless", 1, cluster=None)]), "shaper")
     # Planned together it may run anywhere: no home, no transfer.
     sim = simulate(_two_clusters([_job("homeless", 1, cluster=None)]), "federated-shaper")
-    assert sim.jobs["homeless"].status is JobStatus.DONE
+    assert sim.jobs["homeless"].status is JobStatus.done
     assert summarize(sim).metrics["remote_starts"] == 0
 
 
@@ -168,7 +168,7 @@ def test_both_engines_start_a_job_at_home_when_both_clusters_have_room(use_cp_sa
             update={"jobs": (Job(id="j", replicas=4, home_cluster=home),), "config": config}
         )
         plan = get_policy("shaper").plan(instance)
-        (start,) = [a for a in plan.actions if a.kind is ActionKind.START]
+        (start,) = [a for a in plan.actions if a.kind is ActionKind.start]
         assert dict(start.to_placement) == {node: 4}
 
 
@@ -283,7 +283,7 @@ def test_a_much_faster_model_away_is_worth_the_transfer(use_cp_sat: bool) -> Non
         update={"config": instance.config.model_copy(update={"use_cp_sat": use_cp_sat})}
     )
     plan = get_policy("shaper").plan(instance)
-    (start,) = [a for a in plan.actions if a.kind is ActionKind.START]
+    (start,) = [a for a in plan.actions if a.kind is ActionKind.start]
     assert dict(start.to_placement) == {"h0": 2}
 
 
@@ -297,7 +297,7 @@ def test_a_start_away_that_costs_more_than_it_gains_is_not_made(use_cp_sat: bool
     config = base.config.model_copy(update={"use_cp_sat": use_cp_sat})
     instance = base.model_copy(update={"jobs": (running, huge), "config": config})
     plan = get_policy("shaper").plan(instance)
-    assert [a for a in plan.actions if a.kind is ActionKind.START] == []
+    assert [a for a in plan.actions if a.kind is ActionKind.start] == []
     assert evaluate(instance, plan.placement).objective == pytest.approx(
         evaluate(instance, {"r": {"e0": 8}}).objective
     )
@@ -312,7 +312,7 @@ def test_cp_sat_itself_keeps_a_job_at_home_when_both_clusters_have_room() -> Non
     instance = base.model_copy(update={"jobs": (home_west, nowhere)})
     plan = get_policy("shaper").plan(instance)
     assert "CP-SAT skipped" not in plan.stats.note
-    (start,) = [a for a in plan.actions if a.kind is ActionKind.START]
+    (start,) = [a for a in plan.actions if a.kind is ActionKind.start]
     assert dict(start.to_placement) == {"w0": 4}
 
 

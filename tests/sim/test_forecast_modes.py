@@ -45,7 +45,7 @@ def test_the_model_forecast_holds_no_more_than_the_peak_reservation() -> None:
     wl = workload([], services=[chat], horizon_h=48, nodes=(("n0", 8),))
     model, peak, perfect = (
         summarize(simulate(wl, "shaper", forecast=mode)).metrics
-        for mode in (ForecastMode.MODEL, ForecastMode.PEAK, ForecastMode.PERFECT)
+        for mode in (ForecastMode.model, ForecastMode.peak, ForecastMode.perfect)
     )
     assert model["service_gpu_hours"] < peak["service_gpu_hours"]
     assert model["unmet_demand_replica_hours"] <= peak["unmet_demand_replica_hours"]

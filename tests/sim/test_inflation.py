@@ -303,7 +303,7 @@ def test_missing_columns_are_named(tmp_path: Path) -> None:
     message = str(caught.value)
     assert "the pod list has no column num_gpu" in message
     assert "its columns are ['name', 'cpu_milli', 'memory_mib', 'gpu_milli']" in message
-    assert caught.value.about is TraceInput.TRACE
+    assert caught.value.about is TraceInput.trace
     garbled = tmp_path / "garbled.csv"
     garbled.write_text("cpu_milli,memory_mib,num_gpu,gpu_milli\n1000,1024,one,0\n")
     with pytest.raises(TraceError, match="garbled.csv:2: invalid literal"):
@@ -312,7 +312,7 @@ def test_missing_columns_are_named(tmp_path: Path) -> None:
     nodes.write_text("sn,cpu_milli,gpu,model\nA,32000,2,T4\n")
     with pytest.raises(TraceError, match="the node list has no column memory_mib") as bad_nodes:
         run_inflation(nodes, RESOURCE_PODS, "fgd")
-    assert bad_nodes.value.about is TraceInput.NODES
+    assert bad_nodes.value.about is TraceInput.nodes
     big = tmp_path / "big.csv"
     big.write_text("sn,cpu_milli,memory_mib,gpu,model\nA,32000,65536,16,T4\n")
     with pytest.raises(TraceError, match="big.csv:2: 16 GPUs; the experiment models 0 to 8"):

@@ -47,7 +47,7 @@ def test_backfill_by_hand() -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_completes_the_tiny_scenario(policy: str) -> None:
     sim = simulate(tiny(), policy, check_invariants=True)
-    assert all(s.status is JobStatus.DONE for s in sim.jobs.values())
+    assert all(s.status is JobStatus.done for s in sim.jobs.values())
     m = summarize(sim).metrics
     assert m["useful_gpu_hours"] == pytest.approx(2 * 2 + 4 * 1 + 2 * 1)
     assert m["rejected_actions"] == 0
@@ -104,8 +104,8 @@ def _conserved(sim: Simulation) -> None:
     done_work = 0.0
     for job_id, state in sim.jobs.items():
         assert state.progress <= submitted[job_id].work + 1e-6
-        assert (state.status is JobStatus.DONE) == (state.end_time is not None)
-        if state.status is JobStatus.DONE and state.end_time <= sim.workload.horizon:
+        assert (state.status is JobStatus.done) == (state.end_time is not None)
+        if state.status is JobStatus.done and state.end_time <= sim.workload.horizon:
             done_work += state.spec.work * state.spec.gpus
     assert abs(sim.check_ledger()) < 36  # every allocated GPU-second accounted, to 0.01 GPU-h
     m = summarize(sim).metrics
@@ -187,8 +187,8 @@ def test_two_clusters_gangs_stay_within_one() -> None:
     for policy in POLICIES:
         sim = simulate(wl, f"federated-{policy}", check_invariants=True)
         # 6 GPUs would need both clusters: the gang never starts; the small job runs.
-        assert sim.jobs["wide"].status is JobStatus.QUEUED, policy
-        assert sim.jobs["small"].status is JobStatus.DONE, policy
+        assert sim.jobs["wide"].status is JobStatus.queued, policy
+        assert sim.jobs["small"].status is JobStatus.done, policy
 
 
 def test_progress_callback_reaches_the_horizon() -> None:
@@ -214,4 +214,4 @@ def test_shaper_does_not_migrate_when_nothing_waits() -> None:
     sim = simulate(wl, "shaper", check_invariants=True)
     _conserved(sim)
     assert sim.counters.migrations == 0
-    assert all(s.status == JobStatus.DONE for s in sim.jobs.values())
+    assert all(s.status == JobStatus.done for s in sim.jobs.values())

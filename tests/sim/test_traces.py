@@ -109,7 +109,7 @@ def test_pollux_replays_on_its_testbed_unless_told() -> None:
     assert uneven.cluster.startswith("2 nodes × 4 + 1 node × 2 V100 GPUs (10 GPUs)")
     with pytest.raises(TraceError, match="--gpus-per-node must be at least 1") as bad:
         load_trace(POLLUX, options=TraceOptions(gpus_per_node=0))
-    assert bad.value.about is TraceInput.CLUSTER
+    assert bad.value.about is TraceInput.cluster
 
 
 def test_every_loader_without_nodes_takes_the_cluster_size() -> None:
@@ -225,7 +225,7 @@ def test_a_csv_without_the_columns_names_them(tmp_path: Path) -> None:
     assert str(native.value) == (
         f"{empty}: missing columns ['duration_s', 'gpus', 'id', 'submit_s'] (found [])"
     )
-    assert philly.value.about is pollux.value.about is native.value.about is TraceInput.TRACE
+    assert philly.value.about is pollux.value.about is native.value.about is TraceInput.trace
 
 
 def test_an_unknown_format_names_the_known_ones(tmp_path: Path) -> None:
@@ -238,7 +238,7 @@ def test_an_unknown_format_names_the_known_ones(tmp_path: Path) -> None:
         f"cannot tell the trace format of {unknown}: its first line has the fields ['a', 'b']"
         in message
     )
-    assert message.endswith("; pass --kind") and caught.value.about is TraceInput.KIND
+    assert message.endswith("; pass --kind") and caught.value.about is TraceInput.kind
     for known in (
         "philly (CSV: timestamp, duration, num_gpus)",
         "pollux (CSV: name, time, application, num_replicas)",
@@ -365,13 +365,13 @@ def test_alibaba_node_list_and_cluster_size_errors(tmp_path: Path) -> None:
     pods.write_text(PODS.read_text())
     with pytest.raises(TraceError, match="pass --nodes") as missing:
         load_trace(pods)
-    assert missing.value.about is TraceInput.NODES
+    assert missing.value.about is TraceInput.nodes
     assert "No such file" not in str(missing.value)
     with pytest.raises(TraceError, match="node list .*nowhere.csv: no such file"):
         load_trace(pods, nodes_path=tmp_path / "nowhere.csv")
     with pytest.raises(TraceError, match="--gpus and --gpus-per-node do not apply") as sized:
         load_trace(PODS, nodes_path=NODES, options=TraceOptions(gpus=64))
-    assert sized.value.about is TraceInput.CLUSTER
+    assert sized.value.about is TraceInput.cluster
     with pytest.raises(TraceError, match="--nodes is the node list of an Alibaba pod list"):
         load_trace(PHILLY, nodes_path=NODES)
     listed = tmp_path / "listed.json"

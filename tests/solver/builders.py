@@ -50,7 +50,7 @@ def service(
     kw.setdefault("max_replicas", 16)
     return Job(
         id=job_id,
-        shape=JobShape.ELASTIC,
+        shape=JobShape.elastic,
         gpus_per_replica=gpus,
         replicas=sum(placement.values()) // gpus,
         placement=placement,

@@ -99,7 +99,7 @@ def random_instance(
         jobs.append(
             Job(
                 id=f"s{index}",
-                shape=JobShape.ELASTIC,
+                shape=JobShape.elastic,
                 team=rng.choice(TEAMS),
                 replicas=replicas,
                 placement=placement,
@@ -142,7 +142,7 @@ def random_instance(
         jobs.append(
             Job(
                 id="s-pending",
-                shape=JobShape.ELASTIC,
+                shape=JobShape.elastic,
                 gpus_per_replica=2,
                 replicas=0,
                 min_replicas=1,

@@ -75,4 +75,4 @@ def test_no_move_that_costs_more_than_the_start_it_makes_room_for() -> None:
         job("J", 3),
     ]
     kinds = {a.kind for a in solve(instance([node("a"), node("b")], cheap)).actions}
-    assert kinds == {ActionKind.MIGRATE, ActionKind.START}
+    assert kinds == {ActionKind.migrate, ActionKind.start}

@@ -6,7 +6,7 @@ from solver.dependencies import action_graph, gpu_changes
 from solver.instance import GpuModel, Instance, Job, Node
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
 
-WHY = Reason(code=ReasonCode.PLACED, message="test")
+WHY = Reason(code=ReasonCode.placed, message="test")
 
 
 def _instance(*jobs: Job, nodes: int = 3) -> Instance:
@@ -47,9 +47,9 @@ def test_a_start_waits_for_the_move_that_frees_its_gpus_and_free_gpus_go_first()
     plan = Plan(
         policy="test",
         actions=[
-            _action(ActionKind.MIGRATE, "half-0", {"n0": 4}, {"n1": 4}),
-            _action(ActionKind.START, "big", {}, {"n0": 8}),
-            _action(ActionKind.START, "small", {}, {"n2": 4}),
+            _action(ActionKind.migrate, "half-0", {"n0": 4}, {"n1": 4}),
+            _action(ActionKind.start, "big", {}, {"n0": 8}),
+            _action(ActionKind.start, "small", {}, {"n2": 4}),
         ],
     )
     graph = action_graph(instance, plan)
@@ -66,8 +66,8 @@ def test_a_swap_is_a_cycle() -> None:
     plan = Plan(
         policy="test",
         actions=[
-            _action(ActionKind.MIGRATE, "x", {"n0": 8}, {"n1": 8}),
-            _action(ActionKind.MIGRATE, "y", {"n1": 8}, {"n0": 8}),
+            _action(ActionKind.migrate, "x", {"n0": 8}, {"n1": 8}),
+            _action(ActionKind.migrate, "y", {"n1": 8}, {"n0": 8}),
         ],
     )
     graph = action_graph(instance, plan)
@@ -80,9 +80,9 @@ def test_takers_that_fit_the_free_gpus_do_not_wait_for_a_stop_on_the_same_node()
     plan = Plan(
         policy="test",
         actions=[
-            _action(ActionKind.PREEMPT, "low", {"n0": 4}, {}),
-            _action(ActionKind.START, "a", {}, {"n0": 2}),
-            _action(ActionKind.START, "b", {}, {"n0": 6}),
+            _action(ActionKind.preempt, "low", {"n0": 4}, {}),
+            _action(ActionKind.start, "a", {}, {"n0": 2}),
+            _action(ActionKind.start, "b", {}, {"n0": 6}),
         ],
     )
     graph = action_graph(instance, plan)

@@ -34,7 +34,7 @@ def _node(name: str = "n1", gpus: int = 8, model: str = H100, **fields: object) 
 
 def test_no_demand_when_nothing_is_queued() -> None:
     cluster = ClusterAt(nodes=(_node(),), allocations=(AllocationAt("n1", "x", 3),))
-    assert _causes(cluster) == {IdleCause.NO_DEMAND: 5}
+    assert _causes(cluster) == {IdleCause.no_demand: 5}
     assert classify(cluster).busy == 3
 
 
@@ -44,7 +44,7 @@ def test_heterogeneity_when_no_queued_job_accepts_the_model() -> None:
         allocations=(AllocationAt("a", "x", 4),),
         queue=(QueuedJobAt("x", 2, gpu_models=frozenset({A100})),),
     )
-    assert _causes(cluster) == {IdleCause.HETEROGENEITY: 8}
+    assert _causes(cluster) == {IdleCause.heterogeneity: 8}
 
 
 def test_quota_when_every_accepting_job_is_of_a_team_at_its_cap() -> None:
@@ -55,13 +55,13 @@ def test_quota_when_every_accepting_job_is_of_a_team_at_its_cap() -> None:
         quota_caps={"x": 9},  # 8 held + 2 asked > 9
     )
     diagnosis = classify(cluster)
-    assert _causes(cluster) == {IdleCause.QUOTA: 8}
+    assert _causes(cluster) == {IdleCause.quota: 8}
     assert {share.team for share in diagnosis.idle} == {"x"}
 
 
 def test_queue_order_when_an_admissible_job_fits_and_waits() -> None:
     cluster = ClusterAt(nodes=(_node(),), queue=(QueuedJobAt("x", 2),), quota_caps={"x": 2})
-    assert _causes(cluster) == {IdleCause.QUEUE_ORDER: 8}
+    assert _causes(cluster) == {IdleCause.queue_order: 8}
 
 
 def test_fragmentation_when_no_admissible_job_fits_any_node() -> None:
@@ -71,7 +71,7 @@ def test_fragmentation_when_no_admissible_job_fits_any_node() -> None:
         allocations=(AllocationAt("n1", "x", 1), AllocationAt("n2", "x", 1)),
         queue=(QueuedJobAt("y", 4),),
     )
-    assert _causes(cluster) == {IdleCause.FRAGMENTATION: 6}
+    assert _causes(cluster) == {IdleCause.fragmentation: 6}
 
 
 def test_gang_waiting_where_a_member_fits_but_the_gang_does_not() -> None:
@@ -83,7 +83,7 @@ def test_gang_waiting_where_a_member_fits_but_the_gang_does_not() -> None:
     )
     diagnosis = classify(cluster)
     by_node = {share.node: share.cause for share in diagnosis.idle}
-    assert by_node == {"n1": IdleCause.GANG_WAITING, "n2": IdleCause.FRAGMENTATION}
+    assert by_node == {"n1": IdleCause.gang_waiting, "n2": IdleCause.fragmentation}
 
 
 def test_a_job_limited_to_few_nodes_needs_its_share_on_each() -> None:
@@ -94,20 +94,20 @@ def test_a_job_limited_to_few_nodes_needs_its_share_on_each() -> None:
     job = QueuedJobAt("y", 12, members=12, max_nodes=2)
     assert job.smallest_piece == 6
     cluster = ClusterAt(nodes=nodes, allocations=allocations, queue=(job,))
-    assert _causes(cluster) == {IdleCause.FRAGMENTATION: 12}
+    assert _causes(cluster) == {IdleCause.fragmentation: 12}
 
 
 def test_draining_and_down_nodes() -> None:
     cluster = ClusterAt(
         nodes=(
-            _node("d", state=NodeState.DOWN),
-            _node("r", state=NodeState.DRAINING),
+            _node("d", state=NodeState.down),
+            _node("r", state=NodeState.draining),
         ),
         # On a down node even held GPUs do no work; on a draining one they still run.
         allocations=(AllocationAt("d", "x", 2), AllocationAt("r", "x", 2)),
         queue=(QueuedJobAt("y", 1),),
     )
-    assert _causes(cluster) == {IdleCause.DRAINING_DOWN: 14}
+    assert _causes(cluster) == {IdleCause.draining_down: 14}
     assert classify(cluster).busy == 2
 
 
@@ -120,9 +120,9 @@ def test_reservation_of_free_gpus_and_of_replicas_above_demand() -> None:
     # 3 replicas above demand (reservation, not allocated_idle though measured at 0), the
     # 4th measured idle, 2 free reserved, 2 free open for the queued job.
     assert _causes(cluster) == {
-        IdleCause.RESERVATION: 5,
-        IdleCause.ALLOCATED_IDLE: 1,
-        IdleCause.QUEUE_ORDER: 2,
+        IdleCause.reservation: 5,
+        IdleCause.allocated_idle: 1,
+        IdleCause.queue_order: 2,
     }
 
 
@@ -136,7 +136,7 @@ def test_allocated_idle_needs_a_measurement_below_the_threshold() -> None:
         ),
         busy_threshold=0.1,
     )
-    assert _causes(cluster) == {IdleCause.ALLOCATED_IDLE: 2}
+    assert _causes(cluster) == {IdleCause.allocated_idle: 2}
     assert classify(cluster).busy == 4
 
 
@@ -150,7 +150,7 @@ def test_precedence_heterogeneity_before_quota_before_shape() -> None:
         quota_caps={"x": 0},
     )
     by_node = {share.node: share.cause for share in classify(cluster).idle}
-    assert by_node == {"h": IdleCause.HETEROGENEITY, "a": IdleCause.QUOTA}
+    assert by_node == {"h": IdleCause.heterogeneity, "a": IdleCause.quota}
 
 
 def test_precedence_an_admissible_fitting_job_beats_a_blocked_one() -> None:
@@ -162,12 +162,12 @@ def test_precedence_an_admissible_fitting_job_beats_a_blocked_one() -> None:
         quota_caps={"capped": 0},
     )
     (share,) = classify(cluster).idle
-    assert (share.cause, share.team) == (IdleCause.QUEUE_ORDER, "small")
+    assert (share.cause, share.team) == (IdleCause.queue_order, "small")
 
 
 def test_precedence_order_is_declared() -> None:
-    assert PRECEDENCE[0] is IdleCause.DRAINING_DOWN
-    assert PRECEDENCE.index(IdleCause.QUOTA) < PRECEDENCE.index(IdleCause.FRAGMENTATION)
+    assert PRECEDENCE[0] is IdleCause.draining_down
+    assert PRECEDENCE.index(IdleCause.quota) < PRECEDENCE.index(IdleCause.fragmentation)
     assert len(set(PRECEDENCE)) == len(IdleCause)
 
 
@@ -177,7 +177,7 @@ def test_allocations_beyond_a_node_are_trimmed_and_the_books_still_balance() -> 
         allocations=(AllocationAt("n1", "x", 3), AllocationAt("n1", "y", 3, busy=0.0)),
     )
     diagnosis = classify(cluster)
-    assert (diagnosis.busy, _causes(cluster)) == (3, {IdleCause.ALLOCATED_IDLE: 1})
+    assert (diagnosis.busy, _causes(cluster)) == (3, {IdleCause.allocated_idle: 1})
 
 
 # ------------------------------------------------------------------ the books, at random
@@ -198,7 +198,7 @@ def _idle_gpu_by_gpu(cluster: ClusterAt) -> int:
                 )
                 slots.append(not above_demand and not measured_idle)
         slots = slots[: node.gpus]
-        if node.state is NodeState.DOWN:
+        if node.state is NodeState.down:
             idle += node.gpus
         else:
             idle += node.gpus - sum(slots)
@@ -214,7 +214,7 @@ def random_cluster(seed: int) -> ClusterAt:
             name=f"n{i}",
             gpu_model=rng.choice(models),
             gpus=rng.choice((1, 2, 4, 8)),
-            state=rng.choice([NodeState.READY] * 4 + list(NodeState)),
+            state=rng.choice([NodeState.ready] * 4 + list(NodeState)),
             reserved_gpus=rng.choice((0, 0, 0, 1, 3)),
         )
         for i in range(rng.randint(0, 8))
@@ -255,7 +255,7 @@ def test_causes_add_up_to_the_idle_gpus_counted_one_by_one(seed: int) -> None:
     assert diagnosis.capacity - diagnosis.busy == counted
     assert all(share.gpus > 0 for share in diagnosis.idle)
     if not cluster.queue:
-        queue_causes = set(PRECEDENCE[PRECEDENCE.index(IdleCause.HETEROGENEITY) :])
+        queue_causes = set(PRECEDENCE[PRECEDENCE.index(IdleCause.heterogeneity) :])
         assert not queue_causes & {share.cause for share in diagnosis.idle}
 
 

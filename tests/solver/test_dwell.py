@@ -91,7 +91,7 @@ def test_frozen_pending_job_is_not_started(policy: str) -> None:
     plan = plan_with(policy, inst)
     assert "requeued" not in plan.placement
     reason = plan.pending["requeued"]
-    assert reason.code is ReasonCode.DWELL
+    assert reason.code is ReasonCode.dwell
     assert reason.message == "Shaper acted on it 120 s ago; dwell time 600 s"
     assert "other" in plan.placement  # a frozen head job does not block the queue
 
@@ -112,7 +112,7 @@ def test_frozen_victim_is_not_preempted(policy: str) -> None:
     for victim in ({"last_acted_at": NOW - 300}, {"actions_last_hour": 3}, {"locked": True}):
         plan = plan_with(policy, scene(**victim))
         assert plan.placement["low"] == {"n1": 8}, victim
-        assert plan.pending["high"].code is ReasonCode.DISRUPTION_BUDGET, victim
+        assert plan.pending["high"].code is ReasonCode.disruption_budget, victim
 
 
 def test_frozen_job_is_not_migrated() -> None:
@@ -135,7 +135,7 @@ def test_frozen_job_is_not_migrated() -> None:
     assert plan.placement["big"] == {"n2": 8} and plan.placement["r2"] == {"n1": 4}
     plan = plan_with("shaper", scene({"r1", "r2"}))
     assert plan.actions == []
-    assert plan.pending["big"].code is ReasonCode.DISRUPTION_BUDGET
+    assert plan.pending["big"].code is ReasonCode.disruption_budget
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
@@ -159,7 +159,7 @@ def test_stranded_job_goes_first_despite_its_dwell(policy: str) -> None:
     )
     plan = plan_with(policy, inst)
     assert plan.placement["stranded"] == {"n1": 4}
-    assert plan.actions_for("stranded")[0].reason.code is ReasonCode.OVERDUE
+    assert plan.actions_for("stranded")[0].reason.code is ReasonCode.overdue
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
@@ -167,7 +167,7 @@ def test_locked_overdue_job_stays_pending(policy: str) -> None:
     inst = instance([node("n1", gpus=4)], [job("starting", gpus=4, overdue=True, locked=True)])
     plan = plan_with(policy, inst)  # validate's rule 10 does not ask for it either
     assert plan.actions == []
-    assert plan.pending["starting"].code is ReasonCode.DWELL
+    assert plan.pending["starting"].code is ReasonCode.dwell
 
 
 # -- the validator's dwell rule -------------------------------------------------------
@@ -224,7 +224,7 @@ def test_no_preemption_that_loses_hours_of_work(policy: str) -> None:
     plan = plan_with(policy, preemption_scene())
     assert plan.placement["victim"] == {"n1": 8}
     reason = plan.pending["urgent"]
-    assert reason.code is ReasonCode.INSUFFICIENT_CAPACITY
+    assert reason.code is ReasonCode.insufficient_capacity
     assert reason.message.startswith("stopping lower-priority work for it would cost more")
 
 
@@ -234,11 +234,11 @@ def test_preemption_that_pays_still_happens(policy: str) -> None:
     plan = plan_with(policy, preemption_scene(last_checkpoint_time=NOW - 600))
     assert plan.placement["urgent"] == {"n1": 8}
     (stop,) = plan.actions_for("victim")
-    assert stop.kind is ActionKind.PREEMPT
+    assert stop.kind is ActionKind.preempt
     assert stop.reason.message.startswith("stopped for urgent, which takes its GPUs on n1")
     # A checkpointable victim loses only its checkpoint write.
     plan = plan_with(policy, preemption_scene(checkpointable=True))
-    assert plan.actions_for("victim")[0].kind is ActionKind.REQUEUE
+    assert plan.actions_for("victim")[0].kind is ActionKind.requeue
 
 
 # -- stopped only for a job that takes the GPUs ------------------------------------------
@@ -270,7 +270,7 @@ def stopped_for(plan: Plan, job_id: str) -> dict[str, set[str]]:
     return {
         action.job_id: set(action.from_placement)
         for action in plan.actions
-        if action.kind in (ActionKind.PREEMPT, ActionKind.REQUEUE)
+        if action.kind in (ActionKind.preempt, ActionKind.requeue)
         and action.reason.message.startswith(f"stopped for {job_id}")
     }
 

@@ -22,7 +22,7 @@ FRAGMENTATION = 0.05
 
 def exact_optimum(inst: Instance) -> float:
     result = solve_exact(inst, time_limit_s=10.0, num_workers=1)
-    assert result.status is SolveStatus.OPTIMAL
+    assert result.status is SolveStatus.optimal
     assert result.exact, result.violations
     assert result.objective is not None and result.bound is not None
     assert result.bound == pytest.approx(result.objective, abs=1e-2)
@@ -61,7 +61,7 @@ def test_serves_demand_before_a_block_job_and_never_lands_on_a_draining_node() -
     # 4 × 2 = 8 but leave 3 replicas unmet at 8 each: −16. The draining node takes nothing
     # and earns no free-node credit.
     inst = instance(
-        [node("n1", gpus=4), node("drain", state=NodeState.DRAINING)],
+        [node("n1", gpus=4), node("drain", state=NodeState.draining)],
         [service("s", forecast=(3,)), job("b", gpus=4, priority=2.0)],
     )
     assert exact_optimum(inst) == pytest.approx(3.0)
@@ -97,11 +97,11 @@ def test_pins_only_legal_plans() -> None:
     # running job may not move.
     overdue = job("late", gpus=2, overdue=True)
     inst = instance([node("n1", 4)], [overdue])
-    assert solve_exact(inst, pin={}).status is SolveStatus.INFEASIBLE
-    assert solve_exact(inst, pin={"late": {"n1": 2}}).status is SolveStatus.OPTIMAL
+    assert solve_exact(inst, pin={}).status is SolveStatus.infeasible
+    assert solve_exact(inst, pin={"late": {"n1": 2}}).status is SolveStatus.optimal
     frozen = running("r", {"n1": 2}, checkpointable=True, locked=True)
     inst = instance([node("n1", 4), node("n2", 4)], [frozen])
-    assert solve_exact(inst, pin={"r": {"n2": 2}}).status is SolveStatus.INFEASIBLE
+    assert solve_exact(inst, pin={"r": {"n2": 2}}).status is SolveStatus.infeasible
 
 
 def test_refuses_large_instances() -> None:
@@ -121,14 +121,14 @@ def test_no_policy_beats_the_exact_bound(seed: int) -> None:
         inst = with_shaper_history(inst, seed)
     result = solve_exact(inst, time_limit_s=5.0, num_workers=1)
     assert result.bound is not None and result.plan is not None
-    assert result.exact == (result.status is SolveStatus.OPTIMAL)
+    assert result.exact == (result.status is SolveStatus.optimal)
     assert validate(inst, result.plan) == []
     for name in POLICY_NAMES:
         plan = get_policy(name).plan(inst)
         objective = evaluate(inst, plan.placement).objective
         assert objective <= result.bound + 1e-6, name
         pinned = solve_exact(inst, pin=plan.placement, time_limit_s=5.0, num_workers=1)
-        assert pinned.status is SolveStatus.OPTIMAL, name
+        assert pinned.status is SolveStatus.optimal, name
         assert pinned.bound is not None and pinned.bound >= objective - 1e-6, name
 
 

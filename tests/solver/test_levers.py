@@ -24,9 +24,9 @@ def test_without_migration_a_gang_is_not_made_room_for_by_moving_work() -> None:
         job("p", 8),
     ]
     nodes = [node("a"), node("b")]
-    assert ActionKind.MIGRATE in _kinds(instance(nodes, jobs))
+    assert ActionKind.migrate in _kinds(instance(nodes, jobs))
     off = FAST.model_copy(update={"migration": False})
-    assert ActionKind.MIGRATE not in _kinds(instance(nodes, jobs, config=off))
+    assert ActionKind.migrate not in _kinds(instance(nodes, jobs, config=off))
 
 
 def test_a_job_that_fits_one_node_moves_only_what_is_in_its_way() -> None:
@@ -43,9 +43,9 @@ def test_a_job_that_fits_one_node_moves_only_what_is_in_its_way() -> None:
     assert not validate(instance(nodes, jobs), plan)
     assert plan.placement["p"] == {"a": 4}
     assert plan.placement["small"] == {"b": 1}
-    assert {a.job_id for a in plan.actions if a.kind is ActionKind.MIGRATE} == {"small"}
+    assert {a.job_id for a in plan.actions if a.kind is ActionKind.migrate} == {"small"}
     off = FAST.model_copy(update={"migration": False})
-    assert ActionKind.START not in _kinds(instance(nodes, jobs, config=off))
+    assert ActionKind.start not in _kinds(instance(nodes, jobs, config=off))
 
 
 def test_service_replicas_move_to_empty_a_node_for_a_gang() -> None:
@@ -61,13 +61,13 @@ def test_service_replicas_move_to_empty_a_node_for_a_gang() -> None:
     assert not validate(instance(nodes, jobs), plan)
     assert plan.placement["gang"] in ({"a": 8}, {"b": 8})
     emptied = next(iter(plan.placement["gang"]))
-    moved = [a for a in plan.actions if a.kind is ActionKind.RESIZE]
+    moved = [a for a in plan.actions if a.kind is ActionKind.resize]
     assert len(moved) == 1 and moved[0].replicas == 1  # same size, another node
     assert emptied in moved[0].from_placement and emptied not in moved[0].to_placement
-    assert moved[0].reason.code is ReasonCode.DEFRAGMENTATION
+    assert moved[0].reason.code is ReasonCode.defragmentation
     off = FAST.model_copy(update={"replica_moves": False})
     kinds = _kinds(instance(nodes, jobs, config=off))
-    assert ActionKind.START not in kinds and ActionKind.RESIZE not in kinds
+    assert ActionKind.start not in kinds and ActionKind.resize not in kinds
 
 
 def test_without_migration_a_frozen_resident_is_not_blamed_on_the_budget() -> None:
@@ -80,15 +80,15 @@ def test_without_migration_a_frozen_resident_is_not_blamed_on_the_budget() -> No
     ]
     off = FAST.model_copy(update={"migration": False, "use_cp_sat": False})
     plan = get_policy("shaper").plan(instance([node("a"), node("b")], jobs, config=off))
-    assert plan.pending["gang"].code is ReasonCode.FRAGMENTATION
+    assert plan.pending["gang"].code is ReasonCode.fragmentation
 
 
 def test_without_preemption_higher_priority_work_waits() -> None:
     jobs = [running("low", {"a": 8}, priority=1.0), job("high", 8, priority=10.0)]
-    assert _kinds(instance([node("a")], jobs)) & {ActionKind.PREEMPT, ActionKind.REQUEUE}
+    assert _kinds(instance([node("a")], jobs)) & {ActionKind.preempt, ActionKind.requeue}
     off = FAST.model_copy(update={"preemption": False})
     kinds = _kinds(instance([node("a")], jobs, config=off))
-    assert not kinds & {ActionKind.PREEMPT, ActionKind.REQUEUE, ActionKind.START}
+    assert not kinds & {ActionKind.preempt, ActionKind.requeue, ActionKind.start}
 
 
 def test_without_service_resize_a_service_keeps_its_daily_peak() -> None:
@@ -118,7 +118,7 @@ def test_the_look_ahead_counts_gpus_that_free_up_before_the_peak() -> None:
     assert "long" in freed.placement
     # b runs on past the peak: a's GPUs are all the service will have, so they are kept.
     kept = get_policy("shaper").plan(instance(nodes, jobs(10 * 3600.0)))
-    assert kept.pending["long"].code is ReasonCode.FORECAST_RESERVATION
+    assert kept.pending["long"].code is ReasonCode.forecast_reservation
     # And with the look-ahead off, it starts either way.
     off = FAST.model_copy(update={"lookahead": False})
     assert (

@@ -32,8 +32,8 @@ def test_overdue_job_preempts_lower_priority_work(policy: str) -> None:
     plan = plan_with(policy, instance([node("a")], jobs, policies=(LATE, LOW)))
     assert plan.placement.get("late") == {"a": 8}
     assert "r" not in plan.placement
-    assert plan.actions_for("late")[0].reason.code is ReasonCode.OVERDUE
-    assert plan.actions_for("r")[0].kind in (ActionKind.PREEMPT, ActionKind.REQUEUE)
+    assert plan.actions_for("late")[0].reason.code is ReasonCode.overdue
+    assert plan.actions_for("r")[0].kind in (ActionKind.preempt, ActionKind.requeue)
 
 
 @pytest.mark.parametrize("policy", ALL)
@@ -46,7 +46,7 @@ def test_overdue_job_is_not_held_behind_a_blocked_queue_head(policy: str) -> Non
     ]
     plan = plan_with(policy, instance([node("a")], jobs, policies=(LATE, LOW)))
     assert plan.placement.get("late") == {"a": 2}
-    assert plan.actions_for("late")[0].reason.code is ReasonCode.OVERDUE
+    assert plan.actions_for("late")[0].reason.code is ReasonCode.overdue
 
 
 @pytest.mark.parametrize("policy", ALL)
@@ -61,7 +61,7 @@ def test_overdue_job_nothing_legal_places(policy: str) -> None:
     assert plan.placement["r"] == {"a": 8}
     reason = plan.pending["late"]
     assert reason.message.startswith("past its max queue wait")
-    assert reason.code in (ReasonCode.INSUFFICIENT_CAPACITY, ReasonCode.LOWER_PRIORITY)
+    assert reason.code in (ReasonCode.insufficient_capacity, ReasonCode.lower_priority)
 
 
 @pytest.mark.parametrize("policy", ALL)

@@ -20,9 +20,9 @@ def placed_where_it_says(plan: Plan) -> None:
     room for another leaves GPUs on a node where that other one lands."""
     for action in plan.actions:
         message = action.reason.message
-        if action.kind is ActionKind.START and action.reason.code in (
-            ReasonCode.PLACED,
-            ReasonCode.OVERDUE,
+        if action.kind is ActionKind.start and action.reason.code in (
+            ReasonCode.placed,
+            ReasonCode.overdue,
         ):
             said = message.rsplit("placed on ", 1)[-1]
             where = {part.split(":")[0] for part in said.split(", ")}
@@ -87,7 +87,7 @@ def test_no_policy_touches_a_frozen_job(seed: int, nodes: int, pending: int) -> 
             job = inst.job_by_id[job_id]
             assert plan.placement.get(job_id, {}) == job.placement, (name, job_id)
             if not job.is_running and not job.is_elastic:
-                assert plan.pending[job_id].code is ReasonCode.DWELL, (name, job_id)
+                assert plan.pending[job_id].code is ReasonCode.dwell, (name, job_id)
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)

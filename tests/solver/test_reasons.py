@@ -16,7 +16,7 @@ ALL = ("fifo", "backfill", "priority", "shaper")
 def test_no_compatible_gpu_model(policy: str) -> None:
     inst = instance([node("a", model="a100")], [job("p", precision="fp8")])
     plan = plan_with(policy, inst)
-    assert plan.pending["p"].code is ReasonCode.NO_COMPATIBLE_GPU_MODEL
+    assert plan.pending["p"].code is ReasonCode.no_compatible_gpu_model
 
 
 @pytest.mark.parametrize("policy", ALL)
@@ -27,7 +27,7 @@ def test_quota(policy: str) -> None:
         policies=(SlaPolicy(team="t", guaranteed_gpus=0, borrowing_limit=2),),
     )
     plan = plan_with(policy, inst)
-    assert plan.pending["p"].code is ReasonCode.QUOTA
+    assert plan.pending["p"].code is ReasonCode.quota
 
 
 @pytest.mark.parametrize("policy", ALL)
@@ -37,7 +37,7 @@ def test_fragmentation(policy: str) -> None:
         [running("r1", {"a": 4}), running("r2", {"b": 4}), job("p", 8)],
     )
     plan = plan_with(policy, inst)
-    assert plan.pending["p"].code is ReasonCode.FRAGMENTATION
+    assert plan.pending["p"].code is ReasonCode.fragmentation
     assert "8 compatible GPUs free" in plan.pending["p"].message
 
 
@@ -50,9 +50,9 @@ def test_fragmentation_is_fixed_by_migration_in_shaper() -> None:
     plan = plan_with("shaper", instance([node("a"), node("b")], jobs))
     assert sum(plan.placement["p"].values()) == 8
     kinds = {a.job_id: a.kind for a in plan.actions}
-    assert ActionKind.MIGRATE in kinds.values()
-    moved = [a for a in plan.actions if a.kind is ActionKind.MIGRATE]
-    assert all(a.reason.code is ReasonCode.DEFRAGMENTATION for a in moved)
+    assert ActionKind.migrate in kinds.values()
+    moved = [a for a in plan.actions if a.kind is ActionKind.migrate]
+    assert all(a.reason.code is ReasonCode.defragmentation for a in moved)
 
 
 def test_disruption_budget_migrations() -> None:
@@ -63,7 +63,7 @@ def test_disruption_budget_migrations() -> None:
     ]
     config = SolverConfig(max_migrations_per_cycle=0, num_workers=1, deterministic=True)
     plan = plan_with("shaper", instance([node("a"), node("b")], jobs, config=config))
-    assert plan.pending["p"].code is ReasonCode.DISRUPTION_BUDGET
+    assert plan.pending["p"].code is ReasonCode.disruption_budget
 
 
 @pytest.mark.parametrize("policy", ["priority", "shaper"])
@@ -77,14 +77,14 @@ def test_disruption_budget_preemptions_per_day(policy: str) -> None:
         ),
     )
     plan = plan_with(policy, inst)
-    assert plan.pending["high"].code is ReasonCode.DISRUPTION_BUDGET
+    assert plan.pending["high"].code is ReasonCode.disruption_budget
 
 
 @pytest.mark.parametrize("policy", ["priority", "shaper"])
 def test_lower_priority(policy: str) -> None:
     inst = instance([node("a")], [running("r", {"a": 8}, priority=5.0), job("p", 2, priority=1.0)])
     plan = plan_with(policy, inst)
-    assert plan.pending["p"].code is ReasonCode.LOWER_PRIORITY
+    assert plan.pending["p"].code is ReasonCode.lower_priority
 
 
 @pytest.mark.parametrize("policy", ["priority", "shaper"])
@@ -93,16 +93,16 @@ def test_preempted_by_higher_priority(policy: str) -> None:
     plan = plan_with(policy, inst)
     assert plan.placement["p"] == {"a": 8}
     (stop,) = plan.actions_for("r")
-    assert stop.kind is ActionKind.PREEMPT
-    assert stop.reason.code is ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY
-    assert plan.pending["r"].code is ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY
+    assert stop.kind is ActionKind.preempt
+    assert stop.reason.code is ReasonCode.preempted_by_higher_priority
+    assert plan.pending["r"].code is ReasonCode.preempted_by_higher_priority
 
 
 @pytest.mark.parametrize("policy", ["fifo", "backfill"])
 def test_insufficient_capacity_without_preemption(policy: str) -> None:
     inst = instance([node("a")], [running("r", {"a": 8}, priority=1.0), job("p", 8, priority=5.0)])
     plan = plan_with(policy, inst)
-    assert plan.pending["p"].code is ReasonCode.INSUFFICIENT_CAPACITY
+    assert plan.pending["p"].code is ReasonCode.insufficient_capacity
     assert "r" in plan.placement
 
 
@@ -110,7 +110,7 @@ def test_insufficient_capacity_without_preemption(policy: str) -> None:
 def test_insufficient_capacity_when_larger_than_the_cluster(policy: str) -> None:
     inst = instance([node("a"), node("b")], [job("huge", 8, replicas=3)])
     plan = plan_with(policy, inst)
-    assert plan.pending["huge"].code is ReasonCode.INSUFFICIENT_CAPACITY
+    assert plan.pending["huge"].code is ReasonCode.insufficient_capacity
 
 
 def _head_of_line(runtime: float) -> list[Job]:
@@ -123,15 +123,15 @@ def _head_of_line(runtime: float) -> list[Job]:
 
 def test_queue_order_in_fifo() -> None:
     plan = plan_with("fifo", instance([node("a"), node("b")], _head_of_line(600)))
-    assert plan.pending["head"].code is ReasonCode.INSUFFICIENT_CAPACITY
-    assert plan.pending["small"].code is ReasonCode.QUEUE_ORDER
+    assert plan.pending["head"].code is ReasonCode.insufficient_capacity
+    assert plan.pending["small"].code is ReasonCode.queue_order
 
 
 def test_backfill_starts_a_short_job_and_reserves_for_the_head() -> None:
     short = plan_with("backfill", instance([node("a"), node("b")], _head_of_line(600)))
     assert "small" in short.placement
     long = plan_with("backfill", instance([node("a"), node("b")], _head_of_line(86_400)))
-    assert long.pending["small"].code is ReasonCode.BACKFILL_RESERVATION
+    assert long.pending["small"].code is ReasonCode.backfill_reservation
 
 
 def test_forecast_reservation() -> None:
@@ -141,7 +141,7 @@ def test_forecast_reservation() -> None:
         job("mobile", 4, expected_runtime_s=36_000, checkpointable=True),
     ]
     plan = plan_with("shaper", instance([node("a"), node("b", gpus=2)], jobs))
-    assert plan.pending["long"].code is ReasonCode.FORECAST_RESERVATION
+    assert plan.pending["long"].code is ReasonCode.forecast_reservation
     assert "mobile" in plan.placement
     short = [service("s", (2, 2, 8), {"a": 2}), job("short", 4, expected_runtime_s=1800)]
     plan = plan_with("shaper", instance([node("a"), node("b", gpus=2)], short))
@@ -154,8 +154,8 @@ def test_resize_to_demand(policy: str) -> None:
     plan = plan_with(policy, inst)
     assert plan.placement["s"] == {"a": 2}
     (resize,) = plan.actions_for("s")
-    assert resize.kind is ActionKind.RESIZE and resize.replicas == 2
-    assert resize.reason.code is ReasonCode.RESIZED_TO_DEMAND
+    assert resize.kind is ActionKind.resize and resize.replicas == 2
+    assert resize.reason.code is ReasonCode.resized_to_demand
 
 
 @pytest.mark.parametrize("policy", ["fifo", "backfill"])
@@ -179,16 +179,16 @@ def test_overdue_job_goes_first_and_may_preempt(policy: str) -> None:
     ]
     plan = plan_with(policy, instance([node("a")], jobs, policies=policies))
     assert plan.placement.get("late") == {"a": 8}
-    assert plan.actions_for("late")[0].reason.code is ReasonCode.OVERDUE
-    assert plan.pending["vip"].code is ReasonCode.LOWER_PRIORITY
+    assert plan.actions_for("late")[0].reason.code is ReasonCode.overdue
+    assert plan.pending["vip"].code is ReasonCode.lower_priority
 
 
 @pytest.mark.parametrize("policy", ALL)
 def test_placed(policy: str) -> None:
     plan = plan_with(policy, instance([node("a")], [job("p", 2)]))
     (start,) = plan.actions_for("p")
-    assert start.kind is ActionKind.START
-    assert start.reason.code is ReasonCode.PLACED
+    assert start.kind is ActionKind.start
+    assert start.reason.code is ReasonCode.placed
 
 
 def test_an_overdue_job_is_not_held_back_by_the_forecast() -> None:
@@ -199,4 +199,4 @@ def test_an_overdue_job_is_not_held_back_by_the_forecast() -> None:
     policies = (SlaPolicy(team="default", max_queue_wait_s=3600),)
     plan = plan_with("shaper", instance([node("a"), node("b", gpus=2)], jobs, policies=policies))
     assert "long" in plan.placement
-    assert plan.actions_for("long")[0].reason.code is ReasonCode.OVERDUE
+    assert plan.actions_for("long")[0].reason.code is ReasonCode.overdue

@@ -30,8 +30,8 @@ def test_service_stops_a_preemptible_checkpointable_block_job_to_meet_demand() -
     assert plan.placement["s"] == {"a": 6}
     assert "b" not in plan.placement
     (stop,) = plan.actions_for("b")
-    assert stop.kind is ActionKind.REQUEUE
-    assert stop.reason.code is ReasonCode.PREEMPTED_BY_HIGHER_PRIORITY
+    assert stop.kind is ActionKind.requeue
+    assert stop.reason.code is ReasonCode.preempted_by_higher_priority
     assert "service s" in stop.reason.message
 
 
@@ -79,7 +79,7 @@ def test_service_moves_a_block_job_to_gpus_it_cannot_use() -> None:
     plan = plan_with("shaper", inst)
     assert plan.placement["s"] == {"a": 6}
     assert plan.placement["b"] == {"h": 6}
-    assert plan.actions_for("b")[0].kind is ActionKind.MIGRATE
+    assert plan.actions_for("b")[0].kind is ActionKind.migrate
 
 
 def test_move_respects_cooldown_and_budget() -> None:

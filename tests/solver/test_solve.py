@@ -29,7 +29,7 @@ def test_cp_sat_beats_the_greedy_plan() -> None:
     assert set(greedy.placement) == {"A"}
     plan = plan_with("shaper", inst)
     assert plan.stats.engine == "cp-sat"
-    assert plan.stats.status is SolveStatus.OPTIMAL
+    assert plan.stats.status is SolveStatus.optimal
     assert set(plan.placement) == {"B", "C"}
     assert plan.stats.objective == pytest.approx(20.0)
     assert plan.stats.objective > greedy.stats.objective
@@ -59,13 +59,13 @@ def test_greedy_plan_is_kept_when_cp_sat_finds_nothing_better() -> None:
     plan = plan_with("shaper", instance([node("a")], [job("p", 4), job("q", 8)]))
     assert plan.stats.engine == "greedy"
     assert "nothing better" in plan.stats.note
-    assert plan.stats.status is SolveStatus.OPTIMAL
+    assert plan.stats.status is SolveStatus.optimal
 
 
 def test_cp_sat_is_skipped_when_the_greedy_places_everything() -> None:
     plan = plan_with("shaper", instance([node("a")], [job("p", 4)]))
     assert plan.stats.engine == "greedy"
-    assert plan.stats.status is SolveStatus.HEURISTIC
+    assert plan.stats.status is SolveStatus.heuristic
     assert plan.stats.note == SATURATED_NOTE
 
 
@@ -82,7 +82,7 @@ def test_no_defragmenting_migration_when_nothing_waits() -> None:
     )
     plan = plan_with("shaper", inst)
     assert plan.stats.note == SATURATED_NOTE
-    assert not [a for a in plan.actions if a.kind is ActionKind.MIGRATE]
+    assert not [a for a in plan.actions if a.kind is ActionKind.migrate]
 
 
 def test_a_start_on_the_fastest_accepted_model_saturates() -> None:
@@ -105,7 +105,7 @@ def test_every_failed_status_falls_back_to_greedy(
     inst = _knapsack()
     plan = plan_with("shaper", inst)
     assert plan.stats.engine == "greedy"
-    assert plan.stats.status is SolveStatus.HEURISTIC
+    assert plan.stats.status is SolveStatus.heuristic
     assert cp_model.CpSolver().status_name(status) in plan.stats.note
     assert set(plan.placement) == {"A"}
 
@@ -154,4 +154,4 @@ def test_deterministic_with_a_fixed_seed(policy: str) -> None:
 
 def test_a_higher_priority_job_left_out_by_the_optimiser_is_not_called_lower_priority() -> None:
     plan = plan_with("shaper", _knapsack())
-    assert plan.pending["A"].code is ReasonCode.INSUFFICIENT_CAPACITY
+    assert plan.pending["A"].code is ReasonCode.insufficient_capacity

@@ -40,7 +40,7 @@ def test_a_gang_past_its_max_wait_keeps_its_gpus_from_jobs_that_would_delay_it()
     assert not validate(inst, plan)
     # Only the job that ends before n1 empties may use n1's free GPUs.
     assert set(plan.placement) - {"ends-soon", "ends-late"} == {"short-small"}
-    assert plan.pending["long-small"].code is ReasonCode.BACKFILL_RESERVATION
+    assert plan.pending["long-small"].code is ReasonCode.backfill_reservation
     assert "reserved" in plan.pending["gang"].message
 
 

@@ -62,7 +62,7 @@ def test_compatibility_taints_and_state() -> None:
     assert rules(inst, {"p": {"n1": 1}}) == set()
     inst = instance([tainted], [job("p")])
     assert rules(inst, {"p": {"n1": 1}}) == {"compatibility"}
-    inst = instance([node("n1", state=NodeState.DRAINING)], [job("p")])
+    inst = instance([node("n1", state=NodeState.draining)], [job("p")])
     assert rules(inst, {"p": {"n1": 1}}) == {"compatibility"}
 
 
@@ -110,7 +110,7 @@ def test_preemption_rules() -> None:
     inst = instance(nodes, [running("r", {"a": 4})])
     plan = plan_from(inst, {})
     assert validate(inst, plan) == []
-    assert plan.actions[0].kind is ActionKind.PREEMPT
+    assert plan.actions[0].kind is ActionKind.preempt
     inst = instance(nodes, [running("r", {"a": 4}, preemptible=False)])
     assert rules(inst, {}) == {"preemption"}
     inst = instance(
@@ -174,10 +174,10 @@ def test_bookkeeping_actions_and_reasons() -> None:
         update={
             "actions": [
                 Action(
-                    kind=ActionKind.MIGRATE,
+                    kind=ActionKind.migrate,
                     job_id="p",
                     to_placement={"n": 2},
-                    reason=Reason(code=ReasonCode.PLACED),
+                    reason=Reason(code=ReasonCode.placed),
                 )
             ]
         }
