@@ -11,8 +11,10 @@ step                        Ray
 requeue(hold)               stop the job's submission and submit it again (a new
                             submission, ``shaper.io/attempt`` + 1), with
                             ``SHAPER_RESUME_FROM`` set to the step's checkpoint pointer, else
-                            to the job's own ``shaper.io/checkpoint-dir``; with ``hold`` it is
-                            kept (connectors.ray.held) until ``start``/``release`` submits it
+                            to the job's own ``shaper.io/checkpoint-dir``, and
+                            ``shaper.io/gpus`` set to the GPUs it asked for (unless the job
+                            set it); with ``hold`` it is kept (connectors.ray.held) until
+                            ``start``/``release`` submits it
 hold                        the same, held
 start / release             submit a held job; one that runs or waits in Ray: nothing
 cancel                      stop the job for good (and forget it if held)
@@ -40,6 +42,7 @@ record is gone finds the step done.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Callable
@@ -56,6 +59,7 @@ from connectors.ray.held import HeldJob, HeldJobs
 from connectors.ray.translate import (
     ATTEMPT_KEY,
     CHECKPOINT_DIR_KEY,
+    GPUS_KEY,
     HELD_REASON,
     JOB_KEY,
     RESUBMITTING_REASON,
@@ -155,6 +159,10 @@ class RayConnector:
             latest = group[-1]
             record = held.get(external_id)
             waiting = record is not None and latest.state in TERMINAL_JOB_STATES
+            if record is not None and waiting:
+                # Its stopped submission's placement groups are gone: what it asks for is
+                # in the metadata of the submission the connector keeps for it.
+                latest = _with_metadata(latest, record.submission.get("metadata"))
             jobs.append(
                 job_report(
                     latest,
@@ -170,8 +178,9 @@ class RayConnector:
             )
         for external_id, record in sorted(held.items()):
             if external_id not in grouped:  # Ray forgot the job (a new head): Shaper did not
-                last = Submission(
-                    external_id, record.replaces, record.attempt - 1, record.last_seen
+                last = _with_metadata(
+                    Submission(external_id, record.replaces, record.attempt - 1, record.last_seen),
+                    record.submission.get("metadata"),
                 )
                 jobs.append(
                     job_report(
@@ -341,7 +350,9 @@ class RayConnector:
             latest = group[-1]
             if latest.state in TERMINAL_JOB_STATES:
                 raise _cannot("requeue", external_id, f"it has ended ({latest.raw.get('status')})")
-            record = self._record(latest, hold=hold, pointer=pointer, key=key)
+            record = self._record(
+                latest, hold=hold, pointer=pointer, key=key, gpus=self._asked_gpus(latest)
+            )
             # Kept before anything stops: a connector that dies after the stop still
             # knows what to submit.
             self.held.put(record)
@@ -352,11 +363,41 @@ class RayConnector:
         if not record.hold:
             self._submit(record)
 
+    def _asked_gpus(self, submission: Submission) -> int:
+        """The GPUs a running submission's driver asked for (its placement groups, GPU
+        actors and tasks), read before it is stopped: they go when it does."""
+        if GPUS_KEY in submission.metadata or submission.ray_job_id is None:
+            return 0
+        live = {
+            n.node_id: n.report.name
+            for n in self.read_nodes()
+            if n.report.state is not NodeState.down
+        }
+        use = gpu_use(
+            self.ray.list_state("placement_groups"),
+            self.ray.list_state("actors"),
+            self.ray.list_state("tasks"),
+            live,
+            self.config.gpu_resource,
+        ).get(submission.ray_job_id)
+        return math.ceil(use.asked - 1e-9) if use is not None else 0
+
     def _record(
-        self, latest: Submission, *, hold: bool, pointer: str | None, key: str | None
+        self,
+        latest: Submission,
+        *,
+        hold: bool,
+        pointer: str | None,
+        key: str | None,
+        gpus: int = 0,
     ) -> HeldJob:
         attempt = latest.attempt + 1
         metadata = {**latest.metadata, JOB_KEY: latest.external_id, ATTEMPT_KEY: str(attempt)}
+        if gpus > 0:
+            # Until the new submission's driver has made its placement groups (while it is
+            # held, and after it is submitted), this is all that tells what it asks for:
+            # a held job reported with no GPUs would never be planned to start again.
+            metadata.setdefault(GPUS_KEY, str(gpus))
         metadata.pop(STEP_KEY, None)
         if key is not None:
             metadata[STEP_KEY] = key
@@ -442,6 +483,17 @@ class RayConnector:
 
     def _latest(self, external_id: str, *, what: str) -> Submission:
         return self._group(external_id, what=what)[-1]
+
+
+def _with_metadata(submission: Submission, metadata: dict[str, Any] | None) -> Submission:
+    if not metadata:
+        return submission
+    return Submission(
+        submission.external_id,
+        submission.submission_id,
+        submission.attempt,
+        {**submission.raw, "metadata": metadata},
+    )
 
 
 def _cannot(step: str, external_id: str, why: str) -> ConnectorError:

@@ -19,6 +19,7 @@ tasks outside a placement group. What Shaper should know of a job that Ray does 
 ``shaper.io/kind``      a ``JobKind`` (training, batch_inference …)
 ``shaper.io/team``, ``shaper.io/queue``, ``shaper.io/sla``
 ``shaper.io/gpus``      GPUs the job asks for, before its placement groups exist
+                        (a requeue sets it on the resubmission)
 ``shaper.io/checkpoint-dir``  the job checkpoints there itself and resumes from
                         ``SHAPER_RESUME_FROM``: a requeue resubmits it with that
                         variable set to this directory (or to the saga's image)
@@ -53,6 +54,7 @@ from wire.telemetry import (
 )
 
 JOB_KEY = "shaper.io/job"
+GPUS_KEY = "shaper.io/gpus"
 ATTEMPT_KEY = "shaper.io/attempt"
 STEP_KEY = "shaper.io/step"
 RESUME_KEY = "shaper.io/resume-from"
@@ -248,7 +250,7 @@ def job_report(
             if whole > 0:
                 allocations.append(AllocationReport(node=node, gpu_count=whole))
     asked = math.ceil((use.asked if use else 0) - 1e-9)
-    requested = max(_int(metadata.get("shaper.io/gpus"), asked), sum(a.gpus for a in allocations))
+    requested = max(_int(metadata.get(GPUS_KEY), asked), sum(a.gpus for a in allocations))
     start = _ms(submission.raw.get("start_time"))
     end = _ms(submission.raw.get("end_time")) if not held else None
     return JobReport(
