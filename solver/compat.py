@@ -2,7 +2,10 @@
 
 Nodes that agree on everything compatibility looks at form a :class:`NodeGroup`; a job's
 compatible groups are computed once per distinct job signature, so the cost is
-``groups × signatures`` rather than ``nodes × jobs``.
+``groups × signatures`` rather than ``nodes × jobs``. Of a node's labels only those some
+job's selector names count: a label every node has its own value of (Kubernetes'
+``kubernetes.io/hostname``, Ray's node id) would make each node a group of its own, and a
+gang, which takes its nodes from one group, could then never span two nodes.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ JobSignature = tuple[
 
 @dataclass
 class NodeGroup:
-    """Nodes of one cluster and GPU model with the same labels and taints."""
+    """Nodes of one cluster and GPU model with the same taints and the same values of the
+    labels jobs select on (``labels`` holds only those)."""
 
     index: int
     cluster: str
@@ -34,8 +38,13 @@ class NodeGroup:
     node_indices: list[int] = field(default_factory=list)
 
 
-def group_key(node: Node) -> GroupKey:
-    return (node.cluster, node.gpu_model, tuple(sorted(node.labels.items())), node.taints)
+def group_key(node: Node, selected: tuple[str, ...]) -> GroupKey:
+    """``selected``: the label keys some job's selector names, sorted."""
+    return (node.cluster, node.gpu_model, _labels(node, selected), node.taints)
+
+
+def _labels(node: Node, selected: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((key, node.labels[key]) for key in selected if key in node.labels)
 
 
 def job_signature(job: Job) -> JobSignature:
@@ -82,15 +91,16 @@ class Compatibility:
     def __init__(self, instance: Instance) -> None:
         self.instance = instance
         by_key: dict[GroupKey, NodeGroup] = {}
+        selected = tuple(sorted({key for job in instance.jobs for key in job.node_selector}))
         for node_index, node in enumerate(instance.nodes):
-            key = group_key(node)
+            key = group_key(node, selected)
             group = by_key.get(key)
             if group is None:
                 group = NodeGroup(
                     index=len(by_key),
                     cluster=node.cluster,
                     gpu_model=instance.model_by_name[node.gpu_model],
-                    labels=node.labels,
+                    labels=dict(_labels(node, selected)),
                     taints=node.taints,
                 )
                 by_key[key] = group

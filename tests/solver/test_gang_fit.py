@@ -12,7 +12,7 @@ from solver.policies import get_policy
 from solver.state import ClusterState
 from solver.validate import validate
 
-from .builders import FAST, instance, job, node, running
+from .builders import FAST, instance, job, node, plan_with, running
 
 
 def _two_holes() -> Instance:
@@ -76,3 +76,23 @@ def test_waste_follows_the_queue_and_leaves_out_the_job_placed() -> None:
     # Undoing a placement makes the gang wait again.
     state.evict(pair)
     assert fit.waste_increase(small, a, 2, 1) > 0
+
+
+def test_a_gang_spans_nodes_that_differ_only_in_labels_no_job_selects_on() -> None:
+    """Kubernetes and Ray give every node a label of its own (its hostname, its node id):
+    those must not split the nodes into groups of one, or no gang could ever start."""
+    nodes = [
+        node("w1", gpus=4, labels={"kubernetes.io/hostname": "w1", "zone": "a"}),
+        node("w2", gpus=4, labels={"kubernetes.io/hostname": "w2", "zone": "a"}),
+        node("w3", gpus=4, labels={"kubernetes.io/hostname": "w3", "zone": "b"}),
+    ]
+    gang = job("gang", 4, replicas=2, max_nodes=2)
+    for policy in ("priority", "shaper"):
+        plan = plan_with(policy, instance(nodes, [gang]))
+        assert sum(plan.placement["gang"].values()) == 8, policy
+    # A label a job selects on still tells nodes apart: zone a has two nodes, zone b one.
+    in_b = job("in-b", 4, replicas=2, max_nodes=2, node_selector={"zone": "b"})
+    in_a = job("in-a", 4, replicas=2, max_nodes=2, node_selector={"zone": "a"})
+    plan = plan_with("shaper", instance(nodes, [in_b, in_a]))
+    assert "in-b" not in plan.placement
+    assert sorted(plan.placement["in-a"]) == ["w1", "w2"]
