@@ -57,6 +57,10 @@ def deployment(
         yield running
 
 
+def _connector_log(deployment: dict[str, Any]) -> str:
+    return str(deployment["pipeline"].workers[f"connector-{CLUSTER}"].tail())
+
+
 def _api(deployment: dict[str, Any], path: str, role: str = "viewer", **params: Any) -> Any:
     response = httpx.get(
         f"{deployment['base']}/api/v1{path}",
@@ -85,7 +89,7 @@ def _approve_plan_and_wait(deployment: dict[str, Any], ids: list[int]) -> dict[i
         deployment["pipeline"].engine,
         action_ids,
         timeout_s=2 * WAIT_S,
-        context=lambda: f"connector log:\n{deployment['pipeline'].workers['connector'].tail()}",
+        context=lambda: f"connector log:\n{_connector_log(deployment)}",
     )
 
 
@@ -253,7 +257,7 @@ def test_the_shaping_cycle_plans_on_the_clusters_telemetry_and_its_start_runs(
         engine,
         [starts[0].id, *approved.json()["depends_on"]],
         timeout_s=2 * WAIT_S,
-        context=lambda: f"connector log:\n{deployment['pipeline'].workers['connector'].tail()}",
+        context=lambda: f"connector log:\n{_connector_log(deployment)}",
     )
     assert states[starts[0].id] == "succeeded", states
     (pod,) = wait_for("held's pod to run", lambda: running_pods(kube, "held"))

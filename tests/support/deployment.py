@@ -17,12 +17,13 @@ from sqlmodel import Session
 
 from app.actions.router import get_dispatcher
 from app.clusters import service as cluster_service
-from app.clusters.models import ClusterCreate
+from app.clusters.models import ClusterCreate, ShapingMode
 from app.core import migrate
 from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
 from tests.support.live_server import app_on, serve, tokens_for
 from tests.support.pipeline import Pipeline, RedisServer
+from wire.telemetry import SchedulerKind
 
 
 @contextmanager
@@ -50,7 +51,9 @@ def deployment(
             cluster_service.register_cluster(
                 session=session,
                 now=now,
-                cluster_in=ClusterCreate(name=name, scheduler=scheduler, mode="advise"),
+                cluster_in=ClusterCreate(
+                    name=name, scheduler=SchedulerKind(scheduler), mode=ShapingMode.advise
+                ),
             )
         if setup is not None:
             setup(session, now)
