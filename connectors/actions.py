@@ -27,7 +27,8 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   ``update_node_count(nodes=args["replicas"])``;
 * ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names; a move's
   hold (``args["pending"]``) reads the job back once held and fails (releasing it) when it
-  is no longer pending: it started before the hold, and only a pending job moves;
+  is no longer pending: it started before the hold, and only a pending job moves; a
+  compensation's release (``args["if_held"]``) releases only a job still pending and held;
 * ``submit`` → ``submit(spec, name=args["name"], nodes=args["nodes"], hold=args["hold"])``
   (``SupportsSubmit``), a federated move's arrival: ``args["spec"]`` is the ``SubmitSpec``
   the source cluster reported for the job ``workload_id`` (a job of the *source* cluster),
@@ -420,8 +421,11 @@ class ConnectorStepExecutor:
             # started before the hold took effect; such a job is not the move's to take.
             state = self._job_state(workload_id)
             if state is not JobState.pending:
-                if state is not None and state not in TERMINAL_JOB_STATES:
-                    connector.release(workload_id)  # leave it as it was
+                if state not in TERMINAL_JOB_STATES:  # running, suspended or not reported
+                    try:
+                        connector.release(workload_id)  # leave it as it was
+                    except ConnectorError as error:
+                        log.warning("%s: release after a refused hold: %s", self.name, error)
                 seen = state.value if state is not None else "not reported"
                 raise ConnectorError(
                     f"job {workload_id} is {seen}: only a pending job is held for a move "
@@ -431,7 +435,21 @@ class ConnectorStepExecutor:
         return self._done(f"held job {workload_id}", workload_id)
 
     def _release(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
-        self._capable(SupportsHold, "release").release(workload_id)
+        connector = self._capable(SupportsHold, "release")
+        if args.get("if_held"):
+            # A compensation's: the hold it undoes may never have taken effect.
+            job = self._job(workload_id)
+            held = (
+                job is not None
+                and job.state is JobState.pending
+                and "held" in (job.reason or "").lower()
+            )
+            if not held:
+                seen = "not reported" if job is None else f"{job.state.value}, {job.reason!r}"
+                return self._done(
+                    f"job {workload_id} is not held ({seen}): nothing to release", workload_id
+                )
+        connector.release(workload_id)
         return self._done(f"released job {workload_id}", workload_id)
 
     def _suspend(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:

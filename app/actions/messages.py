@@ -161,6 +161,12 @@ def _move_workload(
         # A job that started before the hold took effect is not moved: the connector reads
         # it back once held, and refuses (releasing the hold) unless it is still pending.
         args["pending"] = True
+    if (
+        step.name == ConnectorStep.release
+        and step.phase == StepPhase.compensate
+        and is_connector_queue(step.queue)
+    ):
+        args["if_held"] = True  # the hold may not have taken effect, or the job moved on
     if step.name in (ConnectorStep.submit, ConnectorStep.withdraw):
         # The move's name makes a resent submit (or its withdraw) find the job it submitted
         # before; the source cluster is what the target fences the step under.

@@ -34,7 +34,9 @@ finds the job it submitted before); A's copy is cancelled only once B has answer
 submit with the new job's id, and that cancel, like a compensation step, is sent until it
 is answered: given up, the job might be pending in both. Compensation (generation G+1):
 ``withdraw@connector.B`` (when the submit was ever sent: a submit whose answer was lost may
-have arrived) → ``release@connector.A`` (when the hold may have taken effect).
+have arrived; a copy that already ran there fails it, and nothing at A is released) →
+``release@connector.A`` (when the hold was sent; only a job still pending and held is
+released).
 
 A running checkpointable job moves from node S of A to node T of B (B's scheduler must
 start a job pinned to a node: Slurm, Kubernetes, Armada): ``checkpoint@S →
@@ -248,10 +250,9 @@ def _move_compensation(plan: _Plan, steps: list[ActionStep], seq: int) -> list[A
         seq += 1
     hold = next((s for s in forward if s.name == ConnectorStep.hold), None)
     if hold is not None:  # a pending job's move
-        held = hold.state == StepState.succeeded or (
-            hold.state == StepState.failed and (hold.error or "").startswith(NO_ANSWER)
-        )
-        if held:
+        if hold in sent:
+            # Whatever its answer, the hold may have taken effect (a read after it can fail):
+            # the release is asked only if the job is still pending and held (args.if_held).
             plan.add(ConnectorStep.release, hold.queue, StepPhase.compensate, seq)
         return plan.steps
     # A running job's: fence the target node, bring the job back at its source.

@@ -359,6 +359,8 @@ def _record_move(session: Session, action: Action, job: Job, now: datetime) -> N
     ):  # a running job's GPUs at its source are free now
         allocation.released_at = now
         session.add(allocation)
+    if target is not None and submitted.result.get("external_id") is not None:
+        _fence_arrival(session, job, target, str(submitted.result["external_id"]), action, now)
     job.state = JobState.cancelled
     job.end_time = job.end_time or now
     job.reason = (
@@ -367,6 +369,39 @@ def _record_move(session: Session, action: Action, job: Job, now: datetime) -> N
     )[:255]
     job.updated_at = now
     session.add(job)
+
+
+def _fence_arrival(
+    session: Session, job: Job, target: Cluster, external_id: str, action: Action, now: datetime
+) -> None:
+    """The moved job's row at the target, at least at the move's generation: the target's
+    connector and node agent have fenced its new id at that generation (a running job's
+    steps there name it), so a later saga of it must come after. Written ahead of the
+    target's telemetry when that has not reported it yet (it fills in the rest)."""
+    arrived = session.exec(
+        select(Job)
+        .where(Job.cluster_id == target.id, Job.external_id == external_id)
+        .with_for_update()
+    ).first()
+    if arrived is None:
+        arrived = Job(
+            cluster_id=row_id(target),
+            external_id=external_id,
+            name=job.name,
+            team=job.team,
+            kind=job.kind,
+            shape=job.shape,
+            priority=job.priority,
+            gpus_requested=job.gpus_requested,
+            checkpointable=job.checkpointable,
+            state=JobState(job.state),  # as it was at home: pending, or running restored
+            submit_time=now,
+            submit_spec=job.submit_spec,
+            reason=f"arrived from {job.external_id} by action {action.id}"[:255],
+            updated_at=now,
+        )
+    arrived.generation = max(arrived.generation, action.fencing_token)
+    session.add(arrived)
 
 
 def _dispatch(session: Session, action: Action, now: datetime) -> bool:
@@ -618,7 +653,11 @@ def record_report(
     outgoing: list[Outgoing] = []
     if report.ok:
         _finish_step(step, StepState.succeeded, now, result=report.result)
-    elif report.retryable and step.attempts < _max_attempts(step, start_wait_s):
+    elif report.retryable and (
+        step.attempts < _max_attempts(step, start_wait_s) or not answered_or_given_up(action, step)
+    ):
+        # A step that may not be given up (a move's cancel at its source) waits out a
+        # scheduler that says "not now" as it waits out one that does not answer.
         job = session.get(Job, action.job_id) if action.job_id is not None else None
         step.error = (report.error or "")[:4096]
         steps = _steps(session, row_id(action))

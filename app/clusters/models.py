@@ -18,7 +18,7 @@ CLUSTER_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 # federation tool's and an operator reads them the same way: a key is ``[prefix/]name``,
 # the prefix a DNS subdomain, name and value at most 63 characters (a value may be empty).
 MAX_LABELS = 32
-_LABEL_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9_.]{0,61}[a-z0-9])?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_PREFIX = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 MAX_LABEL_PREFIX = 253

@@ -8,10 +8,10 @@ more clusters, after the members' own cycles; ``app.shaping.tasks``):
 1. Solve the group as one (``planning.solve_group``); no transaction is held meanwhile.
 2. In one write transaction, for each move of the solve: the job must still be pending at
    home, with no other action of it unfinished (its cluster's own plan may have started
-   it meanwhile), and its home cluster must act (``observe`` only plans). A move of the
+   it meanwhile), and both clusters must act (``observe`` only plans). A move of the
    same job to the same cluster that is still proposed is kept, not duplicated. A new
-   move is proposed (``advise``: an operator approves it) or approved by shaper
-   (``enforce``: its saga starts at once).
+   move is approved by shaper when both clusters are in ``enforce`` mode (its saga starts
+   at once), else proposed for an operator.
 3. Proposed moves of the group's clusters that this solve no longer makes are cancelled:
    approved later, they would move a job the group plan no longer wants moved.
 
@@ -23,8 +23,11 @@ them first, and then the job waits there instead of at home.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
+import sqlalchemy as sa
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, ActionState
@@ -70,7 +73,7 @@ def propose_moves(*, session: Session, group: str, now: datetime) -> MovesPropos
             .where(Job.cluster_id == row_id(home), Job.external_id == move.job)
             .with_for_update()
         ).first()
-        why = _why_not(session, home, job, row_id(target))
+        why = _why_not(session, home, job, target)
         if job is not None:
             wanted.add((row_id(job), row_id(target)))
         if why is not None:
@@ -80,14 +83,15 @@ def propose_moves(*, session: Session, group: str, now: datetime) -> MovesPropos
                 outcome.kept += 1
             continue
         assert job is not None  # _why_not names a missing job
-        enforce = ShapingMode(home.mode) is ShapingMode.enforce
+        # Both clusters act: an operator decides unless both are in enforce mode.
+        enforce = all(ShapingMode(c.mode) is ShapingMode.enforce for c in (home, target))
         action = Action(
             cluster_id=row_id(home),
             target_cluster_id=row_id(target),
             job_id=row_id(job),
             kind=ActionKind.move,
             state=ActionState.approved if enforce else ActionState.proposed,
-            idempotency_key=f"move:{home.name}:{job.id}:{job.generation}:{target.name}"[:128],
+            idempotency_key=_key(session, home, job, target),
             reason=_reason(group, move),
             target_node=",".join(move.nodes)[:255],
             created_at=now,
@@ -95,19 +99,26 @@ def propose_moves(*, session: Session, group: str, now: datetime) -> MovesPropos
             decided_by=SHAPER if enforce else None,
             decided_at=now if enforce else None,
         )
-        session.add(action)
-        session.flush()
+        try:
+            with session.begin_nested():  # a concurrent plan of the group made it first
+                session.add(action)
+                session.flush()
+        except IntegrityError:
+            outcome.kept += 1
+            continue
         (outcome.approved if enforce else outcome.proposed).append(row_id(action))
     outcome.superseded = _supersede(session, [row_id(c) for c in clusters.values()], wanted, now)
     session.commit()
     return outcome
 
 
-def _why_not(session: Session, home: Cluster, job: Job | None, target_id: int) -> str | None:
+def _why_not(session: Session, home: Cluster, job: Job | None, target: Cluster) -> str | None:
     """None: propose a move of the job; '': a proposal of this move waits already; else
     why not (a proposed move of the job elsewhere does not count: it is superseded)."""
-    if ShapingMode(home.mode) is ShapingMode.observe:
-        return f"{home.name} is in observe mode: it only plans"
+    target_id = row_id(target)
+    for cluster in (home, target):
+        if ShapingMode(cluster.mode) is ShapingMode.observe:
+            return f"{cluster.name} is in observe mode: it only plans"
     if job is None:
         return "the job is no longer reported"
     if JobState(job.state) is not JobState.pending:
@@ -131,6 +142,17 @@ def _why_not(session: Session, home: Cluster, job: Job | None, target_id: int) -
     return None
 
 
+def _key(session: Session, home: Cluster, job: Job, target: Cluster) -> str:
+    """Unique per proposal: the job's moves so far are counted in, so a move proposed again
+    after an earlier proposal of it was superseded or rejected is a new row."""
+    earlier = len(
+        session.exec(
+            select(Action.id).where(Action.job_id == job.id, Action.kind == ActionKind.move)
+        ).all()
+    )
+    return f"move:{home.name}:{job.id}:{job.generation}:{target.name}:{earlier}"[:128]
+
+
 def _reason(group: str, move: FederatedMove) -> str:
     return (
         f"federation group {group}: {move.from_cluster} cannot start job {move.job} now; "
@@ -142,8 +164,10 @@ def _reason(group: str, move: FederatedMove) -> str:
 def _supersede(
     session: Session, cluster_ids: list[int], wanted: set[tuple[int, int]], now: datetime
 ) -> int:
+    """Cancel the proposed moves of these clusters that the latest plan does not make; one
+    an operator approved meanwhile is left alone (the update is conditional on the state)."""
     stale = [
-        action
+        row_id(action)
         for action in session.exec(
             select(Action).where(
                 col(Action.cluster_id).in_(cluster_ids),
@@ -153,9 +177,16 @@ def _supersede(
         )
         if (action.job_id, action.target_cluster_id) not in wanted
     ]
-    for action in stale:
-        action.state = ActionState.cancelled
-        action.error = "superseded: the federation group's latest plan no longer makes this move"
-        action.updated_at = action.finished_at = now
-        session.add(action)
-    return len(stale)
+    if not stale:
+        return 0
+    cancelled: sa.CursorResult[Any] = session.execute(  # type: ignore[assignment]
+        sa.update(Action)
+        .where(col(Action.id).in_(stale), col(Action.state) == ActionState.proposed.value)
+        .values(
+            state=ActionState.cancelled.value,
+            error="superseded: the federation group's latest plan no longer makes this move",
+            updated_at=now,
+            finished_at=now,
+        )
+    )
+    return int(cancelled.rowcount)

@@ -164,7 +164,7 @@ def _same_selectors(group: str, slas: dict[str, dict[str, Any]]) -> None:
     seen: dict[str, tuple[str, dict[str, str] | None]] = {}
     for cluster, sla in slas.items():
         for team in sla.get("teams", []):
-            selector = team.get("cluster_selector")
+            selector = team.get("cluster_selector") or None  # {} selects every cluster
             first, known = seen.setdefault(team["team"], (cluster, selector))
             if known != selector:
                 raise Invalid(

@@ -508,11 +508,19 @@ class SimCluster:
 
     def withdraw(self, name: str) -> str | None:
         """SupportsSubmit: cancel the job that arrived as move ``name``; its id, or None
-        when none did or it has ended (so a second withdraw cancels nothing). The job stays
-        listed, cancelled, so a late submit of the same move finds it and submits nothing."""
+        when none did or it was cancelled (so a second withdraw cancels nothing). The job stays
+        listed, cancelled, so a late submit of the same move finds it and submits nothing. One
+        that ran and ended here is a non-retryable error: the move took place."""
         with self._lock:
             self._act()
             for job in self.jobs.values():
+                if job.move_name == name and job.state in (JobState.finished, JobState.failed):
+                    raise ConnectorError(
+                        f"withdraw {name} from {self.cluster}: job {job.id} of this move "
+                        f"already ran here and {job.state.value}: the move took place, so "
+                        "its source copy must not run again",
+                        retryable=False,
+                    )
                 if job.move_name == name and job.state in _LIVE:
                     self._vacate(job, state=JobState.cancelled, end_time=self.now)
                     self._schedule()

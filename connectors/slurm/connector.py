@@ -54,6 +54,7 @@ from connectors.slurm.submission import (
     check_move_name,
     live_moved_jobs,
     moved_job,
+    ran_moved_jobs,
     sbatch_request,
     submit_spec,
     submitted_id,
@@ -302,10 +303,20 @@ class SlurmConnector:
         second withdraw, or one after the job finished, or one for a submit that never
         reached this cluster, cancels nothing and answers None. Two live jobs with the mark
         would be a bug elsewhere; both are cancelled (the move is undone whole) and the
-        oldest's id is returned."""
+        oldest's id is returned. A job of the move that already ran and ended here (not
+        cancelled) is a non-retryable error: the move took place, and the saga must not
+        release the source's copy to run a second time."""
         check_move_name(name, step="withdraw")
         what = f"withdraw {name} from {self.cluster}"
         listed = self._cli.run(["squeue", "-h", "-t", "all", "-o", "%i|%k|%T"], what=what)
+        ran = ran_moved_jobs(listed, name)
+        if ran:
+            job_id, state = ran[0]
+            raise ConnectorError(
+                f"{what}: job {job_id} of this move already ran here and ended {state}: the "
+                "move took place, so its source copy must not run again",
+                retryable=False,
+            )
         live = live_moved_jobs(listed, name)
         if not live:
             logger.info("%s: no job of that move waits or runs here", what)

@@ -315,6 +315,26 @@ def moved_job(squeue_lines: str, name: str) -> str | None:
     return _oldest(found)[0] if found else None
 
 
+# Ended after running (not cancelled before or while it ran): a move whose job ended so here
+# took place, and its source copy must not run again.
+RAN_STATES = frozenset(
+    {"COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE", "OUT_OF_MEMORY"}
+)
+
+
+def ran_moved_jobs(squeue_lines: str, name: str) -> list[tuple[str, str]]:
+    """``(id, state)`` of the jobs submitted for move ``name`` that ended after running
+    (:data:`RAN_STATES`), oldest first, from ``squeue -o '%i|%k|%T'`` lines."""
+    mark = f"{MOVE_MARK}{name}"
+    found = {}
+    for line in squeue_lines.splitlines():
+        job_id, _, rest = line.partition("|")
+        comment, _, state = rest.rpartition("|")
+        if mark in comment.split() and state.strip().upper() in RAN_STATES:
+            found[job_id.strip()] = state.strip().upper()
+    return [(job_id, found[job_id]) for job_id in _oldest(list(found))]
+
+
 def live_moved_jobs(squeue_lines: str, name: str) -> list[str]:
     """The ids of the jobs submitted for move ``name`` that have not ended (not in
     :data:`ENDED_STATES`), oldest first, from ``squeue -o '%i|%k|%T'`` lines."""

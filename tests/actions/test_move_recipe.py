@@ -108,7 +108,8 @@ def test_a_pending_job_is_held_submitted_and_cancelled_once_accepted() -> None:
 @pytest.mark.parametrize(
     ("failed_at", "error", "compensation"),
     [
-        (0, "job 41 is running", []),  # the hold refused: nothing was done
+        # The hold refused (the job runs): its release asks only if the job is still held.
+        (0, "job 41 is running", [("release", "connector.a")]),
         (0, f"{NO_ANSWER} from connector.a", [("release", "connector.a")]),
         (1, "b cannot run it", [("withdraw", "connector.b"), ("release", "connector.a")]),
         (2, "slurmctld down", [("withdraw", "connector.b"), ("release", "connector.a")]),
@@ -123,6 +124,8 @@ def test_a_pending_jobs_move_undoes_what_may_have_happened(
     undo = compensation_steps(action, steps, "a", 2)
     assert _plan(undo) == compensation
     assert all(s.phase == StepPhase.compensate and s.generation == 2 for s in undo)
+    release = next(s for s in undo if s.name == "release")
+    assert _message(action, job, release, [*steps, *undo])["args"]["if_held"] is True
 
 
 def test_a_running_job_is_checkpointed_staged_at_the_target_and_released_there() -> None:

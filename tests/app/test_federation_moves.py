@@ -194,10 +194,10 @@ def group_factory(
     monkeypatch.setattr(saga, "RETRY_BACKOFF_S", (0.05,))
     registered: list[str] = []
 
-    def make(mode: ShapingMode = ShapingMode.advise) -> Group:
+    def make(mode: ShapingMode = ShapingMode.advise, west_mode: ShapingMode | None = None) -> Group:
         clock = Clock()
         east = Member(committed_engine, tmp_path, "east", clock, mode)
-        west = Member(committed_engine, tmp_path, "west", clock, mode)
+        west = Member(committed_engine, tmp_path, "west", clock, west_mode or mode)
         for member in (east, west):
             for prefix in member.executors.queues():
                 local.register(prefix, member.handle)
@@ -255,6 +255,9 @@ def test_the_waiting_job_moves_to_the_idle_cluster_and_its_home_copy_is_cancelle
     assert moved.state == JobState.cancelled
     assert moved.reason == f"moved to west as job west-in1 by action {action_id}"
 
+    # The job's row at west comes after the move in the fencing order (written ahead of
+    # west's telemetry, which fills in the rest).
+    assert group.job("west", "west-in1").generation == group.action(action_id).fencing_token == 1
     # The next plan sees the job at west, running: nothing more to move.
     after = group.plan()
     assert after.proposed == [] and after.approved == [] and after.kept == 0
@@ -350,9 +353,17 @@ def test_a_job_that_started_at_home_before_the_hold_is_not_moved(
     group.approve(action_id)
     group.run_sagas()
     action = group.action(action_id)
-    assert action.state == ActionState.failed
+    assert action.state == ActionState.compensated
     assert "job waiting is running: only a pending job is held for a move" in (action.error or "")
-    assert [s[1] for s in group.steps(action_id)] == ["hold", "submit", "cancel"]
+    # The hold was sent, so compensation asks for a release, which finds nothing held.
+    steps = group.steps(action_id)
+    assert [s[1:] for s in steps] == [
+        ("hold", "connector.east", "failed"),
+        ("submit", "connector.west", "skipped"),
+        ("cancel", "connector.east", "skipped"),
+        ("release", "connector.east", "succeeded"),
+    ]
+    assert "nothing to release" in (action.error or "")
     assert group.west.seen == []  # nothing was submitted
     assert group.east.states()["waiting"] == "running"
     assert not group.east.cluster.jobs["waiting"].held
@@ -407,3 +418,72 @@ def test_a_move_whose_target_cluster_was_deleted_is_cancelled_saying_so(
     assert action.state == ActionState.cancelled
     assert action.error == "move names no target cluster (or it was deleted)"
     assert group.east.states()["waiting"] == "pending"
+
+
+def test_a_move_proposed_again_after_a_rejection_is_a_new_proposal(
+    group_factory: Callable[..., Group], committed_engine: Engine
+) -> None:
+    group = group_factory()
+    first = _one_move(group)
+    with TestClient(app_on(committed_engine)) as client:
+        with Session(committed_engine) as session:
+            token = tokens_for(session, T0, ["operator"])["operator"]
+        rejected = client.post(
+            f"/api/v1/actions/{first}/reject", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert rejected.status_code == 200, rejected.text
+    second = _one_move(group)
+    assert second != first
+    assert group.action(first).idempotency_key != group.action(second).idempotency_key
+
+
+def test_a_target_in_observe_mode_takes_no_move_and_advise_anywhere_asks_an_operator(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory(ShapingMode.enforce, west_mode=ShapingMode.observe)
+    outcome = group.plan()
+    assert outcome.proposed == outcome.approved == []
+    assert outcome.skipped == {"east/waiting": "west is in observe mode: it only plans"}
+    with Session(group.engine) as session:
+        cluster_service.update_cluster(
+            session=session,
+            name="west",
+            cluster_in=ClusterUpdate(mode=ShapingMode.advise),
+            now=T0,
+        )
+    outcome = group.plan()
+    assert len(outcome.proposed) == 1 and outcome.approved == []  # east enforces, west advises
+
+
+def test_a_copy_that_already_ran_at_the_target_keeps_the_home_copy_from_running_again(
+    group_factory: Callable[..., Group],
+) -> None:
+    """West runs the job to its end while none of its submit answers reach the control
+    plane; the submit is given up, and compensation's withdraw finds the job already ran
+    there: it fails for good rather than release east's copy to run a second time."""
+    group = group_factory()
+    action_id = _one_move(group)
+    lost = {"submit": saga.MAX_ATTEMPTS}
+
+    def lose(step: dict[str, Any]) -> dict[str, Any] | None:
+        if lost["submit"] > 0:
+            lost["submit"] -= 1
+            if lost["submit"] == 0:  # west finishes it meanwhile
+                group.west.clock.now += timedelta(hours=2)
+            return LOST
+        return None
+
+    group.west.faults["submit"] = lose
+    group.approve(action_id)
+    group.run_sagas(seconds=30)
+    action = group.action(action_id)
+    assert action.state == ActionState.failed, action.error
+    assert "already ran here and finished" in (action.error or "")
+    # Compensation stopped at the withdraw: the release of east's copy was never sent.
+    assert [s[1:] for s in group.steps(action_id) if s[0] == StepPhase.compensate] == [
+        ("withdraw", "connector.west", "failed"),
+        ("release", "connector.east", "pending"),
+    ]
+    assert group.west.states() == {"west-in1": "finished"}
+    assert group.east.states()["waiting"] == "pending"
+    assert group.east.cluster.jobs["waiting"].held  # held at home, not run a second time

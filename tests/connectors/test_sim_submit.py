@@ -9,7 +9,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from connectors.actions import ConnectorStepExecutor
+from connectors.base import ConnectorError
 from connectors.sim import SimCluster, SiteSpec
 from wire.steps import Outcome, StepRequest
 from wire.telemetry import JobKind, JobReport, JobState, PortableSpec, SchedulerKind, SubmitSpec
@@ -207,6 +210,20 @@ def test_a_withdraw_cancels_the_moved_job_once_and_a_later_submit_brings_nothing
     assert b.submit(spec, name="mv-21") == moved
     assert [j.id for j in b.jobs.values() if j.move_name] == [moved]
     assert b.jobs[moved].state is JobState.cancelled
+
+
+def test_a_move_whose_job_already_ran_at_the_target_cannot_be_withdrawn() -> None:
+    clock = Clock()
+    a, b = _clusters(clock)
+    a.submit(_job("busy", 8), timedelta(hours=5))
+    a.submit(_job("wait", 4), timedelta(hours=2))
+    moved = b.submit(_pending_spec(a, "wait"), name="mv-41")
+    clock.now += timedelta(hours=2, seconds=1)
+    b.advance_to(clock.now)
+    assert b.jobs[moved].state is JobState.finished
+    with pytest.raises(ConnectorError, match="already ran here and finished") as refused:
+        b.withdraw("mv-41")
+    assert not refused.value.retryable
 
 
 def test_a_withdraw_step_reports_the_job_and_fences_a_late_submit(tmp_path: Path) -> None:

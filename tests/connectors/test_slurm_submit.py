@@ -32,6 +32,7 @@ from connectors.slurm.submission import (
     move_comment,
     moved_job,
     not_movable,
+    ran_moved_jobs,
     sbatch_request,
     submit_options,
     switch_off_source_directives,
@@ -179,6 +180,9 @@ def test_a_withdraw_finds_only_the_moves_jobs_that_have_not_ended() -> None:
     )
     assert live_moved_jobs(listed, "mv-2") == ["8", "12"]  # oldest first
     assert live_moved_jobs(listed, "mv-3") == []
+    ran = listed + "13|shaper-move:mv-2|COMPLETED\n14|shaper-move:mv-2|FAILED\n"
+    assert ran_moved_jobs(ran, "mv-2") == [("13", "COMPLETED"), ("14", "FAILED")]
+    assert ran_moved_jobs(listed, "mv-2") == []  # cancelled, or still ending: not "ran"
 
 
 def test_a_pinned_held_submit_names_only_the_targets_nodes_and_is_held() -> None:
@@ -359,9 +363,11 @@ def test_a_job_pending_on_a_full_cluster_runs_on_the_other_and_leaves_the_first(
     assert redelivered.ok and redelivered.result["external_id"] == moved
     marked = slurm_b.run("squeue", "-h", "-t", "all", "-o", "%i %k").splitlines()
     assert [line.split()[0] for line in marked if f"shaper-move:{name}" in line] == [moved]
-    # Withdrawing a move whose job has ended cancels nothing.
+    # A move whose job already ran here cannot be undone: withdrawing it is refused for good,
+    # so the saga never releases the source's copy to run the job a second time.
     ended = on_b.run(_step("withdraw", waiting, name=name, source_cluster="hpc-test"))
-    assert ended.ok and ended.result["external_id"] is None, ended.error
+    assert not ended.ok and ended.outcome is Outcome.executed
+    assert f"job {moved} of this move already ran here and ended COMPLETED" in (ended.error or "")
 
     # Only after B has it does A let go of its copy.
     on_a = ConnectorStepExecutor(slurm.connector(), cluster="hpc-test", state_dir=tmp_path / "a")
