@@ -478,14 +478,20 @@ def _diagnosis(site: dict[str, Any], cluster: str) -> dict[str, Any]:
 GROUP = "site"
 GROUP_DESCRIPTION = "Amsterdam & Stockholm <b>pool</b>"
 LABELS = {"east": {"region": "eu-west", "site": "ams1"}, "west": {"region": "eu-north"}}
-MODES = {"east": ShapingMode.advise, "west": ShapingMode.observe}
+# Both clusters of a move must act (an observe cluster only plans), and a move is approved
+# by shaper only when both enforce: east advises, so the move waits for an operator.
+MODES = {"east": ShapingMode.advise, "west": ShapingMode.enforce}
 SPEC = {"scheduler": "sim", "native": {"gpus": 8, "runtime_s": 3600}}
 
 
-@pytest.fixture(scope="module")
-def federated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Its own server: a group's clusters would change what the demo site's pages show."""
-    data = tmp_path_factory.mktemp("web-federation")
+# The admin tests' server also has a cluster in no group, that may join one.
+ALONE = {"north": {"region": "eu-north", "site": "osl1"}}
+
+
+def _federation_site(
+    tmp_path_factory: pytest.TempPathFactory, folder: str, alone: dict[str, dict[str, str]]
+) -> Iterator[dict[str, Any]]:
+    data = tmp_path_factory.mktemp(folder)
     url = f"sqlite:///{data / 'shaper.db'}"
     migrate.upgrade(url)
     engine = make_engine(url)
@@ -494,19 +500,21 @@ def federated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             running("big", "east1", list(range(8))),
             job("waiting", gpus_requested=8, submit=SPEC),
         ],
-        "west": [],
     }
     with Session(engine) as session:
         gpu_model_service.ensure_default_catalogue(session=session)
-        for name, labels in LABELS.items():
+        for name, labels in {**LABELS, **alone}.items():
             cluster_service.register_cluster(
                 session=session,
                 now=NOW,
                 cluster_in=ClusterCreate(
-                    name=name, scheduler=SchedulerKind.sim, mode=MODES[name], labels=labels
+                    name=name,
+                    scheduler=SchedulerKind.sim,
+                    mode=MODES.get(name, ShapingMode.observe),
+                    labels=labels,
                 ),
             )
-            push = snapshot(1, nodes=[node(f"{name}1")], jobs=jobs[name])
+            push = snapshot(1, nodes=[node(f"{name}1")], jobs=jobs.get(name, []))
             telemetry_service.ingest(
                 session=session,
                 cluster_name=name,
@@ -523,13 +531,42 @@ def federated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             federation_service.add_cluster(
                 session=session, name=GROUP, cluster=name, now=NOW, actor=None
             )
-        tokens = tokens_for(session, NOW, ("viewer", "operator"))
+        tokens = tokens_for(session, NOW, ("viewer", "operator", "admin"))
 
     app = app_on(engine, Settings(environment="test", data_dir=data))
     app.dependency_overrides[get_clock] = lambda: FrozenClock(NOW + timedelta(minutes=1))
     with serve(app) as base:
         yield {"base": base, "tokens": tokens}
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def federated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Its own server: a group's clusters would change what the demo site's pages show."""
+    yield from _federation_site(tmp_path_factory, "web-federation", alone={})
+
+
+@pytest.fixture(scope="module")
+def managed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Another one for the tests that change groups, so that `federated`'s stay as made."""
+    yield from _federation_site(tmp_path_factory, "web-federation-admin", alone=ALONE)
+
+
+def _call(
+    site: dict[str, Any], method: str, path: str, scope: str = "viewer", status: int = 200
+) -> Any:
+    response = httpx.request(
+        method,
+        f"{site['base']}/api/v1{path}",
+        headers={"Authorization": f"Bearer {site['tokens'][scope]}"},
+        timeout=60,
+    )
+    assert response.status_code == status, response.text
+    return response.json() if response.content else None
+
+
+def _groups(site: dict[str, Any]) -> dict[str, list[str]]:
+    return {g["name"]: g["clusters"] for g in _call(site, "GET", "/federation-groups")}
 
 
 def _post(site: dict[str, Any], path: str, scope: str = "viewer") -> Any:
@@ -661,3 +698,147 @@ def test_operator_plans_a_group_and_the_move_waits_on_the_actions_page(
     expect(card.locator('[data-outcome="kept"]')).to_have_text("1")
     expect(card.locator('[data-outcome="proposed"]')).to_have_text("none")
     screenshot(page, "federation-planned", tmp_path)
+
+
+def _federation_page(page: Page, site: dict[str, Any], scope: str, clusters: int) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens'][scope]}")
+    expect(page.locator(".card")).to_have_count(clusters)
+    page.click("#nav a[data-view=federation]")
+    expect(page.locator(f'.group-card[data-group="{GROUP}"]')).to_be_visible()
+
+
+def test_an_admin_makes_a_group_a_cluster_joins_and_leaves_it_and_the_group_goes(
+    page: Page, managed: dict[str, Any], tmp_path: Path
+) -> None:
+    _federation_page(page, managed, "admin", len(LABELS) + len(ALONE))
+    form = page.locator("#group-form")
+    expect(form).to_be_visible()
+    form.locator("input[name=name]").fill("lab")
+    form.locator("input[name=description]").fill("Oslo <i>lab</i>")
+    bandwidth = form.locator("input[name=inter_cluster_bandwidth_mib_per_s]")
+    bandwidth.fill("0")
+    form.locator("input[name=inter_cluster_overhead_s]").fill("30")
+    # Refused (422): the API's message by the field it names, and nothing typed is lost.
+    form.locator("button").click()
+    expect(form.locator('[data-error-for="inter_cluster_bandwidth_mib_per_s"]')).to_contain_text(
+        "greater than 0"
+    )
+    expect(form.locator("input[name=name]")).to_have_value("lab")
+    expect(form.locator("input[name=inter_cluster_overhead_s]")).to_have_value("30")
+    assert "lab" not in _groups(managed)
+    bandwidth.fill("250")
+    form.locator("button").click()
+    lab = page.locator('.group-card[data-group="lab"]')
+    expect(lab.locator(".description")).to_have_text("Oslo <i>lab</i>")
+    expect(lab.locator('[data-link="bandwidth"]')).to_have_text("250 MiB/s")
+    expect(lab.locator('[data-link="overhead"]')).to_have_text("30 s")
+    expect(form.locator("input[name=name]")).to_have_value("")  # made: the form is empty again
+    expect(form.locator('[data-error-for="inter_cluster_bandwidth_mib_per_s"]')).to_have_text("")
+    created = _call(managed, "GET", "/federation-groups/lab")
+    assert (created["description"], created["clusters"]) == ("Oslo <i>lab</i>", [])
+    assert created["inter_cluster_bandwidth_mib_per_s"] == 250
+    assert created["inter_cluster_overhead_s"] == 30
+
+    # A name in use: the API's 409 by the name, and what was typed stays.
+    form.locator("input[name=name]").fill(GROUP)
+    form.locator("input[name=description]").fill("a second one")
+    form.locator("button").click()
+    expect(form.locator('[data-error-for="name"]')).to_contain_text(
+        f"federation group '{GROUP}' exists"
+    )
+    expect(form.locator("input[name=name]")).to_have_value(GROUP)
+    expect(form.locator("input[name=description]")).to_have_value("a second one")
+    assert _call(managed, "GET", f"/federation-groups/{GROUP}")["description"] == (
+        GROUP_DESCRIPTION
+    )
+
+    # Only a cluster in no group is offered. One that joined another group after the page
+    # was drawn is refused (409, naming that group) next to the select.
+    add = lab.locator("form[data-add-cluster]")
+    expect(add.locator("select option")).to_have_text(list(ALONE))
+    _call(managed, "PUT", f"/federation-groups/{GROUP}/clusters/north", scope="admin")
+    add.locator("button").click()
+    expect(add.locator('[data-error-for="cluster"]')).to_contain_text(
+        f"is in federation group '{GROUP}'"
+    )
+    _call(managed, "DELETE", f"/federation-groups/{GROUP}/clusters/north", scope="admin")
+    add.locator("button").click()
+    member = lab.locator('tr[data-member="north"]')
+    expect(member.locator(".label")).to_have_text([f"{k}={v}" for k, v in ALONE["north"].items()])
+    assert _groups(managed) == {"lab": ["north"], GROUP: list(LABELS)}
+    assert _call(managed, "GET", "/clusters/north")["federation_group"] == "lab"
+    expect(lab.locator("form[data-add-cluster]")).to_have_count(0)
+    expect(lab.locator(".group-admin")).to_contain_text("Every cluster is in a group")
+
+    # A bad label: the API's 422 by the field, the text kept, nothing stored.
+    member.locator("button[data-edit-labels]").click()
+    labels = lab.locator('form[data-labels-form="north"]')
+    text = "region=eu-north\nBad Key=x"
+    labels.locator("textarea").fill(text)
+    labels.locator("button", has_text="Save labels").click()
+    error = labels.locator('[data-error-for="labels"]')
+    expect(error).to_contain_text("labels: ")
+    expect(error).to_contain_text("key 'Bad Key'")
+    expect(labels.locator("textarea")).to_have_value(text)
+    assert _call(managed, "GET", "/clusters/north")["labels"] == ALONE["north"]
+    labels.locator("textarea").fill("region=eu-north\n\nrack=r7\n")
+    labels.locator("button", has_text="Save labels").click()
+    expect(member.locator(".label", has_text="rack=r7")).to_have_count(1)
+    assert sorted(member.locator(".label").all_inner_texts()) == ["rack=r7", "region=eu-north"]
+    assert _call(managed, "GET", "/clusters/north")["labels"] == {
+        "region": "eu-north",
+        "rack": "r7",
+    }
+
+    member.locator("button[data-remove-member]").click()
+    expect(lab.locator("tr[data-member]")).to_have_count(0)
+    expect(lab.locator("form[data-add-cluster] select option")).to_have_text(list(ALONE))
+    assert _groups(managed) == {"lab": [], GROUP: list(LABELS)}
+
+    # Deleting asks first; cancelled, nothing happens.
+    lab.locator("button[data-delete-group]").click()
+    confirm = lab.locator(".delete-confirm")
+    expect(confirm).to_be_visible()
+    confirm.locator("button[data-cancel-delete]").click()
+    expect(confirm).to_be_hidden()
+    assert "lab" in _groups(managed)
+    lab.locator("button[data-delete-group]").click()
+    confirm.locator("button[data-confirm-delete]").click()
+    expect(lab).to_have_count(0)
+    assert _groups(managed) == {GROUP: list(LABELS)}
+    screenshot(page, "federation-admin", tmp_path)
+
+
+def test_a_viewer_sees_no_edit_controls_and_an_operator_only_labels(
+    page: Page, managed: dict[str, Any]
+) -> None:
+    controls = (
+        "[data-edit-labels]",
+        "[data-remove-member]",
+        "[data-delete-group]",
+        "form[data-add-cluster]",
+        "form[data-labels-form]",
+    )
+    _federation_page(page, managed, "viewer", len(LABELS) + len(ALONE))
+    expect(page.locator("#group-form")).to_be_hidden()
+    for control in controls:
+        expect(page.locator(f"#federation {control}")).to_have_count(0)
+
+    page.evaluate("sessionStorage.clear()")
+    page.goto("about:blank")
+    _federation_page(page, managed, "operator", len(LABELS) + len(ALONE))
+    expect(page.locator("#group-form")).to_be_hidden()
+    card = page.locator(f'.group-card[data-group="{GROUP}"]')
+    expect(card.locator("button[data-edit-labels]")).to_have_count(len(LABELS))
+    for control in controls[1:4]:
+        expect(page.locator(f"#federation {control}")).to_have_count(0)
+    # An operator may change a member's labels.
+    west = card.locator('tr[data-member="west"]')
+    west.locator("button[data-edit-labels]").click()
+    card.locator('form[data-labels-form="west"] textarea').fill("region=eu-north\ntier=spot")
+    card.locator('form[data-labels-form="west"] button', has_text="Save labels").click()
+    expect(west.locator(".label", has_text="tier=spot")).to_have_count(1)
+    assert _call(managed, "GET", "/clusters/west")["labels"] == {
+        "region": "eu-north",
+        "tier": "spot",
+    }

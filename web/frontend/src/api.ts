@@ -2,6 +2,18 @@
 
 export class Unauthorized extends Error {}
 
+/** A refusal with its status and, where the API names one, the field at fault. */
+export class ApiError extends Error {
+  readonly status: number;
+  readonly field: string | null;
+
+  constructor(message: string, status: number, field: string | null) {
+    super(message);
+    this.status = status;
+    this.field = field;
+  }
+}
+
 interface ErrorBody {
   error?: { message: string; field?: string };
 }
@@ -12,6 +24,14 @@ export const session = {
   scopes: [] as string[],
   onUnauthorized: (_message: string): void => {},
 };
+
+// Scopes nest (viewer ⊂ operator ⊂ admin, app.core.security); the API decides, this only
+// spares a page the controls that can only be refused.
+const RANK: Record<string, number> = { viewer: 1, operator: 2, admin: 3 };
+
+export function hasScope(scope: "viewer" | "operator" | "admin"): boolean {
+  return session.scopes.some((s) => (RANK[s] ?? 0) >= RANK[scope]);
+}
 
 export async function api<T>(path: string, init: RequestInit = {}): Promise<T> {
   const response = await fetch(`/api/v1${path}`, {
@@ -29,7 +49,9 @@ export async function api<T>(path: string, init: RequestInit = {}): Promise<T> {
   const body: unknown = response.status === 204 ? null : await response.json();
   if (!response.ok) {
     const error = (body as ErrorBody | null)?.error ?? { message: response.statusText };
-    throw new Error(error.field ? `${error.field}: ${error.message}` : error.message);
+    // A validation error's message names its field already ("labels: …").
+    const named = !error.field || error.message.startsWith(`${error.field}:`);
+    throw new ApiError(named ? error.message : `${error.field}: ${error.message}`, response.status, error.field ?? null);
   }
   return body as T;
 }

@@ -4,7 +4,7 @@ import "uplot/dist/uPlot.min.css";
 import "./style.css";
 import { api, isAbort, session, Unauthorized } from "./api";
 import { $, esc, select } from "./dom";
-import { planGroup, showFederation, whatIf } from "./federation";
+import { planGroup, showFederation, whatIf, wireFederation } from "./federation";
 import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
 import { pageState, showActions, showIdle, showJobs, showNodes, showPolicies, showSimulations } from "./pages";
 import type { Cluster } from "./types";
@@ -140,6 +140,7 @@ window.addEventListener("hashchange", () => {
   if (session.token) route();
 });
 followWidth();
+wireFederation();
 
 // A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
 const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");
