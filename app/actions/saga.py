@@ -654,10 +654,13 @@ def record_report(
     if report.ok:
         _finish_step(step, StepState.succeeded, now, result=report.result)
     elif report.retryable and (
-        step.attempts < _max_attempts(step, start_wait_s) or not answered_or_given_up(action, step)
+        step.attempts < _max_attempts(step, start_wait_s)
+        or (step.phase == StepPhase.forward and not answered_or_given_up(action, step))
     ):
-        # A step that may not be given up (a move's cancel at its source) waits out a
-        # scheduler that says "not now" as it waits out one that does not answer.
+        # A forward step that may not be given up (a move's cancel at its source) waits out
+        # a scheduler that says "not now" as it waits out one that does not answer. (A
+        # compensation step's "not now" still fails it after its attempts: its failure has
+        # a fallback, the scheduler's queue with the checkpoint.)
         job = session.get(Job, action.job_id) if action.job_id is not None else None
         step.error = (report.error or "")[:4096]
         steps = _steps(session, row_id(action))
