@@ -67,6 +67,8 @@ from wire.telemetry import JobState, SubmitSpec
 
 # A step's error when its executor never answered (it may still have run it).
 NO_ANSWER = "no answer"
+# Sends of a step before it is given up, unless answered_or_given_up says it may not be.
+MAX_ATTEMPTS = 3
 
 
 class _Plan:

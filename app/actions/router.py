@@ -114,8 +114,10 @@ def cancel_action(
 def abandon_action(
     session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: int
 ) -> ActionPublic:
-    """Give up on a compensating action whose executor will never answer (its node gone
-    for good): it ends failed and its saga stops. 409 for any other state."""
+    """Give up on an action whose executor will never answer (its node or cluster gone for
+    good): a compensating one, or a move whose cancel or release at its source went
+    unanswered 3 times after the target took the job. It ends failed and its saga stops.
+    409 for anything else."""
     service.abandon(
         session=session, action_id=action_id, by=actor.name, now=clock.now(), actor=actor
     )

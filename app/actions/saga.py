@@ -56,6 +56,7 @@ from app.actions.models import (
     StepState,
 )
 from app.actions.recipes import (
+    MAX_ATTEMPTS,
     NO_ANSWER,
     Unplannable,
     answered_or_given_up,
@@ -76,7 +77,6 @@ from wire.telemetry import JobState
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 3
 SCHEDULER_START_WAIT_S = DEFAULT_SCHEDULER_START_WAIT_S  # SHAPER_SCHEDULER_START_WAIT_S
 # How long a step may stay unanswered before it is sent again (the executor deduplicates).
 # (A confirm after a stage waits for the scheduler, so it gets longer: see _timeout.)

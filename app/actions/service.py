@@ -16,8 +16,11 @@ from app.actions.models import (
     ActionKind,
     ActionPublic,
     ActionState,
+    ActionStep,
     ChurnPublic,
+    StepState,
 )
+from app.actions.recipes import MAX_ATTEMPTS, answered_or_given_up
 from app.actions.schedulers import places_itself
 from app.audit import service as audit
 from app.audit.models import Actor
@@ -27,6 +30,8 @@ from app.core.errors import Conflict
 from app.core.lookup import found, row_id
 from app.core.paging import Page, count_rows
 from app.jobs.models import Allocation, Job
+from wire.queues import connector_cluster
+from wire.steps import ConnectorStep, StepPhase
 
 # The cluster a move sends its job to (``actions`` joins ``clusters`` twice).
 TARGET = aliased(Cluster, name="target_cluster")
@@ -136,27 +141,38 @@ def transition(
 def abandon(
     *, session: Session, action_id: int, by: str, now: datetime, actor: Actor | None = None
 ) -> Action:
-    """An operator gives up on an action whose compensation cannot finish: the saga resends
-    an unanswered compensation step until it is answered (app.actions.saga), which never
-    happens when its executor is gone for good (a node removed). The action ends
-    ``failed`` with the reason, the saga stops, its job is no longer locked, and what the
-    scheduler reports next is what the control plane believes. Only a ``compensating``
-    action can be abandoned: anything else is a Conflict."""
+    """An operator gives up on an action that waits for an executor gone for good (a node
+    removed, a cluster taken down). The saga resends an unanswered step it may not give up
+    until it is answered (app.actions.saga): every compensation step, and a move's last
+    steps at its source once the target has the job (the cancel of the home copy, the
+    release of a running job's checkpoint there: app.actions.recipes). Those are the two
+    cases that can be abandoned: a ``compensating`` action, and a running ``move`` whose
+    such step went unanswered for ``MAX_ATTEMPTS`` sends. The action ends ``failed`` with
+    the reason (for a move: where the job runs now, and what may be left at the source to
+    check by hand), the saga stops, its job is no longer locked, and what the schedulers
+    report next is what the control plane believes. Anything else is a Conflict."""
     action = lock_action(session, action_id)
     current = ActionState(action.state)
-    if current is not ActionState.compensating:
-        raise Conflict(
-            f"action {action_id} is {current.value}; only a compensating action can be abandoned",
-            resource="action",
-            resource_id=action_id,
-            details={"state": current.value},
+    if current is ActionState.compensating:
+        before = f"; it had failed with: {action.error}" if action.error else ""
+        reason = (
+            f"abandoned by {by} while compensating{before}; the job is where its scheduler "
+            "reports it next"
         )
+    else:
+        stuck = _stuck_move_step(session, action)
+        if stuck is None:
+            raise Conflict(
+                f"action {action_id} is {current.value}; only a compensating action, or a "
+                "move waiting for its source's answer after the target took the job, can be "
+                "abandoned",
+                resource="action",
+                resource_id=action_id,
+                details={"state": current.value},
+            )
+        reason = _abandoned_move(action, stuck, _steps_of(session, row_id(action)), by)
     _decide(action, ActionState.failed, by, now)
-    before = f"; it had failed with: {action.error}" if action.error else ""
-    action.error = (
-        f"abandoned by {by} while compensating{before}; the job is where its scheduler "
-        "reports it next"
-    )[:2000]
+    action.error = reason[:2000]
     session.add(action)
     ended(session=session, action=action, now=now)
     audit.record(
@@ -171,6 +187,49 @@ def abandon(
     session.commit()
     session.refresh(action)
     return action
+
+
+def _steps_of(session: Session, action_id: int) -> list[ActionStep]:
+    query = select(ActionStep).where(ActionStep.action_id == action_id)
+    return list(session.exec(query.order_by(col(ActionStep.seq))))
+
+
+def _stuck_move_step(session: Session, action: Action) -> ActionStep | None:
+    """A running move's step that is resent until answered and has gone unanswered for
+    ``MAX_ATTEMPTS`` sends; None otherwise."""
+    if ActionState(action.state) is not ActionState.running:
+        return None
+    if ActionKind(action.kind) is not ActionKind.move:
+        return None
+    for step in _steps_of(session, row_id(action)):
+        if (
+            step.state == StepState.sent
+            and step.phase == StepPhase.forward
+            and not answered_or_given_up(action, step)
+            and step.attempts >= MAX_ATTEMPTS
+        ):
+            return step
+    return None
+
+
+def _abandoned_move(action: Action, stuck: ActionStep, steps: list[ActionStep], by: str) -> str:
+    submit = next(s for s in steps if s.name == ConnectorStep.submit)
+    arrived = submit.result.get("external_id", "?")
+    where = f"the job runs at {connector_cluster(submit.queue)} as job {arrived}"
+    if stuck.name == ConnectorStep.cancel:
+        left = (
+            f"its copy at {connector_cluster(stuck.queue)} was never confirmed cancelled: "
+            "cancel it there by hand if that cluster comes back"
+        )
+    else:
+        left = (
+            f"its checkpoint image at the source ({stuck.queue}) was never confirmed "
+            "deleted: remove it by hand if that node comes back"
+        )
+    return (
+        f"abandoned by {by} after {stuck.attempts} unanswered sends of {stuck.name} to "
+        f"{stuck.queue}; {where}; {left}"
+    )
 
 
 DECISION_VERBS = {

@@ -128,15 +128,19 @@ class Group:
             return propose_moves(session=session, group=GROUP, now=self.east.clock.now)
 
     def approve(self, action_id: int) -> None:
+        response = self.decide(action_id, "approve")
+        assert response.status_code == 200, response.text
+
+    def decide(self, action_id: int, verb: str) -> Any:
+        """An operator's POST /actions/{id}/{verb} through the API; its response."""
         with TestClient(app_on(self.engine)) as client:
             client.app.dependency_overrides[get_dispatcher] = lambda: lambda action_id: None  # type: ignore[attr-defined]
             with Session(self.engine) as session:
                 token = tokens_for(session, T0, ["operator"])["operator"]
-            response = client.post(
-                f"/api/v1/actions/{action_id}/approve",
+            return client.post(
+                f"/api/v1/actions/{action_id}/{verb}",
                 headers={"Authorization": f"Bearer {token}"},
             )
-            assert response.status_code == 200, response.text
 
     def run_sagas(self, seconds: float = 20.0) -> None:
         """What the in-process beat does: sweep until nothing is left to advance (resends
@@ -341,6 +345,54 @@ def test_lost_answers_are_resent_and_the_job_arrives_once(
     assert group.east.seen.count("cancel") == saga.MAX_ATTEMPTS + 2
     assert group.west.states() == {"west-in1": "running"}  # one job, not two
     assert group.east.states()["waiting"] == "cancelled"
+
+
+def test_a_move_whose_home_cancel_never_comes_back_can_be_abandoned_once_stuck(
+    group_factory: Callable[..., Group],
+) -> None:
+    """East's connector takes the cancel and never answers (its cluster gone for good):
+    the cancel is resent for ever, so only an operator ends the move. Refused while the
+    cancel has been sent fewer than MAX_ATTEMPTS times; then the action fails saying where
+    the job runs and what to check at home, and nothing more is sent."""
+    group = group_factory()
+    action_id = _one_move(group)
+    group.east.faults["cancel"] = lambda step: LOST
+    group.approve(action_id)
+
+    def cancel_sends() -> int:
+        with Session(group.engine) as session:
+            step = session.exec(
+                select(ActionStep).where(
+                    ActionStep.action_id == action_id, ActionStep.name == "cancel"
+                )
+            ).first()  # no steps until the saga's first sweep
+            return step.attempts if step is not None else 0
+
+    refused_early = False
+    deadline = time.monotonic() + 30
+    while cancel_sends() < saga.MAX_ATTEMPTS and time.monotonic() < deadline:
+        if cancel_sends() >= 1 and not refused_early:
+            early = group.decide(action_id, "abandon")
+            assert early.status_code == 409, early.text
+            assert "only a compensating action, or a move waiting" in early.text
+            refused_early = True
+        tasks.sweep()
+        time.sleep(0.05)
+    assert refused_early and cancel_sends() >= saga.MAX_ATTEMPTS
+    assert group.action(action_id).state == ActionState.running
+    response = group.decide(action_id, "abandon")
+    assert response.status_code == 200, response.text
+    action = group.action(action_id)
+    assert action.state == ActionState.failed
+    assert "the job runs at west as job west-in1" in (action.error or "")
+    assert "its copy at east was never confirmed cancelled" in (action.error or "")
+    sent = group.east.seen.count("cancel")
+    time.sleep(1.0)
+    tasks.sweep()
+    assert group.east.seen.count("cancel") == sent  # the saga stopped
+    assert group.west.states() == {"west-in1": "running"}
+    again = group.decide(action_id, "abandon")
+    assert again.status_code == 409  # failed now: nothing left to abandon
 
 
 def test_a_job_that_started_at_home_before_the_hold_is_not_moved(
