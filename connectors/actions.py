@@ -29,6 +29,9 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   hold (``args["pending"]``) reads the job back once held and fails (releasing it) when it
   is no longer pending: it started before the hold, and only a pending job moves; a
   compensation's release (``args["if_held"]``) releases only a job still pending and held;
+  a pending job's move cancels its home copy with ``args["moved_away"]``: through
+  ``cancel_moved`` (``SupportsMovedCancel``: Slurm, sim), which fails the step when
+  someone else ended or started the held job mid-move, so that the move is undone;
 * ``submit`` → ``submit(spec, name=args["name"], nodes=args["nodes"], hold=args["hold"])``
   (``SupportsSubmit``), a federated move's arrival: ``args["spec"]`` is the ``SubmitSpec``
   the source cluster reported for the job ``workload_id`` (a job of the *source* cluster),
@@ -81,6 +84,7 @@ from connectors.base import (
     ConnectorError,
     SupportsCancel,
     SupportsHold,
+    SupportsMovedCancel,
     SupportsNodeCount,
     SupportsRequeue,
     SupportsReservation,
@@ -242,7 +246,10 @@ class ConnectorStepExecutor:
             self.journal.save(journal)
             if request.step in (ConnectorStep.requeue, ConnectorStep.suspend):
                 self._hand_over(request.workload_id, request.args, request.key)
-            result = run_step(request.workload_id, request.args)
+            if request.step == ConnectorStep.cancel and request.args.get("moved_away"):
+                result = self._cancel_moved(request.workload_id, request.key)
+            else:
+                result = run_step(request.workload_id, request.args)
         except _Refused as refusal:
             refused = self._report(request, ok=False, outcome=Outcome.refused, error=str(refusal))
             return refused, True
@@ -465,6 +472,16 @@ class ConnectorStepExecutor:
     def _cancel(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         self._capable(SupportsCancel, "cancel").cancel(workload_id)
         return self._done(f"cancelled job {workload_id}", workload_id)
+
+    def _cancel_moved(self, workload_id: str, key: str) -> dict[str, Any]:
+        """A pending job's move, its home copy cancelled once the target has its own: a
+        connector that can tell its own cancel from someone else's (SupportsMovedCancel)
+        fails the step when someone else ended the job mid-move, so the saga undoes the move;
+        others cancel, and a job a user cancelled meanwhile still runs at the target."""
+        if isinstance(self.connector, SupportsMovedCancel):
+            self.connector.cancel_moved(workload_id, key=key)
+            return self._done(f"cancelled job {workload_id}, moved away", workload_id)
+        return self._cancel(workload_id, {})
 
     def _submit(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         """Submit the job ``workload_id`` of another cluster here, from its spec, as

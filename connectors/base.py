@@ -57,6 +57,24 @@ class SupportsCancel(Protocol):
 
 
 @runtime_checkable
+class SupportsMovedCancel(Protocol):
+    """Cancel a job's home copy at the end of a pending job's move (the target has its own
+    copy now), telling apart a job that an earlier delivery of this step cancelled from one
+    that someone else ended first — a user who cancelled the held job mid-move must not see
+    it run at the target.
+
+    ``cancel_moved(external_id, key=step key)``: a pending job is stamped with the key
+    where the scheduler keeps it across the cancel (Slurm: the AdminComment users cannot
+    set) and then cancelled; a job that ended and carries the stamp was this step's, so
+    nothing is done; a job that ended without it, or that is running (its hold lifted by
+    someone else), raises a non-retryable ConnectorError saying so, and the saga undoes
+    the move (withdraws the target's copy). A job the scheduler no longer knows cannot be
+    told apart: the move stands (logged), for failing it would withdraw the only copy."""
+
+    def cancel_moved(self, external_id: str, *, key: str) -> None: ...
+
+
+@runtime_checkable
 class SupportsResize(Protocol):
     def resize(self, external_id: str, *, replicas: int) -> None: ...
 

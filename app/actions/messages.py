@@ -161,6 +161,10 @@ def _move_workload(
         # A job that started before the hold took effect is not moved: the connector reads
         # it back once held, and refuses (releasing the hold) unless it is still pending.
         args["pending"] = True
+    if step.name == ConnectorStep.cancel and any(s.name == ConnectorStep.hold for s in forward):
+        # The held home copy: one someone else cancelled (or released and started) since
+        # the hold fails the cancel, and the move is undone (connectors.actions).
+        args["moved_away"] = True
     if (
         step.name == ConnectorStep.release
         and step.phase == StepPhase.compensate

@@ -98,6 +98,8 @@ class SimJob:
     # submit finds it by this name instead of submitting it twice.
     move_name: str | None = None
     spec: SubmitSpec | None = None  # how to submit it pending elsewhere, made once
+    # Who cancelled it at the end of a move (SupportsMovedCancel): that step's key.
+    moved_by: str | None = None
 
     @property
     def id(self) -> str:
@@ -695,6 +697,21 @@ class SimCluster:
             if job.state in _LIVE:
                 self._vacate(job, state=JobState.cancelled, end_time=self.now)
                 self._schedule()
+
+    def cancel_moved(self, external_id: str, *, key: str) -> None:
+        """SupportsMovedCancel: as Slurm's, the job keeps the key of the step that cancels it."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.moved_by != key and job.state is not JobState.pending:
+                raise ConnectorError(
+                    f"cancel job {job.id}, moved to another cluster: it is {job.state.value} "
+                    "and this move did not cancel it: someone else did, or started it, "
+                    "during the move, which is undone",
+                    retryable=False,
+                )
+            job.moved_by = key
+            self.cancel(external_id)
 
     def suspend(self, external_id: str) -> None:
         """Stop a running job where it is, keeping its progress (and freeing its GPUs)."""

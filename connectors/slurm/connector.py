@@ -77,6 +77,7 @@ _JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
 # field for tools that administer jobs, which users cannot set.
 STEP_STAMP = "shaper-step:"
 _ADMIN_COMMENT = re.compile(r"(?:^|\s)AdminComment=(\S*)")
+_JOB_STATE = re.compile(r"(?:^|\s)JobState=(\S+)")
 _RESTARTS = re.compile(r"(?:^|\s)Restarts=(\d+)")
 _PRIORITY = re.compile(r"(?:^|\s)Priority=(\d+)")
 
@@ -86,6 +87,7 @@ class _JobControl:
     admin_comment: str
     restarts: int
     held: bool
+    state: str  # Slurm's word: PENDING, RUNNING, CANCELLED…
 
     def stamped_restarts(self, key: str) -> int | None:
         """The restart count this step's stamp recorded; None when it is not stamped."""
@@ -439,6 +441,7 @@ class SlurmConnector:
             restarts=int(restarts) if restarts.isdigit() else 0,
             # A held job's priority is 0 (scontrol hold, requeuehold).
             held=field(_PRIORITY) == "0",
+            state=field(_JOB_STATE),
         )
 
     def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
@@ -497,6 +500,31 @@ class SlurmConnector:
             if _already(str(error), "already completing or completed"):
                 return
             raise
+
+    def cancel_moved(self, external_id: str, *, key: str) -> None:
+        """SupportsMovedCancel: the job's AdminComment is stamped ``shaper-step:<key>``
+        before ``scancel``, so a resend tells its own cancel from someone else's."""
+        job_id = self._job_id(external_id)
+        what = f"cancel job {job_id}, moved to another cluster"
+        try:
+            job = self._job_control(job_id, what=what)
+        except ConnectorError as error:
+            if not _already(str(error), "invalid job id"):
+                raise
+            # Purged after MinJobAge: whoever ended it, the target's copy is the only one.
+            logger.warning("%s: Slurm no longer knows the job; the move stands", what)
+            return
+        stamp = f"{STEP_STAMP}{key}"
+        if job.admin_comment != stamp:
+            if job.state != "PENDING":
+                raise ConnectorError(
+                    f"{what}: it is {job.state} and this move did not cancel it: it was "
+                    f"{'ended' if job.state != 'RUNNING' else 'released and started'} at "
+                    "home by someone else during the move, which is undone",
+                    retryable=False,
+                )
+            self._scontrol("update", f"JobId={job_id}", f"AdminComment={stamp}", what=what)
+        self.cancel(job_id)
 
     def update_node_count(self, external_id: str, *, nodes: int) -> None:
         if nodes < 1:

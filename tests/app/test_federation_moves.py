@@ -7,8 +7,8 @@ tasks, on SQLite and on PostgreSQL.
 ``west`` is idle. The group plan moves the waiting job to ``west``: held at east,
 submitted to west, cancelled at east once west has answered with its id. The faults are
 the ones a move must survive: a target that refuses the job, answers lost on the way
-back, a source that does not answer its cancel, and a job that starts at home before the
-hold takes effect.
+back, a source that does not answer its cancel, a job that starts at home before the
+hold takes effect, and one its user cancels at home mid-move.
 """
 
 from __future__ import annotations
@@ -393,6 +393,36 @@ def test_a_move_whose_home_cancel_never_comes_back_can_be_abandoned_once_stuck(
     assert group.west.states() == {"west-in1": "running"}
     again = group.decide(action_id, "abandon")
     assert again.status_code == 409  # failed now: nothing left to abandon
+
+
+def test_a_job_its_user_cancels_at_home_mid_move_does_not_run_at_the_target(
+    group_factory: Callable[..., Group],
+) -> None:
+    """The user cancels the held job at east while west takes the move's submit: east's
+    cancel finds a job this move did not cancel and fails for good, and compensation
+    withdraws west's copy: the job the user cancelled runs nowhere."""
+    group = group_factory()
+    action_id = _one_move(group)
+
+    def user_cancels_at_home(step: dict[str, Any]) -> None:
+        group.east.cluster.cancel("waiting")
+        return None  # and west takes the submit
+
+    group.west.faults["submit"] = user_cancels_at_home
+    group.approve(action_id)
+    group.run_sagas()
+    action = group.action(action_id)
+    assert action.state == ActionState.compensated, action.error
+    assert "this move did not cancel it" in (action.error or "")
+    assert [s[1:] for s in group.steps(action_id)] == [
+        ("hold", "connector.east", "succeeded"),
+        ("submit", "connector.west", "succeeded"),
+        ("cancel", "connector.east", "failed"),
+        ("withdraw", "connector.west", "succeeded"),
+        ("release", "connector.east", "succeeded"),
+    ]
+    assert group.west.states() == {"west-in1": "cancelled"}
+    assert group.east.states()["waiting"] == "cancelled"
 
 
 def test_a_job_that_started_at_home_before_the_hold_is_not_moved(

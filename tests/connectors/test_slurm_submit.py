@@ -483,3 +483,38 @@ def test_a_running_jobs_move_waits_held_on_its_pinned_node_until_released(
     released = on_b.run(_step("release", moved))
     assert released.ok, released.error
     assert slurm_b.wait_state(moved, "RUNNING")["nodelist"] == "bnode2"
+
+
+def test_a_moves_home_cancel_tells_its_own_cancel_from_a_users(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The held home copy of a pending job's move is cancelled once the target has its own.
+    A resend after the journal was lost finds its stamp (AdminComment) and succeeds; a job
+    the user cancelled meanwhile fails the step for good, so the saga withdraws the
+    target's copy instead of running a job its user cancelled."""
+    filler = slurm.sbatch("-N3", "--gres=gpu:2")
+    slurm.wait_state(filler, "RUNNING")
+    moving, cancelled_by_user = slurm.sbatch("--gres=gpu:1"), slurm.sbatch("--gres=gpu:1")
+    for job_id in (moving, cancelled_by_user):
+        slurm.wait_state(job_id, "PENDING")
+        slurm.run("scontrol", "hold", job_id)  # the move's hold step
+
+    key = "a17:forward:cancel:2"
+    on_a = ConnectorStepExecutor(slurm.connector(), cluster="hpc-test", state_dir=tmp_path / "a")
+    report = on_a.run(_step("cancel", moving, key=key, moved_away=True))
+    assert report.ok, report.error
+    slurm.wait_state(moving, "CANCELLED")
+    assert slurm.run("scontrol", "show", "job", moving).count(f"AdminComment=shaper-step:{key}")
+    # The connector died before it journalled the answer: a new one runs the step again.
+    again = ConnectorStepExecutor(slurm.connector(), cluster="hpc-test", state_dir=tmp_path / "b")
+    resent = again.run(_step("cancel", moving, key=key, moved_away=True))
+    assert resent.ok and resent.outcome is Outcome.executed, resent.error
+
+    slurm.run("scancel", cancelled_by_user)  # the user changes their mind mid-move
+    slurm.wait_state(cancelled_by_user, "CANCELLED")
+    refused = on_a.run(_step("cancel", cancelled_by_user, moved_away=True))
+    assert not refused.ok and not refused.retryable
+    assert "it is CANCELLED and this move did not cancel it" in (refused.error or "")
+    # A plain cancel (not a move's) stays idempotent whoever ended the job.
+    plain = on_a.run(_step("cancel", cancelled_by_user))
+    assert plain.ok, plain.error
