@@ -24,6 +24,7 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "shaper, no look-ahead": {"lookahead": False},
     "shaper, no service resize": {"elastic_resize": False},
     "shaper, greedy only (no CP-SAT)": {"use_cp_sat": False},
+    "shaper, larger first, no aging": {"shortest_first": False, "aging_s": None},
 }
 
 

@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
-from solver.instance import Instance
+from solver.instance import Instance, Job
 
 
 class Order(enum.StrEnum):
@@ -53,6 +54,7 @@ class GreedyOptions:
 def sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]:
     """Queue position of every job; jobs past their max queue wait first in every order."""
     keys: dict[str, tuple[object, ...]] = {}
+    shortest = instance.config.shortest_first
     for job in instance.jobs:
         overdue = 0 if instance.is_overdue(job) else 1
         if order is Order.ARRIVAL:
@@ -63,8 +65,17 @@ def sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]:
             keys[job.id] = (
                 overdue,
                 -instance.weight(job) * instance.boost(job),  # aging credit included
+                _run_time_left(job) if shortest else 0.0,
                 -job.total_gpus,
                 job.submit_time,
                 job.id,
             )
     return keys
+
+
+def _run_time_left(job: Job) -> float:
+    """A block job's expected run time left (``SolverConfig.shortest_first``); a service,
+    or a job nobody estimated, sorts after every estimated one of its weight."""
+    if job.is_elastic or job.expected_runtime_s is None:
+        return math.inf
+    return job.expected_runtime_s

@@ -26,9 +26,11 @@ def test_boost_counts_whole_aging_steps_of_pending_jobs_only() -> None:
     assert boost == {"fresh": 1.0, "old": 3.0, "busy": 1.0}
 
 
-def test_aging_is_off_by_default_and_overdue_outranks_it() -> None:
+def test_aging_is_12_hours_by_default_none_turns_it_off_and_overdue_outranks_it() -> None:
     old = job("old", submit_time=NOW - 50 * HOUR, team="t")
-    assert instance([node("n1")], [old]).boost(old) == 1.0
+    assert instance([node("n1")], [old]).boost(old) == 5.0  # 4 whole steps of 12 h
+    off = FAST.model_copy(update={"aging_s": None})
+    assert instance([node("n1")], [old], config=off).boost(old) == 1.0
     bounded = instance(
         [node("n1")],
         [old],
