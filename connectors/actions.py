@@ -28,7 +28,11 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
 * ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names; a move's
   hold (``args["pending"]``) reads the job back once held and fails (releasing it) when it
   is no longer pending: it started before the hold, and only a pending job moves; a
-  compensation's release (``args["if_held"]``) releases only a job still pending and held;
+  compensation's release (``args["if_held"]``) releases only a job still pending and held
+  (its reason says held, suspended or deactivated: each connector's word); a running job's
+  move releases its copy at the target with ``args["resume_from"]``, handed over first to a
+  connector that restarts work itself (``SupportsResumePointer``: Kubernetes writes it on
+  the Job);
   a pending job's move cancels its home copy with ``args["moved_away"]``: through
   ``cancel_moved`` (``SupportsMovedCancel``: Slurm, sim), which fails the step when
   someone else ended or started the held job mid-move, so that the move is undone;
@@ -246,6 +250,15 @@ class ConnectorStepExecutor:
             self.journal.save(journal)
             if request.step in (ConnectorStep.requeue, ConnectorStep.suspend):
                 self._hand_over(request.workload_id, request.args, request.key)
+            if (
+                request.step == ConnectorStep.release
+                and request.args.get("resume_from")
+                and isinstance(self.connector, SupportsResumePointer)
+            ):
+                # A running job's move, released at its target: where its pods resume from.
+                self.connector.set_resume_pointer(
+                    request.workload_id, _resume_pointer(request.args)
+                )
             if request.step == ConnectorStep.cancel and request.args.get("moved_away"):
                 result = self._cancel_moved(request.workload_id, request.key)
             else:
@@ -446,11 +459,7 @@ class ConnectorStepExecutor:
         if args.get("if_held"):
             # A compensation's: the hold it undoes may never have taken effect.
             job = self._job(workload_id)
-            held = (
-                job is not None
-                and job.state is JobState.pending
-                and "held" in (job.reason or "").lower()
-            )
+            held = job is not None and job.state is JobState.pending and _held(job.reason)
             if not held:
                 seen = "not reported" if job is None else f"{job.state.value}, {job.reason!r}"
                 return self._done(
@@ -533,6 +542,17 @@ class ConnectorStepExecutor:
             else f"nothing to withdraw: no job of move {name} waits or runs here"
         )
         return self._done(summary, workload_id, external_id=external_id, name=name)
+
+
+# Words of a pending job's reason that say a hold keeps it (each connector's own): Slurm's
+# JobHeldUser/JobHeldAdmin, a suspended Kubernetes Job (Kubernetes' hold), a deactivated
+# Kueue Workload (Kueue's hold).
+HELD_REASONS = ("held", "suspended", "deactivated")
+
+
+def _held(reason: str | None) -> bool:
+    text = (reason or "").lower()
+    return any(word in text for word in HELD_REASONS)
 
 
 def _fence(request: StepRequest) -> str:

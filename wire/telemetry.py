@@ -189,7 +189,8 @@ class SubmitSpec(_Wire):
 
     ``native`` is the job in its own scheduler's words, enough for a connector of the same
     kind to submit an equivalent job (Slurm: ``{"script": the batch script, "options":
-    {sbatch option: value}, "workdir": path, "user": its owner}``; each connector's
+    {sbatch option: value}, "workdir": path, "user": its owner}``; Kubernetes and Kueue:
+    ``{"job": the batch/v1 Job, cleaned of what only its cluster means}``; each connector's
     module docstring says what it puts there). A connector of another kind cannot read
     it: a job moves across scheduler families only when it also declares a ``portable``
     form, and the plan says when it cannot move. At most 64 Ki characters as JSON, so that

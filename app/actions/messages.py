@@ -171,6 +171,13 @@ def _move_workload(
         and is_connector_queue(step.queue)
     ):
         args["if_held"] = True  # the hold may not have taken effect, or the job moved on
+    if step.name == ConnectorStep.release and step.phase == StepPhase.forward:
+        stage = next((s for s in forward if s.name == AgentStep.stage), None)
+        if stage is not None and stage.result.get("image_dir"):
+            # A running job's move: where it resumes from at the target. Kubernetes'
+            # connector writes it on the held Job before letting it run (its pods read
+            # SHAPER_RESUME_FROM); Slurm's job body finds its staged image itself.
+            args["resume_from"] = stage.result["image_dir"]
     if step.name in (ConnectorStep.submit, ConnectorStep.withdraw):
         # The move's name makes a resent submit (or its withdraw) find the job it submitted
         # before; the source cluster is what the target fences the step under.

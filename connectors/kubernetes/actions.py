@@ -60,6 +60,7 @@ from connectors.kubernetes.pods import (
     STOPPED_BY_STEP,
     resume_blocker,
 )
+from connectors.kubernetes.submission import pinned_affinity
 
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 # One request's ceiling: the saga retries a step that times out, the API server does not
@@ -298,31 +299,6 @@ def _pinned_nodes(affinity: client.V1Affinity | None) -> list[str] | None:
     if not pins or any(p != pins[0] for p in pins):
         return None
     return pins[0]
-
-
-def _pinned_affinity(affinity: client.V1Affinity | None, nodes: list[str]) -> client.V1Affinity:
-    """``affinity`` with every required node-selector term also requiring a node in
-    ``nodes`` (terms are ORed, expressions in a term ANDed); an earlier pin is replaced."""
-    affinity = affinity or client.V1Affinity()
-    node_affinity = affinity.node_affinity or client.V1NodeAffinity()
-    required = node_affinity.required_during_scheduling_ignored_during_execution
-    terms = list(required.node_selector_terms or []) if required else []
-    if not terms:
-        terms = [client.V1NodeSelectorTerm(match_expressions=[])]
-    pin = client.V1NodeSelectorRequirement(key=HOSTNAME_LABEL, operator="In", values=sorted(nodes))
-    pinned_terms = [
-        client.V1NodeSelectorTerm(
-            match_expressions=[e for e in term.match_expressions or [] if e.key != HOSTNAME_LABEL]
-            + [pin],
-            match_fields=term.match_fields,
-        )
-        for term in terms
-    ]
-    node_affinity.required_during_scheduling_ignored_during_execution = client.V1NodeSelector(
-        node_selector_terms=pinned_terms
-    )
-    affinity.node_affinity = node_affinity
-    return affinity
 
 
 # -- Jobs (batch/v1) --------------------------------------------------------------------
@@ -603,7 +579,7 @@ def _prepare_stopped(
         return
     prepared: dict[str, Any] = {}
     if nodes is not None:
-        affinity = api.sanitize_for_serialization(_pinned_affinity(template.spec.affinity, nodes))
+        affinity = pinned_affinity(api.sanitize_for_serialization(template.spec.affinity), nodes)
         prepared["spec"] = {"affinity": affinity}
     if resume_from is not None:
         prepared["metadata"] = {"annotations": {RESUME_FROM: resume_from}}

@@ -8,7 +8,9 @@ connectors.kubernetes.pods):
 step                                plain Kubernetes
 ==================================  ==========================================================
 resize(replicas)                    Deployment, StatefulSet: ``scale`` (``/scale``)
-hold / release                      Job: ``suspend_job`` / ``resume_job``
+hold / release                      Job: ``suspend_job`` / ``resume_job``; a release with
+                                    a resume pointer (a moved job's, at its target):
+                                    ``recreate_job_pinned(nodes=None)`` with the pointer
 suspend / resume                    Job: ``suspend_job_to_resume`` (the pods go, the template
                                     keeps the resume pointer) / ``resume_job``
 requeue(nodes, hold)                Job: ``recreate_job_pinned`` to ``nodes`` with the
@@ -20,7 +22,11 @@ start(nodes)                        suspended Job: ``recreate_job_pinned(resume_
                                     to ``nodes`` (its pointer kept), ``resume_job`` without
                                     nodes; a bare pod without nodes: nothing to do
 cancel                              Job: ``delete_job``; bare pod: ``delete_pod``
-set_resume_pointer                  kept for the ``requeue``/``suspend`` that follows
+submit(spec, name, nodes, hold)     create the spec's Job, suspended when ``hold``, pinned
+                                    to ``nodes`` (connectors.kubernetes.moves)
+withdraw(name)                      delete the move's Job unless it ran to its end
+set_resume_pointer                  kept for the ``requeue``/``suspend``/``release`` that
+                                    follows
 ==================================  ==========================================================
 
 Anything else is refused with a non-retryable :class:`ConnectorError` that says why (the
@@ -62,6 +68,7 @@ from kubernetes import client
 
 from connectors.base import ConnectorError
 from connectors.kubernetes import actions
+from connectors.kubernetes.moves import KubernetesMoves
 from connectors.kubernetes.pods import OwnerRef, parse_external_id
 
 if TYPE_CHECKING:
@@ -76,9 +83,10 @@ SCALABLE: dict[str, Literal["deployment", "statefulset"]] = {
 ENDED_CONDITIONS = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
 
 
-class KubernetesCapabilities:
+class KubernetesCapabilities(KubernetesMoves):
     """Steps of the Kubernetes connector: a mixin of ``KubernetesConnector`` (it needs the
-    connector's ``api``, and ``owner_object`` for the Kueue variant)."""
+    connector's ``api``, and ``owner_object`` for the Kueue variant); ``submit`` and
+    ``withdraw`` are :class:`KubernetesMoves`'."""
 
     if TYPE_CHECKING:
         api: ApiClient
@@ -132,8 +140,21 @@ class KubernetesCapabilities:
         actions.suspend_job(self.api, namespace=owner.namespace, job=owner.name)
 
     def release(self, external_id: str) -> None:
+        """Let a held Job run; with a resume pointer handed over (a running job's move,
+        released at its target once its image is staged) its template carries the pointer
+        first, so its pods resume from there."""
+        resume_from: str | None = self._handed("_resume_pointers").pop(external_id, None)
         owner = self._job("release", external_id)
-        actions.resume_job(self.api, namespace=owner.namespace, job=owner.name)
+        if resume_from is None:
+            actions.resume_job(self.api, namespace=owner.namespace, job=owner.name)
+            return
+        actions.recreate_job_pinned(
+            self.api,
+            namespace=owner.namespace,
+            job=owner.name,
+            nodes=None,
+            resume_from=resume_from,
+        )
 
     # --- SupportsSuspend -------------------------------------------------------------------
 

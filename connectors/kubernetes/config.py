@@ -43,3 +43,11 @@ class KubernetesConnectorConfig(BaseModel):
     # List by a streaming list (watch with sendInitialEvents) where the API server offers
     # one, else in pages of page_size (connectors.kubernetes.informer).
     stream_list: bool = True
+    # Report with each pending or running Job the spec that moves it to another cluster of
+    # its federation group (connectors.kubernetes.submission).
+    submit_specs: bool = True
+    # Where a Job submitted from another scheduler's portable form is created (the form
+    # names no namespace); on Kueue, the LocalQueue it queues in (none: such a job is
+    # refused, as Kueue would not admit it).
+    portable_namespace: Annotated[str, Field(min_length=1, max_length=63)] = "default"
+    portable_queue: Annotated[str, Field(min_length=1, max_length=63)] | None = None

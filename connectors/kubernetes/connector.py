@@ -15,6 +15,10 @@ an API server outage, a re-list after 410). Every change a watch applies sets a 
 ``wait_for_change`` (``SupportsChangeWait``) waits on, so the runner pushes a change
 within a fraction of a second instead of at its next interval.
 
+Federated moves: a pending or running Job reports the spec that moves it to another
+cluster (connectors.kubernetes.submission says what its ``native`` carries), and
+``submit``/``withdraw`` create and delete such Jobs here (connectors.kubernetes.moves).
+
 Subclasses (the Kueue connector) hook in at four places: :meth:`watched` (more
 collections), :meth:`job_groups` (how pods and objects group into jobs) and
 :meth:`job_reports` (how groups become reports), and :meth:`job_index`, which must do
@@ -24,10 +28,11 @@ incrementally what the two before do whole. Actions find their objects through
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,7 +59,8 @@ from connectors.kubernetes.pods import (
     pod_node,
     priorities,
 )
-from wire.telemetry import ClusterState, JobReport, NodeReport, SchedulerKind
+from connectors.kubernetes.submission import job_submit_spec
+from wire.telemetry import ClusterState, JobReport, NodeReport, SchedulerKind, SubmitSpec
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +227,14 @@ class KubernetesConnector(KubernetesCapabilities):
             default_priority=default_priority,
             gpu_model_aliases=self.config.gpu_model_aliases,
             include_cpu_only=self.config.include_cpu_only,
+            submit_spec=self.submit_spec_reader(),
         )
+
+    def submit_spec_reader(self) -> Callable[[Mapping[str, Any]], SubmitSpec | None] | None:
+        """How a Job becomes the spec its report carries (None: ``submit_specs`` is off)."""
+        if not self.config.submit_specs:
+            return None
+        return functools.partial(job_submit_spec, scheduler=self.kind)
 
     def read_state(self) -> ClusterState:
         """The cluster now: the reports kept current from the informers' changes

@@ -277,6 +277,7 @@ class JobReports:
             default_priority=self.default_priority,
             gpu_model_aliases=self.config.gpu_model_aliases,
             include_cpu_only=self.config.include_cpu_only,
+            submit_spec=self.connector.submit_spec_reader(),
         )
 
     def _translate_nodes(self, dirty: set[str]) -> None:

@@ -37,6 +37,10 @@ rest is ``pending`` with the scheduler's reason (PodScheduled=False's message).
 running, and only on nodes that are known and not ``down`` (a NotReady node's pods are
 lost to the plan until Kubernetes evicts them).
 
+**Submit spec.** A pending or running Job (one whose object is watched) carries the spec
+that moves it to another cluster when the context asks for specs
+(connectors.kubernetes.submission says what is in it); other owners carry none.
+
 **Fields from labels and annotations** (on the owner object, its pod template or its first
 pod, in that order of precedence; "first" is by name, as are a group's pods wherever
 their order matters, so that a report depends on the objects and not on the order the
@@ -65,7 +69,7 @@ watch delivered them in):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -80,6 +84,7 @@ from wire.telemetry import (
     JobShape,
     JobState,
     NodeState,
+    SubmitSpec,
 )
 
 Object = dict[str, Any]
@@ -413,6 +418,9 @@ class TranslationContext:
     default_priority: int = 0
     gpu_model_aliases: Mapping[str, str] = field(default_factory=dict)
     include_cpu_only: bool = False
+    # A pending or running Job's spec for a move to another cluster
+    # (connectors.kubernetes.submission); None: the connector reports none.
+    submit_spec: Callable[[Mapping[str, Any]], SubmitSpec | None] | None = None
 
 
 def priorities(priority_classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], int]:
@@ -611,6 +619,13 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
             else sum(pod_gpus(p) for p in (live or group.pods))
         )
         fields.update(gang_size=gang, gpus_requested=min(100_000, max(requested, held_gpus)))
+    if (
+        context.submit_spec is not None
+        and group.owner.kind == "Job"
+        and group.obj is not None
+        and state in (JobState.pending, JobState.running)
+    ):
+        fields["submit"] = context.submit_spec(group.obj)
     return JobReport(**fields)
 
 

@@ -13,6 +13,9 @@ requeue(hold)                       with a resume pointer ``preempt_with_checkpo
                                     ``reactivate`` unless ``hold``
 start(nodes)                        ``reactivate``
 cancel                              ``delete_job`` (the Workload goes with its Job)
+submit(spec, name, hold)            create the Job suspended (Kueue admits it); with
+                                    ``hold`` ``deactivate`` its Workload once it exists
+withdraw(name)                      as on Kubernetes: ``delete_job``
 ==================================  ==========================================================
 
 Kueue admits a Workload and the kube-scheduler places its pods, so the connector cannot
@@ -31,7 +34,8 @@ refuses when there is none, before anything stops.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from connectors.base import ConnectorError
 from connectors.kubernetes import actions as kube_actions
@@ -40,9 +44,15 @@ from connectors.kubernetes.capabilities import KubernetesCapabilities
 from connectors.kubernetes.pods import QUEUE_LABEL, OwnerRef, parse_external_id
 from connectors.kueue import actions
 from connectors.kueue.actions import Checkpoint
+from wire.telemetry import SubmitSpec
 
 if TYPE_CHECKING:
+    from kubernetes.client import V1Job
+
     from connectors.kubernetes.informer import Object
+
+# The stamp a held submit writes on the Workload it deactivates (``STOPPED_BY_STEP``).
+HELD_BY_MOVE = "move-held:"
 
 
 class KueueCapabilities(KubernetesCapabilities):
@@ -146,6 +156,60 @@ class KueueCapabilities(KubernetesCapabilities):
             return
         actions.reactivate(self.api, namespace=owner.namespace, workload=workload)
 
+    # --- SupportsSubmit (connectors.kubernetes.moves) ---------------------------------------
+
+    def job_to_create(
+        self,
+        spec: SubmitSpec,
+        *,
+        name: str,
+        nodes: list[str] | None,
+        hold: bool,
+        what: str,
+    ) -> dict[str, Any]:
+        """A Job Kueue will manage is created suspended, as Kueue's webhook would make it
+        anyway: Kueue unsuspends it once admitted. It cannot be pinned (module docstring),
+        so ``nodes`` (a running job's move) is refused before anything is created."""
+        if nodes:
+            raise ConnectorError(
+                f"{what}: Kueue admits a job and the scheduler places it, so it cannot be "
+                f"pinned to {','.join(nodes)}; a running job cannot move to a Kueue cluster",
+                retryable=False,
+            )
+        job = super().job_to_create(spec, name=name, nodes=None, hold=hold, what=what)
+        labels = job["metadata"]["labels"]
+        if spec.scheduler is not self.kind and not labels.get(QUEUE_LABEL):
+            if self.config.portable_queue is None:
+                raise ConnectorError(
+                    f"{what}: a job from another scheduler's portable form needs a LocalQueue "
+                    "to queue in here; set portable_queue",
+                    retryable=False,
+                )
+            labels[QUEUE_LABEL] = self.config.portable_queue
+        if labels.get(QUEUE_LABEL):
+            job["spec"]["suspend"] = True
+        return job
+
+    def after_submit(self, job: V1Job, *, name: str, hold: bool, what: str) -> None:
+        """A held submit of a job Kueue manages deactivates its Workload (Kueue's hold: a
+        ``release`` reactivates it), stamped with the move's name, once: a resent submit
+        whose Workload carries the stamp leaves it alone — it may have been released since.
+        Kueue may admit the Workload between its creation and the deactivation; the
+        deactivation then stops it again (its pods, had any started, go)."""
+        labels = job.metadata.labels or {}
+        if not hold or not labels.get(QUEUE_LABEL):
+            return
+        external_id = OwnerRef("Job", job.metadata.namespace, job.metadata.name).external_id
+        workload = _first_answer(
+            f"the Workload of {external_id} ({what})", lambda: self.workload_of(external_id)
+        )
+        namespace, workload_name = job.metadata.namespace, str(workload["metadata"]["name"])
+        stamp = f"{HELD_BY_MOVE}{name}"
+        current = actions.read_workload(self.api, namespace=namespace, workload=workload_name)
+        if actions.stopped_by(current, stamp):
+            return
+        actions.deactivate(self.api, namespace=namespace, workload=workload_name, step_key=stamp)
+
     # --- helpers ---------------------------------------------------------------------------
 
     def _resent_after_release(self, owner: OwnerRef, workload: str, step_key: str | None) -> bool:
@@ -174,6 +238,20 @@ class KueueCapabilities(KubernetesCapabilities):
                     retryable=True,
                 )
         return owner, None
+
+
+def _first_answer(what: str, found: Callable[[], Object | None]) -> Object:
+    """What ``found`` answers once it answers something; retryable after the settle time."""
+    answer: list[Object] = []
+
+    def done() -> bool:
+        value = found()
+        if value is not None:
+            answer.append(value)
+        return value is not None
+
+    kube_actions.wait_until(what, done, kube_actions.SETTLE_TIMEOUT_S)
+    return answer[-1]
 
 
 def _taken(owner: OwnerRef, resume_from: str | None) -> Checkpoint:

@@ -6,6 +6,11 @@ what Kueue decided about it (connectors.kueue.workloads): held or admitted, why 
 its queue, team (ClusterQueue) and priority. Jobs that Kueue does not manage (no Workload)
 are reported as the Kubernetes connector reports them. ``read_state`` keeps the reports
 current change by change (:class:`KueueJobReports`).
+
+Federated moves: a Job still waiting for admission reports ``SubmitSpec(scheduler=kueue,
+native={"job": …})`` (connectors.kubernetes.submission says what ``job`` carries; its
+``kueue.x-k8s.io/queue-name`` label travels), and ``submit``/``withdraw`` create and delete
+such Jobs here, Kueue admitting them (connectors.kueue.capabilities).
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ overrides what Kueue decides:
   ``nvidia.com/gpu``; waiting — the models of the ClusterQueue's GPU flavors; from each
   flavor's ``nodeLabels["nvidia.com/gpu.product"]`` (no restriction if one has none).
 
+* **submit** (a federated move's spec, connectors.kubernetes.submission): only while the
+  job waits for admission; an admitted or running Job's template carries its flavor's
+  node selectors, and a Kueue cluster cannot take a running job's move (it cannot pin).
+
 A Workload whose owner is not seen (no pods, owner kind not watched) is reported from the
 Workload alone, with its owner's external id.
 """
@@ -231,6 +235,11 @@ def workload_report(
         )
     if state is JobState.running:
         fields.pop("required_nodes", None)
+    if state is not JobState.pending or admission:
+        # An admitted Job's template carries the node selectors and tolerations of the
+        # flavor Kueue admitted it to, and Kueue cannot pin a moved Job to a node anyway
+        # (connectors.kueue.capabilities): only a job still waiting for admission moves.
+        fields["submit"] = None
     return JobReport(**fields)
 
 

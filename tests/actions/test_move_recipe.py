@@ -160,6 +160,8 @@ def test_a_running_job_is_checkpointed_staged_at_the_target_and_released_there()
         assert sent[name, queue]["workload_id"] == "9", (name, queue)
     assert sent["stage", "agent.b.bnode2"]["args"]["image_dir"] == "/b/img/9/g1/image"
     assert sent["confirm", "agent.b.bnode2"]["args"]["resumed_from"] == "/b/img/9/g1/image"
+    # Where B's scheduler resumes it from (Kubernetes writes it on the Job it releases).
+    assert sent["release", "connector.b"]["args"]["resume_from"] == "/b/img/9/g1/image"
     assert sent["cancel", "connector.a"]["workload_id"] == "41"
     assert sent["release", "agent.a.node1"]["workload_id"] == "41"
     assert sent["release", "agent.a.node1"]["args"]["delete_image"] is True

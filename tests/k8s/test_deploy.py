@@ -420,3 +420,21 @@ def test_the_persistent_journal_component_puts_the_journal_on_a_claim(tmp_path: 
         e["value"] for e in container["env"] if e["name"] == "SHAPER_CONNECTOR_STATE_DIR"
     )
     assert state_dir.startswith(mounts["journal"] + "/")
+
+
+def test_the_federation_target_component_adds_only_creating_jobs(tmp_path: Path) -> None:
+    """A cluster that takes jobs moved in from its federation group creates them
+    (connectors/kubernetes/moves.py); the base role, checked above, still may not."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "target").mkdir()
+    plain = render("overlays/kueue", tmp_path=tmp_path / "plain")
+    target = render("overlays/kueue", "components/federation-target", tmp_path=tmp_path / "target")
+    added = [obj for obj in target if obj not in plain]
+    role = next(obj for obj in added if obj["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
+    binding = next(obj for obj in added if obj["kind"] == "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "shaper-connector", "namespace": NAMESPACE}
+    ]
+    assert {obj["kind"] for obj in added} == {"ClusterRole", "ClusterRoleBinding"}
