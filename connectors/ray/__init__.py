@@ -1,5 +1,7 @@
 """Ray connector: telemetry from a Ray head's state, Jobs and Serve APIs; stop and
-resubmit jobs, scale Serve deployments, drain nodes. Importing it registers the kind."""
+resubmit jobs, submit jobs moved from another Ray cluster (connectors.ray.submission says
+what a Ray job's ``SubmitSpec.native`` holds), scale Serve deployments, drain nodes.
+Importing it registers the kind."""
 
 from connectors.ray.config import RayConnectorConfig
 from connectors.ray.connector import RayConnector, create_ray_connector

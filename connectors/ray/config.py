@@ -20,8 +20,12 @@ class RayConnectorConfig(BaseModel):
     # The head's dashboard: the state API (/api/v0/...), the Jobs API (/api/jobs/) and
     # Serve's REST API all answer there.
     dashboard_url: Annotated[str, Field(min_length=1)] = "http://127.0.0.1:8265"
-    # The GCS (``ray start --head --port``): only draining a node needs it, and reading
-    # which nodes drain; without it nodes are reported up or down only.
+    # The GCS (``ray start --head --port``): draining a node needs it, and reading which
+    # nodes drain; so does reading what a job's entrypoint asked for (CPUs, GPUs, memory,
+    # resources: Ray's REST answers leave it out), which a requeue resubmits and a job's
+    # submit spec carries. Without it nodes are reported up or down only, jobs report no
+    # submit spec (they cannot move to another cluster), and a requeue's resubmission
+    # asks for no entrypoint resources.
     gcs_address: str | None = None
     timeout_s: Annotated[float, Field(gt=0)] = 20.0
     # How long a requeue waits for Ray to stop the job it replaces (Ray sends SIGTERM,

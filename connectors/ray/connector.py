@@ -15,13 +15,24 @@ requeue(hold)               stop the job's submission and submit it again (a new
                             ``shaper.io/gpus`` set to the GPUs it asked for (unless the job
                             set it); with ``hold`` it is kept (connectors.ray.held) until
                             ``start``/``release`` submits it
-hold                        the same, held
+hold                        the same, held, for a job that waits (PENDING in Ray); a
+                            running one is left running: a hold keeps a job from
+                            starting and stops none (a move's hold reads it back, finds
+                            it running and gives the move up)
 start / release             submit a held job; one that runs or waits in Ray: nothing
 cancel                      stop the job for good (and forget it if held)
+submit(name, nodes, hold)   a job of another Ray cluster moved here (SupportsSubmit): its
+                            spec submitted as ``move_submission_id(name)``; with ``hold``
+                            kept until ``release``, with ``nodes`` its driver pinned there
+withdraw(name)              the job of that move stopped (or its held record dropped)
 resize(replicas)            a Serve deployment (``serve:<app>/<deployment>``): Serve's
                             external scaler, ``POST /api/v1/applications/…/scale``
 drain_node (not a step)     the GCS's drain (connectors.ray.drain); no plan drives it yet
 ==========================  ===============================================================
+
+Telemetry puts a ``SubmitSpec`` on every pending, held and running job that can move to
+another Ray cluster of its federation group; connectors.ray.submission says what its
+``native`` holds and which jobs cannot move.
 
 Refused with a non-retryable :class:`ConnectorError` that says why: a requeue pinned to
 nodes or away from them (Ray places a job's placement groups and actors itself; a job
@@ -31,6 +42,11 @@ deployment whose application does not let an external scaler set its replicas
 (``external_scaler_enabled: true`` in its Serve config), acting on a driver that was not
 submitted through the Jobs API. ``suspend``, ``reserve`` and ``update_node_count`` are
 not offered: Ray has none of them, and the executor refuses those steps itself.
+
+Ray cannot stop a job whose driver waits for its entrypoint's resources (PENDING in Ray:
+the stop waits on its supervisor actor, which Ray has not placed yet); so a requeue, hold
+or withdraw of such a job answers "retry" after ``stop_timeout_s`` until they come free
+(or until Ray's own start timeout fails the job), and a move of one is given up.
 
 A resubmission's submission id is fixed before anything is stopped
 (``<job>.r<attempt>``) and kept with the held record, so a resent step submits the same
@@ -50,12 +66,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from connectors.base import ConnectorError
 from connectors.ray import drain as gcs
 from connectors.ray.client import RayDashboard, RayHttpError
 from connectors.ray.config import RayConnectorConfig
+from connectors.ray.gcs_jobs import entrypoint_requests
 from connectors.ray.held import HeldJob, HeldJobs
+from connectors.ray.submission import (
+    check_move_name,
+    move_submission_id,
+    not_movable,
+    ran,
+    submission_body,
+    submit_spec,
+)
 from connectors.ray.translate import (
     ATTEMPT_KEY,
     CHECKPOINT_DIR_KEY,
@@ -80,8 +106,10 @@ from wire.telemetry import (
     TERMINAL_JOB_STATES,
     ClusterState,
     JobReport,
+    JobState,
     NodeState,
     SchedulerKind,
+    SubmitSpec,
 )
 
 logger = logging.getLogger(__name__)
@@ -122,6 +150,11 @@ class RayConnector:
         # external id → what the executor handed over for the step that follows.
         self._resume_pointers: dict[str, str | None] = {}
         self._step_keys: dict[str, str] = {}
+        # Jobs whose telemetry carries no submit spec, and why: logged once, not each read.
+        self._unmovable: dict[str, str] = {}
+        # Submission id → what its entrypoint asked for (connectors.ray.gcs_jobs); a
+        # submission's never changes, so each is read from the GCS once.
+        self._entrypoints: dict[str, dict[str, Any]] = {}
 
     def close(self) -> None:
         self.ray.close()
@@ -154,6 +187,9 @@ class RayConnector:
         )
         held = self.held.all()
         jobs: list[JobReport] = []
+        # External id → the submission it moves as, or why it cannot say.
+        specs: dict[str, dict[str, Any] | str] = {}
+        listed: dict[str, Submission] = {}  # those Ray lists: their specs are read below
         grouped = submissions(self.ray.list_jobs())
         for external_id, group in sorted(grouped.items()):
             latest = group[-1]
@@ -163,6 +199,9 @@ class RayConnector:
                 # Its stopped submission's placement groups are gone: what it asks for is
                 # in the metadata of the submission the connector keeps for it.
                 latest = _with_metadata(latest, record.submission.get("metadata"))
+                specs[external_id] = record.submission
+            elif latest.state not in TERMINAL_JOB_STATES:
+                listed[external_id] = latest
             jobs.append(
                 job_report(
                     latest,
@@ -177,11 +216,10 @@ class RayConnector:
                 )
             )
         for external_id, record in sorted(held.items()):
-            if external_id not in grouped:  # Ray forgot the job (a new head): Shaper did not
-                last = _with_metadata(
-                    Submission(external_id, record.replaces, record.attempt - 1, record.last_seen),
-                    record.submission.get("metadata"),
-                )
+            # Ray forgot the job (a new head), or never had it (moved in held): Shaper did not.
+            if external_id not in grouped:
+                specs[external_id] = record.submission
+                last = _with_metadata(_last_seen(record), record.submission.get("metadata"))
                 jobs.append(
                     job_report(
                         last,
@@ -192,10 +230,59 @@ class RayConnector:
                         restarts=last.attempt,
                     )
                 )
+        specs.update(self._listed_specs(listed))
         # Services first: a replica's GPU is the service's whole, a job's may be a fraction.
         services = serve_reports(self._serve(), self.config, node_names=live, node_gpus=node_gpus)
-        jobs = fit_to_nodes([*services, *jobs], node_gpus)
+        jobs = fit_to_nodes([*services, *self._with_specs(jobs, specs)], node_gpus)
         return ClusterState(observed_at=observed_at, nodes=[n.report for n in nodes], jobs=jobs)
+
+    def _listed_specs(self, latest: dict[str, Submission]) -> dict[str, dict[str, Any] | str]:
+        """By external id: the latest submission as Ray lists it, with what its entrypoint
+        asked for (connectors.ray.gcs_jobs), or why that cannot be read."""
+        if not self.config.gcs_address:
+            why = (
+                "the connector has no gcs_address, and Ray's REST answers leave out what a "
+                "job's entrypoint asked for (its CPUs, GPUs, memory, resources)"
+            )
+            return dict.fromkeys(latest, why)
+        wanted = {s.submission_id for s in latest.values()}
+        self._entrypoints = {k: v for k, v in self._entrypoints.items() if k in wanted}
+        unread = wanted - self._entrypoints.keys()
+        why = "the GCS has no record of its submission"
+        try:
+            self._entrypoints.update(entrypoint_requests(self.config.gcs_address, unread))
+        except ConnectorError as error:
+            # Telemetry goes on without the specs it could not complete: a job that cannot
+            # move for a while is better than a cluster not seen at all.
+            logger.warning("submit specs of %d Ray jobs left out: %s", len(unread), error)
+            why = f"its submission could not be read from the GCS ({error})"
+        specs: dict[str, dict[str, Any] | str] = {}
+        for external_id, submission in latest.items():
+            asked = self._entrypoints.get(submission.submission_id)
+            specs[external_id] = why if asked is None else {**submission.raw, **asked}
+        return specs
+
+    def _with_specs(
+        self, jobs: list[JobReport], specs: dict[str, dict[str, Any] | str]
+    ) -> list[JobReport]:
+        """The jobs, each pending or running one with the spec it moves by when it can."""
+        unmovable: dict[str, str] = {}
+        reported = []
+        for job in jobs:
+            submission = specs.get(job.external_id)
+            if submission is None or job.state not in (JobState.pending, JobState.running):
+                reported.append(job)
+                continue
+            spec, why = _spec_of(submission, self.config)
+            if spec is not None:
+                reported.append(job.model_copy(update={"submit": spec}))
+                continue
+            if self._unmovable.get(job.external_id) != why:
+                logger.info("job %s carries no submit spec (cannot move): %s", job.external_id, why)
+            unmovable[job.external_id] = why
+            reported.append(job)
+        self._unmovable = unmovable
+        return reported
 
     def _serve(self) -> dict[str, dict[str, Any]]:
         try:
@@ -243,6 +330,12 @@ class RayConnector:
                 self.held.put(record.model_copy(update={"hold": True}))
             self._stop(external_id, record.replaces)
             return
+        latest = self._latest(external_id, what="hold")
+        if latest.state is JobState.running:
+            # Its driver runs (maybe waiting for its placement groups): stopping it would lose
+            # what it did, which a hold, unlike a requeue, is not asked to.
+            logger.info("hold %s: it runs in Ray; left running", external_id)
+            return
         self._stop_and_resubmit(external_id, hold=True, pointer=None, key=None)
 
     def release(self, external_id: str) -> None:
@@ -286,6 +379,105 @@ class RayConnector:
         for submission in group:
             if submission.state not in TERMINAL_JOB_STATES:
                 self._stop(external_id, submission.submission_id)
+
+    # --- SupportsSubmit (a federated move) --------------------------------------------------
+
+    def submit(
+        self,
+        spec: SubmitSpec,
+        *,
+        name: str,
+        nodes: list[str] | None = None,
+        hold: bool = False,
+    ) -> str:
+        """SupportsSubmit: submit ``spec`` here as move ``name``; the job's id (its
+        submission id, :func:`~connectors.ray.submission.move_submission_id`).
+
+        ``hold``: kept by the connector (connectors.ray.held: Ray has no held job) and
+        reported pending and held until ``release`` submits it. ``nodes``: its driver is
+        pinned to those nodes (connectors.ray.submission). Idempotent by name: a job that
+        Ray has, or the connector holds, under the move's submission id is returned as it
+        is (not held or pinned again), and Ray refuses a duplicate submission id should
+        two submits race."""
+        check_move_name(name, step="submit")
+        what = f"submit {name} to Ray cluster {self.cluster}"
+        submission_id = move_submission_id(name)
+        if self.held.get(submission_id) is not None or submission_id in submissions(
+            self.ray.list_jobs()
+        ):
+            logger.info("%s: job %s was submitted for it before", what, submission_id)
+            return submission_id
+        body = submission_body(
+            spec,
+            name=name,
+            submission_id=submission_id,
+            config=self.config,
+            nodes=self._node_ids(nodes, what=what) if nodes else None,
+        )
+        record = HeldJob(
+            external_id=submission_id,
+            submission=body,
+            replaces=None,
+            attempt=0,
+            hold=True,
+            last_seen={**body, "status": "PENDING"},
+        )
+        if hold:
+            self.held.put(record)
+        else:
+            self._submit(record)
+        logger.info(
+            "%s: submitted as job %s%s%s",
+            what,
+            submission_id,
+            f", pinned to {','.join(nodes)}" if nodes else "",
+            ", held" if hold else "",
+        )
+        return submission_id
+
+    def withdraw(self, name: str) -> str | None:
+        """SupportsSubmit: stop the job submitted here as move ``name`` (or drop it, held);
+        its id, or None when no job of that move waits or runs here — it never arrived, a
+        withdraw stopped it already, or Ray failed it before its entrypoint ran. One that
+        ran here and ended on its own (SUCCEEDED, or FAILED once started) is a
+        non-retryable error: the move took place, and the saga must not release the
+        source's copy to run a second time."""
+        check_move_name(name, step="withdraw")
+        what = f"withdraw {name} from Ray cluster {self.cluster}"
+        submission_id = move_submission_id(name)
+        record = self.held.get(submission_id)
+        group = submissions(self.ray.list_jobs()).get(submission_id, [])
+        live = [s for s in group if s.state not in TERMINAL_JOB_STATES]
+        if record is None and not live:
+            latest = group[-1] if group else None
+            if latest is not None and ran(latest.raw):
+                raise ConnectorError(
+                    f"{what}: job {submission_id} of this move already ran here and ended "
+                    f"{latest.raw.get('status')}: the move took place, so its source copy "
+                    "must not run again",
+                    retryable=False,
+                )
+            logger.info("%s: no job of that move waits or runs here", what)
+            return None
+        if record is not None:
+            self.held.drop(submission_id)
+        for submission in live:
+            self._stop(submission_id, submission.submission_id)
+        logger.info("%s: withdrew job %s", what, submission_id)
+        return submission_id
+
+    def _node_ids(self, nodes: list[str], *, what: str) -> dict[str, str]:
+        """Shaper's name → Ray's node id of each node, all of them live."""
+        live = {
+            n.report.name: n.node_id for n in self.read_nodes() if n.report.state is NodeState.up
+        }
+        unknown = [node for node in nodes if node not in live]
+        if unknown:
+            raise ConnectorError(
+                f"{what}: Ray has no live node named {', '.join(unknown)} to pin it to",
+                retryable=False,
+            )
+        return {node: live[node] for node in nodes}
 
     # --- SupportsResize --------------------------------------------------------------------
 
@@ -413,6 +605,11 @@ class RayConnector:
         body: dict[str, Any] = {
             field: latest.raw[field] for field in _CARRIED if latest.raw.get(field) is not None
         }
+        if self.config.gcs_address:
+            # What Ray's REST listing leaves out (connectors.ray.gcs_jobs); without a GCS,
+            # the resubmission's driver asks for nothing beyond Ray's defaults.
+            asked = entrypoint_requests(self.config.gcs_address, [latest.submission_id])
+            body.update(asked.get(latest.submission_id, {}))
         body.update(
             runtime_env=runtime_env,
             metadata=metadata,
@@ -428,8 +625,11 @@ class RayConnector:
             last_seen=latest.raw,
         )
 
-    def _stop(self, external_id: str, submission_id: str) -> None:
-        """Stop a submission and wait until Ray says it has ended."""
+    def _stop(self, external_id: str, submission_id: str | None) -> None:
+        """Stop a submission and wait until Ray says it has ended. None: there is none to
+        stop (a job moved in held)."""
+        if submission_id is None:
+            return
         try:
             self.ray.stop_job(submission_id)
         except RayHttpError as error:
@@ -483,6 +683,29 @@ class RayConnector:
 
     def _latest(self, external_id: str, *, what: str) -> Submission:
         return self._group(external_id, what=what)[-1]
+
+
+def _spec_of(
+    submission: dict[str, Any] | str, config: RayConnectorConfig
+) -> tuple[SubmitSpec | None, str]:
+    """The spec a job moves by, or why it has none (``submission`` may be that already)."""
+    if isinstance(submission, str):
+        return None, submission
+    why = not_movable(submission)
+    if why is not None:
+        return None, why
+    try:
+        return submit_spec(submission, config), ""
+    except ValidationError as error:  # above the wire's bound
+        return None, f"its spec is too large for telemetry ({error.errors()[0]['msg']})"
+
+
+def _last_seen(record: HeldJob) -> Submission:
+    """What the connector last saw of a held job that Ray has not (any more)."""
+    if record.replaces is None:  # moved in held: its own submission, not yet made
+        submission_id = str(record.submission["submission_id"])
+        return Submission(record.external_id, submission_id, record.attempt, record.last_seen)
+    return Submission(record.external_id, record.replaces, record.attempt - 1, record.last_seen)
 
 
 def _with_metadata(submission: Submission, metadata: dict[str, Any] | None) -> Submission:

@@ -3,8 +3,9 @@
 Ray's REST APIs neither drain a node nor say which nodes drain, so this part speaks to the
 GCS with Ray's own client (``ray._raylet.GcsClient``, which the ``ray drain-node`` command
 uses; Ray marks that command's interface as developer-facing, not stable). Ray is imported
-here only: reading telemetry does not need it unless ``gcs_address`` is set. Nothing of
-Ray's leaves this module but node ids (hex strings).
+here only (and in connectors.ray.gcs_jobs, through :func:`gcs_client`): reading telemetry
+does not need it unless ``gcs_address`` is set. Nothing of Ray's leaves this module but
+node ids (hex strings).
 
 A drain with reason *preemption* is accepted even while work runs: Ray then places no new
 work on the node, and what runs there goes on until it ends or the deadline passes (Ray
@@ -29,7 +30,8 @@ def _ray_module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def _gcs(address: str) -> Any:
+def gcs_client(address: str) -> Any:
+    """Ray's GCS client (connectors.ray.gcs_jobs reads through it too)."""
     # Ray's client waits ~40 s for a GCS that does not answer: look first, briefly.
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
@@ -59,7 +61,7 @@ def drain(address: str, node_id: str, *, message: str, deadline_s: float | None)
     autoscaler_pb2 = _ray_module("ray.core.generated.autoscaler_pb2")
     deadline_ms = 0 if deadline_s is None else time.time_ns() // 1_000_000 + int(deadline_s * 1000)
     try:
-        accepted, rejection = _gcs(address).drain_node(
+        accepted, rejection = gcs_client(address).drain_node(
             node_id,
             autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
             message,
@@ -77,7 +79,7 @@ def draining_nodes(address: str) -> frozenset[str]:
     """The ids of the live nodes the GCS reports draining."""
     gcs_pb2 = _ray_module("ray.core.generated.gcs_pb2")
     try:
-        nodes = _gcs(address).get_all_node_info()
+        nodes = gcs_client(address).get_all_node_info()
     except ConnectorError:
         raise
     except Exception as error:

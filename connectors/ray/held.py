@@ -4,7 +4,8 @@ Ray has no held or requeued job: a stopped submission stays stopped. So a requeu
 stop-then-submit, and the connector keeps what it will submit (entrypoint, runtime
 environment, metadata with the next attempt and the resume pointer) in this file before
 it stops anything. A job held for a plan (``requeue(hold=True)``, ``hold``) stays here
-until ``start``/``release`` submits it; a plain requeue's record lives only between the
+until ``start``/``release`` submits it, as does a job another cluster's move submitted
+here held (``submit(hold=True)``); a plain requeue's record lives only between the
 stop and the submission, so that a connector that died in between (or a step resent
 after a timeout) submits it on the next try instead of losing the job. Records are
 written with an atomic replace under a lock: the telemetry and action threads share them.
@@ -28,8 +29,9 @@ class HeldJob(BaseModel):
     # The Jobs API body of the submission to make (submission_id included: a resend
     # submits the same id, which Ray refuses as a duplicate, so it never runs twice).
     submission: dict[str, Any]
-    # The submission this record replaces, to stop before submitting.
-    replaces: str
+    # The submission this record replaces, to stop before submitting; None for a job
+    # that moved in from another cluster held (``submit(hold=True)``): none ran here.
+    replaces: str | None
     attempt: int
     # Held for a plan (pending until start/release), or only in flight between the stop
     # and the submission of a requeue.
