@@ -1,5 +1,5 @@
-"""The ``shaper`` command: serve, worker, beat, db, token, audit, diagnose, demo, sim,
-agent, connector."""
+"""The ``shaper`` command: serve, worker, beat, db, token, audit, diagnose,
+forecast-accuracy, demo, sim, agent, connector."""
 
 from __future__ import annotations
 
@@ -285,6 +285,36 @@ def diagnose(
             console.print(f"[red]{exc.message}[/red]")
             raise typer.Exit(2) from None
     print_diagnosis(result, Console())
+
+
+@cli.command("forecast-accuracy")
+def forecast_accuracy(
+    cluster: Annotated[
+        str | None, typer.Option(help="the cluster's name (default: every cluster)")
+    ] = None,
+    hours: Annotated[int, typer.Option(min=1, max=30 * 24, help="the window's length")] = 24,
+) -> None:
+    """How good the shaping cycle's live forecasts were: per service, the next-hour demand
+    forecast's error, bias and coverage against seasonal-naive; per cluster, run-time
+    predictions against the team's median (the same figures as GET
+    /api/v1/forecast-accuracy)."""
+    from app.bootstrap import prepare_database
+    from app.core.clock import SystemClock
+    from app.core.db import get_engine
+    from app.core.errors import Invalid, NotFound
+    from app.forecasts import service
+    from app.forecasts.report import print_accuracy
+
+    prepare_database(get_settings())
+    with Session(get_engine()) as session:
+        try:
+            result = service.accuracy(
+                session=session, now=SystemClock().now(), window_h=hours, cluster=cluster
+            )
+        except (Invalid, NotFound) as exc:
+            console.print(f"[red]{exc.message}[/red]")
+            raise typer.Exit(2) from None
+    print_accuracy(result, Console())
 
 
 @cli.command()

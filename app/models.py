@@ -6,6 +6,7 @@ from app.actions.models import Action
 from app.audit.models import AuditRecord
 from app.clusters.models import Cluster
 from app.federation.models import FederationGroup
+from app.forecasts.models import RuntimePrediction, ServiceForecast
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -27,6 +28,8 @@ __all__ = [
     "Job",
     "Node",
     "Plan",
+    "RuntimePrediction",
+    "ServiceForecast",
     "SlaPolicy",
     "TelemetrySample",
     "metadata",

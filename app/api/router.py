@@ -9,6 +9,7 @@ from app.audit.router import router as audit
 from app.clusters.router import router as clusters
 from app.diagnosis.router import router as diagnosis
 from app.federation.router import router as federation
+from app.forecasts.router import router as forecasts
 from app.gpu_models.router import router as gpu_models
 from app.jobs.router import router as jobs
 from app.nodes.router import router as nodes
@@ -31,6 +32,7 @@ for domain_router in (
     utilization,
     overview,
     diagnosis,
+    forecasts,
     plans,
     actions,
     policies,

@@ -23,6 +23,7 @@ from sqlmodel import Session
 from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import Cluster
 from app.diagnosis import service as diagnosis_service
+from app.forecasts import service as forecast_service
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -46,6 +47,8 @@ BUSY_WINDOW = timedelta(minutes=5)
 # Idle GPU-hours by cause over this window (the diagnosis replays the window's history, so
 # the window bounds a scrape's cost: tens of milliseconds for the demo's three clusters).
 IDLE_WINDOW = timedelta(hours=1)
+# Forecast accuracy over this window: a day of each service's next-hour forecasts.
+FORECAST_WINDOW_H = 24
 _OPEN_JOB_STATES = (JobState.pending, JobState.running, JobState.suspended)
 
 
@@ -71,6 +74,7 @@ class DatabaseCollector:
         yield self._migrations()
         yield from self._telemetry()
         yield self._idle()
+        yield from self._forecasts()
 
     def _cluster(self, cluster_id: int) -> str:
         return self._clusters.get(cluster_id, str(cluster_id))
@@ -303,6 +307,84 @@ class DatabaseCollector:
             for cell in diagnosis.by_gpu_model:
                 idle.add_metric([name, cell.key or "none", str(cell.cause)], cell.gpu_hours)
         return idle
+
+    def _forecasts(self) -> Iterator[Metric]:
+        """Per service: labelled by cluster and service name (the elastic job's name in its
+        cluster, as the SLA policy names it), never a job id. One series per service that
+        had a scored hour in the window: as many as the site runs services (hundreds),
+        the same bound as the SLA policy's list of services."""
+        window = f"next-hour forecasts of the last {FORECAST_WINDOW_H} h"
+        service_labels = ["cluster", "service"]
+        abs_error = GaugeMetricFamily(
+            "shaper_forecast_abs_error_replicas",
+            f"mean absolute error of the demand forecast's mean, {window}",
+            labels=service_labels,
+        )
+        naive_error = GaugeMetricFamily(
+            "shaper_forecast_naive_abs_error_replicas",
+            f"mean absolute error of the seasonal-naive forecast (the baseline), {window}",
+            labels=service_labels,
+        )
+        bias = GaugeMetricFamily(
+            "shaper_forecast_bias_replicas",
+            f"mean of forecast minus demand (> 0: over-forecast), {window}",
+            labels=service_labels,
+        )
+        coverage = GaugeMetricFamily(
+            "shaper_forecast_coverage_ratio",
+            f"share of hours whose demand was at most the forecast's SLA quantile, {window}",
+            labels=service_labels,
+        )
+        target = GaugeMetricFamily(
+            "shaper_forecast_target_quantile",
+            "the SLA quantile the forecasts reserved for (what coverage should reach)",
+            labels=service_labels,
+        )
+        hours = GaugeMetricFamily(
+            "shaper_forecast_hours_scored",
+            f"hours scored, {window}",
+            labels=service_labels,
+        )
+        jobs_window = f"block jobs that finished in the last {FORECAST_WINDOW_H} h"
+        duration_error = GaugeMetricFamily(
+            "shaper_duration_abs_error_hours",
+            f"mean absolute error of the predicted run time, {jobs_window}",
+            labels=["cluster"],
+        )
+        duration_naive = GaugeMetricFamily(
+            "shaper_duration_naive_abs_error_hours",
+            f"mean absolute error of the team's median run time (the baseline), {jobs_window}",
+            labels=["cluster"],
+        )
+        duration_pct = GaugeMetricFamily(
+            "shaper_duration_abs_pct_error_median",
+            f"median absolute percentage error of the predicted run time (a fraction), "
+            f"{jobs_window}",
+            labels=["cluster"],
+        )
+        duration_jobs = GaugeMetricFamily(
+            "shaper_duration_jobs_scored", f"jobs scored, {jobs_window}", labels=["cluster"]
+        )
+        summary = forecast_service.accuracy(
+            session=self.session, now=self.now, window_h=FORECAST_WINDOW_H
+        )
+        for service in summary.services:
+            labels = [service.cluster, service.service]
+            abs_error.add_metric(labels, service.mae_replicas)
+            naive_error.add_metric(labels, service.naive_mae_replicas)
+            bias.add_metric(labels, service.bias_replicas)
+            coverage.add_metric(labels, service.coverage)
+            target.add_metric(labels, service.target_quantile)
+            hours.add_metric(labels, service.hours_scored)
+        for durations in summary.durations:
+            labels = [durations.cluster]
+            duration_error.add_metric(labels, durations.mae_hours)
+            duration_naive.add_metric(labels, durations.naive_mae_hours)
+            if durations.median_abs_pct_error is not None:
+                duration_pct.add_metric(labels, durations.median_abs_pct_error)
+            duration_jobs.add_metric(labels, durations.jobs_scored)
+        yield from (abs_error, naive_error, bias, coverage, target, hours)
+        yield from (duration_error, duration_naive, duration_pct, duration_jobs)
 
 
 def _aware(moment: datetime, like: datetime) -> datetime:

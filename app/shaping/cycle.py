@@ -1,7 +1,11 @@
 """The shaping cycle for one cluster, in numbered phases over an immutable snapshot.
 
 1. **Snapshot** the cluster's nodes, open allocations, live jobs, demand history, SLA
-   policy and what Shaper's actions are doing to each job (``snapshot.take_snapshot``).
+   policy and what Shaper's actions are doing to each job (``snapshot.take_snapshot``),
+   and **record** what the cycle forecasts, to be scored against what happens
+   (``app.forecasts``): each service's demand in the next hour, once an hour, and each
+   block job's run time, the first time it is predicted (the forecasts are the solve's
+   own: the forecaster keeps them for it).
 2. **Review** the open plans (proposed, or approved with actions still to run): actions
    that have not started and no longer apply expire with the reason
    (``app.shaping.review``); a plan whose actions have all ended is ``finished``.
@@ -36,13 +40,17 @@ length (``app.core.db``): the snapshot and the open plans are read in a read tra
 transaction; the comparison with a proposal reads in a read transaction; withdrawing a
 proposal, keeping it, and persisting the plan are each one short write transaction that
 checks again under the lock what may have changed meanwhile (an operator's decision on
-the proposal, the nodes other plans still work on). The snapshot's rows are detached
+the proposal, the nodes other plans still work on). Recording the forecasts reads what is
+recorded already in a read transaction and, only when something is missing (once an hour
+for the services), writes it in one short write transaction; a failure there is logged
+and the cycle goes on. The snapshot's rows are detached
 from the session, so no later commit expires them and the solve never loads from the
 database.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -56,11 +64,15 @@ from app.actions.schedulers import places_itself, reserves
 from app.clusters.models import ShapingMode
 from app.core.db import begin
 from app.core.lookup import row_id
+from app.forecasts import service as forecast_service
 from app.jobs.models import Allocation, Job
 from app.plans.models import OPEN_PLAN_STATES, Plan, PlanState
 from app.shaping.review import review_plan
 from app.shaping.snapshot import (
+    MIN_DURATION_HISTORY,
     ClusterSnapshot,
+    runtime_predictions,
+    service_forecasts,
     solver_job_id,
     solver_node_name,
     take_snapshot,
@@ -71,7 +83,9 @@ from solver import plan as sp
 from solver.dependencies import ActionGraph, action_graph
 from solver.objective import evaluate
 from solver.policies import get_policy
+from wire.telemetry import JobShape
 
+log = logging.getLogger(__name__)
 SHAPER = "shaper"
 # A fresh plan replaces an open proposal only when it is worth this much more (relative,
 # and in objective units: one priority-weighted reference GPU-hour), so solver noise and
@@ -126,6 +140,7 @@ def _run_cycle(
     config: SolverConfig | None,
 ) -> CycleResult:
     snapshot, open_plans = _read(session, cluster_name, now)  # 1
+    _record_forecasts(session, snapshot, now)
     policy_name = policy or snapshot.policy
     expired = _review(session, snapshot, open_plans, now)  # 2
     changed = bool(expired)
@@ -167,6 +182,40 @@ def _read(
         session.expunge(row)
     session.commit()
     return snapshot, open_plans
+
+
+def _record_forecasts(session: Session, snapshot: ClusterSnapshot, now: datetime) -> None:
+    """What this cycle forecasts that is not recorded yet (``app.forecasts.service``). The
+    forecasts are computed only for what is missing, and never stop the cycle: what a
+    failure here left unrecorded, the next cycle records (within the same hour)."""
+    services = [r.id for r in snapshot.jobs if r.shape == JobShape.elastic and r.demand_history]
+    predicting = len(snapshot.finished) >= MIN_DURATION_HISTORY
+    jobs = [r.id for r in snapshot.jobs if r.shape != JobShape.elastic] if predicting else []
+    if not services and not jobs:
+        return
+    try:
+        begin(session, writes=False)
+        due = forecast_service.due(
+            session=session, cluster_id=snapshot.cluster_id, services=services, jobs=jobs, now=now
+        )
+        session.commit()
+        if not due:
+            return
+        forecasts = service_forecasts(snapshot, job_ids=set(due.services)) if due.services else []
+        predictions = runtime_predictions(snapshot, job_ids=set(due.jobs)) if due.jobs else []
+        if not forecasts and not predictions:
+            return
+        begin(session, writes=True)
+        forecast_service.record(
+            session=session,
+            cluster_id=snapshot.cluster_id,
+            now=now,
+            forecasts=forecasts,
+            predictions=predictions,
+        )
+    except Exception:  # the plan matters more than its forecasts' record
+        session.rollback()
+        log.exception("cluster %s: recording the cycle's forecasts failed", snapshot.cluster)
 
 
 def _solve(

@@ -29,6 +29,10 @@ Mapping to the solver (documented because it decides what the solver optimises):
   ``MIN_DURATION_HISTORY`` of them — none before: the wire carries no time limit, and a
   guess from nothing would only mislead the reservations. A running job past its
   prediction is expected to run as long again as it has (durations are heavy-tailed).
+* what the cycle forecasts is also handed out to be recorded and scored
+  (``app.forecasts``): ``service_forecasts`` (each service's next hour, the solver's step
+  1, with the seasonal-naive forecast beside it) and ``runtime_predictions`` (each block
+  job's run time, with its team's median run time beside it).
 * jobs with no GPUs and finished jobs are left out.
 * a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
   checkpoint must resume where its image is) may be placed only there: those nodes get a
@@ -43,6 +47,7 @@ Mapping to the solver (documented because it decides what the solver optimises):
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -56,10 +61,12 @@ from app.actions.schedulers import moves_jobs
 from app.actions.service import NEVER_RAN_WHEN_FAILED, NOT_ON_JOBS, RAN
 from app.clusters import service as cluster_service
 from app.core.lookup import row_id
+from app.forecasts.models import RuntimePredictionCreate, ServiceForecastCreate
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.policies.models import SlaPolicy as SlaPolicyRow
+from app.telemetry import service as telemetry_service
 from app.telemetry.models import TelemetrySample
 from forecast import demand as demand_forecast
 from forecast.duration import DurationPredictor, JobFeatures
@@ -307,25 +314,13 @@ def _demand_history(
         return {}
     hour_start = now.replace(minute=0, second=0, microsecond=0)
     since = hour_start - timedelta(days=FORECAST_HISTORY_DAYS)
-    # extract(epoch) compiles to EXTRACT on PostgreSQL and strftime('%s') on SQLite;
-    # PostgreSQL's cast rounds, SQLite's truncates (= floor here, as offsets are ≥ 0).
-    scaled = (sa.extract("epoch", col(TelemetrySample.at)) - since.timestamp()) / FORECAST_STEP_S
-    postgres = session.connection().dialect.name == "postgresql"
-    hour_index = sa.func.floor(scaled) if postgres else sa.cast(scaled, sa.Integer)
+    history = telemetry_service.hourly_demand(
+        session=session, job_ids=job_ids, since=since, until=hour_start, step_s=FORECAST_STEP_S
+    )
     is_demand = sa.and_(
         col(TelemetrySample.job_id).in_(job_ids),
         col(TelemetrySample.metric) == Metric.demand_replicas.value,
     )
-    hourly = (
-        sa.select(col(TelemetrySample.job_id), hour_index, sa.func.avg(col(TelemetrySample.value)))
-        .where(is_demand, col(TelemetrySample.at) >= since, col(TelemetrySample.at) < hour_start)
-        .group_by(col(TelemetrySample.job_id), hour_index)
-        .order_by(col(TelemetrySample.job_id), hour_index)
-    )
-    history: dict[int, list[tuple[datetime, float]]] = {}
-    for job_id, index, mean in session.execute(hourly):
-        at = since + timedelta(seconds=int(index) * FORECAST_STEP_S)
-        history.setdefault(job_id, []).append((at, float(mean)))
     recent = (
         sa.select(col(TelemetrySample.job_id), col(TelemetrySample.at), col(TelemetrySample.value))
         .where(is_demand, col(TelemetrySample.at) >= hour_start)
@@ -652,9 +647,8 @@ def _forecast(
     so the hour ``now`` falls in is its first step ahead and step k its (k+1)-th."""
     if not row.demand_history:
         return (row.replicas,)
-    samples = [(at.timestamp(), value) for at, value in row.demand_history]
-    latest = samples[-1][1]
-    series = demand_forecast.hourly_series(samples, end=now, step_s=FORECAST_STEP_S)
+    latest = row.demand_history[-1][1]
+    series = _hourly(row, now)
     if not series:
         return (max(0, math.ceil(latest)),)
     ahead = forecaster.forecast(key, series, FORECAST_STEPS, now=now, quantile=quantile)
@@ -663,3 +657,93 @@ def _forecast(
     # sample (1e300 replicas) cannot overflow ceil() and stop the cycle.
     cap = max(row.max_replicas, row.replicas, 1)
     return tuple(max(0, math.ceil(min(v, cap) - 1e-9)) if math.isfinite(v) else cap for v in steps)
+
+
+def _hourly(row: JobRow, now: float) -> list[float]:
+    """The service's hourly mean demand, oldest first, up to the last complete hour."""
+    samples = [(at.timestamp(), value) for at, value in row.demand_history]
+    return demand_forecast.hourly_series(samples, end=now, step_s=FORECAST_STEP_S)
+
+
+def service_forecasts(
+    snapshot: ClusterSnapshot,
+    *,
+    job_ids: set[int] | None = None,
+    forecaster: demand_forecast.DemandForecaster | None = None,
+) -> list[ServiceForecastCreate]:
+    """What the cycle forecasts each service's demand (of ``job_ids``, default all, that
+    have a demand history) to be in the hour after the one it runs in: the solver's step 1,
+    the forecast's second step (its first is the current hour), with the seasonal-naive
+    forecast from the same history. The same forecast ``to_instance`` plans with, from the
+    same fit: the forecaster hands back the forecast it keeps for an unchanged series, so
+    asking again costs nothing. A non-finite forecast is left out (nothing to score)."""
+    forecaster = forecaster or FORECASTER
+    now = snapshot.taken_at.timestamp()
+    targets = {s["service"]: s.get("demand_target") for s in snapshot.sla.get("services", [])}
+    hour_start = snapshot.taken_at.replace(minute=0, second=0, microsecond=0)
+    target_hour = hour_start + timedelta(seconds=FORECAST_STEP_S)
+    found: list[ServiceForecastCreate] = []
+    for row in snapshot.jobs:
+        if row.shape != JobShape.elastic or (job_ids is not None and row.id not in job_ids):
+            continue
+        series = _hourly(row, now) if row.demand_history else []
+        if not series:
+            continue
+        ahead = forecaster.forecast(
+            solver_job_id(snapshot.cluster, row.external_id),
+            series,
+            FORECAST_STEPS,
+            now=now,
+            quantile=demand_forecast.quantile_for(targets.get(row.external_id)),
+        )
+        naive = demand_forecast.seasonal_naive(series, 2)[1]
+        values = (ahead.mean[1], ahead.upper[1], naive)
+        if not all(math.isfinite(v) for v in values):
+            continue
+        found.append(
+            ServiceForecastCreate(
+                job_id=row.id,
+                target_hour=target_hour,
+                mean=ahead.mean[1],
+                upper=ahead.upper[1],
+                quantile=ahead.quantile,
+                method=ahead.method,
+                naive=naive,
+            )
+        )
+    return found
+
+
+def runtime_predictions(
+    snapshot: ClusterSnapshot, *, job_ids: set[int] | None = None
+) -> list[RuntimePredictionCreate]:
+    """The run time ``forecast.duration`` predicts for each block job (of ``job_ids``,
+    default all), from its start to its end whatever it has run so far, and the naive
+    prediction: the median run time of its team's finished jobs (the cluster's when the
+    team has none). None while the cluster has too few finished jobs to predict from
+    (``MIN_DURATION_HISTORY``), as for ``to_instance``."""
+    durations = _duration_predictor(snapshot)
+    if durations is None:
+        return []
+    rows = [
+        row
+        for row in snapshot.jobs
+        if row.shape != JobShape.elastic and (job_ids is None or row.id in job_ids)
+    ]
+    if not rows:
+        return []
+    by_team: dict[str, list[float]] = {}
+    for job in snapshot.finished:
+        by_team.setdefault(job.team, []).append(job.runtime_s)
+    overall = statistics.median(job.runtime_s for job in snapshot.finished)
+    medians = {team: statistics.median(values) for team, values in by_team.items()}
+    return [
+        RuntimePredictionCreate(
+            job_id=row.id,
+            predicted_s=durations.predict(
+                JobFeatures(team=row.team, kind=str(row.kind), gpus=row.gpus_requested)
+            ),
+            naive_s=medians.get(row.team, overall),
+        )
+        for row in rows
+    ]

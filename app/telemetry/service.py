@@ -1,15 +1,17 @@
 """Telemetry, as the API, the tasks and the demo use it: read a connector's push
 (:func:`parse_push`), ingest it (:func:`ingest`: the pipeline is ``app.telemetry.ingest``,
 one transaction, idempotent by sequence number), flag connectors that went silent, and store
-a node agent's samples of its own node.
+a node agent's samples of its own node; read services' hourly mean demand
+(:func:`hourly_demand`: the shaping cycle's forecasts and their scoring).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import sqlalchemy as sa
 from pydantic import TypeAdapter
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.clusters.models import Cluster, ConnectorStatus
 from app.core.bulk import insert_rows
@@ -19,6 +21,7 @@ from app.core.lookup import found
 from app.nodes.models import Node
 from app.telemetry import physics
 from app.telemetry.ingest import SAMPLES, ingest_push
+from app.telemetry.models import TelemetrySample
 from wire.telemetry import (
     Metric,
     SampleReport,
@@ -131,3 +134,35 @@ def record_node_samples(
     insert_rows(session, SAMPLES, rows)
     session.commit()
     return len(rows)
+
+
+def hourly_demand(
+    *, session: Session, job_ids: list[int], since: datetime, until: datetime, step_s: int = 3600
+) -> dict[int, list[tuple[datetime, float]]]:
+    """Per service: the mean of its ``demand_replicas`` samples over each ``step_s`` step
+    of [since, until) that has any (the step's start, its mean), oldest first; ``since``
+    is a step's start. Means are taken in the database: a week of 30-second samples of
+    hundreds of services would be millions of rows."""
+    if not job_ids:
+        return {}
+    # extract(epoch) compiles to EXTRACT on PostgreSQL and strftime('%s') on SQLite;
+    # PostgreSQL's cast rounds, SQLite's truncates (= floor here, as offsets are ≥ 0).
+    scaled = (sa.extract("epoch", col(TelemetrySample.at)) - since.timestamp()) / step_s
+    postgres = session.connection().dialect.name == "postgresql"
+    step_index = sa.func.floor(scaled) if postgres else sa.cast(scaled, sa.Integer)
+    query = (
+        sa.select(col(TelemetrySample.job_id), step_index, sa.func.avg(col(TelemetrySample.value)))
+        .where(
+            col(TelemetrySample.job_id).in_(job_ids),
+            col(TelemetrySample.metric) == Metric.demand_replicas.value,
+            col(TelemetrySample.at) >= since,
+            col(TelemetrySample.at) < until,
+        )
+        .group_by(col(TelemetrySample.job_id), step_index)
+        .order_by(col(TelemetrySample.job_id), step_index)
+    )
+    means: dict[int, list[tuple[datetime, float]]] = {}
+    for job_id, index, mean in session.execute(query):
+        at = since + timedelta(seconds=int(index) * step_s)
+        means.setdefault(job_id, []).append((at, float(mean)))
+    return means

@@ -26,6 +26,8 @@ TABLES = {
     "api_tokens",
     "audit_log",
     "federation_groups",
+    "service_forecasts",
+    "runtime_predictions",
 }
 
 
