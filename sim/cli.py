@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -397,6 +398,13 @@ def replay(
     window_end_h: Annotated[float | None, typer.Option()] = None,
     subsample: Annotated[float, typer.Option(help="keep each job with this probability")] = 1.0,
     max_jobs: Annotated[int | None, typer.Option()] = None,
+    solver: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="SolverConfig override for shaper, repeatable (e.g. aging_s=none)",
+        ),
+    ] = None,
     load_scale: Annotated[float, typer.Option(help="arrival-rate multiplier")] = 1.0,
     duration_scale: Annotated[float, typer.Option()] = 1.0,
     horizon_h: Annotated[float | None, typer.Option()] = None,
@@ -420,6 +428,10 @@ def replay(
     cap = _drain_cap(drain_cap_h)
     if not trace.exists():
         raise typer.BadParameter(f"{trace}: no such file", param_hint="TRACE")
+    try:
+        overrides = parse_solver_overrides(solver or [])
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise typer.BadParameter(str(exc), param_hint="--solver") from exc
     options = TraceOptions(
         window_start_h=window_start_h,
         window_end_h=window_end_h,
@@ -440,6 +452,8 @@ def replay(
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="TRACE") from exc
     workload = loaded.workload
+    if overrides:
+        workload = replace(workload, solver_config={**workload.solver_config, **overrides})
     console.print(
         f"{workload.name}: {len(workload.jobs)} jobs, {workload.total_gpus} GPUs, "
         f"{workload.horizon / 3600:.1f} h",

@@ -90,13 +90,15 @@ def parse_seeds(text: str) -> list[int]:
 
 def parse_solver_overrides(items: Sequence[str]) -> dict[str, object]:
     """``["gang_aware_placement=true", ...]`` → ``SolverConfig`` overrides, checked against
-    its fields (pydantic coerces the strings when the config is built)."""
+    its fields (pydantic coerces the strings when the config is built); ``none`` or
+    ``null`` is None (``aging_s=none``: aging off)."""
     overrides: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"solver: {item!r} is not KEY=VALUE")
-        overrides[key.strip()] = value.strip()
+        text = value.strip()
+        overrides[key.strip()] = None if text.lower() in ("none", "null") else text
     SolverConfig.model_validate(overrides)  # an unknown key or a bad value fails here
     return overrides
 

@@ -152,6 +152,28 @@ def test_replay_input_errors_name_the_option(tmp_path: Path) -> None:
     sized = error(str(pods), "--nodes", str(DATA / "alibaba-nodes-sample.csv"), "--gpus", "8")
     assert "Invalid value for --gpus / --gpus-per-node" in sized
     assert "Invalid value for '--gpus-per-node'" in error(str(pods), "--gpus-per-node", "0")
+    philly = str(DATA / "philly-sample.csv")
+    assert "Invalid value for --solver" in error(philly, "--solver", "no_such_lever=1")
+    assert "Invalid value for --solver" in error(philly, "--solver", "aging_s=-1")
+
+
+def test_replay_takes_solver_overrides_for_shaper(tmp_path: Path) -> None:
+    """The queue order is a lever: the same replay with aging and shortest first off plans
+    differently (a changed figure shows the override reached the solver)."""
+
+    def shaper_row(*solver: str) -> str:
+        args = [str(DATA / "philly-sample.csv"), "--gpus", "16", "--max-jobs", "30"]
+        result = runner.invoke(
+            sim_app,
+            ["replay", *args, "--policies", "shaper", "--out-dir", str(tmp_path)]
+            + ["--no-progress", "--replan-min", "60", *solver],
+        )
+        assert result.exit_code == 0, result.output
+        return next(line for line in result.output.splitlines() if line.startswith("│ shaper"))
+
+    default = shaper_row()
+    assert shaper_row("--solver", "shortest_first=true") == default  # the default itself
+    assert shaper_row("--solver", "shortest_first=false", "--solver", "aging_s=none") != default
 
 
 def test_table_ablation_rows_attribute_each_lever(tmp_path: Path) -> None:

@@ -32,6 +32,10 @@ def test_parse_seeds() -> None:
 def test_parse_solver_overrides() -> None:
     overrides = parse_solver_overrides(["gang_aware_placement=true", "time_limit_s = 0.5"])
     assert overrides == {"gang_aware_placement": "true", "time_limit_s": "0.5"}
+    assert parse_solver_overrides(["aging_s=none", "starvation_guard_s=NULL"]) == {
+        "aging_s": None,
+        "starvation_guard_s": None,
+    }
     for bad in (["gang_aware_placement"], ["no_such_lever=true"], ["time_limit_s=-1"]):
         with pytest.raises(ValueError):
             parse_solver_overrides(bad)
