@@ -20,13 +20,21 @@ from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from app.actions.models import Action, ActionKind, ActionState
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate
 from app.core import migrate
 from app.core.db import make_engine
+from app.core.lookup import row_id
+from app.forecasts import service as forecast_service
+from app.forecasts.models import RuntimePrediction, ServiceForecast
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
+from app.telemetry import service as telemetry_service
+from forecast.demand import Method
 from tests.app.builders import job, node, running, snapshot
 from tests.support.live_server import app_on, free_port, serve, tokens_for
+from wire.telemetry import SchedulerKind, TelemetrySnapshot
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "shaper-dashboard.json"
@@ -130,6 +138,88 @@ def _plan_and_a_finished_migration(engine: Engine) -> None:
         session.commit()
 
 
+def _scored_forecasts(engine: Engine) -> None:
+    """Cluster beta: a service's forecasts of the last three hours, scored, and a block
+    job whose run time was predicted, finished an hour ago:
+
+    ======  ====  =====  =====  ======  =======  =======  =======
+    hours   mean  upper  naive  actual  |error|  |naive|  covered
+    ======  ====  =====  =====  ======  =======  =======  =======
+    −3      4     5      3      5       1        2        yes
+    −2      6     7      6      5       1        1        yes
+    −1      5     6      7      7       2        0        no
+    ======  ====  =====  =====  ======  =======  =======  =======
+
+    MAE 4/3, naive MAE 1: skill −1/3; coverage 2/3. The job ran 2 h, predicted 3 h, naive
+    2.5 h: errors 1 h and 0.5 h, 50 %."""
+    now = datetime.now(UTC)
+    hour = forecast_service.hour_of(now)
+    end = now - timedelta(hours=1)
+    start = end - timedelta(hours=2)
+    service = job(
+        "svc",
+        shape="elastic",
+        state="running",
+        gpus_requested=1,
+        min_replicas=1,
+        max_replicas=4,
+        replicas=1,
+        submit_time=start.isoformat(),
+        start_time=start.isoformat(),
+        allocations=[{"node": "b1", "gpu_indices": [0]}],
+    )
+    done = job(
+        "done",
+        state="finished",
+        submit_time=start.isoformat(),
+        start_time=start.isoformat(),
+        end_time=end.isoformat(),
+    )
+    with Session(engine) as session:
+        cluster_service.register_cluster(
+            session=session,
+            now=now,
+            cluster_in=ClusterCreate(name="beta", scheduler=SchedulerKind.sim),
+        )
+        telemetry_service.ingest(
+            session=session,
+            cluster_name="beta",
+            push=TelemetrySnapshot.model_validate(
+                snapshot(1, nodes=[node("b1")], jobs=[service, done])
+            ),
+            now=now,
+        )
+        rows = {j.external_id: j for j in session.exec(select(Job).where(Job.team == "vision"))}
+        scored = {3: (4, 5, 3, 5), 2: (6, 7, 6, 5), 1: (5, 6, 7, 7)}
+        for ago, (mean, upper, naive, actual) in scored.items():
+            target = hour - timedelta(hours=ago)
+            session.add(
+                ServiceForecast(
+                    cluster_id=rows["svc"].cluster_id,
+                    job_id=row_id(rows["svc"]),
+                    target_hour=target,
+                    made_at=target - timedelta(minutes=55),
+                    method=Method.ets,
+                    quantile=0.9,
+                    mean=mean,
+                    upper=upper,
+                    naive=naive,
+                    actual=actual,
+                    scored_at=target + timedelta(minutes=65),
+                )
+            )
+        session.add(
+            RuntimePrediction(
+                cluster_id=rows["done"].cluster_id,
+                job_id=row_id(rows["done"]),
+                predicted_at=start,
+                predicted_s=3 * 3600,
+                naive_s=2.5 * 3600,
+            )
+        )
+        session.commit()
+
+
 def test_prometheus_scrapes_shaper_and_the_dashboard_queries_work(
     engine: Engine, tmp_path: Path
 ) -> None:
@@ -181,6 +271,37 @@ def test_prometheus_scrapes_shaper_and_the_dashboard_queries_work(
             # The dashboard: every query parses and names only metric families Shaper
             # declares (a family may have no sample yet, e.g. the gap of a greedy plan).
             dashboard = json.loads(DASHBOARD.read_text())
+            # The forecast panels, over scored forecasts: each has data, and the skill and
+            # the run-time errors are the figures worked out by hand.
+            _scored_forecasts(engine)
+            panels = {panel["title"]: panel for panel in dashboard["panels"]}
+            forecast = [
+                target["expr"].replace("$cluster", "beta")
+                for panel in dashboard["panels"]
+                for target in panel["targets"]
+                if re.search(r"shaper_(forecast|duration)_", target["expr"])
+            ]
+            assert len(forecast) >= 9
+            for expr in forecast:
+                prometheus.wait_for(expr)
+
+            def beta(title: str, target: int = 0) -> list[dict[str, Any]]:
+                expr = panels[title]["targets"][target]["expr"]
+                result: list[dict[str, Any]] = prometheus.query(expr.replace("$cluster", "beta"))[
+                    "result"
+                ]
+                return result
+
+            (skill,) = beta("Demand forecast skill by service (1 − MAE / naive MAE)")
+            assert skill["metric"]["service"] == "svc"
+            assert float(skill["value"][1]) == pytest.approx(-1 / 3, abs=1e-6)
+            (covered,) = beta("Demand coverage vs SLA target quantile, by service")
+            assert float(covered["value"][1]) == pytest.approx(2 / 3, abs=1e-6)
+            errors = "Run-time prediction MAE vs team median, by cluster"
+            (model,), (naive,) = beta(errors, 0), beta(errors, 1)
+            assert (float(model["value"][1]), float(naive["value"][1])) == pytest.approx((1, 0.5))
+            (pct,) = beta("Run-time prediction median absolute % error, by cluster")
+            assert float(pct["value"][1]) == pytest.approx(0.5)
             scraped = httpx.get(
                 f"{base}/metrics", headers={"Authorization": f"Bearer {tokens['viewer']}"}
             ).text

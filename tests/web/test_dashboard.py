@@ -7,8 +7,6 @@ screenshot of the page it ends on: under pytest's temporary folder, or where
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -18,8 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Locator, Page, Route, expect, sync_playwright
+from playwright.sync_api import Locator, Page, Route, expect
 from sqlmodel import Session
 
 from app.api.deps import get_clock
@@ -39,11 +36,10 @@ from sim.run import compare, write_results
 from sim.scenario import load_scenario
 from tests.app.builders import job, node, running, snapshot
 from tests.support.live_server import app_on, serve, tokens_for
+from tests.web.browser import release, screenshot
 from wire.telemetry import SchedulerKind, TelemetrySnapshot
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
-BUNDLE = Path(__file__).resolve().parents[2] / "web" / "static" / "dist" / "app.js"
 FIGURES = (
     "gpus",
     "allocated",
@@ -54,12 +50,6 @@ FIGURES = (
     "awaiting_approval_actions",
     "awaiting_approval_plans",
 )
-
-
-def screenshot(page: Page, name: str, tmp_path: Path) -> None:
-    folder = Path(os.environ.get("SHAPER_SCREENSHOTS") or tmp_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
 
 
 @pytest.fixture(scope="module")
@@ -83,37 +73,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with serve(app) as base:
         yield {"base": base, "tokens": tokens, "sim": results}
     engine.dispose()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    assert Path(CHROMIUM).exists(), "Chromium is missing: run scripts/browser.sh (make test does)"
-    assert BUNDLE.exists(), "the dashboard is not built: run `make web` (make test does)"
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--no-first-run",
-            ],
-        )
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    yield page
-    context.close()
-    assert errors == []
 
 
 def test_overview_shows_every_cluster_and_the_utilization_chart(
@@ -252,7 +211,7 @@ def test_a_stale_reply_never_overwrites_a_newer_selection(page: Page, site: dict
         page.select_option("#group-by", "gpu_model")
     page.select_option("#group-by", "team")
     expect(chart).to_have_attribute("data-group-by", "team")
-    _release(held)
+    release(held)
     page.wait_for_timeout(500)
     expect(chart).to_have_attribute("data-group-by", "team")
 
@@ -265,7 +224,7 @@ def test_a_stale_reply_never_overwrites_a_newer_selection(page: Page, site: dict
     page.select_option("#node-cluster", second)
     rows = _get(site, "/nodes", {"cluster": second, "limit": "1"})["total"]
     expect(page.locator(".gpu-row")).to_have_count(rows)
-    _release(held)
+    release(held)
     page.wait_for_timeout(500)
     expect(page.locator("#gpu-map")).to_have_attribute("data-cluster", second)
     expect(page.locator(".gpu-row")).to_have_count(rows)
@@ -282,16 +241,6 @@ def test_favicon_is_served(page: Page, site: dict[str, Any]) -> None:
     assert favicon.headers["content-type"].startswith("image/svg+xml")
     assert page.locator('link[rel="icon"]').get_attribute("href") == "/static/favicon.svg"
     assert failed == []
-
-
-def _release(held: list[Route]) -> None:
-    """Lets held requests answer now; one the page has since cancelled has nowhere to go."""
-    while held:
-        route = held.pop()
-        try:
-            route.continue_()
-        except PlaywrightError:
-            pass
 
 
 def _get(site: dict[str, Any], path: str, params: dict[str, str] | None = None) -> Any:

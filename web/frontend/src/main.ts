@@ -5,6 +5,7 @@ import "./style.css";
 import { api, isAbort, session, Unauthorized } from "./api";
 import { $, esc, select } from "./dom";
 import { planGroup, showFederation, whatIf, wireFederation } from "./federation";
+import { fillForecastClusters, showForecasts, wireForecasts } from "./forecasts";
 import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
 import { pageState, showActions, showIdle, showJobs, showNodes, showPolicies, showSimulations } from "./pages";
 import type { Cluster } from "./types";
@@ -35,6 +36,7 @@ async function signIn(token: string): Promise<void> {
       select(id).innerHTML = keep + clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
     }
     fillClusterFilter(clusters);
+    fillForecastClusters(clusters);
     route();
   } catch (error) {
     if (!(error instanceof Unauthorized)) signOut(String((error as Error).message ?? error));
@@ -50,6 +52,7 @@ const VIEWS: Record<string, () => Promise<void>> = {
   simulations: showSimulations,
   idle: showIdle,
   federation: showFederation,
+  forecasts: showForecasts,
 };
 
 function route(): void {
@@ -141,6 +144,7 @@ window.addEventListener("hashchange", () => {
 });
 followWidth();
 wireFederation();
+wireForecasts();
 
 // A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
 const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");

@@ -215,3 +215,37 @@ export interface MovesProposed {
   superseded: number;
   skipped: Record<string, string>;
 }
+
+// Forecast accuracy (app/forecasts/models.py): errors in replicas, fractions as 0..1.
+export interface ServiceAccuracy {
+  cluster: string;
+  service: string;
+  hours_scored: number;
+  mae_replicas: number;
+  naive_mae_replicas: number;
+  // 1 − MAE / naive MAE; null when the naive forecast was exact every hour.
+  skill: number | null;
+  bias_replicas: number;
+  coverage: number;
+  target_quantile: number;
+  methods: Record<string, number>;
+}
+
+export interface DurationAccuracy {
+  cluster: string;
+  jobs_scored: number;
+  mae_hours: number;
+  naive_mae_hours: number;
+  bias_hours: number;
+  median_abs_pct_error: number | null;
+  naive_median_abs_pct_error: number | null;
+  median_ratio: number | null;
+}
+
+export interface ForecastAccuracy {
+  since: string;
+  until: string;
+  window_h: number;
+  services: ServiceAccuracy[];
+  durations: DurationAccuracy[];
+}

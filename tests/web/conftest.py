@@ -1,0 +1,44 @@
+"""One headless Chromium for the dashboard's tests, a fresh context for each test, and no
+uncaught error in the page."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from tests.web.browser import BUNDLE, CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    assert Path(CHROMIUM).exists(), "Chromium is missing: run scripts/browser.sh (make test does)"
+    assert BUNDLE.exists(), "the dashboard is not built: run `make web` (make test does)"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+            ],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert errors == []
