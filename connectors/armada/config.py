@@ -106,6 +106,22 @@ class ArmadaConnectorConfig(_Settings):
             raise ValueError(f"hold_queue {self.hold_queue!r} is also a followed job set's queue")
         return self
 
+    def node_labels(self, node: ExecutorNode) -> dict[str, str]:
+        """The labels a job's node selector meets on ``node``: the declared ones, and those
+        an executor's nodes carry anyway (its name, its executor, its GPU model)."""
+        found = {self.node_label: node.name, self.executor_label: node.executor}
+        if node.gpu_model is not None:
+            found[self.mapping.gpu_model_label] = node.gpu_model
+        return {**found, **node.labels}
+
+    def selected_nodes(self, selector: dict[str, str]) -> list[ExecutorNode]:
+        """The declared nodes whose labels satisfy ``selector``, in declared order."""
+        return [
+            node
+            for node in self.nodes
+            if all(self.node_labels(node).get(key) == value for key, value in selector.items())
+        ]
+
     def followed(self) -> list[JobSetRef]:
         """Every job set whose events the connector reads: the configured ones, and their
         namesakes in the hold queue, where held jobs of those job sets wait."""

@@ -21,11 +21,20 @@ resend with the job it already made (its submit deduplication):
 step / call             what Armada is asked
 ======================  ==================================================================
 requeue(nodes, hold)    cancel, then submit again — pinned to ``nodes[0]`` (node selector
-                        ``node_label``), with ``SHAPER_RESUME_FROM`` and the annotation
-                        ``shaper.io/resume-from`` when the saga checkpointed it, into the
-                        cordoned ``hold_queue`` when ``hold``
-hold / release / start  a queued job moves into / out of the hold queue (cancel, submit);
-                        ``start(nodes)`` pins it on the way out
+                        ``node_label``, and ``executor_label`` its executor's), with
+                        ``SHAPER_RESUME_FROM`` and the annotation ``shaper.io/resume-from``
+                        when the saga checkpointed it, into the cordoned ``hold_queue``
+                        when ``hold``
+hold / release          a queued job moves into / out of the hold queue (cancel, submit)
+start(nodes)            Armada cannot start a job; it runs next the job that may run on
+                        the free node (node selector) and comes first in its queue
+                        (lower priority, then earlier submission). So a held job leaves
+                        the hold queue, and a queued one the plan places elsewhere is
+                        submitted again, pinned to ``nodes[0]`` and its executor cluster
+                        (a node of another executor moves the job there); and it goes to
+                        the front of its queue (``ReprioritizeJobs``, or the priority of
+                        its resubmission) when a queued job of its queue that could take
+                        that node would go first
 cancel                  ``CancelJobs``
 reprioritize            ``ReprioritizeJobs`` of one job or of a whole job set
 preempt                 ``PreemptJobs`` (Armada's own preemption: no checkpoint, no resubmit)
@@ -33,6 +42,14 @@ move_job_set            a queued job set to another executor cluster: every job 
                         and submitted again with the node selector ``executor_label``, if
                         the target's declared nodes can run each of them
 ======================  ==================================================================
+
+A plan reaches Armada's reprioritize and the executor moves through its ``start`` steps
+(no step of its own: a plan places jobs on nodes, and these are how Armada is told): a
+start puts the job first in its queue where a rival of its queue could take the node,
+and a start on a node of another executor cluster is that job's move there — the one
+job the plan placed, not its whole job set (``move_job_set`` stays an operator's call).
+A job's node selector comes back as its ``required_nodes`` (connectors.armada.reports),
+so a plan places a job only where Armada could run it.
 
 Preempt-with-checkpoint is the saga's: its checkpoint step runs on the node agent, then
 the requeue step hands the connector the image's pointer (``set_resume_pointer``) and its
@@ -48,6 +65,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -179,11 +197,13 @@ class ArmadaConnector:
         node_selector: dict[str, str | None],
         resume_from: str | None = None,
         step_key: str | None = None,
+        priority: float | None = None,
     ) -> str:
         """Cancel ``job`` (unless it ended) and submit its pods again as the next attempt
         of its workload; the new job's id. The client id is derived from the job and the
         purpose (or the step key), so a resend gets the job the first call made.
-        ``resume_from`` replaces the job's resume pointer (None: it starts over)."""
+        ``resume_from`` replaces the job's resume pointer (None: it starts over);
+        ``priority``: Armada's priority of the new job (None: the job's own)."""
         if not job.terminal:
             self.api.cancel(job.queue, job.job_set, job.job_id)
         home = job.spec.annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
@@ -203,7 +223,7 @@ class ArmadaConnector:
         item = resubmission(
             job.spec,
             client_id=client_id,
-            priority=job.priority,
+            priority=job.priority if priority is None else priority,
             annotations=annotations,
             node_selector=node_selector,
             resume_from=resume_from,
@@ -236,7 +256,10 @@ class ArmadaConnector:
 
     def _pin(self, external_id: str, nodes: list[str] | None) -> dict[str, str | None]:
         """The node selector change for a pin: ``nodes`` None or empty clears an earlier
-        pin; an Armada job is one pod, so it runs on one node."""
+        pin to a node (not one to an executor cluster); an Armada job is one pod, so it
+        runs on one node. A pin to a node also pins its executor cluster (``executor_label``
+        set to a declared node's, cleared for another), or an earlier pin to another
+        executor — a job set moved there — would leave the job where no node fits."""
         if not nodes:
             return {self.config.node_label: None}
         if len(nodes) > 1:
@@ -245,7 +268,14 @@ class ArmadaConnector:
                 "runs one pod, on one node (gang jobs are not supported yet)",
                 retryable=False,
             )
-        return {self.config.node_label: nodes[0]}
+        declared = self._declared(nodes[0])
+        return {
+            self.config.node_label: nodes[0],
+            self.config.executor_label: declared.executor if declared else None,
+        }
+
+    def _declared(self, name: str) -> ExecutorNode | None:
+        return next((node for node in self.config.nodes if node.name == name), None)
 
     # --- capabilities (connectors.base) ----------------------------------------------------
 
@@ -320,9 +350,24 @@ class ArmadaConnector:
         self.start(external_id)
 
     def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
-        """A held job goes back to its queue (pinned to ``nodes`` when given); a queued
-        one that a plan pins elsewhere is submitted again with that pin; a running one,
-        or one already pinned there, is left alone."""
+        """Make Armada run a queued or held job next, on ``nodes`` when given. Armada has
+        no call that starts a job; what decides which job its scheduler runs is where the
+        job may run (its node selector) and its place in its queue (lower priority first,
+        then the earlier submission: ``SchedulingOrderCompare``). So:
+
+        * a held job goes back to its own queue, and a queued one that the plan places on
+          another node is submitted again, pinned there (node and executor cluster: a
+          node of another executor moves the job to that executor);
+        * either way, and for a queued job already where the plan wants it, the job goes
+          to the front of its queue when a queued job of that queue that could take those
+          nodes would go first (:meth:`_front`); the new job is submitted at that priority,
+          one already in the queue is reprioritized (``ReprioritizeJobs``).
+
+        A job that left the queue (leased, pending, running) is left alone: the confirm that
+        follows says whether it runs where the plan wanted. A pin to a declared node that
+        cannot run the job (its GPUs, the rest of its node selector) is refused, nothing
+        changed. Fair share between queues is Armada's: a job of another queue may still
+        take the nodes first, and then the confirm fails and the next cycle plans again."""
         with self._lock:
             job = self._job(external_id)
             if job.terminal:
@@ -331,18 +376,70 @@ class ArmadaConnector:
                     f"ended ({job.phase.value})",
                     retryable=False,
                 )
-            pinned = job.spec.node_selector.get(self.config.node_label)
-            repin = bool(nodes) and [pinned] != nodes and job.phase is Phase.queued
-            if not self._held(job) and not repin:
+            if job.active:
                 return
-            self._submit_again(
-                job,
-                purpose=f"start:{','.join(nodes or [])}",
-                queue=self._home(job),
-                node_selector=self._pin(external_id, nodes) if nodes else {},
-                # Moving a queued job keeps where it resumes from.
-                resume_from=job.spec.annotations.get(RESUME_FROM),
-            )
+            selector = self._pin(external_id, nodes) if nodes else {}
+            targets = [node for name in nodes or [] if (node := self._declared(name))]
+            if targets and (why := self._misfit(job, targets)) is not None:
+                raise ConnectorError(
+                    f"cannot start Armada job {job.job_id} (workload {external_id}) on "
+                    f"{', '.join(nodes or [])}: {why}",
+                    retryable=False,
+                )
+            current = {key: job.spec.node_selector.get(key) for key in selector}
+            resubmit = self._held(job) or current != selector
+            front = self._front(job, targets, resubmitted=resubmit)
+            if resubmit:
+                self._submit_again(
+                    job,
+                    purpose=f"start:{','.join(nodes or [])}",
+                    queue=self._home(job),
+                    node_selector=selector,
+                    # Moving a queued job keeps where it resumes from.
+                    resume_from=job.spec.annotations.get(RESUME_FROM),
+                    priority=front,
+                )
+            elif front is not None:
+                results = self.api.reprioritize(job.queue, job.job_set, [job.job_id], front)
+                _refused(results, f"reprioritize job {job.job_id} to the front of its queue")
+                logger.info(
+                    "armada: start: job %s (workload %s) goes first in queue %s: priority "
+                    "%s, was %s",
+                    job.job_id,
+                    job.workload_id,
+                    job.queue,
+                    front,
+                    job.priority,
+                )
+
+    def _front(
+        self, job: ArmadaJob, nodes: list[ExecutorNode], *, resubmitted: bool
+    ) -> float | None:
+        """The priority that puts ``job`` ahead of the queued jobs of its (home) queue that
+        Armada would run first and that could take one of ``nodes`` (any node: none
+        given); None when none would. Armada's priority is a whole number, lower first;
+        the job gets one less than the least of those (at least 0, where an earlier
+        submission of the same priority still goes first). ``resubmitted``: the job is
+        about to be submitted anew, so it is the latest of its priority."""
+        home = self._home(job)
+        ahead = []
+        for other in current_attempts(self._jobs).values():
+            if other.workload_id == job.workload_id or other.phase is not Phase.queued:
+                continue
+            if other.queue != home:
+                continue
+            if nodes and not self._could_take(other, nodes):
+                continue
+            if resubmitted:
+                first = other.priority <= job.priority
+            else:
+                first = (other.priority, _stamp(other)) < (job.priority, _stamp(job))
+            if first:
+                ahead.append(other.priority)
+        if not ahead:
+            return None
+        front = float(max(math.floor(min(ahead)) - 1, 0))
+        return front if front < job.priority else None
 
     def cancel(self, external_id: str) -> None:
         with self._lock:
@@ -371,7 +468,8 @@ class ArmadaConnector:
 
     def move_job_set(self, queue: str, job_set: str, *, executor: str) -> dict[str, str]:
         """Move a queued job set to executor cluster ``executor``: every job is cancelled
-        and submitted again with the node selector ``executor_label: executor``. Refused
+        and submitted again with the node selector ``executor_label: executor`` (and no
+        pin to one node). Refused
         (nothing changed) when a job has left the queue already, or when no declared node
         of that executor can run a job (its GPUs, its node selector). Workload id → new
         Armada job id."""
@@ -417,33 +515,34 @@ class ArmadaConnector:
                     job,
                     purpose=f"move:{executor}",
                     queue=job.queue,
-                    node_selector={self.config.executor_label: executor},
+                    # A pin to one node (of the old executor) would keep it off them all.
+                    node_selector={
+                        self.config.executor_label: executor,
+                        self.config.node_label: None,
+                    },
                     resume_from=job.spec.annotations.get(RESUME_FROM),
                 )
             return moved
+
+    def _could_take(self, job: ArmadaJob, nodes: list[ExecutorNode]) -> bool:
+        """Whether Armada could run ``job`` as it stands (its whole node selector) on one
+        of ``nodes``."""
+        selected = {node.name for node in self.config.selected_nodes(job.spec.node_selector)}
+        return any(node.name in selected and node.gpu_count >= job.spec.gpus for node in nodes)
 
     def _misfit(self, job: ArmadaJob, nodes: list[ExecutorNode]) -> str | None:
         """Why no node of ``nodes`` can run ``job``; None when one can."""
         ignored = {self.config.executor_label, self.config.node_label}
         wanted = {k: v for k, v in job.spec.node_selector.items() if k not in ignored}
-        model_label = self.config.mapping.gpu_model_label
-
-        def labels(node: ExecutorNode) -> dict[str, str]:
-            found = dict(node.labels)
-            if node.gpu_model is not None:
-                found.setdefault(model_label, node.gpu_model)
-            return found
-
-        fits = [
-            node
-            for node in nodes
-            if node.gpu_count >= job.spec.gpus
-            and all(labels(node).get(key) == value for key, value in wanted.items())
-        ]
-        if fits:
+        selected = {node.name for node in self.config.selected_nodes(wanted)}
+        if any(node.gpu_count >= job.spec.gpus and node.name in selected for node in nodes):
             return None
         needs = [f"{job.spec.gpus} GPUs"] + [f"{k}={v}" for k, v in sorted(wanted.items())]
         return f"needs {', '.join(needs)}, which no node there has"
+
+
+def _stamp(job: ArmadaJob) -> float:
+    return job.submitted_at.timestamp() if job.submitted_at is not None else 0.0
 
 
 def _refused(results: dict[str, str], what: str) -> None:

@@ -11,7 +11,9 @@ Per workload (connectors.armada.jobs: the newest job of its lineage):
 * ``queue``: the Armada queue (a held job's home queue); ``team``, ``kind``,
   ``sla_class``, ``priority`` from the job's ``shaper.io/*`` labels, else the mapping;
 * ``gpus_requested``: the GPUs its pod asks for; ``allowed_gpu_models``: the
-  ``gpu_model_label`` of its node selector; ``required_nodes``: the ``node_label`` of it;
+  ``gpu_model_label`` of its node selector; ``required_nodes``: the declared nodes the
+  rest of it selects (a node pin, ``node_label``; an executor cluster, ``executor_label``;
+  any other label), so that a plan starts a job only where Armada could run it;
 * ``checkpointable``: the annotation ``shaper.io/checkpointable: "true"`` (its pod reads
   ``SHAPER_RESUME_FROM``, which the connector sets when it submits the job again);
 * ``allocations``: a running job's GPUs on the node the ``running`` event named.
@@ -85,7 +87,6 @@ def job_report(
         kind = JobKind(labels[KIND_LABEL])
     selector = job.spec.node_selector
     model = selector.get(mapping.gpu_model_label)
-    pinned = selector.get(config.node_label)
     state = job_state(job.phase)
     allocations = []
     if state is JobState.running and job.node:
@@ -101,7 +102,7 @@ def job_report(
             sla_class=labels.get(SLA_LABEL, mapping.default_sla_class)[:64],
             gpus_requested=job.spec.gpus,
             allowed_gpu_models=[model] if model else [],
-            required_nodes=[pinned] if pinned else [],
+            required_nodes=required_nodes(job, config),
             checkpointable=annotations.get(CHECKPOINTABLE_ANNOTATION) == "true",
             submit_time=job.first_submitted_at,
             start_time=job.started_at if state is not JobState.pending else None,
@@ -117,6 +118,21 @@ def job_report(
             f"reported: {error}",
             retryable=False,
         ) from error
+
+
+def required_nodes(job: ArmadaJob, config: ArmadaConnectorConfig) -> list[str]:
+    """The only nodes the job may run on, by its node selector: the declared nodes that
+    meet it (a pin to one node, or to an executor cluster: ``executor_label``; the GPU
+    model alone is ``allowed_gpu_models``, not this). A pin to a node nobody declared is
+    that node; a selector no declared node meets, or no inventory, says nothing."""
+    selector = job.spec.node_selector
+    pinned = selector.get(config.node_label)
+    if not set(selector) - {config.mapping.gpu_model_label}:
+        return []
+    eligible = [node.name for node in config.selected_nodes(selector)]
+    if eligible:
+        return eligible
+    return [pinned] if pinned else []
 
 
 def node_reports(config: ArmadaConnectorConfig, jobs: list[ArmadaJob]) -> list[NodeReport]:

@@ -130,6 +130,7 @@ def test_preempt_with_checkpoint_then_start_again(
     assert dict(pod.nodeSelector) == {
         "nvidia.com/gpu.product": "H100",
         "kubernetes.io/hostname": "a1",
+        "shaper.io/armada-executor": "exec-a",  # a node pin is also its executor's
     }
     assert {(e.name, e.value) for e in pod.containers[0].env} == {(RESUME_FROM_ENV, STAGED_DIR)}
     assert held.spec.annotations[RESUME_FROM] == STAGED_DIR

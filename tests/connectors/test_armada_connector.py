@@ -324,13 +324,14 @@ def test_the_kind_registers_and_builds_from_options(server: ArmadaTestServer) ->
 def test_a_queued_job_set_moves_to_another_executor_where_it_fits(
     server: ArmadaTestServer, connector: ArmadaConnector
 ) -> None:
-    small = [connector.submit_job("research", "sweep", job(2)) for _ in range(2)]
+    pins = ({"kubernetes.io/hostname": "a1"}, {})  # a pin to a node of exec-a is dropped
+    small = [connector.submit_job("research", "sweep", job(2, node_selector=p)) for p in pins]
     moved = connector.move_job_set("research", "sweep", executor="exec-b")
     assert set(moved) == set(small)  # workload ids stay; Armada made new jobs
     for workload, new_id in moved.items():
         assert new_id != workload
         assert server.job(workload).state == "cancelled"
-        assert server.job(new_id).node_selector[EXECUTOR_LABEL] == "exec-b"
+        assert server.job(new_id).node_selector == {EXECUTOR_LABEL: "exec-b"}
     server.schedule()
     state = connector.read_state()
     assert {r.external_id: (r.state, [a.node for a in r.allocations]) for r in state.jobs} == {
@@ -422,6 +423,8 @@ def test_a_queued_job_is_held_in_the_cordoned_queue_and_released(
     (held,) = connector.read_state().jobs
     assert (held.external_id, held.state, held.queue) == (job_id, JobState.pending, "research")
     assert held.reason.startswith("held by Shaper")
+    # Held, it still asks for its GPUs: a plan must be able to start it again.
+    assert (held.gpus_requested, held.required_nodes) == (2, [])
 
     connector.release(job_id)
     (started,) = server.schedule()
@@ -434,6 +437,63 @@ def test_a_queued_job_is_held_in_the_cordoned_queue_and_released(
     )
     with pytest.raises(ConnectorError, match="only a queued job can be held"):
         connector.hold(job_id)
+
+
+def test_a_plans_start_puts_the_job_first_in_its_queue_where_it_is_pinned(
+    server: ArmadaTestServer, connector: ArmadaConnector
+) -> None:
+    """Armada has no call that starts a job: the start makes it the job Armada's
+    scheduler runs next on the plan's node, by its node selector and its place in its
+    queue (lower priority first)."""
+    on_a1 = {"kubernetes.io/hostname": "a1", EXECUTOR_LABEL: "exec-a"}
+    filler = connector.submit_job("research", "train", job(8, node_selector={EXECUTOR_LABEL: "x"}))
+    busy = connector.submit_job(
+        "research", "train", job(8, node_selector={"kubernetes.io/hostname": "a2"})
+    )
+    assert server.schedule() == [busy]  # a2 is taken; no node is labelled executor x
+    peer = connector.submit_job("research", "sweep", job(8, priority=2))
+    mine = connector.submit_job("research", "train", job(8, priority=5, node_selector=on_a1))
+    # Ahead of it, but no rival for a1: pinned to b1.
+    apart = connector.submit_job(
+        "research", "sweep", job(4, priority=1, node_selector={"kubernetes.io/hostname": "b1"})
+    )
+    reports = {r.external_id: r for r in connector.read_state().jobs}
+    assert reports[mine].required_nodes == ["a1"] and reports[peer].required_nodes == []
+    assert reports[filler].required_nodes == []  # no declared node has the label: unknown
+
+    connector.start(mine, nodes=["a1"])
+    # Pinned there already: reprioritized in place (ReprioritizeJobs), just ahead of the peer.
+    assert (server.job(mine).state, server.job(mine).priority) == ("queued", 1)
+    connector.catch_up()
+    assert connector.workloads()[mine].job_id == mine and server.job(peer).priority == 2
+    before = len(server.events_after("research", "train", ""))
+    connector.start(mine, nodes=["a1"])  # a resent start finds it first: nothing more
+    assert len(server.events_after("research", "train", "")) == before
+    assert sorted(server.schedule()) == sorted([apart, mine])
+    assert (server.job(mine).node, server.job(peer).state) == ("a1", "queued")
+    connector.start(mine, nodes=["a1"])  # running: left alone
+
+
+def test_a_plans_start_on_another_executors_node_moves_the_queued_job_there(
+    server: ArmadaTestServer, connector: ArmadaConnector
+) -> None:
+    pinned = connector.submit_job(
+        "research", "train", job(4, node_selector={EXECUTOR_LABEL: "exec-a"})
+    )
+    (report,) = connector.read_state().jobs
+    assert report.required_nodes == ["a1", "a2"]  # where Armada may run it: exec-a's nodes
+
+    connector.start(pinned, nodes=["b1"])
+    connector.catch_up()
+    moved = connector.workloads()[pinned]
+    assert moved.job_id != pinned and server.job(pinned).state == "cancelled"
+    assert moved.spec.node_selector == {"kubernetes.io/hostname": "b1", EXECUTOR_LABEL: "exec-b"}
+    assert server.schedule() == [moved.job_id] and server.job(moved.job_id).node == "b1"
+
+    big = connector.submit_job("research", "train", job(8))
+    with pytest.raises(ConnectorError, match="on b1: needs 8 GPUs") as misfit:
+        connector.start(big, nodes=["b1"])
+    assert not misfit.value.retryable and server.job(big).state == "queued"
 
 
 def test_a_configured_token_goes_with_every_call(server: ArmadaTestServer) -> None:
