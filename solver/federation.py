@@ -1,11 +1,13 @@
 """Several clusters in one instance (a federation group) or each on its own.
 
-:func:`federate` builds the group's instance from one instance per cluster: nodes and
-running work stay where they are (a running job is held to its cluster: moving one across
-clusters is a checkpoint, a transfer and a resubmission the plan does not make yet), and
-each pending job may start in its own cluster or in those ``movable`` lists for it, with
-its cluster as ``home_cluster`` so that starting elsewhere costs the transfer of its image
-(``MigrationCostModel.remote_start_seconds``). :func:`split_by_cluster` is the opposite:
+:func:`federate` builds the group's instance from one instance per cluster: nodes stay
+where they are; each pending job may start in its own cluster or in those ``movable``
+lists for it, with its cluster as ``home_cluster`` so that starting elsewhere costs the
+transfer of its image (``MigrationCostModel.remote_start_seconds``); a running job is held
+to its cluster unless ``running_movable`` lists others for it (one the move's saga can
+carry out: checkpoint on its node, transfer, resubmit pinned to one node there), and then
+the greedy passes may move it there with ``config.cross_cluster_migration``, paying
+``migration_seconds(across=True)``. :func:`split_by_cluster` is the opposite:
 an instance whose every job is held to one cluster, as one instance per cluster, for
 planning each alone. :func:`cross_cluster_starts` reads what federation changed in a plan.
 """
@@ -25,9 +27,12 @@ def federate(
     movable: Mapping[str, frozenset[str]],
     migration: MigrationCostModel,
     config: SolverConfig,
+    running_movable: Mapping[str, frozenset[str]] | None = None,
 ) -> Instance:
     """One instance over ``parts`` (cluster name → that cluster's instance, whose nodes all
-    name it). ``movable``: job id → the other clusters a pending job may start in.
+    name it). ``movable``: job id → the other clusters a pending job may start in;
+    ``running_movable``: job id → the other clusters a running job may move to (only a
+    checkpointable block job on one node: anything else is a ``ValueError``).
 
     GPU models are shared by name, and so are SLA policies by team: the same name defined
     differently by two members is a ``ValueError`` naming both (a federation group plans
@@ -54,6 +59,13 @@ def federate(
             update: dict[str, object] = {"clusters": frozenset({cluster})}
             if not job.is_running and job.id in movable:
                 update = {"clusters": movable[job.id] | {cluster}, "home_cluster": cluster}
+            elif job.is_running and running_movable and job.id in running_movable:
+                if job.is_elastic or not job.checkpointable or len(job.placement) != 1:
+                    raise ValueError(
+                        f"job {job.id}: only a checkpointable block job on one node moves "
+                        "to another cluster"
+                    )
+                update = {"clusters": running_movable[job.id] | {cluster}}
             jobs.append(job.model_copy(update=update))
     return Instance(
         now=max((part.now for part in parts.values()), default=0.0),
@@ -102,6 +114,34 @@ class CrossClusterStart:
     home: str
     target: str
     placement: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CrossClusterMove:
+    """A running job the plan moves from ``source`` (its one node) to ``target`` (one
+    node of another cluster)."""
+
+    job_id: str
+    home: str
+    target: str
+    source: str
+    placement: dict[str, int]
+
+
+def cross_cluster_moves(instance: Instance, plan: Plan) -> list[CrossClusterMove]:
+    """The plan's migrations of running jobs to another cluster."""
+    nodes = instance.node_by_name
+    moves = []
+    for action in plan.actions:
+        if action.kind is not ActionKind.migrate or not action.to_placement:
+            continue
+        job = instance.job_by_id[action.job_id]
+        home = nodes[next(iter(job.placement))].cluster
+        target = nodes[next(iter(action.to_placement))].cluster
+        if target != home:
+            source = next(iter(job.placement))
+            moves.append(CrossClusterMove(job.id, home, target, source, dict(action.to_placement)))
+    return moves
 
 
 def cross_cluster_starts(instance: Instance, plan: Plan) -> list[CrossClusterStart]:

@@ -39,7 +39,7 @@ def greedy_options(config: SolverConfig) -> GreedyOptions:
     """The shaper's greedy options with the config's levers applied (ablations)."""
     return replace(
         GREEDY,
-        migrate=config.migration,
+        migrate=config.migration or config.cross_cluster_migration,
         preempt=config.preemption,
         lookahead=config.lookahead,
         elastic=ElasticMode.DEMAND if config.elastic_resize else ElasticMode.PEAK,

@@ -321,6 +321,13 @@ class SolverConfig(_Frozen):
         description="move running checkpointable work: defragmentation, CP-SAT evacuations, "
         "room for a service",
     )
+    cross_cluster_migration: bool = Field(
+        default=False,
+        description="also move a running job to another cluster its ``clusters`` lists (a "
+        "federation group's plan: checkpoint, transfer over the group's link, resubmit there; "
+        "``solver.federation.federate``), by the greedy passes only and priced "
+        "``migration_seconds(across=True)``; with ``migration`` off, the only migrations",
+    )
     preemption: bool = Field(
         default=True, description="stop lower-priority work for a job or a service worth more"
     )

@@ -142,11 +142,27 @@ class ClusterState:
         return self.compat.ready_groups_for(job)
 
     def in_cluster_of(self, groups: list[int], nodes: Iterable[int]) -> list[int]:
-        """The groups in the cluster of ``nodes`` (where a running job is): a running job
-        moves only within its cluster (moving one to another is a checkpoint, a transfer
-        and a resubmission nothing dispatches yet)."""
+        """The groups in the cluster of ``nodes`` (where a running job or replica is)."""
         clusters = {self.instance.nodes[n].cluster for n in nodes}
         return [g for g in groups if self.compat.groups[g].cluster in clusters]
+
+    def move_tiers(self, job: Job, groups: list[int], nodes: Iterable[int]) -> list[list[int]]:
+        """Where running ``job`` on ``nodes`` may move, the tiers tried in order: its own
+        cluster's ``groups`` (unless only ``config.cross_cluster_migration`` is on), then, with
+        ``config.cross_cluster_migration``, those of the other clusters the job's
+        ``clusters`` lists (None lists none: a move to another cluster is a checkpoint, a
+        transfer over the group's link and a resubmission, so it comes after any at home
+        and only where the federation said it could be carried out)."""
+        config = self.instance.config
+        home = self.in_cluster_of(groups, nodes)
+        # ``cross_cluster_migration`` without ``migration``: moves to other clusters only.
+        across_only = config.cross_cluster_migration and not config.migration
+        tiers = [] if across_only else [home]
+        if config.cross_cluster_migration and job.clusters is not None:
+            away = [g for g in groups if g not in home]
+            if away:
+                tiers.append(away)
+        return tiers
 
     def compatible_free(self, groups: Iterable[int]) -> int:
         return sum(self.group_free[g] for g in groups)

@@ -11,8 +11,10 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
 4. gangs: a block job holds all ``replicas × gpus_per_replica`` GPUs or none, within one
    cluster, on at most ``max_nodes`` nodes;
 5. movement: a non-checkpointable running job keeps its placement or stops; a moved job
-   stays in its cluster (nothing dispatches a move to another yet), respects the
-   per-cycle budget, the cooldown and its SLA's migrations per day;
+   stays in its cluster unless its ``clusters`` lists the other one (a federation group's
+   plan: ``solver.federation.federate``), and then goes from one node to one node (the
+   move's saga checkpoints one node and stages on one); it respects the per-cycle
+   budget, the cooldown and its SLA's migrations per day;
 6. stopping: a stopped job is preemptible, under its preemptions per day, within the
    per-cycle preemption cap, and no team loses GPUs within its guarantee to others;
 7. elastic: between min and max replicas (never pushed below min from where it was),
@@ -186,8 +188,12 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
             migrations += 1
             if not job.checkpointable:
                 bad("movement", job.id, "non-checkpointable job moved")
-            if {nodes[n].cluster for n in after} != {nodes[n].cluster for n in before}:
-                bad("movement", job.id, "moved to another cluster (not dispatched yet)")
+            there = {nodes[n].cluster for n in after}
+            if there != {nodes[n].cluster for n in before}:
+                if job.clusters is None or not there <= job.clusters:
+                    bad("movement", job.id, "moved to another cluster, not in its clusters")
+                elif len(before) != 1 or len(after) != 1:
+                    bad("movement", job.id, "moved to another cluster off or onto several nodes")
             if (
                 job.last_moved_at is not None
                 and instance.now - job.last_moved_at < config.migration_cooldown_s

@@ -1,16 +1,21 @@
 """A federation group's plan, acted on: each pending job the group plan starts in another
-cluster becomes a ``move`` action of its home cluster (``app.actions.recipes`` says how a
-move runs: hold at home, submit at the target, cancel at home once accepted).
+cluster, and each running job it moves to another, becomes a ``move`` action of its home
+cluster (``app.actions.recipes`` says how a move runs: a pending job is held at home,
+submitted at the target, cancelled at home once accepted; a running one is checkpointed
+on its node (``source_node``), submitted held and pinned to its one node at the target
+(``target_node``), its image transferred and staged there, released, confirmed running
+restored, then cancelled at home).
 
 Algorithm (:func:`propose_moves`, once per shaping period for every group with two or
 more clusters, after the members' own cycles; ``app.shaping.tasks``):
 
 1. Solve the group as one (``planning.solve_group``); no transaction is held meanwhile.
 2. In one write transaction, for each move of the solve: the job must still be pending at
-   home, with no other action of it unfinished (its cluster's own plan may have started
-   it meanwhile), and both clusters must act (``observe`` only plans). A move of the
-   same job to the same cluster that is still proposed is kept, not duplicated. A new
-   move is approved by shaper when both clusters are in ``enforce`` mode (its saga starts
+   home (running, for a running job's move), with no other action of it unfinished (its
+   cluster's own plan may have started or moved it meanwhile), and both clusters must act
+   (``observe`` only plans). A move of the same job to the same cluster (from the same
+   node, for a running job) that is still proposed is kept, not duplicated. A new move is
+   approved by shaper when both clusters are in ``enforce`` mode (its saga starts
    at once), else proposed for an operator.
 3. Proposed moves of the group's clusters that this solve no longer makes are cancelled:
    approved later, they would move a job the group plan no longer wants moved.
@@ -63,7 +68,8 @@ def propose_moves(*, session: Session, group: str, now: datetime) -> MovesPropos
         c.name: c
         for c in session.exec(select(Cluster).where(col(Cluster.name).in_(solved.clusters)))
     }
-    wanted: set[tuple[int, int]] = set()  # (job id, target cluster id)
+    # (job id, target cluster id, source node: None for a pending job)
+    wanted: set[tuple[int, int, str | None]] = set()
     for move in solved.moves:
         home, target = clusters.get(move.from_cluster), clusters.get(move.to_cluster)
         if home is None or target is None:
@@ -73,9 +79,9 @@ def propose_moves(*, session: Session, group: str, now: datetime) -> MovesPropos
             .where(Job.cluster_id == row_id(home), Job.external_id == move.job)
             .with_for_update()
         ).first()
-        why = _why_not(session, home, job, target)
+        why = _why_not(session, home, job, target, move)
         if job is not None:
-            wanted.add((row_id(job), row_id(target)))
+            wanted.add((row_id(job), row_id(target), move.source_node))
         if why is not None:
             if why:
                 outcome.skipped[f"{move.from_cluster}/{move.job}"] = why
@@ -93,6 +99,7 @@ def propose_moves(*, session: Session, group: str, now: datetime) -> MovesPropos
             state=ActionState.approved if enforce else ActionState.proposed,
             idempotency_key=_key(session, home, job, target),
             reason=_reason(group, move),
+            source_node=move.source_node,
             target_node=",".join(move.nodes)[:255],
             created_at=now,
             updated_at=now,
@@ -112,7 +119,9 @@ def propose_moves(*, session: Session, group: str, now: datetime) -> MovesPropos
     return outcome
 
 
-def _why_not(session: Session, home: Cluster, job: Job | None, target: Cluster) -> str | None:
+def _why_not(
+    session: Session, home: Cluster, job: Job | None, target: Cluster, move: FederatedMove
+) -> str | None:
     """None: propose a move of the job; '': a proposal of this move waits already; else
     why not (a proposed move of the job elsewhere does not count: it is superseded)."""
     target_id = row_id(target)
@@ -121,7 +130,8 @@ def _why_not(session: Session, home: Cluster, job: Job | None, target: Cluster) 
             return f"{cluster.name} is in observe mode: it only plans"
     if job is None:
         return "the job is no longer reported"
-    if JobState(job.state) is not JobState.pending:
+    planned = JobState.running if move.running else JobState.pending
+    if JobState(job.state) is not planned:
         return f"the job is {JobState(job.state).value} now"
     unfinished = session.exec(
         select(Action).where(
@@ -134,7 +144,9 @@ def _why_not(session: Session, home: Cluster, job: Job | None, target: Cluster) 
         for a in unfinished
         if ActionKind(a.kind) is ActionKind.move and ActionState(a.state) is ActionState.proposed
     ]
-    if any(a.target_cluster_id == target_id for a in proposed):
+    # A pending job's move proposed before the job started is not this one: superseded.
+    same = [a for a in proposed if a.source_node == move.source_node]
+    if any(a.target_cluster_id == target_id for a in same):
         return ""
     unfinished = [a for a in unfinished if a not in proposed]
     if unfinished:
@@ -154,6 +166,13 @@ def _key(session: Session, home: Cluster, job: Job, target: Cluster) -> str:
 
 
 def _reason(group: str, move: FederatedMove) -> str:
+    if move.running:
+        return (
+            f"federation group {group}: job {move.job} moves from {move.source_node} in "
+            f"{move.from_cluster} to {', '.join(move.nodes)} in {move.to_cluster} to make "
+            f"room in {move.from_cluster} for work worth more (checkpointed here, restored "
+            "there, cancelled here once it runs there)"
+        )[:2048]
     return (
         f"federation group {group}: {move.from_cluster} cannot start job {move.job} now; "
         f"{move.to_cluster} has {move.gpus} GPUs for it on {', '.join(move.nodes)} "
@@ -162,7 +181,10 @@ def _reason(group: str, move: FederatedMove) -> str:
 
 
 def _supersede(
-    session: Session, cluster_ids: list[int], wanted: set[tuple[int, int]], now: datetime
+    session: Session,
+    cluster_ids: list[int],
+    wanted: set[tuple[int, int, str | None]],
+    now: datetime,
 ) -> int:
     """Cancel the proposed moves of these clusters that the latest plan does not make; one
     an operator approved meanwhile is left alone (the update is conditional on the state)."""
@@ -175,7 +197,7 @@ def _supersede(
                 Action.state == ActionState.proposed,
             )
         )
-        if (action.job_id, action.target_cluster_id) not in wanted
+        if (action.job_id, action.target_cluster_id, action.source_node) not in wanted
     ]
     if not stale:
         return 0

@@ -12,14 +12,22 @@ Algorithm (``plan_group``):
    the team's ``cluster_selector`` (data residency; None: any). Members whose policies
    give one team different selectors are refused, naming both. A job pinned to nodes
    (``required_nodes``: a requeue with its checkpoint) or a service stays where it is.
+   A *running* block job may move to another member by the same rules when the move's
+   saga could carry it out (``app.actions.recipes``): it can checkpoint, runs on one
+   node, and the target's scheduler starts a job pinned to the node its checkpoint is
+   staged on (``places_itself`` and ``moves_jobs``); every other running job is held to
+   its cluster.
 3. Solve each cluster alone (what its cycle plans today; the what-if only) and the group
    as one instance within ``PLAN_BUDGET_S`` (``solver.federation.federate``: a start away
    from home pays its image's transfer over the group's link, at the rate its moves'
-   transfers measured, ``app.federation.link``), with the same policy (shaper) and no
-   migrations (the cycles do those); compare the pending jobs each starts and the
-   objective.
-4. Report each pending job the group plan starts in another cluster, and why each
-   pending job that may not go anywhere else stays home.
+   transfers measured, ``app.federation.link``; a running job moved away pays its
+   checkpoint, restore and that transfer), with the same policy (shaper) and no
+   migrations within a cluster (the cycles do those): only moves of running jobs to
+   another member (``cross_cluster_migration``), within the per-cycle migration budget,
+   dwell, cooldown and the teams' migrations per day; compare the pending jobs each
+   starts and the objective.
+4. Report each job the group plan starts (pending) or moves (running) in another cluster,
+   and why each pending job that may not go anywhere else stays home.
 
 The what-if is read-only; ``app.federation.moves`` turns the same solve's moves into move
 actions (submit in the target cluster, cancel at home once accepted).
@@ -28,6 +36,7 @@ actions (submit in the target cluster, cancel at home once accepted).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -35,6 +44,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
+from app.actions.schedulers import moves_jobs, places_itself
 from app.clusters.models import Cluster, labels_match
 from app.core.db import begin
 from app.core.errors import Invalid
@@ -45,7 +55,7 @@ from app.federation.service import get_group, members
 from app.jobs.models import Job
 from app.shaping.snapshot import solver_job_id, take_snapshot, to_instance
 from solver import Instance, SolverConfig
-from solver.federation import cross_cluster_starts, federate
+from solver.federation import cross_cluster_moves, cross_cluster_starts, federate
 from solver.instance import MigrationCostModel
 from solver.objective import evaluate
 from solver.plan import ActionKind, Plan
@@ -73,6 +83,12 @@ class FederatedMove(BaseModel):
     to_cluster: str
     gpus: int
     nodes: list[str]
+    running: bool = Field(
+        False,
+        description="a running job moved (checkpointed on source_node, restored on its one "
+        "node there); else a pending job started there",
+    )
+    source_node: str | None = Field(None, description="running: the node it leaves")
 
 
 class Link(BaseModel):
@@ -99,6 +115,9 @@ class FederationWhatIf(BaseModel):
     policy: str
     pending_jobs: int
     movable_jobs: int
+    movable_running_jobs: int = Field(
+        description="running jobs the plan may move to another member (see ``moves``)"
+    )
     alone: Figures
     federated: Figures
     moves: list[FederatedMove]
@@ -107,7 +126,91 @@ class FederationWhatIf(BaseModel):
     stays_home_examples: list[StaysHome] = Field(
         description=f"why, for the first {STAYS_HOME_SHOWN} of them (by cluster and job)"
     )
+    running_held_examples: list[StaysHome] = Field(
+        default_factory=list,
+        description=f"why running jobs may not move to another member, for the first "
+        f"{STAYS_HOME_SHOWN} of them (by cluster and job)",
+    )
     dispatch: str = DISPATCH
+
+
+def _targets(
+    job: Job,
+    home: Cluster,
+    clusters: list[Cluster],
+    allowed: dict[tuple[str, str], frozenset[str]],
+    *,
+    lands: Callable[[str], bool] = lambda _scheduler: True,
+) -> tuple[frozenset[str], str]:
+    """The other clusters that can run ``job`` from its submit spec (its scheduler's kind,
+    or any with a portable form), whose scheduler ``lands`` it, and that its team may use;
+    when none, why (the job has a spec)."""
+    assert job.submit_spec is not None
+    spec: dict[str, Any] = json.loads(job.submit_spec)
+    portable = spec.get("portable") is not None
+    readers = [
+        c
+        for c in clusters
+        if c.name != home.name and (portable or c.scheduler == spec.get("scheduler"))
+    ]
+    landing = [c.name for c in readers if lands(c.scheduler)]
+    permitted = allowed.get((home.name, job.team))
+    targets = frozenset(c for c in landing if permitted is None or c in permitted)
+    if targets:
+        return targets, ""
+    if not readers:
+        return targets, (
+            f"no other member runs {spec.get('scheduler')} and its spec has no portable form"
+        )
+    if not landing:
+        return targets, (
+            f"no other member that runs it starts a job pinned to a node (Slurm, Kubernetes, "
+            f"Armada): {', '.join(sorted(f'{c.name} runs {c.scheduler}' for c in readers))}"
+        )
+    return targets, (
+        f"team {job.team}'s SLA policy in {home.name} lets it go to none of "
+        f"{', '.join(sorted(landing))} (allowed_clusters, cluster_selector)"
+    )
+
+
+def lands_pinned(scheduler: str) -> bool:
+    """Whether a running job moved to a cluster of this scheduler can land restored: its
+    scheduler starts the resubmitted job on the node its checkpoint is staged on
+    (``app.actions.recipes``' running move)."""
+    return places_itself(scheduler) and moves_jobs(scheduler)
+
+
+def _running_movable(
+    session: Session,
+    clusters: list[Cluster],
+    allowed: dict[tuple[str, str], frozenset[str]],
+    parts: dict[str, Instance],
+) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
+    """Solver job id → the other clusters of the group a running job may move to (see the
+    module docstring, step 2); and, for every other running block job, why it stays."""
+    by_id = {row_id(c): c for c in clusters}
+    query = select(Job).where(col(Job.cluster_id).in_(list(by_id)), Job.state == JobState.running)
+    movable: dict[str, frozenset[str]] = {}
+    stays: dict[str, str] = {}
+    for job in session.exec(query):
+        home = by_id[job.cluster_id]
+        job_id = solver_job_id(home.name, job.external_id)
+        planned = parts[home.name].job_by_id.get(job_id)
+        if job.shape != JobShape.block or planned is None or not planned.is_running:
+            continue
+        if not job.checkpointable:
+            stays[job_id] = "it cannot checkpoint: it would start over"
+        elif len(planned.placement) != 1:
+            stays[job_id] = f"it runs on {len(planned.placement)} nodes: a move takes one"
+        elif job.submit_spec is None:
+            stays[job_id] = f"{home.name}'s connector gave no submit spec for it"
+        else:
+            targets, why = _targets(job, home, clusters, allowed, lands=lands_pinned)
+            if targets:
+                movable[job_id] = targets
+            else:
+                stays[job_id] = why
+    return movable, stays
 
 
 def _movable(
@@ -133,26 +236,11 @@ def _movable(
         if job.submit_spec is None:
             stays[job_id] = f"{home.name}'s connector gave no submit spec for it"
             continue
-        spec: dict[str, Any] = json.loads(job.submit_spec)
-        portable = spec.get("portable") is not None
-        readers = [
-            c.name
-            for c in clusters
-            if c.name != home.name and (portable or c.scheduler == spec.get("scheduler"))
-        ]
-        permitted = allowed.get((home.name, job.team))
-        targets = frozenset(c for c in readers if permitted is None or c in permitted)
+        targets, why = _targets(job, home, clusters, allowed)
         if targets:
             movable[job_id] = targets
-        elif not readers:
-            stays[job_id] = (
-                f"no other member runs {spec.get('scheduler')} and its spec has no portable form"
-            )
         else:
-            stays[job_id] = (
-                f"team {job.team}'s SLA policy in {home.name} lets it go to none of "
-                f"{', '.join(sorted(readers))} (allowed_clusters, cluster_selector)"
-            )
+            stays[job_id] = why
     return movable, stays
 
 
@@ -219,9 +307,11 @@ class GroupSolve:
     instance: Instance
     plan: Plan
     movable_jobs: int
+    movable_running_jobs: int
     alone: Figures | None  # None when not compared
     moves: list[FederatedMove]
     stays: dict[str, str]  # solver job id → why it cannot start in another member
+    running_stays: dict[str, str]  # solver job id → why a running job may not move away
     link: Link
 
 
@@ -255,7 +345,11 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
         inter_cluster_overhead_s=group.inter_cluster_overhead_s,
     )
     config = SolverConfig(
-        migration=False, cp_sat_migration=False, replica_moves=False, plan_budget_s=PLAN_BUDGET_S
+        migration=False,
+        cp_sat_migration=False,
+        replica_moves=False,
+        cross_cluster_migration=True,
+        plan_budget_s=PLAN_BUDGET_S,
     )
     snapshots = {n: take_snapshot(session=session, cluster_name=n, now=now) for n in names}
     # A job may need a GPU model only another member has: each part knows the group's.
@@ -274,9 +368,16 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
     }
     allowed = _allowed(name, clusters, {n: snapshot.sla for n, snapshot in snapshots.items()})
     movable, stays = _movable(session, clusters, allowed)
+    running_movable, running_stays = _running_movable(session, clusters, allowed, parts)
     session.rollback()  # nothing is held while the solver runs
     try:
-        whole = federate(parts, movable=movable, migration=link, config=config)
+        whole = federate(
+            parts,
+            movable=movable,
+            running_movable=running_movable,
+            migration=link,
+            config=config,
+        )
     except ValueError as error:  # the members' rules disagree: say which
         raise Invalid(f"federation group {name!r}: {error}", field="group") from error
     policy = get_policy(POLICY)
@@ -299,6 +400,17 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
             nodes=sorted(node.split("/", 1)[1] for node in start.placement),
         )
         for start in cross_cluster_starts(whole, plan)
+    ] + [
+        FederatedMove(
+            job=move.job_id.split("/", 1)[1],
+            from_cluster=move.home,
+            to_cluster=move.target,
+            gpus=sum(move.placement.values()),
+            nodes=sorted(node.split("/", 1)[1] for node in move.placement),
+            running=True,
+            source_node=move.source.split("/", 1)[1],
+        )
+        for move in cross_cluster_moves(whole, plan)
     ]
     return GroupSolve(
         group=name,
@@ -306,9 +418,11 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
         instance=whole,
         plan=plan,
         movable_jobs=len(movable),
+        movable_running_jobs=len(running_movable),
         alone=alone,
         moves=moves,
         stays=stays,
+        running_stays=running_stays,
         link=Link(
             bandwidth_mib_per_s=round(bandwidth, 3),
             measured_transfers=measured.samples if measured is not None else 0,
@@ -327,6 +441,7 @@ def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatI
         policy=POLICY,
         pending_jobs=sum(1 for j in whole.jobs if not j.is_running and not j.is_elastic),
         movable_jobs=solved.movable_jobs,
+        movable_running_jobs=solved.movable_running_jobs,
         alone=solved.alone,
         federated=_figures(whole, solved.plan.placement, _block_starts(whole, solved.plan)),
         moves=solved.moves,
@@ -335,5 +450,9 @@ def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatI
         stays_home_examples=[
             StaysHome(cluster=job_id.split("/", 1)[0], job=job_id.split("/", 1)[1], why=why)
             for job_id, why in sorted(solved.stays.items())[:STAYS_HOME_SHOWN]
+        ],
+        running_held_examples=[
+            StaysHome(cluster=job_id.split("/", 1)[0], job=job_id.split("/", 1)[1], why=why)
+            for job_id, why in sorted(solved.running_stays.items())[:STAYS_HOME_SHOWN]
         ],
     )

@@ -8,6 +8,10 @@ where it is.
 
 Movable: a running, checkpointable, single-node block job, not frozen, off its migration
 cooldown and under its team's daily migration limit; it is moved at most once a cycle.
+It moves within its cluster (``config.migration``), else, with
+``config.cross_cluster_migration``, to one node of another cluster its ``clusters`` lists
+(a federation group's plan); with only the latter, only such jobs are movable. A move to
+another cluster is always a trade (``_pays``, at ``migration_seconds(across=True)``).
 
 Relocatable (``move_replicas``): a service's replicas on a node being cleared (emptied
 for a gang, or made room on for a job that fits one node) restart on other nodes, as many
@@ -48,6 +52,7 @@ class Defragmentation:
                 if not j.is_elastic
                 and j.checkpointable
                 and len(j.placement) == 1
+                and self._in_scope(j)
                 and instance.is_frozen(j)
             }
             if ledger.options.migrate
@@ -65,7 +70,7 @@ class Defragmentation:
         instance = self.ledger.instance
         if job.is_elastic or not job.is_running or not job.checkpointable:
             return False
-        if len(job.placement) != 1 or instance.is_frozen(job):
+        if len(job.placement) != 1 or not self._in_scope(job) or instance.is_frozen(job):
             return False
         if (
             job.last_moved_at is not None
@@ -74,6 +79,17 @@ class Defragmentation:
             return False
         limit = instance.policy_for(job).max_migrations_per_day
         return limit is None or job.migrations_today < limit
+
+    def _in_scope(self, job: Job) -> bool:
+        """Whether the config lets ``job`` move at all: any move (``migration``), or only
+        to another cluster its ``clusters`` lists (``cross_cluster_migration`` alone)."""
+        config = self.ledger.config
+        if config.migration or not config.cross_cluster_migration:
+            return True  # as the greedy's options say (``migrate``)
+        if job.clusters is None:
+            return False
+        nodes = self.ledger.instance.node_by_name
+        return bool(job.clusters - {nodes[n].cluster for n in job.placement})
 
     def may_move(self, job_id: str) -> bool:
         """Movable and not yet started, moved or stopped this cycle."""
@@ -254,14 +270,19 @@ class Defragmentation:
         moved: list[Job] = []
         relocated: dict[str, Job] = {}
         for resident, original in homeless:
-            resident_groups = state.in_cluster_of(state.ready_groups(resident), original)
-            if resident.is_elastic:
-                if not self._relocate(resident, sum(original.values()), resident_groups):
+            ready = state.ready_groups(resident)
+            if resident.is_elastic:  # a service's replicas stay in its cluster
+                groups = state.in_cluster_of(ready, original)
+                if not self._relocate(resident, sum(original.values()), groups):
                     state.rollback(mark)
                     return None
                 relocated[resident.id] = resident
                 continue
-            node = state.find_single_node(resident, resident.replicas, resident_groups)
+            node = None
+            for tier in state.move_tiers(resident, ready, original):
+                node = state.find_single_node(resident, resident.replicas, tier)
+                if node is not None:
+                    break
             if node is None:
                 state.rollback(mark)
                 return None
@@ -271,7 +292,8 @@ class Defragmentation:
             state.rollback(mark)
             ledger.budget_blocked.add(job.id)
             return None
-        if (target is not None or relocated) and not self._pays(
+        across = any(self._across(r) for r in moved)
+        if (target is not None or relocated or across) and not self._pays(
             job, placement, moved, [(s, held_before[s.id]) for s in relocated.values()]
         ):
             state.rollback(mark)
@@ -326,7 +348,10 @@ class Defragmentation:
             * sum(gpus * ledger.node_speed(n) for n, gpus in placement.items())
         )
         cost = sum(
-            ledger.weight[r.id] * r.total_gpus * instance.migration.migration_seconds(r) / horizon
+            ledger.weight[r.id]
+            * r.total_gpus
+            * instance.migration.migration_seconds(r, across=self._across(r))
+            / horizon
             for r in moved
         )
         for service, before in relocated:
@@ -336,6 +361,13 @@ class Defragmentation:
             )
             cost += ledger.weight[service.id] * max(0.0, lost)
         return gain > cost
+
+    def _across(self, job: Job) -> bool:
+        """Whether moved ``job``'s new node is in another cluster than its old one."""
+        nodes = self.ledger.instance.nodes
+        by_name = self.ledger.instance.node_by_name
+        now = {nodes[n].cluster for n in self.ledger.state.held(job.id)}
+        return now != {by_name[n].cluster for n in job.placement}
 
     def _relocate(self, service: Job, gpus: int, groups: list[int]) -> bool:
         """Place ``gpus`` GPUs of ``service``'s replicas elsewhere, one replica at a time

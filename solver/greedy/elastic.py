@@ -246,12 +246,20 @@ class ElasticGrowth:
                 break
             if migrate and ledger.migrations + len(moved) < config.max_migrations_per_cycle:
                 held = state.evict(resident)
-                groups = state.in_cluster_of(state.ready_groups(resident), held)
-                target = state.find_single_node(resident, resident.replicas, groups, {node})
+                target = None
+                for tier in state.move_tiers(resident, state.ready_groups(resident), held):
+                    target = state.find_single_node(resident, resident.replicas, tier, {node})
+                    if target is not None:
+                        break
                 if target is not None:
                     state.place(resident, {target: resident.total_gpus})
                     moved.append((resident, target))
-                    cost += estimate
+                    if instance.nodes[target].cluster != instance.nodes[node].cluster:
+                        # Moved to another cluster: priced with the transfer over the link.
+                        seconds = instance.migration.migration_seconds(resident, across=True)
+                        cost += ledger.weight[resident.id] * resident.total_gpus * seconds / horizon
+                    else:
+                        cost += estimate
                     continue
                 state.place(resident, held)
             if not self.preemption.service_victim(resident):

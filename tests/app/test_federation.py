@@ -142,9 +142,15 @@ def test_the_what_if_starts_a_waiting_job_in_the_idle_cluster_and_changes_nothin
             "to_cluster": "beta",
             "gpus": 8,
             "nodes": ["n1"],
+            "running": False,
+            "source_node": None,
         }
     ]
     assert body["dispatch"].startswith("what-if only")
+    assert body["movable_running_jobs"] == 0
+    assert body["running_held_examples"] == [
+        {"job": "big", "cluster": "alpha", "why": "it cannot checkpoint: it would start over"}
+    ]
     # The plan says why a job cannot go elsewhere.
     assert body["stays_home"] == 1
     assert body["stays_home_examples"] == [
@@ -152,6 +158,46 @@ def test_the_what_if_starts_a_waiting_job_in_the_idle_cluster_and_changes_nothin
     ]
     # Read-only: no plan, no action, the job still pending at home.
     assert client.get("/api/v1/plans", headers=auth["viewer"]).json()["total"] == 0
+    assert client.get("/api/v1/actions", headers=auth["viewer"]).json()["total"] == 0
+
+
+PORTABLE = {**SPEC, "portable": {"image": "train:1", "command": ["python", "t.py"], "gpus": 2}}
+
+
+@pytest.mark.parametrize("target", ["slurm", "sim"])
+def test_the_what_if_moves_a_running_job_away_to_start_a_gang_at_home(
+    client: TestClient, auth: dict, target: str
+) -> None:
+    # A small running checkpointable job holds 2 of alpha's 8 GPUs; an 8-GPU gang waits
+    # behind it at alpha (no spec: it may not leave). Beta is idle. A running job lands
+    # only where the scheduler starts it pinned to its staged checkpoint's node (Slurm),
+    # not on a simulated cluster's.
+    _cluster(client, auth, "alpha")
+    _cluster(client, auth, "beta", scheduler=target)
+    _group(client, auth, "alpha", "beta")
+    small = running("small", "n1", [0, 1], checkpointable=True, submit=PORTABLE)
+    _push(client, auth, "alpha", [small, job("gang", gpus_requested=8)])
+    _push(client, auth, "beta", [])
+    body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
+    if target == "sim":
+        assert body["movable_running_jobs"] == 0 and body["moves"] == []
+        (held,) = body["running_held_examples"]
+        assert held["job"] == "small" and "starts a job pinned to a node" in held["why"]
+        assert "beta runs sim" in held["why"]
+        return
+    assert body["movable_running_jobs"] == 1 and body["running_held_examples"] == []
+    assert body["moves"] == [
+        {
+            "job": "small",
+            "from_cluster": "alpha",
+            "to_cluster": "beta",
+            "gpus": 2,
+            "nodes": ["n1"],
+            "running": True,
+            "source_node": "n1",
+        }
+    ]
+    assert body["federated"]["objective"] > body["alone"]["objective"]
     assert client.get("/api/v1/actions", headers=auth["viewer"]).json()["total"] == 0
 
 

@@ -582,6 +582,8 @@ def test_federation_page_shows_members_and_the_what_if_of_the_api(
             "to_cluster": "west",
             "gpus": 8,
             "nodes": ["west1"],
+            "running": False,
+            "source_node": None,
         }
     ]
     move = answer["moves"][0]

@@ -1,0 +1,165 @@
+"""A federation group's plan moving a *running* job to another cluster (issue 16), on the
+embedded default: two simulated clusters as in ``test_federation_moves``, the group's
+planning and the move actions it proposes, on SQLite and on PostgreSQL.
+
+``east`` has one 8-GPU node: a small checkpointable job runs on 2 of its GPUs and an 8-GPU
+gang waits behind it. ``west``'s 8-GPU node has 4 GPUs free (a job that cannot checkpoint
+holds the rest), room for the small job but not for the gang. The group plan moves the
+small job from east1 to west1 so that the gang can start at east.
+
+A running job lands only where the target's scheduler starts the resubmitted job pinned to
+the node its checkpoint is staged on (``app.actions.recipes``); a simulated cluster's does
+not, so the group never plans such a move onto one — the tests that check the actions a
+plan proposes let ``west`` count as one that does (``planning.lands_pinned``). The saga of
+a running move runs end to end on two real Slurm clusters
+(``tests/connectors/test_slurm_federation.py``); on simulated ones it is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from app.actions import local, saga, tasks
+from app.actions.models import ActionKind, ActionState
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterUpdate, ShapingMode
+from app.federation import planning
+from app.federation import service as federation_service
+from app.federation.models import FederationGroupCreate
+from tests.app.test_federation_moves import GROUP, T0, Clock, Group, Member, _report
+
+
+@pytest.fixture
+def group_factory(
+    committed_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Group]]:
+    monkeypatch.setattr(tasks, "get_engine", lambda: committed_engine)
+    monkeypatch.setattr(tasks, "_timings", lambda: {"step_timeout_s": 0.3, "start_wait_s": 5.0})
+    monkeypatch.setattr(saga, "CONFIRM_POLL_S", 0.05)
+    monkeypatch.setattr(saga, "RETRY_BACKOFF_S", (0.05,))
+    registered: list[str] = []
+
+    def make(
+        mode: ShapingMode = ShapingMode.advise, *, west_pins: bool = True, **fields: object
+    ) -> Group:
+        if west_pins:
+            monkeypatch.setattr(planning, "lands_pinned", lambda scheduler: True)
+        clock = Clock()
+        east = Member(committed_engine, tmp_path, "east", clock, mode)
+        west = Member(committed_engine, tmp_path, "west", clock, mode)
+        for member in (east, west):
+            for prefix in member.executors.queues():
+                local.register(prefix, member.handle)
+                registered.append(prefix)
+        with Session(committed_engine) as session:
+            federation_service.create_group(
+                session=session, group_in=FederationGroupCreate(name=GROUP), now=T0, actor=None
+            )
+            for name in ("east", "west"):
+                federation_service.add_cluster(
+                    session=session, name=GROUP, cluster=name, now=T0, actor=None
+                )
+        small = _report("small", 2).model_copy(update=fields)
+        east.cluster.submit(small, timedelta(hours=10))
+        east.cluster.submit(_report("gang", 8), timedelta(hours=1))
+        # West's resident cannot checkpoint: it stays (moved to east, it would let the
+        # gang start at west instead).
+        resident = _report("resident", 4).model_copy(update={"checkpointable": False})
+        west.cluster.submit(resident, timedelta(hours=10))
+        clock.now = T0 + timedelta(hours=1)
+        assert east.states() == {"small": "running", "gang": "pending"}
+        assert west.states() == {"resident": "running"}
+        return Group(committed_engine, east, west)
+
+    yield make
+    for prefix in registered:
+        local.unregister(prefix)
+
+
+def test_the_plan_proposes_moving_the_small_job_from_its_node_to_one_at_west(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory()
+    outcome = group.plan()
+    assert len(outcome.proposed) == 1 and outcome.approved == [], outcome
+    action = group.action(outcome.proposed[0])
+    assert action.kind == ActionKind.move and action.state == ActionState.proposed
+    assert action.job_id == group.job("east", "small").id
+    assert (action.source_node, action.target_node) == ("east1", "west1")
+    assert action.target_cluster_id is not None and action.target_cluster_id != action.cluster_id
+    assert action.decided_by is None
+    assert "job small moves from east1 in east to west1 in west" in action.reason
+    # Planned again before anyone decided: the same proposal, not a second one.
+    again = group.plan()
+    assert again.proposed == [] and again.kept == 1 and again.superseded == 0
+
+
+def test_enforce_in_both_clusters_approves_it_and_observe_only_plans(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory(ShapingMode.observe)
+    outcome = group.plan()
+    assert outcome.proposed == outcome.approved == []
+    assert outcome.skipped == {"east/small": "east is in observe mode: it only plans"}
+    with Session(group.engine) as session:
+        for name in ("east", "west"):
+            cluster_service.update_cluster(
+                session=session,
+                name=name,
+                cluster_in=ClusterUpdate(mode=ShapingMode.enforce),
+                now=T0,
+            )
+    outcome = group.plan()
+    assert outcome.proposed == [] and len(outcome.approved) == 1
+    action = group.action(outcome.approved[0])
+    assert action.state == ActionState.approved and action.decided_by == "shaper"
+    assert (action.source_node, action.target_node) == ("east1", "west1")
+
+
+def test_a_proposal_is_superseded_once_the_gang_no_longer_waits(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory()
+    (action_id,) = group.plan().proposed
+    group.east.cluster.cancel("gang")
+    outcome = group.plan()
+    assert outcome.superseded == 1 and outcome.proposed == []
+    action = group.action(action_id)
+    assert action.state == ActionState.cancelled
+    assert (action.error or "").startswith("superseded")
+
+
+def test_no_running_move_onto_a_cluster_whose_scheduler_does_not_pin_jobs(
+    group_factory: Callable[..., Group],
+) -> None:
+    group = group_factory(west_pins=False)
+    outcome = group.plan()
+    assert outcome.proposed == outcome.approved == [] and outcome.skipped == {}
+
+
+def test_a_job_that_cannot_checkpoint_is_not_moved(group_factory: Callable[..., Group]) -> None:
+    group = group_factory(checkpointable=False)
+    outcome = group.plan()
+    assert outcome.proposed == outcome.approved == [] and outcome.skipped == {}
+
+
+def test_the_simulated_clusters_refuse_to_carry_out_a_running_move(
+    group_factory: Callable[..., Group],
+) -> None:
+    # Their scheduler does not start a job pinned to a node: the saga is refused before
+    # any step runs, and the job keeps running at east.
+    group = group_factory()
+    (action_id,) = group.plan().proposed
+    group.approve(action_id)
+    group.run_sagas()
+    action = group.action(action_id)
+    assert action.state == ActionState.cancelled, (action.state, action.error)
+    assert "west runs sim" in (action.error or "")
+    assert group.steps(action_id) == []
+    assert group.east.states()["small"] == "running"
