@@ -435,6 +435,18 @@ class ConnectorStepExecutor:
 
     def _hold(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         connector = self._capable(SupportsHold, "hold")
+        if args.get("pending"):
+            # A move's hold of a job that runs already is refused before the hold: on
+            # Kubernetes a hold suspends the Job (its pods go) and on Kueue it evicts the
+            # Workload, so holding first would throw away the work the move must leave
+            # alone. (The read after the hold catches a job that starts in between.)
+            before = self._job_state(workload_id)
+            if before in (JobState.running, JobState.suspended):
+                raise ConnectorError(
+                    f"job {workload_id} is {before.value}: only a pending job is held for a "
+                    "move (nothing was held)",
+                    retryable=False,
+                )
         connector.hold(workload_id)
         if args.get("pending"):
             # A move's hold: held, the job can no longer start, so one read tells whether it

@@ -57,7 +57,7 @@ The other kinds are the scheduler's alone: a job that cannot checkpoint is preem
 from __future__ import annotations
 
 from app.actions.models import Action, ActionKind, ActionStep, StepState
-from app.actions.schedulers import moves_jobs, places_itself
+from app.actions.schedulers import moves_jobs, places_itself, takes_moves
 from app.clusters.models import Cluster
 from app.core.lookup import row_id
 from app.jobs.models import Job
@@ -184,6 +184,11 @@ def _move_steps(
             f"{cluster.name}'s connector did not say how to submit job {job.external_id} "
             "elsewhere (no submit spec)"
         )
+    if not takes_moves(target.scheduler):
+        raise Unplannable(
+            f"{target.name} runs {target.scheduler}, whose connector does not take moved jobs "
+            "yet (it cannot submit one)"
+        )
     spec = SubmitSpec.model_validate_json(job.submit_spec)
     if spec.portable is None and spec.scheduler != target.scheduler:
         raise Unplannable(
@@ -205,7 +210,7 @@ def _move_steps(
     if not (places_itself(target.scheduler) and moves_jobs(target.scheduler)):
         raise Unplannable(
             f"a running job moves only to a cluster whose scheduler starts it pinned to the "
-            f"node its checkpoint is staged on (Slurm, Kubernetes, Armada); {target.name} "
+            f"node its checkpoint is staged on (Slurm, Kubernetes); {target.name} "
             f"runs {target.scheduler}"
         )
     node = _single(action.source_node, "source", action)

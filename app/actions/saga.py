@@ -55,6 +55,7 @@ from app.actions.models import (
     ActionStepPublic,
     StepState,
 )
+from app.actions.moved import record_move
 from app.actions.recipes import (
     MAX_ATTEMPTS,
     NO_ANSWER,
@@ -286,7 +287,7 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
     if kind is ActionKind.preempt and not job.checkpointable:
         return  # the scheduler requeued it; its telemetry tells the rest
     if kind is ActionKind.move:
-        _record_move(session, action, job, now)
+        record_move(session, action, job, now)
         return
     if kind not in (ActionKind.migrate, ActionKind.preempt, ActionKind.start, ActionKind.resume):
         return
@@ -341,67 +342,6 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
         job.reason = f"preempted by action {action.id}: checkpointed"[:255]
     job.updated_at = now
     session.add(job)
-
-
-def _record_move(session: Session, action: Action, job: Job, now: datetime) -> None:
-    """A moved job is gone from its cluster (its connector's next push says cancelled),
-    and so are the GPUs it held there; its reason says where it went."""
-    submitted = session.exec(
-        select(ActionStep).where(
-            ActionStep.action_id == action.id,
-            ActionStep.phase == StepPhase.forward,
-            ActionStep.name == ConnectorStep.submit,
-        )
-    ).one()
-    target = session.get(Cluster, action.target_cluster_id) if action.target_cluster_id else None
-    for allocation in session.exec(
-        select(Allocation).where(Allocation.job_id == job.id, col(Allocation.released_at).is_(None))
-    ):  # a running job's GPUs at its source are free now
-        allocation.released_at = now
-        session.add(allocation)
-    if target is not None and submitted.result.get("external_id") is not None:
-        _fence_arrival(session, job, target, str(submitted.result["external_id"]), action, now)
-    job.state = JobState.cancelled
-    job.end_time = job.end_time or now
-    job.reason = (
-        f"moved to {target.name if target else 'another cluster'} as job "
-        f"{submitted.result.get('external_id')} by action {action.id}"
-    )[:255]
-    job.updated_at = now
-    session.add(job)
-
-
-def _fence_arrival(
-    session: Session, job: Job, target: Cluster, external_id: str, action: Action, now: datetime
-) -> None:
-    """The moved job's row at the target, at least at the move's generation: the target's
-    connector and node agent have fenced its new id at that generation (a running job's
-    steps there name it), so a later saga of it must come after. Written ahead of the
-    target's telemetry when that has not reported it yet (it fills in the rest)."""
-    arrived = session.exec(
-        select(Job)
-        .where(Job.cluster_id == target.id, Job.external_id == external_id)
-        .with_for_update()
-    ).first()
-    if arrived is None:
-        arrived = Job(
-            cluster_id=row_id(target),
-            external_id=external_id,
-            name=job.name,
-            team=job.team,
-            kind=job.kind,
-            shape=job.shape,
-            priority=job.priority,
-            gpus_requested=job.gpus_requested,
-            checkpointable=job.checkpointable,
-            state=JobState(job.state),  # as it was at home: pending, or running restored
-            submit_time=now,
-            submit_spec=job.submit_spec,
-            reason=f"arrived from {job.external_id} by action {action.id}"[:255],
-            updated_at=now,
-        )
-    arrived.generation = max(arrived.generation, action.fencing_token)
-    session.add(arrived)
 
 
 def _dispatch(session: Session, action: Action, now: datetime) -> bool:

@@ -10,6 +10,9 @@ and the action service all ask here.
   Kueue admits a Workload and the scheduler places its pods; a start is a reactivation and
   a requeue cannot be pinned, so no migration is planned there. Ray places a job's actors
   and placement groups itself (connectors/ray: a requeue pinned to nodes is refused).
+* **Takes moves** (Slurm, Kubernetes, Kueue, Ray, the simulated clusters): the connector
+  submits a job moved from another cluster and withdraws it
+  (``connectors.base.SupportsSubmit``); Armada's does not yet, so no move targets it.
 * **Reserves** (the simulated clusters, Slurm): the connector can hold GPUs for one job
   (``connectors.base.SupportsReservation``), so plans get ``reserve`` actions for what
   they free.
@@ -30,6 +33,15 @@ SCHEDULER_OWNED = frozenset(
 )
 RESERVING = frozenset({SchedulerKind.sim, SchedulerKind.slurm})
 UNPINNABLE = frozenset({SchedulerKind.kueue, SchedulerKind.ray})
+TAKING_MOVES = frozenset(
+    {
+        SchedulerKind.slurm,
+        SchedulerKind.kubernetes,
+        SchedulerKind.kueue,
+        SchedulerKind.ray,
+        SchedulerKind.sim,
+    }
+)
 
 
 def places_itself(scheduler: str) -> bool:
@@ -42,3 +54,7 @@ def reserves(scheduler: str) -> bool:
 
 def moves_jobs(scheduler: str) -> bool:
     return SchedulerKind(scheduler) not in UNPINNABLE
+
+
+def takes_moves(scheduler: str) -> bool:
+    return SchedulerKind(scheduler) in TAKING_MOVES

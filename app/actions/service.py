@@ -20,6 +20,7 @@ from app.actions.models import (
     ChurnPublic,
     StepState,
 )
+from app.actions.moved import record_move
 from app.actions.recipes import MAX_ATTEMPTS, answered_or_given_up
 from app.actions.schedulers import places_itself
 from app.audit import service as audit
@@ -171,6 +172,18 @@ def abandon(
                 details={"state": current.value},
             )
         reason = _abandoned_move(action, stuck, _steps_of(session, row_id(action)), by)
+        job = session.get(Job, action.job_id) if action.job_id is not None else None
+        if job is not None:
+            # The target has the job: the home row says so (and is left out of plans, so
+            # a home copy that comes back held is never started: snapshot), and the
+            # target's row is fenced at the move's generation, as a finished move's are.
+            record_move(
+                session,
+                action,
+                job,
+                now,
+                unconfirmed=HOME_COPY_UNCONFIRMED if stuck.name == ConnectorStep.cancel else None,
+            )
     _decide(action, ActionState.failed, by, now)
     action.error = reason[:2000]
     session.add(action)
@@ -189,6 +202,11 @@ def abandon(
     return action
 
 
+# Said of a moved job's home copy whose cancel an operator gave up on: its row keeps it
+# (app.shaping.snapshot leaves such a job out of every plan).
+HOME_COPY_UNCONFIRMED = "was never confirmed cancelled"
+
+
 def _steps_of(session: Session, action_id: int) -> list[ActionStep]:
     query = select(ActionStep).where(ActionStep.action_id == action_id)
     return list(session.exec(query.order_by(col(ActionStep.seq))))
@@ -196,7 +214,8 @@ def _steps_of(session: Session, action_id: int) -> list[ActionStep]:
 
 def _stuck_move_step(session: Session, action: Action) -> ActionStep | None:
     """A running move's step that is resent until answered and has gone unanswered for
-    ``MAX_ATTEMPTS`` sends; None otherwise."""
+    ``MAX_ATTEMPTS`` sends, its executor never having answered it at all (a source that
+    answers "not now" is alive: its step is not stuck); None otherwise."""
     if ActionState(action.state) is not ActionState.running:
         return None
     if ActionKind(action.kind) is not ActionKind.move:
@@ -207,6 +226,7 @@ def _stuck_move_step(session: Session, action: Action) -> ActionStep | None:
             and step.phase == StepPhase.forward
             and not answered_or_given_up(action, step)
             and step.attempts >= MAX_ATTEMPTS
+            and not step.error
         ):
             return step
     return None
@@ -218,8 +238,8 @@ def _abandoned_move(action: Action, stuck: ActionStep, steps: list[ActionStep], 
     where = f"the job runs at {connector_cluster(submit.queue)} as job {arrived}"
     if stuck.name == ConnectorStep.cancel:
         left = (
-            f"its copy at {connector_cluster(stuck.queue)} was never confirmed cancelled: "
-            "cancel it there by hand if that cluster comes back"
+            f"its copy at {connector_cluster(stuck.queue)} {HOME_COPY_UNCONFIRMED}: cancel "
+            "it there by hand if that cluster comes back (plans leave it alone)"
         )
     else:
         left = (

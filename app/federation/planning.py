@@ -44,7 +44,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
-from app.actions.schedulers import moves_jobs, places_itself
+from app.actions.schedulers import moves_jobs, places_itself, takes_moves
 from app.clusters.models import Cluster, labels_match
 from app.core.db import begin
 from app.core.errors import Invalid
@@ -151,7 +151,9 @@ def _targets(
     readers = [
         c
         for c in clusters
-        if c.name != home.name and (portable or c.scheduler == spec.get("scheduler"))
+        if c.name != home.name
+        and (portable or c.scheduler == spec.get("scheduler"))
+        and takes_moves(c.scheduler)
     ]
     landing = [c.name for c in readers if lands(c.scheduler)]
     permitted = allowed.get((home.name, job.team))
@@ -164,8 +166,8 @@ def _targets(
         )
     if not landing:
         return targets, (
-            f"no other member that runs it starts a job pinned to a node (Slurm, Kubernetes, "
-            f"Armada): {', '.join(sorted(f'{c.name} runs {c.scheduler}' for c in readers))}"
+            f"no other member that runs it starts a job pinned to a node (Slurm, "
+            f"Kubernetes): {', '.join(sorted(f'{c.name} runs {c.scheduler}' for c in readers))}"
         )
     return targets, (
         f"team {job.team}'s SLA policy in {home.name} lets it go to none of "

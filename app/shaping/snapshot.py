@@ -58,7 +58,7 @@ from sqlmodel import Session, col, select
 
 from app.actions.models import ACTIVE_ACTION_STATES, Action, ActionKind, ActionState
 from app.actions.schedulers import moves_jobs
-from app.actions.service import NEVER_RAN_WHEN_FAILED, NOT_ON_JOBS, RAN
+from app.actions.service import HOME_COPY_UNCONFIRMED, NEVER_RAN_WHEN_FAILED, NOT_ON_JOBS, RAN
 from app.clusters import service as cluster_service
 from app.core.lookup import row_id
 from app.forecasts.models import RuntimePredictionCreate, ServiceForecastCreate
@@ -399,6 +399,17 @@ def _open_actions(session: Session, job_ids: list[int]) -> dict[int, set[ActionS
     for job_id, state in session.execute(query):
         bucket = ActionState.proposed if state == ActionState.proposed else ActionState.approved
         found.setdefault(job_id, set()).add(bucket)
+    # A job moved to another cluster whose home copy's cancel an operator gave up on
+    # (app.actions.service.abandon): the copy may come back held, and starting it would run
+    # the job twice, so it stays locked (left as it is) for good.
+    moved_away = sa.select(col(Action.job_id)).where(
+        col(Action.job_id).in_(job_ids),
+        col(Action.kind) == ActionKind.move.value,
+        col(Action.state) == ActionState.failed.value,
+        col(Action.error).contains(HOME_COPY_UNCONFIRMED),
+    )
+    for (job_id,) in session.execute(moved_away):
+        found.setdefault(job_id, set()).add(ActionState.approved)
     return found
 
 

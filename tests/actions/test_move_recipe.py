@@ -215,6 +215,18 @@ def test_a_running_jobs_move_brings_it_back_until_its_source_copy_is_cancelled(
         (_job(JobState.running, spec=PORTABLE), _cluster(3, "c", SchedulerKind.sim), "n", "pinned"),
         (_job(JobState.running, spec=PORTABLE), _cluster(4, "d", SchedulerKind.kueue), "n", "pin"),
         (_job(JobState.pending), _cluster(5, "e", SchedulerKind.kubernetes), None, "no portable"),
+        (
+            _job(JobState.pending, spec=PORTABLE),
+            _cluster(6, "f", SchedulerKind.armada),
+            None,
+            "does not take moved jobs",
+        ),
+        (
+            _job(JobState.running, spec=PORTABLE),
+            _cluster(6, "f", SchedulerKind.armada),
+            "n",
+            "does not take moved jobs",
+        ),
         (_job(JobState.pending), None, None, "no target cluster"),
         (_job(JobState.pending), A, None, "other than a"),
     ],

@@ -33,6 +33,7 @@ from app.federation import service as federation_service
 from app.federation.models import FederationGroupCreate
 from app.federation.moves import propose_moves
 from app.jobs.models import Job
+from app.shaping.cycle import run_cycle
 from app.telemetry import service as telemetry_service
 from connectors.sim import SimCluster, SimExecutors, SiteSpec
 from tests.support.live_server import app_on, tokens_for
@@ -350,13 +351,25 @@ def test_lost_answers_are_resent_and_the_job_arrives_once(
 def test_a_move_whose_home_cancel_never_comes_back_can_be_abandoned_once_stuck(
     group_factory: Callable[..., Group],
 ) -> None:
-    """East's connector takes the cancel and never answers (its cluster gone for good):
-    the cancel is resent for ever, so only an operator ends the move. Refused while the
-    cancel has been sent fewer than MAX_ATTEMPTS times; then the action fails saying where
-    the job runs and what to check at home, and nothing more is sent."""
+    """East's connector never answers the cancel, nor runs it (its cluster cut off): the
+    cancel is resent for ever, so only an operator ends the move. Refused while the cancel
+    has been sent fewer than MAX_ATTEMPTS times; then the action fails saying where the job
+    runs and what to check at home, nothing more is sent, the rows say the job is west's,
+    and when east comes back with the held copy its plans never start it (twice)."""
     group = group_factory()
     action_id = _one_move(group)
-    group.east.faults["cancel"] = lambda step: LOST
+
+    def unanswered(step: dict[str, Any]) -> dict[str, Any]:
+        # Not run, and the answer that comes back is for no step the saga sent.
+        return {
+            "action_id": step["action_id"],
+            "key": f"{step['key']}:never",
+            "ok": True,
+            "executor": "connector.east",
+            "generation": step["generation"],
+        }
+
+    group.east.faults["cancel"] = unanswered
     group.approve(action_id)
 
     def cancel_sends() -> int:
@@ -393,6 +406,25 @@ def test_a_move_whose_home_cancel_never_comes_back_can_be_abandoned_once_stuck(
     assert group.west.states() == {"west-in1": "running"}
     again = group.decide(action_id, "abandon")
     assert again.status_code == 409  # failed now: nothing left to abandon
+    home, arrived = group.job("east", "waiting"), group.job("west", "west-in1")
+    assert home.state == JobState.cancelled
+    assert "moved to west as job west-in1" in home.reason
+    assert "was never confirmed cancelled" in home.reason
+    assert arrived.generation >= action.fencing_token
+    # East comes back, past the dwell: its held copy is still there, and east has room.
+    assert group.east.states()["waiting"] == "pending"
+    group.east.cluster.cancel("busy")
+    # (The sagas ran on the real clock: past their dwell is a day past both clocks.)
+    group.east.clock.now = max(group.east.clock.now, datetime.now(UTC)) + timedelta(days=1)
+    group.east.push()
+    with Session(group.engine, expire_on_commit=False) as session:
+        run_cycle(session=session, cluster_name="east", now=group.east.clock.now)
+    with Session(group.engine) as session:
+        others = session.exec(
+            select(Action).where(Action.job_id == home.id, Action.id != action_id)
+        ).all()
+    assert others == []  # no plan starts the home copy
+    assert group.east.states()["waiting"] == "pending"
 
 
 def test_a_job_its_user_cancels_at_home_mid_move_does_not_run_at_the_target(
