@@ -42,6 +42,7 @@ from app.core.request_id import RequestIdMiddleware
 from app.core.unhandled import UnhandledErrorMiddleware
 from app.metrics.http import RequestTimingMiddleware, request_histogram
 from app.metrics.router import router as metrics_router
+from app.tokens.cache import PrincipalCache
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _UNION_TAGS = {"snapshot", "delta"}  # pydantic puts the discriminator value in error paths
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.auth_limiter = AuthFailureLimiter(
         limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
     )
+    app.state.principal_cache = PrincipalCache(ttl_s=settings.auth_cache_s)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(UnhandledErrorMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)

@@ -12,7 +12,7 @@ NAME = {"pattern": CLUSTER_NAME_PATTERN}
 
 @router.get("", **scoped("viewer"))
 def list_clusters(session: SessionDep) -> list[ClusterPublic]:
-    return service.to_public(session=session, clusters=service.list_clusters(session=session))
+    return service.list_public(session=session)
 
 
 @router.post(

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     # Failed authentications per client address before it gets 429 (app.core.ratelimit).
     auth_failure_limit: int = Field(default=20, ge=1)
     auth_failure_window_s: float = Field(default=60.0, gt=0)
+    # How long a process remembers a token that authenticated (app.tokens.cache): a
+    # revocation made through another process takes up to this long to reach it. 0: off.
+    auth_cache_s: float = Field(default=5.0, ge=0, le=60)
     cycle_period_s: float = Field(default=30.0, gt=0)
     # Overrides every saga step's timeout (impatient tests, slow sites); unset: the
     # per-step defaults in app.actions.saga.STEP_TIMEOUT_S.

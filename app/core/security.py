@@ -17,6 +17,7 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 
 TOKEN_PREFIX = "shp"
 _TOKEN_RE = re.compile(r"^shp_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
@@ -65,6 +66,9 @@ class Principal:
     token_id: int
     name: str
     scopes: frozenset[str]
+    # When the token stops being valid (None: never); kept so that a remembered
+    # principal (app.tokens.cache) is refused from that second on.
+    expires_at: datetime | None = None
 
     def allows(self, required: str) -> bool:
         """Whether any held scope grants ``required`` (a role or a concrete resource scope)."""

@@ -106,6 +106,16 @@ class Job(SQLModel, table=True):
     updated_at: datetime = required_utc_column()
 
 
+# GET /jobs's default order (``-priority,submit_time`` then id): with it a page of 100 is
+# read from the index's head instead of sorting every job per request (issue 13).
+sa.Index(
+    "ix_jobs_priority_submit_time_id",
+    Job.__table__.c.priority.desc(),  # type: ignore[attr-defined]
+    Job.__table__.c.submit_time,  # type: ignore[attr-defined]
+    Job.__table__.c.id,  # type: ignore[attr-defined]
+)
+
+
 class Allocation(SQLModel, table=True):
     """GPUs of one node held by one job over a time interval (open while ``released_at`` is
     null). Closed rows are the placement history that utilization summaries are made of."""

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from app.api.deps import AUTHENTICATED, ActorDep, ClockDep, CurrentPrincipal, SessionDep, scoped
 from app.core.types import DbId
 from app.tokens import service
+from app.tokens.cache import PrincipalCache
 from app.tokens.models import ApiTokenCreate, ApiTokenCreated, ApiTokenPublic
 
 router = APIRouter(tags=["tokens"])
@@ -41,6 +42,12 @@ def create_token(
 
 @router.delete("/tokens/{token_id}", **scoped("admin"))
 def revoke_token(
-    session: SessionDep, clock: ClockDep, actor: ActorDep, token_id: DbId
+    request: Request, session: SessionDep, clock: ClockDep, actor: ActorDep, token_id: DbId
 ) -> ApiTokenPublic:
-    return service.revoke_token(session=session, token_id=token_id, now=clock.now(), actor=actor)
+    """The token is refused at once by the API process that answers, and by every other
+    within `SHAPER_AUTH_CACHE_S` seconds (default 5): how long a process remembers a
+    token that authenticated."""
+    revoked = service.revoke_token(session=session, token_id=token_id, now=clock.now(), actor=actor)
+    cache: PrincipalCache = request.app.state.principal_cache
+    cache.forget_all()
+    return revoked

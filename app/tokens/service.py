@@ -60,7 +60,12 @@ def authenticate(*, session: Session, plaintext: str, now: datetime) -> Principa
         raise Unauthorized("token revoked")
     if token.expires_at is not None and token.expires_at <= now:
         raise Unauthorized("token expired")
-    return Principal(token_id=row_id(token), name=token.name, scopes=frozenset(token.scopes))
+    return Principal(
+        token_id=row_id(token),
+        name=token.name,
+        scopes=frozenset(token.scopes),
+        expires_at=token.expires_at,
+    )
 
 
 def list_tokens(*, session: Session) -> list[ApiTokenPublic]:
