@@ -48,6 +48,18 @@ class PlanPublic(SQLModel):
     decided_at: datetime | None = None
 
 
+class JobDecisions(SQLModel):
+    """What a cluster's latest plan decided for some jobs (GET /plans/decisions): the queue
+    page's "why waiting" without the plan's every other decision."""
+
+    cluster: str
+    # None when the cluster has no plan yet.
+    plan_id: int | None
+    created_at: datetime | None
+    # In the plan's order; a job the plan did not decide on has none.
+    decisions: list[dict[str, Any]]
+
+
 class Plan(SQLModel, table=True):
     """One solve of the shaping cycle, with a reason for every decision it made."""
 

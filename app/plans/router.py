@@ -6,9 +6,10 @@ from fastapi import APIRouter, Query
 
 from app.actions.router import DispatcherDep
 from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
+from app.core.errors import Invalid
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 from app.plans import service
-from app.plans.models import PlanPublic, PlanState
+from app.plans.models import JobDecisions, PlanPublic, PlanState
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 NOT_PROPOSED: dict[int | str, dict[str, Any]] = {
@@ -27,6 +28,20 @@ def list_plans(
     return service.list_plans(
         session=session, cluster=cluster, state=state, limit=limit, offset=offset
     )
+
+
+# Before /{plan_id}: "decisions" is no plan id.
+@router.get("/decisions", responses={404: {"description": "No such cluster"}}, **scoped("viewer"))
+def latest_decisions(
+    session: SessionDep,
+    cluster: str,
+    job: Annotated[list[str], Query(description="a job's external id; repeat for more")],
+) -> JobDecisions:
+    """The cluster's latest plan's decisions for the jobs named (a plan of a large queue
+    holds one per waiting job: the queue page asks for the jobs it shows)."""
+    if len(job) > MAX_LIMIT:
+        raise Invalid(f"job: at most {MAX_LIMIT} jobs at once, not {len(job)}", field="job")
+    return service.latest_decisions(session=session, cluster=cluster, jobs=job)
 
 
 @router.get("/{plan_id}", **scoped("viewer"))

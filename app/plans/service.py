@@ -14,7 +14,7 @@ from app.clusters.models import Cluster
 from app.core.errors import Conflict
 from app.core.lookup import found, row_id
 from app.core.paging import Page, count_rows
-from app.plans.models import Plan, PlanPublic, PlanState
+from app.plans.models import JobDecisions, Plan, PlanPublic, PlanState
 
 
 def list_plans(
@@ -48,6 +48,32 @@ def get_plan(*, session: Session, plan_id: int) -> PlanPublic:
     ).first()
     plan, name = found(row, f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
     return PlanPublic.model_validate(plan, update={"cluster": name})
+
+
+def latest_decisions(*, session: Session, cluster: str, jobs: list[str]) -> JobDecisions:
+    """The latest plan of ``cluster`` (the order of GET /plans), its decisions for ``jobs``
+    (external ids) only."""
+    cluster_id = found(
+        session.exec(select(Cluster.id).where(Cluster.name == cluster)).first(),
+        f"cluster {cluster!r} does not exist",
+        resource="cluster",
+        resource_id=cluster,
+    )
+    plan = session.exec(
+        select(Plan)
+        .where(Plan.cluster_id == cluster_id)
+        .order_by(col(Plan.created_at).desc(), col(Plan.id).desc())
+        .limit(1)
+    ).first()
+    if plan is None:
+        return JobDecisions(cluster=cluster, plan_id=None, created_at=None, decisions=[])
+    wanted = set(jobs)
+    return JobDecisions(
+        cluster=cluster,
+        plan_id=plan.id,
+        created_at=plan.created_at,
+        decisions=[d for d in plan.decisions if d.get("job") in wanted],
+    )
 
 
 def decide_plan(

@@ -267,9 +267,9 @@ def test_gpu_map_and_queue(page: Page, site: dict[str, Any], tmp_path: Path) -> 
     everything = page.locator("#job-page").inner_text()
     page.select_option("#job-state", "running")
     expect(page.locator("#job-page")).not_to_have_text(everything)
-    states = page.locator("#job-table tbody tr td:nth-child(7)").all_inner_texts()
+    states = page.locator('#job-table tbody tr[data-job] td[data-figure="state"]').all_inner_texts()
     assert states and set(states) == {"running"}
-    screenshot(page, "queue", tmp_path)
+    screenshot(page, "queue-demo", tmp_path)
 
 
 def test_policy_editing_needs_operator_and_keeps_versions(

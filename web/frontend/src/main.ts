@@ -7,7 +7,8 @@ import { $, esc, select } from "./dom";
 import { planGroup, showFederation, whatIf, wireFederation } from "./federation";
 import { fillForecastClusters, showForecasts, wireForecasts } from "./forecasts";
 import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
-import { pageState, showActions, showIdle, showJobs, showNodes, showPolicies, showSimulations } from "./pages";
+import { pageState, showActions, showIdle, showNodes, showPolicies, showSimulations } from "./pages";
+import { fillQueueClusters, showQueue, wireQueue } from "./queue";
 import type { Cluster } from "./types";
 
 let clusters: Cluster[] = [];
@@ -31,11 +32,11 @@ async function signIn(token: string): Promise<void> {
     $("#whoami").textContent = `${me.name} · ${me.scopes.join(", ")}`;
     $("#login").hidden = true;
     clusters = await api<Cluster[]>("/clusters");
-    for (const id of ["#node-cluster", "#job-cluster", "#idle-cluster"]) {
-      const keep = id === "#job-cluster" ? '<option value="">all</option>' : "";
-      select(id).innerHTML = keep + clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
+    for (const id of ["#node-cluster", "#idle-cluster"]) {
+      select(id).innerHTML = clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
     }
     fillClusterFilter(clusters);
+    fillQueueClusters(clusters);
     fillForecastClusters(clusters);
     route();
   } catch (error) {
@@ -46,7 +47,7 @@ async function signIn(token: string): Promise<void> {
 const VIEWS: Record<string, () => Promise<void>> = {
   overview: () => showOverview(clusters),
   nodes: showNodes,
-  jobs: showJobs,
+  jobs: showQueue,
   actions: showActions,
   policies: showPolicies,
   simulations: showSimulations,
@@ -125,26 +126,13 @@ for (const id of ["#group-by", "#util-cluster", "#util-range"]) select(id).addEv
 select("#node-cluster").addEventListener("change", () => run(showNodes));
 select("#sim-result").addEventListener("change", () => run(showSimulations));
 select("#idle-cluster").addEventListener("change", () => run(showIdle));
-for (const id of ["#job-cluster", "#job-state", "#job-sort"]) {
-  select(id).addEventListener("change", () => {
-    pageState.jobOffset = 0;
-    run(showJobs);
-  });
-}
-$("#job-prev").addEventListener("click", () => {
-  pageState.jobOffset = Math.max(0, pageState.jobOffset - pageState.jobLimit);
-  run(showJobs);
-});
-$("#job-next").addEventListener("click", () => {
-  pageState.jobOffset += pageState.jobLimit;
-  run(showJobs);
-});
 window.addEventListener("hashchange", () => {
   if (session.token) route();
 });
 followWidth();
 wireFederation();
 wireForecasts();
+wireQueue();
 
 // A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
 const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");

@@ -5,10 +5,9 @@ import { api, Latest } from "./api";
 import { $, COLORS, esc, select } from "./dom";
 import type { Action, Diagnosis, Job, Node, Page, Plan, Policy, SimulationListing, SimulationResult } from "./types";
 
-export const pageState = { jobOffset: 0, jobLimit: 50, policies: {} as Record<string, Policy> };
+export const pageState = { policies: {} as Record<string, Policy> };
 
 const nodesRequest = new Latest();
-const jobsRequest = new Latest();
 const actionsRequest = new Latest();
 const policiesRequest = new Latest();
 const simulationsRequest = new Latest();
@@ -58,32 +57,6 @@ export async function showNodes(): Promise<void> {
       return `<div class="gpu-row ${esc(node.state)}"><span class="name">${esc(node.name)}</span>${gpus}<span class="hint">${esc(node.gpu_model || "no GPU")} · ${node.gpus_allocated}/${node.gpu_count} · ${esc(node.state)}</span></div>`;
     })
     .join("");
-}
-
-export async function showJobs(): Promise<void> {
-  const params = new URLSearchParams({
-    limit: String(pageState.jobLimit),
-    offset: String(pageState.jobOffset),
-    sort: select("#job-sort").value,
-  });
-  if (select("#job-cluster").value) params.set("cluster", select("#job-cluster").value);
-  if (select("#job-state").value) params.set("state", select("#job-state").value);
-  const { signal, current } = jobsRequest.begin();
-  const page = await api<Page<Job>>(`/jobs?${params}`, { signal });
-  if (!current()) return;
-  $("#job-table tbody").innerHTML = page.items
-    .map(
-      (j) => `<tr>
-    <td>${esc(j.external_id)}</td><td>${esc(j.cluster)}</td><td>${esc(j.team)}</td><td>${esc(j.kind)}</td>
-    <td>${j.priority}</td><td>${j.shape === "elastic" ? `${j.replicas}×${j.gpus_requested}` : j.gpus_requested}</td><td>${esc(j.state)}</td>
-    <td>${j.allocations.map((a) => `${esc(a.node)}${a.gpu_indices.length ? `[${a.gpu_indices.join(",")}]` : `×${a.gpu_count}`}`).join(" ")}</td>
-    <td>${j.submit_time ? esc(j.submit_time.slice(0, 16).replace("T", " ")) : ""}</td></tr>`,
-    )
-    .join("");
-  const end = Math.min(page.offset + page.limit, page.total);
-  $("#job-page").textContent = `${page.total ? page.offset + 1 : 0}–${end} of ${page.total}`;
-  $<HTMLButtonElement>("#job-prev").disabled = page.offset === 0;
-  $<HTMLButtonElement>("#job-next").disabled = end >= page.total;
 }
 
 export async function showActions(): Promise<void> {

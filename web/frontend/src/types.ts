@@ -83,16 +83,23 @@ export interface Allocation {
 }
 
 export interface Job {
+  id: number;
   external_id: string;
   cluster: string;
   team: string;
+  queue: string;
   kind: string;
   priority: number;
+  sla_class: string;
   shape: string;
   replicas: number;
   gpus_requested: number;
   state: string;
+  // The scheduler's own word on the job (Slurm's pending reason, a pod's condition).
+  reason: string;
   submit_time: string | null;
+  start_time: string | null;
+  end_time: string | null;
   allocations: Allocation[];
 }
 
@@ -124,7 +131,24 @@ export interface Plan {
   state_reason: string | null;
   objective: number | null;
   gap: number | null;
-  decisions: { job: string; action: string; reason: string }[];
+  decisions: PlanDecision[];
+}
+
+/** One line of a plan (app.shaping.cycle._decisions): an action, or "wait" and why. */
+export interface PlanDecision {
+  job: string;
+  action: string;
+  reason: string;
+  message?: string;
+  to?: string | null;
+}
+
+/** GET /plans/decisions: the cluster's latest plan's decisions for the jobs asked about. */
+export interface JobDecisions {
+  cluster: string;
+  plan_id: number | null;
+  created_at: string | null;
+  decisions: PlanDecision[];
 }
 
 export interface Policy {
