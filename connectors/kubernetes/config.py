@@ -50,4 +50,11 @@ class KubernetesConnectorConfig(BaseModel):
     # names no namespace); on Kueue, the LocalQueue it queues in (none: such a job is
     # refused, as Kueue would not admit it).
     portable_namespace: Annotated[str, Field(min_length=1, max_length=63)] = "default"
+    # The namespaces a job moved here from another cluster may be created in. A moved Job
+    # runs with what its namespace holds (ServiceAccounts, Secrets, quotas) and names that
+    # namespace itself, so the operator says which may take one; empty (the default): this
+    # connector takes no moved job, and a submit is refused saying so.
+    accept_namespaces: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list
+    )
     portable_queue: Annotated[str, Field(min_length=1, max_length=63)] | None = None

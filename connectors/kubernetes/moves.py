@@ -75,6 +75,15 @@ class KubernetesMoves:
             return job_id(found)
         body = self.job_to_create(spec, name=name, nodes=nodes, hold=hold, what=what)
         namespace = body["metadata"]["namespace"]
+        if namespace not in self.config.accept_namespaces:
+            # The Job would run with this namespace's ServiceAccounts and Secrets, which
+            # the cluster it came from knows nothing of: only namespaces named for it.
+            accepted = ", ".join(self.config.accept_namespaces) or "none"
+            raise ConnectorError(
+                f"{what}: namespace {namespace} does not take moved jobs (accept_namespaces: "
+                f"{accepted})",
+                retryable=False,
+            )
         if self.config.namespaces and namespace not in self.config.namespaces:
             # Its telemetry would never report the job, and the control plane would take
             # it for gone the moment it arrived.

@@ -51,7 +51,13 @@ def source(k8s_cluster: K8sCluster, kube: Kube) -> Iterator[KubernetesConnector]
 
 @pytest.fixture
 def target(k8s_cluster: K8sCluster, kube: Kube) -> Iterator[KubernetesConnector]:
-    with connector_of(k8s_cluster, "k8s-b", portable_namespace=kube.namespace) as connector:
+    # "nowhere" is accepted so that a spec naming it reaches the API server's refusal.
+    with connector_of(
+        k8s_cluster,
+        "k8s-b",
+        portable_namespace=kube.namespace,
+        accept_namespaces=[kube.namespace, "nowhere"],
+    ) as connector:
         yield connector
 
 
@@ -283,9 +289,19 @@ def test_specs_this_cluster_cannot_run_are_refused_for_good(
             target.submit(bad, name=move)
         assert not refused.value.retryable, move
     # A target that reports other namespaces only would never report the job it created.
-    with connector_of(k8s_cluster, "k8s-c", namespaces=["elsewhere"]) as narrow:
+    with connector_of(
+        k8s_cluster, "k8s-c", namespaces=["elsewhere"], accept_namespaces=[kube.namespace]
+    ) as narrow:
         with pytest.raises(ConnectorError, match="not among those this connector reports"):
             narrow.submit(spec, name="shaper-44-e")
+    # A connector takes moved jobs only into namespaces its operator named: a moved Job
+    # runs with what its namespace holds (ServiceAccounts, Secrets).
+    with connector_of(k8s_cluster, "k8s-d") as closed:
+        with pytest.raises(
+            ConnectorError, match=r"does not take moved jobs \(accept_namespaces: none\)"
+        ) as shut:
+            closed.submit(spec, name="shaper-44-f")
+        assert not shut.value.retryable
     assert kube.batch.list_namespaced_job(kube.namespace).items[0].metadata.name == "train"
     assert len(kube.batch.list_namespaced_job(kube.namespace).items) == 1
 

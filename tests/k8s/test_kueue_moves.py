@@ -34,7 +34,10 @@ pytestmark = pytest.mark.slow
 
 def kueue_connector(k8s_cluster: K8sCluster, kube: Kube, cluster: str) -> KueueConnector:
     config = KubernetesConnectorConfig(
-        cluster=cluster, kubeconfig=k8s_cluster.kubeconfig, namespaces=[kube.namespace]
+        cluster=cluster,
+        kubeconfig=k8s_cluster.kubeconfig,
+        namespaces=[kube.namespace],
+        accept_namespaces=[kube.namespace],
     )
     connector = KueueConnector(config)
     assert connector.wait_synced(30), [i.error for i in connector.informers.values()]
