@@ -40,7 +40,8 @@ from app.clusters.models import Cluster, ShapingMode
 from app.core.db import begin
 from app.core.lookup import row_id
 from app.federation.planning import FederatedMove, solve_group
-from app.jobs.models import Job
+from app.jobs.models import Allocation, Job
+from app.nodes.models import Node
 from wire.telemetry import JobState
 
 SHAPER = "shaper"
@@ -133,6 +134,19 @@ def _why_not(
     planned = JobState.running if move.running else JobState.pending
     if JobState(job.state) is not planned:
         return f"the job is {JobState(job.state).value} now"
+    if move.running:
+        # Its scheduler may have moved it since the solve (a requeue after a node failed):
+        # the checkpoint would be asked of an agent where it no longer runs.
+        held_on = set(
+            session.exec(
+                select(Node.name)
+                .join(Allocation, col(Allocation.node_id) == col(Node.id))
+                .where(Allocation.job_id == job.id, col(Allocation.released_at).is_(None))
+            )
+        )
+        if held_on != {move.source_node}:
+            where = ", ".join(sorted(held_on)) or "no node"
+            return f"the job runs on {where} now, not on {move.source_node}"
     unfinished = session.exec(
         select(Action).where(
             Action.job_id == job.id,

@@ -163,3 +163,26 @@ def test_the_simulated_clusters_refuse_to_carry_out_a_running_move(
     assert "west runs sim" in (action.error or "")
     assert group.steps(action_id) == []
     assert group.east.states()["small"] == "running"
+
+
+def test_no_proposal_for_a_job_its_scheduler_moved_since_the_solve(
+    group_factory: Callable[..., Group], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The solve saw the small job on east1; by the time the proposal is written it runs
+    elsewhere (its scheduler requeued it after a node failed): the checkpoint would be asked
+    of an agent where it no longer runs, so nothing is proposed, and the reason says so."""
+    from app.federation import moves
+
+    solve = moves.solve_group
+
+    def seen_elsewhere(**kwargs: object) -> object:
+        solved = solve(**kwargs)  # type: ignore[arg-type]
+        for move in solved.moves:
+            move.source_node = "east9"
+        return solved
+
+    monkeypatch.setattr(moves, "solve_group", seen_elsewhere)
+    group = group_factory()
+    outcome = group.plan()
+    assert outcome.proposed == [] and outcome.approved == []
+    assert outcome.skipped == {"east/small": "the job runs on east1 now, not on east9"}
