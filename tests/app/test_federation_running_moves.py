@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -171,17 +172,15 @@ def test_no_proposal_for_a_job_its_scheduler_moved_since_the_solve(
     """The solve saw the small job on east1; by the time the proposal is written it runs
     elsewhere (its scheduler requeued it after a node failed): the checkpoint would be asked
     of an agent where it no longer runs, so nothing is proposed, and the reason says so."""
-    from app.federation import moves
+    solve = planning.solve_group
 
-    solve = moves.solve_group
-
-    def seen_elsewhere(**kwargs: object) -> object:
-        solved = solve(**kwargs)  # type: ignore[arg-type]
+    def seen_elsewhere(**kwargs: Any) -> planning.GroupSolve:
+        solved = solve(**kwargs)
         for move in solved.moves:
             move.source_node = "east9"
         return solved
 
-    monkeypatch.setattr(moves, "solve_group", seen_elsewhere)
+    monkeypatch.setattr("app.federation.moves.solve_group", seen_elsewhere)
     group = group_factory()
     outcome = group.plan()
     assert outcome.proposed == [] and outcome.approved == []
