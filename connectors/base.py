@@ -10,6 +10,7 @@ changed. What crosses the wire (telemetry schemas, the step protocol, queue name
 
 from __future__ import annotations
 
+import re
 from typing import Protocol, runtime_checkable
 
 from wire.telemetry import ClusterState, SchedulerKind, SubmitSpec
@@ -145,6 +146,23 @@ class SupportsStepKey(Protocol):
     is left instead of stopping the work a second time (and losing what it did since)."""
 
     def set_step_key(self, external_id: str, step_key: str) -> None: ...
+
+
+# What a federated move's name may be (app.actions.messages.move_name makes them so): one
+# word of a Slurm comment and an squeue column, a Kubernetes annotation value, a Ray
+# submission id once its '/' and ':' are replaced.
+MOVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,127}$")
+
+
+def check_move_name(name: str, *, step: str = "submit") -> str:
+    """``name`` when it is a move's name, else a non-retryable ConnectorError saying why."""
+    if not isinstance(name, str) or not MOVE_NAME.match(name):
+        raise ConnectorError(
+            f"{step}: the move name {name!r} must be 1-128 characters of letters, digits "
+            "and ._:@+/-",
+            retryable=False,
+        )
+    return name
 
 
 @runtime_checkable

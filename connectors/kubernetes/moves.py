@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 
-from connectors.base import ConnectorError
+from connectors.base import ConnectorError, check_move_name
 from connectors.kubernetes import actions
 from connectors.kubernetes.pods import OwnerRef
 from connectors.kubernetes.submission import (
     MOVE_MARK,
-    check_move_name,
     job_from_spec,
     moved_job_name,
 )

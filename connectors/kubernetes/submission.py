@@ -53,8 +53,6 @@ from wire.telemetry import MAX_SUBMIT_SPEC, PortableSpec, SchedulerKind, SubmitS
 logger = logging.getLogger(__name__)
 
 MOVE_MARK = "shaper.io/move"
-# What a move's name may be (app.actions.messages.move_name makes them so).
-MOVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,127}$")
 # Labels the API server derives from the Job's uid and name when it generates the selector.
 GENERATED_LABELS = frozenset(
     {
@@ -81,16 +79,6 @@ SHAPER_MARKS = frozenset({MOVE_MARK, STOPPED_BY_STEP, RESUME_FROM})
 # A Job's name is also its pods' ``job-name`` label value: at most 63 characters.
 MAX_JOB_NAME = 63
 _DIGEST = 10
-
-
-def check_move_name(name: str, *, step: str = "submit") -> str:
-    if not isinstance(name, str) or not MOVE_NAME.match(name):
-        raise ConnectorError(
-            f"{step}: the move name {name!r} must be 1-128 characters of letters, digits "
-            "and ._:@+/-",
-            retryable=False,
-        )
-    return name
 
 
 def moved_job_name(move: str) -> str:

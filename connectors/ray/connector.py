@@ -68,14 +68,13 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from connectors.base import ConnectorError
+from connectors.base import ConnectorError, check_move_name
 from connectors.ray import drain as gcs
 from connectors.ray.client import RayDashboard, RayHttpError
 from connectors.ray.config import RayConnectorConfig
 from connectors.ray.gcs_jobs import entrypoint_requests
 from connectors.ray.held import HeldJob, HeldJobs
 from connectors.ray.submission import (
-    check_move_name,
     move_submission_id,
     not_movable,
     ran,

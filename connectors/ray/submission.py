@@ -61,8 +61,6 @@ NODE_ID_LABEL = "ray.io/node-id"
 # The metadata that names the move a submission was made for (a person reading Ray's
 # dashboard sees where the job came from; the connector finds it by its submission id).
 MOVE_KEY = "shaper.io/move"
-# As app/actions/messages.py ``move_name`` makes them.
-MOVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,127}$")
 _CLUSTER_METADATA = (JOB_KEY, ATTEMPT_KEY, STEP_KEY, RESUME_KEY, MOVE_KEY)
 _CLUSTER_ENV = (RESUME_ENV, NODES_ENV)
 # A submission id goes into the Jobs API's URL paths: only these characters, as is.
@@ -164,16 +162,6 @@ def _local_packages(value: Any) -> set[str]:
 
 
 # --- the target side: a spec → a submission ----------------------------------------------------
-
-
-def check_move_name(name: str, *, step: str) -> str:
-    if not isinstance(name, str) or not MOVE_NAME.match(name):
-        raise ConnectorError(
-            f"{step}: the move name {name!r} must be 1-128 characters of letters, digits "
-            "and ._:@+/-",
-            retryable=False,
-        )
-    return name
 
 
 def move_submission_id(name: str) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from connectors.base import ConnectorError
+from connectors.base import ConnectorError, check_move_name
 from connectors.slurm.client import RunCommand, SlurmCli, SlurmRest
 from connectors.slurm.config import SlurmConnectorConfig
 from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_nodes
@@ -51,7 +51,6 @@ from connectors.slurm.reservations import (
 )
 from connectors.slurm.submission import (
     TargetCluster,
-    check_move_name,
     live_moved_jobs,
     moved_job,
     ran_moved_jobs,

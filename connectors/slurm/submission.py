@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.base import ConnectorError
+from connectors.base import ConnectorError, check_move_name
 from wire.telemetry import PortableSpec, SchedulerKind, SubmitSpec
 
 Document = dict[str, Any]
@@ -58,8 +58,6 @@ OptionValue = str | bool
 # The comment word that names the move a job was submitted for; "shaper-move:" does not
 # contain "shaper:", so the job's own shaper tags (connectors.slurm.parse) stay as they were.
 MOVE_MARK = "shaper-move:"
-# Move names become one word of a comment and an squeue column: no white space, no '|'.
-MOVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,127}$")
 
 # The options a spec may carry: what submit_options writes. A spec naming any other is
 # refused, so that a spec (data from another cluster) cannot smuggle in --uid, --export,
@@ -256,16 +254,6 @@ class TargetCluster:
     portable_workdir: str
     # Who runs jobs from a portable form, which names no user (None: nobody set one).
     portable_user: str | None = None
-
-
-def check_move_name(name: str, *, step: str = "submit") -> str:
-    if not isinstance(name, str) or not MOVE_NAME.match(name):
-        raise ConnectorError(
-            f"{step}: the move name {name!r} must be 1-128 characters of letters, digits "
-            "and ._:@+/- (it becomes one word of the job's comment)",
-            retryable=False,
-        )
-    return name
 
 
 def move_comment(comment: str, name: str) -> str:
