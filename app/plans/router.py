@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query
 
 from app.actions.router import DispatcherDep
 from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
+from app.api.responses import ErrorBody
 from app.core.errors import Invalid
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 from app.plans import service
@@ -31,7 +32,11 @@ def list_plans(
 
 
 # Before /{plan_id}: "decisions" is no plan id.
-@router.get("/decisions", responses={404: {"description": "No such cluster"}}, **scoped("viewer"))
+@router.get(
+    "/decisions",
+    responses={404: {"description": "No such cluster", "model": ErrorBody}},
+    **scoped("viewer"),
+)
 def latest_decisions(
     session: SessionDep,
     cluster: str,
