@@ -8,8 +8,12 @@ from typing import Any
 from sqlmodel import Session
 
 from app.actions.models import Action, ActionKind
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate
 from app.plans.models import Plan
+from app.telemetry import service as telemetry_service
 from tests.support.clock import T0
+from wire.telemetry import SchedulerKind, TelemetrySnapshot
 
 
 def node(name: str = "n1", **fields: Any) -> dict[str, Any]:
@@ -121,3 +125,16 @@ def migration_plan(
     session.add_all(actions)
     session.commit()
     return plan, actions
+
+
+def registered_with(session: Session, name: str, push: dict[str, Any], *, now: datetime) -> None:
+    """A simulated cluster ``name`` registered, and ``push`` (a ``snapshot``) ingested."""
+    cluster_service.register_cluster(
+        session=session, now=now, cluster_in=ClusterCreate(name=name, scheduler=SchedulerKind.sim)
+    )
+    telemetry_service.ingest(
+        session=session,
+        cluster_name=name,
+        push=TelemetrySnapshot.model_validate(push),
+        now=now,
+    )

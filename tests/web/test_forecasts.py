@@ -22,8 +22,6 @@ from playwright.sync_api import Locator, Page, Response, Route, expect
 from sqlmodel import Session, select
 
 from app.api.deps import get_clock
-from app.clusters import service as cluster_service
-from app.clusters.models import ClusterCreate
 from app.core import migrate
 from app.core.clock import FrozenClock
 from app.core.config import Settings
@@ -33,12 +31,10 @@ from app.forecasts import service as forecast_service
 from app.forecasts.models import RuntimePrediction, ServiceForecast
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
-from app.telemetry import service as telemetry_service
 from forecast.demand import Method
-from tests.app.builders import job, node, running, snapshot
+from tests.app.builders import job, node, registered_with, running, snapshot
 from tests.support.live_server import app_on, serve, tokens_for
 from tests.web.browser import release, screenshot
-from wire.telemetry import SchedulerKind, TelemetrySnapshot
 
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 SERVER_NOW = NOW + timedelta(minutes=10)
@@ -140,18 +136,7 @@ def _forecast(
 
 def _seed(session: Session) -> None:
     for name, jobs in JOBS.items():
-        cluster_service.register_cluster(
-            session=session,
-            now=NOW,
-            cluster_in=ClusterCreate(name=name, scheduler=SchedulerKind.sim),
-        )
-        push = snapshot(1, nodes=[node(f"{name}1")], jobs=jobs)
-        telemetry_service.ingest(
-            session=session,
-            cluster_name=name,
-            push=TelemetrySnapshot.model_validate(push),
-            now=NOW,
-        )
+        registered_with(session, name, snapshot(1, nodes=[node(f"{name}1")], jobs=jobs), now=NOW)
     rows = {j.external_id: j for j in session.exec(select(Job)).all()}
     for ago in [*range(1, 15), *range(30, 40)]:
         method = Method.ets if ago <= 10 else Method.latest

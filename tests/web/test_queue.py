@@ -23,8 +23,6 @@ from playwright.sync_api import Page, Route, expect
 from sqlmodel import Session
 
 from app.api.deps import get_clock
-from app.clusters import service as cluster_service
-from app.clusters.models import ClusterCreate
 from app.core import migrate
 from app.core.clock import FrozenClock
 from app.core.config import Settings
@@ -33,11 +31,9 @@ from app.gpu_models import service as gpu_model_service
 from app.policies import service as policy_service
 from app.policies.models import SlaPolicyCreate, SlaPolicySpec, TeamPolicy
 from app.shaping.cycle import run_cycle
-from app.telemetry import service as telemetry_service
-from tests.app.builders import job, node, snapshot
+from tests.app.builders import job, node, registered_with, snapshot
 from tests.support.live_server import app_on, serve, tokens_for
 from tests.web.browser import release, screenshot
-from wire.telemetry import SchedulerKind, TelemetrySnapshot
 
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 SERVER_NOW = NOW + timedelta(minutes=1)
@@ -114,17 +110,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             now=NOW,
         )
         for name, jobs in JOBS.items():
-            cluster_service.register_cluster(
-                session=session,
-                now=NOW,
-                cluster_in=ClusterCreate(name=name, scheduler=SchedulerKind.sim),
-            )
-            push = snapshot(1, nodes=[node(f"{name}1")], jobs=jobs)
-            telemetry_service.ingest(
-                session=session,
-                cluster_name=name,
-                push=TelemetrySnapshot.model_validate(push),
-                now=NOW,
+            registered_with(
+                session, name, snapshot(1, nodes=[node(f"{name}1")], jobs=jobs), now=NOW
             )
             run_cycle(session=session, cluster_name=name, now=NOW)
         tokens = tokens_for(session, NOW, ("viewer",))
