@@ -164,6 +164,22 @@ class ClusterState:
                 tiers.append(away)
         return tiers
 
+    def find_move_target(
+        self,
+        job: Job,
+        groups: list[int],
+        nodes: Iterable[int],
+        exclude: set[int] | None = None,
+    ) -> int | None:
+        """One node for running ``job`` (now on ``nodes``) to move to whole: the first of
+        :meth:`move_tiers` that has one (``find_single_node``); None when none does."""
+        held = list(nodes)
+        for tier in self.move_tiers(job, groups, held):
+            target = self.find_single_node(job, job.replicas, tier, exclude)
+            if target is not None:
+                return target
+        return None
+
     def compatible_free(self, groups: Iterable[int]) -> int:
         return sum(self.group_free[g] for g in groups)
 

@@ -278,11 +278,7 @@ class Defragmentation:
                     return None
                 relocated[resident.id] = resident
                 continue
-            node = None
-            for tier in state.move_tiers(resident, ready, original):
-                node = state.find_single_node(resident, resident.replicas, tier)
-                if node is not None:
-                    break
+            node = state.find_move_target(resident, ready, original)
             if node is None:
                 state.rollback(mark)
                 return None

@@ -246,11 +246,8 @@ class ElasticGrowth:
                 break
             if migrate and ledger.migrations + len(moved) < config.max_migrations_per_cycle:
                 held = state.evict(resident)
-                target = None
-                for tier in state.move_tiers(resident, state.ready_groups(resident), held):
-                    target = state.find_single_node(resident, resident.replicas, tier, {node})
-                    if target is not None:
-                        break
+                ready = state.ready_groups(resident)
+                target = state.find_move_target(resident, ready, held, {node})
                 if target is not None:
                     state.place(resident, {target: resident.total_gpus})
                     moved.append((resident, target))
