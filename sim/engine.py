@@ -163,7 +163,7 @@ class SimNode:
         """The node as the solver and the idle classifier name it."""
         if not self.up:
             return NodeState.down
-        return NodeState.draining if self.draining else NodeState.ready
+        return NodeState.draining if self.draining else NodeState.up
 
 
 @dataclass(slots=True)

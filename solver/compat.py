@@ -114,8 +114,7 @@ class Compatibility:
         self._ready_cache: dict[JobSignature, list[int]] = {}
         nodes = instance.nodes
         self._group_ready = [
-            any(nodes[i].state is NodeState.ready for i in group.node_indices)
-            for group in self.groups
+            any(nodes[i].state is NodeState.up for i in group.node_indices) for group in self.groups
         ]
 
     def groups_for(self, job: Job) -> list[int]:

@@ -181,7 +181,7 @@ class ExactModel:
         variables: dict[str, cp_model.IntVar] = {}
         for node in instance.nodes:
             held = job.placement.get(node.name, 0) // per_replica
-            may_gain = node.state is NodeState.ready and node_accepts(instance, node, job)
+            may_gain = node.state is NodeState.up and node_accepts(instance, node, job)
             if frozen:
                 low = high = held
             elif may_gain:
@@ -370,7 +370,7 @@ class ExactModel:
                 model.add(sum(self._cpu_used[name]) <= max(node.cpu_milli, self._cpu_before[name]))
             if node.memory_mib and gpus:
                 model.add(sum(self._mem_used[name]) <= max(node.memory_mib, self._mem_before[name]))
-            if node.state is NodeState.ready and node.gpus > 0:
+            if node.state is NodeState.up and node.gpus > 0:
                 free = model.new_bool_var(f"free_{name}")
                 if gpus:
                     model.add(sum(gpus) == 0).only_enforce_if(free)
@@ -434,7 +434,7 @@ class ExactModel:
             cpu = job.replicas * job.cpu_milli_per_replica
             mem = job.replicas * job.memory_mib_per_replica
             for node in instance.nodes:
-                if node.state is not NodeState.ready or not node_accepts(instance, node, job):
+                if node.state is not NodeState.up or not node_accepts(instance, node, job):
                     continue
                 needs = [(node.gpus, job.total_gpus, "gpu", self._gpus_used[node.name])]
                 if node.cpu_milli:

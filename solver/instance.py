@@ -52,7 +52,7 @@ class GpuModel(_Frozen):
 
 
 class NodeState(enum.StrEnum):
-    ready = "ready"
+    up = "up"
     draining = "draining"  # running work stays, nothing new lands here
     down = "down"
 
@@ -72,7 +72,7 @@ class Node(_Frozen):
     memory_mib: int = Field(default=0, ge=0, description="0 = memory not modelled")
     labels: dict[str, str] = Field(default_factory=dict)
     taints: frozenset[str] = frozenset()
-    state: NodeState = NodeState.ready
+    state: NodeState = NodeState.up
     free_gpu_indices: tuple[int, ...] | None = None
 
 

@@ -117,7 +117,7 @@ def evaluate(instance: Instance, placement: dict[str, dict[str, int]]) -> Object
     whole_free = sum(
         1
         for name, node in node_by_name.items()
-        if node.state is NodeState.ready and node.gpus > 0 and used[name] == 0
+        if node.state is NodeState.up and node.gpus > 0 and used[name] == 0
     )
     objective = boosted - unmet - migration - preemption + config.fragmentation_weight * whole_free
     return ObjectiveTerms(

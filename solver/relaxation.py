@@ -302,7 +302,5 @@ def global_upper_bound(instance: Instance) -> float:
     objective.SetMaximization()
     if lp.Solve() != pywraplp.Solver.OPTIMAL:
         return math.inf
-    whole_nodes = sum(
-        1 for node in instance.nodes if node.state is NodeState.ready and node.gpus > 0
-    )
+    whole_nodes = sum(1 for node in instance.nodes if node.state is NodeState.up and node.gpus > 0)
     return constant + float(objective.Value()) + config.fragmentation_weight * whole_nodes

@@ -27,7 +27,7 @@ class ClusterState:
         self.free_gpus = [node.gpus for node in nodes]
         self.free_cpu = [node.cpu_milli if node.cpu_milli else UNLIMITED for node in nodes]
         self.free_mem = [node.memory_mib if node.memory_mib else UNLIMITED for node in nodes]
-        self.ready = [node.state is NodeState.ready for node in nodes]
+        self.ready = [node.state is NodeState.up for node in nodes]
         self.placement: dict[str, dict[int, int]] = {}
         self.team_usage: dict[str, int] = defaultdict(int)
         self.jobs_on_node: list[dict[str, int]] = [{} for _ in nodes]

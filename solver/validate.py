@@ -150,7 +150,7 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         for node_name, gpus in after.items():
             if gpus > before.get(node_name, 0):
                 node = nodes[node_name]
-                if node.state is not NodeState.ready:
+                if node.state is not NodeState.up:
                     bad("compatibility", job.id, f"{node_name} is {node.state.value}")
                 if not node_accepts(instance, node, job):
                     bad("compatibility", job.id, f"{node_name} ({node.gpu_model}) not allowed")
@@ -268,7 +268,7 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         if quota_cap is not None and usage_after[job.team] + job.total_gpus > quota_cap:
             continue
         for node in instance.nodes:
-            if node.state is not NodeState.ready or not node_accepts(instance, node, job):
+            if node.state is not NodeState.up or not node_accepts(instance, node, job):
                 continue
             if node.gpus - gpu_used[node.name] < job.total_gpus:
                 continue

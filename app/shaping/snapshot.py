@@ -92,7 +92,7 @@ _DURATIONS: dict[str, tuple[int, DurationPredictor]] = {}
 # The one place the wire's words become the solver's (``app.diagnosis.history`` reads
 # node states through this table too).
 NODE_STATES: Mapping[NodeState, si.NodeState] = {
-    NodeState.up: si.NodeState.ready,
+    NodeState.up: si.NodeState.up,
     NodeState.draining: si.NodeState.draining,
     NodeState.down: si.NodeState.down,
 }

@@ -20,7 +20,7 @@ class NodeAt:
     name: str
     gpu_model: str
     gpus: int
-    state: NodeState = NodeState.ready
+    state: NodeState = NodeState.up
     # Free GPUs of this node set aside (a plan's reservation, a service's forecast); they
     # are not free for queued work.
     reserved_gpus: int = 0

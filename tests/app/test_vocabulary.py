@@ -12,7 +12,7 @@ from wire.telemetry import JobShape, NodeState
 
 def test_every_node_state_maps_onto_the_solvers() -> None:
     assert NODE_STATES == {
-        NodeState.up: si.NodeState.ready,
+        NodeState.up: si.NodeState.up,
         NodeState.draining: si.NodeState.draining,
         NodeState.down: si.NodeState.down,
     }

@@ -214,7 +214,7 @@ def random_cluster(seed: int) -> ClusterAt:
             name=f"n{i}",
             gpu_model=rng.choice(models),
             gpus=rng.choice((1, 2, 4, 8)),
-            state=rng.choice([NodeState.ready] * 4 + list(NodeState)),
+            state=rng.choice([NodeState.up] * 4 + list(NodeState)),
             reserved_gpus=rng.choice((0, 0, 0, 1, 3)),
         )
         for i in range(rng.randint(0, 8))
