@@ -32,6 +32,7 @@ GREEDY = GreedyOptions(
     starvation_guard=True,
     disrupt_for_services=True,
     move_replicas=True,
+    stops_weigh_time_left=True,
 )
 
 

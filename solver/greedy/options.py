@@ -45,6 +45,10 @@ class GreedyOptions:
     # Single-node placements (replicas, small jobs, moves) leave free GPUs the waiting gangs
     # can use rather than best fit's holes (``solver.gang_fit``).
     gang_aware: bool = False
+    # A stop is weighed over the run time the victim has left (``solver.greedy.preemption``):
+    # a job about to end is not stopped, losing its work, for a job that could soon have its
+    # GPUs anyway. The baselines stop by priority alone, as Kueue does.
+    stops_weigh_time_left: bool = False
 
     @property
     def grows_services_by_disruption(self) -> bool:

@@ -1,9 +1,21 @@
 """Preemption: a pending block job that does not fit may stop strictly lower-priority
 preemptible work (cheapest first, per node), never taking a team below its guarantee and
-only when the job's value ``w(j) · boost · gpus · speed`` exceeds what the victims hold and
-lose ``Σ w(v) · gpus(v) · (speed + lost_seconds(v) / value_horizon_s)``. Victims whose GPUs
-the job does not end up using go back where they were, so a victim is only ever "stopped
-for" a job that takes its GPUs.
+only when the job's value ``w(j) · boost · gpus · speed · F`` exceeds what the victims hold
+and lose ``Σ w(v) · gpus(v) · (speed + lost_seconds(v) / value_horizon_s)``. Victims whose
+GPUs the job does not end up using go back where they were, so a victim is only ever
+"stopped for" a job that takes its GPUs.
+
+``F = min(left, H) / H``, with ``left`` the expected run time left of the victim that ends
+last and ``H`` the value horizon: victims that end within the horizon give their GPUs back
+by themselves, so stopping them gains the job only the wait until then, while what they
+hold and the work they lose since their last checkpoint are lost whole. Without it, a job
+minutes from its end was killed, losing hours of work, for a job that could have had its
+GPUs minutes later (training-heavy: 7.3 GPU-hours lost to start a job 20 minutes early).
+A victim with no estimate, or one running past it, counts as ending no sooner than the
+horizon. ``F`` only ever turns a stop down. It is the shaper's
+(``GreedyOptions.stops_weigh_time_left``); the baselines stop with ``F = 1``. (Ranking the
+candidate nodes by cost net of that gain was tried: it chose larger stops, 19 → 28
+preemptions on contended-hetero for less value.)
 
 Also the rule by which services stop block work (``solver.greedy.elastic``): only
 checkpointable victims, which a requeue costs nothing.
@@ -207,9 +219,12 @@ class Preemption:
             undo()
             return None
         boost = ledger.config.overdue_weight if job.id in ledger.overdue else 1.0
+        # The job would have had the GPUs anyway once the last victim ended.
+        wait_share = max((self.horizon_share(victim) for victim in kept), default=1.0)
         gain = (
             ledger.weight[job.id]
             * boost
+            * wait_share
             * sum(gpus * ledger.node_speed(node) for node, gpus in placement.items())
         )
         cost = sum(self.stop_cost(victim) for victim in kept)
@@ -239,6 +254,20 @@ class Preemption:
         ledger.note_stopped(kept, why)
         ledger.epoch += 1
         return placement
+
+    def horizon_share(self, victim: Job) -> float:
+        """The share of the value horizon that a running job is expected to go on running
+        (1 without an estimate, or past it: it says nothing of the end then)."""
+        runtime = victim.expected_runtime_s
+        if not self.ledger.options.stops_weigh_time_left:
+            return 1.0
+        if runtime is None or victim.start_time is None:
+            return 1.0
+        instance = self.ledger.instance
+        left = victim.start_time + runtime - instance.now
+        if left <= 0:
+            return 1.0
+        return min(left, instance.config.value_horizon_s) / instance.config.value_horizon_s
 
     def stop_cost(self, victim: Job) -> float:
         """What stopping a running block job costs, in objective units: the work it holds

@@ -241,6 +241,21 @@ def test_preemption_that_pays_still_happens(policy: str) -> None:
     assert plan.actions_for("victim")[0].kind is ActionKind.requeue
 
 
+def test_the_shaper_does_not_stop_a_job_about_to_end() -> None:
+    # The victim checkpointed an hour ago: stopping it loses 8 GPU-hours, 8 × (1 + 1) = 16
+    # value units against the 3 × 8 = 24 the job gains, so priority stops it. It ends in
+    # ten minutes, though: the job gains only those ten minutes, 24 / 6 = 4 units, against
+    # 8 × (1/6 + 1) ≈ 9.3, and the shaper lets it finish.
+    ends_soon = {"last_checkpoint_time": NOW - HOUR, "expected_runtime_s": 6 * HOUR + 600}
+    assert plan_with("priority", preemption_scene(**ends_soon)).placement["urgent"] == {"n1": 8}
+    plan = plan_with("shaper", preemption_scene(**ends_soon))
+    assert plan.placement["victim"] == {"n1": 8}
+    assert plan.pending["urgent"].message.startswith("stopping lower-priority work for it")
+    # With five hours left the trade is the same as priority's, and the shaper stops it.
+    ends_late = {"last_checkpoint_time": NOW - HOUR, "expected_runtime_s": 11 * HOUR}
+    assert plan_with("shaper", preemption_scene(**ends_late)).placement["urgent"] == {"n1": 8}
+
+
 # -- stopped only for a job that takes the GPUs ------------------------------------------
 
 
