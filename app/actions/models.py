@@ -95,6 +95,8 @@ class ActionPublic(SQLModel):
     cluster: str
     # Where a ``move`` sends the job (the action's ``cluster`` is where it comes from).
     target_cluster: str | None = None
+    # The job's id (GET /jobs/{job_id}); None once the job's row is gone.
+    job_id: int | None = None
     job_external_id: str | None
     kind: ActionKind
     state: ActionState

@@ -9,6 +9,7 @@ from app.actions import saga, service
 from app.actions.models import ActionPublic, ActionState, ActionStepPublic, ChurnPublic
 from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
+from app.core.types import DbId
 
 router = APIRouter(prefix="/actions", tags=["actions"])
 ILLEGAL_MOVE: dict[int | str, dict[str, Any]] = {
@@ -32,11 +33,18 @@ def list_actions(
     cluster: str | None = None,
     state: ActionState | None = None,
     plan_id: int | None = None,
+    job_id: Annotated[DbId | None, Query(description="the job's id (GET /jobs/{job_id})")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[ActionPublic]:
     return service.list_actions(
-        session=session, cluster=cluster, state=state, plan_id=plan_id, limit=limit, offset=offset
+        session=session,
+        cluster=cluster,
+        state=state,
+        plan_id=plan_id,
+        job_id=job_id,
+        limit=limit,
+        offset=offset,
     )
 
 

@@ -44,6 +44,7 @@ def list_actions(
     cluster: str | None = None,
     state: ActionState | None = None,
     plan_id: int | None = None,
+    job_id: int | None = None,
     limit: int = 100,
     offset: int = 0,
 ) -> Page[ActionPublic]:
@@ -59,6 +60,8 @@ def list_actions(
         query = query.where(col(Action.state) == state.value)
     if plan_id is not None:
         query = query.where(col(Action.plan_id) == plan_id)
+    if job_id is not None:
+        query = query.where(col(Action.job_id) == job_id)
     total = count_rows(session, query)
     rows = session.execute(query.order_by(col(Action.id).desc()).limit(limit).offset(offset))
     items = [_public(a, c, j, t) for a, c, j, t in rows]

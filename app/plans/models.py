@@ -60,6 +60,19 @@ class JobDecisions(SQLModel):
     decisions: list[dict[str, Any]]
 
 
+class PlanDecisionOnJob(SQLModel):
+    """One plan's decision about one job (GET /plans/decisions/history): the job page's
+    account of what the shaping cycle made of the job, plan after plan."""
+
+    plan_id: int
+    created_at: datetime
+    # The plan's mode and where it stands now: a decision of an observed or rejected plan
+    # never ran.
+    mode: str
+    plan_state: PlanState
+    decision: dict[str, Any]
+
+
 class Plan(SQLModel, table=True):
     """One solve of the shaping cycle, with a reason for every decision it made."""
 

@@ -9,10 +9,14 @@ from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.api.responses import ErrorBody
 from app.core.errors import Invalid
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
+from app.core.types import DbId
 from app.plans import service
-from app.plans.models import JobDecisions, PlanPublic, PlanState
+from app.plans.models import JobDecisions, PlanDecisionOnJob, PlanPublic, PlanState
 
 router = APIRouter(prefix="/plans", tags=["plans"])
+# How many of a cluster's latest plans a job's decision history reads at most (each plan's
+# decisions are one document, one per waiting job of its cluster).
+MAX_HISTORY_PLANS = 200
 NOT_PROPOSED: dict[int | str, dict[str, Any]] = {
     409: {"description": "The plan is no longer proposed"}
 }
@@ -47,6 +51,24 @@ def latest_decisions(
     if len(job) > MAX_LIMIT:
         raise Invalid(f"job: at most {MAX_LIMIT} jobs at once, not {len(job)}", field="job")
     return service.latest_decisions(session=session, cluster=cluster, jobs=job)
+
+
+@router.get(
+    "/decisions/history",
+    responses={404: {"description": "No such job", "model": ErrorBody}},
+    **scoped("viewer"),
+)
+def job_decision_history(
+    session: SessionDep,
+    job_id: Annotated[DbId, Query(description="the job's id (GET /jobs/{job_id})")],
+    plans: Annotated[
+        int,
+        Query(ge=1, le=MAX_HISTORY_PLANS, description="how many of the latest plans to read"),
+    ] = 20,
+) -> list[PlanDecisionOnJob]:
+    """What the latest plans of the job's cluster decided about the job, newest first (the
+    job page's history)."""
+    return service.job_decision_history(session=session, job_id=job_id, plans=plans)
 
 
 @router.get("/{plan_id}", **scoped("viewer"))

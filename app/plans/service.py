@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
@@ -14,7 +15,8 @@ from app.clusters.models import Cluster
 from app.core.errors import Conflict
 from app.core.lookup import found, row_id
 from app.core.paging import Page, count_rows
-from app.plans.models import JobDecisions, Plan, PlanPublic, PlanState
+from app.jobs.models import Job
+from app.plans.models import JobDecisions, Plan, PlanDecisionOnJob, PlanPublic, PlanState
 
 
 def list_plans(
@@ -74,6 +76,62 @@ def latest_decisions(*, session: Session, cluster: str, jobs: list[str]) -> JobD
         created_at=plan.created_at,
         decisions=[d for d in plan.decisions if d.get("job") in wanted],
     )
+
+
+def job_decision_history(*, session: Session, job_id: int, plans: int) -> list[PlanDecisionOnJob]:
+    """What the latest ``plans`` plans of the job's cluster decided about it, newest first
+    (a plan without a decision about the job gives none).
+
+    A plan's decisions are one JSON document with a decision per waiting job of its
+    cluster: the database picks out the job's (``json_each``, ``json_array_elements``)
+    rather than every decision of every plan being loaded here — 50 plans of 10,000
+    waiting jobs took a second that way."""
+    cluster_id, external_id = found(
+        session.execute(
+            sa.select(col(Job.cluster_id), col(Job.external_id)).where(col(Job.id) == job_id)
+        ).first(),
+        f"job {job_id} does not exist",
+        resource="job",
+        resource_id=job_id,
+    )
+    latest = (
+        sa.select(col(Plan.id))
+        .where(col(Plan.cluster_id) == cluster_id)
+        .order_by(col(Plan.created_at).desc(), col(Plan.id).desc())
+        .limit(plans)
+        .scalar_subquery()
+    )
+    decisions = col(Plan.decisions)
+    decision: Any
+    if session.connection().dialect.name == "postgresql":
+        elements = (
+            sa.func.json_array_elements(decisions)
+            .table_valued(
+                sa.column("value", sa.JSON), with_ordinality="position", joins_implicitly=True
+            )
+            .render_derived("element")
+        )
+        decision, position = elements.c.value, elements.c.position
+        about_job = decision.op("->>")("job") == external_id
+    else:
+        elements = sa.func.json_each(decisions).table_valued(
+            sa.column("value", sa.JSON), sa.column("key"), joins_implicitly=True
+        )
+        decision, position = elements.c.value, elements.c.key
+        about_job = sa.func.json_extract(decision, "$.job") == external_id
+    rows = session.execute(
+        sa.select(col(Plan.id), col(Plan.created_at), col(Plan.mode), col(Plan.state), decision)
+        .select_from(Plan)
+        .join(elements, sa.true())
+        .where(col(Plan.id).in_(latest), about_job)
+        .order_by(col(Plan.created_at).desc(), col(Plan.id).desc(), position)
+    )
+    return [
+        PlanDecisionOnJob(
+            plan_id=plan_id, created_at=created_at, mode=mode, plan_state=state, decision=value
+        )
+        for plan_id, created_at, mode, state, value in rows
+    ]
 
 
 def decide_plan(

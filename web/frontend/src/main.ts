@@ -6,10 +6,12 @@ import { api, isAbort, session, Unauthorized } from "./api";
 import { $, esc, select } from "./dom";
 import { planGroup, showFederation, whatIf, wireFederation } from "./federation";
 import { fillForecastClusters, showForecasts, wireForecasts } from "./forecasts";
+import { showJob } from "./job";
 import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
 import { pageState, showActions, showIdle, showNodes, showPolicies, showSimulations } from "./pages";
+import { historyShownFor, showPolicyHistory } from "./policy_history";
 import { fillQueueClusters, showQueue, wireQueue } from "./queue";
-import type { Cluster } from "./types";
+import type { Cluster, Policy } from "./types";
 
 let clusters: Cluster[] = [];
 
@@ -48,6 +50,7 @@ const VIEWS: Record<string, () => Promise<void>> = {
   overview: () => showOverview(clusters),
   nodes: showNodes,
   jobs: showQueue,
+  job: showJob,
   actions: showActions,
   policies: showPolicies,
   simulations: showSimulations,
@@ -60,7 +63,9 @@ function route(): void {
   const asked = (location.hash || "#overview").slice(1).split("&")[0] || "overview";
   const view = asked in VIEWS ? asked : "overview";
   document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = v.id !== view));
-  document.querySelectorAll<HTMLAnchorElement>("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
+  // A job's page belongs to the queue.
+  const tab = view === "job" ? "jobs" : view;
+  document.querySelectorAll<HTMLAnchorElement>("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === tab));
   run(VIEWS[view]);
 }
 
@@ -73,8 +78,10 @@ function run(show: () => Promise<void>): void {
 document.addEventListener("click", async (event) => {
   const target = event.target;
   if (!(target instanceof HTMLElement)) return;
-  const { planDecide, decide, edit, id, whatIf: whatIfGroup, planGroup: planned } = target.dataset;
-  if (whatIfGroup) {
+  const { planDecide, decide, edit, id, whatIf: whatIfGroup, planGroup: planned, policyHistory } = target.dataset;
+  if (policyHistory) {
+    run(() => showPolicyHistory(policyHistory));
+  } else if (whatIfGroup) {
     run(() => whatIf(whatIfGroup));
   } else if (planned) {
     run(() => planGroup(planned));
@@ -107,12 +114,15 @@ $("#policy-form").addEventListener("submit", async (event) => {
   const name = $<HTMLInputElement>("#policy-name").value;
   const comment = $<HTMLInputElement>("#policy-comment").value;
   try {
-    if (pageState.policies[name]) {
-      await api(`/policies/${encodeURIComponent(name)}`, { method: "PUT", body: JSON.stringify({ spec, comment }) });
-    } else {
-      await api("/policies", { method: "POST", body: JSON.stringify({ name, spec, comment }) });
-    }
+    const saved = pageState.policies[name]
+      ? await api<Policy>(`/policies/${encodeURIComponent(name)}`, { method: "PUT", body: JSON.stringify({ spec, comment }) })
+      : await api<Policy>("/policies", { method: "POST", body: JSON.stringify({ name, spec, comment }) });
+    // The version this save wrote, from the server: more than one past the version the
+    // form was opened on when someone else saved in between.
+    $("#policy-editor-title").textContent = `Edit ${saved.name} (now version ${saved.version})`;
+    pageState.policies[saved.name] = saved;
     run(showPolicies);
+    if (historyShownFor() === saved.name) run(() => showPolicyHistory(saved.name));
   } catch (error) {
     $("#policy-error").textContent = (error as Error).message;
   }

@@ -3,6 +3,7 @@
 
 import { api, Latest } from "./api";
 import { $, COLORS, esc, select } from "./dom";
+import { jobLink } from "./links";
 import type { Action, Diagnosis, Job, Node, Page, Plan, Policy, SimulationListing, SimulationResult } from "./types";
 
 export const pageState = { policies: {} as Record<string, Policy> };
@@ -72,7 +73,7 @@ export async function showActions(): Promise<void> {
     actions.items
       .map(
         (a) => `<tr data-action="${a.id}"${String(a.id) === marked ? ' class="marked"' : ""}>
-    <td>${a.id}</td><td>${esc(a.cluster)}${a.target_cluster ? ` → ${esc(a.target_cluster)}` : ""}</td><td>${esc(a.kind)}</td><td>${esc(a.job_external_id)}</td>
+    <td>${a.id}</td><td>${esc(a.cluster)}${a.target_cluster ? ` → ${esc(a.target_cluster)}` : ""}</td><td>${esc(a.kind)}</td><td>${jobLink(a.job_id, a.job_external_id ?? "")}</td>
     <td>${esc(a.source_node || "")} → ${esc(a.target_node || (a.target_replicas ?? ""))}</td><td>${esc(a.state)}</td>
     <td>${a.plan_id ?? ""}</td><td>${a.depends_on.map((d) => `#${d}`).join(" ")}</td>
     <td>${esc(a.reason)}${a.error ? `<br><span class="error">${esc(a.error)}</span>` : ""}</td>
@@ -103,7 +104,7 @@ export async function showPolicies(): Promise<void> {
     ? `<table><thead><tr><th>Policy</th><th>Version</th><th>By</th><th>Comment</th><th></th></tr></thead><tbody>${policies
         .map(
           (p) => `<tr><td>${esc(p.name)}</td><td>${p.version}</td><td>${esc(p.created_by)}</td><td>${esc(p.comment)}</td>
-      <td><button data-edit="${esc(p.name)}">Edit</button></td></tr>`,
+      <td><button data-edit="${esc(p.name)}">Edit</button> <button data-policy-history="${esc(p.name)}">History</button></td></tr>`,
         )
         .join("")}</tbody></table>`
     : "<p>No SLA policies yet.</p>";

@@ -19,6 +19,7 @@
 
 import { api, isAbort, Latest, Unauthorized } from "./api";
 import { $, count, esc, select } from "./dom";
+import { jobLink } from "./links";
 import type { Cluster, Job, JobDecisions, Page, PlanDecision, Policy } from "./types";
 
 export const PAGE_SIZE = 50;
@@ -299,7 +300,7 @@ function row(j: Job, now: number, mark: Mark | "", maxWait: number | null, plan:
     why = `<td class="why">${j.end_time ? `<span class="hint">ended ${esc(when(j.end_time))}</span>` : ""}</td>`;
   }
   return `<tr data-job="${esc(j.external_id)}" data-cluster="${esc(j.cluster)}" data-state="${esc(j.state)}"${mark ? ` data-sla="${mark}" class="sla-${mark}"` : ""}>
-    <td>${esc(j.external_id)}</td><td>${esc(j.cluster)}</td><td data-figure="team">${esc(j.team)}</td><td>${esc(j.sla_class)}</td>
+    <td>${jobLink(j.id, j.external_id)}</td><td>${esc(j.cluster)}</td><td data-figure="team">${esc(j.team)}</td><td>${esc(j.sla_class)}</td>
     <td data-figure="priority">${j.priority}</td><td data-figure="gpus">${gpus}</td><td data-figure="state">${esc(j.state)}</td>
     ${wait}${why}<td>${placement}</td><td>${j.submit_time ? esc(when(j.submit_time)) : ""}</td></tr>`;
 }

@@ -110,6 +110,8 @@ export interface Action {
   // A federated move's destination (the cluster the job goes to); null otherwise.
   target_cluster: string | null;
   kind: string;
+  // The job's id (GET /jobs/{id}, the job page); absent from older servers.
+  job_id?: number | null;
   job_external_id: string | null;
   source_node: string | null;
   target_node: string | null;
@@ -118,6 +120,31 @@ export interface Action {
   depends_on: number[];
   reason: string;
   error: string | null;
+}
+
+/** An action as GET /actions/{id} gives it, with what the job page shows besides. */
+export interface ActionDetail extends Action {
+  source_placement: Record<string, number>;
+  target_placement: Record<string, number>;
+  attempts: number;
+  created_at: string;
+  updated_at: string;
+  decided_by: string | null;
+  decided_at: string | null;
+  finished_at: string | null;
+}
+
+/** One step of an action's saga (GET /actions/{id}/steps). */
+export interface ActionStep {
+  seq: number;
+  phase: string;
+  name: string;
+  queue: string;
+  state: string;
+  attempts: number;
+  error: string | null;
+  sent_at: string | null;
+  finished_at: string | null;
 }
 
 export interface Plan {
@@ -140,6 +167,8 @@ export interface PlanDecision {
   action: string;
   reason: string;
   message?: string;
+  // The nodes a move leaves (app.shaping.cycle: comma-separated); absent for a wait.
+  from?: string | null;
   to?: string | null;
 }
 
@@ -151,11 +180,23 @@ export interface JobDecisions {
   decisions: PlanDecision[];
 }
 
+/** GET /plans/decisions/history: one plan's decision about one job. */
+export interface PlanDecisionOnJob {
+  plan_id: number;
+  created_at: string;
+  mode: string;
+  plan_state: string;
+  decision: PlanDecision;
+}
+
 export interface Policy {
   name: string;
   version: number;
+  created_at: string;
   created_by: string;
   comment: string;
+  // A deletion is a version too (app.policies.models.SlaPolicy).
+  deleted: boolean;
   spec: unknown;
 }
 
