@@ -77,6 +77,7 @@ from connectors.armada.jobs import (
     ATTEMPT_ANNOTATION,
     FIRST_SUBMITTED_ANNOTATION,
     HOME_QUEUE_ANNOTATION,
+    OWN_PRIORITY_ANNOTATION,
     RESUME_FROM,
     STOPPED_BY_STEP,
     WORKLOAD_ANNOTATION,
@@ -203,7 +204,8 @@ class ArmadaConnector:
         of its workload; the new job's id. The client id is derived from the job and the
         purpose (or the step key), so a resend gets the job the first call made.
         ``resume_from`` replaces the job's resume pointer (None: it starts over);
-        ``priority``: Armada's priority of the new job (None: the job's own)."""
+        ``priority``: Armada's priority of the new job (None: the workload's own, as first
+        submitted — not a priority an earlier start put it first with)."""
         if not job.terminal:
             self.api.cancel(job.queue, job.job_set, job.job_id)
         home = job.spec.annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
@@ -211,6 +213,7 @@ class ArmadaConnector:
             WORKLOAD_ANNOTATION: job.workload_id,
             ATTEMPT_ANNOTATION: str(job.spec.attempt + 1),
             HOME_QUEUE_ANNOTATION: home,
+            OWN_PRIORITY_ANNOTATION: f"{job.own_priority:g}",
             RESUME_FROM: resume_from,
         }
         first_submitted = job.first_submitted_at
@@ -223,7 +226,7 @@ class ArmadaConnector:
         item = resubmission(
             job.spec,
             client_id=client_id,
-            priority=job.priority if priority is None else priority,
+            priority=job.own_priority if priority is None else priority,
             annotations=annotations,
             node_selector=node_selector,
             resume_from=resume_from,

@@ -29,6 +29,10 @@ HOME_QUEUE_ANNOTATION = "shaper.io/home-queue"
 # When the workload's first job was submitted (ISO 8601): a job submitted again keeps its
 # place in the queue's history (Shaper's wait times count from it).
 FIRST_SUBMITTED_ANNOTATION = "shaper.io/first-submitted"
+# The Armada priority the workload was first submitted at. A plan's start puts a job first
+# in its queue by lowering its priority; the job's later attempts (a requeue, a move) go
+# back to this one, so one start does not keep it ahead of its queue for good.
+OWN_PRIORITY_ANNOTATION = "shaper.io/own-priority"
 # The same keys as the Kubernetes connector's (connectors.kubernetes.pods): Armada runs
 # jobs as Kubernetes pods, and a job's pod reads where to resume from the same places.
 RESUME_FROM = "shaper.io/resume-from"
@@ -133,6 +137,16 @@ class ArmadaJob:
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    @property
+    def own_priority(self) -> float:
+        """The workload's own Armada priority: its first submission's, whatever a start has
+        set since (an in-place ``ReprioritizeJobs`` changes ``priority``, not the spec)."""
+        stamp = self.spec.annotations.get(OWN_PRIORITY_ANNOTATION)
+        try:
+            return float(stamp) if stamp is not None else self.spec.priority
+        except ValueError:
+            return self.spec.priority
 
     @property
     def first_submitted_at(self) -> datetime | None:

@@ -472,6 +472,13 @@ def test_a_plans_start_puts_the_job_first_in_its_queue_where_it_is_pinned(
     assert sorted(server.schedule()) == sorted([apart, mine])
     assert (server.job(mine).node, server.job(peer).state) == ("a1", "queued")
     connector.start(mine, nodes=["a1"])  # running: left alone
+    # Requeued later (a plan's preemption), it queues at its own priority again, not at
+    # the one the start put it first with: one start does not keep it ahead for good.
+    connector.requeue(mine)
+    connector.catch_up()
+    again = connector.workloads()[mine]
+    assert again.job_id != mine and server.job(again.job_id).priority == 5
+    assert again.own_priority == 5
 
 
 def test_a_plans_start_on_another_executors_node_moves_the_queued_job_there(
