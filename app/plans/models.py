@@ -7,6 +7,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
+from app.actions.models import ActionStepPublic
 from app.core.types import enum_column, json_column, required_utc_column, utc_column
 
 
@@ -46,6 +47,43 @@ class PlanPublic(SQLModel):
     checked_at: datetime | None = None
     decided_by: str | None = None
     decided_at: datetime | None = None
+
+
+class PlacedJob(SQLModel):
+    job: str  # the job's external id
+    # The job's id (GET /jobs/{job_id}); None once its row is gone.
+    job_id: int | None
+    gpus: int
+    # Which of the node's GPUs, where known (empty: the scheduler only counts them).
+    gpu_indices: list[int] = []
+
+
+class NodePlacement(SQLModel):
+    """One node a plan's actions touch: who held its GPUs before the plan, who after."""
+
+    node: str
+    # Its GPU model and GPUs when the plan was made; None where the plan did not store them.
+    gpu_model: str | None
+    gpus: int | None
+    before: list[PlacedJob]
+    after: list[PlacedJob]
+
+
+class PlanPlacement(SQLModel):
+    """GET /plans/{id}/placement: the plan's placement change, node by node."""
+
+    plan_id: int
+    cluster: str | None
+    # False for a plan stored before its placement was: rebuilt from its actions, it
+    # shows only the jobs they move, not the neighbours they leave alone.
+    complete: bool
+    nodes: list[NodePlacement]
+
+
+class PlanStepPublic(ActionStepPublic):
+    """A saga step of one of a plan's actions (GET /plans/{id}/steps)."""
+
+    action_id: int
 
 
 class JobDecisions(SQLModel):

@@ -11,7 +11,14 @@ from app.core.errors import Invalid
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 from app.core.types import DbId
 from app.plans import service
-from app.plans.models import JobDecisions, PlanDecisionOnJob, PlanPublic, PlanState
+from app.plans.models import (
+    JobDecisions,
+    PlanDecisionOnJob,
+    PlanPlacement,
+    PlanPublic,
+    PlanState,
+    PlanStepPublic,
+)
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 # How many of a cluster's latest plans a job's decision history reads at most (each plan's
@@ -74,6 +81,20 @@ def job_decision_history(
 @router.get("/{plan_id}", **scoped("viewer"))
 def get_plan(session: SessionDep, plan_id: int) -> PlanPublic:
     return service.get_plan(session=session, plan_id=plan_id)
+
+
+@router.get("/{plan_id}/placement", **scoped("viewer"))
+def get_plan_placement(session: SessionDep, plan_id: int) -> PlanPlacement:
+    """Node by node, for the nodes the plan's actions touch: GPUs per job before the plan
+    and after it (the plan page's before/after)."""
+    return service.plan_placement(session=session, plan_id=plan_id)
+
+
+@router.get("/{plan_id}/steps", **scoped("viewer"))
+def list_plan_steps(session: SessionDep, plan_id: int) -> list[PlanStepPublic]:
+    """Every saga step of the plan's actions (GET /actions/{id}/steps for all of them at
+    once), by action, in step order."""
+    return service.plan_steps(session=session, plan_id=plan_id)
 
 
 @router.post("/{plan_id}/approve", responses=NOT_PROPOSED, **scoped("operator"))

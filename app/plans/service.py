@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -7,7 +8,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
 from app.actions import service as action_service
-from app.actions.models import Action, ActionState
+from app.actions.models import Action, ActionKind, ActionState, ActionStep
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
@@ -15,8 +16,24 @@ from app.clusters.models import Cluster
 from app.core.errors import Conflict
 from app.core.lookup import found, row_id
 from app.core.paging import Page, count_rows
+from app.gpu_models.models import GpuModel
 from app.jobs.models import Job
-from app.plans.models import JobDecisions, Plan, PlanDecisionOnJob, PlanPublic, PlanState
+from app.nodes.models import Node
+from app.plans import placement
+from app.plans.models import (
+    JobDecisions,
+    NodePlacement,
+    PlacedJob,
+    Plan,
+    PlanDecisionOnJob,
+    PlanPlacement,
+    PlanPublic,
+    PlanState,
+    PlanStepPublic,
+)
+
+# Actions that hold or give back GPUs for another action: they move no job.
+HOLDS = (ActionKind.reserve, ActionKind.unreserve)
 
 
 def list_plans(
@@ -38,7 +55,7 @@ def list_plans(
     rows = session.execute(
         query.order_by(col(Plan.created_at).desc(), col(Plan.id).desc()).limit(limit).offset(offset)
     )
-    items = [PlanPublic.model_validate(p, update={"cluster": name}) for p, name in rows]
+    items = [_public(p, name) for p, name in rows]
     return Page[PlanPublic](items=items, total=total, limit=limit, offset=offset)
 
 
@@ -49,7 +66,121 @@ def get_plan(*, session: Session, plan_id: int) -> PlanPublic:
         .where(col(Plan.id) == plan_id)
     ).first()
     plan, name = found(row, f"plan {plan_id} does not exist", resource="plan", resource_id=plan_id)
-    return PlanPublic.model_validate(plan, update={"cluster": name})
+    return _public(plan, name)
+
+
+def _public(plan: Plan, cluster: str | None) -> PlanPublic:
+    # The stored placement is GET /plans/{id}/placement's: a list of plans stays small.
+    summary = {k: v for k, v in plan.summary.items() if k != placement.SUMMARY_KEY}
+    return PlanPublic.model_validate(plan, update={"cluster": cluster, "summary": summary})
+
+
+def plan_placement(*, session: Session, plan_id: int) -> PlanPlacement:
+    """The plan's placement before and after, node by node (``app.plans.placement``):
+    as stored with the plan, or rebuilt from its actions for a plan stored without it."""
+    plan = found(
+        session.get(Plan, plan_id),
+        f"plan {plan_id} does not exist",
+        resource="plan",
+        resource_id=plan_id,
+    )
+    kept = plan.summary.get(placement.SUMMARY_KEY)
+    complete = isinstance(kept, dict)
+    stored: dict[str, Any]
+    if isinstance(kept, dict):
+        stored = kept
+    else:
+        actions = session.exec(
+            select(Action)
+            .where(Action.plan_id == plan_id, col(Action.kind).not_in(HOLDS))
+            .order_by(col(Action.id))
+        ).all()
+        stored = placement.from_actions(
+            (job, a.source_placement, a.target_placement)
+            for a, job in zip(actions, _external_ids(session, actions), strict=True)
+        )
+        stored = _sizes(session, plan.cluster_id, stored)
+    cluster = session.get(Cluster, plan.cluster_id) if plan.cluster_id is not None else None
+    nodes: dict[str, Any] = stored["nodes"]
+    names = {job for n in nodes.values() for part in ("before", "after") for job in n[part]}
+    ids = _job_ids(session, plan.cluster_id, names)
+
+    def placed(jobs: dict[str, int], indices: dict[str, list[int]]) -> list[PlacedJob]:
+        return [
+            PlacedJob(job=job, job_id=ids.get(job), gpus=gpus, gpu_indices=indices.get(job, []))
+            for job, gpus in jobs.items()
+        ]
+
+    return PlanPlacement(
+        plan_id=plan_id,
+        cluster=cluster.name if cluster is not None else None,
+        complete=complete,
+        nodes=[
+            NodePlacement(
+                node=name,
+                gpu_model=node["gpu_model"],
+                gpus=node["gpus"],
+                before=placed(node["before"], node.get("indices_before", {})),
+                after=placed(node["after"], node.get("indices_after", {})),
+            )
+            for name, node in nodes.items()
+        ],
+    )
+
+
+def _external_ids(session: Session, actions: Sequence[Action]) -> list[str]:
+    """Each action's job's external id (its action id when the job's row is gone)."""
+    wanted = {a.job_id for a in actions if a.job_id is not None}
+    rows = (
+        session.execute(sa.select(col(Job.id), col(Job.external_id)).where(col(Job.id).in_(wanted)))
+        .tuples()
+        .all()
+    )
+    names: dict[int | None, str] = dict(rows)
+    return [names.get(a.job_id, f"action {a.id}") for a in actions]
+
+
+def _sizes(session: Session, cluster_id: int | None, rebuilt: dict[str, Any]) -> dict[str, Any]:
+    """A rebuilt placement with its nodes' sizes as they are now."""
+    rows = session.execute(
+        sa.select(col(Node.name), col(Node.gpu_count), col(GpuModel.name))
+        .outerjoin(GpuModel, col(GpuModel.id) == Node.gpu_model_id)
+        .where(col(Node.cluster_id) == cluster_id, col(Node.name).in_(list(rebuilt["nodes"])))
+    ).all()
+    for name, gpus, model in rows:
+        rebuilt["nodes"][name].update(gpus=gpus, gpu_model=model)
+    return rebuilt
+
+
+def _job_ids(session: Session, cluster_id: int | None, names: set[str]) -> dict[str, int]:
+    rows = (
+        session.execute(
+            sa.select(col(Job.external_id), col(Job.id)).where(
+                col(Job.cluster_id) == cluster_id, col(Job.external_id).in_(names)
+            )
+        )
+        .tuples()
+        .all()
+    )
+    return dict(rows)
+
+
+def plan_steps(*, session: Session, plan_id: int) -> list[PlanStepPublic]:
+    """Every saga step of the plan's actions, by action and then in step order: the plan
+    page's account of what ran where, in one reply rather than one per action."""
+    found(
+        session.get(Plan, plan_id),
+        f"plan {plan_id} does not exist",
+        resource="plan",
+        resource_id=plan_id,
+    )
+    steps = session.exec(
+        select(ActionStep)
+        .join(Action, col(Action.id) == ActionStep.action_id)
+        .where(Action.plan_id == plan_id)
+        .order_by(col(ActionStep.action_id), col(ActionStep.seq))
+    ).all()
+    return [PlanStepPublic.model_validate(step) for step in steps]
 
 
 def latest_decisions(*, session: Session, cluster: str, jobs: list[str]) -> JobDecisions:

@@ -66,6 +66,7 @@ from app.core.db import begin
 from app.core.lookup import row_id
 from app.forecasts import service as forecast_service
 from app.jobs.models import Allocation, Job
+from app.plans import placement as plan_placement
 from app.plans.models import OPEN_PLAN_STATES, Plan, PlanState
 from app.shaping.review import review_plan
 from app.shaping.snapshot import (
@@ -549,6 +550,7 @@ def _persist(
             "note": stats.note,
             "violations": violations,
             "deferred": len(deferred),
+            plan_placement.SUMMARY_KEY: plan_placement.record(instance, plan, deferred),
         },
         checked_at=now,
     )

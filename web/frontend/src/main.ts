@@ -8,6 +8,7 @@ import { planGroup, showFederation, whatIf, wireFederation } from "./federation"
 import { fillForecastClusters, showForecasts, wireForecasts } from "./forecasts";
 import { showJob } from "./job";
 import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
+import { showPlan, wirePlan } from "./plan";
 import { pageState, showActions, showIdle, showNodes, showPolicies, showSimulations } from "./pages";
 import { historyShownFor, showPolicyHistory } from "./policy_history";
 import { fillQueueClusters, showQueue, wireQueue } from "./queue";
@@ -52,6 +53,7 @@ const VIEWS: Record<string, () => Promise<void>> = {
   jobs: showQueue,
   job: showJob,
   actions: showActions,
+  plan: showPlan,
   policies: showPolicies,
   simulations: showSimulations,
   idle: showIdle,
@@ -63,8 +65,8 @@ function route(): void {
   const asked = (location.hash || "#overview").slice(1).split("&")[0] || "overview";
   const view = asked in VIEWS ? asked : "overview";
   document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = v.id !== view));
-  // A job's page belongs to the queue.
-  const tab = view === "job" ? "jobs" : view;
+  // A job's page belongs to the queue, a plan's to Plans & actions.
+  const tab = view === "job" ? "jobs" : view === "plan" ? "actions" : view;
   document.querySelectorAll<HTMLAnchorElement>("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === tab));
   run(VIEWS[view]);
 }
@@ -143,6 +145,7 @@ followWidth();
 wireFederation();
 wireForecasts();
 wireQueue();
+wirePlan();
 
 // A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
 const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");

@@ -3,6 +3,7 @@
 
 import { api, Latest } from "./api";
 import { $, COLORS, esc, select } from "./dom";
+import { figure, gapPercent, when } from "./format";
 import { jobLink } from "./links";
 import type { Action, Diagnosis, Job, Node, Page, Plan, Policy, SimulationListing, SimulationResult } from "./types";
 
@@ -75,7 +76,7 @@ export async function showActions(): Promise<void> {
         (a) => `<tr data-action="${a.id}"${String(a.id) === marked ? ' class="marked"' : ""}>
     <td>${a.id}</td><td>${esc(a.cluster)}${a.target_cluster ? ` → ${esc(a.target_cluster)}` : ""}</td><td>${esc(a.kind)}</td><td>${jobLink(a.job_id, a.job_external_id ?? "")}</td>
     <td>${esc(a.source_node || "")} → ${esc(a.target_node || (a.target_replicas ?? ""))}</td><td>${esc(a.state)}</td>
-    <td>${a.plan_id ?? ""}</td><td>${a.depends_on.map((d) => `#${d}`).join(" ")}</td>
+    <td>${a.plan_id == null ? "" : `${a.plan_id} <a href="#plan&id=${a.plan_id}" data-plan-link="${a.plan_id}" aria-label="Plan ${a.plan_id}">open</a>`}</td><td>${a.depends_on.map((d) => `#${d}`).join(" ")}</td>
     <td>${esc(a.reason)}${a.error ? `<br><span class="error">${esc(a.error)}</span>` : ""}</td>
     <td>${a.state === "proposed" ? `<button data-decide="approve" data-id="${a.id}">Approve</button> <button data-decide="reject" data-id="${a.id}">Reject</button>` : ""}</td></tr>`,
       )
@@ -85,8 +86,8 @@ export async function showActions(): Promise<void> {
     plans.items
       .map(
         (p) => `<tr data-plan="${p.id}">
-    <td>${p.id}</td><td>${esc(p.cluster)}</td><td>${esc(p.created_at.slice(0, 19))}</td><td>${esc(p.policy)}</td><td>${esc(p.engine)}</td>
-    <td>${esc(p.status)}</td><td>${esc(p.state)}${p.state_reason ? `<br><span class="hint">${esc(p.state_reason)}</span>` : ""}</td><td>${p.objective ?? ""}</td><td>${p.gap ?? ""}</td>
+    <td><a href="#plan&id=${p.id}" data-plan-link="${p.id}">#${p.id}</a></td><td>${esc(p.cluster)}</td><td>${esc(when(p.created_at))}</td><td>${esc(p.policy)}</td><td>${esc(p.engine)}</td>
+    <td>${esc(p.status)}</td><td>${esc(p.state)}${p.state_reason ? `<br><span class="hint">${esc(p.state_reason)}</span>` : ""}</td><td>${esc(figure(p.objective))}</td><td>${esc(gapPercent(p.gap))}</td>
     <td>${p.decisions
       .slice(0, 5)
       .map((d) => esc(`${d.job}: ${d.action} — ${d.reason}`))

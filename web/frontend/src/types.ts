@@ -314,3 +314,44 @@ export interface ForecastAccuracy {
   services: ServiceAccuracy[];
   durations: DurationAccuracy[];
 }
+
+/** A plan as GET /plans/{id} gives it, with what the plan page shows besides. */
+export interface PlanDetail extends Plan {
+  mode: string;
+  best_bound: number | null;
+  wall_time_s: number;
+  summary: Record<string, unknown>;
+  checked_at: string | null;
+  decided_by: string | null;
+  decided_at: string | null;
+}
+
+/** A job's GPUs on a node, before or after a plan (GET /plans/{id}/placement). */
+export interface PlacedJob {
+  job: string;
+  job_id: number | null;
+  gpus: number;
+  // Which GPUs, where known; empty where the scheduler only counts them.
+  gpu_indices: number[];
+}
+
+export interface NodePlacement {
+  node: string;
+  gpu_model: string | null;
+  gpus: number | null;
+  before: PlacedJob[];
+  after: PlacedJob[];
+}
+
+export interface PlanPlacement {
+  plan_id: number;
+  cluster: string | null;
+  // False: rebuilt from the plan's actions, the jobs they leave alone are not shown.
+  complete: boolean;
+  nodes: NodePlacement[];
+}
+
+/** A saga step of one of a plan's actions (GET /plans/{id}/steps). */
+export interface PlanStep extends ActionStep {
+  action_id: number;
+}
