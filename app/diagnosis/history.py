@@ -17,8 +17,12 @@ What is read, and what each piece becomes (``solver.diagnosis.state``):
 * quota: the cluster's SLA policy (named after it, as the shaping cycle reads it), the
   version in force at each instant; caps are ``guaranteed + borrowing limit``.
 
-Plans' reservations of free GPUs are not stored in a form this can read: they are not
-counted (free GPUs a plan keeps for a job show as ``queue_order`` while a job fits them).
+* plans' reservations (``app.diagnosis.reservations``, which says which timestamps bound
+  each): a ``reserve`` that succeeded counts its GPUs on each target node as the node's
+  ``reserved_gpus`` (``reserved_for``: the job's team; None when reservations of several
+  teams share the node) from when it took effect until it was given back, replaced,
+  spent by its job's start there, its job or its plan ended, or it lapsed. The classifier
+  counts them (``reservation``) only up to the node's free GPUs.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import pairwise
 
 import sqlalchemy as sa
 from sqlmodel import Session, col
 
+from app.diagnosis.reservations import Reserved, reservations
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
@@ -88,6 +93,9 @@ def replay(session: Session, window: Window) -> Iterator[tuple[float, float, Clu
     busy = _busy_means(session, window)
     demand = _demand_means(session, window)
     caps = _quota_caps(session, window)
+    reserved = reservations(
+        session, cluster_id=window.cluster_id, since=window.since, until=window.until
+    )
 
     since, until = window.since.timestamp(), window.until.timestamp()
     points = {since, until}
@@ -95,18 +103,25 @@ def replay(session: Session, window: Window) -> Iterator[tuple[float, float, Clu
     points |= {t for h in held for t in (h.start, h.end)}
     points |= {t for life in lives.values() for t in (life.submit, life.end)}
     points |= {at for at, _ in caps}
+    points |= {t for r in reserved for t in (r.start, r.end)}
     times = sorted(t for t in points if since <= t <= until)
 
     # A sweep: what starts is added as time passes it, what ended is dropped.
     by_start = sorted(held, key=lambda h: h.start)
     queued = sorted((life for life in lives.values() if life.queued_as), key=lambda j: j.submit)
-    next_held = next_queued = 0
+    holds = sorted(reserved, key=lambda r: r.start)
+    next_held = next_queued = next_hold = 0
     active: list[_Held] = []
     waiting: list[_Lifetime] = []
+    holding_now: list[Reserved] = []
     for start, end in pairwise(times):
         while next_held < len(by_start) and by_start[next_held].start <= start:
             active.append(by_start[next_held])
             next_held += 1
+        while next_hold < len(holds) and holds[next_hold].start <= start:
+            holding_now.append(holds[next_hold])
+            next_hold += 1
+        holding_now = [r for r in holding_now if r.end > start]
         while next_queued < len(queued) and queued[next_queued].submit <= start:
             waiting.append(queued[next_queued])
             next_queued += 1
@@ -117,7 +132,7 @@ def replay(session: Session, window: Window) -> Iterator[tuple[float, float, Clu
             start,
             end,
             ClusterAt(
-                nodes=nodes,
+                nodes=_with_reservations(nodes, holding_now),
                 allocations=_allocations_at(
                     active, lives, node_names, busy, demand, window.bucket(start)
                 ),
@@ -147,6 +162,26 @@ def _nodes(session: Session, window: Window) -> tuple[tuple[NodeAt, ...], dict[i
         solver_state = NODE_STATES.get(state, si.NodeState.down)
         nodes.append(NodeAt(name, model or NO_MODEL, int(gpus or 0), solver_state))
     return tuple(nodes), names
+
+
+def _with_reservations(nodes: tuple[NodeAt, ...], holding: list[Reserved]) -> tuple[NodeAt, ...]:
+    if not holding:
+        return nodes
+    gpus: defaultdict[str, int] = defaultdict(int)
+    teams: defaultdict[str, set[str]] = defaultdict(set)
+    for held in holding:
+        gpus[held.node] += held.gpus
+        teams[held.node].add(held.team)
+    return tuple(
+        replace(
+            node,
+            reserved_gpus=gpus[node.name],
+            reserved_for=next(iter(teams[node.name])) if len(teams[node.name]) == 1 else None,
+        )
+        if node.name in gpus
+        else node
+        for node in nodes
+    )
 
 
 def _allocations(session: Session, window: Window) -> list[_Held]:
