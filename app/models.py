@@ -14,6 +14,7 @@ from app.plans.models import Plan
 from app.policies.models import SlaPolicy
 from app.telemetry.models import TelemetrySample
 from app.tokens.models import ApiToken
+from app.utilization.models import UtilizationRollup
 
 metadata = SQLModel.metadata
 
@@ -32,5 +33,6 @@ __all__ = [
     "ServiceForecast",
     "SlaPolicy",
     "TelemetrySample",
+    "UtilizationRollup",
     "metadata",
 ]

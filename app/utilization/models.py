@@ -3,7 +3,9 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
+import sqlalchemy as sa
 from pydantic import BaseModel
+from sqlmodel import Field, SQLModel
 
 
 class GroupBy(StrEnum):
@@ -31,3 +33,40 @@ class UtilizationSummary(BaseModel):
     since: datetime
     until: datetime
     series: list[UtilizationSeries]
+
+
+class UtilizationRollup(SQLModel, table=True):
+    """Sums of allocation events and ``gpu_util`` samples per group and time period,
+    written by database triggers (see the migration that creates it) and read by
+    ``app.utilization.rollup``.
+
+    A group is (``dimension``, cluster, key): ``gpu_model_id`` is the key of the
+    ``gpu_model`` dimension (0: none), ``team`` that of ``team``; both are 0/'' otherwise.
+    A period is ``period_us`` long and starts at ``period_start_us`` (µs since the epoch, a
+    multiple of its length); ``period_us`` 1 is the exact instant of the events, 0 the
+    period of all time. An allocation is two events: +GPUs when it starts, -GPUs when it
+    is released. ``gpu_us`` is Σ GPUs × (event time - period start), in µs."""
+
+    __tablename__ = "utilization_rollups"
+    __table_args__ = (
+        sa.Index("ix_utilization_rollups_period", "dimension", "period_us", "period_start_us"),
+    )
+
+    dimension: str = Field(primary_key=True, max_length=16)
+    cluster_id: int = Field(
+        sa_column=sa.Column(
+            sa.Integer,
+            sa.ForeignKey("clusters.id", ondelete="CASCADE"),
+            primary_key=True,
+        )
+    )
+    gpu_model_id: int = Field(primary_key=True)
+    team: str = Field(primary_key=True, max_length=128)
+    period_us: int = Field(sa_column=sa.Column(sa.BigInteger, primary_key=True))
+    period_start_us: int = Field(sa_column=sa.Column(sa.BigInteger, primary_key=True))
+    gpus: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    gpu_us: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    opened: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    closed: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    samples: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    sample_sum: float

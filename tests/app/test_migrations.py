@@ -28,6 +28,7 @@ TABLES = {
     "federation_groups",
     "service_forecasts",
     "runtime_predictions",
+    "utilization_rollups",
 }
 
 
