@@ -295,9 +295,9 @@ def forecast_accuracy(
     hours: Annotated[int, typer.Option(min=1, max=30 * 24, help="the window's length")] = 24,
 ) -> None:
     """How good the shaping cycle's live forecasts were: per service, the next-hour demand
-    forecast's error, bias and coverage against seasonal-naive; per cluster, run-time
-    predictions against the team's median (the same figures as GET
-    /api/v1/forecast-accuracy)."""
+    forecast's error, bias and coverage against seasonal-naive, and the same by lead time
+    (1 h … 5 h, the solver's look-ahead); per cluster, run-time predictions against the
+    team's median (the same figures as GET /api/v1/forecast-accuracy)."""
     from app.bootstrap import prepare_database
     from app.core.clock import SystemClock
     from app.core.db import get_engine

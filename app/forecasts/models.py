@@ -1,9 +1,12 @@
 """What the shaping cycle forecast, kept to be scored against what happened.
 
-``ServiceForecast``: one row per elastic service per hour it forecast — the hour after
-the one the cycle ran in (the solver's step 1), written once, by the first cycle
-``app.forecasts.service.RECORD_DELAY`` into the hour. ``actual`` is the hour's observed
-mean demand, filled in (with ``scored_at``) once the hour is over.
+``ServiceForecast``: one row per elastic service, forecast hour and lead time — every
+hour of the solver's look-ahead (``app.shaping.snapshot.FORECAST_STEPS``): the cycle that
+runs in hour H forecasts hours H+1 … H+5, its steps 1 … 5, and ``lead_h`` is the step
+(the forecast hour starts ``lead_h`` hours after the start of the hour it was made in).
+Written once per hour, by the first cycle ``app.forecasts.service.RECORD_DELAY`` into
+it, so each hour is forecast five times, at five lead times. ``actual`` is the hour's
+observed mean demand, filled in (with ``scored_at``) once the hour is over.
 
 ``RuntimePrediction``: one row per block job, the run time predicted the first time a
 cycle predicted it; the actual run time is the job's own (``end_time - start_time``)
@@ -29,7 +32,9 @@ from forecast.demand import Method
 class ServiceForecast(SQLModel, table=True):
     __tablename__ = "service_forecasts"
     __table_args__ = (
-        sa.UniqueConstraint("job_id", "target_hour", name="uq_service_forecasts_job_hour"),
+        sa.UniqueConstraint(
+            "job_id", "target_hour", "lead_h", name="uq_service_forecasts_job_hour_lead"
+        ),
         # Hour first: the summaries read a window of hours across clusters; the cycle asks
         # for one hour of one cluster.
         sa.Index("ix_service_forecasts_hour_cluster", "target_hour", "cluster_id"),
@@ -47,6 +52,10 @@ class ServiceForecast(SQLModel, table=True):
         )
     )
     target_hour: datetime = required_utc_column()  # the forecast hour's start
+    # The solver's step: hours from the start of the hour it was made in to target_hour.
+    lead_h: int = Field(
+        default=1, sa_column=sa.Column(sa.Integer(), nullable=False, server_default="1")
+    )
     made_at: datetime = required_utc_column()
     method: Method = enum_column(Method.latest, 16)
     quantile: float
@@ -81,7 +90,8 @@ class RuntimePrediction(SQLModel, table=True):
 
 @dataclass(frozen=True)
 class ServiceForecastCreate:
-    """A cycle's forecast of a service's demand in ``target_hour`` (replicas)."""
+    """A cycle's forecast of a service's demand in ``target_hour`` (replicas), made
+    ``lead_h`` hours ahead (the solver's step)."""
 
     job_id: int
     target_hour: datetime
@@ -90,6 +100,7 @@ class ServiceForecastCreate:
     quantile: float
     method: Method
     naive: float
+    lead_h: int = 1
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,9 @@ class RuntimePredictionCreate:
 
 
 class ServiceAccuracy(BaseModel):
-    """One service's next-hour forecasts over the window's scored hours. Errors are in
-    replicas; ``skill`` is 1 − MAE / naive MAE (> 0: the model beats seasonal-naive)."""
+    """One service's next-hour forecasts (lead 1 h) over the window's scored hours. Errors
+    are in replicas; ``skill`` is 1 − MAE / naive MAE (> 0: the model beats
+    seasonal-naive)."""
 
     cluster: str
     service: str
@@ -115,6 +127,23 @@ class ServiceAccuracy(BaseModel):
     coverage: float  # share of hours whose demand was at most the upper forecast
     target_quantile: float  # what coverage should be (the SLA's demand target)
     methods: dict[str, int]  # hours scored by the method that made their forecast
+
+
+class LeadAccuracy(BaseModel):
+    """The forecasts made ``lead_h`` hours ahead, over the window's scored hours: one
+    service's, or (``service`` None) every service of the cluster's pooled, each
+    forecast hour weighing the same. Figures as in ``ServiceAccuracy``."""
+
+    cluster: str
+    service: str | None
+    lead_h: int
+    hours_scored: int
+    mae_replicas: float
+    naive_mae_replicas: float
+    skill: float | None
+    bias_replicas: float
+    coverage: float
+    target_quantile: float
 
 
 class DurationAccuracy(BaseModel):
@@ -136,4 +165,7 @@ class ForecastAccuracy(BaseModel):
     until: datetime
     window_h: int
     services: list[ServiceAccuracy]
+    # Each service's forecasts by lead time (1 h … the solver's look-ahead): how the error
+    # grows the further ahead the solver looks.
+    by_lead: list[LeadAccuracy]
     durations: list[DurationAccuracy]

@@ -1,5 +1,6 @@
-"""``shaper forecast-accuracy``'s terminal report: one table of services, one of clusters'
-run-time predictions, each model beside its naive baseline."""
+"""``shaper forecast-accuracy``'s terminal report: one table of services' next-hour
+forecasts, one of their forecasts by lead time, one of clusters' run-time predictions,
+each model beside its naive baseline."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def print_accuracy(summary: ForecastAccuracy, console: Console) -> None:
             ", ".join(f"{m} {n}" for m, n in sorted(s.methods.items())),
         )
     console.print(services if summary.services else "no service forecast scored in the window")
+    if summary.by_lead:
+        console.print(_by_lead(summary))
     durations = Table(title="Block jobs: run-time predictions (jobs that finished)")
     for name in ("cluster", "jobs", "MAE h", "naive MAE h", "bias h", "median |%|", "naive |%|"):
         durations.add_column(name, justify="left" if name == "cluster" else "right")
@@ -59,6 +62,25 @@ def print_accuracy(summary: ForecastAccuracy, console: Console) -> None:
             f"{d.median_ratio:.2f}" if d.median_ratio is not None else "–",
         )
     console.print(durations if summary.durations else "no run-time prediction scored in the window")
+
+
+def _by_lead(summary: ForecastAccuracy) -> Table:
+    leads = Table(title="Services: demand forecasts by lead time (replicas)")
+    for name in ("cluster", "service", "lead h", "hours", "MAE", "naive MAE", "skill"):
+        leads.add_column(name, justify="left" if name in ("cluster", "service") else "right")
+    leads.add_column("coverage", justify="right")
+    for lead in summary.by_lead:
+        leads.add_row(
+            lead.cluster,
+            lead.service or "(all)",
+            str(lead.lead_h),
+            str(lead.hours_scored),
+            f"{lead.mae_replicas:.2f}",
+            f"{lead.naive_mae_replicas:.2f}",
+            _pct(lead.skill),
+            _pct(lead.coverage),
+        )
+    return leads
 
 
 def _pct(fraction: float | None) -> str:

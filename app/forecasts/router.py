@@ -25,6 +25,7 @@ def forecast_accuracy(
 ) -> ForecastAccuracy:
     """How good the shaping cycle's live forecasts were over the last ``window_h`` hours:
     per service, the next-hour demand forecast's error, bias and coverage of the SLA
-    quantile against seasonal-naive; per cluster, block-job run-time predictions against
-    the team's median (default: every cluster, the last 24 h; at most 30 days)."""
+    quantile against seasonal-naive, and (``by_lead``) the same for each lead time the
+    solver's look-ahead forecasts (1 h … 5 h); per cluster, block-job run-time predictions
+    against the team's median (default: every cluster, the last 24 h; at most 30 days)."""
     return service.accuracy(session=session, now=clock.now(), window_h=window_h, cluster=cluster)

@@ -1,11 +1,12 @@
 """The shaping cycle's forecasts, recorded, scored against what happened, and summarised.
 
 Recording (``due`` then ``record``, from the cycle: ``app.shaping.cycle``): each service's
-forecast of the next hour once per hour, from the first cycle ``RECORD_DELAY`` into the
-hour — later cycles of the hour find the row and write nothing (within an hour the
-hourly series, and so the forecast, does not change) — and each block job's run time
-the first time a cycle predicts it. ``due`` is one indexed read per cycle; ``record``
-one short write transaction, only when something is missing.
+forecast of every hour of the solver's look-ahead (lead 1 h … 5 h) once per hour, from
+the first cycle ``RECORD_DELAY`` into the hour — later cycles of the hour find the next
+hour's row and write nothing (within an hour the hourly series, and so the forecast, does
+not change) — and each block job's run time the first time a cycle predicts it. ``due``
+is one indexed read per cycle; ``record`` one short write transaction, only when
+something is missing.
 
 Scoring: the same transaction that records an hour's forecasts fills in the observed
 mean demand of every recorded hour that has ended (``actual``; left empty when the
@@ -13,12 +14,15 @@ service reported no demand that hour), ``RECORD_DELAY`` after its end so that th
 hour's last samples have arrived. A run time is scored when its job finishes: the job's
 own start and end say how long it ran. Every recording transaction drops what is older
 than ``RETENTION`` (but the prediction of a job still running, which would otherwise be
-made anew): storage stays at about 720 rows per service and one per recent job.
+made anew): storage stays at about 3,600 rows per service (720 hours × 5 leads) and one
+per recent job.
 
 Summary (``accuracy``: the API, the CLI, the metrics): per service, mean absolute error
-of the forecast mean and of the naive forecast, bias, and coverage (the share of hours
-whose demand stayed at or under the forecast quantile) against the quantile asked for;
-per cluster, the run-time predictions' errors against the naive ones.
+of the next-hour forecast's mean and of the naive forecast, bias, and coverage (the share
+of hours whose demand stayed at or under the forecast quantile) against the quantile
+asked for; the same figures by lead time, per service (``by_lead``) and pooled over a
+cluster's services (``accuracy_by_lead``: the metrics, whose labels stay clusters ×
+leads); per cluster, the run-time predictions' errors against the naive ones.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from app.core.lookup import row_id
 from app.forecasts.models import (
     DurationAccuracy,
     ForecastAccuracy,
+    LeadAccuracy,
     RuntimePrediction,
     RuntimePredictionCreate,
     ServiceAccuracy,
@@ -53,6 +58,8 @@ from forecast.duration import MAPE_FLOOR_S
 from wire.telemetry import TERMINAL_JOB_STATES, JobShape, JobState
 
 HOUR = timedelta(hours=1)
+# The lead of the next hour's forecast: the one the per-service summary and ``due`` read.
+NEXT_HOUR_LEAD = 1
 # How far into an hour its next hour's forecasts are recorded and the hours that have
 # ended are scored: the ended hour's last samples have been pushed by then.
 RECORD_DELAY = timedelta(minutes=5)
@@ -96,6 +103,9 @@ def due(
             select(ServiceForecast.job_id).where(
                 ServiceForecast.cluster_id == cluster_id,
                 ServiceForecast.target_hour == hour + HOUR,
+                # Every lead of an hour is written in one transaction: the next hour's
+                # stands for them all.
+                ServiceForecast.lead_h == NEXT_HOUR_LEAD,
             )
         )
         missing_services = set(services) - set(recorded)
@@ -127,6 +137,7 @@ def record(
                 "cluster_id": cluster_id,
                 "job_id": f.job_id,
                 "target_hour": f.target_hour,
+                "lead_h": f.lead_h,
                 "made_at": now,
                 "method": f.method.value,
                 "quantile": f.quantile,
@@ -136,7 +147,7 @@ def record(
             }
             for f in forecasts
         ],
-        ["job_id", "target_hour"],
+        ["job_id", "target_hour", "lead_h"],
     )
     _insert_new(
         session,
@@ -229,34 +240,46 @@ def accuracy(
 ) -> ForecastAccuracy:
     """Scores of the forecasts whose hour ended, and of the run-time predictions of the
     jobs that finished, in the last ``window_h`` hours (of every cluster, or of one)."""
-    if not 1 <= window_h <= MAX_WINDOW_H:
-        raise Invalid(
-            f"window_h is {window_h}; from 1 to {MAX_WINDOW_H} (what is kept)", field="window_h"
-        )
-    since = now - timedelta(hours=window_h)
+    since, _ = _window(now, window_h)
     cluster_id = (
         row_id(cluster_service.get_cluster(session=session, name=cluster))
         if cluster is not None
         else None
     )
-    clusters = session.execute(sa.select(col(Cluster.id), col(Cluster.name))).tuples()
-    names: dict[int, str] = dict(clusters.all())
+    names = _cluster_names(session)
+    by_lead = _by_lead(session, names, cluster_id, since, now, per_service=True)
     return ForecastAccuracy(
         since=since,
         until=now,
         window_h=window_h,
-        services=_services(session, names, cluster_id, since, now),
+        services=_services(session, names, by_lead, cluster_id, since, now),
+        by_lead=by_lead,
         durations=_durations(session, names, cluster_id, since, now),
     )
 
 
-def _services(
-    session: Session,
-    names: dict[int, str],
-    cluster_id: int | None,
-    since: datetime,
-    until: datetime,
-) -> list[ServiceAccuracy]:
+def accuracy_by_lead(*, session: Session, now: datetime, window_h: int) -> list[LeadAccuracy]:
+    """Every cluster's service forecasts of the last ``window_h`` hours by lead time, its
+    services pooled (``service`` None)."""
+    since, until = _window(now, window_h)
+    return _by_lead(session, _cluster_names(session), None, since, until, per_service=False)
+
+
+def _window(now: datetime, window_h: int) -> tuple[datetime, datetime]:
+    if not 1 <= window_h <= MAX_WINDOW_H:
+        raise Invalid(
+            f"window_h is {window_h}; from 1 to {MAX_WINDOW_H} (what is kept)", field="window_h"
+        )
+    return now - timedelta(hours=window_h), now
+
+
+def _cluster_names(session: Session) -> dict[int, str]:
+    clusters = session.execute(sa.select(col(Cluster.id), col(Cluster.name))).tuples()
+    return dict(clusters.all())
+
+
+def _scored(cluster_id: int | None, since: datetime, until: datetime) -> list[Any]:
+    """Forecasts of the hours that ended in [since, until) and were scored."""
     scored = [
         col(ServiceForecast.actual).is_not(None),
         col(ServiceForecast.target_hour) >= since,
@@ -264,50 +287,99 @@ def _services(
     ]
     if cluster_id is not None:
         scored.append(col(ServiceForecast.cluster_id) == cluster_id)
+    return scored
+
+
+def _error_stats() -> list[Any]:
+    """Per group: hours, MAE, naive MAE, bias, coverage, mean quantile."""
     actual = col(ServiceForecast.actual)
     covered = sa.case((actual <= col(ServiceForecast.upper), 1), else_=0)
-    group = (col(ServiceForecast.cluster_id), col(Job.external_id))
-    stats = session.execute(
-        sa.select(
-            *group,
-            sa.func.count(),
-            sa.func.avg(sa.func.abs(col(ServiceForecast.mean) - actual)),
-            sa.func.avg(sa.func.abs(col(ServiceForecast.naive) - actual)),
-            sa.func.avg(col(ServiceForecast.mean) - actual),
-            sa.func.avg(covered),
-            sa.func.avg(col(ServiceForecast.quantile)),
+    return [
+        sa.func.count(),
+        sa.func.avg(sa.func.abs(col(ServiceForecast.mean) - actual)),
+        sa.func.avg(sa.func.abs(col(ServiceForecast.naive) - actual)),
+        sa.func.avg(col(ServiceForecast.mean) - actual),
+        sa.func.avg(covered),
+        sa.func.avg(col(ServiceForecast.quantile)),
+    ]
+
+
+def _skill(mae: float, naive_mae: float) -> float | None:
+    return round(1 - mae / naive_mae, ROUND) if naive_mae > EXACT else None
+
+
+def _by_lead(
+    session: Session,
+    names: dict[int, str],
+    cluster_id: int | None,
+    since: datetime,
+    until: datetime,
+    *,
+    per_service: bool,
+) -> list[LeadAccuracy]:
+    cluster, lead = col(ServiceForecast.cluster_id), col(ServiceForecast.lead_h)
+    if per_service:
+        query = (
+            sa.select(cluster, col(Job.external_id), lead, *_error_stats())
+            .join(Job, col(Job.id) == col(ServiceForecast.job_id))
+            .group_by(cluster, col(Job.external_id), lead)
         )
-        .join(Job, col(Job.id) == col(ServiceForecast.job_id))
-        .where(*scored)
-        .group_by(*group)
-    ).all()
-    methods: defaultdict[tuple[int, str], dict[str, int]] = defaultdict(dict)
-    for cid, service, method, hours in session.execute(
-        sa.select(*group, col(ServiceForecast.method), sa.func.count())
-        .join(Job, col(Job.id) == col(ServiceForecast.job_id))
-        .where(*scored)
-        .group_by(*group, col(ServiceForecast.method))
-    ):
-        methods[(cid, service)][str(method)] = int(hours)
+    else:
+        query = sa.select(cluster, sa.null(), lead, *_error_stats()).group_by(cluster, lead)
+    rows = session.execute(query.where(*_scored(cluster_id, since, until))).all()
     found = [
-        ServiceAccuracy(
+        LeadAccuracy(
             cluster=names.get(cid, str(cid)),
             service=service,
+            lead_h=int(lead_h),
             hours_scored=int(hours),
-            mae_replicas=round(mae, ROUND),
-            naive_mae_replicas=round(naive_mae, ROUND),
-            skill=round(1 - mae / naive_mae, ROUND) if naive_mae > EXACT else None,
+            mae_replicas=round(float(mae), ROUND),
+            naive_mae_replicas=round(float(naive_mae), ROUND),
+            skill=_skill(float(mae), float(naive_mae)),
             bias_replicas=round(float(bias), ROUND),
             coverage=round(float(coverage), ROUND),
             target_quantile=round(float(quantile), ROUND),
-            methods=methods[(cid, service)],
         )
-        for cid, service, hours, mae, naive_mae, bias, coverage, quantile in (
-            (cid, service, hours, float(mae), float(naive_mae), bias, coverage, quantile)
-            for cid, service, hours, mae, naive_mae, bias, coverage, quantile in stats
-        )
+        for cid, service, lead_h, hours, mae, naive_mae, bias, coverage, quantile in rows
     ]
-    return sorted(found, key=lambda s: (s.cluster, s.service))
+    return sorted(found, key=lambda a: (a.cluster, a.service or "", a.lead_h))
+
+
+def _services(
+    session: Session,
+    names: dict[int, str],
+    by_lead: list[LeadAccuracy],
+    cluster_id: int | None,
+    since: datetime,
+    until: datetime,
+) -> list[ServiceAccuracy]:
+    """Each service's next-hour figures: its lead-1 row of ``by_lead`` (one scan of the
+    window serves both), with the hours by method."""
+    group = (col(ServiceForecast.cluster_id), col(Job.external_id))
+    methods: defaultdict[tuple[str, str], dict[str, int]] = defaultdict(dict)
+    for cid, service, method, hours in session.execute(
+        sa.select(*group, col(ServiceForecast.method), sa.func.count())
+        .join(Job, col(Job.id) == col(ServiceForecast.job_id))
+        .where(*_scored(cluster_id, since, until), col(ServiceForecast.lead_h) == NEXT_HOUR_LEAD)
+        .group_by(*group, col(ServiceForecast.method))
+    ):
+        methods[(names.get(cid, str(cid)), service)][str(method)] = int(hours)
+    return [
+        ServiceAccuracy(
+            cluster=lead.cluster,
+            service=lead.service,
+            hours_scored=lead.hours_scored,
+            mae_replicas=lead.mae_replicas,
+            naive_mae_replicas=lead.naive_mae_replicas,
+            skill=lead.skill,
+            bias_replicas=lead.bias_replicas,
+            coverage=lead.coverage,
+            target_quantile=lead.target_quantile,
+            methods=methods[(lead.cluster, lead.service)],
+        )
+        for lead in by_lead
+        if lead.lead_h == NEXT_HOUR_LEAD and lead.service is not None
+    ]
 
 
 def _durations(

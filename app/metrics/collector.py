@@ -75,6 +75,7 @@ class DatabaseCollector:
         yield from self._telemetry()
         yield self._idle()
         yield from self._forecasts()
+        yield from self._forecasts_by_lead()
 
     def _cluster(self, cluster_id: int) -> str:
         return self._clusters.get(cluster_id, str(cluster_id))
@@ -385,6 +386,40 @@ class DatabaseCollector:
             duration_jobs.add_metric(labels, durations.jobs_scored)
         yield from (abs_error, naive_error, bias, coverage, target, hours)
         yield from (duration_error, duration_naive, duration_pct, duration_jobs)
+
+    def _forecasts_by_lead(self) -> Iterator[Metric]:
+        """Per cluster and lead time (1 h … the solver's look-ahead), the cluster's
+        services pooled: clusters × 5 series, whatever the number of services (the
+        per-service figures by lead are in GET /forecast-accuracy)."""
+        window = f"forecasts of the last {FORECAST_WINDOW_H} h, every service of the cluster"
+        labels = ["cluster", "lead_h"]
+        abs_error = GaugeMetricFamily(
+            "shaper_forecast_lead_abs_error_replicas",
+            f"mean absolute error of the forecast's mean made lead_h hours ahead, {window}",
+            labels=labels,
+        )
+        naive_error = GaugeMetricFamily(
+            "shaper_forecast_lead_naive_abs_error_replicas",
+            f"mean absolute error of the seasonal-naive forecast for the same hours, {window}",
+            labels=labels,
+        )
+        coverage = GaugeMetricFamily(
+            "shaper_forecast_lead_coverage_ratio",
+            f"share of hours whose demand was at most the forecast's SLA quantile, {window}",
+            labels=labels,
+        )
+        hours = GaugeMetricFamily(
+            "shaper_forecast_lead_hours_scored", f"hours scored, {window}", labels=labels
+        )
+        for lead in forecast_service.accuracy_by_lead(
+            session=self.session, now=self.now, window_h=FORECAST_WINDOW_H
+        ):
+            values = [lead.cluster, str(lead.lead_h)]
+            abs_error.add_metric(values, lead.mae_replicas)
+            naive_error.add_metric(values, lead.naive_mae_replicas)
+            coverage.add_metric(values, lead.coverage)
+            hours.add_metric(values, lead.hours_scored)
+        yield from (abs_error, naive_error, coverage, hours)
 
 
 def _aware(moment: datetime, like: datetime) -> datetime:

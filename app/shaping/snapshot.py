@@ -30,8 +30,9 @@ Mapping to the solver (documented because it decides what the solver optimises):
   guess from nothing would only mislead the reservations. A running job past its
   prediction is expected to run as long again as it has (durations are heavy-tailed).
 * what the cycle forecasts is also handed out to be recorded and scored
-  (``app.forecasts``): ``service_forecasts`` (each service's next hour, the solver's step
-  1, with the seasonal-naive forecast beside it) and ``runtime_predictions`` (each block
+  (``app.forecasts``): ``service_forecasts`` (each service's steps 1 … ``FORECAST_STEPS``
+  − 1 — every hour the solver's look-ahead forecasts — with its lead time and the
+  seasonal-naive forecast beside it) and ``runtime_predictions`` (each block
   job's run time, with its team's median run time beside it).
 * jobs with no GPUs and finished jobs are left out.
 * a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
@@ -683,16 +684,17 @@ def service_forecasts(
     forecaster: demand_forecast.DemandForecaster | None = None,
 ) -> list[ServiceForecastCreate]:
     """What the cycle forecasts each service's demand (of ``job_ids``, default all, that
-    have a demand history) to be in the hour after the one it runs in: the solver's step 1,
-    the forecast's second step (its first is the current hour), with the seasonal-naive
-    forecast from the same history. The same forecast ``to_instance`` plans with, from the
-    same fit: the forecaster hands back the forecast it keeps for an unchanged series, so
-    asking again costs nothing. A non-finite forecast is left out (nothing to score)."""
+    have a demand history) to be in each hour the solver looks ahead to: step k (1 …
+    ``FORECAST_STEPS`` − 1) is the forecast's (k+1)-th step (its first is the current
+    hour), the hour k after the one the cycle runs in (lead k h), with the seasonal-naive
+    forecast of that hour from the same history. The same forecast ``to_instance`` plans
+    with, from the same fit: the forecaster hands back the forecast it keeps for an
+    unchanged series, so asking again costs nothing. A non-finite step is left out
+    (nothing to score)."""
     forecaster = forecaster or FORECASTER
     now = snapshot.taken_at.timestamp()
     targets = {s["service"]: s.get("demand_target") for s in snapshot.sla.get("services", [])}
     hour_start = snapshot.taken_at.replace(minute=0, second=0, microsecond=0)
-    target_hour = hour_start + timedelta(seconds=FORECAST_STEP_S)
     found: list[ServiceForecastCreate] = []
     for row in snapshot.jobs:
         if row.shape != JobShape.elastic or (job_ids is not None and row.id not in job_ids):
@@ -707,21 +709,23 @@ def service_forecasts(
             now=now,
             quantile=demand_forecast.quantile_for(targets.get(row.external_id)),
         )
-        naive = demand_forecast.seasonal_naive(series, 2)[1]
-        values = (ahead.mean[1], ahead.upper[1], naive)
-        if not all(math.isfinite(v) for v in values):
-            continue
-        found.append(
-            ServiceForecastCreate(
-                job_id=row.id,
-                target_hour=target_hour,
-                mean=ahead.mean[1],
-                upper=ahead.upper[1],
-                quantile=ahead.quantile,
-                method=ahead.method,
-                naive=naive,
+        naive = demand_forecast.seasonal_naive(series, FORECAST_STEPS)
+        for lead in range(1, FORECAST_STEPS):
+            values = (ahead.mean[lead], ahead.upper[lead], naive[lead])
+            if not all(math.isfinite(v) for v in values):
+                continue
+            found.append(
+                ServiceForecastCreate(
+                    job_id=row.id,
+                    target_hour=hour_start + timedelta(seconds=lead * FORECAST_STEP_S),
+                    mean=ahead.mean[lead],
+                    upper=ahead.upper[lead],
+                    quantile=ahead.quantile,
+                    method=ahead.method,
+                    naive=naive[lead],
+                    lead_h=lead,
+                )
             )
-        )
     return found
 
 

@@ -101,7 +101,9 @@ def _hourly(hours: range, value: Any) -> dict[datetime, float]:
 
 
 def _forecasts(session: Session) -> list[ServiceForecast]:
-    return list(session.exec(select(ServiceForecast).order_by(col(ServiceForecast.target_hour))))
+    """The next-hour forecasts (lead 1 h; every lead: test_forecast_accuracy_leads.py)."""
+    query = select(ServiceForecast).where(ServiceForecast.lead_h == 1)
+    return list(session.exec(query.order_by(col(ServiceForecast.target_hour))))
 
 
 def _cycle(session: Session, clock: FrozenClock) -> None:
@@ -312,7 +314,8 @@ def test_the_report_prints_model_beside_naive(scored: Site) -> None:
     console = Console(record=True, width=200)
     print_accuracy(summary, console)
     text = console.export_text()
-    (line,) = [row for row in text.splitlines() if "│ s " in row]
+    next_hour = text.split("by lead time")[0]  # the table of leads follows
+    (line,) = [row for row in next_hour.splitlines() if "│ s " in row]
     cells = [cell.strip() for cell in line.strip("│").split("│")]
     assert cells == [
         "alpha",
