@@ -4,10 +4,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import SessionDep, scoped
+from app.api.deps import ClockDep, SessionDep, scoped
+from app.api.responses import ErrorBody
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
-from app.nodes import service
-from app.nodes.models import NodePublic
+from app.nodes import cluster_map, service
+from app.nodes.models import ClusterMap, NodePublic
 from wire.telemetry import NodeState
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
@@ -32,3 +33,15 @@ def list_nodes(
         limit=limit,
         offset=offset,
     )
+
+
+@router.get(
+    "/map",
+    responses={404: {"description": "No such cluster", "model": ErrorBody}},
+    **scoped("viewer"),
+)
+def get_cluster_map(session: SessionDep, clock: ClockDep, cluster: str) -> ClusterMap:
+    """Every node of the cluster with its GPUs: who holds each, its latest measured
+    utilization and memory, and the moves of the cluster's latest open plan (the
+    dashboard's cluster map, one read for the whole cluster)."""
+    return cluster_map.cluster_map(session=session, cluster=cluster, now=clock.now())

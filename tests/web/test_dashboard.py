@@ -217,7 +217,7 @@ def test_a_stale_reply_never_overwrites_a_newer_selection(page: Page, site: dict
 
     # The GPU map: the first cluster's nodes answer after the second cluster was chosen.
     first, second = SITES[0].name, SITES[1].name
-    slow = f"/api/v1/nodes?cluster={first}"
+    slow = f"/api/v1/nodes/map?cluster={first}"
     page.route(lambda url: slow in url, lambda route: held.append(route))
     with page.expect_request(lambda request: slow in request.url):
         page.click('a[data-view="nodes"]')

@@ -7,9 +7,10 @@ import { $, esc, select } from "./dom";
 import { planGroup, showFederation, whatIf, wireFederation } from "./federation";
 import { fillForecastClusters, showForecasts, wireForecasts } from "./forecasts";
 import { showJob } from "./job";
+import { showNodes, wireMap } from "./map";
 import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
 import { showPlan, wirePlan } from "./plan";
-import { pageState, showActions, showIdle, showNodes, showPolicies, showSimulations } from "./pages";
+import { pageState, showActions, showIdle, showPolicies, showSimulations } from "./pages";
 import { historyShownFor, showPolicyHistory } from "./policy_history";
 import { fillQueueClusters, showQueue, wireQueue } from "./queue";
 import type { Cluster, Policy } from "./types";
@@ -146,6 +147,7 @@ wireFederation();
 wireForecasts();
 wireQueue();
 wirePlan();
+wireMap();
 
 // A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
 const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");

@@ -5,61 +5,14 @@ import { api, Latest } from "./api";
 import { $, COLORS, esc, select } from "./dom";
 import { figure, gapPercent, when } from "./format";
 import { jobLink } from "./links";
-import type { Action, Diagnosis, Job, Node, Page, Plan, Policy, SimulationListing, SimulationResult } from "./types";
+import type { Action, Diagnosis, Page, Plan, Policy, SimulationListing, SimulationResult } from "./types";
 
 export const pageState = { policies: {} as Record<string, Policy> };
 
-const nodesRequest = new Latest();
 const actionsRequest = new Latest();
 const policiesRequest = new Latest();
 const simulationsRequest = new Latest();
 const idleRequest = new Latest();
-
-export async function showNodes(): Promise<void> {
-  const cluster = select("#node-cluster").value;
-  const { signal, current } = nodesRequest.begin();
-  if (!cluster) {
-    $("#gpu-map").innerHTML = "<p>No clusters.</p>";
-    return;
-  }
-  const where = encodeURIComponent(cluster);
-  const [nodes, jobs] = await Promise.all([
-    api<Page<Node>>(`/nodes?cluster=${where}&limit=1000&sort=name`, { signal }),
-    api<Page<Job>>(`/jobs?cluster=${where}&state=running&limit=1000`, { signal }),
-  ]);
-  if (!current()) return;
-  const holder: Record<string, string> = {};
-  const counted: [Job["allocations"][number], string][] = [];
-  for (const job of jobs.items) {
-    for (const a of job.allocations) {
-      if (a.gpu_indices.length) for (const i of a.gpu_indices) holder[`${a.node}/${i}`] = job.external_id;
-      else counted.push([a, job.external_id]);
-    }
-  }
-  // Schedulers that only count GPUs (Kubernetes) name no device: show them on the
-  // node's first cells no indexed job holds.
-  const nodeSize = Object.fromEntries(nodes.items.map((n) => [n.name, n.gpu_count]));
-  for (const [a, job] of counted) {
-    let left = a.gpu_count;
-    for (let i = 0; left > 0 && i < (nodeSize[a.node] ?? 0); i++) {
-      if (!holder[`${a.node}/${i}`]) {
-        holder[`${a.node}/${i}`] = job;
-        left--;
-      }
-    }
-  }
-  const map = $("#gpu-map");
-  map.dataset.cluster = cluster;
-  map.innerHTML = nodes.items
-    .map((node) => {
-      const gpus = Array.from({ length: node.gpu_count }, (_, i) => {
-        const job = holder[`${node.name}/${i}`];
-        return `<span class="gpu ${job ? "busy" : ""}" title="GPU ${i}${job ? ` · ${esc(job)}` : " · free"}"></span>`;
-      }).join("");
-      return `<div class="gpu-row ${esc(node.state)}"><span class="name">${esc(node.name)}</span>${gpus}<span class="hint">${esc(node.gpu_model || "no GPU")} · ${node.gpus_allocated}/${node.gpu_count} · ${esc(node.state)}</span></div>`;
-    })
-    .join("");
-}
 
 export async function showActions(): Promise<void> {
   const { signal, current } = actionsRequest.begin();

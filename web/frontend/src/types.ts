@@ -355,3 +355,51 @@ export interface PlanPlacement {
 export interface PlanStep extends ActionStep {
   action_id: number;
 }
+
+/** GET /nodes/map: one cluster's nodes, GPU by GPU, and its latest open plan's moves. */
+export interface ClusterMap {
+  cluster: string;
+  measured_since: string;
+  nodes: MapNode[];
+  jobs: MapJob[];
+  plan: { id: number; state: string; created_at: string } | null;
+  moves: PlannedMove[];
+}
+
+export interface MapNode {
+  name: string;
+  gpu_model: string | null;
+  gpu_memory_gib: number | null;
+  state: string;
+  // By GPU index: the holding job's place in ClusterMap.jobs (null: free), and the latest
+  // measured busy fraction and memory (null: not measured).
+  holders: (number | null)[];
+  util: (number | null)[];
+  mem_used_gib: (number | null)[];
+}
+
+export interface MapJob {
+  id: number;
+  external_id: string;
+  team: string;
+  sla_class: string;
+}
+
+export interface MapCells {
+  node: string;
+  gpus: number;
+  gpu_indices: number[];
+  // False: the first free GPUs stand for a count the plan did not pin to devices.
+  exact: boolean;
+}
+
+export interface PlannedMove {
+  action_id: number;
+  kind: string;
+  state: string;
+  job: string | null;
+  job_id: number | null;
+  target_cluster: string | null;
+  source: MapCells[];
+  target: MapCells[];
+}

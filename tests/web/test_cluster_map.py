@@ -1,0 +1,289 @@
+"""The cluster map (#nodes) in a real Chromium against a live server: its cells are the
+API's allocations, coloured by team or job, with what was measured on each GPU; the
+latest open plan's moves drawn on it; filters by GPU model and node state; and a slower
+reply for a cluster no longer chosen never drawn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Page, Route, expect
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from app.actions import saga, tasks
+from app.api.deps import get_clock
+from app.clusters.models import ShapingMode
+from app.core import migrate
+from app.core.clock import FrozenClock
+from app.core.config import Settings
+from app.core.db import make_engine
+from app.gpu_models import service as gpu_model_service
+from tests.app.builders import job, node, registered_with, running, snapshot
+from tests.app.test_plans_embedded import Site, _fragment, _spec
+from tests.support.clock import T0
+from tests.support.live_server import app_on, serve, tokens_for
+from tests.web.browser import release, screenshot
+
+NOW = T0
+
+
+def _engine(folder: Path) -> Engine:
+    url = f"sqlite:///{folder / 'shaper.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        gpu_model_service.ensure_default_catalogue(session=session)
+        session.commit()
+    return engine
+
+
+def _sample(metric: str, node_name: str, value: float, gpu: int | None = None) -> dict[str, Any]:
+    at = (NOW - timedelta(minutes=1)).isoformat()
+    sample = {"at": at, "metric": metric, "node": node_name, "value": value}
+    return sample if gpu is None else {**sample, "gpu_index": gpu}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """alpha: H100 and L40S nodes, up, draining and down, jobs of two teams, one of them
+    counted only (no device indices), and measurements; beta: two empty nodes."""
+    data = tmp_path_factory.mktemp("web-map")
+    engine = _engine(data)
+    with Session(engine) as session:
+        registered_with(
+            session,
+            "alpha",
+            snapshot(
+                1,
+                nodes=[
+                    node("a1"),
+                    node("a2"),
+                    node("a3", gpu_model="L40S", gpu_count=4, state="draining"),
+                    node("a4", gpu_model="L40S", gpu_count=4, state="down"),
+                ],
+                jobs=[
+                    running("train", "a1", [0, 1, 2, 3], team="vision"),
+                    running("tune", "a1", [6], team="nlp"),
+                    running("serve", "a2", list(range(8)), team="nlp"),
+                    job(
+                        "counted",
+                        state="running",
+                        team="vision",
+                        start_time=NOW.isoformat(),
+                        gpus_requested=2,
+                        allocations=[{"node": "a3", "gpu_count": 2}],
+                    ),
+                ],
+                samples=[
+                    _sample("gpu_util", "a1", 0.87, gpu=0),
+                    _sample("gpu_mem_used_gib", "a1", 61.5, gpu=0),
+                    _sample("gpu_util", "a2", 0.5),
+                ],
+            ),
+            now=NOW,
+        )
+        registered_with(session, "beta", snapshot(1, nodes=[node("b1"), node("b2")]), now=NOW)
+        tokens = tokens_for(session, NOW, ("viewer",))
+    app = app_on(engine, Settings(environment="test", data_dir=data))
+    app.dependency_overrides[get_clock] = lambda: FrozenClock(NOW)
+    with serve(app) as base:
+        yield {"base": base, "tokens": tokens}
+    engine.dispose()
+
+
+def _get(site: dict[str, Any], path: str, params: dict[str, Any] | None = None) -> Any:
+    response = httpx.get(
+        f"{site['base']}/api/v1{path}",
+        params=params,
+        headers={"Authorization": f"Bearer {site['tokens']['viewer']}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _open_map(page: Page, site: dict[str, Any], clusters: int) -> None:
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    expect(page.locator(".card")).to_have_count(clusters)
+    page.click('a[data-view="nodes"]')
+
+
+def _holders(site: dict[str, Any], cluster: str) -> dict[tuple[str, int], str]:
+    """Who holds which GPU, from the jobs' own allocations (GET /jobs), counted-only
+    allocations on their node's first GPUs no indexed job holds."""
+    jobs = _get(site, "/jobs", {"cluster": cluster, "state": "running", "limit": 1000})["items"]
+    held: dict[tuple[str, int], str] = {}
+    for j in jobs:
+        for a in j["allocations"]:
+            for i in a["gpu_indices"]:
+                held[(a["node"], i)] = j["external_id"]
+    for j in jobs:
+        for a in j["allocations"]:
+            if not a["gpu_indices"]:
+                free = [i for i in range(8) if (a["node"], i) not in held]
+                for i in free[: a["gpu_count"]]:
+                    held[(a["node"], i)] = j["external_id"]
+    return held
+
+
+def test_the_maps_cells_are_the_apis_allocations(
+    page: Page, fleet: dict[str, Any], tmp_path: Path
+) -> None:
+    _open_map(page, fleet, 2)
+    expect(page.locator("#gpu-map")).to_have_attribute("data-cluster", "alpha")
+    nodes = _get(fleet, "/nodes", {"cluster": "alpha", "limit": 1000})["items"]
+    expect(page.locator(".gpu-row")).to_have_count(len(nodes))
+    held = _holders(fleet, "alpha")
+    jobs = _get(fleet, "/jobs", {"cluster": "alpha"})["items"]
+    teams = {j["external_id"]: j["team"] for j in jobs}
+    for n in nodes:
+        cells = page.locator(f'.gpu-row[data-node="{n["name"]}"] .gpu')
+        expect(cells).to_have_count(n["gpu_count"])
+        drawn = {
+            i: cells.nth(i).get_attribute("data-job")
+            for i in range(n["gpu_count"])
+            if cells.nth(i).get_attribute("data-job")
+        }
+        assert drawn == {i: j for (name, i), j in held.items() if name == n["name"]}, n["name"]
+        assert len(drawn) == n["gpus_allocated"]
+        for i, holder in drawn.items():
+            expect(cells.nth(i)).to_have_attribute("data-team", teams[holder])
+    # Measured: one GPU's own figures, a node's average on each of its GPUs.
+    measured = page.locator('.gpu-row[data-node="a1"] .gpu').nth(0)
+    expect(measured).to_have_attribute(
+        "title",
+        "a1 GPU 0 · job train · team vision · utilization 87 % · memory 61.5 GiB of 80 GiB",
+    )
+    expect(page.locator('.gpu-row[data-node="a2"] .gpu[data-util="0.5"]')).to_have_count(8)
+    expect(page.locator('.gpu-row[data-node="a1"] .gpu').nth(7)).to_have_attribute(
+        "title", "a1 GPU 7 · free · utilization not measured"
+    )
+    # By team one colour per team; by job one per job; the legend follows.
+    legend = page.locator("#map-legend li[data-key]")
+    expect(legend).to_have_count(2)
+    same = page.locator('.gpu[data-job="train"]').nth(0).get_attribute("style")
+    other = page.locator('.gpu[data-job="counted"]').nth(0).get_attribute("style")
+    assert same and same.split(";")[0] == (other or "").split(";")[0]
+    page.select_option("#map-colour", "job")
+    expect(page.locator("#gpu-map")).to_have_attribute("data-colour-by", "job")
+    expect(legend).to_have_count(4)
+    other = page.locator('.gpu[data-job="counted"]').nth(0).get_attribute("style")
+    assert same.split(";")[0] != (other or "").split(";")[0]
+    expect(page.locator('#map-legend li[data-key="serve"]')).to_contain_text("8 GPUs")
+    expect(page.locator("#map-moves")).to_contain_text("No open plan")
+
+
+def test_filters_by_gpu_model_and_node_state(page: Page, fleet: dict[str, Any]) -> None:
+    _open_map(page, fleet, 2)
+    shown = page.locator(".gpu-row:not([hidden])")
+    expect(shown).to_have_count(4)
+    reads: list[str] = []
+    page.on("request", lambda request: reads.append(request.url))
+    for model, state in (("L40S", ""), ("H100", ""), ("", "draining"), ("L40S", "down")):
+        page.select_option("#map-model", model)
+        page.select_option("#map-state", state)
+        params = {"cluster": "alpha", "limit": 1000}
+        if model:
+            params["gpu_model"] = model
+        if state:
+            params["state"] = state
+        expected = [n["name"] for n in _get(fleet, "/nodes", params)["items"]]
+        expect(shown).to_have_count(len(expected))
+        assert [shown.nth(i).get_attribute("data-node") for i in range(len(expected))] == expected
+        expect(page.locator("#map-summary")).to_contain_text(f"{len(expected)} of 4 nodes shown")
+    # Filtering redraws the reply it has: no read per change.
+    assert [url for url in reads if "/api/v1/" in url] == []
+
+
+def test_a_stale_reply_never_overwrites_a_newer_selection(
+    page: Page, fleet: dict[str, Any]
+) -> None:
+    _open_map(page, fleet, 2)
+    expect(page.locator("#gpu-map")).to_have_attribute("data-cluster", "alpha")
+    page.select_option("#node-cluster", "beta")
+    expect(page.locator("#gpu-map")).to_have_attribute("data-cluster", "beta")
+    # alpha is asked for again and answers only after beta was chosen and drawn.
+    held: list[Route] = []
+    slow = "/api/v1/nodes/map?cluster=alpha"
+    page.route(lambda url: slow in url, lambda route: held.append(route))
+    with page.expect_request(lambda request: slow in request.url):
+        page.select_option("#node-cluster", "alpha")
+    page.select_option("#node-cluster", "beta")
+    expect(page.locator(".gpu-row")).to_have_count(2)
+    release(held)
+    page.wait_for_timeout(500)
+    expect(page.locator("#gpu-map")).to_have_attribute("data-cluster", "beta")
+    expect(page.locator(".gpu-row")).to_have_count(2)
+    expect(page.locator('.gpu-row[data-node="a1"]')).to_have_count(0)
+    expect(page.locator("#node-cluster")).to_have_value("beta")
+
+
+@pytest.fixture
+def planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """``test_plans_embedded``'s cluster: two 8-GPU nodes each holding a 4-GPU job, an
+    8-GPU job waiting; in advise mode the plan moves one half-job next to the other and
+    starts the big job on the node it frees."""
+    engine = _engine(tmp_path)
+    monkeypatch.setattr(tasks, "get_engine", lambda: engine)
+    monkeypatch.setattr(saga, "CONFIRM_POLL_S", 0.05)
+    site = Site(engine, tmp_path, _spec(), ShapingMode.advise)
+    _fragment(site)
+    result = site.cycle()
+    with Session(engine) as session:
+        tokens = tokens_for(session, T0, ("viewer",))
+    app = app_on(engine, Settings(environment="test"))
+    app.dependency_overrides[get_clock] = lambda: FrozenClock(site.clock.now)
+    with serve(app) as base:
+        yield {"base": base, "tokens": tokens, "plan": result.plan_id}
+    engine.dispose()
+
+
+def test_the_map_draws_a_planned_move(page: Page, planned: dict[str, Any], tmp_path: Path) -> None:
+    plan_id = planned["plan"]
+    actions = _get(planned, "/actions", {"plan_id": plan_id})["items"]
+    (migration,) = [a for a in actions if a["kind"] == "migrate"]
+    (start,) = [a for a in actions if a["kind"] == "start"]
+    _open_map(page, planned, 1)
+    expect(page.locator("#gpu-map")).to_have_attribute("data-cluster", "lab")
+    drawn = _get(planned, "/nodes/map", {"cluster": "lab"})
+    assert drawn["plan"]["id"] == plan_id
+    moves = {m["action_id"]: m for m in drawn["moves"]}
+    assert {migration["id"], start["id"]} <= set(moves)
+    # The migration leaves the GPUs its job holds on its source node, and takes GPUs on
+    # its target node; the start takes the GPUs the plan gives the waiting job.
+    move = moves[migration["id"]]
+    assert [c["node"] for c in move["source"]] == [migration["source_node"]]
+    assert [c["node"] for c in move["target"]] == [migration["target_node"]]
+    leaving = page.locator(f'.gpu-row[data-node="{migration["source_node"]}"] .gpu.move-from')
+    expect(leaving).to_have_count(4)
+    for i in range(4):
+        expect(leaving.nth(i)).to_have_attribute("data-job", migration["job_external_id"])
+        expect(leaving.nth(i)).to_have_attribute("data-move-from", str(migration["id"]))
+    for side, attribute in (("source", "data-move-from"), ("target", "data-move-to")):
+        for m in drawn["moves"]:
+            for cells in m[side]:
+                row = page.locator(f'.gpu-row[data-node="{cells["node"]}"] .gpu')
+                for i in cells["gpu_indices"]:
+                    marks = (row.nth(i).get_attribute(attribute) or "").split()
+                    assert str(m["action_id"]) in marks, (m["action_id"], cells["node"], i)
+    taking = page.locator(f'.gpu-row[data-node="{migration["target_node"]}"] .gpu.move-to')
+    expect(taking).to_have_count(4)
+    # The list beside the map names it, from → to, and links its plan and job.
+    item = page.locator(f'#map-move-list li[data-action="{migration["id"]}"]')
+    expect(item).to_contain_text(migration["job_external_id"])
+    expect(item.locator(".from-to")).to_contain_text(
+        f"{migration['source_node']}[" if move["source"][0]["exact"] else migration["source_node"]
+    )
+    expect(item.locator(".from-to")).to_contain_text(f"→ {migration['target_node']}")
+    expect(item.locator(f'a[href="#plan&id={plan_id}"]')).to_have_count(1)
+    expect(item.locator(f'a[href="#job&id={migration["job_id"]}"]')).to_have_count(1)
+    expect(page.locator(f'#map-move-list li[data-action="{start["id"]}"]')).to_contain_text("big")
+    screenshot(page, "cluster-map", tmp_path)
+    item.locator(f'a[href="#plan&id={plan_id}"]').first.click()
+    expect(page.locator("#plan")).to_have_attribute("data-plan", str(plan_id))

@@ -1,0 +1,277 @@
+// The cluster map (#nodes): every node of the chosen cluster as a row of GPU cells, each
+// coloured by the team or the job holding it, with a legend; a cell's title says its job,
+// team, and the utilization and memory measured on it. The moves of the cluster's latest
+// open plan are drawn on it (the cells a move leaves with a dashed border, the cells it
+// takes outlined solid) and listed beside the map ("from → to"), linking plan and job.
+//
+// One read per view (GET /nodes/map), whatever the number of nodes; the colour control
+// redraws from that reply, the model and state filters only hide rows, and neither asks
+// again. A reply for a cluster no longer chosen is dropped (Latest). Rows off screen are
+// not laid out until scrolled to (`content-visibility: auto` in style.css), so 1,000
+// nodes stay quick to draw and scroll.
+
+import { api, isAbort, Latest, Unauthorized } from "./api";
+import { $, COLORS, esc, select } from "./dom";
+import { when } from "./format";
+import { jobLink } from "./links";
+import type { ClusterMap, MapCells, MapJob, MapNode, PlannedMove } from "./types";
+
+const request = new Latest();
+// The reply drawn last: the filters and the colour toggle redraw from it.
+let shown: ClusterMap | null = null;
+// Rows drawn with the reply, and then per task until every node is drawn.
+const FIRST_ROWS = 60;
+const CHUNK_ROWS = 200;
+// Which draw is the latest: an older one's remaining chunks stop.
+let drawing = 0;
+// The most legend entries drawn (colouring by job at 1,000 nodes means thousands of jobs).
+const LEGEND_MAX = 40;
+
+export async function showNodes(): Promise<void> {
+  const cluster = select("#node-cluster").value;
+  const { signal, current } = request.begin();
+  const view = $("#gpu-map");
+  if (!cluster) {
+    shown = null;
+    view.innerHTML = "<p>No clusters.</p>";
+    return;
+  }
+  $("#map-error").hidden = true;
+  let map: ClusterMap;
+  try {
+    map = await api<ClusterMap>(`/nodes/map?cluster=${encodeURIComponent(cluster)}`, { signal });
+  } catch (failure) {
+    if (current() && !isAbort(failure) && !(failure instanceof Unauthorized)) {
+      $("#map-error").hidden = false;
+      $("#map-error").textContent = `Could not load the map of ${cluster}: ${(failure as Error).message}`;
+    }
+    return;
+  }
+  if (!current()) return;
+  shown = map;
+  fillModels(map);
+  drawMap();
+}
+
+/**
+ * Draws the last reply in the current colouring: the first rows at once, the rest a chunk
+ * per task after it, so the first screen shows before 1,000 rows are parsed. A newer draw
+ * (another reply, another colouring) stops an older one's chunks.
+ */
+export function drawMap(): void {
+  const map = shown;
+  if (!map) return;
+  const mine = ++drawing;
+  const by = select("#map-colour").value === "job" ? "job" : "team";
+  const colour = colours(map, by);
+  const marks = marked(map.moves);
+  const view = $("#gpu-map");
+  const rows = (from: number, to: number): string =>
+    map.nodes
+      .slice(from, to)
+      .map((node) => row(map, node, colour, marks, by))
+      .join("");
+  view.dataset.cluster = map.cluster;
+  view.dataset.colourBy = by;
+  view.dataset.drawn = "partly";
+  view.innerHTML = rows(0, FIRST_ROWS);
+  $("#map-legend").innerHTML = legend(map, by, colour);
+  $("#map-moves").innerHTML = movesList(map);
+  filterMap();
+  let next = FIRST_ROWS;
+  const more = (): void => {
+    if (mine !== drawing) return;
+    if (next < map.nodes.length) {
+      view.insertAdjacentHTML("beforeend", rows(next, next + CHUNK_ROWS));
+      next += CHUNK_ROWS;
+      filterMap();
+      window.setTimeout(more, 0);
+    } else {
+      view.dataset.drawn = "all";
+    }
+  };
+  more();
+}
+
+/** Hides the rows the model and state filters leave out; the rows are not drawn again. */
+export function filterMap(): void {
+  const map = shown;
+  if (!map) return;
+  const model = select("#map-model").value;
+  const state = select("#map-state").value;
+  const left = (m: string, s: string): boolean => Boolean((model && m !== model) || (state && s !== state));
+  for (const row of document.querySelectorAll<HTMLElement>("#gpu-map .gpu-row")) {
+    row.hidden = left(row.dataset.model ?? "", row.dataset.state ?? "");
+  }
+  const showing = map.nodes.filter((n) => !left(n.gpu_model ?? "", n.state)).length;
+  const gpus = map.nodes.reduce((n, node) => n + node.holders.length, 0);
+  const held = map.nodes.reduce((n, node) => n + node.holders.filter((h) => h != null).length, 0);
+  $("#map-summary").textContent =
+    `${showing} of ${map.nodes.length} nodes shown · ${held} of ${gpus} GPUs held · ` +
+    `measured since ${when(map.measured_since)}`;
+}
+
+/** Wires the controls that redraw without a new read. */
+export function wireMap(): void {
+  select("#map-colour").addEventListener("change", drawMap);
+  for (const id of ["#map-model", "#map-state"]) select(id).addEventListener("change", filterMap);
+}
+
+function fillModels(map: ClusterMap): void {
+  const chooser = select("#map-model");
+  const chosen = chooser.value;
+  const models = [...new Set(map.nodes.map((n) => n.gpu_model ?? ""))].sort();
+  chooser.innerHTML =
+    '<option value="">all models</option>' +
+    models.map((m) => `<option value="${esc(m)}">${esc(m || "no GPU model")}</option>`).join("");
+  // A model the new cluster lacks would hide every row: show all instead.
+  chooser.value = models.includes(chosen) ? chosen : "";
+}
+
+/** A colour per team or per job, in the order they first hold a GPU of the map. */
+function colours(map: ClusterMap, by: "team" | "job"): Map<string, string> {
+  const keys = new Map<string, string>();
+  for (const node of map.nodes) {
+    for (const holder of node.holders) {
+      if (holder == null) continue;
+      const key = keyOf(map.jobs[holder], by);
+      if (!keys.has(key)) keys.set(key, tint(keys.size));
+    }
+  }
+  return keys;
+}
+
+function keyOf(job: MapJob, by: "team" | "job"): string {
+  return by === "team" ? job.team : job.external_id;
+}
+
+/** The palette first, then hues a golden angle apart so that neighbours differ. */
+function tint(i: number): string {
+  return i < COLORS.length ? COLORS[i] : `hsl(${Math.round((i * 137.508) % 360)} 55% 48%)`;
+}
+
+type Marks = Map<string, { from: number[]; to: number[] }>;
+
+/** Which moves leave and take each GPU, by "node/index". */
+function marked(moves: PlannedMove[]): Marks {
+  const marks: Marks = new Map();
+  const add = (cells: MapCells[], side: "from" | "to", action: number): void => {
+    for (const c of cells) {
+      for (const i of c.gpu_indices) {
+        const key = `${c.node}/${i}`;
+        const mark = marks.get(key) ?? { from: [], to: [] };
+        mark[side].push(action);
+        marks.set(key, mark);
+      }
+    }
+  };
+  for (const move of moves) {
+    add(move.source, "from", move.action_id);
+    if (move.target_cluster == null) add(move.target, "to", move.action_id);
+  }
+  return marks;
+}
+
+function row(
+  map: ClusterMap,
+  node: MapNode,
+  colour: Map<string, string>,
+  marks: Marks,
+  by: "team" | "job",
+): string {
+  const cells = node.holders.map((_, i) => cell(map, node, i, colour, marks, by)).join("");
+  const held = node.holders.filter((h) => h != null).length;
+  const utils = node.util.filter((u): u is number => u != null);
+  const busy = utils.length ? ` · ${percent(utils.reduce((a, b) => a + b, 0) / utils.length)} busy` : "";
+  return `<div class="gpu-row ${esc(node.state)}" data-node="${esc(node.name)}" data-model="${esc(node.gpu_model ?? "")}" data-state="${esc(node.state)}">
+    <span class="name">${esc(node.name)}</span><span class="cells">${cells}</span>
+    <span class="hint">${esc(node.gpu_model || "no GPU")} · ${held}/${node.holders.length} · ${esc(node.state)}${busy}</span></div>`;
+}
+
+function cell(
+  map: ClusterMap,
+  node: MapNode,
+  index: number,
+  colour: Map<string, string>,
+  marks: Marks,
+  by: "team" | "job",
+): string {
+  const holder = node.holders[index];
+  const job = holder == null ? null : map.jobs[holder];
+  const util = node.util[index];
+  const memory = node.mem_used_gib[index];
+  const mark = marks.get(`${node.name}/${index}`);
+  const classes = ["gpu"];
+  if (job) classes.push("busy");
+  if (mark?.from.length) classes.push("move-from");
+  if (mark?.to.length) classes.push("move-to");
+  const said = [`${node.name} GPU ${index}`, job ? `job ${job.external_id} · team ${job.team}` : "free"];
+  said.push(util == null ? "utilization not measured" : `utilization ${percent(util)}`);
+  if (memory != null) {
+    const total = node.gpu_memory_gib == null ? "" : ` of ${node.gpu_memory_gib} GiB`;
+    said.push(`memory ${memory.toFixed(1)} GiB${total}`);
+  }
+  if (mark?.from.length) said.push(`planned to leave (action ${mark.from.map((a) => `#${a}`).join(", ")})`);
+  if (mark?.to.length) said.push(`planned to take (action ${mark.to.map((a) => `#${a}`).join(", ")})`);
+  // The measured busy fraction as a dark band rising from the cell's foot.
+  const styles: string[] = [];
+  if (job) styles.push(`background:${colour.get(keyOf(job, by))}`);
+  if (util != null) styles.push(`box-shadow:inset 0 -${Math.round(util * 14)}px 0 rgb(0 0 0 / 35%)`);
+  const data = [
+    `data-index="${index}"`,
+    job ? `data-job="${esc(job.external_id)}" data-team="${esc(job.team)}"` : "",
+    util == null ? "" : `data-util="${util}"`,
+    mark?.from.length ? `data-move-from="${mark.from.join(" ")}"` : "",
+    mark?.to.length ? `data-move-to="${mark.to.join(" ")}"` : "",
+  ]
+    .filter(Boolean)
+    .join(" ");
+  return `<span class="${classes.join(" ")}" ${data}${styles.length ? ` style="${styles.join(";")}"` : ""} title="${esc(said.join(" · "))}"></span>`;
+}
+
+function legend(map: ClusterMap, by: "team" | "job", colour: Map<string, string>): string {
+  const held = new Map<string, number>();
+  for (const node of map.nodes) {
+    for (const holder of node.holders) {
+      if (holder == null) continue;
+      const key = keyOf(map.jobs[holder], by);
+      held.set(key, (held.get(key) ?? 0) + 1);
+    }
+  }
+  const entries = [...colour].slice(0, LEGEND_MAX).map(
+    ([key, tinted]) =>
+      `<li data-key="${esc(key)}"><span class="swatch" style="background:${tinted}"></span>${esc(key)} <span class="hint">${held.get(key) ?? 0} GPUs</span></li>`,
+  );
+  const more = colour.size > LEGEND_MAX ? `<li class="hint">… and ${colour.size - LEGEND_MAX} more ${by}s</li>` : "";
+  return `<ul class="legend" aria-label="Legend, by ${by}">${entries.join("")}${more}
+    <li><span class="swatch free"></span>free</li>
+    <li><span class="swatch move-from"></span>a planned move leaves</li>
+    <li><span class="swatch move-to"></span>a planned move takes</li>
+    <li><span class="swatch measured"></span>dark band: measured utilization</li></ul>`;
+}
+
+function movesList(map: ClusterMap): string {
+  if (!map.plan) return '<h3>Planned moves</h3><p class="hint">No open plan (proposed or approved) for this cluster.</p>';
+  const plan = `<a href="#plan&id=${map.plan.id}" data-plan-link="${map.plan.id}">plan #${map.plan.id}</a>`;
+  const items = map.moves.map((move) => {
+    const to = move.target_cluster ? `${esc(move.target_cluster)}: ${places(move.target)}` : places(move.target);
+    return `<li data-action="${move.action_id}" data-kind="${esc(move.kind)}">
+      <span class="kind">${esc(move.kind)}</span> ${jobLink(move.job_id, move.job ?? "?")}
+      <span class="from-to">${places(move.source) || "queue"} → ${to || "off"}</span>
+      <span class="hint">${esc(move.state)} · <a href="#plan&id=${map.plan?.id}" data-plan-link="${map.plan?.id}">action #${move.action_id}</a></span></li>`;
+  });
+  return `<h3>Planned moves</h3>
+    <p class="hint">${plan}, ${esc(map.plan.state)}, made ${esc(when(map.plan.created_at))}</p>
+    ${items.length ? `<ol id="map-move-list">${items.join("")}</ol>` : '<p class="hint">Nothing of it is left to move here: its moves have ended.</p>'}`;
+}
+
+/** "a[0,1], b[4]"; a count where the GPUs are not pinned ("b ×2"). */
+function places(cells: MapCells[]): string {
+  return cells
+    .map((c) => (c.exact && c.gpu_indices.length ? `${esc(c.node)}[${c.gpu_indices.join(",")}]` : `${esc(c.node)} ×${c.gpus}`))
+    .join(", ");
+}
+
+function percent(fraction: number): string {
+  return `${Math.round(fraction * 100)} %`;
+}
