@@ -3,8 +3,16 @@ seasonal-naive baseline it replaces.
 
 Demand is a series of hourly means (``hourly_series``) with a daily season of 24 steps.
 The model is ETS(A,N,A) from statsmodels — additive error, no trend, additive daily
-season — with its initial level and season from the data (the heuristic initialisation:
-no optimisation over 25 initial states, so a fit takes milliseconds, not half a second).
+season — with its initial level and season from the data, not optimised (no search over 25
+initial states, so a fit takes milliseconds, not half a second): statsmodels'
+``heuristic`` (Hyndman et al., *Forecasting with exponential smoothing*, section 2.6), but
+over *every* full day of the history instead of its first five (``initial_states``). The
+fitted seasonal smoothing γ comes out about 0 — on a steady daily cycle and, as measured,
+even on one whose shape changes (the fit raises α instead) — so the season the forecast
+carries is that initial one: averaged over the first five days of a week it kept their
+noise in every forecast (16 % lower MAE than seasonal-naive in ``bench.forecast`` at
+noise 0.1 and 0.2), over all seven 21 %; a season that changes inside the window also
+reaches the forecast sooner when every day counts.
 A trend is left out on purpose: a service's demand is a level and a daily cycle, and an
 extrapolated trend over six hours on a week of history is noise more often than signal.
 
@@ -152,14 +160,40 @@ def seasonal_naive_forecast(
     )
 
 
+def initial_states(values: np.ndarray, season: int) -> tuple[float, np.ndarray]:
+    """ETS(A,N,A)'s initial level and season by statsmodels' heuristic, over every full
+    season of ``values`` (at least two): a centred 2×``season`` moving average is the
+    trend, the season the mean detrended value of each phase (centred on 0), the level the
+    intercept of a line through the first ten trend values."""
+    cycles = len(values) // season
+    if season % 2:
+        window = np.ones(season)
+    else:  # an even season's moving average is a 2×m one, to be centred on a step (FPP 3.3)
+        window = np.ones(season + 1)
+        window[0] = window[-1] = 0.5
+    trend = np.convolve(values[: cycles * season], window / season, mode="valid")
+    start = season // 2  # the first value the moving average is centred on
+    detrended = np.full(cycles * season, np.nan)
+    detrended[start : start + len(trend)] = values[start : start + len(trend)] - trend
+    seasonal: np.ndarray = np.nanmean(detrended.reshape(cycles, season), axis=0)
+    seasonal -= seasonal.mean()
+    steps = np.c_[np.ones(10), np.arange(10) + 1]
+    level = float(np.linalg.lstsq(steps, trend[:10], rcond=None)[0][0])
+    return level, seasonal
+
+
 def _ets_model(series: Sequence[float], season: int) -> ETSModel:
+    values = np.asarray(series, dtype=float)
+    level, seasonal = initial_states(values, season)
     return ETSModel(
-        np.asarray(series, dtype=float),
+        values,
         error="add",
         trend=None,
         seasonal="add",
         seasonal_periods=season,
-        initialization_method="heuristic",
+        initialization_method="known",
+        initial_level=level,
+        initial_seasonal=seasonal,
     )
 
 

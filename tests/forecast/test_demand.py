@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from statsmodels.tsa.exponential_smoothing.initialization import _initialization_heuristic
 
 from forecast import demand as fd
 
@@ -40,8 +41,9 @@ def test_ets_beats_seasonal_naive_on_a_noisy_daily_cycle() -> None:
     series = _daily(10, noise=1.0)
     ets_mae, naive_mae, _ = _backtest(series, history=7 * DAY, steps=6, quantile=0.9)
     # Seasonal-naive carries yesterday's noise into today: about √2 × σ × √(2/π) ≈ 1.13.
-    # ETS starts from a season averaged over five days (statsmodels' heuristic) and keeps
-    # the noise of its level: about 0.9 here (0.80 would be knowing the cycle exactly).
+    # ETS starts from a season averaged over every day of the week (``initial_states``) and
+    # keeps the noise of its level: about 0.88 here (0.93 with statsmodels' heuristic, which
+    # stops at five days; 0.80 would be knowing the cycle exactly).
     assert ets_mae < 0.95 * naive_mae
 
 
@@ -126,3 +128,31 @@ def test_a_series_ets_cannot_take_falls_back_and_old_fits_are_dropped() -> None:
     assert "calm" in forecaster._fits
     forecaster.forecast("other", calm, 6, now=3 * 3600.0, quantile=0.9)
     assert "calm" not in forecaster._fits and "other" in forecaster._fits
+
+
+def test_the_initial_states_are_statsmodels_heuristic_while_it_sees_every_day() -> None:
+    """Up to five days statsmodels' heuristic already averages every day: the same states."""
+    values = np.asarray(_daily(5, noise=1.0, seed=4))
+    level, seasonal = fd.initial_states(values, DAY)
+    expected_level, _, expected_seasonal = _initialization_heuristic(
+        values, seasonal="add", seasonal_periods=DAY
+    )
+    assert level == pytest.approx(expected_level)
+    assert seasonal == pytest.approx(expected_seasonal)
+
+
+def test_the_initial_season_averages_every_day_of_a_longer_history() -> None:
+    """statsmodels' heuristic stops at the first five days; the fitted γ of a steady cycle is
+    about 0, so whatever days 6 and 7 hold would never reach the forecast's season. Here
+    seven extra replicas on day 6 at noon move noon's season by about 7/6: noon's season is
+    the mean over the six days whose noon has a centred moving average, one of them day 6."""
+    steady = np.asarray(_daily(7, noise=0.0))
+    bumped = steady.copy()
+    bumped[5 * DAY + 12] += 7.0  # day 7's noon has no centred moving average
+    _, before = fd.initial_states(steady, DAY)
+    _, after = fd.initial_states(bumped, DAY)
+    # 7 × 23/24 / 6: the moving average around the bump takes 1/24 of it.
+    assert after[12] - before[12] == pytest.approx(7 * 23 / 24 / 6, abs=0.02)
+    forecast = fd.forecast_demand(list(bumped), DAY, quantile=0.9)
+    baseline = fd.forecast_demand(list(steady), DAY, quantile=0.9)
+    assert forecast.mean[12] - baseline.mean[12] > 0.5
