@@ -17,7 +17,10 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   or pending one (the scheduler starts it when it fits, where it chooses);
 * ``confirm`` → a read: the job runs on ``args["nodes"]`` (``expect: running``) or runs
   nowhere (``expect: stopped``); "not yet" is a retryable failure naming what was seen, so
-  the control plane polls until it holds or gives up with the observed state;
+  the control plane polls until it holds or gives up with the observed state. ``expect:
+  accepted``: a job a move submitted here is one the scheduler runs
+  (``SupportsArrivalCheck.check_arrival``, else connectors.arrival's rule over its report);
+  a rejected one is a non-retryable failure, and the move is undone;
 * ``reserve`` → ``reserve(gpus=args["gpus"], ttl_s=args["ttl_s"])``, ``unreserve`` →
   ``unreserve`` (``SupportsReservation``);
 * ``resume`` → ``resume`` when the scheduler reports the job suspended, nothing when it
@@ -84,8 +87,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from connectors.arrival import check_reported
 from connectors.base import (
     ConnectorError,
+    SupportsArrivalCheck,
     SupportsCancel,
     SupportsHold,
     SupportsMovedCancel,
@@ -354,8 +359,12 @@ class ConnectorStepExecutor:
 
     def _confirm(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         expect = args.get("expect")
+        if expect == "accepted":
+            return self._confirm_arrival(workload_id)
         if expect not in ("running", "stopped"):
-            raise _Refused(f"confirm needs args.expect 'running' or 'stopped', got {expect!r}")
+            raise _Refused(
+                f"confirm needs args.expect 'running', 'stopped' or 'accepted', got {expect!r}"
+            )
         job = self._job(workload_id)
         if job is None:
             raise ConnectorError(f"the scheduler does not report job {workload_id}", retryable=True)
@@ -375,6 +384,15 @@ class ConnectorStepExecutor:
         if not ok:
             raise ConnectorError(f"{seen}; expected {goal}", retryable=True)
         return self._done(seen, workload_id, state=job.state.value, nodes=where)
+
+    def _confirm_arrival(self, workload_id: str) -> dict[str, Any]:
+        """A pending job's move, its copy here checked before its home copy is cancelled
+        (connectors.arrival): by the connector when it knows more than its report says."""
+        if isinstance(self.connector, SupportsArrivalCheck):
+            seen = self.connector.check_arrival(workload_id)
+        else:
+            seen = check_reported(self._job(workload_id), workload_id)
+        return self._done(seen, workload_id, accepted=True)
 
     def _reserve(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         gpus = args.get("gpus")

@@ -193,6 +193,22 @@ class SupportsSubmit(Protocol):
 
 
 @runtime_checkable
+class SupportsArrivalCheck(Protocol):
+    """Say whether a job that a move submitted here (``SupportsSubmit``) is one this
+    scheduler will run, before the move cancels the job's home copy: a scheduler may accept
+    the submission and only later find it cannot run it (connectors.arrival says what each
+    family's "accepted" is and why).
+
+    ``check_arrival(external_id)``: what was seen, once the scheduler holds the job in a
+    state it runs from (queued past its admission checks, running, or having run); a
+    retryable ConnectorError while that cannot be told yet (the saga asks again, then gives
+    up and undoes the move); a non-retryable one when the scheduler rejected it (it ended
+    without ever running, or waits in a state no wait fixes), and the move is undone."""
+
+    def check_arrival(self, external_id: str) -> str: ...
+
+
+@runtime_checkable
 class SupportsNodeCount(Protocol):
     """Change how many nodes a job gets (Slurm: pending jobs; running ones only shrink)."""
 

@@ -42,7 +42,10 @@ class ConnectorStep(StrEnum):
     each maps onto the connector's capabilities)."""
 
     start = "start"
-    confirm = "confirm"  # a read: the job runs where expected, or nowhere
+    # A read: the job runs where expected (``args.expect: running``), or nowhere
+    # (``stopped``); or, for a job a move submitted here (``accepted``), the scheduler holds
+    # it in a state it runs from: queued past its checks, running, or having run.
+    confirm = "confirm"
     reserve = "reserve"
     unreserve = "unreserve"
     resume = "resume"

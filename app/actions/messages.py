@@ -110,6 +110,8 @@ def step_message(
     if step.name == ConnectorStep.confirm and is_connector_queue(step.queue):
         if kind in (ActionKind.start, ActionKind.resume):
             args.update({"expect": "running", "nodes": targets})
+        elif kind is ActionKind.move:
+            args["expect"] = "accepted"  # the target's scheduler runs the copy (recipes)
         else:
             args["expect"] = "stopped"
     if step.name == AgentStep.release:
@@ -195,7 +197,7 @@ def _move_workload(
             args["hold"] = True
         return here
     at_target = step.queue.startswith(agent_queue_prefix(target)) or (
-        step.queue == submit.queue and step.name == ConnectorStep.release
+        step.queue == submit.queue and step.name in (ConnectorStep.release, ConnectorStep.confirm)
     )
     if at_target:
         arrived = submit.result.get("external_id")

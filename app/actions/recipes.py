@@ -28,15 +28,21 @@ the restore at S fails too, the job goes back to its scheduler's queue with its 
 (:func:`resume_step`).
 
 Move, a pending job of cluster A going to cluster B of its federation group (generation
-G): ``hold@connector.A → submit@connector.B → cancel@connector.A``. The hold keeps A's
-scheduler from starting the job while B takes it; the submit names the move (a resent one
-finds the job it submitted before); A's copy is cancelled only once B has answered the
-submit with the new job's id, and that cancel, like a compensation step, is sent until it
-is answered: given up, the job might be pending in both. Compensation (generation G+1):
-``withdraw@connector.B`` (when the submit was ever sent: a submit whose answer was lost may
-have arrived; a copy that already ran there fails it, and nothing at A is released) →
-``release@connector.A`` (when the hold was sent; only a job still pending and held is
-released).
+G): ``hold@connector.A → submit@connector.B → confirm@connector.B → cancel@connector.A``.
+The hold keeps A's scheduler from starting the job while B takes it; the submit names the
+move (a resent one finds the job it submitted before). A submit's answer only says that
+B's scheduler took the request, and some find out later that they cannot run it (Kueue
+never admits it, its pods cannot be created, Ray cannot build its runtime environment):
+the confirm (``expect: accepted``, connectors.arrival says what that is for each scheduler
+family) polls B until its scheduler holds the new copy in a state it runs from, and fails
+when the scheduler rejected it or it stays unknown for all its polls, which undoes the move
+while A's copy is still there. A's copy is cancelled only after that confirm, and the
+cancel, like a compensation step, is sent until it is answered: given up, the job might be
+pending in both. Compensation (generation G+1): ``withdraw@connector.B`` (when the submit
+was ever sent: a submit whose answer was lost may have arrived; a copy that already ran
+there fails it, and nothing at A is released; one rejected before it ran is nothing to
+withdraw) → ``release@connector.A`` (when the hold was sent; only a job still pending and
+held is released).
 
 A running checkpointable job moves from node S of A to node T of B (B's scheduler must
 start a job pinned to a node: Slurm, Kubernetes, Armada): ``checkpoint@S →
@@ -200,7 +206,8 @@ def _move_steps(
     if state is JobState.pending:
         plan.add(ConnectorStep.hold, source, fwd, 0)
         plan.add(ConnectorStep.submit, there, fwd, 1)
-        plan.add(ConnectorStep.cancel, source, fwd, 2)
+        plan.add(ConnectorStep.confirm, there, fwd, 2)  # B's scheduler will run its copy
+        plan.add(ConnectorStep.cancel, source, fwd, 3)
         return plan.steps
     if not job.checkpointable:
         raise Unplannable(

@@ -25,6 +25,8 @@ cancel                              Job: ``delete_job``; bare pod: ``delete_pod`
 submit(spec, name, nodes, hold)     create the spec's Job, suspended when ``hold``, pinned
                                     to ``nodes`` (connectors.kubernetes.moves)
 withdraw(name)                      delete the move's Job unless it ran to its end
+check_arrival                       a moved Job's confirm: judged from the Job and its
+                                    pods (connectors.kubernetes.arrival)
 set_resume_pointer                  kept for the ``requeue``/``suspend``/``release`` that
                                     follows
 ==================================  ==========================================================

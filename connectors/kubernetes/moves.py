@@ -4,7 +4,9 @@
 says what it carries and how the Job is named and marked), in the namespace it names,
 suspended when ``hold`` (a ``release`` — ``resume_job`` — lets it run), pinned to
 ``nodes`` by the same required hostname affinity ``recreate_job_pinned`` writes.
-``withdraw`` deletes the Job of a move unless it already ran to its end.
+``withdraw`` deletes the Job of a move unless it already ran to its end. ``check_arrival``
+(``SupportsArrivalCheck``: a pending job's move confirms its copy here before it cancels
+the home copy) judges the Job and its pods (connectors.kubernetes.arrival).
 
 The Job is found again by its mark, not by listing the watch's cache: a resent step may
 come right after the create, before the watch delivered it. That needs ``list`` on
@@ -18,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 
+from connectors.arrival import rejected
 from connectors.base import ConnectorError, check_move_name
 from connectors.kubernetes import actions
-from connectors.kubernetes.pods import OwnerRef
+from connectors.kubernetes.arrival import judge_job, took_place
+from connectors.kubernetes.pods import OwnerRef, parse_external_id
 from connectors.kubernetes.submission import (
     MOVE_MARK,
     job_from_spec,
@@ -34,10 +38,6 @@ if TYPE_CHECKING:
     from connectors.kubernetes.config import KubernetesConnectorConfig
 
 logger = logging.getLogger(__name__)
-
-# A Job's conditions once it has run to its end (the Job controller's, and the interim
-# ones it sets while its pods finish).
-RAN_CONDITIONS = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
 
 
 class KubernetesMoves:
@@ -114,12 +114,14 @@ class KubernetesMoves:
     def withdraw(self, name: str) -> str | None:
         """SupportsSubmit: delete the Job submitted here as move ``name``; its id, or None
         when none exists (never arrived, or deleted already: a second withdraw). A Job of
-        the move that already ran to its end is a non-retryable error: the move took
-        place, and its source copy must not run a second time."""
+        the move that already ran here to its end is a non-retryable error: the move took
+        place, and its source copy must not run a second time. One that ended before any
+        pod ran did no work: it is deleted, as the arrival check that rejected it expects
+        (``connectors.kubernetes.arrival.took_place``), and the source copy is released."""
         check_move_name(name, step="withdraw")
         what = f"withdraw {name} from {self.cluster}"
         live = [j for j in self.moved_jobs(name, what=what) if not j.metadata.deletion_timestamp]
-        ran = [(j, ended) for j in live if (ended := ran_condition(j))]
+        ran = [(j, ended) for j in live if (ended := took_place(j))]
         if ran:
             job, ended = ran[0]
             raise ConnectorError(
@@ -134,6 +136,39 @@ class KubernetesMoves:
             actions.delete_job(self.api, namespace=job.metadata.namespace, job=job.metadata.name)
         logger.info("%s: deleted job %s", what, ",".join(job_id(j) for j in live))
         return job_id(live[0])
+
+    def check_arrival(self, external_id: str) -> str:
+        """SupportsArrivalCheck: whether the Job a move created here runs here, from the
+        Job and its pods as the API server has them now (connectors.kubernetes.arrival)."""
+        job = self.arrived_job(external_id)
+        return judge_job(job, self.current_pods(job), external_id)
+
+    def arrived_job(self, external_id: str) -> client.V1Job:
+        """The Job ``external_id`` now; gone (deleted here by someone) is a rejection."""
+        owner = parse_external_id(external_id)
+        if owner.kind != "Job":
+            raise rejected(f"{external_id} is a {owner.kind}, and moves create Jobs only")
+        try:
+            return actions.read_job(self.api, namespace=owner.namespace, job=owner.name)
+        except actions.ObjectGone:
+            raise rejected(f"job {external_id} no longer exists here") from None
+
+    def current_pods(self, job: client.V1Job) -> list[client.V1Pod]:
+        """The Job's pods as the API server lists them now (not the watch's cache: a
+        confirm must not judge what it has not seen yet), by their controller-uid label."""
+        core = client.CoreV1Api(self.api)
+        namespace = job.metadata.namespace
+        listed = actions.call(
+            "list",
+            f"pods of job {job.metadata.name} in {namespace}",
+            lambda: core.list_namespaced_pod(
+                namespace,
+                label_selector=f"{actions.JOB_UID_LABEL}={job.metadata.uid}",
+                _request_timeout=actions.REQUEST_TIMEOUT_S,
+            ),
+        )
+        pods: list[client.V1Pod] = listed.items
+        return pods
 
     # --- hooks for the Kueue connector -----------------------------------------------------
 
@@ -180,14 +215,6 @@ class KubernetesMoves:
 
 def job_id(job: client.V1Job) -> str:
     return OwnerRef("Job", job.metadata.namespace, job.metadata.name).external_id
-
-
-def ran_condition(job: client.V1Job) -> str | None:
-    """The condition that says a Job ran to its end; None while it may still run."""
-    for condition in (job.status.conditions if job.status else None) or []:
-        if condition.type in RAN_CONDITIONS and condition.status == "True":
-            return str(condition.type)
-    return None
 
 
 def create_job(

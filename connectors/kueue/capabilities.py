@@ -16,6 +16,8 @@ cancel                              ``delete_job`` (the Workload goes with its J
 submit(spec, name, hold)            create the Job suspended (Kueue admits it); with
                                     ``hold`` ``deactivate`` its Workload once it exists
 withdraw(name)                      as on Kubernetes: ``delete_job``
+check_arrival                       the Workload (queued, held, inadmissible), then once
+                                    admitted the Job and its pods as on Kubernetes
 ==================================  ==========================================================
 
 Kueue admits a Workload and the kube-scheduler places its pods, so the connector cannot
@@ -37,9 +39,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from connectors.arrival import rejected
 from connectors.base import ConnectorError
 from connectors.kubernetes import actions as kube_actions
 from connectors.kubernetes.actions import PodOnNode
+from connectors.kubernetes.arrival import judge_job, judge_workload, ran_condition
 from connectors.kubernetes.capabilities import KubernetesCapabilities
 from connectors.kubernetes.pods import QUEUE_LABEL, OwnerRef, parse_external_id
 from connectors.kueue import actions
@@ -209,6 +213,26 @@ class KueueCapabilities(KubernetesCapabilities):
         if actions.stopped_by(current, stamp):
             return
         actions.deactivate(self.api, namespace=namespace, workload=workload_name, step_key=stamp)
+
+    def check_arrival(self, external_id: str) -> str:
+        """SupportsArrivalCheck: a moved Job Kueue manages is judged by its Workload first
+        (queued, held, inadmissible: connectors.kubernetes.arrival), then, once admitted or
+        finished, by the Job and its pods as on Kubernetes."""
+        owner, workload = self._workload(external_id)
+        if workload is None:
+            return super().check_arrival(external_id)
+        current = actions.read_workload(self.api, namespace=owner.namespace, workload=workload)
+        settled = judge_workload(current, external_id)
+        if settled is not None:
+            return settled
+        job = self.arrived_job(external_id)
+        if actions.condition_true(current, "Finished") and ran_condition(job) is None:
+            raise rejected(
+                f"job {external_id}'s Workload {workload} finished before its Job ran "
+                "(Kueue gave up on it)"
+            )
+        admitted = actions.condition_true(current, "Admitted")
+        return judge_job(job, self.current_pods(job), external_id, admitted=admitted)
 
     # --- helpers ---------------------------------------------------------------------------
 

@@ -25,6 +25,8 @@ submit(name, nodes, hold)   a job of another Ray cluster moved here (SupportsSub
                             spec submitted as ``move_submission_id(name)``; with ``hold``
                             kept until ``release``, with ``nodes`` its driver pinned there
 withdraw(name)              the job of that move stopped (or its held record dropped)
+check_arrival               a moved job's confirm (SupportsArrivalCheck): accepted once
+                            its entrypoint runs (or ran), rejected if it ended before
 resize(replicas)            a Serve deployment (``serve:<app>/<deployment>``): Serve's
                             external scaler, ``POST /api/v1/applications/…/scale``
 drain_node (not a step)     the GCS's drain (connectors.ray.drain); no plan drives it yet
@@ -68,6 +70,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from connectors.arrival import not_yet, rejected
 from connectors.base import ConnectorError, check_move_name
 from connectors.ray import drain as gcs
 from connectors.ray.client import RayDashboard, RayHttpError
@@ -464,6 +467,36 @@ class RayConnector:
             self._stop(submission_id, submission.submission_id)
         logger.info("%s: withdrew job %s", what, submission_id)
         return submission_id
+
+    def check_arrival(self, external_id: str) -> str:
+        """SupportsArrivalCheck: whether Ray runs the job a move submitted here.
+
+        Ray takes any Jobs API submission and builds the job's runtime environment while it
+        is PENDING, failing it there when it cannot (a package that does not install, a
+        working_dir it cannot fetch, a supervisor that cannot be placed): so PENDING is not
+        yet known, RUNNING is accepted, and so is an end after the entrypoint ran
+        (:func:`ran`: its failure then is its own, and ``withdraw`` refuses it too); an end
+        before it ran (FAILED with such an error, STOPPED) was a rejection. Ray has no queue
+        that keeps a runnable job waiting for long — the move was planned where its GPUs are
+        free — so waiting for the entrypoint costs seconds; one still PENDING after all of
+        the confirm's polls is undone. A copy the connector holds (a running job's move,
+        submitted to Ray on its release) is accepted: it is not Ray's yet."""
+        what = f"job {external_id}"
+        if self.held.get(external_id) is not None:
+            return f"{what} is held by the connector until its release"
+        group = submissions(self.ray.list_jobs()).get(external_id)
+        if not group:
+            raise not_yet(f"Ray does not list {what}")
+        latest = group[-1].raw
+        status = latest.get("status")
+        seen = f"{what} is {status}"
+        if latest.get("error_type"):
+            seen += f" ({latest['error_type']}: {str(latest.get('message') or '')[:200]})"
+        if status == "RUNNING" or ran(latest):
+            return seen
+        if status == "PENDING":
+            raise not_yet(f"{seen}: its entrypoint has not started")
+        raise rejected(f"{seen} before its entrypoint ran")
 
     def _node_ids(self, nodes: list[str], *, what: str) -> dict[str, str]:
         """Shaper's name → Ray's node id of each node, all of them live."""

@@ -10,7 +10,8 @@ Shaper sees the cluster through :meth:`SimCluster.read_state`, like any connecto
 acts on it through the scheduler-level capabilities here (requeue — pinned or not, held
 or not —, start on given nodes, hold/release, suspend/resume, cancel, resize, reserve, and
 submit: a federated move's arrival from another cluster, connectors.sim.submission, which
-withdraw undoes) and
+withdraw undoes and check_arrival confirms, connectors.arrival; refuse stands for a
+scheduler that rejects a job after it took it) and
 through the simulated node agents
 (connectors.sim.agents: checkpoint, transfer, stage, restore, confirm, release). Time is passed
 in (``advance_to``), so the same cluster runs 24 h of history in a second or follows the
@@ -26,6 +27,7 @@ home) until the agent releases the job there or restores it.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import threading
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
+from connectors.arrival import check_reported, ran
 from connectors.base import ConnectorError
 from connectors.sim.submission import job_from_spec, submit_spec
 from wire.telemetry import (
@@ -49,6 +52,8 @@ from wire.telemetry import (
     SchedulerKind,
     SubmitSpec,
 )
+
+logger = logging.getLogger(__name__)
 
 # Finished jobs stay visible this long (schedulers keep them a while: Slurm's MinJobAge).
 KEEP_FINISHED = timedelta(hours=2)
@@ -510,13 +515,18 @@ class SimCluster:
 
     def withdraw(self, name: str) -> str | None:
         """SupportsSubmit: cancel the job that arrived as move ``name``; its id, or None
-        when none did or it was cancelled (so a second withdraw cancels nothing). The job stays
-        listed, cancelled, so a late submit of the same move finds it and submits nothing. One
-        that ran and ended here is a non-retryable error: the move took place."""
+        when none did, it was cancelled (so a second withdraw cancels nothing) or it was
+        refused before it ran (:meth:`refuse`). The job stays listed, so a late submit of
+        the same move finds it and submits nothing. One that ran and ended here is a
+        non-retryable error: the move took place."""
         with self._lock:
             self._act()
             for job in self.jobs.values():
-                if job.move_name == name and job.state in (JobState.finished, JobState.failed):
+                if (
+                    job.move_name == name
+                    and job.state in (JobState.finished, JobState.failed)
+                    and ran(job.report)
+                ):
                     raise ConnectorError(
                         f"withdraw {name} from {self.cluster}: job {job.id} of this move "
                         f"already ran here and {job.state.value}: the move took place, so "
@@ -528,6 +538,33 @@ class SimCluster:
                     self._schedule()
                     return job.id
             return None
+
+    def check_arrival(self, external_id: str) -> str:
+        """SupportsArrivalCheck: a simulated scheduler checks a job at submit, as Slurm does,
+        and may refuse a queued one later (:meth:`refuse`): the rule over its report
+        (connectors.arrival)."""
+        with self._lock:
+            self._act()
+            job = self.jobs.get(external_id)
+            return check_reported(job.report if job is not None else None, external_id)
+
+    def refuse(self, external_id: str, reason: str) -> None:
+        """The scheduler gives up on a queued job it had accepted, before it ran: it ends
+        failed with ``reason``. What Kueue does to a Workload it finds inadmissible, or Ray
+        to a job whose runtime environment cannot be built; the simulated clusters stand for
+        them with it (an operator's or a test's fault). A job that runs, or has ended, is
+        not the queue's to refuse: a non-retryable ConnectorError."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if job.state is not JobState.pending:
+                raise ConnectorError(
+                    f"refuse job {external_id}: it is {job.state.value}, not queued",
+                    retryable=False,
+                )
+            job.held = False
+            self._vacate(job, state=JobState.failed, end_time=self.now, reason=reason[:255])
+            self._schedule()
 
     def _check_runnable(self, report: JobReport, name: str, nodes: list[str] | None = None) -> None:
         """Refuse a job no placement here could ever hold: too few GPUs of its models (on
@@ -699,10 +736,20 @@ class SimCluster:
                 self._schedule()
 
     def cancel_moved(self, external_id: str, *, key: str) -> None:
-        """SupportsMovedCancel: as Slurm's, the job keeps the key of the step that cancels it."""
+        """SupportsMovedCancel: as Slurm's, the job keeps the key of the step that cancels it;
+        and as Slurm's, a job this cluster no longer knows (ended and forgotten) leaves the
+        move standing: failing the step would withdraw the target's copy, the only one."""
         with self._lock:
             self._act()
-            job = self.job(external_id)
+            job = self.jobs.get(external_id)
+            if job is None:
+                logger.warning(
+                    "cancel job %s, moved to another cluster: %s no longer knows the job; "
+                    "the move stands",
+                    external_id,
+                    self.cluster,
+                )
+                return
             if job.moved_by != key and job.state is not JobState.pending:
                 raise ConnectorError(
                     f"cancel job {job.id}, moved to another cluster: it is {job.state.value} "

@@ -92,17 +92,22 @@ def test_a_pending_job_is_held_submitted_and_cancelled_once_accepted() -> None:
     assert _plan(steps) == [
         ("hold", "connector.a"),
         ("submit", "connector.b"),
+        ("confirm", "connector.b"),
         ("cancel", "connector.a"),
     ]
-    hold, submit, cancel = (_message(action, job, s, steps) for s in steps)
+    steps[1].state, steps[1].result = StepState.succeeded, {"external_id": "9001"}
+    hold, submit, confirm, cancel = (_message(action, job, s, steps) for s in steps)
     assert hold["args"]["pending"] is True and hold["workload_id"] == "41"
     assert submit["args"]["name"] == move_name(5, "41") == "shaper-5-41"
     assert submit["args"]["source_cluster"] == "a"
     assert submit["args"]["spec"] == json.loads(SPEC)
     assert "hold" not in submit["args"]  # a pending job is submitted to wait in B's queue
+    # B's copy, named by the id B answered the submit with, must be one B's scheduler runs.
+    assert confirm["workload_id"] == "9001" and confirm["args"]["expect"] == "accepted"
     assert cancel["workload_id"] == "41"
-    # The cancel at the source is never given up for want of an answer; the others are.
-    assert [answered_or_given_up(action, s) for s in steps] == [True, True, False]
+    # The cancel at the source is never given up for want of an answer; the others are (the
+    # confirm's giving up undoes the move: the copy at B is withdrawn).
+    assert [answered_or_given_up(action, s) for s in steps] == [True, True, True, False]
 
 
 @pytest.mark.parametrize(
@@ -112,7 +117,9 @@ def test_a_pending_job_is_held_submitted_and_cancelled_once_accepted() -> None:
         (0, "job 41 is running", [("release", "connector.a")]),
         (0, f"{NO_ANSWER} from connector.a", [("release", "connector.a")]),
         (1, "b cannot run it", [("withdraw", "connector.b"), ("release", "connector.a")]),
-        (2, "slurmctld down", [("withdraw", "connector.b"), ("release", "connector.a")]),
+        # B took the copy, then rejected it (or never said it would run it).
+        (2, "job 9001 is failed", [("withdraw", "connector.b"), ("release", "connector.a")]),
+        (3, "slurmctld down", [("withdraw", "connector.b"), ("release", "connector.a")]),
     ],
 )
 def test_a_pending_jobs_move_undoes_what_may_have_happened(

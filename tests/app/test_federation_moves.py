@@ -5,9 +5,10 @@ tasks, on SQLite and on PostgreSQL.
 
 ``east`` is full (one 8-GPU node held by a long job) and a 4-GPU job waits there;
 ``west`` is idle. The group plan moves the waiting job to ``west``: held at east,
-submitted to west, cancelled at east once west has answered with its id. The faults are
-the ones a move must survive: a target that refuses the job, answers lost on the way
-back, a source that does not answer its cancel, a job that starts at home before the
+submitted to west, confirmed there (west's scheduler holds its copy in a state it runs
+from), cancelled at east. The faults are the ones a move must survive: a target that
+refuses the job, one that takes it and then rejects it, or never says, answers lost on the
+way back, a source that does not answer its cancel, a job that starts at home before the
 hold takes effect, and one its user cancels at home mid-move.
 """
 
@@ -251,6 +252,7 @@ def test_the_waiting_job_moves_to_the_idle_cluster_and_its_home_copy_is_cancelle
     assert group.steps(action_id) == [
         ("forward", "hold", "connector.east", "succeeded"),
         ("forward", "submit", "connector.west", "succeeded"),
+        ("forward", "confirm", "connector.west", "succeeded"),
         ("forward", "cancel", "connector.east", "succeeded"),
     ]
     # Gone from east, running at west (its scheduler placed it): once, not twice.
@@ -315,6 +317,150 @@ def test_a_target_that_refuses_the_job_leaves_it_pending_at_home_and_released(
     assert group.east.states() == {"busy": "running", "waiting": "pending"}
     assert not group.east.cluster.jobs["waiting"].held  # back in east's queue as it was
     assert group.job("east", "waiting").generation == 2  # the move's, then compensation's
+
+
+def _live_copies(group: Group) -> list[str]:
+    """Where the moved job waits or runs: its home copy, and any copy a move brought west."""
+    live = ("pending", "running", "suspended")
+    home = [f"east/{i}" for i, s in group.east.states().items() if i == "waiting" and s in live]
+    away = [
+        f"west/{i}" for i, s in group.west.states().items() if i.startswith("west-in") and s in live
+    ]
+    return home + away
+
+
+def _west_busy_after_the_plan(group: Group) -> None:
+    """West's own user takes its free GPUs once the plan is made: a copy moved there waits
+    in its queue (west's FIFO puts the earlier submission first)."""
+    group.west.cluster.submit(_report("local", 8), timedelta(hours=3))
+    assert group.west.states() == {"local": "running"}
+
+
+def test_a_copy_the_target_rejects_after_taking_it_sends_the_job_back_home_released(
+    group_factory: Callable[..., Group],
+) -> None:
+    """West answers the submit with the new job's id and then gives up on the copy before it
+    ran (as Kueue does with a Workload it finds inadmissible, or Ray with a runtime
+    environment it cannot build): the confirm finds it failed without having run, and the
+    move is undone before east's copy is touched — released, never cancelled, the one copy."""
+    group = group_factory()
+    action_id = _one_move(group)
+    _west_busy_after_the_plan(group)
+
+    def west_rejects_its_copy(step: dict[str, Any]) -> None:
+        group.west.cluster.refuse(step["workload_id"], "InvalidImage: no such image at west")
+        return None  # and the confirm reads what west's scheduler says now
+
+    group.west.faults["confirm"] = west_rejects_its_copy
+    group.approve(action_id)
+    group.run_sagas()
+    action = group.action(action_id)
+    assert action.state == ActionState.compensated, action.error
+    assert (
+        "confirm on connector.west failed: confirm: job west-in1 is failed (InvalidImage: no "
+        "such image at west) without having run: the scheduler rejected the moved job"
+    ) in (action.error or "")
+    assert [s[1:] for s in group.steps(action_id)] == [
+        ("hold", "connector.east", "succeeded"),
+        ("submit", "connector.west", "succeeded"),
+        ("confirm", "connector.west", "failed"),
+        ("cancel", "connector.east", "skipped"),
+        ("withdraw", "connector.west", "succeeded"),
+        ("release", "connector.east", "succeeded"),
+    ]
+    assert "nothing to withdraw" in (action.error or "")  # it ended there without running
+    assert "cancel" not in group.east.seen  # east's copy was never asked to go
+    assert group.east.states() == {"busy": "running", "waiting": "pending"}
+    assert not group.east.cluster.jobs["waiting"].held  # back in east's queue as it was
+    assert group.west.states() == {"local": "running", "west-in1": "failed"}
+    assert _live_copies(group) == ["east/waiting"]  # nothing lost, nothing twice
+    home = group.job("east", "waiting")
+    assert home.state == JobState.pending and home.generation == 2
+
+
+def test_a_copy_waiting_in_the_targets_queue_is_confirmed_before_the_home_copy_is_cancelled(
+    group_factory: Callable[..., Group],
+) -> None:
+    """West's scheduler queues the copy behind its own user's job: queued past its checks,
+    it is a copy west will run, so the confirm accepts it, and only then is east's copy
+    cancelled."""
+    group = group_factory()
+    action_id = _one_move(group)
+    _west_busy_after_the_plan(group)
+    west_had_seen: list[str] = []
+
+    def note_what_west_had_done(step: dict[str, Any]) -> None:
+        west_had_seen.extend(group.west.seen)
+        return None
+
+    group.east.faults["cancel"] = note_what_west_had_done
+    group.approve(action_id)
+    group.run_sagas()
+    action = group.action(action_id)
+    assert action.state == ActionState.succeeded, action.error
+    assert west_had_seen == ["submit", "confirm"]
+    with Session(group.engine) as session:
+        confirm = session.exec(
+            select(ActionStep).where(
+                ActionStep.action_id == action_id, ActionStep.name == "confirm"
+            )
+        ).one()
+    assert confirm.result["summary"] == "job west-in1 is pending (Resources)"
+    assert confirm.result["workload_id"] == "west-in1" and confirm.attempts == 1
+    assert group.east.states()["waiting"] == "cancelled"
+    assert group.west.states() == {"local": "running", "west-in1": "pending"}
+    assert _live_copies(group) == ["west/west-in1"]
+
+
+@pytest.mark.parametrize("unknown_for", [3, None], ids=["then-seen", "never-seen"])
+def test_a_copy_the_target_does_not_report_yet_is_asked_again_and_given_up_on_in_time(
+    group_factory: Callable[..., Group], unknown_for: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """West's connector cannot tell yet (its scheduler does not list the new job: a watch
+    that has not delivered it, a Workload Kueue has not created): "not yet" is asked again.
+    Seen in time, the move goes on; never seen, the confirm gives up after its polls and the
+    move is undone: west's copy withdrawn, east's released — one copy either way."""
+    group = group_factory()
+    # A short start wait, for the sweep and for the answers alike: the confirm polls its
+    # fewest times (saga.CONFIRM_POLLS).
+    monkeypatch.setattr(tasks, "_timings", lambda: {"step_timeout_s": 0.3, "start_wait_s": 0.5})
+    settings = tasks.get_settings().model_copy(update={"scheduler_start_wait_s": 0.5})
+    monkeypatch.setattr(tasks, "get_settings", lambda: settings)
+    action_id = _one_move(group)
+    asked = {"confirm": 0}
+
+    def not_reported_yet(step: dict[str, Any]) -> dict[str, Any] | None:
+        asked["confirm"] += 1
+        if unknown_for is not None and asked["confirm"] > unknown_for:
+            return None
+        return {
+            "action_id": step["action_id"],
+            "key": step["key"],
+            "ok": False,
+            "error": f"confirm: the scheduler does not report job {step['workload_id']} yet",
+            "retryable": True,
+            "executor": "connector.west",
+            "generation": step["generation"],
+        }
+
+    group.west.faults["confirm"] = not_reported_yet
+    group.approve(action_id)
+    group.run_sagas(seconds=30)
+    action = group.action(action_id)
+    if unknown_for is not None:
+        assert action.state == ActionState.succeeded, action.error
+        assert asked["confirm"] == unknown_for + 1
+        assert _live_copies(group) == ["west/west-in1"]
+        assert group.east.states()["waiting"] == "cancelled"
+        return
+    assert action.state == ActionState.compensated, action.error
+    assert asked["confirm"] >= saga.CONFIRM_POLLS
+    assert (action.error or "").startswith("confirm on connector.west failed")
+    assert "cancel" not in group.east.seen
+    assert group.west.states() == {"west-in1": "cancelled"}  # withdrawn: it ran there
+    assert group.east.states()["waiting"] == "pending"
+    assert not group.east.cluster.jobs["waiting"].held
+    assert _live_copies(group) == ["east/waiting"]
 
 
 def test_lost_answers_are_resent_and_the_job_arrives_once(
@@ -449,6 +595,7 @@ def test_a_job_its_user_cancels_at_home_mid_move_does_not_run_at_the_target(
     assert [s[1:] for s in group.steps(action_id)] == [
         ("hold", "connector.east", "succeeded"),
         ("submit", "connector.west", "succeeded"),
+        ("confirm", "connector.west", "succeeded"),
         ("cancel", "connector.east", "failed"),
         ("withdraw", "connector.west", "succeeded"),
         ("release", "connector.east", "succeeded"),
@@ -474,6 +621,7 @@ def test_a_job_that_started_at_home_before_the_hold_is_not_moved(
     assert [s[1:] for s in steps] == [
         ("hold", "connector.east", "failed"),
         ("submit", "connector.west", "skipped"),
+        ("confirm", "connector.west", "skipped"),
         ("cancel", "connector.east", "skipped"),
         ("release", "connector.east", "succeeded"),
     ]

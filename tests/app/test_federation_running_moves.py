@@ -17,6 +17,7 @@ a running move runs end to end on two real Slurm clusters
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,16 +25,18 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
-from app.actions import local, saga, tasks
-from app.actions.models import ActionKind, ActionState
+from app.actions import local, recipes, saga, tasks
+from app.actions.models import ActionKind, ActionState, ActionStep
 from app.clusters import service as cluster_service
 from app.clusters.models import ClusterUpdate, ShapingMode
 from app.federation import planning
 from app.federation import service as federation_service
 from app.federation.models import FederationGroupCreate
+from app.jobs.models import Allocation
 from tests.app.test_federation_moves import GROUP, T0, Clock, Group, Member, _report
+from wire.telemetry import JobState
 
 
 @pytest.fixture
@@ -185,3 +188,100 @@ def test_no_proposal_for_a_job_its_scheduler_moved_since_the_solve(
     outcome = group.plan()
     assert outcome.proposed == [] and outcome.approved == []
     assert outcome.skipped == {"east/small": "the job runs on east1 now, not on east9"}
+
+
+@pytest.mark.parametrize(
+    ("stuck", "queue", "left_at_home"),
+    [
+        ("cancel", "connector.east", "its copy at east was never confirmed cancelled"),
+        (
+            "release",
+            "agent.east.east1",
+            "its checkpoint image at the source (agent.east.east1) was never confirmed deleted",
+        ),
+    ],
+)
+def test_a_running_move_stuck_on_its_last_steps_at_home_can_be_abandoned_once_stuck(
+    group_factory: Callable[..., Group],
+    monkeypatch: pytest.MonkeyPatch,
+    stuck: str,
+    queue: str,
+    left_at_home: str,
+) -> None:
+    """The running job's move carried out (west's scheduler counts as one that starts a job
+    pinned to a node, ``recipes.places_itself``) up to one of its last steps at east —
+    the cancel of the home copy, or the release of the checkpoint on east1 — which east
+    never answers nor runs (cut off): it is resent for ever, so only an operator ends the
+    move. Refused while the step has been sent fewer than MAX_ATTEMPTS times; then the
+    action fails saying where the job runs and what to check at home, nothing more is
+    sent, and the rows say the job is west's, running there, and no longer holds east's
+    GPUs. (The pending job's case: test_federation_moves.)"""
+    monkeypatch.setattr(recipes, "places_itself", lambda scheduler: True)
+    group = group_factory()
+    (action_id,) = group.plan().proposed
+    home = group.east.cluster.jobs["small"]
+
+    def unanswered(step: dict[str, Any]) -> dict[str, Any]:
+        # Not run, and the answer that comes back is for no step the saga sent.
+        return {
+            "action_id": step["action_id"],
+            "key": f"{step['key']}:never",
+            "ok": True,
+            "executor": queue,
+            "generation": step["generation"],
+        }
+
+    group.east.faults[stuck] = unanswered
+    group.approve(action_id)
+
+    def sends() -> int:
+        with Session(group.engine) as session:
+            step = session.exec(
+                select(ActionStep).where(
+                    ActionStep.action_id == action_id,
+                    ActionStep.name == stuck,
+                    ActionStep.queue == queue,
+                )
+            ).first()  # no steps until the saga's first sweep
+            return step.attempts if step is not None else 0
+
+    refused_early = False
+    deadline = time.monotonic() + 30
+    while sends() < saga.MAX_ATTEMPTS and time.monotonic() < deadline:
+        if sends() >= 1 and not refused_early:
+            early = group.decide(action_id, "abandon")
+            assert early.status_code == 409, early.text
+            assert "only a compensating action, or a move waiting" in early.text
+            refused_early = True
+        tasks.sweep()
+        time.sleep(0.05)
+    assert refused_early and sends() >= saga.MAX_ATTEMPTS
+    assert group.action(action_id).state == ActionState.running
+    response = group.decide(action_id, "abandon")
+    assert response.status_code == 200, response.text
+    action = group.action(action_id)
+    assert action.state == ActionState.failed
+    assert f"unanswered sends of {stuck} to {queue}" in (action.error or "")
+    assert "the job runs at west as job west-in1" in (action.error or "")
+    assert left_at_home in (action.error or "")
+    sent = group.east.seen.count(stuck)
+    time.sleep(1.0)
+    tasks.sweep()
+    assert group.east.seen.count(stuck) == sent  # the saga stopped
+    assert group.west.states() == {"resident": "running", "west-in1": "running"}
+    assert home.state is not JobState.running  # checkpointed off east1: it runs once, at west
+    again = group.decide(action_id, "abandon")
+    assert again.status_code == 409  # failed now: nothing left to abandon
+    moved, arrived = group.job("east", "small"), group.job("west", "west-in1")
+    assert moved.state == JobState.cancelled
+    assert moved.reason.startswith(f"moved to west as job west-in1 by action {action_id}")
+    # Only a home copy whose cancel went unconfirmed is marked so (plans leave it alone).
+    assert ("was never confirmed cancelled" in moved.reason) == (stuck == "cancel")
+    assert arrived.generation >= action.fencing_token
+    with Session(group.engine) as session:
+        held_at_home = session.exec(
+            select(Allocation).where(
+                Allocation.job_id == moved.id, col(Allocation.released_at).is_(None)
+            )
+        ).all()
+    assert held_at_home == []  # east's GPUs are free for the gang

@@ -1,5 +1,6 @@
 """A pending Ray job moves to another Ray cluster through the whole control plane (issue
-16): the saga's hold@A → submit@B → cancel@A, each step sent to a connector process.
+16): the saga's hold@A → submit@B → confirm@B → cancel@A, each step sent to a connector
+process.
 
 The two clusters ("ray-fa", "ray-fb", one federation group) are two connector processes
 on the one Ray test cluster (tests/support/ray_cluster.py), each with its own held-jobs
@@ -177,6 +178,7 @@ def test_a_job_held_in_one_ray_cluster_moves_to_the_other_and_runs_there(
     assert [(s.name, s.queue) for s in steps] == [
         ("hold", f"connector.{A}"),
         ("submit", f"connector.{B}"),
+        ("confirm", f"connector.{B}"),
         ("cancel", f"connector.{A}"),
     ]
     arrived = steps[1].result["external_id"]

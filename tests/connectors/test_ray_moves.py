@@ -7,9 +7,10 @@ file: source A reports the job and its spec, target B submits the spec as a new 
 see every Ray job, so each test looks only at the jobs it made; submission ids are unique
 for the cluster's life, shared with the other Ray tests, hence a fresh suffix per test.
 The first tests call the connectors in the saga's order by hand (hold@A → submit@B →
-cancel@A, then withdraw@B); the last sends those steps through each cluster's step
+cancel@A, then withdraw@B); the next sends those steps through each cluster's step
 executor as app/actions/messages.py builds them, which also refuses a move whose job
-started running before its hold.
+started running before its hold; the last confirms B's copy (confirm@B, between the
+submit and the cancel) as Ray runs it, or fails it first.
 """
 
 from __future__ import annotations
@@ -307,3 +308,44 @@ def test_a_waiting_job_moves_through_the_steps_and_a_running_one_does_not(
     assert (refused.ok, refused.retryable) == (False, False)
     assert "only a pending job is held for a move" in (refused.error or "")
     assert status(ray, runner) == "RUNNING" and source.held.get(runner) is None
+
+
+def test_a_moved_job_is_confirmed_once_its_entrypoint_runs_and_rejected_if_ray_fails_it_first(
+    ray: RayCluster, clusters: tuple[RayConnector, RayConnector], tmp_path: Path
+) -> None:
+    """The confirm a pending job's move runs at its target before it cancels the home copy
+    (``expect: accepted``): Ray takes any submission and builds its runtime environment
+    while it is PENDING, so PENDING is "not yet" (retryable); RUNNING is accepted; a job Ray
+    fails before its entrypoint ran (a runtime environment it cannot build) is rejected
+    for good, and the move's withdraw then finds nothing to stop."""
+    _, target = clusters
+    at_b = ConnectorStepExecutor(target, cluster="ray-b", state_dir=tmp_path / "steps-b")
+    answers: dict[str, list[StepReport]] = {"fine": [], "broken": []}
+
+    def confirmed(which: str, job: str) -> bool:
+        answer = at_b.run(step("confirm", job, expect="accepted"))
+        answers[which].append(answer)
+        return answer.ok or not answer.retryable
+
+    fine = target.submit(moved_spec(), name=unique("shaper-8-fine"))
+    wait_for("the moved job's confirm", lambda: confirmed("fine", fine))
+    *before, verdict = answers["fine"]
+    assert verdict.ok and verdict.result["summary"] == f"job {fine} is RUNNING", verdict.error
+    assert all(a.retryable and "has not started" in (a.error or "") for a in before)
+
+    broken_name = unique("shaper-8-broken")
+    broken = target.submit(
+        moved_spec(runtime_env={"conda": "shaper-no-such-conda-env"}), name=broken_name
+    )
+    wait_for("the broken job's confirm", lambda: confirmed("broken", broken), timeout=120)
+    *before, verdict = answers["broken"]
+    assert not verdict.ok and not verdict.retryable
+    assert f"job {broken} is FAILED (RUNTIME_ENV_SETUP_FAILURE" in (verdict.error or "")
+    assert "before its entrypoint ran: the scheduler rejected the moved job" in (
+        verdict.error or ""
+    )
+    assert all(a.retryable for a in before)
+    assert target.withdraw(broken_name) is None  # nothing ran: the home copy takes over
+
+    unknown = at_b.run(step("confirm", unique("shaper-never"), expect="accepted"))
+    assert not unknown.ok and unknown.retryable and "Ray does not list" in (unknown.error or "")

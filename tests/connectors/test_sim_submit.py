@@ -14,6 +14,7 @@ import pytest
 from connectors.actions import ConnectorStepExecutor
 from connectors.base import ConnectorError
 from connectors.sim import SimCluster, SiteSpec
+from connectors.sim.cluster import KEEP_FINISHED
 from wire.steps import Outcome, StepRequest
 from wire.telemetry import JobKind, JobReport, JobState, PortableSpec, SchedulerKind, SubmitSpec
 
@@ -365,3 +366,89 @@ def test_a_pin_to_nodes_the_cluster_lacks_or_that_cannot_hold_the_job_is_refused
     )
     assert bad_hold.outcome is Outcome.refused and "args.hold" in (bad_hold.error or "")
     assert not any(job.move_name for job in b.jobs.values())
+
+
+def test_a_moved_copy_is_confirmed_while_queued_or_running_and_refused_once_rejected(
+    tmp_path: Path,
+) -> None:
+    """The confirm a pending job's move runs at its target (``expect: accepted``): a copy
+    the scheduler has not listed yet is "not yet" (retryable); queued or running is
+    accepted; refused before it ran is rejected for good, and then nothing is withdrawn;
+    a copy that ran and then failed is the job's own failure: the move took place."""
+    clock = Clock()
+    a, b = _clusters(clock)
+    a.submit(_job("busy", 8), timedelta(hours=5))
+    a.submit(_job("wait", 4), timedelta(hours=2))
+    a.submit(_job("also", 4), timedelta(hours=2))
+    b.submit(_job("local", 16), timedelta(hours=1))  # B's own user fills it: copies queue
+    on_b = ConnectorStepExecutor(b, cluster="lab-b", state_dir=tmp_path)
+
+    unknown = on_b.run(_step("confirm", "lab-b-in9", expect="accepted"))
+    assert not unknown.ok and unknown.retryable
+    assert "does not report job lab-b-in9 yet" in (unknown.error or "")
+
+    queued = b.submit(_pending_spec(a, "wait"), name="mv-60")
+    seen = on_b.run(_step("confirm", queued, expect="accepted"))
+    assert seen.ok, seen.error
+    assert seen.result["summary"] == f"job {queued} is pending (Resources)"
+    assert seen.result["accepted"] is True
+
+    other = b.submit(_pending_spec(a, "also"), name="mv-61")
+    b.refuse(other, "InvalidImage")
+    rejected = on_b.run(_step("confirm", other, expect="accepted"))
+    assert not rejected.ok and not rejected.retryable
+    assert f"job {other} is failed (InvalidImage) without having run" in (rejected.error or "")
+    assert b.withdraw("mv-61") is None  # nothing ran there: compensation releases the home copy
+
+    clock.now += timedelta(hours=1, seconds=1)  # B's own job ends: the queued copy starts
+    assert b.check_arrival(queued) == f"job {queued} is running"
+    with pytest.raises(ConnectorError, match="running, not queued"):
+        b.refuse(queued, "too late")
+
+    wrong = on_b.run(_step("confirm", queued, expect="arrived"))
+    assert wrong.outcome is Outcome.refused and "'accepted'" in (wrong.error or "")
+
+
+def test_a_moved_jobs_home_copy_is_cancelled_once_by_its_step_and_not_over_someone_elses_end(
+    tmp_path: Path,
+) -> None:
+    """``cancel_moved`` (SupportsMovedCancel) at a pending job's home: the held job is
+    stamped with the step's key and cancelled; the same step again changes nothing; a job
+    someone else cancelled, or that started, mid-move fails the step for good (the move is
+    undone), as does another move's cancel of a job this one cancelled; a job the cluster
+    has forgotten leaves the move standing."""
+    clock = Clock()
+    a, _ = _clusters(clock)
+    a.submit(_job("busy", 8), timedelta(hours=5))
+    for job_id in ("moved", "user-cancelled", "started"):
+        a.submit(_job(job_id, 4), timedelta(hours=1))
+        a.hold(job_id)
+
+    a.cancel_moved("moved", key="mv-1:forward:cancel")
+    assert a.jobs["moved"].state is JobState.cancelled
+    assert a.jobs["moved"].moved_by == "mv-1:forward:cancel"
+    ended = a.jobs["moved"].report
+    a.cancel_moved("moved", key="mv-1:forward:cancel")  # a resent step: its own cancel
+    assert a.jobs["moved"].report == ended
+    with pytest.raises(ConnectorError, match="this move did not cancel it") as other_move:
+        a.cancel_moved("moved", key="mv-2:forward:cancel")
+    assert not other_move.value.retryable
+
+    a.cancel("user-cancelled")  # its user, mid-move
+    with pytest.raises(ConnectorError, match="it is cancelled and this move did not cancel it"):
+        a.cancel_moved("user-cancelled", key="mv-3:forward:cancel")
+
+    a.cancel("busy")
+    a.release("started")  # someone lifts the hold: it starts at home
+    assert a.jobs["started"].state is JobState.running
+    with pytest.raises(ConnectorError, match="it is running") as running:
+        a.cancel_moved("started", key="mv-4:forward:cancel")
+    assert not running.value.retryable
+    assert a.jobs["started"].state is JobState.running  # left alone
+
+    # Ended and forgotten since (as Slurm purges after MinJobAge): whoever ended it, the
+    # target's copy is the only one left, so the move stands.
+    clock.now += KEEP_FINISHED + timedelta(hours=6)
+    a.read_state()
+    assert "user-cancelled" not in a.jobs
+    a.cancel_moved("user-cancelled", key="mv-3:forward:cancel")

@@ -7,8 +7,9 @@ its own slurmctld) is idle. Both clusters' connectors (telemetry and scheduler-l
 steps), the API on PostgreSQL and a control-plane Celery worker run as separate processes
 on a private Redis; the two clusters are one federation group. The group's plan proposes
 the move; an operator approves it; A's connector holds the job, B's submits it from the
-batch script A reported, and A's cancels A's copy once B has answered. The job runs on B
-with its own script, A's copy is gone, and the control plane sees it at B.
+batch script A reported, B's confirms that Slurm has it queued or running, and A's
+cancels A's copy. The job runs on B with its own script, A's copy is gone, and the control
+plane sees it at B.
 
 A running counter (``shaper agent exec --wait`` around tests/support/counter.py, 100 MB of
 state, node agents on all five nodes) moves from A's node1 to B's bnode2: CRIU checkpoints
@@ -154,6 +155,7 @@ def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
     assert [(s.name, s.queue) for s in steps] == [
         ("hold", f"connector.{A}"),
         ("submit", f"connector.{B}"),
+        ("confirm", f"connector.{B}"),
         ("cancel", f"connector.{A}"),
     ]
     arrived = steps[1].result["external_id"]

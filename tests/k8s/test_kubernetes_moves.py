@@ -11,6 +11,7 @@ which is what the move's mark is for.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -400,3 +401,61 @@ def test_a_pending_move_through_both_connectors_step_executors(
         ),
     )
     assert step(at_b, "withdraw", 72, name=move_name(72, external_id)).result["external_id"] is None
+
+
+def test_a_moved_job_is_confirmed_once_its_pods_are_there_and_not_while_none_can_be_made(
+    kube: Kube, source: KubernetesConnector, target: KubernetesConnector, tmp_path: Path
+) -> None:
+    """The confirm a pending job's move runs at its target before it cancels the home copy
+    (``expect: accepted``, connectors.kubernetes.arrival): a copy whose pods run is
+    accepted; one whose pods the Job controller cannot create (its ServiceAccount does not
+    exist here) stays "not yet" — the saga gives up after its polls and undoes the move —
+    and one deleted here meanwhile is rejected for good."""
+    kube.batch.create_namespaced_job(kube.namespace, waiting_job("train"))
+    spec = spec_of(kube, source, "train", JobState.pending)
+    at_b = ConnectorStepExecutor(target, cluster="k8s-b", state_dir=tmp_path)
+    asked = iter(range(1_000_000))
+
+    def confirm(external_id: str) -> StepReport:
+        request = StepRequest(
+            action_id=73,
+            key=f"73:confirm:{next(asked)}",
+            step="confirm",
+            workload_id=external_id,
+            args={"expect": "accepted"},
+        )
+        return at_b.run(request)
+
+    def verdict(external_id: str) -> StepReport | None:
+        """The confirm's answer once it is not "not yet"."""
+        answer = confirm(external_id)
+        return answer if answer.ok or not answer.retryable else None
+
+    good_move = move_name(73, f"{kube.namespace}/job/train")
+    good = target.submit(spec, name=good_move)
+    accepted = wait_for("the moved job's confirm", lambda: verdict(good))
+    assert accepted.ok, accepted.error
+    # Its pod waiting for the scheduler is queued, as good as running on a node.
+    summary = accepted.result["summary"]
+    assert summary == f"job {good} is pending: its pods wait for the scheduler" or (
+        summary.startswith(f"job {good} runs: its pods are on kwok-")
+    ), summary
+    wait_for("the moved job to run", lambda: running_pods(kube, good.rsplit("/", 1)[1]))
+    running = confirm(good)
+    assert running.ok and running.result["summary"].startswith(f"job {good} runs: its pods")
+
+    job = dict(spec.native["job"])
+    template = dict(job["spec"]["template"])
+    template["spec"] = {**template["spec"], "serviceAccountName": "no-such-account"}
+    job["spec"] = {**job["spec"], "template": template}
+    stuck_move = move_name(74, f"{kube.namespace}/job/train")
+    stuck = target.submit(spec.model_copy(update={"native": {"job": job}}), name=stuck_move)
+    for _ in range(8):  # what the Job controller cannot create stays "not yet"
+        answer = confirm(stuck)
+        assert not answer.ok and answer.retryable, answer
+        assert "has no pod yet" in (answer.error or "")
+        time.sleep(0.5)
+    assert target.withdraw(stuck_move) == stuck  # the move undone: nothing ran
+    gone = wait_for("the stuck copy's confirm once it is gone", lambda: verdict(stuck))
+    assert not gone.ok and "no longer exists here" in (gone.error or "")
+    assert target.withdraw(good_move) == good

@@ -26,7 +26,7 @@ from connectors.kueue import actions as kueue_actions
 from tests.k8s.conftest import K8sCluster, Kube, wait_for
 from tests.k8s.objects import admitted, gpu_job, gpu_queues, running_pods
 from tests.k8s.test_kueue_actions import stays
-from wire.steps import StepRequest
+from wire.steps import StepReport, StepRequest
 from wire.telemetry import JobReport, JobState, PortableSpec, SchedulerKind, SubmitSpec
 
 pytestmark = pytest.mark.slow
@@ -190,3 +190,50 @@ def test_what_kueue_cannot_take_is_refused_before_anything_is_created(
             target.submit(bad, name=move, **options)  # type: ignore[arg-type]
         assert not refused.value.retryable
         assert moved_job(kube, move) is None
+
+
+def test_a_moved_job_is_confirmed_once_kueue_takes_it_and_rejected_if_it_cannot_admit_it(
+    kube: Kube, source: KueueConnector, target: KueueConnector, tmp_path: Path
+) -> None:
+    """The confirm a pending job's move runs at its target before it cancels the home copy
+    (``expect: accepted``, connectors.kubernetes.arrival): a copy Kueue queues or admits is
+    accepted; one whose LocalQueue does not exist here is inadmissible, rejected for good —
+    and the move's withdraw then deletes it (it never ran)."""
+    queue = gpu_queues(kube, gpus=4)
+    kube.batch.create_namespaced_job(kube.namespace, gpu_job("train", gpus=2, queue=queue))
+    spec = held_spec(kube, source, "train")
+    at_b = ConnectorStepExecutor(target, cluster="kueue-b", state_dir=tmp_path)
+    asked = iter(range(1_000_000))
+
+    def verdict(external_id: str) -> StepReport | None:
+        """The confirm's answer once it is not "not yet"."""
+        request = StepRequest(
+            action_id=54,
+            key=f"54:confirm:{next(asked)}",
+            step="confirm",
+            workload_id=external_id,
+            args={"expect": "accepted"},
+        )
+        answer = at_b.run(request)
+        return answer if answer.ok or not answer.retryable else None
+
+    good_move = f"shaper-54-{kube.namespace}/job/train"
+    good = target.submit(spec, name=good_move)
+    accepted = wait_for("the moved job's confirm", lambda: verdict(good))
+    assert accepted.ok, accepted.error
+    summary = accepted.result["summary"]
+    assert any(seen in summary for seen in ("is queued", "quota reserved", "runs: its pods")), (
+        summary
+    )
+
+    job = dict(spec.native["job"])
+    job["metadata"] = {**job["metadata"], "labels": {QUEUE_LABEL: "no-such-queue"}}
+    broken_move = f"shaper-55-{kube.namespace}/job/train"
+    broken = target.submit(spec.model_copy(update={"native": {"job": job}}), name=broken_move)
+    rejected = wait_for("the broken job's confirm", lambda: verdict(broken))
+    assert not rejected.ok and not rejected.retryable
+    assert "is inadmissible (Inadmissible: LocalQueue no-such-queue doesn't exist)" in (
+        rejected.error or ""
+    )
+    assert target.withdraw(broken_move) == broken
+    assert target.withdraw(good_move) == good
