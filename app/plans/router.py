@@ -78,19 +78,24 @@ def job_decision_history(
     return service.job_decision_history(session=session, job_id=job_id, plans=plans)
 
 
-@router.get("/{plan_id}", **scoped("viewer"))
+NO_PLAN: dict[int | str, dict[str, Any]] = {
+    404: {"description": "No such plan", "model": ErrorBody}
+}
+
+
+@router.get("/{plan_id}", responses=NO_PLAN, **scoped("viewer"))
 def get_plan(session: SessionDep, plan_id: int) -> PlanPublic:
     return service.get_plan(session=session, plan_id=plan_id)
 
 
-@router.get("/{plan_id}/placement", **scoped("viewer"))
+@router.get("/{plan_id}/placement", responses=NO_PLAN, **scoped("viewer"))
 def get_plan_placement(session: SessionDep, plan_id: int) -> PlanPlacement:
     """Node by node, for the nodes the plan's actions touch: GPUs per job before the plan
     and after it (the plan page's before/after)."""
     return service.plan_placement(session=session, plan_id=plan_id)
 
 
-@router.get("/{plan_id}/steps", **scoped("viewer"))
+@router.get("/{plan_id}/steps", responses=NO_PLAN, **scoped("viewer"))
 def list_plan_steps(session: SessionDep, plan_id: int) -> list[PlanStepPublic]:
     """Every saga step of the plan's actions (GET /actions/{id}/steps for all of them at
     once), by action, in step order."""

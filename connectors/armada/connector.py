@@ -213,7 +213,7 @@ class ArmadaConnector:
             WORKLOAD_ANNOTATION: job.workload_id,
             ATTEMPT_ANNOTATION: str(job.spec.attempt + 1),
             HOME_QUEUE_ANNOTATION: home,
-            OWN_PRIORITY_ANNOTATION: f"{job.own_priority:g}",
+            OWN_PRIORITY_ANNOTATION: repr(job.own_priority),  # every digit: it is read back
             RESUME_FROM: resume_from,
         }
         first_submitted = job.first_submitted_at
