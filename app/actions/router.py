@@ -64,7 +64,7 @@ def get_churn(
 
 
 @router.get("/{action_id}", **scoped("viewer"))
-def get_action(session: SessionDep, action_id: int) -> ActionPublic:
+def get_action(session: SessionDep, action_id: DbId) -> ActionPublic:
     return service.get_action(session=session, action_id=action_id)
 
 
@@ -72,7 +72,7 @@ def _decide(
     session: SessionDep,
     clock: ClockDep,
     actor: ActorDep,
-    action_id: int,
+    action_id: DbId,
     to: ActionState,
 ) -> ActionPublic:
     service.transition(
@@ -82,7 +82,7 @@ def _decide(
 
 
 @router.get("/{action_id}/steps", **scoped("viewer"))
-def list_action_steps(session: SessionDep, action_id: int) -> list[ActionStepPublic]:
+def list_action_steps(session: SessionDep, action_id: DbId) -> list[ActionStepPublic]:
     """The action's saga, step by step: where each ran, with which generation, and how."""
     return saga.list_steps(session=session, action_id=action_id)
 
@@ -93,7 +93,7 @@ def approve_action(
     clock: ClockDep,
     actor: ActorDep,
     dispatch: DispatcherDep,
-    action_id: int,
+    action_id: DbId,
 ) -> ActionPublic:
     """Approve a proposed action, and the proposed actions it depends on (409 naming them
     when one can no longer run); its saga starts once they have succeeded."""
@@ -106,21 +106,21 @@ def approve_action(
 
 @router.post("/{action_id}/reject", responses=ILLEGAL_MOVE, **scoped("operator"))
 def reject_action(
-    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: int
+    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: DbId
 ) -> ActionPublic:
     return _decide(session, clock, actor, action_id, ActionState.rejected)
 
 
 @router.post("/{action_id}/cancel", responses=ILLEGAL_MOVE, **scoped("operator"))
 def cancel_action(
-    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: int
+    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: DbId
 ) -> ActionPublic:
     return _decide(session, clock, actor, action_id, ActionState.cancelled)
 
 
 @router.post("/{action_id}/abandon", responses=ILLEGAL_MOVE, **scoped("operator"))
 def abandon_action(
-    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: int
+    session: SessionDep, clock: ClockDep, actor: ActorDep, action_id: DbId
 ) -> ActionPublic:
     """Give up on an action whose executor will never answer (its node or cluster gone for
     good): a compensating one, or a move whose cancel or release at its source went

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import SessionDep, scoped
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
+from app.core.types import DbId
 from app.jobs import service
 from app.jobs.models import JobPublic
 from wire.telemetry import JobKind, JobShape, JobState
@@ -41,5 +42,5 @@ def list_jobs(
 
 
 @router.get("/{job_id}", **scoped("viewer"))
-def get_job(session: SessionDep, job_id: int) -> JobPublic:
+def get_job(session: SessionDep, job_id: DbId) -> JobPublic:
     return service.get_job(session=session, job_id=job_id)

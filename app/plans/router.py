@@ -84,19 +84,19 @@ NO_PLAN: dict[int | str, dict[str, Any]] = {
 
 
 @router.get("/{plan_id}", responses=NO_PLAN, **scoped("viewer"))
-def get_plan(session: SessionDep, plan_id: int) -> PlanPublic:
+def get_plan(session: SessionDep, plan_id: DbId) -> PlanPublic:
     return service.get_plan(session=session, plan_id=plan_id)
 
 
 @router.get("/{plan_id}/placement", responses=NO_PLAN, **scoped("viewer"))
-def get_plan_placement(session: SessionDep, plan_id: int) -> PlanPlacement:
+def get_plan_placement(session: SessionDep, plan_id: DbId) -> PlanPlacement:
     """Node by node, for the nodes the plan's actions touch: GPUs per job before the plan
     and after it (the plan page's before/after)."""
     return service.plan_placement(session=session, plan_id=plan_id)
 
 
 @router.get("/{plan_id}/steps", responses=NO_PLAN, **scoped("viewer"))
-def list_plan_steps(session: SessionDep, plan_id: int) -> list[PlanStepPublic]:
+def list_plan_steps(session: SessionDep, plan_id: DbId) -> list[PlanStepPublic]:
     """Every saga step of the plan's actions (GET /actions/{id}/steps for all of them at
     once), by action, in step order."""
     return service.plan_steps(session=session, plan_id=plan_id)
@@ -108,7 +108,7 @@ def approve_plan(
     clock: ClockDep,
     actor: ActorDep,
     dispatch: DispatcherDep,
-    plan_id: int,
+    plan_id: DbId,
 ) -> PlanPublic:
     """Approve the whole plan: its actions run in dependency order (a start waits for the
     actions that free its GPUs; a failed prerequisite cancels what depends on it)."""
@@ -126,7 +126,7 @@ def approve_plan(
 
 
 @router.post("/{plan_id}/reject", responses=NOT_PROPOSED, **scoped("operator"))
-def reject_plan(session: SessionDep, clock: ClockDep, actor: ActorDep, plan_id: int) -> PlanPublic:
+def reject_plan(session: SessionDep, clock: ClockDep, actor: ActorDep, plan_id: DbId) -> PlanPublic:
     """Reject every proposed action of the plan; nothing of it runs."""
     plan, _ = service.decide_plan(
         session=session,
