@@ -389,6 +389,8 @@ class ConnectorStepExecutor:
         """A pending job's move, its copy here checked before its home copy is cancelled
         (connectors.arrival): by the connector when it knows more than its report says."""
         if isinstance(self.connector, SupportsArrivalCheck):
+            # Reads the one job (Slurm: squeue -j; Kubernetes: the Job and its pods), where
+            # the fallback below reads the whole cluster on every poll of the confirm.
             seen = self.connector.check_arrival(workload_id)
         else:
             seen = check_reported(self._job(workload_id), workload_id)

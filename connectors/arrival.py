@@ -14,7 +14,10 @@ run a job:
 * **Slurm** checks a job at ``sbatch`` (partition, account, QOS, limits) and refuses it
   there, so a job in its queue is one it will run when resources free — except the few
   pending reasons Slurm documents as never resolving by themselves
-  (:data:`NEVER_RUNS_REASONS`). Pending, running or having run: accepted.
+  (:data:`NEVER_RUNS_REASONS`). Pending, running or having run: accepted. Whether an
+  ended copy ran is told from its state, times and node list together
+  (connectors.slurm.arrival): Slurm's times have one-second resolution, and it stamps a
+  job it ends in its queue with a start equal to its end.
 * **Simulated** clusters check a job at submit (connectors.sim.cluster) like Slurm; they
   can also refuse a queued one afterwards (``SimCluster.refuse``), which is how the tests
   and the demo stand for the schedulers below.
@@ -34,8 +37,12 @@ its failure is the job's own, as the ``withdraw`` of every connector says too (b
 home copy back would run the job a second time). One that ended without ever running
 (failed or cancelled while queued) was rejected: nothing ran, and the home copy takes over.
 
+A connector's ``withdraw`` and its arrival check apply the same "ran" rule, so that a copy
+the confirm rejected is one the withdraw undoes, never one it refuses as having run (the
+home copy would stay held for ever).
+
 :func:`check_reported` is the rule over a ``JobReport``, for connectors whose report says
-enough (Slurm, sim, and any connector without ``SupportsArrivalCheck``).
+enough (sim, and any connector without ``SupportsArrivalCheck``).
 """
 
 from __future__ import annotations
@@ -62,7 +69,8 @@ def rejected(what: str) -> ConnectorError:
 
 def ran(job: JobReport) -> bool:
     """Whether the job ran here for a while: it started, and (if it has ended) ended after
-    its start — a Slurm job cancelled in the queue may carry a start time equal to its end."""
+    its start — a scheduler may stamp a job it ended in its queue with a start equal to its
+    end (Slurm does; its connector judges with more than times: connectors.slurm.arrival)."""
     if job.start_time is None:
         return False
     return job.end_time is None or job.end_time > job.start_time

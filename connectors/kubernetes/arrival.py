@@ -10,7 +10,8 @@ does not parse). So:
 
 * ran to its end: accepted when its pods ran (it succeeded, or failed after they ran: its
   own failure, which ``withdraw`` refuses to undo too); rejected when it ended before any
-  pod ran (its deadline passed in the queue);
+  pod ran (its deadline passed in the queue: :func:`took_place` says why only a pod seen
+  to have started tells, then);
 * suspended: held in the queue (someone's hold; a Job Kueue manages is judged by its
   Workload first, below), accepted;
 * no pod yet: not yet known. The controller creates pods within seconds unless it
@@ -21,8 +22,13 @@ does not parse). So:
 * otherwise its pods run, or wait for the kube-scheduler (queued): accepted.
 
 **A Workload** (:func:`judge_workload`), for a Job Kueue manages: Kueue keeps the Job
-suspended until it admits the Workload. Admitted, the Job is judged as above (suspended,
-it is about to be resumed: not yet known until its pods are there); waiting for
+suspended until it admits the Workload. Deactivated (``spec.active: false``) by Shaper (a
+held submit, a hold: the mark ``shaper.io/deactivated`` its deactivations write and its
+reactivations take off), it is held in the queue, accepted; deactivated by Kueue itself
+(an AdmissionCheck that rejected it, its requeuing limit reached: Kueue's DeactivationTarget
+and Evicted conditions say which) or by anyone else, it stays out of admission until they
+let it in, and is rejected with what its conditions say. Admitted, the Job is judged as
+above (suspended, it is about to be resumed: not yet known until its pods are there); waiting for
 quota in its ClusterQueue (QuotaReserved false, reason ``Pending``) it is queued, accepted;
 inadmissible (no such LocalQueue, a stopped or inactive queue: reasons
 :data:`INADMISSIBLE`) it was rejected; finished without its Job having run, rejected; not
@@ -31,11 +37,13 @@ yet looked at by Kueue (no QuotaReserved condition), not yet known.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes import client
 
 from connectors.arrival import not_yet, rejected
+from connectors.kubernetes.pods import DEACTIVATED_BY_SHAPER
 
 # A Job's conditions once it has run to its end (the Job controller's, and the interim
 # ones it sets while its pods finish).
@@ -49,6 +57,16 @@ STILL_PULLING = frozenset({"ErrImagePull", "ImagePullBackOff"})
 # QuotaReserved=False reasons of a Workload Kueue will not admit as it stands.
 INADMISSIBLE = frozenset({"Inadmissible", "Misconfigured"})
 _SUCCEEDED = ("Complete", "SuccessCriteriaMet")
+# The reason of the Failed (and FailureTarget) condition of a Job whose
+# activeDeadlineSeconds passed (the Job controller's batch.JobReasonDeadlineExceeded).
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+# The Workload conditions that say why Kueue deactivated it, most telling first.
+_DEACTIVATION_CONDITIONS = (
+    ("DeactivationTarget", "True"),
+    ("Evicted", "True"),
+    ("Requeued", "False"),
+    ("QuotaReserved", "False"),
+)
 
 
 def judge_job(
@@ -62,7 +80,7 @@ def judge_job(
     status = job.status or client.V1JobStatus()
     ended = ran_condition(job)
     if ended is not None:
-        if took_place(job):
+        if took_place(job, pods):
             return f"{seen} ran here and ended ({ended}): the move took place"
         raise rejected(f"{seen} ended ({ended}{_message(status, ended)}) before any pod ran")
     if (job.spec and job.spec.suspend) is True:
@@ -96,10 +114,15 @@ def judge_workload(workload: dict[str, Any], external_id: str) -> str | None:
     raises saying what was seen."""
     seen = f"job {external_id}'s Workload {workload.get('metadata', {}).get('name')}"
     conditions = {c.get("type"): c for c in workload.get("status", {}).get("conditions") or []}
-    if _true(conditions.get("Admitted")) or _true(conditions.get("Finished")):
+    if _true(conditions.get("Finished")):
         return None
     if workload.get("spec", {}).get("active", True) is False:
-        return f"{seen} is deactivated: held in the queue"
+        annotations = workload.get("metadata", {}).get("annotations") or {}
+        if annotations.get(DEACTIVATED_BY_SHAPER):
+            return f"{seen} is deactivated by Shaper: held in the queue"
+        raise rejected(f"{seen} was deactivated, not by Shaper ({_deactivated_why(conditions)})")
+    if _true(conditions.get("Admitted")):
+        return None
     reserved = conditions.get("QuotaReserved")
     if reserved is None:
         raise not_yet(f"{seen} has not been considered by Kueue")
@@ -119,17 +142,67 @@ def ran_condition(job: client.V1Job) -> str | None:
     return None
 
 
-def took_place(job: client.V1Job) -> str | None:
+def took_place(job: client.V1Job, pods: Sequence[client.V1Pod] = ()) -> str | None:
     """The condition of a Job that ended having run here (it succeeded, or a pod of it ran
     and ended); None while it may still run, or when it ended before any pod ran (a
     deadline, a pod that could never be created): such a copy did no work, and a move
-    that made it may be undone."""
+    that made it may be undone. ``pods``: the Job's pods as the API server lists them now.
+
+    ``status.failed`` counts every pod the Job controller ended, and when the Job's
+    ``activeDeadlineSeconds`` passes (condition reason ``DeadlineExceeded``) it ends and
+    counts its pods still Pending too, which never ran. So for a deadline the count says
+    nothing, and only a listed pod with a container that started says the Job ran
+    (:func:`pod_started`). That cannot always be told: the controller deletes the pods it
+    ends at the deadline, so the pod of a copy that ran until then is gone once it has
+    terminated (the Job's status keeps counts only: ``ready``, ``terminating``,
+    ``uncounted_terminated_pods`` are of the present, ``startTime`` is the Job's, not a
+    pod's). Without such evidence the copy counts as not run: the move is undone and the
+    home copy runs — at worst a second time, after a run here its deadline cut short —
+    rather than cancelling the home copy of a job that may never have run anywhere."""
     ended = ran_condition(job)
     if ended is None:
         return None
     status = job.status or client.V1JobStatus()
-    pods_ran = (status.succeeded or 0) + (status.failed or 0)
-    return ended if ended in _SUCCEEDED or pods_ran else None
+    if ended in _SUCCEEDED or status.succeeded:
+        return ended
+    if not status.failed:
+        return None
+    if _reason(status, ended) == DEADLINE_EXCEEDED:
+        return ended if any(pod_started(pod) for pod in pods) else None
+    return ended
+
+
+def pod_started(pod: client.V1Pod) -> bool:
+    """Whether a container of the pod started (runs, or ended after it started), now or
+    before a restart; a pod deleted while Pending has none (a container the kubelet never
+    started is reported terminated without a start time)."""
+    status = pod.status or client.V1PodStatus()
+    containers = [*(status.init_container_statuses or []), *(status.container_statuses or [])]
+    for container in containers:
+        for state in (container.state, container.last_state):
+            if state is None:
+                continue
+            if state.running is not None or (state.terminated and state.terminated.started_at):
+                return True
+    return False
+
+
+def _reason(status: client.V1JobStatus, condition: str) -> str:
+    for each in status.conditions or []:
+        if each.type == condition:
+            return str(each.reason or "")
+    return ""
+
+
+def _deactivated_why(conditions: dict[Any, dict[str, Any]]) -> str:
+    """What Kueue says of a deactivation: its DeactivationTarget condition while it acts on
+    it, then the Evicted (or Requeued, QuotaReserved) condition it leaves."""
+    for kind, status in _DEACTIVATION_CONDITIONS:
+        condition = conditions.get(kind)
+        if condition is not None and condition.get("status") == status:
+            reason, message = condition.get("reason") or "", condition.get("message") or ""
+            return f"{kind} {reason}: {str(message)[:200]}"
+    return "no condition says why"
 
 
 def _true(condition: dict[str, Any] | None) -> bool:

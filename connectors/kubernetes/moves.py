@@ -23,7 +23,7 @@ from kubernetes import client
 from connectors.arrival import rejected
 from connectors.base import ConnectorError, check_move_name
 from connectors.kubernetes import actions
-from connectors.kubernetes.arrival import judge_job, took_place
+from connectors.kubernetes.arrival import judge_job, ran_condition, took_place
 from connectors.kubernetes.pods import OwnerRef, parse_external_id
 from connectors.kubernetes.submission import (
     MOVE_MARK,
@@ -121,7 +121,13 @@ class KubernetesMoves:
         check_move_name(name, step="withdraw")
         what = f"withdraw {name} from {self.cluster}"
         live = [j for j in self.moved_jobs(name, what=what) if not j.metadata.deletion_timestamp]
-        ran = [(j, ended) for j in live if (ended := took_place(j))]
+        # The pods say whether a Job its deadline ended ran (took_place): read for ended
+        # Jobs only, as the arrival check reads them, so that both judge alike.
+        ran = [
+            (j, ended)
+            for j in live
+            if ran_condition(j) is not None and (ended := took_place(j, self.current_pods(j)))
+        ]
         if ran:
             job, ended = ran[0]
             raise ConnectorError(

@@ -104,6 +104,10 @@ RESUME_FROM_FIELD = f"metadata.annotations['{RESUME_FROM}']"
 # (Kueue), written in the same patch as the stop: a resent step finds it and does not stop
 # the work a second time (connectors.base.SupportsResumePointer).
 STOPPED_BY_STEP = "shaper.io/stopped-by-step"
+# On a Workload while Shaper holds it inactive (written with every deactivation, taken off
+# with the reactivation): one inactive without it was deactivated by Kueue itself (an
+# admission check rejected it, its requeuing limit was reached) or by someone else.
+DEACTIVATED_BY_SHAPER = "shaper.io/deactivated"
 MIN_REPLICAS_ANNOTATION = "shaper.io/min-replicas"
 MAX_REPLICAS_ANNOTATION = "shaper.io/max-replicas"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"

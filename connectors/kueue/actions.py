@@ -5,7 +5,11 @@ Kueue decides which Workloads run; Shaper steers it through ``spec.active`` of a
 (``kueue.x-k8s.io/v1beta2``), the supported way to stop an admitted one: deactivating evicts
 it (condition ``Evicted``, reason ``Deactivated``), Kueue suspends its Job, the pods go, the
 quota is released, and it stays out of admission until reactivated; then it queues again and
-is admitted like any other. What was measured against Kueue v0.17.0 and Kubernetes v1.37:
+is admitted like any other. Kueue deactivates Workloads itself too (an AdmissionCheck that
+rejected one, its requeuing limit reached), so every deactivation of Shaper's marks the
+Workload (``shaper.io/deactivated``) and its reactivation takes the mark off: a moved copy's
+confirm (connectors.kubernetes.arrival) tells Shaper's hold from Kueue's rejection by it.
+What was measured against Kueue v0.17.0 and Kubernetes v1.37:
 
 * Setting ``spec.suspend`` of an admitted Job that Kueue manages does not stop it: Kueue
   unsuspends it at once, the Job controller has already killed its pods, new ones start from
@@ -48,7 +52,7 @@ from connectors.kubernetes.actions import (
     template_blocker,
     wait_until,
 )
-from connectors.kubernetes.pods import RESUME_FROM, STOPPED_BY_STEP
+from connectors.kubernetes.pods import DEACTIVATED_BY_SHAPER, RESUME_FROM, STOPPED_BY_STEP
 
 GROUP, VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
 # Kueue's own marker on a Job it is in the middle of stopping (pkg/controller/jobs/job).
@@ -88,9 +92,13 @@ def _set_active(
     step_key: str | None = None,
 ) -> None:
     custom = _custom(api)
-    body: dict[str, Any] = {"spec": {"active": active}}
+    # Shaper's own deactivation is marked in the same patch, and the mark goes with the
+    # reactivation (a merge patch's null deletes it): an inactive Workload without it is
+    # one Kueue (or someone else) deactivated, which no release of Shaper's lets run.
+    annotations: dict[str, str | None] = {DEACTIVATED_BY_SHAPER: None if active else "true"}
     if step_key is not None:
-        body["metadata"] = {"annotations": {STOPPED_BY_STEP: step_key}}
+        annotations[STOPPED_BY_STEP] = step_key
+    body: dict[str, Any] = {"spec": {"active": active}, "metadata": {"annotations": annotations}}
     call(
         "patch",
         _resource(namespace, workload),

@@ -19,7 +19,9 @@ jobs that can move carry a ``SubmitSpec`` of their batch script and sbatch optio
 script read once per job and cached; ``submit`` sbatches such a spec here, idempotent by
 the move's name, which the new job's comment carries — held and pinned to given nodes
 when a running job moves (it waits for its checkpoint image, then a ``release``);
-``withdraw`` cancels the job of that name.
+``withdraw`` cancels the job of that name, and ``check_arrival`` (a pending job's move
+confirms its copy here) reads that one job; both judge whether it ran by
+connectors.slurm.arrival's one rule.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import httpx
 from pydantic import ValidationError
 
 from connectors.base import ConnectorError, check_move_name
+from connectors.slurm.arrival import LISTED_FORMAT, check_listed, parse_listed
 from connectors.slurm.client import RunCommand, SlurmCli, SlurmRest
 from connectors.slurm.config import SlurmConnectorConfig
 from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_nodes
@@ -306,10 +309,11 @@ class SlurmConnector:
         would be a bug elsewhere; both are cancelled (the move is undone whole) and the
         oldest's id is returned. A job of the move that already ran and ended here (not
         cancelled) is a non-retryable error: the move took place, and the saga must not
-        release the source's copy to run a second time."""
+        release the source's copy to run a second time. "Ran" is the confirm's rule too
+        (connectors.slurm.arrival.ran_here), so a copy the confirm rejected is withdrawn."""
         check_move_name(name, step="withdraw")
         what = f"withdraw {name} from {self.cluster}"
-        listed = self._cli.run(["squeue", "-h", "-t", "all", "-o", "%i|%k|%T"], what=what)
+        listed = self._cli.run(["squeue", "-h", "-t", "all", "-o", LISTED_FORMAT], what=what)
         ran = ran_moved_jobs(listed, name)
         if ran:
             job_id, state = ran[0]
@@ -326,6 +330,25 @@ class SlurmConnector:
             self.cancel(job_id)
         logger.info("%s: cancelled job %s", what, ",".join(live))
         return live[0]
+
+    def check_arrival(self, external_id: str) -> str:
+        """SupportsArrivalCheck: whether the job a move submitted here runs here, from that
+        one job's squeue line (connectors.slurm.arrival: the rule ``withdraw`` applies too),
+        not from a read of the whole cluster. A job squeue no longer knows (purged
+        MinJobAge after its end) is not known yet: the confirm gives up on it and the move
+        is undone, which keeps the home copy."""
+        job_id = self._job_id(external_id)
+        what = f"confirm the arrival of job {job_id}"
+        try:
+            listed = self._cli.run(
+                ["squeue", "-h", "-t", "all", "-j", job_id, "-o", LISTED_FORMAT], what=what
+            )
+        except ConnectorError as error:
+            if error.retryable or not _already(str(error), "invalid job id"):
+                raise
+            listed = ""
+        found = next((job for job in parse_listed(listed) if job.job_id == job_id), None)
+        return check_listed(found, job_id)
 
     def _target(self, what: str) -> TargetCluster:
         """This cluster's partitions and its default one (``sinfo`` marks it with '*')."""

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.base import ConnectorError, check_move_name
+from connectors.slurm.arrival import ListedJob, parse_listed, ran_here
 from wire.telemetry import PortableSpec, SchedulerKind, SubmitSpec
 
 Document = dict[str, Any]
@@ -303,38 +304,30 @@ def moved_job(squeue_lines: str, name: str) -> str | None:
     return _oldest(found)[0] if found else None
 
 
-# Ended after running (not cancelled before or while it ran): a move whose job ended so here
-# took place, and its source copy must not run again.
-RAN_STATES = frozenset(
-    {"COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE", "OUT_OF_MEMORY"}
-)
-
-
 def ran_moved_jobs(squeue_lines: str, name: str) -> list[tuple[str, str]]:
-    """``(id, state)`` of the jobs submitted for move ``name`` that ended after running
-    (:data:`RAN_STATES`), oldest first, from ``squeue -o '%i|%k|%T'`` lines."""
-    mark = f"{MOVE_MARK}{name}"
-    found = {}
-    for line in squeue_lines.splitlines():
-        job_id, _, rest = line.partition("|")
-        comment, _, state = rest.rpartition("|")
-        if mark in comment.split() and state.strip().upper() in RAN_STATES:
-            found[job_id.strip()] = state.strip().upper()
+    """``(id, state)`` of the jobs submitted for move ``name`` that ran here and ended
+    (connectors.slurm.arrival.ran_here, the rule the move's confirm applies too), oldest
+    first, from ``squeue -o LISTED_FORMAT`` lines. CANCELLED ones are left out: that
+    cancel may be a withdraw's own, and its resend must answer as the first did; a copy
+    the confirm rejected is never among them."""
+    found = {
+        job.job_id: job.state
+        for job in _of_move(squeue_lines, name)
+        if ran_here(job) and job.state != "CANCELLED"
+    }
     return [(job_id, found[job_id]) for job_id in _oldest(list(found))]
 
 
 def live_moved_jobs(squeue_lines: str, name: str) -> list[str]:
     """The ids of the jobs submitted for move ``name`` that have not ended (not in
-    :data:`ENDED_STATES`), oldest first, from ``squeue -o '%i|%k|%T'`` lines."""
+    :data:`ENDED_STATES`), oldest first, from ``squeue -o LISTED_FORMAT`` lines."""
+    live = [job.job_id for job in _of_move(squeue_lines, name) if job.state not in ENDED_STATES]
+    return _oldest(live)
+
+
+def _of_move(squeue_lines: str, name: str) -> list[ListedJob]:
     mark = f"{MOVE_MARK}{name}"
-    found = []
-    for line in squeue_lines.splitlines():
-        job_id, _, rest = line.partition("|")
-        # The state is the last column: a comment may hold a '|' of its own.
-        comment, _, state = rest.rpartition("|")
-        if mark in comment.split() and state.strip().upper() not in ENDED_STATES:
-            found.append(job_id.strip())
-    return _oldest(found)
+    return [job for job in parse_listed(squeue_lines) if mark in job.comment.split()]
 
 
 def switch_off_source_directives(script: str) -> str:

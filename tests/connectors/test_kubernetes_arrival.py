@@ -14,6 +14,7 @@ from kubernetes import client
 
 from connectors.base import ConnectorError
 from connectors.kubernetes.arrival import judge_job, judge_workload, took_place
+from connectors.kubernetes.pods import DEACTIVATED_BY_SHAPER
 
 JOB = "ml/job/moved-1"
 
@@ -126,8 +127,9 @@ def test_a_workload_waiting_for_quota_is_queued_and_an_inadmissible_one_rejected
     )
     assert "is inadmissible (Inadmissible: Inadmissible message)" in str(error)
     assert "not been considered" in str(_not_yet(lambda: judge_workload(_workload(), JOB)))
-    held = judge_workload(_workload(("QuotaReserved", "False", "Pending"), active=False), JOB)
-    assert held is not None and "deactivated: held" in held
+    held = _workload(("QuotaReserved", "False", "Pending"), active=False)
+    held["metadata"]["annotations"] = {DEACTIVATED_BY_SHAPER: "true"}  # Shaper's hold
+    assert "deactivated by Shaper: held" in (judge_workload(held, JOB) or "")
     # Admitted or finished: the Job and its pods say the rest.
     assert judge_workload(_workload(("Admitted", "True", "Admitted")), JOB) is None
     assert judge_workload(_workload(("Finished", "True", "JobFinished")), JOB) is None

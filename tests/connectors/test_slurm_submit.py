@@ -173,14 +173,22 @@ def test_a_job_moved_twice_carries_only_its_last_moves_mark() -> None:
 
 
 def test_a_withdraw_finds_only_the_moves_jobs_that_have_not_ended() -> None:
+    # squeue -o connectors.slurm.arrival.LISTED_FORMAT: id|state|start|end|nodes|reason|comment
+    t0, t1 = "2026-12-04T10:00:00", "2026-12-04T10:05:00"
     listed = (
-        "7|shaper-move:mv-2|CANCELLED\n12|shaper-move:mv-2|RUNNING\n"
-        "8|a|b shaper-move:mv-2|PENDING\n9|shaper-move:mv-20|RUNNING\n"
-        "10|shaper-move:mv-2|COMPLETING\n11|shaper:kind=hpc|RUNNING\n"
+        f"7|CANCELLED|{t0}|{t0}||Priority|shaper-move:mv-2\n"
+        f"12|RUNNING|{t0}|{t1}|node1|None|shaper-move:mv-2\n"
+        "8|PENDING|N/A|N/A||Priority|a|b shaper-move:mv-2\n"
+        f"9|RUNNING|{t0}|{t1}|node1|None|shaper-move:mv-20\n"
+        f"10|COMPLETING|{t0}|{t1}|node2|None|shaper-move:mv-2\n"
+        f"11|RUNNING|{t0}|{t1}|node3|None|shaper:kind=hpc\n"
     )
     assert live_moved_jobs(listed, "mv-2") == ["8", "12"]  # oldest first
     assert live_moved_jobs(listed, "mv-3") == []
-    ran = listed + "13|shaper-move:mv-2|COMPLETED\n14|shaper-move:mv-2|FAILED\n"
+    ran = listed + (
+        f"13|COMPLETED|{t0}|{t1}|node1|None|shaper-move:mv-2\n"
+        f"14|FAILED|{t0}|{t0}|node1|NonZeroExitCode|shaper-move:mv-2\n"
+    )
     assert ran_moved_jobs(ran, "mv-2") == [("13", "COMPLETED"), ("14", "FAILED")]
     assert ran_moved_jobs(listed, "mv-2") == []  # cancelled, or still ending: not "ran"
 

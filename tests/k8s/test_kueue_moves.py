@@ -19,7 +19,7 @@ import pytest
 from connectors.actions import ConnectorStepExecutor
 from connectors.base import ConnectorError
 from connectors.kubernetes import KubernetesConnectorConfig
-from connectors.kubernetes.pods import QUEUE_LABEL
+from connectors.kubernetes.pods import DEACTIVATED_BY_SHAPER, QUEUE_LABEL
 from connectors.kubernetes.submission import MOVE_MARK, moved_job_name
 from connectors.kueue import KueueConnector
 from connectors.kueue import actions as kueue_actions
@@ -155,11 +155,30 @@ def test_a_held_submit_deactivates_the_workload_until_released(
     stays("the held job out of admission", lambda: admitted(kube, name) is None)
     # A resent held submit finds its stamp and does not hold again.
     assert target.submit(spec, name=move, hold=True) == external_id
+    # Held by Shaper (its mark): the confirm of a pending job's move accepts it.
+    assert "deactivated by Shaper: held in the queue" in target.check_arrival(external_id)
 
     target.release(external_id)
     wait_for("the released job to run", lambda: running_pods(kube, name))
+    released = kube.workload_of_job(name) or {}
+    assert DEACTIVATED_BY_SHAPER not in (released["metadata"].get("annotations") or {})
     assert target.submit(spec, name=move, hold=True) == external_id
     stays("the released job running", lambda: running_pods(kube, name), seconds=2.0)
+
+    # Deactivated without Shaper's mark (as Kueue deactivates one whose AdmissionCheck
+    # rejected it): no release of Shaper's lets it run, so the confirm rejects it.
+    kube.custom.patch_namespaced_custom_object(
+        kueue_actions.GROUP,
+        kueue_actions.VERSION,
+        kube.namespace,
+        kueue_actions.WORKLOADS,
+        released["metadata"]["name"],
+        {"spec": {"active": False}},
+        _content_type="application/merge-patch+json",
+    )
+    with pytest.raises(ConnectorError, match="was deactivated, not by Shaper") as rejected:
+        target.check_arrival(external_id)
+    assert not rejected.value.retryable
 
 
 def test_what_kueue_cannot_take_is_refused_before_anything_is_created(
