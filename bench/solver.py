@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.instances import make_federated_instance, make_instance  # noqa: E402
+from bench.instances import LoadedCluster, random_instance  # noqa: E402
 from solver.exact import solve_exact  # noqa: E402
 from solver.instance import SolverConfig  # noqa: E402
 from solver.objective import evaluate  # noqa: E402
@@ -108,7 +108,7 @@ def large_section(args: argparse.Namespace, config: SolverConfig) -> None:
     for size in args.sizes:
         for load in args.loads:
             built = time.perf_counter()
-            instance = make_instance(size, load, args.seed, config)
+            instance = random_instance(args.seed, LoadedCluster(gpus=size, load=load), config)
             build_s = time.perf_counter() - built
             allocations: dict[str, float] = {}
             global_bound = global_upper_bound(instance)
@@ -143,7 +143,7 @@ def large_section(args: argparse.Namespace, config: SolverConfig) -> None:
 
 
 def federated_section(args: argparse.Namespace, config: SolverConfig) -> None:
-    """One federation group planned as one instance (``make_federated_instance``): the
+    """One federation group planned as one instance (``LoadedCluster(federated=True)``): the
     pending jobs may start in any cluster, paying their image's transfer away from home."""
     clusters, per_cluster = args.federated
     header = (
@@ -158,13 +158,16 @@ def federated_section(args: argparse.Namespace, config: SolverConfig) -> None:
         else config.model_copy(update={"plan_budget_s": args.plan_budget})
     )
     for load in args.loads:
-        instance = make_federated_instance(clusters, per_cluster, load, args.seed, config)
+        group = LoadedCluster(
+            gpus=clusters * per_cluster, load=load, clusters=clusters, federated=True
+        )
+        instance = random_instance(args.seed, group, config)
         global_bound = global_upper_bound(instance)
         cluster_of = {node.name: node.cluster for node in instance.nodes}
         runs = [(name, name, instance) for name in args.policies]
         if budgeted is not None and "shaper" in args.policies:
             # The same instance (same seed) with the budget in its config.
-            within = make_federated_instance(clusters, per_cluster, load, args.seed, budgeted)
+            within = random_instance(args.seed, group, budgeted)
             runs.append((f"shaper≤{args.plan_budget:g}s", "shaper", within))
         for label_name, name, instance in runs:
             started = time.perf_counter()
@@ -198,7 +201,7 @@ def small_section(args: argparse.Namespace, config: SolverConfig) -> None:
     print("-" * len(header))
     for size in args.exact_sizes:
         for seed in args.exact_seeds:
-            instance = make_instance(size, 1.0, seed, config)
+            instance = random_instance(seed, LoadedCluster(gpus=size, load=1.0), config)
             global_bound = global_upper_bound(instance)
             plans = {name: get_policy(name).plan(instance) for name in args.policies}
             hint = plans["shaper"].placement if "shaper" in plans else None

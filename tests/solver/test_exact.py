@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.instances import make_instance
+from bench.instances import EveryRule, LoadedCluster, random_instance
 from solver.exact import MAX_NODES, solve_exact
 from solver.instance import Instance, NodeState, SlaPolicy
 from solver.objective import evaluate
@@ -13,7 +13,6 @@ from solver.policies import POLICY_NAMES, get_policy
 from solver.validate import validate
 
 from .builders import FAST, NOW, instance, job, node, running, service
-from .random_instances import random_instance, with_shaper_history
 
 # 20 GB default checkpoint at 1,000 MiB/s both ways, plus 30 s overhead.
 MIGRATION_S = 30.0 + 2 * 20_000 / 1000
@@ -116,9 +115,7 @@ def test_no_policy_beats_the_exact_bound(seed: int) -> None:
     nodes, gangs): the exact plan is legal, no policy's plan scores above the bound, and
     the model admits every policy's plan at no less than its objective (so the bound is
     one on the real problem, not on a smaller one)."""
-    inst = random_instance(seed, nodes=6, pending=12)
-    if seed % 2:
-        inst = with_shaper_history(inst, seed)
+    inst = random_instance(seed, EveryRule(nodes=6, pending=12, shaper_history=bool(seed % 2)))
     result = solve_exact(inst, time_limit_s=5.0, num_workers=1)
     assert result.bound is not None and result.plan is not None
     assert result.exact == (result.status is SolveStatus.optimal)
@@ -135,7 +132,7 @@ def test_no_policy_beats_the_exact_bound(seed: int) -> None:
 @pytest.mark.parametrize(("gpus", "seed"), [(16, 1), (16, 2), (32, 1), (32, 3), (64, 1)])
 def test_benchmark_instances_are_solved_exactly(gpus: int, seed: int) -> None:
     """The small section of bench/solver.py: proven optimal, legal, above every policy."""
-    inst = make_instance(gpus, 1.0, seed, FAST)
+    inst = random_instance(seed, LoadedCluster(gpus=gpus, load=1.0), FAST)
     result = solve_exact(inst, time_limit_s=10.0, num_workers=1)
     assert result.exact, (result.status, result.violations)
     assert result.objective is not None

@@ -6,13 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.instances import EveryRule, random_instance
 from solver.objective import evaluate
 from solver.plan import ActionKind, Plan, ReasonCode
 from solver.policies import POLICY_NAMES, get_policy
 from solver.relaxation import global_upper_bound
 from solver.validate import validate
-
-from .random_instances import random_instance, with_shaper_history
 
 
 def placed_where_it_says(plan: Plan) -> None:
@@ -51,7 +50,7 @@ def placed_where_it_says(plan: Plan) -> None:
     pending=st.integers(min_value=0, max_value=20),
 )
 def test_no_policy_plan_ever_fails_validate(seed: int, nodes: int, pending: int) -> None:
-    inst = random_instance(seed, nodes, pending)
+    inst = random_instance(seed, EveryRule(nodes, pending))
     bound = global_upper_bound(inst)
     for name in POLICY_NAMES:
         plan = get_policy(name).plan(inst)
@@ -76,7 +75,7 @@ def test_no_policy_plan_ever_fails_validate(seed: int, nodes: int, pending: int)
     pending=st.integers(min_value=0, max_value=20),
 )
 def test_no_policy_touches_a_frozen_job(seed: int, nodes: int, pending: int) -> None:
-    inst = with_shaper_history(random_instance(seed, nodes, pending), seed)
+    inst = random_instance(seed, EveryRule(nodes, pending, shaper_history=True))
     bound = global_upper_bound(inst)
     for name in POLICY_NAMES:
         plan = get_policy(name).plan(inst)
@@ -93,7 +92,7 @@ def test_no_policy_touches_a_frozen_job(seed: int, nodes: int, pending: int) -> 
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1))
 def test_shaper_is_never_worse_than_its_greedy_seed(seed: int) -> None:
-    inst = random_instance(seed, nodes=8, pending=16)
+    inst = random_instance(seed, EveryRule(nodes=8, pending=16))
     greedy = get_policy("shaper").plan(
         inst.model_copy(update={"config": inst.config.model_copy(update={"use_cp_sat": False})})
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from ortools.sat.python import cp_model
 
+from bench.instances import EveryRule, random_instance
 from solver.instance import Instance, SlaPolicy, SolverConfig
 from solver.objective import evaluate
 from solver.plan import ActionKind, ReasonCode, SolveStatus
@@ -13,7 +14,6 @@ from solver.solve import SATURATED_NOTE
 from solver.validate import check
 
 from .builders import instance, job, node, plan_with, running, service
-from .random_instances import random_instance
 
 
 def _knapsack() -> Instance:
@@ -140,7 +140,7 @@ def test_quota_and_gangs_hold_in_the_cp_sat_plan() -> None:
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_deterministic_with_a_fixed_seed(policy: str) -> None:
-    inst = random_instance(seed=11, nodes=12, pending=40)
+    inst = random_instance(11, EveryRule(nodes=12, pending=40))
     inst = inst.model_copy(
         update={"config": SolverConfig(num_workers=2, seed=3, deterministic=True, time_limit_s=1.0)}
     )
