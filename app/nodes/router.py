@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import ClockDep, SessionDep, scoped
 from app.api.responses import ErrorBody
+from app.core.gc_pause import paused_gc
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
 from app.nodes import cluster_map, service
 from app.nodes.models import ClusterMap, NodePublic
@@ -44,4 +45,7 @@ def get_cluster_map(session: SessionDep, clock: ClockDep, cluster: str) -> Clust
     """Every node of the cluster with its GPUs: who holds each, its latest measured
     utilization and memory, and the moves of the cluster's latest open plan (the
     dashboard's cluster map, one read for the whole cluster)."""
-    return cluster_map.cluster_map(session=session, cluster=cluster, now=clock.now())
+    # At 10,000 GPUs the read makes some 100,000 short-lived rows and lists; the collector
+    # passes they trigger walk the whole heap and took three quarters of its time.
+    with paused_gc():
+        return cluster_map.cluster_map(session=session, cluster=cluster, now=clock.now())

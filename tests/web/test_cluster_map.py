@@ -287,3 +287,137 @@ def test_the_map_draws_a_planned_move(page: Page, planned: dict[str, Any], tmp_p
     screenshot(page, "cluster-map", tmp_path)
     item.locator(f'a[href="#plan&id={plan_id}"]').first.click()
     expect(page.locator("#plan")).to_have_attribute("data-plan", str(plan_id))
+
+
+def _focused(page: Page) -> tuple[str, int] | None:
+    """The node and GPU index of the focused map cell; None when focus is elsewhere."""
+    got = page.evaluate(
+        """() => {
+          const cell = document.activeElement;
+          if (!cell || !cell.matches("#gpu-map .gpu")) return null;
+          return [cell.closest(".gpu-row").dataset.node, Number(cell.dataset.index)];
+        }"""
+    )
+    return None if got is None else (got[0], got[1])
+
+
+def _tab_stop(page: Page) -> list[tuple[str, int]]:
+    """The cells that Tab can land on in the map (one, in a roving tabindex)."""
+    stops = page.eval_on_selector_all(
+        '#gpu-map [tabindex="0"]',
+        "(cells) => cells.map((c) => [c.closest('.gpu-row').dataset.node, c.dataset.index])",
+    )
+    return [(node, int(index)) for node, index in stops]
+
+
+def test_the_map_is_a_grid_the_keyboard_moves_through(page: Page, fleet: dict[str, Any]) -> None:
+    _open_map(page, fleet, 2)
+    expect(page.locator("#gpu-map")).to_have_attribute("data-drawn", "all")
+    grid = page.get_by_role("grid")
+    expect(grid).to_have_accessible_name("GPUs of alpha: a row per node, a cell per GPU")
+    expect(grid.get_by_role("row")).to_have_count(4)
+    expect(
+        grid.get_by_role("rowheader", name="a3 · L40S · 2 of 4 GPUs held · draining")
+    ).to_have_count(1)
+    # Every cell is named by its node, GPU, job or "free", and team.
+    expect(grid.get_by_role("gridcell")).to_have_count(8 + 8 + 4 + 4)
+    expect(page.locator('.gpu-row[data-node="a1"] .gpu').nth(0)).to_have_accessible_name(
+        "a1 GPU 0 · job train · team vision · utilization 87 % · memory 61.5 GiB of 80 GiB"
+    )
+    expect(grid.get_by_role("gridcell", name="a1 GPU 7 · free", exact=False)).to_have_count(1)
+    expect(
+        grid.get_by_role("gridcell", name="a3 GPU 1 · job counted · team vision", exact=False)
+    ).to_have_count(1)
+
+    # One tab stop: Tab from the last filter lands on the first cell, the next Tab leaves.
+    assert _tab_stop(page) == [("a1", 0)]
+    page.focus("#map-state")
+    page.keyboard.press("Tab")
+    assert _focused(page) == ("a1", 0)
+    outline = page.evaluate("() => getComputedStyle(document.activeElement).outlineStyle")
+    assert outline == "solid"  # the focus is visible
+    page.keyboard.press("Tab")
+    assert _focused(page) is None
+    page.keyboard.press("Shift+Tab")
+    assert _focused(page) == ("a1", 0)
+
+    # Left and right along a row (no wrap at its ends), up and down between rows keeping
+    # the column where a row is shorter, Home and End, with Ctrl the map's ends.
+    for key, expected in (
+        ("ArrowLeft", ("a1", 0)),
+        ("ArrowRight", ("a1", 1)),
+        ("End", ("a1", 7)),
+        ("ArrowRight", ("a1", 7)),
+        ("ArrowDown", ("a2", 7)),
+        ("ArrowDown", ("a3", 3)),
+        ("ArrowDown", ("a4", 3)),
+        ("ArrowDown", ("a4", 3)),
+        ("ArrowUp", ("a3", 3)),
+        ("ArrowUp", ("a2", 7)),
+        ("Home", ("a2", 0)),
+        ("Control+End", ("a4", 3)),
+        ("Control+Home", ("a1", 0)),
+        ("PageDown", ("a4", 0)),
+        ("PageUp", ("a1", 0)),
+        ("ArrowDown", ("a2", 0)),
+        ("ArrowRight", ("a2", 1)),
+    ):
+        page.keyboard.press(key)
+        assert _focused(page) == expected, key
+        assert _tab_stop(page) == [expected], key
+    # A new reply redrawing the map under the keyboard user keeps their place and focus.
+    page.evaluate(
+        """() => {
+          document.activeElement.dataset.old = "yes";
+          document.querySelector("#node-cluster").dispatchEvent(new Event("change"));
+        }"""
+    )
+    expect(page.locator("#gpu-map .gpu[data-old]")).to_have_count(0)
+    assert _focused(page) == ("a2", 1)
+    # A redraw (colouring by job) keeps the tab stop where it was.
+    page.select_option("#map-colour", "job")
+    expect(page.locator("#gpu-map")).to_have_attribute("data-colour-by", "job")
+    assert _tab_stop(page) == [("a2", 1)]
+    # Rows a filter hides are skipped; a hidden tab stop moves to the first cell shown.
+    page.select_option("#map-state", "draining")
+    assert _tab_stop(page) == [("a3", 0)]
+    page.focus("#map-state")
+    page.keyboard.press("Tab")
+    assert _focused(page) == ("a3", 0)
+    for key in ("ArrowDown", "ArrowUp", "PageDown", "Control+Home"):
+        page.keyboard.press(key)
+        assert _focused(page) == ("a3", 0), key
+    page.select_option("#map-state", "")
+
+
+def test_enter_or_space_on_a_cell_opens_what_a_click_opens(
+    page: Page, fleet: dict[str, Any]
+) -> None:
+    ids = {j["external_id"]: j["id"] for j in _get(fleet, "/jobs", {"cluster": "alpha"})["items"]}
+    _open_map(page, fleet, 2)
+    expect(page.locator("#gpu-map")).to_have_attribute("data-drawn", "all")
+    page.focus("#map-state")
+    page.keyboard.press("Tab")
+    # A free GPU has nothing to open: the map stays.
+    page.keyboard.press("End")
+    page.keyboard.press("Enter")
+    page.keyboard.press(" ")
+    expect(page.locator("#nodes")).to_be_visible()
+    assert _focused(page) == ("a1", 7)
+    for key, (moves, job_name) in (("Enter", ([], "train")), (" ", (["ArrowDown"], "serve"))):
+        page.keyboard.press("Home")
+        for move in moves:
+            page.keyboard.press(move)
+        page.keyboard.press(key)
+        expect(page.locator("#job")).to_have_attribute("data-job", str(ids[job_name]))
+        expect(page.locator("#job-title")).to_contain_text(f"Job {job_name}")
+        assert page.evaluate("() => location.hash") == f"#job&id={ids[job_name]}"
+        with page.expect_response(lambda response: "/nodes/map?" in response.url):
+            page.go_back()
+        expect(page.locator("#nodes")).to_be_visible()
+        expect(page.locator("#gpu-map")).to_have_attribute("data-drawn", "all")
+        page.focus("#map-state")
+        page.keyboard.press("Tab")
+    # The mouse opens the same page.
+    page.locator('.gpu-row[data-node="a1"] .gpu').nth(6).click()
+    expect(page.locator("#job")).to_have_attribute("data-job", str(ids["tune"]))

@@ -9,16 +9,23 @@
 // again. A reply for a cluster no longer chosen is dropped (Latest). Rows off screen are
 // not laid out until scrolled to (`content-visibility: auto` in style.css), so 1,000
 // nodes stay quick to draw and scroll.
+//
+// The map is an ARIA grid (a row per node, a gridcell per GPU) that the keyboard moves
+// through (map_grid.ts); activating a cell, by click, Enter or Space, opens the page of
+// the job holding the GPU.
 
 import { api, isAbort, Latest, Unauthorized } from "./api";
 import { $, COLORS, esc, select } from "./dom";
 import { when } from "./format";
 import { jobLink } from "./links";
+import { placeTabStop, wireGrid } from "./map_grid";
 import type { ClusterMap, MapCells, MapJob, MapNode, PlannedMove } from "./types";
 
 const request = new Latest();
 // The reply drawn last: the filters and the colour toggle redraw from it.
 let shown: ClusterMap | null = null;
+// Its nodes by name, for the cell a click or key activates.
+let shownNodes = new Map<string, MapNode>();
 // Rows drawn with the reply, and then per task until every node is drawn.
 const FIRST_ROWS = 60;
 const CHUNK_ROWS = 200;
@@ -33,6 +40,7 @@ export async function showNodes(): Promise<void> {
   const view = $("#gpu-map");
   if (!cluster) {
     shown = null;
+    shownNodes = new Map();
     view.innerHTML = "<p>No clusters.</p>";
     return;
   }
@@ -49,6 +57,7 @@ export async function showNodes(): Promise<void> {
   }
   if (!current()) return;
   shown = map;
+  shownNodes = new Map(map.nodes.map((node) => [node.name, node]));
   fillModels(map);
   drawMap();
 }
@@ -69,15 +78,20 @@ export function drawMap(): void {
   const rows = (from: number, to: number): string =>
     map.nodes
       .slice(from, to)
-      .map((node) => row(map, node, colour, marks, by))
+      .map((node, i) => row(map, node, from + i, colour, marks, by))
       .join("");
+  // Focus in the grid goes back to its cell once the new rows are in (placeTabStop).
+  const hadFocus = view.contains(document.activeElement);
   view.dataset.cluster = map.cluster;
   view.dataset.colourBy = by;
   view.dataset.drawn = "partly";
+  view.setAttribute("aria-label", `GPUs of ${map.cluster}: a row per node, a cell per GPU`);
+  view.setAttribute("aria-rowcount", String(map.nodes.length));
   view.innerHTML = rows(0, FIRST_ROWS);
   $("#map-legend").innerHTML = legend(map, by, colour);
   $("#map-moves").innerHTML = movesList(map);
   filterMap();
+  placeTabStop(view, hadFocus);
   let next = FIRST_ROWS;
   const more = (): void => {
     if (mine !== drawing) return;
@@ -103,6 +117,7 @@ export function filterMap(): void {
   for (const row of document.querySelectorAll<HTMLElement>("#gpu-map .gpu-row")) {
     row.hidden = left(row.dataset.model ?? "", row.dataset.state ?? "");
   }
+  placeTabStop($("#gpu-map"));
   const showing = map.nodes.filter((n) => !left(n.gpu_model ?? "", n.state)).length;
   const gpus = map.nodes.reduce((n, node) => n + node.holders.length, 0);
   const held = map.nodes.reduce((n, node) => n + node.holders.filter((h) => h != null).length, 0);
@@ -115,6 +130,15 @@ export function filterMap(): void {
 export function wireMap(): void {
   select("#map-colour").addEventListener("change", drawMap);
   for (const id of ["#map-model", "#map-state"]) select(id).addEventListener("change", filterMap);
+  wireGrid($("#gpu-map"), openCell);
+}
+
+/** A held GPU's cell opens its job's page; a free GPU's has nothing to open. */
+function openCell(cell: HTMLElement): void {
+  const node = shownNodes.get(cell.closest<HTMLElement>(".gpu-row")?.dataset.node ?? "");
+  const holder = node?.holders[Number(cell.dataset.index)];
+  if (!shown || holder == null) return;
+  location.hash = `#job&id=${shown.jobs[holder].id}`;
 }
 
 function fillModels(map: ClusterMap): void {
@@ -175,6 +199,7 @@ function marked(moves: PlannedMove[]): Marks {
 function row(
   map: ClusterMap,
   node: MapNode,
+  position: number,
   colour: Map<string, string>,
   marks: Marks,
   by: "team" | "job",
@@ -183,9 +208,13 @@ function row(
   const held = node.holders.filter((h) => h != null).length;
   const utils = node.util.filter((u): u is number => u != null);
   const busy = utils.length ? ` · ${percent(utils.reduce((a, b) => a + b, 0) / utils.length)} busy` : "";
-  return `<div class="gpu-row ${esc(node.state)}" data-node="${esc(node.name)}" data-model="${esc(node.gpu_model ?? "")}" data-state="${esc(node.state)}">
-    <span class="name">${esc(node.name)}</span><span class="cells">${cells}</span>
-    <span class="hint">${esc(node.gpu_model || "no GPU")} · ${held}/${node.holders.length} · ${esc(node.state)}${busy}</span></div>`;
+  const hint = `${esc(node.gpu_model || "no GPU")} · ${held}/${node.holders.length} · ${esc(node.state)}${busy}`;
+  // Screen readers hear the hint in the row header's name, in words; the hint itself is
+  // hidden from them, as it would be read as a stray cell of the row.
+  const said = `${esc(node.name)} · ${esc(node.gpu_model || "no GPU")} · ${held} of ${node.holders.length} GPUs held · ${esc(node.state)}${busy}`;
+  return `<div class="gpu-row ${esc(node.state)}" role="row" aria-rowindex="${position + 1}" data-node="${esc(node.name)}" data-model="${esc(node.gpu_model ?? "")}" data-state="${esc(node.state)}">
+    <span class="name" role="rowheader" aria-label="${said}">${esc(node.name)}</span><span class="cells" role="none">${cells}</span>
+    <span class="hint" aria-hidden="true">${hint}</span></div>`;
 }
 
 function cell(
@@ -226,7 +255,8 @@ function cell(
   ]
     .filter(Boolean)
     .join(" ");
-  return `<span class="${classes.join(" ")}" ${data}${styles.length ? ` style="${styles.join(";")}"` : ""} title="${esc(said.join(" · "))}"></span>`;
+  // Its name is the title (no text inside); tabindex -1: focusable, but one tab stop in all.
+  return `<span class="${classes.join(" ")}" role="gridcell" tabindex="-1" ${data}${styles.length ? ` style="${styles.join(";")}"` : ""} title="${esc(said.join(" · "))}"></span>`;
 }
 
 function legend(map: ClusterMap, by: "team" | "job", colour: Map<string, string>): string {
