@@ -109,8 +109,9 @@ def beat(
     schedule: Annotated[str | None, typer.Option(help="beat schedule file")] = None,
     loglevel: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
-    """Fire the periodic tasks (shaping cycles, action sweep, stale connectors) on the
-    broker, for workers to run (needs SHAPER_BROKER_URL). One per site."""
+    """Fire the periodic tasks (shaping cycles, action sweep, stale connectors, roll-up
+    folding, sample retention) on the broker, for workers to run (needs
+    SHAPER_BROKER_URL). One per site."""
     app = _celery_app()
     argv = ["beat", "-l", loglevel, *(["-s", schedule] if schedule else []), *ctx.args]
     app.start(argv)  # type: ignore[attr-defined]
@@ -130,6 +131,39 @@ def db_downgrade(revision: str) -> None:
     from app.core import migrate
 
     migrate.downgrade(get_settings().resolved_database_url, revision)
+
+
+@db_cli.command("prune-samples")
+def db_prune_samples(
+    older_than_days: Annotated[
+        int | None,
+        typer.Option(min=1, help="Default: SHAPER_SAMPLE_RETENTION_DAYS (35)"),
+    ] = None,
+) -> None:
+    """Fold the utilization roll-up's deltas, then delete node samples older than the
+    retention age, all of them (the periodic task does at most a million an hour).
+    GET /utilization answers their periods from the roll-up, unchanged."""
+    from datetime import timedelta
+
+    from app.bootstrap import prepare_database
+    from app.core.clock import SystemClock
+    from app.core.db import get_engine
+    from app.utilization import fold, retention
+
+    settings = get_settings()
+    days = older_than_days or settings.sample_retention_days
+    prepare_database(settings)
+    with Session(get_engine()) as session:
+        folded = 0
+        while moved := fold.fold_deltas(session=session):
+            folded += moved
+        deleted = retention.prune_samples(
+            session=session,
+            now=SystemClock().now(),
+            older_than=timedelta(days=days),
+            max_batches=None,
+        )
+    console.print(f"folded {folded} roll-up deltas; deleted {deleted} samples older than {days} d")
 
 
 @token_cli.command("create")

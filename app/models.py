@@ -14,7 +14,7 @@ from app.plans.models import Plan
 from app.policies.models import SlaPolicy
 from app.telemetry.models import TelemetrySample
 from app.tokens.models import ApiToken
-from app.utilization.models import UtilizationRollup
+from app.utilization.models import UtilizationRollup, UtilizationRollupDelta
 
 metadata = SQLModel.metadata
 
@@ -34,5 +34,6 @@ __all__ = [
     "SlaPolicy",
     "TelemetrySample",
     "UtilizationRollup",
+    "UtilizationRollupDelta",
     "metadata",
 ]

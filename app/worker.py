@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 STALE_CHECK_PERIOD_S = 60.0
 # Dispatches approved actions and times out unanswered saga steps (app.actions.tasks.sweep).
 ACTION_SWEEP_PERIOD_S = 5.0
+# Folds the utilization roll-up's deltas (PostgreSQL): reads sum the ones not folded yet,
+# so this bounds their cost, not their exactness.
+ROLLUP_FOLD_PERIOD_S = 10.0
+# Deletes node samples past SHAPER_SAMPLE_RETENTION_DAYS (app.utilization.retention).
+SAMPLE_RETENTION_PERIOD_S = 3600.0
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -44,6 +49,7 @@ def make_celery(settings: Settings) -> Celery:
             "app.telemetry.tasks",
             "app.shaping.tasks",
             "app.actions.tasks",
+            "app.utilization.tasks",
         ],
     )
     app.conf.update(
@@ -67,6 +73,14 @@ def make_celery(settings: Settings) -> Celery:
             "shaping-cycle": {
                 "task": "app.shaping.tasks.run_shaping_cycles",
                 "schedule": settings.cycle_period_s,
+            },
+            "fold-rollup-deltas": {
+                "task": "app.utilization.tasks.fold_rollup_deltas",
+                "schedule": ROLLUP_FOLD_PERIOD_S,
+            },
+            "prune-samples": {
+                "task": "app.utilization.tasks.prune_samples",
+                "schedule": SAMPLE_RETENTION_PERIOD_S,
             },
         },
     )

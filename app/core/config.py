@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     # revocation made through another process takes up to this long to reach it. 0: off.
     auth_cache_s: float = Field(default=5.0, ge=0, le=60)
     cycle_period_s: float = Field(default=30.0, gt=0)
+    # Node samples (GPU busy and memory, CPU, memory) older than this are deleted
+    # (app.utilization.retention); utilization over their periods comes from the roll-up.
+    # The diagnosis reads them back 31 days.
+    sample_retention_days: int = Field(default=35, ge=1)
     # Overrides every saga step's timeout (impatient tests, slow sites); unset: the
     # per-step defaults in app.actions.saga.STEP_TIMEOUT_S.
     action_step_timeout_s: float | None = Field(default=None, gt=0)

@@ -70,3 +70,45 @@ class UtilizationRollup(SQLModel, table=True):
     closed: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     samples: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
     sample_sum: float
+
+
+class UtilizationRollupDelta(SQLModel, table=True):
+    """What PostgreSQL's triggers add to ``utilization_rollups``, not folded in yet: one row
+    per group and event instant (``at_us``, µs since the epoch) of one writer's statement,
+    appended, never updated. ``app.utilization.fold`` moves them into the roll-up's periods;
+    ``app.utilization.rollup`` reads both, so answers are exact whether or not they are
+    folded. SQLite's triggers upsert the roll-up itself (it has one writer at a time), so
+    this table stays empty there.
+
+    Why appended rows and not upserts in the writer's transaction: concurrent writers of
+    one cluster (its connector's ingest, sagas, node agents) would each lock the cluster's
+    all-time and current-period rows until commit, in orders no trigger can fix across the
+    statements of a transaction, and deadlocked (``tests/app/test_utilization_writers.py``).
+    No foreign key either: checking it locks the cluster's row ``FOR KEY SHARE``, which
+    waits for the ingest's ``FOR UPDATE`` of that row while the waiter holds a job row the
+    ingest wants next. Rows of a deleted cluster are never read and the fold drops them.
+
+    ``node_id``: on a ``gpu_model`` row written for a node's events, that node; the row's
+    group is the node's GPU model when folded or read (``gpu_model_id`` is the model when
+    written, used if the node is gone), so a write that raced a model change lands under
+    the new model (see the migration ``0a1b2c3d4e5f``). None on every other row."""
+
+    __tablename__ = "utilization_rollup_deltas"
+
+    # BIGINT on PostgreSQL: appended at every write and never reused. SQLite's INTEGER
+    # primary key is its 64-bit rowid (a BIGINT one would not be filled in).
+    id: int | None = Field(
+        default=None,
+        sa_column=sa.Column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+    )
+    dimension: str = Field(max_length=16)
+    cluster_id: int
+    node_id: int | None = None
+    gpu_model_id: int
+    team: str = Field(max_length=128)
+    at_us: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    gpus: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    opened: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    closed: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    samples: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    sample_sum: float

@@ -1,7 +1,8 @@
 """The utilization summary computed from the allocations and samples themselves: the
 definition that ``service.summarize`` (from the roll-up) must equal. Its cost follows the
 rows of history in the window (issue 13's fleet: seconds a request), so the API does not
-use it; the tests compare the two.
+use it; the tests compare the two. Over periods whose node samples the retention job has
+deleted (``app.utilization.retention``) only the roll-up still knows their measured busy.
 """
 
 from __future__ import annotations

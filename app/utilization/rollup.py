@@ -13,6 +13,10 @@ A = GPUs held at b, G = Σ ΔGPUs and M = Σ ΔGPUs × (t - b) over the bucket's
 bucket's GPU-time is A × (e - b) + G × (e - b) - M, and the next bucket starts at A + G. A
 at ``since`` is the all-time total less every change since then (the window's buckets and
 what came after ``until``).
+
+On PostgreSQL the triggers append deltas (``utilization_rollup_deltas``: one row per
+group and event instant) that ``app.utilization.fold`` folds into the periods every few
+seconds; the same query adds the deltas not folded yet, each to its bucket.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ LEVELS_US = tuple(16_000_000 * 4**k for k in range(7))
 EXACT_US = 1  # period of the exact instant: period_start_us is the event's time
 ALL_TIME_US = 0
 FOREVER_US = 2**62
+# A delta's GPU model: its node's now, where it names a node that still exists (``n``).
+NODE_MODEL = "CASE WHEN n.id IS NULL THEN {row}.gpu_model_id ELSE COALESCE(n.gpu_model_id, 0) END"
 # Pseudo-buckets beside 0 … n-1: all time, after ``until``, exactly at ``since``.
 ALL_TIME, AFTER, AT_SINCE = -1, -2, -3
 
@@ -93,6 +99,38 @@ def suffix_ranges(start_us: int) -> list[tuple[int, int, int]]:
     return [*period_ranges(start_us, aligned), (top, aligned, FOREVER_US)]
 
 
+def _unfolded(key: str, cluster_id: int | None) -> str:
+    """PostgreSQL: the deltas not folded into the periods yet (``app.utilization.fold``),
+    as rows of the same shape as the periods'. Each is an event at ``at_us``: in all
+    time, in the bucket or after ``until`` that holds it, and at ``since`` if exactly
+    then. Read in the same statement as the periods, so a fold that commits meanwhile
+    moves none of them out of sight or into view twice. Deltas of a deleted cluster (no
+    foreign key) are left out, as its periods went with it."""
+    bucket = (
+        f"CASE WHEN d.at_us >= :until_us THEN {AFTER}"
+        " WHEN d.at_us >= :since_us THEN (d.at_us - :since_us) / :bucket_us END"
+    )
+    buckets = (
+        f"(VALUES ({ALL_TIME}), ({bucket}), (CASE WHEN d.at_us = :since_us THEN {AT_SINCE} END))"
+    )
+    moment = (
+        "CASE WHEN b.bucket >= 0"
+        " THEN d.gpus * (d.at_us - :since_us - b.bucket * :bucket_us) ELSE 0 END"
+    )
+    in_cluster = "" if cluster_id is None else " AND d.cluster_id = :cluster_id"
+    group, nodes = f"d.{key}", ""
+    if key == "gpu_model_id":  # a delta of a node's events: the node's model now
+        group = NODE_MODEL.format(row="d")
+        nodes = " LEFT JOIN nodes n ON n.id = d.node_id"
+    return (
+        f"SELECT b.bucket, {group} AS key, d.gpus, d.opened, d.closed, d.samples,"
+        f" d.sample_sum, {moment} AS moment FROM utilization_rollup_deltas d{nodes}"
+        f" CROSS JOIN LATERAL {buckets} AS b (bucket)"
+        f" WHERE d.dimension = :dimension{in_cluster} AND b.bucket IS NOT NULL"
+        " AND EXISTS (SELECT 1 FROM clusters c WHERE c.id = d.cluster_id)"
+    )
+
+
 def bucket_sums(
     session: Session,
     *,
@@ -143,7 +181,9 @@ def bucket_sums(
         matched = (
             f"SELECT r.bucket, u.* FROM {ranges} CROSS JOIN LATERAL"
             f" (SELECT {columns} FROM utilization_rollups u WHERE {in_range} OFFSET 0) AS u"
+            f" UNION ALL {_unfolded(key, cluster_id)}"
         )
+        parameters.update(since_us=since_us, until_us=until_us, bucket_us=bucket_us)
     else:
         # The ranges are integers computed here, so they are written into the statement:
         # bound one by one they would pass SQLite's limit of parameters for long windows.

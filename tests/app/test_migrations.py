@@ -29,6 +29,7 @@ TABLES = {
     "service_forecasts",
     "runtime_predictions",
     "utilization_rollups",
+    "utilization_rollup_deltas",
 }
 
 

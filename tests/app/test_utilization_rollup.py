@@ -22,7 +22,7 @@ from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.telemetry import service as telemetry_service
-from app.utilization import rollup
+from app.utilization import fold, rollup
 from app.utilization.models import GroupBy
 from app.utilization.raw import summarize_raw
 from app.utilization.service import summarize, to_us
@@ -86,9 +86,10 @@ def _push(
     )
 
 
-def _history(session: Session, rng: random.Random) -> datetime:
+def _history(session: Session, rng: random.Random, *, folding: bool = True) -> datetime:
     """Random pushes to two clusters over about a day, plus allocations written through
-    the ORM (as ``app.actions.saga`` does); returns the last write's time."""
+    the ORM (as ``app.actions.saga`` does), now and then folding the roll-up's deltas
+    (``folding``: the schema has them); returns the last write's time."""
     gpu_model_service.ensure_default_catalogue(session=session)
     for name in CLUSTERS:
         cluster_service.register_cluster(
@@ -121,6 +122,8 @@ def _history(session: Session, rng: random.Random) -> datetime:
             placed[-1].released_at = now
             session.add(placed[-1])
             session.commit()
+        if folding and seq % 4 == 0:  # PostgreSQL: answers from periods and deltas both
+            fold.fold_deltas(session=session)
     return now
 
 
@@ -178,7 +181,7 @@ def test_migration_backfills_the_history_already_stored(
     try:
         with Session(engine, expire_on_commit=False) as session:
             rng = random.Random(7)
-            end = _history(session, rng)
+            end = _history(session, rng, folding=False)
         migrate.upgrade(url)
         with Session(engine) as session:
             stored = session.execute(sa.text("SELECT count(*) FROM utilization_rollups"))

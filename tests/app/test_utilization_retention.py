@@ -1,0 +1,193 @@
+"""Retention of node samples (``app.utilization.retention``), on both backends: samples
+older than the retention age are deleted, in batches, newer ones and services' demand
+samples kept, and ``GET /utilization`` answers every window the same before and after,
+from the roll-up. Also the periodic task's schedule and ``shaper db prune-samples``."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlmodel import Session, col, func, select
+
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate
+from app.core import migrate
+from app.core.config import Settings
+from app.core.db import make_engine
+from app.gpu_models import service as gpu_model_service
+from app.telemetry import service as telemetry_service
+from app.telemetry.models import TelemetrySample
+from app.utilization import fold, retention
+from app.utilization.models import GroupBy
+from app.utilization.raw import summarize_raw
+from app.utilization.service import summarize
+from app.worker import make_celery
+from tests.app.builders import job, node, snapshot
+from tests.support.clock import T0
+from wire.telemetry import SchedulerKind, TelemetrySnapshot
+
+RETENTION = timedelta(days=30)
+NODES = 3
+
+
+def _history(session: Session, start: datetime, *, days: int, seed: int) -> None:
+    """A cluster pushed to twice a day for ``days`` days from ``start``: jobs placed anew,
+    GPU samples (a few sharing an instant), a service's demand."""
+    rng = random.Random(seed)
+    cluster_in = ClusterCreate(name="alpha", scheduler=SchedulerKind.sim)
+    cluster_service.register_cluster(session=session, now=start, cluster_in=cluster_in)
+    for seq in range(1, 2 * days + 1):
+        now = start + timedelta(hours=12 * seq, microseconds=rng.randrange(10**6))
+        jobs = [
+            job(f"j{j}", team=("x", "y")[j % 2], state="running", start_time=now.isoformat(),
+                submit_time=start.isoformat(), gpus_requested=1,
+                allocations=[{"node": f"n{rng.randrange(NODES)}", "gpu_indices": [j]}])
+            for j in range(4) if rng.random() < 0.7
+        ]  # fmt: skip
+        shared = now - timedelta(minutes=1)
+        samples = [
+            {"at": (shared if i < 2 else now - timedelta(seconds=rng.randrange(3600))).isoformat(),
+             "metric": metric, "node": f"n{i % NODES}", "value": rng.random()}
+            for i in range(5) for metric in ("gpu_util", "cpu_util")
+        ]  # fmt: skip
+        samples.append(
+            {"at": now.isoformat(), "metric": "demand_replicas", "job": "svc", "value": 2}
+        )
+        jobs.append(job("svc", kind="realtime_inference", submit_time=start.isoformat()))
+        push = snapshot(
+            seq,
+            nodes=[node(f"n{i}", gpu_model=("H100", "A100-80G")[i % 2]) for i in range(NODES)],
+            jobs=jobs,
+            samples=samples,
+        )
+        telemetry_service.ingest(
+            session=session,
+            cluster_name="alpha",
+            push=TelemetrySnapshot.model_validate(push),
+            now=now,
+        )
+        if seq % 5 == 2:  # PostgreSQL: some of the roll-up folded, some still deltas
+            fold.fold_deltas(session=session)
+
+
+def _windows(start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """Windows over the old samples, the new ones and both, at edges off any period."""
+    old = start + timedelta(days=2, seconds=7.25)
+    return [
+        {"since": old, "until": old + timedelta(hours=13), "bucket_s": 60},
+        {"since": old, "until": old + timedelta(days=3), "bucket_s": 3601},
+        {"since": start, "until": end, "bucket_s": 86400},
+        {"since": end - timedelta(days=3, seconds=1.5), "until": end, "bucket_s": 3600},
+    ]
+
+
+def _answers(session: Session, windows: list[dict[str, Any]]) -> list[Any]:
+    return [
+        summarize(session=session, group_by=group_by, **window)
+        for window in windows
+        for group_by in GroupBy
+    ]
+
+
+def _count(session: Session, *where: Any) -> int:
+    return session.exec(select(func.count()).select_from(TelemetrySample).where(*where)).one()
+
+
+def test_old_samples_go_and_the_answers_stay(session: Session) -> None:
+    start = T0 - timedelta(days=40)
+    _history(session, start, days=40, seed=3)
+    end = start + timedelta(days=41)
+    cutoff = end - RETENTION
+    windows = _windows(start, end)
+    before = _answers(session, windows)
+    # The roll-up answered what the raw rows say, over windows with samples in them.
+    assert before[0] == summarize_raw(session=session, group_by=GroupBy.cluster, **windows[0])
+    assert any(p.measured_util is not None for p in before[0].series[0].points)
+    old_nodes = _count(
+        session, col(TelemetrySample.at) < cutoff, col(TelemetrySample.node_id).is_not(None)
+    )
+    new_samples = _count(session, col(TelemetrySample.at) >= cutoff)
+    old_demand = _count(
+        session, col(TelemetrySample.at) < cutoff, col(TelemetrySample.metric) == "demand_replicas"
+    )
+    assert old_nodes > 100 and new_samples > 0 and old_demand > 0  # fmt: skip
+
+    deleted = retention.prune_samples(session=session, now=end, older_than=RETENTION, batch=7)
+
+    assert deleted == old_nodes
+    assert _count(session, col(TelemetrySample.at) < cutoff) == old_demand  # forecasts' history
+    assert _count(session, col(TelemetrySample.at) >= cutoff) == new_samples
+    assert _answers(session, windows) == before
+    # The raw rows alone no longer say it: the answer is the roll-up's.
+    raw = summarize_raw(session=session, group_by=GroupBy.cluster, **windows[0])
+    assert all(p.measured_util is None for p in raw.series[0].points)
+    # Nothing left to delete; a second run is harmless.
+    assert retention.prune_samples(session=session, now=end, older_than=RETENTION) == 0
+    assert _answers(session, windows) == before
+
+
+def test_the_api_answers_old_periods_from_the_rollup(
+    session: Session, client: TestClient, auth: dict[str, dict[str, str]]
+) -> None:
+    start = T0 - timedelta(days=40)
+    _history(session, start, days=34, seed=4)
+    since = start + timedelta(days=1)
+    params = {"since": since.isoformat(), "until": (since + timedelta(days=1)).isoformat()}
+    before = client.get("/api/v1/utilization", params=params, headers=auth["viewer"])
+    assert before.status_code == 200
+    assert any(p["measured_util"] is not None for p in before.json()["series"][0]["points"])
+    pruned = retention.prune_samples(
+        session=session, now=start + timedelta(days=35), older_than=RETENTION
+    )
+    assert pruned > 0
+    after = client.get("/api/v1/utilization", params=params, headers=auth["viewer"])
+    assert after.json() == before.json()
+
+
+def test_the_beat_schedule_folds_and_prunes() -> None:
+    app = make_celery(Settings(environment="test"))
+    tasks = {entry["task"]: entry["schedule"] for entry in app.conf.beat_schedule.values()}
+    assert tasks["app.utilization.tasks.fold_rollup_deltas"] <= 60
+    assert tasks["app.utilization.tasks.prune_samples"] <= 86400
+    assert Settings(environment="test").sample_retention_days >= 31  # the diagnosis' window
+
+
+def _gpu_util_before(at: datetime) -> tuple[Any, ...]:
+    return (col(TelemetrySample.at) < at, col(TelemetrySample.metric) == "gpu_util")
+
+
+def test_prune_samples_command(make_postgres_database: Any) -> None:
+    url = make_postgres_database("prune_cli")
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    try:
+        with Session(engine) as session:
+            gpu_model_service.ensure_default_catalogue(session=session)
+            _history(session, now - timedelta(days=12), days=10, seed=5)
+            old = _count(session, *_gpu_util_before(now - timedelta(days=7)))
+            assert old > 0
+            unfolded = session.execute(sa.text("SELECT count(*) FROM utilization_rollup_deltas"))
+            assert unfolded.scalar_one() > 0
+        env = {**os.environ, "SHAPER_DATABASE_URL": url}
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "db", "prune-samples", "--older-than-days", "7"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "deleted" in done.stderr
+        with Session(engine) as session:
+            left = _count(session, *_gpu_util_before(now - timedelta(days=7)))
+            assert left == 0
+            assert _count(session, col(TelemetrySample.at) >= now - timedelta(days=7)) > 0
+            unfolded = session.execute(sa.text("SELECT count(*) FROM utilization_rollup_deltas"))
+            assert unfolded.scalar_one() == 0
+    finally:
+        engine.dispose()
