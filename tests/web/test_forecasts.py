@@ -2,7 +2,8 @@
 written as the cycle writes them (app/forecasts/models.py), already scored.
 
 Three clusters: ``alpha`` runs two elastic services, ``chat`` (14 scored hours in the last
-day, 10 more two days back) and ``embed`` (3 scored hours: too few to judge), and had
+day, 10 more two days back, and the same hours forecast 3 h ahead, further off) and
+``embed`` (3 scored hours: too few to judge), and had
 block jobs with run-time predictions finish (six in the last day, one three days ago);
 ``beta`` runs a service whose forecasts are not scored yet; ``gamma`` runs no service.
 """
@@ -113,7 +114,11 @@ def _chat(ago: int) -> tuple[float, float, float, float]:
 
 
 def _forecast(
-    job_row: Job, ago: int, figures: tuple[float, float, float, float | None], method: Method
+    job_row: Job,
+    ago: int,
+    figures: tuple[float, float, float, float | None],
+    method: Method,
+    lead_h: int = 1,
 ) -> ServiceForecast:
     mean, upper, naive, actual = figures
     hour = NOW - ago * HOUR
@@ -121,7 +126,8 @@ def _forecast(
         cluster_id=job_row.cluster_id,
         job_id=row_id(job_row),
         target_hour=hour,
-        made_at=hour - forecast_service.HOUR + forecast_service.RECORD_DELAY,
+        lead_h=lead_h,
+        made_at=hour - lead_h * forecast_service.HOUR + forecast_service.RECORD_DELAY,
         method=method,
         quantile=0.9,
         mean=mean,
@@ -141,6 +147,10 @@ def _seed(session: Session) -> None:
     for ago in [*range(1, 15), *range(30, 40)]:
         method = Method.ets if ago <= 10 else Method.latest
         session.add(_forecast(rows["chat"], ago, _chat(ago), method))
+        # Three hours ahead the model is further off; naive is the same hour a day before.
+        mean, upper, naive, actual = _chat(ago)
+        further = (mean + 0.75, upper + 0.75, naive, actual)
+        session.add(_forecast(rows["chat"], ago, further, method, lead_h=3))
     for ago in range(1, 4):
         session.add(_forecast(rows["embed"], ago, (4.0, 5.0, 3.5, 3.0), Method.ets))
         session.add(_forecast(rows["search"], ago, (2.0, 3.0, 2.0, None), Method.latest))
@@ -255,6 +265,36 @@ def _expect_services(page: Page, services: list[dict[str, Any]]) -> None:
         expect(row.locator('[data-figure="methods"]')).to_have_text(methods)
 
 
+def _expect_leads(page: Page, by_lead: list[dict[str, Any]]) -> None:
+    """One row per service, one cell per lead time any service has, each with the API's
+    MAE, naive MAE and skill for that service and lead (– where it has none)."""
+    leads = [lead for lead in by_lead if lead["service"] is not None]
+    hours = sorted({lead["lead_h"] for lead in leads})
+    heads = page.locator("#forecast-leads thead th[data-lead]")
+    expect(heads).to_have_text([f"{h} h ahead" for h in hours])
+    services = sorted({(lead["cluster"], lead["service"]) for lead in leads})
+    expect(page.locator("#forecast-leads tbody tr")).to_have_count(len(services))
+    for cluster, service in services:
+        row = page.locator(
+            f'#forecast-leads tr[data-cluster="{cluster}"][data-service="{service}"]'
+        )
+        for h in hours:
+            cell = row.locator(f'td[data-lead="{h}"]')
+            found = [
+                lead
+                for lead in leads
+                if (lead["cluster"], lead["service"], lead["lead_h"]) == (cluster, service, h)
+            ]
+            if not found:
+                expect(cell).to_have_text("–")
+                continue
+            _expect_figures(cell, found[0], ("mae_replicas", "naive_mae_replicas", "skill"))
+            judged = _verdict(
+                found[0]["skill"], found[0]["mae_replicas"], found[0]["hours_scored"], MIN_HOURS
+            )
+            expect(cell.locator("[data-verdict]")).to_have_attribute("data-verdict", judged)
+
+
 def _expect_durations(page: Page, durations: list[dict[str, Any]]) -> None:
     expect(page.locator("#forecast-durations tbody tr")).to_have_count(len(durations))
     for d in durations:
@@ -297,6 +337,13 @@ def test_the_page_shows_the_apis_figures_per_cluster_and_window(
     ]
     expect(page.locator("#forecast-services thead th").first).to_have_text("Cluster")
     _expect_services(page, every["services"])
+    _expect_leads(page, every["by_lead"])
+    # chat is forecast 1 and 3 h ahead, embed only 1 h: its 3 h cell is empty.
+    assert {(lead["service"], lead["lead_h"]) for lead in every["by_lead"]} == {
+        ("chat", 1),
+        ("chat", 3),
+        ("embed", 1),
+    }
     _expect_durations(page, every["durations"])
 
     page.select_option("#forecast-cluster", "alpha")

@@ -9,7 +9,7 @@
 
 import { api, isAbort, Latest, Unauthorized } from "./api";
 import { $, count, esc, select } from "./dom";
-import type { Cluster, DurationAccuracy, ForecastAccuracy, Job, Page, ServiceAccuracy } from "./types";
+import type { Cluster, DurationAccuracy, ForecastAccuracy, Job, LeadAccuracy, Page, ServiceAccuracy } from "./types";
 
 // Hours; the longest is what the server keeps (app.forecasts.service.MAX_WINDOW_H).
 const WINDOWS: [number, string][] = [
@@ -85,6 +85,7 @@ export async function showForecasts(): Promise<void> {
       error.hidden = false;
       $("#forecast-services").innerHTML = "";
       $("#forecast-durations").innerHTML = "";
+      $("#forecast-leads").innerHTML = "";
       $("#forecast-span").textContent = "";
     }
     return;
@@ -109,6 +110,10 @@ export async function showForecasts(): Promise<void> {
           ? `No service forecast scored in the last ${span} in ${where} yet: each cycle records every elastic service's forecast of the next hour once an hour and scores it when that hour has ended (5 minutes after), so the first score comes about an hour after the first forecast. A service is judged against the naive forecast from ${MIN_HOURS} scored hours on.`
           : `No elastic services in ${where}: only a service's demand is forecast (block jobs' run times are below).`
       }</p>`;
+  const leads = summary.by_lead.filter((l) => l.service !== null);
+  $("#forecast-leads").innerHTML = leads.length
+    ? leadsTable(leads, !cluster)
+    : `<p class="empty hint" data-empty="none-scored">No forecast scored in the last ${span} in ${where} at any lead time.</p>`;
   $("#forecast-durations").innerHTML = summary.durations.length
     ? durationsTable(summary.durations)
     : `<p class="empty hint" data-empty="none-scored">No block job with a run-time prediction finished in the last ${span} in ${where}: a prediction is scored when its job finishes (failed and cancelled jobs are left out).</p>`;
@@ -199,4 +204,32 @@ function durationsTable(durations: DurationAccuracy[]): string {
     })
     .join("");
   return `<table><thead><tr><th>Cluster</th><th>Jobs scored</th><th>MAE (h)</th><th>Naive MAE (h)</th><th>Skill</th><th>Bias (h)</th><th>Median |% error|</th><th>Naive median |% error|</th><th>Median predicted / actual</th></tr></thead><tbody>${rows}</tbody></table>`;
+}
+
+/** Per service, each lead time's MAE beside naive's and the skill: how the error grows the
+ * further ahead the solver looks (its look-ahead plans on every one of these hours). */
+function leadsTable(leads: LeadAccuracy[], withCluster: boolean): string {
+  const hours = [...new Set(leads.map((l) => l.lead_h))].sort((a, b) => a - b);
+  const services = new Map<string, LeadAccuracy[]>();
+  for (const lead of leads) {
+    const key = `${lead.cluster}\u0000${lead.service ?? ""}`;
+    services.set(key, [...(services.get(key) ?? []), lead]);
+  }
+  const rows = [...services.values()]
+    .map((byLead) => {
+      const { cluster, service } = byLead[0];
+      const cells = hours
+        .map((h) => {
+          const l = byLead.find((each) => each.lead_h === h);
+          if (!l) return `<td data-lead="${h}">–</td>`;
+          const judged = verdict(l.skill, l.mae_replicas, l.hours_scored, MIN_HOURS);
+          const skill = l.skill == null ? "–" : `${signed(100 * l.skill, 1)} %`;
+          return `<td data-lead="${h}" title="${esc(`${count.format(l.hours_scored)} hours scored; bias ${signed(l.bias_replicas, 2)}; coverage ${percent(l.coverage)} of ${percent(l.target_quantile)}`)}">${figure("mae_replicas", l.mae_replicas, fixed(l.mae_replicas, 2))} / ${figure("naive_mae_replicas", l.naive_mae_replicas, fixed(l.naive_mae_replicas, 2))} <span class="verdict ${judged}" data-verdict="${judged}">${figure("skill", l.skill, skill)}</span></td>`;
+        })
+        .join("");
+      return `<tr data-cluster="${esc(cluster)}" data-service="${esc(service ?? "")}">${withCluster ? `<td>${esc(cluster)}</td>` : ""}<td>${esc(service ?? "")}</td>${cells}</tr>`;
+    })
+    .join("");
+  const heads = hours.map((h) => `<th data-lead="${h}">${h} h ahead</th>`).join("");
+  return `<table><thead><tr>${withCluster ? "<th>Cluster</th>" : ""}<th>Service</th>${heads}</tr></thead><tbody>${rows}</tbody></table>`;
 }

@@ -307,11 +307,26 @@ export interface DurationAccuracy {
   median_ratio: number | null;
 }
 
+// One service's forecasts made lead_h hours ahead (the solver's look-ahead steps).
+export interface LeadAccuracy {
+  cluster: string;
+  service: string | null;
+  lead_h: number;
+  hours_scored: number;
+  mae_replicas: number;
+  naive_mae_replicas: number;
+  skill: number | null;
+  bias_replicas: number;
+  coverage: number;
+  target_quantile: number;
+}
+
 export interface ForecastAccuracy {
   since: string;
   until: string;
   window_h: number;
   services: ServiceAccuracy[];
+  by_lead: LeadAccuracy[];
   durations: DurationAccuracy[];
 }
 
