@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.base import ConnectorError, check_move_name
-from connectors.slurm.arrival import ListedJob, parse_listed, ran_here
+from connectors.slurm.arrival import TERMINAL_STATES, ListedJob, parse_listed, ran_here
 from wire.telemetry import PortableSpec, SchedulerKind, SubmitSpec
 
 Document = dict[str, Any]
@@ -268,22 +268,7 @@ def move_comment(comment: str, name: str) -> str:
 # its end (connectors.slurm.parse reports those as still running: they hold resources).
 # A withdraw leaves these alone; every other state (pending, held, running, suspended,
 # requeued, and any Slurm adds later) is a job that may still run, and is cancelled.
-ENDED_STATES = frozenset(
-    {
-        "COMPLETED",
-        "CANCELLED",
-        "FAILED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "OUT_OF_MEMORY",
-        "REVOKED",
-        "COMPLETING",
-        "STAGE_OUT",
-    }
-)
+ENDED_STATES = TERMINAL_STATES | frozenset({"COMPLETING", "STAGE_OUT"})
 
 
 def _oldest(job_ids: list[str]) -> list[str]:
