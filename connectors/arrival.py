@@ -31,6 +31,11 @@ run a job:
 * **Ray** takes any Jobs API submission and builds its runtime environment while the job
   is PENDING, failing it there when it cannot: PENDING is not yet known; RUNNING (or
   ended after its entrypoint ran) is accepted (connectors.ray.connector).
+* **Armada** takes any valid submission into its queue and its scheduler may refuse the job
+  later (a ``failed`` event with cause ``Rejected``): queued (a held copy in the cordoned
+  hold queue too), leased, pending, running or having run is accepted; failed, cancelled
+  or preempted before its ``running`` event is rejected; not yet in the followed job sets'
+  events, not yet known (connectors.armada.moves).
 
 A copy that ran and then ended, succeeded or failed, is accepted: the move took place and
 its failure is the job's own, as the ``withdraw`` of every connector says too (bringing the

@@ -10,9 +10,9 @@ and the action service all ask here.
   Kueue admits a Workload and the scheduler places its pods; a start is a reactivation and
   a requeue cannot be pinned, so no migration is planned there. Ray places a job's actors
   and placement groups itself (connectors/ray: a requeue pinned to nodes is refused).
-* **Takes moves** (Slurm, Kubernetes, Kueue, Ray, the simulated clusters): the connector
-  submits a job moved from another cluster and withdraws it
-  (``connectors.base.SupportsSubmit``); Armada's does not yet, so no move targets it.
+* **Takes moves** (Slurm, Kubernetes, Kueue, Ray, Armada, the simulated clusters): the
+  connector submits a job moved from another cluster and withdraws it
+  (``connectors.base.SupportsSubmit``).
 * **Reserves** (the simulated clusters, Slurm): the connector can hold GPUs for one job
   (``connectors.base.SupportsReservation``), so plans get ``reserve`` actions for what
   they free.
@@ -39,6 +39,7 @@ TAKING_MOVES = frozenset(
         SchedulerKind.kubernetes,
         SchedulerKind.kueue,
         SchedulerKind.ray,
+        SchedulerKind.armada,
         SchedulerKind.sim,
     }
 )

@@ -20,6 +20,8 @@ from wire.telemetry import MAX_NODE_MEMORY_MIB, NAME_PATTERN, JobKind
 # storable as Shaper's queue names and as parts of a client id.
 _QUEUE = Annotated[str, Field(min_length=1, max_length=128)]
 _JOB_SET = Annotated[str, Field(min_length=1, max_length=255)]
+# A Kubernetes namespace (a DNS-1123 label): where an executor runs a job's pod.
+_NAMESPACE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
 class _Settings(BaseModel):
@@ -76,6 +78,13 @@ class ArmadaConnectorConfig(_Settings):
     ``requeue`` with ``hold``) is parked in this queue, which the operator creates
     cordoned (Armada schedules nothing from a cordoned queue), and moved back to its own
     queue when a plan starts it. Unset: requeues with ``hold`` are refused.
+
+    Federated moves (connectors.armada.moves): ``submit_specs`` makes jobs carry a
+    ``SubmitSpec`` (connectors.armada.specs); a job moved here lands in a followed job set
+    (its telemetry must report it): its own queue's (an Armada job) or its team's queue's
+    when this connector follows one, else ``move_job_set``; with none, it is refused.
+    ``portable_namespace``: the namespace a job from another scheduler's portable form runs
+    in.
     """
 
     cluster: Annotated[str, Field(min_length=1, max_length=128)]
@@ -93,6 +102,9 @@ class ArmadaConnectorConfig(_Settings):
     executor_label: str = "shaper.io/armada-executor"
     timeout_s: Annotated[float, Field(gt=0)] = 20.0
     mapping: ArmadaMapping = Field(default_factory=ArmadaMapping)
+    submit_specs: bool = True
+    move_job_set: JobSetRef | None = None
+    portable_namespace: Annotated[str, Field(pattern=_NAMESPACE)] = "default"
 
     @model_validator(mode="after")
     def _consistent(self) -> ArmadaConnectorConfig:
@@ -104,6 +116,12 @@ class ArmadaConnectorConfig(_Settings):
             ref.queue == self.hold_queue for ref in self.job_sets
         ):
             raise ValueError(f"hold_queue {self.hold_queue!r} is also a followed job set's queue")
+        if self.move_job_set is not None and self.move_job_set not in self.job_sets:
+            # A moved job must land where the connector reads events, or it is never seen.
+            raise ValueError(
+                f"move_job_set {self.move_job_set.queue}/{self.move_job_set.job_set} is not "
+                "one of job_sets"
+            )
         return self
 
     def node_labels(self, node: ExecutorNode) -> dict[str, str]:

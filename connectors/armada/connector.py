@@ -41,6 +41,11 @@ preempt                 ``PreemptJobs`` (Armada's own preemption: no checkpoint,
 move_job_set            a queued job set to another executor cluster: every job cancelled
                         and submitted again with the node selector ``executor_label``, if
                         the target's declared nodes can run each of them
+submit / withdraw       a federated move's job submitted into a followed job set (held:
+                        into the hold queue), with a client id from the move's name; its
+                        job cancelled unless it ran (connectors.armada.moves)
+confirm (accepted)      ``check_arrival``: the moved job queued, leased, pending, running
+                        or having run (connectors.armada.moves)
 ======================  ==================================================================
 
 A plan reaches Armada's reprioritize and the executor moves through its ``start`` steps
@@ -86,11 +91,13 @@ from connectors.armada.jobs import (
     apply,
     current_attempts,
 )
+from connectors.armada.moves import ArmadaMoves
 from connectors.armada.proto import resubmission
 from connectors.armada.reports import job_report, node_reports
+from connectors.armada.specs import submit_spec
 from connectors.armada.submission import NewJob, new_job_item
 from connectors.base import ConnectorError
-from wire.telemetry import ClusterState, SchedulerKind
+from wire.telemetry import ClusterState, SchedulerKind, SubmitSpec
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +106,7 @@ logger = logging.getLogger(__name__)
 FINISHED_RETENTION = timedelta(hours=1)
 
 
-class ArmadaConnector:
+class ArmadaConnector(ArmadaMoves):
     kind = SchedulerKind.armada
 
     def __init__(
@@ -120,6 +127,8 @@ class ArmadaConnector:
         # Handed over by the executor just before a requeue, taken by it.
         self._pointers: dict[str, str | None] = {}
         self._step_keys: dict[str, str] = {}
+        # Each job's submit spec, by Armada job id: a job's submission never changes.
+        self._specs: dict[str, SubmitSpec | None] = {}
 
     def close(self) -> None:
         self.api.close()
@@ -168,9 +177,23 @@ class ArmadaConnector:
             cordoned = frozenset(q.name for q in self.api.queues() if q.cordoned)
             self.catch_up()
             current = list(current_attempts(self._jobs).values())
-            jobs = [job_report(job, self.config, cordoned=cordoned) for job in current]
+            jobs = [
+                job_report(job, self.config, cordoned=cordoned, submit=self._spec(job))
+                for job in current
+            ]
             nodes = node_reports(self.config, current)
+            self._specs = {
+                job.job_id: self._specs[job.job_id] for job in current if job.job_id in self._specs
+            }
         return ClusterState(observed_at=observed_at, nodes=nodes, jobs=jobs)
+
+    def _spec(self, job: ArmadaJob) -> SubmitSpec | None:
+        """The spec a job that can move carries (a queued, held or running one)."""
+        if not self.config.submit_specs or job.terminal:
+            return None
+        if job.job_id not in self._specs:
+            self._specs[job.job_id] = submit_spec(job, self.config)
+        return self._specs[job.job_id]
 
     def _job(self, external_id: str) -> ArmadaJob:
         self.catch_up()
@@ -381,6 +404,9 @@ class ArmadaConnector:
                 )
             if job.active:
                 return
+            # A running job's move releases its copy here with where to resume from
+            # (handed over by the executor just before): the resubmission carries it.
+            handed = self._pointers.pop(external_id, None)
             selector = self._pin(external_id, nodes) if nodes else {}
             targets = [node for name in nodes or [] if (node := self._declared(name))]
             if targets and (why := self._misfit(job, targets)) is not None:
@@ -390,7 +416,7 @@ class ArmadaConnector:
                     retryable=False,
                 )
             current = {key: job.spec.node_selector.get(key) for key in selector}
-            resubmit = self._held(job) or current != selector
+            resubmit = self._held(job) or current != selector or handed is not None
             front = self._front(job, targets, resubmitted=resubmit)
             if resubmit:
                 self._submit_again(
@@ -399,7 +425,7 @@ class ArmadaConnector:
                     queue=self._home(job),
                     node_selector=selector,
                     # Moving a queued job keeps where it resumes from.
-                    resume_from=job.spec.annotations.get(RESUME_FROM),
+                    resume_from=handed or job.spec.annotations.get(RESUME_FROM),
                     priority=front,
                 )
             elif front is not None:

@@ -54,6 +54,11 @@ def job_event(
     fields = {f.name for f in body.DESCRIPTOR.fields}
     spec = job_spec(body.job, gpu_resources) if kind is EventKind.submitted else None
     priority = body.new_priority if "new_priority" in fields else None
+    reason = body.reason if "reason" in fields else ""
+    if kind is EventKind.failed and body.cause == event_pb2.Rejected:
+        # Armada's scheduler refused the job (it can never run as it stands). The event API
+        # has no rejected event: a failed one with this cause (REJECTED in GetJobStatus).
+        reason = f"rejected by Armada: {reason}" if reason else "rejected by Armada"
     return JobEvent(
         message_id=message.id,
         kind=kind,
@@ -63,7 +68,7 @@ def job_event(
         at=_time(body.created),
         executor=body.cluster_id if "cluster_id" in fields else "",
         node=body.node_name if "node_name" in fields else "",
-        reason=body.reason if "reason" in fields else "",
+        reason=reason,
         priority=priority,
         spec=spec,
     )

@@ -16,7 +16,9 @@ Per workload (connectors.armada.jobs: the newest job of its lineage):
   any other label), so that a plan starts a job only where Armada could run it;
 * ``checkpointable``: the annotation ``shaper.io/checkpointable: "true"`` (its pod reads
   ``SHAPER_RESUME_FROM``, which the connector sets when it submits the job again);
-* ``allocations``: a running job's GPUs on the node the ``running`` event named.
+* ``allocations``: a running job's GPUs on the node the ``running`` event named;
+* ``submit``: the job's ``SubmitSpec`` (connectors.armada.specs) while it can move
+  (queued, held or running), when ``submit_specs`` is on.
 
 Nodes: the configured inventory, labelled with their executor cluster; a node that only
 the events name gets the GPUs its running jobs hold (nothing else is known of it).
@@ -36,7 +38,14 @@ from connectors.armada.jobs import (
     Phase,
 )
 from connectors.base import ConnectorError
-from wire.telemetry import AllocationReport, JobKind, JobReport, JobState, NodeReport
+from wire.telemetry import (
+    AllocationReport,
+    JobKind,
+    JobReport,
+    JobState,
+    NodeReport,
+    SubmitSpec,
+)
 
 TEAM_LABEL = "shaper.io/team"
 KIND_LABEL = "shaper.io/kind"
@@ -74,7 +83,11 @@ def _reason(job: ArmadaJob, config: ArmadaConnectorConfig, cordoned: frozenset[s
 
 
 def job_report(
-    job: ArmadaJob, config: ArmadaConnectorConfig, *, cordoned: frozenset[str] = frozenset()
+    job: ArmadaJob,
+    config: ArmadaConnectorConfig,
+    *,
+    cordoned: frozenset[str] = frozenset(),
+    submit: SubmitSpec | None = None,
 ) -> JobReport:
     mapping = config.mapping
     labels, annotations = job.spec.labels, job.spec.annotations
@@ -111,6 +124,7 @@ def job_report(
             reason=_reason(job, config, cordoned)[:255],
             restart_count=job.spec.attempt,
             allocations=allocations,
+            submit=submit,
         )
     except ValidationError as error:
         raise ConnectorError(

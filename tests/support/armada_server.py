@@ -14,8 +14,9 @@ below, and what the connector does against a real Armada is untested.
 ``submitted`` → ``queued`` on submission; the scheduler (:meth:`schedule`, run by the test
 when it wants a scheduling round) picks an executor cluster and node → ``leased``
 (``cluster_id``) → ``pending`` (pod created) → ``running`` (``cluster_id``, ``node_name``);
-then ``succeeded`` or ``failed`` (:meth:`finish`), ``cancelled`` or ``preempted``. Events of
-a job set are appended in that order, one message each.
+then ``succeeded`` or ``failed`` (:meth:`finish`), ``cancelled`` or ``preempted``; a queued
+job the scheduler refuses for good ends ``failed`` with cause ``Rejected`` (:meth:`reject`).
+Events of a job set are appended in that order, one message each.
 
 **Scheduling** (internal/scheduler/jobdb/job.go ``SchedulingOrderCompare``: within a queue,
 lower ``priority`` first, then the earlier submission; a cordoned queue — ``Queue.cordoned``,
@@ -86,8 +87,9 @@ _STATES = {
     "failed": submit_pb2.FAILED,
     "cancelled": submit_pb2.CANCELLED,
     "preempted": submit_pb2.PREEMPTED,
+    "rejected": submit_pb2.REJECTED,
 }
-ENDED = frozenset({"succeeded", "failed", "cancelled", "preempted"})
+ENDED = frozenset({"succeeded", "failed", "cancelled", "preempted", "rejected"})
 ACTIVE = frozenset({"leased", "pending", "running"})
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -230,6 +232,15 @@ class ArmadaTestServer:
                 self._emit(
                     job, "failed", cluster_id=job.executor, node_name=job.node, reason=failed
                 )
+
+    def reject(self, job_id: str, reason: str) -> None:
+        """Armada's scheduler refuses a queued job for good (one no executor can ever run).
+        The event API has no rejected event: it is a ``failed`` event with ``cause:
+        Rejected`` (event.proto's ``Cause``) and no run; ``GetJobStatus`` says REJECTED."""
+        with self._lock:
+            job = self.jobs[job_id]
+            self._emit(job, "failed", reason=reason, cause=event_pb2.Rejected)
+            job.state = "rejected"
 
     def drop_next_stream(self, *, after: int) -> None:
         """The next event stream breaks (UNAVAILABLE) after ``after`` messages."""
