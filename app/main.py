@@ -10,6 +10,7 @@ any exception into the documented JSON body without dropping the connection
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from app.core.request_id import RequestIdMiddleware
 from app.core.unhandled import UnhandledErrorMiddleware
 from app.metrics.http import RequestTimingMiddleware, request_histogram
 from app.metrics.router import router as metrics_router
+from app.simulations.runs import fail_interrupted
 from app.tokens.cache import PrincipalCache
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -62,6 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s
     )
     app.state.principal_cache = PrincipalCache(ttl_s=settings.auth_cache_s)
+    # What-if runs whose process a restart took along would otherwise say running for ever.
+    fail_interrupted(directory=settings.resolved_sim_results_dir, now=datetime.now(UTC))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(UnhandledErrorMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -81,9 +81,12 @@ def simulate(
     diagnose: bool = True,
     forecast: str = ForecastMode.perfect,
     runtime: str = RuntimeMode.exact,
+    progress: Callable[[float, float], None] | None = None,
 ) -> Simulation:
     """forecast, runtime: where services' demand forecasts and block jobs' run times come
-    from (``sim.adapter.ForecastMode``, ``RuntimeMode``); only for a policy given by name."""
+    from (``sim.adapter.ForecastMode``, ``RuntimeMode``); only for a policy given by name.
+    progress: called as ``progress(now, horizon)`` instead of the bar (the dashboard's
+    what-if runs, ``app.simulations.runner``)."""
     planner = (
         SolverPlanner(policy, validate=validate_plans, forecast=forecast, runtime=runtime)
         if isinstance(policy, str)
@@ -98,7 +101,7 @@ def simulate(
             min_replan_gap=min_replan_gap,
             record_occupancy=record_occupancy,
             check_invariants=check_invariants,
-            progress=callback,
+            progress=progress or callback,
             drain=drain,
             drain_cap=drain_cap,
             diagnose=diagnose,

@@ -9,6 +9,7 @@ from sqlmodel import Field, SQLModel
 
 from app.clusters.models import CLUSTER_NAME_PATTERN, Labels
 from app.core.types import (
+    INT32_MAX,
     MAX_TEAMS,
     AwareDatetime,
     GpuCount,
@@ -83,6 +84,22 @@ class SlaPolicyCreate(SQLModel):
 class SlaPolicyUpdate(SQLModel):
     spec: SlaPolicySpec
     comment: NoNulStr = Field(default="", max_length=1024)
+
+
+class SlaPolicyRollback(SQLModel):
+    version: int = Field(ge=1, le=INT32_MAX)
+    comment: NoNulStr = Field(default="", max_length=1024)
+
+
+class SlaPolicyImportPreview(SQLModel):
+    """What importing a document would do, written nowhere: its spec as stored (defaults
+    filled in) beside the current version's, and whether they differ."""
+
+    name: str
+    current_version: int
+    current_spec: dict[str, Any]
+    spec: dict[str, Any]
+    changed: bool
 
 
 class SlaPolicyPublic(SQLModel):

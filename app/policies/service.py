@@ -4,15 +4,16 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.audit import service as audit
 from app.audit.models import Actor
 from app.audit.service import AuditObject
-from app.core.errors import Conflict, NotFound
+from app.core.errors import Conflict, Invalid, NotFound
 from app.core.lookup import found, not_taken
-from app.policies.models import SlaPolicy, SlaPolicyCreate, SlaPolicyUpdate
+from app.policies.models import SlaPolicy, SlaPolicyCreate, SlaPolicySpec, SlaPolicyUpdate
 
 
 def create_policy(
@@ -54,7 +55,9 @@ def new_version(
     by: str,
     now: datetime,
     actor: Actor | None = None,
+    verb: str = "update",
 ) -> SlaPolicy:
+    """``verb`` names the change in the audit log (``import``: from a YAML document)."""
     latest = get_policy(session=session, name=name)
     policy = SlaPolicy(
         name=name,
@@ -68,7 +71,7 @@ def new_version(
     _record(
         session,
         actor,
-        "update",
+        verb,
         policy,
         now,
         teams=_names(latest.spec, "teams", "team"),
@@ -77,6 +80,107 @@ def new_version(
     _commit(session, name)
     session.refresh(policy)
     return policy
+
+
+def roll_back(
+    *,
+    session: Session,
+    name: str,
+    version: int,
+    comment: str,
+    by: str,
+    now: datetime,
+    actor: Actor | None = None,
+) -> SlaPolicy:
+    """Append a version whose spec is ``version``'s: history only grows, so the rollback
+    is itself a version that can be rolled back. The current version must exist (a
+    deleted policy is brought back by POST); the target must not be the deletion itself,
+    nor already the current terms."""
+    latest = get_policy(session=session, name=name)
+    target = get_policy(session=session, name=name, version=version)
+    if target.deleted:
+        raise Invalid(
+            f"version: version {version} of SLA policy {name!r} is its deletion; roll back "
+            "to a version before it",
+            field="version",
+            resource="sla_policy",
+            resource_id=name,
+        )
+    if same_terms(latest.spec, target.spec):
+        raise Conflict(
+            f"SLA policy {name!r} version {latest.version} has the terms of version "
+            f"{version} already; nothing to roll back",
+            resource="sla_policy",
+            resource_id=name,
+        )
+    policy = SlaPolicy(
+        name=name,
+        version=latest.version + 1,
+        spec=target.spec,
+        comment=comment or f"rolled back to version {version}",
+        created_at=now,
+        created_by=by,
+    )
+    session.add(policy)
+    _record(
+        session,
+        actor,
+        "rollback",
+        policy,
+        now,
+        teams=_names(latest.spec, "teams", "team"),
+        services=_names(latest.spec, "services", "service"),
+        rolled_back_to=version,
+    )
+    _commit(session, name)
+    session.refresh(policy)
+    return policy
+
+
+def apply_spec(
+    *,
+    session: Session,
+    name: str,
+    spec: SlaPolicySpec,
+    comment: str,
+    by: str,
+    now: datetime,
+    actor: Actor | None = None,
+) -> tuple[SlaPolicy, bool]:
+    """An edit that is a no-op when the terms are the current ones (GitOps applies the
+    same file on every sync; each would otherwise be a version). Returns the current
+    version and whether this call wrote it."""
+    latest = get_policy(session=session, name=name)
+    if same_terms(latest.spec, spec.model_dump(mode="json")):
+        return latest, False
+    policy_in = SlaPolicyUpdate(spec=spec, comment=comment)
+    return (
+        new_version(
+            session=session,
+            name=name,
+            policy_in=policy_in,
+            by=by,
+            now=now,
+            actor=actor,
+            verb="import",
+        ),
+        True,
+    )
+
+
+def same_terms(stored: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two specs say the same once defaults are filled in: a version written
+    before a field existed lacks it, and that is not a difference in terms."""
+    return comparable(stored) == comparable(other)
+
+
+def comparable(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with every default filled in, as a version written today stores it; one
+    no current model reads (an older schema) as it is."""
+    try:
+        return SlaPolicySpec.model_validate(spec).model_dump(mode="json")
+    except ValidationError:
+        return spec
 
 
 def delete_policy(
@@ -145,6 +249,7 @@ def _record(
     teams: list[str],
     services: list[str],
     after_empty: bool = False,
+    rolled_back_to: int | None = None,
 ) -> None:
     """The new version, and which teams and services it names before and after (the
     specs themselves stay readable as versions); after a delete it names none."""
@@ -162,6 +267,7 @@ def _record(
         changes={
             "version": [policy.version - 1 or None, policy.version],
             "comment": policy.comment,
+            **({} if rolled_back_to is None else {"rolled_back_to": rolled_back_to}),
             **audit.diff({"teams": teams, "services": services}, after),
         },
     )

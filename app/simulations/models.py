@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -24,3 +25,49 @@ class PolicyRun(BaseModel):
 
 class SimulationResult(SimulationSummary):
     runs: dict[str, PolicyRun]
+
+
+# What-if runs started from the dashboard (``app.simulations.runs``).
+RunState = Literal["queued", "running", "done", "failed"]
+
+
+class WhatIfCreate(BaseModel):
+    scenario: str = Field(max_length=128, description="a built-in scenario (`shaper sim list`)")
+    policies: list[str] = Field(
+        min_length=1, max_length=8, description="fifo, backfill, priority and/or shaper"
+    )
+    seed: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="unset: the scenario's own seed"
+    )
+
+
+class WhatIfOptions(BaseModel):
+    scenarios: list[str]
+    policies: list[str]
+
+
+class WhatIfRun(BaseModel):
+    id: str
+    scenario: str
+    policies: list[str]
+    seed: int | None
+    state: RunState
+    policies_done: int = 0
+    current_policy: str | None = None
+    # Of the whole run: finished policies plus the simulated-time share of the current one.
+    progress: float = 0.0
+    error: str | None = None
+    result: str | None = Field(
+        default=None, description="when done: the name under GET /simulations/{name}"
+    )
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class WhatIfRecord(WhatIfRun):
+    """What the run's state file holds: the public state and the process that runs it,
+    which tells a live run from one its process left behind (a restart, a kill)."""
+
+    pid: int | None = None
+    host: str

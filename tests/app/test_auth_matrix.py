@@ -25,6 +25,7 @@ PATH_VALUES = {
     "token_id": "1",
     "version": "1",
     "group": "site",
+    "run_id": "0123456789ab",
 }
 # Who is refused (403) for each required scope, and who is let through.
 REFUSED = {

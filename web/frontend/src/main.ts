@@ -11,8 +11,9 @@ import { showNodes, wireMap } from "./map";
 import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
 import { showPlan, wirePlan } from "./plan";
 import { pageState, showActions, showIdle, showPolicies, showSimulations } from "./pages";
-import { historyShownFor, showPolicyHistory } from "./policy_history";
+import { policyWritten, showPolicyHistory } from "./policy_history";
 import { fillQueueClusters, showQueue, wireQueue } from "./queue";
+import { leaveSimulations, showSimulationsPage, wireWhatIf } from "./whatif";
 import type { Cluster, Policy } from "./types";
 
 let clusters: Cluster[] = [];
@@ -56,7 +57,7 @@ const VIEWS: Record<string, () => Promise<void>> = {
   actions: showActions,
   plan: showPlan,
   policies: showPolicies,
-  simulations: showSimulations,
+  simulations: showSimulationsPage,
   idle: showIdle,
   federation: showFederation,
   forecasts: showForecasts,
@@ -65,6 +66,7 @@ const VIEWS: Record<string, () => Promise<void>> = {
 function route(): void {
   const asked = (location.hash || "#overview").slice(1).split("&")[0] || "overview";
   const view = asked in VIEWS ? asked : "overview";
+  if (view !== "simulations") leaveSimulations();
   document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = v.id !== view));
   // A job's page belongs to the queue, a plan's to Plans & actions.
   const tab = view === "job" ? "jobs" : view === "plan" ? "actions" : view;
@@ -104,6 +106,19 @@ document.addEventListener("click", async (event) => {
   }
 });
 
+// A version written by the form, a rollback or an import (policy_history.ts).
+document.addEventListener("policy-written", (event) => {
+  const saved = (event as CustomEvent<Policy>).detail;
+  pageState.policies[saved.name] = saved;
+  run(showPolicies);
+  if ($<HTMLInputElement>("#policy-name").value !== saved.name) return;
+  // The version written, from the server: more than one past the version the form was
+  // opened on when someone else saved in between; and its terms, so that the next save
+  // starts from them rather than from what a rollback or an import replaced.
+  $("#policy-editor-title").textContent = `Edit ${saved.name} (now version ${saved.version})`;
+  $<HTMLTextAreaElement>("#policy-spec").value = JSON.stringify(saved.spec, null, 2);
+});
+
 $("#policy-form").addEventListener("submit", async (event) => {
   event.preventDefault();
   $("#policy-error").textContent = "";
@@ -120,12 +135,7 @@ $("#policy-form").addEventListener("submit", async (event) => {
     const saved = pageState.policies[name]
       ? await api<Policy>(`/policies/${encodeURIComponent(name)}`, { method: "PUT", body: JSON.stringify({ spec, comment }) })
       : await api<Policy>("/policies", { method: "POST", body: JSON.stringify({ name, spec, comment }) });
-    // The version this save wrote, from the server: more than one past the version the
-    // form was opened on when someone else saved in between.
-    $("#policy-editor-title").textContent = `Edit ${saved.name} (now version ${saved.version})`;
-    pageState.policies[saved.name] = saved;
-    run(showPolicies);
-    if (historyShownFor() === saved.name) run(() => showPolicyHistory(saved.name));
+    policyWritten(saved);
   } catch (error) {
     $("#policy-error").textContent = (error as Error).message;
   }
@@ -148,6 +158,7 @@ wireForecasts();
 wireQueue();
 wirePlan();
 wireMap();
+wireWhatIf();
 
 // A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
 const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");

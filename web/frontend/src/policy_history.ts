@@ -1,17 +1,17 @@
 // An SLA policy's history (the SLA policies page): its versions (GET
 // /policies/{name}/versions) with who wrote each, when and why, and a field-by-field diff
-// between any two — by default the latest against the one before.
+// between any two — by default the latest against the one before (policy_diff.ts).
 //
-// A field is a path into the spec: a team or service is named by its `team` or `service`
-// rather than its place in the list (teams[research].guaranteed_gpus), so reordering the
-// teams changes nothing and a team added or removed shows as its fields added or removed.
+// An operator can roll back to an older version (POST /policies/{name}/rollback: a new
+// version with its terms) and import a YAML file, seeing its diff before saving
+// (policy_yaml.ts); anyone can export a version as YAML.
 
-import { api, isAbort, Latest, Unauthorized } from "./api";
+import { api, hasScope, isAbort, Latest, Unauthorized } from "./api";
 import { $, esc, select } from "./dom";
+import { diff, diffRows, specFields } from "./policy_diff";
+import { wirePolicyYaml } from "./policy_yaml";
 import type { Policy } from "./types";
 
-// The lists whose entries are named by a field (app.policies.models.SlaPolicySpec).
-const NAMED_BY: Record<string, string> = { teams: "team", services: "service" };
 const DELETED = "(policy deleted)";
 
 const request = new Latest();
@@ -37,12 +37,23 @@ export async function showPolicyHistory(name: string): Promise<void> {
   if (!current()) return;
   const newestFirst = [...versions].sort((a, b) => b.version - a.version);
   shown = { name, versions: newestFirst };
+  const mayWrite = hasScope("operator") && !newestFirst[0].deleted;
   const options = newestFirst.map((v) => `<option value="${v.version}">version ${v.version}${v.deleted ? " (deleted)" : ""}</option>`).join("");
   panel.innerHTML = `<h2 id="policy-history-title">History of ${esc(name)} <span class="hint">${newestFirst.length} version${newestFirst.length === 1 ? "" : "s"}</span></h2>
-    <table id="policy-versions"><thead><tr><th>Version</th><th>When (UTC)</th><th>By</th><th>Comment</th></tr></thead><tbody>${newestFirst
+    <div class="policy-yaml"><button type="button" id="policy-export">Export YAML</button>${
+      mayWrite
+        ? ` <label class="file-button">Import YAML <input type="file" id="policy-import-file" accept=".yaml,.yml,application/yaml,text/yaml"></label>`
+        : ""
+    }</div>
+    <p id="policy-history-error" class="error" role="alert"></p>
+    <div id="policy-import" hidden></div>
+    <table id="policy-versions"><thead><tr><th>Version</th><th>When (UTC)</th><th>By</th><th>Comment</th>${mayWrite ? "<th></th>" : ""}</tr></thead><tbody>${newestFirst
       .map(
-        (v) => `<tr data-version="${v.version}"${v.deleted ? ' class="deleted"' : ""}><td>${v.version}${v.deleted ? ' <span class="badge">deleted</span>' : ""}</td>
-      <td>${esc(v.created_at.slice(0, 19).replace("T", " "))}</td><td data-figure="by">${esc(v.created_by)}</td><td data-figure="comment">${v.comment ? esc(v.comment) : '<span class="hint">no comment</span>'}</td></tr>`,
+        (v, index) => `<tr data-version="${v.version}"${v.deleted ? ' class="deleted"' : ""}><td>${v.version}${v.deleted ? ' <span class="badge">deleted</span>' : ""}</td>
+      <td>${esc(v.created_at.slice(0, 19).replace("T", " "))}</td><td data-figure="by">${esc(v.created_by)}</td><td data-figure="comment">${v.comment ? esc(v.comment) : '<span class="hint">no comment</span>'}</td>${
+        // The current version and the deletion itself are no place to roll back to.
+        mayWrite ? `<td>${index > 0 && !v.deleted ? `<button type="button" data-rollback="${v.version}">Roll back to this version</button>` : ""}</td>` : ""
+      }</tr>`,
       )
       .join("")}</tbody></table>
     <div class="diff-controls"><label>Compare <select id="diff-from" aria-label="the older version">${options}</select></label>
@@ -56,6 +67,32 @@ export async function showPolicyHistory(name: string): Promise<void> {
   panel.dataset.policy = name;
   panel.dataset.latest = String(latest.version);
   drawDiff();
+  for (const button of panel.querySelectorAll<HTMLButtonElement>("button[data-rollback]")) {
+    button.addEventListener("click", () => void rollBack(name, Number(button.dataset.rollback), latest.version));
+  }
+  wirePolicyYaml(name, latest, policyWritten);
+}
+
+/** Tell the page a version was written (main.ts redraws the list and the editor) and
+ *  redraw this history with it. */
+export function policyWritten(saved: Policy): void {
+  document.dispatchEvent(new CustomEvent<Policy>("policy-written", { detail: saved }));
+  if (historyShownFor() === saved.name) void showPolicyHistory(saved.name);
+}
+
+async function rollBack(name: string, version: number, current: number): Promise<void> {
+  const error = $("#policy-history-error");
+  error.textContent = "";
+  if (!confirm(`Roll ${name} back to version ${version}? This writes a new version (after ${current}) with version ${version}'s terms; the next shaping cycle uses them.`)) return;
+  try {
+    const saved = await api<Policy>(`/policies/${encodeURIComponent(name)}/rollback`, {
+      method: "POST",
+      body: JSON.stringify({ version }),
+    });
+    policyWritten(saved);
+  } catch (failure) {
+    if (!(failure instanceof Unauthorized)) error.textContent = (failure as Error).message;
+  }
 }
 
 function drawDiff(): void {
@@ -71,63 +108,15 @@ function drawDiff(): void {
   if (from.version === to.version) summary.textContent = `Version ${to.version} against itself: choose two versions.`;
   else if (!changes.length) summary.textContent = `Versions ${from.version} and ${to.version} have the same spec.`;
   else summary.textContent = `${changes.length} field${changes.length === 1 ? "" : "s"} differ between version ${from.version} and version ${to.version}.`;
-  $("#policy-diff tbody").innerHTML = changes
-    .map(
-      (c) => `<tr data-field="${esc(c.field)}" data-change="${c.change}" class="diff-${c.change}" title="${c.change}"><td><code>${esc(c.field)}</code></td>
-      <td class="old">${c.old === undefined ? '<span class="hint">—</span>' : `<code>${esc(c.old)}</code>`}</td>
-      <td class="new">${c.new === undefined ? '<span class="hint">—</span>' : `<code>${esc(c.new)}</code>`}</td></tr>`,
-    )
-    .join("");
+  $("#policy-diff tbody").innerHTML = diffRows(changes);
   const panel = $("#policy-history");
   panel.dataset.from = String(from.version);
   panel.dataset.to = String(to.version);
 }
 
-interface FieldChange {
-  field: string;
-  change: "added" | "removed" | "changed";
-  old: string | undefined;
-  new: string | undefined;
-}
-
-/** The fields that differ, in the newer version's order, then those only the older has. */
-function diff(older: Map<string, string>, newer: Map<string, string>): FieldChange[] {
-  const changes: FieldChange[] = [];
-  for (const [field, value] of newer) {
-    const was = older.get(field);
-    if (was === undefined) changes.push({ field, change: "added", old: undefined, new: value });
-    else if (was !== value) changes.push({ field, change: "changed", old: was, new: value });
-  }
-  for (const [field, value] of older) {
-    if (!newer.has(field)) changes.push({ field, change: "removed", old: value, new: undefined });
-  }
-  return changes;
-}
-
 /** A version's spec as field path → value (JSON), and whether it is a deletion. */
 function fieldsOf(policy: Policy): Map<string, string> {
-  const fields = new Map<string, string>();
-  if (policy.spec && typeof policy.spec === "object") {
-    for (const [key, value] of Object.entries(policy.spec)) flatten(value, key, key, fields);
-  }
+  const fields = specFields(policy.spec);
   if (policy.deleted) fields.set(DELETED, "true");
   return fields;
-}
-
-function flatten(value: unknown, path: string, key: string, into: Map<string, string>): void {
-  const nameKey = NAMED_BY[key];
-  if (Array.isArray(value) && nameKey && value.every((e) => e && typeof e === "object" && typeof e[nameKey] === "string")) {
-    for (const entry of value as Record<string, unknown>[]) {
-      const prefix = `${path}[${String(entry[nameKey])}]`;
-      const rest = Object.entries(entry).filter(([k]) => k !== nameKey);
-      // An entry of nothing but its name is still there.
-      if (!rest.length) into.set(prefix, "{}");
-      for (const [k, v] of rest) flatten(v, `${prefix}.${k}`, k, into);
-    }
-  } else if (value && typeof value === "object" && !Array.isArray(value) && Object.keys(value).length) {
-    for (const [k, v] of Object.entries(value)) flatten(v, `${path}.${k}`, k, into);
-  } else {
-    // Scalars, lists of scalars and empty containers are compared whole.
-    into.set(path, JSON.stringify(value));
-  }
 }

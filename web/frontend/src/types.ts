@@ -418,3 +418,21 @@ export interface PlannedMove {
   source: MapCells[];
   target: MapCells[];
 }
+
+export interface WhatIfOptions {
+  scenarios: string[];
+  policies: string[];
+}
+
+export interface WhatIfRun {
+  id: string;
+  scenario: string;
+  policies: string[];
+  seed: number | null;
+  state: "queued" | "running" | "done" | "failed";
+  policies_done: number;
+  current_policy: string | null;
+  progress: number;
+  error: string | null;
+  result: string | null;
+}

@@ -1,0 +1,246 @@
+"""What-if runs started from the dashboard: ``shaper sim compare``'s work in its own process.
+
+A run is a file, ``<results dir>/.runs/<id>.json`` (``WhatIfRecord``), not a table row:
+the process that simulates (``app.simulations.runner``) writes its progress there and
+needs no database connection, and every API worker on the host reads the same file.
+Every read-modify-write of these files holds ``.runs/.lock`` (``flock``), so counting the
+active runs and adding one is a single step for all the workers. The simulating processes
+take ``.runs/.exec.lock`` in turn: one run simulates at a time (it is CPU-bound; two would
+only halve each other's speed), the others wait queued, in no promised order.
+
+A run's own process writes its end, done or failed. One that dies first (a restart that
+took it along, a kill, the kernel's OOM killer) leaves its file queued or running: each
+read and each app start (``create_app``) mark such a run failed once its process is gone.
+Only processes on this host can be checked; a results directory shared between hosts
+leaves another host's runs as their files say.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import Invalid, NotFound, TooManyRequests
+from app.simulations.models import WhatIfCreate, WhatIfRecord, WhatIfRun
+from solver.policies import POLICY_NAMES
+
+RUNS_DIR = ".runs"
+# One simulating and three waiting: enough to line up a comparison, few enough that a
+# queue of heavy scenarios cannot keep the machine busy for a day.
+MAX_ACTIVE = 4
+# Between the file's creation and the API writing the new process's id.
+SPAWN_GRACE = timedelta(seconds=30)
+ACTIVE = ("queued", "running")
+# Finished runs' files kept (their results stay: they are the results directory's).
+KEEP_FINISHED = 100
+
+
+def known_scenarios() -> list[str]:
+    """The built-in scenarios (``sim.scenario.builtin_scenarios``), read from the YAML files
+    the simulator ships: the service itself does not import the simulator."""
+    folder = Path(str(resources.files("sim") / "scenarios"))
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def _runs_dir(directory: Path) -> Path:
+    return directory / RUNS_DIR
+
+
+@contextmanager
+def _locked(directory: Path, name: str = ".lock") -> Iterator[None]:
+    folder = _runs_dir(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / name, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def simulating(directory: Path) -> Iterator[None]:
+    """Held by a run's process while it simulates: waits for the run before it."""
+    with _locked(directory, ".exec.lock"):
+        yield
+
+
+def _path(directory: Path, run_id: str) -> Path:
+    return _runs_dir(directory) / f"{run_id}.json"
+
+
+def _read(path: Path) -> WhatIfRecord:
+    return WhatIfRecord.model_validate_json(path.read_text())
+
+
+def _write(directory: Path, record: WhatIfRecord) -> None:
+    # Whole or not at all: a reader never sees half a file.
+    path = _path(directory, record.id)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(record.model_dump_json())
+    os.replace(partial, path)
+
+
+def _public(record: WhatIfRecord) -> WhatIfRun:
+    return WhatIfRun.model_validate(record.model_dump(exclude={"pid", "host"}))
+
+
+def _alive(record: WhatIfRecord, now: datetime) -> bool:
+    if record.host != socket.gethostname():
+        return True  # another host's process: not ours to judge
+    if record.pid is None:
+        return now - record.created_at < SPAWN_GRACE
+    try:
+        # The process id may have been reused: it must still be this run's process.
+        command = Path(f"/proc/{record.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return record.id.encode() in command
+
+
+def _settle(directory: Path, record: WhatIfRecord, now: datetime) -> WhatIfRecord:
+    """The record, marked failed if it is active but its process is gone."""
+    if record.state not in ACTIVE or _alive(record, now):
+        return record
+    record = record.model_copy(
+        update={
+            "state": "failed",
+            "finished_at": now,
+            "error": f"interrupted while {record.state}: its process (pid {record.pid}) "
+            "ended without finishing it, e.g. in a restart; start it again",
+        }
+    )
+    _write(directory, record)
+    return record
+
+
+def _records(directory: Path, now: datetime) -> list[WhatIfRecord]:
+    found = []
+    for path in _runs_dir(directory).glob("*.json"):
+        try:
+            found.append(_settle(directory, _read(path), now))
+        except (OSError, ValueError):
+            continue  # a stray or unreadable file is not a run
+    return found
+
+
+def fail_interrupted(*, directory: Path, now: datetime) -> list[str]:
+    """Mark failed every run whose process is gone; the ids marked. Run on each app start."""
+    if not _runs_dir(directory).is_dir():
+        return []
+    with _locked(directory):
+        before = {r.id: r.state for r in map(_read, _runs_dir(directory).glob("*.json"))}
+        return [r.id for r in _records(directory, now) if r.state != before.get(r.id)]
+
+
+def _check(run_in: WhatIfCreate) -> None:
+    scenarios = known_scenarios()
+    if run_in.scenario not in scenarios:
+        raise Invalid(
+            f"unknown scenario {run_in.scenario!r}; one of {', '.join(scenarios)}",
+            field="scenario",
+        )
+    for policy in run_in.policies:
+        if policy not in POLICY_NAMES:
+            raise Invalid(
+                f"unknown policy {policy!r}; one of {', '.join(POLICY_NAMES)}",
+                field="policies",
+            )
+    if len(set(run_in.policies)) != len(run_in.policies):
+        raise Invalid("a policy is listed twice", field="policies")
+
+
+def _prune(directory: Path, records: list[WhatIfRecord]) -> None:
+    """Forget all but the KEEP_FINISHED latest finished runs."""
+    finished = sorted(
+        (r for r in records if r.state not in ACTIVE), key=lambda r: r.created_at, reverse=True
+    )
+    for record in finished[KEEP_FINISHED:]:
+        for suffix in (".json", ".log"):
+            _path(directory, record.id).with_suffix(suffix).unlink(missing_ok=True)
+
+
+def _spawn(directory: Path, run_id: str) -> subprocess.Popen[bytes]:
+    # The child writes its traceback here if it fails; it keeps its own copy of the file.
+    with open(_runs_dir(directory) / f"{run_id}.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app.simulations.runner", str(directory), run_id],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            close_fds=True,
+        )
+    # Reaped when it ends, so that it does not linger as a zombie of this process.
+    threading.Thread(target=process.wait, daemon=True, name=f"whatif-{run_id}").start()
+    return process
+
+
+def start_run(*, directory: Path, run_in: WhatIfCreate, now: datetime) -> WhatIfRun:
+    """Queue a run and start its process; refused while MAX_ACTIVE runs are active."""
+    _check(run_in)
+    run_id = uuid.uuid4().hex[:12]
+    with _locked(directory):
+        records = _records(directory, now)
+        active = [r for r in records if r.state in ACTIVE]
+        if len(active) >= MAX_ACTIVE:
+            raise TooManyRequests(
+                f"{len(active)} what-if runs are queued or running, the most at once; "
+                "start this one when one of them has finished",
+                retry_after_s=30,
+            )
+        record = WhatIfRecord(
+            id=run_id,
+            scenario=run_in.scenario,
+            policies=run_in.policies,
+            seed=run_in.seed,
+            state="queued",
+            created_at=now,
+            host=socket.gethostname(),
+        )
+        _prune(directory, records)
+        _write(directory, record)
+        record.pid = _spawn(directory, run_id).pid
+        _write(directory, record)
+    return _public(record)
+
+
+def get_run(*, directory: Path, run_id: str, now: datetime) -> WhatIfRun:
+    path = _path(directory, run_id)
+    if not (run_id.isalnum() and path.is_file()):
+        raise NotFound(f"no what-if run {run_id!r}", resource="simulation_run", resource_id=run_id)
+    with _locked(directory):
+        record = _settle(directory, _read(path), now)
+    return _public(record)
+
+
+def list_runs(*, directory: Path, now: datetime, limit: int = 20) -> list[WhatIfRun]:
+    """The latest runs, newest first: what a page opened mid-run follows."""
+    if not _runs_dir(directory).is_dir():
+        return []
+    with _locked(directory):
+        records = sorted(_records(directory, now), key=lambda r: r.created_at, reverse=True)
+    return [_public(r) for r in records[:limit]]
+
+
+def update_run(*, directory: Path, run_id: str, **changes: Any) -> WhatIfRecord:
+    """For the run's own process: its state, progress, end."""
+    with _locked(directory):
+        record = _read(_path(directory, run_id)).model_copy(update=changes)
+        _write(directory, record)
+    return record
+
+
+def result_name(record: WhatIfRun) -> str:
+    """A file per run, so that a run never replaces an earlier result of its scenario."""
+    return f"{record.scenario}-{record.id}"
