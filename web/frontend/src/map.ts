@@ -13,12 +13,18 @@
 // The map is an ARIA grid (a row per node, a gridcell per GPU) that the keyboard moves
 // through (map_grid.ts); activating a cell, by click, Enter or Space, opens the page of
 // the job holding the GPU.
+//
+// While shown, the map reads its cluster again every refreshPeriodMs() (refresh.ts). A
+// reply with the same nodes, jobs and moves changes nothing but the summary's time; a
+// changed one is drawn whole at once (no chunks: the page keeps its height, so the scroll
+// position stays), the keyboard's tab stop and focus kept (placeTabStop).
 
 import { api, isAbort, Latest, Unauthorized } from "./api";
 import { $, COLORS, esc, select } from "./dom";
 import { when } from "./format";
 import { jobLink } from "./links";
 import { placeTabStop, wireGrid } from "./map_grid";
+import { Poller, redraw } from "./refresh";
 import type { ClusterMap, MapCells, MapJob, MapNode, PlannedMove } from "./types";
 
 const request = new Latest();
@@ -33,41 +39,68 @@ const CHUNK_ROWS = 200;
 let drawing = 0;
 // The most legend entries drawn (colouring by job at 1,000 nodes means thousands of jobs).
 const LEGEND_MAX = 40;
+// The reply drawn last, less its time (measured_since moves with every read).
+let shownFrom = "";
+const poller = new Poller("nodes", () => load(true));
 
+/** The chosen cluster's map (the router, a change of cluster). */
 export async function showNodes(): Promise<void> {
+  await load(false);
+}
+
+async function load(refreshing: boolean): Promise<void> {
+  try {
+    await read(refreshing);
+  } finally {
+    poller.schedule();
+  }
+}
+
+async function read(refreshing: boolean): Promise<void> {
   const cluster = select("#node-cluster").value;
   const { signal, current } = request.begin();
   const view = $("#gpu-map");
   if (!cluster) {
     shown = null;
+    shownFrom = "";
     shownNodes = new Map();
     view.innerHTML = "<p>No clusters.</p>";
     return;
   }
-  $("#map-error").hidden = true;
+  if (!refreshing) $("#map-error").hidden = true;
   let map: ClusterMap;
   try {
     map = await api<ClusterMap>(`/nodes/map?cluster=${encodeURIComponent(cluster)}`, { signal });
   } catch (failure) {
     if (current() && !isAbort(failure) && !(failure instanceof Unauthorized)) {
+      // A failed refresh keeps the map shown, under the error; the next one may succeed.
       $("#map-error").hidden = false;
       $("#map-error").textContent = `Could not load the map of ${cluster}: ${(failure as Error).message}`;
     }
     return;
   }
   if (!current()) return;
+  $("#map-error").hidden = true;
+  const from = JSON.stringify({ ...map, measured_since: null });
+  const same = refreshing && shown !== null && from === shownFrom;
   shown = map;
+  shownFrom = from;
+  if (same) {
+    summarise(map, select("#map-model").value, select("#map-state").value);
+    return;
+  }
   shownNodes = new Map(map.nodes.map((node) => [node.name, node]));
   fillModels(map);
-  drawMap();
+  drawMap(refreshing);
 }
 
 /**
  * Draws the last reply in the current colouring: the first rows at once, the rest a chunk
- * per task after it, so the first screen shows before 1,000 rows are parsed. A newer draw
- * (another reply, another colouring) stops an older one's chunks.
+ * per task after it, so the first screen shows before 1,000 rows are parsed; ``whole``
+ * (a refresh), every row at once. A newer draw (another reply, another colouring) stops an
+ * older one's chunks.
  */
-export function drawMap(): void {
+export function drawMap(whole = false): void {
   const map = shown;
   if (!map) return;
   const mine = ++drawing;
@@ -87,12 +120,18 @@ export function drawMap(): void {
   view.dataset.drawn = "partly";
   view.setAttribute("aria-label", `GPUs of ${map.cluster}: a row per node, a cell per GPU`);
   view.setAttribute("aria-rowcount", String(map.nodes.length));
-  view.innerHTML = rows(0, FIRST_ROWS);
-  $("#map-legend").innerHTML = legend(map, by, colour);
-  $("#map-moves").innerHTML = movesList(map);
+  const first = whole ? map.nodes.length : FIRST_ROWS;
+  const scrolled = { page: window.scrollY, grid: view.scrollTop };
+  view.innerHTML = rows(0, first);
+  redraw($("#map-legend"), legend(map, by, colour));
+  redraw($("#map-moves"), movesList(map));
   filterMap();
   placeTabStop(view, hadFocus);
-  let next = FIRST_ROWS;
+  if (whole) {
+    view.scrollTop = scrolled.grid;
+    window.scrollTo({ top: scrolled.page, behavior: "instant" });
+  }
+  let next = first;
   const more = (): void => {
     if (mine !== drawing) return;
     if (next < map.nodes.length) {
@@ -113,22 +152,33 @@ export function filterMap(): void {
   if (!map) return;
   const model = select("#map-model").value;
   const state = select("#map-state").value;
-  const left = (m: string, s: string): boolean => Boolean((model && m !== model) || (state && s !== state));
+  const left = leftOut(model, state);
   for (const row of document.querySelectorAll<HTMLElement>("#gpu-map .gpu-row")) {
     row.hidden = left(row.dataset.model ?? "", row.dataset.state ?? "");
   }
   placeTabStop($("#gpu-map"));
+  summarise(map, model, state);
+}
+
+/** Whether the model and state filters leave a node of this model and state out. */
+function leftOut(model: string, state: string): (m: string, s: string) => boolean {
+  return (m, s) => Boolean((model && m !== model) || (state && s !== state));
+}
+
+function summarise(map: ClusterMap, model: string, state: string): void {
+  const left = leftOut(model, state);
   const showing = map.nodes.filter((n) => !left(n.gpu_model ?? "", n.state)).length;
   const gpus = map.nodes.reduce((n, node) => n + node.holders.length, 0);
   const held = map.nodes.reduce((n, node) => n + node.holders.filter((h) => h != null).length, 0);
-  $("#map-summary").textContent =
+  const text =
     `${showing} of ${map.nodes.length} nodes shown · ${held} of ${gpus} GPUs held · ` +
     `measured since ${when(map.measured_since)}`;
+  if ($("#map-summary").textContent !== text) $("#map-summary").textContent = text;
 }
 
 /** Wires the controls that redraw without a new read. */
 export function wireMap(): void {
-  select("#map-colour").addEventListener("change", drawMap);
+  select("#map-colour").addEventListener("change", () => drawMap());
   for (const id of ["#map-model", "#map-state"]) select(id).addEventListener("change", filterMap);
   wireGrid($("#gpu-map"), openCell);
 }
@@ -145,9 +195,12 @@ function fillModels(map: ClusterMap): void {
   const chooser = select("#map-model");
   const chosen = chooser.value;
   const models = [...new Set(map.nodes.map((n) => n.gpu_model ?? ""))].sort();
-  chooser.innerHTML =
+  // The same models leave the list alone (a refresh must not close it while open).
+  redraw(
+    chooser,
     '<option value="">all models</option>' +
-    models.map((m) => `<option value="${esc(m)}">${esc(m || "no GPU model")}</option>`).join("");
+      models.map((m) => `<option value="${esc(m)}">${esc(m || "no GPU model")}</option>`).join(""),
+  );
   // A model the new cluster lacks would hide every row: show all instead.
   chooser.value = models.includes(chosen) ? chosen : "";
 }

@@ -1,10 +1,15 @@
 // Fleet overview: per-cluster figures (GET /overview) and utilization over time
 // (GET /utilization) drawn by uPlot, which keeps 100k points interactive: its cursor gives
 // the tooltip and legend values, a drag on the plot zooms, a double click zooms back out.
+//
+// While shown, the page reads everything again every refreshPeriodMs() (refresh.ts): the
+// figures and cards are rewritten only where they changed, and the chart only when its
+// data did, keeping its zoom and its tooltip.
 
 import uPlot from "uplot";
 import { api, Latest } from "./api";
 import { $, COLORS, count, esc, select } from "./dom";
+import { Poller, redraw } from "./refresh";
 import type {
   Cluster,
   ClusterFigures,
@@ -27,10 +32,24 @@ const figuresRequest = new Latest();
 const chartRequest = new Latest();
 const replayRequest = new Latest();
 let plot: uPlot | null = null;
+// The reply the chart was drawn from: the same one again leaves it as it is.
+let chartFrom = "";
 
+/** The page as the router shows it, with the clusters as read at sign-in. */
 export async function showOverview(clusters: Cluster[]): Promise<void> {
-  await Promise.all([showFigures(clusters), showChart(), showReplay()]);
+  await load(clusters, false);
 }
+
+/** ``clusters`` null: read them too (a refresh). */
+async function load(clusters: Cluster[] | null, refreshing: boolean): Promise<void> {
+  try {
+    await Promise.all([showFigures(clusters), showChart(refreshing), showReplay()]);
+  } finally {
+    poller.schedule();
+  }
+}
+
+const poller = new Poller("overview", () => load(null, true));
 
 // The counterfactual: the latest `shaper sim compare` result, each policy's utilization
 // beside FIFO's (the Simulations page has the rest).
@@ -40,7 +59,7 @@ async function showReplay(): Promise<void> {
   if (!current()) return;
   const panel = $("#replay");
   if (!results.length) {
-    panel.innerHTML = '<p class="hint">No replay yet: <code>shaper sim compare</code> writes one.</p>';
+    redraw(panel, '<p class="hint">No replay yet: <code>shaper sim compare</code> writes one.</p>');
     return;
   }
   const latest = results[0];
@@ -54,24 +73,37 @@ async function showReplay(): Promise<void> {
       return `<tr data-policy="${esc(policy)}"><td>${esc(policy)}</td><td>${(100 * util).toFixed(1)} %</td><td>${delta}</td></tr>`;
     })
     .join("");
-  panel.innerHTML = `<h3>Latest replay</h3>
+  redraw(
+    panel,
+    `<h3>Latest replay</h3>
     <p class="hint">${esc(latest.scenario)}${latest.seed == null ? "" : ` (seed ${latest.seed})`}: GPU utilization by policy over the same trace</p>
     <table><thead><tr><th>Policy</th><th>Util</th><th>vs FIFO</th></tr></thead><tbody>${rows}</tbody></table>
-    <p><a href="#simulations">All results</a></p>`;
+    <p><a href="#simulations">All results</a></p>`,
+  );
 }
 
-async function showFigures(clusters: Cluster[]): Promise<void> {
+async function showFigures(known: Cluster[] | null): Promise<void> {
   const { signal, current } = figuresRequest.begin();
-  const overview = await api<FleetOverview>("/overview", { signal });
+  // A refresh reads the clusters too: their connector status and any cluster new since.
+  const [overview, clusters] = await Promise.all([
+    api<FleetOverview>("/overview", { signal }),
+    known ? Promise.resolve(known) : api<Cluster[]>("/clusters", { signal }),
+  ]);
   if (!current()) return;
   const byName = new Map(clusters.map((c) => [c.name, c]));
-  $("#fleet-figures").innerHTML = figureList(overview.fleet, "fleet");
-  $("#cluster-cards").innerHTML =
+  redraw($("#fleet-figures"), figureList(overview.fleet, "fleet"));
+  redraw(
+    $("#cluster-cards"),
     overview.clusters.map((figures) => card(figures, byName.get(figures.cluster))).join("") ||
-    "<p>No clusters registered yet.</p>";
-  $("#overview-note").textContent =
-    `Idle but allocated: GPUs held by jobs on nodes that measured under ${Math.round(100 * overview.busy_threshold)} % busy ` +
-    `over the last ${Math.round(overview.recent_s / 60)} min; unmeasured: nodes with no sample in that time.`;
+      "<p>No clusters registered yet.</p>",
+  );
+  redraw(
+    $("#overview-note"),
+    esc(
+      `Idle but allocated: GPUs held by jobs on nodes that measured under ${Math.round(100 * overview.busy_threshold)} % busy ` +
+        `over the last ${Math.round(overview.recent_s / 60)} min; unmeasured: nodes with no sample in that time.`,
+    ),
+  );
 }
 
 function card(figures: ClusterFigures, cluster: Cluster | undefined): string {
@@ -116,7 +148,8 @@ export function fillClusterFilter(clusters: Cluster[]): void {
     '<option value="">all clusters</option>' + clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
 }
 
-async function showChart(): Promise<void> {
+/** ``refreshing``: the same selection read again, so a zoom into it is kept. */
+async function showChart(refreshing = false): Promise<void> {
   const range = RANGES[select("#util-range").value] ?? RANGES["24h"];
   const params = new URLSearchParams({ group_by: select("#group-by").value, bucket_s: String(range.bucket_s) });
   const cluster = select("#util-cluster").value;
@@ -128,20 +161,46 @@ async function showChart(): Promise<void> {
   const { signal, current } = chartRequest.begin();
   const summary = await api<UtilizationSummary>(`/utilization?${params}`, { signal });
   if (!current()) return;
-  draw(summary);
+  // The same reply redraws nothing: the zoom, the cursor and its tooltip stay.
+  const from = JSON.stringify(summary);
+  if (plot && from === chartFrom) return;
+  chartFrom = from;
+  draw(summary, refreshing);
 }
 
 export function redrawChart(): void {
-  showChart().catch(reportChartError);
+  showChart(false).catch(reportChartError);
 }
 
 function reportChartError(error: unknown): void {
   if (error instanceof DOMException && error.name === "AbortError") return;
+  plot?.destroy();
+  plot = null;
   $("#util-chart").textContent = `Could not load utilization: ${String(error)}`;
 }
 
-function draw(summary: UtilizationSummary): void {
+/** What a refreshed chart keeps of the one it replaces (same grouping): the zoomed range,
+ * and the cursor where it was over the plot (so its tooltip stays open). */
+interface Kept {
+  zoom: { min: number; max: number } | null;
+  cursor: { left: number; top: number } | null;
+}
+
+function keep(summary: UtilizationSummary, holder: HTMLElement): Kept {
+  if (!plot || holder.dataset.groupBy !== summary.group_by) return { zoom: null, cursor: null };
+  const times = plot.data[0];
+  const { min, max } = plot.scales.x;
+  const zoomed = min != null && max != null && times.length > 0 && (min > times[0] || max < times[times.length - 1]);
+  const { left, top } = plot.cursor;
+  return {
+    zoom: zoomed ? { min, max } : null,
+    cursor: left != null && top != null && left >= 0 && top >= 0 ? { left, top } : null,
+  };
+}
+
+function draw(summary: UtilizationSummary, refreshing: boolean): void {
   const holder = $("#util-chart");
+  const kept: Kept = refreshing ? keep(summary, holder) : { zoom: null, cursor: null };
   plot?.destroy();
   plot = null;
   holder.replaceChildren();
@@ -202,6 +261,8 @@ function draw(summary: UtilizationSummary): void {
   plot = new uPlot(options, data as uPlot.AlignedData, holder);
   holder.dataset.xMin = String(times[0]);
   holder.dataset.xMax = String(times[times.length - 1]);
+  if (kept.zoom) plot.setScale("x", kept.zoom);
+  if (kept.cursor) plot.setCursor(kept.cursor);
 }
 
 // The values under the cursor, next to it: uPlot gives the index and positions, this only

@@ -16,10 +16,15 @@
 //
 // The selection lives in the address (#jobs&cluster=…&team=…&state=…&ended=1&offset=…): a
 // reload or a link opens the same page. A value the page does not offer is dropped.
+//
+// While shown, the page reads its selection again every refreshPeriodMs() (refresh.ts):
+// the selection drawn, not the controls (a team half typed is not applied), and only the
+// parts that changed are rewritten, the focused job link kept.
 
 import { api, isAbort, Latest, Unauthorized } from "./api";
 import { $, count, esc, select } from "./dom";
 import { jobLink } from "./links";
+import { Poller, redraw } from "./refresh";
 import type { Cluster, Job, JobDecisions, Page, PlanDecision, Policy } from "./types";
 
 export const PAGE_SIZE = 50;
@@ -54,6 +59,9 @@ interface Selection {
 const request = new Latest();
 // The offset of the page shown (after clamping), for the pager and a bare #jobs.
 let shownOffset = 0;
+// The selection drawn last, which a refresh reads again.
+let shownSelection: Selection | null = null;
+const poller = new Poller("jobs", () => load(shownSelection ? { ...shownSelection, offset: shownOffset } : selection(), true));
 
 export function fillQueueClusters(clusters: Cluster[]): void {
   const chooser = select("#job-cluster");
@@ -131,8 +139,20 @@ function jobs(s: Selection, state: string, offset: number, limit: number, signal
   return api<Page<Job>>(`/jobs?${params}`, { signal });
 }
 
+/** The selection the address names (the router, a change of filter or page). */
 export async function showQueue(): Promise<void> {
-  const chosen = selection();
+  await load(selection(), false);
+}
+
+async function load(chosen: Selection, refreshing: boolean): Promise<void> {
+  try {
+    await draw(chosen, refreshing);
+  } finally {
+    poller.schedule();
+  }
+}
+
+async function draw(chosen: Selection, refreshing: boolean): Promise<void> {
   const groups = chosen.state ? [chosen.state] : chosen.ended ? STATES : ACTIVE;
   const { signal, current } = request.begin();
   const error = $("#job-error");
@@ -185,9 +205,12 @@ export async function showQueue(): Promise<void> {
     if (current() && !isAbort(failure) && !(failure instanceof Unauthorized)) {
       error.textContent = `Could not load the queue: ${(failure as Error).message}`;
       error.hidden = false;
-      $("#job-table tbody").innerHTML = "";
-      $("#job-page").textContent = "";
-      $("#job-totals").textContent = "";
+      // A failed refresh keeps what is shown, under the error; the next one may succeed.
+      if (!refreshing) {
+        redraw($("#job-table tbody"), "");
+        setText($("#job-page"), "");
+        redraw($("#job-totals"), "");
+      }
     }
     return;
   }
@@ -195,6 +218,7 @@ export async function showQueue(): Promise<void> {
   error.hidden = true;
   error.textContent = "";
   shownOffset = offset;
+  shownSelection = chosen;
   if (offset !== chosen.offset) history.replaceState(null, "", address({ ...chosen, offset }));
   const view = $("#jobs");
   view.dataset.cluster = chosen.cluster;
@@ -206,10 +230,13 @@ export async function showQueue(): Promise<void> {
   const bounds = maxWaits(policies);
   const teams = new Set(items.map((j) => j.team));
   for (const policy of policies) for (const t of policyTeams(policy)) if (typeof t.team === "string") teams.add(t.team);
-  $("#job-teams").innerHTML = [...teams]
-    .sort()
-    .map((t) => `<option value="${esc(t)}"></option>`)
-    .join("");
+  redraw(
+    $("#job-teams"),
+    [...teams]
+      .sort()
+      .map((t) => `<option value="${esc(t)}"></option>`)
+      .join(""),
+  );
 
   const now = Date.now();
   let group = "";
@@ -225,22 +252,39 @@ export async function showQueue(): Promise<void> {
     }
     rows.push(row(j, now, rowMark(j, now, bounds), bounds.get(j.cluster)?.get(j.team) ?? null, plans.get(j.cluster)));
   }
-  $("#job-table tbody").innerHTML =
+  const body = $("#job-table tbody");
+  const focused = focusedJob(body);
+  const rewritten = redraw(
+    body,
     rows.join("") ||
-    `<tr><td colspan="11" class="hint">No ${chosen.state ? esc(chosen.state) : chosen.ended ? "" : "waiting or running "}jobs${chosen.cluster ? ` in ${esc(chosen.cluster)}` : ""}${chosen.team ? ` of team ${esc(chosen.team)}` : ""}.</td></tr>`;
+      `<tr><td colspan="11" class="hint">No ${chosen.state ? `${esc(chosen.state)} ` : chosen.ended ? "" : "waiting or running "}jobs${chosen.cluster ? ` in ${esc(chosen.cluster)}` : ""}${chosen.team ? ` of team ${esc(chosen.team)}` : ""}.</td></tr>`,
+  );
+  if (rewritten && focused) body.querySelector<HTMLElement>(`tr[data-job="${CSS.escape(focused)}"] a`)?.focus({ preventScroll: true });
   const grand = totals.reduce((a, b) => a + b, 0);
   const end = Math.min(offset + PAGE_SIZE, grand);
-  $("#job-page").textContent = `${grand ? offset + 1 : 0}–${end} of ${count.format(grand)}`;
+  setText($("#job-page"), `${grand ? offset + 1 : 0}–${end} of ${count.format(grand)}`);
   const marked = (mark: Mark): number => items.filter((j) => rowMark(j, now, bounds) === mark).length;
   const [overdue, near] = [marked("overdue"), marked("near")];
   const onPage = [overdue ? `<span data-marked="overdue">${overdue} past max wait</span>` : "", near ? `<span data-marked="near">${near} near it</span>` : ""]
     .filter(Boolean)
     .join(", ");
-  $("#job-totals").innerHTML =
+  redraw(
+    $("#job-totals"),
     groups.map((state, i) => `<span data-total="${esc(state)}">${esc(state)} ${count.format(totals[i])}</span>`).join(" · ") +
-    (onPage ? ` — on this page: ${onPage}` : "");
+      (onPage ? ` — on this page: ${onPage}` : ""),
+  );
   $<HTMLButtonElement>("#job-prev").disabled = offset === 0;
   $<HTMLButtonElement>("#job-next").disabled = end >= grand;
+}
+
+/** The job whose link has the focus in the table, to give it back after a redraw. */
+function focusedJob(body: HTMLElement): string | null {
+  const active = document.activeElement;
+  return active instanceof HTMLElement && body.contains(active) ? (active.closest<HTMLElement>("tr[data-job]")?.dataset.job ?? null) : null;
+}
+
+function setText(element: HTMLElement, text: string): void {
+  if (element.textContent !== text) element.textContent = text;
 }
 
 /** Per cluster, per team: the max queue wait (s) of the cluster's SLA policy. */
