@@ -1,8 +1,9 @@
 // The plan page (#plan&id=N): a plan as a unit. Its figures for people (GET /plans/{id}),
 // its placement before and after on the nodes it touches (GET /plans/{id}/placement), its
-// actions in the order their dependencies allow, each with the actions it waits on and
-// its saga's steps (GET /actions?plan_id=N, GET /plans/{id}/steps), and — while it is
-// proposed — approve or reject it whole (POST /plans/{id}/approve|reject).
+// actions in the order their dependencies allow, drawn as a graph (plan_graph.ts) and
+// listed, each with the actions it waits on and its saga's steps (GET /actions?plan_id=N,
+// GET /plans/{id}/steps), and — while it is proposed — approve or reject it whole
+// (POST /plans/{id}/approve|reject).
 //
 // While any of its actions has not ended, the page reads it again every REFRESH_MS; a
 // reply for a plan no longer shown, or older than a newer read, is dropped (Latest).
@@ -11,6 +12,7 @@ import { api, hasScope, isAbort, Latest, Unauthorized } from "./api";
 import { $, COLORS, esc } from "./dom";
 import { ago, between, figure, gapPercent, solveTime, when } from "./format";
 import { jobLink } from "./links";
+import { forgetPick, graphView, markPicked, wireGraph } from "./plan_graph";
 import type { ActionDetail, NodePlacement, Page, PlacedJob, PlanDetail, PlanPlacement, PlanStep } from "./types";
 
 export const REFRESH_MS = 3000;
@@ -45,6 +47,7 @@ export async function showPlan(): Promise<void> {
   }
   if (view.dataset.plan !== String(id)) {
     view.dataset.plan = "";
+    forgetPick();
     view.innerHTML = `${BACK}<p class="hint">Loading plan ${id}…</p>`;
   }
   let plan: PlanDetail, actions: Page<ActionDetail>, steps: PlanStep[], placement: PlanPlacement;
@@ -89,6 +92,7 @@ export async function showPlan(): Promise<void> {
     ${actionsView(actions, steps)}
     ${waits(plan)}
     <p class="hint" id="plan-refresh">${esc(refreshNote(live))}</p>`;
+  markPicked();
   view.dataset.plan = String(id);
   view.dataset.state = plan.state;
   view.dataset.live = String(live);
@@ -153,6 +157,7 @@ function decide(p: PlanDetail): string {
 
 /** Approve or reject the plan shown; wired once (main.ts). */
 export function wirePlan(): void {
+  wireGraph($("#plan"));
   $("#plan").addEventListener("click", async (event) => {
     const button = event.target;
     if (!(button instanceof HTMLButtonElement) || !button.dataset.planVerdict) return;
@@ -278,7 +283,7 @@ function actionsView(actions: Page<ActionDetail>, steps: PlanStep[]): string {
   const last = Math.max(...stage.values());
   const groups = Array.from({ length: last }, (_, k) => ordered.filter((a) => stage.get(a.id) === k + 1));
   const more = actions.total > actions.items.length ? `<p class="hint">The first ${actions.items.length} of ${actions.total} actions.</p>` : "";
-  return `${more}<ol id="plan-actions" class="stages">${groups
+  return `${graphView(actions.items, stage, stepsOf)}${more}<ol id="plan-actions" class="stages">${groups
     .map(
       (group, k) => `<li class="stage" data-stage="${k + 1}"><div class="stage-title">Stage ${k + 1} <span class="hint">${
         k === 0 ? "— waits on nothing" : `— each waits on actions of earlier stages`
