@@ -58,7 +58,9 @@ def _fold_statement() -> sa.TextClause:
         f" SELECT e.dimension, e.cluster_id, {NODE_MODEL.format(row='e')}, e.team,"
         f" l.period_us, {period_start}, {', '.join(sums)}"
         f" FROM moved AS e LEFT JOIN nodes n ON n.id = e.node_id CROSS JOIN ({levels}) AS l"
-        " GROUP BY 1, 2, 3, 4, 5, 6 HAVING " + " OR ".join(f"{s} <> 0" for s in sums[:5]) +
+        # Every sum, sample_sum too: a node's model change moves its samples (counts -n on
+        # the old model) and another node's new samples there may cancel the count alone.
+        " GROUP BY 1, 2, 3, 4, 5, 6 HAVING " + " OR ".join(f"{s} <> 0" for s in sums) +
         " ON CONFLICT (dimension, cluster_id, gpu_model_id, team, period_us, period_start_us)"
         f" DO UPDATE SET {updates})"
         " SELECT count(*) FROM moved"

@@ -126,7 +126,8 @@ def _append(events: Sequence[str], dimensions: Sequence[str]) -> str:
         " CASE WHEN d.dimension = 'gpu_model' THEN e.gpu_model_id ELSE 0 END,"
         f" CASE WHEN d.dimension = 'team' THEN e.team ELSE '' END, e.at_us, {sums}"
         f" FROM ({' UNION ALL '.join(events)}) AS e CROSS JOIN ({dimension_rows}) AS d"
-        " GROUP BY 1, 2, 3, 4, 5, 6 HAVING " + " OR ".join(f"SUM(e.{c}) <> 0" for c in _SUMS[:4])
+        # Every sum, sample_sum too: a sample whose value changes keeps the count (-1 +1).
+        " GROUP BY 1, 2, 3, 4, 5, 6 HAVING " + " OR ".join(f"SUM(e.{c}) <> 0" for c in _SUMS)
     )
 
 
