@@ -38,8 +38,9 @@ class Settings(BaseSettings):
     cycle_period_s: float = Field(default=30.0, gt=0)
     # Node samples (GPU busy and memory, CPU, memory) older than this are deleted
     # (app.utilization.retention); utilization over their periods comes from the roll-up.
-    # The diagnosis reads them back 31 days.
-    sample_retention_days: int = Field(default=35, ge=1)
+    # The idle diagnosis reads them back 31 days: a shorter retention would delete what it
+    # reads and call busy GPUs idle, so 32 (a day past it, for the deletion's own timing).
+    sample_retention_days: int = Field(default=35, ge=32)
     # Overrides every saga step's timeout (impatient tests, slow sites); unset: the
     # per-step defaults in app.actions.saga.STEP_TIMEOUT_S.
     action_step_timeout_s: float | None = Field(default=None, gt=0)

@@ -116,7 +116,7 @@ def roll_back(
     policy = SlaPolicy(
         name=name,
         version=latest.version + 1,
-        spec=target.spec,
+        spec=_valid_today(target),
         comment=comment or f"rolled back to version {version}",
         created_at=now,
         created_by=by,
@@ -135,6 +135,26 @@ def roll_back(
     _commit(session, name)
     session.refresh(policy)
     return policy
+
+
+def _valid_today(target: SlaPolicy) -> dict[str, Any]:
+    """``target``'s spec as a version written today stores it. A version written under an
+    older schema may state terms today's model refuses (a field since removed, a bound
+    since tightened): rolling back to it must not store what no PUT could."""
+    try:
+        return SlaPolicySpec.model_validate(target.spec).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "spec" + "".join(
+            f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]
+        )
+        raise Invalid(
+            f"version: version {target.version} of SLA policy {target.name!r} states terms "
+            f"that are not valid today ({where}: {first['msg']}); PUT corrected terms instead",
+            field="version",
+            resource="sla_policy",
+            resource_id=target.name,
+        ) from None
 
 
 def apply_spec(

@@ -5,6 +5,10 @@ the policy and its version; comments are for people and are dropped on import. I
 validates exactly as the JSON API does and names a refused field the same way
 (``spec.teams[0].guaranteed_gpus``), adding the line it is on; a document that is not
 YAML at all is refused naming the line and column where parsing stopped.
+
+Anchors and aliases are refused: the export never writes them, and an alias repeats a
+node without repeating its text, so a few kilobytes could otherwise stand for a million
+fields to validate (and as many errors to report).
 """
 
 from __future__ import annotations
@@ -27,12 +31,30 @@ YAML_MEDIA_TYPES = (MEDIA_TYPE, "application/x-yaml", "text/yaml", "text/x-yaml"
 # (1,000 teams, 1,000 services, every field written) is under 300 kB.
 MAX_DOCUMENT_BYTES = 1024 * 1024
 TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+# Errors listed in a refusal: a document with thousands of wrong keys needs the first few
+# to be fixed, not an answer the size of the document; the rest are counted.
+MAX_ERRORS_LISTED = 20
+
+
+class _AnchorRefused(Exception):
+    def __init__(self, mark: yaml.Mark) -> None:
+        super().__init__()
+        self.line = mark.line + 1
+        self.column = mark.column + 1
 
 
 class _SpecLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that leaves unquoted timestamps as text: pydantic reads them as
     the JSON API does, and refuses an impossible date naming its field and line rather
-    than the loader failing on it with no position."""
+    than the loader failing on it with no position. Refuses anchors and aliases (the
+    module's docstring says why) before composing the node that has one."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        alias = self.check_event(yaml.AliasEvent)
+        event = self.current_event  # the node's first event, which check_event parsed
+        if alias or getattr(event, "anchor", None) is not None:
+            raise _AnchorRefused(event.start_mark)
+        return super().compose_node(parent, index)
 
 
 _SpecLoader.yaml_implicit_resolvers = {
@@ -79,6 +101,13 @@ def parse_document(raw: bytes) -> SlaPolicySpec:
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
+    except _AnchorRefused as exc:
+        raise Invalid(
+            f"body: an anchor or alias (&name, *name) at line {exc.line}, column "
+            f"{exc.column}; write each value where it applies, as the export does",
+            field="body",
+            details={"line": exc.line, "column": exc.column},
+        ) from None
     except yaml.YAMLError as exc:
         raise _syntax_error(exc) from None
     except RecursionError:
@@ -117,23 +146,26 @@ def _syntax_error(exc: yaml.YAMLError) -> Invalid:
 
 
 def _field_error(exc: ValidationError, root: yaml.Node) -> Invalid:
+    lines = _Lines(root)
     errors: list[dict[str, Any]] = []
-    for error in exc.errors():
+    for error in exc.errors()[:MAX_ERRORS_LISTED]:
         loc = list(error["loc"])
         errors.append(
             {
                 "field": _field_path(loc),
                 "message": error["msg"],
                 "type": error["type"],
-                "line": _line_of(root, loc),
+                "line": lines.of(loc),
             }
         )
     first = errors[0]
-    return Invalid(
-        f"{first['field']}: {first['message']} (line {first['line']})",
-        field=first["field"],
-        details={"errors": errors, "line": first["line"]},
-    )
+    message = f"{first['field']}: {first['message']} (line {first['line']})"
+    details: dict[str, Any] = {"errors": errors, "line": first["line"]}
+    more = exc.error_count() - len(errors)
+    if more:
+        message += f"; {more} more errors after the {len(errors)} in details.errors"
+        details["more_errors"] = more
+    return Invalid(message, field=first["field"], details=details)
 
 
 def _field_path(loc: list[int | str]) -> str:
@@ -144,17 +176,34 @@ def _field_path(loc: list[int | str]) -> str:
     return path
 
 
-def _line_of(root: yaml.Node, loc: list[int | str]) -> int:
-    """The line (1-based) of the deepest node of ``loc`` the document has: the value at
-    fault, or the entry it is missing from."""
-    node = root
-    for part in loc:
-        child: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode):
-            child = next((v for k, v in node.value if k.value == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            child = node.value[part] if 0 <= part < len(node.value) else None
-        if child is None:
-            break
-        node = child
-    return int(node.start_mark.line) + 1
+class _Lines:
+    """Where a field is in the document. A mapping's keys are indexed once, on the first
+    look into it: scanning them for each error would be quadratic in a mapping with
+    thousands of wrong keys."""
+
+    def __init__(self, root: yaml.Node) -> None:
+        self.root = root
+        self.keys: dict[int, dict[Any, yaml.Node]] = {}
+
+    def _child(self, mapping: yaml.MappingNode, key: int | str) -> yaml.Node | None:
+        index = self.keys.get(id(mapping))
+        if index is None:
+            # The last of a repeated key, as the loader keeps; a non-scalar key is no field.
+            index = {k.value: v for k, v in mapping.value if isinstance(k, yaml.ScalarNode)}
+            self.keys[id(mapping)] = index
+        return index.get(key)
+
+    def of(self, loc: list[int | str]) -> int:
+        """The line (1-based) of the deepest node of ``loc`` the document has: the value at
+        fault, or the entry it is missing from."""
+        node = self.root
+        for part in loc:
+            child: yaml.Node | None = None
+            if isinstance(node, yaml.MappingNode):
+                child = self._child(node, part)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+                child = node.value[part] if 0 <= part < len(node.value) else None
+            if child is None:
+                break
+            node = child
+        return int(node.start_mark.line) + 1

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,8 +41,28 @@ def _reporter(
     return report
 
 
+@contextmanager
+def _heartbeat(directory: Path, run_id: str) -> Iterator[None]:
+    """Touches the run's file while queued and running: how an API on another host tells
+    this run from one a redeploy took along (``runs.HEARTBEAT_STALE``). A thread, as the
+    simulation does not return to this code while it runs a policy."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(runs.HEARTBEAT_EVERY.total_seconds()):
+            runs.beat(directory=directory, run_id=run_id)
+
+    thread = threading.Thread(target=beat, daemon=True, name=f"heartbeat-{run_id}")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def run(directory: Path, run_id: str) -> None:
-    with runs.simulating(directory):
+    with _heartbeat(directory, run_id), runs.simulating(directory):
         record = runs.update_run(
             directory=directory,
             run_id=run_id,

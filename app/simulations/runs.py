@@ -11,13 +11,17 @@ only halve each other's speed), the others wait queued, in no promised order.
 A run's own process writes its end, done or failed. One that dies first (a restart that
 took it along, a kill, the kernel's OOM killer) leaves its file queued or running: each
 read and each app start (``create_app``) mark such a run failed once its process is gone.
-Only processes on this host can be checked; a results directory shared between hosts
-leaves another host's runs as their files say.
+Only processes on this host can be checked: for another host's run (a results directory
+shared between hosts, or kept across a redeploy that changed the hostname) the sign of
+life is its file's modification time, which the run's process touches every
+``HEARTBEAT_EVERY`` while queued and running; one untouched for ``HEARTBEAT_STALE`` is
+marked failed, or it would hold its place among ``MAX_ACTIVE`` for ever.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import subprocess
@@ -26,7 +30,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,8 @@ from app.core.errors import Invalid, NotFound, TooManyRequests
 from app.simulations.models import WhatIfCreate, WhatIfRecord, WhatIfRun
 from solver.policies import POLICY_NAMES
 
+log = logging.getLogger(__name__)
+
 RUNS_DIR = ".runs"
 # One simulating and three waiting: enough to line up a comparison, few enough that a
 # queue of heavy scenarios cannot keep the machine busy for a day.
@@ -42,6 +48,15 @@ MAX_ACTIVE = 4
 # Between the file's creation and the API writing the new process's id.
 SPAWN_GRACE = timedelta(seconds=30)
 ACTIVE = ("queued", "running")
+# How often a run's process touches its file, and how long another host's run may go
+# untouched before it is taken for dead: many beats, so that a loaded machine missing a
+# few is not failed, and short enough that a redeploy's orphans free their places soon.
+HEARTBEAT_EVERY = timedelta(seconds=10)
+HEARTBEAT_STALE = timedelta(minutes=5)
+# The directory holding the ``app`` package: the runner's working directory, as
+# ``python -m`` puts that first on sys.path and the API's own (wherever it was started)
+# could hold another ``app`` or ``sim`` that would be imported instead.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # Finished runs' files kept (their results stay: they are the results directory's).
 KEEP_FINISHED = 100
 
@@ -96,29 +111,48 @@ def _public(record: WhatIfRecord) -> WhatIfRun:
     return WhatIfRun.model_validate(record.model_dump(exclude={"pid", "host"}))
 
 
-def _alive(record: WhatIfRecord, now: datetime) -> bool:
-    if record.host != socket.gethostname():
-        return True  # another host's process: not ours to judge
-    if record.pid is None:
-        return now - record.created_at < SPAWN_GRACE
+def beat(*, directory: Path, run_id: str) -> None:
+    """For the run's own process, while queued and running: a sign of life that another
+    host can read (``HEARTBEAT_STALE``)."""
     try:
-        # The process id may have been reused: it must still be this run's process.
-        command = Path(f"/proc/{record.pid}/cmdline").read_bytes()
+        os.utime(_path(directory, run_id))
     except OSError:
-        return False
-    return record.id.encode() in command
+        pass  # replaced by a write this moment, which touched it as well
+
+
+def _gone(directory: Path, record: WhatIfRecord, now: datetime) -> str | None:
+    """Why an active run's process is taken for gone; ``None`` while it may be alive."""
+    if record.host != socket.gethostname():
+        touched = datetime.fromtimestamp(_path(directory, record.id).stat().st_mtime, UTC)
+        if now - touched < HEARTBEAT_STALE:
+            return None
+        return (
+            f"no heartbeat from host {record.host} since {touched.isoformat(timespec='seconds')}"
+            ": its process ended without finishing it, e.g. in a redeploy"
+        )
+    if record.pid is None:
+        alive = now - record.created_at < SPAWN_GRACE
+    else:
+        try:
+            # The process id may have been reused: it must still be this run's process.
+            alive = record.id.encode() in Path(f"/proc/{record.pid}/cmdline").read_bytes()
+        except OSError:
+            alive = False
+    if alive:
+        return None
+    return f"its process (pid {record.pid}) ended without finishing it, e.g. in a restart"
 
 
 def _settle(directory: Path, record: WhatIfRecord, now: datetime) -> WhatIfRecord:
     """The record, marked failed if it is active but its process is gone."""
-    if record.state not in ACTIVE or _alive(record, now):
+    why = _gone(directory, record, now) if record.state in ACTIVE else None
+    if why is None:
         return record
     record = record.model_copy(
         update={
             "state": "failed",
             "finished_at": now,
-            "error": f"interrupted while {record.state}: its process (pid {record.pid}) "
-            "ended without finishing it, e.g. in a restart; start it again",
+            "error": f"interrupted while {record.state}: {why}; start it again",
         }
     )
     _write(directory, record)
@@ -136,12 +170,20 @@ def _records(directory: Path, now: datetime) -> list[WhatIfRecord]:
 
 
 def fail_interrupted(*, directory: Path, now: datetime) -> list[str]:
-    """Mark failed every run whose process is gone; the ids marked. Run on each app start."""
+    """Mark failed every run whose process is gone; the ids marked. Run on each app start,
+    which a stray or unreadable file must not stop: it is skipped, and said once here."""
     if not _runs_dir(directory).is_dir():
         return []
+    marked = []
     with _locked(directory):
-        before = {r.id: r.state for r in map(_read, _runs_dir(directory).glob("*.json"))}
-        return [r.id for r in _records(directory, now) if r.state != before.get(r.id)]
+        for path in _runs_dir(directory).glob("*.json"):
+            try:
+                record = _read(path)
+                if _settle(directory, record, now).state != record.state:
+                    marked.append(record.id)
+            except (OSError, ValueError) as exc:
+                log.warning("what-if run file %s skipped: not readable as a run (%s)", path, exc)
+    return marked
 
 
 def _check(run_in: WhatIfCreate) -> None:
@@ -173,12 +215,13 @@ def _prune(directory: Path, records: list[WhatIfRecord]) -> None:
 
 def _spawn(directory: Path, run_id: str) -> subprocess.Popen[bytes]:
     # The child writes its traceback here if it fails; it keeps its own copy of the file.
-    with open(_runs_dir(directory) / f"{run_id}.log", "ab") as log:
+    with open(_runs_dir(directory) / f"{run_id}.log", "ab") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app.simulations.runner", str(directory), run_id],
+            [sys.executable, "-m", "app.simulations.runner", str(directory.resolve()), run_id],
+            cwd=PACKAGE_ROOT,
             stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
+            stdout=output,
+            stderr=output,
             close_fds=True,
         )
     # Reaped when it ends, so that it does not linger as a zombie of this process.

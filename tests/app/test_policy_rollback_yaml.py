@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session
 
 from app.core.clock import FrozenClock
-from app.policies.models import SlaPolicySpec
+from app.policies.models import SlaPolicy, SlaPolicySpec
 from app.shaping.snapshot import take_snapshot
 
 FIRST = {"teams": [{"team": "vision", "guaranteed_gpus": 16, "max_queue_wait_s": 3600}]}
@@ -235,3 +235,75 @@ def test_a_preview_says_what_an_import_would_change_and_writes_nothing(
     assert client.post(url, content=document).status_code == 401
     versions = client.get("/api/v1/policies/alpha/versions", headers=auth["viewer"]).json()
     assert [v["version"] for v in versions] == [1, 2]
+
+
+def test_anchors_aliases_and_thousands_of_bad_keys_are_refused_in_a_short_answer(
+    client: TestClient, auth: dict
+) -> None:
+    # The preview is a viewer's: a document anyone may send must not cost the server
+    # what it states after expansion. 13 kB naming one team 1,000 times through an alias
+    # would be a million fields to validate; it is refused where the anchor is.
+    _two_versions(client, auth)
+    url = "/api/v1/policies/alpha/import/preview"
+    headers = {**auth["viewer"], **YAML}
+    fields = ", ".join(f"k{k}: 1" for k in range(1000))
+    bomb = f"x: &a {{team: t, {fields}}}\nteams: [{', '.join(['*a'] * 1000)}]\n"
+    refused = client.post(url, headers=headers, content=bomb)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["field"] == "body" and error["details"] == {"line": 1, "column": 4}
+    assert error["message"].startswith("body: an anchor or alias (&name, *name) at line 1,")
+    alias = client.post(url, headers=headers, content="teams:\n  - team: a\n  - *b\n")
+    assert alias.status_code == 422 and alias.json()["error"]["details"]["line"] == 3
+
+    # Without aliases, one team with 20,000 unknown keys: the first 20 listed with their
+    # lines, the rest counted.
+    document = "teams:\n- team: a\n" + "".join(f"  k{k}: 1\n" for k in range(20_000))
+    many = client.post(url, headers=headers, content=document)
+    assert many.status_code == 422, many.text
+    error = many.json()["error"]
+    assert error["field"] == "spec.teams[0].k0" and error["details"]["line"] == 3
+    listed = error["details"]["errors"]
+    assert [(e["field"], e["line"]) for e in listed] == [
+        (f"spec.teams[0].k{k}", k + 3) for k in range(20)
+    ]
+    assert error["details"]["more_errors"] == 19_980
+    assert "19980 more errors after the 20 in details.errors" in error["message"]
+
+
+def test_a_rollback_to_a_version_todays_schema_refuses_is_a_422_naming_the_version(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    # Versions written before today's schema, straight into the table: one a field since
+    # removed makes invalid, one that only lacks fields added since.
+    for name, spec in (
+        ("old", {"teams": [{"team": "vision", "gpus": 4}]}),
+        ("terse", {"teams": [{"team": "vision"}]}),
+    ):
+        session.add(
+            SlaPolicy(name=name, version=1, spec=spec, created_at=clock.now(), created_by="x")
+        )
+        session.commit()
+        edited = client.put(
+            f"/api/v1/policies/{name}", headers=auth["operator"], json={"spec": SECOND}
+        )
+        assert edited.status_code == 200, edited.text
+
+    refused = client.post(
+        "/api/v1/policies/old/rollback", headers=auth["operator"], json={"version": 1}
+    )
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["field"] == "version"
+    assert error["message"].startswith(
+        "version: version 1 of SLA policy 'old' states terms that are not valid today "
+        "(spec.teams[0].gpus: Extra inputs are not permitted)"
+    )
+    versions = client.get("/api/v1/policies/old/versions", headers=auth["viewer"]).json()
+    assert [v["version"] for v in versions] == [1, 2]
+
+    rolled = client.post(
+        "/api/v1/policies/terse/rollback", headers=auth["operator"], json={"version": 1}
+    )
+    assert rolled.status_code == 200, rolled.text
+    assert rolled.json()["spec"] == _stored({"teams": [{"team": "vision"}]})  # defaults filled

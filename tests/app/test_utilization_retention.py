@@ -12,8 +12,10 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from sqlmodel import Session, col, func, select
 
 from app.clusters import service as cluster_service
@@ -157,6 +159,8 @@ def test_the_beat_schedule_folds_and_prunes() -> None:
     assert tasks["app.utilization.tasks.fold_rollup_deltas"] <= 60
     assert tasks["app.utilization.tasks.prune_samples"] <= 86400
     assert Settings(environment="test").sample_retention_days >= 31  # the diagnosis' window
+    with pytest.raises(ValidationError, match="sample_retention_days"):
+        Settings(environment="test", sample_retention_days=31)  # would delete what it reads
 
 
 def _gpu_util_before(at: datetime) -> tuple[Any, ...]:

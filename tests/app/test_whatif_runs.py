@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from app.core.clock import FrozenClock
 from app.core.config import Settings
 from app.main import create_app
 from app.simulations import runner, runs
-from app.simulations.models import WhatIfRecord
+from app.simulations.models import WhatIfCreate, WhatIfRecord
 from sim.run import compare
 from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
 
@@ -62,6 +65,7 @@ def _record(
     pid: int | None,
     clock: FrozenClock,
     age: timedelta = timedelta(minutes=5),
+    host: str | None = None,
 ) -> Path:
     folder = results_dir / runs.RUNS_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,7 +77,7 @@ def _record(
         state=state,
         created_at=clock.now() - age,
         pid=pid,
-        host=socket.gethostname(),
+        host=host or socket.gethostname(),
     )
     path = folder / f"{run_id}.json"
     path.write_text(record.model_dump_json())
@@ -274,3 +278,107 @@ def test_a_run_that_fails_says_why(results_dir: Path, clock: FrozenClock) -> Non
     assert record.error and record.error.startswith("ScenarioError: ")
     assert "no-such-scenario" in record.error
     assert not list(results_dir.glob("*.json"))
+
+
+def _touch(path: Path, at: datetime) -> None:
+    os.utime(path, (at.timestamp(), at.timestamp()))
+
+
+def test_another_hosts_run_without_a_heartbeat_is_failed_and_frees_its_place(
+    client: TestClient, auth: dict[str, dict[str, str]], results_dir: Path, clock: FrozenClock
+) -> None:
+    # Runs of a host a redeploy replaced (its hostname is gone for ever): their processes
+    # cannot be checked from here, and kept as active they would refuse every new run.
+    stale = [f"stale{k}" for k in range(runs.MAX_ACTIVE)]
+    last_beat = clock.now() - runs.HEARTBEAT_STALE - timedelta(seconds=1)
+    for run_id in stale:
+        _touch(_record(results_dir, run_id, "running", 4242, clock, host="old-pod-1"), last_beat)
+    # One that beat a minute ago is another host's live run: left as it is.
+    fresh = _record(results_dir, "fresh1", "queued", 4243, clock, host="new-pod-2")
+    _touch(fresh, clock.now() - timedelta(minutes=1))
+
+    latest = client.get("/api/v1/simulations/runs", headers=auth["viewer"]).json()
+    states = {r["id"]: (r["state"], r["error"]) for r in latest}
+    assert states.pop("fresh1") == ("queued", None)
+    since = last_beat.isoformat(timespec="seconds")
+    for state, error in states.values():
+        assert state == "failed"
+        assert error.startswith(
+            f"interrupted while running: no heartbeat from host old-pod-1 since {since}"
+        )
+        assert error.endswith("start it again")
+    assert sorted(states) == stale
+    # Their places are free: a new run starts (it was a 429 for ever).
+    body = {"scenario": "mixed", "policies": ["fifo"], "seed": 1}
+    started = client.post("/api/v1/simulations", json=body, headers=auth["operator"])
+    assert started.status_code == 202, started.text
+    run = started.json()
+    deadline = time.monotonic() + 120
+    while run["state"] in runs.ACTIVE and time.monotonic() < deadline:
+        time.sleep(0.2)
+        run = client.get(f"/api/v1/simulations/runs/{run['id']}", headers=auth["viewer"]).json()
+    assert run["state"] == "done", run
+
+
+def test_an_unreadable_run_file_does_not_stop_an_app_start(
+    settings: Settings, results_dir: Path, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    orphan = _record(results_dir, "orphan2", "running", _dead_pid(), clock)
+    (results_dir / runs.RUNS_DIR / "garbled.json").write_text('{"id": "garbled", "sta')
+    (results_dir / runs.RUNS_DIR / "folder.json").mkdir()
+
+    with caplog.at_level(logging.WARNING, logger="app.simulations.runs"):
+        create_app(settings)
+
+    assert WhatIfRecord.model_validate_json(orphan.read_text()).state == "failed"
+    skipped = sorted(r.getMessage().split()[3] for r in caplog.records)
+    assert [Path(name).name for name in skipped] == ["folder.json", "garbled.json"]
+
+
+def test_a_run_beats_while_it_waits_its_turn(
+    results_dir: Path, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every 50 ms rather than 10 s, so that beats are seen in a test's time.
+    monkeypatch.setattr(runs, "HEARTBEAT_EVERY", timedelta(milliseconds=50))
+    path = _record(results_dir, "waiting1", "queued", None, clock)
+    path.write_text(path.read_text().replace('"mixed"', '"no-such-scenario"'))
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    _touch(path, long_ago)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run(results_dir, "waiting1")
+        except ScenarioError as exc:  # the scenario is gone: its end is quick, and failed
+            failures.append(exc)
+
+    with runs.simulating(results_dir):  # another run simulates: this one waits queued
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while path.stat().st_mtime <= long_ago.timestamp() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert path.stat().st_mtime > long_ago.timestamp()
+        assert WhatIfRecord.model_validate_json(path.read_text()).state == "queued"
+    thread.join(timeout=30)
+    assert not thread.is_alive() and len(failures) == 1
+    assert WhatIfRecord.model_validate_json(path.read_text()).state == "failed"
+
+
+def test_a_run_imports_the_service_whatever_directory_the_api_started_in(
+    tmp_path: Path, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ``python -m`` puts its working directory first on sys.path: an ``app`` package there
+    # would be imported in place of the service's. The results directory is relative.
+    started_in = tmp_path / "elsewhere"
+    (started_in / "app").mkdir(parents=True)
+    (started_in / "app" / "__init__.py").write_text("raise SystemExit('the wrong app')\n")
+    monkeypatch.chdir(started_in)
+    run_in = WhatIfCreate(scenario="mixed", policies=["fifo"], seed=2)
+    run = runs.start_run(directory=Path("results"), run_in=run_in, now=datetime.now(UTC))
+    deadline = time.monotonic() + 120
+    while run.state in runs.ACTIVE and time.monotonic() < deadline:
+        time.sleep(0.2)
+        run = runs.get_run(directory=Path("results"), run_id=run.id, now=datetime.now(UTC))
+    assert run.state == "done", run
+    assert (started_in / "results" / f"{runs.result_name(run)}.json").is_file()
