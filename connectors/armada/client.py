@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import grpc
-from armada_client.armada import event_pb2, submit_pb2
+from armada_client.armada import event_pb2, job_pb2, submit_pb2
 from armada_client.client import ArmadaClient
 
 from connectors.armada.config import ArmadaConnectorConfig
@@ -190,11 +190,30 @@ class ArmadaApi:
             )
         return [item.job_id for item in response.job_response_items]
 
-    def cancel(self, queue: str, job_set: str, job_id: str) -> None:
+    def cancel(self, queue: str, job_set: str, job_id: str, *, reason: str = "") -> None:
+        """Cancel one job; Armada keeps ``reason`` (``JobCancelRequest``'s, which
+        armada-client's ``cancel_jobs`` does not take, so the stub is called) for
+        :meth:`cancel_reason`."""
+        request = submit_pb2.JobCancelRequest(
+            queue=queue, job_set_id=job_set, job_id=job_id, reason=reason
+        )
         self._call(
             f"cancel job {job_id} of job set {job_set} in queue {queue}",
-            lambda: self.client.cancel_jobs(queue, job_set, job_id),
+            lambda: self.client.submit_stub.CancelJobs(request, timeout=self._timeout_s),
         )
+
+    def cancel_reason(self, job_id: str) -> str | None:
+        """The reason a job was cancelled with, from ``GetJobDetails`` (Armada's query API:
+        its event API leaves the reason off the ``cancelled`` event); None when Armada
+        does not know the job."""
+        response = self._call(
+            f"get the details of job {job_id}",
+            lambda: self.client.job_stub.GetJobDetails(
+                job_pb2.JobDetailsRequest(job_ids=[job_id]), timeout=self._timeout_s
+            ),
+        )
+        details = response.job_details.get(job_id)
+        return None if details is None else str(details.cancel_reason)
 
     def reprioritize(
         self, queue: str, job_set: str, job_ids: list[str] | None, priority: float

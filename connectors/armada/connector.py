@@ -91,7 +91,7 @@ from connectors.armada.jobs import (
     apply,
     current_attempts,
 )
-from connectors.armada.moves import ArmadaMoves
+from connectors.armada.moves import REPLACED_REASON, ArmadaMoves
 from connectors.armada.proto import resubmission
 from connectors.armada.reports import job_report, node_reports
 from connectors.armada.specs import submit_spec
@@ -123,6 +123,8 @@ class ArmadaConnector(ArmadaMoves):
         # The telemetry thread and the action worker share the connector (runner.main).
         self._lock = threading.RLock()
         self._jobs: dict[str, ArmadaJob] = {}
+        # Why the connector cancelled a job of its own accord, by job id (ArmadaMoves).
+        self._cancelled_for: dict[str, str] = {}
         self._resume_after: dict[tuple[str, str], str] = {}
         # Handed over by the executor just before a requeue, taken by it.
         self._pointers: dict[str, str | None] = {}
@@ -165,6 +167,7 @@ class ArmadaConnector(ArmadaMoves):
         for job_id, job in list(self._jobs.items()):
             if job.terminal and job.ended_at is not None and job.ended_at < horizon:
                 del self._jobs[job_id]
+                self._cancelled_for.pop(job_id, None)
 
     def workloads(self) -> dict[str, ArmadaJob]:
         """Each workload's newest job, by workload id, as of the last catch-up."""
@@ -230,7 +233,7 @@ class ArmadaConnector(ArmadaMoves):
         ``priority``: Armada's priority of the new job (None: the workload's own, as first
         submitted — not a priority an earlier start put it first with)."""
         if not job.terminal:
-            self.api.cancel(job.queue, job.job_set, job.job_id)
+            self._cancel_own(job, REPLACED_REASON)
         home = job.spec.annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
         annotations: dict[str, str | None] = {
             WORKLOAD_ANNOTATION: job.workload_id,

@@ -33,8 +33,26 @@ PREEMPTED, REJECTED) map as:
   cancel;
 * not in the followed job sets' events yet: not yet known.
 
+Two cancels are the connector's own, and neither is the job's end (:func:`outcome`), so
+each says why (``CancelJobs``' reason). Armada's event API leaves the reason off the
+``cancelled`` event; its query API (``GetJobDetails``) answers it as ``cancel_reason``. The
+connector remembers the reasons of its own cancels, and asks Armada about a cancelled job
+it does not remember (after a restart); where Armada does not serve that query (it needs
+Lookout's database), such a job counts as cancelled by someone else:
+
+* **withdrawn** (:func:`withdraw_reason`): the move's withdraw cancelled the copy, running
+  or not. Not "ran": a withdraw resent (at-least-once delivery) answers as the first did,
+  the job's id; the confirm rejects it (nothing runs here any more).
+* **replaced** (:data:`REPLACED_REASON`): a release, hold or requeue cancels a job to
+  submit the workload again, often into another queue, and the events of each queue's job
+  set come on their own stream (through Pulsar): the new job's may come after the old
+  job's ``cancelled``. While the newest job seen is one so replaced, the next is on its
+  way: the confirm says not yet known and the withdraw is retried, instead of "ended
+  without running" (the confirm rejecting a healthy move, or the withdraw missing a job
+  that is queued).
+
 A withdraw cancels the move's job while it waits or runs (``CancelJobs``) and answers its
-id; None when no job of the move arrived or it ended without running.
+id, also when asked again; None when no job of the move arrived or it ended without running.
 
 Tested against the project's Armada test server (tests/support/armada_server.py), not a
 real Armada, which cannot run here.
@@ -44,6 +62,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from connectors.armada.jobs import HOME_QUEUE_ANNOTATION, ArmadaJob, Phase, current_attempts
@@ -62,10 +81,45 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# Why the connector cancelled a job of its own accord: the reason of its CancelJobs, which
+# Armada keeps for its query API (module docstring).
+REPLACED_REASON = "shaper: cancelled to be submitted again"
+
+
+def withdraw_reason(name: str) -> str:
+    """The reason of the cancel by move ``name``'s withdraw."""
+    return f"shaper: withdrawn by move {name}"
+
+
+class Outcome(StrEnum):
+    """Where a move's newest job stands, for ``check_arrival`` and ``withdraw`` alike."""
+
+    waiting = "waiting"  # queued, leased, pending or running: Armada runs it from here
+    ran = "ran"  # ended after it ran: the move took place
+    ended = "ended"  # ended without running: rejected, nothing to withdraw
+    withdrawn = "withdrawn"  # cancelled by the move's withdraw
+    replaced = "replaced"  # cancelled to be submitted again; the next job is not seen yet
+
+
 def ran(job: ArmadaJob) -> bool:
     """Whether the job ran here: its running event was seen, or it succeeded (Armada
     sends ``succeeded`` only for a job that ran)."""
     return job.started_at is not None or job.phase is Phase.succeeded
+
+
+def outcome(job: ArmadaJob, cancelled_for: str | None = None) -> Outcome:
+    """The one rule of ``check_arrival`` and ``withdraw``; ``cancelled_for``: the reason
+    the job was cancelled with (None: not known, or not cancelled)."""
+    if not job.terminal:
+        return Outcome.waiting
+    if job.phase is Phase.cancelled and cancelled_for:
+        why = cancelled_for
+        if why == REPLACED_REASON:
+            return Outcome.replaced
+        name = job.spec.annotations.get(MOVE_MARK)
+        if name is not None and why == withdraw_reason(name):
+            return Outcome.withdrawn
+    return Outcome.ran if ran(job) else Outcome.ended
 
 
 def move_client_id(name: str) -> str:
@@ -85,6 +139,7 @@ class ArmadaMoves:
         config: ArmadaConnectorConfig
         _lock: threading.RLock
         _jobs: dict[str, ArmadaJob]
+        _cancelled_for: dict[str, str]
 
         def catch_up(self) -> None: ...
         def _hold_queue(self, external_id: str) -> str: ...
@@ -136,9 +191,10 @@ class ArmadaMoves:
 
     def withdraw(self, name: str) -> str | None:
         """SupportsSubmit: cancel the job submitted here as move ``name``; its workload id,
-        or None when none waits or runs (never arrived, ended without running, or withdrawn
-        already). A job of the move that ran here (:func:`ran`) and ended is a non-retryable
-        error: the move took place, and its source copy must not run a second time."""
+        also when an earlier withdraw cancelled it; None when no job of the move arrived or
+        it ended without running. A job of the move that ran here (:func:`ran`) and ended
+        is a non-retryable error: the move took place, and its source copy must not run a
+        second time. A job just replaced by a release is a retryable one (module docstring)."""
         check_move_name(name, step="withdraw")
         what = f"withdraw {name} from {self.cluster}"
         with self._lock:
@@ -146,19 +202,29 @@ class ArmadaMoves:
             if job is None:
                 logger.info("%s: no job of that move waits or runs here", what)
                 return None
-            if job.terminal:
-                if ran(job):
-                    raise ConnectorError(
-                        f"{what}: job {job.job_id} of this move already ran here and ended "
-                        f"({job.phase.value}): the move took place, so its source copy must "
-                        "not run again",
-                        retryable=False,
-                    )
-                logger.info("%s: job %s ended (%s) without running", what, job.job_id, job.phase)
-                return None
-            self.api.cancel(job.queue, job.job_set, job.job_id)
-            logger.info("%s: cancelled job %s (%s)", what, job.job_id, job.phase.value)
-            return job.workload_id
+            found = outcome(job, self._why_cancelled(job))
+            if found is Outcome.waiting:
+                self._cancel_own(job, withdraw_reason(name))
+                logger.info("%s: cancelled job %s (%s)", what, job.job_id, job.phase.value)
+                return job.workload_id
+            if found is Outcome.withdrawn:
+                logger.info("%s: job %s was withdrawn before", what, job.job_id)
+                return job.workload_id
+            if found is Outcome.replaced:
+                raise ConnectorError(
+                    f"{what}: job {job.job_id} was cancelled to be submitted again; its "
+                    "next job is not in the followed job sets' events yet",
+                    retryable=True,
+                )
+            if found is Outcome.ran:
+                raise ConnectorError(
+                    f"{what}: job {job.job_id} of this move already ran here and ended "
+                    f"({job.phase.value}): the move took place, so its source copy must "
+                    "not run again",
+                    retryable=False,
+                )
+            logger.info("%s: job %s ended (%s) without running", what, job.job_id, job.phase)
+            return None
 
     def check_arrival(self, external_id: str) -> str:
         """SupportsArrivalCheck: whether Armada holds the moved job ``external_id`` (a
@@ -166,16 +232,44 @@ class ArmadaMoves:
         with self._lock:
             self.catch_up()
             job = current_attempts(self._jobs).get(external_id)
-        if job is None:
+            found = None if job is None else outcome(job, self._why_cancelled(job))
+        if job is None or found is None:  # found is None only with job: for the type checker
             raise not_yet(f"Armada reports no job {external_id} in the followed job sets yet")
         seen = f"job {external_id} is {job.phase.value} in queue {job.queue}" + (
             f" ({job.reason})" if job.reason else ""
         )
-        if not job.terminal:
+        if found is Outcome.waiting:
             return seen
-        if ran(job):
+        if found is Outcome.replaced:
+            raise not_yet(f"{seen}; its next job is not in the followed job sets' events yet")
+        if found is Outcome.ran:
             return f"{seen}, after it ran here: the move took place"
+        if found is Outcome.withdrawn:
+            raise rejected(f"{seen}: withdrawn by its move")
         raise rejected(f"{seen} without having run")
+
+    def _why_cancelled(self, job: ArmadaJob) -> str | None:
+        """The reason ``job`` was cancelled with: remembered, else asked of Armada once
+        (module docstring); None when it was not cancelled or that cannot be told."""
+        if job.phase is not Phase.cancelled:
+            return None
+        if job.job_id not in self._cancelled_for:
+            try:
+                reason = self.api.cancel_reason(job.job_id)
+            except ConnectorError as error:
+                if error.retryable:
+                    raise
+                logger.warning("armada: why job %s was cancelled: %s", job.job_id, error)
+                return None
+            # Kept, "" too: a job's cancel reason never changes.
+            self._cancelled_for[job.job_id] = reason or ""
+        return self._cancelled_for[job.job_id] or None
+
+    def _cancel_own(self, job: ArmadaJob, reason: str) -> None:
+        """Cancel ``job`` saying why (module docstring), remembered before the call: a
+        cancel whose answer was lost may still have been made."""
+        self._cancelled_for[job.job_id] = reason
+        self.api.cancel(job.queue, job.job_set, job.job_id, reason=reason)
 
     # --- lookups ---------------------------------------------------------------------------
 

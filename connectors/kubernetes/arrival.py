@@ -10,8 +10,8 @@ does not parse). So:
 
 * ran to its end: accepted when its pods ran (it succeeded, or failed after they ran: its
   own failure, which ``withdraw`` refuses to undo too); rejected when it ended before any
-  pod ran (its deadline passed in the queue: :func:`took_place` says why only a pod seen
-  to have started tells, then);
+  pod ran (its deadline passed in the queue, or the kubelet refused each of its pods at
+  admission: :func:`took_place` says why only a pod seen to have started tells);
 * suspended: held in the queue (someone's hold; a Job Kueue manages is judged by its
   Workload first, below), accepted;
 * no pod yet: not yet known. The controller creates pods within seconds unless it
@@ -145,20 +145,29 @@ def ran_condition(job: client.V1Job) -> str | None:
 def took_place(job: client.V1Job, pods: Sequence[client.V1Pod] = ()) -> str | None:
     """The condition of a Job that ended having run here (it succeeded, or a pod of it ran
     and ended); None while it may still run, or when it ended before any pod ran (a
-    deadline, a pod that could never be created): such a copy did no work, and a move
-    that made it may be undone. ``pods``: the Job's pods as the API server lists them now.
+    deadline, a pod that could never be created or start): such a copy did no work, and a
+    move that made it may be undone. ``pods``: the Job's pods as the API server lists them
+    now.
 
-    ``status.failed`` counts every pod the Job controller ended, and when the Job's
-    ``activeDeadlineSeconds`` passes (condition reason ``DeadlineExceeded``) it ends and
-    counts its pods still Pending too, which never ran. So for a deadline the count says
-    nothing, and only a listed pod with a container that started says the Job ran
-    (:func:`pod_started`). That cannot always be told: the controller deletes the pods it
-    ends at the deadline, so the pod of a copy that ran until then is gone once it has
-    terminated (the Job's status keeps counts only: ``ready``, ``terminating``,
+    A Failed Job's ``status.failed`` counts every pod the Job controller ended, those that
+    never started too: the ones still Pending when ``activeDeadlineSeconds`` passed
+    (condition reason ``DeadlineExceeded``), and ones the kubelet refused at admission
+    (``UnexpectedAdmissionError``, ``OutOfnvidia.com/gpu``: failed with no container) that
+    ``backoffLimit`` counts until ``BackoffLimitExceeded``. So, whatever the reason, the
+    count says nothing of a run: when pods are listed, only one with a container that
+    started says the Job ran (:func:`pod_started`).
+
+    With no pod listed the counts are all there is. For a deadline the copy counts as not
+    run: the controller deletes the pods it ends at the deadline, so the pod of a copy that
+    ran until then is gone (the Job's status keeps counts only: ``ready``, ``terminating``,
     ``uncounted_terminated_pods`` are of the present, ``startTime`` is the Job's, not a
-    pod's). Without such evidence the copy counts as not run: the move is undone and the
-    home copy runs — at worst a second time, after a run here its deadline cut short —
-    rather than cancelling the home copy of a job that may never have run anywhere."""
+    pod's); the move is undone and the home copy runs — at worst a second time, after a run
+    here its deadline cut short — rather than cancelling the home copy of a job that may
+    never have run anywhere. For any other reason the controller keeps the pods it failed,
+    so none listed means someone deleted them (or a TTL the Job as a whole), and a failed
+    count is taken as a run: this fallback errs on the side of "ran" (the home copy is not
+    brought back to run a second time), at the cost of a Job whose pods never started and
+    were deleted since being kept as moved."""
     ended = ran_condition(job)
     if ended is None:
         return None
@@ -167,9 +176,9 @@ def took_place(job: client.V1Job, pods: Sequence[client.V1Pod] = ()) -> str | No
         return ended
     if not status.failed:
         return None
-    if _reason(status, ended) == DEADLINE_EXCEEDED:
+    if pods:
         return ended if any(pod_started(pod) for pod in pods) else None
-    return ended
+    return None if _reason(status, ended) == DEADLINE_EXCEEDED else ended
 
 
 def pod_started(pod: client.V1Pod) -> bool:

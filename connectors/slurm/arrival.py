@@ -24,6 +24,13 @@ DEADLINE) in that second is taken as never run, even with nodes: nothing tells w
 batch script had begun, and calling it run would cancel the home copy of a job that may
 never have run anywhere (lost), while calling it not run at worst runs a job again that
 ran for under a second.
+
+A CANCELLED job that ran (someone's ``scancel`` after an hour of running) ran, as for the
+confirm so for the withdraw, except the cancel of the move's own withdraw: that one stamps
+the job's comment with :data:`WITHDRAWN_MARK` before its ``scancel`` (the comment is the
+column the move's mark is read from already), and a copy so :func:`withdrawn` did not
+"run": the confirm rejects it (nothing runs here any more) and a resent withdraw answers
+as the first did.
 """
 
 from __future__ import annotations
@@ -54,6 +61,11 @@ TERMINAL_STATES = frozenset(
         "REVOKED",
     }
 )
+# The comment word the move's withdraw adds before it cancels the job, followed by the
+# move's name: the cancel is the withdraw's own, not the job's end. Not "shaper:" nor
+# "shaper-move:", so neither the job's own tags nor its move's mark change.
+WITHDRAWN_MARK = "shaper-withdrawn:"
+
 # States only a job that was started on its nodes reaches; slurmctld's FAILED in the queue
 # (no nodes) is told apart by the node list.
 STARTED_STATES = frozenset(
@@ -102,9 +114,16 @@ def parse_listed(squeue_lines: str) -> list[ListedJob]:
     return jobs
 
 
+def withdrawn(job: ListedJob) -> bool:
+    """Whether the move's withdraw stamped the job to cancel it (module docstring)."""
+    return any(word.startswith(WITHDRAWN_MARK) for word in job.comment.split())
+
+
 def ran_here(job: ListedJob) -> bool:
     """Whether the job ran here and has ended (the module's docstring says why so)."""
     if job.state not in TERMINAL_STATES or job.state in NEVER_STARTED_STATES:
+        return False
+    if job.state == "CANCELLED" and withdrawn(job):
         return False
     if job.start is None:
         return False
@@ -122,6 +141,8 @@ def check_listed(job: ListedJob | None, external_id: str) -> str:
     if job.state in TERMINAL_STATES:
         if ran_here(job):
             return f"{seen}, after it ran here: the move took place"
+        if withdrawn(job):
+            raise rejected(f"{seen}: withdrawn by its move")
         raise rejected(f"{seen} without having run")
     if job.state in _QUEUED_STATES and job.reason in NEVER_RUNS_REASONS:
         raise rejected(f"{seen}, a reason no wait resolves")

@@ -41,7 +41,7 @@ import httpx
 from pydantic import ValidationError
 
 from connectors.base import ConnectorError, check_move_name
-from connectors.slurm.arrival import LISTED_FORMAT, check_listed, parse_listed
+from connectors.slurm.arrival import LISTED_FORMAT, ListedJob, check_listed, parse_listed, withdrawn
 from connectors.slurm.client import RunCommand, SlurmCli, SlurmRest
 from connectors.slurm.config import SlurmConnectorConfig
 from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_nodes
@@ -60,6 +60,8 @@ from connectors.slurm.submission import (
     sbatch_request,
     submit_spec,
     submitted_id,
+    withdrawn_comment,
+    withdrawn_moved_jobs,
 )
 from wire.telemetry import (
     MAX_SUBMIT_SPEC,
@@ -304,13 +306,16 @@ class SlurmConnector:
         The job is found as ``submit`` finds it, by the ``shaper-move:<name>`` mark in its
         comment, but only among jobs that have not ended (squeue's ``%T``): an ended job
         stays listed for MinJobAge, and cancelling it again would change nothing. So a
-        second withdraw, or one after the job finished, or one for a submit that never
-        reached this cluster, cancels nothing and answers None. Two live jobs with the mark
+        withdraw after the job ended, or one for a submit that never reached this cluster,
+        cancels nothing and answers None; but before its ``scancel`` a withdraw stamps the
+        job's comment (connectors.slurm.arrival.WITHDRAWN_MARK), so a resend (at-least-once
+        delivery) answers with the job's id, as the first did. Two live jobs with the mark
         would be a bug elsewhere; both are cancelled (the move is undone whole) and the
-        oldest's id is returned. A job of the move that already ran and ended here (not
-        cancelled) is a non-retryable error: the move took place, and the saga must not
-        release the source's copy to run a second time. "Ran" is the confirm's rule too
-        (connectors.slurm.arrival.ran_here), so a copy the confirm rejected is withdrawn."""
+        oldest's id is returned. A job of the move that already ran and ended here,
+        cancelled after it ran by anyone but this withdraw too, is a non-retryable error:
+        the move took place, and the saga must not release the source's copy to run a
+        second time. "Ran" is the confirm's rule too (connectors.slurm.arrival.ran_here),
+        so a copy the confirm rejected is withdrawn."""
         check_move_name(name, step="withdraw")
         what = f"withdraw {name} from {self.cluster}"
         listed = self._cli.run(["squeue", "-h", "-t", "all", "-o", LISTED_FORMAT], what=what)
@@ -324,12 +329,37 @@ class SlurmConnector:
             )
         live = live_moved_jobs(listed, name)
         if not live:
+            earlier = withdrawn_moved_jobs(listed, name)
+            if earlier:
+                logger.info("%s: job %s was withdrawn before", what, ",".join(earlier))
+                return earlier[0]
             logger.info("%s: no job of that move waits or runs here", what)
             return None
+        jobs = {job.job_id: job for job in parse_listed(listed)}
         for job_id in live:
+            self._stamp_withdrawn(jobs[job_id], name, what=what)
             self.cancel(job_id)
         logger.info("%s: cancelled job %s", what, ",".join(live))
         return live[0]
+
+    def _stamp_withdrawn(self, job: ListedJob, name: str, *, what: str) -> None:
+        """Mark ``job``'s comment as cancelled by move ``name``'s withdraw, before the
+        cancel (connectors.slurm.arrival). A job that ended since squeue listed it is not
+        stamped: that end is not the withdraw's, and the retry judges it anew."""
+        if withdrawn(job):
+            return
+        comment = withdrawn_comment(job.comment, name)
+        try:
+            self._cli.run(
+                ["scontrol", "update", f"JobId={job.job_id}", f"Comment={comment}"], what=what
+            )
+        except ConnectorError as error:
+            if not _already(str(error), "already completing or completed"):
+                raise
+            raise ConnectorError(
+                f"{what}: job {job.job_id} ended while being withdrawn; judged again",
+                retryable=True,
+            ) from error
 
     def check_arrival(self, external_id: str) -> str:
         """SupportsArrivalCheck: whether the job a move submitted here runs here, from that

@@ -50,7 +50,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.base import ConnectorError, check_move_name
-from connectors.slurm.arrival import TERMINAL_STATES, ListedJob, parse_listed, ran_here
+from connectors.slurm.arrival import (
+    TERMINAL_STATES,
+    WITHDRAWN_MARK,
+    ListedJob,
+    parse_listed,
+    ran_here,
+    withdrawn,
+)
 from wire.telemetry import PortableSpec, SchedulerKind, SubmitSpec
 
 Document = dict[str, Any]
@@ -291,16 +298,30 @@ def moved_job(squeue_lines: str, name: str) -> str | None:
 
 def ran_moved_jobs(squeue_lines: str, name: str) -> list[tuple[str, str]]:
     """``(id, state)`` of the jobs submitted for move ``name`` that ran here and ended
-    (connectors.slurm.arrival.ran_here, the rule the move's confirm applies too), oldest
-    first, from ``squeue -o LISTED_FORMAT`` lines. CANCELLED ones are left out: that
-    cancel may be a withdraw's own, and its resend must answer as the first did; a copy
-    the confirm rejected is never among them."""
-    found = {
-        job.job_id: job.state
-        for job in _of_move(squeue_lines, name)
-        if ran_here(job) and job.state != "CANCELLED"
-    }
+    (connectors.slurm.arrival.ran_here, the rule the move's confirm applies too: CANCELLED
+    after running too, unless by the move's own withdraw), oldest first, from
+    ``squeue -o LISTED_FORMAT`` lines. A copy the confirm rejected is never among them."""
+    found = {job.job_id: job.state for job in _of_move(squeue_lines, name) if ran_here(job)}
     return [(job_id, found[job_id]) for job_id in _oldest(list(found))]
+
+
+def withdrawn_moved_jobs(squeue_lines: str, name: str) -> list[str]:
+    """The ids of the jobs of move ``name`` that its withdraw stamped to cancel
+    (connectors.slurm.arrival.withdrawn), ended or ending, oldest first: a resent withdraw
+    answers with them as the first did."""
+    found = [
+        job.job_id
+        for job in _of_move(squeue_lines, name)
+        if withdrawn(job) and job.state in ENDED_STATES
+    ]
+    return _oldest(found)
+
+
+def withdrawn_comment(comment: str, name: str) -> str:
+    """The job's comment with the mark of move ``name``'s withdraw added (once)."""
+    mark = f"{WITHDRAWN_MARK}{name}"
+    words = comment.split()
+    return " ".join(words if mark in words else [*words, mark])
 
 
 def live_moved_jobs(squeue_lines: str, name: str) -> list[str]:

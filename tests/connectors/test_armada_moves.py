@@ -193,7 +193,7 @@ def test_a_withdraw_cancels_a_waiting_or_running_copy_and_refuses_one_that_ran(
     waiting = target.submit(PORTABLE, name="shaper-1-w")
     assert target.withdraw("shaper-1-w") == waiting
     assert server.job(waiting).state == "cancelled"
-    assert target.withdraw("shaper-1-w") is None
+    assert target.withdraw("shaper-1-w") == waiting  # resent: answered as the first was
     assert target.withdraw("shaper-9-never") is None
 
     running = target.submit(PORTABLE, name="shaper-2-r")
@@ -207,6 +207,64 @@ def test_a_withdraw_cancels_a_waiting_or_running_copy_and_refuses_one_that_ran(
     with pytest.raises(ConnectorError, match="already ran here and ended") as ran:
         target.withdraw("shaper-3-d")
     assert not ran.value.retryable
+
+
+def test_a_withdraw_resent_after_cancelling_a_running_copy_answers_as_the_first_did(
+    server: ArmadaTestServer, target: ArmadaConnector
+) -> None:
+    running = target.submit(PORTABLE, name=MOVE)
+    assert server.schedule() == [running]
+    assert "is running" in target.check_arrival(running)
+    assert target.withdraw(MOVE) == running
+    # The cancel says it was the withdraw's: not a job that ran and ended here.
+    assert server.job(running).cancel_reason == f"shaper: withdrawn by move {MOVE}"
+    assert target.withdraw(MOVE) == running
+    with pytest.raises(ConnectorError, match="withdrawn by its move") as confirm:
+        target.check_arrival(running)
+    assert not confirm.value.retryable
+
+    # A connector that did not make the cancel (a restart) asks Armada why (GetJobDetails).
+    with connector_for(server, move_job_set=LANDING) as restarted:
+        assert restarted.withdraw(MOVE) == running
+
+    # Someone else's cancel of a copy that ran is still the move having taken place.
+    other = target.submit(PORTABLE, name="shaper-5-x")
+    assert server.schedule() == [other]
+    target.api.cancel("prod", "serve", other)
+    with pytest.raises(ConnectorError, match="already ran here and ended") as ran:
+        target.withdraw("shaper-5-x")
+    assert not ran.value.retryable
+
+
+def test_a_release_whose_cancel_is_seen_before_the_new_job_is_not_yet_known(
+    server: ArmadaTestServer, target: ArmadaConnector
+) -> None:
+    held = target.submit(PORTABLE, name=MOVE, hold=True)
+    assert "is queued in queue shaper-held" in target.check_arrival(held)
+    # The landing job set's events lag behind the hold queue's (one Pulsar stream each).
+    server.lag("prod", "serve")
+    target.release(held)
+    with pytest.raises(ConnectorError, match="next job is not in the followed") as early:
+        target.check_arrival(held)
+    assert early.value.retryable  # asked again, not rejected
+    with pytest.raises(ConnectorError, match="next job is not in the followed") as retried:
+        target.withdraw(MOVE)
+    assert retried.value.retryable  # not None while the released job is queued
+
+    server.lag("prod", "serve", lagging=False)
+    assert "is queued in queue prod" in target.check_arrival(held)
+    assert target.withdraw(MOVE) == held
+    (released,) = [j for j in moved_jobs(server, MOVE) if server.job(j).queue == "prod"]
+    assert server.job(released).state == "cancelled"
+
+    # A restarted connector (no memory of the cancel) asks Armada why it was cancelled.
+    other = target.submit(PORTABLE, name="shaper-6-h", hold=True)
+    server.lag("prod", "serve")
+    target.release(other)
+    with connector_for(server, move_job_set=LANDING) as restarted:
+        with pytest.raises(ConnectorError, match="next job is not") as seen:
+            restarted.check_arrival(other)
+        assert seen.value.retryable
 
 
 def test_a_spec_armada_cannot_run_is_refused_for_good_saying_why(

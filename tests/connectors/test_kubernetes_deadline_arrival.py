@@ -1,7 +1,8 @@
 """A moved Job its ``activeDeadlineSeconds`` ended (connectors.kubernetes.arrival.took_place):
 the Job controller counts the pods it ends at the deadline in ``status.failed``, those
-still Pending too, so only a pod seen to have started says the Job ran. The objects are
-built as the API server serves them for such a Job (Failed, reason DeadlineExceeded)."""
+still Pending too, so only a pod seen to have started says the Job ran; so with pods the
+kubelet refused at admission (``BackoffLimitExceeded``). The objects are built as the API
+server serves them for such a Job (Failed, reason DeadlineExceeded or BackoffLimitExceeded)."""
 
 from __future__ import annotations
 
@@ -98,7 +99,28 @@ def test_a_started_container_is_told_from_its_state_or_its_last_state() -> None:
     assert pod_started(restarted)
 
 
-def test_other_failures_and_successes_are_judged_by_their_counts_as_before() -> None:
+def _refused_at_admission() -> Any:
+    """A pod the kubelet failed at admission (a device plugin's GPUs gone): no container."""
+    pod = _pod(None)
+    pod.status.reason = "UnexpectedAdmissionError"
+    pod.status.message = "Allocate failed due to no healthy devices present"
+    return pod
+
+
+def test_a_job_whose_every_pod_failed_at_admission_did_not_take_place() -> None:
+    # backoffLimit 6: seven pods failed, none ever started a container.
+    job = _ended("BackoffLimitExceeded", failed=7)
+    pods = [_refused_at_admission() for _ in range(7)]
+    assert took_place(job, pods) is None
+    error = pytest.raises(ConnectorError, judge_job, job, pods, JOB)
+    assert not error.value.retryable
+    assert "before any pod ran" in str(error.value)
+    # One pod that started among them: the Job ran, its failure is its own.
+    assert took_place(job, [*pods, _pod(RAN)]) == "Failed"
+
+
+def test_without_pods_failures_are_judged_by_their_counts() -> None:
+    # No pod listed (deleted since): a failed count other than a deadline's is a run.
     assert took_place(_ended("BackoffLimitExceeded", failed=3)) == "Failed"
     assert took_place(_ended("DeadlineExceeded", failed=1, succeeded=1)) == "Failed"
     assert took_place(_ended("BackoffLimitExceeded")) is None

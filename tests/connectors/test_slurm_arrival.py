@@ -10,6 +10,7 @@ running and keep their node lists."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,19 @@ from typing import Any
 import pytest
 
 from connectors.base import ConnectorError
-from connectors.slurm.arrival import LISTED_FORMAT, check_listed, parse_listed, ran_here
-from connectors.slurm.submission import live_moved_jobs, ran_moved_jobs
+from connectors.slurm.arrival import (
+    LISTED_FORMAT,
+    WITHDRAWN_MARK,
+    check_listed,
+    parse_listed,
+    ran_here,
+)
+from connectors.slurm.submission import (
+    live_moved_jobs,
+    ran_moved_jobs,
+    withdrawn_comment,
+    withdrawn_moved_jobs,
+)
 from tests.connectors.conftest import SlurmCluster
 
 RECORDED = Path(__file__).parent / "data" / "slurm-22.05-recorded" / "squeue.json"
@@ -100,8 +112,33 @@ def test_the_confirm_and_the_withdraw_agree_on_every_ended_job() -> None:
             assert live_moved_jobs(line, MOVE) == []  # ended: nothing left to cancel
         else:
             assert "the move took place" in said
-            # Refused unless cancelled: that cancel may be the withdraw's own, resent.
-            assert refused is (job["job_state"] != "CANCELLED"), line
+            assert refused, f"{line}: accepted by the confirm, undone by the withdraw"
+
+
+def test_a_copy_cancelled_after_it_ran_took_place_unless_its_withdraw_cancelled_it() -> None:
+    """The finding this mends: CANCELLED after an hour of running was "ran" for the confirm
+    (the home copy cancelled) and nothing for the withdraw (the home copy released): run
+    twice. Now someone's scancel after a run is "ran" for both, and only the cancel the
+    withdraw stamped is its own."""
+    hour = _recorded(1, start_time=1796206876, end_time=1796206876 + 3600)
+    assert hour["job_state"] == "CANCELLED" and hour["nodes"]
+    users = _line(hour)
+    assert "the move took place" in check_listed(parse_listed(users)[0], "1")
+    assert ran_moved_jobs(users, MOVE) == [("1", "CANCELLED")]  # the withdraw refuses
+    assert withdrawn_moved_jobs(users, MOVE) == []
+
+    own = _line(hour, comment=withdrawn_comment(f"shaper-move:{MOVE}", MOVE))
+    assert f"{WITHDRAWN_MARK}{MOVE}" in own
+    with pytest.raises(ConnectorError, match="withdrawn by its move") as rejected:
+        check_listed(parse_listed(own)[0], "1")
+    assert not rejected.value.retryable
+    assert ran_moved_jobs(own, MOVE) == []
+    assert withdrawn_moved_jobs(own, MOVE) == ["1"]  # a resend answers as the first did
+    assert live_moved_jobs(own, MOVE) == []
+    # Stamped once, whatever the comment held.
+    assert withdrawn_comment(withdrawn_comment("run 42", MOVE), MOVE) == (
+        f"run 42 {WITHDRAWN_MARK}{MOVE}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -146,7 +183,9 @@ def test_a_comment_with_a_bar_and_a_line_of_another_shape_are_read_as_they_are()
 def test_on_a_real_slurm_the_confirm_and_the_withdraw_agree(slurm: SlurmCluster) -> None:
     """A moved copy that fails at once ran (the confirm accepts it, the withdraw refuses to
     undo it); one cancelled in the queue did not (rejected; the withdraw finds nothing
-    left to cancel); one squeue no longer knows is not known yet."""
+    left to cancel); one the withdraw cancelled while it ran is withdrawn, twice alike;
+    one someone cancelled after it ran took place; one squeue no longer knows is not
+    known yet."""
     connector = slurm.connector()
     failed = slurm.sbatch(f"--comment=shaper-move:{MOVE}-f", command="exit 3")
     slurm.wait_state(failed, "FAILED")
@@ -165,6 +204,27 @@ def test_on_a_real_slurm_the_confirm_and_the_withdraw_agree(slurm: SlurmCluster)
         connector.check_arrival(queued)
     assert not rejected.value.retryable
     assert connector.withdraw(f"{MOVE}-q") is None
+
+    # Withdrawn while it runs: the cancel is the withdraw's own, and a resend says so.
+    running = slurm.sbatch(f"--comment=shaper-move:{MOVE}-w")
+    slurm.wait_state(running, "RUNNING")
+    assert connector.withdraw(f"{MOVE}-w") == running
+    slurm.wait_state(running, "CANCELLED")
+    assert connector.withdraw(f"{MOVE}-w") == running
+    with pytest.raises(ConnectorError, match="withdrawn by its move") as undone:
+        connector.check_arrival(running)
+    assert not undone.value.retryable
+
+    # Cancelled by someone after it ran a while: the move took place, for both.
+    used = slurm.sbatch(f"--comment=shaper-move:{MOVE}-u")
+    slurm.wait_state(used, "RUNNING")
+    time.sleep(2)  # past Slurm's one-second times: its end is after its start
+    slurm.run("scancel", used)
+    slurm.wait_state(used, "CANCELLED")
+    assert "after it ran here: the move took place" in connector.check_arrival(used)
+    with pytest.raises(ConnectorError, match="already ran here and ended CANCELLED") as ran:
+        connector.withdraw(f"{MOVE}-u")
+    assert not ran.value.retryable
 
     with pytest.raises(ConnectorError, match="does not report job 999999 yet") as unknown:
         connector.check_arrival("999999")

@@ -39,9 +39,11 @@ back on the same port.
 NOT_FOUND; an empty job set id, no items, or an item without a pod spec or containers is
 INVALID_ARGUMENT; a ``client_id`` already used in the queue answers with the job it made
 then and makes nothing (deduplication). ``CancelJobs`` of one job (``job_id``) emits
-``cancelling`` and ``cancelled`` (at once: there is no executor to wait for); a job that
-has ended is left as it is; a job not in the given queue or job set is NOT_FOUND.
-``CancelJobSet`` cancels every job of the job set in the filter's states (all when none).
+``cancelling`` and ``cancelled`` (at once: there is no executor to wait for; as Armada's
+event conversion does, without the request's ``reason``, which only ``GetJobDetails``
+answers, as ``cancel_reason``); a job that has ended is left as it is; a job not in the given queue
+or job set is NOT_FOUND. ``CancelJobSet`` cancels every job of the job set in the filter's
+states (all when none). :meth:`lag` holds back a job set's new messages, as Pulsar may.
 ``ReprioritizeJobs`` of ``job_ids``, or of the whole job set when there are none, emits
 ``reprioritizing`` and ``reprioritized`` with the new priority for every job that has not
 ended; the answer maps each job id to "" (or why not, for an unknown id); an empty queue or
@@ -49,7 +51,8 @@ job set id is INVALID_ARGUMENT. ``PreemptJobs`` of a leased, pending or running 
 ``preempting`` and ``preempted`` (a preempted job ends); of a queued one does nothing.
 Queues: ``CreateQueue`` (ALREADY_EXISTS twice), ``GetQueue`` (NOT_FOUND), ``GetQueues``
 (a stream of queues, then an end marker), ``CordonQueue``/``UncordonQueue``.
-``GetJobStatus`` answers each job's state (UNKNOWN for ids it does not know). No call is
+``GetJobStatus`` answers each job's state (UNKNOWN for ids it does not know);
+``GetJobDetails`` each known job's queue, job set, state and cancel reason. No call is
 authenticated; the ``authorization`` metadata of submissions and event streams is recorded
 (:attr:`authorizations`) so a test can see what a client sent.
 """
@@ -105,6 +108,7 @@ class ServerJob:
     node: str = ""
     priority: float = 0.0
     seq: int = 0
+    cancel_reason: str = ""
 
     @property
     def gpus(self) -> int:
@@ -144,6 +148,8 @@ class ArmadaTestServer:
         # The ``authorization`` metadata of each call that had one (Armada's token auth).
         self.authorizations: list[str] = []
         self._drop_after: int | None = None
+        # Job sets whose new messages are not published yet (:meth:`lag`).
+        self._lagging: dict[tuple[str, str], int] = {}
         self._server: grpc.Server | None = None
         self.port = 0
 
@@ -246,6 +252,17 @@ class ArmadaTestServer:
         """The next event stream breaks (UNAVAILABLE) after ``after`` messages."""
         with self._lock:
             self._drop_after = after
+
+    def lag(self, queue: str, job_set: str, *, lagging: bool = True) -> None:
+        """Hold back a job set's messages made from now on (``lagging``), or publish them:
+        Armada publishes events through Pulsar, one topic partition per job set, so one
+        job set's events can reach a reader before another's that happened earlier."""
+        with self._lock:
+            if lagging:
+                self._lagging[(queue, job_set)] = len(self._events.get((queue, job_set), []))
+            else:
+                self._lagging.pop((queue, job_set), None)
+                self._lock.notify_all()
 
     def job(self, job_id: str) -> ServerJob:
         with self._lock:
@@ -352,13 +369,16 @@ class ArmadaTestServer:
                 answers.append(submit_pb2.JobSubmitResponseItem(job_id=job_id))
             return submit_pb2.JobSubmitResponse(job_response_items=answers)
 
-    def cancel(self, job: ServerJob) -> None:
+    def cancel(self, job: ServerJob, reason: str = "") -> None:
         if job.state not in ENDED:
+            job.cancel_reason = reason
             self._emit(job, "cancelling")
             self._emit(job, "cancelled")
 
     def events_after(self, queue: str, job_set: str, after: str) -> list[Any]:
         stream = self._events.get((queue, job_set), [])
+        if (queue, job_set) in self._lagging:
+            stream = stream[: self._lagging[(queue, job_set)]]
         if not after:
             return list(stream)
         position = _message_number(after)
@@ -397,7 +417,7 @@ class _Submit(submit_pb2_grpc.SubmitServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no job id (use CancelJobSet)")
             jobs = [self._job(job_id, request, context) for job_id in ids]
             for job in jobs:
-                server.cancel(job)
+                server.cancel(job, request.reason)
             return submit_pb2.CancellationResult(cancelled_ids=ids)
 
     def CancelJobSet(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -547,3 +567,18 @@ class _Jobs(job_pb2_grpc.JobsServicer):
                 for job_id in request.job_ids
             }
         return job_pb2.JobStatusResponse(job_states=states)
+
+    def GetJobDetails(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.server._lock:
+            details = {
+                job_id: job_pb2.JobDetails(
+                    job_id=job_id,
+                    queue=job.queue,
+                    jobset=job.job_set,
+                    state=_STATES[job.state],
+                    cancel_reason=job.cancel_reason,
+                )
+                for job_id in request.job_ids
+                if (job := self.server.jobs.get(job_id))
+            }
+        return job_pb2.JobDetailsResponse(job_details=details)
