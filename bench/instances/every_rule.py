@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from solver.instance import GpuModel, Job, JobShape, Node, NodeState, SlaPolicy, SolverConfig
 
-# The GPU models and the clock of tests/solver/builders.py's hand-made instances.
+# The GPU models and the clock; tests/solver/builders.py's hand-made instances use them too.
 NOW = 100_000.0
 H100 = GpuModel(
     name="h100", memory_mib=81_920, precisions=frozenset({"fp8", "bf16", "fp16"}), speed=2.0

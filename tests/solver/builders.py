@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# The GPU models and the clock are the property tests' distribution's, so hand-made and
+# random instances share them.
+from bench.instances.every_rule import MODELS, NOW
 from solver.actions import build_plan
-from solver.instance import GpuModel, Instance, Job, JobShape, Node, SlaPolicy, SolverConfig
+from solver.instance import Instance, Job, JobShape, Node, SlaPolicy, SolverConfig
 from solver.plan import Plan, SolveStats
 from solver.policies import get_policy
 from solver.validate import check
 
-NOW = 100_000.0
-H100 = GpuModel(
-    name="h100", memory_mib=81_920, precisions=frozenset({"fp8", "bf16", "fp16"}), speed=2.0
-)
-A100 = GpuModel(name="a100", memory_mib=40_960, precisions=frozenset({"bf16", "fp16"}), speed=1.0)
-MODELS = (H100, A100)
 FAST = SolverConfig(time_limit_s=5.0, num_workers=1, deterministic=True)
 
 
