@@ -131,3 +131,12 @@ class SlaPolicy(SQLModel, table=True):
     deleted: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
     created_at: datetime = required_utc_column()
     created_by: str = Field(max_length=128)
+
+
+def spec_field(loc: list[int | str]) -> str:
+    """The API's name for a field of a policy's spec from pydantic's error location
+    (``spec.teams[1].guaranteed_gpus``), as ``app.main`` names a JSON body's fields."""
+    path = "spec"
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path

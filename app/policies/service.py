@@ -13,7 +13,13 @@ from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.core.errors import Conflict, Invalid, NotFound
 from app.core.lookup import found, not_taken
-from app.policies.models import SlaPolicy, SlaPolicyCreate, SlaPolicySpec, SlaPolicyUpdate
+from app.policies.models import (
+    SlaPolicy,
+    SlaPolicyCreate,
+    SlaPolicySpec,
+    SlaPolicyUpdate,
+    spec_field,
+)
 
 
 def create_policy(
@@ -59,11 +65,29 @@ def new_version(
 ) -> SlaPolicy:
     """``verb`` names the change in the audit log (``import``: from a YAML document)."""
     latest = get_policy(session=session, name=name)
+    spec = policy_in.spec.model_dump(mode="json")
+    return _append(session, latest, spec, policy_in.comment, by=by, now=now, actor=actor, verb=verb)
+
+
+def _append(
+    session: Session,
+    latest: SlaPolicy,
+    spec: dict[str, Any],
+    comment: str,
+    *,
+    by: str,
+    now: datetime,
+    actor: Actor | None,
+    verb: str,
+    **audited: Any,
+) -> SlaPolicy:
+    """Write the version after ``latest`` with ``spec``, audited as ``verb`` (history only
+    grows: an edit, an import and a rollback each append one)."""
     policy = SlaPolicy(
-        name=name,
+        name=latest.name,
         version=latest.version + 1,
-        spec=policy_in.spec.model_dump(mode="json"),
-        comment=policy_in.comment,
+        spec=spec,
+        comment=comment,
         created_at=now,
         created_by=by,
     )
@@ -76,8 +100,9 @@ def new_version(
         now,
         teams=_names(latest.spec, "teams", "team"),
         services=_names(latest.spec, "services", "service"),
+        **audited,
     )
-    _commit(session, name)
+    _commit(session, latest.name)
     session.refresh(policy)
     return policy
 
@@ -113,28 +138,17 @@ def roll_back(
             resource="sla_policy",
             resource_id=name,
         )
-    policy = SlaPolicy(
-        name=name,
-        version=latest.version + 1,
-        spec=_valid_today(target),
-        comment=comment or f"rolled back to version {version}",
-        created_at=now,
-        created_by=by,
-    )
-    session.add(policy)
-    _record(
+    return _append(
         session,
-        actor,
-        "rollback",
-        policy,
-        now,
-        teams=_names(latest.spec, "teams", "team"),
-        services=_names(latest.spec, "services", "service"),
+        latest,
+        _valid_today(target),
+        comment or f"rolled back to version {version}",
+        by=by,
+        now=now,
+        actor=actor,
+        verb="rollback",
         rolled_back_to=version,
     )
-    _commit(session, name)
-    session.refresh(policy)
-    return policy
 
 
 def _valid_today(target: SlaPolicy) -> dict[str, Any]:
@@ -145,9 +159,7 @@ def _valid_today(target: SlaPolicy) -> dict[str, Any]:
         return SlaPolicySpec.model_validate(target.spec).model_dump(mode="json")
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = "spec" + "".join(
-            f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]
-        )
+        where = spec_field(list(first["loc"]))
         raise Invalid(
             f"version: version {target.version} of SLA policy {target.name!r} states terms "
             f"that are not valid today ({where}: {first['msg']}); PUT corrected terms instead",

@@ -19,7 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from app.core.errors import Invalid
-from app.policies.models import SlaPolicy, SlaPolicySpec
+from app.policies.models import SlaPolicy, SlaPolicySpec, spec_field
 
 MEDIA_TYPE = "application/yaml"
 # What clients send for YAML besides the registered type (RFC 9512).
@@ -152,7 +152,7 @@ def _field_error(exc: ValidationError, root: yaml.Node) -> Invalid:
         loc = list(error["loc"])
         errors.append(
             {
-                "field": _field_path(loc),
+                "field": spec_field(loc),
                 "message": error["msg"],
                 "type": error["type"],
                 "line": lines.of(loc),
@@ -166,14 +166,6 @@ def _field_error(exc: ValidationError, root: yaml.Node) -> Invalid:
         message += f"; {more} more errors after the {len(errors)} in details.errors"
         details["more_errors"] = more
     return Invalid(message, field=first["field"], details=details)
-
-
-def _field_path(loc: list[int | str]) -> str:
-    """The JSON API's name for the field (``app.main``): the document is the spec."""
-    path = "spec"
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
 
 
 class _Lines:

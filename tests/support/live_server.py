@@ -8,7 +8,9 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from typing import Any
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import Engine
@@ -66,3 +68,16 @@ def tokens_for(session: Session, now: datetime, scopes: Iterable[str]) -> dict[s
         ).token
         for scope in scopes
     }
+
+
+def policy_versions(site: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """GET /policies/{name}/versions as the site's viewer (``site``: ``base`` and
+    ``tokens``, as the web tests' fixtures give them)."""
+    response = httpx.get(
+        f"{site['base']}/api/v1/policies/{name}/versions",
+        headers={"Authorization": f"Bearer {site['tokens']['viewer']}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    versions: list[dict[str, Any]] = response.json()
+    return versions

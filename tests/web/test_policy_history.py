@@ -34,7 +34,7 @@ from app.policies.models import (
     SlaPolicyUpdate,
     TeamPolicy,
 )
-from tests.support.live_server import app_on, serve, tokens_for
+from tests.support.live_server import app_on, policy_versions, serve, tokens_for
 from tests.web.browser import screenshot
 
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
@@ -112,24 +112,13 @@ def _row(page: Page, field: str) -> list[str]:
     return [row.get_attribute("data-change") or "", *row.locator("td").all_inner_texts()[1:]]
 
 
-def _versions(site: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    response = httpx.get(
-        f"{site['base']}/api/v1/policies/{name}/versions",
-        headers={"Authorization": f"Bearer {site['tokens']['viewer']}"},
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    versions: list[dict[str, Any]] = response.json()
-    return versions
-
-
 def test_a_policys_versions_and_the_latest_against_the_one_before(
     page: Page, site: dict[str, Any], tmp_path: Path
 ) -> None:
     _open(page, site, "viewer")
     _history(page, "alpha", 2)
     expect(page.locator("#policy-history-title")).to_have_text("History of alpha 2 versions")
-    versions = _versions(site, "alpha")
+    versions = policy_versions(site, "alpha")
     rows = page.locator("#policy-versions tbody tr")
     expect(rows).to_have_count(len(versions))
     for row, version in zip(rows.all(), reversed(versions), strict=True):
@@ -191,7 +180,7 @@ def test_after_a_save_the_heading_and_the_history_show_the_version_now_current(
     page.fill("#policy-comment", "research needs four")
     page.click("#policy-form button")
     expect(page.locator("#policy-editor-title")).to_have_text("Edit beta (now version 3)")
-    assert [v["version"] for v in _versions(site, "beta")] == [1, 2, 3]
+    assert [v["version"] for v in policy_versions(site, "beta")] == [1, 2, 3]
 
     panel = page.locator("#policy-history")
     expect(panel).to_have_attribute("data-latest", "3")

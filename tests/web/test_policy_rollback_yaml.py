@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from playwright.sync_api import Dialog, Page, expect
@@ -34,7 +33,7 @@ from app.policies.models import (
     SlaPolicyUpdate,
     TeamPolicy,
 )
-from tests.support.live_server import app_on, serve, tokens_for
+from tests.support.live_server import app_on, policy_versions, serve, tokens_for
 from tests.web.browser import screenshot
 
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
@@ -85,17 +84,6 @@ def _open(page: Page, site: dict[str, Any], scope: str, name: str, latest: int) 
     expect(panel).to_have_attribute("data-latest", str(latest))
 
 
-def _versions(site: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    response = httpx.get(
-        f"{site['base']}/api/v1/policies/{name}/versions",
-        headers={"Authorization": f"Bearer {site['tokens']['viewer']}"},
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    versions: list[dict[str, Any]] = response.json()
-    return versions
-
-
 def test_an_operator_rolls_back_from_the_history_and_exports_the_result(
     page: Page, site: dict[str, Any]
 ) -> None:
@@ -118,7 +106,7 @@ def test_an_operator_rolls_back_from_the_history_and_exports_the_result(
     rollback.click()
     expect(page.locator("#policy-history")).to_have_attribute("data-latest", "2")
     assert asked and "Roll alpha back to version 1?" in asked[0]
-    assert [v["version"] for v in _versions(site, "alpha")] == [1, 2]
+    assert [v["version"] for v in policy_versions(site, "alpha")] == [1, 2]
 
     rollback.click()
     expect(page.locator("#policy-editor-title")).to_have_text("Edit alpha (now version 3)")
@@ -134,7 +122,7 @@ def test_an_operator_rolls_back_from_the_history_and_exports_the_result(
     expect(page.locator('#policy-list tr:has(button[data-edit="alpha"]) td').nth(1)).to_have_text(
         "3"
     )
-    versions = _versions(site, "alpha")
+    versions = policy_versions(site, "alpha")
     assert [v["version"] for v in versions] == [1, 2, 3]
     assert versions[2]["spec"] == versions[0]["spec"]
     # The editor holds the terms now current, so its next save starts from them.
@@ -183,7 +171,7 @@ def test_an_import_shows_its_diff_before_saving_and_a_bad_file_names_its_field(
     expect(changed).to_have_attribute("data-change", "changed")
     expect(changed.locator("td")).to_have_text(["teams[research].guaranteed_gpus", "8", "12"])
     expect(page.locator('#policy-import-diff tr[data-change="added"]')).to_have_count(added)
-    assert [v["version"] for v in _versions(site, "beta")] == [1]  # a preview writes nothing
+    assert [v["version"] for v in policy_versions(site, "beta")] == [1]  # a preview writes nothing
     screenshot(page, "policy-import", tmp_path)
 
     page.fill("#policy-import-comment", "research gets twelve")
@@ -191,7 +179,7 @@ def test_an_import_shows_its_diff_before_saving_and_a_bad_file_names_its_field(
     expect(page.locator("#policy-history")).to_have_attribute("data-latest", "2")
     newest = page.locator("#policy-versions tbody tr").first
     expect(newest.locator('[data-figure="comment"]')).to_have_text("research gets twelve")
-    versions = _versions(site, "beta")
+    versions = policy_versions(site, "beta")
     assert [v["version"] for v in versions] == [1, 2]
     assert versions[1]["spec"]["teams"][0]["guaranteed_gpus"] == 12
 
@@ -206,7 +194,7 @@ def test_an_import_shows_its_diff_before_saving_and_a_bad_file_names_its_field(
 def test_a_viewer_may_export_but_neither_roll_back_nor_import(
     page: Page, site: dict[str, Any]
 ) -> None:
-    _open(page, site, "viewer", "alpha", int(_versions(site, "alpha")[-1]["version"]))
+    _open(page, site, "viewer", "alpha", int(policy_versions(site, "alpha")[-1]["version"]))
     expect(page.locator("#policy-versions tbody tr").first).to_be_visible()
     expect(page.locator("button[data-rollback]")).to_have_count(0)
     expect(page.locator("#policy-import-file")).to_have_count(0)
