@@ -202,6 +202,13 @@ class ArmadaApi:
             lambda: self.client.submit_stub.CancelJobs(request, timeout=self._timeout_s),
         )
 
+    def cancel_job_set(self, queue: str, job_set: str) -> None:
+        """Cancel every job of a job set that has not ended (``CancelJobSet``, no filter)."""
+        self._call(
+            f"cancel job set {job_set} in queue {queue}",
+            lambda: self.client.cancel_jobset(queue, job_set, []),
+        )
+
     def cancel_reason(self, job_id: str) -> str | None:
         """The reason a job was cancelled with, from ``GetJobDetails`` (Armada's query API:
         its event API leaves the reason off the ``cancelled`` event); None when Armada

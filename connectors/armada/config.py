@@ -84,7 +84,11 @@ class ArmadaConnectorConfig(_Settings):
     (its telemetry must report it): its own queue's (an Armada job) or its team's queue's
     when this connector follows one, else ``move_job_set``; with none, it is refused.
     ``portable_namespace``: the namespace a job from another scheduler's portable form runs
-    in.
+    in. ``accept_namespaces``: the Kubernetes namespaces a moved job may run in on this
+    Armada's executors (its pods run with what that namespace holds: ServiceAccounts,
+    Secrets, quotas, and the job names it itself), as the Kubernetes connector's setting of
+    that name; empty (the default): this connector takes no moved job, and a submit is
+    refused for good, naming the setting.
     """
 
     cluster: Annotated[str, Field(min_length=1, max_length=128)]
@@ -105,6 +109,7 @@ class ArmadaConnectorConfig(_Settings):
     submit_specs: bool = True
     move_job_set: JobSetRef | None = None
     portable_namespace: Annotated[str, Field(pattern=_NAMESPACE)] = "default"
+    accept_namespaces: list[Annotated[str, Field(pattern=_NAMESPACE)]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> ArmadaConnectorConfig:

@@ -35,7 +35,7 @@ start(nodes)            Armada cannot start a job; it runs next the job that may
                         the front of its queue (``ReprioritizeJobs``, or the priority of
                         its resubmission) when a queued job of its queue that could take
                         that node would go first
-cancel                  ``CancelJobs``
+cancel                  ``CancelJobs`` (``cancel_job_set``: ``CancelJobSet``)
 reprioritize            ``ReprioritizeJobs`` of one job or of a whole job set
 preempt                 ``PreemptJobs`` (Armada's own preemption: no checkpoint, no resubmit)
 move_job_set            a queued job set to another executor cluster: every job cancelled
@@ -61,9 +61,17 @@ the requeue step hands the connector the image's pointer (``set_resume_pointer``
 idempotency key (``set_step_key``); the key goes on the new job (``shaper.io/stopped-by-
 step``), so a resend that finds it stamped on the workload's newest job does nothing more.
 
+**Gangs** (connectors.armada.gangs): the jobs of one ``armadaproject.io/gangId`` are one
+Shaper job (external id ``gang:<queue>/<job set>/<gang id>``); every step above that names
+it acts on every member — a requeue, hold, start or ``move_job_set`` cancels and submits
+them all, with the gang's annotations and one fresh gang id, spread over the plan's nodes
+of one executor — and refuses what would split it (a gang not seen whole, nodes of two
+executors or of two values of its uniformity label, a resume pointer, a move to another
+cluster).
+
 Not supported yet (each says so in its error): suspend/resume (Armada has no suspended
-state), requeue ``exclude`` (node anti-affinity), pinning one job to several nodes,
-reservations and resize.
+state), requeue ``exclude`` (node anti-affinity), pinning one job (not a gang) to several
+nodes, checkpointing a gang, reservations and resize.
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from connectors.armada import gangs
 from connectors.armada.client import ArmadaApi
 from connectors.armada.config import ArmadaConnectorConfig, ExecutorNode
 from connectors.armada.jobs import (
@@ -93,7 +102,7 @@ from connectors.armada.jobs import (
 )
 from connectors.armada.moves import REPLACED_REASON, ArmadaMoves
 from connectors.armada.proto import resubmission
-from connectors.armada.reports import job_report, node_reports
+from connectors.armada.reports import gang_report, job_report, node_reports
 from connectors.armada.specs import submit_spec
 from connectors.armada.submission import NewJob, new_job_item
 from connectors.base import ConnectorError
@@ -179,14 +188,17 @@ class ArmadaConnector(ArmadaMoves):
         with self._lock:
             cordoned = frozenset(q.name for q in self.api.queues() if q.cordoned)
             self.catch_up()
-            current = list(current_attempts(self._jobs).values())
+            current = current_attempts(self._jobs)
+            singles, found = gangs.gangs(current)
             jobs = [
                 job_report(job, self.config, cordoned=cordoned, submit=self._spec(job))
-                for job in current
-            ]
-            nodes = node_reports(self.config, current)
+                for job in singles.values()
+            ] + [gang_report(gang, self.config, cordoned=cordoned) for gang in found.values()]
+            nodes = node_reports(self.config, list(current.values()))
             self._specs = {
-                job.job_id: self._specs[job.job_id] for job in current if job.job_id in self._specs
+                job.job_id: self._specs[job.job_id]
+                for job in singles.values()
+                if job.job_id in self._specs
             }
         return ClusterState(observed_at=observed_at, nodes=nodes, jobs=jobs)
 
@@ -202,12 +214,88 @@ class ArmadaConnector(ArmadaMoves):
         self.catch_up()
         job = current_attempts(self._jobs).get(external_id)
         if job is None:
-            followed = ", ".join(f"{r.queue}/{r.job_set}" for r in self.config.followed())
+            raise self._unknown("job", external_id)
+        return job
+
+    def _unknown(self, what: str, external_id: str) -> ConnectorError:
+        followed = ", ".join(f"{r.queue}/{r.job_set}" for r in self.config.followed())
+        return ConnectorError(
+            f"armada: no {what} {external_id} in the followed job sets ({followed})",
+            retryable=False,
+        )
+
+    def _gang(self, external_id: str) -> gangs.Gang | None:
+        """The gang ``external_id`` names, after a catch-up; None when it names no gang."""
+        if not external_id.startswith(gangs.PREFIX):
+            return None
+        self.catch_up()
+        _, found = gangs.gangs(current_attempts(self._jobs))
+        gang = found.get(external_id)
+        if gang is None:
+            raise self._unknown("gang", external_id)
+        return gang
+
+    def _settled(self, gang: gangs.Gang, what: str, *, resend: bool = False) -> None:
+        """A gang is submitted again only whole, and only once the jobs a last change
+        submitted are seen: else the new gang would miss members. ``resend``: the change
+        is one whose client ids a delivery cut short after its cancels made already (a
+        step's resend): its members cancelled to be submitted again are submitted now,
+        and Armada answers any that was made with that job."""
+        if not gang.whole:
             raise ConnectorError(
-                f"armada: no job {external_id} in the followed job sets ({followed})",
+                f"cannot {what} Armada gang {gang.external_id}: {len(gang.members)} of its "
+                f"{gang.cardinality} members are in the followed job sets' events yet, and "
+                "a gang is submitted again only whole",
+                retryable=True,
+            )
+        replaced = [
+            job.job_id for job in gang.members if self._why_cancelled(job) == REPLACED_REASON
+        ]
+        if replaced and not resend:
+            raise ConnectorError(
+                f"cannot {what} Armada gang {gang.external_id}: the next jobs of "
+                f"{', '.join(replaced)} (cancelled to be submitted again) are not in the "
+                "followed job sets' events yet",
+                retryable=True,
+            )
+
+    def _gang_pins(
+        self, gang: gangs.Gang, nodes: list[str] | None, what: str
+    ) -> dict[str, dict[str, str | None]]:
+        """Each member's node selector change (by workload id) for a gang placed on
+        ``nodes``: spread over them (gangs.spread), each pinned to its node and the
+        node's executor. Refused when they do not fit, when the nodes span executor
+        clusters (Armada runs a gang on one) or differ in the gang's uniformity label."""
+        if not nodes:
+            return {job.workload_id: {self.config.node_label: None} for job in gang.members}
+        capacity = {node.name: node.gpu_count for node in self.config.nodes}
+        placed = gangs.spread(gang.members, capacity, nodes)
+        if isinstance(placed, str):
+            raise ConnectorError(
+                f"cannot {what} Armada gang {gang.external_id} on {', '.join(nodes)}: {placed}",
                 retryable=False,
             )
-        return job
+        used = [node for node in self.config.nodes if node.name in placed.values()]
+        executors = sorted({node.executor for node in used})
+        uniform = gang.members[0].spec.annotations.get(gangs.GANG_UNIFORMITY)
+        values = {self.config.node_labels(node).get(uniform or "") for node in used}
+        why = ""
+        if len(executors) > 1:
+            why = (
+                f"Armada runs a gang on one executor cluster, and they span {', '.join(executors)}"
+            )
+        elif uniform and (len(values) > 1 or None in values):
+            why = f"its members need nodes of one value of {uniform}"
+        if why:
+            raise ConnectorError(
+                f"cannot {what} Armada gang {gang.external_id} on {', '.join(nodes)}: {why}",
+                retryable=False,
+            )
+        executor = executors[0]
+        return {
+            workload: {self.config.node_label: node, self.config.executor_label: executor}
+            for workload, node in placed.items()
+        }
 
     # --- submissions -----------------------------------------------------------------------
 
@@ -225,19 +313,24 @@ class ArmadaConnector(ArmadaMoves):
         resume_from: str | None = None,
         step_key: str | None = None,
         priority: float | None = None,
+        attempt: int | None = None,
     ) -> str:
         """Cancel ``job`` (unless it ended) and submit its pods again as the next attempt
         of its workload; the new job's id. The client id is derived from the job and the
         purpose (or the step key), so a resend gets the job the first call made.
         ``resume_from`` replaces the job's resume pointer (None: it starts over);
         ``priority``: Armada's priority of the new job (None: the workload's own, as first
-        submitted — not a priority an earlier start put it first with)."""
+        submitted — not a priority an earlier start put it first with); ``attempt``: the
+        new job's attempt (None: the next of its workload's; a gang's members all get the
+        same, so their fresh gang id is one: connectors.armada.gangs)."""
         if not job.terminal:
             self._cancel_own(job, REPLACED_REASON)
         home = job.spec.annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
+        next_attempt = job.spec.attempt + 1 if attempt is None else attempt
+        original_gang = gangs.gang_id(job)
         annotations: dict[str, str | None] = {
             WORKLOAD_ANNOTATION: job.workload_id,
-            ATTEMPT_ANNOTATION: str(job.spec.attempt + 1),
+            ATTEMPT_ANNOTATION: str(next_attempt),
             HOME_QUEUE_ANNOTATION: home,
             OWN_PRIORITY_ANNOTATION: repr(job.own_priority),  # every digit: it is read back
             RESUME_FROM: resume_from,
@@ -247,7 +340,12 @@ class ArmadaConnector(ArmadaMoves):
             annotations[FIRST_SUBMITTED_ANNOTATION] = first_submitted.isoformat()
         if step_key is not None:
             annotations[STOPPED_BY_STEP] = step_key
+        if original_gang is not None:
+            annotations[gangs.SHAPER_GANG] = original_gang
+            annotations[gangs.GANG_ID] = gangs.attempt_gang_id(original_gang, next_attempt)
         seed = step_key or f"{job.job_id}:{purpose}"
+        if step_key is not None and original_gang is not None:
+            seed += f":{job.workload_id}"  # one step key, a job per member
         client_id = "shaper-" + hashlib.sha256(seed.encode()).hexdigest()[:40]
         item = resubmission(
             job.spec,
@@ -294,7 +392,7 @@ class ArmadaConnector(ArmadaMoves):
         if len(nodes) > 1:
             raise ConnectorError(
                 f"cannot pin Armada job {external_id} to {', '.join(nodes)}: an Armada job "
-                "runs one pod, on one node (gang jobs are not supported yet)",
+                "runs one pod, on one node (a gang's members are pinned one by one)",
                 retryable=False,
             )
         declared = self._declared(nodes[0])
@@ -333,8 +431,12 @@ class ArmadaConnector(ArmadaMoves):
                     "node anti-affinity is not supported yet",
                     retryable=False,
                 )
-            selector = self._pin(external_id, nodes)
             queue_if_held = self._hold_queue(external_id) if hold else None
+            gang = self._gang(external_id)
+            if gang is not None:
+                self._requeue_gang(gang, nodes, queue_if_held, resume_from, step_key)
+                return
+            selector = self._pin(external_id, nodes)
             job = self._job(external_id)
             if step_key is not None and job.spec.annotations.get(STOPPED_BY_STEP) == step_key:
                 logger.info("armada: requeue of %s: done by an earlier delivery", external_id)
@@ -357,6 +459,10 @@ class ArmadaConnector(ArmadaMoves):
     def hold(self, external_id: str) -> None:
         with self._lock:
             hold_queue = self._hold_queue(external_id)
+            gang = self._gang(external_id)
+            if gang is not None:
+                self._hold_gang(gang, hold_queue)
+                return
             job = self._job(external_id)
             if self._held(job):
                 return
@@ -367,13 +473,7 @@ class ArmadaConnector(ArmadaMoves):
                     "stops a running one)",
                     retryable=False,
                 )
-            self._submit_again(
-                job,
-                purpose="hold",
-                queue=hold_queue,
-                node_selector={},
-                resume_from=job.spec.annotations.get(RESUME_FROM),
-            )
+            self._park(job, hold_queue)
 
     def release(self, external_id: str) -> None:
         self.start(external_id)
@@ -398,6 +498,10 @@ class ArmadaConnector(ArmadaMoves):
         changed. Fair share between queues is Armada's: a job of another queue may still
         take the nodes first, and then the confirm fails and the next cycle plans again."""
         with self._lock:
+            gang = self._gang(external_id)
+            if gang is not None:
+                self._start_gang(gang, nodes)
+                return
             job = self._job(external_id)
             if job.terminal:
                 raise ConnectorError(
@@ -444,6 +548,139 @@ class ArmadaConnector(ArmadaMoves):
                     job.priority,
                 )
 
+    def _requeue_gang(
+        self,
+        gang: gangs.Gang,
+        nodes: list[str] | None,
+        queue_if_held: str | None,
+        resume_from: str | None,
+        step_key: str | None,
+    ) -> None:
+        """Stop a gang and queue it again whole: every member cancelled and submitted
+        again with the gang's annotations (a fresh gang id), pinned over ``nodes``, into
+        the hold queue when held. A resend under the same step key submits only the
+        members an earlier delivery did not (their client ids answer the rest anyway)."""
+        what = "requeue"
+        if resume_from is not None:
+            raise ConnectorError(
+                f"cannot requeue Armada gang {gang.external_id} with a resume pointer: its "
+                "members are separate pods, and Shaper checkpoints one process (a gang is "
+                "reported not checkpointable)",
+                retryable=False,
+            )
+        todo = [
+            job
+            for job in gang.members
+            if step_key is None or job.spec.annotations.get(STOPPED_BY_STEP) != step_key
+        ]
+        if not todo:
+            logger.info("armada: requeue of %s: done by an earlier delivery", gang.external_id)
+            return
+        ended = [
+            f"{job.job_id} ({job.phase.value})"
+            for job in todo
+            if job.terminal and job.phase is not Phase.cancelled
+        ]
+        if ended:
+            raise ConnectorError(
+                f"cannot requeue Armada gang {gang.external_id}: members {', '.join(ended)} "
+                "have ended",
+                retryable=False,
+            )
+        self._settled(gang, what, resend=step_key is not None)
+        selectors = self._gang_pins(gang, nodes, what)
+        attempt = max(job.spec.attempt for job in todo) + 1
+        for job in todo:
+            self._submit_again(
+                job,
+                purpose="requeue",
+                queue=queue_if_held or self._home(job),
+                node_selector=selectors[job.workload_id],
+                step_key=step_key,
+                attempt=attempt,
+            )
+
+    def _hold_gang(self, gang: gangs.Gang, hold_queue: str) -> None:
+        todo = [job for job in gang.members if not self._held(job)]
+        if not todo:
+            return
+        started = [f"{job.job_id} ({job.phase.value})" for job in todo if job.active]
+        ended = [
+            f"{job.job_id} ({job.phase.value})"
+            for job in todo
+            if job.terminal and self._why_cancelled(job) != REPLACED_REASON
+        ]
+        if started or ended:
+            raise ConnectorError(
+                f"cannot hold Armada gang {gang.external_id}: members "
+                f"{', '.join(started + ended)} are not queued; only a queued gang can be held "
+                "(a requeue with hold stops a running one)",
+                retryable=False,
+            )
+        self._settled(gang, "hold")
+        attempt = max(job.spec.attempt for job in todo) + 1
+        for job in todo:
+            self._park(job, hold_queue, attempt=attempt)
+
+    def _park(self, job: ArmadaJob, hold_queue: str, *, attempt: int | None = None) -> None:
+        """A queued job held: submitted again into the hold queue, keeping its pointer."""
+        self._submit_again(
+            job,
+            purpose="hold",
+            queue=hold_queue,
+            node_selector={},
+            resume_from=job.spec.annotations.get(RESUME_FROM),
+            attempt=attempt,
+        )
+
+    def _start_gang(self, gang: gangs.Gang, nodes: list[str] | None) -> None:
+        """:meth:`start` for a gang: every member, as one. Left alone when a member has
+        left the queue (Armada leases a gang whole)."""
+        ended = [
+            f"{job.job_id} ({job.phase.value})"
+            for job in gang.members
+            if job.terminal and self._why_cancelled(job) != REPLACED_REASON
+        ]
+        if ended:
+            raise ConnectorError(
+                f"cannot start Armada gang {gang.external_id}: members {', '.join(ended)} "
+                "have ended",
+                retryable=False,
+            )
+        if any(job.active for job in gang.members):
+            return
+        self._settled(gang, "start")
+        selectors = self._gang_pins(gang, nodes, "start") if nodes else {}
+        targets = [node for name in nodes or [] if (node := self._declared(name))]
+        resubmit = any(
+            self._held(job)
+            or {k: job.spec.node_selector.get(k) for k in selectors.get(job.workload_id, {})}
+            != selectors.get(job.workload_id, {})
+            for job in gang.members
+        )
+        fronts = [
+            front
+            for job in gang.members
+            if (front := self._front(job, targets, resubmitted=resubmit)) is not None
+        ]
+        front = min(fronts) if fronts else None
+        if resubmit:
+            attempt = max(job.spec.attempt for job in gang.members) + 1
+            for job in gang.members:
+                self._submit_again(
+                    job,
+                    purpose=f"start:{','.join(nodes or [])}",
+                    queue=self._home(job),
+                    node_selector=selectors.get(job.workload_id, {}),
+                    resume_from=job.spec.annotations.get(RESUME_FROM),
+                    priority=front,
+                    attempt=attempt,
+                )
+        elif front is not None:
+            for job in gang.members:
+                results = self.api.reprioritize(job.queue, job.job_set, [job.job_id], front)
+                _refused(results, f"reprioritize job {job.job_id} to the front of its queue")
+
     def _front(
         self, job: ArmadaJob, nodes: list[ExecutorNode], *, resubmitted: bool
     ) -> float | None:
@@ -458,6 +695,8 @@ class ArmadaConnector(ArmadaMoves):
         for other in current_attempts(self._jobs).values():
             if other.workload_id == job.workload_id or other.phase is not Phase.queued:
                 continue
+            if gangs.gang_id(job) is not None and gangs.gang_id(other) == gangs.gang_id(job):
+                continue  # a member of the same gang goes with it
             if other.queue != home:
                 continue
             if nodes and not self._could_take(other, nodes):
@@ -473,18 +712,28 @@ class ArmadaConnector(ArmadaMoves):
         front = float(max(math.floor(min(ahead)) - 1, 0))
         return front if front < job.priority else None
 
+    def _jobs_of(self, external_id: str) -> list[ArmadaJob]:
+        """The job ``external_id`` names, or every member of the gang it names."""
+        gang = self._gang(external_id)
+        return list(gang.members) if gang is not None else [self._job(external_id)]
+
     def cancel(self, external_id: str) -> None:
         with self._lock:
-            job = self._job(external_id)
-            if not job.terminal:
-                self.api.cancel(job.queue, job.job_set, job.job_id)
+            for job in self._jobs_of(external_id):
+                if not job.terminal:
+                    self.api.cancel(job.queue, job.job_set, job.job_id)
+
+    def cancel_job_set(self, queue: str, job_set: str) -> None:
+        """Armada's ``CancelJobSet``: every job of the job set that has not ended."""
+        self.api.cancel_job_set(queue, job_set)
 
     def reprioritize(self, external_id: str, *, priority: float) -> None:
-        """Armada's priority of one job (lower runs first within its queue)."""
+        """Armada's priority of one job, or of every member of a gang (lower runs first
+        within its queue)."""
         with self._lock:
-            job = self._job(external_id)
-            results = self.api.reprioritize(job.queue, job.job_set, [job.job_id], priority)
-            _refused(results, f"reprioritize job {job.job_id}")
+            for job in self._jobs_of(external_id):
+                results = self.api.reprioritize(job.queue, job.job_set, [job.job_id], priority)
+                _refused(results, f"reprioritize job {job.job_id}")
 
     def reprioritize_job_set(self, queue: str, job_set: str, *, priority: float) -> None:
         results = self.api.reprioritize(queue, job_set, None, priority)
@@ -494,9 +743,9 @@ class ArmadaConnector(ArmadaMoves):
         """Armada's own preemption of a running job: it ends as preempted, with no
         checkpoint and nothing submitted again (the saga's requeue does that)."""
         with self._lock:
-            job = self._job(external_id)
-            if job.active:
-                self.api.preempt(job.queue, job.job_set, job.job_id)
+            for job in self._jobs_of(external_id):
+                if job.active:
+                    self.api.preempt(job.queue, job.job_set, job.job_id)
 
     def move_job_set(self, queue: str, job_set: str, *, executor: str) -> dict[str, str]:
         """Move a queued job set to executor cluster ``executor``: every job is cancelled
@@ -536,11 +785,24 @@ class ArmadaConnector(ArmadaMoves):
                 for job in jobs
                 if (why := self._misfit(job, targets)) is not None
             ]
+            capacity = {node.name: node.gpu_count for node in targets}
+            for gang in gangs.gangs(current_attempts(self._jobs))[1].values():
+                if gang.members[0].queue == queue and gang.members[0].job_set == job_set:
+                    spread = gangs.spread(gang.members, capacity, list(capacity))
+                    if isinstance(spread, str):  # Armada runs a gang on one executor
+                        misfits.append(f"gang {gang.gang_id}: {spread}")
             if misfits:
                 raise ConnectorError(
                     f"cannot move job set {job_set} to executor {executor}: " + "; ".join(misfits),
                     retryable=False,
                 )
+            # A gang moves whole, its members under one fresh gang id (connectors.armada.gangs).
+            attempts: dict[str, int] = {}
+            for gang in gangs.gangs(current_attempts(self._jobs))[1].values():
+                if any(job.queue == queue and job.job_set == job_set for job in gang.members):
+                    self._settled(gang, f"move job set {job_set} with")
+                    attempt = max(job.spec.attempt for job in gang.members) + 1
+                    attempts.update(dict.fromkeys((j.workload_id for j in gang.members), attempt))
             moved = {}
             for job in sorted(jobs, key=lambda j: j.job_id):
                 moved[job.workload_id] = self._submit_again(
@@ -553,6 +815,7 @@ class ArmadaConnector(ArmadaMoves):
                         self.config.node_label: None,
                     },
                     resume_from=job.spec.annotations.get(RESUME_FROM),
+                    attempt=attempts.get(job.workload_id),
                 )
             return moved
 

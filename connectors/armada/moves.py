@@ -7,10 +7,13 @@ reports a job only through its job set's events, so one the connector does not f
 would never be seen): the spec's own queue and job set when this connector follows that
 queue (a job from another Armada), else the first followed job set of its team's queue
 (``shaper.io/team``, the queue a team maps to: connectors.armada.reports), else
-``move_job_set``; with none, it is refused for good. ``hold`` is the connector's own hold:
-the job goes into the cordoned ``hold_queue`` (job set of the same name, home queue
-annotated) and a ``release`` (``start``) moves it into its queue. ``nodes`` pins it as a
-plan's start does (``node_label`` and its executor's ``executor_label``).
+``move_job_set``; with none, it is refused for good, as is a job whose namespace (Armada's
+``default`` when it names none) is not in ``accept_namespaces`` (empty by default: no
+moved job is taken until the operator names the namespaces that may run one), and a
+member of an Armada gang (connectors.armada.gangs: a gang moves only whole). ``hold`` is
+the connector's own hold: the job goes into the cordoned ``hold_queue`` (job set of the
+same name, home queue annotated) and a ``release`` (``start``) moves it into its queue.
+``nodes`` pins it as a plan's start does (``node_label`` and its executor's ``executor_label``).
 
 Idempotent by name twice over: a job carrying the move's annotation in the followed job
 sets is answered as it is (not held or pinned again: it may have been released since),
@@ -65,6 +68,7 @@ import logging
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from connectors.armada.gangs import GANG_ID
 from connectors.armada.jobs import HOME_QUEUE_ANNOTATION, ArmadaJob, Phase, current_attempts
 from connectors.armada.reports import TEAM_LABEL
 from connectors.armada.specs import MOVE_MARK, spec_item, spec_queue
@@ -84,6 +88,10 @@ logger = logging.getLogger(__name__)
 # Why the connector cancelled a job of its own accord: the reason of its CancelJobs, which
 # Armada keeps for its query API (module docstring).
 REPLACED_REASON = "shaper: cancelled to be submitted again"
+
+
+# Where Armada runs a job whose submission names no namespace (its submit conversion).
+DEFAULT_NAMESPACE = "default"
 
 
 def withdraw_reason(name: str) -> str:
@@ -163,6 +171,14 @@ class ArmadaMoves:
                 logger.info("%s: job %s was submitted for it before", what, found.workload_id)
                 return found.workload_id
             item = spec_item(spec, portable_namespace=self.config.portable_namespace, what=what)
+            self._check_namespace(item.namespace or DEFAULT_NAMESPACE, what=what)
+            if gang := item.annotations.get(GANG_ID):
+                # Its gang would wait for members that never come (they move one by one).
+                raise ConnectorError(
+                    f"{what}: it is a member of Armada gang {gang}, which moves only whole; "
+                    "Shaper moves a gang within its Armada only (a gang carries no submit spec)",
+                    retryable=False,
+                )
             landing = self._landing(spec, team=item.labels.get(TEAM_LABEL), what=what)
             queue = self._hold_queue(name) if hold else landing.queue
             item.annotations[MOVE_MARK] = name
@@ -306,6 +322,18 @@ class ArmadaMoves:
             "move_job_set is not set)",
             retryable=False,
         )
+
+    def _check_namespace(self, namespace: str, *, what: str) -> None:
+        """A moved job runs only in a namespace named for it (``accept_namespaces``): its
+        pods would run with that namespace's ServiceAccounts and Secrets, which the
+        cluster it came from knows nothing of."""
+        accepted = self.config.accept_namespaces
+        if namespace not in accepted:
+            raise ConnectorError(
+                f"{what}: namespace {namespace} does not take moved jobs (accept_namespaces: "
+                f"{', '.join(accepted) or 'none'}; add it there to allow them)",
+                retryable=False,
+            )
 
     def _check_nodes(self, nodes: list[str], *, what: str) -> None:
         declared = {node.name for node in self.config.nodes}

@@ -20,6 +20,8 @@ Per workload (connectors.armada.jobs: the newest job of its lineage):
 * ``submit``: the job's ``SubmitSpec`` (connectors.armada.specs) while it can move
   (queued, held or running), when ``submit_specs`` is on.
 
+A gang (connectors.armada.gangs) is one job: :func:`gang_report`.
+
 Nodes: the configured inventory, labelled with their executor cluster; a node that only
 the events name gets the GPUs its running jobs hold (nothing else is known of it).
 """
@@ -31,9 +33,11 @@ from collections import defaultdict
 from pydantic import ValidationError
 
 from connectors.armada.config import ArmadaConnectorConfig
+from connectors.armada.gangs import Gang
 from connectors.armada.jobs import (
     CHECKPOINTABLE_ANNOTATION,
     HOME_QUEUE_ANNOTATION,
+    TERMINAL_PHASES,
     ArmadaJob,
     Phase,
 )
@@ -130,6 +134,53 @@ def job_report(
         raise ConnectorError(
             f"armada job {job.job_id} (job set {job.job_set}, queue {job.queue}) cannot be "
             f"reported: {error}",
+            retryable=False,
+        ) from error
+
+
+def gang_report(
+    gang: Gang, config: ArmadaConnectorConfig, *, cordoned: frozenset[str] = frozenset()
+) -> JobReport:
+    """A gang as one job (connectors.armada.gangs): its first member's labels, queue and
+    node selector; the whole gang's size, GPUs, state and allocations; no submit spec and
+    not checkpointable (it moves and stops only whole, with no checkpoint)."""
+    first = gang.members[0]
+    report = job_report(first, config, cordoned=cordoned)
+    phase = gang.phase
+    state = job_state(phase)
+    held: dict[str, int] = defaultdict(int)
+    for job in gang.members:
+        if job.phase is Phase.running and job.node:
+            held[job.node] += job.spec.gpus
+    started = [job.started_at for job in gang.members if job.started_at is not None]
+    ended = [job.ended_at for job in gang.members if job.ended_at is not None]
+    submitted = [t for job in gang.members if (t := job.first_submitted_at) is not None]
+    why = _reason(first, config, cordoned) if phase is not Phase.running else ""
+    fields = {
+        **report.model_dump(),
+        "external_id": gang.external_id,
+        "gang_size": gang.cardinality,
+        "gpus_requested": min(gang.gpus, 100_000),
+        "checkpointable": False,
+        "submit_time": min(submitted, default=None),
+        "start_time": min(started, default=None) if state is not JobState.pending else None,
+        "end_time": max(ended, default=None) if phase in TERMINAL_PHASES else None,
+        "state": state,
+        "reason": "; ".join(filter(None, [gang.reason, why]))[:255],
+        "restart_count": max(job.spec.attempt for job in gang.members),
+        "allocations": [
+            AllocationReport(node=node, gpu_count=gpus) for node, gpus in sorted(held.items())
+        ]
+        if state is JobState.running
+        else [],
+        "submit": None,
+    }
+    try:
+        return JobReport.model_validate(fields)
+    except ValidationError as error:
+        raise ConnectorError(
+            f"armada gang {gang.gang_id} (job set {first.job_set}, queue {first.queue}) "
+            f"cannot be reported: {error}",
             retryable=False,
         ) from error
 

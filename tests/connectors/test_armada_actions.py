@@ -68,7 +68,16 @@ def checkpointable_job(connector: ArmadaConnector, server: ArmadaTestServer) -> 
 class Saga:
     """One action's forward steps, with their messages built as the control plane does."""
 
-    def __init__(self, job_id: str, kind: ActionKind, generation: int, **fields: Any) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        kind: ActionKind,
+        generation: int,
+        *,
+        checkpointable: bool = True,
+        gpus: int = 4,
+        **fields: Any,
+    ) -> None:
         self.action = Action(
             id=generation,
             cluster_id=1,
@@ -76,7 +85,9 @@ class Saga:
             idempotency_key=f"plan-{generation}:{kind.value}:{job_id}",
             **fields,
         )
-        self.job = Job(cluster_id=1, external_id=job_id, checkpointable=True, gpus_requested=4)
+        self.job = Job(
+            cluster_id=1, external_id=job_id, checkpointable=checkpointable, gpus_requested=gpus
+        )
         cluster = Cluster(id=1, name=CLUSTER, scheduler=SchedulerKind.armada)
         self.steps = forward_steps(self.action, self.job, cluster, generation)
 

@@ -227,6 +227,30 @@ def test_cancel_and_reprioritize(server: ArmadaTestServer, connector: ArmadaConn
     }
 
 
+def test_armadas_own_preempt_and_a_job_sets_cancel(
+    server: ArmadaTestServer, connector: ArmadaConnector
+) -> None:
+    running = connector.submit_job("research", "sweep", job(8))
+    assert server.schedule() == [running]
+    queued = connector.submit_job("research", "sweep", job(8, priority=5))
+    other = connector.submit_job("research", "train", job(8))
+    connector.preempt(queued)  # Armada preempts only a job that holds a node: nothing
+    connector.preempt(running)
+    assert (server.job(running).state, server.job(queued).state) == ("preempted", "queued")
+    states = {report.external_id: report.state for report in connector.read_state().jobs}
+    assert states[running] is JobState.failed  # ended by Armada, not finished
+    assert "preempted" in next(
+        r.reason for r in connector.read_state().jobs if r.external_id == running
+    )
+
+    connector.cancel_job_set("research", "sweep")
+    assert server.job(queued).state == "cancelled"
+    assert server.job(running).state == "preempted"  # an ended job is left as it is
+    assert server.job(other).state != "cancelled"  # another job set
+    states = {report.external_id: report.state for report in connector.read_state().jobs}
+    assert states[queued] is JobState.cancelled
+
+
 def test_the_event_stream_resumes_after_a_dropped_connection(
     server: ArmadaTestServer, connector: ArmadaConnector
 ) -> None:

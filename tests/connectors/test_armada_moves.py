@@ -48,6 +48,8 @@ PORTABLE = SubmitSpec(
 MOVE = "shaper-41-7"
 # Where moved jobs without a followed queue of their own land on the target.
 LANDING = {"queue": "prod", "job_set": "serve"}
+# The namespaces the target lets moved jobs run in (none by default).
+ACCEPT = ["default", "research"]
 
 
 @pytest.fixture
@@ -59,7 +61,7 @@ def server() -> Iterator[ArmadaTestServer]:
 
 @pytest.fixture
 def target(server: ArmadaTestServer) -> Iterator[ArmadaConnector]:
-    with connector_for(server, move_job_set=LANDING) as connector:
+    with connector_for(server, move_job_set=LANDING, accept_namespaces=ACCEPT) as connector:
         yield connector
 
 
@@ -289,14 +291,55 @@ def test_a_spec_armada_cannot_run_is_refused_for_good_saying_why(
         with pytest.raises(ConnectorError, match=why) as refused:
             target.submit(spec, name=name, nodes=nodes)
         assert not refused.value.retryable
-    with connector_for(server) as nowhere, pytest.raises(ConnectorError, match="no followed"):
+    with (
+        connector_for(server, accept_namespaces=ACCEPT) as nowhere,
+        pytest.raises(ConnectorError, match="no followed"),
+    ):
         nowhere.submit(PORTABLE, name=MOVE)
     with (
-        connector_for(server, hold_queue=None, move_job_set=LANDING) as unheld,
+        connector_for(
+            server, hold_queue=None, move_job_set=LANDING, accept_namespaces=ACCEPT
+        ) as unheld,
         pytest.raises(ConnectorError, match="no hold_queue"),
     ):
         unheld.submit(PORTABLE, name=MOVE, hold=True)
     assert moved_jobs(server, MOVE) == []
+
+
+def test_a_moved_job_runs_only_in_a_namespace_the_operator_named_for_moved_jobs(
+    server: ArmadaTestServer, target: ArmadaConnector
+) -> None:
+    # By default a connector takes no moved job, and says which setting allows one.
+    with (
+        connector_for(server, move_job_set=LANDING) as closed,
+        pytest.raises(
+            ConnectorError,
+            match=r"namespace default does not take moved jobs \(accept_namespaces: none; add",
+        ) as refused,
+    ):
+        closed.submit(PORTABLE, name=MOVE)
+    assert not refused.value.retryable
+    # An Armada job keeps the namespace it names: one not listed is refused, nothing made.
+    source = target.submit_job(
+        "research", "train", NewJob(image="registry.local/train:1", gpus=1, namespace="secrets")
+    )
+    spec = report_of(target, source).submit
+    assert spec is not None and spec.native["job"]["namespace"] == "secrets"
+    with pytest.raises(
+        ConnectorError,
+        match=r"namespace secrets does not take moved jobs \(accept_namespaces: default, research",
+    ) as refused:
+        target.submit(spec, name="shaper-41-8")
+    assert not refused.value.retryable
+    assert moved_jobs(server, "shaper-41-8") == [] and moved_jobs(server, MOVE) == []
+    # A listed one is taken.
+    research = target.submit_job(
+        "research", "train", NewJob(image="registry.local/train:1", gpus=1, namespace="research")
+    )
+    spec = report_of(target, research).submit
+    assert spec is not None
+    made = target.submit(spec, name="shaper-41-9")
+    assert server.job(made).spec.namespace == "research"
 
 
 # --- a whole move between two Armada connectors, through their executors ----------------
@@ -350,6 +393,7 @@ def two_sites(server: ArmadaTestServer) -> Iterator[tuple[ArmadaConnector, Armad
         server,
         cluster=TARGET,
         job_sets=[{"queue": "research", "job_set": "sweep"}, LANDING],
+        accept_namespaces=ACCEPT,
     )
     with source, target:
         yield source, target

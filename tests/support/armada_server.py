@@ -7,7 +7,7 @@ built on the servicer classes armada-client itself ships (``armada_client.armada
 ``add_*Servicer_to_server``), so the connector talks to it through the official client over
 a real gRPC connection (``grpc.server`` with a thread pool, on a free port of 127.0.0.1) —
 and follows Armada's documented semantics, as listed here with their sources. It is not
-Armada: no Pulsar, no fair share, no gangs, no executor API; what it leaves out is said
+Armada: no Pulsar, no fair share, no executor API; what it leaves out is said
 below, and what the connector does against a real Armada is untested.
 
 **Job lifecycle** (armadaproject.io, "Core concepts: job lifecycle"; ``pkg/api/event.proto``):
@@ -23,7 +23,12 @@ lower ``priority`` first, then the earlier submission; a cordoned queue — ``Qu
 "determines whether scheduling is enabled for this queue" in submit.proto — is skipped): a
 job runs on the first node (in the order :meth:`add_node` declared them) whose labels satisfy
 its pod's ``nodeSelector`` and whose free GPUs cover its request. No fair share between
-queues, no preemption by the scheduler itself.
+queues, no preemption by the scheduler itself. **Gangs** (``armadaproject.io/gangId``,
+``gangCardinality``, ``gangNodeUniformityLabel``: internal/server/configuration/constants.go,
+"all jobs in a gang are guaranteed to be scheduled onto the same cluster at the same
+time"): the queued jobs of a queue with one gang id run all at once, when as many as the
+cardinality are queued and all fit on the nodes of one executor (and of one value of the
+uniformity label, when it is given); else none runs.
 
 **Event streams** (internal/armada/server/event.go ``GetJobSetEvents``): an unknown queue is
 NOT_FOUND ("Queue %s does not exist"); with ``errorIfMissing`` a job set that has no events
@@ -92,6 +97,9 @@ _STATES = {
     "preempted": submit_pb2.PREEMPTED,
     "rejected": submit_pb2.REJECTED,
 }
+GANG_ID = "armadaproject.io/gangId"
+GANG_CARDINALITY = "armadaproject.io/gangCardinality"
+GANG_UNIFORMITY = "armadaproject.io/gangNodeUniformityLabel"
 ENDED = frozenset({"succeeded", "failed", "cancelled", "preempted", "rejected"})
 ACTIVE = frozenset({"leased", "pending", "running"})
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
@@ -203,20 +211,61 @@ class ArmadaTestServer:
                 ),
                 key=lambda job: (job.priority, job.seq),
             )
+            seen: set[str] = set()
             for job in queued:
-                node = self._fitting_node(job)
-                if node is None:
+                if job.job_id in seen:
                     continue
-                job.executor, job.node = node.executor, node.name
-                self._emit(job, "leased", cluster_id=node.executor)
-                self._emit(job, "pending", cluster_id=node.executor)
-                self._emit(job, "running", cluster_id=node.executor, node_name=node.name)
-                started.append(job.job_id)
+                gang = job.spec.annotations.get(GANG_ID)
+                members = [
+                    other
+                    for other in queued
+                    if other is job
+                    or (
+                        gang
+                        and other.queue == job.queue
+                        and other.spec.annotations.get(GANG_ID) == gang
+                    )
+                ]
+                seen.update(member.job_id for member in members)
+                size = job.spec.annotations.get(GANG_CARDINALITY, "1")
+                if gang and len(members) < (int(size) if size.isdigit() else 1):
+                    continue  # a gang runs whole or not at all
+                placed = self._place(members, job.spec.annotations.get(GANG_UNIFORMITY))
+                for member, node in zip(members, placed or [], strict=False):
+                    member.executor, member.node = node.executor, node.name
+                    self._emit(member, "leased", cluster_id=node.executor)
+                    self._emit(member, "pending", cluster_id=node.executor)
+                    self._emit(member, "running", cluster_id=node.executor, node_name=node.name)
+                    started.append(member.job_id)
         return started
 
-    def _fitting_node(self, job: ServerJob) -> ServerNode | None:
+    def _place(self, members: list[ServerJob], uniform: str | None) -> list[ServerNode] | None:
+        """A node for each of ``members`` (one job, or a gang): all on the nodes of one
+        executor (and of one value of ``uniform``), first fit; None when they do not fit."""
+        groups: dict[tuple[str, str | None], list[ServerNode]] = {}
         for node in self.nodes:
-            used = sum(
+            value = node.labels.get(uniform) if uniform else None
+            if uniform and value is None:
+                continue
+            groups.setdefault((node.executor, value), []).append(node)
+        for nodes in groups.values():
+            taken: dict[str, int] = {}
+            placed = []
+            for member in members:
+                fit = self._fitting_node(member, nodes, taken)
+                if fit is None:
+                    break
+                taken[fit.name] = taken.get(fit.name, 0) + member.gpus
+                placed.append(fit)
+            else:
+                return placed
+        return None
+
+    def _fitting_node(
+        self, job: ServerJob, nodes: list[ServerNode], taken: dict[str, int]
+    ) -> ServerNode | None:
+        for node in nodes:
+            used = taken.get(node.name, 0) + sum(
                 other.gpus
                 for other in self.jobs.values()
                 if other.node == node.name and other.state in ACTIVE
