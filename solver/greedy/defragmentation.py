@@ -123,13 +123,16 @@ class Defragmentation:
         movable = self.movable
         relocatable = self.relocatable
         held_back = self.movable_held_back
+        per_replica = job.gpus_per_replica
         for group in state.group_order(self.lookahead.allowed_groups(job, groups)):
-            candidates: list[tuple[int, int, int, list[Job]]] = []
+            # (residents to move, -free GPUs, node, residents, GPUs the job gets there)
+            candidates: list[tuple[int, int, int, list[Job], int]] = []
             frozen_sizes: list[int] = []  # nodes only frozen residents keep from moving
             for node in ledger.compat.groups[group].node_indices:
-                if not state.ready[node] or nodes[node].gpus < job.gpus_per_replica:
+                if not state.ready[node] or nodes[node].gpus < per_replica:
                     continue
                 on_node = state.jobs_on_node[node]
+                free = state.free_gpus[node]
                 if on_node and all(
                     r in held_back or r in movable or r in relocatable for r in on_node
                 ):
@@ -137,24 +140,25 @@ class Defragmentation:
                         frozen_sizes.append(nodes[node].gpus)
                         continue
                 if on_node and all(self._may_leave(r) for r in on_node):
+                    usable = nodes[node].gpus - nodes[node].gpus % per_replica
                     candidates.append(
-                        (
-                            len(on_node),
-                            -state.free_gpus[node],
-                            node,
-                            [job_by_id[r] for r in on_node],
-                        )
+                        (len(on_node), -free, node, [job_by_id[r] for r in on_node], usable)
                     )
+                elif free >= per_replica:
+                    # GPUs free already (an empty node, or beside residents that stay):
+                    # the gang's other nodes, e.g. one free node and one held by a small
+                    # job that can move. Counted first, as they cost no move.
+                    candidates.append((0, -free, node, [], free - free % per_replica))
             candidates.sort(key=lambda c: (c[0], c[1], c[2]))
             chosen: list[tuple[int, list[Job]]] = []
             capacity = 0
             movers = 0  # migrations: replicas restart and use no budget
-            for _, _, node, residents in candidates:
+            for _, _, node, residents, usable in candidates:
                 count = sum(1 for r in residents if not r.is_elastic)
                 if len(chosen) >= limit or movers + count > budget:
                     continue
                 chosen.append((node, residents))
-                capacity += nodes[node].gpus - nodes[node].gpus % job.gpus_per_replica
+                capacity += usable
                 movers += count
                 if capacity >= need:
                     break
@@ -165,7 +169,7 @@ class Defragmentation:
             else:
                 # Would emptying nodes have made room, were the budget larger or no
                 # resident within its dwell time?
-                sizes = sorted([nodes[c[2]].gpus for c in candidates] + frozen_sizes)
+                sizes = sorted([c[4] for c in candidates] + frozen_sizes)
                 room = sum(sizes[-limit:])
                 if room >= need:
                     ledger.budget_blocked.add(job.id)

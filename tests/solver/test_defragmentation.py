@@ -76,3 +76,23 @@ def test_no_move_that_costs_more_than_the_start_it_makes_room_for() -> None:
     ]
     kinds = {a.kind for a in solve(instance([node("a"), node("b")], cheap)).actions}
     assert kinds == {ActionKind.migrate, ActionKind.start}
+
+
+def test_a_gang_uses_a_free_node_beside_the_one_a_small_job_is_moved_off() -> None:
+    # G needs two whole nodes: b is free, a holds the small checkpointable T, c is kept by
+    # K. T moves to d's free half, and G starts on a and b. Free nodes once did not count
+    # toward the room emptied nodes make, so only a gang whose every node held movable
+    # work was ever helped.
+    jobs = [
+        running("T", {"a": 2}, checkpointable=True, preemptible=False),
+        running("K", {"c": 8}, preemptible=False),
+        running("K2", {"d": 4}, preemptible=False),
+        job("G", 8, replicas=2, priority=30.0),
+    ]
+    inst = instance([node("a"), node("b"), node("c"), node("d")], jobs)
+    plan = solve(inst)
+    assert not validate(inst, plan)
+    assert plan.placement["G"] == {"a": 8, "b": 8}
+    assert plan.placement["T"] == {"d": 2}
+    (move,) = [a for a in plan.actions if a.job_id == "T"]
+    assert move.kind is ActionKind.migrate
