@@ -196,8 +196,20 @@ def _move_workload(
             args["nodes"] = [action.target_node]
             args["hold"] = True
         return here
+    if step.name == ConnectorStep.reserve and action.target_node:
+        # A running job's move: its GPUs on the one target node, whatever runs there now
+        # (nothing of the target's own plan frees them for it: counts on no job).
+        gpus = job.gpus_requested if job is not None else 0
+        args.update({"gpus": {action.target_node: max(gpus, 1)}, "counts_on": []})
     at_target = step.queue.startswith(agent_queue_prefix(target)) or (
-        step.queue == submit.queue and step.name in (ConnectorStep.release, ConnectorStep.confirm)
+        step.queue == submit.queue
+        and step.name
+        in (
+            ConnectorStep.release,
+            ConnectorStep.confirm,
+            ConnectorStep.reserve,
+            ConnectorStep.unreserve,
+        )
     )
     if at_target:
         arrived = submit.result.get("external_id")

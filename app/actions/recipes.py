@@ -53,6 +53,12 @@ there (the submit's answer), so its image, fence and record at T are B's job's. 
 and the release at S are sent until answered, and once the cancel has succeeded nothing is
 compensated (the job is B's). Before that, compensation is ``withdraw@connector.B →
 release@T`` (when a step reached T) ``→ restore@S`` (a no-op when it still runs there).
+Where B's scheduler can hold GPUs for a job (Slurm: ``schedulers.reserves``), T is held
+for the job before anything stops it at S: ``submit@connector.B (held, pinned to T) →
+reserve@connector.B (T's GPUs for B's job; refused when B's own work took them since the
+plan) → checkpoint@S → … → release@connector.B (into the reservation) → … →
+release@S → unreserve@connector.B``; compensation adds ``unreserve@connector.B`` after
+the withdraw, and a refused reservation undoes the move with the job untouched at S.
 
 The other kinds are the scheduler's alone: a job that cannot checkpoint is preempted with
 ``requeue → confirm``; ``start``, ``resume`` and ``requeue`` are the step itself then a
@@ -63,7 +69,7 @@ The other kinds are the scheduler's alone: a job that cannot checkpoint is preem
 from __future__ import annotations
 
 from app.actions.models import Action, ActionKind, ActionStep, StepState
-from app.actions.schedulers import moves_jobs, places_itself, takes_moves
+from app.actions.schedulers import moves_jobs, places_itself, reserves, takes_moves
 from app.clusters.models import Cluster
 from app.core.lookup import row_id
 from app.jobs.models import Job
@@ -224,18 +230,29 @@ def _move_steps(
     landing = _single(action.target_node, "target", action)
     at_source = agent_queue(cluster.name, node)
     at_target = agent_queue(target.name, landing)
-    for seq, (name, queue) in enumerate(
-        [
-            (AgentStep.checkpoint, at_source),
-            (ConnectorStep.submit, there),  # held, pinned to the target node
-            (AgentStep.transfer, at_target),
-            (AgentStep.stage, at_target),
-            (ConnectorStep.release, there),  # its scheduler starts it there, restored
-            (AgentStep.confirm, at_target),
-            (ConnectorStep.cancel, source),
-            (AgentStep.release, at_source),
+    names = [
+        (AgentStep.checkpoint, at_source),
+        (ConnectorStep.submit, there),  # held, pinned to the target node
+        (AgentStep.transfer, at_target),
+        (AgentStep.stage, at_target),
+        (ConnectorStep.release, there),  # its scheduler starts it there, restored
+        (AgentStep.confirm, at_target),
+        (ConnectorStep.cancel, source),
+        (AgentStep.release, at_source),
+    ]
+    if reserves(target.scheduler):
+        # The target's GPUs are held for the job before anything stops it at home: the
+        # held copy is submitted and its node reserved first (a reservation refused because
+        # the target's own queue took the GPUs since the plan ends the move with the job
+        # untouched), and the reservation is given back once the job is B's.
+        names = [
+            (ConnectorStep.submit, there),
+            (ConnectorStep.reserve, there),
+            *names[:1],
+            *names[2:],
+            (ConnectorStep.unreserve, there),
         ]
-    ):
+    for seq, (name, queue) in enumerate(names):
         plan.add(name, queue, fwd, seq)
     return plan.steps
 
@@ -249,7 +266,8 @@ def answered_or_given_up(action: Action, step: ActionStep) -> bool:
     if ActionKind(action.kind) is not ActionKind.move:
         return True
     source_release = step.name == AgentStep.release and is_agent_queue(step.queue)
-    return not (step.name == ConnectorStep.cancel or source_release)
+    last = (ConnectorStep.cancel, ConnectorStep.unreserve)
+    return not (step.name in last or source_release)
 
 
 def _move_compensation(plan: _Plan, steps: list[ActionStep], seq: int) -> list[ActionStep]:
@@ -261,6 +279,11 @@ def _move_compensation(plan: _Plan, steps: list[ActionStep], seq: int) -> list[A
     submit = next(s for s in forward if s.name == ConnectorStep.submit)
     if submit in sent:
         plan.add(ConnectorStep.withdraw, submit.queue, StepPhase.compensate, seq)
+        seq += 1
+    reserve = next((s for s in forward if s.name == ConnectorStep.reserve), None)
+    if reserve is not None and reserve in sent:
+        # Its answer may have been lost after the reservation was made.
+        plan.add(ConnectorStep.unreserve, reserve.queue, StepPhase.compensate, seq)
         seq += 1
     hold = next((s for s in forward if s.name == ConnectorStep.hold), None)
     if hold is not None:  # a pending job's move

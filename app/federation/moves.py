@@ -20,9 +20,12 @@ more clusters, after the members' own cycles; ``app.shaping.tasks``):
 3. Proposed moves of the group's clusters that this solve no longer makes are cancelled:
    approved later, they would move a job the group plan no longer wants moved.
 
-The target cluster's scheduler places the job once it arrives (or the target's next plan
-does): GPUs are not reserved there for it ahead of the move, so its own queue may take
-them first, and then the job waits there instead of at home.
+The target cluster's scheduler places a pending job once it arrives (or the target's next
+plan does): GPUs are not reserved there for it ahead of the move, so its own queue may take
+them first, and then the job waits there instead of at home. A running job's target node
+is reserved for it before it is checkpointed where the target's scheduler can hold GPUs
+(Slurm; ``app.actions.recipes``): if the target's queue took them since the plan, the move
+ends with the job still running at home.
 """
 
 from __future__ import annotations

@@ -527,8 +527,16 @@ class SlurmConnector:
         self._scontrol("hold", job_id, what=f"hold job {job_id}")
 
     def release(self, external_id: str) -> None:
+        """Let a held job run; in its reservation when Shaper holds nodes for it (a running
+        job's move reserves its target node between the held submit and this release:
+        Slurm starts a job on reserved nodes only when it names the reservation)."""
         job_id = self._job_id(external_id)
-        self._scontrol("release", job_id, what=f"release job {job_id}")
+        what = f"release job {job_id}"
+        name = reservation_name(self.config.reservation_prefix, job_id)
+        reservation = self._reservations().get(name)
+        if reservation is not None:
+            self._scontrol("update", f"JobId={job_id}", f"ReservationName={name}", what=what)
+        self._scontrol("release", job_id, what=what)
 
     def suspend(self, external_id: str) -> None:
         job_id = self._job_id(external_id)

@@ -135,9 +135,13 @@ def test_a_pending_jobs_move_undoes_what_may_have_happened(
     assert _message(action, job, release, [*steps, *undo])["args"]["if_held"] is True
 
 
+K8S = _cluster(2, "b", SchedulerKind.kubernetes)  # starts a job pinned; holds no GPUs
+
+
 def test_a_running_job_is_checkpointed_staged_at_the_target_and_released_there() -> None:
-    action, job = _move(source="node1", target="bnode2"), _job(JobState.running)
-    steps = forward_steps(action, job, A, 1, B)
+    # B runs Kubernetes: nothing reserves GPUs there, the job is checkpointed first.
+    action, job = _move(source="node1", target="bnode2"), _job(JobState.running, spec=PORTABLE)
+    steps = forward_steps(action, job, A, 1, K8S)
     assert _plan(steps) == [
         ("checkpoint", "agent.a.node1"),
         ("submit", "connector.b"),
@@ -175,42 +179,84 @@ def test_a_running_job_is_checkpointed_staged_at_the_target_and_released_there()
     assert [answered_or_given_up(action, s) for s in steps] == [True] * 6 + [False, False]
 
 
+def test_on_a_reserving_target_the_node_is_held_before_the_job_stops_at_home() -> None:
+    # B runs Slurm: the held copy is submitted and the target node reserved for it before
+    # the checkpoint, and the reservation is given back once A's copy is gone.
+    action = _move(source="node1", target="bnode2")
+    job = _job(JobState.running).model_copy(update={"gpus_requested": 2})
+    steps = forward_steps(action, job, A, 1, B)
+    assert _plan(steps) == [
+        ("submit", "connector.b"),
+        ("reserve", "connector.b"),
+        ("checkpoint", "agent.a.node1"),
+        ("transfer", "agent.b.bnode2"),
+        ("stage", "agent.b.bnode2"),
+        ("release", "connector.b"),
+        ("confirm", "agent.b.bnode2"),
+        ("cancel", "connector.a"),
+        ("release", "agent.a.node1"),
+        ("unreserve", "connector.b"),
+    ]
+    steps[0].result = {"external_id": "9"}
+    sent = {(s.name, s.queue): _message(action, job, s, steps) for s in steps}
+    assert sent["submit", "connector.b"]["workload_id"] == "41"
+    assert sent["submit", "connector.b"]["args"]["hold"] is True
+    reserve = sent["reserve", "connector.b"]
+    # B's job, its GPUs on the one target node, whatever B runs there now.
+    assert reserve["workload_id"] == "9"
+    assert reserve["args"]["gpus"] == {"bnode2": 2}
+    assert reserve["args"]["counts_on"] == []
+    assert reserve["args"]["ttl_s"] > 0
+    assert sent["unreserve", "connector.b"]["workload_id"] == "9"
+    assert sent["checkpoint", "agent.a.node1"]["workload_id"] == "41"
+    # The last steps (A's cancel, A's image, B's reservation) are sent until answered.
+    assert [answered_or_given_up(action, s) for s in steps] == [True] * 7 + [False] * 3
+
+
 @pytest.mark.parametrize(
     ("failed_at", "compensation"),
     [
-        (0, [("restore", "agent.a.node1")]),  # a no-op when it still runs there
-        (1, [("withdraw", "connector.b"), ("restore", "agent.a.node1")]),
+        # B's queue took the node since the plan: nothing stopped at home, nothing to bring back.
+        (1, [("withdraw", "connector.b"), ("unreserve", "connector.b")]),
         (
-            3,
+            2,
             [
                 ("withdraw", "connector.b"),
+                ("unreserve", "connector.b"),
+                ("restore", "agent.a.node1"),  # a no-op when it still runs there
+            ],
+        ),
+        (
+            6,
+            [
+                ("withdraw", "connector.b"),
+                ("unreserve", "connector.b"),
                 ("release", "agent.b.bnode2"),
                 ("restore", "agent.a.node1"),
             ],
         ),
-        (
-            5,
-            [
-                ("withdraw", "connector.b"),
-                ("release", "agent.b.bnode2"),
-                ("restore", "agent.a.node1"),
-            ],
-        ),
-        (7, []),  # cancelled at its source already: the job is B's, nothing is undone
+        (9, []),  # A's copy is cancelled: the job is B's; the upkeep ends the reservation
     ],
 )
-def test_a_running_jobs_move_brings_it_back_until_its_source_copy_is_cancelled(
+def test_a_reserving_targets_move_gives_the_reservation_back_when_undone(
     failed_at: int, compensation: list[tuple[str, str]]
 ) -> None:
     action, job = _move(source="node1", target="bnode2"), _job(JobState.running)
     steps = forward_steps(action, job, A, 1, B)
     _ran(steps, failed_at)
-    steps[1].result = {"external_id": "9"}
+    steps[0].result = {"external_id": "9"}
     undo = compensation_steps(action, steps, "a", 2)
     assert _plan(undo) == compensation
-    if ("release", "agent.b.bnode2") in compensation:
-        release = next(s for s in undo if s.queue == "agent.b.bnode2")
-        assert _message(action, job, release, [*steps, *undo])["workload_id"] == "9"
+    for step in undo:
+        if step.name != "withdraw" and step.queue in ("connector.b", "agent.b.bnode2"):
+            assert _message(action, job, step, [*steps, *undo])["workload_id"] == "9", step.name
+
+
+def test_a_submit_that_failed_leaves_nothing_reserved_to_give_back() -> None:
+    action, job = _move(source="node1", target="bnode2"), _job(JobState.running)
+    steps = forward_steps(action, job, A, 1, B)
+    _ran(steps, 0, "sbatch: error: invalid partition")
+    assert _plan(compensation_steps(action, steps, "a", 2)) == [("withdraw", "connector.b")]
 
 
 @pytest.mark.parametrize(

@@ -245,6 +245,7 @@ def slurm_b_cluster(slurm_cluster: SlurmCluster) -> Iterator[SecondSlurmCluster]
         second_slurm_cluster.stop(layout)
         shutil.rmtree(directory, ignore_errors=True)
         pytest.fail(f"the second Slurm test cluster did not start: {error}", pytrace=False)
+    cluster.jobs_dir.mkdir()  # where sbatch() writes a job's output (a missing one fails it)
     try:
         yield cluster
     finally:

@@ -22,6 +22,7 @@ cancelled and node1's image dropped.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from app.core.lookup import row_id
 from app.federation import service as federation_service
 from app.federation.models import FederationGroupCreate
 from app.jobs.models import Job
+from app.policies import service as policy_service
+from app.policies.models import SlaPolicyCreate, SlaPolicySpec, TeamPolicy
 from tests.connectors.conftest import SecondSlurmCluster, SlurmCluster
 from tests.support.counter import count_of, next_count, progress_of
 from tests.support.deployment import api
@@ -183,11 +186,11 @@ def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
 
 
 def _operator_move(deployment: dict[str, Any], job_id: str, source: str, target: str) -> int:
-    """A move of a running job, as an operator's plan would carry it (the group plan moves
-    only pending jobs)."""
+    """A move of a running job made by an operator, not by the group plan."""
     engine = deployment["pipeline"].engine
     with Session(engine) as session:
-        job = session.exec(select(Job).where(Job.external_id == job_id)).one()
+        job = _job_at_a(session, job_id)
+        assert job is not None
         target_cluster = session.exec(select(Cluster).where(Cluster.name == B)).one()
         now = datetime.now(UTC)
         action = Action(
@@ -243,7 +246,7 @@ def test_a_running_counter_moves_to_the_other_cluster_and_counts_on(
         context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
     )[action_id]
     state, steps = action_state(pipeline.engine, action_id)
-    arrived = steps[1].result.get("external_id")
+    arrived = steps[0].result.get("external_id")
     assert final == "succeeded", (
         state,
         [(s.name, s.state, s.error) for s in steps],
@@ -253,16 +256,21 @@ def test_a_running_counter_moves_to_the_other_cluster_and_counts_on(
         pipeline.logs(),
     )
     assert [(s.name, s.queue) for s in steps] == [
-        ("checkpoint", f"agent.{A}.node1"),
         ("submit", f"connector.{B}"),
+        ("reserve", f"connector.{B}"),
+        ("checkpoint", f"agent.{A}.node1"),
         ("transfer", f"agent.{B}.bnode2"),
         ("stage", f"agent.{B}.bnode2"),
         ("release", f"connector.{B}"),
         ("confirm", f"agent.{B}.bnode2"),
         ("cancel", f"connector.{A}"),
         ("release", f"agent.{A}.node1"),
+        ("unreserve", f"connector.{B}"),
     ]
-    assert steps[0].result["image"]["size_bytes"] >= 100 << 20
+    assert steps[2].result["image"]["size_bytes"] >= 100 << 20
+    # bnode2 was held for B's copy before the counter stopped at A, and given back after.
+    assert steps[1].result["gpus"] == {"bnode2": 2}
+    assert f"shaper-{arrived}" not in slurm_b.reservations()
 
     assert arrived != job_id
     # B runs it on bnode2; A's job has ended; the counter went on from its count: the same
@@ -282,7 +290,168 @@ def test_a_running_counter_moves_to_the_other_cluster_and_counts_on(
     slurm_b.run("scancel", arrived)
 
 
+def test_the_group_plan_moves_a_running_counter_away_so_that_a_gang_starts_at_home(
+    slurm: SlurmCluster, slurm_b: SecondSlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """The group plan's own proposal, carried out: A's 2-node gang waits behind the counter
+    on node1 (node3 is taken by a job that cannot checkpoint), B has one node free and
+    cannot take the gang. The plan moves the running counter to bnode2; the counter counts
+    on there, and Slurm starts the gang on node1 and node2."""
+    root: Path = deployment["root"]
+    job_id, count_file = slurm.submit_counter(root, "make-room", "--nodelist=node1")
+    # Above the others' priority and unable to checkpoint: nothing preempts or moves them.
+    keep = "--comment=shaper:kind=training,priority=95"
+    filler = slurm.sbatch("--gres=gpu:h100:2", "--nodelist=node3", keep)
+    b_filler = slurm_b.sbatch("--gres=gpu:h100:2", "--nodelist=bnode1", keep)
+    for cluster, running in ((slurm, job_id), (slurm, filler), (slurm_b, b_filler)):
+        cluster.wait_state(running, "RUNNING")
+    gang = slurm.sbatch(
+        "--nodes=2",
+        "--gres=gpu:h100:2",
+        "--job-name=gang",
+        "--comment=shaper:kind=training,priority=90",
+    )
+    assert procs.wait_until(lambda: count_of(count_file) >= 5, timeout=WAIT_S), procs.read_tail(
+        slurm.jobs_dir / f"{job_id}.out"
+    )
+    first = progress_of(count_file)
+    # B's job ids above the counter's at A (see the test above).
+    while int(slurm_b.sbatch("--hold", command="true")) <= int(job_id):
+        pass
+    _wait_for(
+        "the control plane seeing the counter run, the gang wait and B's filler run",
+        lambda: (
+            (jobs := _jobs(deployment, A)).get(job_id, {}).get("state") == "running"
+            and jobs.get(gang, {}).get("state") == "pending"
+            and _jobs(deployment, B).get(b_filler, {}).get("state") == "running"
+            and _stored_spec(deployment, job_id)
+        ),
+        deployment,
+    )
+
+    # The site's SLA: the team's running jobs are not preempted (so A alone cannot start
+    # the gang), though a checkpointable one may be moved.
+    with _sla(deployment, TeamPolicy(team="root", preemptible=False)):
+        planned = api(deployment, "POST", "/federation-groups/site/plan", "operator")
+    assert len(planned["proposed"]) == 1, planned
+    (action_id,) = planned["proposed"]
+    action = api(deployment, "GET", f"/actions/{action_id}", "viewer")
+    assert (action["kind"], action["cluster"], action["target_cluster"]) == ("move", A, B)
+    assert action["job_external_id"] == job_id, (action, planned)
+    assert (action["source_node"], action["target_node"]) == ("node1", "bnode2")
+
+    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    pipeline: Pipeline = deployment["pipeline"]
+    final = wait_until_settled(
+        pipeline.engine,
+        [action_id],
+        timeout_s=3 * WAIT_S,
+        context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
+    )[action_id]
+    state, steps = action_state(pipeline.engine, action_id)
+    assert final == "succeeded", (state, [(s.name, s.state, s.error) for s in steps])
+    arrived = steps[0].result["external_id"]
+    row = slurm_b.wait_state(arrived, "RUNNING")
+    assert row["nodelist"] == "bnode2"
+    # The gang takes the room the move made; the counter went on from its count at B.
+    gang_row = slurm.wait_state(gang, "RUNNING")
+    assert gang_row["nodelist"] == "node[1-2]"
+    at_b = count_of(count_file)
+    assert at_b > first["count"]
+    assert progress_of(count_file)["started_at"] == first["started_at"]
+    assert next_count(count_file, at_b) > at_b
+    for cluster, job in ((slurm, gang), (slurm, filler), (slurm_b, arrived), (slurm_b, b_filler)):
+        cluster.run("scancel", job)
+
+
+def test_a_running_move_whose_target_node_was_taken_meanwhile_leaves_the_job_untouched(
+    slurm: SlurmCluster, slurm_b: SecondSlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """B's own queue took bnode2 after the move was decided: the reservation is refused
+    before anything stops the counter at A, B's held copy is withdrawn, and the counter
+    counts on at A, never checkpointed."""
+    root: Path = deployment["root"]
+    job_id, count_file = slurm.submit_counter(root, "stay-home", "--nodelist=node1")
+    slurm.wait_state(job_id, "RUNNING")
+    assert procs.wait_until(lambda: count_of(count_file) >= 5, timeout=WAIT_S), procs.read_tail(
+        slurm.jobs_dir / f"{job_id}.out"
+    )
+    first = progress_of(count_file)
+    _wait_for(
+        "the control plane seeing the counter run on node1 with its submit spec",
+        lambda: (
+            (job := _jobs(deployment, A).get(job_id)) is not None
+            and job["state"] == "running"
+            and _stored_spec(deployment, job_id)
+        ),
+        deployment,
+    )
+    squatter = slurm_b.sbatch("--nodelist=bnode2", "--gres=gpu:h100:2", command="sleep 600")
+    slurm_b.wait_state(squatter, "RUNNING")
+
+    action_id = _operator_move(deployment, job_id, "node1", "bnode2")
+    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    pipeline: Pipeline = deployment["pipeline"]
+    final = wait_until_settled(
+        pipeline.engine,
+        [action_id],
+        timeout_s=2 * WAIT_S,
+        context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
+    )[action_id]
+    state, steps = action_state(pipeline.engine, action_id)
+    assert final == "compensated", (state, [(s.name, s.state, s.error) for s in steps])
+    by_step = {(str(s.phase), str(s.name)): s for s in steps}
+    reserve = by_step["forward", "reserve"]
+    assert reserve.state == "failed" and f"held by {squatter} (2)" in (reserve.error or "")
+    assert by_step["forward", "checkpoint"].state == "skipped"
+    assert [(s.name, s.state) for s in steps if s.phase == "compensate"] == [
+        ("withdraw", "succeeded"),
+        ("unreserve", "succeeded"),
+    ]
+    held = by_step["forward", "submit"].result["external_id"]
+    assert slurm_b.wait_for(
+        "B's held copy withdrawn",
+        lambda: slurm_b.job(held)["state"] in ("CANCELLED", "COMPLETED"),
+    )
+    assert not [r for r in slurm_b.reservations() if r.startswith("shaper-")]
+    # The counter never stopped: the same process counts on at A, and left no image.
+    assert slurm.job(job_id)["state"] == "RUNNING"
+    now = count_of(count_file)
+    assert next_count(count_file, now) > now
+    assert progress_of(count_file)["started_at"] == first["started_at"]
+    assert not (pipeline.state_dir("node1") / "images" / job_id).exists()
+    slurm.run("scancel", job_id)
+    slurm_b.run("scancel", squatter)
+
+
+def _job_at_a(session: Session, job_id: str) -> Job | None:
+    # Both clusters number their jobs from 1: B may have a job of the same id.
+    return session.exec(
+        select(Job).join(Cluster).where(Job.external_id == job_id, Cluster.name == A)
+    ).one_or_none()
+
+
+@contextmanager
+def _sla(deployment: dict[str, Any], *teams: TeamPolicy) -> Iterator[None]:
+    engine = deployment["pipeline"].engine
+    spec = SlaPolicySpec(teams=list(teams))
+    with Session(engine) as session:
+        policy_service.create_policy(
+            session=session,
+            policy_in=SlaPolicyCreate(name="e2e-keep-running", spec=spec),
+            by="test",
+            now=datetime.now(UTC),
+        )
+    try:
+        yield
+    finally:
+        with Session(engine) as session:
+            policy_service.delete_policy(
+                session=session, name="e2e-keep-running", by="test", now=datetime.now(UTC)
+            )
+
+
 def _stored_spec(deployment: dict[str, Any], job_id: str) -> bool:
     with Session(deployment["pipeline"].engine) as session:
-        job = session.exec(select(Job).where(Job.external_id == job_id)).first()
+        job = _job_at_a(session, job_id)
         return job is not None and job.submit_spec is not None
