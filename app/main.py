@@ -74,7 +74,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.principal_cache = PrincipalCache(ttl_s=settings.auth_cache_s)
     # What-if runs whose process a restart took along would otherwise say running for ever.
     fail_interrupted(directory=settings.resolved_sim_results_dir, now=datetime.now(UTC))
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    # A trace upload streams to disk under its own limit (SHAPER_SIM_UPLOAD_MAX_MB).
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        uploads=[("POST", "/api/v1/simulations")],
+    )
     app.add_middleware(UnhandledErrorMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
     # Server-sent events (text/event-stream) and already compressed types pass through

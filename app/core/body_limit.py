@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -12,17 +13,28 @@ from app.core.errors import error_body
 class BodyLimitMiddleware:
     """Answers 413 for a body over ``max_bytes``, whether declared by Content-Length or
     streamed. The body is buffered (at most ``max_bytes``) so the application never sees a
-    truncated one."""
+    truncated one.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    ``uploads`` are the (method, path) pairs whose multipart bodies pass through unbuffered:
+    their route streams the file to disk and counts it against its own limit."""
+
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, uploads: Collection[tuple[str, str]] = ()
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.uploads = frozenset(uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        if (scope["method"], scope["path"]) in self.uploads and headers.get(
+            b"content-type", b""
+        ).startswith(b"multipart/form-data"):
+            await self.app(scope, receive, send)
+            return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(send)

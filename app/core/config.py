@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     # Where the dashboard reads `shaper sim` results; unset: <data_dir>/sim-results, where
     # `shaper sim compare|table|replay` write by default.
     sim_results_dir: Path | None = None
+    # The largest trace file POST /simulations takes (413 beyond it), counted as it arrives.
+    sim_upload_max_mb: float = Field(default=64.0, gt=0)
     log_level: str = "INFO"
     # "json": one JSON object per line (ts, level, logger, message, and the request, plan,
     # action and cluster ids when a line has them), for log shippers; "text" for people.

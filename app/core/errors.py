@@ -103,6 +103,11 @@ class Unauthorized(ShaperError):
         return {"WWW-Authenticate": "Bearer"}
 
 
+class PayloadTooLarge(ShaperError):
+    status_code = 413
+    code = "payload_too_large"
+
+
 class Forbidden(ShaperError):
     status_code = 403
     code = "forbidden"

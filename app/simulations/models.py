@@ -41,9 +41,46 @@ class WhatIfCreate(BaseModel):
     )
 
 
+# The trace kinds an upload may name (``sim.traces.KINDS`` but Alibaba's pod lists, which
+# replay on a node list, a second file an upload does not carry). A test keeps them in step.
+TraceKind = Literal["auto", "philly", "pollux", "native", "gavel"]
+TRACE_KINDS: tuple[TraceKind, ...] = ("auto", "philly", "pollux", "native", "gavel")
+
+
+class TraceReplay(BaseModel):
+    """How an uploaded trace is replayed: ``shaper sim replay``'s options of those names."""
+
+    kind: TraceKind = Field(default="auto", description="auto: told from the file")
+    gpus: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="unset: the trace's source's setup"
+    )
+    gpus_per_node: int | None = Field(
+        default=None, ge=1, le=1024, description="unset: as the trace's source published"
+    )
+    window_start_h: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False, description="hours from the first submission"
+    )
+    window_end_h: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="unset: to the trace's end"
+    )
+
+
+class WhatIfUpload(TraceReplay):
+    """POST /simulations as multipart/form-data: these fields beside the ``trace`` file."""
+
+    policies: list[str] = Field(
+        min_length=1, max_length=8, description="fifo, backfill, priority and/or shaper"
+    )
+    seed: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="unset: 0, as `shaper sim replay`"
+    )
+
+
 class WhatIfOptions(BaseModel):
     scenarios: list[str]
     policies: list[str]
+    trace_kinds: list[str] = Field(description="what an uploaded trace's `kind` may be")
+    upload_max_mb: float = Field(description="the largest trace an upload may send")
 
 
 class WhatIfRun(BaseModel):
@@ -57,6 +94,10 @@ class WhatIfRun(BaseModel):
     # Of the whole run: finished policies plus the simulated-time share of the current one.
     progress: float = 0.0
     error: str | None = None
+    trace: str | None = Field(
+        default=None, description="an uploaded trace's file name as sent (shown only)"
+    )
+    replay: TraceReplay | None = None
     result: str | None = Field(
         default=None, description="when done: the name under GET /simulations/{name}"
     )
@@ -71,3 +112,5 @@ class WhatIfRecord(WhatIfRun):
 
     pid: int | None = None
     host: str
+    # An uploaded trace: its file in ``runs.UPLOADS_DIR``, named by the server.
+    upload: str | None = None

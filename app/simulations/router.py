@@ -1,16 +1,25 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, status
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from app.api.deps import ClockDep, SettingsDep, scoped
-from app.core.errors import Invalid
-from app.simulations import runs, service
+from app.core.errors import Invalid, PayloadTooLarge
+from app.simulations import runs, service, uploads
 from app.simulations.models import (
+    TRACE_KINDS,
     SimulationResult,
     SimulationSummary,
     WhatIfCreate,
     WhatIfOptions,
     WhatIfRun,
+    WhatIfUpload,
 )
 from solver.policies import POLICY_NAMES
 
@@ -24,38 +33,168 @@ def list_simulations(settings: SettingsDep) -> list[SimulationSummary]:
     return service.list_results(directory=settings.resolved_sim_results_dir)
 
 
-def _no_upload(request: Request) -> None:
-    # Checked before the body is read as JSON, so that an upload gets this answer rather
-    # than a JSON parse error.
-    if request.headers.get("content-type", "").startswith("multipart/"):
-        raise Invalid(
-            "uploading a trace is not supported yet: replay it with `shaper sim replay "
-            "TRACE` on a machine that writes into SHAPER_SIM_RESULTS_DIR and it is listed here",
-            field="trace",
-        )
+def _form_schema() -> dict[str, Any]:
+    """WhatIfUpload as form fields (a value each, no nulls) beside the ``trace`` file."""
+    model = WhatIfUpload.model_json_schema()
+    properties: dict[str, Any] = {
+        uploads.TRACE_FIELD: {
+            "type": "string",
+            "format": "binary",
+            "description": "the trace: Philly, Pollux, Gavel or Shaper's CSV/JSON, as "
+            "`shaper sim replay` reads it (format told from the file unless `kind` says)",
+        }
+    }
+    for name, spec in model["properties"].items():
+        spec = dict(spec)
+        plain = [s for s in spec.pop("anyOf", []) if s.get("type") != "null"]
+        spec.update(plain[0] if plain else {})
+        spec.pop("default", None)
+        properties[name] = spec
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": [uploads.TRACE_FIELD, *model["required"]],
+    }
 
 
 _operator = scoped("operator")
+_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": WhatIfCreate.model_json_schema()},
+        "multipart/form-data": {"schema": _form_schema()},
+    },
+}
 
 
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
-    dependencies=[*_operator["dependencies"], Depends(_no_upload)],
-    openapi_extra=_operator["openapi_extra"],
+    dependencies=_operator["dependencies"],
+    openapi_extra={**_operator["openapi_extra"], "requestBody": _BODY},
 )
-def start_simulation(settings: SettingsDep, clock: ClockDep, run_in: WhatIfCreate) -> WhatIfRun:
-    """Simulate a built-in scenario under some policies in the background, as `shaper sim
-    compare` does; poll GET /simulations/runs/{id}. When done, its result is listed here."""
-    return runs.start_run(
-        directory=settings.resolved_sim_results_dir, run_in=run_in, now=clock.now()
+async def start_simulation(request: Request, settings: SettingsDep, clock: ClockDep) -> WhatIfRun:
+    """Simulate in the background; poll GET /simulations/runs/{id}. When done, its result
+    is listed here.
+
+    As JSON: a built-in scenario under some policies, as `shaper sim compare` does. As
+    multipart/form-data: an uploaded `trace` replayed under some policies, as `shaper sim
+    replay` does, with its options of the same names; a trace over SHAPER_SIM_UPLOAD_MAX_MB
+    is refused (413), one its loader cannot read is refused with the loader's reason (422,
+    field `trace`)."""
+    directory = settings.resolved_sim_results_dir
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return await _start_replay(request, settings.sim_upload_max_mb, directory, clock)
+    run_in = await _json_body(request)
+    return await run_in_threadpool(
+        runs.start_run, directory=directory, run_in=run_in, now=clock.now()
     )
 
 
+async def _json_body(request: Request) -> WhatIfCreate:
+    """The body read as FastAPI reads a model parameter's, with the same errors: this
+    route reads its own, as an upload must not be read into memory whole."""
+    raw = await request.body()
+    if not raw:
+        missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
+        raise RequestValidationError([missing])
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body: Any = raw
+    if content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json")
+    ):
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            error = {
+                "type": "json_invalid",
+                "loc": ("body", exc.pos),
+                "msg": "JSON decode error",
+                "input": {},
+                "ctx": {"error": exc.msg},
+            }
+            raise RequestValidationError([error], body=exc.doc) from exc
+    try:
+        return WhatIfCreate.model_validate(body, from_attributes=True)
+    except ValidationError as exc:
+        raise _invalid_body(exc) from exc
+
+
+def _invalid_body(exc: ValidationError) -> RequestValidationError:
+    """A model's errors as the body's, as FastAPI reports them."""
+    return RequestValidationError(
+        [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+    )
+
+
+async def _start_replay(
+    request: Request, max_mb: float, directory: Path, clock: ClockDep
+) -> WhatIfRun:
+    limit = int(max_mb * 2**20)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit + uploads.FORM_OVERHEAD_BYTES:
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes: the trace may have {limit} "
+            "(SHAPER_SIM_UPLOAD_MAX_MB)",
+            field=uploads.TRACE_FIELD,
+        )
+    await run_in_threadpool(runs.refuse_when_full, directory=directory, now=clock.now())
+    form = await uploads.receive(
+        request.stream(),
+        content_type=request.headers["content-type"],
+        folder=runs.uploads_dir(directory),
+        max_bytes=limit,
+    )
+    try:
+        if form.trace is None:
+            raise Invalid("a trace file is required", field=uploads.TRACE_FIELD)
+        replay_in = _form_fields(form.fields)
+    except BaseException:
+        if form.trace is not None:
+            form.trace.unlink(missing_ok=True)
+        raise
+    return await run_in_threadpool(
+        runs.start_replay,
+        directory=directory,
+        trace=form.trace,
+        trace_name=uploads.shown_name(form.filename),
+        sent_as=uploads.sent_name(form.filename),
+        replay_in=replay_in,
+        now=clock.now(),
+    )
+
+
+def _form_fields(fields: dict[str, list[str]]) -> WhatIfUpload:
+    """The form's fields as WhatIfUpload: ``policies`` repeated or comma-separated (as
+    ``--policies``), every other one once; an empty value (a blank input) is unset."""
+    known = set(WhatIfUpload.model_fields)
+    values: dict[str, Any] = {}
+    for name, given in fields.items():
+        if name not in known:
+            raise Invalid(f"unknown field; one of {', '.join(sorted(known))}", field=name)
+        if name == "policies":
+            values[name] = [p.strip() for v in given for p in v.split(",") if p.strip()]
+            continue
+        if len(given) > 1:
+            raise Invalid("given more than once", field=name)
+        if given[0].strip():
+            values[name] = given[0].strip()
+    try:
+        return WhatIfUpload.model_validate(values)
+    except ValidationError as exc:
+        raise _invalid_body(exc) from exc
+
+
 @router.get("/options", **scoped("viewer"))
-def simulation_options() -> WhatIfOptions:
-    """What POST /simulations accepts: the built-in scenarios and the policies."""
-    return WhatIfOptions(scenarios=runs.known_scenarios(), policies=list(POLICY_NAMES))
+def simulation_options(settings: SettingsDep) -> WhatIfOptions:
+    """What POST /simulations accepts: the built-in scenarios, the policies, the kinds of
+    trace an upload may name and its size limit."""
+    return WhatIfOptions(
+        scenarios=runs.known_scenarios(),
+        policies=list(POLICY_NAMES),
+        trace_kinds=list(TRACE_KINDS),
+        upload_max_mb=settings.sim_upload_max_mb,
+    )
 
 
 @router.get("/runs", **scoped("viewer"))

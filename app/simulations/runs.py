@@ -16,13 +16,20 @@ shared between hosts, or kept across a redeploy that changed the hostname) the s
 life is its file's modification time, which the run's process touches every
 ``HEARTBEAT_EVERY`` while queued and running; one untouched for ``HEARTBEAT_STALE`` is
 marked failed, or it would hold its place among ``MAX_ACTIVE`` for ever.
+
+A run may replay an uploaded trace (``start_replay``) rather than a built-in scenario: the
+file (``UPLOADS_DIR``, named by the server) is read once by its loader before the run is
+queued, and is removed when the run ends, however it ends: by its process, or here when
+the run is marked failed.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -35,8 +42,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import Invalid, NotFound, TooManyRequests
-from app.simulations.models import WhatIfCreate, WhatIfRecord, WhatIfRun
+from app.core.errors import Internal, Invalid, NotFound, TooManyRequests
+from app.simulations.models import (
+    TraceReplay,
+    WhatIfCreate,
+    WhatIfRecord,
+    WhatIfRun,
+    WhatIfUpload,
+)
 from solver.policies import POLICY_NAMES
 
 log = logging.getLogger(__name__)
@@ -59,6 +72,15 @@ HEARTBEAT_STALE = timedelta(minutes=5)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # Finished runs' files kept (their results stay: they are the results directory's).
 KEEP_FINISHED = 100
+# Uploaded traces (``app.simulations.uploads``), each kept until its run ends: beside
+# RUNS_DIR, whose every ``*.json`` is a run.
+UPLOADS_DIR = ".uploads"
+# How long reading an uploaded trace before it is queued may take (a full load, as the
+# run will do: a trace the loader refuses is refused to the caller, not left to fail).
+CHECK_TIMEOUT_S = 120
+# An upload no active run holds, untouched this long, was left by a process that died
+# between receiving it and queueing its run; removed on an app start.
+UPLOAD_STALE = timedelta(hours=1)
 
 
 def known_scenarios() -> list[str]:
@@ -70,6 +92,21 @@ def known_scenarios() -> list[str]:
 
 def _runs_dir(directory: Path) -> Path:
     return directory / RUNS_DIR
+
+
+def uploads_dir(directory: Path) -> Path:
+    return directory / UPLOADS_DIR
+
+
+def upload_path(directory: Path, record: WhatIfRecord) -> Path | None:
+    return None if record.upload is None else uploads_dir(directory) / record.upload
+
+
+def remove_upload(directory: Path, record: WhatIfRecord) -> None:
+    """The run's uploaded trace, once it has ended: replayed, or never to be."""
+    path = upload_path(directory, record)
+    if path is not None:
+        path.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -108,7 +145,7 @@ def _write(directory: Path, record: WhatIfRecord) -> None:
 
 
 def _public(record: WhatIfRecord) -> WhatIfRun:
-    return WhatIfRun.model_validate(record.model_dump(exclude={"pid", "host"}))
+    return WhatIfRun.model_validate(record.model_dump(exclude={"pid", "host", "upload"}))
 
 
 def beat(*, directory: Path, run_id: str) -> None:
@@ -156,6 +193,7 @@ def _settle(directory: Path, record: WhatIfRecord, now: datetime) -> WhatIfRecor
         }
     )
     _write(directory, record)
+    remove_upload(directory, record)
     return record
 
 
@@ -172,7 +210,7 @@ def _records(directory: Path, now: datetime) -> list[WhatIfRecord]:
 def fail_interrupted(*, directory: Path, now: datetime) -> list[str]:
     """Mark failed every run whose process is gone; the ids marked. Run on each app start,
     which a stray or unreadable file must not stop: it is skipped, and said once here."""
-    if not _runs_dir(directory).is_dir():
+    if not (_runs_dir(directory).is_dir() or uploads_dir(directory).is_dir()):
         return []
     marked = []
     with _locked(directory):
@@ -183,7 +221,27 @@ def fail_interrupted(*, directory: Path, now: datetime) -> list[str]:
                     marked.append(record.id)
             except (OSError, ValueError) as exc:
                 log.warning("what-if run file %s skipped: not readable as a run (%s)", path, exc)
+        _remove_stale_uploads(directory, now)
     return marked
+
+
+def _remove_stale_uploads(directory: Path, now: datetime) -> None:
+    """Uploads no active run holds, left by an API process that died with them."""
+    held = set()
+    for path in _runs_dir(directory).glob("*.json"):
+        try:
+            record = _read(path)
+        except (OSError, ValueError):
+            continue
+        if record.state in ACTIVE and record.upload is not None:
+            held.add(record.upload)
+    for path in uploads_dir(directory).glob("*"):
+        try:
+            touched = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+            if path.name not in held and now - touched > UPLOAD_STALE:
+                path.unlink()
+        except OSError:
+            continue  # gone meanwhile
 
 
 def _check(run_in: WhatIfCreate) -> None:
@@ -193,14 +251,36 @@ def _check(run_in: WhatIfCreate) -> None:
             f"unknown scenario {run_in.scenario!r}; one of {', '.join(scenarios)}",
             field="scenario",
         )
-    for policy in run_in.policies:
+    _check_policies(run_in.policies)
+
+
+def _check_policies(policies: list[str]) -> None:
+    for policy in policies:
         if policy not in POLICY_NAMES:
             raise Invalid(
                 f"unknown policy {policy!r}; one of {', '.join(POLICY_NAMES)}",
                 field="policies",
             )
-    if len(set(run_in.policies)) != len(run_in.policies):
+    if len(set(policies)) != len(policies):
         raise Invalid("a policy is listed twice", field="policies")
+
+
+def _refuse_when_full(records: list[WhatIfRecord]) -> None:
+    active = [r for r in records if r.state in ACTIVE]
+    if len(active) >= MAX_ACTIVE:
+        raise TooManyRequests(
+            f"{len(active)} what-if runs are queued or running, the most at once; "
+            "start this one when one of them has finished",
+            retry_after_s=30,
+        )
+
+
+def refuse_when_full(*, directory: Path, now: datetime) -> None:
+    """429 before an upload is read, while MAX_ACTIVE runs are active (``start_replay``
+    asks again when it queues the run)."""
+    if _runs_dir(directory).is_dir():
+        with _locked(directory):
+            _refuse_when_full(_records(directory, now))
 
 
 def _prune(directory: Path, records: list[WhatIfRecord]) -> None:
@@ -232,30 +312,114 @@ def _spawn(directory: Path, run_id: str) -> subprocess.Popen[bytes]:
 def start_run(*, directory: Path, run_in: WhatIfCreate, now: datetime) -> WhatIfRun:
     """Queue a run and start its process; refused while MAX_ACTIVE runs are active."""
     _check(run_in)
-    run_id = uuid.uuid4().hex[:12]
-    with _locked(directory):
-        records = _records(directory, now)
-        active = [r for r in records if r.state in ACTIVE]
-        if len(active) >= MAX_ACTIVE:
-            raise TooManyRequests(
-                f"{len(active)} what-if runs are queued or running, the most at once; "
-                "start this one when one of them has finished",
-                retry_after_s=30,
-            )
-        record = WhatIfRecord(
-            id=run_id,
+    return _queue(
+        directory,
+        WhatIfRecord(
+            id=uuid.uuid4().hex[:12],
             scenario=run_in.scenario,
             policies=run_in.policies,
             seed=run_in.seed,
             state="queued",
             created_at=now,
             host=socket.gethostname(),
+        ),
+        now,
+    )
+
+
+def start_replay(
+    *,
+    directory: Path,
+    trace: Path,
+    trace_name: str,
+    sent_as: str,
+    replay_in: WhatIfUpload,
+    now: datetime,
+) -> WhatIfRun:
+    """Queue the replay of an uploaded ``trace`` (in ``uploads_dir``), as ``shaper sim
+    replay`` does it, once its loader has read it; the run owns the file from then on and
+    removes it when it ends. Refused, the file is removed here."""
+    try:
+        _check_policies(replay_in.policies)
+        end = replay_in.window_end_h
+        if end is not None and end <= replay_in.window_start_h:
+            raise Invalid("must be after window_start_h", field="window_end_h")
+        replay = TraceReplay.model_validate(
+            replay_in.model_dump(include=set(TraceReplay.model_fields))
         )
+        kind = check_trace(trace, replay=replay, seed=replay_in.seed or 0, shown=sent_as)
+        return _queue(
+            directory,
+            WhatIfRecord(
+                id=uuid.uuid4().hex[:12],
+                scenario=f"{kind}:{trace_name}",
+                policies=replay_in.policies,
+                seed=replay_in.seed,
+                state="queued",
+                created_at=now,
+                host=socket.gethostname(),
+                trace=trace_name,
+                replay=replay,
+                upload=trace.name,
+            ),
+            now,
+        )
+    except BaseException:
+        trace.unlink(missing_ok=True)
+        raise
+
+
+def _queue(directory: Path, record: WhatIfRecord, now: datetime) -> WhatIfRun:
+    with _locked(directory):
+        records = _records(directory, now)
+        _refuse_when_full(records)
         _prune(directory, records)
         _write(directory, record)
-        record.pid = _spawn(directory, run_id).pid
+        record.pid = _spawn(directory, record.id).pid
         _write(directory, record)
     return _public(record)
+
+
+# The input a loader's refusal (``sim.traces.TraceInput``) is about → the form's field.
+TRACE_FIELDS = {"trace": "trace", "nodes": "trace", "kind": "trace", "cluster": "gpus"}
+
+
+def check_trace(trace: Path, *, replay: TraceReplay, seed: int, shown: str) -> str:
+    """The kind of trace the replay's loader reads ``trace`` as, having read it all, in a
+    process of its own (the service does not import the simulator); a refusal is a 422
+    with the loader's message, naming the field to fix."""
+    options = json.dumps({**replay.model_dump(), "seed": seed})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "app.simulations.runner", "--check", str(trace), options],
+            cwd=PACKAGE_ROOT,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=CHECK_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise Invalid(
+            f"reading the trace took over {CHECK_TIMEOUT_S} s; cut it (a window, fewer "
+            "jobs) or replay it with `shaper sim replay`",
+            field="trace",
+        ) from exc
+    try:
+        answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (IndexError, ValueError) as exc:
+        log.error("trace check failed (exit %s): %s", done.returncode, done.stderr.decode())
+        raise Internal("the trace could not be checked") from exc
+    if "error" in answer:
+        # The loader names the server's copy; the caller knows the file by its own name.
+        message = str(answer["error"]).replace(str(trace), shown)
+        about = str(answer.get("about", "trace"))
+        field = (
+            "kind"
+            if about == "kind" and replay.kind != "auto"
+            else TRACE_FIELDS.get(about, "trace")
+        )
+        raise Invalid(message, field=field)
+    return str(answer["kind"])
 
 
 def get_run(*, directory: Path, run_id: str, now: datetime) -> WhatIfRun:
@@ -285,5 +449,6 @@ def update_run(*, directory: Path, run_id: str, **changes: Any) -> WhatIfRecord:
 
 
 def result_name(record: WhatIfRun) -> str:
-    """A file per run, so that a run never replaces an earlier result of its scenario."""
-    return f"{record.scenario}-{record.id}"
+    """A file per run, so that a run never replaces an earlier result of its scenario; in
+    the characters a result's name may have (a replay's scenario is ``kind:name``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{record.scenario}-{record.id}")

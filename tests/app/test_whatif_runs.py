@@ -12,18 +12,26 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+from app.api.deps import get_clock
 from app.core.clock import FrozenClock
 from app.core.config import Settings
+from app.core.db import get_session
 from app.main import create_app
 from app.simulations import runner, runs
-from app.simulations.models import WhatIfCreate, WhatIfRecord
+from app.simulations.models import TRACE_KINDS, WhatIfCreate, WhatIfRecord
+from sim.metrics import RunResult
 from sim.run import compare
 from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
+from sim.traces import KINDS, TraceOptions, open_trace
+
+# A small trace to upload (tests/app/data/README.md).
+TRACE = Path(__file__).parent / "data" / "pollux-workload-1.csv"
 
 
 @pytest.fixture
@@ -125,9 +133,16 @@ def test_a_run_writes_the_result_compare_gives_and_reports_progress(
     assert [path.exists() for path in old[-3:]] == [True, False, False]
     listed = client.get("/api/v1/simulations", headers=auth["viewer"]).json()
     assert [(r["name"], r["scenario"], r["seed"]) for r in listed] == [(run["result"], "mixed", 5)]
-    body = client.get(f"/api/v1/simulations/{run['result']}", headers=auth["viewer"]).json()
     expected = compare(load_scenario("mixed", seed=5), ["fifo", "priority"])
-    assert body["policies"] == ["fifo", "priority"]
+    _assert_result(client, auth["viewer"], run["result"], expected)
+
+
+def _assert_result(
+    client: TestClient, headers: dict[str, str], name: str, expected: dict[str, RunResult]
+) -> None:
+    """The result GET /simulations/{name} serves has ``expected``'s policies and metrics."""
+    body = client.get(f"/api/v1/simulations/{name}", headers=headers).json()
+    assert body["policies"] == list(expected)
     for policy, result in expected.items():
         got = body["runs"][policy]["metrics"]
         assert len(got) > 10
@@ -154,14 +169,6 @@ def test_bad_requests_name_their_field_and_list_what_is_known(
     assert post({"scenario": "mixed", "policies": ["fifo"], "seed": -1})["field"] == "seed"
     assert post({"policies": ["fifo"]})["field"] == "scenario"
 
-    upload = client.post(
-        "/api/v1/simulations",
-        files={"trace": ("philly.csv", b"job,gpus\n", "text/csv")},
-        headers=auth["operator"],
-    )
-    assert upload.status_code == 422
-    assert upload.json()["error"]["field"] == "trace"
-    assert "shaper sim replay" in upload.json()["error"]["message"]
     assert not list((results_dir / runs.RUNS_DIR).glob("*.json"))
 
 
@@ -382,3 +389,207 @@ def test_a_run_imports_the_service_whatever_directory_the_api_started_in(
         run = runs.get_run(directory=Path("results"), run_id=run.id, now=datetime.now(UTC))
     assert run.state == "done", run
     assert (started_in / "results" / f"{runs.result_name(run)}.json").is_file()
+
+
+def _upload(
+    client: TestClient,
+    headers: dict[str, str],
+    content: bytes,
+    filename: str = "pollux-workload-1.csv",
+    **fields: str | list[str],
+) -> Any:
+    return client.post(
+        "/api/v1/simulations",
+        files={"trace": (filename, content, "text/csv")},
+        data=fields,
+        headers=headers,
+    )
+
+
+def _wait(client: TestClient, headers: dict[str, str], run: dict[str, Any]) -> dict[str, Any]:
+    deadline = time.monotonic() + 180
+    while run["state"] in runs.ACTIVE and time.monotonic() < deadline:
+        time.sleep(0.3)
+        run = client.get(f"/api/v1/simulations/runs/{run['id']}", headers=headers).json()
+    return run
+
+
+def test_an_uploaded_trace_is_replayed_as_shaper_sim_replay_would(
+    client: TestClient, auth: dict[str, dict[str, str]], results_dir: Path
+) -> None:
+    started = _upload(
+        client,
+        auth["operator"],
+        TRACE.read_bytes(),
+        filename="../../etc/my trace.csv",
+        policies=["fifo", "backfill"],
+        gpus="32",
+        gpus_per_node="4",
+        window_end_h="6",
+        seed="3",
+    )
+    assert started.status_code == 202, started.text
+    run = started.json()
+    assert run["state"] == "queued" and run["trace"] == "my_trace"
+    assert run["scenario"] == "pollux:my_trace" and run["policies"] == ["fifo", "backfill"]
+    assert run["replay"]["gpus"] == 32 and run["replay"]["window_end_h"] == 6
+    # Stored under a name of the server's, beside the runs, until the run ends.
+    stored = list((results_dir / runs.UPLOADS_DIR).iterdir())
+    assert len(stored) == 1 and stored[0].read_bytes() == TRACE.read_bytes()
+    assert "trace" not in stored[0].name and not (results_dir.parent / "etc").exists()
+
+    run = _wait(client, auth["viewer"], run)
+    assert run["state"] == "done", run
+    assert run["policies_done"] == 2 and run["error"] is None
+    assert run["result"] == f"pollux-my_trace-{run['id']}"
+    assert list((results_dir / runs.UPLOADS_DIR).iterdir()) == []
+    listed = client.get("/api/v1/simulations", headers=auth["viewer"]).json()
+    assert [(r["name"], r["scenario"]) for r in listed] == [(run["result"], "pollux:my_trace")]
+
+    options = TraceOptions(gpus=32, gpus_per_node=4, window_end_h=6, seed=3)
+    loaded = open_trace(TRACE, options=options)
+    assert loaded.kind == "pollux" and loaded.workload.total_gpus == 32
+    expected = compare(
+        loaded.workload, ["fifo", "backfill"], replan_on_events=False, validate_plans=False
+    )
+    _assert_result(client, auth["viewer"], run["result"], expected)
+
+
+def test_a_trace_its_loader_cannot_read_is_422_naming_the_trace(
+    client: TestClient, auth: dict[str, dict[str, str]], results_dir: Path
+) -> None:
+    bad = _upload(client, auth["operator"], b"job,gpus\n1,2\n", "x.csv", policies="fifo")
+    assert bad.status_code == 422, bad.text
+    error = bad.json()["error"]
+    assert error["field"] == "trace"
+    # The loader's message, naming the formats it knows and the file as the caller named it.
+    assert "cannot tell the trace format of x.csv" in error["message"]
+    assert all(kind in error["message"] for kind in ("philly", "pollux", "gavel", "native"))
+    assert str(results_dir) not in error["message"]
+    binary = _upload(client, auth["operator"], bytes(range(256)) * 4, policies="fifo")
+    assert binary.status_code == 422 and binary.json()["error"]["field"] == "trace"
+    pods = Path(__file__).parents[1] / "sim" / "data" / "alibaba-pods-sample.csv"
+    alibaba = _upload(client, auth["operator"], pods.read_bytes(), "pods.csv", policies="fifo")
+    assert alibaba.status_code == 422 and alibaba.json()["error"]["field"] == "trace"
+    assert "pods.csv is an Alibaba pod list" in alibaba.json()["error"]["message"]
+    forced = _upload(client, auth["operator"], TRACE.read_bytes(), kind="gavel", policies="fifo")
+    assert forced.status_code == 422 and forced.json()["error"]["field"] == "trace"
+
+    def field(response: Any) -> str:
+        assert response.status_code == 422, response.text
+        return str(response.json()["error"]["field"])
+
+    trace = TRACE.read_bytes()
+    assert field(_upload(client, auth["operator"], trace, policies="fifo,lottery")) == "policies"
+    assert field(_upload(client, auth["operator"], trace)) == "policies"
+    assert field(_upload(client, auth["operator"], trace, policies="fifo", seed="-1")) == "seed"
+    assert field(_upload(client, auth["operator"], trace, policies="fifo", gpus="0")) == "gpus"
+    assert field(_upload(client, auth["operator"], trace, policies="fifo", kind="x")) == "kind"
+    window = _upload(
+        client, auth["operator"], trace, policies="fifo", window_start_h="5", window_end_h="2"
+    )
+    assert field(window) == "window_end_h"
+    assert field(_upload(client, auth["operator"], trace, policies="fifo", nodes="a")) == "nodes"
+    missing = client.post(
+        "/api/v1/simulations",
+        data={"policies": "fifo"},
+        files={"other": ("a", b"")},
+        headers=auth["operator"],
+    )
+    assert field(missing) == "other"
+    assert not list((results_dir / runs.RUNS_DIR).glob("*.json"))
+    assert list((results_dir / runs.UPLOADS_DIR).iterdir()) == []
+
+
+def _multipart(boundary: str, trace: bytes, chunk: int = 4096) -> Iterator[bytes]:
+    """A form with policies and a trace, sent in chunks with no Content-Length."""
+    yield (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="policies"\r\n\r\nfifo\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="trace"; '
+        f'filename="t.csv"\r\nContent-Type: text/csv\r\n\r\n'
+    ).encode()
+    for start in range(0, len(trace), chunk):
+        yield trace[start : start + chunk]
+    yield f"\r\n--{boundary}--\r\n".encode()
+
+
+def test_a_trace_over_the_limit_is_413_counted_as_it_arrives(
+    client: TestClient,
+    auth: dict[str, dict[str, str]],
+    results_dir: Path,
+    settings: Settings,
+) -> None:
+    settings.sim_upload_max_mb = 0.01  # 10 KiB: the trace has 4.7, twice it 9.5
+    trace = TRACE.read_bytes() * 3
+    declared = _upload(client, auth["operator"], trace * 4, policies="fifo")
+    assert declared.status_code == 413, declared.text
+    assert declared.json()["error"]["field"] == "trace"
+    # Streamed without a length: refused once the count passes the limit.
+    streamed = client.post(
+        "/api/v1/simulations",
+        content=_multipart("b0undary", trace),
+        headers={**auth["operator"], "Content-Type": "multipart/form-data; boundary=b0undary"},
+    )
+    assert streamed.status_code == 413, streamed.text
+    assert "SHAPER_SIM_UPLOAD_MAX_MB" in streamed.json()["error"]["message"]
+    assert list((results_dir / runs.UPLOADS_DIR).iterdir()) == []
+    # Within it, the same body is taken (and its run waits on nothing here).
+    settings.sim_upload_max_mb = 1
+    taken = client.post(
+        "/api/v1/simulations",
+        content=_multipart("b0undary", TRACE.read_bytes()),
+        headers={**auth["operator"], "Content-Type": "multipart/form-data; boundary=b0undary"},
+    )
+    assert taken.status_code == 202, taken.text
+    assert _wait(client, auth["viewer"], taken.json())["state"] == "done"
+
+
+def test_an_upload_streams_past_the_buffered_body_limit(
+    session: Any, clock: FrozenClock, tokens: dict[str, str], results_dir: Path
+) -> None:
+    # SHAPER_MAX_BODY_BYTES buffers and caps every other body; an upload has its own limit.
+    app = create_app(Settings(environment="test", sim_results_dir=results_dir, max_body_bytes=1024))
+    app.dependency_overrides[get_session] = lambda: session
+    app.dependency_overrides[get_clock] = lambda: clock
+    operator = {"Authorization": f"Bearer {tokens['operator']}"}
+    with TestClient(app) as client:
+        response = _upload(client, operator, TRACE.read_bytes(), policies="lottery")
+        assert response.status_code == 422 and response.json()["error"]["field"] == "policies"
+        json_body = {"scenario": "mixed", "policies": ["fifo"] * 300}
+        assert (
+            client.post("/api/v1/simulations", json=json_body, headers=operator).status_code == 413
+        )
+
+
+def test_a_viewer_cannot_upload_a_trace(
+    client: TestClient, auth: dict[str, dict[str, str]], results_dir: Path
+) -> None:
+    refused = _upload(client, auth["viewer"], TRACE.read_bytes(), policies="fifo")
+    assert refused.status_code == 403, refused.text
+    anonymous = client.post(
+        "/api/v1/simulations",
+        files={"trace": ("t.csv", TRACE.read_bytes())},
+        data={"policies": "fifo"},
+    )
+    assert anonymous.status_code == 401
+    assert not (results_dir / runs.UPLOADS_DIR).exists() or not list(
+        (results_dir / runs.UPLOADS_DIR).iterdir()
+    )
+
+
+def test_an_upload_left_by_a_dead_process_is_removed_on_an_app_start(
+    settings: Settings, results_dir: Path, clock: FrozenClock
+) -> None:
+    folder = results_dir / runs.UPLOADS_DIR
+    folder.mkdir(parents=True)
+    left, fresh = folder / "left.csv.part", folder / "fresh.csv"
+    for path in (left, fresh):
+        path.write_bytes(TRACE.read_bytes())
+    long_ago = (datetime.now(UTC) - 2 * runs.UPLOAD_STALE).timestamp()
+    os.utime(left, (long_ago, long_ago))
+    create_app(settings)
+    assert not left.exists() and fresh.exists()
+
+
+def test_the_trace_kinds_offered_are_the_replays_but_alibaba() -> None:
+    assert set(TRACE_KINDS) == set(KINDS) - {"alibaba"}

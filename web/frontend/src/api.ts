@@ -38,7 +38,8 @@ export async function api<T>(path: string, init: RequestInit = {}): Promise<T> {
     ...init,
     headers: {
       Authorization: `Bearer ${session.token ?? ""}`,
-      "Content-Type": "application/json",
+      // A form (a file upload) says its own type, with its boundary.
+      ...(init.body instanceof FormData ? {} : { "Content-Type": "application/json" }),
       ...(init.headers ?? {}),
     },
   });

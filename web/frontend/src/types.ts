@@ -422,6 +422,8 @@ export interface PlannedMove {
 export interface WhatIfOptions {
   scenarios: string[];
   policies: string[];
+  trace_kinds: string[];
+  upload_max_mb: number;
 }
 
 export interface WhatIfRun {
@@ -434,5 +436,7 @@ export interface WhatIfRun {
   current_policy: string | null;
   progress: number;
   error: string | null;
+  // An uploaded trace's file name as sent; null for a built-in scenario.
+  trace: string | null;
   result: string | null;
 }

@@ -1,8 +1,9 @@
-// The Simulations page's what-if form: an operator starts a run of a built-in scenario
-// under some policies (POST /simulations), the page follows its progress, and when it is
-// done shows its result with the page's own table and chart.
+// The Simulations page's what-if form: an operator starts a run of a built-in scenario,
+// or the replay of a trace file uploaded with it, under some policies (POST /simulations,
+// JSON or multipart/form-data), the page follows its progress, and when it is done shows
+// its result with the page's own table and chart.
 
-import { api, hasScope, isAbort, Latest } from "./api";
+import { api, ApiError, hasScope, isAbort, Latest, Unauthorized } from "./api";
 import { $, esc, select } from "./dom";
 import { showSimulations } from "./pages";
 import type { WhatIfOptions, WhatIfRun } from "./types";
@@ -11,6 +12,8 @@ const POLL_MS = 700;
 const optionsRequest = new Latest();
 const pollRequest = new Latest();
 let filled = false;
+// The largest trace the API takes (GET /simulations/options), checked before sending.
+let uploadMaxMb = Infinity;
 // The run this page follows. Kept when the page is left, so that coming back resumes it.
 let followed: string | null = null;
 let timer: number | undefined;
@@ -40,6 +43,38 @@ export function wireWhatIf(): void {
     event.preventDefault();
     void start();
   });
+  // A chosen trace is replayed instead of the scenario, with the replay's own options.
+  $("#whatif-trace").addEventListener("change", () => {
+    const replaying = traceFile() !== null;
+    select("#whatif-scenario").disabled = replaying;
+    $("#whatif-replay").hidden = !replaying;
+    clearErrors();
+  });
+}
+
+function traceFile(): File | null {
+  return $<HTMLInputElement>("#whatif-trace").files?.[0] ?? null;
+}
+
+const REPLAY_FIELDS: Record<string, string> = {
+  gpus: "#whatif-gpus",
+  gpus_per_node: "#whatif-gpus-per-node",
+  window_end_h: "#whatif-window-end",
+};
+
+function clearErrors(): void {
+  $("#whatif-error").textContent = "";
+  for (const error of document.querySelectorAll("#whatif-form [data-error-for]")) error.textContent = "";
+  for (const input of document.querySelectorAll("#whatif-form [aria-invalid]")) input.removeAttribute("aria-invalid");
+}
+
+/** Shown by the field at fault where the form has it (the API names it), else under the form. */
+function showError(error: unknown): void {
+  const field = error instanceof ApiError ? error.field : null;
+  const where = field ? document.querySelector(`#whatif-form [data-error-for="${CSS.escape(field)}"]`) : null;
+  (where ?? $("#whatif-error")).textContent = (error as Error).message;
+  const input = field ? document.querySelector(`#whatif-form [name="${CSS.escape(field)}"]`) : null;
+  if (where && input) input.setAttribute("aria-invalid", "true");
 }
 
 async function showForm(): Promise<void> {
@@ -50,6 +85,8 @@ async function showForm(): Promise<void> {
   const { signal, current } = optionsRequest.begin();
   const options = await api<WhatIfOptions>("/simulations/options", { signal });
   if (!current()) return;
+  uploadMaxMb = options.upload_max_mb;
+  $("#whatif-trace-hint").insertAdjacentText("beforeend", `, up to ${options.upload_max_mb} MiB`);
   select("#whatif-scenario").innerHTML = options.scenarios.map((s) => `<option>${esc(s)}</option>`).join("");
   // All ticked, as `shaper sim compare` runs all by default.
   $("#whatif-policies").innerHTML =
@@ -59,17 +96,34 @@ async function showForm(): Promise<void> {
 }
 
 async function start(): Promise<void> {
-  $("#whatif-error").textContent = "";
+  clearErrors();
   const policies = [...document.querySelectorAll<HTMLInputElement>("#whatif-policies input:checked")].map((i) => i.value);
   const seed = $<HTMLInputElement>("#whatif-seed").value.trim();
-  const body = { scenario: select("#whatif-scenario").value, policies, seed: seed === "" ? null : Number(seed) };
+  const trace = traceFile();
+  let body: string | FormData;
+  if (trace) {
+    if (trace.size > uploadMaxMb * 2 ** 20) {
+      showError(new ApiError(`trace: over ${uploadMaxMb} MiB, the most an upload may send`, 413, "trace"));
+      return;
+    }
+    body = new FormData();
+    body.append("trace", trace, trace.name);
+    for (const policy of policies) body.append("policies", policy);
+    if (seed !== "") body.append("seed", seed);
+    for (const [field, input] of Object.entries(REPLAY_FIELDS)) {
+      const value = $<HTMLInputElement>(input).value.trim();
+      if (value !== "") body.append(field, value);
+    }
+  } else {
+    body = JSON.stringify({ scenario: select("#whatif-scenario").value, policies, seed: seed === "" ? null : Number(seed) });
+  }
   try {
-    const run = await api<WhatIfRun>("/simulations", { method: "POST", body: JSON.stringify(body) });
+    const run = await api<WhatIfRun>("/simulations", { method: "POST", body });
     followed = run.id;
     render(run);
     if (onPage) poll(run.id);
   } catch (error) {
-    $("#whatif-error").textContent = (error as Error).message;
+    if (!(error instanceof Unauthorized)) showError(error);
   }
 }
 
