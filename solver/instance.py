@@ -234,13 +234,17 @@ class MigrationCostModel(_Frozen):
     ``inter_cluster_bandwidth_mib_per_s`` with ``inter_cluster_overhead_s`` more (a
     resubmission to another scheduler, a second copy): a pending job started away from its
     ``home_cluster`` pays that one transfer of its image, a running job moved to another
-    cluster pays it besides its checkpoint and restore.
+    cluster pays it besides its checkpoint and restore. Where the sites' provider bills the
+    data that leaves (cloud egress), ``inter_cluster_egress_gpu_s_per_gib`` prices each GiB
+    that crosses in GPU-seconds of work (the price of a GiB over the price of a GPU-hour,
+    × 3600): a cost of the whole image, shared out over the job's GPUs.
     """
 
     bandwidth_mib_per_s: float = Field(default=1000.0, gt=0)
     overhead_s: float = Field(default=30.0, ge=0)
     inter_cluster_bandwidth_mib_per_s: float = Field(default=100.0, gt=0)
     inter_cluster_overhead_s: float = Field(default=120.0, ge=0)
+    inter_cluster_egress_gpu_s_per_gib: float = Field(default=0.0, ge=0)
     default_checkpoint_mib: int = Field(default=20_000, ge=0)
     lost_work_cap_s: float = Field(
         default=4 * 3600.0, ge=0, description="cap on work a preemption is charged for"
@@ -256,9 +260,12 @@ class MigrationCostModel(_Frozen):
         return seconds + (self.remote_start_seconds(job) if across else 0.0)
 
     def remote_start_seconds(self, job: Job) -> float:
-        """The one transfer of a job's image to a cluster other than its home."""
-        transfer = self._size(job) / self.inter_cluster_bandwidth_mib_per_s
-        return self.inter_cluster_overhead_s + transfer
+        """The one transfer of a job's image to a cluster other than its home, per GPU the
+        job holds: the time it takes, and its egress priced in GPU-seconds."""
+        size = self._size(job)
+        transfer = size / self.inter_cluster_bandwidth_mib_per_s
+        egress = size / 1024.0 * self.inter_cluster_egress_gpu_s_per_gib / max(job.total_gpus, 1)
+        return self.inter_cluster_overhead_s + transfer + egress
 
     def preemption_lost_seconds(self, job: Job, now: float) -> float:
         """Work lost when ``job`` is stopped now: since its last checkpoint or its start."""

@@ -97,6 +97,9 @@ class Link(BaseModel):
         "the group's last move transfers, else the group's configured bandwidth"
     )
     measured_transfers: int = Field(description="transfers measured (0: configured rate)")
+    egress_gpu_s_per_gib: float = Field(
+        0.0, description="what a GiB crossing between the clusters cost, in GPU-seconds"
+    )
 
 
 class StaysHome(BaseModel):
@@ -345,6 +348,7 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
     link = MigrationCostModel(
         inter_cluster_bandwidth_mib_per_s=bandwidth,
         inter_cluster_overhead_s=group.inter_cluster_overhead_s,
+        inter_cluster_egress_gpu_s_per_gib=group.inter_cluster_egress_gpu_s_per_gib,
     )
     config = SolverConfig(
         migration=False,
@@ -428,6 +432,7 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
         link=Link(
             bandwidth_mib_per_s=round(bandwidth, 3),
             measured_transfers=measured.samples if measured is not None else 0,
+            egress_gpu_s_per_gib=group.inter_cluster_egress_gpu_s_per_gib,
         ),
     )
 

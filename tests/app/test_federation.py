@@ -198,6 +198,26 @@ def test_the_what_if_moves_a_running_job_away_to_start_a_gang_at_home(
         }
     ]
     assert body["federated"]["objective"] > body["alone"]["objective"]
+    assert body["link"]["egress_gpu_s_per_gib"] == 0.0
+
+    # The sites bill the data that leaves: at a GPU-day a GiB, the image's egress (its
+    # default 20,000 MiB) costs more than the gang gains, and the job stays. A negative
+    # price is refused by field.
+    priced = client.patch(
+        f"{GROUPS}/site",
+        headers=auth["admin"],
+        json={"inter_cluster_egress_gpu_s_per_gib": 86_400},
+    )
+    assert priced.status_code == 200
+    assert priced.json()["inter_cluster_egress_gpu_s_per_gib"] == 86_400
+    body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
+    assert body["link"]["egress_gpu_s_per_gib"] == 86_400
+    assert body["moves"] == [] and body["federated"]["pending_started"] == 0
+    bad = client.patch(
+        f"{GROUPS}/site", headers=auth["admin"], json={"inter_cluster_egress_gpu_s_per_gib": -1}
+    )
+    assert bad.status_code == 422
+    assert bad.json()["error"]["field"] == "inter_cluster_egress_gpu_s_per_gib"
     assert client.get("/api/v1/actions", headers=auth["viewer"]).json()["total"] == 0
 
 
@@ -405,7 +425,11 @@ def test_a_start_away_is_priced_at_the_rate_the_groups_move_transfers_measured(
     _push(client, auth, "alpha", [running("big", "n1", list(range(8))), job("w", submit=SPEC)])
     _push(client, auth, "beta", [])
     body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
-    assert body["link"] == {"bandwidth_mib_per_s": 100.0, "measured_transfers": 0}
+    assert body["link"] == {
+        "bandwidth_mib_per_s": 100.0,
+        "measured_transfers": 0,
+        "egress_gpu_s_per_gib": 0.0,
+    }
 
     alpha, beta = (
         session.exec(select(Cluster).where(Cluster.name == n)).one() for n in ("alpha", "beta")
@@ -438,5 +462,9 @@ def test_a_start_away_is_priced_at_the_rate_the_groups_move_transfers_measured(
     session.commit()
     body = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"]).json()
     # 300 MiB in 1.5 s; a copy that took no measurable time tells nothing of the link.
-    assert body["link"] == {"bandwidth_mib_per_s": 200.0, "measured_transfers": 2}
+    assert body["link"] == {
+        "bandwidth_mib_per_s": 200.0,
+        "measured_transfers": 2,
+        "egress_gpu_s_per_gib": 0.0,
+    }
     assert [m["to_cluster"] for m in body["moves"]] == ["beta"]

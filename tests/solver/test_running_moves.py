@@ -121,6 +121,14 @@ def test_the_small_job_moves_to_the_idle_cluster_and_the_gang_starts_at_home() -
             None,
             MigrationCostModel(inter_cluster_bandwidth_mib_per_s=0.5),
         ),
+        (
+            # A fast link, but the sites bill what leaves: 10 GiB at 4,096 GPU-seconds a GiB
+            # shared over its 2 GPUs is the slow link's 20,480 s of each, as costly.
+            "egress: the image's price over the link costs more than the gang gains",
+            _small(),
+            None,
+            FAST_LINK.model_copy(update={"inter_cluster_egress_gpu_s_per_gib": 4096.0}),
+        ),
         # The app lists only jobs it could move (checkpointable, a spec the target runs,
         # a target that pins jobs): a job it does not list stays home.
         ("not listed: no spec, a target that cannot pin, ...", _small(), {}, FAST_LINK),
