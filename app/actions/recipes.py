@@ -64,11 +64,20 @@ The other kinds are the scheduler's alone: a job that cannot checkpoint is preem
 ``requeue → confirm``; ``start``, ``resume`` and ``requeue`` are the step itself then a
 ``confirm`` that polls the scheduler for its effect; ``resize``, ``reserve`` and
 ``unreserve`` are one step. Nothing process-level ran for them, so nothing compensates.
+
+Drain and undrain are about a node, not a job (an operator's, ``NODE_ACTION_KINDS``):
+``drain@connector → confirm@connector`` (the scheduler reports the node draining, or
+gone), ``undrain@connector → confirm@connector`` (reported up). Their generation is the
+action's id, which grows with every action on the node, so the connector refuses a late
+step of an older drain or undrain of it (connectors.actions fences them per node). Nothing
+compensates them: a drain whose confirm gave up may still take effect, and undoing it
+would hand the node back to the scheduler against the operator's wish; the action fails
+with what the scheduler last reported, and the operator decides (undrain, or drain again).
 """
 
 from __future__ import annotations
 
-from app.actions.models import Action, ActionKind, ActionStep, StepState
+from app.actions.models import NODE_ACTION_KINDS, Action, ActionKind, ActionStep, StepState
 from app.actions.schedulers import moves_jobs, places_itself, reserves, takes_moves
 from app.clusters.models import Cluster
 from app.core.lookup import row_id
@@ -181,6 +190,20 @@ def forward_steps(
     return plan.steps
 
 
+def node_steps(action: Action, cluster: Cluster) -> list[ActionStep]:
+    """A node action's steps (drain, undrain), under its own id as their generation."""
+    kind = ActionKind(action.kind)
+    if kind not in NODE_ACTION_KINDS:
+        raise Unplannable(f"{kind} is about a job, not a node")
+    if not action.source_node or "," in action.source_node:
+        raise Unplannable(f"{kind} needs one node, the action names {action.source_node or 'none'}")
+    plan = _Plan(action, cluster.name, row_id(action))
+    scheduler = connector_queue(cluster.name)
+    plan.add(ConnectorStep(kind.value), scheduler, StepPhase.forward, 0)
+    plan.add(ConnectorStep.confirm, scheduler, StepPhase.forward, 1)
+    return plan.steps
+
+
 def _move_steps(
     plan: _Plan, job: Job, cluster: Cluster, target: Cluster | None, action: Action
 ) -> list[ActionStep]:
@@ -230,28 +253,27 @@ def _move_steps(
     landing = _single(action.target_node, "target", action)
     at_source = agent_queue(cluster.name, node)
     at_target = agent_queue(target.name, landing)
+    submit = (ConnectorStep.submit, there)  # held, pinned to the target node
+    checkpoint = (AgentStep.checkpoint, at_source)
+    if reserves(target.scheduler):
+        # The target's GPUs are held for the job before anything stops it at home: the
+        # held copy is submitted and its node reserved first (a reservation refused because
+        # the target's own queue took the GPUs since the plan ends the move with the job
+        # untouched), and the reservation is given back once the job is B's.
+        first = [submit, (ConnectorStep.reserve, there), checkpoint]
+        last = [(ConnectorStep.unreserve, there)]
+    else:
+        first, last = [checkpoint, submit], []
     names = [
-        (AgentStep.checkpoint, at_source),
-        (ConnectorStep.submit, there),  # held, pinned to the target node
+        *first,
         (AgentStep.transfer, at_target),
         (AgentStep.stage, at_target),
         (ConnectorStep.release, there),  # its scheduler starts it there, restored
         (AgentStep.confirm, at_target),
         (ConnectorStep.cancel, source),
         (AgentStep.release, at_source),
+        *last,
     ]
-    if reserves(target.scheduler):
-        # The target's GPUs are held for the job before anything stops it at home: the
-        # held copy is submitted and its node reserved first (a reservation refused because
-        # the target's own queue took the GPUs since the plan ends the move with the job
-        # untouched), and the reservation is given back once the job is B's.
-        names = [
-            (ConnectorStep.submit, there),
-            (ConnectorStep.reserve, there),
-            *names[:1],
-            *names[2:],
-            (ConnectorStep.unreserve, there),
-        ]
     for seq, (name, queue) in enumerate(names):
         plan.add(name, queue, fwd, seq)
     return plan.steps
@@ -319,6 +341,8 @@ def compensation_steps(
     action: Action, steps: list[ActionStep], cluster: str, generation: int
 ) -> list[ActionStep]:
     """Undo what the forward steps did: fence the target, keep or bring the job back home."""
+    if ActionKind(action.kind) in NODE_ACTION_KINDS:
+        return []  # a drain is not undone by its failure (the module's docstring)
     plan = _Plan(action, cluster, generation)
     seq = max(s.seq for s in steps) + 1
     if ActionKind(action.kind) is ActionKind.move:
