@@ -56,6 +56,10 @@ class Job(SQLModel, table=True):
     __table_args__ = (
         sa.UniqueConstraint("cluster_id", "external_id", name="uq_jobs_cluster_external_id"),
         sa.Index("ix_jobs_cluster_state", "cluster_id", "state"),
+        # The overview's pending demand per cluster, read from the index alone (issue 18).
+        sa.Index(
+            "ix_jobs_state_demand", "state", "cluster_id", "shape", "gpus_requested", "min_replicas"
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)

@@ -132,6 +132,11 @@ def _holders(site: dict[str, Any], cluster: str) -> dict[tuple[str, int], str]:
     return held
 
 
+def _background(page: Page, selector: str) -> str:
+    """The colour the first element matching ``selector`` is drawn in."""
+    return str(page.locator(selector).nth(0).evaluate("(e) => getComputedStyle(e).backgroundColor"))
+
+
 def test_the_maps_cells_are_the_apis_allocations(
     page: Page, fleet: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -167,14 +172,21 @@ def test_the_maps_cells_are_the_apis_allocations(
     # By team one colour per team; by job one per job; the legend follows.
     legend = page.locator("#map-legend li[data-key]")
     expect(legend).to_have_count(2)
-    same = page.locator('.gpu[data-job="train"]').nth(0).get_attribute("style")
-    other = page.locator('.gpu[data-job="counted"]').nth(0).get_attribute("style")
-    assert same and same.split(";")[0] == (other or "").split(";")[0]
+    same = _background(page, '.gpu[data-job="train"]')
+    assert same == _background(page, '.gpu[data-job="counted"]')
+    assert same != _background(page, '.gpu-row[data-node="a1"] .gpu:not(.busy)')  # free
     page.select_option("#map-colour", "job")
     expect(page.locator("#gpu-map")).to_have_attribute("data-colour-by", "job")
     expect(legend).to_have_count(4)
-    other = page.locator('.gpu[data-job="counted"]').nth(0).get_attribute("style")
-    assert same.split(";")[0] != (other or "").split(";")[0]
+    assert same != _background(page, '.gpu[data-job="counted"]')
+    # Each cell's colour is its legend entry's swatch.
+    for key in ("train", "counted", "serve"):
+        assert _background(page, f'.gpu[data-job="{key}"]') == _background(
+            page, f'#map-legend li[data-key="{key}"] .swatch'
+        ), key
+    # The measured utilization's band: 87 % of 14 px.
+    band = page.locator('.gpu-row[data-node="a1"] .gpu').nth(0)
+    assert "-12px" in band.evaluate("(cell) => getComputedStyle(cell).boxShadow")
     expect(page.locator('#map-legend li[data-key="serve"]')).to_contain_text("8 GPUs")
     expect(page.locator("#map-moves")).to_contain_text("No open plan")
 
@@ -421,3 +433,103 @@ def test_enter_or_space_on_a_cell_opens_what_a_click_opens(
     # The mouse opens the same page.
     page.locator('.gpu-row[data-node="a1"] .gpu').nth(6).click()
     expect(page.locator("#job")).to_have_attribute("data-job", str(ids["tune"]))
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """wide: 150 nodes of 8 GPUs (H100 and L40S in turn), more than the map's first rows
+    (map.ts FIRST_ROWS, 60): the rest are put in by chunks after the first paint."""
+    data = tmp_path_factory.mktemp("web-map-wide")
+    engine = _engine(data)
+    names = [f"w{i:03d}" for i in range(150)]
+    with Session(engine) as session:
+        registered_with(
+            session,
+            "wide",
+            snapshot(
+                1,
+                nodes=[node(n, gpu_model="H100" if i % 2 else "L40S") for i, n in enumerate(names)],
+                jobs=[running(f"j{i}", n, [i % 8], team=f"t{i % 3}") for i, n in enumerate(names)],
+            ),
+            now=NOW,
+        )
+        tokens = tokens_for(session, NOW, ("viewer",))
+    app = app_on(engine, Settings(environment="test", data_dir=data))
+    app.dependency_overrides[get_clock] = lambda: FrozenClock(NOW)
+    with serve(app) as base:
+        yield {"base": base, "tokens": tokens, "nodes": names}
+    engine.dispose()
+
+
+def test_a_map_drawn_in_chunks_is_one_grid_with_every_cell(
+    page: Page, wide: dict[str, Any]
+) -> None:
+    names = wide["nodes"]
+    _open_map(page, wide, 1)
+    view = page.locator("#gpu-map")
+    expect(view).to_have_attribute("data-drawn", "all")
+    # A filter chosen, then a new reply drawn by chunks: the rows put in after the first
+    # ones are drawn hidden too (not shown until a filter pass).
+    page.select_option("#map-model", "H100")
+    page.evaluate(
+        """() => {
+          const view = document.querySelector("#gpu-map");
+          delete view.dataset.drawn;
+          document.querySelector("#node-cluster").dispatchEvent(new Event("change"));
+        }"""
+    )
+    expect(view).to_have_attribute("data-drawn", "all")
+    grid = page.get_by_role("grid")
+    # Every node a row, in order, numbered for assistive technology; every GPU a cell.
+    rows = page.locator("#gpu-map .gpu-row")
+    expect(rows).to_have_count(len(names))
+    assert rows.evaluate_all("(rows) => rows.map((r) => r.dataset.node)") == names
+    assert rows.evaluate_all("(rows) => rows.map((r) => Number(r.ariaRowIndex))") == list(
+        range(1, len(names) + 1)
+    )
+    expect(view).to_have_attribute("aria-rowcount", str(len(names)))
+    h100 = [n for i, n in enumerate(names) if i % 2]
+    shown = page.locator("#gpu-map .gpu-row:not([hidden])")
+    expect(shown).to_have_count(len(h100))
+    assert shown.evaluate_all("(rows) => rows.map((r) => r.dataset.node)") == h100
+    expect(grid.get_by_role("row")).to_have_count(len(h100))
+    expect(grid.get_by_role("gridcell")).to_have_count(8 * len(h100))
+    expect(page.locator("#map-summary")).to_contain_text(f"{len(h100)} of {len(names)} nodes")
+    expect(page.locator('.gpu-row[data-node="w149"] .gpu').nth(5)).to_have_accessible_name(
+        "w149 GPU 5 · job j149 · team t2 · utilization not measured"
+    )
+    # A filter changed once the first rows are in, before the chunks: theirs follow it. The
+    # first rows (60) are put in alone; the rest come after they are painted.
+    first_rows = page.evaluate(
+        """() => new Promise((done) => {
+          const view = document.querySelector("#gpu-map");
+          const chooser = document.querySelector("#map-model");
+          new MutationObserver((_, observer) => {
+            if (view.dataset.drawn !== "partly") return;
+            observer.disconnect();
+            chooser.value = "L40S";
+            chooser.dispatchEvent(new Event("change"));
+            done(view.querySelectorAll(".gpu-row").length);
+          }).observe(view, { attributes: true, attributeFilter: ["data-drawn"] });
+          delete view.dataset.drawn;
+          document.querySelector("#node-cluster").dispatchEvent(new Event("change"));
+        })"""
+    )
+    assert first_rows == 60
+    expect(view).to_have_attribute("data-drawn", "all")
+    l40s = [n for i, n in enumerate(names) if not i % 2]
+    expect(shown).to_have_count(len(l40s))
+    assert shown.evaluate_all("(rows) => rows.map((r) => r.dataset.node)") == l40s
+    page.select_option("#map-model", "H100")
+    expect(shown).to_have_count(len(h100))
+    # The keyboard crosses from the first rows into the chunks' rows and to the last one.
+    page.locator('.gpu-row[data-node="w059"] .gpu').nth(2).focus()
+    for key, expected in (
+        ("ArrowDown", ("w061", 2)),
+        ("PageDown", ("w081", 2)),
+        ("Control+End", ("w149", 7)),
+        ("ArrowUp", ("w147", 7)),
+    ):
+        page.keyboard.press(key)
+        assert _focused(page) == expected, key
+        assert _tab_stop(page) == [expected], key

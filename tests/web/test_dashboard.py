@@ -7,12 +7,14 @@ screenshot of the page it ends on: under pytest's temporary folder, or where
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -161,6 +163,39 @@ def _x_range(chart: Locator) -> float:
     return float(chart.get_attribute("data-x-max") or 0) - float(
         chart.get_attribute("data-x-min") or 0
     )
+
+
+def test_a_fresh_load_reads_the_overview_beside_sign_in(page: Page, site: dict[str, Any]) -> None:
+    """The overview's figures are asked for while the page asks who the token is and which
+    clusters there are, not after their answers (a fresh load's cards wait for one round
+    trip fewer), and once."""
+    held: list[Route] = []
+    signing_in = re.compile(r"/api/v1/(whoami|clusters)$")
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(urlparse(request.url).path))
+
+    def hold(route: Route) -> None:
+        held.append(route)
+
+    page.route(signing_in, hold)
+    with page.expect_request(lambda request: request.url.endswith("/api/v1/overview")):
+        page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
+    # Both sign-in reads were asked for too, and neither is answered yet.
+    for _ in range(100):
+        if len(held) == 2:
+            break
+        page.wait_for_timeout(20)
+    assert sorted(urlparse(route.request.url).path for route in held) == [
+        "/api/v1/clusters",
+        "/api/v1/whoami",
+    ]
+    page.unroute(signing_in, hold)
+    release(held)
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    expect(page.locator('#fleet-figures [data-figure="allocated"]')).to_have_text(
+        f"{_get(site, '/overview')['fleet']['allocated']:,}"
+    )
+    assert asked.count("/api/v1/overview") == 1
 
 
 def test_the_chart_follows_the_page_width_zooms_and_shows_values(

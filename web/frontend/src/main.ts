@@ -8,7 +8,7 @@ import { planGroup, showFederation, whatIf, wireFederation } from "./federation"
 import { fillForecastClusters, showForecasts, wireForecasts } from "./forecasts";
 import { showJob } from "./job";
 import { showNodes, wireMap } from "./map";
-import { fillClusterFilter, followWidth, redrawChart, showOverview } from "./overview";
+import { fillClusterFilter, followWidth, readFiguresEarly, redrawChart, showOverview } from "./overview";
 import { showPlan, wirePlan } from "./plan";
 import { pageState, showActions, showIdle, showPolicies, showSimulations } from "./pages";
 import { policyWritten, showPolicyHistory } from "./policy_history";
@@ -30,13 +30,18 @@ session.onUnauthorized = signOut;
 
 async function signIn(token: string): Promise<void> {
   session.token = token;
+  // The overview's figures are read beside who the token is and the clusters, not after.
+  if (viewAsked() === "overview") readFiguresEarly();
   try {
-    const me = await api<{ name: string; scopes: string[] }>("/whoami");
+    const [me, listed] = await Promise.all([
+      api<{ name: string; scopes: string[] }>("/whoami"),
+      api<Cluster[]>("/clusters"),
+    ]);
     sessionStorage.setItem("shaper-token", token);
     session.scopes = me.scopes;
     $("#whoami").textContent = `${me.name} · ${me.scopes.join(", ")}`;
     $("#login").hidden = true;
-    clusters = await api<Cluster[]>("/clusters");
+    clusters = listed;
     for (const id of ["#node-cluster", "#idle-cluster"]) {
       select(id).innerHTML = clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
     }
@@ -63,9 +68,14 @@ const VIEWS: Record<string, () => Promise<void>> = {
   forecasts: showForecasts,
 };
 
-function route(): void {
+/** The view the address asks for (the overview when it asks for none or an unknown one). */
+function viewAsked(): string {
   const asked = (location.hash || "#overview").slice(1).split("&")[0] || "overview";
-  const view = asked in VIEWS ? asked : "overview";
+  return asked in VIEWS ? asked : "overview";
+}
+
+function route(): void {
+  const view = viewAsked();
   if (view !== "simulations") leaveSimulations();
   document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = v.id !== view));
   // A job's page belongs to the queue, a plan's to Plans & actions.

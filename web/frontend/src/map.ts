@@ -10,6 +10,12 @@
 // not laid out until scrolled to (`content-visibility: auto` in style.css), so 1,000
 // nodes stay quick to draw and scroll.
 //
+// At 10,000 GPUs the cost of a draw is the browser parsing the cells' markup: a cell has
+// no style attribute (an inline style is a stylesheet parsed per element, five times the
+// rest of a cell's markup), but a class for its colour (c0, c1 …, rules in a constructed
+// stylesheet) and one for its measured-busy band (u0 … u14, style.css). The
+// first rows are painted before the rest are put in, a chunk per task after that frame.
+//
 // The map is an ARIA grid (a row per node, a gridcell per GPU) that the keyboard moves
 // through (map_grid.ts); activating a cell, by click, Enter or Space, opens the page of
 // the job holding the GPU.
@@ -39,8 +45,12 @@ const CHUNK_ROWS = 200;
 let drawing = 0;
 // The most legend entries drawn (colouring by job at 1,000 nodes means thousands of jobs).
 const LEGEND_MAX = 40;
-// The reply drawn last, less its time (measured_since moves with every read).
-let shownFrom = "";
+// The reply drawn last, less its time (measured_since moves with every read), made when a
+// refresh first compares a reply with it (not on a first read: it costs a frame at 1,000
+// nodes).
+let shownFrom: string | null = null;
+// The band classes' steps: a cell's dark band is its utilization × BAND_PX pixels high.
+const BAND_PX = 14;
 const poller = new Poller("nodes", () => load(true));
 
 /** The chosen cluster's map (the router, a change of cluster). */
@@ -62,7 +72,7 @@ async function read(refreshing: boolean): Promise<void> {
   const view = $("#gpu-map");
   if (!cluster) {
     shown = null;
-    shownFrom = "";
+    shownFrom = null;
     shownNodes = new Map();
     view.innerHTML = "<p>No clusters.</p>";
     return;
@@ -81,8 +91,8 @@ async function read(refreshing: boolean): Promise<void> {
   }
   if (!current()) return;
   $("#map-error").hidden = true;
-  const from = JSON.stringify({ ...map, measured_since: null });
-  const same = refreshing && shown !== null && from === shownFrom;
+  const from = refreshing ? comparable(map) : null;
+  const same = from !== null && shown !== null && from === (shownFrom ?? comparable(shown));
   shown = map;
   shownFrom = from;
   if (same) {
@@ -94,11 +104,16 @@ async function read(refreshing: boolean): Promise<void> {
   drawMap(refreshing);
 }
 
+/** A reply as the refresh compares it: everything but its time. */
+function comparable(map: ClusterMap): string {
+  return JSON.stringify({ ...map, measured_since: null });
+}
+
 /**
  * Draws the last reply in the current colouring: the first rows at once, the rest a chunk
- * per task after it, so the first screen shows before 1,000 rows are parsed; ``whole``
- * (a refresh), every row at once. A newer draw (another reply, another colouring) stops an
- * older one's chunks.
+ * per task once they are painted, so the first screen shows before 1,000 rows are parsed;
+ * ``whole`` (a refresh), every row at once. A newer draw (another reply, another
+ * colouring) stops an older one's chunks. Rows the filters leave out are drawn hidden.
  */
 export function drawMap(whole = false): void {
   const map = shown;
@@ -106,13 +121,17 @@ export function drawMap(whole = false): void {
   const mine = ++drawing;
   const by = select("#map-colour").value === "job" ? "job" : "team";
   const colour = colours(map, by);
+  writeColourRules(colour.size);
   const marks = marked(map.moves);
   const view = $("#gpu-map");
-  const rows = (from: number, to: number): string =>
-    map.nodes
+  // Each chunk reads the filters: one changed while chunks are still to come hides theirs.
+  const rows = (from: number, to: number): string => {
+    const left = leftOut(select("#map-model").value, select("#map-state").value);
+    return map.nodes
       .slice(from, to)
-      .map((node, i) => row(map, node, from + i, colour, marks, by))
+      .map((node, i) => row(map, node, from + i, colour, marks, by, left(node.gpu_model ?? "", node.state)))
       .join("");
+  };
   // Focus in the grid goes back to its cell once the new rows are in (placeTabStop).
   const hadFocus = view.contains(document.activeElement);
   view.dataset.cluster = map.cluster;
@@ -125,7 +144,7 @@ export function drawMap(whole = false): void {
   view.innerHTML = rows(0, first);
   redraw($("#map-legend"), legend(map, by, colour));
   redraw($("#map-moves"), movesList(map));
-  filterMap();
+  summarise(map, select("#map-model").value, select("#map-state").value);
   placeTabStop(view, hadFocus);
   if (whole) {
     view.scrollTop = scrolled.grid;
@@ -137,13 +156,36 @@ export function drawMap(whole = false): void {
     if (next < map.nodes.length) {
       view.insertAdjacentHTML("beforeend", rows(next, next + CHUNK_ROWS));
       next += CHUNK_ROWS;
-      filterMap();
+      // The tab stop may be remembered on a row just put in (a redraw of another colouring).
+      placeTabStop(view);
       window.setTimeout(more, 0);
     } else {
       view.dataset.drawn = "all";
     }
   };
-  more();
+  afterPaint(more);
+}
+
+/** Runs ``next`` in a task after the next frame is painted (at once in a hidden tab, which
+ * paints no frames). */
+function afterPaint(next: () => void): void {
+  if (document.visibilityState === "hidden") window.setTimeout(next, 0);
+  else requestAnimationFrame(() => window.setTimeout(next, 0));
+}
+
+// The colour classes' rules: one per colour of the palette and the hues after it, written
+// when a draw needs more than there are. A constructed stylesheet: the page's
+// Content-Security-Policy (style-src 'self') refuses a <style> element's text.
+const colourSheet = new CSSStyleSheet();
+document.adoptedStyleSheets = [...document.adoptedStyleSheets, colourSheet];
+let colourRules = 0;
+
+function writeColourRules(needed: number): void {
+  if (needed <= colourRules) return;
+  const rules: string[] = [];
+  for (let i = 0; i < needed; i++) rules.push(`#gpu-map .gpu.c${i}{background:${tint(i)}}`);
+  colourSheet.replaceSync(rules.join("\n"));
+  colourRules = needed;
 }
 
 /** Hides the rows the model and state filters leave out; the rows are not drawn again. */
@@ -205,14 +247,15 @@ function fillModels(map: ClusterMap): void {
   chooser.value = models.includes(chosen) ? chosen : "";
 }
 
-/** A colour per team or per job, in the order they first hold a GPU of the map. */
-function colours(map: ClusterMap, by: "team" | "job"): Map<string, string> {
-  const keys = new Map<string, string>();
+/** A colour per team or per job, in the order they first hold a GPU of the map: its
+ * number (the cell's class c<number>, the colour tint(number)). */
+function colours(map: ClusterMap, by: "team" | "job"): Map<string, number> {
+  const keys = new Map<string, number>();
   for (const node of map.nodes) {
     for (const holder of node.holders) {
       if (holder == null) continue;
       const key = keyOf(map.jobs[holder], by);
-      if (!keys.has(key)) keys.set(key, tint(keys.size));
+      if (!keys.has(key)) keys.set(key, keys.size);
     }
   }
   return keys;
@@ -253,9 +296,10 @@ function row(
   map: ClusterMap,
   node: MapNode,
   position: number,
-  colour: Map<string, string>,
+  colour: Map<string, number>,
   marks: Marks,
   by: "team" | "job",
+  hidden: boolean,
 ): string {
   const cells = node.holders.map((_, i) => cell(map, node, i, colour, marks, by)).join("");
   const held = node.holders.filter((h) => h != null).length;
@@ -265,7 +309,7 @@ function row(
   // Screen readers hear the hint in the row header's name, in words; the hint itself is
   // hidden from them, as it would be read as a stray cell of the row.
   const said = `${esc(node.name)} · ${esc(node.gpu_model || "no GPU")} · ${held} of ${node.holders.length} GPUs held · ${esc(node.state)}${busy}`;
-  return `<div class="gpu-row ${esc(node.state)}" role="row" aria-rowindex="${position + 1}" data-node="${esc(node.name)}" data-model="${esc(node.gpu_model ?? "")}" data-state="${esc(node.state)}">
+  return `<div class="gpu-row ${esc(node.state)}" role="row" aria-rowindex="${position + 1}" data-node="${esc(node.name)}" data-model="${esc(node.gpu_model ?? "")}" data-state="${esc(node.state)}"${hidden ? " hidden" : ""}>
     <span class="name" role="rowheader" aria-label="${said}">${esc(node.name)}</span><span class="cells" role="none">${cells}</span>
     <span class="hint" aria-hidden="true">${hint}</span></div>`;
 }
@@ -274,7 +318,7 @@ function cell(
   map: ClusterMap,
   node: MapNode,
   index: number,
-  colour: Map<string, string>,
+  colour: Map<string, number>,
   marks: Marks,
   by: "team" | "job",
 ): string {
@@ -284,7 +328,9 @@ function cell(
   const memory = node.mem_used_gib[index];
   const mark = marks.get(`${node.name}/${index}`);
   const classes = ["gpu"];
-  if (job) classes.push("busy");
+  if (job) classes.push("busy", `c${colour.get(keyOf(job, by))}`);
+  // The measured busy fraction as a dark band rising from the cell's foot (style.css).
+  if (util != null) classes.push(`u${Math.round(util * BAND_PX)}`);
   if (mark?.from.length) classes.push("move-from");
   if (mark?.to.length) classes.push("move-to");
   const said = [`${node.name} GPU ${index}`, job ? `job ${job.external_id} · team ${job.team}` : "free"];
@@ -295,10 +341,6 @@ function cell(
   }
   if (mark?.from.length) said.push(`planned to leave (action ${mark.from.map((a) => `#${a}`).join(", ")})`);
   if (mark?.to.length) said.push(`planned to take (action ${mark.to.map((a) => `#${a}`).join(", ")})`);
-  // The measured busy fraction as a dark band rising from the cell's foot.
-  const styles: string[] = [];
-  if (job) styles.push(`background:${colour.get(keyOf(job, by))}`);
-  if (util != null) styles.push(`box-shadow:inset 0 -${Math.round(util * 14)}px 0 rgb(0 0 0 / 35%)`);
   const data = [
     `data-index="${index}"`,
     job ? `data-job="${esc(job.external_id)}" data-team="${esc(job.team)}"` : "",
@@ -309,10 +351,10 @@ function cell(
     .filter(Boolean)
     .join(" ");
   // Its name is the title (no text inside); tabindex -1: focusable, but one tab stop in all.
-  return `<span class="${classes.join(" ")}" role="gridcell" tabindex="-1" ${data}${styles.length ? ` style="${styles.join(";")}"` : ""} title="${esc(said.join(" · "))}"></span>`;
+  return `<span class="${classes.join(" ")}" role="gridcell" tabindex="-1" ${data} title="${esc(said.join(" · "))}"></span>`;
 }
 
-function legend(map: ClusterMap, by: "team" | "job", colour: Map<string, string>): string {
+function legend(map: ClusterMap, by: "team" | "job", colour: Map<string, number>): string {
   const held = new Map<string, number>();
   for (const node of map.nodes) {
     for (const holder of node.holders) {
@@ -322,8 +364,8 @@ function legend(map: ClusterMap, by: "team" | "job", colour: Map<string, string>
     }
   }
   const entries = [...colour].slice(0, LEGEND_MAX).map(
-    ([key, tinted]) =>
-      `<li data-key="${esc(key)}"><span class="swatch" style="background:${tinted}"></span>${esc(key)} <span class="hint">${held.get(key) ?? 0} GPUs</span></li>`,
+    ([key, number]) =>
+      `<li data-key="${esc(key)}"><span class="swatch" style="background:${tint(number)}"></span>${esc(key)} <span class="hint">${held.get(key) ?? 0} GPUs</span></li>`,
   );
   const more = colour.size > LEGEND_MAX ? `<li class="hint">… and ${colour.size - LEGEND_MAX} more ${by}s</li>` : "";
   return `<ul class="legend" aria-label="Legend, by ${by}">${entries.join("")}${more}

@@ -82,11 +82,39 @@ async function showReplay(): Promise<void> {
   );
 }
 
-async function showFigures(known: Cluster[] | null): Promise<void> {
+// The figures' read started at sign-in (readFiguresEarly), for the first showing to take.
+interface FiguresRead {
+  reply: Promise<FleetOverview>;
+  signal: AbortSignal;
+  current: () => boolean;
+}
+let early: FiguresRead | null = null;
+
+/**
+ * Starts reading the figures now, beside sign-in's reads (main.ts), when the overview is
+ * the page it will show: on a fresh load they are then not read only after those.
+ */
+export function readFiguresEarly(): void {
   const { signal, current } = figuresRequest.begin();
+  const reply = api<FleetOverview>("/overview", { signal });
+  reply.catch(() => undefined); // showFigures takes the failure, if it takes the read
+  early = { reply, signal, current };
+}
+
+/** The early read if no read has begun since it, else a new one. */
+function figuresRead(): FiguresRead {
+  const started = early;
+  early = null;
+  if (started?.current()) return started;
+  const { signal, current } = figuresRequest.begin();
+  return { reply: api<FleetOverview>("/overview", { signal }), signal, current };
+}
+
+async function showFigures(known: Cluster[] | null): Promise<void> {
+  const { reply, signal, current } = figuresRead();
   // A refresh reads the clusters too: their connector status and any cluster new since.
   const [overview, clusters] = await Promise.all([
-    api<FleetOverview>("/overview", { signal }),
+    reply,
     known ? Promise.resolve(known) : api<Cluster[]>("/clusters", { signal }),
   ]);
   if (!current()) return;
