@@ -54,6 +54,14 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   that arrived as move ``args["name"]`` is cancelled; the result's ``external_id`` is its id,
   or null when none arrived or it has ended. Fenced under the same key as ``submit``, so a
   late submit of the superseded generation is refused, and submits nothing, after it.
+* ``drain`` → ``drain_node(workload_id, reason=args["reason"])``, ``undrain`` →
+  ``undrain_node(workload_id)`` (``SupportsDrain``): steps about a node, not a job — the
+  step's ``workload_id`` is the node's name. The connector leaves a node already in that
+  state as it is. Their ``confirm`` (``expect: drained``, ``expect: up``) reads the node
+  back: ``draining`` (or ``down``: Ray lets an idle drained node go) or ``up``; "not yet"
+  is retryable, as for a job. Fenced under ``node:<name>``, where the saga's generation is
+  the action's id: a late step of an older drain or undrain of the node is refused once a
+  newer one has been seen.
 
 Before a ``requeue`` or ``suspend``, a connector that restarts stopped work itself
 (``SupportsResumePointer``: Kubernetes, Kueue) is handed the step's resume pointer:
@@ -92,6 +100,7 @@ from connectors.base import (
     ConnectorError,
     SupportsArrivalCheck,
     SupportsCancel,
+    SupportsDrain,
     SupportsHold,
     SupportsMovedCancel,
     SupportsNodeCount,
@@ -106,7 +115,7 @@ from connectors.base import (
 )
 from wire.queues import connector_queue
 from wire.steps import ConnectorStep, Outcome, StepReport, StepRequest
-from wire.telemetry import TERMINAL_JOB_STATES, JobReport, JobState, SubmitSpec
+from wire.telemetry import TERMINAL_JOB_STATES, JobReport, JobState, NodeState, SubmitSpec
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +206,8 @@ class ConnectorStepExecutor:
             ConnectorStep.cancel: self._cancel,
             ConnectorStep.submit: self._submit,
             ConnectorStep.withdraw: self._withdraw,
+            ConnectorStep.drain: self._drain,
+            ConnectorStep.undrain: self._undrain,
         }
 
     def handle(self, message: Mapping[str, Any]) -> StepReport | None:
@@ -361,9 +372,12 @@ class ConnectorStepExecutor:
         expect = args.get("expect")
         if expect == "accepted":
             return self._confirm_arrival(workload_id)
+        if expect in NODE_EXPECTATIONS:
+            return self._confirm_node(workload_id, expect)
         if expect not in ("running", "stopped"):
             raise _Refused(
-                f"confirm needs args.expect 'running', 'stopped' or 'accepted', got {expect!r}"
+                "confirm needs args.expect 'running', 'stopped', 'accepted', 'drained' or "
+                f"'up', got {expect!r}"
             )
         job = self._job(workload_id)
         if job is None:
@@ -395,6 +409,37 @@ class ConnectorStepExecutor:
         else:
             seen = check_reported(self._job(workload_id), workload_id)
         return self._done(seen, workload_id, accepted=True)
+
+    def _confirm_node(self, node: str, expect: str) -> dict[str, Any]:
+        """A drain's or undrain's confirm: the scheduler reports the node in the state asked
+        for (a drained node may have left: Ray lets an idle one go, so ``down`` counts)."""
+        read_state = getattr(self.connector, "read_state", None)
+        if read_state is None:
+            raise _Refused(f"the {self.cluster} connector cannot read its scheduler")
+        report = next((n for n in read_state().nodes if n.name == node), None)
+        if report is None:
+            raise ConnectorError(f"the scheduler does not report node {node}", retryable=True)
+        seen = f"node {node} is {report.state.value}"
+        if report.state not in NODE_EXPECTATIONS[expect]:
+            raise ConnectorError(f"{seen}; expected {expect}", retryable=True)
+        return self._done(seen, node, node=node, state=report.state.value)
+
+    def _drainer(self, step: str) -> Any:
+        if not isinstance(self.connector, SupportsDrain):
+            kind = getattr(self.connector, "kind", type(self.connector).__name__)
+            raise _Refused(f"the {kind} connector cannot {step} nodes")
+        return self.connector
+
+    def _drain(self, node: str, args: dict[str, Any]) -> dict[str, Any]:
+        reason = args.get("reason") or "drained by Shaper"
+        if not isinstance(reason, str):
+            raise _Refused(f"drain's args.reason must be a string, got {reason!r}")
+        self._drainer("drain").drain_node(node, reason=reason)
+        return self._done(f"drained node {node} ({reason})", node, node=node, reason=reason)
+
+    def _undrain(self, node: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._drainer("undrain").undrain_node(node)
+        return self._done(f"gave node {node} back to the scheduler", node, node=node)
 
     def _reserve(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         gpus = args.get("gpus")
@@ -576,6 +621,12 @@ class ConnectorStepExecutor:
         return self._done(summary, workload_id, external_id=external_id, name=name)
 
 
+# A node step's confirm: the node states that satisfy each ``args.expect``.
+NODE_EXPECTATIONS: dict[str, frozenset[NodeState]] = {
+    "drained": frozenset({NodeState.draining, NodeState.down}),
+    "up": frozenset({NodeState.up}),
+}
+
 # Words of a pending job's reason that say a hold keeps it (each connector's own): Slurm's
 # JobHeldUser/JobHeldAdmin, a suspended Kubernetes Job (Kubernetes' hold), a deactivated
 # Kueue Workload (Kueue's hold).
@@ -599,6 +650,10 @@ def _fence(request: StepRequest) -> str:
     the same key: once a newer saga has withdrawn the job, a late submit of an older one
     is refused instead of submitting it again."""
     workload_id = request.workload_id or ""
+    if request.step in (ConnectorStep.drain, ConnectorStep.undrain) or (
+        request.step == ConnectorStep.confirm and request.args.get("expect") in NODE_EXPECTATIONS
+    ):
+        return f"node:{workload_id}"  # a node's name, which may equal a job's id
     if request.step not in (ConnectorStep.submit, ConnectorStep.withdraw):
         return workload_id
     source = request.args.get("source_cluster")

@@ -216,6 +216,22 @@ class SupportsNodeCount(Protocol):
 
 
 @runtime_checkable
+class SupportsDrain(Protocol):
+    """Take a node out of the scheduler's placement, and give it back (an operator's drain:
+    ``POST /clusters/{cluster}/nodes/{node}/drain``, run as the ``drain`` step).
+
+    ``drain_node(node, reason=…)``: the scheduler places no new work on ``node`` (Shaper's
+    name for it, as telemetry reports it); what runs there goes on. Idempotent: a node
+    already draining or drained succeeds untouched. ``undrain_node(node)``: the scheduler
+    may place work there again; idempotent too. A scheduler that cannot undrain (Ray) raises
+    a non-retryable ConnectorError saying so. An unknown node is a non-retryable
+    ConnectorError; telemetry reports a draining node as ``NodeState.draining``."""
+
+    def drain_node(self, node: str, *, reason: str) -> None: ...
+    def undrain_node(self, node: str) -> None: ...
+
+
+@runtime_checkable
 class SupportsChangeWait(Protocol):
     """Connectors that learn of changes as they happen (a Kubernetes watch): the runner
     waits on this between pushes instead of sleeping its whole interval, so a change reaches

@@ -64,6 +64,15 @@ class ConnectorStep(StrEnum):
     # there is one (a submit whose answer was lost may or may not have reached it). The
     # result's ``external_id`` is the job cancelled, or null when none had arrived.
     withdraw = "withdraw"
+    # Take a node out of the scheduler's placement (``workload_id``: the node's name, as the
+    # connector reports it; ``args.reason``: why, for the scheduler's record): Slurm's
+    # DRAIN, a Kubernetes cordon, Ray's GCS drain. Work already there keeps running.
+    # Idempotent: a node already draining or drained is left as it is. Its confirm
+    # (``args.expect: drained``) reads the node back reported draining (or down).
+    drain = "drain"
+    # Give a drained node back to the scheduler (Slurm's RESUME, an uncordon); refused where
+    # the scheduler has no such thing (Ray). Its confirm: ``args.expect: up``.
+    undrain = "undrain"
 
 
 class StepPhase(StrEnum):

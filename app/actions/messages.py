@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from app.actions.models import Action, ActionKind, ActionStep
+from app.actions.models import NODE_ACTION_KINDS, Action, ActionKind, ActionStep
 from app.core.lookup import row_id
 from app.jobs.models import Job
 from wire.queues import (
@@ -112,6 +112,9 @@ def step_message(
             args.update({"expect": "running", "nodes": targets})
         elif kind is ActionKind.move:
             args["expect"] = "accepted"  # the target's scheduler runs the copy (recipes)
+        elif kind in NODE_ACTION_KINDS:
+            # The node read back: draining (or gone) after a drain, up after an undrain.
+            args["expect"] = "drained" if kind is ActionKind.drain else "up"
         else:
             args["expect"] = "stopped"
     if step.name == AgentStep.release:
@@ -121,6 +124,10 @@ def step_message(
             step.phase == StepPhase.forward and ActionKind(action.kind) is ActionKind.preempt
         )
     workload_id = job.external_id if job is not None else None
+    if kind in NODE_ACTION_KINDS:
+        workload_id = action.source_node  # the node the steps are about (connectors.actions)
+        if step.name == ConnectorStep.drain:
+            args["reason"] = action.reason
     if kind is ActionKind.move:
         workload_id = _move_workload(action, job, step, steps, args)
     if is_connector_queue(step.queue):

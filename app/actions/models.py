@@ -5,9 +5,10 @@ from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict
 from sqlmodel import Field, SQLModel
 
-from app.core.types import enum_column, json_column, required_utc_column, utc_column
+from app.core.types import NoNulStr, enum_column, json_column, required_utc_column, utc_column
 from wire.steps import StepPhase
 
 
@@ -32,6 +33,16 @@ class ActionKind(StrEnum):
     # A pending job goes to another cluster of its federation group (``target_cluster``):
     # submitted there, cancelled here once the target has accepted it.
     move = "move"
+    # An operator's, about a node rather than a job (no job; ``source_node`` and
+    # ``target_node`` name the node): the scheduler places no new work there (drain), or
+    # may again (undrain). POST /clusters/{cluster}/nodes/{node}/drain and /undrain.
+    drain = "drain"
+    undrain = "undrain"
+
+
+# The kinds about a node, not a job: no job, fenced per node (app.actions.saga), never
+# compensated (a drain is not undone because its confirm failed).
+NODE_ACTION_KINDS = frozenset({ActionKind.drain, ActionKind.undrain})
 
 
 class ActionState(StrEnum):
@@ -95,7 +106,8 @@ class ActionPublic(SQLModel):
     cluster: str
     # Where a ``move`` sends the job (the action's ``cluster`` is where it comes from).
     target_cluster: str | None = None
-    # The job's id (GET /jobs/{job_id}); None once the job's row is gone.
+    # The job's id (GET /jobs/{job_id}); None once the job's row is gone, and for a node's
+    # action (drain, undrain: ``source_node`` names the node).
     job_id: int | None = None
     job_external_id: str | None
     kind: ActionKind
@@ -119,6 +131,16 @@ class ActionPublic(SQLModel):
     finished_at: datetime | None = None
 
 
+class NodeActionRequest(BaseModel):
+    """An operator's drain or undrain of one node (the body is optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Why, kept on the action and handed to the scheduler (Slurm's node Reason, Ray's drain
+    # message); absent: Shaper says who asked.
+    reason: NoNulStr | None = Field(default=None, min_length=1, max_length=1024)
+
+
 class Action(SQLModel, table=True):
     __tablename__ = "actions"
     __table_args__ = (sa.Index("ix_actions_cluster_state", "cluster_id", "state"),)
@@ -133,6 +155,7 @@ class Action(SQLModel, table=True):
             sa.Integer, sa.ForeignKey("clusters.id", ondelete="CASCADE"), nullable=False
         )
     )
+    # NULL for a node's action (NODE_ACTION_KINDS) and once the job's row is gone.
     job_id: int | None = Field(
         default=None,
         sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="SET NULL"), index=True),

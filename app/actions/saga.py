@@ -16,6 +16,9 @@ Which steps each action kind runs, in which order, and what compensation runs ar
    bump the job's generation (the fencing token) when the saga moves the job, and go
    ``dispatched`` → ``running``.
    An action whose job another saga is already moving is cancelled, not queued.
+   A node's action (drain, undrain: ``NODE_ACTION_KINDS``) has no job: it is fenced per
+   node instead — cancelled while another drain or undrain of the node runs, and its
+   steps carry the action's id as their generation (``recipes.node_steps``).
 3. **Step**: in the current phase, the first step that is not finished decides —
    ``pending``: mark it ``sent`` and emit its message; ``sent`` for longer than its timeout:
    emit it again under the same key (the executor deduplicates) or, after
@@ -45,6 +48,7 @@ from app.actions import service as action_service
 from app.actions.messages import Outgoing, step_message
 from app.actions.models import (
     ACTIVE_ACTION_STATES,
+    NODE_ACTION_KINDS,
     TERMINAL_ACTION_STATES,
     TRANSITIONS,
     UNDONE_ACTION_STATES,
@@ -63,6 +67,7 @@ from app.actions.recipes import (
     answered_or_given_up,
     compensation_steps,
     forward_steps,
+    node_steps,
     resume_step,
 )
 from app.clusters.models import Cluster
@@ -74,7 +79,7 @@ from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from wire.queues import CONTROL_QUEUE, executor_scope, is_agent_queue, is_connector_queue
 from wire.steps import AgentStep, ConnectorStep, StepPhase, StepReport
-from wire.telemetry import JobState
+from wire.telemetry import JobState, NodeState
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +276,8 @@ def _advance_locked(
         _move(action, ActionState.succeeded, now)
         if job is not None:
             _record_placement(session, action, job, now)
+        elif ActionKind(action.kind) in NODE_ACTION_KINDS:
+            _record_node_state(session, action, steps, now)
     else:
         _move(action, ActionState.compensated, now)
         action.error = f"{action.error or 'failed'}; compensated: {_compensation_summary(steps)}"[
@@ -344,8 +351,72 @@ def _record_placement(session: Session, action: Action, job: Job, now: datetime)
     session.add(job)
 
 
+def _record_node_state(
+    session: Session, action: Action, steps: list[ActionStep], now: datetime
+) -> None:
+    """A drain or undrain confirmed: the node's state as its confirm read it, in the
+    control plane's view until the connector's next telemetry says otherwise."""
+    confirm = next((s for s in steps if s.name == ConnectorStep.confirm), None)
+    seen = (confirm.result.get("state") if confirm is not None else None) or (
+        NodeState.draining if ActionKind(action.kind) is ActionKind.drain else NodeState.up
+    )
+    node = _node_of(session, action)
+    if node is None or seen not in {s.value for s in NodeState}:
+        return
+    node.state = NodeState(seen)
+    node.updated_at = now
+    session.add(node)
+
+
+def _node_of(session: Session, action: Action, *, lock: bool = False) -> Node | None:
+    """The node a drain or undrain is about (``source_node``), locked when asked."""
+    query = select(Node).where(
+        Node.cluster_id == action.cluster_id, Node.name == action.source_node
+    )
+    return session.exec(query.with_for_update() if lock else query).first()
+
+
+def _dispatch_node(session: Session, action: Action, now: datetime) -> bool:
+    """Plan a node action's steps, fenced per node: False when it cannot run."""
+    node = _node_of(session, action, lock=True)  # one dispatch per node at a time
+    cluster = session.exec(select(Cluster).where(Cluster.id == action.cluster_id)).one()
+    if node is None:
+        return _cancel(action, now, f"cluster {cluster.name} has no node {action.source_node}")
+    busy = session.exec(
+        select(Action.id).where(
+            Action.cluster_id == action.cluster_id,
+            Action.source_node == action.source_node,
+            col(Action.kind).in_([k.value for k in NODE_ACTION_KINDS]),
+            Action.id != action.id,
+            col(Action.state).in_(IN_FLIGHT),
+        )
+    ).first()
+    if busy is not None:
+        return _cancel(
+            action, now, f"action {busy} is already draining or undraining node {node.name}"
+        )
+    try:
+        steps = node_steps(action, cluster)
+    except Unplannable as error:
+        return _cancel(action, now, str(error))
+    return _start(session, action, steps, row_id(action), now)
+
+
+# A saga in flight: another one for the same job (or node) must not start beside it.
+IN_FLIGHT = [ActionState.dispatched, ActionState.running, ActionState.compensating]
+
+
+def _cancel(action: Action, now: datetime, error: str) -> bool:
+    """An approved action that cannot run: cancelled with why; False, for _dispatch."""
+    _move(action, ActionState.cancelled, now)
+    action.error = error
+    return False
+
+
 def _dispatch(session: Session, action: Action, now: datetime) -> bool:
     """Plan the forward steps and fence the job; False when the action cannot run."""
+    if ActionKind(action.kind) in NODE_ACTION_KINDS:
+        return _dispatch_node(session, action, now)
     job = None
     if action.job_id is not None:
         job = session.exec(select(Job).where(Job.id == action.job_id).with_for_update()).first()
@@ -357,9 +428,7 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
         select(Action.id).where(
             Action.job_id == job.id,
             Action.id != action.id,
-            col(Action.state).in_(
-                [ActionState.dispatched, ActionState.running, ActionState.compensating]
-            ),
+            col(Action.state).in_(IN_FLIGHT),
         )
     ).first()
     if busy is not None:
@@ -387,7 +456,14 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
         job.generation = generation
         job.updated_at = now
         session.add(job)
-    action.fencing_token = generation
+    return _start(session, action, steps, generation, now)
+
+
+def _start(
+    session: Session, action: Action, steps: list[ActionStep], token: int, now: datetime
+) -> bool:
+    """A dispatched action's steps stored under its fencing token: it runs."""
+    action.fencing_token = token
     for step in steps:
         session.add(step)
     _move(action, ActionState.dispatched, now)

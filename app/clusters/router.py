@@ -1,7 +1,12 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated, Any
 
+from fastapi import APIRouter, Body, Response
+
+from app.actions import drains
+from app.actions.models import ActionKind, ActionPublic, NodeActionRequest
+from app.actions.router import DispatcherDep
 from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.clusters import service
 from app.clusters.models import CLUSTER_NAME_PATTERN, ClusterCreate, ClusterPublic, ClusterUpdate
@@ -50,3 +55,61 @@ def update_cluster(
 def delete_cluster(session: SessionDep, clock: ClockDep, actor: ActorDep, cluster: str) -> Response:
     service.delete_cluster(session=session, name=cluster, now=clock.now(), actor=actor)
     return Response(status_code=204)
+
+
+# --- an operator's drain and undrain of a node (app.actions.drains) ------------------------
+
+_NODE_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {
+        "description": "The node is in that state already, or a drain or undrain of it has "
+        "not ended"
+    }
+}
+
+
+def _node_route(kind: ActionKind, summary: str) -> None:
+    """``POST /{cluster}/nodes/{node}/<kind>``: an approved action of that kind, dispatched
+    at once, that the cluster's connector carries out and then reads back."""
+
+    def route(
+        session: SessionDep,
+        clock: ClockDep,
+        actor: ActorDep,
+        dispatch: DispatcherDep,
+        cluster: str,
+        node: str,
+        body: Annotated[NodeActionRequest | None, Body()] = None,
+    ) -> ActionPublic:
+        action = drains.request_node_action(
+            session=session,
+            cluster=cluster,
+            node=node,
+            kind=kind,
+            reason=body.reason if body is not None else None,
+            now=clock.now(),
+            actor=actor,
+        )
+        dispatch(action.id)
+        return action
+
+    router.post(
+        f"/{{cluster}}/nodes/{{node}}/{kind.value}",
+        status_code=202,
+        responses=_NODE_CONFLICT,
+        name=f"{kind.value}_node",
+        description=summary + " (GET /actions/{id} follows the action).",
+        **scoped("operator"),
+    )(route)
+
+
+_node_route(
+    ActionKind.drain,
+    "Take the node out of its scheduler's placement (work there runs on): an approved "
+    "`drain` action, dispatched at once, that the cluster's connector carries out and then "
+    "reads back",
+)
+_node_route(
+    ActionKind.undrain,
+    "Give a drained node back to its scheduler: an `undrain` action, as a drain's (Ray has "
+    "no undrain: its action fails saying so)",
+)

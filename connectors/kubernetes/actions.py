@@ -21,8 +21,9 @@ delete_pod             delete pods
 =====================  ===============================================================
 
 deploy/kubernetes/ grants what the saga's steps (connectors.kubernetes.capabilities) call:
-``evict`` and ``cordon``/``uncordon`` are library functions that no plan drives yet, so
-the deployed role does not allow them (a site that calls them adds the rules).
+``evict`` is a library function that no plan drives yet, so the deployed role does not
+allow it; ``cordon``/``uncordon`` are an operator's drain and undrain of a node (the
+``drain`` and ``undrain`` steps), which need ``patch nodes`` in the role.
 
 Moving work follows one contract with the workload, the same as the node agent's
 ``signal`` backend: a pod that can move says so with the annotation

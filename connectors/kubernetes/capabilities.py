@@ -29,6 +29,8 @@ check_arrival                       a moved Job's confirm: judged from the Job a
                                     pods (connectors.kubernetes.arrival)
 set_resume_pointer                  kept for the ``requeue``/``suspend``/``release`` that
                                     follows
+drain / undrain (a node)            ``cordon`` / ``uncordon`` (patch nodes: the deployed
+                                    role must allow it)
 ==================================  ==========================================================
 
 Anything else is refused with a non-retryable :class:`ConnectorError` that says why (the
@@ -258,6 +260,18 @@ class KubernetesCapabilities(KubernetesMoves):
             actions.delete_pod(self.api, namespace=owner.namespace, pod=owner.name)
         else:
             raise _cannot("cancel", owner, "its owner is the site's to delete, not Shaper's")
+
+    # --- SupportsDrain ---------------------------------------------------------------------
+
+    def drain_node(self, node: str, *, reason: str = "drained by Shaper") -> None:
+        """``kubectl cordon``: the node's pods keep running (Kubernetes keeps no reason on a
+        cordon; the action's row does). Idempotent."""
+        actions.cordon(self.api, node=node)
+
+    def undrain_node(self, node: str) -> None:
+        """``kubectl uncordon``. Idempotent. (A node tainted NoSchedule stays draining in
+        telemetry: the taint is the site's, not Shaper's to lift.)"""
+        actions.uncordon(self.api, node=node)
 
     # --- helpers ---------------------------------------------------------------------------
 

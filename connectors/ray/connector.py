@@ -29,7 +29,12 @@ check_arrival               a moved job's confirm (SupportsArrivalCheck): accept
                             its entrypoint runs (or ran), rejected if it ended before
 resize(replicas)            a Serve deployment (``serve:<app>/<deployment>``): Serve's
                             external scaler, ``POST /api/v1/applications/…/scale``
-drain_node (not a step)     the GCS's drain (connectors.ray.drain); no plan drives it yet
+drain (a node)              the GCS's drain (connectors.ray.drain), reason *preemption*
+                            with the operator's reason as its message; a node already
+                            draining, or gone (Ray lets an idle drained node go), is left
+                            as it is
+undrain (a node)            refused: Ray has no undrain (a drain ends with the node gone;
+                            ``ray start`` on the machine brings it back as a new node)
 ==========================  ===============================================================
 
 Telemetry puts a ``SubmitSpec`` on every pending, held and running job that can move to
@@ -538,25 +543,43 @@ class RayConnector:
                 raise _cannot("resize", external_id, "Serve has no such deployment") from error
             raise
 
-    # --- draining (a library function: no saga step drives it yet) ------------------------
+    # --- draining (SupportsDrain: the ``drain`` and ``undrain`` steps) ----------------------
 
     def drain_node(
-        self, node: str, *, message: str = "drained by Shaper", deadline_s: float | None = None
+        self, node: str, *, reason: str = "drained by Shaper", deadline_s: float | None = None
     ) -> None:
-        """Ask Ray to place nothing new on ``node`` (by Shaper's name for it)."""
+        """Ask Ray to place nothing new on ``node`` (by Shaper's name for it); ``reason``
+        is the drain's message in Ray. Idempotent: a node that drains already, or has gone
+        (an idle drained node leaves at once), is left alone."""
         if not self.config.gcs_address:
             raise ConnectorError(
                 f"drain node {node}: set the connector's gcs_address (the head's GCS, "
                 "host:port): Ray drains nodes through its GCS only",
                 retryable=False,
             )
-        by_name = {n.report.name: n for n in self.read_nodes()}
-        target = by_name.get(node)
+        target = self._node(node, "drain")
+        if target.report.state is not NodeState.up:
+            logger.info("drain node %s: already %s", node, target.report.state.value)
+            return
+        gcs.drain(self.config.gcs_address, target.node_id, message=reason, deadline_s=deadline_s)
+
+    def undrain_node(self, node: str) -> None:
+        """Ray has no undrain: a node that is up is left as it is, any other refused."""
+        target = self._node(node, "undrain")
+        if target.report.state is NodeState.up:
+            return
+        raise ConnectorError(
+            f"undrain node {node}: Ray has no undrain (the node is "
+            f"{target.report.state.value}; a drained Ray node leaves the cluster once idle: "
+            "run `ray start --address <head>` on that machine to bring it back as a new node)",
+            retryable=False,
+        )
+
+    def _node(self, node: str, what: str) -> RayNode:
+        target = {n.report.name: n for n in self.read_nodes()}.get(node)
         if target is None:
-            raise ConnectorError(f"drain node {node}: Ray has no such node", retryable=False)
-        if target.report.state is NodeState.down:
-            raise ConnectorError(f"drain node {node}: the node is down", retryable=False)
-        gcs.drain(self.config.gcs_address, target.node_id, message=message, deadline_s=deadline_s)
+            raise ConnectorError(f"{what} node {node}: Ray has no such node", retryable=False)
+        return target
 
     # --- the parts of a requeue --------------------------------------------------------------
 

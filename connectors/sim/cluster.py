@@ -11,7 +11,8 @@ acts on it through the scheduler-level capabilities here (requeue — pinned or 
 or not —, start on given nodes, hold/release, suspend/resume, cancel, resize, reserve, and
 submit: a federated move's arrival from another cluster, connectors.sim.submission, which
 withdraw undoes and check_arrival confirms, connectors.arrival; refuse stands for a
-scheduler that rejects a job after it took it) and
+scheduler that rejects a job after it took it; drain_node/undrain_node: a node that takes
+no new work) and
 through the simulated node agents
 (connectors.sim.agents: checkpoint, transfer, stage, restore, confirm, release). Time is passed
 in (``advance_to``), so the same cluster runs 24 h of history in a second or follows the
@@ -48,6 +49,7 @@ from wire.telemetry import (
     JobState,
     Metric,
     NodeReport,
+    NodeState,
     SampleReport,
     SchedulerKind,
     SubmitSpec,
@@ -140,6 +142,8 @@ class SimCluster:
         # job -> node -> GPUs held for it, and when that lapses
         self.reservations: dict[str, dict[str, int]] = {}
         self._reserved_until: dict[str, datetime] = {}
+        # Nodes an operator drained (drain_node): nothing new is placed there.
+        self._drained: set[str] = set()
         self._counter = 0
         self._moved_in = 0  # jobs that arrived by a federated move: <cluster>-in<n>
         self._next_arrival = self._draw_arrival(start)
@@ -285,7 +289,11 @@ class SimCluster:
         """First fit on one node, else whole nodes for a gang; {} when it does not fit.
         Reservations for other jobs than ``job_id`` are left alone."""
         free = self._usable(free, job_id)
-        allowed = [n for n in (nodes or list(free)) if n in free and n not in excluded]
+        allowed = [
+            n
+            for n in (nodes or list(free))
+            if n in free and n not in excluded and n not in self._drained
+        ]
         for node in allowed:
             if len(free[node]) >= gpus:
                 return {node: free[node][:gpus]}
@@ -379,6 +387,7 @@ class SimCluster:
                     cpu_cores=gpus * 16,
                     memory_mib=gpus * 128 * 1024,
                     labels={"rack": f"r{i // 4}", "sim": "true"},
+                    state=NodeState.draining if name in self._drained else NodeState.up,
                 )
                 for i, (name, model, gpus) in enumerate(self.spec.nodes)
             ]
@@ -589,6 +598,26 @@ class SimCluster:
             )
 
     # -- the connector: scheduler-level actions --------------------------------------------
+
+    def drain_node(self, node: str, *, reason: str = "drained by Shaper") -> None:
+        """Place nothing new on ``node`` (its jobs keep running); idempotent."""
+        with self._lock:
+            self._node(node, "drain")
+            self._drained.add(node)
+
+    def undrain_node(self, node: str) -> None:
+        """Place work on ``node`` again; idempotent."""
+        with self._lock:
+            self._node(node, "undrain")
+            self._drained.discard(node)
+            self._schedule()
+
+    def _node(self, node: str, what: str) -> None:
+        if node not in self._size:
+            raise ConnectorError(
+                f"{what} node {node}: simulated cluster {self.cluster} has no such node",
+                retryable=False,
+            )
 
     def job(self, external_id: str) -> SimJob:
         try:

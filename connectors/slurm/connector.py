@@ -22,6 +22,9 @@ when a running job moves (it waits for its checkpoint image, then a ``release``)
 ``withdraw`` cancels the job of that name, and ``check_arrival`` (a pending job's move
 confirms its copy here) reads that one job; both judge whether it ran by
 connectors.slurm.arrival's one rule.
+
+Nodes (an operator's drain, ``SupportsDrain``): ``drain_node`` sets the node DRAIN with the
+operator's reason, ``undrain_node`` RESUMEs it (a node reported up is left alone).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from wire.telemetry import (
     JobReport,
     JobState,
     NodeReport,
+    NodeState,
     SchedulerKind,
     SubmitSpec,
 )
@@ -597,6 +601,31 @@ class SlurmConnector:
             what=f"set node count of job {job_id} to {nodes}",
         )
 
+    # --- nodes (SupportsDrain: the ``drain`` and ``undrain`` steps) ---------------------------
+
+    def drain_node(self, node: str, *, reason: str = "drained by Shaper") -> None:
+        """``scontrol update NodeName=<node> State=DRAIN Reason=<reason>``: Slurm places no
+        new job there and its jobs run on. Draining a drained node again only rewrites
+        its reason."""
+        name = _node_name(node, "drain")
+        # Slurm keeps a reason per node, one line: the operator's, or Shaper's word.
+        why = " ".join((reason or "").split())[:200] or "drained by Shaper"
+        self._scontrol(
+            "update", f"NodeName={name}", "State=DRAIN", f"Reason={why}", what=f"drain node {name}"
+        )
+
+    def undrain_node(self, node: str) -> None:
+        """``scontrol update NodeName=<node> State=RESUME``; a node Slurm reports up (not
+        drained) is left as it is, for Slurm refuses to resume it."""
+        name = _node_name(node, "undrain")
+        report = next((n for n in self.read_nodes() if n.name == name), None)
+        if report is None:
+            raise ConnectorError(f"undrain node {name}: Slurm has no such node", retryable=False)
+        if report.state is NodeState.up:
+            logger.info("undrain node %s: it is up already", name)
+            return
+        self._scontrol("update", f"NodeName={name}", "State=RESUME", what=f"undrain node {name}")
+
     # --- reservations ----------------------------------------------------------------------
 
     def reserve(
@@ -753,6 +782,16 @@ def _check_reservable(
             raise ConnectorError(
                 f"cannot hold {wanted} GPUs on {node} for {job_id}: {why}", retryable=False
             )
+
+
+# One Slurm node name (no hostlist expression, nothing scontrol would read as a keyword).
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+
+
+def _node_name(node: str, what: str) -> str:
+    if not isinstance(node, str) or not _NODE_NAME.match(node):
+        raise ConnectorError(f"{what}: not a Slurm node name: {node!r}", retryable=False)
+    return node
 
 
 def _home_of(user: str) -> str | None:
