@@ -438,3 +438,21 @@ def test_the_federation_target_component_adds_only_creating_jobs(tmp_path: Path)
         {"kind": "ServiceAccount", "name": "shaper-connector", "namespace": NAMESPACE}
     ]
     assert {obj["kind"] for obj in added} == {"ClusterRole", "ClusterRoleBinding"}
+
+
+def test_the_node_drain_component_adds_only_patching_nodes(tmp_path: Path) -> None:
+    """An operator's drain cordons the node (connectors/kubernetes/capabilities.py); the
+    base role, checked above, may only read nodes."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "drain").mkdir()
+    plain = render("overlays/kueue", tmp_path=tmp_path / "plain")
+    drain = render("overlays/kueue", "components/node-drain", tmp_path=tmp_path / "drain")
+    added = [obj for obj in drain if obj not in plain]
+    role = next(obj for obj in added if obj["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    binding = next(obj for obj in added if obj["kind"] == "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "shaper-connector", "namespace": NAMESPACE}
+    ]
+    assert {obj["kind"] for obj in added} == {"ClusterRole", "ClusterRoleBinding"}
