@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from agent.cli import agent_cli
 from app.audit.models import Actor
-from app.core.config import get_settings
+from app.core.config import MIN_SAMPLE_RETENTION_DAYS, get_settings
 from sim.cli import sim_app
 from wire.queues import CONTROL_QUEUE
 
@@ -137,12 +137,20 @@ def db_downgrade(revision: str) -> None:
 def db_prune_samples(
     older_than_days: Annotated[
         int | None,
-        typer.Option(min=1, help="Default: SHAPER_SAMPLE_RETENTION_DAYS (35)"),
+        typer.Option(min=1, help="Default: SHAPER_SAMPLE_RETENTION_DAYS (35); at least 32"),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Allow --older-than-days under 32 (the idle diagnosis reads 31 days)"
+        ),
+    ] = False,
 ) -> None:
     """Fold the utilization roll-up's deltas, then delete node samples older than the
-    retention age, all of them (the periodic task does at most a million an hour).
-    GET /utilization answers their periods from the roll-up, unchanged."""
+    retention age, all of them (the periodic task does at most a million an hour), and
+    compact the roll-up's exact instants over the same age (all of its history).
+    GET /utilization answers their periods from the roll-up, unchanged over windows and
+    buckets whose edges are multiples of 16 s."""
     from datetime import timedelta
 
     from app.bootstrap import prepare_database
@@ -152,18 +160,29 @@ def db_prune_samples(
 
     settings = get_settings()
     days = older_than_days or settings.sample_retention_days
+    if days < MIN_SAMPLE_RETENTION_DAYS and not force:
+        console.print(
+            f"[red]--older-than-days {days} is under {MIN_SAMPLE_RETENTION_DAYS}:[/red] the idle"
+            " diagnosis reads samples up to 31 days back and would call busy GPUs idle."
+            " Nothing deleted; give --force to delete them anyway."
+        )
+        raise typer.Exit(2)
     prepare_database(settings)
+    now = SystemClock().now()
     with Session(get_engine()) as session:
         folded = 0
         while moved := fold.fold_deltas(session=session):
             folded += moved
         deleted = retention.prune_samples(
-            session=session,
-            now=SystemClock().now(),
-            older_than=timedelta(days=days),
-            max_batches=None,
+            session=session, now=now, older_than=timedelta(days=days), max_batches=None
         )
-    console.print(f"folded {folded} roll-up deltas; deleted {deleted} samples older than {days} d")
+        compacted = retention.compact_rollups(
+            session=session, before=now - timedelta(days=days), max_batches=None
+        )
+    console.print(
+        f"folded {folded} roll-up deltas; deleted {deleted} samples older than {days} d;"
+        f" compacted {compacted} roll-up rows"
+    )
 
 
 @token_cli.command("create")

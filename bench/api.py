@@ -23,6 +23,15 @@ database) is the harness's own ceiling: the generator shares the CPUs with the s
 
     python -m bench.api [--nodes 200] [--jobs 2000] [--clients 8] [--seconds 5]
     python -m bench.api --fleet issue [--history-days 1] [--sample-s 300]
+    python -m bench.api --fleet issue --cpu --database shaper_bench_issue [--root DIR]
+
+``--cpu`` measures what the server itself spends per request, which does not depend on
+how many cores the load generator takes: one uvicorn worker, ``--clients`` (default 4)
+clients per endpoint, the CPU time of the worker process (user + system, from
+``/proc``) ÷ requests. ``--database NAME`` keeps the seeded PostgreSQL database between
+runs (seeded when it does not exist yet, reused as it is otherwise), and ``--root DIR``
+serves the application from another checkout (the tree before a change), so two trees
+can be measured back to back against the same rows.
 
 The 30-day utilization window reads whatever history was seeded: with the issue's 24 h it
 is a lower bound of the real thing (``--history-days 30`` seeds the month: 30× the rows,
@@ -42,13 +51,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
 import httpx
+import psycopg
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -68,6 +78,7 @@ from app.telemetry import service as telemetry_service
 from app.telemetry.models import TelemetrySample
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
+from app.utilization import fold
 from bench.ingest import NOW, make_snapshot
 from bench.scratch_db import DEFAULT_DSN, scratch_database
 
@@ -160,6 +171,10 @@ def seed(url: str, fleet: Fleet, n_plans: int) -> tuple[str, str]:
                 push = telemetry_service.parse_push(json.dumps(snapshot).encode())
                 telemetry_service.ingest(session=session, cluster_name=name, push=push, now=NOW)
             seed_history(session, fleet)
+            # What the beat's folder does every 10 s in a deployment (no worker runs
+            # here): left as deltas, the history's roll-up would be read from them.
+            while fold.fold_deltas(session=session):
+                pass
             cluster = session.exec(select(Cluster).where(Cluster.name == CLUSTER)).one()
             assert cluster.id is not None
             for p in range(n_plans):
@@ -263,16 +278,31 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@dataclass
+class Server:
+    base: str
+    pid: int  # with one worker, the process that serves the requests
+
+    def cpu_s(self) -> float:
+        """User + system CPU time of the server's process so far (Linux ``/proc``)."""
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def served(url: str, workers: int) -> Iterator[str]:
-    """The application under uvicorn on ``url``'s database, in another process."""
+def serving(url: str, workers: int, root: Path | None = None) -> Iterator[Server]:
+    """The application under uvicorn on ``url``'s database, in another process; from the
+    checkout ``root`` if given (this one otherwise)."""
     port = _free_port()
     env = {**os.environ, "SHAPER_DATABASE_URL": url, "SHAPER_LOG_LEVEL": "WARNING"}
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
          "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
          "--log-level", "warning", "--no-access-log"],
-        env=env,
+        env=env, cwd=root,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
@@ -284,10 +314,17 @@ def served(url: str, workers: int) -> Iterator[str]:
                 time.sleep(0.1)
         else:
             raise RuntimeError("uvicorn did not come up")
-        yield base
+        yield Server(base, server.pid)
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@contextmanager
+def served(url: str, workers: int, root: Path | None = None) -> Iterator[str]:
+    """The base URL of :func:`serving`."""
+    with serving(url, workers, root) as server:
+        yield server.base
 
 
 def hammer(base: str, path: str, token: str, clients: int, seconds: float) -> Figures:
@@ -327,11 +364,14 @@ def hammer(base: str, path: str, token: str, clients: int, seconds: float) -> Fi
     return figures
 
 
-def push_deltas(base: str, token: str, n_nodes: int, n_jobs: int, seconds: float) -> Figures:
+def push_deltas(
+    base: str, token: str, n_nodes: int, n_jobs: int, seconds: float, last_seq: int = 1
+) -> Figures:
+    """Deltas of the seeded session, from ``last_seq`` + 1 (a kept database: its last)."""
     figures = Figures()
     rng = random.Random(7)
     headers = {"Authorization": f"Bearer {token}"}
-    seq = 1
+    seq = last_seq
     deadline = time.perf_counter() + seconds
     started = time.perf_counter()
     # Jobs of the seeded snapshot, replayed with a new priority: valid against physics.
@@ -350,6 +390,107 @@ def push_deltas(base: str, token: str, n_nodes: int, n_jobs: int, seconds: float
     figures.wall_s = time.perf_counter() - started
     figures.load_average = os.getloadavg()[0]
     return figures
+
+
+def cpu_per_request(
+    server: Server, path: str, token: str, clients: int, seconds: float
+) -> tuple[float, Figures]:
+    """ms of the server process' CPU per request of ``path``, over a :func:`hammer` run."""
+    with httpx.Client(base_url=server.base, timeout=60) as warm:  # imports, caches, plans
+        for _ in range(20):
+            warm.get(path, headers={"Authorization": f"Bearer {token}"})
+    before = server.cpu_s()
+    figures = hammer(server.base, path, token, clients, seconds)
+    used = server.cpu_s() - before
+    # hammer's own warm-up requests ran inside the measured span: counted as requests.
+    requests = len(figures.latencies_s) + 2
+    return used / requests * 1000, figures
+
+
+@contextmanager
+def kept_database(dsn: str, name: str, fleet: Fleet, n_plans: int) -> Iterator[tuple[str, str]]:
+    """PostgreSQL database ``name``, seeded with ``fleet`` when it does not exist yet (and
+    kept), as it is otherwise; yields its URL and a new viewer token."""
+    params = dict(p.split("=", 1) for p in dsn.split())
+    url = (
+        f"postgresql+psycopg://{params.get('user', 'postgres')}@{params.get('host', '127.0.0.1')}"
+        f":{params.get('port', '5432')}/{name}"
+    )
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            admin.execute(f'CREATE DATABASE "{name}"')
+    if not exists:
+        try:
+            migrate.upgrade(url)
+            viewer, _ = seed(url, fleet, n_plans)
+        except BaseException:
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            raise
+        yield url, viewer
+        return
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            token_in = ApiTokenCreate(name="viewer", scopes=["viewer"])
+            viewer = token_service.create_token(session=session, token_in=token_in, now=NOW).token
+    finally:
+        engine.dispose()
+    yield url, viewer
+
+
+def connector_token(url: str) -> tuple[str, int]:
+    """A new token of the benchmark cluster's connector in ``url``'s database, and the
+    last seq its connector pushed (the deltas go on from there)."""
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            token_in = ApiTokenCreate(name="connector", scopes=[f"connector:{CLUSTER}"])
+            token = token_service.create_token(session=session, token_in=token_in, now=NOW).token
+            cluster = session.exec(select(Cluster).where(Cluster.name == CLUSTER)).one()
+            return token, cluster.last_seq or 1
+    finally:
+        engine.dispose()
+
+
+CPU_READS = ("GET /healthz (no token, no database)", "GET /clusters", "GET /jobs?limit=100")
+
+
+def main_cpu(args: argparse.Namespace, fleet: Fleet, console: Console) -> None:
+    if args.database:
+        database: AbstractContextManager[tuple[str, str]] = kept_database(
+            args.dsn, args.database, fleet, args.plans
+        )
+    else:
+        database = _seeded(partial(scratch_database, args.dsn, "shaper_bench_api"), fleet, args)
+    labels = [label for label in READS if any(e in label for e in args.endpoints)]
+    clients = args.clients or 4
+    table = Table(
+        title=f"Server CPU per request: one uvicorn worker, {clients} clients, "
+        f"{args.seconds:g} s an endpoint, PostgreSQL; {fleet.clusters} cluster(s) × "
+        f"{fleet.nodes} nodes, {fleet.clusters * fleet.jobs:,} jobs"
+        + (f"; served from {args.root}" if args.root else "")
+    )
+    for column in ("endpoint", "CPU ms/request", "req/s", "p50 ms", "failed", "load"):
+        table.add_column(column, justify="left" if column == "endpoint" else "right")
+    with database as (url, viewer), serving(url, 1, args.root) as server:
+        for label in labels:
+            cpu_ms, f = cpu_per_request(server, READS[label], viewer, clients, args.seconds)
+            table.add_row(
+                label, f"{cpu_ms:.2f}", f"{f.per_second:,.0f}", f"{f.percentile(50):.1f}",
+                str(f.non_2xx), f"{f.load_average:.1f}",
+            )  # fmt: skip
+    console.print(table)
+
+
+@contextmanager
+def _seeded(
+    database: Callable[[], AbstractContextManager[str]], fleet: Fleet, args: argparse.Namespace
+) -> Iterator[tuple[str, str]]:
+    with database() as url:
+        viewer, _ = seed(url, fleet, args.plans)
+        yield url, viewer
 
 
 @contextmanager
@@ -379,6 +520,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL server (admin DSN)")
     parser.add_argument("--backends", nargs="+", help="default sqlite postgres (issue: postgres)")
+    parser.add_argument(
+        "--cpu", action="store_true", help="server CPU per request (one worker; PostgreSQL)"
+    )
+    parser.add_argument(
+        "--endpoints", nargs="+", default=list(CPU_READS), help="--cpu: labels (or parts)"
+    )
+    parser.add_argument("--database", help="keep the seeded PostgreSQL database of this name")
+    parser.add_argument("--root", type=Path, help="serve the application from this checkout")
     args = parser.parse_args()
     issue = args.fleet == "issue"
     base_fleet = ISSUE_FLEET if issue else Fleet(1, args.nodes, args.jobs, 0, 0)
@@ -389,9 +538,12 @@ def main() -> None:
         history_days=base_fleet.history_days if args.history_days is None else args.history_days,
         sample_s=base_fleet.sample_s if args.sample_s is None else args.sample_s,
     )
+    console = Console(width=max(Console().width, 150))
+    if args.cpu:
+        main_cpu(args, fleet, console)
+        return
     args.clients = args.clients or (32 if issue else 8)
     args.backends = args.backends or (["postgres"] if issue else ["sqlite", "postgres"])
-    console = Console(width=max(Console().width, 150))
     results: dict[str, dict[str, Figures]] = {}
     databases: dict[str, Callable[[], AbstractContextManager[str]]] = {
         "sqlite": sqlite_database,
@@ -401,11 +553,19 @@ def main() -> None:
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmark", total=steps)
         for backend in args.backends:
-            with databases[backend]() as url:
+            with ExitStack() as stack:
                 progress.update(task, description=f"{backend}: seeding")
-                viewer, connector = seed(url, fleet, args.plans)
+                if backend == "postgres" and args.database:
+                    url, viewer = stack.enter_context(
+                        kept_database(args.dsn, args.database, fleet, args.plans)
+                    )
+                    connector, last_seq = connector_token(url)
+                else:
+                    url = stack.enter_context(databases[backend]())
+                    viewer, connector = seed(url, fleet, args.plans)
+                    last_seq = 1
                 progress.advance(task)
-                with served(url, args.workers) as base:
+                with served(url, args.workers, args.root) as base:
                     figures: dict[str, Figures] = {}
                     for label, path in READS.items():
                         progress.update(task, description=f"{backend}: {label}")
@@ -413,7 +573,7 @@ def main() -> None:
                         progress.advance(task)
                     progress.update(task, description=f"{backend}: {PUSH}")
                     figures[PUSH] = push_deltas(
-                        base, connector, args.nodes, args.jobs, args.seconds
+                        base, connector, args.nodes, args.jobs, args.seconds, last_seq
                     )
                     progress.advance(task)
                 results[backend] = figures

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("shaper-data")
 DEFAULT_SCHEDULER_START_WAIT_S = 300.0  # see Settings.scheduler_start_wait_s
+MIN_SAMPLE_RETENTION_DAYS = 32  # see Settings.sample_retention_days
 
 
 class Settings(BaseSettings):
@@ -40,7 +41,7 @@ class Settings(BaseSettings):
     # (app.utilization.retention); utilization over their periods comes from the roll-up.
     # The idle diagnosis reads them back 31 days: a shorter retention would delete what it
     # reads and call busy GPUs idle, so 32 (a day past it, for the deletion's own timing).
-    sample_retention_days: int = Field(default=35, ge=32)
+    sample_retention_days: int = Field(default=35, ge=MIN_SAMPLE_RETENTION_DAYS)
     # Overrides every saga step's timeout (impatient tests, slow sites); unset: the
     # per-step defaults in app.actions.saga.STEP_TIMEOUT_S.
     action_step_timeout_s: float | None = Field(default=None, gt=0)

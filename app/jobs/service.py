@@ -9,8 +9,9 @@ from sqlalchemy.orm import Mapped
 from sqlmodel import Session, col
 
 from app.clusters.models import Cluster
+from app.core.db import plain_rows
 from app.core.lookup import found
-from app.core.paging import Page, order_by_clauses
+from app.core.paging import order_by_clauses
 from app.jobs.models import Allocation, AllocationPublic, Job, JobPublic
 from app.nodes.models import Node
 from wire.telemetry import JobKind, JobShape, JobState
@@ -49,7 +50,10 @@ def list_jobs(
     sort: str | None = None,
     limit: int = 100,
     offset: int = 0,
-) -> Page[JobPublic]:
+) -> dict[str, Any]:
+    """A page of jobs as plain rows in ``Page[JobPublic]``'s shape (its items' allocations
+    as rows too): the route validates them as it writes them
+    (``app.api.responses.JsonAnswer``), without SQLModel's slower validation of each."""
     # The count reads ``jobs`` alone (a cluster's name becomes its id in a scalar
     # subquery): joining clusters for it cost a hash join of every job per request.
     conditions: list[sa.ColumnElement[bool]] = []
@@ -64,9 +68,8 @@ def list_jobs(
         col(Job.shape): shape,
     }
     conditions += [column == value for column, value in filters.items() if value is not None]
-    total = int(
-        session.execute(sa.select(sa.func.count()).select_from(Job).where(*conditions)).scalar_one()
-    )
+    count = sa.select(sa.func.count()).select_from(Job).where(*conditions)
+    total = int(session.connection().execute(count).scalar_one())
     order = order_by_clauses(sort, _SORTABLE, default=("-priority", "submit_time"))
     # Columns, not ORM entities: building 100 tracked ``Job`` objects and copying them into
     # ``JobPublic`` cost more than the query (and read ``submit_spec``, never published).
@@ -78,13 +81,11 @@ def list_jobs(
         .limit(limit)
         .offset(offset)
     )
-    rows = [dict(row) for row in session.execute(query).mappings()]
-    allocations = _open_allocations(session, [row["id"] for row in rows])
-    items = [
-        JobPublic.model_validate({**row, "allocations": allocations.get(row["id"], [])})
-        for row in rows
-    ]
-    return Page[JobPublic](items=items, total=total, limit=limit, offset=offset)
+    items = plain_rows(session, query)
+    allocations = _open_allocation_rows(session, [row["id"] for row in items])
+    for row in items:
+        row["allocations"] = allocations.get(row["id"], [])
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
 def get_job(*, session: Session, job_id: int) -> JobPublic:
@@ -98,6 +99,14 @@ def get_job(*, session: Session, job_id: int) -> JobPublic:
 
 
 def _open_allocations(session: Session, job_ids: list[int]) -> dict[int, list[AllocationPublic]]:
+    return {
+        job_id: [AllocationPublic.model_validate(row) for row in rows]
+        for job_id, rows in _open_allocation_rows(session, job_ids).items()
+    }
+
+
+def _open_allocation_rows(session: Session, job_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Per job, its open allocations as ``AllocationPublic``'s fields."""
     if not job_ids:
         return {}
     query = (
@@ -112,10 +121,10 @@ def _open_allocations(session: Session, job_ids: list[int]) -> dict[int, list[Al
         .where(_one_of(session, col(Allocation.job_id), job_ids))
         .where(col(Allocation.released_at).is_(None))
     )
-    result: dict[int, list[AllocationPublic]] = defaultdict(list)
-    for job_id, node, indices, count, started in session.execute(query):
+    result: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for job_id, node, indices, count, started in session.connection().execute(query).all():
         result[job_id].append(
-            AllocationPublic(node=node, gpu_indices=indices, gpu_count=count, started_at=started)
+            {"node": node, "gpu_indices": indices, "gpu_count": count, "started_at": started}
         )
     return result
 

@@ -14,6 +14,15 @@ Only node measurements go (``NODE_METRICS``: GPU busy and memory, CPU, memory): 
 
 After a node's samples are deleted, a change of the node's GPU model moves only the
 samples kept to the new model; the deleted ones stay counted under the model they had.
+
+The roll-up's exact-instant rows (one per group and distinct event instant: every sample
+instant) are compacted too (:func:`compact_rollups`): in each whole 16 s period older
+than the retention, the rows of instants other than the period's start become one row
+at the start + 1 µs. Every longer period already holds their sums, so an answer whose
+window and buckets have edges on multiples of 16 s (since the epoch) reads no
+exact-instant row but the one at ``since``, kept, and is unchanged. An edge inside a
+compacted period reads the events of that period as if they happened 1 µs after its
+start (each still counted once, in one bucket): the grain of old history is 16 s.
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ from sqlmodel import Session, col
 from app.clusters.models import Cluster
 from app.telemetry.models import TelemetrySample
 from app.telemetry.service import NODE_METRICS
+from app.utilization.fold import ROLLUP_FOLD_LOCK_KEY
+from app.utilization.rollup import EXACT_US, LEVELS_US
+from app.utilization.service import to_us
 
 BATCH = 10_000
 # One run deletes at most this many batches (the task's time limit covers them); a
@@ -85,3 +97,86 @@ def prune_samples(
             batches += 1
             after = newest
     return deleted
+
+
+# The hourly task compacts the roll-up over this much before the cutoff (the hour that
+# just passed it, newest first, and a beat that was down for up to a day); older rows
+# left over (a database pruned before compaction existed, a beat down for longer) go with
+# ``shaper db prune-samples``, which compacts all of the history.
+COMPACT_LOOKBACK = timedelta(days=1)
+_PERIOD_US = LEVELS_US[0]
+_SUMS = ("gpus", "opened", "closed", "samples", "sample_sum")
+_GROUP = "dimension, cluster_id, gpu_model_id, team"
+# An exact-instant row of [lo, hi) that compaction moves: not at a period's start (kept:
+# read as the instant ``since``) nor 1 µs after it (compaction's own row).
+_MOVED = (
+    f"dimension = :dimension AND period_us = {EXACT_US}"
+    " AND period_start_us >= :lo AND period_start_us < :hi"
+    f" AND period_start_us % {_PERIOD_US} > 1"
+)
+_COMPACT = sa.text(
+    f"INSERT INTO utilization_rollups ({_GROUP}, period_us, period_start_us, gpu_us,"
+    f" {', '.join(_SUMS)})"
+    f" SELECT {_GROUP}, {EXACT_US}, period_start_us / {_PERIOD_US} * {_PERIOD_US} + 1, 0,"
+    f" {', '.join(f'SUM({c})' for c in _SUMS)} FROM utilization_rollups WHERE {_MOVED}"
+    " AND cluster_id IN :clusters"
+    f" GROUP BY {_GROUP}, period_start_us / {_PERIOD_US}"
+    " HAVING " + " OR ".join(f"SUM({c}) <> 0" for c in _SUMS) +
+    " ON CONFLICT (dimension, cluster_id, gpu_model_id, team, period_us, period_start_us)"
+    " DO UPDATE SET " + ", ".join(f"{c} = utilization_rollups.{c} + excluded.{c}" for c in _SUMS)
+).bindparams(sa.bindparam("clusters", expanding=True))  # fmt: skip
+_DELETE = sa.text(
+    f"DELETE FROM utilization_rollups WHERE {_MOVED} AND cluster_id IN :clusters"
+).bindparams(sa.bindparam("clusters", expanding=True))
+# Where a batch of ``batch`` exact-instant rows back from ``hi`` begins.
+_NTH = sa.text(
+    "SELECT period_start_us FROM utilization_rollups WHERE dimension = :dimension"
+    f" AND period_us = {EXACT_US} AND period_start_us >= :lo AND period_start_us < :hi"
+    " ORDER BY period_start_us DESC LIMIT 1 OFFSET :skip"
+)
+
+
+def compact_rollups(
+    *,
+    session: Session,
+    before: datetime,
+    after: datetime | None = None,
+    batch: int = BATCH,
+    max_batches: int | None = MAX_BATCHES,
+) -> int:
+    """Compact the roll-up's exact-instant rows of the whole 16 s periods between
+    ``after`` (None: the oldest) and ``before`` (see the module's docstring), newest
+    first (a run cut short by ``max_batches`` has done the periods that just expired),
+    about ``batch`` rows a transaction; returns how many rows it moved.
+
+    Idempotent, and any part of it may run again: a compacted period holds no row to
+    move. On PostgreSQL each batch holds the folder's lock (the only other writer of the
+    roll-up) and leaves alone the rows of a cluster whose row is locked (an ingest, a
+    deletion), as the fold does; the next run finds them."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    end = to_us(before) // _PERIOD_US * _PERIOD_US
+    start = 0 if after is None else max(0, to_us(after) // _PERIOD_US * _PERIOD_US)
+    session.rollback()  # no transaction held between batches (SQLite's write lock)
+    removed, batches = 0, 0
+    for dimension in ("cluster", "gpu_model", "team"):
+        hi = end
+        while start < hi and (max_batches is None or batches < max_batches):
+            bounds = {"dimension": dimension, "lo": start, "hi": hi}
+            nth = session.execute(_NTH, {**bounds, "skip": batch - 1}).scalar_one_or_none()
+            # Whole periods only: from the start of the batch's oldest row's period.
+            lo = start if nth is None else max(start, nth // _PERIOD_US * _PERIOD_US)
+            clusters = sa.select(col(Cluster.id))
+            if postgres:
+                session.execute(sa.select(sa.func.pg_advisory_xact_lock(ROLLUP_FOLD_LOCK_KEY)))
+                # Held FOR KEY SHARE: the new rows' foreign key check then waits for nothing.
+                clusters = clusters.with_for_update(key_share=True, skip_locked=True)
+            cluster_ids = list(session.execute(clusters).scalars())
+            if cluster_ids:
+                parameters = {**bounds, "lo": lo, "clusters": cluster_ids}
+                session.execute(_COMPACT, parameters)
+                result = session.execute(_DELETE, parameters)
+                removed += cast("CursorResult[Any]", result).rowcount
+            session.commit()
+            batches += 1
+            hi = lo
+    return removed

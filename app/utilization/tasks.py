@@ -22,12 +22,14 @@ def fold_rollup_deltas() -> int:
         return fold.fold_deltas(session=session)
 
 
-# Idempotent: deleting what is already gone deletes nothing.
+# Idempotent: deleting what is already gone deletes nothing, and a compacted period of
+# the roll-up has nothing left to compact.
 @task(name="app.utilization.tasks.prune_samples", time_limit=900)
 def prune_samples() -> int:
+    cutoff = SystemClock().now() - timedelta(days=get_settings().sample_retention_days)
     with Session(get_engine()) as session:
-        return retention.prune_samples(
-            session=session,
-            now=SystemClock().now(),
-            older_than=timedelta(days=get_settings().sample_retention_days),
+        deleted = retention.prune_samples(session=session, now=cutoff, older_than=timedelta(0))
+        retention.compact_rollups(
+            session=session, before=cutoff, after=cutoff - retention.COMPACT_LOOKBACK
         )
+        return deleted

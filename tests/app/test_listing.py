@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import TypeAdapter
+from sqlmodel import Session
 
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterPublic
+from app.core.paging import Page
+from app.jobs import service as job_service
+from app.jobs.models import JobPublic
 from tests.app.builders import job, node, running, snapshot
 
 
@@ -36,6 +43,27 @@ def test_jobs_filter_sort_paginate(client: TestClient, auth: dict) -> None:
     assert get(cluster="nowhere")["total"] == 0
     by_name = get(sort="external_id", limit=2)
     assert [j["external_id"] for j in by_name["items"]] == ["p0", "p1"]
+
+
+@pytest.mark.usefixtures("populated")
+def test_hot_lists_answer_what_fastapi_wrote(
+    client: TestClient, auth: dict, session: Session
+) -> None:
+    """GET /jobs and GET /clusters write their answers themselves (issue 13): byte for
+    byte what FastAPI wrote for the same values built as every other route builds them."""
+    answer = client.get("/api/v1/jobs", headers=auth["viewer"], params={"limit": 5, "offset": 1})
+    assert answer.headers["content-type"] == "application/json"
+    ids = [item["id"] for item in answer.json()["items"]]
+    items = [job_service.get_job(session=session, job_id=i) for i in ids]
+    page = Page[JobPublic](items=items, total=8, limit=5, offset=1)
+    assert answer.content == TypeAdapter(Page[JobPublic]).dump_json(page, by_alias=True)
+    assert any(item.allocations for item in items)  # nested rows compared too
+
+    answer = client.get("/api/v1/clusters", headers=auth["viewer"])
+    clusters = cluster_service.to_public(
+        session=session, clusters=cluster_service.list_clusters(session=session)
+    )
+    assert answer.content == TypeAdapter(list[ClusterPublic]).dump_json(clusters, by_alias=True)
 
 
 @pytest.mark.usefixtures("populated")

@@ -36,12 +36,16 @@ from tests.support.clock import T0
 from wire.telemetry import SchedulerKind, TelemetrySnapshot
 
 RETENTION = timedelta(days=30)
+SECOND = timedelta(seconds=1)
 NODES = 3
 
 
-def _history(session: Session, start: datetime, *, days: int, seed: int) -> None:
+def _history(
+    session: Session, start: datetime, *, days: int, seed: int, spread_s: int = 3600
+) -> None:
     """A cluster pushed to twice a day for ``days`` days from ``start``: jobs placed anew,
-    GPU samples (a few sharing an instant), a service's demand."""
+    GPU samples (a few sharing an instant, the others up to ``spread_s`` before the push),
+    a service's demand."""
     rng = random.Random(seed)
     cluster_in = ClusterCreate(name="alpha", scheduler=SchedulerKind.sim)
     cluster_service.register_cluster(session=session, now=start, cluster_in=cluster_in)
@@ -55,7 +59,7 @@ def _history(session: Session, start: datetime, *, days: int, seed: int) -> None
         ]  # fmt: skip
         shared = now - timedelta(minutes=1)
         samples = [
-            {"at": (shared if i < 2 else now - timedelta(seconds=rng.randrange(3600))).isoformat(),
+            {"at": (shared if i < 2 else now - rng.randrange(spread_s) * SECOND).isoformat(),
              "metric": metric, "node": f"n{i % NODES}", "value": rng.random()}
             for i in range(5) for metric in ("gpu_util", "cpu_util")
         ]  # fmt: skip
@@ -135,6 +139,79 @@ def test_old_samples_go_and_the_answers_stay(session: Session) -> None:
     assert _answers(session, windows) == before
 
 
+def _exact_rows(session: Session, where: str) -> int:
+    query = f"SELECT count(*) FROM utilization_rollups WHERE period_us = 1 AND {where}"
+    return int(session.execute(sa.text(query)).scalar_one())
+
+
+def _exact_sums(session: Session) -> dict[Any, Any]:
+    """Per group, the sums of its exact instants: an edge off the 16 s grid still counts
+    each event once, in one bucket."""
+    query = (
+        "SELECT dimension, cluster_id, gpu_model_id, team, SUM(gpus), SUM(opened),"
+        " SUM(closed), SUM(samples), ROUND(CAST(SUM(sample_sum) AS NUMERIC), 9)"
+        " FROM utilization_rollups WHERE period_us = 1 GROUP BY 1, 2, 3, 4"
+    )
+    return {
+        tuple(row[:4]): tuple(float(v) for v in row[4:]) for row in session.execute(sa.text(query))
+    }
+
+
+def test_the_rollup_compacts_old_instants_and_whole_16s_answers_stay(session: Session) -> None:
+    period = timedelta(seconds=16)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    start = epoch + (T0 - timedelta(days=40) - epoch) // period * period  # a 16 s multiple
+    _history(session, start, days=40, seed=6, spread_s=20)  # several instants a 16 s period
+    end = start + timedelta(days=41)
+    cutoff = end - RETENTION
+    edge = epoch + (cutoff - epoch) // period * period
+    old = start + timedelta(days=2)
+    # Every edge a multiple of 16 s: over compacted periods, kept ones and both.
+    windows = [
+        {"since": old, "until": old + timedelta(hours=13), "bucket_s": 64},
+        {"since": old, "until": old + timedelta(days=3), "bucket_s": 3600},
+        {"since": start, "until": end, "bucket_s": 86400},
+        {"since": edge - timedelta(days=1), "until": edge + timedelta(days=1), "bucket_s": 4000},
+        {"since": old + timedelta(hours=11, seconds=32), "until": old + timedelta(hours=13),
+         "bucket_s": 16},
+    ]  # fmt: skip
+    before = _answers(session, windows)
+    assert any(p.measured_util is not None for p in before[0].series[0].points)
+    cutoff_us = (edge - epoch) // timedelta(microseconds=1)
+    old_rows = _exact_rows(session, f"period_start_us < {cutoff_us}")
+    new_rows = _exact_rows(session, f"period_start_us >= {cutoff_us}")
+    # At most a row per group and old 16 s period will be left, beside those at its start.
+    periods = session.execute(sa.text(
+        "SELECT count(*) FROM (SELECT DISTINCT dimension, cluster_id, gpu_model_id, team,"
+        " period_start_us / 16000000 FROM utilization_rollups WHERE period_us = 1"
+        f" AND period_start_us < {cutoff_us} AND period_start_us % 16000000 <> 0) AS p"
+    )).scalar_one()  # fmt: skip
+    before_cutoff = f"period_start_us < {cutoff_us}"
+    at_starts = _exact_rows(session, f"{before_cutoff} AND period_start_us % 16000000 = 0")
+
+    sums = _exact_sums(session)
+
+    moved = retention.compact_rollups(session=session, before=cutoff, batch=7)
+
+    assert moved > 0
+    left = _exact_rows(session, f"period_start_us < {cutoff_us}")
+    assert left <= periods + at_starts < old_rows
+    # In each old 16 s period, at most its start and the start + 1 µs are left.
+    assert _exact_rows(session, f"{before_cutoff} AND period_start_us % 16000000 > 1") == 0
+    assert _exact_rows(session, f"period_start_us >= {cutoff_us}") == new_rows
+    assert _exact_sums(session) == sums
+    assert _answers(session, windows) == before
+    # Deltas folded afterwards (PostgreSQL) land as exact instants again; compacted anew.
+    fold.fold_deltas(session=session)
+    assert _answers(session, windows) == before
+    retention.compact_rollups(session=session, before=cutoff)
+    assert _answers(session, windows) == before
+    assert retention.compact_rollups(session=session, before=cutoff) == 0
+    # Samples pruned too: still the same answers.
+    retention.prune_samples(session=session, now=end, older_than=RETENTION)
+    assert _answers(session, windows) == before
+
+
 def test_the_api_answers_old_periods_from_the_rollup(
     session: Session, client: TestClient, auth: dict[str, dict[str, str]]
 ) -> None:
@@ -181,12 +258,21 @@ def test_prune_samples_command(make_postgres_database: Any) -> None:
             unfolded = session.execute(sa.text("SELECT count(*) FROM utilization_rollup_deltas"))
             assert unfolded.scalar_one() > 0
         env = {**os.environ, "SHAPER_DATABASE_URL": url}
+        command = [sys.executable, "-m", "app", "db", "prune-samples", "--older-than-days", "7"]
+        # Under the diagnosis' 32 days: refused, nothing deleted, unless forced.
+        refused = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert refused.returncode != 0
+        assert "--force" in refused.stderr and "Nothing deleted" in refused.stderr
+        with Session(engine) as session:
+            assert _count(session, *_gpu_util_before(now - timedelta(days=7))) == old
         done = subprocess.run(
-            [sys.executable, "-m", "app", "db", "prune-samples", "--older-than-days", "7"],
-            env=env, capture_output=True, text=True, timeout=120, check=False,
+            [*command, "--force"], env=env, capture_output=True, text=True, timeout=120,
+            check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        assert "deleted" in done.stderr
+        assert "deleted" in done.stderr and "compacted" in done.stderr
         with Session(engine) as session:
             left = _count(session, *_gpu_util_before(now - timedelta(days=7)))
             assert left == 0
