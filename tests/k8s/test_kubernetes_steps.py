@@ -351,3 +351,26 @@ def test_a_restart_resent_after_its_answer_was_lost_does_not_restart_the_job_aga
             if p.metadata.uid not in (first.metadata.uid, second.metadata.uid)
         ],
     )
+
+
+def test_an_operators_drain_cordons_a_node_and_its_undrain_gives_it_back(
+    steps_on: Callable[[type[KubernetesConnector]], Steps], kube: Kube
+) -> None:
+    """The steps of a drain action (app.actions.drains) on the real API server: the node is
+    cordoned, the confirm reads it back draining through the connector's telemetry, a
+    resent drain changes nothing, and the undrain's confirm reads it up again."""
+    steps = steps_on(KubernetesConnector)
+    node = kwok_nodes(kube)[0]
+    try:
+        drained = steps.run("drain", node, reason="DIMM errors")
+        assert drained.ok, drained.error
+        assert kube.core.read_node(node).spec.unschedulable is True
+        assert steps.until_ok("confirm", node, expect="drained").ok
+        assert steps.run("drain", node, reason="DIMM errors").ok  # already drained: a no-op
+        assert kube.core.read_node(node).spec.unschedulable is True
+        undrained = steps.run("undrain", node)
+        assert undrained.ok, undrained.error
+        assert not kube.core.read_node(node).spec.unschedulable
+        assert steps.until_ok("confirm", node, expect="up").ok
+    finally:
+        kube.core.patch_node(node, {"spec": {"unschedulable": None}})
