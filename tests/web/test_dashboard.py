@@ -718,12 +718,36 @@ def test_an_admin_makes_a_group_a_cluster_joins_and_leaves_it_and_the_group_goes
     expect(lab.locator(".description")).to_have_text("Oslo <i>lab</i>")
     expect(lab.locator('[data-link="bandwidth"]')).to_have_text("250 MiB/s")
     expect(lab.locator('[data-link="overhead"]')).to_have_text("30 s")
+    expect(lab.locator('[data-link="egress"]')).to_have_text("free")
     expect(form.locator("input[name=name]")).to_have_value("")  # made: the form is empty again
     expect(form.locator('[data-error-for="inter_cluster_bandwidth_mib_per_s"]')).to_have_text("")
     created = _call(managed, "GET", "/federation-groups/lab")
     assert (created["description"], created["clusters"]) == ("Oslo <i>lab</i>", [])
     assert created["inter_cluster_bandwidth_mib_per_s"] == 250
     assert created["inter_cluster_overhead_s"] == 30
+
+    # The link figures edited in place: a negative egress price is refused by its field,
+    # what was typed stays; a good one is stored and shown.
+    link = lab.locator("form[data-link-form]")
+    expect(link.locator("input[name=inter_cluster_bandwidth_mib_per_s]")).to_have_value("250")
+    egress = link.locator("input[name=inter_cluster_egress_gpu_s_per_gib]")
+    egress.fill("-5")
+    link.locator("button", has_text="Save link").click()
+    expect(link.locator('[data-error-for="inter_cluster_egress_gpu_s_per_gib"]')).to_contain_text(
+        "greater than or equal to 0"
+    )
+    expect(egress).to_have_value("-5")
+    unchanged = _call(managed, "GET", "/federation-groups/lab")
+    assert unchanged["inter_cluster_egress_gpu_s_per_gib"] == 0
+    egress.fill("130")
+    link.locator("input[name=inter_cluster_overhead_s]").fill("45")
+    link.locator("button", has_text="Save link").click()
+    expect(lab.locator('[data-link="egress"]')).to_have_text("130 GPU-s a GiB")
+    expect(lab.locator('[data-link="overhead"]')).to_have_text("45 s")
+    patched = _call(managed, "GET", "/federation-groups/lab")
+    assert patched["inter_cluster_egress_gpu_s_per_gib"] == 130
+    assert patched["inter_cluster_overhead_s"] == 45
+    assert patched["inter_cluster_bandwidth_mib_per_s"] == 250
 
     # A name in use: the API's 409 by the name, and what was typed stays.
     form.locator("input[name=name]").fill(GROUP)

@@ -42,14 +42,15 @@ function groupCard(group: FederationGroup, clusters: Map<string, Cluster>, alone
     <h3>${name}</h3>
     ${group.description ? `<p class="description">${esc(group.description)}</p>` : ""}
     <p class="link hint">Link between members: <span data-link="bandwidth">${esc(count.format(group.inter_cluster_bandwidth_mib_per_s))} MiB/s</span>,
-      <span data-link="overhead">${esc(count.format(group.inter_cluster_overhead_s))} s</span> overhead per start away from home</p>
+      <span data-link="overhead">${esc(count.format(group.inter_cluster_overhead_s))} s</span> overhead per start away from home,
+      egress <span data-link="egress">${group.inter_cluster_egress_gpu_s_per_gib ? `${esc(count.format(group.inter_cluster_egress_gpu_s_per_gib))} GPU-s a GiB` : "free"}</span></p>
     <table class="members"><thead><tr><th>Cluster</th><th>Scheduler</th><th>Mode</th><th>Labels</th><th>GPUs</th>${operate ? "<th></th>" : ""}</tr></thead><tbody>${members}</tbody></table>
     <div class="group-buttons">
       <button data-what-if="${name}">What if</button>
       <button data-plan-group="${name}"${operate ? "" : ' disabled title="Needs a token with the operator scope"'}>Plan now</button>
       ${operate ? "" : '<span class="hint">Plan now needs the operator scope.</span>'}
     </div>
-    ${administer ? groupAdmin(name, alone) : ""}
+    ${administer ? groupAdmin(name, alone) + linkEditor(group) : ""}
     <div class="federation-result" data-result-for="${name}"></div>
   </article>`;
 }
@@ -100,6 +101,46 @@ function groupAdmin(name: string, alone: string[]): string {
 
 const groupPath = (group: string): string => `/federation-groups/${encodeURIComponent(group)}`;
 
+// What a group's link costs (PATCH /federation-groups/{group} takes each).
+const LINK_FIELDS = [
+  "inter_cluster_bandwidth_mib_per_s",
+  "inter_cluster_overhead_s",
+  "inter_cluster_egress_gpu_s_per_gib",
+] as const;
+
+/** An admin's form for the group's link figures, filled with today's. */
+function linkEditor(group: FederationGroup): string {
+  const input = (field: (typeof LINK_FIELDS)[number], label: string): string =>
+    `<label>${label} <input name="${field}" type="number" step="any" size="8" value="${esc(String(group[field]))}"></label>
+     <span class="error" data-error-for="${field}"></span>`;
+  return `<form class="link-editor" data-link-form="${esc(group.name)}">
+      ${input("inter_cluster_bandwidth_mib_per_s", "Bandwidth, MiB/s")}
+      ${input("inter_cluster_overhead_s", "Overhead, s")}
+      ${input("inter_cluster_egress_gpu_s_per_gib", "Egress, GPU-s a GiB")}
+      <button>Save link</button> <span class="error" data-error-for="link"></span>
+    </form>`;
+}
+
+/** PATCHes the link figures; a refusal is shown by the field the API names. */
+async function saveLink(group: string, form: HTMLFormElement): Promise<void> {
+  const body: Record<string, number> = {};
+  for (const field of LINK_FIELDS) {
+    const text = (form.elements.namedItem(field) as HTMLInputElement).value.trim();
+    if (text) body[field] = Number(text);
+  }
+  for (const error of form.querySelectorAll(".error")) error.textContent = "";
+  try {
+    await api(groupPath(group), { method: "PATCH", body: JSON.stringify(body) });
+  } catch (error) {
+    if (error instanceof Unauthorized) return;
+    const field = error instanceof ApiError ? error.field : null;
+    const at = form.querySelector(`[data-error-for="${field ?? "link"}"]`) ?? form.querySelector('[data-error-for="link"]');
+    if (at) at.textContent = (error as Error).message;
+    return;
+  }
+  await redraw();
+}
+
 /**
  * Makes a change; the page is redrawn from the API when it was made, and otherwise the
  * refusal is written to ``errorAt`` and everything typed stays where it was.
@@ -137,7 +178,7 @@ function parseLabels(text: string): Record<string, string> {
   return Object.fromEntries(entries);
 }
 
-const GROUP_FIELDS = ["name", "description", "inter_cluster_bandwidth_mib_per_s", "inter_cluster_overhead_s"];
+const GROUP_FIELDS: string[] = ["name", "description", ...LINK_FIELDS];
 
 async function createGroup(form: HTMLFormElement): Promise<void> {
   const value = (field: string): string => (form.elements.namedItem(field) as HTMLInputElement).value.trim();
@@ -145,7 +186,7 @@ async function createGroup(form: HTMLFormElement): Promise<void> {
   for (const error of errors.values()) if (error) error.textContent = "";
   const body: Record<string, string | number> = { name: value("name") };
   if (value("description")) body.description = value("description");
-  for (const field of ["inter_cluster_bandwidth_mib_per_s", "inter_cluster_overhead_s"]) {
+  for (const field of LINK_FIELDS) {
     // Left empty: the API's default.
     if (value(field)) body[field] = Number(value(field));
   }
@@ -207,12 +248,15 @@ function onSubmit(event: Event): void {
   }
   const group = form.closest<HTMLElement>(".group-card")?.dataset.group;
   if (group === undefined) return;
-  const { addCluster, labelsForm } = form.dataset;
+  const { addCluster, labelsForm, linkForm } = form.dataset;
   if (addCluster !== undefined) {
     event.preventDefault();
     const cluster = (form.elements.namedItem("cluster") as HTMLSelectElement).value;
     const path = `${groupPath(group)}/clusters/${encodeURIComponent(cluster)}`;
     void change(form.querySelector('[data-error-for="cluster"]'), form, () => api(path, { method: "PUT" }));
+  } else if (linkForm !== undefined) {
+    event.preventDefault();
+    void saveLink(group, form);
   } else if (labelsForm !== undefined) {
     event.preventDefault();
     const text = (form.elements.namedItem("label-lines") as HTMLTextAreaElement).value;

@@ -240,6 +240,7 @@ export interface FederationGroup {
   clusters: string[];
   inter_cluster_bandwidth_mib_per_s: number;
   inter_cluster_overhead_s: number;
+  inter_cluster_egress_gpu_s_per_gib: number;
 }
 
 export interface FederationFigures {
