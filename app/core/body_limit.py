@@ -29,14 +29,19 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
-        if (scope["method"], scope["path"]) in self.uploads and headers.get(
-            b"content-type", b""
-        ).startswith(b"multipart/form-data"):
+        raw = list(scope.get("headers") or [])
+        types = [value for name, value in raw if name == b"content-type"]
+        # Exactly one Content-Type: with two, this and the route could read different ones
+        # (a multipart one here, a JSON one there) and the JSON body would pass unbounded.
+        if (
+            (scope["method"], scope["path"]) in self.uploads
+            and len(types) == 1
+            and types[0].startswith(b"multipart/form-data")
+        ):
             await self.app(scope, receive, send)
             return
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        declared = [value for name, value in raw if name == b"content-length"]
+        if any(value.isdigit() and int(value) > self.max_bytes for value in declared):
             await self._refuse(send)
             return
         chunks: list[bytes] = []

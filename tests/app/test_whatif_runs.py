@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -559,6 +560,17 @@ def test_an_upload_streams_past_the_buffered_body_limit(
         assert (
             client.post("/api/v1/simulations", json=json_body, headers=operator).status_code == 413
         )
+        # Two Content-Types, JSON first (what the route reads) and multipart last: the JSON
+        # body is still held to the buffered limit, not let through as an upload.
+        two_types = [
+            *operator.items(),
+            ("Content-Type", "application/json"),
+            ("Content-Type", "multipart/form-data; boundary=x"),
+        ]
+        sneaked = client.post(
+            "/api/v1/simulations", content=json.dumps(json_body).encode(), headers=two_types
+        )
+        assert sneaked.status_code == 413, sneaked.text
 
 
 def test_a_viewer_cannot_upload_a_trace(
