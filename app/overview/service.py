@@ -91,7 +91,7 @@ def fleet_overview(
         cluster["unmeasured_allocated"] += min(unmeasured_on[node_id], allocated - idle)
 
     # A block job asks for gpus_requested in all; an elastic service that much per replica.
-    # Read from the pending jobs' own index (ix_jobs_pending: every column the sum needs),
+    # Read from the pending jobs' own index (ix_jobs_state_demand: every column the sum needs),
     # not from the table's rows.
     asked = sa.case(
         (

@@ -539,7 +539,13 @@ class SlurmConnector:
         name = reservation_name(self.config.reservation_prefix, job_id)
         reservation = self._reservations().get(name)
         if reservation is not None:
-            self._scontrol("update", f"JobId={job_id}", f"ReservationName={name}", what=what)
+            try:
+                self._scontrol("update", f"JobId={job_id}", f"ReservationName={name}", what=what)
+            except ConnectorError as error:
+                if error.retryable:
+                    raise
+                # Slurm refused it (the job runs already, say): the release still goes out.
+                logger.info("%s: not put in reservation %s (%s)", what, name, error)
         self._scontrol("release", job_id, what=what)
 
     def suspend(self, external_id: str) -> None:

@@ -134,7 +134,8 @@ async function saveLink(group: string, form: HTMLFormElement): Promise<void> {
   } catch (error) {
     if (error instanceof Unauthorized) return;
     const field = error instanceof ApiError ? error.field : null;
-    const at = form.querySelector(`[data-error-for="${field ?? "link"}"]`) ?? form.querySelector('[data-error-for="link"]');
+    const at =
+      form.querySelector(`[data-error-for="${CSS.escape(field ?? "link")}"]`) ?? form.querySelector('[data-error-for="link"]');
     if (at) at.textContent = (error as Error).message;
     return;
   }

@@ -330,7 +330,9 @@ function cell(
   const classes = ["gpu"];
   if (job) classes.push("busy", `c${colour.get(keyOf(job, by))}`);
   // The measured busy fraction as a dark band rising from the cell's foot (style.css).
-  if (util != null) classes.push(`u${Math.round(util * BAND_PX)}`);
+  // Clamped: a reading above 1 (or below 0) is drawn at the band's ends, not as a class
+  // with no rule.
+  if (util != null) classes.push(`u${Math.min(BAND_PX, Math.max(0, Math.round(util * BAND_PX)))}`);
   if (mark?.from.length) classes.push("move-from");
   if (mark?.to.length) classes.push("move-to");
   const said = [`${node.name} GPU ${index}`, job ? `job ${job.external_id} · team ${job.team}` : "free"];
