@@ -150,23 +150,22 @@ class Defragmentation:
                     # job that can move. Counted first, as they cost no move.
                     candidates.append((0, -free, node, [], free - free % per_replica))
             candidates.sort(key=lambda c: (c[0], c[1], c[2]))
-            chosen: list[tuple[int, list[Job]]] = []
-            capacity = 0
-            movers = 0  # migrations: replicas restart and use no budget
-            for _, _, node, residents, usable in candidates:
-                count = sum(1 for r in residents if not r.is_elastic)
-                if len(chosen) >= limit or movers + count > budget:
+            # Free nodes first; but they take node slots a gang of few nodes (max_nodes)
+            # may need for nodes that, emptied, hold more of it, and their GPUs may be
+            # held back by CPU or memory: then emptied nodes alone, as before free nodes
+            # counted.
+            evacuable = [c for c in candidates if c[3]]
+            pools = [candidates, evacuable] if len(evacuable) < len(candidates) else [candidates]
+            reached = False
+            for pool in pools:
+                chosen, capacity = _fill(pool, need=need, limit=limit, budget=budget)
+                if capacity < need:
                     continue
-                chosen.append((node, residents))
-                capacity += usable
-                movers += count
-                if capacity >= need:
-                    break
-            if capacity >= need:
+                reached = True
                 placement = self._evacuate_and_place(job, [group], chosen)
                 if placement is not None:
                     return placement
-            else:
+            if not reached:
                 # Would emptying nodes have made room, were the budget larger or no
                 # resident within its dwell time?
                 sizes = sorted([c[4] for c in candidates] + frozen_sizes)
@@ -379,3 +378,23 @@ class Defragmentation:
                 return False
             state.add(service, node, service.gpus_per_replica)
         return True
+
+
+def _fill(
+    candidates: list[tuple[int, int, int, list[Job], int]], *, need: int, limit: int, budget: int
+) -> tuple[list[tuple[int, list[Job]]], int]:
+    """The candidate nodes taken in order until they give the job ``need`` GPUs, at most
+    ``limit`` nodes and ``budget`` migrations (services' replicas restart and use none):
+    the nodes with their residents to move, and the GPUs they give."""
+    chosen: list[tuple[int, list[Job]]] = []
+    capacity = movers = 0
+    for _, _, node, residents, usable in candidates:
+        count = sum(1 for r in residents if not r.is_elastic)
+        if len(chosen) >= limit or movers + count > budget:
+            continue
+        chosen.append((node, residents))
+        capacity += usable
+        movers += count
+        if capacity >= need:
+            break
+    return chosen, capacity

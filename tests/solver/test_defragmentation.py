@@ -96,3 +96,27 @@ def test_a_gang_uses_a_free_node_beside_the_one_a_small_job_is_moved_off() -> No
     assert plan.placement["T"] == {"d": 2}
     (move,) = [a for a in plan.actions if a.job_id == "T"]
     assert move.kind is ActionKind.migrate
+
+
+def test_free_nodes_do_not_take_the_slots_of_a_gang_of_few_nodes() -> None:
+    # G: 16 GPUs on at most 2 nodes. e and f have 4 free each beside residents that stay;
+    # c and d, emptied of T1-T4 (to the h100s), hold all of G. Free nodes counted first once
+    # took both of G's node slots and left it waiting (review finding).
+    jobs = [
+        running("K1", {"a": 7}, preemptible=False),
+        running("K2", {"b": 7}, preemptible=False),
+        running("K3", {"e": 4}, preemptible=False),
+        running("K4", {"f": 4}, preemptible=False),
+        *(
+            running(name, {where: 4}, checkpointable=True, preemptible=False)
+            for name, where in (("T1", "c"), ("T2", "c"), ("T3", "d"), ("T4", "d"))
+        ),
+        job(
+            "G", 1, replicas=16, max_nodes=2, priority=30.0, allowed_gpu_models=frozenset({"a100"})
+        ),
+    ]
+    nodes = [node(n) for n in "abcdef"] + [node("h1", model="h100"), node("h2", model="h100")]
+    inst = instance(nodes, jobs)
+    plan = solve(inst)
+    assert not validate(inst, plan)
+    assert plan.placement["G"] == {"c": 8, "d": 8}
