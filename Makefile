@@ -29,7 +29,7 @@ test: venv lint
 	scripts/install-criu.sh
 	scripts/k8s-build.sh >/dev/null
 	scripts/prometheus.sh
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 test: web
 
 ## The dashboard's bundle (TypeScript, uPlot; esbuild) from web/frontend/package-lock.json:

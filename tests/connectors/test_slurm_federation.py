@@ -211,11 +211,12 @@ def _operator_move(deployment: dict[str, Any], job_id: str, source: str, target:
         return row_id(action)
 
 
-def test_a_running_counter_moves_to_the_other_cluster_and_counts_on(
-    slurm: SlurmCluster, slurm_b: SecondSlurmCluster, deployment: dict[str, Any]
-) -> None:
-    root: Path = deployment["root"]
-    job_id, count_file = slurm.submit_counter(root, "travelling", "--nodelist=node1")
+def _counter_on_node1(
+    slurm: SlurmCluster, deployment: dict[str, Any], name: str
+) -> tuple[str, Path, dict[str, Any]]:
+    """The CRIU counter running on A's node1, counting, and seen by the control plane with
+    its submit spec: its job id, count file and first progress."""
+    job_id, count_file = slurm.submit_counter(deployment["root"], name, "--nodelist=node1")
     slurm.wait_state(job_id, "RUNNING")
     assert procs.wait_until(lambda: count_of(count_file) >= 10, timeout=WAIT_S), procs.read_tail(
         slurm.jobs_dir / f"{job_id}.out"
@@ -231,6 +232,13 @@ def test_a_running_counter_moves_to_the_other_cluster_and_counts_on(
         ),
         deployment,
     )
+    return job_id, count_file, first
+
+
+def test_a_running_counter_moves_to_the_other_cluster_and_counts_on(
+    slurm: SlurmCluster, slurm_b: SecondSlurmCluster, deployment: dict[str, Any]
+) -> None:
+    job_id, count_file, first = _counter_on_node1(slurm, deployment, "travelling")
 
     # B's next job id must differ from the counter's id at A: the job resumes at B under
     # B's id, while its image names A's (a held job that ends at once moves B's ids on).
@@ -370,22 +378,7 @@ def test_a_running_move_whose_target_node_was_taken_meanwhile_leaves_the_job_unt
     """B's own queue took bnode2 after the move was decided: the reservation is refused
     before anything stops the counter at A, B's held copy is withdrawn, and the counter
     counts on at A, never checkpointed."""
-    root: Path = deployment["root"]
-    job_id, count_file = slurm.submit_counter(root, "stay-home", "--nodelist=node1")
-    slurm.wait_state(job_id, "RUNNING")
-    assert procs.wait_until(lambda: count_of(count_file) >= 5, timeout=WAIT_S), procs.read_tail(
-        slurm.jobs_dir / f"{job_id}.out"
-    )
-    first = progress_of(count_file)
-    _wait_for(
-        "the control plane seeing the counter run on node1 with its submit spec",
-        lambda: (
-            (job := _jobs(deployment, A).get(job_id)) is not None
-            and job["state"] == "running"
-            and _stored_spec(deployment, job_id)
-        ),
-        deployment,
-    )
+    job_id, count_file, first = _counter_on_node1(slurm, deployment, "stay-home")
     squatter = slurm_b.sbatch("--nodelist=bnode2", "--gres=gpu:h100:2", command="sleep 600")
     slurm_b.wait_state(squatter, "RUNNING")
 
