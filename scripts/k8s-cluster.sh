@@ -150,12 +150,23 @@ launch() { # launch NAME PORT ARGS...: start the binary NAME in its own session,
 LAUNCH_ENV=()
 LAUNCHED=()
 
+still_exec_ing() { # still_exec_ing NAME: its recorded PID is alive and still setsid/env
+  # Just after launch, on a loaded machine, the process may not have exec'd the binary yet:
+  # /proc/PID/comm still says setsid or env, which is not "exited".
+  local file=$RUN/$1.pid pid comm
+  [[ -s $file ]] || return 1
+  pid=$(tr -dc '0-9' <"$file")
+  [[ -n $pid ]] && alive "$pid" || return 1
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null)
+  [[ $comm == setsid || $comm == env ]]
+}
+
 wait_until() { # wait_until NAME WHAT COMMAND...: poll COMMAND for WAIT_S while NAME runs
   local name=$1 what=$2 i
   shift 2
   for ((i = 0; i < WAIT_S * 5; i++)); do
     "$@" >/dev/null 2>&1 && return 0
-    if [[ -z $(pid_of "$name") ]]; then
+    if [[ -z $(pid_of "$name") ]] && ! still_exec_ing "$name"; then
       # The instance found running was on its way out (e.g. SIGTERM'd just before `start`):
       # start a new one, once.
       [[ " ${LAUNCHED[*]} " == *" $name "* ]] && fail_with_log "$name exited before $what" "$name"
