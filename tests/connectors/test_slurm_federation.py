@@ -145,15 +145,7 @@ def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
     assert (action["kind"], action["cluster"], action["target_cluster"]) == ("move", A, B)
     assert action["job_external_id"] == waiting and action["state"] == "proposed"
 
-    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
-    pipeline: Pipeline = deployment["pipeline"]
-    final = wait_until_settled(
-        pipeline.engine,
-        [action_id],
-        timeout_s=2 * WAIT_S,
-        context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
-    )[action_id]
-    state, steps = action_state(pipeline.engine, action_id)
+    final, state, steps = _approve_and_settle(deployment, action_id, slurm, slurm_b, 2)
     assert final == "succeeded", (state, [(s.name, s.state, s.error) for s in steps])
     assert [(s.name, s.queue) for s in steps] == [
         ("hold", f"connector.{A}"),
@@ -183,6 +175,27 @@ def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
     # Planned again: nothing left to move (the job runs at B).
     again = api(deployment, "POST", "/federation-groups/site/plan", "operator")
     assert again["proposed"] == [] and again["approved"] == []
+
+
+def _approve_and_settle(
+    deployment: dict[str, Any],
+    action_id: int,
+    slurm: SlurmCluster,
+    slurm_b: SecondSlurmCluster,
+    periods: int,
+) -> tuple[str, str, list[Any]]:
+    """Approve the move and wait until it ends (``periods`` × WAIT_S at most): its final
+    state, its state as read, and its steps."""
+    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    pipeline: Pipeline = deployment["pipeline"]
+    final = wait_until_settled(
+        pipeline.engine,
+        [action_id],
+        timeout_s=periods * WAIT_S,
+        context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
+    )[action_id]
+    state, steps = action_state(pipeline.engine, action_id)
+    return final, state, steps
 
 
 def _operator_move(deployment: dict[str, Any], job_id: str, source: str, target: str) -> int:
@@ -245,15 +258,8 @@ def test_a_running_counter_moves_to_the_other_cluster_and_counts_on(
     while int(slurm_b.sbatch("--hold", command="true")) <= int(job_id):
         pass
     action_id = _operator_move(deployment, job_id, "node1", "bnode2")
-    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    final, state, steps = _approve_and_settle(deployment, action_id, slurm, slurm_b, 3)
     pipeline: Pipeline = deployment["pipeline"]
-    final = wait_until_settled(
-        pipeline.engine,
-        [action_id],
-        timeout_s=3 * WAIT_S,
-        context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
-    )[action_id]
-    state, steps = action_state(pipeline.engine, action_id)
     arrived = steps[0].result.get("external_id")
     assert final == "succeeded", (
         state,
@@ -348,15 +354,7 @@ def test_the_group_plan_moves_a_running_counter_away_so_that_a_gang_starts_at_ho
     assert action["job_external_id"] == job_id, (action, planned)
     assert (action["source_node"], action["target_node"]) == ("node1", "bnode2")
 
-    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
-    pipeline: Pipeline = deployment["pipeline"]
-    final = wait_until_settled(
-        pipeline.engine,
-        [action_id],
-        timeout_s=3 * WAIT_S,
-        context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
-    )[action_id]
-    state, steps = action_state(pipeline.engine, action_id)
+    final, state, steps = _approve_and_settle(deployment, action_id, slurm, slurm_b, 3)
     assert final == "succeeded", (state, [(s.name, s.state, s.error) for s in steps])
     arrived = steps[0].result["external_id"]
     row = slurm_b.wait_state(arrived, "RUNNING")
@@ -383,15 +381,8 @@ def test_a_running_move_whose_target_node_was_taken_meanwhile_leaves_the_job_unt
     slurm_b.wait_state(squatter, "RUNNING")
 
     action_id = _operator_move(deployment, job_id, "node1", "bnode2")
-    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    final, state, steps = _approve_and_settle(deployment, action_id, slurm, slurm_b, 2)
     pipeline: Pipeline = deployment["pipeline"]
-    final = wait_until_settled(
-        pipeline.engine,
-        [action_id],
-        timeout_s=2 * WAIT_S,
-        context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
-    )[action_id]
-    state, steps = action_state(pipeline.engine, action_id)
     assert final == "compensated", (state, [(s.name, s.state, s.error) for s in steps])
     by_step = {(str(s.phase), str(s.name)): s for s in steps}
     reserve = by_step["forward", "reserve"]
