@@ -101,7 +101,7 @@ class Defragmentation:
         if job_id in self.ledger.touched:
             return False
         if job_id in self.relocatable:
-            return all(b != job_id for b, _ in self.ledger.made_room_for.values())
+            return job_id not in self.ledger.room_made_for
         return job_id in self.movable
 
     def try_defrag(self, job: Job, groups: list[int]) -> dict[int, int] | None:
@@ -304,7 +304,7 @@ class Defragmentation:
         for resident in moved:
             ledger.migrations += 1
             ledger.touch(resident.id)
-            ledger.made_room_for[resident.id] = (job.id, frozenset(resident.placement))
+            ledger.made_room(resident.id, job.id, frozenset(resident.placement))
             where = ", ".join(sorted(resident.placement))
             ledger.result.decisions[resident.id] = Reason(
                 code=ReasonCode.defragmentation,
@@ -321,7 +321,7 @@ class Defragmentation:
                 base[n] = max(0, base.get(n, 0) + after.get(n, 0) - before.get(n, 0))
             ledger.after_scale_down[service.id] = {n: g for n, g in base.items() if g}
             ledger.touch(service.id)
-            ledger.made_room_for[service.id] = (job.id, left)
+            ledger.made_room(service.id, job.id, left)
             ledger.result.decisions[service.id] = Reason(
                 code=ReasonCode.defragmentation,
                 message=f"replicas moved off {', '.join(sorted(left))} to make room for {job.id}",

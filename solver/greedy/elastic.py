@@ -288,7 +288,7 @@ class ElasticGrowth:
         for resident, target in moved:
             ledger.migrations += 1
             ledger.touch(resident.id)
-            ledger.made_room_for[resident.id] = (job.id, frozenset({name}))
+            ledger.made_room(resident.id, job.id, frozenset({name}))
             ledger.result.decisions[resident.id] = Reason(
                 code=ReasonCode.defragmentation,
                 message=f"moved to {instance.nodes[target].name} to make room on {name} "
@@ -299,7 +299,7 @@ class ElasticGrowth:
             f"({gain_per_replica * replicas:.3g} > {cost:.3g} value units)"
         )
         for victim in stopped:
-            ledger.made_room_for[victim.id] = (job.id, frozenset({name}))
+            ledger.made_room(victim.id, job.id, frozenset({name}))
         ledger.note_stopped(stopped, lambda _victim: why)
         ledger.epoch += 1
         return replicas

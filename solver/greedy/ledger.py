@@ -62,6 +62,7 @@ class Ledger:
         self.touched_log: list[str] = []  # the same, in the order they were touched
         # Job moved or stopped -> (the job it made room for, the nodes it left for it).
         self.made_room_for: dict[str, tuple[str, frozenset[str]]] = {}
+        self.room_made_for: set[str] = set()  # the jobs of made_room_for's values
         # Bumped whenever room may have appeared: failure caches keyed by it go stale.
         self.epoch = 0
         # Service -> replicas it should have now, and what it held after scaling down.
@@ -77,6 +78,12 @@ class Ledger:
         if job_id not in self.touched:
             self.touched.add(job_id)
             self.touched_log.append(job_id)
+
+    def made_room(self, moved: str, beneficiary: str, nodes: frozenset[str]) -> None:
+        """Record that ``moved`` was moved or stopped to make room for ``beneficiary``
+        on ``nodes``."""
+        self.made_room_for[moved] = (beneficiary, nodes)
+        self.room_made_for.add(beneficiary)
 
     def replicas(self, job: Job) -> int:
         return sum(self.state.held(job.id).values()) // job.gpus_per_replica

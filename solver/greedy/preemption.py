@@ -241,7 +241,7 @@ class Preemption:
             state.remove(job, node, gpus)
         taken = {ledger.instance.nodes[node].name for node in placement}
         for victim in kept:
-            ledger.made_room_for[victim.id] = (job.id, frozenset(taken & set(victim.placement)))
+            ledger.made_room(victim.id, job.id, frozenset(taken & set(victim.placement)))
 
         def why(victim: Job) -> str:
             where = ", ".join(sorted(ledger.made_room_for[victim.id][1]))
