@@ -6,15 +6,22 @@ latency counts its compression),
 security headers on every answer (``app.core.headers``), then the catch-all that turns
 any exception into the documented JSON body without dropping the connection
 (``app.core.unhandled``), then the body limit.
+
+While it serves, each process keeps its own house (``_lifespan``): what-if uploads left
+behind on its host are swept every ``UPLOAD_SWEEP_EVERY``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
@@ -45,9 +52,10 @@ from app.core.request_id import RequestIdMiddleware
 from app.core.unhandled import UnhandledErrorMiddleware
 from app.metrics.http import RequestTimingMiddleware, request_histogram
 from app.metrics.router import router as metrics_router
-from app.simulations.runs import fail_interrupted
+from app.simulations import runs as whatif_runs
 from app.tokens.cache import PrincipalCache
 
+log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _UNION_TAGS = {"snapshot", "delta"}  # pydantic puts the discriminator value in error paths
 # Response compression (bench/compression.py): the 10,000-GPU map's 532 KiB of JSON is
@@ -66,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Compute-shaping control plane for GPU and HPC clusters",
         docs_url=None,  # add_docs serves both pages without a CDN
         redoc_url=None,
+        lifespan=_lifespan,
     )
     app.state.settings = settings
     app.state.auth_limiter = AuthFailureLimiter(
@@ -73,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.principal_cache = PrincipalCache(ttl_s=settings.auth_cache_s)
     # What-if runs whose process a restart took along would otherwise say running for ever.
-    fail_interrupted(directory=settings.resolved_sim_results_dir, now=datetime.now(UTC))
+    whatif_runs.fail_interrupted(directory=settings.resolved_sim_results_dir, now=datetime.now(UTC))
     # A trace upload streams to disk under its own limit (SHAPER_SIM_UPLOAD_MAX_MB).
     app.add_middleware(
         BodyLimitMiddleware,
@@ -144,6 +153,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return FileResponse(WEB_DIR / "static" / "favicon.svg", media_type="image/svg+xml")
 
     return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The process's own housekeeping, from its start to its end."""
+    directory = app.state.settings.resolved_sim_results_dir
+    async with anyio.create_task_group() as housekeeping:
+        housekeeping.start_soon(_sweep_uploads, directory)
+        yield
+        housekeeping.cancel_scope.cancel()
+
+
+async def _sweep_uploads(directory: Path) -> None:
+    """What-if uploads left behind (``app.simulations.runs.sweep_uploads``), swept by the
+    process that took them: they are on its host, which the workers need not share."""
+    while True:
+        await anyio.sleep(whatif_runs.UPLOAD_SWEEP_EVERY.total_seconds())
+        try:
+            await anyio.to_thread.run_sync(_sweep_uploads_now, directory)
+        except Exception:  # the next sweep tries again; the process serves on
+            log.exception("sweeping what-if uploads in %s failed", directory)
+
+
+def _sweep_uploads_now(directory: Path) -> None:
+    whatif_runs.sweep_uploads(directory=directory, now=datetime.now(UTC))
 
 
 def _not_ready(reason: str, exc: Exception) -> JSONResponse:

@@ -88,8 +88,10 @@ def declare_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
                 statuses.append("409")
             for status in statuses:
                 declared = _error_response(status)
-                if status == "409":  # keep the route's own description of its conflict
-                    declared["description"] = responses["409"].get("description", "")
+                # The route's own description where it has one: what it conflicts with,
+                # which of its limits a 413 or 429 is about.
+                if status in responses and responses[status].get("description"):
+                    declared["description"] = responses[status]["description"]
                 responses[status] = declared
     # FastAPI's validation error schemas, unused once every 422 above is ours.
     for unused in ("HTTPValidationError", "ValidationError"):

@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     sim_results_dir: Path | None = None
     # The largest trace file POST /simulations takes (413 beyond it), counted as it arrives.
     sim_upload_max_mb: float = Field(default=64.0, gt=0)
+    # Uploads received (and checked by their loader) at once on a host, every API process
+    # together: one more is refused (429) before it is read. Each streams to disk and its
+    # check reads it whole in a process of its own.
+    sim_upload_max_concurrent: int = Field(default=2, ge=1, le=64)
     log_level: str = "INFO"
     # "json": one JSON object per line (ts, level, logger, message, and the request, plan,
     # action and cluster ids when a line has them), for log shippers; "text" for people.

@@ -9,7 +9,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from app.api.deps import ClockDep, SettingsDep, scoped
+from app.api.deps import ClockDep, SessionDep, SettingsDep, scoped
+from app.core.config import Settings
 from app.core.errors import Invalid, PayloadTooLarge
 from app.simulations import runs, service, uploads
 from app.simulations.models import (
@@ -72,8 +73,22 @@ _BODY = {
     status_code=status.HTTP_202_ACCEPTED,
     dependencies=_operator["dependencies"],
     openapi_extra={**_operator["openapi_extra"], "requestBody": _BODY},
+    responses={
+        413: {
+            "description": "A JSON body over SHAPER_MAX_BODY_BYTES; a trace over "
+            "SHAPER_SIM_UPLOAD_MAX_MB; a form with too many parts or a part's headers too "
+            "long (`details.too_large`: parts, part_headers)"
+        },
+        429: {
+            "description": "Too many failed authentications from this address; or as many "
+            "what-if runs queued or running as are taken, or SHAPER_SIM_UPLOAD_MAX_CONCURRENT "
+            "uploads being received (`details.limit`); see Retry-After"
+        },
+    },
 )
-async def start_simulation(request: Request, settings: SettingsDep, clock: ClockDep) -> WhatIfRun:
+async def start_simulation(
+    request: Request, settings: SettingsDep, clock: ClockDep, session: SessionDep
+) -> WhatIfRun:
     """Simulate in the background; poll GET /simulations/runs/{id}. When done, its result
     is listed here.
 
@@ -81,10 +96,15 @@ async def start_simulation(request: Request, settings: SettingsDep, clock: Clock
     multipart/form-data: an uploaded `trace` replayed under some policies, as `shaper sim
     replay` does, with its options of the same names; a trace over SHAPER_SIM_UPLOAD_MAX_MB
     is refused (413), one its loader cannot read is refused with the loader's reason (422,
-    field `trace`)."""
+    field `trace`). While SHAPER_SIM_UPLOAD_MAX_CONCURRENT uploads are being received and
+    checked, another is refused (429, `Retry-After`) before any of it is read."""
     directory = settings.resolved_sim_results_dir
+    # The token is checked, and a run is a file, not a row: the request's transaction ends
+    # here. Held while an upload streams in (minutes), a POST's would keep SQLite's write
+    # lock from every other writer, and each upload after the first would wait for it.
+    await run_in_threadpool(session.rollback)
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        return await _start_replay(request, settings.sim_upload_max_mb, directory, clock)
+        return await _start_replay(request, settings, directory, clock)
     run_in = await _json_body(request)
     return await run_in_threadpool(
         runs.start_run, directory=directory, run_in=run_in, now=clock.now()
@@ -128,9 +148,9 @@ def _invalid_body(exc: ValidationError) -> RequestValidationError:
 
 
 async def _start_replay(
-    request: Request, max_mb: float, directory: Path, clock: ClockDep
+    request: Request, settings: Settings, directory: Path, clock: ClockDep
 ) -> WhatIfRun:
-    limit = int(max_mb * 2**20)
+    limit = int(settings.sim_upload_max_mb * 2**20)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + uploads.FORM_OVERHEAD_BYTES:
         raise PayloadTooLarge(
@@ -139,6 +159,13 @@ async def _start_replay(
             field=uploads.TRACE_FIELD,
         )
     await run_in_threadpool(runs.refuse_when_full, directory=directory, now=clock.now())
+    with runs.upload_slot(directory=directory, limit=settings.sim_upload_max_concurrent):
+        return await _receive_and_queue(request, limit, directory, clock)
+
+
+async def _receive_and_queue(
+    request: Request, limit: int, directory: Path, clock: ClockDep
+) -> WhatIfRun:
     form = await uploads.receive(
         request.stream(),
         content_type=request.headers["content-type"],

@@ -79,8 +79,12 @@ UPLOADS_DIR = ".uploads"
 # run will do: a trace the loader refuses is refused to the caller, not left to fail).
 CHECK_TIMEOUT_S = 120
 # An upload no active run holds, untouched this long, was left by a process that died
-# between receiving it and queueing its run; removed on an app start.
+# between receiving it and queueing its run; removed on an app start and every
+# UPLOAD_SWEEP_EVERY after (``sweep_uploads``).
 UPLOAD_STALE = timedelta(hours=1)
+UPLOAD_SWEEP_EVERY = timedelta(minutes=10)
+# When a refused upload may come back: an upload and its check take seconds to minutes.
+UPLOAD_RETRY_AFTER_S = 10
 
 
 def known_scenarios() -> list[str]:
@@ -223,6 +227,48 @@ def fail_interrupted(*, directory: Path, now: datetime) -> list[str]:
                 log.warning("what-if run file %s skipped: not readable as a run (%s)", path, exc)
         _remove_stale_uploads(directory, now)
     return marked
+
+
+def sweep_uploads(*, directory: Path, now: datetime) -> None:
+    """What an app start does, quietly, for a process that has been up a while: the runs
+    whose process is gone marked failed (their uploads removed), and the uploads no
+    active run holds that are older than UPLOAD_STALE removed. Every API process runs it
+    every UPLOAD_SWEEP_EVERY (``app.main``): the uploads are on its host."""
+    if not uploads_dir(directory).is_dir():
+        return
+    with _locked(directory):
+        _records(directory, now)
+        _remove_stale_uploads(directory, now)
+
+
+@contextmanager
+def upload_slot(*, directory: Path, limit: int) -> Iterator[None]:
+    """Held while an upload is received, checked and queued: one of ``limit`` places
+    (``SHAPER_SIM_UPLOAD_MAX_CONCURRENT``) shared by every API process on the host, each a
+    lock file taken without waiting (``flock``, let go by the kernel when its holder
+    ends, however it ends). None free: 429, before anything of the upload is read."""
+    folder = _runs_dir(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    for index in range(limit):
+        handle = open(folder / f".upload-{index}.lock", "a")  # noqa: SIM115 (closed below)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+        return
+    raise TooManyRequests(
+        f"{limit} trace uploads are being received, the most at once "
+        "(SHAPER_SIM_UPLOAD_MAX_CONCURRENT); send this one when one of them has finished",
+        field="trace",
+        details={"limit": limit, "setting": "SHAPER_SIM_UPLOAD_MAX_CONCURRENT"},
+        retry_after_s=UPLOAD_RETRY_AFTER_S,
+    )
 
 
 def _remove_stale_uploads(directory: Path, now: datetime) -> None:

@@ -6,6 +6,12 @@ whole into memory. It is written as ``<name>.part`` and renamed once complete, a
 refusal or failure (a bad body, the limit, the client gone) removes what was written, so
 no half-written trace is ever left to replay. The client's file name is kept only to be
 shown (``shown_name``); it is never part of a path.
+
+The form around it is bounded as it is read, not only by the upload's total: its parts
+(``MAX_PARTS``), each part's headers (``MAX_PART_HEADERS``, ``MAX_PART_HEADER_BYTES``) and
+each field's value (``MAX_FIELD_BYTES``), so that no part of it is held in memory beyond a
+few KiB. How many uploads are received at once is the route's to bound
+(``app.simulations.runs.upload_slot``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,15 @@ TRACE_FIELD = "trace"
 # Form fields beside the file: few and short (a policy list, numbers).
 MAX_FIELDS = 32
 MAX_FIELD_BYTES = 1024
+# The parts a form may have (the trace and its fields), counted as each begins; the
+# headers of one part and their bytes (names and values: a browser sends two short ones,
+# and a file name of 255 characters percent-encoded is under 2 KiB). Each refused (413) as
+# soon as it is passed, before the rest is read or anything is kept of it. Under
+# python-multipart's own limits (8 headers, 4 KiB a line, in the versions that have them),
+# whose refusals are answered the same.
+MAX_PARTS = MAX_FIELDS + 1
+MAX_PART_HEADERS = 6
+MAX_PART_HEADER_BYTES = 4096
 # The room the multipart framing and the fields take beside the file's own bytes.
 FORM_OVERHEAD_BYTES = MAX_FIELDS * (MAX_FIELD_BYTES + 256)
 MAX_SHOWN_NAME = 64
@@ -78,17 +93,57 @@ class _Receiver:
         self.header_value = bytearray()
         self.partial: Path | None = None
         self.count = 0
+        self.parts = 0
+        self.headers = 0
+        self.header_bytes = 0
+        self.in_header = False
 
     def on_part_begin(self) -> None:
         self.part = _Part()
+        self.headers = 0
+        self.header_bytes = 0
+        self.in_header = False
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise PayloadTooLarge(
+                f"more than {MAX_PARTS} parts in the form: the trace file and at most "
+                f"{MAX_FIELDS} fields",
+                field="body",
+                details={"limit": MAX_PARTS, "too_large": "parts"},
+            )
+
+    def headers_too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"the headers of part {self.parts} of the form are too large: at most "
+            f"{MAX_PART_HEADERS} headers and {MAX_PART_HEADER_BYTES} bytes of them a part",
+            field="body",
+            details={
+                "limit": MAX_PART_HEADER_BYTES,
+                "headers_limit": MAX_PART_HEADERS,
+                "too_large": "part_headers",
+            },
+        )
+
+    def _count_header(self, size: int) -> None:
+        self.header_bytes += size
+        if self.header_bytes > MAX_PART_HEADER_BYTES:
+            raise self.headers_too_large()
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        if not self.in_header:  # a header begins (its name may come in pieces)
+            self.in_header = True
+            self.headers += 1
+            if self.headers > MAX_PART_HEADERS:
+                raise self.headers_too_large()
+        self._count_header(end - start)
         self.header_field += data[start:end]
 
     def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self.header_value += data[start:end]
 
     def on_header_end(self) -> None:
+        self.in_header = False
         self.part.headers[bytes(self.header_field).lower()] = bytes(self.header_value)
         self.header_field.clear()
         self.header_value.clear()
@@ -188,6 +243,8 @@ async def receive(
     except MultipartParseError as exc:
         receiver.close()
         _remove(receiver.partial)
+        if str(exc).startswith("Maximum header"):  # the parser's own limits, met first
+            raise receiver.headers_too_large() from exc
         raise Invalid(f"not a valid multipart/form-data body: {exc}", field="body") from exc
     except BaseException:
         receiver.close()

@@ -105,6 +105,8 @@ def prune_samples(
 # ``shaper db prune-samples``, which compacts all of the history.
 COMPACT_LOOKBACK = timedelta(days=1)
 _PERIOD_US = LEVELS_US[0]
+# The roll-up's dimensions (``utilization_rollups.dimension``), each compacted in turn.
+DIMENSIONS = ("cluster", "gpu_model", "team")
 _SUMS = ("gpus", "opened", "closed", "samples", "sample_sum")
 _GROUP = "dimension, cluster_id, gpu_model_id, team"
 # An exact-instant row of [lo, hi) that compaction moves: not at a period's start (kept:
@@ -149,6 +151,11 @@ def compact_rollups(
     first (a run cut short by ``max_batches`` has done the periods that just expired),
     about ``batch`` rows a transaction; returns how many rows it moved.
 
+    The three dimensions take batches in turn, one each a round, so ``max_batches`` is
+    shared fairly: one dimension with far more rows (``team``, on a site of many teams)
+    cannot spend it all and leave the others uncompacted run after run. A dimension that
+    is done gives its turns to the others.
+
     Idempotent, and any part of it may run again: a compacted period holds no row to
     move. On PostgreSQL each batch holds the folder's lock (the only other writer of the
     roll-up) and leaves alone the rows of a cluster whose row is locked (an ingest, a
@@ -158,9 +165,12 @@ def compact_rollups(
     start = 0 if after is None else max(0, to_us(after) // _PERIOD_US * _PERIOD_US)
     session.rollback()  # no transaction held between batches (SQLite's write lock)
     removed, batches = 0, 0
-    for dimension in ("cluster", "gpu_model", "team"):
-        hi = end
-        while start < hi and (max_batches is None or batches < max_batches):
+    # Per dimension, where its next batch ends (its rows below are still to do).
+    pending = {dimension: end for dimension in DIMENSIONS if start < end}
+    while pending and (max_batches is None or batches < max_batches):
+        for dimension, hi in list(pending.items()):
+            if max_batches is not None and batches >= max_batches:
+                break
             bounds = {"dimension": dimension, "lo": start, "hi": hi}
             nth = session.execute(_NTH, {**bounds, "skip": batch - 1}).scalar_one_or_none()
             # Whole periods only: from the start of the batch's oldest row's period.
@@ -178,5 +188,8 @@ def compact_rollups(
                 removed += cast("CursorResult[Any]", result).rowcount
             session.commit()
             batches += 1
-            hi = lo
+            if start < lo:
+                pending[dimension] = lo
+            else:
+                del pending[dimension]
     return removed

@@ -212,6 +212,59 @@ def test_the_rollup_compacts_old_instants_and_whole_16s_answers_stay(session: Se
     assert _answers(session, windows) == before
 
 
+def test_every_dimension_gets_its_turn_when_one_has_far_more_rows(session: Session) -> None:
+    # GPU samples land in the cluster and GPU model dimensions, not the team one: a node
+    # sampled at many instants gives those two far more rows than the team's few job
+    # starts. Compacted with room for a few batches, the team's rows are compacted too
+    # (they waited behind the cluster's, all of whose batches came first).
+    period = timedelta(seconds=16)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    start = epoch + (T0 - timedelta(days=40) - epoch) // period * period
+    cluster_in = ClusterCreate(name="alpha", scheduler=SchedulerKind.sim)
+    cluster_service.register_cluster(session=session, now=start, cluster_in=cluster_in)
+    for seq, team in enumerate(("x", "y", "z"), start=1):
+        now = start + timedelta(hours=seq, seconds=5)  # allocations open off the grid
+        samples = [
+            {"at": (now - i * period + offset).isoformat(), "metric": "gpu_util",
+             "node": "n0", "value": 0.5}
+            for i in range(1, 60) for offset in (3 * SECOND, 9 * SECOND)
+        ]  # fmt: skip
+        jobs = [
+            job(f"j{seq}{k}", team=team, state="running", gpus_requested=1,
+                start_time=(now - k * SECOND).isoformat(), submit_time=start.isoformat(),
+                allocations=[{"node": "n0", "gpu_indices": [k]}])
+            for k in range(1, 3)
+        ]  # fmt: skip
+        push = snapshot(seq, nodes=[node("n0")], jobs=jobs, samples=samples)
+        telemetry_service.ingest(
+            session=session,
+            cluster_name="alpha",
+            push=TelemetrySnapshot.model_validate(push),
+            now=now,
+        )
+    fold.fold_deltas(session=session)  # PostgreSQL: the deltas into the roll-up
+    movable = "period_start_us % 16000000 > 1 AND dimension = "
+    before = {d: _exact_rows(session, f"{movable}'{d}'") for d in retention.DIMENSIONS}
+    assert before["cluster"] > 300 and before["gpu_model"] > 300
+    assert 0 < before["team"] < 20
+
+    retention.compact_rollups(
+        session=session, before=start + timedelta(days=1), batch=20, max_batches=6
+    )
+
+    after = {d: _exact_rows(session, f"{movable}'{d}'") for d in retention.DIMENSIONS}
+    assert after["team"] == 0, (before, after)
+    # Batches of about 20 rows (whole 16 s periods), taken in turns: the team's one, then
+    # the cluster's and the GPU model's alternately; six were not enough for them.
+    for big in ("cluster", "gpu_model"):
+        assert 40 <= before[big] - after[big] <= 80 and after[big] > 0, (before, after)
+    # A dimension done gives its turns to the others: unbounded, all of them are done.
+    retention.compact_rollups(
+        session=session, before=start + timedelta(days=1), batch=20, max_batches=None
+    )
+    assert all(_exact_rows(session, f"{movable}'{d}'") == 0 for d in retention.DIMENSIONS)
+
+
 def test_the_api_answers_old_periods_from_the_rollup(
     session: Session, client: TestClient, auth: dict[str, dict[str, str]]
 ) -> None:

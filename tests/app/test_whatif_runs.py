@@ -10,22 +10,31 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.abc
+import anyio.to_thread
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from app.api.deps import get_clock
+from app.core import migrate
 from app.core.clock import FrozenClock
 from app.core.config import Settings
-from app.core.db import get_session
+from app.core.db import get_session, make_engine
+from app.core.errors import PayloadTooLarge
 from app.main import create_app
-from app.simulations import runner, runs
+from app.simulations import runner, runs, uploads
 from app.simulations.models import TRACE_KINDS, WhatIfCreate, WhatIfRecord
+from app.tokens import service as token_service
+from app.tokens.models import ApiTokenCreate
 from sim.metrics import RunResult
 from sim.run import compare
 from sim.scenario import ScenarioError, builtin_scenarios, load_scenario
@@ -605,3 +614,260 @@ def test_an_upload_left_by_a_dead_process_is_removed_on_an_app_start(
 
 def test_the_trace_kinds_offered_are_the_replays_but_alibaba() -> None:
     assert set(TRACE_KINDS) == set(KINDS) - {"alibaba"}
+
+
+def _until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.02)
+
+
+def test_uploads_left_behind_are_swept_while_the_app_serves(
+    settings: Settings,
+    results_dir: Path,
+    clock: FrozenClock,
+    holders: list[subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = create_app(settings)  # its start finds nothing to sweep: all of it comes after
+    folder = results_dir / runs.UPLOADS_DIR
+    folder.mkdir(parents=True)
+    left, fresh, held, orphan = (folder / f"{n}.csv" for n in ("left", "fresh", "held", "orphan"))
+    for path in (left, fresh, held, orphan):
+        path.write_bytes(TRACE.read_bytes())
+    long_ago = (datetime.now(UTC) - 2 * runs.UPLOAD_STALE).timestamp()
+    for path in (left, held):
+        os.utime(path, (long_ago, long_ago))
+    now = FrozenClock(datetime.now(UTC))
+    # A run still replaying its old upload keeps it; one whose process is gone does not.
+    for run_id, path, pid in (("held1", held, _hold(holders, "held1")), ("gone1", orphan, None)):
+        record = _record(results_dir, run_id, "running", pid or _dead_pid(), now)
+        upload = WhatIfRecord.model_validate_json(record.read_text())
+        record.write_text(upload.model_copy(update={"upload": path.name}).model_dump_json())
+    monkeypatch.setattr(runs, "UPLOAD_SWEEP_EVERY", timedelta(milliseconds=20))
+
+    with TestClient(app):
+        _until(lambda: not (left.exists() or orphan.exists()), "swept")
+
+    assert fresh.exists() and held.exists()
+    gone = runs.get_run(directory=results_dir, run_id="gone1", now=now.now())
+    assert gone.state == "failed"
+
+
+def _part(boundary: str, name: str, value: str, *headers: str) -> str:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n{extra}\r\n{value}\r\n'
+    )
+
+
+def _trace_part(boundary: str, filename: str = "t.csv", *headers: str) -> str:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="trace"; '
+        f'filename="{filename}"\r\nContent-Type: text/csv\r\n{extra}\r\n'
+        f"{TRACE.read_text()}\r\n"
+    )
+
+
+def _send_form(client: TestClient, headers: dict[str, str], boundary: str, parts: list[str]) -> Any:
+    return client.post(
+        "/api/v1/simulations",
+        content=("".join(parts) + f"--{boundary}--\r\n").encode(),
+        headers={**headers, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+
+
+def test_a_forms_parts_and_their_headers_are_bounded(
+    client: TestClient, auth: dict[str, dict[str, str]], results_dir: Path
+) -> None:
+    b, operator = "b0undary", auth["operator"]
+    folder = results_dir / runs.UPLOADS_DIR
+    header_limit = uploads.MAX_PART_HEADER_BYTES
+
+    def refused(parts: list[str], too_large: str, limit: int = header_limit) -> None:
+        response = _send_form(client, operator, b, parts)
+        assert response.status_code == 413, response.text
+        error = response.json()["error"]
+        assert error["field"] == "body" and error["details"]["too_large"] == too_large
+        assert error["details"]["limit"] == limit and str(limit) in error["message"]
+        assert not folder.exists() or list(folder.iterdir()) == []
+
+    # One header too long, on a field or on the trace (refused before its file is made).
+    pad = f"X-Pad: {'a' * header_limit}"
+    refused([_part(b, "policies", "fifo", pad)], "part_headers")
+    refused([_trace_part(b, "t.csv", pad)], "part_headers")
+    refused([_trace_part(b, "t" * header_limit + ".csv")], "part_headers")
+    # Headers each under the limit that add up over it; more headers than a part has.
+    long = [f"X-{i}: {'a' * (header_limit // 5)}" for i in range(uploads.MAX_PART_HEADERS - 1)]
+    refused([_part(b, "seed", "1", *long)], "part_headers")
+    many = [f"X-{i}: {i}" for i in range(uploads.MAX_PART_HEADERS)]
+    refused([_part(b, "seed", "1", *many)], "part_headers")
+    # More parts than the trace and its fields: refused as the one too many begins (the
+    # trace written before it removed).
+    fields = [_part(b, "policies", "fifo")] * uploads.MAX_FIELDS
+    refused([*fields, _trace_part(b), _part(b, "seed", "1")], "parts", uploads.MAX_PARTS)
+    # Within the limits (the most headers, a long file name, the most parts) the form is
+    # read: here a field of it is refused, which only a form read whole gets to.
+    most = [_part(b, "policies", "fifo"), _part(b, "seed", "x", *many[:-1]), _trace_part(b)]
+    within = _send_form(client, operator, b, most)
+    assert within.status_code == 422 and within.json()["error"]["field"] == "seed", within.text
+    name = "t" * 255 + ".csv"
+    fields = [_part(b, "policies", "lottery")] * (uploads.MAX_PARTS - 1)
+    within = _send_form(client, operator, b, [*fields, _trace_part(b, name)])
+    assert within.status_code == 422 and within.json()["error"]["field"] == "policies"
+    assert list(folder.iterdir()) == []
+
+
+# A form whose policies no run takes: read whole, it ends in a 422 and starts nothing.
+_UNQUEUED_FORM = b"".join(_multipart("b0undary", TRACE.read_bytes())).replace(b"fifo", b"lottery")
+_FORM_TYPE = {"Content-Type": "multipart/form-data; boundary=b0undary"}
+
+
+class _HeldUploads:
+    """Uploads sent through the ASGI app that stop halfway through their trace (its file
+    begun) until ``release``; their answers in ``answers``."""
+
+    def __init__(self, client: httpx.AsyncClient, headers: dict[str, str], folder: Path) -> None:
+        self.client, self.headers, self.folder = client, headers, folder
+        self.release = anyio.Event()
+        self.answers: list[httpx.Response] = []
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        half = len(_UNQUEUED_FORM) // 2
+        yield _UNQUEUED_FORM[:half]
+        await self.release.wait()
+        yield _UNQUEUED_FORM[half:]
+
+    async def _post(self) -> None:
+        answer = await self.client.post(
+            "/api/v1/simulations", content=self._body(), headers=self.headers
+        )
+        self.answers.append(answer)
+
+    async def start(self, streaming: anyio.abc.TaskGroup) -> None:
+        """One more, once it is streaming: its file is on disk."""
+        count = len(list(self.folder.glob("*.part"))) + 1
+        streaming.start_soon(self._post)
+        with anyio.fail_after(60):
+            while len(list(self.folder.glob("*.part"))) < count:
+                await anyio.sleep(0.01)
+
+
+def test_uploads_beyond_the_concurrent_limit_are_429_until_one_ends(
+    session: Any, clock: FrozenClock, tokens: dict[str, str], results_dir: Path
+) -> None:
+    settings = Settings(
+        environment="test", sim_results_dir=results_dir, sim_upload_max_concurrent=2
+    )
+    app = create_app(settings)
+    app.dependency_overrides[get_session] = lambda: session
+    app.dependency_overrides[get_clock] = lambda: clock
+    headers = {"Authorization": f"Bearer {tokens['operator']}", **_FORM_TYPE}
+    folder = results_dir / runs.UPLOADS_DIR
+
+    async def uploads_at_once() -> tuple[list[httpx.Response], httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://shaper") as client:
+            held = _HeldUploads(client, headers, folder)
+            async with anyio.create_task_group() as streaming:
+                await held.start(streaming)
+                await held.start(streaming)
+                third = await client.post(
+                    "/api/v1/simulations", content=_UNQUEUED_FORM, headers=headers
+                )
+                # The refused one left nothing: only the two streaming have files.
+                assert len(list(folder.iterdir())) == 2
+                held.release.set()
+            after = await client.post(
+                "/api/v1/simulations", content=_UNQUEUED_FORM, headers=headers
+            )
+            return held.answers, third, after
+
+    answers, third, after = anyio.run(uploads_at_once)
+
+    assert third.status_code == 429, third.text
+    assert int(third.headers["Retry-After"]) > 0
+    error = third.json()["error"]
+    assert error["retryable"] and error["details"]["limit"] == 2
+    assert "SHAPER_SIM_UPLOAD_MAX_CONCURRENT" in error["message"]
+    for answer in answers:
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"]["field"] == "policies"
+    # Once they have ended, their places are free again.
+    assert after.status_code == 422 and after.json()["error"]["field"] == "policies"
+    assert list(folder.iterdir()) == []
+
+
+def test_an_upload_holds_no_database_lock_while_it_streams(
+    tmp_path: Path, results_dir: Path, clock: FrozenClock
+) -> None:
+    # SQLite as the embedded default runs it, each request with its own session: a POST's
+    # transaction takes the write lock, which an upload streaming for minutes must not keep.
+    url = f"sqlite:///{tmp_path / 'shaper.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url, sqlite_busy_timeout_ms=2000)
+    with Session(engine) as session:
+        token_in = ApiTokenCreate(name="operator", scopes=["operator"])
+        token = token_service.create_token(session=session, now=clock.now(), token_in=token_in)
+    app = create_app(Settings(environment="test", sim_results_dir=results_dir))
+
+    def session_per_request() -> Iterator[Session]:
+        with Session(engine, expire_on_commit=False) as session:
+            yield session
+
+    app.dependency_overrides[get_session] = session_per_request
+    app.dependency_overrides[get_clock] = lambda: clock
+    headers = {"Authorization": f"Bearer {token.token}", **_FORM_TYPE}
+
+    def write() -> None:
+        with engine.begin() as connection:  # BEGIN IMMEDIATE: the write lock, or 2 s then out
+            connection.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+
+    async def write_while_uploading() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://shaper") as client:
+            held = _HeldUploads(client, headers, results_dir / runs.UPLOADS_DIR)
+            async with anyio.create_task_group() as streaming:
+                await held.start(streaming)
+                await anyio.to_thread.run_sync(write)
+                held.release.set()
+            return held.answers
+
+    try:
+        (answer,) = anyio.run(write_while_uploading)
+    finally:
+        engine.dispose()
+    assert answer.status_code == 422 and answer.json()["error"]["field"] == "policies"
+
+
+def test_a_parts_headers_are_counted_whatever_pieces_they_arrive_in(tmp_path: Path) -> None:
+    b = "b0undary"
+    most = [f"X-{i}: {'a' * 40}" for i in range(uploads.MAX_PART_HEADERS - 1)]
+    form = (
+        _part(b, "policies", "fifo", *most) + _trace_part(b, "t.csv", *most[:-1]) + f"--{b}--\r\n"
+    ).encode()
+
+    async def receive(body: bytes, piece: int) -> uploads.ReceivedForm:
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), piece):
+                yield body[start : start + piece]
+
+        return await uploads.receive(
+            chunks(),
+            content_type=f"multipart/form-data; boundary={b}",
+            folder=tmp_path,
+            max_bytes=2**20,
+        )
+
+    for piece in (1, 3, 64, len(form)):
+        received = anyio.run(receive, form, piece)
+        assert received.fields == {"policies": ["fifo"]}, piece
+        assert received.trace is not None and received.trace.read_bytes() == TRACE.read_bytes()
+        received.trace.unlink()
+    one_more = form.replace(b"X-0:", b"X-y: 1\r\nX-0:", 1)
+    for piece in (1, 3, len(form)):
+        with pytest.raises(PayloadTooLarge, match="headers of part 1"):
+            anyio.run(receive, one_more, piece)
+    assert list(tmp_path.iterdir()) == []
