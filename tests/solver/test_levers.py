@@ -125,3 +125,41 @@ def test_the_look_ahead_counts_gpus_that_free_up_before_the_peak() -> None:
         "long"
         in get_policy("shaper").plan(instance(nodes, jobs(10 * 3600.0), config=off)).placement
     )
+
+
+def test_the_look_ahead_counts_gpus_a_service_may_take_back_from_checkpointable_work() -> None:
+    # The service needs 2 more GPUs in 2 h. Node a: the service's 2, 2 free, and 4 held by
+    # a long job. A long, immovable 2-GPU job would take the 2 free GPUs.
+    def jobs(**resident: object) -> list:  # type: ignore[type-arg]
+        return [
+            service("s", (2, 2, 4), {"a": 2}, min_replicas=1, priority=8),
+            running("resident", {"a": 4}, expected_runtime_s=20 * 3600.0, **resident),
+            job("long", 2, priority=3, expected_runtime_s=10 * 3600.0),
+        ]
+
+    nodes = [node("a")]
+    # The resident is checkpointable, preemptible and worth less than the service: at the
+    # peak the service stops it (losing at most a checkpoint interval), so the free GPUs
+    # need not wait for the peak and the long job starts now.
+    takeable = get_policy("shaper").plan(
+        instance(nodes, jobs(checkpointable=True, last_checkpoint_time=NOW - 600, priority=1))
+    )
+    assert "long" in takeable.placement
+    # Not checkpointable: the service may not stop it, the free GPUs are all it will have.
+    kept = get_policy("shaper").plan(instance(nodes, jobs(priority=1)))
+    assert kept.pending["long"].code is ReasonCode.forecast_reservation
+    # Worth as much as the service: not a job the service's growth would stop.
+    equal = get_policy("shaper").plan(
+        instance(nodes, jobs(checkpointable=True, last_checkpoint_time=NOW - 600, priority=8))
+    )
+    assert equal.pending["long"].code is ReasonCode.forecast_reservation
+    # Without preemption the service cannot stop anything: the GPUs are kept.
+    no_stops = FAST.model_copy(update={"preemption": False})
+    off = get_policy("shaper").plan(
+        instance(
+            nodes,
+            jobs(checkpointable=True, last_checkpoint_time=NOW - 600, priority=1),
+            config=no_stops,
+        )
+    )
+    assert off.pending["long"].code is ReasonCode.forecast_reservation
