@@ -62,6 +62,12 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   is retryable, as for a job. Fenced under ``node:<name>``, where the saga's generation is
   the action's id: a late step of an older drain or undrain of the node is refused once a
   newer one has been seen.
+* ``move_job_set`` → ``move_job_set(args["queue"], args["job_set"],
+  executor=args["executor"], step_key=key)`` (``SupportsJobSetMove``: Armada), an
+  operator's move of a queued job set to another executor cluster; ``workload_id`` is
+  ``job-set:<queue>/<job set>``, which its generation (the action's id) is fenced under.
+  The step's key goes to the connector, so a resend whose answer was not journalled (a
+  crash mid-step) moves no job twice; the result's ``moved`` maps workloads to new jobs.
 
 Before a ``requeue`` or ``suspend``, a connector that restarts stopped work itself
 (``SupportsResumePointer``: Kubernetes, Kueue) is handed the step's resume pointer:
@@ -102,6 +108,7 @@ from connectors.base import (
     SupportsCancel,
     SupportsDrain,
     SupportsHold,
+    SupportsJobSetMove,
     SupportsMovedCancel,
     SupportsNodeCount,
     SupportsRequeue,
@@ -208,6 +215,7 @@ class ConnectorStepExecutor:
             ConnectorStep.withdraw: self._withdraw,
             ConnectorStep.drain: self._drain,
             ConnectorStep.undrain: self._undrain,
+            ConnectorStep.move_job_set: self._move_job_set,
         }
 
     def handle(self, message: Mapping[str, Any]) -> StepReport | None:
@@ -277,6 +285,8 @@ class ConnectorStepExecutor:
                 )
             if request.step == ConnectorStep.cancel and request.args.get("moved_away"):
                 result = self._cancel_moved(request.workload_id, request.key)
+            elif request.step == ConnectorStep.move_job_set:
+                result = self._move_job_set(request.workload_id, request.args, key=request.key)
             else:
                 result = run_step(request.workload_id, request.args)
         except _Refused as refusal:
@@ -601,6 +611,28 @@ class ConnectorStepExecutor:
             name=name,
             held=hold,
             nodes=nodes or [],
+        )
+
+    def _move_job_set(
+        self, subject: str, args: dict[str, Any], key: str | None = None
+    ) -> dict[str, Any]:
+        fields = {name: args.get(name) for name in ("queue", "job_set", "executor")}
+        for name, value in fields.items():
+            if not isinstance(value, str) or not value:
+                raise _Refused(
+                    f"move_job_set needs args.{name} (a non-empty string), got {value!r}"
+                )
+        queue, job_set, executor = (str(v) for v in fields.values())
+        if not isinstance(self.connector, SupportsJobSetMove):
+            kind = getattr(self.connector, "kind", type(self.connector).__name__)
+            raise _Refused(f"the {kind} connector cannot move job sets (Armada's alone)")
+        moved = self.connector.move_job_set(queue, job_set, executor=executor, step_key=key)
+        return self._done(
+            f"moved job set {job_set} of queue {queue} to executor {executor} "
+            f"({len(moved)} jobs submitted again there)",
+            subject,
+            executor=executor,
+            moved=moved,
         )
 
     def _withdraw(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -232,6 +232,19 @@ class SupportsDrain(Protocol):
 
 
 @runtime_checkable
+class SupportsJobSetMove(Protocol):
+    """Move a queued job set to another executor cluster of the scheduler (Armada's: an
+    operator's ``move_job_set`` action). Workload id → its new job id. ``step_key``: the
+    step's idempotency key, so that a resend after a lost answer moves no job twice. A job
+    set that has started, or that the target cannot run, is a non-retryable
+    ConnectorError saying why (nothing moved)."""
+
+    def move_job_set(
+        self, queue: str, job_set: str, *, executor: str, step_key: str | None = None
+    ) -> dict[str, str]: ...
+
+
+@runtime_checkable
 class SupportsChangeWait(Protocol):
     """Connectors that learn of changes as they happen (a Kubernetes watch): the runner
     waits on this between pushes instead of sleeping its whole interval, so a change reaches

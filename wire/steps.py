@@ -73,6 +73,12 @@ class ConnectorStep(StrEnum):
     # Give a drained node back to the scheduler (Slurm's RESUME, an uncordon); refused where
     # the scheduler has no such thing (Ray). Its confirm: ``args.expect: up``.
     undrain = "undrain"
+    # Move a queued Armada job set to another executor cluster (an operator's: ``POST
+    # /clusters/{c}/job-sets/{queue}/{job_set}/move``). ``workload_id``: ``job-set:<queue>/
+    # <job set>``; ``args``: ``queue``, ``job_set``, ``executor``. Idempotent by the step's
+    # key (a resend moves no job twice); the result's ``moved`` maps each workload to its new
+    # job. Refused when a job has left the queue or cannot run on that executor's nodes.
+    move_job_set = "move_job_set"
 
 
 class StepPhase(StrEnum):

@@ -12,7 +12,6 @@ two requests for one node make one action.
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 
 from sqlmodel import Session, col, select
@@ -26,9 +25,7 @@ from app.actions.models import (
     ActionPublic,
     ActionState,
 )
-from app.audit import service as audit
 from app.audit.models import Actor
-from app.audit.service import AuditObject
 from app.clusters import service as cluster_service
 from app.core.errors import Conflict
 from app.core.lookup import found, row_id
@@ -92,31 +89,14 @@ def request_node_action(
             resource_id=node,
             details={"state": state.value},
         )
-    who = actor.name if actor is not None else "shaper"
-    action = Action(
-        cluster_id=row_id(row),
-        job_id=None,
-        kind=kind,
-        state=ActionState.approved,
-        idempotency_key=f"{kind.value}-{row.id}-{uuid.uuid4().hex}",
-        reason=(reason or f"{kind.value} of node {node} asked by {who}")[:2048],
-        source_node=node,
-        target_node=node,
-        created_at=now,
-        updated_at=now,
-        decided_by=who,
-        decided_at=now,
-    )
-    session.add(action)
-    session.flush()
-    audit.record(
+    return action_service.create_operator_action(
         session=session,
-        actor=actor,
-        verb=kind.value,
-        object_type=AuditObject.action,
-        object_id=row_id(action),
+        cluster_id=row_id(row),
+        kind=kind,
+        subject={"source_node": node, "target_node": node},
+        reason=reason,
+        what=f"{kind.value} of node {node}",
         now=now,
-        changes={"cluster": cluster, "node": node, "reason": action.reason},
+        actor=actor,
+        changes={"cluster": cluster, "node": node},
     )
-    session.commit()
-    return action_service.get_action(session=session, action_id=row_id(action))

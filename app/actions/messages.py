@@ -16,7 +16,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from app.actions.models import NODE_ACTION_KINDS, Action, ActionKind, ActionStep
+from app.actions.models import (
+    JOB_SET_ACTION_KINDS,
+    NODE_ACTION_KINDS,
+    Action,
+    ActionKind,
+    ActionStep,
+)
 from app.core.lookup import row_id
 from app.jobs.models import Job
 from wire.queues import (
@@ -130,6 +136,16 @@ def step_message(
             args["reason"] = action.reason
     if kind is ActionKind.move:
         workload_id = _move_workload(action, job, step, steps, args)
+    if kind in JOB_SET_ACTION_KINDS:
+        # The job set the step is about, which the connector fences it under.
+        workload_id = job_set_subject(action.job_set_queue or "", action.job_set or "")
+        args.update(
+            {
+                "queue": action.job_set_queue,
+                "job_set": action.job_set,
+                "executor": action.target_executor,
+            }
+        )
     if is_connector_queue(step.queue):
         args.update(
             {
@@ -222,6 +238,12 @@ def _move_workload(
         arrived = submit.result.get("external_id")
         return str(arrived) if arrived is not None else None
     return here
+
+
+def job_set_subject(queue: str, job_set: str) -> str:
+    """What a job set's steps name as their workload, and are fenced under, at the
+    connector (``job-set:<queue>/<job set>``): no Armada job id or gang id looks so."""
+    return f"job-set:{queue}/{job_set}"[:255]
 
 
 # What a job name may carry through every scheduler (Slurm's comment word, a label value).

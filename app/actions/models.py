@@ -38,11 +38,18 @@ class ActionKind(StrEnum):
     # may again (undrain). POST /clusters/{cluster}/nodes/{node}/drain and /undrain.
     drain = "drain"
     undrain = "undrain"
+    # An operator's, about an Armada job set (``job_set_queue``, ``job_set``) rather than one
+    # job: its queued jobs go to executor cluster ``target_executor``.
+    # POST /clusters/{cluster}/job-sets/{queue}/{job_set}/move (app.actions.job_sets).
+    move_job_set = "move_job_set"
 
 
 # The kinds about a node, not a job: no job, fenced per node (app.actions.saga), never
 # compensated (a drain is not undone because its confirm failed).
 NODE_ACTION_KINDS = frozenset({ActionKind.drain, ActionKind.undrain})
+# The kinds about a job set, not one job: no job, fenced per job set, never compensated
+# (the scheduler's refusal changes nothing; a move that went through is the operator's).
+JOB_SET_ACTION_KINDS = frozenset({ActionKind.move_job_set})
 
 
 class ActionState(StrEnum):
@@ -107,8 +114,13 @@ class ActionPublic(SQLModel):
     # Where a ``move`` sends the job (the action's ``cluster`` is where it comes from).
     target_cluster: str | None = None
     # The job's id (GET /jobs/{job_id}); None once the job's row is gone, and for a node's
-    # action (drain, undrain: ``source_node`` names the node).
+    # action (drain, undrain: ``source_node`` names the node) and a job set's.
     job_id: int | None = None
+    # A job set's action (move_job_set): the Armada queue and job set, and the executor
+    # cluster its jobs go to.
+    job_set_queue: str | None = None
+    job_set: str | None = None
+    target_executor: str | None = None
     job_external_id: str | None
     kind: ActionKind
     state: ActionState
@@ -138,6 +150,17 @@ class NodeActionRequest(BaseModel):
 
     # Why, kept on the action and handed to the scheduler (Slurm's node Reason, Ray's drain
     # message); absent: Shaper says who asked.
+    reason: NoNulStr | None = Field(default=None, min_length=1, max_length=1024)
+
+
+class JobSetMoveRequest(BaseModel):
+    """An operator's move of a queued Armada job set to another executor cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The executor cluster (as the cluster's nodes report it: label armadaproject.io/executor).
+    executor: NoNulStr = Field(min_length=1, max_length=128)
+    # Why, kept on the action; absent: Shaper says who asked.
     reason: NoNulStr | None = Field(default=None, min_length=1, max_length=1024)
 
 
@@ -172,6 +195,10 @@ class Action(SQLModel, table=True):
     reason: str = Field(default="", max_length=2048)
     source_node: str | None = Field(default=None, max_length=255)
     target_node: str | None = Field(default=None, max_length=255)
+    # A job set's action (JOB_SET_ACTION_KINDS); NULL otherwise.
+    job_set_queue: str | None = Field(default=None, max_length=128)
+    job_set: str | None = Field(default=None, max_length=255)
+    target_executor: str | None = Field(default=None, max_length=128)
     target_replicas: int | None = None
     # GPUs per node before and after the action (the counts behind source/target_node).
     source_placement: dict[str, int] = json_column(dict)

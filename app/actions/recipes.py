@@ -73,11 +73,25 @@ step of an older drain or undrain of it (connectors.actions fences them per node
 compensates them: a drain whose confirm gave up may still take effect, and undoing it
 would hand the node back to the scheduler against the operator's wish; the action fails
 with what the scheduler last reported, and the operator decides (undrain, or drain again).
+
+A job set's move (an operator's, ``JOB_SET_ACTION_KINDS``: an Armada job set to another
+executor cluster) is one step, ``move_job_set@connector``, under the action's id as its
+generation (the connector fences it per job set). Succeeded means Armada accepted the
+jobs submitted again there; its scheduler runs them when they fit, and telemetry says
+where. Nothing compensates it: a refused move changed nothing, and one that went through
+is what the operator asked for.
 """
 
 from __future__ import annotations
 
-from app.actions.models import NODE_ACTION_KINDS, Action, ActionKind, ActionStep, StepState
+from app.actions.models import (
+    JOB_SET_ACTION_KINDS,
+    NODE_ACTION_KINDS,
+    Action,
+    ActionKind,
+    ActionStep,
+    StepState,
+)
 from app.actions.schedulers import moves_jobs, places_itself, reserves, takes_moves
 from app.clusters.models import Cluster
 from app.core.lookup import row_id
@@ -201,6 +215,18 @@ def node_steps(action: Action, cluster: Cluster) -> list[ActionStep]:
     scheduler = connector_queue(cluster.name)
     plan.add(ConnectorStep(kind.value), scheduler, StepPhase.forward, 0)
     plan.add(ConnectorStep.confirm, scheduler, StepPhase.forward, 1)
+    return plan.steps
+
+
+def job_set_steps(action: Action, cluster: Cluster) -> list[ActionStep]:
+    """A job set's action's steps (move_job_set), under its own id as their generation."""
+    kind = ActionKind(action.kind)
+    if kind not in JOB_SET_ACTION_KINDS:
+        raise Unplannable(f"{kind} is not about a job set")
+    if not (action.job_set_queue and action.job_set and action.target_executor):
+        raise Unplannable(f"{kind} needs a queue, a job set and an executor")
+    plan = _Plan(action, cluster.name, row_id(action))
+    plan.add(ConnectorStep(kind.value), connector_queue(cluster.name), StepPhase.forward, 0)
     return plan.steps
 
 
@@ -341,8 +367,8 @@ def compensation_steps(
     action: Action, steps: list[ActionStep], cluster: str, generation: int
 ) -> list[ActionStep]:
     """Undo what the forward steps did: fence the target, keep or bring the job back home."""
-    if ActionKind(action.kind) in NODE_ACTION_KINDS:
-        return []  # a drain is not undone by its failure (the module's docstring)
+    if ActionKind(action.kind) in NODE_ACTION_KINDS | JOB_SET_ACTION_KINDS:
+        return []  # a drain is not undone by its failure, nor a job set's move (docstring)
     plan = _Plan(action, cluster, generation)
     seq = max(s.seq for s in steps) + 1
     if ActionKind(action.kind) is ActionKind.move:

@@ -18,7 +18,8 @@ Which steps each action kind runs, in which order, and what compensation runs ar
    An action whose job another saga is already moving is cancelled, not queued.
    A node's action (drain, undrain: ``NODE_ACTION_KINDS``) has no job: it is fenced per
    node instead — cancelled while another drain or undrain of the node runs, and its
-   steps carry the action's id as their generation (``recipes.node_steps``).
+   steps carry the action's id as their generation (``recipes.node_steps``). A job set's
+   action (``JOB_SET_ACTION_KINDS``) likewise, per job set (``recipes.job_set_steps``).
 3. **Step**: in the current phase, the first step that is not finished decides —
    ``pending``: mark it ``sent`` and emit its message; ``sent`` for longer than its timeout:
    emit it again under the same key (the executor deduplicates) or, after
@@ -48,6 +49,7 @@ from app.actions import service as action_service
 from app.actions.messages import Outgoing, step_message
 from app.actions.models import (
     ACTIVE_ACTION_STATES,
+    JOB_SET_ACTION_KINDS,
     NODE_ACTION_KINDS,
     TERMINAL_ACTION_STATES,
     TRANSITIONS,
@@ -67,6 +69,7 @@ from app.actions.recipes import (
     answered_or_given_up,
     compensation_steps,
     forward_steps,
+    job_set_steps,
     node_steps,
     resume_step,
 )
@@ -402,6 +405,36 @@ def _dispatch_node(session: Session, action: Action, now: datetime) -> bool:
     return _start(session, action, steps, row_id(action), now)
 
 
+def _dispatch_job_set(session: Session, action: Action, now: datetime) -> bool:
+    """Plan a job set's action's step, fenced per job set: False when it cannot run."""
+    # One dispatch per cluster at a time: the check below and the start are one decision.
+    cluster = session.exec(
+        select(Cluster).where(Cluster.id == action.cluster_id).with_for_update()
+    ).one()
+    busy = session.exec(
+        select(Action.id).where(
+            Action.cluster_id == action.cluster_id,
+            col(Action.kind).in_([k.value for k in JOB_SET_ACTION_KINDS]),
+            Action.job_set_queue == action.job_set_queue,
+            Action.job_set == action.job_set,
+            Action.id != action.id,
+            col(Action.state).in_(IN_FLIGHT),
+        )
+    ).first()
+    if busy is not None:
+        return _cancel(
+            action,
+            now,
+            f"action {busy} is already moving job set {action.job_set} of queue "
+            f"{action.job_set_queue}",
+        )
+    try:
+        steps = job_set_steps(action, cluster)
+    except Unplannable as error:
+        return _cancel(action, now, str(error))
+    return _start(session, action, steps, row_id(action), now)
+
+
 # A saga in flight: another one for the same job (or node) must not start beside it.
 IN_FLIGHT = [ActionState.dispatched, ActionState.running, ActionState.compensating]
 
@@ -417,6 +450,8 @@ def _dispatch(session: Session, action: Action, now: datetime) -> bool:
     """Plan the forward steps and fence the job; False when the action cannot run."""
     if ActionKind(action.kind) in NODE_ACTION_KINDS:
         return _dispatch_node(session, action, now)
+    if ActionKind(action.kind) in JOB_SET_ACTION_KINDS:
+        return _dispatch_job_set(session, action, now)
     job = None
     if action.job_id is not None:
         job = session.exec(select(Job).where(Job.id == action.job_id).with_for_update()).first()

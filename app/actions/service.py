@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from itertools import pairwise
 
@@ -66,6 +67,59 @@ def list_actions(
     rows = session.execute(query.order_by(col(Action.id).desc()).limit(limit).offset(offset))
     items = [_public(a, c, j, t) for a, c, j, t in rows]
     return Page[ActionPublic](items=items, total=total, limit=limit, offset=offset)
+
+
+# The fields that name what an operator's action is about (a node, a job set).
+OPERATOR_SUBJECTS = frozenset(
+    {"source_node", "target_node", "job_set_queue", "job_set", "target_executor"}
+)
+
+
+def create_operator_action(
+    *,
+    session: Session,
+    cluster_id: int,
+    kind: ActionKind,
+    subject: dict[str, str],
+    reason: str | None,
+    what: str,
+    now: datetime,
+    actor: Actor | None,
+    changes: dict[str, str],
+) -> ActionPublic:
+    """An operator's action about a node or a job set rather than a job (``subject``: the
+    action's fields that name it), approved by whoever asked, in the audit log, committed;
+    the caller dispatches it. ``reason`` absent: ``what`` and who asked."""
+    who = actor.name if actor is not None else "shaper"
+    action = Action(
+        cluster_id=cluster_id,
+        job_id=None,
+        kind=kind,
+        state=ActionState.approved,
+        idempotency_key=f"{kind.value}-{cluster_id}-{uuid.uuid4().hex}",
+        reason=(reason or f"{what} asked by {who}")[:2048],
+        created_at=now,
+        updated_at=now,
+        decided_by=who,
+        decided_at=now,
+    )
+    for field, value in subject.items():
+        if field not in OPERATOR_SUBJECTS:
+            raise ValueError(f"{field} does not name what an operator's action is about")
+        setattr(action, field, value)
+    session.add(action)
+    session.flush()
+    audit.record(
+        session=session,
+        actor=actor,
+        verb=kind.value,
+        object_type=AuditObject.action,
+        object_id=row_id(action),
+        now=now,
+        changes={**changes, "reason": action.reason},
+    )
+    session.commit()
+    return get_action(session=session, action_id=row_id(action))
 
 
 def get_action(*, session: Session, action_id: int) -> ActionPublic:

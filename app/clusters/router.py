@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Body, Path, Response
 from starlette.concurrency import run_in_threadpool
 
-from app.actions import drains
-from app.actions.models import ActionKind, ActionPublic, NodeActionRequest
+from app.actions import drains, job_sets
+from app.actions.models import ActionKind, ActionPublic, JobSetMoveRequest, NodeActionRequest
 from app.actions.router import DispatcherDep
 from app.api.deps import ActorDep, ClockDep, SessionDep, scoped
 from app.api.responses import JsonAnswer
@@ -121,3 +121,46 @@ _node_route(
     "Give a drained node back to its scheduler: an `undrain` action, as a drain's (Ray has "
     "no undrain: its action fails saying so)",
 )
+
+
+# --- an operator's move of an Armada job set to another executor (app.actions.job_sets) ---
+
+
+@router.post(
+    "/{cluster}/job-sets/{queue}/{job_set}/move",
+    status_code=202,
+    responses={
+        409: {
+            "description": "The cluster does not run Armada, the job set is not queued (or "
+            "is on that executor already), or a move of it or a saga on one of its jobs "
+            "has not ended"
+        }
+    },
+    **scoped("operator"),
+)
+def move_job_set(
+    session: SessionDep,
+    clock: ClockDep,
+    actor: ActorDep,
+    dispatch: DispatcherDep,
+    cluster: str,
+    queue: Annotated[str, Path(min_length=1, max_length=128)],
+    job_set: Annotated[str, Path(min_length=1, max_length=255)],
+    body: JobSetMoveRequest,
+) -> ActionPublic:
+    """Move a queued Armada job set to another executor cluster: an approved
+    `move_job_set` action, dispatched at once, that the cluster's connector carries out (each
+    job cancelled and submitted again selecting that executor), or refuses saying why, in
+    the action's error (GET /actions/{id} follows the action)."""
+    action = job_sets.request_job_set_move(
+        session=session,
+        cluster=cluster,
+        queue=queue,
+        job_set=job_set,
+        executor=body.executor,
+        reason=body.reason,
+        now=clock.now(),
+        actor=actor,
+    )
+    dispatch(action.id)
+    return action

@@ -40,7 +40,10 @@ reprioritize            ``ReprioritizeJobs`` of one job or of a whole job set
 preempt                 ``PreemptJobs`` (Armada's own preemption: no checkpoint, no resubmit)
 move_job_set            a queued job set to another executor cluster: every job cancelled
                         and submitted again with the node selector ``executor_label``, if
-                        the target's declared nodes can run each of them
+                        the target's declared nodes can run each of them (the operator's
+                        ``move_job_set`` step: ``POST /clusters/{c}/job-sets/{queue}/
+                        {job_set}/move``; its key on every new job, so a resend moves
+                        none twice)
 submit / withdraw       a federated move's job submitted into a followed job set (held:
                         into the hold queue), with a client id from the move's name; its
                         job cancelled unless it ran (connectors.armada.moves)
@@ -314,6 +317,7 @@ class ArmadaConnector(ArmadaMoves):
         step_key: str | None = None,
         priority: float | None = None,
         attempt: int | None = None,
+        one_of_many: bool = False,
     ) -> str:
         """Cancel ``job`` (unless it ended) and submit its pods again as the next attempt
         of its workload; the new job's id. The client id is derived from the job and the
@@ -322,7 +326,8 @@ class ArmadaConnector(ArmadaMoves):
         ``priority``: Armada's priority of the new job (None: the workload's own, as first
         submitted — not a priority an earlier start put it first with); ``attempt``: the
         new job's attempt (None: the next of its workload's; a gang's members all get the
-        same, so their fresh gang id is one: connectors.armada.gangs)."""
+        same, so their fresh gang id is one: connectors.armada.gangs); ``one_of_many``: the
+        step key is one step's for several workloads (a job set's move)."""
         if not job.terminal:
             self._cancel_own(job, REPLACED_REASON)
         home = job.spec.annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
@@ -344,7 +349,7 @@ class ArmadaConnector(ArmadaMoves):
             annotations[gangs.SHAPER_GANG] = original_gang
             annotations[gangs.GANG_ID] = gangs.attempt_gang_id(original_gang, next_attempt)
         seed = step_key or f"{job.job_id}:{purpose}"
-        if step_key is not None and original_gang is not None:
+        if step_key is not None and (original_gang is not None or one_of_many):
             seed += f":{job.workload_id}"  # one step key, a job per member
         client_id = "shaper-" + hashlib.sha256(seed.encode()).hexdigest()[:40]
         item = resubmission(
@@ -747,20 +752,55 @@ class ArmadaConnector(ArmadaMoves):
                 if job.active:
                     self.api.preempt(job.queue, job.job_set, job.job_id)
 
-    def move_job_set(self, queue: str, job_set: str, *, executor: str) -> dict[str, str]:
+    def move_job_set(
+        self, queue: str, job_set: str, *, executor: str, step_key: str | None = None
+    ) -> dict[str, str]:
         """Move a queued job set to executor cluster ``executor``: every job is cancelled
         and submitted again with the node selector ``executor_label: executor`` (and no
-        pin to one node). Refused
-        (nothing changed) when a job has left the queue already, or when no declared node
-        of that executor can run a job (its GPUs, its node selector). Workload id → new
-        Armada job id."""
+        pin to one node). Refused (nothing changed) when a job has left the queue already,
+        or when no declared node of that executor can run a job (its GPUs, its node
+        selector). Workload id → new Armada job id.
+
+        ``step_key``: the saga step's idempotency key (an operator's ``move_job_set``
+        action). Each new job carries it (``shaper.io/stopped-by-step``) and gets a client
+        id made of it and its workload, so a resend does not move the job set twice: jobs
+        that carry the key are done (even if they have started since), the rest are moved,
+        and a job cancelled to be submitted again whose next job is not in the events is
+        submitted now under the step's client id (a delivery cut short between its cancel
+        and its submit; Armada answers one it made before with that job), as a resent
+        requeue does. Without a key such a job makes the call fail, retryably: moving the
+        others would leave it behind."""
         with self._lock:
             self.catch_up()
-            jobs = [
-                job
-                for job in current_attempts(self._jobs).values()
-                if job.queue == queue and job.job_set == job_set and not job.terminal
+            current = current_attempts(self._jobs)
+            in_set = [
+                job for job in current.values() if job.queue == queue and job.job_set == job_set
             ]
+            done = {
+                job.workload_id: job.job_id
+                for job in in_set
+                if step_key is not None and job.spec.annotations.get(STOPPED_BY_STEP) == step_key
+            }
+            replaced = [
+                job
+                for job in in_set
+                if job.workload_id not in done
+                and job.phase is Phase.cancelled
+                and self._why_cancelled(job) == REPLACED_REASON
+            ]
+            if replaced and step_key is None:
+                raise ConnectorError(
+                    f"cannot move job set {job_set} yet: the next jobs of "
+                    f"{', '.join(job.job_id for job in replaced)} (cancelled to be submitted "
+                    "again) are not in its events yet",
+                    retryable=True,
+                )
+            jobs = [
+                job for job in in_set if not job.terminal and job.workload_id not in done
+            ] + replaced
+            if not jobs and done:
+                logger.info("armada: move of job set %s: done by an earlier delivery", job_set)
+                return done
             if not jobs:
                 raise ConnectorError(
                     f"armada: job set {job_set} in queue {queue} has no queued jobs to move",
@@ -786,24 +826,30 @@ class ArmadaConnector(ArmadaMoves):
                 if (why := self._misfit(job, targets)) is not None
             ]
             capacity = {node.name: node.gpu_count for node in targets}
-            for gang in gangs.gangs(current_attempts(self._jobs))[1].values():
-                if gang.members[0].queue == queue and gang.members[0].job_set == job_set:
-                    spread = gangs.spread(gang.members, capacity, list(capacity))
-                    if isinstance(spread, str):  # Armada runs a gang on one executor
-                        misfits.append(f"gang {gang.gang_id}: {spread}")
+            in_gangs = [
+                gang
+                for gang in gangs.gangs(current)[1].values()
+                if gang.members[0].queue == queue and gang.members[0].job_set == job_set
+            ]
+            for gang in in_gangs:
+                spread = gangs.spread(gang.members, capacity, list(capacity))
+                if isinstance(spread, str):  # Armada runs a gang on one executor
+                    misfits.append(f"gang {gang.gang_id}: {spread}")
             if misfits:
                 raise ConnectorError(
                     f"cannot move job set {job_set} to executor {executor}: " + "; ".join(misfits),
                     retryable=False,
                 )
-            # A gang moves whole, its members under one fresh gang id (connectors.armada.gangs).
+            # A gang moves whole, its members under one fresh gang id (connectors.armada.gangs);
+            # members an earlier delivery moved already have that attempt.
             attempts: dict[str, int] = {}
-            for gang in gangs.gangs(current_attempts(self._jobs))[1].values():
-                if any(job.queue == queue and job.job_set == job_set for job in gang.members):
-                    self._settled(gang, f"move job set {job_set} with")
-                    attempt = max(job.spec.attempt for job in gang.members) + 1
+            for gang in in_gangs:
+                self._settled(gang, f"move job set {job_set} with")
+                left = [job for job in gang.members if job.workload_id not in done]
+                if left:
+                    attempt = max(job.spec.attempt for job in left) + 1
                     attempts.update(dict.fromkeys((j.workload_id for j in gang.members), attempt))
-            moved = {}
+            moved = dict(done)
             for job in sorted(jobs, key=lambda j: j.job_id):
                 moved[job.workload_id] = self._submit_again(
                     job,
@@ -815,7 +861,9 @@ class ArmadaConnector(ArmadaMoves):
                         self.config.node_label: None,
                     },
                     resume_from=job.spec.annotations.get(RESUME_FROM),
+                    step_key=step_key,
                     attempt=attempts.get(job.workload_id),
+                    one_of_many=True,
                 )
             return moved
 

@@ -26,6 +26,8 @@ PATH_VALUES = {
     "version": "1",
     "group": "site",
     "run_id": "0123456789ab",
+    "queue": "research",
+    "job_set": "sweep",
 }
 # Who is refused (403) for each required scope, and who is let through.
 REFUSED = {

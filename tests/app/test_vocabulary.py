@@ -37,7 +37,8 @@ def test_every_planned_action_kind_has_a_stored_kind_of_the_same_name() -> None:
         "requeue": "requeue",
     }
     # The control plane's own saga kinds are not the solver's to plan (a move comes from
-    # a federation group's plan: app.federation.moves; a drain or undrain from an operator).
+    # a federation group's plan: app.federation.moves; a drain or undrain, or an Armada job
+    # set's move, from an operator).
     assert set(ActionKind) - set(ACTION_KINDS.values()) == {
         ActionKind.reserve,
         ActionKind.unreserve,
@@ -45,4 +46,5 @@ def test_every_planned_action_kind_has_a_stored_kind_of_the_same_name() -> None:
         ActionKind.move,
         ActionKind.drain,
         ActionKind.undrain,
+        ActionKind.move_job_set,
     }

@@ -19,12 +19,13 @@ import pytest
 
 from app.actions.messages import step_message
 from app.actions.models import Action, ActionKind, ActionStep, StepState
-from app.actions.recipes import forward_steps
+from app.actions.recipes import forward_steps, job_set_steps
 from app.clusters.models import Cluster
 from app.jobs.models import Job
 from connectors.actions import ConnectorStepExecutor
 from connectors.armada import ArmadaConnector, NewJob
 from connectors.armada.jobs import RESUME_FROM, RESUME_FROM_ENV, STOPPED_BY_STEP
+from connectors.base import ConnectorError
 from tests.support.armada_server import ArmadaTestServer
 from tests.support.armada_site import CLUSTER, HOLD_QUEUE, connector_for, start_server
 from wire.queues import agent_queue, connector_queue
@@ -242,3 +243,132 @@ def test_what_armada_cannot_do_is_refused_with_the_reason(
         refused = run(executor, suspend)
         assert refused.outcome is Outcome.refused
         assert "cannot suspend" in (refused.error or "")
+
+
+def job_set_move(generation: int, executor: str = "exec-b") -> dict[str, Any]:
+    """The ``move_job_set`` step of an operator's move of research/sweep, as the saga
+    builds it (app.actions.recipes.job_set_steps, app.actions.messages.step_message)."""
+    action = Action(
+        id=generation,
+        cluster_id=1,
+        kind=ActionKind.move_job_set,
+        idempotency_key=f"move_job_set-1-{generation}",
+        job_set_queue="research",
+        job_set="sweep",
+        target_executor=executor,
+    )
+    cluster = Cluster(id=1, name=CLUSTER, scheduler=SchedulerKind.armada)
+    (step,) = job_set_steps(action, cluster)
+    assert (step.name, step.queue, step.generation) == (
+        ConnectorStep.move_job_set,
+        connector_queue(CLUSTER),
+        generation,
+    )
+    outgoing = step_message(action, None, step, [step], 30.0)
+    message: dict[str, Any] = outgoing.kwargs["step"]
+    return message
+
+
+def sweep_jobs(connector: ArmadaConnector, *pins: dict[str, str]) -> list[str]:
+    return [
+        connector.submit_job(
+            "research",
+            "sweep",
+            NewJob(image="registry.local/train:1", gpus=2, node_selector=pin),
+        )
+        for pin in pins
+    ]
+
+
+def test_a_job_set_moves_once_however_often_its_step_comes(
+    server: ArmadaTestServer, connector: ArmadaConnector, tmp_path: Path
+) -> None:
+    workloads = sweep_jobs(connector, {"kubernetes.io/hostname": "a1"}, {})
+    message = job_set_move(7)
+    assert message["workload_id"] == "job-set:research/sweep"
+    assert {k: message["args"][k] for k in ("queue", "job_set", "executor")} == {
+        "queue": "research",
+        "job_set": "sweep",
+        "executor": "exec-b",
+    }
+
+    first = run(ConnectorStepExecutor(connector, cluster=CLUSTER, state_dir=tmp_path), message)
+    assert first.ok and first.outcome is Outcome.executed, first.error
+    moved = first.result["moved"]
+    assert set(moved) == set(workloads) and first.result["executor"] == "exec-b"
+    for workload, new_id in moved.items():
+        assert server.job(workload).state == "cancelled"
+        new = server.job(new_id)
+        assert dict(new.spec.pod_specs[0].nodeSelector) == {"shaper.io/armada-executor": "exec-b"}
+        assert new.spec.annotations[STOPPED_BY_STEP] == message["key"]
+    made = set(server.jobs)
+
+    # Resent (its answer lost): the journal answers, Armada is not touched.
+    again = run(ConnectorStepExecutor(connector, cluster=CLUSTER, state_dir=tmp_path), message)
+    assert again.outcome is Outcome.duplicate and again.result == first.result
+    # Resent after the journal was lost too, once the jobs have even started there: the
+    # stamp on each job says it moved; nothing is cancelled or submitted again.
+    assert sorted(server.schedule()) == sorted(moved.values())
+    lost = run(
+        ConnectorStepExecutor(connector, cluster=CLUSTER, state_dir=tmp_path / "new"), message
+    )
+    assert lost.ok and lost.outcome is Outcome.executed, lost.error
+    assert lost.result["moved"] == moved and set(server.jobs) == made
+    assert {server.job(new_id).node for new_id in moved.values()} == {"b1"}
+
+    # A late step of an older move of the job set is refused.
+    stale = run(
+        ConnectorStepExecutor(connector, cluster=CLUSTER, state_dir=tmp_path), job_set_move(6)
+    )
+    assert stale.outcome is Outcome.refused and "stale generation" in (stale.error or "")
+
+
+def test_a_job_set_move_cut_short_between_a_cancel_and_its_submit_is_finished_by_the_resend(
+    server: ArmadaTestServer, connector: ArmadaConnector, tmp_path: Path
+) -> None:
+    workloads = sweep_jobs(connector, {}, {})
+    message = job_set_move(7)
+    submit = connector.api.submit
+    calls: list[int] = []
+
+    def dies_on_the_second_submit(*args: Any, **kwargs: Any) -> list[str]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise ConnectorError("armada: connection reset", retryable=True)
+        return submit(*args, **kwargs)
+
+    connector.api.submit = dies_on_the_second_submit  # type: ignore[method-assign]
+    cut = run(ConnectorStepExecutor(connector, cluster=CLUSTER, state_dir=tmp_path), message)
+    assert (cut.ok, cut.retryable) == (False, True), cut.error
+    # One job moved, the other cancelled and not submitted again yet.
+    assert {server.job(w).state for w in workloads} == {"cancelled"}
+    assert len(server.jobs_of("research", "sweep")) == 3
+
+    resent = run(ConnectorStepExecutor(connector, cluster=CLUSTER, state_dir=tmp_path), message)
+    assert resent.ok, resent.error
+    assert set(resent.result["moved"]) == set(workloads)
+    queued = [j for j in server.jobs_of("research", "sweep") if j.state == "queued"]
+    assert sorted(j.job_id for j in queued) == sorted(resent.result["moved"].values())
+    assert len(server.jobs_of("research", "sweep")) == 4  # each workload moved once
+
+
+def test_a_job_set_move_armada_cannot_make_is_refused_with_the_reason(
+    server: ArmadaTestServer, connector: ArmadaConnector, tmp_path: Path
+) -> None:
+    executor = ConnectorStepExecutor(connector, cluster=CLUSTER, state_dir=tmp_path)
+    empty = run(executor, job_set_move(3))
+    assert (empty.ok, empty.retryable) == (False, False)
+    assert "has no queued jobs to move" in (empty.error or "")
+    (big,) = [
+        connector.submit_job("research", "sweep", NewJob(image="registry.local/train:1", gpus=8))
+    ]
+    misfit = run(executor, job_set_move(4))
+    assert (misfit.ok, misfit.retryable) == (False, False)
+    assert f"{big}: needs 8 GPUs" in (misfit.error or "")
+    assert server.job(big).state == "queued"  # refused before anything changed
+    nowhere = run(executor, job_set_move(5, executor="exec-z"))
+    assert "no node of it is declared" in (nowhere.error or "")
+    # Another scheduler's connector has no job sets: the step is refused, not run.
+    other = ConnectorStepExecutor(object(), cluster=CLUSTER, state_dir=tmp_path / "other")
+    refused = run(other, job_set_move(6))
+    assert refused.outcome is Outcome.refused and "cannot move job sets" in (refused.error or "")
