@@ -139,9 +139,18 @@ def run(
     workload_id: str,
     backend_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> int:
-    """exec --wait: start or resume, follow, stop the workload when told to stop."""
+    """exec --wait: start or resume, follow, stop the workload when told to stop.
+
+    A stop that comes while the workload is being started or restored waits until it
+    runs and is recorded, then stops it: raised mid-restore, it left the restored process
+    running with the record still naming the checkpointed one, so nothing stopped it."""
+    starting = True
+    deferred: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        if starting:
+            deferred.append(signum)
+            return
         raise _Stop(signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -158,7 +167,11 @@ def run(
         except (resume.StaleResume, BackendError) as error:
             _say(f"error: {error}")
             return EXIT_RESTORE_FAILED
+        finally:
+            starting = False
         _say(f"{workload.id} runs as PID {workload.pid}")
+        if deferred:
+            raise _Stop(deferred[0])
         return follow(store, workload)
     except _Stop as stopped:
         try:

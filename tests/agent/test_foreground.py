@@ -73,6 +73,32 @@ def _move(
     backend: str, tmp_path: Path, reaper: Reaper, criu_binary: str | None
 ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], Path, StepExecutor]:
     """Job on a checkpointed, image staged on b, job started again on b: both execs."""
+    first, count_file, node_b, staged, started_at, at_checkpoint = _checkpoint_and_stage(
+        backend, tmp_path, reaper, criu_binary
+    )
+    second = _exec(reaper, tmp_path / "b", "42", *counter_command(count_file, 20), backend=backend)
+
+    assert next_count(count_file, at_checkpoint) > at_checkpoint  # continues, not from zero
+    if backend == "criu":
+        assert progress_of(count_file)["started_at"] == started_at  # the same process image
+    confirm = _step(
+        node_b,
+        AgentStep.confirm,
+        "42",
+        1,
+        wait_s=WAIT_S,
+        resumed_from=staged.result["image_dir"] if backend == "criu" else None,
+    )
+    assert confirm.ok, confirm.error
+    assert not resume.pointer_path(tmp_path / "b" / "images", "42").exists()  # consumed
+    return first, second, count_file, node_b
+
+
+def _checkpoint_and_stage(
+    backend: str, tmp_path: Path, reaper: Reaper, criu_binary: str | None
+) -> tuple[subprocess.Popen[bytes], Path, StepExecutor, StepReport, float, int]:
+    """Job on a checkpointed and its image staged on b: a's exec, the count file, b's
+    executor, the stage step's report, the counter's start time and its count then."""
     a_dir, b_dir, count_file = tmp_path / "a", tmp_path / "b", tmp_path / "count.json"
     options = {"criu": {"criu": criu_binary}} if criu_binary else None
     node_a = StepExecutor(
@@ -99,22 +125,7 @@ def _move(
         node_b, AgentStep.stage, "42", 1, image=image, image_dir=transfer.result["image_dir"]
     )
     assert staged.ok, staged.error
-    second = _exec(reaper, b_dir, "42", *counter_command(count_file, 20), backend=backend)
-
-    assert next_count(count_file, at_checkpoint) > at_checkpoint  # continues, not from zero
-    if backend == "criu":
-        assert progress_of(count_file)["started_at"] == started_at  # the same process image
-    confirm = _step(
-        node_b,
-        AgentStep.confirm,
-        "42",
-        1,
-        wait_s=WAIT_S,
-        resumed_from=staged.result["image_dir"] if backend == "criu" else None,
-    )
-    assert confirm.ok, confirm.error
-    assert not resume.pointer_path(b_dir / "images", "42").exists()  # consumed
-    return first, second, count_file, node_b
+    return first, count_file, node_b, staged, started_at, at_checkpoint
 
 
 @pytest.mark.parametrize("backend", ["criu", "signal"])
@@ -134,6 +145,34 @@ def test_a_checkpointed_job_resumes_on_another_node_when_started_there(
     assert second.wait(timeout=WAIT_S) == 128 + signal.SIGTERM
     assert procs.wait_gone(restored.pid, timeout=WAIT_S)
     assert WorkloadStore(tmp_path / "b").load("42").state is WorkloadState.released
+
+
+def test_a_stop_that_comes_while_the_workload_is_restored_stops_the_restored_process(
+    tmp_path: Path, reaper: Reaper, criu_binary: str
+) -> None:
+    first, count_file, node_b, _staged, _started_at, _at = _checkpoint_and_stage(
+        "criu", tmp_path, reaper, criu_binary
+    )
+    workdir = node_b.store.workload_dir("42")
+    before = set(workdir.glob("restore-*.log"))
+    second = _exec(reaper, tmp_path / "b", "42", *counter_command(count_file, 20))
+    # CRIU is restoring (its log is there) when the scheduler cancels the job.
+    assert procs.wait_until(
+        lambda: bool(set(workdir.glob("restore-*.log")) - before),
+        timeout=WAIT_S,
+        interval=0.005,
+    ), f"no restore began (exec exit status {second.poll()})"
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=WAIT_S) == 128 + signal.SIGTERM
+
+    record = node_b.store.load("42")
+    assert record.state is WorkloadState.released
+    assert procs.wait_gone(record.pid, timeout=WAIT_S)  # the restored counter went with it
+    at = count_of(count_file)
+    time.sleep(1.0)
+    assert count_of(count_file) == at  # and nothing counts on
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=WAIT_S)
 
 
 def test_exec_exits_with_the_workload_status(tmp_path: Path, reaper: Reaper) -> None:
