@@ -96,7 +96,7 @@ def _move(
 
 def _checkpoint_and_stage(
     backend: str, tmp_path: Path, reaper: Reaper, criu_binary: str | None
-) -> tuple[subprocess.Popen[bytes], Path, StepExecutor, StepReport, float, int]:
+) -> tuple[subprocess.Popen[bytes], Path, StepExecutor, StepReport, object, int]:
     """Job on a checkpointed and its image staged on b: a's exec, the count file, b's
     executor, the stage step's report, the counter's start time and its count then."""
     a_dir, b_dir, count_file = tmp_path / "a", tmp_path / "b", tmp_path / "count.json"
@@ -166,7 +166,7 @@ def test_a_stop_that_comes_while_the_workload_is_restored_stops_the_restored_pro
     assert second.wait(timeout=WAIT_S) == 128 + signal.SIGTERM
 
     record = node_b.store.load("42")
-    assert record.state is WorkloadState.released
+    assert record.state is WorkloadState.released and record.pid is not None
     assert procs.wait_gone(record.pid, timeout=WAIT_S)  # the restored counter went with it
     at = count_of(count_file)
     time.sleep(1.0)
