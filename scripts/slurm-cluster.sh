@@ -8,8 +8,11 @@
 # Three nodes (node1..node3) with 4 CPUs, 4000 MiB and two fake H100 GPUs each (gres files
 # are symlinks to /dev/null, so jobs see CUDA_VISIBLE_DEVICES); partitions `debug` (default,
 # PriorityTier=1) and `high` (PriorityTier=10), preemption by partition priority with
-# PreemptMode=REQUEUE; `AuthInfo=cred_expire=10` so requeued jobs may run again after ~11 s
-# instead of 120 s; slurmrestd with JWT auth on 127.0.0.1:6820 as an unprivileged user.
+# PreemptMode=REQUEUE; `AuthInfo=cred_expire=5` (the least Slurm accepts) so requeued jobs
+# may run again after ~6 s instead of 120 s, and `sched_interval=1` (main scheduler) and
+# `bf_interval=1` (backfill) so they start then: a job whose begin time passes is no event
+# that wakes the scheduler, and it waited 8-14 s more for the next pass (60 s by default);
+# slurmrestd with JWT auth on 127.0.0.1:6820 as an unprivileged user.
 # Everything lives under DIR (default /var/lib/shaper-slurm): config, its own munged socket
 # and key, state, spool, logs, PID files, and `env` (source it to use the cluster's CLI).
 #
@@ -167,7 +170,7 @@ SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=cred_expire=10,socket=$MUNGE_SOCKET
+AuthInfo=cred_expire=5,socket=$MUNGE_SOCKET
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key=$DIR/state/jwt_hs256.key
 CryptoType=crypto/munge
@@ -191,7 +194,7 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=500
 GresTypes=gpu
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=5
+SchedulerParameters=bf_interval=1,sched_interval=1
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 ReturnToService=2

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
 REST_URL = "http://127.0.0.1:6820"
 # Generous ceilings for conditions Slurm reaches in seconds; a requeued job waits
-# cred_expire (10 s) before it may start again.
+# cred_expire (5 s) before it may start again.
 WAIT_S = 60.0
 
 

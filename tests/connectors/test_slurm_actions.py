@@ -375,7 +375,7 @@ def test_requeue_pins_the_job_and_a_resent_key_is_answered_without_requeueing(
     assert report["key"] == key and report["action_id"] == 1 and report["error"] is None
     assert "requeued job" in report["result"]["summary"]
     assert "ReqNodeList=node3" in slurm.scontrol_job(job_id)
-    row = slurm.wait_state(job_id, "RUNNING")  # after cred_expire (10 s)
+    row = slurm.wait_state(job_id, "RUNNING")  # after cred_expire (5 s)
     assert nodes_of(row) == "node3"
     assert restarts(slurm, job_id) == 1
 
@@ -412,7 +412,7 @@ def test_a_requeue_resent_after_its_answer_was_lost_does_not_requeue_again(
     report = first.run(request)
     assert report.ok, report.error
     assert f"AdminComment=shaper-step:{request.key}" in slurm.scontrol_job(job_id)
-    row = slurm.wait_state(job_id, "RUNNING")  # after cred_expire (10 s)
+    row = slurm.wait_state(job_id, "RUNNING")  # after cred_expire (5 s)
     assert nodes_of(row) == "node3" and restarts(slurm, job_id) == 1
 
     amnesiac = ConnectorStepExecutor(

@@ -34,7 +34,10 @@ from tests.support.plans import action_state, stored_plan, wait_until_settled
 CLUSTER = "hpc-test"
 NODES = ("node1", "node2", "node3")
 WAIT_S = 60.0
-START_WAIT_S = 45.0
+# How long a confirm waits for Slurm to start the requeued job where it was staged. One that
+# fails waits all of it (three tests here do, one of them twice); one that succeeds needs
+# about 7 s: cred_expire (5 s), the next scheduler pass (sched_interval=1) and the restore.
+START_WAIT_S = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def deployment(
     scopes += [f"agent:{CLUSTER}/{node}" for node in NODES]
     env = {
         "SHAPER_CYCLE_PERIOD_S": "86400",  # the test proposes; no cycle supersedes it
-        # Slurm here holds a requeued job for cred_expire = 10 s, not 120 s.
+        # Slurm here holds a requeued job for cred_expire = 5 s, not 120 s.
         "SHAPER_SCHEDULER_START_WAIT_S": str(START_WAIT_S),
     }
     with deployment_of(
@@ -228,9 +231,10 @@ def test_a_preempted_slurm_job_is_checkpointed_first_and_resumes_from_its_checkp
     at_preemption = count_of(count_file)
     assert not procs.wait_until(lambda: count_of(count_file) != at_preemption, timeout=2.0)
 
-    # Held: even when the GPUs free up, it runs again only when a plan starts it.
+    # Held: even when the GPUs free up, it runs again only when a plan starts it. Unheld, it
+    # would run within 7 s: its requeue's cred_expire (5 s) and a scheduler pass (1 s).
     slurm.run("scancel", urgent)
-    assert not procs.wait_until(lambda: slurm.job(job_id)["state"] == "RUNNING", timeout=15.0)
+    assert not procs.wait_until(lambda: slurm.job(job_id)["state"] == "RUNNING", timeout=10.0)
     assert "Priority=0 " in slurm.scontrol_job(job_id)  # what Slurm shows for a held job
     start_id = _propose(deployment, job_id, ActionKind.start, target="node1")
     assert _approve_and_wait(deployment, start_id, slurm, job_id) == "succeeded"

@@ -226,22 +226,33 @@ class Pipeline:
             return
         if worker.alive():
             os.killpg(worker.process.pid, sig)
-            try:
-                worker.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.process.pid, signal.SIGKILL)
-                worker.process.wait(timeout=10)
+            _wait_stopped(worker)
 
     def advance(self, action_id: int) -> None:
         """What the API does on approval: ask a control worker to advance the saga."""
         send(self.broker, "app.actions.tasks.advance", "control", args=[action_id])
 
     def stop_all(self) -> None:
-        for name in list(self.workers):
-            self.stop(name)
+        """SIGTERM to every worker at once, then wait for each: one by one, each warm
+        shutdown's second or two added up at the end of every module that runs them."""
+        workers = [self.workers.pop(name) for name in list(self.workers)]
+        running = [worker for worker in workers if worker.alive()]
+        for worker in running:
+            os.killpg(worker.process.pid, signal.SIGTERM)
+        for worker in running:
+            _wait_stopped(worker)
 
     def logs(self) -> str:
         return "\n".join(f"== {w.name}\n{w.tail()}" for w in self.workers.values())
+
+
+def _wait_stopped(worker: Worker) -> None:
+    """Wait for a signalled worker to exit; SIGKILL its group after 30 s."""
+    try:
+        worker.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.process.pid, signal.SIGKILL)
+        worker.process.wait(timeout=10)
 
 
 def send(broker: str, task: str, queue: str, **options: Any) -> None:
