@@ -198,6 +198,51 @@ def test_a_fresh_load_reads_the_overview_beside_sign_in(page: Page, site: dict[s
     assert asked.count("/api/v1/overview") == 1
 
 
+def test_a_fresh_load_reads_before_the_dashboard_code_and_draws_cards_before_the_chart(
+    page: Page, site: dict[str, Any]
+) -> None:
+    """The first script (app.js) asks for the overview, who the token is and the clusters
+    before the rest of the dashboard (main.js) has even arrived; the cards are drawn while
+    the chart's code (uPlot) is still on its way, and the chart once it comes."""
+    held: list[Route] = []
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(urlparse(request.url).path))
+
+    def hold(route: Route) -> None:
+        held.append(route)
+
+    dashboard = re.compile(r"/static/dist/main\.js$")
+    page.route(dashboard, hold)
+    page.goto(f"{site['base']}/#token={site['tokens']['viewer']}", wait_until="commit")
+    for _ in range(250):
+        if {"/api/v1/overview", "/api/v1/whoami", "/api/v1/clusters"} <= set(asked):
+            break
+        page.wait_for_timeout(20)
+    assert {"/api/v1/overview", "/api/v1/whoami", "/api/v1/clusters"} <= set(asked)
+    assert len(held) == 1  # main.js: not answered yet
+    chart_code = re.compile(r"/static/dist/chart-[^/]*\.js$")
+    page.route(chart_code, hold)
+    page.unroute(dashboard, hold)
+    release(held)
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    expect(page.locator('#fleet-figures [data-figure="allocated"]')).to_have_text(
+        f"{_get(site, '/overview')['fleet']['allocated']:,}"
+    )
+    for _ in range(250):
+        if held:
+            break
+        page.wait_for_timeout(20)
+    assert len(held) == 1, "the chart's code was not asked for"
+    chart = page.locator("#util-chart")
+    expect(chart.locator("canvas")).to_have_count(0)
+    page.unroute(chart_code, hold)
+    release(held)
+    expect(chart.locator("canvas")).to_have_count(1)
+    # Each read once: the begun reads were taken, not made again.
+    for path in ("/api/v1/overview", "/api/v1/whoami", "/api/v1/clusters"):
+        assert asked.count(path) == 1, path
+
+
 def test_the_chart_follows_the_page_width_zooms_and_shows_values(
     page: Page, site: dict[str, Any]
 ) -> None:

@@ -1,5 +1,7 @@
 // The REST API client. The token lives in sessionStorage only (see main.ts).
 
+import type { Begun } from "./boot";
+
 export class Unauthorized extends Error {}
 
 /** A refusal with its status and, where the API names one, the field at fault. */
@@ -33,16 +35,48 @@ export function hasScope(scope: "viewer" | "operator" | "admin"): boolean {
   return session.scopes.some((s) => (RANK[s] ?? 0) >= RANK[scope]);
 }
 
+// Reads app.js began before this code was loaded (boot.ts), with the token they were
+// made with: the first GET of the same path with the same token takes its read.
+const begun = new Map<string, Begun>();
+let begunWith: string | null = null;
+
+export function adoptReads(token: string | null, reads: Record<string, Begun>): void {
+  begunWith = token;
+  for (const [path, read] of Object.entries(reads)) begun.set(path, read);
+}
+
+/** Forgets the reads begun and not taken (signing out: they were made with its token). */
+export function dropReads(): void {
+  for (const read of begun.values()) read.controller.abort();
+  begun.clear();
+}
+
+function begunRead(path: string, init: RequestInit): Promise<Response> | null {
+  const read = begun.get(path);
+  if (!read || (init.method ?? "GET") !== "GET" || init.body != null || init.headers != null) return null;
+  begun.delete(path);
+  if (begunWith !== session.token) {
+    read.controller.abort();
+    return null;
+  }
+  // The taker's cancellation (Latest) reaches the read.
+  const { signal } = init;
+  if (signal?.aborted) read.controller.abort();
+  signal?.addEventListener("abort", () => read.controller.abort(), { once: true });
+  return read.response;
+}
+
 export async function api<T>(path: string, init: RequestInit = {}): Promise<T> {
-  const response = await fetch(`/api/v1${path}`, {
-    ...init,
-    headers: {
-      Authorization: `Bearer ${session.token ?? ""}`,
-      // A form (a file upload) says its own type, with its boundary.
-      ...(init.body instanceof FormData ? {} : { "Content-Type": "application/json" }),
-      ...(init.headers ?? {}),
-    },
-  });
+  const response = await (begunRead(path, init) ??
+    fetch(`/api/v1${path}`, {
+      ...init,
+      headers: {
+        Authorization: `Bearer ${session.token ?? ""}`,
+        // A form (a file upload) says its own type, with its boundary.
+        ...(init.body instanceof FormData ? {} : { "Content-Type": "application/json" }),
+        ...(init.headers ?? {}),
+      },
+    }));
   if (response.status === 401) {
     session.onUnauthorized("The token was refused (missing, expired or revoked).");
     throw new Unauthorized("unauthorized");

@@ -1,8 +1,7 @@
 // Shaper dashboard: a thin client of the REST API. The token lives in sessionStorage only.
+// Loaded by app.js (boot.ts), which has begun the first page's reads: start() takes them.
 
-import "uplot/dist/uPlot.min.css";
-import "./style.css";
-import { api, isAbort, session, Unauthorized } from "./api";
+import { adoptReads, api, dropReads, isAbort, session, Unauthorized } from "./api";
 import { $, esc, select } from "./dom";
 import { planGroup, showFederation, whatIf, wireFederation } from "./federation";
 import { fillForecastClusters, showForecasts, wireForecasts } from "./forecasts";
@@ -14,12 +13,14 @@ import { pageState, showActions, showIdle, showPolicies, showSimulations } from 
 import { policyWritten, showPolicyHistory } from "./policy_history";
 import { fillQueueClusters, showQueue, wireQueue } from "./queue";
 import { leaveSimulations, showSimulationsPage, wireWhatIf } from "./whatif";
+import type { Begun } from "./boot";
 import type { Cluster, Policy } from "./types";
 
 let clusters: Cluster[] = [];
 
 function signOut(message = ""): void {
   sessionStorage.removeItem("shaper-token");
+  dropReads();
   session.token = null;
   session.scopes = [];
   document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = true));
@@ -170,9 +171,10 @@ wirePlan();
 wireMap();
 wireWhatIf();
 
-// A token in the URL fragment (from `shaper demo`) is taken once and removed from the URL.
-const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");
-if (fromFragment) history.replaceState(null, "", location.pathname + "#overview");
-const saved = fromFragment || sessionStorage.getItem("shaper-token");
-if (saved) void signIn(saved);
-else signOut();
+/** Called by app.js (boot.ts) with the token it found (in the URL fragment or this tab's
+ * storage) and the reads it began with it. */
+export function start(token: string | null, begun: Record<string, Begun>): void {
+  adoptReads(token, begun);
+  if (token) void signIn(token);
+  else signOut();
+}

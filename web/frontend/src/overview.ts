@@ -1,12 +1,11 @@
 // Fleet overview: per-cluster figures (GET /overview) and utilization over time
-// (GET /utilization) drawn by uPlot, which keeps 100k points interactive: its cursor gives
-// the tooltip and legend values, a drag on the plot zooms, a double click zooms back out.
+// (GET /utilization) drawn by uPlot (chart.ts, loaded once the figures are drawn: the
+// cards come first, and a fresh load does not wait for uPlot's code).
 //
 // While shown, the page reads everything again every refreshPeriodMs() (refresh.ts): the
 // figures and cards are rewritten only where they changed, and the chart only when its
 // data did, keeping its zoom and its tooltip.
 
-import uPlot from "uplot";
 import { api, Latest } from "./api";
 import { $, COLORS, count, esc, select } from "./dom";
 import { Poller, redraw } from "./refresh";
@@ -20,18 +19,30 @@ import type {
   UtilizationSummary,
 } from "./types";
 
-const CHART_HEIGHT = 300;
 const RANGES: Record<string, { hours: number; bucket_s: number }> = {
   "6h": { hours: 6, bucket_s: 600 },
   "24h": { hours: 24, bucket_s: 1800 },
   "7d": { hours: 168, bucket_s: 3600 },
 };
-const formatTime = uPlot.fmtDate("{YYYY}-{MM}-{DD} {HH}:{mm}");
 
 const figuresRequest = new Latest();
 const chartRequest = new Latest();
 const replayRequest = new Latest();
-let plot: uPlot | null = null;
+// The chart's code (uPlot), once asked for.
+type Chart = typeof import("./chart");
+let chartCode: Promise<Chart> | null = null;
+let chart: Chart | null = null;
+
+function loadChart(): Promise<Chart> {
+  chartCode ??= import("./chart").then(
+    (code) => (chart = code),
+    (error: unknown) => {
+      chartCode = null; // asked for again next time
+      throw error;
+    },
+  );
+  return chartCode;
+}
 // The reply the chart was drawn from: the same one again leaves it as it is.
 let chartFrom = "";
 
@@ -43,7 +54,11 @@ export async function showOverview(clusters: Cluster[]): Promise<void> {
 /** ``clusters`` null: read them too (a refresh). */
 async function load(clusters: Cluster[] | null, refreshing: boolean): Promise<void> {
   try {
-    await Promise.all([showFigures(clusters), showChart(refreshing), showReplay()]);
+    const figures = showFigures(clusters);
+    // The chart and the replay are read once the figures are drawn (or have failed): the
+    // cards share neither the server nor the page's thread with them.
+    await Promise.allSettled([figures]);
+    await Promise.all([figures, showChart(refreshing), showReplay()]);
   } finally {
     poller.schedule();
   }
@@ -187,13 +202,16 @@ async function showChart(refreshing = false): Promise<void> {
     params.set("since", new Date(Date.now() - range.hours * 3600_000).toISOString());
   }
   const { signal, current } = chartRequest.begin();
-  const summary = await api<UtilizationSummary>(`/utilization?${params}`, { signal });
+  const [summary, code] = await Promise.all([
+    api<UtilizationSummary>(`/utilization?${params}`, { signal }),
+    loadChart(),
+  ]);
   if (!current()) return;
   // The same reply redraws nothing: the zoom, the cursor and its tooltip stay.
   const from = JSON.stringify(summary);
-  if (plot && from === chartFrom) return;
+  if (code.drawn() && from === chartFrom) return;
   chartFrom = from;
-  draw(summary, refreshing);
+  code.draw($("#util-chart"), summary, refreshing, COLORS);
 }
 
 export function redrawChart(): void {
@@ -202,137 +220,14 @@ export function redrawChart(): void {
 
 function reportChartError(error: unknown): void {
   if (error instanceof DOMException && error.name === "AbortError") return;
-  plot?.destroy();
-  plot = null;
+  chart?.drop();
   $("#util-chart").textContent = `Could not load utilization: ${String(error)}`;
-}
-
-/** What a refreshed chart keeps of the one it replaces (same grouping): the zoomed range,
- * and the cursor where it was over the plot (so its tooltip stays open). */
-interface Kept {
-  zoom: { min: number; max: number } | null;
-  cursor: { left: number; top: number } | null;
-}
-
-function keep(summary: UtilizationSummary, holder: HTMLElement): Kept {
-  if (!plot || holder.dataset.groupBy !== summary.group_by) return { zoom: null, cursor: null };
-  const times = plot.data[0];
-  const { min, max } = plot.scales.x;
-  const zoomed = min != null && max != null && times.length > 0 && (min > times[0] || max < times[times.length - 1]);
-  const { left, top } = plot.cursor;
-  return {
-    zoom: zoomed ? { min, max } : null,
-    cursor: left != null && top != null && left >= 0 && top >= 0 ? { left, top } : null,
-  };
-}
-
-function draw(summary: UtilizationSummary, refreshing: boolean): void {
-  const holder = $("#util-chart");
-  const kept: Kept = refreshing ? keep(summary, holder) : { zoom: null, cursor: null };
-  plot?.destroy();
-  plot = null;
-  holder.replaceChildren();
-  const groups = summary.series.filter((s) => s.points.length);
-  holder.dataset.groupBy = summary.group_by;
-  holder.dataset.keys = groups.map((s) => s.key).join(",");
-  holder.dataset.points = String(groups[0]?.points.length ?? 0);
-  if (!groups.length) {
-    holder.textContent = "No allocation history yet.";
-    return;
-  }
-  const times = groups[0].points.map((p) => Date.parse(p.start) / 1000);
-  const data: (number | null)[][] = [times];
-  const series: uPlot.Series[] = [{ label: "Time", value: (_u, v) => (v == null ? "–" : formatTime(new Date(v * 1000))) }];
-  groups.forEach((group, k) => {
-    const stroke = COLORS[k % COLORS.length];
-    const gpus = group.points.map((p) => p.allocated_gpus);
-    // Teams share their clusters' capacity: their line is their share of it, and the
-    // legend names the team alone (a capacity would be the same for every team).
-    const label = summary.group_by === "team" ? group.key : `${group.key} · ${count.format(group.capacity_gpus)} GPUs`;
-    data.push(group.points.map((p) => 100 * p.allocated_share));
-    series.push({
-      label,
-      stroke,
-      width: 2,
-      value: (_u, v, _s, idx) => (v == null || idx == null ? "–" : `${v.toFixed(1)} % · ${gpus[idx].toFixed(1)} GPUs`),
-    });
-    if (group.points.some((p) => p.measured_util != null)) {
-      data.push(group.points.map((p) => (p.measured_util == null ? null : 100 * p.measured_util)));
-      series.push({
-        label: `${group.key} busy`,
-        stroke,
-        width: 1.5,
-        dash: [5, 4],
-        value: (_u, v) => (v == null ? "–" : `${v.toFixed(1)} % busy`),
-      });
-    }
-  });
-  const options: uPlot.Options = {
-    width: Math.max(320, holder.clientWidth),
-    height: CHART_HEIGHT,
-    series,
-    scales: { y: { range: [0, 100] } },
-    axes: [{}, { values: (_u, ticks) => ticks.map((t) => `${t} %`), size: 56 }],
-    cursor: { drag: { x: true, y: false, setScale: true } },
-    legend: { live: true },
-    plugins: [tooltip()],
-    hooks: {
-      setScale: [
-        (u, key) => {
-          if (key !== "x") return;
-          holder.dataset.xMin = String(u.scales.x.min);
-          holder.dataset.xMax = String(u.scales.x.max);
-        },
-      ],
-    },
-  };
-  plot = new uPlot(options, data as uPlot.AlignedData, holder);
-  holder.dataset.xMin = String(times[0]);
-  holder.dataset.xMax = String(times[times.length - 1]);
-  if (kept.zoom) plot.setScale("x", kept.zoom);
-  if (kept.cursor) plot.setCursor(kept.cursor);
-}
-
-// The values under the cursor, next to it: uPlot gives the index and positions, this only
-// places a box.
-function tooltip(): uPlot.Plugin {
-  let box: HTMLDivElement;
-  return {
-    hooks: {
-      init: (u) => {
-        box = document.createElement("div");
-        box.className = "chart-tooltip";
-        box.hidden = true;
-        u.over.appendChild(box);
-      },
-      setCursor: (u) => {
-        const { idx, left, top } = u.cursor;
-        if (idx == null || left == null || top == null || left < 0) {
-          box.hidden = true;
-          return;
-        }
-        const rows = [formatTime(new Date((u.data[0][idx] as number) * 1000))];
-        u.series.forEach((s, i) => {
-          const v = u.data[i][idx];
-          if (i === 0 || !s.show || v == null) return;
-          const text = typeof s.value === "function" ? s.value(u, v, i, idx) : String(v);
-          rows.push(`${String(s.label)}: ${String(text)}`);
-        });
-        box.replaceChildren(...rows.map((row) => Object.assign(document.createElement("div"), { textContent: row })));
-        box.hidden = false;
-        const flip = left > u.over.clientWidth / 2;
-        box.style.left = flip ? "" : `${left + 12}px`;
-        box.style.right = flip ? `${u.over.clientWidth - left + 12}px` : "";
-        box.style.top = `${Math.min(top, u.over.clientHeight - box.offsetHeight)}px`;
-      },
-    },
-  };
 }
 
 // The chart is as wide as its panel, whatever the window does.
 export function followWidth(): void {
   const holder = $("#util-chart");
   new ResizeObserver(() => {
-    if (plot && holder.clientWidth > 0) plot.setSize({ width: holder.clientWidth, height: CHART_HEIGHT });
+    if (holder.clientWidth > 0) chart?.fit(holder.clientWidth);
   }).observe(holder);
 }
