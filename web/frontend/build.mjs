@@ -6,11 +6,13 @@
 // - chart-*.js: the overview's chart with uPlot, loaded once the overview's cards are drawn;
 //   chunk-*.js: code main.js and the chart share.
 // Type checking is `tsc --noEmit` (npm run build runs it first); esbuild only strips types.
-import { readdirSync, rmSync } from "node:fs";
+import { mkdirSync, readdirSync, rmSync } from "node:fs";
 import { build } from "esbuild";
 
 const outdir = "../static/dist";
-// The files of an earlier build go: chunk names change with their contents.
+// The files of an earlier build go: chunk names change with their contents. (A fresh
+// checkout has no output folder yet.)
+mkdirSync(outdir, { recursive: true });
 for (const name of readdirSync(outdir, { withFileTypes: true })) {
   if (name.isFile() && /\.(js|css|map)$/.test(name.name)) rmSync(`${outdir}/${name.name}`);
 }
