@@ -278,12 +278,14 @@ def _review(
         session.refresh(plan)
         for action in actions:
             session.refresh(action)
-        review = review_plan(snapshot, actions)
-        for action in actions:
-            why = review.expired.get(row_id(action))
-            if why is not None and action_service.end_unstarted(
+        review = review_plan(snapshot, actions, job_names=_job_names(session, snapshot, actions))
+        # The failing actions first, each with its own reason: the rest of its dependency
+        # group then falls naming it (``action_service.ended``), instead of a pending
+        # job's start reading as if its own job had ended.
+        for action_id, why in [*review.failing.items(), *review.expired.items()]:
+            if action_service.end_unstarted(
                 session=session,
-                action_id=row_id(action),
+                action_id=action_id,
                 error=f"expired: {why}",
                 by=SHAPER,
                 now=now,
@@ -291,11 +293,24 @@ def _review(
                 expired += 1
         for action in actions:
             session.refresh(action)
-        _settle(plan, actions, now, next(iter(review.expired.values()), None))
+        _settle(plan, actions, now, next(iter(review.failing.values()), None))
         session.add(plan)
     _clear_displaced(session, back)
     session.commit()
     return expired
+
+
+def _job_names(
+    session: Session, snapshot: ClusterSnapshot, actions: list[Action]
+) -> dict[int, str]:
+    """The external id of each job the actions act on that the snapshot no longer holds
+    (it holds live jobs only): the review names them in its reasons."""
+    live = snapshot.job_by_id
+    ids = {a.job_id for a in actions if a.job_id is not None and a.job_id not in live}
+    if not ids:
+        return {}
+    rows = session.exec(select(Job.id, Job.external_id).where(col(Job.id).in_(sorted(ids))))
+    return {job_id: external_id for job_id, external_id in rows if job_id is not None}
 
 
 def _back(snapshot: ClusterSnapshot) -> list[int]:

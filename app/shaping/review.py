@@ -16,12 +16,16 @@ Nothing else counts as a material change here: telemetry pushes, demand samples,
 arriving or ending elsewhere leave a plan standing (the cycle may still replace it with
 a plan worth clearly more: ``app.shaping.cycle``). Actions are checked by dependency
 component — the actions that need each other's GPUs — and a component that fails any
-check expires whole, its undecided actions ``cancelled`` with ``expired: <why>``, while
-those already running go on.
+check expires whole, its undecided actions ``cancelled``, while those already running go
+on. Each reason names the job or node that changed, and the action that failed a check
+is told apart from those that only fall with it (``Review.failing``): a start whose job
+is still pending can expire because the job its plan would have preempted ended on its
+own meanwhile, and its reason must say so rather than read as if its own job had ended.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from app.actions import service as action_service
@@ -36,8 +40,13 @@ UNSTARTED = (ActionState.proposed, ActionState.approved)
 
 @dataclass
 class Review:
-    # action id -> why it no longer applies
+    # action id -> why it no longer applies, for every unstarted action of a component
+    # that fails a check: its own reason, or the reason of the component's first failing
+    # action, which it falls with.
     expired: dict[int, str] = field(default_factory=dict)
+    # The actions that fail a check themselves, in id order, with their own reasons: the
+    # ones to withdraw first, so the rest of their component falls naming them.
+    failing: dict[int, str] = field(default_factory=dict)
 
 
 def held_by_job(row: JobRow) -> dict[str, int]:
@@ -47,9 +56,12 @@ def held_by_job(row: JobRow) -> dict[str, int]:
     return held
 
 
-def _job_check(action: Action, row: JobRow | None) -> str | None:
+def _job_check(action: Action, row: JobRow | None, name: str | None) -> str | None:
     if row is None:
-        return "its job has ended or left the cluster"
+        # Only live jobs are in the snapshot: the job has ended, or vanished from the
+        # scheduler's view (telemetry marks such a job finished). Named, since the reason
+        # is also written on the actions that fall with this one.
+        return f"job {name} has ended or left the cluster" if name else "its job is gone"
     held = held_by_job(row)
     kind = ActionKind(action.kind)
     if kind is ActionKind.reserve:
@@ -65,8 +77,12 @@ def _job_check(action: Action, row: JobRow | None) -> str | None:
     return None
 
 
-def review_plan(snapshot: ClusterSnapshot, actions: list[Action]) -> Review:
-    """Which of a plan's unstarted actions no longer apply, and why."""
+def review_plan(
+    snapshot: ClusterSnapshot, actions: list[Action], *, job_names: Mapping[int, str] | None = None
+) -> Review:
+    """Which of a plan's unstarted actions no longer apply, and why. ``job_names``: the
+    external id of each job the actions act on (the snapshot holds live jobs only, so a
+    job that has ended is named from here)."""
     review = Review()
     jobs = snapshot.job_by_id
     nodes = {node.name: node for node in snapshot.nodes}
@@ -122,14 +138,23 @@ def review_plan(snapshot: ClusterSnapshot, actions: list[Action]) -> Review:
             continue  # giving GPUs back always applies
         if ActionState(action.state) in UNSTARTED:
             row = jobs.get(action.job_id) if action.job_id is not None else None
-            problem = _job_check(action, row)
+            name = (job_names or {}).get(action.job_id) if action.job_id is not None else None
+            problem = _job_check(action, row, name)
             if problem is not None:
                 why.setdefault(row_id(action), problem)
     for component in action_service.dependency_groups(actions):
-        reasons = [why[i] for i in map(row_id, component) if i in why]
-        if not reasons:
+        failing = [a for a in component if row_id(a) in why]
+        if not failing:
             continue
+        first = failing[0]
+        falls_with = (
+            f"action {row_id(first)} ({first.kind}) of the same plan no longer applies: "
+            f"{why[row_id(first)]}"
+        )
         for action in component:
             if ActionState(action.state) in UNSTARTED:
-                review.expired[row_id(action)] = reasons[0]
+                review.expired[row_id(action)] = why.get(row_id(action), falls_with)
+        for action in failing:
+            review.failing[row_id(action)] = why[row_id(action)]
+    review.failing = dict(sorted(review.failing.items()))
     return review

@@ -1,0 +1,117 @@
+"""Why a proposal expires (``app.shaping.review`` through the cycle): each reason names the
+job that changed, and is written on the action that failed a check; the rest of its
+dependency group falls naming that action.
+
+The demo showed the start of a job still pending cancelled with "expired: its job has
+ended or left the cluster": the job that had ended was the one the plan would preempt to
+make room, which finished on its own. The start fell with the preemption (one group
+stands or falls whole), but the reason, written first on the start, read as its own.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlmodel import Session, select
+
+from app.actions.models import Action, ActionKind, ActionState
+from app.clusters import service as cluster_service
+from app.clusters.models import ClusterCreate, ShapingMode
+from app.jobs.models import Job
+from app.plans.models import Plan, PlanState
+from app.shaping.cycle import run_cycle
+from app.telemetry import service as telemetry_service
+from tests.app.builders import job, node, running, snapshot
+from tests.support.clock import T0
+from wire.telemetry import SchedulerKind, TelemetrySnapshot
+
+LOW = running("low", "n1", list(range(8)), priority=10)
+URGENT = job("urgent", gpus_requested=8, priority=100)
+
+
+def _push(session: Session, seq: int, jobs: list[dict[str, Any]]) -> None:
+    push = TelemetrySnapshot.model_validate(snapshot(seq, nodes=[node("n1")], jobs=jobs))
+    telemetry_service.ingest(
+        session=session, cluster_name="alpha", push=push, now=T0 + timedelta(seconds=seq)
+    )
+
+
+def _actions(session: Session, plan_id: int) -> dict[tuple[str, ActionKind], Action]:
+    rows = session.exec(
+        select(Action, Job.external_id)
+        .join(Job)
+        .where(Action.plan_id == plan_id)
+        .execution_options(populate_existing=True)
+    )
+    return {(name, ActionKind(action.kind)): action for action, name in rows}
+
+
+@pytest.fixture
+def proposal(session: Session) -> tuple[int, dict[tuple[str, ActionKind], Action]]:
+    """An advise-mode plan that preempts ``low`` (all of n1) to start ``urgent`` there."""
+    cluster_service.register_cluster(
+        session=session,
+        now=T0,
+        cluster_in=ClusterCreate(
+            name="alpha", scheduler=SchedulerKind.slurm, mode=ShapingMode.advise
+        ),
+    )
+    _push(session, 1, [LOW, URGENT])
+    result = run_cycle(session=session, cluster_name="alpha", now=T0 + timedelta(seconds=1))
+    actions = _actions(session, result.plan_id)
+    assert set(actions) == {
+        ("urgent", ActionKind.start),
+        ("urgent", ActionKind.reserve),
+        ("low", ActionKind.preempt),
+    }
+    assert {ActionState(a.state) for a in actions.values()} == {ActionState.proposed}
+    return result.plan_id, actions
+
+
+def test_a_start_that_falls_with_a_preemption_whose_job_ended_names_that_job(
+    session: Session, proposal: tuple[int, dict[tuple[str, ActionKind], Action]]
+) -> None:
+    plan_id, _ = proposal
+    _push(session, 2, [URGENT])  # low ends on its own: it leaves the scheduler's view
+    run_cycle(session=session, cluster_name="alpha", now=T0 + timedelta(seconds=2))
+
+    states = session.exec(select(Job.external_id, Job.state).order_by(Job.external_id)).all()
+    assert [tuple(row) for row in states] == [("low", "finished"), ("urgent", "pending")]
+    actions = _actions(session, plan_id)
+    assert {ActionState(a.state) for a in actions.values()} == {ActionState.cancelled}
+    preempt = actions["low", ActionKind.preempt]
+    assert preempt.error == "expired: job low has ended or left the cluster"
+    for kind in (ActionKind.start, ActionKind.reserve):
+        error = actions["urgent", kind].error or ""
+        # Not "its job has ended": urgent is pending; it falls with the preemption.
+        assert error.startswith(f"action {preempt.id} (preempt) of the same plan is cancelled")
+        assert error.endswith("expired: job low has ended or left the cluster")
+    plan = session.get(Plan, plan_id)
+    assert plan is not None
+    session.refresh(plan)
+    assert plan.state == PlanState.expired
+    assert plan.state_reason == "job low has ended or left the cluster"
+    # The next plan starts urgent on the GPUs low left, without preempting anything.
+    fresh = session.exec(select(Plan).where(Plan.id != plan_id)).one()
+    assert {kind for _, kind in _actions(session, fresh.id or 0)} == {
+        ActionKind.start,
+        ActionKind.reserve,
+    }
+
+
+def test_a_start_whose_own_job_ended_says_so_and_its_group_falls_naming_it(
+    session: Session, proposal: tuple[int, dict[tuple[str, ActionKind], Action]]
+) -> None:
+    plan_id, _ = proposal
+    _push(session, 2, [LOW])  # urgent is withdrawn from the queue: it leaves the view
+    run_cycle(session=session, cluster_name="alpha", now=T0 + timedelta(seconds=2))
+
+    actions = _actions(session, plan_id)
+    start = actions["urgent", ActionKind.start]
+    assert start.error == "expired: job urgent has ended or left the cluster"
+    for key in (("urgent", ActionKind.reserve), ("low", ActionKind.preempt)):
+        error = actions[key].error or ""
+        assert error.startswith(f"action {start.id} (start) of the same plan is cancelled")
+        assert error.endswith("expired: job urgent has ended or left the cluster")
