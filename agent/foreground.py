@@ -148,7 +148,7 @@ def run(
     deferred: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        if starting:
+        if starting and not deferred:  # a second stop does not wait (a hung restore)
             deferred.append(signum)
             return
         raise _Stop(signum)
@@ -166,7 +166,7 @@ def run(
             )
         except (resume.StaleResume, BackendError) as error:
             _say(f"error: {error}")
-            return EXIT_RESTORE_FAILED
+            return 128 + deferred[0] if deferred else EXIT_RESTORE_FAILED
         finally:
             starting = False
         _say(f"{workload.id} runs as PID {workload.pid}")

@@ -103,7 +103,12 @@ from connectors.armada.jobs import (
     apply,
     current_attempts,
 )
-from connectors.armada.moves import REPLACED_REASON, ArmadaMoves
+from connectors.armada.moves import (
+    REPLACED_REASON,
+    ArmadaMoves,
+    is_replaced,
+    replaced_reason,
+)
 from connectors.armada.proto import resubmission
 from connectors.armada.reports import gang_report, job_report, node_reports
 from connectors.armada.specs import submit_spec
@@ -251,9 +256,7 @@ class ArmadaConnector(ArmadaMoves):
                 "a gang is submitted again only whole",
                 retryable=True,
             )
-        replaced = [
-            job.job_id for job in gang.members if self._why_cancelled(job) == REPLACED_REASON
-        ]
+        replaced = [job.job_id for job in gang.members if is_replaced(self._why_cancelled(job))]
         if replaced and not resend:
             raise ConnectorError(
                 f"cannot {what} Armada gang {gang.external_id}: the next jobs of "
@@ -329,7 +332,7 @@ class ArmadaConnector(ArmadaMoves):
         same, so their fresh gang id is one: connectors.armada.gangs); ``one_of_many``: the
         step key is one step's for several workloads (a job set's move)."""
         if not job.terminal:
-            self._cancel_own(job, REPLACED_REASON)
+            self._cancel_own(job, replaced_reason(step_key) if one_of_many else REPLACED_REASON)
         home = job.spec.annotations.get(HOME_QUEUE_ANNOTATION, job.queue)
         next_attempt = job.spec.attempt + 1 if attempt is None else attempt
         original_gang = gangs.gang_id(job)
@@ -613,7 +616,7 @@ class ArmadaConnector(ArmadaMoves):
         ended = [
             f"{job.job_id} ({job.phase.value})"
             for job in todo
-            if job.terminal and self._why_cancelled(job) != REPLACED_REASON
+            if job.terminal and not is_replaced(self._why_cancelled(job))
         ]
         if started or ended:
             raise ConnectorError(
@@ -644,7 +647,7 @@ class ArmadaConnector(ArmadaMoves):
         ended = [
             f"{job.job_id} ({job.phase.value})"
             for job in gang.members
-            if job.terminal and self._why_cancelled(job) != REPLACED_REASON
+            if job.terminal and not is_replaced(self._why_cancelled(job))
         ]
         if ended:
             raise ConnectorError(
@@ -781,17 +784,21 @@ class ArmadaConnector(ArmadaMoves):
                 for job in in_set
                 if step_key is not None and job.spec.annotations.get(STOPPED_BY_STEP) == step_key
             }
-            replaced = [
-                job
+            cancelled = [
+                (job, self._why_cancelled(job))
                 for job in in_set
-                if job.workload_id not in done
-                and job.phase is Phase.cancelled
-                and self._why_cancelled(job) == REPLACED_REASON
+                if job.workload_id not in done and job.phase is Phase.cancelled
             ]
-            if replaced and step_key is None:
+            # Cancelled by this step's cut-short delivery: submitted again below. Cancelled
+            # by another change (a hold, a requeue) whose next job is not seen yet: moving
+            # it too would make a second live job of that workload.
+            ours = replaced_reason(step_key) if step_key is not None else None
+            replaced = [job for job, why in cancelled if ours is not None and why == ours]
+            others = [job for job, why in cancelled if is_replaced(why) and why != ours]
+            if others:
                 raise ConnectorError(
                     f"cannot move job set {job_set} yet: the next jobs of "
-                    f"{', '.join(job.job_id for job in replaced)} (cancelled to be submitted "
+                    f"{', '.join(job.job_id for job in others)} (cancelled to be submitted "
                     "again) are not in its events yet",
                     retryable=True,
                 )
@@ -844,7 +851,9 @@ class ArmadaConnector(ArmadaMoves):
             # members an earlier delivery moved already have that attempt.
             attempts: dict[str, int] = {}
             for gang in in_gangs:
-                self._settled(gang, f"move job set {job_set} with")
+                # Members cancelled by another change were refused above: any left are
+                # this step's, cut short, and go again now.
+                self._settled(gang, f"move job set {job_set} with", resend=step_key is not None)
                 left = [job for job in gang.members if job.workload_id not in done]
                 if left:
                     attempt = max(job.spec.attempt for job in left) + 1

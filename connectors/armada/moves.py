@@ -90,6 +90,18 @@ logger = logging.getLogger(__name__)
 REPLACED_REASON = "shaper: cancelled to be submitted again"
 
 
+def replaced_reason(step_key: str | None = None) -> str:
+    """The reason a job is cancelled with to be submitted again; a step that does so for
+    several workloads (a job set's move) adds its key, so that its resend tells its own
+    cancels from those of another change whose next job is not in the events yet."""
+    return REPLACED_REASON if step_key is None else f"{REPLACED_REASON} [step {step_key}]"
+
+
+def is_replaced(why: str | None) -> bool:
+    """Whether a cancel's reason says the job was cancelled to be submitted again."""
+    return why is not None and why.startswith(REPLACED_REASON)
+
+
 # Where Armada runs a job whose submission names no namespace (its submit conversion).
 DEFAULT_NAMESPACE = "default"
 
@@ -122,7 +134,7 @@ def outcome(job: ArmadaJob, cancelled_for: str | None = None) -> Outcome:
         return Outcome.waiting
     if job.phase is Phase.cancelled and cancelled_for:
         why = cancelled_for
-        if why == REPLACED_REASON:
+        if is_replaced(why):
             return Outcome.replaced
         name = job.spec.annotations.get(MOVE_MARK)
         if name is not None and why == withdraw_reason(name):

@@ -25,6 +25,7 @@ from app.jobs.models import Job
 from connectors.actions import ConnectorStepExecutor
 from connectors.armada import ArmadaConnector, NewJob
 from connectors.armada.jobs import RESUME_FROM, RESUME_FROM_ENV, STOPPED_BY_STEP
+from connectors.armada.moves import REPLACED_REASON
 from connectors.base import ConnectorError
 from tests.support.armada_server import ArmadaTestServer
 from tests.support.armada_site import CLUSTER, HOLD_QUEUE, connector_for, start_server
@@ -350,6 +351,27 @@ def test_a_job_set_move_cut_short_between_a_cancel_and_its_submit_is_finished_by
     queued = [j for j in server.jobs_of("research", "sweep") if j.state == "queued"]
     assert sorted(j.job_id for j in queued) == sorted(resent.result["moved"].values())
     assert len(server.jobs_of("research", "sweep")) == 4  # each workload moved once
+
+
+def test_a_job_set_move_leaves_a_job_another_change_is_submitting_again_to_that_change(
+    server: ArmadaTestServer, connector: ArmadaConnector, tmp_path: Path
+) -> None:
+    workloads = sweep_jobs(connector, {}, {})
+    # A hold or a requeue of one job of the set has cancelled it to submit it again, and
+    # its next job is not in the events yet.
+    connector.catch_up()
+    held_back = connector.workloads()[workloads[0]]
+    connector._cancel_own(held_back, REPLACED_REASON)
+    before = set(server.jobs)
+
+    step = run(
+        ConnectorStepExecutor(connector, cluster=CLUSTER, state_dir=tmp_path), job_set_move(7)
+    )
+    # Retried later, once that job is seen: moving it too would make a second live job of
+    # its workload.
+    assert (step.ok, step.retryable) == (False, True), step.error
+    assert "not in its events yet" in (step.error or "")
+    assert set(server.jobs) == before  # nothing cancelled or submitted by the move
 
 
 def test_a_job_set_move_armada_cannot_make_is_refused_with_the_reason(
