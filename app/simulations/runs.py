@@ -230,15 +230,11 @@ def fail_interrupted(*, directory: Path, now: datetime) -> list[str]:
 
 
 def sweep_uploads(*, directory: Path, now: datetime) -> None:
-    """What an app start does, quietly, for a process that has been up a while: the runs
-    whose process is gone marked failed (their uploads removed), and the uploads no
-    active run holds that are older than UPLOAD_STALE removed. Every API process runs it
-    every UPLOAD_SWEEP_EVERY (``app.main``): the uploads are on its host."""
-    if not uploads_dir(directory).is_dir():
-        return
-    with _locked(directory):
-        _records(directory, now)
-        _remove_stale_uploads(directory, now)
+    """What an app start does (``fail_interrupted``), for a process that has been up a
+    while: the runs whose process is gone marked failed (their uploads removed), and the
+    uploads no active run holds that are older than UPLOAD_STALE removed. Every API
+    process runs it every UPLOAD_SWEEP_EVERY (``app.main``): the uploads are on its host."""
+    fail_interrupted(directory=directory, now=now)
 
 
 @contextmanager
