@@ -38,6 +38,9 @@ async function signIn(token: string): Promise<void> {
       api<{ name: string; scopes: string[] }>("/whoami"),
       api<Cluster[]>("/clusters"),
     ]);
+    // A read app.js began for a page no longer asked for (the address changed meanwhile)
+    // goes: kept, a later first visit would draw its old reply as current.
+    dropReads();
     sessionStorage.setItem("shaper-token", token);
     session.scopes = me.scopes;
     $("#whoami").textContent = `${me.name} · ${me.scopes.join(", ")}`;
