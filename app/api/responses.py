@@ -41,6 +41,7 @@ _DESCRIPTIONS = {
     "401": "Missing, invalid, expired or revoked token",
     "403": "The token lacks the scope this operation needs",
     "404": "Nothing with that id or name",
+    "408": "The request's body stopped coming; send it again",
     "409": "Conflicts with the current state",
     "413": "Body over SHAPER_MAX_BODY_BYTES",
     "422": "A value is invalid; `field` names it",
@@ -84,8 +85,8 @@ def declare_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
                 statuses += ["400", "413"]
             if any(p.get("in") == "path" for p in parameters):
                 statuses.append("404")
-            if "409" in responses:
-                statuses.append("409")
+            # Only the routes that can answer them declare these.
+            statuses += [status for status in ("408", "409") if status in responses]
             for status in statuses:
                 declared = _error_response(status)
                 # The route's own description where it has one: what it conflicts with,

@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     # together: one more is refused (429) before it is read. Each streams to disk and its
     # check reads it whole in a process of its own.
     sim_upload_max_concurrent: int = Field(default=2, ge=1, le=64)
+    # How long an upload may send nothing before it is refused (408) and its place freed:
+    # without it a stalled client holds one of those places for ever. At most 30 min, so
+    # that a file still being received is never as old as the sweep's hour
+    # (``app.simulations.runs.UPLOAD_STALE``).
+    sim_upload_idle_timeout_s: float = Field(default=60.0, gt=0, le=1800)
     log_level: str = "INFO"
     # "json": one JSON object per line (ts, level, logger, message, and the request, plan,
     # action and cluster ids when a line has them), for log shippers; "text" for people.

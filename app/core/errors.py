@@ -108,6 +108,18 @@ class PayloadTooLarge(ShaperError):
     code = "payload_too_large"
 
 
+class RequestTimeout(ShaperError):
+    """The client stopped sending its request's body: what came of it is dropped; send it
+    again whole."""
+
+    status_code = 408
+    code = "request_timeout"
+    retryable = True
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Connection": "close"}  # the rest of that body may still be on its way
+
+
 class Forbidden(ShaperError):
     status_code = 403
     code = "forbidden"

@@ -74,6 +74,10 @@ _BODY = {
     dependencies=_operator["dependencies"],
     openapi_extra={**_operator["openapi_extra"], "requestBody": _BODY},
     responses={
+        408: {
+            "description": "An upload that sent nothing for SHAPER_SIM_UPLOAD_IDLE_TIMEOUT_S "
+            "(`details.idle_timeout_s`): what came of it is dropped; send it again"
+        },
         413: {
             "description": "A JSON body over SHAPER_MAX_BODY_BYTES; a trace over "
             "SHAPER_SIM_UPLOAD_MAX_MB; a form with too many parts or a part's headers too "
@@ -97,7 +101,9 @@ async def start_simulation(
     replay` does, with its options of the same names; a trace over SHAPER_SIM_UPLOAD_MAX_MB
     is refused (413), one its loader cannot read is refused with the loader's reason (422,
     field `trace`). While SHAPER_SIM_UPLOAD_MAX_CONCURRENT uploads are being received and
-    checked, another is refused (429, `Retry-After`) before any of it is read."""
+    checked, another is refused (429, `Retry-After`) before any of it is read; one that
+    sends nothing for SHAPER_SIM_UPLOAD_IDLE_TIMEOUT_S is refused (408) and frees its
+    place."""
     directory = settings.resolved_sim_results_dir
     # The token is checked, and a run is a file, not a row: the request's transaction ends
     # here. Held while an upload streams in (minutes), a POST's would keep SQLite's write
@@ -160,17 +166,20 @@ async def _start_replay(
         )
     await run_in_threadpool(runs.refuse_when_full, directory=directory, now=clock.now())
     with runs.upload_slot(directory=directory, limit=settings.sim_upload_max_concurrent):
-        return await _receive_and_queue(request, limit, directory, clock)
+        return await _receive_and_queue(
+            request, limit, settings.sim_upload_idle_timeout_s, directory, clock
+        )
 
 
 async def _receive_and_queue(
-    request: Request, limit: int, directory: Path, clock: ClockDep
+    request: Request, limit: int, idle_timeout_s: float, directory: Path, clock: ClockDep
 ) -> WhatIfRun:
     form = await uploads.receive(
         request.stream(),
         content_type=request.headers["content-type"],
         folder=runs.uploads_dir(directory),
         max_bytes=limit,
+        idle_timeout_s=idle_timeout_s,
     )
     try:
         if form.trace is None:

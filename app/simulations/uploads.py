@@ -11,7 +11,8 @@ The form around it is bounded as it is read, not only by the upload's total: its
 (``MAX_PARTS``), each part's headers (``MAX_PART_HEADERS``, ``MAX_PART_HEADER_BYTES``) and
 each field's value (``MAX_FIELD_BYTES``), so that no part of it is held in memory beyond a
 few KiB. How many uploads are received at once is the route's to bound
-(``app.simulations.runs.upload_slot``).
+(``app.simulations.runs.upload_slot``); an upload that sends nothing for ``idle_timeout_s``
+is refused (408), so that a stalled client does not keep its place.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import anyio
 import anyio.to_thread
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from app.core.errors import Invalid, PayloadTooLarge
+from app.core.errors import Invalid, PayloadTooLarge, RequestTimeout
 
 TRACE_FIELD = "trace"
 # Form fields beside the file: few and short (a policy list, numbers).
@@ -203,11 +205,17 @@ class _Receiver:
 
 
 async def receive(
-    chunks: AsyncIterator[bytes], *, content_type: str, folder: Path, max_bytes: int
+    chunks: AsyncIterator[bytes],
+    *,
+    content_type: str,
+    folder: Path,
+    max_bytes: int,
+    idle_timeout_s: float,
 ) -> ReceivedForm:
     """Parse a multipart/form-data body from ``chunks``: its fields, and its ``trace`` file
     written into ``folder``. Refuses (and leaves nothing behind) a body that is not one, a
-    trace over ``max_bytes`` (``PayloadTooLarge``), a body over that plus the form's room."""
+    trace over ``max_bytes`` (``PayloadTooLarge``), a body over that plus the form's room,
+    a body that sends nothing for ``idle_timeout_s`` (``RequestTimeout``)."""
     _, options = parse_options_header(content_type)
     boundary = options.get(b"boundary")
     if not boundary:
@@ -227,7 +235,7 @@ async def receive(
     )
     total = 0
     try:
-        async for chunk in chunks:
+        async for chunk in _until_idle(chunks, idle_timeout_s):
             total += len(chunk)
             if total > max_bytes + FORM_OVERHEAD_BYTES:
                 raise PayloadTooLarge(
@@ -255,6 +263,27 @@ async def receive(
         receiver.partial.rename(complete)
         receiver.form.trace = complete
     return receiver.form
+
+
+async def _until_idle(chunks: AsyncIterator[bytes], idle_timeout_s: float) -> AsyncIterator[bytes]:
+    """``chunks``, each waited for at most ``idle_timeout_s``: a client that stops sending
+    halfway holds an upload place (and leaves a file the hourly sweep would take from under
+    it) until refused here."""
+    iterator = aiter(chunks)
+    while True:
+        try:
+            with anyio.fail_after(idle_timeout_s):
+                chunk = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise RequestTimeout(
+                f"nothing of the body came for {idle_timeout_s:g} s "
+                "(SHAPER_SIM_UPLOAD_IDLE_TIMEOUT_S): what came is dropped; send it again",
+                field="body",
+                details={"idle_timeout_s": idle_timeout_s},
+            ) from None
+        yield chunk
 
 
 def _remove(path: Path | None) -> None:

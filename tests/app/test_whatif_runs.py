@@ -21,6 +21,7 @@ import anyio.to_thread
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -800,6 +801,57 @@ def test_uploads_beyond_the_concurrent_limit_are_429_until_one_ends(
     assert list(folder.iterdir()) == []
 
 
+def test_an_upload_that_stops_sending_is_408_and_frees_its_place(
+    session: Any, clock: FrozenClock, tokens: dict[str, str], results_dir: Path
+) -> None:
+    # One place only: a client stalled halfway through its trace would hold it for ever
+    # (and its file, untouched, would reach the sweep's hour while still open).
+    settings = Settings(
+        environment="test",
+        sim_results_dir=results_dir,
+        sim_upload_max_concurrent=1,
+        sim_upload_idle_timeout_s=0.5,
+    )
+    app = create_app(settings)
+    app.dependency_overrides[get_session] = lambda: session
+    app.dependency_overrides[get_clock] = lambda: clock
+    headers = {"Authorization": f"Bearer {tokens['operator']}", **_FORM_TYPE}
+    folder = results_dir / runs.UPLOADS_DIR
+
+    async def stall_then_send() -> tuple[list[httpx.Response], httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://shaper") as client:
+            held = _HeldUploads(client, headers, folder)
+            # Without the timeout it waits for ever: failed here instead.
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as streaming:
+                    await held.start(streaming)  # never released: it stops sending
+            after = await client.post(
+                "/api/v1/simulations", content=_UNQUEUED_FORM, headers=headers
+            )
+            return held.answers, after
+
+    (stalled,), after = anyio.run(stall_then_send)
+
+    assert stalled.status_code == 408, stalled.text
+    error = stalled.json()["error"]
+    assert error["field"] == "body" and error["retryable"]
+    assert error["details"]["idle_timeout_s"] == 0.5
+    assert "SHAPER_SIM_UPLOAD_IDLE_TIMEOUT_S" in error["message"]
+    assert stalled.headers["Connection"] == "close"
+    # Its place is free again and what it had sent is gone.
+    assert after.status_code == 422 and after.json()["error"]["field"] == "policies"
+    assert list(folder.iterdir()) == []
+
+
+def test_settings_keep_an_idle_upload_younger_than_the_sweeps_hour() -> None:
+    limit = Settings.model_fields["sim_upload_idle_timeout_s"].metadata
+    most = next(m.le for m in limit if getattr(m, "le", None) is not None)
+    assert timedelta(seconds=most + runs.CHECK_TIMEOUT_S) < runs.UPLOAD_STALE
+    with pytest.raises(ValidationError):
+        Settings(environment="test", sim_upload_idle_timeout_s=0)
+
+
 def test_an_upload_holds_no_database_lock_while_it_streams(
     tmp_path: Path, results_dir: Path, clock: FrozenClock
 ) -> None:
@@ -859,6 +911,7 @@ def test_a_parts_headers_are_counted_whatever_pieces_they_arrive_in(tmp_path: Pa
             content_type=f"multipart/form-data; boundary={b}",
             folder=tmp_path,
             max_bytes=2**20,
+            idle_timeout_s=60,
         )
 
     for piece in (1, 3, 64, len(form)):
