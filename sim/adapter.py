@@ -46,9 +46,12 @@ submitted to one (``BlockJob.cluster``) and its image is where it last ran
 do: one instance per cluster with its nodes, the jobs submitted there and the services
 it serves, each planned by the policy on its own. A policy named ``federated-NAME``
 plans the clusters as one federation group: one instance over all of them, where a
-pending job may start in any cluster (``Job.home_cluster`` = where its image is, so
-starting elsewhere costs the transfer, ``MigrationCostModel.remote_start_seconds``)
-while a running job moves only within its cluster and a service stays in its own.
+pending job may start in any cluster its residency permits (``BlockJob.cluster_selector``
+and ``allowed_clusters`` over ``Workload.cluster_labels``, by
+``solver.federation.residency_clusters``; where its image is, always) with
+``Job.home_cluster`` = where its image is, so starting elsewhere costs the transfer
+(``MigrationCostModel.remote_start_seconds``), while a running job moves only within its
+cluster and a service stays in its own.
 
 Mapping back: ``start`` → :class:`~sim.actions.Start`, ``migrate`` → ``Migrate``,
 ``resize`` → ``Resize`` (GPUs per node / GPUs per replica), ``preempt`` → ``Preempt``
@@ -68,7 +71,7 @@ from typing import TYPE_CHECKING
 from forecast import demand as demand_forecast
 from forecast.duration import DurationPredictor, JobFeatures
 from sim.actions import Action, Migrate, Preempt, Resize, SimPlan, Start
-from solver.federation import split_by_cluster
+from solver.federation import Residency, residency_clusters, split_by_cluster
 from solver.instance import (
     GpuModel,
     Instance,
@@ -385,7 +388,19 @@ class SolverPlanner:
             here = sim.nodes[next(iter(state.placement))].spec.cluster
             return frozenset({here}), here
         if self.federated:
-            return None, state.location
+            spec = state.spec
+            if not spec.cluster_selector and spec.allowed_clusters is None:
+                return None, state.location
+            labels = sim.workload.cluster_labels
+            rule = Residency(
+                cluster_selector=dict(spec.cluster_selector),
+                allowed_clusters=(
+                    None if spec.allowed_clusters is None else frozenset(spec.allowed_clusters)
+                ),
+            )
+            permitted = residency_clusters({c: labels.get(c, {}) for c in self._clusters}, rule)
+            home = frozenset() if state.location is None else frozenset({state.location})
+            return permitted | home, state.location
         return frozenset({state.location}) if state.location is not None else None, None
 
     @staticmethod

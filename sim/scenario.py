@@ -35,7 +35,11 @@ Times in YAML are hours (``*_h``) unless the key says otherwise. Example::
 Several clusters: each ``cluster`` entry names its ``cluster``; a job, a ``generate``
 block (a list of them for several streams) or a service names the ``cluster`` it is
 submitted to; ``transfer`` takes ``inter_cluster_bandwidth_mib_per_s`` and
-``inter_cluster_overhead_s`` for what crossing between clusters costs.
+``inter_cluster_overhead_s`` for what crossing between clusters costs. Data residency:
+``cluster_labels`` gives each cluster its labels (``{east: {region: us}}``), and a job or a
+``generate`` block may take ``cluster_selector`` (``{region: eu}``) and
+``allowed_clusters`` (a list of names): a federated planner starts it only there or where
+it was submitted.
 
 The generator uses ``numpy.random.default_rng(seed)``: the same seed gives the same jobs.
 """
@@ -172,6 +176,14 @@ def _job(entry: dict[str, Any], index: int) -> BlockJob:
         team=str(entry.get("team", "default")),
         preemptible=bool(entry.get("preemptible", True)),
         cluster=str(entry["cluster"]) if entry.get("cluster") is not None else None,
+        cluster_selector=tuple(
+            (str(k), str(v)) for k, v in (entry.get("cluster_selector") or {}).items()
+        ),
+        allowed_clusters=(
+            tuple(str(c) for c in entry["allowed_clusters"])
+            if entry.get("allowed_clusters") is not None
+            else None
+        ),
     )
 
 
@@ -212,6 +224,8 @@ def _generate(spec: dict[str, Any], rng: np.random.Generator, first: int) -> lis
             "image_gb": kind.get("image_gb", 10.0),
             "team": _weighted_choice(rng, kind.get("team", "default")),
             "cluster": spec.get("cluster"),
+            "cluster_selector": spec.get("cluster_selector"),
+            "allowed_clusters": spec.get("allowed_clusters"),
         }
         jobs.append(_job(entry, first + n))
     return jobs
@@ -254,6 +268,10 @@ def build_workload(data: dict[str, Any], *, seed: int | None = None) -> Workload
         seed=seed,
         sla_policies={k: dict(v) for k, v in data.get("sla_policies", {}).items()},
         solver_config=dict(data.get("solver", {})),
+        cluster_labels={
+            str(c): {str(k): str(v) for k, v in labels.items()}
+            for c, labels in (data.get("cluster_labels") or {}).items()
+        },
     )
     workload.validate()
     return workload

@@ -79,6 +79,11 @@ class BlockJob:
     # A planner that federates clusters may start it in another one, after sending its
     # image there (``Transfer.remote_seconds``).
     cluster: str | None = None
+    # Its data residency: a federating planner starts it only in clusters whose labels
+    # (``Workload.cluster_labels``) include every (key, value) here and, unless None, that
+    # ``allowed_clusters`` names; the cluster it is submitted to always may keep it.
+    cluster_selector: tuple[tuple[str, str], ...] = ()
+    allowed_clusters: tuple[str, ...] | None = None
 
     def can_run_on(self, gpu_model: str) -> bool:
         return not self.gpu_models or gpu_model in self.gpu_models
@@ -235,6 +240,8 @@ class Workload:
     seed: int = 0
     sla_policies: dict[str, dict[str, object]] = field(default_factory=dict)
     solver_config: dict[str, object] = field(default_factory=dict)
+    # Where each cluster is ({"east": {"region": "us"}}), for jobs' ``cluster_selector``.
+    cluster_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> int:
@@ -257,6 +264,8 @@ class Workload:
         clusters = set(self.clusters)
         homes = [(job.id, job.cluster) for job in self.jobs]
         homes += [(svc.id, svc.cluster) for svc in self.services]
+        homes += [(f"cluster_labels of {name}", name) for name in self.cluster_labels]
+        homes += [(job.id, name) for job in self.jobs for name in job.allowed_clusters or ()]
         for item, home in homes:
             if home is not None and home not in clusters:
                 raise ValueError(

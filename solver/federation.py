@@ -10,15 +10,50 @@ the greedy passes may move it there with ``config.cross_cluster_migration``, pay
 ``migration_seconds(across=True)``. :func:`split_by_cluster` is the opposite:
 an instance whose every job is held to one cluster, as one instance per cluster, for
 planning each alone. :func:`cross_cluster_starts` reads what federation changed in a plan.
+
+Where a job may go is the caller's to say in ``movable``; :func:`residency_clusters` is the
+one rule for it: a cluster must satisfy every :class:`Residency` that applies (the job's
+own and its team's), by labels and by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from solver.instance import GpuModel, Instance, MigrationCostModel, SlaPolicy, SolverConfig
 from solver.plan import ActionKind, Plan
+
+
+def labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    """Whether ``labels`` include every key=value of ``selector`` (an empty one: any)."""
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@dataclass(frozen=True)
+class Residency:
+    """The clusters a job may run in (data residency, locality): those whose labels include
+    every key=value of ``cluster_selector`` and, unless ``allowed_clusters`` is None, that
+    it names. The default permits any cluster."""
+
+    cluster_selector: Mapping[str, str] = field(default_factory=dict)
+    allowed_clusters: frozenset[str] | None = None
+
+    def permits(self, cluster: str, labels: Mapping[str, str]) -> bool:
+        named = self.allowed_clusters is None or cluster in self.allowed_clusters
+        return named and labels_match(labels, self.cluster_selector)
+
+
+def residency_clusters(
+    labels: Mapping[str, Mapping[str, str]], *rules: Residency | None
+) -> frozenset[str]:
+    """The clusters of ``labels`` (name → its labels) that every rule permits (None: no
+    rule)."""
+    return frozenset(
+        cluster
+        for cluster, own in labels.items()
+        if all(rule is None or rule.permits(cluster, own) for rule in rules)
+    )
 
 
 def federate(

@@ -49,6 +49,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from wire.residency import Residency
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}$"
 
 # ``seq`` is stored as a signed 64-bit integer (PostgreSQL ``bigint``).
@@ -248,6 +250,9 @@ class JobReport(_Wire):
     # group; None: the connector cannot say, or the job is suspended or ending, and it stays
     # where it was submitted).
     submit: SubmitSpec | None = None
+    # The clusters of its federation group it may run in, by their labels and names
+    # (wire.residency: what each connector reads it from); None: any its team may use.
+    residency: Residency | None = None
 
     @model_validator(mode="after")
     def _replica_range(self) -> JobReport:

@@ -1,64 +1,17 @@
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
 
 import sqlalchemy as sa
-from pydantic import AfterValidator
 from sqlmodel import Field, SQLModel
 
 from app.core.types import enum_column, json_column, required_utc_column, utc_column
+
+# Label syntax is wire's: a job's residency (wire.residency) selects clusters by them.
+from wire.residency import CLUSTER_NAME_PATTERN as CLUSTER_NAME_PATTERN
+from wire.residency import Labels as Labels
 from wire.telemetry import SchedulerKind
-
-CLUSTER_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-
-# Labels follow Kubernetes' syntax, so a cluster's can be copied from its nodes' or a
-# federation tool's and an operator reads them the same way: a key is ``[prefix/]name``,
-# the prefix a DNS subdomain, name and value at most 63 characters (a value may be empty).
-MAX_LABELS = 32
-_LABEL_NAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-_LABEL_PREFIX = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-MAX_LABEL_PREFIX = 253
-
-
-def _label_key_error(key: str) -> str | None:
-    prefix, slash, name = key.rpartition("/")
-    if slash and not (len(prefix) <= MAX_LABEL_PREFIX and _LABEL_PREFIX.fullmatch(prefix)):
-        return f"key {key!r}: its prefix must be a DNS subdomain of at most 253 characters"
-    if not _LABEL_NAME.fullmatch(name):
-        return (
-            f"key {key!r}: its name must be 1-63 characters of a-z, 0-9, '-', '_', '.', "
-            "beginning and ending with a-z or 0-9"
-        )
-    return None
-
-
-def check_labels(labels: dict[str, str]) -> dict[str, str]:
-    """Refuses the whole map at its first bad entry, naming it (pydantic reports the field:
-    ``labels``, ``spec.teams[0].cluster_selector``)."""
-    if len(labels) > MAX_LABELS:
-        raise ValueError(f"at most {MAX_LABELS} labels, not {len(labels)}")
-    for key, value in labels.items():
-        error = _label_key_error(key)
-        if error is not None:
-            raise ValueError(error)
-        if not _LABEL_VALUE.fullmatch(value):
-            raise ValueError(
-                f"value {value!r} of {key!r}: must be empty or 1-63 characters of A-Z, a-z, "
-                "0-9, '-', '_', '.', beginning and ending with a letter or digit"
-            )
-    return labels
-
-
-Labels = Annotated[dict[str, str], AfterValidator(check_labels)]
-
-
-def labels_match(labels: dict[str, str], selector: dict[str, str]) -> bool:
-    """Whether ``labels`` include every key=value of ``selector`` (an empty one: any)."""
-    return all(labels.get(key) == value for key, value in selector.items())
 
 
 class ShapingMode(StrEnum):

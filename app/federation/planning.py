@@ -9,8 +9,10 @@ Algorithm (``plan_group``):
    is of the spec's kind, or any kind when the spec has a portable form) and its team may
    go there: its home cluster's SLA policy names the cluster in the team's
    ``allowed_clusters`` (None: any) and the cluster's labels include every key=value of
-   the team's ``cluster_selector`` (data residency; None: any). Members whose policies
-   give one team different selectors are refused, naming both. A job pinned to nodes
+   the team's ``cluster_selector`` (data residency; None: any), and the job's own
+   residency (``jobs.residency``: its connector read it, wire.residency) permits the
+   cluster too, by its labels and names. Members whose policies give one team different
+   selectors are refused, naming both. A job pinned to nodes
    (``required_nodes``: a requeue with its checkpoint) or a service stays where it is.
    A *running* block job may move to another member by the same rules when the move's
    saga could carry it out (``app.actions.recipes``): it can checkpoint, runs on one
@@ -45,7 +47,7 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
 from app.actions.schedulers import moves_jobs, places_itself, takes_moves
-from app.clusters.models import Cluster, labels_match
+from app.clusters.models import Cluster
 from app.core.db import begin
 from app.core.errors import Invalid
 from app.core.lookup import row_id
@@ -55,7 +57,13 @@ from app.federation.service import get_group, members
 from app.jobs.models import Job
 from app.shaping.snapshot import solver_job_id, take_snapshot, to_instance
 from solver import Instance, SolverConfig
-from solver.federation import cross_cluster_moves, cross_cluster_starts, federate
+from solver.federation import (
+    Residency,
+    cross_cluster_moves,
+    cross_cluster_starts,
+    federate,
+    residency_clusters,
+)
 from solver.instance import MigrationCostModel
 from solver.objective import evaluate
 from solver.plan import ActionKind, Plan
@@ -137,17 +145,36 @@ class FederationWhatIf(BaseModel):
     dispatch: str = DISPATCH
 
 
+def job_residency(job: Job) -> Residency | None:
+    """The job's own residency (``jobs.residency``, wire.residency's form) as the solver's."""
+    if job.residency is None:
+        return None
+    names = job.residency.get("allowed_clusters")
+    return Residency(
+        cluster_selector=dict(job.residency.get("cluster_selector") or {}),
+        allowed_clusters=None if names is None else frozenset(names),
+    )
+
+
+def _residency_text(rule: Residency) -> str:
+    selector = ",".join(f"{k}={v}" for k, v in rule.cluster_selector.items())
+    parts = [f"cluster_selector {selector}"] if selector else []
+    if rule.allowed_clusters is not None:
+        parts.append(f"allowed_clusters [{', '.join(sorted(rule.allowed_clusters))}]")
+    return "; ".join(parts) or "none"
+
+
 def _targets(
     job: Job,
     home: Cluster,
     clusters: list[Cluster],
-    allowed: dict[tuple[str, str], frozenset[str]],
+    allowed: dict[tuple[str, str], Residency],
     *,
     lands: Callable[[str], bool] = lambda _scheduler: True,
 ) -> tuple[frozenset[str], str]:
     """The other clusters that can run ``job`` from its submit spec (its scheduler's kind,
-    or any with a portable form), whose scheduler ``lands`` it, and that its team may use;
-    when none, why (the job has a spec)."""
+    or any with a portable form), whose scheduler ``lands`` it, and that it and its team
+    may use (its residency, its team's rule); when none, why (the job has a spec)."""
     assert job.submit_spec is not None
     spec: dict[str, Any] = json.loads(job.submit_spec)
     portable = spec.get("portable") is not None
@@ -158,9 +185,9 @@ def _targets(
         and (portable or c.scheduler == spec.get("scheduler"))
         and takes_moves(c.scheduler)
     ]
-    landing = [c.name for c in readers if lands(c.scheduler)]
-    permitted = allowed.get((home.name, job.team))
-    targets = frozenset(c for c in landing if permitted is None or c in permitted)
+    landing = {c.name: c.labels for c in readers if lands(c.scheduler)}
+    team_rule, own = allowed.get((home.name, job.team)), job_residency(job)
+    targets = residency_clusters(landing, team_rule, own)
     if targets:
         return targets, ""
     if not readers:
@@ -172,9 +199,16 @@ def _targets(
             f"no other member that runs it starts a job pinned to a node (Slurm, "
             f"Kubernetes): {', '.join(sorted(f'{c.name} runs {c.scheduler}' for c in readers))}"
         )
+    by_team = residency_clusters(landing, team_rule)
+    if not by_team:
+        return targets, (
+            f"team {job.team}'s SLA policy in {home.name} lets it go to none of "
+            f"{', '.join(sorted(landing))} (allowed_clusters, cluster_selector)"
+        )
+    assert own is not None  # the team's rule alone lets it go
     return targets, (
-        f"team {job.team}'s SLA policy in {home.name} lets it go to none of "
-        f"{', '.join(sorted(landing))} (allowed_clusters, cluster_selector)"
+        f"its own residency ({_residency_text(own)}) lets it go to none of "
+        f"{', '.join(sorted(by_team))}"
     )
 
 
@@ -188,7 +222,7 @@ def lands_pinned(scheduler: str) -> bool:
 def _running_movable(
     session: Session,
     clusters: list[Cluster],
-    allowed: dict[tuple[str, str], frozenset[str]],
+    allowed: dict[tuple[str, str], Residency],
     parts: dict[str, Instance],
 ) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
     """Solver job id → the other clusters of the group a running job may move to (see the
@@ -219,11 +253,11 @@ def _running_movable(
 
 
 def _movable(
-    session: Session, clusters: list[Cluster], allowed: dict[tuple[str, str], frozenset[str]]
+    session: Session, clusters: list[Cluster], allowed: dict[tuple[str, str], Residency]
 ) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
     """Solver job id → the other clusters of the group that can run the pending job and
-    that its team may use (``allowed``: (cluster, team) → the clusters its home cluster's
-    SLA policy lets it go to, by name and by labels (``_allowed``); absent: any); and, for
+    that it and its team may use (``allowed``: (cluster, team) → the rule of its home
+    cluster's SLA policy, by name and by labels (``_allowed``); absent: any); and, for
     every other pending job, why it stays home."""
     by_id = {row_id(c): c for c in clusters}
     query = select(Job).where(col(Job.cluster_id).in_(list(by_id)), Job.state == JobState.pending)
@@ -267,26 +301,21 @@ def _same_selectors(group: str, slas: dict[str, dict[str, Any]]) -> None:
                 )
 
 
-def _allowed(
-    group: str, clusters: list[Cluster], slas: dict[str, dict[str, Any]]
-) -> dict[tuple[str, str], frozenset[str]]:
-    """(cluster, team) → the clusters the team's pending jobs queued there may go to, by
-    that cluster's SLA policy: those its ``allowed_clusters`` names (None: every member)
-    whose labels include its ``cluster_selector``. A team with neither rule is absent."""
+def _allowed(group: str, slas: dict[str, dict[str, Any]]) -> dict[tuple[str, str], Residency]:
+    """(cluster, team) → where the team's jobs queued there may go, by that cluster's SLA
+    policy: the clusters its ``allowed_clusters`` names (None: every member) whose labels
+    include its ``cluster_selector``. A team with neither rule is absent."""
     _same_selectors(group, slas)
-    labels = {c.name: c.labels for c in clusters}
-    allowed: dict[tuple[str, str], frozenset[str]] = {}
+    allowed: dict[tuple[str, str], Residency] = {}
     for home, sla in slas.items():
         for team in sla.get("teams", []):
             names, selector = team.get("allowed_clusters"), team.get("cluster_selector")
             if names is None and selector is None:
                 continue
-            permitted = frozenset(labels if names is None else names)
-            if selector is not None:
-                permitted = frozenset(
-                    c for c in permitted if labels_match(labels.get(c, {}), selector)
-                )
-            allowed[(home, team["team"])] = permitted
+            allowed[(home, team["team"])] = Residency(
+                cluster_selector=selector or {},
+                allowed_clusters=None if names is None else frozenset(names),
+            )
     return allowed
 
 
@@ -372,7 +401,7 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
         n: to_instance(snapshot, config=config, known_models=models, lock_proposed=False)
         for n, snapshot in snapshots.items()
     }
-    allowed = _allowed(name, clusters, {n: snapshot.sla for n, snapshot in snapshots.items()})
+    allowed = _allowed(name, {n: snapshot.sla for n, snapshot in snapshots.items()})
     movable, stays = _movable(session, clusters, allowed)
     running_movable, running_stays = _running_movable(session, clusters, allowed, parts)
     session.rollback()  # nothing is held while the solver runs

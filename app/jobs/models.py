@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
 from app.core.types import enum_column, json_column, required_utc_column, utc_column
+from wire.residency import Residency
 from wire.telemetry import JobKind, JobShape, JobState
 
 
@@ -31,6 +33,7 @@ class JobPublic(SQLModel):
     gpus_requested: int
     allowed_gpu_models: list[str]
     required_nodes: list[str] = []
+    residency: Residency | None = None
     min_gpu_memory_gib: float
     required_precision: str | None
     gang_size: int
@@ -86,6 +89,11 @@ class Job(SQLModel, table=True):
     # compared with their spaces taken out, and a batch script's spaces are its own.
     # Not published: a batch script may hold what only its owner should read.
     submit_spec: str | None = Field(default=None, sa_column=sa.Column(sa.Text(), nullable=True))
+    # The clusters of its federation group it may run in (wire: JobReport.residency, as
+    # its JSON; None: no rule of its own). SQL NULL, not JSON null, when absent.
+    residency: dict[str, Any] | None = Field(
+        default=None, sa_column=sa.Column(sa.JSON(none_as_null=True), nullable=True)
+    )
     min_gpu_memory_gib: float = 0
     required_precision: str | None = Field(default=None, max_length=16)
     gang_size: int = 1

@@ -72,8 +72,9 @@ _JOB_FIELDS = (
     "allowed_gpu_models", "min_gpu_memory_gib", "required_precision", "gang_size",
     "checkpointable", "min_replicas", "max_replicas", "replicas", "submit_time", "start_time",
     "end_time", "state", "reason", "restart_count", "required_nodes", "submit_spec",
+    "residency",
 )  # fmt: skip
-_JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes"})
+_JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes", "residency"})
 _JOB_STATE = _JOB_FIELDS.index("state")
 _JOB_INSERT_COLUMNS = ("cluster_id", "external_id", *_JOB_FIELDS, "updated_at")
 _JOB_UPDATE_COLUMNS = ("id", *_JOB_FIELDS, "updated_at")
@@ -380,6 +381,7 @@ def _job_row(report: JobReport) -> tuple[Any, ...]:
         report.restart_count,
         json_text(report.required_nodes),
         report.submit.model_dump_json() if report.submit is not None else None,
+        report.residency.model_dump_json() if report.residency is not None else None,
     )
 
 

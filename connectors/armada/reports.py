@@ -16,6 +16,8 @@ Per workload (connectors.armada.jobs: the newest job of its lineage):
   any other label), so that a plan starts a job only where Armada could run it;
 * ``checkpointable``: the annotation ``shaper.io/checkpointable: "true"`` (its pod reads
   ``SHAPER_RESUME_FROM``, which the connector sets when it submits the job again);
+* ``residency``: the annotations ``shaper.io/cluster-selector`` (``region=eu``) and
+  ``shaper.io/allowed-clusters`` (``alpha,beta``), as wire.residency reads them;
 * ``allocations``: a running job's GPUs on the node the ``running`` event named;
 * ``submit``: the job's ``SubmitSpec`` (connectors.armada.specs) while it can move
   (queued, held or running), when ``submit_specs`` is on.
@@ -42,6 +44,7 @@ from connectors.armada.jobs import (
     Phase,
 )
 from connectors.base import ConnectorError
+from wire.residency import read_residency
 from wire.telemetry import (
     AllocationReport,
     JobKind,
@@ -129,6 +132,7 @@ def job_report(
             restart_count=job.spec.attempt,
             allocations=allocations,
             submit=submit,
+            residency=read_residency(annotations, job=job.workload_id),
         )
     except ValidationError as error:
         raise ConnectorError(

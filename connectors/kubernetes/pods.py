@@ -63,7 +63,10 @@ watch delivered them in):
   the template's ``priorityClassName`` looked up, clamped to 0 … 1,000,000;
 * ``nvidia.com/gpu.product`` in the node selector → ``allowed_gpu_models``; a pending
   job pinned to nodes (``kubernetes.io/hostname`` in its node selector or required
-  affinity, or ``metadata.name`` match fields) → ``required_nodes``.
+  affinity, or ``metadata.name`` match fields) → ``required_nodes``;
+* the annotations ``shaper.io/cluster-selector`` (``region=eu,site=ams1``) and
+  ``shaper.io/allowed-clusters`` (``alpha,beta``) → ``residency`` (wire.residency):
+  annotations, not labels, because a label value cannot hold ``=`` or ``,``.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from typing import Any
 
 from connectors.base import ConnectorError
 from connectors.kubernetes.nodes import GPU_RESOURCE, PRODUCT_LABEL, gpu_model_name, whole
+from wire.residency import read_residency
 from wire.telemetry import (
     MAX_REPLICAS,
     AllocationReport,
@@ -590,6 +594,7 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
         ),
         "allocations": held,
         "allowed_gpu_models": allowed_models(spec, context.gpu_model_aliases),
+        "residency": read_residency(annotations, job=group.external_id),
         **_times(group, state),
     }
     if labels.get(SLA_LABEL):

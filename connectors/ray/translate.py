@@ -25,6 +25,8 @@ tasks outside a placement group. What Shaper should know of a job that Ray does 
                         variable set to this directory (or to the saga's image)
 ``shaper.io/checkpointable``  "true": node agents run on the Ray nodes and can
                         checkpoint the job's processes (the saga's checkpoint step)
+``shaper.io/cluster-selector``, ``shaper.io/allowed-clusters``  the job's residency
+                        (``region=eu``, ``alpha,beta``: wire.residency)
 =====================  ========================================================
 
 **Serve deployments** are elastic services, ``serve:<application>/<deployment>``: their
@@ -42,6 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connectors.ray.config import RayConnectorConfig
+from wire.residency import read_residency
 from wire.telemetry import (
     NAME_PATTERN,
     AllocationReport,
@@ -276,6 +279,7 @@ def job_report(
         reason=held_reason if held else str(submission.raw.get("message") or "")[:255],
         restart_count=restarts,
         allocations=allocations,
+        residency=read_residency(metadata, job=submission.external_id),
     )
 
 

@@ -9,6 +9,12 @@ Where the versions differ (all measured on Slurm 22.05.8):
 * v0.0.36/37 ``job_resources.allocated_nodes`` is a dict keyed by position without node
   names, v0.0.38 a list with ``nodename`` — so node names always come from ``nodes``;
 * everything else the connector reads has the same key and meaning in all three.
+
+A job's residency (wire.residency) is in words of its ``--comment``:
+``shaper.io/cluster-selector=region=eu,site=ams1`` and ``shaper.io/allowed-clusters=a,b``
+(:func:`comment_residency`). Not ``--constraint``: that names node features of the
+cluster it is in, and Slurm holds a job whose features no node has; not
+``--cluster-constraint``: Slurm takes it only inside a Slurm federation.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from connectors.base import ConnectorError
 from connectors.slurm.config import SUPPORTED_API_VERSIONS, SlurmMapping
 from connectors.slurm.hostlist import expand_hostlist, expand_index_list
 from connectors.slurm.submission import ENDED_STATES, OptionValue, not_movable, submit_options
+from wire.residency import CLUSTERS_KEY, SELECTOR_KEY, Residency, read_residency
 from wire.telemetry import (
     TERMINAL_JOB_STATES,
     AllocationReport,
@@ -424,6 +431,14 @@ def classify(
     return kind, priority, sla_class, checkpointable
 
 
+def comment_residency(comment: str, *, job: str) -> Residency | None:
+    """The residency words of a job's comment say (see the module docstring)."""
+    words = dict(word.partition("=")[::2] for word in comment.split() if "=" in word)
+    return read_residency(
+        {k: v for k, v in words.items() if k in (SELECTOR_KEY, CLUSTERS_KEY)}, job=job
+    )
+
+
 def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
     job_id = str(job["job_id"])
     raw_state = str(job.get("job_state") or "")
@@ -434,10 +449,11 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
     partition = str(job.get("partition") or "")
     account = str(job.get("account") or "")
     user = _user_name(job)
+    comment = str(job.get("comment") or "")
     kind, priority, sla_class, checkpointable = classify(
         job_id=job_id,
         name=name,
-        comment=str(job.get("comment") or ""),
+        comment=comment,
         qos=qos,
         partition=partition,
         account=account,
@@ -472,6 +488,7 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         reason=str(job.get("state_reason") or "")[:255],
         restart_count=int(job.get("restart_cnt") or 0),
         allocations=job_allocations,
+        residency=comment_residency(comment, job=job_id),
     )
     return SlurmJob(
         report=report,

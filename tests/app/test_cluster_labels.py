@@ -1,6 +1,7 @@
 """Cluster labels and a team's ``cluster_selector`` (issue 16, data residency): labels
 through the API and the migration, and the federation what-if keeping a team's pending
-jobs to the clusters of its group whose labels match its selector."""
+jobs to the clusters of its group whose labels match its selector — and a job's own
+residency, which must permit the cluster too."""
 
 from __future__ import annotations
 
@@ -268,3 +269,72 @@ def test_clusters_written_before_labels_get_an_empty_map_and_keep_their_rows(
     engine.dispose()
     assert labels in ({}, "{}") and nodes == 1
     migrate.downgrade(url, "ab6c7d8e9f56")
+
+
+# A job's own residency (JobReport.residency, tests/app/test_job_residency.py for the wire
+# and the views): on top of its team's rule, by labels and by name.
+EU = {"cluster_selector": {"region": "eu"}}
+
+
+def _waiting(residency: dict[str, Any] | None) -> dict[str, Any]:
+    fields = {"residency": residency} if residency is not None else {}
+    return job("waiting", gpus_requested=8, submit=SPEC, **fields)
+
+
+def _what_if(client: TestClient, auth: dict) -> tuple[list[str], list[str]]:
+    """Where the group plan starts alpha's waiting job, and why it stays home if it does."""
+    answer = client.post(f"{GROUPS}/site/what-if", headers=auth["viewer"])
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert all(m["job"] == "waiting" and m["from_cluster"] == "alpha" for m in body["moves"])
+    whys = [s["why"] for s in body["stays_home_examples"] if s["job"] == "waiting"]
+    return [m["to_cluster"] for m in body["moves"]], whys
+
+
+def test_a_job_kept_in_its_region_stays_home_while_a_cluster_elsewhere_is_idle(
+    client: TestClient, three: dict
+) -> None:
+    auth = three
+    _push(client, auth, "beta", 1, [])
+    _push(client, auth, "gamma", 1, FULL)
+    # Without a rule of its own, the job goes to the idle us cluster.
+    _push(client, auth, "alpha", 1, [*FULL, _waiting(None)])
+    assert _what_if(client, auth) == (["beta"], [])
+
+    # Kept in the eu: gamma is its only way out, and gamma is full; beta is idle.
+    _push(client, auth, "alpha", 2, [*FULL, _waiting(EU)])
+    assert _what_if(client, auth) == ([], [])  # it may go to gamma: not a stay-home
+    _push(client, auth, "gamma", 2, [])
+    assert _what_if(client, auth) == (["gamma"], [])
+
+    # A selector no other member matches: it stays home, and the plan says why.
+    _push(client, auth, "alpha", 3, [*FULL, _waiting({"cluster_selector": {"site": "ams1"}})])
+    assert _what_if(client, auth) == (
+        [],
+        ["its own residency (cluster_selector site=ams1) lets it go to none of beta, gamma"],
+    )
+    # By name: only beta, which its labels exclude.
+    both = {**EU, "allowed_clusters": ["alpha", "beta"]}
+    _push(client, auth, "alpha", 4, [*FULL, _waiting(both)])
+    assert _what_if(client, auth) == (
+        [],
+        [
+            "its own residency (cluster_selector region=eu; allowed_clusters [alpha, beta]) "
+            "lets it go to none of beta, gamma"
+        ],
+    )
+
+
+def test_the_job_and_its_team_must_both_permit_the_cluster(client: TestClient, three: dict) -> None:
+    auth = three
+    _push(client, auth, "beta", 1, [])
+    _push(client, auth, "gamma", 1, [])
+    _policy(client, auth, "alpha", {"allowed_clusters": ["beta"]})
+    # The team may go to beta only, the job to the eu only: nowhere.
+    _push(client, auth, "alpha", 1, [*FULL, _waiting(EU)])
+    assert _what_if(client, auth) == (
+        [],
+        ["its own residency (cluster_selector region=eu) lets it go to none of beta"],
+    )
+    _push(client, auth, "alpha", 2, [*FULL, _waiting({"allowed_clusters": ["beta", "gamma"]})])
+    assert _what_if(client, auth) == (["beta"], [])
