@@ -159,6 +159,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 gpus_requested=8,
                 reason="Resources",
                 submit_time=(NOW - timedelta(hours=5)).isoformat(),
+                residency={"cluster_selector": {"region": "eu"}, "allowed_clusters": ["beta"]},
             ),
         ]
         registered_with(
@@ -277,6 +278,7 @@ def test_a_jobs_page_from_the_queue_shows_its_fields_and_its_history_newest_firs
         ("started", "—"),
         ("reason", "Resources"),
         ("waited", "5 h 01 min"),
+        ("residency", "clusters labelled region=eu; only beta"),
     ):
         expect(fields.locator(f'[data-field="{field}"]')).to_have_text(value)
 
@@ -324,6 +326,10 @@ def test_an_actions_job_links_to_the_jobs_page(page: Page, site: dict[str, Any])
     expect(page.locator("#job-title")).to_have_text("Job big in alpha")
     expect(page.locator('#job-fields [data-field="placement"]')).to_have_text(
         "alpha1 [0, 1, 2, 3, 4, 5, 6, 7]"
+    )
+    # No rule of its own.
+    expect(page.locator('#job-fields [data-field="residency"]')).to_have_text(
+        "any cluster its team may use"
     )
     expect(
         page.locator(f'#job-timeline li[data-action="{site["actions"]["other"]}"]')

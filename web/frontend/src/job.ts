@@ -102,10 +102,25 @@ function fields(j: Job): string {
     ["ended", "Ended", esc(stamp(j.end_time))],
     ["waited", j.start_time ? "Waited" : "Waiting for", esc(waited(j))],
     ["reason", "Scheduler's reason", j.reason ? esc(j.reason) : '<span class="hint">none given</span>'],
+    ["residency", "May run in", residency(j)],
   ];
   return `<dl class="figures job-fields" id="job-fields">${rows
     .map(([key, label, value]) => `<div><dt>${label}</dt><dd data-field="${key}">${value}</dd></div>`)
     .join("")}</dl>`;
+}
+
+/** The job's own residency rule: the labels a cluster of its group must have and the
+ * clusters it names (its team's rule is the SLA policy's, shown on the policy page). */
+function residency(j: Job): string {
+  const rule = j.residency;
+  if (!rule) return '<span class="hint">any cluster its team may use</span>';
+  const parts: string[] = [];
+  const selector = Object.entries(rule.cluster_selector);
+  if (selector.length) parts.push(`clusters labelled ${selector.map(([k, v]) => `${k}=${v}`).join(", ")}`);
+  if (rule.allowed_clusters !== null) {
+    parts.push(rule.allowed_clusters.length ? `only ${rule.allowed_clusters.join(", ")}` : "only its own cluster");
+  }
+  return parts.length ? esc(parts.join("; ")) : '<span class="hint">any cluster its team may use</span>';
 }
 
 /** Submit to start, or to now (this browser's clock) while it waits. */

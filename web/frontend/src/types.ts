@@ -101,6 +101,14 @@ export interface Job {
   start_time: string | null;
   end_time: string | null;
   allocations: Allocation[];
+  // The clusters of its federation group it may run in (its own rule; its team's is the
+  // SLA policy's); null or absent: no rule of its own.
+  residency?: Residency | null;
+}
+
+export interface Residency {
+  cluster_selector: Record<string, string>;
+  allowed_clusters: string[] | null;
 }
 
 export interface Action {
