@@ -12,6 +12,7 @@ not how a saga advances.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -182,6 +183,7 @@ def _move_workload(
     cancel = next(s for s in forward if s.name == ConnectorStep.cancel)
     source, target = connector_cluster(cancel.queue), connector_cluster(submit.queue)
     here = job.external_id if job is not None else None
+    planned = [n for n in (action.target_node or "").split(",") if n]
     if step.name == ConnectorStep.hold:
         # A job that started before the hold took effect is not moved: the connector reads
         # it back once held, and refuses (releasing the hold) unless it is still pending.
@@ -210,20 +212,21 @@ def _move_workload(
         args["source_cluster"] = source
         if step.name == ConnectorStep.submit and job is not None and job.submit_spec:
             args["spec"] = json.loads(job.submit_spec)
-        if (
-            step.name == ConnectorStep.submit
-            and action.target_node
-            and not any(s.name == ConnectorStep.hold for s in forward)
-        ):
-            # A running job's: held on the node its image is staged on until it is there.
-            args["nodes"] = [action.target_node]
+        released = any(s.name == ConnectorStep.release and s.queue == submit.queue for s in forward)
+        if step.name == ConnectorStep.submit and planned and released:
+            # Let go by a release at the target: a running job's copy once its image is
+            # staged on its one node, a pending job's once the nodes it was planned onto
+            # are reserved for it. Held and pinned to those nodes until then.
+            args["nodes"] = planned
             args["hold"] = True
         return here
-    if step.name == ConnectorStep.reserve and action.target_node:
-        # A running job's move: its GPUs on the one target node, whatever runs there now
-        # (nothing of the target's own plan frees them for it: counts on no job).
+    if step.name == ConnectorStep.reserve and planned:
+        # The job's GPUs on each target node, whatever runs there now (nothing of the
+        # target's own plan frees them for it: counts on no job). A Slurm job asks the
+        # same GPUs of each of its nodes.
         gpus = job.gpus_requested if job is not None else 0
-        args.update({"gpus": {action.target_node: max(gpus, 1)}, "counts_on": []})
+        each = max(math.ceil(gpus / len(planned)), 1)
+        args.update({"gpus": dict.fromkeys(planned, each), "counts_on": []})
     at_target = step.queue.startswith(agent_queue_prefix(target)) or (
         step.queue == submit.queue
         and step.name

@@ -43,6 +43,21 @@ was ever sent: a submit whose answer was lost may have arrived; a copy that alre
 there fails it, and nothing at A is released; one rejected before it ran is nothing to
 withdraw) → ``release@connector.A`` (when the hold was sent; only a job still pending and
 held is released).
+Where B's scheduler can hold GPUs for a job it starts pinned (Slurm:
+``schedulers.holds_moved_jobs``) and the move names the nodes it was planned onto
+(``target_node``), those are held for the copy before it may start, or B's own queue
+could take them between the plan and B's scheduler starting it, and the job would wait at
+B instead of at home: ``hold@connector.A → submit@connector.B (held, pinned to the planned
+nodes) → reserve@connector.B (their GPUs for B's copy; refused when B's own work took them
+since the plan) → release@connector.B (into the reservation) → confirm@connector.B →
+cancel@connector.A → unreserve@connector.B``. B's connector confirms a copy it holds nodes
+for only once it runs (a copy that waits in its reservation is "not yet": the GPUs are
+held for it, so it starts at once or something the plan did not count stops it, and then
+it is better at home), so A's copy is cancelled, and the reservation given back, once the
+copy runs on the nodes held for it. Compensation adds ``unreserve@connector.B`` after the
+withdraw (when the reserve was sent: its answer may have been lost after it was made);
+a refused reservation thus ends the move with the job pending at home as it was.
+Kubernetes, Kueue, Ray and Armada hold no GPUs for a job: their copy waits in B's queue.
 
 A running checkpointable job moves from node S of A to node T of B (B's scheduler must
 start a job pinned to a node: Slurm, Kubernetes, Armada): ``checkpoint@S →
@@ -53,12 +68,18 @@ there (the submit's answer), so its image, fence and record at T are B's job's. 
 and the release at S are sent until answered, and once the cancel has succeeded nothing is
 compensated (the job is B's). Before that, compensation is ``withdraw@connector.B →
 release@T`` (when a step reached T) ``→ restore@S`` (a no-op when it still runs there).
-Where B's scheduler can hold GPUs for a job (Slurm: ``schedulers.reserves``), T is held
-for the job before anything stops it at S: ``submit@connector.B (held, pinned to T) →
+Where B's scheduler can hold GPUs for a job (Slurm: ``schedulers.holds_moved_jobs``), T is
+held for the job before anything stops it at S: ``submit@connector.B (held, pinned to T) →
 reserve@connector.B (T's GPUs for B's job; refused when B's own work took them since the
 plan) → checkpoint@S → … → release@connector.B (into the reservation) → … →
 release@S → unreserve@connector.B``; compensation adds ``unreserve@connector.B`` after
 the withdraw, and a refused reservation undoes the move with the job untouched at S.
+A move's last ``unreserve`` is sent until answered, and B's connector answers it at once:
+where Slurm will not take B's job out of its reservation (so will not delete it), the
+connector ends the reservation now instead of answering "not now" for as long as the job
+runs (connectors.slurm: its nodes are free at once, the job runs on, the upkeep deletes
+what is left); only a B that does not answer at all keeps the move running, and an
+operator may abandon it (app.actions.service.abandon).
 
 The other kinds are the scheduler's alone: a job that cannot checkpoint is preempted with
 ``requeue → confirm``; ``start``, ``resume`` and ``requeue`` are the step itself then a
@@ -92,7 +113,7 @@ from app.actions.models import (
     ActionStep,
     StepState,
 )
-from app.actions.schedulers import moves_jobs, places_itself, reserves, takes_moves
+from app.actions.schedulers import holds_moved_jobs, moves_jobs, places_itself, takes_moves
 from app.clusters.models import Cluster
 from app.core.lookup import row_id
 from app.jobs.models import Job
@@ -259,10 +280,27 @@ def _move_steps(
     source, there = connector_queue(cluster.name), connector_queue(target.name)
     fwd = StepPhase.forward
     if state is JobState.pending:
-        plan.add(ConnectorStep.hold, source, fwd, 0)
-        plan.add(ConnectorStep.submit, there, fwd, 1)
-        plan.add(ConnectorStep.confirm, there, fwd, 2)  # B's scheduler will run its copy
-        plan.add(ConnectorStep.cancel, source, fwd, 3)
+        held = bool(_planned_nodes(action)) and holds_moved_jobs(target.scheduler)
+        names: list[tuple[str, str]] = [
+            (ConnectorStep.hold, source),
+            (ConnectorStep.submit, there),
+        ]
+        if held:
+            # Slurm: the copy is submitted held and pinned to the nodes the plan counted on,
+            # those are reserved for it (refused when B's own queue took them since the
+            # plan: the move ends, the job still pending at home), and it is let go into
+            # the reservation; the reservation is given back once A's copy is gone.
+            names += [(ConnectorStep.reserve, there), (ConnectorStep.release, there)]
+        # Kubernetes, Kueue, Ray, Armada (and a move that names no target nodes): the copy
+        # waits in B's queue as any job; nothing there holds GPUs for it.
+        names += [
+            (ConnectorStep.confirm, there),  # B's scheduler will run its copy
+            (ConnectorStep.cancel, source),
+        ]
+        if held:
+            names.append((ConnectorStep.unreserve, there))
+        for seq, (name, queue) in enumerate(names):
+            plan.add(name, queue, fwd, seq)
         return plan.steps
     if not job.checkpointable:
         raise Unplannable(
@@ -281,7 +319,7 @@ def _move_steps(
     at_target = agent_queue(target.name, landing)
     submit = (ConnectorStep.submit, there)  # held, pinned to the target node
     checkpoint = (AgentStep.checkpoint, at_source)
-    if reserves(target.scheduler):
+    if holds_moved_jobs(target.scheduler):
         # The target's GPUs are held for the job before anything stops it at home: the
         # held copy is submitted and its node reserved first (a reservation refused because
         # the target's own queue took the GPUs since the plan ends the move with the job
@@ -305,10 +343,17 @@ def _move_steps(
     return plan.steps
 
 
+def _planned_nodes(action: Action) -> list[str]:
+    """The target nodes a pending job's move was planned onto (none: B's scheduler
+    chooses)."""
+    return [n for n in (action.target_node or "").split(",") if n]
+
+
 def answered_or_given_up(action: Action, step: ActionStep) -> bool:
     """Whether a step sent without an answer may be given up after its attempts: not a
-    compensation step, nor a move's last steps at its source (the cancel there, and the
-    release of a running job's checkpoint): see the module's docstring."""
+    compensation step, nor a move's last steps (the cancel at its source, the release of
+    a running job's checkpoint there, the give-back of the target's reservation): see the
+    module's docstring."""
     if step.phase == StepPhase.compensate:
         return False
     if ActionKind(action.kind) is not ActionKind.move:

@@ -16,6 +16,11 @@ and the action service all ask here.
 * **Reserves** (the simulated clusters, Slurm): the connector can hold GPUs for one job
   (``connectors.base.SupportsReservation``), so plans get ``reserve`` actions for what
   they free.
+* **Holds nodes for a moved job** (Slurm): it places itself, starts a job pinned to nodes
+  and reserves them, so a federated move holds the GPUs it was planned onto for the copy
+  it submits there before anything is given up at home (``app.actions.recipes``).
+  Kubernetes, Kueue, Ray and Armada hold no GPUs for a job; the simulated clusters do,
+  but place nothing themselves.
 """
 
 from __future__ import annotations
@@ -59,3 +64,7 @@ def moves_jobs(scheduler: str) -> bool:
 
 def takes_moves(scheduler: str) -> bool:
     return SchedulerKind(scheduler) in TAKING_MOVES
+
+
+def holds_moved_jobs(scheduler: str) -> bool:
+    return places_itself(scheduler) and moves_jobs(scheduler) and reserves(scheduler)

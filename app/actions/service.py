@@ -202,8 +202,9 @@ def abandon(
     """An operator gives up on an action that waits for an executor gone for good (a node
     removed, a cluster taken down). The saga resends an unanswered step it may not give up
     until it is answered (app.actions.saga): every compensation step, and a move's last
-    steps at its source once the target has the job (the cancel of the home copy, the
-    release of a running job's checkpoint there: app.actions.recipes). Those are the two
+    steps once the target has the job (the cancel of the home copy, the release of a
+    running job's checkpoint there, the give-back of the nodes the target held for it:
+    app.actions.recipes). Those are the two
     cases that can be abandoned: a ``compensating`` action, and a running ``move`` whose
     such step went unanswered for ``MAX_ATTEMPTS`` sends. The action ends ``failed`` with
     the reason (for a move: where the job runs now, and what may be left at the source to
@@ -297,6 +298,11 @@ def _abandoned_move(action: Action, stuck: ActionStep, steps: list[ActionStep], 
         left = (
             f"its copy at {connector_cluster(stuck.queue)} {HOME_COPY_UNCONFIRMED}: cancel "
             "it there by hand if that cluster comes back (plans leave it alone)"
+        )
+    elif stuck.name == ConnectorStep.unreserve:
+        left = (
+            f"the nodes {connector_cluster(stuck.queue)} held for it were never confirmed "
+            "given back: its connector's upkeep ends the reservation at its time to live"
         )
     else:
         left = (

@@ -20,12 +20,14 @@ more clusters, after the members' own cycles; ``app.shaping.tasks``):
 3. Proposed moves of the group's clusters that this solve no longer makes are cancelled:
    approved later, they would move a job the group plan no longer wants moved.
 
-The target cluster's scheduler places a pending job once it arrives (or the target's next
-plan does): GPUs are not reserved there for it ahead of the move, so its own queue may take
-them first, and then the job waits there instead of at home. A running job's target node
-is reserved for it before it is checkpointed where the target's scheduler can hold GPUs
-(Slurm; ``app.actions.recipes``): if the target's queue took them since the plan, the move
-ends with the job still running at home.
+Where the target's scheduler can hold GPUs for a job it starts pinned (Slurm;
+``app.actions.recipes``), the nodes a move was planned onto (``target_node``) are reserved
+for the job before anything is given up at home: a pending job's copy may start only in
+that reservation, a running job is checkpointed only once it is made. If the target's own
+queue took them since the plan, the move ends with the job as it was at home. Elsewhere
+(Kubernetes, Kueue, Ray, Armada) nothing holds GPUs for it: the target's scheduler places
+a pending job once it arrives, and its own queue may take them first, so that the job
+waits there instead of at home.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ STARTED_STATES = frozenset(
 # nodes: they never booted.
 NEVER_STARTED_STATES = frozenset({"BOOT_FAIL"})
 # Base states squeue prints for a job that waits in the queue.
-_QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def check_listed(job: ListedJob | None, external_id: str) -> str:
         if withdrawn(job):
             raise rejected(f"{seen}: withdrawn by its move")
         raise rejected(f"{seen} without having run")
-    if job.state in _QUEUED_STATES and job.reason in NEVER_RUNS_REASONS:
+    if job.state in QUEUED_STATES and job.reason in NEVER_RUNS_REASONS:
         raise rejected(f"{seen}, a reason no wait resolves")
     return seen
 

@@ -44,7 +44,14 @@ import httpx
 from pydantic import ValidationError
 
 from connectors.base import ConnectorError, check_move_name
-from connectors.slurm.arrival import LISTED_FORMAT, ListedJob, check_listed, parse_listed, withdrawn
+from connectors.slurm.arrival import (
+    LISTED_FORMAT,
+    QUEUED_STATES,
+    ListedJob,
+    check_listed,
+    parse_listed,
+    withdrawn,
+)
 from connectors.slurm.client import RunCommand, SlurmCli, SlurmRest
 from connectors.slurm.config import SlurmConnectorConfig
 from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_nodes
@@ -370,7 +377,14 @@ class SlurmConnector:
         one job's squeue line (connectors.slurm.arrival: the rule ``withdraw`` applies too),
         not from a read of the whole cluster. A job squeue no longer knows (purged
         MinJobAge after its end) is not known yet: the confirm gives up on it and the move
-        is undone, which keeps the home copy."""
+        is undone, which keeps the home copy.
+
+        A copy that waits in the reservation its move made for it (a pending job's move
+        holds the nodes it was planned onto: app.actions.recipes) is not known yet either:
+        its GPUs are held, so it starts at once, and only once it runs are its home copy
+        cancelled and the reservation given back (given back while it waited, B's own queue
+        could take the nodes after all). One that never starts is given up on, and the
+        move undone."""
         job_id = self._job_id(external_id)
         what = f"confirm the arrival of job {job_id}"
         try:
@@ -382,7 +396,17 @@ class SlurmConnector:
                 raise
             listed = ""
         found = next((job for job in parse_listed(listed) if job.job_id == job_id), None)
-        return check_listed(found, job_id)
+        seen = check_listed(found, job_id)
+        if found is not None and found.state in QUEUED_STATES:
+            name = reservation_name(self.config.reservation_prefix, job_id)
+            reservation = self._reservations().get(name)
+            if reservation is not None and reservation.state == "ACTIVE":
+                raise ConnectorError(
+                    f"{seen}: it has not started yet on {','.join(reservation.nodes)}, held "
+                    f"for it (reservation {name})",
+                    retryable=True,
+                )
+        return seen
 
     def _target(self, what: str) -> TargetCluster:
         """This cluster's partitions and its default one (``sinfo`` marks it with '*')."""
@@ -672,11 +696,18 @@ class SlurmConnector:
         self._scontrol(*create_args(name, nodes=nodes, user=user, ttl_s=ttl_s), what=what)
 
     def unreserve(self, external_id: str) -> None:
-        """Give the job's reserved nodes back to Slurm (nothing to do if none are held)."""
+        """Give the job's reserved nodes back to Slurm (nothing to do if none are held).
+
+        The job is taken out of the reservation, which is then deleted. Should Slurm keep
+        the job in it (its delete answers "in use"), the reservation is ended now instead
+        (``EndTime=now``): its nodes are free for anyone at once, the job runs on (FLEX),
+        and the upkeep deletes what is left once the job has gone. So a give-back is
+        answered at once, never "not now" for as long as the job runs: a move's last step
+        is sent until answered, and would keep the move running until then."""
         job_id = self._job_id(external_id)
         name = reservation_name(self.config.reservation_prefix, job_id)
         if name in self._reservations():
-            self._leave_and_delete(job_id, name)
+            self._leave_and_delete(job_id, name, end_if_in_use=True)
 
     def upkeep(self) -> list[str]:
         """Delete what is left of Shaper's reservations: those whose job has gone, and those
@@ -735,7 +766,14 @@ class SlurmConnector:
         if job is None or job.reservation != name:
             self._scontrol("update", f"JobId={job_id}", f"ReservationName={name}", what=what)
 
-    def _leave_and_delete(self, job_id: str, name: str, *, job: SlurmJob | None = None) -> None:
+    def _leave_and_delete(
+        self,
+        job_id: str,
+        name: str,
+        *,
+        job: SlurmJob | None = None,
+        end_if_in_use: bool = False,
+    ) -> None:
         what = f"give back reservation {name}"
         if job is None:
             job = next((j for j in self.read_jobs() if j.report.external_id == job_id), None)
@@ -747,19 +785,29 @@ class SlurmConnector:
                 if error.retryable:
                     raise
                 logger.info("%s: job %s could not leave it (%s)", what, job_id, error)
-        self._delete_reservation(name, what=what)
+        self._delete_reservation(name, what=what, end_if_in_use=end_if_in_use)
 
-    def _delete_reservation(self, name: str, *, what: str) -> None:
+    def _delete_reservation(self, name: str, *, what: str, end_if_in_use: bool = False) -> None:
+        """Delete the reservation; one a job still runs in is ended now instead when
+        ``end_if_in_use`` (see :meth:`unreserve`), else "not now" (retryable)."""
         try:
             self._cli.run(["scontrol", "delete", "reservation", name], what=what)
         except ConnectorError as error:
             if _already(str(error), "reservation is invalid"):
                 return  # gone already
-            if _already(str(error), "in use"):
+            if not _already(str(error), "in use"):
+                raise
+            if not end_if_in_use:
                 raise ConnectorError(
                     f"{what}: a job still runs in it ({error})", retryable=True
                 ) from None
-            raise
+            self._scontrol("update", f"ReservationName={name}", "EndTime=now", what=what)
+            logger.warning(
+                "%s: Slurm kept a job in it (%s); ended it now instead, the upkeep deletes "
+                "it once the job has gone",
+                what,
+                error,
+            )
 
 
 def _check_reservable(

@@ -279,3 +279,117 @@ def test_a_move_the_recipe_cannot_run_is_refused_saying_why(
     action = _move(**({"source": source, "target": "t1"} if source else {}))
     with pytest.raises(Unplannable, match=why):
         forward_steps(action, job, A, 1, target)
+
+
+def _pending(gpus: int = 2) -> Job:
+    return _job(JobState.pending).model_copy(update={"gpus_requested": gpus})
+
+
+def test_a_pending_job_moving_to_slurm_has_its_planned_node_held_before_it_may_start() -> None:
+    # B runs Slurm and the plan names the node it counted on: B's copy is submitted held
+    # and pinned there, the node is reserved for it, and only then is it let go; A's copy
+    # is cancelled after B runs it, and the node given back at the end.
+    action, job = _move(target="bnode1"), _pending()
+    steps = forward_steps(action, job, A, 1, B)
+    assert _plan(steps) == [
+        ("hold", "connector.a"),
+        ("submit", "connector.b"),
+        ("reserve", "connector.b"),
+        ("release", "connector.b"),
+        ("confirm", "connector.b"),
+        ("cancel", "connector.a"),
+        ("unreserve", "connector.b"),
+    ]
+    steps[1].result = {"external_id": "9001"}
+    sent = {s.name: _message(action, job, s, steps) for s in steps}
+    assert sent["hold"]["workload_id"] == "41" and sent["hold"]["args"]["pending"] is True
+    submit = sent["submit"]
+    assert submit["workload_id"] == "41" and submit["args"]["name"] == "shaper-5-41"
+    assert submit["args"]["hold"] is True and submit["args"]["nodes"] == ["bnode1"]
+    # The reservation, its release, the confirm and the give-back are about B's copy.
+    reserve = sent["reserve"]
+    assert reserve["workload_id"] == "9001"
+    assert reserve["args"]["gpus"] == {"bnode1": 2} and reserve["args"]["counts_on"] == []
+    assert reserve["args"]["ttl_s"] > 0
+    assert sent["release"]["workload_id"] == "9001"
+    assert "if_held" not in sent["release"]["args"]  # B's held copy is let go, not "if held"
+    assert sent["confirm"]["workload_id"] == "9001"
+    assert sent["confirm"]["args"]["expect"] == "accepted"
+    assert sent["cancel"]["workload_id"] == "41" and sent["cancel"]["args"]["moved_away"]
+    assert sent["unreserve"]["workload_id"] == "9001"
+    assert len({s.idempotency_key for s in steps}) == len(steps)  # two releases, two keys
+    # A's cancel and B's give-back are sent until answered.
+    assert [answered_or_given_up(action, s) for s in steps] == [True] * 5 + [False, False]
+
+
+def test_a_pending_job_planned_onto_two_nodes_has_its_gpus_held_on_each() -> None:
+    action, job = _move(target="bnode1,bnode2"), _pending(gpus=4)
+    steps = forward_steps(action, job, A, 1, B)
+    steps[1].result = {"external_id": "9001"}
+    submit, reserve = (_message(action, job, s, steps) for s in steps[1:3])
+    assert submit["args"]["nodes"] == ["bnode1", "bnode2"]
+    assert reserve["args"]["gpus"] == {"bnode1": 2, "bnode2": 2}
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        _cluster(2, "b", SchedulerKind.kubernetes),
+        _cluster(2, "b", SchedulerKind.armada),
+        _cluster(2, "b", SchedulerKind.ray),
+        _cluster(2, "b", SchedulerKind.kueue),
+        _cluster(2, "b", SchedulerKind.sim),  # holds GPUs, but places nothing itself
+    ],
+    ids=lambda c: c.scheduler,
+)
+def test_a_pending_job_moving_where_nothing_holds_nodes_for_it_keeps_todays_order(
+    target: Cluster,
+) -> None:
+    action, job = _move(target="bnode1"), _job(JobState.pending, spec=PORTABLE)
+    steps = forward_steps(action, job, A, 1, target)
+    assert [s.name for s in steps] == ["hold", "submit", "confirm", "cancel"]
+    steps[1].result = {"external_id": "9001"}
+    submit = _message(action, job, steps[1], steps)
+    assert "hold" not in submit["args"] and "nodes" not in submit["args"]
+
+
+def test_a_pending_move_to_slurm_that_names_no_node_leaves_the_placing_to_b() -> None:
+    steps = forward_steps(_move(), _pending(), A, 1, B)
+    assert [s.name for s in steps] == ["hold", "submit", "confirm", "cancel"]
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "error", "compensation"),
+    [
+        (1, "sbatch: error: invalid partition", ["withdraw@b", "release@a"]),
+        # B's own queue took bnode1 since the plan: nothing is left anywhere but A's copy,
+        # pending and released as it was.
+        (2, "cannot hold 2 GPUs on bnode1 for 9001: held by 77 (2)", None),
+        (2, f"{NO_ANSWER} from connector.b", None),  # made, perhaps: given back
+        (3, "slurmctld down", None),
+        (4, "job 9001 is PENDING: it has not started yet", None),
+        (5, "job 41 is RUNNING and this move did not cancel it", None),
+    ],
+)
+def test_a_pending_move_to_slurm_gives_the_node_back_and_the_job_stays_home_when_undone(
+    failed_at: int, error: str, compensation: list[str] | None
+) -> None:
+    action, job = _move(target="bnode1"), _pending()
+    steps = forward_steps(action, job, A, 1, B)
+    _ran(steps, failed_at, error)
+    steps[1].result = {"external_id": "9001"}
+    undo = compensation_steps(action, steps, "a", 2)
+    expected = compensation or ["withdraw@b", "unreserve@b", "release@a"]
+    assert [f"{s.name}@{s.queue.removeprefix('connector.')}" for s in undo] == expected
+    sent = {s.name: _message(action, job, s, [*steps, *undo]) for s in undo}
+    assert sent["release"]["workload_id"] == "41" and sent["release"]["args"]["if_held"]
+    assert sent["withdraw"]["args"]["name"] == "shaper-5-41"
+    if "unreserve" in sent:
+        assert sent["unreserve"]["workload_id"] == "9001"
+
+
+def test_a_pending_move_whose_home_copy_is_cancelled_is_not_undone_by_its_give_back() -> None:
+    action, job = _move(target="bnode1"), _pending()
+    steps = forward_steps(action, job, A, 1, B)
+    _ran(steps, 6, "slurmctld down")
+    assert compensation_steps(action, steps, "a", 2) == []

@@ -21,6 +21,9 @@ cancelled and node1's image dropped.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -39,6 +42,7 @@ from app.federation.models import FederationGroupCreate
 from app.jobs.models import Job
 from app.policies import service as policy_service
 from app.policies.models import SlaPolicyCreate, SlaPolicySpec, TeamPolicy
+from connectors.slurm.connector import SlurmConnector
 from tests.connectors.conftest import SecondSlurmCluster, SlurmCluster
 from tests.support.counter import count_of, next_count, progress_of
 from tests.support.deployment import api
@@ -114,17 +118,17 @@ def _wait_for(what: str, condition: Any, deployment: dict[str, Any]) -> Any:
     return found[-1]
 
 
-def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
-    slurm: SlurmCluster, slurm_b: SecondSlurmCluster, deployment: dict[str, Any]
-) -> None:
-    root: Path = deployment["root"]
+def _waiting_at_full_a(
+    slurm: SlurmCluster, deployment: dict[str, Any], name: str, marker: Path
+) -> str:
+    """A job waiting on A, whose three nodes are full, seen by the control plane with B's
+    nodes: its id."""
     fillers = [slurm.sbatch("--gres=gpu:h100:2", f"--nodelist=node{n}") for n in (1, 2, 3)]
     for job_id in fillers:
         slurm.wait_state(job_id, "RUNNING")
-    marker = root / "moved.out"
     waiting = slurm.sbatch(
         "--gres=gpu:h100:2",
-        "--job-name=waiting",
+        f"--job-name={name}",
         "--comment=shaper:kind=training,priority=50",
         command=f'echo "ran on $SLURM_CLUSTER_NAME $SLURMD_NODENAME" > {marker}; sleep 600',
     )
@@ -137,28 +141,94 @@ def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
         ),
         deployment,
     )
+    return waiting
 
+
+def _proposed_move(deployment: dict[str, Any], waiting: str) -> tuple[int, str]:
+    """The group plan's one proposal, the waiting job's move to B: its id and the node of
+    B it was planned onto."""
     planned = api(deployment, "POST", "/federation-groups/site/plan", "operator")
     assert len(planned["proposed"]) == 1, planned
     (action_id,) = planned["proposed"]
     action = api(deployment, "GET", f"/actions/{action_id}", "viewer")
     assert (action["kind"], action["cluster"], action["target_cluster"]) == ("move", A, B)
     assert action["job_external_id"] == waiting and action["state"] == "proposed"
+    assert action["target_node"] in NODES[B], action
+    return action_id, action["target_node"]
 
-    final, state, steps = _approve_and_settle(deployment, action_id, slurm, slurm_b, 2)
+
+def _step(deployment: dict[str, Any], action_id: int, name: str) -> Any:
+    """The move's forward step of that name; None before the move has been dispatched."""
+    _, steps = action_state(deployment["pipeline"].engine, action_id)
+    return next((s for s in steps if s.name == name and s.phase == "forward"), None)
+
+
+def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
+    slurm: SlurmCluster, slurm_b: SecondSlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """The node of B the plan counted on is held for the job from before its copy may
+    start there until A's copy is gone: B's own queue cannot take it in between."""
+    root: Path = deployment["root"]
+    marker = root / "moved.out"
+    waiting = _waiting_at_full_a(slurm, deployment, "waiting", marker)
+    action_id, node = _proposed_move(deployment, waiting)
+
+    # A's connector stops answering once it has held A's copy: the move waits at A's
+    # cancel after B's copy runs, with B's node still held for it.
+    pipeline: Pipeline = deployment["pipeline"]
+    connector_a = pipeline.workers[f"connector-{A}"].process.pid
+    api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    _wait_for(
+        "A's hold of the waiting job",
+        lambda: getattr(_step(deployment, action_id, "hold"), "state", None) == "succeeded",
+        deployment,
+    )
+    os.killpg(connector_a, signal.SIGSTOP)
+    try:
+        cancel = _wait_for(
+            "the move reaching A's cancel",
+            lambda: (step := _step(deployment, action_id, "cancel")).state == "sent" and step,
+            deployment,
+        )
+        arrived = _step(deployment, action_id, "submit").result["external_id"]
+        reservation = f"shaper-{arrived}"
+        assert _step(deployment, action_id, "reserve").result["gpus"] == {node: 2}
+        # B runs its copy on the planned node, in the reservation made for it, while A's
+        # copy still waits there, held.
+        row = slurm_b.wait_state(arrived, "RUNNING")
+        assert row["nodelist"] == node
+        assert reservation in slurm_b.reservations()
+        assert f"Reservation={reservation}" in slurm_b.scontrol_job(arrived)
+        assert slurm.job(waiting)["state"] == "PENDING"
+        assert cancel.attempts == 1
+    finally:
+        os.killpg(connector_a, signal.SIGCONT)
+
+    final = wait_until_settled(
+        pipeline.engine,
+        [action_id],
+        timeout_s=2 * WAIT_S,
+        context=lambda: f"A: {slurm.squeue()}\nB: {slurm_b.squeue()}\n{pipeline.logs()}",
+    )[action_id]
+    state, steps = action_state(pipeline.engine, action_id)
     assert final == "succeeded", (state, [(s.name, s.state, s.error) for s in steps])
     assert [(s.name, s.queue) for s in steps] == [
         ("hold", f"connector.{A}"),
         ("submit", f"connector.{B}"),
+        ("reserve", f"connector.{B}"),
+        ("release", f"connector.{B}"),
         ("confirm", f"connector.{B}"),
         ("cancel", f"connector.{A}"),
+        ("unreserve", f"connector.{B}"),
     ]
-    arrived = steps[1].result["external_id"]
+    # Given back once A's copy is gone; the job runs on at B, out of it.
+    assert reservation not in slurm_b.reservations()
+    assert f"Reservation={reservation}" not in slurm_b.scontrol_job(arrived)
 
     # B runs it, from the script A reported; A's copy is gone; the job ran once, at B.
-    slurm_b.wait_state(arrived, "RUNNING")
+    assert slurm_b.job(arrived)["state"] == "RUNNING"
     assert procs.wait_until(marker.exists, timeout=WAIT_S), slurm_b.job(arrived)
-    assert marker.read_text().split()[:3] == ["ran", "on", "shaper-b"]
+    assert marker.read_text().split() == ["ran", "on", "shaper-b", node]
     assert slurm.job(waiting)["state"] == "CANCELLED"
     assert f"shaper-move:shaper-{action_id}-{waiting}" in slurm_b.scontrol_job(arrived)
     at_b = _wait_for(
@@ -175,6 +245,50 @@ def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
     # Planned again: nothing left to move (the job runs at B).
     again = api(deployment, "POST", "/federation-groups/site/plan", "operator")
     assert again["proposed"] == [] and again["approved"] == []
+    slurm_b.run("scancel", arrived)
+
+
+def test_a_waiting_jobs_move_whose_planned_node_was_taken_meanwhile_leaves_it_at_home(
+    slurm: SlurmCluster, slurm_b: SecondSlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """B's own queue took the node the plan counted on after the plan: the reservation is
+    refused, B's held copy withdrawn, and the job waits at A as before, released, never
+    cancelled there and never run at B."""
+    root: Path = deployment["root"]
+    marker = root / "stayed.out"
+    waiting = _waiting_at_full_a(slurm, deployment, "stays", marker)
+    action_id, node = _proposed_move(deployment, waiting)
+    squatter = slurm_b.sbatch(f"--nodelist={node}", "--gres=gpu:h100:2", command="sleep 600")
+    slurm_b.wait_state(squatter, "RUNNING")
+
+    final, state, steps = _approve_and_settle(deployment, action_id, slurm, slurm_b, 2)
+    assert final == "compensated", (state, [(s.name, s.state, s.error) for s in steps])
+    by_step = {(str(s.phase), str(s.name)): s for s in steps}
+    reserve = by_step["forward", "reserve"]
+    assert reserve.state == "failed" and f"held by {squatter} (2)" in (reserve.error or "")
+    for name in ("release", "confirm", "cancel", "unreserve"):
+        assert by_step["forward", name].state == "skipped", name
+    assert [(s.name, s.queue, s.state) for s in steps if s.phase == "compensate"] == [
+        ("withdraw", f"connector.{B}", "succeeded"),
+        ("unreserve", f"connector.{B}", "succeeded"),
+        ("release", f"connector.{A}", "succeeded"),
+    ]
+    held = by_step["forward", "submit"].result["external_id"]
+    assert slurm_b.wait_for(
+        "B's held copy withdrawn",
+        lambda: slurm_b.job(held)["state"] in ("CANCELLED", "COMPLETED"),
+    )
+    assert not [r for r in slurm_b.reservations() if r.startswith("shaper-")]
+    # At A as it was: pending, no longer held, its own job; it never ran anywhere.
+    row = slurm.job(waiting)
+    assert row["state"] == "PENDING" and "Held" not in row["reason"], row
+    assert not marker.exists()
+    assert _wait_for(
+        "the control plane seeing the job wait at A",
+        lambda: _jobs(deployment, A).get(waiting, {}).get("state") == "pending",
+        deployment,
+    )
+    slurm_b.run("scancel", squatter)
 
 
 def _approve_and_settle(
@@ -406,6 +520,50 @@ def test_a_running_move_whose_target_node_was_taken_meanwhile_leaves_the_job_unt
     assert not (pipeline.state_dir("node1") / "images" / job_id).exists()
     slurm.run("scancel", job_id)
     slurm_b.run("scancel", squatter)
+
+
+def test_a_give_back_that_slurm_will_not_take_the_job_out_of_ends_the_reservation_now(
+    slurm_b: SecondSlurmCluster,
+) -> None:
+    """A move's last step gives the target's reservation back, and is sent until answered.
+    Should Slurm refuse to take the running job out of it (so that its delete answers "in
+    use"), the connector ends the reservation now instead of answering "not now" for as
+    long as the job runs: the node is free for B's own queue at once, the job runs on
+    (FLEX), and the upkeep deletes the ended reservation once the job has gone."""
+    refused: list[list[str]] = []
+
+    def slurm_refusing_to_let_go(command: list[str], **options: Any) -> Any:
+        if command[:2] == ["scontrol", "update"] and command[-1] == "ReservationName=":
+            refused.append(command)
+            return subprocess.CompletedProcess(command, 1, "", "scontrol: error: refused")
+        return subprocess.run(command, **options)  # noqa: PLW1510 (check=False is passed)
+
+    connector = SlurmConnector(slurm_b.config(), run=slurm_refusing_to_let_go)
+    slurm_b.connectors.append(connector)
+    moved = slurm_b.sbatch("--hold", "--nodelist=bnode1", "--gres=gpu:h100:1")
+    connector.reserve(moved, gpus={"bnode1": 1}, ttl_s=600, counts_on=[])
+    connector.release(moved)  # into its reservation
+    slurm_b.wait_state(moved, "RUNNING")
+    reservation = f"shaper-{moved}"
+    assert f"Reservation={reservation}" in slurm_b.scontrol_job(moved)
+
+    connector.unreserve(moved)  # answered, not "not now"
+
+    assert refused, "the job was never asked out of its reservation"
+    # Ended now (Slurm marks it so on its next second).
+    assert slurm_b.wait_for(
+        "the reservation to end",
+        lambda: "State=INACTIVE" in slurm_b.run("scontrol", "show", "reservation", reservation),
+    )
+    # bnode1's other GPU is anyone's again; the moved job runs on.
+    other = slurm_b.sbatch("--nodelist=bnode1", "--gres=gpu:h100:1")
+    slurm_b.wait_state(other, "RUNNING")
+    assert slurm_b.job(moved)["state"] == "RUNNING"
+    slurm_b.run("scancel", moved)
+    slurm_b.wait_for("the moved job to end", lambda: slurm_b.job(moved)["state"] != "RUNNING")
+    assert connector.upkeep() == [f"deleted reservation {reservation}: job {moved} has gone"]
+    assert reservation not in slurm_b.reservations()
+    slurm_b.run("scancel", other)
 
 
 def _job_at_a(session: Session, job_id: str) -> Job | None:
