@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -385,51 +386,68 @@ def _dispatch_node(session: Session, action: Action, now: datetime) -> bool:
     cluster = session.exec(select(Cluster).where(Cluster.id == action.cluster_id)).one()
     if node is None:
         return _cancel(action, now, f"cluster {cluster.name} has no node {action.source_node}")
-    busy = session.exec(
-        select(Action.id).where(
-            Action.cluster_id == action.cluster_id,
-            Action.source_node == action.source_node,
-            col(Action.kind).in_([k.value for k in NODE_ACTION_KINDS]),
-            Action.id != action.id,
-            col(Action.state).in_(IN_FLIGHT),
-        )
-    ).first()
-    if busy is not None:
-        return _cancel(
-            action, now, f"action {busy} is already draining or undraining node {node.name}"
-        )
-    try:
-        steps = node_steps(action, cluster)
-    except Unplannable as error:
-        return _cancel(action, now, str(error))
-    return _start(session, action, steps, row_id(action), now)
+    return _start_fenced(
+        session,
+        action,
+        cluster,
+        now,
+        kinds=NODE_ACTION_KINDS,
+        same_subject=[Action.source_node == action.source_node],
+        busy=f"is already draining or undraining node {node.name}",
+        plan=node_steps,
+    )
 
 
 def _dispatch_job_set(session: Session, action: Action, now: datetime) -> bool:
     """Plan a job set's action's step, fenced per job set: False when it cannot run."""
-    # One dispatch per cluster at a time: the check below and the start are one decision.
+    # One dispatch per cluster at a time: the check for another and the start are one
+    # decision.
     cluster = session.exec(
         select(Cluster).where(Cluster.id == action.cluster_id).with_for_update()
     ).one()
-    busy = session.exec(
-        select(Action.id).where(
-            Action.cluster_id == action.cluster_id,
-            col(Action.kind).in_([k.value for k in JOB_SET_ACTION_KINDS]),
+    return _start_fenced(
+        session,
+        action,
+        cluster,
+        now,
+        kinds=JOB_SET_ACTION_KINDS,
+        same_subject=[
             Action.job_set_queue == action.job_set_queue,
             Action.job_set == action.job_set,
+        ],
+        busy=f"is already moving job set {action.job_set} of queue {action.job_set_queue}",
+        plan=job_set_steps,
+    )
+
+
+def _start_fenced(
+    session: Session,
+    action: Action,
+    cluster: Cluster,
+    now: datetime,
+    *,
+    kinds: Collection[ActionKind],
+    same_subject: list[Any],
+    busy: str,
+    plan: Callable[[Action, Cluster], list[ActionStep]],
+) -> bool:
+    """Start an action about something other than a job (a node, a job set) unless another
+    of ``kinds`` about the same subject is in flight (cancelled, saying which: ``busy``)
+    or its steps cannot be planned. The caller holds the lock that makes this one
+    decision."""
+    other = session.exec(
+        select(Action.id).where(
+            Action.cluster_id == action.cluster_id,
+            col(Action.kind).in_([k.value for k in kinds]),
+            *same_subject,
             Action.id != action.id,
             col(Action.state).in_(IN_FLIGHT),
         )
     ).first()
-    if busy is not None:
-        return _cancel(
-            action,
-            now,
-            f"action {busy} is already moving job set {action.job_set} of queue "
-            f"{action.job_set_queue}",
-        )
+    if other is not None:
+        return _cancel(action, now, f"action {other} {busy}")
     try:
-        steps = job_set_steps(action, cluster)
+        steps = plan(action, cluster)
     except Unplannable as error:
         return _cancel(action, now, str(error))
     return _start(session, action, steps, row_id(action), now)

@@ -13,6 +13,7 @@ from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.security import Principal
 from app.jobs.models import Job
+from app.nodes.models import Node
 from app.plans.models import Plan, PlanState
 from wire.queues import executor_scope
 from wire.steps import AgentStepRequest, StepReport
@@ -257,6 +258,52 @@ def test_actions_that_cannot_run_are_cancelled_with_a_reason(
     assert state_of(session, second).error == f"action {first} is already moving job w1"
     session.refresh(job)
     assert job.generation == 1  # only the saga that runs moved the fence
+
+
+def test_a_second_action_on_the_same_node_or_job_set_waits_for_none_and_is_cancelled(
+    session: Session, clock: FrozenClock, job: Job
+) -> None:
+    def subjectless(key: str, kind: ActionKind, **fields: Any) -> int:
+        action = Action(
+            cluster_id=job.cluster_id,
+            kind=kind,
+            state=ActionState.approved,
+            idempotency_key=key,
+            created_at=clock.now(),
+            updated_at=clock.now(),
+            **fields,
+        )
+        session.add(action)
+        session.commit()
+        return action.id  # type: ignore[return-value]
+
+    for name in ("a", "b"):
+        session.add(Node(cluster_id=job.cluster_id, name=name, updated_at=clock.now()))
+    session.commit()
+    drain = subjectless("drain-a", ActionKind.drain, source_node="a")
+    undrain = subjectless("undrain-a", ActionKind.undrain, source_node="a")
+    elsewhere = subjectless("drain-b", ActionKind.drain, source_node="b")
+    assert where(saga.advance(session=session, action_id=drain, now=clock.now())[0])[1] == "drain"
+    assert saga.advance(session=session, action_id=undrain, now=clock.now()) == []
+    assert state_of(session, undrain).state == "cancelled"
+    assert (
+        state_of(session, undrain).error
+        == f"action {drain} is already draining or undraining node a"
+    )
+    # Another node's is not in its way.
+    assert saga.advance(session=session, action_id=elsewhere, now=clock.now()) != []
+
+    move = {"job_set_queue": "research", "job_set": "sweep", "target_executor": "x2"}
+    first = subjectless("move-1", ActionKind.move_job_set, **move)
+    second = subjectless("move-2", ActionKind.move_job_set, **move)
+    other_set = subjectless("move-3", ActionKind.move_job_set, **{**move, "job_set": "other"})
+    assert saga.advance(session=session, action_id=first, now=clock.now()) != []
+    assert saga.advance(session=session, action_id=second, now=clock.now()) == []
+    assert (
+        state_of(session, second).error
+        == f"action {first} is already moving job set sweep of queue research"
+    )
+    assert saga.advance(session=session, action_id=other_set, now=clock.now()) != []
 
 
 @pytest.mark.parametrize("state", [ActionState.proposed, ActionState.rejected])
