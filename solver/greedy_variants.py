@@ -46,6 +46,7 @@ def greedy_options(config: SolverConfig) -> GreedyOptions:
         elastic=ElasticMode.DEMAND if config.elastic_resize else ElasticMode.PEAK,
         gang_aware=config.gang_aware_placement,
         move_replicas=config.replica_moves,
+        shortest_remaining=config.shortest_remaining,
     )
 
 

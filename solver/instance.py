@@ -338,6 +338,14 @@ class SolverConfig(_Frozen):
     preemption: bool = Field(
         default=True, description="stop lower-priority work for a job or a service worth more"
     )
+    # Off by default: issue 12's measurement (README, "Shortest remaining first").
+    shortest_remaining: bool = Field(
+        default=False,
+        description="a pending job that fits nowhere may stop (requeue) running checkpointable "
+        "work of no more weight with at least twice its run time plus the stop's checkpoint "
+        "and restore left, once a day at most (preemptive shortest remaining time, "
+        "solver.greedy.shortest_remaining); needs preemption",
+    )
     replica_moves: bool = Field(
         default=True,
         description="move a service's replicas to other nodes to clear room for a pending "

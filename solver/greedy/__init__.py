@@ -17,6 +17,7 @@ One module per phase, sharing one :class:`~solver.greedy.ledger.Ledger`:
 ``admission``        pending block jobs in order, best fit, gangs
 ``elastic``          services: scale down, scale up, grow by moving or stopping block work
 ``preemption``       stop lower-priority work when the value trade favours it
+``shortest_remaining`` stop longer work of no more weight for a short job (off by default)
 ``defragmentation``  move checkpointable jobs off nodes to make room
 ``backfill``         EASY backfill around a blocked or starving job
 ``lookahead``        capacity held for services' coming peaks

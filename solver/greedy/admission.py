@@ -98,6 +98,8 @@ class Admission:
                     placement = self.preemption.try_preempt(job, groups)
                 if placement is None and self.may_migrate:
                     placement = self.defragmentation.try_defrag(job, groups)
+                if placement is None and self.may_preempt:
+                    placement = self.preemption.try_stop_longer(job, groups)
             if placement is None:
                 if options.strict_fifo and blocked_by is None:
                     blocked_by = job

@@ -49,6 +49,9 @@ class GreedyOptions:
     # a job about to end is not stopped, losing its work, for a job that could soon have its
     # GPUs anyway. The baselines stop by priority alone, as Kueue does.
     stops_weigh_time_left: bool = False
+    # A pending job may stop longer work of no more weight (``SolverConfig.shortest_remaining``,
+    # ``solver.greedy.shortest_remaining``): the shaper's, when its config asks for it.
+    shortest_remaining: bool = False
 
     @property
     def grows_services_by_disruption(self) -> bool:

@@ -24,13 +24,17 @@ checkpointable victims, which a requeue costs nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from solver.greedy.ledger import Ledger
 from solver.greedy.lookahead import Lookahead
+from solver.greedy.shortest_remaining import ShortestRemaining
 from solver.instance import Job
 
 Candidate = tuple[float, int, int, list[Job]]  # (cost per GPU freed, node, GPUs freed, victims)
+# (the job's placement, the victims it keeps stopped) -> why each was stopped (what follows
+# "stopped for J, which takes its GPUs on N"), or None when the trade does not pay.
+Judge = Callable[[dict[int, int], list[Job]], Callable[[Job], str] | None]
 
 
 class Preemption:
@@ -61,6 +65,8 @@ class Preemption:
                 for node_name in job.placement:
                     node = ledger.state.node_index[node_name]
                     self.victim_floor[node] = min(self.victim_floor[node], ledger.weight[job.id])
+        # Stops for shorter work of no more weight (``SolverConfig.shortest_remaining``).
+        self.shorter = ShortestRemaining(self) if ledger.options.shortest_remaining else None
 
     def _could_be_victim(self, job: Job) -> bool:
         instance = self.ledger.instance
@@ -160,16 +166,34 @@ class Preemption:
         self.failed[key] = max(self.failed.get(key, -math.inf), weight)
         return None
 
+    def try_stop_longer(self, job: Job, groups: list[int]) -> dict[int, int] | None:
+        """A placement for ``job`` on GPUs freed by stopping longer work of no more weight
+        (``solver.greedy.shortest_remaining``), or None; off unless the options ask."""
+        if self.shorter is None:
+            return None
+        return self.shorter.try_stop_longer(job, groups)
+
     def _evict_and_place(
         self, job: Job, groups: list[int], attempt: Iterable[Candidate]
     ) -> dict[int, int] | None:
-        """Stop the attempt's victims and find the job a placement; keep it only if it pays.
+        """Stop the attempt's victims and place the job if the trade favours it in the
+        objective's units: its value ``w(j) · boost · Σ gpus · speed`` must exceed the
+        victims' ``Σ w(v) · gpus · (speed + lost_seconds / value_horizon_s)`` — the work
+        they hold now and the work since their last checkpoint that a stop loses."""
+        victims = [victim for _, _, _, candidates in attempt for victim in candidates]
+        return self.stop_and_place(
+            job, groups, victims, lambda placement, kept: self._pays(job, placement, kept)
+        )
+
+    def stop_and_place(
+        self, job: Job, groups: list[int], victims: Iterable[Job], judge: Judge
+    ) -> dict[int, int] | None:
+        """Stop ``victims`` and find the job a placement; keep it only if ``judge`` says
+        why the victims it keeps stopped were stopped.
 
         Victims whose GPUs the placement leaves alone go back where they were (so a victim
-        is only ever "stopped for" a job that takes its GPUs), and the trade must favour
-        the job in the objective's units: its value ``w(j) · boost · Σ gpus · speed`` must
-        exceed the victims' ``Σ w(v) · gpus · (speed + lost_seconds / value_horizon_s)`` —
-        the work they hold now and the work since their last checkpoint that a stop loses.
+        is only ever "stopped for" a job that takes its GPUs); no team goes below its
+        guarantee, and the per-cycle cap holds. The caller places the job itself.
         """
         ledger = self.ledger
         state = ledger.state
@@ -181,19 +205,18 @@ class Preemption:
             state.rollback(mark)
             ledger.stopped_by_team = stopped_by_team
 
-        for _, _, _, victims in attempt:
-            for victim in victims:
-                if victim.id not in state.placement:
-                    continue  # a gang victim already stopped from another node
-                own = job.total_gpus if victim.team == job.team else 0
-                if ledger.reclaimable(victim.team, own) < victim.held_gpus:
-                    undo()
-                    return None
-                held = state.evict(victim)
-                ledger.stopped_by_team[victim.team] = (
-                    ledger.stopped_by_team.get(victim.team, 0) + victim.held_gpus
-                )
-                stopped.append((victim, held))
+        for victim in victims:
+            if victim.id not in state.placement:
+                continue  # a gang victim already stopped from another node
+            own = job.total_gpus if victim.team == job.team else 0
+            if ledger.reclaimable(victim.team, own) < victim.held_gpus:
+                undo()
+                return None
+            held = state.evict(victim)
+            ledger.stopped_by_team[victim.team] = (
+                ledger.stopped_by_team.get(victim.team, 0) + victim.held_gpus
+            )
+            stopped.append((victim, held))
         placement = state.find_gang(
             job, job.replicas, self.lookahead.allowed_groups(job, groups), job.max_nodes
         )
@@ -218,6 +241,32 @@ class Preemption:
         if cap is not None and ledger.preemptions + len(kept) > cap:
             undo()
             return None
+        why = judge(placement, kept) if kept else None
+        if kept and why is None:
+            undo()
+            return None
+        for node, gpus in placement.items():
+            state.remove(job, node, gpus)
+        taken = {ledger.instance.nodes[node].name for node in placement}
+        for victim in kept:
+            ledger.made_room(victim.id, job.id, frozenset(taken & set(victim.placement)))
+        if why is not None:
+            detail = why
+
+            def reason(victim: Job) -> str:
+                where = ", ".join(sorted(ledger.made_room_for[victim.id][1]))
+                return f"stopped for {job.id}, which takes its GPUs on {where}{detail(victim)}"
+
+            ledger.note_stopped(kept, reason)
+        ledger.epoch += 1
+        return placement
+
+    def _pays(
+        self, job: Job, placement: dict[int, int], kept: list[Job]
+    ) -> Callable[[Job], str] | None:
+        """Why each of ``kept`` is stopped for ``job``, or None (noted) when its value
+        does not exceed what they hold and lose (``_evict_and_place``)."""
+        ledger = self.ledger
         boost = ledger.config.overdue_weight if job.id in ledger.overdue else 1.0
         # The job would have had the GPUs anyway once the last victim ended.
         wait_share = max((self.horizon_share(victim) for victim in kept), default=1.0)
@@ -228,32 +277,18 @@ class Preemption:
             * sum(gpus * ledger.node_speed(node) for node, gpus in placement.items())
         )
         cost = sum(self.stop_cost(victim) for victim in kept)
-        if kept and gain <= cost:
+        if gain <= cost:
             ledger.not_worth[job.id] = (
                 f"stopping lower-priority work for it would cost more than it gains "
                 f"({cost:.3g} >= {gain:.3g} value units: work held and work lost since "
                 "the last checkpoint)"
             )
-            undo()
             return None
-        # The caller places the job itself.
-        for node, gpus in placement.items():
-            state.remove(job, node, gpus)
-        taken = {ledger.instance.nodes[node].name for node in placement}
-        for victim in kept:
-            ledger.made_room(victim.id, job.id, frozenset(taken & set(victim.placement)))
 
-        def why(victim: Job) -> str:
-            where = ", ".join(sorted(ledger.made_room_for[victim.id][1]))
-            return (
-                f"stopped for {job.id}, which takes its GPUs on {where} "
-                f"(weight {ledger.weight[job.id]:g} > {ledger.weight[victim.id]:g}; "
-                f"{gain:.3g} > {cost:.3g} value units)"
-            )
-
-        ledger.note_stopped(kept, why)
-        ledger.epoch += 1
-        return placement
+        return lambda victim: (
+            f" (weight {ledger.weight[job.id]:g} > {ledger.weight[victim.id]:g}; "
+            f"{gain:.3g} > {cost:.3g} value units)"
+        )
 
     def horizon_share(self, victim: Job) -> float:
         """The share of the value horizon that a running job is expected to go on running
