@@ -28,6 +28,7 @@ test: venv lint
 	scripts/browser.sh
 	scripts/install-criu.sh
 	scripts/k8s-build.sh >/dev/null
+	scripts/k8s/real-node/real-node.sh build
 	scripts/prometheus.sh
 	$(BIN)/pytest -q --durations=25
 test: web
