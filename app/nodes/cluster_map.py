@@ -11,6 +11,11 @@ A planned move is one of the plan's actions that has not ended. Its cells where 
 leaves: the GPUs the job holds there now; where it goes: the GPUs the plan assigned
 (``GET /plans/{id}/placement``'s ``after``) or, for a plan stored without them, the node's
 first free GPUs standing for the count (``exact`` false).
+
+What was measured on a GPU: its latest ``gpu_util`` and ``gpu_mem_used_gib`` of the last
+``MEASURED_WINDOW``, its own sample else its node's, read either from every sample of the
+window or from ``gpu_latest_samples`` (one row per GPU and metric, kept by the writers of
+samples); both give the same reply.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from app.nodes.models import (
 )
 from app.plans import service as plan_service
 from app.plans.models import OPEN_PLAN_STATES, Plan
-from app.telemetry.models import TelemetrySample
+from app.telemetry.models import NODE_WIDE, GpuLatestSample, TelemetrySample
 from wire.telemetry import Metric, NodeState
 
 # A sample older than this says nothing about the GPU now (agents report every few
@@ -47,10 +52,14 @@ from wire.telemetry import Metric, NodeState
 MEASURED_WINDOW = timedelta(minutes=10)
 # The actions that take GPUs from one place to another (reservations only hold them).
 MAP_KINDS = (ActionKind.migrate, ActionKind.move, ActionKind.start, ActionKind.preempt)
-_NO_GPU = -1  # where a node-wide sample (no gpu_index) is kept among its GPUs
 
 
-def cluster_map(*, session: Session, cluster: str, now: datetime) -> ClusterMap:
+def cluster_map(
+    *, session: Session, cluster: str, now: datetime, from_latest: bool = False
+) -> ClusterMap:
+    """The map of ``cluster`` at ``now``. ``from_latest``: each GPU's measurements from
+    ``gpu_latest_samples`` (one row per GPU and metric) instead of every sample of the
+    window; the same reply (``Settings.map_from_latest_samples``)."""
     row = found(
         session.exec(select(Cluster).where(Cluster.name == cluster)).first(),
         f"cluster {cluster!r} does not exist",
@@ -75,7 +84,8 @@ def cluster_map(*, session: Session, cluster: str, now: datetime) -> ClusterMap:
         .order_by(col(Node.name), col(Node.id))
     ).all()
     jobs, holders = _holders(session, row.id, {node_id: count for node_id, _, count, *_ in nodes})
-    measured = _latest_samples(session, row.id, since=since, until=now)
+    read = _from_latest_table if from_latest else _latest_samples
+    measured = read(session, row.id, since=since, until=now)
     # Built unvalidated (model_construct): every value is a column of its declared type or
     # a list of them, and 1,000s of validations were a fifth of the read.
     drawn = [
@@ -161,11 +171,64 @@ def _holders(
     return jobs, holders
 
 
-def _latest_samples(
+# (node id, metric) → GPU index (-1: the node as a whole) → the latest value of the window.
+_Measured = dict[tuple[int, str], dict[int, float]]
+# A read of the window's samples names at most this many nodes (SQLite bounds a
+# statement's parameters); more, and it reads the whole cluster's.
+_NAMED_NODES = 5000
+
+
+def _from_latest_table(
     session: Session, cluster_id: int, *, since: datetime, until: datetime
-) -> dict[tuple[int, str], dict[int, float]]:
+) -> _Measured:
+    """What :func:`_latest_samples` answers, from ``gpu_latest_samples``: one row per GPU
+    and metric, the newest ever written. A row newer than ``until`` (a clock ahead of the
+    control plane's, up to the day the ingest allows) is not the window's latest: the
+    nodes with one are answered from their samples, as before."""
+    connection = session.connection()
+    of_cluster = col(GpuLatestSample.cluster_id) == cluster_id
+    # The times stay in the database: turning 20,000 of them into datetimes was a third
+    # of this read.
+    rows = connection.execute(
+        sa.select(
+            col(GpuLatestSample.node_id),
+            col(GpuLatestSample.gpu_index),
+            col(GpuLatestSample.metric),
+            col(GpuLatestSample.value),
+        ).where(of_cluster, col(GpuLatestSample.at) >= since, col(GpuLatestSample.at) <= until)
+    ).all()
+    ahead = set(
+        connection.execute(
+            sa.select(col(GpuLatestSample.node_id))
+            .distinct()
+            .where(of_cluster, col(GpuLatestSample.at) > until)
+        ).scalars()
+    )
+    measured: _Measured = defaultdict(dict)
+    for node_id, index, metric, value in rows:
+        if node_id not in ahead:
+            measured[(node_id, metric)][index] = value
+    if ahead:
+        named = sorted(ahead) if len(ahead) <= _NAMED_NODES else None
+        for (node_id, metric), by_gpu in _latest_samples(
+            session, cluster_id, since=since, until=until, nodes=named
+        ).items():
+            if node_id in ahead:
+                measured[(node_id, metric)] = by_gpu
+    return measured
+
+
+def _latest_samples(
+    session: Session,
+    cluster_id: int,
+    *,
+    since: datetime,
+    until: datetime,
+    nodes: Sequence[int] | None = None,
+) -> _Measured:
     """The latest value of each GPU's (or node's, gpu index -1) utilization and memory in
-    the window, by (node id, metric) and GPU index: one read, whatever the number of nodes."""
+    the window, by (node id, metric) and GPU index: one read, whatever the number of nodes
+    (``nodes``: of those only)."""
     # Every sample of the window, oldest first, so that the newest of each (node, GPU,
     # metric) is the last one kept: an ordered range read of the (cluster, at) index. A
     # window function ranking them in SQL (row_number) costs SQLite a sort of the window,
@@ -184,12 +247,13 @@ def _latest_samples(
             col(TelemetrySample.at) <= until,
             col(TelemetrySample.node_id).is_not(None),
             col(TelemetrySample.metric).in_([Metric.gpu_util.value, Metric.gpu_mem_used_gib.value]),
+            sa.true() if nodes is None else col(TelemetrySample.node_id).in_(nodes),
         )
         .order_by(col(TelemetrySample.at), col(TelemetrySample.id))
     ).all()
-    measured: dict[tuple[int, str], dict[int, float]] = defaultdict(dict)
+    measured: _Measured = defaultdict(dict)
     for node_id, index, metric, value in rows:
-        measured[(node_id, metric)][_NO_GPU if index is None else index] = value
+        measured[(node_id, metric)][NODE_WIDE if index is None else index] = value
     return measured
 
 
@@ -197,7 +261,7 @@ def _measured(by_gpu: dict[int, float] | None, count: int) -> list[float | None]
     """A node's figure per GPU: the GPU's own sample, else the node's (index -1)."""
     if not by_gpu:
         return [None] * count
-    node_wide = by_gpu.get(_NO_GPU)
+    node_wide = by_gpu.get(NODE_WIDE)
     return [by_gpu.get(i, node_wide) for i in range(count)]
 
 

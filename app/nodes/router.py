@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import ClockDep, SessionDep, scoped
+from app.api.deps import ClockDep, SessionDep, SettingsDep, scoped
 from app.api.responses import ErrorBody
 from app.core.gc_pause import paused_gc
 from app.core.paging import MAX_LIMIT, MAX_OFFSET, Page
@@ -41,11 +41,18 @@ def list_nodes(
     responses={404: {"description": "No such cluster", "model": ErrorBody}},
     **scoped("viewer"),
 )
-def get_cluster_map(session: SessionDep, clock: ClockDep, cluster: str) -> ClusterMap:
+def get_cluster_map(
+    session: SessionDep, clock: ClockDep, settings: SettingsDep, cluster: str
+) -> ClusterMap:
     """Every node of the cluster with its GPUs: who holds each, its latest measured
     utilization and memory, and the moves of the cluster's latest open plan (the
     dashboard's cluster map, one read for the whole cluster)."""
     # At 10,000 GPUs the read makes some 100,000 short-lived rows and lists; the collector
     # passes they trigger walk the whole heap and took three quarters of its time.
     with paused_gc():
-        return cluster_map.cluster_map(session=session, cluster=cluster, now=clock.now())
+        return cluster_map.cluster_map(
+            session=session,
+            cluster=cluster,
+            now=clock.now(),
+            from_latest=settings.map_from_latest_samples,
+        )

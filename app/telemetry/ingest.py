@@ -28,8 +28,9 @@ Algorithm (one transaction; nothing is written unless every check passes):
    changed rows by bulk update; a snapshot marks vanished nodes ``down`` and vanished jobs
    ``finished``; allocations that changed are closed (``released_at``) and reopened, so the
    allocation table keeps the placement history.
-4. Store samples; record the sequence, its digest, the session and connector status
-   (``fencing.record``).
+4. Store samples, and each GPU's newest of them in ``gpu_latest_samples``
+   (``app.telemetry.latest``: what the cluster map reads); record the sequence, its
+   digest, the session and connector status (``fencing.record``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from app.core.lookup import found
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
-from app.telemetry import fencing, physics
+from app.telemetry import fencing, latest, physics
 from app.telemetry.models import TelemetrySample
 from wire.telemetry import (
     TERMINAL_JOB_STATES,
@@ -164,9 +165,9 @@ def ingest_push(
         now=now,
         whole_cluster=scope.jobs is None,
     )
-    samples_written = insert_rows(
-        session, SAMPLES, _sample_rows(push, cluster_id, node_ids, job_ids)
-    )
+    samples = _sample_rows(push, cluster_id, node_ids, job_ids)
+    samples_written = insert_rows(session, SAMPLES, samples)
+    latest.keep_latest(session, samples)
 
     fencing.record(cluster, push, content_digest, admission=admission, now=now)
     cluster.last_seen_at = now

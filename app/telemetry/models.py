@@ -33,3 +33,39 @@ class TelemetrySample(SQLModel, table=True):
         default=None,
         sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE")),
     )
+
+
+# A node-wide sample (no ``gpu_index``) in ``GpuLatestSample``: part of the primary key,
+# so not NULL (NULLs are distinct in a unique key, and an upsert would never meet them).
+NODE_WIDE = -1
+
+
+class GpuLatestSample(SQLModel, table=True):
+    """The newest ``gpu_util`` and ``gpu_mem_used_gib`` sample of each GPU of a node (or of
+    the node as a whole: ``gpu_index`` ``NODE_WIDE``), kept by the writers of samples in
+    their own transaction (``app.telemetry.latest``), so that the cluster map reads one row
+    per GPU and metric instead of every sample of its window. Newest by ``at``: a sample
+    that arrives late, older than the row, leaves it as it is; one with the same ``at``
+    replaces it (the later written, as the map's read of the samples ordered them).
+
+    A row goes with its node or cluster (foreign keys); a node marked ``down`` keeps its
+    rows, as it keeps its samples: the map's window hides them once they are old."""
+
+    __tablename__ = "gpu_latest_samples"
+    # SQLite: the rows stored in primary-key order, so a cluster's are one range.
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    cluster_id: int = Field(
+        sa_column=sa.Column(
+            sa.Integer, sa.ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True
+        )
+    )
+    node_id: int = Field(
+        sa_column=sa.Column(
+            sa.Integer, sa.ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+        )
+    )
+    metric: Metric = Field(primary_key=True, sa_type=sa.String(32), max_length=32)
+    gpu_index: int = Field(primary_key=True)
+    at: datetime = required_utc_column()
+    value: float

@@ -19,7 +19,7 @@ from app.core.errors import Invalid
 from app.core.gc_pause import paused_gc
 from app.core.lookup import found
 from app.nodes.models import Node
-from app.telemetry import physics
+from app.telemetry import latest, physics
 from app.telemetry.ingest import SAMPLES, ingest_push
 from app.telemetry.models import TelemetrySample
 from wire.telemetry import (
@@ -132,6 +132,7 @@ def record_node_samples(
         for s in samples
     ]
     insert_rows(session, SAMPLES, rows)
+    latest.keep_latest(session, rows)  # after the samples: see app.telemetry.latest
     session.commit()
     return len(rows)
 

@@ -6,18 +6,40 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from app.actions.models import ActionState
 from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
+from app.core.config import Settings
 from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Job
+from app.nodes import cluster_map
 from app.plans.models import PlanState
-from tests.app.builders import job, migration_plan, node, registered_with, running, snapshot
+from app.telemetry import service as telemetry_service
+from tests.app.builders import (
+    delta,
+    job,
+    migration_plan,
+    node,
+    registered_with,
+    running,
+    snapshot,
+)
+from wire.telemetry import TelemetryDelta
 
 MAP = "/api/v1/nodes/map"
+
+
+@pytest.fixture(params=[False, True], ids=["window", "latest"])
+def settings(request: pytest.FixtureRequest) -> Settings:
+    """Every test here on both of the map's reads: every sample of the window, or
+    ``gpu_latest_samples`` (``Settings.map_from_latest_samples``)."""
+    return Settings(
+        environment="test", max_body_bytes=256 * 1024, map_from_latest_samples=request.param
+    )
 
 
 def _sample(
@@ -154,3 +176,54 @@ def test_the_map_refuses_what_it_cannot_answer(
     # Agents and connectors read nothing here.
     refused = client.get(MAP, headers=auth["connector_alpha"], params={"cluster": "alpha"})
     assert refused.status_code == 403
+
+
+def test_both_reads_of_the_measurements_give_the_same_reply(
+    session: Session, clock: FrozenClock
+) -> None:
+    """The map read from ``gpu_latest_samples`` is byte for byte the map read from every
+    sample of the window, whatever order the samples came in: late ones, several at one
+    instant, one stamped ahead of the clock, node-wide ones beside a GPU's own."""
+    _cluster(session, clock)
+    now = clock.now()
+    pushes = [
+        [
+            _sample(now - timedelta(minutes=5), "gpu_util", "n1", 0.3, gpu=0),  # late
+            _sample(now - timedelta(seconds=30), "gpu_util", "n1", 0.6, gpu=2),
+            # Two at one instant: the later written is the latest.
+            _sample(now - timedelta(seconds=20), "gpu_util", "n3", 0.1, gpu=4),
+            _sample(now - timedelta(seconds=20), "gpu_util", "n3", 0.2, gpu=4),
+            _sample(now - timedelta(seconds=20), "gpu_mem_used_gib", "n3", 12.0),
+        ],
+        [
+            # Ahead of the clock: not the window's latest; the one before it is.
+            _sample(now + timedelta(minutes=3), "gpu_util", "n3", 0.9, gpu=4),
+            _sample(now - timedelta(seconds=10), "gpu_mem_used_gib", "n2", 30.0, gpu=7),
+            _sample(now - timedelta(minutes=12), "gpu_mem_used_gib", "n2", 1.0, gpu=6),
+        ],
+    ]
+    for seq, samples in enumerate(pushes, start=2):
+        push = TelemetryDelta.model_validate(delta(seq, samples=samples))
+        telemetry_service.ingest(session=session, cluster_name="alpha", push=push, now=now)
+
+    def both(at: datetime) -> tuple[str, str]:
+        window, latest = (
+            cluster_map.cluster_map(session=session, cluster="alpha", now=at, from_latest=mode)
+            for mode in (False, True)
+        )
+        return window.model_dump_json(), latest.model_dump_json()
+
+    window, latest = both(now)
+    assert latest == window
+    n3 = next(
+        n
+        for n in cluster_map.cluster_map(
+            session=session, cluster="alpha", now=now, from_latest=True
+        ).nodes
+        if n.name == "n3"
+    )
+    assert (n3.util[4], n3.mem_used_gib) == (0.2, [12.0] * 8)
+    # Later on, the sample stamped ahead is in the window, and then it is the latest.
+    for minutes in (4, 9, 11, 14):
+        window, latest = both(now + timedelta(minutes=minutes))
+        assert latest == window, minutes
