@@ -1,7 +1,8 @@
 """Benchmark: forecast quality, Shaper's forecasters against their baselines, in one run.
 
     .venv/bin/python -m bench.forecast [TRACE] [--noise 0 0.1 0.2] [--days 7]
-        [--max-jobs N] [--sim SCENARIO ...] [--sim-noise 0.2]
+        [--error additive|multiplicative] [--max-jobs N] [--sim SCENARIO ...]
+        [--sim-noise 0.2]
 
 1. **Service demand** (``forecast.demand``) on the simulator's services — every built-in
    scenario's daily demand curves, each at the relative noise levels ``--noise``
@@ -12,7 +13,8 @@
    quantile the service's SLA asks for (``quantile_for(sla_target)``: 0.99 for a target
    of 1.0) and the mean replicas that quantile reserves, against seasonal-naive (the value
    a day before; its quantile from the spread of past day-to-day changes), and the daily
-   peak (the week's highest hour) as a reservation.
+   peak (the week's highest hour) as a reservation. ``--error`` picks the ETS error form
+   (``forecast.demand.ErrorForm``; the module's default otherwise).
 2. **Block-job durations** (``forecast.duration``) on the Philly trace: jobs in submit
    order, each predicted at its submission from the jobs finished by then (submit +
    duration: the trace has no start times, so a job counts as finished as soon as it
@@ -106,13 +108,16 @@ def _gain(model: float, baseline: float) -> str:
 
 # ------------------------------------------------------------------ service demand
 def backtest_service(
-    service: Service, days: int, quantile: float
+    service: Service,
+    days: int,
+    quantile: float,
+    error: demand_forecast.ErrorForm | None = None,
 ) -> tuple[Score, Score, Score, float]:
     """(ETS, seasonal-naive, peak reservation) scores and the fit seconds of one service."""
     history = days * 24
     series = [service.curve_at(h * HOUR) for h in range(2 * history + STEPS)]
     ets, naive, peak = Score(), Score(), Score()
-    forecaster = demand_forecast.DemandForecaster()
+    forecaster = demand_forecast.DemandForecaster(error=error)
     fit_s = 0.0
     for origin in range(history, 2 * history):
         past = series[origin - history : origin]
@@ -129,10 +134,13 @@ def backtest_service(
     return ets, naive, peak, fit_s
 
 
-def demand_section(noises: Sequence[float], days: int) -> None:
+def demand_section(
+    noises: Sequence[float], days: int, error: demand_forecast.ErrorForm | None = None
+) -> None:
+    form = demand_forecast.DEFAULT_ERROR if error is None else error
     print(
         f"== service demand: {days} d history, hourly origins over {days} d, "
-        f"{STEPS} h ahead; ETS vs seasonal-naive =="
+        f"{STEPS} h ahead; ETS ({form} error) vs seasonal-naive =="
     )
     head = (
         f"{'scenario/service':34} {'noise':>5} {'q':>4} | {'MAE ets':>7} {'naive':>7} "
@@ -153,7 +161,7 @@ def demand_section(noises: Sequence[float], days: int) -> None:
             quantile = demand_forecast.quantile_for(spec.sla_target)
             for noise in noises:
                 service = replace(spec, demand_noise=noise, noise_seed=1)
-                ets, naive, peak, fit_s = backtest_service(service, days, quantile)
+                ets, naive, peak, fit_s = backtest_service(service, days, quantile, error)
                 fits += fit_s
                 forecasts += days * 24
                 total = totals.setdefault(noise, (Score(), Score()))
@@ -291,13 +299,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trace", nargs="?", default=str(DEFAULT_TRACE))
     parser.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.1, 0.2])
     parser.add_argument("--days", type=int, default=7)
+    parser.add_argument(
+        "--error",
+        choices=[form.value for form in demand_forecast.ErrorForm],
+        default=None,
+        help="the ETS error form of the demand section (default: forecast.demand's)",
+    )
     parser.add_argument("--max-jobs", type=int, default=None)
     parser.add_argument("--sim", nargs="*", default=[], metavar="SCENARIO")
     parser.add_argument("--sim-noise", type=float, default=0.2)
     parser.add_argument("--replay-jobs", type=int, default=0, metavar="N")
     parser.add_argument("--gpus", type=int, default=64, help="the replay's cluster")
     args = parser.parse_args(argv)
-    demand_section(args.noise, args.days)
+    error = None if args.error is None else demand_forecast.ErrorForm(args.error)
+    demand_section(args.noise, args.days, error)
     print()
     duration_section(Path(args.trace), args.max_jobs)
     if args.sim:

@@ -156,3 +156,75 @@ def test_the_initial_season_averages_every_day_of_a_longer_history() -> None:
     forecast = fd.forecast_demand(list(bumped), DAY, quantile=0.9)
     baseline = fd.forecast_demand(list(steady), DAY, quantile=0.9)
     assert forecast.mean[12] - baseline.mean[12] > 0.5
+
+
+def _multiplicative(days: int, *, noise: float, seed: int = 0) -> list[float]:
+    """A daily cycle of 1 to 6 replicas × (1 + noise · z): the noise of ``Service``."""
+    rng = np.random.default_rng(seed)
+    hours = np.arange(days * DAY)
+    cycle = 3.5 - 2.5 * np.cos(2 * np.pi * hours / DAY)  # 1 at midnight, 6 at noon
+    return [float(v) for v in cycle * (1.0 + noise * rng.normal(size=len(hours)))]
+
+
+def _coverage_by_hour(
+    series: list[float], error: fd.ErrorForm, hours: set[int]
+) -> tuple[float, float]:
+    """(0.99 coverage at ``hours`` of the day, elsewhere), 7-day window, hourly origins."""
+    forecaster = fd.DemandForecaster(error=error)
+    inside: list[bool] = []
+    outside: list[bool] = []
+    history = 7 * DAY
+    for origin in range(history, len(series) - 6):
+        ahead = forecaster.forecast(
+            "s", series[origin - history : origin], 6, now=origin * 3600.0, quantile=0.99
+        )
+        for h in range(6):
+            at = origin + h
+            (inside if at % DAY in hours else outside).append(series[at] <= ahead.upper[h])
+    return float(np.mean(inside)), float(np.mean(outside))
+
+
+def test_the_multiplicative_form_widens_the_interval_with_the_level() -> None:
+    """In ETS(M,N,A) the error is a ratio of the mean, and so is the interval: about six
+    times as wide at the noon peak (6 replicas) as at midnight (1). The additive form's
+    width is one σ for all."""
+    series = _multiplicative(7, noise=0.2)
+    widths = {}
+    for error in fd.ErrorForm:
+        ahead = fd.forecast_demand(series, DAY, quantile=0.99, error=error)
+        assert ahead.method is fd.Method.ets
+        widths[error] = [u - m for u, m in zip(ahead.upper, ahead.mean, strict=True)]
+    mul = widths[fd.ErrorForm.multiplicative]
+    add = widths[fd.ErrorForm.additive]
+    assert mul[12] > 4 * mul[0]
+    assert add[12] < 1.5 * add[0]
+
+
+def test_the_multiplicative_interval_covers_the_peak_hours_of_multiplicative_noise() -> None:
+    """The additive form's one σ is too wide at night and too narrow at the peak, where
+    the replicas matter; the multiplicative form's 0.99 quantile holds near it at both
+    (97 % and 97 % here, against 91 % and 98 %: a σ from the fit's own residuals is a
+    little short of the truth in either form)."""
+    series = _multiplicative(21, noise=0.2, seed=5)
+    peak = {9, 10, 11, 12, 13, 14, 15}
+    mul_peak, mul_rest = _coverage_by_hour(series, fd.ErrorForm.multiplicative, peak)
+    assert mul_peak >= 0.95 and mul_rest >= 0.95
+    add_peak, add_rest = _coverage_by_hour(series, fd.ErrorForm.additive, peak)
+    assert add_peak < mul_peak - 0.03 and add_rest > add_peak + 0.03
+
+
+def test_a_zero_hour_keeps_the_additive_form_until_it_leaves_the_window() -> None:
+    """A series with a zero-demand hour is fitted in the additive form (statsmodels, like
+    R's ``ets``, refuses a multiplicative error on data that is not strictly positive);
+    the fit kept for the other form is not reused across the switch."""
+    series = _multiplicative(8, noise=0.1, seed=2)
+    series[DAY + 3] = 0.0
+    forecaster = fd.DemandForecaster(error=fd.ErrorForm.multiplicative)
+    window = 7 * DAY
+    with_zero = forecaster.forecast("s", series[:window], 6, now=0.0, quantile=0.99)
+    expected = fd.forecast_demand(series[:window], 6, quantile=0.99, error=fd.ErrorForm.additive)
+    assert with_zero == expected
+    assert not forecaster._fits["s"].relative
+    later = series[DAY + 4 : DAY + 4 + window]  # the zero has left the window
+    forecaster.forecast("s", later, 6, now=3600.0, quantile=0.99)
+    assert forecaster.fits == 2 and forecaster._fits["s"].relative
