@@ -196,6 +196,7 @@ class SolverPlanner:
                 overhead_s=transfer.overhead_s,
                 inter_cluster_bandwidth_mib_per_s=transfer.inter_cluster_bandwidth_mib_per_s,
                 inter_cluster_overhead_s=transfer.inter_cluster_overhead_s,
+                inter_cluster_egress_gpu_s_per_gib=transfer.inter_cluster_egress_gpu_s_per_gib,
             )
             # Reproducible by default: one CP-SAT worker, deterministic time, the run's seed.
             defaults = {"deterministic": True, "num_workers": 1, "seed": workload.seed}

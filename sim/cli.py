@@ -592,6 +592,14 @@ def federation_cmd(
     out_dir: OutDirOpt = None,
     drain_cap_h: DrainCapOpt = None,
     progress: ProgressOpt = True,
+    egress_gpu_s_per_gib: Annotated[
+        float | None,
+        typer.Option(
+            help="price each GiB of image that crosses between clusters, in GPU-seconds "
+            "($/GiB ÷ $/GPU-hour × 3600: $0.09 at $2.50 = 130); default: the scenario's "
+            "transfer.inter_cluster_egress_gpu_s_per_gib (0 in the built-in ones)"
+        ),
+    ] = None,
 ) -> None:
     """Multi-cluster scenarios planned per cluster (fifo, priority, shaper: each cluster
     alone) and as one federation group (federated-priority, federated-shaper): one
@@ -601,6 +609,11 @@ def federation_cmd(
     for name in names:
         _check_policy(name)
     cap = _drain_cap(drain_cap_h)
+    if egress_gpu_s_per_gib is not None and not egress_gpu_s_per_gib >= 0:  # NaN too
+        raise typer.BadParameter(
+            f"must be >= 0 GPU-seconds a GiB, got {egress_gpu_s_per_gib}",
+            param_hint="--egress-gpu-s-per-gib",
+        )
     chosen = [s.strip() for s in scenarios.split(",") if s.strip()] or federation_scenarios()
     workloads = [_load(scenario, seed) for scenario in chosen]  # bad names fail first
     results = {}
@@ -610,8 +623,14 @@ def federation_cmd(
                 f"{workload.name} has one cluster; federation needs two or more",
                 param_hint="--scenarios",
             )
+        suffix = ""
+        if egress_gpu_s_per_gib is not None:
+            workload = federation_runs.with_egress(workload, egress_gpu_s_per_gib)
+            suffix = f"-egress{egress_gpu_s_per_gib:g}"
         results[workload.name] = compare(workload, names, drain_cap=cap, show_progress=progress)
-        write_results(results[workload.name], out_dir / f"{workload.name}.json")
+        write_results(results[workload.name], out_dir / f"{workload.name}{suffix}.json")
+    if egress_gpu_s_per_gib is not None:
+        console.print(f"egress: {egress_gpu_s_per_gib:g} GPU-seconds a GiB that crosses")
     console.print(federation_runs.federation_table(results, names), markup=False, soft_wrap=True)
 
 

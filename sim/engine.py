@@ -182,8 +182,10 @@ class Counters:
     # Free GPUs still dumping the checkpoint of a job that left them (allocated to it).
     draining_gpu_seconds: float = 0.0
     migrations: int = 0
-    # Starts and migrations in a cluster other than the one the job's image was in.
+    # Starts and migrations in a cluster other than the one the job's image was in, and
+    # the GiB of images that crossed between clusters for them.
     remote_starts: int = 0
+    gib_crossed: float = 0.0
     preemptions: int = 0
     evictions: int = 0
     rejected_actions: int = 0
@@ -728,6 +730,7 @@ class Simulation:
             return 0.0
         state.location = cluster
         self.counters.remote_starts += 1
+        self.counters.gib_crossed += state.spec.image_gb
         return self.workload.transfer.remote_seconds(state.spec.image_gb)
 
     def _overheads(

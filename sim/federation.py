@@ -9,15 +9,20 @@ is Shaper planning the group as one instance (``sim.adapter``'s module docstring
 
 The table puts every figure side by side and says what federation gains over per-cluster
 Shaper and where federated Shaper stands against the federated baseline, scenario by
-scenario, including those where it does not pay.
+scenario, including those where it does not pay. It counts the GiB of images that crossed
+between clusters and, where egress is priced (the scenario's
+``transfer.inter_cluster_egress_gpu_s_per_gib`` or :func:`with_egress`), what that cost in
+GPU-hours.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from sim.metrics import RunResult
 from sim.report import cell, gains
+from sim.workload import Workload
 
 PER_CLUSTER = ("fifo", "priority", "shaper")
 POLICIES = (*PER_CLUSTER, "federated-priority", "federated-shaper")
@@ -35,7 +40,16 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("remote_starts", "cross-cluster starts", "int"),
     ("migrations", "migr.", "int"),
     ("migration_gpu_hours", "transfer+migr. GPU-h", "num"),
+    ("gib_crossed", "GiB crossed", "num"),
+    ("egress_gpu_hours", "egress GPU-h", "num"),
 )
+
+
+def with_egress(workload: Workload, gpu_s_per_gib: float) -> Workload:
+    """``workload`` with its cross-cluster data priced at ``gpu_s_per_gib`` (the price of a
+    GiB over the price of a GPU-hour, × 3600); ``ValueError`` naming the setting if < 0."""
+    transfer = replace(workload.transfer, inter_cluster_egress_gpu_s_per_gib=gpu_s_per_gib)
+    return replace(workload, transfer=transfer)
 
 
 def _margin(results: Mapping[str, RunResult], mine: str, other: str) -> str:

@@ -46,6 +46,11 @@ Over the whole run:
 * GPU-time by where it went (``sim.ledger``): ``allocated_block_gpu_hours`` =
   ``productive`` + ``lost`` + ``in_flight`` + ``checkpoint`` + ``migration`` GPU-hours,
   checked per job; ``unaccounted_gpu_hours`` is the gap (0 up to rounding).
+* Between clusters: ``remote_starts`` counts starts and migrations in a cluster other
+  than the one the job's image was in, ``gib_crossed`` the GiB of images sent for them,
+  ``egress_gpu_hours`` what that data leaving its site cost at the scenario's
+  ``transfer.inter_cluster_egress_gpu_s_per_gib`` (money in GPU-hours, outside the ledger:
+  no GPU waits for it; 0 when egress is not priced).
 * Churn: ``policy_actions`` counts what the policy's plans did — starts, migrations,
   preemptions and requeues of block jobs, resizes of services (those that changed the
   service) — for every policy, a baseline's starts included. ``actions_per_job_hour``
@@ -217,6 +222,8 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         "sla_violations": float(violations),
         "migrations": float(c.migrations),
         "remote_starts": float(c.remote_starts),
+        "gib_crossed": c.gib_crossed,
+        "egress_gpu_hours": sim.workload.transfer.egress_gpu_seconds(c.gib_crossed) / HOUR,
         "preemptions": float(c.preemptions),
         "failure_evictions": float(c.evictions),
         "allocated_block_gpu_hours": allocated_block / HOUR,

@@ -35,7 +35,9 @@ Times in YAML are hours (``*_h``) unless the key says otherwise. Example::
 Several clusters: each ``cluster`` entry names its ``cluster``; a job, a ``generate``
 block (a list of them for several streams) or a service names the ``cluster`` it is
 submitted to; ``transfer`` takes ``inter_cluster_bandwidth_mib_per_s`` and
-``inter_cluster_overhead_s`` for what crossing between clusters costs. Data residency:
+``inter_cluster_overhead_s`` for what crossing between clusters costs, and
+``inter_cluster_egress_gpu_s_per_gib`` (default 0, not negative) for what the data that
+leaves a site is billed, in GPU-seconds a GiB ($/GiB ÷ $/GPU-hour × 3600). Data residency:
 ``cluster_labels`` gives each cluster its labels (``{east: {region: us}}``), and a job or a
 ``generate`` block may take ``cluster_selector`` (``{region: eu}``) and
 ``allowed_clusters`` (a list of names): a federated planner starts it only there or where

@@ -201,12 +201,32 @@ class Transfer:
     ``inter_cluster_bandwidth_mib_per_s`` after ``inter_cluster_overhead_s`` (submitting to
     another scheduler): a job started in a cluster other than where its image is, and a
     migration to another cluster, pay ``remote_seconds`` on top.
+
+    Where the sites' provider bills the data that leaves (cloud egress),
+    ``inter_cluster_egress_gpu_s_per_gib`` prices each GiB of the image that crosses in
+    GPU-seconds of work, the solver's ``MigrationCostModel`` setting of that name: the price
+    of a GiB over the price of a GPU-hour, × 3600 ($0.09 a GiB at $2.50 a GPU-hour: 130).
+    It costs money, not time: the planner weighs it, the run reports it
+    (``egress_gpu_hours``) beside the GiB that crossed; no GPU waits for it. 0: no egress.
     """
 
     bandwidth_mib_per_s: float = 1000.0
     overhead_s: float = 30.0
     inter_cluster_bandwidth_mib_per_s: float = 100.0
     inter_cluster_overhead_s: float = 120.0
+    inter_cluster_egress_gpu_s_per_gib: float = 0.0
+
+    def __post_init__(self) -> None:
+        egress = self.inter_cluster_egress_gpu_s_per_gib
+        if not egress >= 0:  # NaN too
+            raise ValueError(
+                f"transfer.inter_cluster_egress_gpu_s_per_gib must be >= 0 GPU-seconds a GiB, "
+                f"got {egress!r}"
+            )
+
+    def egress_gpu_seconds(self, gib: float) -> float:
+        """What ``gib`` of data leaving a site costs, in GPU-seconds."""
+        return gib * self.inter_cluster_egress_gpu_s_per_gib
 
     def checkpoint_seconds(self, image_gb: float) -> float:
         return self.overhead_s / 2 + image_gb * 1024 / self.bandwidth_mib_per_s
