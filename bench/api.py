@@ -24,6 +24,8 @@ database) is the harness's own ceiling: the generator shares the CPUs with the s
     python -m bench.api [--nodes 200] [--jobs 2000] [--clients 8] [--seconds 5]
     python -m bench.api --fleet issue [--history-days 1] [--sample-s 300]
     python -m bench.api --fleet issue --cpu --database shaper_bench_issue [--root DIR]
+    python -m bench.api --mixed [--connectors 10 25 50 100] [--push-every 5] [--delta-nodes 1000]
+        [--readers 200] [--seconds 60] [--backends postgres sqlite]
 
 ``--cpu`` measures what the server itself spends per request, which does not depend on
 how many cores the load generator takes: one uvicorn worker, ``--clients`` (default 4)
@@ -32,6 +34,9 @@ clients per endpoint, the CPU time of the worker process (user + system, from
 runs (seeded when it does not exist yet, reused as it is otherwise), and ``--root DIR``
 serves the application from another checkout (the tree before a change), so two trees
 can be measured back to back against the same rows.
+
+``--mixed`` (bench/fleet_load.py) is the issue's mixed load: connectors pushing node
+deltas on a cadence while dashboard clients read, every sequence number accounted for.
 
 The 30-day utilization window reads whatever history was seeded: with the issue's 24 h it
 is a lower bound of the real thing (``--history-days 30`` seeds the month: 30× the rows,
@@ -44,6 +49,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -53,9 +59,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -156,6 +163,13 @@ def cluster_name(index: int) -> str:
     return CLUSTER if index == 0 else f"{CLUSTER}-{index:02d}"
 
 
+def seed_cluster(session: Session, name: str, snapshot: dict[str, Any], now: datetime) -> None:
+    """Register cluster ``name`` and ingest ``snapshot`` as its connector's first push."""
+    cluster_service.register_cluster(session=session, cluster_in=ClusterCreate(name=name), now=now)
+    push = telemetry_service.parse_push(json.dumps(snapshot).encode())
+    telemetry_service.ingest(session=session, cluster_name=name, push=push, now=now)
+
+
 def seed(url: str, fleet: Fleet, n_plans: int) -> tuple[str, str]:
     """The fleet, its history and plans in ``url``; returns (viewer token, connector token)."""
     engine = make_engine(url)
@@ -163,13 +177,8 @@ def seed(url: str, fleet: Fleet, n_plans: int) -> tuple[str, str]:
         with Session(engine, expire_on_commit=False) as session:
             gpu_model_service.ensure_default_catalogue(session=session)
             for index in range(fleet.clusters):
-                name = cluster_name(index)
-                cluster_service.register_cluster(
-                    session=session, cluster_in=ClusterCreate(name=name), now=NOW
-                )
                 snapshot = make_snapshot(fleet.nodes, fleet.jobs, seed=1 + index)
-                push = telemetry_service.parse_push(json.dumps(snapshot).encode())
-                telemetry_service.ingest(session=session, cluster_name=name, push=push, now=NOW)
+                seed_cluster(session, cluster_name(index), snapshot, NOW)
             seed_history(session, fleet)
             # What the beat's folder does every 10 s in a deployment (no worker runs
             # here): left as deltas, the history's roll-up would be read from them.
@@ -302,7 +311,7 @@ def serving(url: str, workers: int, root: Path | None = None) -> Iterator[Server
         [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
          "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
          "--log-level", "warning", "--no-access-log"],
-        env=env, cwd=root,
+        env=env, cwd=root, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
@@ -317,7 +326,13 @@ def serving(url: str, workers: int, root: Path | None = None) -> Iterator[Server
         yield Server(base, server.pid)
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Still working through requests whose clients gave up (an overloaded run):
+            # its workers too, all at once; what they had not committed is rolled back.
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
 
 
 @contextmanager
@@ -516,7 +531,9 @@ def main() -> None:
     parser.add_argument("--sample-s", type=int, help="default 0: no samples (issue: 300)")
     parser.add_argument("--plans", type=int, default=50)
     parser.add_argument("--clients", type=int, help="concurrent readers (default 8; issue: 32)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="per endpoint and backend")
+    parser.add_argument(
+        "--seconds", type=float, help="per endpoint and backend (default 5; --mixed: 60)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL server (admin DSN)")
     parser.add_argument("--backends", nargs="+", help="default sqlite postgres (issue: postgres)")
@@ -528,7 +545,16 @@ def main() -> None:
     )
     parser.add_argument("--database", help="keep the seeded PostgreSQL database of this name")
     parser.add_argument("--root", type=Path, help="serve the application from this checkout")
+    from bench import fleet_load  # imports this module: here, not at the top
+
+    fleet_load.add_arguments(parser)
     args = parser.parse_args()
+    console = Console(width=max(Console().width, 150))
+    if args.mixed:
+        args.seconds = args.seconds or 60.0
+        fleet_load.main_mixed(args, console)
+        return
+    args.seconds = args.seconds or 5.0
     issue = args.fleet == "issue"
     base_fleet = ISSUE_FLEET if issue else Fleet(1, args.nodes, args.jobs, 0, 0)
     fleet = Fleet(
@@ -538,7 +564,6 @@ def main() -> None:
         history_days=base_fleet.history_days if args.history_days is None else args.history_days,
         sample_s=base_fleet.sample_s if args.sample_s is None else args.sample_s,
     )
-    console = Console(width=max(Console().width, 150))
     if args.cpu:
         main_cpu(args, fleet, console)
         return
