@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from playwright.sync_api import Locator, Page, Route, expect
+from playwright.sync_api import Locator, Page, Request, Route, expect
 from sqlmodel import Session
 
 from app.api.deps import get_clock
@@ -241,6 +241,52 @@ def test_a_fresh_load_reads_before_the_dashboard_code_and_draws_cards_before_the
     # Each read once: the begun reads were taken, not made again.
     for path in ("/api/v1/overview", "/api/v1/whoami", "/api/v1/clusters"):
         assert asked.count(path) == 1, path
+
+
+def test_a_fresh_load_of_the_overview_runs_no_other_page_s_code(
+    page: Page, site: dict[str, Any]
+) -> None:
+    """Until the cards are drawn the page fetches two scripts, app.js and main.js, and
+    main.js holds no other page's code: each page's file (what-if, policies, ...) comes when
+    the page is first shown, and the page works then."""
+    scripts: list[str] = []
+
+    def note(request: Request) -> None:
+        if urlparse(request.url).path.endswith(".js"):
+            scripts.append(urlparse(request.url).path)
+
+    page.on("request", note)
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:
+        held.append(route)
+
+    chart_code = re.compile(r"/static/dist/chart-[^/]*\.js$")
+    page.route(chart_code, hold)
+    page.goto(f"{site['base']}/#token={site['tokens']['operator']}")
+    expect(page.locator(".card")).to_have_count(len(SITES))
+    assert [s for s in scripts if not chart_code.search(s)] == [
+        "/static/dist/app.js",
+        "/static/dist/main.js",
+    ]
+    main = httpx.get(f"{site['base']}/static/dist/main.js").text
+    for elsewhere in ("#whatif-form", "#policy-list", "#gpu-map", "#job-state", "#forecast-window"):
+        assert elsewhere not in main, elsewhere
+    page.unroute(chart_code, hold)
+    release(held)
+    expect(page.locator("#util-chart canvas")).to_have_count(1)
+
+    page.goto(f"{site['base']}/#simulations")
+    expect(page.locator("#whatif-form")).to_be_visible()
+    expect(page.locator("#sim-table tbody tr")).to_have_count(len(site["sim"]))
+    assert "/static/dist/whatif.js" in scripts
+    assert "/static/dist/policy_history.js" not in scripts
+    page.goto(f"{site['base']}/#policies")
+    expect(page.locator("#policy-list")).to_be_visible()
+    expect(page.locator("#policies")).to_be_visible()
+    assert "/static/dist/pages.js" in scripts
+    # The scripts asked for: each once, none twice.
+    assert len(scripts) == len(set(scripts)), scripts
 
 
 def test_the_chart_follows_the_page_width_zooms_and_shows_values(

@@ -2,9 +2,13 @@
 // - app.js (src/boot.ts) and app.css: the page's first script, a few hundred bytes; it
 //   begins the first page's reads and imports main.js (the one module it names: it shares
 //   no code with main.js);
-// - main.js (src/main.ts): the dashboard, fetched beside app.js (index.html preloads it);
+// - main.js (src/main.ts): the overview and what every page shares (api.ts, dom.ts,
+//   refresh.ts), fetched beside app.js (index.html preloads it);
 // - chart-*.js: the overview's chart with uPlot, loaded once the overview's cards are drawn;
-//   chunk-*.js: code main.js and the chart share.
+// - one file per other page (PAGES: map.js, queue.js, ...), loaded by main.js with import()
+//   when the page is first shown; they import what they share with the overview from
+//   main.js itself (one copy of its state: the session, the begun reads), and what they
+//   share with each other from chunk-*.js. A fresh load of the overview parses none of them.
 // Type checking is `tsc --noEmit` (npm run build runs it first); esbuild only strips types.
 import { mkdirSync, readdirSync, rmSync } from "node:fs";
 import { build } from "esbuild";
@@ -28,4 +32,40 @@ const common = {
 // app.js on its own, a classic (deferred) script: it shares no code with main.js, so it has
 // no module of its own to fetch before it runs, and it loads main.js with import().
 await build({ ...common, entryPoints: { app: "src/boot.ts" }, format: "iife" });
-await build({ ...common, entryPoints: { main: "src/main.ts" }, splitting: true, format: "esm" });
+
+// The pages main.js loads by name (import("./queue") in main.ts is "./queue.js" beside it).
+const PAGES = ["map", "queue", "job", "pages", "plan", "policy_history", "whatif", "federation", "forecasts"];
+// The modules in main.js; a page's import of one is an import of main.js (which re-exports
+// them), never a second copy.
+const SHARED = ["api", "dom", "refresh"];
+const IN_MAIN = [...SHARED, "overview", "main"];
+const named = (names) => new RegExp(`^\\./(${names.join("|")})$`);
+
+const pagesByName = {
+  name: "pages-by-name",
+  setup(build) {
+    build.onResolve({ filter: named(PAGES) }, (args) =>
+      args.kind === "dynamic-import"
+        ? { path: `${args.path}.js`, external: true }
+        : { errors: [{ text: `${args.path} is a page: main.js may only import() it` }] },
+    );
+  },
+};
+const mainByName = {
+  name: "main-by-name",
+  setup(build) {
+    build.onResolve({ filter: named(IN_MAIN) }, (args) =>
+      SHARED.includes(args.path.slice(2))
+        ? { path: "./main.js", external: true }
+        : { errors: [{ text: `a page imports ${args.path}, which is main.js's own` }] },
+    );
+  },
+};
+await build({ ...common, entryPoints: { main: "src/main.ts" }, splitting: true, format: "esm", plugins: [pagesByName] });
+await build({
+  ...common,
+  entryPoints: Object.fromEntries(PAGES.map((page) => [page, `src/${page}.ts`])),
+  splitting: true,
+  format: "esm",
+  plugins: [mainByName],
+});

@@ -2,18 +2,22 @@
 // rather than 1061.4861111111113, 1.59e-16 and raw ISO. Every page that shows a plan's
 // figures formats them here, so the same figure reads the same everywhere.
 
-import { duration } from "./queue";
+// Made at first use: a page that shows no time (the overview) makes none.
+let time: Intl.DateTimeFormat | null = null;
 
-const TIME = new Intl.DateTimeFormat("en-GB", {
-  day: "numeric",
-  month: "short",
-  year: "numeric",
-  hour: "2-digit",
-  minute: "2-digit",
-  second: "2-digit",
-  hour12: false,
-  timeZone: "UTC",
-});
+function timeFormat(): Intl.DateTimeFormat {
+  time ??= new Intl.DateTimeFormat("en-GB", {
+    day: "numeric",
+    month: "short",
+    year: "numeric",
+    hour: "2-digit",
+    minute: "2-digit",
+    second: "2-digit",
+    hour12: false,
+    timeZone: "UTC",
+  });
+  return time;
+}
 
 /** A number with thousands separators and one decimal (two under 100); "–" for none. */
 export function figure(value: number | null | undefined): string {
@@ -40,7 +44,7 @@ export function solveTime(seconds: number): string {
 
 /** An instant in UTC, to the second: "2 Dec 2026, 12:30:00 UTC"; "—" for none. */
 export function when(iso: string | null | undefined): string {
-  return iso ? `${TIME.format(new Date(iso))} UTC` : "—";
+  return iso ? `${timeFormat().format(new Date(iso))} UTC` : "—";
 }
 
 /** How long before `now` (this browser's clock): "5 min ago", "just now". */
@@ -55,4 +59,16 @@ export function between(start: string | null | undefined, end: string | null | u
   const seconds = Math.max(0, (Date.parse(end) - Date.parse(start)) / 1000);
   if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
   return seconds < 60 ? `${seconds.toFixed(1)} s` : duration(seconds);
+}
+
+/** A wait for people: seconds under a minute, minutes under an hour, hours and minutes
+ * under two days, then days and hours. */
+export function duration(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return `${s} s`;
+  const minutes = Math.floor(s / 60);
+  if (minutes < 60) return `${minutes} min`;
+  const hours = Math.floor(minutes / 60);
+  if (hours < 48) return `${hours} h ${String(minutes % 60).padStart(2, "0")} min`;
+  return `${Math.floor(hours / 24)} d ${hours % 24} h`;
 }

@@ -9,7 +9,7 @@
 
 import { api, isAbort, Latest, Unauthorized } from "./api";
 import { $, esc } from "./dom";
-import { duration } from "./queue";
+import { duration } from "./format";
 import type { ActionDetail, ActionStep, Job, Page, PlanDecisionOnJob } from "./types";
 
 // How many actions and plans the page reads; it says so when there are more actions.

@@ -3,22 +3,24 @@
 
 import { adoptReads, api, dropReads, isAbort, session, Unauthorized } from "./api";
 import { $, esc, select } from "./dom";
-import { planGroup, showFederation, whatIf, wireFederation } from "./federation";
-import { fillForecastClusters, showForecasts, wireForecasts } from "./forecasts";
-import { showJob } from "./job";
-import { showNodes, wireMap } from "./map";
 import { fillClusterFilter, followWidth, readFiguresEarly, redrawChart, showOverview } from "./overview";
-import { showPlan, wirePlan } from "./plan";
-import { pageState, showActions, showIdle, showPolicies, showSimulations } from "./pages";
-import { policyWritten, showPolicyHistory } from "./policy_history";
-import { fillQueueClusters, showQueue, wireQueue } from "./queue";
-import { leaveSimulations, showSimulationsPage, wireWhatIf } from "./whatif";
 import type { Begun } from "./boot";
 import type { Cluster, Policy } from "./types";
 
+// The other pages' code (build.mjs): each page's file is loaded when the page is first
+// shown (or something on it is used), so a fresh load of the overview parses and runs only
+// the overview's. They take this file's shared modules from it, one copy of their state.
+export * from "./api";
+export * from "./dom";
+export * from "./refresh";
+
 let clusters: Cluster[] = [];
+// Each route() call (and signing out): a page's code that arrives after a later one shows
+// nothing.
+let routed = 0;
 
 function signOut(message = ""): void {
+  routed++; // a page whose code is still on its way is not shown
   sessionStorage.removeItem("shaper-token");
   dropReads();
   session.token = null;
@@ -31,8 +33,10 @@ session.onUnauthorized = signOut;
 
 async function signIn(token: string): Promise<void> {
   session.token = token;
-  // The overview's figures are read beside who the token is and the clusters, not after.
+  // The overview's figures are read beside who the token is and the clusters, not after;
+  // another page's code is asked for then too (route() takes it).
   if (viewAsked() === "overview") readFiguresEarly();
+  else Promise.resolve(VIEWS[viewAsked()]()).catch(() => undefined);
   try {
     const [me, listed] = await Promise.all([
       api<{ name: string; scopes: string[] }>("/whoami"),
@@ -50,26 +54,82 @@ async function signIn(token: string): Promise<void> {
       select(id).innerHTML = clusters.map((c) => `<option>${esc(c.name)}</option>`).join("");
     }
     fillClusterFilter(clusters);
-    fillQueueClusters(clusters);
-    fillForecastClusters(clusters);
+    queueCode.refill();
+    forecastsCode.refill();
     route();
   } catch (error) {
     if (!(error instanceof Unauthorized)) signOut(String((error as Error).message ?? error));
   }
 }
 
-const VIEWS: Record<string, () => Promise<void>> = {
-  overview: () => showOverview(clusters),
-  nodes: showNodes,
-  jobs: showQueue,
-  job: showJob,
-  actions: showActions,
-  plan: showPlan,
-  policies: showPolicies,
-  simulations: showSimulationsPage,
-  idle: showIdle,
-  federation: showFederation,
-  forecasts: showForecasts,
+/** A page's code, loaded once (wired and given the clusters then); a failed load is tried
+ * again next time. */
+class Code<T> {
+  /** The code once here and wired. */
+  now: T | null = null;
+  private loaded: Promise<T> | null = null;
+
+  constructor(
+    private readonly load: () => Promise<T>,
+    private readonly wire: (code: T) => void = () => {},
+    // Gives the page the clusters as read at sign-in.
+    private readonly fill: (code: T) => void = () => {},
+  ) {}
+
+  get(): Promise<T> {
+    this.loaded ??= this.load().then(
+      (code) => {
+        this.wire(code);
+        this.fill(code);
+        this.now = code;
+        return code;
+      },
+      (error: unknown) => {
+        this.loaded = null;
+        throw error;
+      },
+    );
+    return this.loaded;
+  }
+
+  /** The clusters again, if the code is here (a page whose code comes later takes them then). */
+  refill(): void {
+    if (this.now) this.fill(this.now);
+  }
+}
+
+const mapCode = new Code(() => import("./map"), (code) => code.wireMap());
+const queueCode = new Code(
+  () => import("./queue"),
+  (code) => code.wireQueue(),
+  (code) => code.fillQueueClusters(clusters),
+);
+const jobCode = new Code(() => import("./job"));
+const pagesCode = new Code(() => import("./pages"));
+const planCode = new Code(() => import("./plan"), (code) => code.wirePlan());
+const historyCode = new Code(() => import("./policy_history"));
+const whatIfCode = new Code(() => import("./whatif"), (code) => code.wireWhatIf());
+const federationCode = new Code(() => import("./federation"), (code) => code.wireFederation());
+const forecastsCode = new Code(
+  () => import("./forecasts"),
+  (code) => code.wireForecasts(),
+  (code) => code.fillForecastClusters(clusters),
+);
+
+// Each view: how it is shown, once its code is here (the overview's is in this file).
+type Show = () => Promise<void>;
+const VIEWS: Record<string, () => Show | Promise<Show>> = {
+  overview: () => () => showOverview(clusters),
+  nodes: () => mapCode.get().then((code) => code.showNodes),
+  jobs: () => queueCode.get().then((code) => code.showQueue),
+  job: () => jobCode.get().then((code) => code.showJob),
+  actions: () => pagesCode.get().then((code) => code.showActions),
+  plan: () => planCode.get().then((code) => code.showPlan),
+  policies: () => pagesCode.get().then((code) => code.showPolicies),
+  simulations: () => whatIfCode.get().then((code) => code.showSimulationsPage),
+  idle: () => pagesCode.get().then((code) => code.showIdle),
+  federation: () => federationCode.get().then((code) => code.showFederation),
+  forecasts: () => forecastsCode.get().then((code) => code.showForecasts),
 };
 
 /** The view the address asks for (the overview when it asks for none or an unknown one). */
@@ -80,12 +140,25 @@ function viewAsked(): string {
 
 function route(): void {
   const view = viewAsked();
-  if (view !== "simulations") leaveSimulations();
-  document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = v.id !== view));
+  if (view !== "simulations") whatIfCode.now?.leaveSimulations();
   // A job's page belongs to the queue, a plan's to Plans & actions.
   const tab = view === "job" ? "jobs" : view === "plan" ? "actions" : view;
   document.querySelectorAll<HTMLAnchorElement>("#nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === tab));
-  run(VIEWS[view]);
+  const mine = ++routed;
+  // The page is shown once its code is here and wired: no control of it is ever dead.
+  const shown = (show: Show): void => {
+    if (mine !== routed) return;
+    document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = v.id !== view));
+    run(show);
+  };
+  const code = VIEWS[view]();
+  if (code instanceof Promise) {
+    code.then(shown, (error: unknown) => {
+      if (mine === routed) console.error(error);
+    });
+  } else {
+    shown(code);
+  }
 }
 
 function run(show: () => Promise<void>): void {
@@ -99,11 +172,11 @@ document.addEventListener("click", async (event) => {
   if (!(target instanceof HTMLElement)) return;
   const { planDecide, decide, edit, id, whatIf: whatIfGroup, planGroup: planned, policyHistory } = target.dataset;
   if (policyHistory) {
-    run(() => showPolicyHistory(policyHistory));
+    run(async () => (await historyCode.get()).showPolicyHistory(policyHistory));
   } else if (whatIfGroup) {
-    run(() => whatIf(whatIfGroup));
+    run(async () => (await federationCode.get()).whatIf(whatIfGroup));
   } else if (planned) {
-    run(() => planGroup(planned));
+    run(async () => (await federationCode.get()).planGroup(planned));
   } else if (planDecide || decide) {
     const path = planDecide ? `/plans/${id}/${planDecide}` : `/actions/${id}/${decide}`;
     try {
@@ -111,9 +184,9 @@ document.addEventListener("click", async (event) => {
     } catch (error) {
       alert((error as Error).message);
     }
-    run(showActions);
+    run(async () => (await pagesCode.get()).showActions());
   } else if (edit) {
-    const policy = pageState.policies[edit];
+    const policy = (await pagesCode.get()).pageState.policies[edit];
     $<HTMLInputElement>("#policy-name").value = policy.name;
     $<HTMLTextAreaElement>("#policy-spec").value = JSON.stringify(policy.spec, null, 2);
     $("#policy-editor-title").textContent = `Edit ${policy.name} (now version ${policy.version})`;
@@ -121,8 +194,9 @@ document.addEventListener("click", async (event) => {
 });
 
 // A version written by the form, a rollback or an import (policy_history.ts).
-document.addEventListener("policy-written", (event) => {
+document.addEventListener("policy-written", async (event) => {
   const saved = (event as CustomEvent<Policy>).detail;
+  const { pageState, showPolicies } = await pagesCode.get();
   pageState.policies[saved.name] = saved;
   run(showPolicies);
   if ($<HTMLInputElement>("#policy-name").value !== saved.name) return;
@@ -146,6 +220,7 @@ $("#policy-form").addEventListener("submit", async (event) => {
   const name = $<HTMLInputElement>("#policy-name").value;
   const comment = $<HTMLInputElement>("#policy-comment").value;
   try {
+    const [{ pageState }, { policyWritten }] = await Promise.all([pagesCode.get(), historyCode.get()]);
     const saved = pageState.policies[name]
       ? await api<Policy>(`/policies/${encodeURIComponent(name)}`, { method: "PUT", body: JSON.stringify({ spec, comment }) })
       : await api<Policy>("/policies", { method: "POST", body: JSON.stringify({ name, spec, comment }) });
@@ -160,19 +235,13 @@ $("#login-form").addEventListener("submit", (event) => {
   void signIn($<HTMLInputElement>("#token-input").value.trim());
 });
 for (const id of ["#group-by", "#util-cluster", "#util-range"]) select(id).addEventListener("change", redrawChart);
-select("#node-cluster").addEventListener("change", () => run(showNodes));
-select("#sim-result").addEventListener("change", () => run(showSimulations));
-select("#idle-cluster").addEventListener("change", () => run(showIdle));
+select("#node-cluster").addEventListener("change", () => run(async () => (await mapCode.get()).showNodes()));
+select("#sim-result").addEventListener("change", () => run(async () => (await pagesCode.get()).showSimulations()));
+select("#idle-cluster").addEventListener("change", () => run(async () => (await pagesCode.get()).showIdle()));
 window.addEventListener("hashchange", () => {
   if (session.token) route();
 });
 followWidth();
-wireFederation();
-wireForecasts();
-wireQueue();
-wirePlan();
-wireMap();
-wireWhatIf();
 
 /** Called by app.js (boot.ts) with the token it found (in the URL fragment or this tab's
  * storage) and the reads it began with it. */

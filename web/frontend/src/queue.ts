@@ -23,6 +23,7 @@
 
 import { api, isAbort, Latest, Unauthorized } from "./api";
 import { $, count, esc, select } from "./dom";
+import { duration } from "./format";
 import { jobLink } from "./links";
 import { Poller, redraw } from "./refresh";
 import type { Cluster, Job, JobDecisions, Page, PlanDecision, Policy } from "./types";
@@ -380,15 +381,3 @@ function reasonCell(j: Job, plan: JobDecisions | undefined): string {
 }
 
 const when = (iso: string): string => iso.slice(0, 16).replace("T", " ");
-
-/** A wait for people: seconds under a minute, minutes under an hour, hours and minutes
- * under two days, then days and hours. */
-export function duration(seconds: number): string {
-  const s = Math.max(0, Math.floor(seconds));
-  if (s < 60) return `${s} s`;
-  const minutes = Math.floor(s / 60);
-  if (minutes < 60) return `${minutes} min`;
-  const hours = Math.floor(minutes / 60);
-  if (hours < 48) return `${hours} h ${String(minutes % 60).padStart(2, "0")} min`;
-  return `${Math.floor(hours / 24)} d ${hours % 24} h`;
-}
