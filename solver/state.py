@@ -33,14 +33,22 @@ class ClusterState:
         self.jobs_on_node: list[dict[str, int]] = [{} for _ in nodes]
         self._log: list[tuple[str, int, int]] = []
         self._logging = False
+        # Nodes whose holdings changed (after the load) since the last
+        # ``take_changed_nodes``: a reader that keeps its own per-node index
+        # (``solver.greedy.defragmentation``) refreshes those instead of scanning them all.
+        self._changed_nodes: set[int] = set()
+        self._group_orders: dict[tuple[int, ...], tuple[int, ...]] = {}
         # Set by the shaper's engine (``SolverConfig.gang_aware_placement``): single-node
         # placements then leave free GPUs the waiting gangs can use (``solver.gang_fit``).
         self.gang_fit: GangFit | None = None
-        for job in instance.jobs:
-            for node_name, gpus in job.placement.items():
-                self.add(job, self.node_index[node_name], gpus)
+        self._load(instance.jobs)
         # Buckets are built after the initial load, from the resulting free counts.
         self.group_free = [0] * len(self.compat.groups)
+        # No node of a group has more free GPUs than this: where bucket walks stop.
+        self.most_gpus = [
+            max((nodes[i].gpus for i in group.node_indices), default=0)
+            for group in self.compat.groups
+        ]
         self.buckets: list[dict[int, dict[int, None]]] = [
             defaultdict(dict) for _ in self.compat.groups
         ]
@@ -50,6 +58,25 @@ class ClusterState:
                 self.buckets[group][self.free_gpus[i]][i] = None
                 self.group_free[group] += self.free_gpus[i]
         self._logging = True
+
+    def _load(self, jobs: Iterable[Job]) -> None:
+        """The snapshot's holdings, counted as ``add`` counts them, without what only
+        changes after the load need (undo entries, buckets, changed nodes)."""
+        node_index = self.node_index
+        free_gpus, free_cpu, free_mem = self.free_gpus, self.free_cpu, self.free_mem
+        for job in jobs:
+            if not job.placement:
+                continue
+            held = self.placement.setdefault(job.id, {})
+            for node_name, gpus in job.placement.items():
+                node = node_index[node_name]
+                replicas = gpus // job.gpus_per_replica
+                free_gpus[node] -= gpus
+                free_cpu[node] -= replicas * job.cpu_milli_per_replica
+                free_mem[node] -= replicas * job.memory_mib_per_replica
+                held[node] = held.get(node, 0) + gpus
+                self.jobs_on_node[node][job.id] = held[node]
+                self.team_usage[job.team] += gpus
 
     # -- primitive changes -------------------------------------------------------------
 
@@ -75,6 +102,7 @@ class ClusterState:
         self.jobs_on_node[node][job.id] = held[node]
         self.team_usage[job.team] += gpus
         self._move_bucket(node, old, old - gpus)
+        self._changed_nodes.add(node)
         if self._logging:
             self._log.append((job.id, node, gpus))
 
@@ -97,6 +125,7 @@ class ClusterState:
                 self.gang_fit.stopped(job)
         self.team_usage[job.team] -= gpus
         self._move_bucket(node, old, old + gpus)
+        self._changed_nodes.add(node)
         if self._logging:
             self._log.append((job.id, node, -gpus))
 
@@ -124,6 +153,12 @@ class ClusterState:
                 self.add(job, node, -gpus)
             # Each inverse appended one entry; drop it and the original.
             del self._log[-2:]
+
+    def take_changed_nodes(self) -> set[int]:
+        """The nodes whose holdings changed since the last call (rolled-back changes
+        included); the record then starts afresh."""
+        changed, self._changed_nodes = self._changed_nodes, set()
+        return changed
 
     # -- queries -------------------------------------------------------------------------
 
@@ -180,12 +215,28 @@ class ClusterState:
                 return target
         return None
 
+    def nodes_with_free(self, group: int, gpus: int) -> list[int]:
+        """The ready nodes of ``group`` with at least ``gpus`` GPUs free."""
+        return [
+            node
+            for free, members in self.buckets[group].items()
+            if free >= gpus
+            for node in members
+        ]
+
     def compatible_free(self, groups: Iterable[int]) -> int:
         return sum(self.group_free[g] for g in groups)
 
-    def group_order(self, groups: list[int]) -> list[int]:
-        # Faster GPUs first: the objective weights GPUs by speed.
-        return sorted(groups, key=lambda g: (-self.compat.groups[g].gpu_model.speed, g))
+    def group_order(self, groups: list[int]) -> tuple[int, ...]:
+        # Faster GPUs first: the objective weights GPUs by speed. Asked for every placement
+        # tried, of a few distinct lists of groups: each is sorted once.
+        key = tuple(groups)
+        ordered = self._group_orders.get(key)
+        if ordered is None:
+            speed = {g: self.compat.groups[g].gpu_model.speed for g in key}
+            ordered = tuple(sorted(key, key=lambda g: (-speed[g], g)))
+            self._group_orders[key] = ordered
+        return ordered
 
     def find_single_node(
         self, job: Job, replicas: int, groups: list[int], exclude: set[int] | None = None
@@ -199,9 +250,13 @@ class ClusterState:
         for group in self.group_order(groups):
             bucket = self.buckets[group]
             speed = self.compat.groups[group].gpu_model.speed
-            for free in sorted(f for f, members in bucket.items() if f >= need and members):
+            # Levels in increasing order of free GPUs: at most a node's GPUs, a handful.
+            for free in range(need, self.most_gpus[group] + 1):
+                members = bucket.get(free)
+                if not members:
+                    continue
                 found = None
-                for node in bucket[free]:
+                for node in members:
                     if exclude and node in exclude:
                         continue
                     if self.replicas_fitting(job, node) >= replicas:

@@ -144,6 +144,8 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         after = plan.placement.get(job.id, {})
         usage_before[job.team] += sum(before.values())
         usage_after[job.team] += sum(after.values())
+        if after == before and not job.is_elastic:
+            continue  # a block job the plan leaves as it is: rules 3-6 hold (most jobs)
         policy = instance.policy_for(job)
 
         # 3. compatibility of what the job gains
@@ -251,9 +253,11 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
             bad("actions", job.id, f"{action.kind.value} where {expected} expected")
     for job in instance.jobs:
         after = plan.placement.get(job.id, {})
-        if after != job.placement and acted[job.id] != 1:
-            bad("actions", job.id, f"changed with {acted[job.id]} actions")
-        if after == job.placement and acted[job.id]:
+        count = acted.get(job.id, 0)
+        changed = after != job.placement
+        if changed and count != 1:
+            bad("actions", job.id, f"changed with {count} actions")
+        if not changed and count:
             bad("actions", job.id, "action for an unchanged job")
         if not after and not job.is_elastic and job.id not in plan.pending:
             bad("reasons", job.id, "holds nothing and has no reason")
@@ -305,6 +309,7 @@ def _check_indices(
 ) -> None:
     taken: dict[str, set[int]] = defaultdict(set)
     overfull: dict[str, int] = defaultdict(int)
+    node_by_name = instance.node_by_name
     for target in plan.placement.values():
         for node_name, gpus in target.items():
             overfull[node_name] += gpus
@@ -312,14 +317,17 @@ def _check_indices(
         held = plan.gpu_indices.get(job_id, {})
         for node_name, gpus in target.items():
             indices = held.get(node_name, ())
-            size = instance.node_by_name[node_name].gpus
-            if overfull.get(node_name, 0) > size:
+            size = node_by_name[node_name].gpus
+            if overfull[node_name] > size:
                 continue  # an overfilled snapshot has no consistent indices to check
-            if len(set(indices)) != gpus or any(not 0 <= i < size for i in indices):
+            distinct = set(indices)  # once per holder: a plan has one per running job
+            in_range = not distinct or (min(distinct) >= 0 and max(distinct) < size)
+            if len(distinct) != gpus or not in_range:
                 bad("indices", job_id, f"{node_name}: indices {indices} for {gpus} GPUs")
-            if taken[node_name] & set(indices):
+            taken_here = taken[node_name]
+            if not taken_here.isdisjoint(distinct):
                 bad("indices", job_id, f"{node_name}: indices {indices} already taken")
-            taken[node_name] |= set(indices)
+            taken_here |= distinct
 
 
 def _expected_kind(before: bool, after: bool, elastic: bool) -> set[ActionKind]:

@@ -25,6 +25,8 @@ until demand changes.
 
 from __future__ import annotations
 
+import enum
+
 from solver.greedy.ledger import Ledger
 from solver.greedy.lookahead import Lookahead
 from solver.instance import Job
@@ -32,6 +34,22 @@ from solver.plan import Reason, ReasonCode
 
 # Nodes tried per job when making room by moving only some of a node's residents.
 PARTIAL_TRIES = 4
+
+
+class Role(enum.Enum):
+    """What defragmentation may do with a job this cycle (a job with none stays put)."""
+
+    MOVABLE = enum.auto()  # ``Defragmentation.movable``
+    HELD_BACK = enum.auto()  # ``movable_held_back``: movable but for its dwell
+    RELOCATABLE = enum.auto()  # ``relocatable``: a service's replicas
+
+
+class Residents(enum.Enum):
+    """A node's residents, as ``try_defrag`` sees them."""
+
+    LEAVE = enum.auto()  # every one may leave (``_may_leave``): the node can be emptied
+    HELD_BACK = enum.auto()  # all would be movable or relocatable, but some are held back
+    STAY = enum.auto()  # anything else (also: no residents)
 
 
 class Defragmentation:
@@ -63,6 +81,13 @@ class Defragmentation:
             if ledger.options.move_replicas
             else set()
         )
+        # The three sets above, disjoint, as one lookup per resident: the node scans below
+        # (``try_defrag``, ``_make_room_on_one_node``) and the ``RoleIndex`` ask it of every
+        # resident of every node they look at.
+        self.role: dict[str, Role] = dict.fromkeys(self.movable_held_back, Role.HELD_BACK)
+        self.role.update(dict.fromkeys(self.movable, Role.MOVABLE))
+        self.role.update(dict.fromkeys(self.relocatable, Role.RELOCATABLE))
+        self.index = RoleIndex(ledger, self.role)
         self.failed: dict[tuple[object, ...], bool] = {}  # -> blocked by the budget
 
     def _could_move(self, job: Job) -> bool:
@@ -104,6 +129,26 @@ class Defragmentation:
             return job_id not in self.ledger.room_made_for
         return job_id in self.movable
 
+    def _residents(self, on_node: dict[str, int]) -> Residents:
+        """Whether a node's residents may all leave it, are held back from it, or stay."""
+        if not on_node:
+            return Residents.STAY
+        touched = self.ledger.touched
+        room_made_for = self.ledger.room_made_for
+        role = self.role
+        held_back = stays = False
+        for resident in on_node:
+            kind = role.get(resident)
+            if kind is None:
+                return Residents.STAY
+            if kind is Role.HELD_BACK:
+                held_back = True
+            elif resident in touched or (kind is Role.RELOCATABLE and resident in room_made_for):
+                stays = True  # what ``_may_leave`` refuses
+        if held_back:
+            return Residents.HELD_BACK
+        return Residents.STAY if stays else Residents.LEAVE
+
     def try_defrag(self, job: Job, groups: list[int]) -> dict[int, int] | None:
         """A placement for ``job`` on nodes emptied by moving their residents, or None.
         The moves stay; the caller places the job."""
@@ -120,26 +165,28 @@ class Defragmentation:
         nodes = ledger.instance.nodes
         need = job.total_gpus
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
-        movable = self.movable
-        relocatable = self.relocatable
-        held_back = self.movable_held_back
         per_replica = job.gpus_per_replica
+        self.index.refresh()
         for group in state.group_order(self.lookahead.allowed_groups(job, groups)):
             # (residents to move, -free GPUs, node, residents, GPUs the job gets there)
             candidates: list[tuple[int, int, int, list[Job], int]] = []
             frozen_sizes: list[int] = []  # nodes only frozen residents keep from moving
-            for node in ledger.compat.groups[group].node_indices:
+            # Every other node of the group has a resident that stays and too few GPUs
+            # free: it is neither a candidate nor held back. (The order does not matter:
+            # candidates are sorted by a key that ends with the node.)
+            scanned = self.index.all_with_role[group].union(
+                state.nodes_with_free(group, per_replica)
+            )
+            for node in scanned:
                 if not state.ready[node] or nodes[node].gpus < per_replica:
                     continue
                 on_node = state.jobs_on_node[node]
                 free = state.free_gpus[node]
-                if on_node and all(
-                    r in held_back or r in movable or r in relocatable for r in on_node
-                ):
-                    if any(r in held_back for r in on_node):
-                        frozen_sizes.append(nodes[node].gpus)
-                        continue
-                if on_node and all(self._may_leave(r) for r in on_node):
+                residents = self._residents(on_node)
+                if residents is Residents.HELD_BACK:
+                    frozen_sizes.append(nodes[node].gpus)
+                    continue
+                if residents is Residents.LEAVE:
                     usable = nodes[node].gpus - nodes[node].gpus % per_replica
                     candidates.append(
                         (len(on_node), -free, node, [job_by_id[r] for r in on_node], usable)
@@ -190,26 +237,37 @@ class Defragmentation:
         nodes = ledger.instance.nodes
         job_by_id = ledger.instance.job_by_id
         need = job.total_gpus
+        role = self.role
         options: list[tuple[int, int, int, int, list[Job]]] = []
-        for node in ledger.compat.groups[group].node_indices:
+        self.index.refresh()
+        # With no migration budget left only services' replicas may leave (``_leavers``):
+        # only the nodes holding some can make room. (The order does not matter: options
+        # are sorted by a key that ends with the node.)
+        scanned = (
+            ledger.compat.groups[group].node_indices
+            if budget > 0
+            else sorted(self.index.with_replicas[group])
+        )
+        for node in scanned:
             if not state.ready[node] or nodes[node].gpus < need:
                 continue
             short = need - state.free_gpus[node]
             if short <= 0:
                 continue  # held back by CPU or memory, which moving GPUs does not mend
             on_node = state.jobs_on_node[node]
-            leavers = sorted(
-                (job_by_id[r] for r in on_node if self._may_leave(r) and on_node[r] < need),
-                key=lambda r: (not r.is_elastic, -on_node[r.id], r.id),
-            )
+            leavers = self._leavers(on_node, need, short, budget)
+            if not leavers:
+                continue
+            # Services' replicas first (they use no migration budget), then the largest.
+            leavers.sort(key=lambda r: (role[r] is not Role.RELOCATABLE, -on_node[r], r))
             chosen: list[Job] = []
             freed = migrations = 0
             for resident in leavers:
                 if freed >= short:
                     break
-                chosen.append(resident)
-                freed += on_node[resident.id]
-                migrations += not resident.is_elastic
+                chosen.append(job_by_id[resident])
+                freed += on_node[resident]
+                migrations += role[resident] is not Role.RELOCATABLE
             if freed >= short and migrations <= budget:
                 options.append((migrations, len(chosen), freed - short, node, chosen))
         options.sort(key=lambda o: (o[0], o[1], o[2], o[3]))
@@ -218,6 +276,19 @@ class Defragmentation:
             if placement is not None:
                 return placement
         return None
+
+    def _leavers(self, on_node: dict[str, int], need: int, short: int, budget: int) -> list[str]:
+        """The residents smaller than the job that may leave the node, or none when all of
+        them together cannot make the ``short`` GPUs: then no choice among them can, and
+        the node is passed without sorting them. With no migration budget left only the
+        services' replicas count: they are chosen first, and a plan that also needs a
+        migration is over budget anyway."""
+        leavers = [r for r, gpus in on_node.items() if gpus < need and self._may_leave(r)]
+        if budget <= 0:
+            leavers = [r for r in leavers if self.role[r] is Role.RELOCATABLE]
+        if sum(on_node[r] for r in leavers) < short:
+            return []
+        return leavers
 
     def _evacuate_and_place(
         self,
@@ -378,6 +449,45 @@ class Defragmentation:
                 return False
             state.add(service, node, service.gpus_per_replica)
         return True
+
+
+class RoleIndex:
+    """Per node group, the nodes defragmentation may find room on, whatever the cycle has
+    done so far: those whose residents all have a ``Role`` (every resident movable, held
+    back or a relocatable service; only such a node can be emptied or is held back), and
+    those holding a relocatable service's replicas (the only residents that may still
+    leave once the migration budget is spent). Both depend only on who holds GPUs on the
+    node, so they are kept up to date from the nodes whose holdings changed
+    (``ClusterState.take_changed_nodes``) rather than found by scanning every node of a
+    group for every job that does not fit: at 100,000 GPUs and tens of thousands of
+    pending jobs that scan was the largest part of the greedy's time."""
+
+    def __init__(self, ledger: Ledger, role: dict[str, Role]) -> None:
+        self.state = ledger.state
+        self.group_of_node = ledger.compat.group_of_node
+        self.role = role
+        groups = len(ledger.compat.groups)
+        self.all_with_role: list[set[int]] = [set() for _ in range(groups)]
+        self.with_replicas: list[set[int]] = [set() for _ in range(groups)]
+        self._built = False
+
+    def refresh(self) -> None:
+        changed = self.state.take_changed_nodes()
+        if not self._built:  # the first time, every node
+            changed = set(range(len(self.group_of_node)))
+            self._built = True
+        role = self.role
+        for node in changed:
+            group = self.group_of_node[node]
+            kinds = [role.get(resident) for resident in self.state.jobs_on_node[node]]
+            if kinds and None not in kinds:
+                self.all_with_role[group].add(node)
+            else:
+                self.all_with_role[group].discard(node)
+            if Role.RELOCATABLE in kinds:
+                self.with_replicas[group].add(node)
+            else:
+                self.with_replicas[group].discard(node)
 
 
 def _fill(
