@@ -393,10 +393,16 @@ class Defragmentation:
             ledger.after_scale_down[service.id] = {n: g for n, g in base.items() if g}
             ledger.touch(service.id)
             ledger.made_room(service.id, job.id, left)
-            ledger.result.decisions[service.id] = Reason(
-                code=ReasonCode.defragmentation,
-                message=f"replicas moved off {', '.join(sorted(left))} to make room for {job.id}",
-            )
+            # The plan's action goes from the service's placement at the snapshot: replicas
+            # it only got this cycle, moved again, are a scale-up placed elsewhere, and its
+            # reason (the scale-up's) stays. Said otherwise, "moved off n2" named a node the
+            # action does not leave (tests/solver/test_properties.py, placed_where_it_says).
+            vacated = sorted(name for name in left if name in service.placement)
+            if vacated:
+                ledger.result.decisions[service.id] = Reason(
+                    code=ReasonCode.defragmentation,
+                    message=f"replicas moved off {', '.join(vacated)} to make room for {job.id}",
+                )
         ledger.epoch += 1
         return placement
 
