@@ -35,6 +35,7 @@ from app.api.deps import SessionDep, authorize
 from app.api.docs import add_docs
 from app.api.responses import declare_error_responses
 from app.api.router import api_router
+from app.core.admission import AdmissionMiddleware
 from app.core.body_limit import BodyLimitMiddleware
 from app.core.config import Settings, get_settings
 from app.core.db_errors import classify
@@ -89,6 +90,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         uploads=[("POST", "/api/v1/simulations")],
     )
+    # Inside the error, timing and id middleware: a request that waits for its turn is
+    # timed, and its answer has its headers like any other.
+    app.add_middleware(AdmissionMiddleware, limit=settings.max_requests_in_flight)
     app.add_middleware(UnhandledErrorMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
     # Server-sent events (text/event-stream) and already compressed types pass through

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from app.audit.models import Actor
 from app.core.clock import Clock, SystemClock
 from app.core.config import Settings
-from app.core.db import begin, get_session
+from app.core.db import begin_lazily, get_session
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
 from app.core.logging import REQUEST_ID
 from app.core.ratelimit import AuthFailureLimiter
@@ -36,15 +36,18 @@ from app.tokens.cache import PrincipalCache
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def get_request_session(
+# Async, and the connection taken at the first statement (``begin_lazily``): taken here,
+# in a trip through the thread pool of its own, a worker with more requests in flight than
+# pooled connections stalled until the pool's timeout (issue 13).
+async def get_request_session(
     request: Request, session: Annotated[Session, Depends(get_session)]
 ) -> Session:
-    begin(session, writes=request.method not in READ_METHODS)
+    begin_lazily(session, writes=request.method not in READ_METHODS)
     return session
 
 
-def get_write_session(session: Annotated[Session, Depends(get_session)]) -> Session:
-    begin(session, writes=True)
+async def get_write_session(session: Annotated[Session, Depends(get_session)]) -> Session:
+    begin_lazily(session, writes=True)
     return session
 
 
@@ -128,8 +131,26 @@ async def get_principal(
         if remembered is not None:
             return remembered
     return await run_in_threadpool(
-        _principal, request, session=session, credentials=credentials, now=now
+        _principal_then_release, request, session=session, credentials=credentials, now=now
     )
+
+
+def _principal_then_release(
+    request: Request,
+    *,
+    session: Session,
+    credentials: HTTPAuthorizationCredentials | None,
+    now: datetime,
+) -> Principal:
+    """``_principal``, then the connection its read took given back when this began the
+    session's transaction: the route runs in another trip through the thread pool, and a
+    connection held while waiting for a thread is how a busy worker stalled (issue 13)."""
+    fresh = not session.in_transaction()
+    try:
+        return _principal(request, session=session, credentials=credentials, now=now)
+    finally:
+        if fresh and session.in_transaction():
+            session.commit()  # it only read; the route's transaction begins anew
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

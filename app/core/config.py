@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     # reply, about 15x less work with agents reporting every 15 s (README, "Each GPU's
     # latest sample"). False reads the window, as before the table.
     map_from_latest_samples: bool = True
+    # Requests that may use the database served at once by each process; the rest wait
+    # their turn (app.core.admission). Below the 15 pooled connections a process has (5 +
+    # 10 overflow), so that one is always free for a request that waits for it.
+    max_requests_in_flight: int = Field(default=14, ge=1, le=10_000)
     log_level: str = "INFO"
     # "json": one JSON object per line (ts, level, logger, message, and the request, plan,
     # action and cluster ids when a line has them), for log shippers; "text" for people.

@@ -155,6 +155,34 @@ def begin(session: Session, *, writes: bool) -> None:
     session.connection(execution_options={BEGIN_OPTION: "IMMEDIATE" if writes else "DEFERRED"})
 
 
+def begin_lazily(session: Session, *, writes: bool) -> None:
+    """What ``begin`` does, without taking a connection now: the session's next transaction
+    begins in the mode ``writes`` asks for when its first statement runs, in the thread
+    that runs it. A request's session dependency uses it: taking the connection there, in
+    a thread of its own, let a worker with more requests than pooled connections stall
+    (every thread of the pool waiting for a connection, every connection held by a request
+    waiting for a thread to run its route) until the pool's timeout answered 503
+    (issue 13's mixed-load bench). A session already in a transaction, or bound to a
+    connection (the tests' SAVEPOINT per test), is left as it is."""
+    if session.in_transaction():
+        return
+    bind = session.bind
+    if isinstance(bind, Engine):
+        session.bind = _with_begin_mode(bind, "IMMEDIATE" if writes else "DEFERRED")
+
+
+def _with_begin_mode(engine: Engine, mode: str) -> Engine:
+    """``engine`` (or the engine it was made from) whose connections begin in ``mode``:
+    one per engine and mode, kept beside it (same pool)."""
+    base = getattr(engine, "_shaper_base", engine)
+    modes: dict[str, Engine] = base.__dict__.setdefault("_shaper_begin_modes", {})
+    if mode not in modes:
+        option_engine = base.execution_options(**{BEGIN_OPTION: mode})
+        option_engine.__dict__["_shaper_base"] = base
+        modes[mode] = option_engine
+    return modes[mode]
+
+
 @lru_cache
 def get_engine() -> Engine:
     return make_engine(get_settings().resolved_database_url)
