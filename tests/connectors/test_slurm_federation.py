@@ -561,7 +561,16 @@ def test_a_give_back_that_slurm_will_not_take_the_job_out_of_ends_the_reservatio
     assert slurm_b.job(moved)["state"] == "RUNNING"
     slurm_b.run("scancel", moved)
     slurm_b.wait_for("the moved job to end", lambda: slurm_b.job(moved)["state"] != "RUNNING")
-    assert connector.upkeep() == [f"deleted reservation {reservation}: job {moved} has gone"]
+    # The upkeep deletes the ended reservation (as one whose job has gone, or, while Slurm
+    # still lists the job ending, as one that ended), unless Slurm purged it first (it
+    # drops an ended reservation itself once no job is in it: seen in a full run); either
+    # way it must be gone.
+    tidied = connector.upkeep()
+    assert tidied in (
+        [],
+        [f"deleted reservation {reservation}: job {moved} has gone"],
+        [f"deleted reservation {reservation}: it ended before job {moved}'s plan gave it back"],
+    ), tidied
     assert reservation not in slurm_b.reservations()
     slurm_b.run("scancel", other)
 
