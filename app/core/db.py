@@ -172,14 +172,11 @@ def begin_lazily(session: Session, *, writes: bool) -> None:
 
 
 def _with_begin_mode(engine: Engine, mode: str) -> Engine:
-    """``engine`` (or the engine it was made from) whose connections begin in ``mode``:
-    one per engine and mode, kept beside it (same pool)."""
-    base = getattr(engine, "_shaper_base", engine)
-    modes: dict[str, Engine] = base.__dict__.setdefault("_shaper_begin_modes", {})
+    """``engine`` whose connections begin in ``mode`` (same pool): made once per engine
+    and mode, kept beside it, as every request asks for one."""
+    modes: dict[str, Engine] = engine.__dict__.setdefault("_shaper_begin_modes", {})
     if mode not in modes:
-        option_engine = base.execution_options(**{BEGIN_OPTION: mode})
-        option_engine.__dict__["_shaper_base"] = base
-        modes[mode] = option_engine
+        modes[mode] = engine.execution_options(**{BEGIN_OPTION: mode})
     return modes[mode]
 
 
