@@ -58,6 +58,7 @@ from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_node
 from connectors.slurm.reservations import (
     SlurmReservation,
     create_args,
+    end_now_args,
     job_of,
     parse_reservations,
     reservation_name,
@@ -700,7 +701,8 @@ class SlurmConnector:
 
         The job is taken out of the reservation, which is then deleted. Should Slurm keep
         the job in it (its delete answers "in use"), the reservation is ended now instead
-        (``EndTime=now``): its nodes are free for anyone at once, the job runs on (FLEX),
+        (a second from now, the soonest Slurm takes: see ``end_now_args``): its nodes are
+        free for anyone within a second, the job runs on (FLEX),
         and the upkeep deletes what is left once the job has gone. So a give-back is
         answered at once, never "not now" for as long as the job runs: a move's last step
         is sent until answered, and would keep the move running until then."""
@@ -802,10 +804,11 @@ class SlurmConnector:
                     f"{what}: a job still runs in it ({error})", retryable=True
                 ) from None
             try:
-                self._scontrol("update", f"ReservationName={name}", "EndTime=now", what=what)
+                self._scontrol(*end_now_args(name), what=what)
             except ConnectorError as refused:
-                # Seen in a full test run ("Invalid time specified"): then "not now", as
-                # before, and the upkeep or the reservation's time to live ends it.
+                # Should Slurm refuse that end too (the reservation made from a host whose
+                # clock is ahead, see end_now_args): "not now", retryable; a resent
+                # give-back asks again, the reservation's time to live ends it.
                 raise ConnectorError(
                     f"{what}: a job still runs in it ({error}); ending it now was refused "
                     f"({refused})",

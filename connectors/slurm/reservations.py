@@ -73,6 +73,24 @@ def create_args(name: str, *, nodes: list[str], user: str, ttl_s: float) -> list
     ]
 
 
+def end_now_args(name: str) -> list[str]:
+    """End the reservation as soon as Slurm allows: its nodes are anyone's again, a job
+    running in it runs on (FLEX).
+
+    Not ``EndTime=now``: slurmctld refuses an end that is not after the reservation's
+    start ("Invalid time specified": ``update_resv`` checks ``start_time >= end_time``),
+    and scontrol reads ``now`` to the second, so ``EndTime=now`` in the second the
+    reservation was made (``StartTime=now``) is refused. That happens: a pending move's
+    job is released into its reservation, starts, and the move gives the reservation
+    back, 0.8-1.0 s after it was made on the test clusters (which schedule every second),
+    so within its second in about one run in six. ``now+1`` is after the start of any
+    reservation made ``now`` here: scontrol reads ``now`` on this host for the create too
+    (slurmctld keeps a start up to a minute old). Only a reservation made from a host
+    whose clock is ahead, or this clock stepped back, could meet the refusal again.
+    """
+    return ["update", f"ReservationName={name}", "EndTime=now+1"]
+
+
 def parse_reservations(output: str) -> list[SlurmReservation]:
     """``scontrol show reservation --oneliner``: one ``Key=Value …`` line per reservation.
 

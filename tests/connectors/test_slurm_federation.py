@@ -41,12 +41,14 @@ from app.federation.models import FederationGroupCreate
 from app.jobs.models import Job
 from app.policies import service as policy_service
 from app.policies.models import SlaPolicyCreate, SlaPolicySpec, TeamPolicy
+from connectors.slurm.connector import SlurmConnector
 from tests.connectors.conftest import SecondSlurmCluster, SlurmCluster
 from tests.support.counter import count_of, next_count, progress_of
 from tests.support.deployment import api
 from tests.support.deployment import deployment as deployment_of
 from tests.support.pipeline import Pipeline
 from tests.support.plans import action_state, wait_until_settled
+from tests.support.refusing_slurm import RefusingSlurm, leaving_a_reservation, reservation_state
 
 A, B = "hpc-test", "hpc-b"
 NODES = {A: ("node1", "node2", "node3"), B: ("bnode1", "bnode2")}
@@ -518,6 +520,55 @@ def test_a_running_move_whose_target_node_was_taken_meanwhile_leaves_the_job_unt
     assert not (pipeline.state_dir("node1") / "images" / job_id).exists()
     slurm.run("scancel", job_id)
     slurm_b.run("scancel", squatter)
+
+
+def test_a_give_back_that_slurm_will_not_take_the_job_out_of_ends_the_reservation_now(
+    slurm_b: SecondSlurmCluster,
+) -> None:
+    """A move's last step gives the target's reservation back, and is sent until answered.
+    Should Slurm refuse to take the running job out of it (so that its delete answers "in
+    use"), the connector ends the reservation now instead of answering "not now" for as
+    long as the job runs: the node is free for B's own queue at once, the job runs on
+    (FLEX), and the upkeep deletes the ended reservation once the job has gone. The job
+    may start, and the give-back come, within the second the reservation was made: Slurm
+    takes the end then too (tests/connectors/test_slurm_reservations.py makes that case
+    certain)."""
+    refusing = RefusingSlurm(refuses=leaving_a_reservation)
+    connector = SlurmConnector(slurm_b.config(), run=refusing)
+    slurm_b.connectors.append(connector)
+    moved = slurm_b.sbatch("--hold", "--nodelist=bnode1", "--gres=gpu:h100:1")
+    connector.reserve(moved, gpus={"bnode1": 1}, ttl_s=600, counts_on=[])
+    connector.release(moved)  # into its reservation
+    slurm_b.wait_state(moved, "RUNNING")
+    reservation = f"shaper-{moved}"
+    assert f"Reservation={reservation}" in slurm_b.scontrol_job(moved)
+
+    connector.unreserve(moved)  # answered, not "not now"
+
+    assert refusing.refused, "the job was never asked out of its reservation"
+    # Ended (Slurm marks it so on a later pass), or gone should Slurm have purged it.
+    assert slurm_b.wait_for(
+        "the reservation to end",
+        lambda: reservation_state(slurm_b, reservation) in ("INACTIVE", None),
+    )
+    # bnode1's other GPU is anyone's again; the moved job runs on.
+    other = slurm_b.sbatch("--nodelist=bnode1", "--gres=gpu:h100:1")
+    slurm_b.wait_state(other, "RUNNING")
+    assert slurm_b.job(moved)["state"] == "RUNNING"
+    slurm_b.run("scancel", moved)
+    slurm_b.wait_for("the moved job to end", lambda: slurm_b.job(moved)["state"] != "RUNNING")
+    # The upkeep deletes the ended reservation (as one whose job has gone, or, while Slurm
+    # still lists the job ending, as one that ended), unless Slurm purged it first (it
+    # drops an ended reservation itself once no job is in it: seen in a full run); either
+    # way it must be gone.
+    tidied = connector.upkeep()
+    assert tidied in (
+        [],
+        [f"deleted reservation {reservation}: job {moved} has gone"],
+        [f"deleted reservation {reservation}: it ended before job {moved}'s plan gave it back"],
+    ), tidied
+    assert reservation_state(slurm_b, reservation) is None
+    slurm_b.run("scancel", other)
 
 
 def _job_at_a(session: Session, job_id: str) -> Job | None:

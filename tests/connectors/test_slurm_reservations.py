@@ -6,16 +6,27 @@ the worst moment a rival is submitted that wants the same node. Without reservat
 Slurm gives node1 to the rival (measured here: the control case); with them the rival
 waits and the planned job starts where the plan put it. Then
 the reservations are given back as soon as the jobs run, a stale plan is refused before
-anything moves, and a job in a reservation outlives it.
+anything moves, and a job in a reservation outlives it. A reservation Slurm keeps a job in
+is ended instead of deleted, even within the second it was made, and one Slurm will not
+end either is "not now" until a resent give-back is answered.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from connectors.base import ConnectorError
 from connectors.slurm import SlurmConnector
 from tests.connectors.conftest import SlurmCluster
+from tests.support.refusing_slurm import (
+    REFUSAL,
+    RefusingSlurm,
+    ending_a_reservation,
+    leaving_a_reservation,
+    reservation_state,
+)
 
 
 def _fragmented(slurm: SlurmCluster) -> tuple[str, str, str]:
@@ -172,3 +183,89 @@ def test_jobs_outlive_a_reservation_the_plan_never_gave_back(slurm: SlurmCluster
     assert slurm.job(job)["state"] == "RUNNING"
     slurm.run("scancel", job)
     assert slurm.wait_state(waiting, "RUNNING")["nodelist"] == "node3"
+
+
+def _held_in_its_reservation(slurm: SlurmCluster, connector: SlurmConnector, job: str) -> str:
+    """Reserve node3 for the held job and put it in its reservation (it stays held, so
+    nothing waits on Slurm's scheduler): Slurm then answers the reservation's delete "in
+    use" until the job has left it."""
+    connector.reserve(job, gpus={"node3": 1}, ttl_s=600)
+    name = f"shaper-{job}"
+    slurm.run("scontrol", "update", f"JobId={job}", f"ReservationName={name}")
+    return name
+
+
+def _at_a_second_start() -> float:
+    # Not a timing: the case below needs its steps inside one wall-clock second.
+    time.sleep(1 - time.time() % 1)
+    return time.time()
+
+
+@pytest.mark.slow
+def test_a_reservation_kept_in_use_is_ended_even_in_the_second_it_was_made(
+    slurm: SlurmCluster,
+) -> None:
+    """Should Slurm keep the job in its reservation, the give-back ends the reservation
+    instead of deleting it. Slurm refuses an end that is not after the reservation's start,
+    to the second ("Invalid time specified" for ``EndTime=now`` then: seen in a full run,
+    where a pending move's job started and was given back within that second). Here the
+    reservation is made, the job put in it and the give-back sent within one second (the
+    test starts at the start of a second, and tries again should the steps take longer)."""
+    refusing = RefusingSlurm(refuses=leaving_a_reservation)
+    connector = SlurmConnector(slurm.config(), run=refusing)
+    slurm.connectors.append(connector)
+    job = slurm.sbatch("-H", "--gres=gpu:1", "-w", "node3", "-J", "quick")
+    for _ in range(5):
+        began = _at_a_second_start()
+        name = _held_in_its_reservation(slurm, connector, job)
+        connector.unreserve(job)  # answered, not "not now"
+        if int(time.time()) == int(began):
+            break
+        # Slower than a second this time: not the case; clean up and again.
+        slurm.connector().unreserve(job)
+    else:
+        pytest.fail("reserving and giving back never fitted in one second in 5 tries")
+
+    assert refusing.refused, "the job was never asked out of its reservation"
+    assert slurm.wait_for(
+        "the reservation to end", lambda: reservation_state(slurm, name) in ("INACTIVE", None)
+    )
+    # node3 is anyone's again.
+    other = slurm.sbatch("--gres=gpu:2", "-w", "node3", "-J", "other")
+    slurm.wait_state(other, "RUNNING")
+    # The upkeep deletes what is left, unless Slurm purged it first; gone either way.
+    assert slurm.connector().upkeep() in (
+        [],
+        [f"deleted reservation {name}: it ended before job {job}'s plan gave it back"],
+    )
+    assert name not in slurm.reservations()
+
+
+@pytest.mark.slow
+def test_a_give_back_slurm_will_neither_take_nor_end_is_not_now_and_answered_when_resent(
+    slurm: SlurmCluster,
+) -> None:
+    """Should Slurm refuse to end the reservation too, the give-back answers "not now"
+    (retryable, naming both refusals) and leaves the reservation as it was; the resent
+    give-back, once Slurm takes it, gives the node back."""
+    refusing = RefusingSlurm(
+        refuses=lambda command: leaving_a_reservation(command) or ending_a_reservation(command)
+    )
+    connector = SlurmConnector(slurm.config(), run=refusing)
+    slurm.connectors.append(connector)
+    job = slurm.sbatch("-H", "--gres=gpu:1", "-w", "node3", "-J", "kept")
+    name = _held_in_its_reservation(slurm, connector, job)
+
+    with pytest.raises(ConnectorError) as not_now:
+        connector.unreserve(job)
+    assert not_now.value.retryable is True
+    message = str(not_now.value)
+    assert "a job still runs in it" in message and "in use" in message, message
+    assert f"ending it now was refused (give back reservation {name}: {REFUSAL})" in message
+    assert [command[-1] for command in refusing.refused] == ["ReservationName=", "EndTime=now+1"]
+    assert reservation_state(slurm, name) == "ACTIVE"
+    assert f"Reservation={name}" in slurm.scontrol_job(job)
+
+    slurm.connector().unreserve(job)  # resent; this Slurm lets the job out
+    assert name not in slurm.reservations()
+    assert "Reservation=" not in slurm.scontrol_job(job)
