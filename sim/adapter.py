@@ -95,7 +95,7 @@ HOUR = 3600.0
 DAY = 86400.0
 
 
-HISTORY_HOURS = 7 * 24
+HISTORY_HOURS = demand_forecast.HISTORY_DAYS * 24
 
 
 class ForecastMode(StrEnum):

@@ -79,7 +79,7 @@ PIN_LABEL = "shaper.io/pinned"
 PIN = "true"
 FORECAST_STEPS = 6
 FORECAST_STEP_S = demand_forecast.STEP_S
-FORECAST_HISTORY_DAYS = 7
+FORECAST_HISTORY_DAYS = demand_forecast.HISTORY_DAYS
 # One per process: the fits it keeps are what makes a 30 s cycle over hundreds of
 # services cheap (see forecast.demand). A fit only changes how the forecast is computed,
 # never what the snapshot holds.
