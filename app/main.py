@@ -50,6 +50,7 @@ from app.core.errors import (
 from app.core.headers import SecurityHeadersMiddleware
 from app.core.ratelimit import AuthFailureLimiter
 from app.core.request_id import RequestIdMiddleware
+from app.core.static import DashboardStaticFiles
 from app.core.unhandled import UnhandledErrorMiddleware
 from app.metrics.http import RequestTimingMiddleware, request_histogram
 from app.metrics.router import router as metrics_router
@@ -144,7 +145,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # The dashboard shell and its assets hold no data: every figure on it comes from the
     # API with the viewer's token. So they are served without one.
-    app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
+    static = DashboardStaticFiles if settings.web_precompressed else StaticFiles
+    app.mount("/static", static(directory=WEB_DIR / "static"), name="static")
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:

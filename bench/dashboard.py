@@ -14,15 +14,28 @@ this process) and its payload; then, in the browser (median of ``--repeats`` loa
 same read as the page saw it, the time from choosing the map to its first rows painted
 (first render) and to every row drawn. For the overview: the first contentful paint and
 the cards drawn on a fresh load (the first animation frame with them, noted by the page
-itself: nothing of Playwright's runs in the page before it), and the view drawn again when
-navigated to, beside ``GET /overview`` alone. Figures only: nothing here asserts a time.
+itself: nothing of Playwright's runs in the page before it) with when ``main.js`` was in
+and when ``GET /overview`` left and was answered, and the view drawn again when
+navigated to, beside ``GET /overview`` alone. Then every other page (``--views``), each
+navigated to from the page before it, first (its code fetched too) and again: the time
+until the view stopped changing, taken apart into its code's fetch, the time with one of
+its API reads outstanding and the rest (the page's own script and layout, mostly), beside
+each read timed alone from this process (median ms, body bytes, gzip-1 bytes as the server
+sends them). Figures only: nothing here asserts a time.
 
     python -m bench.dashboard [--nodes 1250] [--jobs 100000] [--repeats 3] [--backend sqlite]
+        [--views jobs,job,actions,policies,simulations,federation,forecasts]
+
+The server takes the bench's environment (``SHAPER_WEB_PRECOMPRESSED=true`` for the
+precompressed, cached static files). Why idle (``idle``) is not among the default views: at
+this size its ``GET /diagnosis`` replays every queue change of the day over 10,000 GPUs and
+does not answer within minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -48,6 +61,7 @@ from app.clusters.models import ClusterCreate
 from app.core import migrate
 from app.core.db import make_engine
 from app.gpu_models import service as gpu_model_service
+from app.main import GZIP_LEVEL, GZIP_MIN_BYTES
 from app.telemetry import service as telemetry_service
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
@@ -104,6 +118,67 @@ CARDS_DRAWN_JS = """
     : requestAnimationFrame(look);
   requestAnimationFrame(look);
 })();
+"""
+
+# Before the page's own scripts: counts the fetches under way (the API's reads).
+FETCHES_JS = """
+(() => {
+  const open = { count: 0 };
+  window.__shaperBenchFetches = open;
+  const fetch = window.fetch.bind(window);
+  window.fetch = (...args) => {
+    open.count++;
+    const done = () => { open.count--; };
+    const answer = fetch(...args);
+    answer.then(done, done);
+    return answer;
+  };
+})();
+"""
+
+# Navigates to a view and waits until it stopped changing: nothing under <main> changed and
+# no fetch was under way for QUIET ms. Its time: the animation frame after the last change
+# under <main>, from the navigation. Then what was fetched meanwhile (resource timing): the
+# page's code and the API's reads, with their times from the navigation and their bytes.
+QUIET_MS = 250
+VIEW_LOAD_JS = """
+async ([hash, quiet]) => {
+  const main = document.querySelector("main");
+  const open = window.__shaperBenchFetches;
+  performance.clearResourceTimings();
+  const started = performance.now();
+  let changed = started, drawn = started;
+  const observer = new MutationObserver(() => {
+    const at = performance.now();
+    changed = at;
+    requestAnimationFrame(() => { if (changed === at) drawn = performance.now(); });
+  });
+  observer.observe(main, { subtree: true, childList: true, attributes: true, characterData: true });
+  location.hash = hash;
+  let calm = performance.now();
+  while (performance.now() - calm < quiet || performance.now() - changed < quiet) {
+    await new Promise((done) => setTimeout(done, 10));
+    if (open.count > 0) calm = performance.now();
+  }
+  observer.disconnect();
+  const fetched = performance.getEntriesByType("resource").map((e) => ({
+    path: new URL(e.name).pathname + new URL(e.name).search,
+    start: e.startTime - started, end: e.responseEnd - started,
+    bytes: e.encodedBodySize, decoded: e.decodedBodySize,
+  }));
+  return { drawn: drawn - started, fetched };
+}
+"""
+
+# A fresh load's parts, from its resource timing (once its cards are drawn).
+FRESH_PARTS_JS = """
+() => {
+  const first = (path) => performance.getEntriesByType("resource")
+    .find((e) => new URL(e.name).pathname === path);
+  const main = first("/static/dist/main.js"), read = first("/api/v1/overview");
+  return { "main.js in": main?.responseEnd, "overview asked": read?.startTime,
+           "overview in": read?.responseEnd };
+}
 """
 
 # Navigates to the overview (already signed in) and waits for its cards painted.
@@ -213,9 +288,10 @@ def _sqlite() -> Iterator[str]:
         yield url
 
 
-def api_alone(base: str, token: str, path: str, repeats: int) -> tuple[float, int]:
-    """Median milliseconds of ``path`` read by this process, and its body's bytes."""
-    times, size = [], 0
+def api_alone(base: str, token: str, path: str, repeats: int) -> tuple[float, int, int]:
+    """Median milliseconds of ``path`` read by this process, its body's bytes, and those
+    at the server's gzip level (app.main.GZIP_LEVEL; none below its GZIP_MIN_BYTES)."""
+    times, size, sent = [], 0, 0
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}) as http:
         http.get(path, timeout=120).raise_for_status()  # the first read warms the worker
         for _ in range(repeats):
@@ -224,7 +300,8 @@ def api_alone(base: str, token: str, path: str, repeats: int) -> tuple[float, in
             times.append(1000 * (time.perf_counter() - started))
             response.raise_for_status()
             size = len(response.content)
-    return statistics.median(times), size
+    sent = len(gzip.compress(response.content, GZIP_LEVEL)) if size >= GZIP_MIN_BYTES else size
+    return statistics.median(times), size, sent
 
 
 def quiet_waiter(page: Page, quiet_ms: int = 100) -> Callable[[], None]:
@@ -244,12 +321,52 @@ def quiet_waiter(page: Page, quiet_ms: int = 100) -> Callable[[], None]:
     return answered
 
 
+# The views timed after the overview and the map (--views), by their address.
+VIEWS = ["jobs", "job", "actions", "policies", "simulations", "federation", "forecasts"]
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """Milliseconds covered by at least one of ``spans``."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def view_figures(got: dict[str, Any]) -> dict[str, float]:
+    """One view's load taken apart: drawn; its code's fetch; the time with an API read
+    under way; the rest (neither: the page's script, layout, paint); bytes fetched."""
+    fetched = got["fetched"]
+    code = [(f["start"], f["end"]) for f in fetched if f["path"].endswith(".js")]
+    api = [(f["start"], f["end"]) for f in fetched if f["path"].startswith("/api/")]
+    return {
+        "drawn": float(got["drawn"]),
+        "code": _covered(code),
+        "api": _covered(api),
+        "rest": max(0.0, float(got["drawn"]) - _covered(code + api)),
+        "bytes": float(sum(f["bytes"] for f in fetched)),
+    }
+
+
 def browser_figures(
-    base: str, token: str, clusters: list[str], repeats: int
-) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-    """Per cluster the map's medians (read, first render, all drawn); the overview's."""
+    base: str, token: str, clusters: list[str], repeats: int, views: dict[str, str]
+) -> tuple[
+    dict[str, dict[str, float]],
+    dict[str, float],
+    dict[str, dict[str, dict[str, float]]],
+    dict[str, set[str]],
+]:
+    """Per cluster the map's medians (read, first render, all drawn); the overview's; per
+    view (name: address) its medians, first visit and again (view_figures), and the API
+    paths it read."""
     maps: dict[str, dict[str, list[float]]] = {c: {} for c in clusters}
     overview: dict[str, list[float]] = {}
+    pages: dict[str, dict[str, dict[str, list[float]]]] = {
+        v: {"first": {}, "again": {}} for v in views
+    }
+    reads: dict[str, set[str]] = {v: set() for v in views}
 
     def add(into: dict[str, list[float]], name: str, value: float) -> None:
         into.setdefault(name, []).append(value)
@@ -264,6 +381,7 @@ def browser_figures(
         for attempt in range(repeats):
             context = chromium.new_context(viewport={"width": 1280, "height": 900})
             context.add_init_script(CARDS_DRAWN_JS % (len(clusters), CARDS_MARK))
+            context.add_init_script(FETCHES_JS)
             page: Page = context.new_page()
             answered = quiet_waiter(page)
             # The fresh load's overview, on the page's clock from the navigation's start.
@@ -279,6 +397,10 @@ def browser_figures(
             )
             add(overview, "cards", float(drawn))
             add(overview, "first paint", float(paint or 0))
+            # The same load taken apart: when main.js was in, when GET /overview left and
+            # when its reply was in (the page's resource timing, from the navigation).
+            for name, value in page.evaluate(FRESH_PARTS_JS).items():
+                add(overview, name, float(value or 0))
             for cluster in clusters:
                 got = page.evaluate(MAP_LOAD_JS, cluster)
                 console.print(
@@ -288,6 +410,22 @@ def browser_figures(
                 for name in ("read", "first", "all"):
                     add(maps[cluster], name, float(got[name] or 0))
             add(overview, "again", float(page.evaluate(OVERVIEW_AGAIN_JS, len(clusters))))
+            answered()
+            # Each view from the one before it: first its code comes too, then again.
+            for visit in ("first", "again"):
+                for name, address in views.items():
+                    got = page.evaluate(VIEW_LOAD_JS, [address, QUIET_MS])
+                    reads[name] |= {
+                        f["path"].removeprefix("/api/v1")
+                        for f in got["fetched"]
+                        if f["path"].startswith("/api/")
+                    }
+                    for key, value in view_figures(got).items():
+                        add(pages[name][visit], key, value)
+                    console.print(
+                        f"  load {attempt + 1}/{repeats} {name} ({visit}): "
+                        f"drawn {got['drawn']:.0f} ms"
+                    )
             # The server idle again before the next fresh load: a read abandoned by a
             # closed page would still be worked out, beside that load's.
             answered()
@@ -296,7 +434,49 @@ def browser_figures(
     return (
         {c: {k: statistics.median(v) for k, v in m.items()} for c, m in maps.items()},
         {k: statistics.median(v) for k, v in overview.items()},
+        {
+            name: {
+                visit: {k: statistics.median(v) for k, v in figures.items()}
+                for visit, figures in visits.items()
+            }
+            for name, visits in pages.items()
+        },
+        reads,
     )
+
+
+def views_tables(
+    pages: dict[str, dict[str, dict[str, float]]],
+    reads: dict[str, set[str]],
+    alone: dict[str, tuple[float, int, int]],
+    repeats: int,
+) -> tuple[Table, Table]:
+    """Per view, first visit and again: drawn and its parts; then its reads timed alone."""
+    table = Table(title=f"Other views, each navigated to from the one before ({repeats} loads)")
+    for column in ("view", "visit", "drawn ms", "code ms", "API ms", "rest ms", "KiB fetched"):
+        table.add_column(column, justify="left" if column in ("view", "visit") else "right")
+    for name, visits in pages.items():
+        for visit, f in visits.items():
+            table.add_row(
+                name if visit == "first" else "",
+                visit,
+                *(f"{f[k]:.0f}" for k in ("drawn", "code", "api", "rest")),
+                f"{f['bytes'] / 1024:,.1f}",
+            )
+    calls = Table(title=f"Their API reads, each alone from this process (medians of {repeats})")
+    for column in ("view", "GET /api/v1…", "ms", "body KiB", "sent KiB"):
+        calls.add_column(
+            column,
+            justify="left" if column in ("view", "GET /api/v1…") else "right",
+            overflow="fold",
+        )
+    for name in pages:
+        for i, path in enumerate(sorted(reads[name], key=lambda path: -alone[path][0])):
+            ms, size, sent = alone[path]
+            kib = (f"{size / 1024:,.1f}", f"{sent / 1024:,.1f}")
+            shown = path if len(path) <= 60 else f"{path[:59]}…"  # a list of 50 job ids
+            calls.add_row(name if i == 0 else "", shown, f"{ms:.0f}", *kib)
+    return table, calls
 
 
 def main() -> None:
@@ -306,6 +486,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--dsn", default=DEFAULT_DSN)
+    parser.add_argument(
+        "--views",
+        default=",".join(VIEWS),
+        help="the other views timed, by address (idle: Why idle; empty: none)",
+    )
     args = parser.parse_args()
     if not Path(CHROMIUM).exists() or not BUNDLE.exists():
         raise SystemExit("needs Chromium (scripts/browser.sh) and the bundle (make web)")
@@ -328,9 +513,21 @@ def main() -> None:
                 c: api_alone(base, token, f"/api/v1/nodes/map?cluster={c}", args.repeats)
                 for c in clusters
             }
-            overview_alone, _ = api_alone(base, token, "/api/v1/overview", args.repeats)
+            overview_alone, _, _ = api_alone(base, token, "/api/v1/overview", args.repeats)
+            views = {v: v for v in args.views.split(",") if v}
+            if "job" in views:  # a running job of the big cluster
+                with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}) as h:
+                    listed = h.get("/api/v1/jobs", params={"state": "running", "limit": 1})
+                views["job"] = f"job&id={listed.raise_for_status().json()['items'][0]['id']}"
             console.print(f"loading the dashboard in Chromium ({args.repeats} times) …")
-            maps, overview = browser_figures(base, token, list(clusters), args.repeats)
+            maps, overview, pages, reads = browser_figures(
+                base, token, list(clusters), args.repeats, views
+            )
+            console.print("reading each view's API calls alone …")
+            read_alone = {
+                path: api_alone(base, token, f"/api/v1{path}", args.repeats)
+                for path in sorted(set().union(*reads.values()))
+            }
 
     table = Table(title=f"Cluster map ({args.backend}, medians of {args.repeats})")
     table.add_column("")
@@ -352,9 +549,15 @@ def main() -> None:
     fleet.add_column("ms", justify="right")
     fleet.add_row("GET /overview alone", f"{overview_alone:.0f}")
     fleet.add_row("fresh load: first contentful paint", f"{overview['first paint']:.0f}")
+    fleet.add_row("fresh load: main.js received", f"{overview['main.js in']:.0f}")
+    fleet.add_row("fresh load: GET /overview asked", f"{overview['overview asked']:.0f}")
+    fleet.add_row("fresh load: its reply received", f"{overview['overview in']:.0f}")
     fleet.add_row("fresh load: cards drawn", f"{overview['cards']:.0f}")
     fleet.add_row("navigated to again: cards drawn", f"{overview['again']:.0f}")
     console.print(fleet)
+    if pages:
+        for table in views_tables(pages, reads, read_alone, args.repeats):
+            console.print(table)
     console.print(
         f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
         "shared by Chromium, the server and this process"

@@ -63,6 +63,10 @@ class Job(SQLModel, table=True):
         sa.Index(
             "ix_jobs_state_demand", "state", "cluster_id", "shape", "gpus_requested", "min_replicas"
         ),
+        # The queue page's waiting jobs, longest waiting first (GET /jobs?state=pending
+        # &sort=submit_time): a page of 50 read from the index instead of sorting every
+        # pending job per request (issue 18).
+        sa.Index("ix_jobs_state_submit_time_id", "state", "submit_time", "id"),
     )
 
     id: int | None = Field(default=None, primary_key=True)

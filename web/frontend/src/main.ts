@@ -62,6 +62,16 @@ async function signIn(token: string): Promise<void> {
   }
 }
 
+/** A page's file that did not load (import() rejected: the network, the server). */
+class CodeNotLoaded extends Error {
+  constructor(
+    readonly file: string,
+    cause: unknown,
+  ) {
+    super(String((cause as Error)?.message ?? cause));
+  }
+}
+
 /** A page's code, loaded once (wired and given the clusters then); a failed load is tried
  * again next time. */
 class Code<T> {
@@ -70,6 +80,8 @@ class Code<T> {
   private loaded: Promise<T> | null = null;
 
   constructor(
+    // Its file, as the error shown when it does not load names it.
+    private readonly file: string,
     private readonly load: () => Promise<T>,
     private readonly wire: (code: T) => void = () => {},
     // Gives the page the clusters as read at sign-in.
@@ -86,7 +98,7 @@ class Code<T> {
       },
       (error: unknown) => {
         this.loaded = null;
-        throw error;
+        throw new CodeNotLoaded(this.file, error);
       },
     );
     return this.loaded;
@@ -98,19 +110,21 @@ class Code<T> {
   }
 }
 
-const mapCode = new Code(() => import("./map"), (code) => code.wireMap());
+const mapCode = new Code("map.js", () => import("./map"), (code) => code.wireMap());
 const queueCode = new Code(
+  "queue.js",
   () => import("./queue"),
   (code) => code.wireQueue(),
   (code) => code.fillQueueClusters(clusters),
 );
-const jobCode = new Code(() => import("./job"));
-const pagesCode = new Code(() => import("./pages"));
-const planCode = new Code(() => import("./plan"), (code) => code.wirePlan());
-const historyCode = new Code(() => import("./policy_history"));
-const whatIfCode = new Code(() => import("./whatif"), (code) => code.wireWhatIf());
-const federationCode = new Code(() => import("./federation"), (code) => code.wireFederation());
+const jobCode = new Code("job.js", () => import("./job"));
+const pagesCode = new Code("pages.js", () => import("./pages"));
+const planCode = new Code("plan.js", () => import("./plan"), (code) => code.wirePlan());
+const historyCode = new Code("policy_history.js", () => import("./policy_history"));
+const whatIfCode = new Code("whatif.js", () => import("./whatif"), (code) => code.wireWhatIf());
+const federationCode = new Code("federation.js", () => import("./federation"), (code) => code.wireFederation());
 const forecastsCode = new Code(
+  "forecasts.js",
   () => import("./forecasts"),
   (code) => code.wireForecasts(),
   (code) => code.fillForecastClusters(clusters),
@@ -138,8 +152,29 @@ function viewAsked(): string {
   return asked in VIEWS ? asked : "overview";
 }
 
+// Each page's name, as the error that its code did not load says it.
+const TITLES: Record<string, string> = { job: "job", plan: "plan" };
+document.querySelectorAll<HTMLAnchorElement>("#nav a").forEach((a) => (TITLES[a.dataset.view ?? ""] = a.textContent ?? ""));
+
+/** Says in the page (#page-error, an alert) that a page's code did not load, with a button
+ * that tries again; ``what``: the page, or what was asked of it. */
+function showNotLoaded(what: string, error: CodeNotLoaded, retry: () => void): void {
+  const panel = $("#page-error");
+  panel.innerHTML = `<p>${esc(what)} could not be loaded: its code, ${esc(error.file)}, did not arrive (${esc(error.message)}).</p>
+    <button type="button">Retry</button>`;
+  panel.querySelector("button")?.addEventListener("click", () => {
+    clearNotLoaded();
+    retry();
+  });
+}
+
+function clearNotLoaded(): void {
+  $("#page-error").textContent = "";
+}
+
 function route(): void {
   const view = viewAsked();
+  clearNotLoaded();
   if (view !== "simulations") whatIfCode.now?.leaveSimulations();
   // A job's page belongs to the queue, a plan's to Plans & actions.
   const tab = view === "job" ? "jobs" : view === "plan" ? "actions" : view;
@@ -154,16 +189,24 @@ function route(): void {
   const code = VIEWS[view]();
   if (code instanceof Promise) {
     code.then(shown, (error: unknown) => {
-      if (mine === routed) console.error(error);
+      if (mine !== routed) return;
+      console.error(error);
+      if (!(error instanceof CodeNotLoaded)) return;
+      // Not the page asked for: the one before it goes, the error says which could not come.
+      document.querySelectorAll<HTMLElement>(".view").forEach((v) => (v.hidden = true));
+      showNotLoaded(`The ${TITLES[view] ?? view} page`, error, route);
     });
   } else {
     shown(code);
   }
 }
 
-function run(show: () => Promise<void>): void {
+/** ``what``: what the action does, for the error shown if the code it needs does not load. */
+function run(show: () => Promise<void>, what = "This page's part"): void {
   show().catch((error: unknown) => {
-    if (!isAbort(error) && !(error instanceof Unauthorized)) console.error(error);
+    if (isAbort(error) || error instanceof Unauthorized) return;
+    console.error(error);
+    if (error instanceof CodeNotLoaded) showNotLoaded(what, error, () => run(show, what));
   });
 }
 
@@ -172,11 +215,11 @@ document.addEventListener("click", async (event) => {
   if (!(target instanceof HTMLElement)) return;
   const { planDecide, decide, edit, id, whatIf: whatIfGroup, planGroup: planned, policyHistory } = target.dataset;
   if (policyHistory) {
-    run(async () => (await historyCode.get()).showPolicyHistory(policyHistory));
+    run(async () => (await historyCode.get()).showPolicyHistory(policyHistory), "The policy's versions");
   } else if (whatIfGroup) {
-    run(async () => (await federationCode.get()).whatIf(whatIfGroup));
+    run(async () => (await federationCode.get()).whatIf(whatIfGroup), "The what-if");
   } else if (planned) {
-    run(async () => (await federationCode.get()).planGroup(planned));
+    run(async () => (await federationCode.get()).planGroup(planned), "The group's plan");
   } else if (planDecide || decide) {
     const path = planDecide ? `/plans/${id}/${planDecide}` : `/actions/${id}/${decide}`;
     try {
@@ -184,7 +227,7 @@ document.addEventListener("click", async (event) => {
     } catch (error) {
       alert((error as Error).message);
     }
-    run(async () => (await pagesCode.get()).showActions());
+    run(async () => (await pagesCode.get()).showActions(), "The Plans & actions page");
   } else if (edit) {
     const policy = (await pagesCode.get()).pageState.policies[edit];
     $<HTMLInputElement>("#policy-name").value = policy.name;
@@ -235,9 +278,9 @@ $("#login-form").addEventListener("submit", (event) => {
   void signIn($<HTMLInputElement>("#token-input").value.trim());
 });
 for (const id of ["#group-by", "#util-cluster", "#util-range"]) select(id).addEventListener("change", redrawChart);
-select("#node-cluster").addEventListener("change", () => run(async () => (await mapCode.get()).showNodes()));
-select("#sim-result").addEventListener("change", () => run(async () => (await pagesCode.get()).showSimulations()));
-select("#idle-cluster").addEventListener("change", () => run(async () => (await pagesCode.get()).showIdle()));
+select("#node-cluster").addEventListener("change", () => run(async () => (await mapCode.get()).showNodes(), "The cluster map"));
+select("#sim-result").addEventListener("change", () => run(async () => (await pagesCode.get()).showSimulations(), "The simulation result"));
+select("#idle-cluster").addEventListener("change", () => run(async () => (await pagesCode.get()).showIdle(), "Why idle"));
 window.addEventListener("hashchange", () => {
   if (session.token) route();
 });
