@@ -74,6 +74,11 @@ class Settings(BaseSettings):
     # False: served as they are, compressed by the gzip middleware on each request, no
     # Cache-Control.
     web_precompressed: bool = True
+    # A federation group of two or more clusters is solved once per shaping period and
+    # each member's plan is its slice of that solve (app.federation.planning.member_plan),
+    # so that a job gets one decision: a start at home or a move. False: each member is
+    # planned alone, then the group solved again for its cross-cluster moves only.
+    federation_solve_once: bool = False
     # Requests that may use the database served at once by each process; the rest wait
     # their turn (app.core.admission). Below the 15 pooled connections a process has (5 +
     # 10 overflow), so that one is always free for a request that waits for it.

@@ -10,6 +10,9 @@ Algorithm (:func:`propose_moves`, once per shaping period for every group with t
 more clusters, after the members' own cycles; ``app.shaping.tasks``):
 
 1. Solve the group as one (``planning.solve_group``); no transaction is held meanwhile.
+   With ``Settings.federation_solve_once`` the shaping cycle has solved it already, once
+   for the period, and its members' own plans are slices of that solve
+   (``planning.member_plan``): a job gets one decision, a start at home or a move.
 2. In one write transaction, for each move of the solve: the job must still be pending at
    home (running, for a running job's move), with no other action of it unfinished (its
    cluster's own plan may have started or moved it meanwhile), and both clusters must act
@@ -44,7 +47,7 @@ from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, Actio
 from app.clusters.models import Cluster, ShapingMode
 from app.core.db import begin
 from app.core.lookup import row_id
-from app.federation.planning import FederatedMove, solve_group
+from app.federation.planning import FederatedMove, GroupSolve, solve_group
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from wire.telemetry import JobState
@@ -65,9 +68,14 @@ class MovesProposed(BaseModel):
     )
 
 
-def propose_moves(*, session: Session, group: str, now: datetime) -> MovesProposed:
-    """Turn the group plan's moves into move actions; see the module docstring."""
-    solved = solve_group(session=session, name=group, now=now, compare=False)
+def propose_moves(
+    *, session: Session, group: str, now: datetime, solved: GroupSolve | None = None
+) -> MovesProposed:
+    """Turn the group plan's moves into move actions; see the module docstring. ``solved``:
+    the group's solve of this period, made already (``Settings.federation_solve_once``:
+    its members' plans are slices of it); None: solve the group now."""
+    if solved is None:
+        solved = solve_group(session=session, name=group, now=now, compare=False)
     outcome = MovesProposed(group=group)
     begin(session, writes=True)
     clusters = {

@@ -38,8 +38,8 @@ actions (submit in the target cluster, cancel at home once accepted).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -47,7 +47,7 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
 from app.actions.schedulers import moves_jobs, places_itself, takes_moves
-from app.clusters.models import Cluster
+from app.clusters.models import Cluster, ShapingMode
 from app.core.db import begin
 from app.core.errors import Invalid
 from app.core.lookup import row_id
@@ -55,8 +55,10 @@ from app.federation.link import measured_link
 from app.federation.models import FederationGroup
 from app.federation.service import get_group, members
 from app.jobs.models import Job
-from app.shaping.snapshot import solver_job_id, take_snapshot, to_instance
-from solver import Instance, SolverConfig
+from app.shaping.cycle import Solved
+from app.shaping.snapshot import ClusterSnapshot, solver_job_id, take_snapshot, to_instance
+from solver import Instance, SolverConfig, validate
+from solver.dependencies import action_graph
 from solver.federation import (
     Residency,
     cross_cluster_moves,
@@ -66,7 +68,7 @@ from solver.federation import (
 )
 from solver.instance import MigrationCostModel
 from solver.objective import evaluate
-from solver.plan import ActionKind, Plan
+from solver.plan import ActionKind, Plan, Reason, ReasonCode
 from solver.policies import get_policy
 from wire.telemetry import JobShape, JobState
 
@@ -347,10 +349,31 @@ class GroupSolve:
     stays: dict[str, str]  # solver job id → why it cannot start in another member
     running_stays: dict[str, str]  # solver job id → why a running job may not move away
     link: Link
+    # Each member's snapshot and instance (the group's instance is made of these).
+    snapshots: dict[str, ClusterSnapshot] = field(default_factory=dict)
+    parts: dict[str, Instance] = field(default_factory=dict)
+    # ``validate`` of the group's plan on the group's instance.
+    violations: list[str] = field(default_factory=list)
 
 
-def solve_group(*, session: Session, name: str, now: datetime, compare: bool = True) -> GroupSolve:
+def solve_group(
+    *,
+    session: Session,
+    name: str,
+    now: datetime,
+    compare: bool = True,
+    for_members: bool = False,
+    only: Collection[str] | None = None,
+) -> GroupSolve:
     """Plan the group as one over the live state (and, ``compare``, each member alone).
+
+    ``for_members``: the solve is the members' own plans too (``member_plan``; the
+    shaping cycle with ``Settings.federation_solve_once``): it also migrates within a
+    cluster (unless a member's scheduler cannot be told where a job goes), and no job
+    moves to or from a member in ``observe`` mode (it only plans: such a move could never
+    be made); a member whose policy is not the group's (``POLICY``) is refused
+    (``Invalid``: its own plan would not be made by its own policy). ``only``: the members
+    planned (the others' cycles failed this period); None: all.
 
     The session's transaction is ended: nothing is held while the solver runs, and no ORM
     object read here is used after."""
@@ -361,8 +384,15 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
     session.rollback()
     begin(session, writes=False)
     group: FederationGroup = get_group(session=session, name=name)
-    clusters = members(session=session, group=group)
+    clusters = [c for c in members(session=session, group=group) if only is None or c.name in only]
     names = [c.name for c in clusters]
+    apart = sorted(f"{c.name} plans with {c.policy}" for c in clusters if c.policy != POLICY)
+    if for_members and apart:
+        raise Invalid(
+            f"federation group {name!r} is planned with {POLICY}, its members apart: "
+            f"{', '.join(apart)}",
+            field="group",
+        )
     if len(clusters) < 2:
         raise Invalid(
             f"federation group {name!r} has {len(clusters)} cluster(s): add at least two",
@@ -379,9 +409,13 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
         inter_cluster_overhead_s=group.inter_cluster_overhead_s,
         inter_cluster_egress_gpu_s_per_gib=group.inter_cluster_egress_gpu_s_per_gib,
     )
+    # Alone, each member's own cycle migrates within it; planned for the members, the
+    # group's one solve does, where every member's scheduler can be told where a job goes
+    # (one config for the group: ``snapshot.to_instance`` turns it off per cluster).
+    within = for_members and all(moves_jobs(c.scheduler) for c in clusters)
     config = SolverConfig(
-        migration=False,
-        cp_sat_migration=False,
+        migration=within,
+        cp_sat_migration=within,
         replica_moves=False,
         cross_cluster_migration=True,
         plan_budget_s=PLAN_BUDGET_S,
@@ -404,6 +438,10 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
     allowed = _allowed(name, {n: snapshot.sla for n, snapshot in snapshots.items()})
     movable, stays = _movable(session, clusters, allowed)
     running_movable, running_stays = _running_movable(session, clusters, allowed, parts)
+    if for_members:
+        observing = {c.name for c in clusters if ShapingMode(c.mode) is ShapingMode.observe}
+        movable = _acting(movable, stays, observing)
+        running_movable = _acting(running_movable, running_stays, observing)
     session.rollback()  # nothing is held while the solver runs
     try:
         whole = federate(
@@ -463,7 +501,160 @@ def solve_group(*, session: Session, name: str, now: datetime, compare: bool = T
             measured_transfers=measured.samples if measured is not None else 0,
             egress_gpu_s_per_gib=group.inter_cluster_egress_gpu_s_per_gib,
         ),
+        snapshots=snapshots,
+        parts=parts,
+        violations=[str(v) for v in validate(whole, plan)] if for_members else [],
     )
+
+
+def _acting(
+    movable: dict[str, frozenset[str]], stays: dict[str, str], observing: set[str]
+) -> dict[str, frozenset[str]]:
+    """``movable`` without the members in ``observe`` mode, as homes or as targets; a job
+    left with nowhere to go is added to ``stays`` with why."""
+    acting: dict[str, frozenset[str]] = {}
+    for job_id, targets in movable.items():
+        home = job_id.split("/", 1)[0]
+        if home in observing:
+            stays[job_id] = f"{home} is in observe mode: it only plans"
+        elif targets - observing:
+            acting[job_id] = targets - observing
+        else:
+            stays[job_id] = f"{', '.join(sorted(targets))} only plan (observe mode)"
+    return acting
+
+
+def member_plan(solved: GroupSolve, name: str) -> Solved:
+    """Member ``name``'s slice of a group solve made ``for_members``: its instance, and the
+    group plan's actions on its own jobs that stay in it (starts, migrations within it,
+    resizes, preemptions); its jobs' moves to another member are its plan's notes (the
+    moves are actions of their own: ``app.federation.moves``). A start or a migration onto
+    GPUs that only a running job's move away frees waits for the next period, with its
+    dependency group (``Solved.held``): the move is not this plan's to wait for. The
+    group plan's violations are every member's."""
+    plan, part = solved.plan, solved.parts[name]
+    jobs = part.job_by_id
+    away = {f"{m.from_cluster}/{m.job}": m for m in solved.moves}
+    vacated = {
+        f"{m.from_cluster}/{m.source_node}": m for m in solved.moves if m.source_node is not None
+    }
+
+    def placed(leaving: set[str] | dict[str, FederatedMove]) -> dict[str, dict[str, int]]:
+        """The plan's placement of the member's jobs, those ``leaving`` it where they are."""
+        target = {
+            job.id: dict(job.placement) if job.id in leaving else plan.placement.get(job.id, {})
+            for job in part.jobs
+        }
+        return {job_id: where for job_id, where in target.items() if where}
+
+    def indexed(
+        leaving: set[str] | dict[str, FederatedMove],
+    ) -> dict[str, dict[str, tuple[int, ...]]]:
+        """The plan's GPU indices of the member's jobs, those ``leaving`` it where they are."""
+        target = {
+            job.id: dict(job.gpu_indices or {})
+            if job.id in leaving
+            else plan.gpu_indices.get(job.id, {})
+            for job in part.jobs
+        }
+        return {job_id: held for job_id, held in target.items() if held}
+
+    own = plan.model_copy(
+        update={
+            "actions": [a for a in plan.actions if a.job_id in jobs and a.job_id not in away],
+            "placement": placed(away),
+            "pending": {j: r for j, r in plan.pending.items() if j in jobs},
+            "gpu_indices": indexed(away) if plan.gpu_indices else {},
+        }
+    )
+    held = _held(part, own, vacated, solved.group)
+    left = {own.actions[i].job_id for i in held}
+    # What is validated: the slice without what waits; a pending job it leaves where it is
+    # (started elsewhere, or waiting for GPUs a move frees) says why.
+    elsewhere = Reason(
+        code=ReasonCode.insufficient_capacity,
+        message="it starts in another member, or waits for GPUs a move frees",
+    )
+    checked = own.model_copy(
+        update={
+            "actions": [a for i, a in enumerate(own.actions) if i not in held],
+            "placement": placed(away.keys() | left),
+            "gpu_indices": indexed(away.keys() | left) if plan.gpu_indices else {},
+            "pending": {
+                **dict.fromkeys((j for j in away.keys() | left if j in jobs), elsewhere),
+                **own.pending,
+            },
+        }
+    )
+    # The plan's figures are the member's (its slice valued on its instance), the note the
+    # group's: its objective, bound and gap are the whole group's.
+    stats = plan.stats.model_copy(
+        update={
+            "objective": evaluate(part, checked.placement).objective,
+            "best_bound": None,
+            "gap": None,
+            "note": f"a slice of federation group {solved.group}'s plan (objective "
+            f"{plan.stats.objective:.4g} for the group){'; ' if plan.stats.note else ''}"
+            f"{plan.stats.note}",
+        }
+    )
+    return Solved(
+        snapshot=solved.snapshots[name],
+        instance=part,
+        plan=own.model_copy(update={"stats": stats}),
+        violations=[*solved.violations, *(str(v) for v in validate(part, checked))],
+        policy=POLICY,
+        held=held,
+        notes=[_note(solved.group, m) for m in solved.moves if m.from_cluster == name],
+        group=solved.group,
+    )
+
+
+def _held(
+    part: Instance, own: Plan, vacated: dict[str, FederatedMove], group: str
+) -> dict[int, str]:
+    """The dependency groups of ``own``'s actions that take GPUs on a node that has them
+    only once a running job has left it for another member (``vacated``: solver node name
+    → that move), with why: ``own`` keeps the leaving jobs where they are."""
+    used: dict[str, int] = {}
+    for where in own.placement.values():
+        for node, gpus in where.items():
+            used[node] = used.get(node, 0) + gpus
+    nodes = part.node_by_name
+    short = {n for n in vacated if n in nodes and used.get(n, 0) > nodes[n].gpus}
+    held: dict[int, str] = {}
+    for component in action_graph(part, own).components():
+        onto = [
+            node
+            for index in sorted(component)
+            for node in own.actions[index].to_placement
+            if node in short
+        ]
+        if onto:
+            move = vacated[onto[0]]
+            held.update(
+                dict.fromkeys(
+                    component,
+                    f"GPUs on {move.source_node} free once job {move.job} moves to "
+                    f"{move.to_cluster} (federation group {group}): a later period",
+                )
+            )
+    return held
+
+
+def _note(group: str, move: FederatedMove) -> dict[str, Any]:
+    """A plan's decision about a job of its cluster that the group moves elsewhere."""
+    verb = "moves (checkpointed, restored there)" if move.running else "starts"
+    return {
+        "job": move.job,
+        "action": "move",
+        "from": move.source_node,
+        "to": ",".join(move.nodes),
+        "cluster": move.to_cluster,
+        "reason": "federation",
+        "message": f"federation group {group}: {verb} in {move.to_cluster} on "
+        f"{', '.join(move.nodes)} (a move action of this cluster)",
+    }
 
 
 def plan_group(*, session: Session, name: str, now: datetime) -> FederationWhatIf:

@@ -32,6 +32,12 @@
 8. **Dispatch** of approved actions whose prerequisites have succeeded is the saga
    runner's job (``app.actions.saga``), kicked by the task that runs the cycle.
 
+A member of a federation group solved once (``Settings.federation_solve_once``;
+``app.shaping.tasks``) runs phases 1-2 (:func:`prepare_cycle`), then, once the group is
+solved, phase 3 and 6-7 with its slice of the group's plan (:func:`finish_cycle`): the same
+review, keep-or-replace, deferral and persistence, with no solve of its own; the plan's
+summary names the group (``FEDERATION_GROUP_KEY``).
+
 Transactions: nothing is open while the solver runs, on either backend. On SQLite a
 write transaction holds the one write lock, so the cycle never writes where it reads at
 length (``app.core.db``): the snapshot and the open plans are read in a read transaction
@@ -51,8 +57,8 @@ database.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -94,6 +100,9 @@ SHAPER = "shaper"
 SUPERSEDE_GAIN = 0.05
 SUPERSEDE_MIN_UNITS = 1.0
 TAKES = (ActionKind.start, ActionKind.migrate)
+# A plan's summary key naming the federation group whose one solve the plan is a slice of
+# (``Solved.group``); absent from a plan of the cluster's own solve.
+FEDERATION_GROUP_KEY = "federation_group"
 # The one place a plan's action (``solver.plan.ActionKind``) becomes an action row's kind:
 # the control plane's ``ActionKind`` is the solver's five and its own saga kinds (reserve,
 # unreserve, resume), which the solver, importing nothing of ``app``, cannot know.
@@ -116,6 +125,37 @@ class CycleResult:
     expired: int = 0
 
 
+@dataclass(frozen=True)
+class Solved:
+    """A plan for one cluster and what it was made from: its own solve (phases 4-5), or its
+    slice of its federation group's one solve (``app.federation.planning.member_plan``).
+
+    ``held``: actions (by index) left out of this plan, with why, on top of those phase 6
+    defers; ``notes``: decisions about the cluster's jobs that another cluster carries out
+    (a federation group's moves), shown with the plan's; ``group``: the federation group
+    whose solve this is a slice of, None for the cluster's own."""
+
+    snapshot: ClusterSnapshot
+    instance: Instance
+    plan: sp.Plan
+    violations: list[str]
+    policy: str
+    held: Mapping[int, str] = field(default_factory=dict)
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Phases 1-2 of a cycle done: what it read, and how many actions its review expired."""
+
+    cluster: str
+    now: datetime
+    snapshot: ClusterSnapshot
+    open_plans: list[tuple[Plan, list[Action]]]
+    expired: int
+
+
 def run_cycle(
     *,
     session: Session,
@@ -128,31 +168,89 @@ def run_cycle(
     # load again on first use, opening a transaction where none may be open.
     expire_on_commit, session.expire_on_commit = session.expire_on_commit, False
     try:
-        return _run_cycle(session, cluster_name, now, policy, config)
+        prepared = _prepare(session, cluster_name, now)
+        return _decide(session, prepared, *_own_solve(session, prepared, policy, config))
     finally:
         session.expire_on_commit = expire_on_commit
 
 
-def _run_cycle(
+def prepare_cycle(*, session: Session, cluster_name: str, now: datetime) -> Prepared:
+    """Phases 1-2 of a cluster's cycle (snapshot, forecasts, review), for a plan that comes
+    from elsewhere: its federation group's one solve, made once every member's review is
+    done. :func:`finish_cycle` does the rest with it."""
+    expire_on_commit, session.expire_on_commit = session.expire_on_commit, False
+    try:
+        return _prepare(session, cluster_name, now)
+    finally:
+        session.expire_on_commit = expire_on_commit
+
+
+def finish_cycle(
+    *,
     session: Session,
-    cluster_name: str,
-    now: datetime,
-    policy: str | None,
-    config: SolverConfig | None,
+    prepared: Prepared,
+    solved: Solved | None,
+    config: SolverConfig | None = None,
 ) -> CycleResult:
+    """Phases 3-7 of a cluster's cycle after :func:`prepare_cycle`. ``solved``: a plan made
+    already, on a snapshot read after ``prepared``'s review (its federation group's, sliced):
+    an open proposal is kept unless it is materially better, else it is persisted as it
+    is; None: the cluster's own solve, as :func:`run_cycle` makes it (with ``config``)."""
+    expire_on_commit, session.expire_on_commit = session.expire_on_commit, False
+    try:
+        if solved is None:
+            return _decide(session, prepared, *_own_solve(session, prepared, None, config))
+        return _decide(session, prepared, solved.policy, lambda *_: solved, again=False)
+    finally:
+        session.expire_on_commit = expire_on_commit
+
+
+def _own_solve(
+    session: Session, prepared: Prepared, policy: str | None, config: SolverConfig | None
+) -> tuple[str, Callable[[ClusterSnapshot, bool], Solved]]:
+    """The policy a cluster's own cycle plans with, and its solve."""
+    policy_name = policy or prepared.snapshot.policy
+
+    def solve(snapshot: ClusterSnapshot, lock_proposed: bool) -> Solved:
+        if session.in_transaction():  # only ever a read: end it rather than hold it
+            session.commit()
+        return _solve(snapshot, policy_name, config, lock_proposed=lock_proposed)
+
+    return policy_name, solve
+
+
+def _prepare(session: Session, cluster_name: str, now: datetime) -> Prepared:
     snapshot, open_plans = _read(session, cluster_name, now)  # 1
     _record_forecasts(session, snapshot, now)
-    policy_name = policy or snapshot.policy
     expired = _review(session, snapshot, open_plans, now)  # 2
+    return Prepared(cluster_name, now, snapshot, open_plans, expired)
+
+
+def _decide(
+    session: Session,
+    prepared: Prepared,
+    policy_name: str,
+    solve: Callable[[ClusterSnapshot, bool], Solved],
+    again: bool = True,
+) -> CycleResult:
+    """Phases 3-7. ``solve(snapshot, lock_proposed)``: the fresh plan; ``again``: whether
+    to read and solve again once something was withdrawn (a plan made elsewhere, on a
+    snapshot read after the review, is used as it is)."""
+    snapshot, open_plans, expired, now = (
+        prepared.snapshot,
+        prepared.open_plans,
+        prepared.expired,
+        prepared.now,
+    )
     changed = bool(expired)
-    fresh: tuple[Instance, sp.Plan, list[str]] | None = None
+    fresh: Solved | None = None
     proposal = next((p for p, a in open_plans if _undecided(a)), None)
     if proposal is not None:  # 3
         actions = {p.id: a for p, a in open_plans}[proposal.id]
         stale = _stale_because(snapshot, proposal, policy_name)
         if stale is None:
-            fresh = _solve(session, snapshot, policy_name, config, lock_proposed=False)
-            stale = _materially_better(session, snapshot, fresh[0], fresh[1], actions)
+            fresh = solve(snapshot, False)
+            stale = _materially_better(session, fresh, actions)
             if stale is None:
                 return _keep(session, proposal, now, expired)
             state = PlanState.superseded
@@ -162,12 +260,11 @@ def _run_cycle(
             # An operator decided part of it meanwhile: it stands.
             return _keep(session, proposal, now, expired)
         changed = True
-    if fresh is None or changed:
-        if changed:  # jobs of what was withdrawn are free to plan again
-            snapshot, _ = _read(session, cluster_name, now)
-        fresh = _solve(session, snapshot, policy_name, config, lock_proposed=True)  # 4-5
-    instance, plan, violations = fresh
-    result = _persist(session, snapshot, instance, plan, policy_name, violations, now)  # 6-7
+    if fresh is None or (changed and again):
+        if changed and again:  # jobs of what was withdrawn are free to plan again
+            snapshot, _ = _read(session, prepared.cluster, now)
+        fresh = solve(snapshot, True)  # 4-5
+    result = _persist(session, fresh, now)  # 6-7
     return CycleResult(**{**result.__dict__, "expired": expired})
 
 
@@ -220,19 +317,18 @@ def _record_forecasts(session: Session, snapshot: ClusterSnapshot, now: datetime
 
 
 def _solve(
-    session: Session,
     snapshot: ClusterSnapshot,
     policy_name: str,
     config: SolverConfig | None,
     *,
     lock_proposed: bool,
-) -> tuple[Instance, sp.Plan, list[str]]:
-    """The plan and its violations, with no transaction open however long it takes."""
-    if session.in_transaction():  # only ever a read: end it rather than hold it
-        session.commit()
+) -> Solved:
+    """The plan and its violations (the caller has ended its transaction: none is open
+    however long the solve takes)."""
     instance = to_instance(snapshot, config=config, lock_proposed=lock_proposed)
     plan = get_policy(policy_name).plan(instance)
-    return instance, plan, [str(v) for v in validate(instance, plan)]
+    violations = [str(v) for v in validate(instance, plan)]
+    return Solved(snapshot, instance, plan, violations, policy_name)
 
 
 # -- open plans ------------------------------------------------------------------------
@@ -372,15 +468,10 @@ def _stale_because(snapshot: ClusterSnapshot, plan: Plan, policy_name: str) -> s
     return None
 
 
-def _materially_better(
-    session: Session,
-    snapshot: ClusterSnapshot,
-    instance: Instance,
-    fresh: sp.Plan,
-    actions: list[Action],
-) -> str | None:
+def _materially_better(session: Session, solved: Solved, actions: list[Action]) -> str | None:
     """Why a fresh plan should replace the proposal, or None to keep the proposal. Both are
     valued on the same instance, the fresh one without the groups it would defer."""
+    snapshot, instance, fresh = solved.snapshot, solved.instance, solved.plan
     if not fresh.actions or not instance.jobs:
         return None
     current = {job.id: dict(job.placement) for job in instance.jobs}
@@ -388,7 +479,7 @@ def _materially_better(
     begin(session, writes=False)
     footprint = _footprint(session, snapshot.cluster_id)
     session.commit()
-    deferred = _deferred(instance, fresh, graph, footprint)
+    deferred = {**solved.held, **_deferred(instance, fresh, graph, footprint)}
     fresh_target = dict(current)
     for index, move in enumerate(fresh.actions):
         if index not in deferred:
@@ -531,25 +622,37 @@ def _decisions(plan: sp.Plan, deferred: dict[int, str]) -> list[dict[str, Any]]:
     ]
 
 
-def _persist(
-    session: Session,
-    snapshot: ClusterSnapshot,
-    instance: Instance,
-    plan: sp.Plan,
-    policy_name: str,
-    violations: list[str],
-    now: datetime,
-) -> CycleResult:
+def _persist(session: Session, solved: Solved, now: datetime) -> CycleResult:
     """One short write transaction; the nodes other plans work on are read under its lock."""
+    snapshot, instance, plan, violations = (
+        solved.snapshot,
+        solved.instance,
+        solved.plan,
+        solved.violations,
+    )
     graph = action_graph(instance, plan)
     acting = not violations and snapshot.mode != ShapingMode.observe
     begin(session, writes=True)
-    deferred = _deferred(instance, plan, graph, _footprint(session, snapshot.cluster_id))
+    deferred = {
+        **solved.held,
+        **_deferred(instance, plan, graph, _footprint(session, snapshot.cluster_id)),
+    }
     stats = plan.stats
+    summary: dict[str, Any] = {
+        "jobs": len(instance.jobs),
+        "nodes": len(instance.nodes),
+        "gpus": sum(n.gpus for n in instance.nodes),
+        "note": stats.note,
+        "violations": violations,
+        "deferred": len(deferred),
+        plan_placement.SUMMARY_KEY: plan_placement.record(instance, plan, deferred),
+    }
+    if solved.group is not None:
+        summary[FEDERATION_GROUP_KEY] = solved.group
     row = Plan(
         cluster_id=snapshot.cluster_id,
         created_at=now,
-        policy=policy_name,
+        policy=solved.policy,
         engine=stats.engine,
         mode=snapshot.mode,
         status="invalid" if violations else stats.status.value,
@@ -557,16 +660,8 @@ def _persist(
         best_bound=stats.best_bound,
         gap=stats.gap,
         wall_time_s=stats.wall_time_s,
-        decisions=_decisions(plan, deferred),
-        summary={
-            "jobs": len(instance.jobs),
-            "nodes": len(instance.nodes),
-            "gpus": sum(n.gpus for n in instance.nodes),
-            "note": stats.note,
-            "violations": violations,
-            "deferred": len(deferred),
-            plan_placement.SUMMARY_KEY: plan_placement.record(instance, plan, deferred),
-        },
+        decisions=_decisions(plan, deferred) + solved.notes,
+        summary=summary,
         checked_at=now,
     )
     session.add(row)
