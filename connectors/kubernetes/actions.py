@@ -34,7 +34,11 @@ pkg/apis/batch/validation), so a Job's template must declare the variable from t
 Downward API — ``valueFrom.fieldRef.fieldPath: metadata.annotations['shaper.io/resume-from']``
 — and Shaper sets that annotation (connectors.kubernetes.pods.resume_blocker is the test,
 shared with telemetry's ``checkpointable``). A Job that would lose its work is never stopped
-unless the caller allows a restart.
+unless the caller allows a restart. A pointer to kubelet checkpoint *images*
+(``checkpoint-image:…``, connectors.kubernetes.restore_webhook) also puts the label
+``shaper.io/restore: checkpoint-image`` on the template, and the restore webhook swaps the
+images of the pods the Job controller creates for them: the process is restored by
+containerd, not by the workload.
 
 Bare pods are not moved: moving one is delete-then-create, and if the connector died or
 timed out between the two nothing would ever recreate the pod (its work and its spec
@@ -60,6 +64,12 @@ from connectors.kubernetes.pods import (
     RESUME_FROM,
     STOPPED_BY_STEP,
     resume_blocker,
+)
+from connectors.kubernetes.restore_webhook import (
+    RESTORE_BY_IMAGE,
+    RESTORE_LABEL,
+    Refused,
+    image_restore,
 )
 from connectors.kubernetes.submission import pinned_affinity
 
@@ -530,6 +540,15 @@ def _stop_for_resume(
         raise ConnectorError(
             f"cannot {what}: {blocker}, and no policy allows a restart", retryable=False
         )
+    try:
+        restore = image_restore(resume_from)
+    except Refused as refused:
+        raise ConnectorError(f"cannot {what}: {refused}", retryable=False) from None
+    if restore is not None and nodes is not None and nodes != [restore.node]:
+        raise ConnectorError(
+            f"cannot {what}: its checkpoint images are on node {restore.node} only",
+            retryable=False,
+        )
     suspended_here = False
     if not current.spec.suspend:
         # A restart's stamp from an earlier step goes with this stop (null removes it in a
@@ -583,7 +602,13 @@ def _prepare_stopped(
         affinity = pinned_affinity(api.sanitize_for_serialization(template.spec.affinity), nodes)
         prepared["spec"] = {"affinity": affinity}
     if resume_from is not None:
-        prepared["metadata"] = {"annotations": {RESUME_FROM: resume_from}}
+        # A checkpoint image's pointer also labels the pods for the restore webhook
+        # (connectors.kubernetes.restore_webhook); any other takes that label off.
+        restore = RESTORE_BY_IMAGE if image_restore(resume_from) else None
+        prepared["metadata"] = {
+            "annotations": {RESUME_FROM: resume_from},
+            "labels": {RESTORE_LABEL: restore},
+        }
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"template": prepared}})
 
 

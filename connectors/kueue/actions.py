@@ -25,7 +25,14 @@ What was measured against Kueue v0.17.0 and Kubernetes v1.37:
 
 Checkpoint-aware preemption (kubernetes-sigs/kueue#477) follows the contract of
 connectors.kubernetes.actions: the pod template says ``shaper.io/checkpointable: "true"`` and
-declares ``SHAPER_RESUME_FROM`` from the annotation ``shaper.io/resume-from``.
+declares ``SHAPER_RESUME_FROM`` from the annotation ``shaper.io/resume-from``. A pointer to
+kubelet checkpoint images (``checkpoint-image:…``: the kubelet's checkpoint of the pod's
+containers, imported as images on its node; connectors.kubernetes.restore_webhook) also
+labels the template and the pod sets ``shaper.io/restore: checkpoint-image``; on
+re-admission the restore webhook gives the new pod those images and pins it to that node,
+and containerd restores the processes (measured on a real node:
+tests/k8s/test_real_node_checkpoint_preemption.py). Such a pointer restores one pod: a
+Workload running more, or elsewhere than the images' node, is refused before it stops.
 
 RBAC (kueue.x-k8s.io unless said): ``deactivate``/``reactivate``: patch workloads;
 ``preempt_with_checkpoint``: get, patch, update workloads; get, patch batch jobs; list pods.
@@ -53,6 +60,13 @@ from connectors.kubernetes.actions import (
     wait_until,
 )
 from connectors.kubernetes.pods import DEACTIVATED_BY_SHAPER, RESUME_FROM, STOPPED_BY_STEP
+from connectors.kubernetes.restore_webhook import (
+    RESTORE_BY_IMAGE,
+    RESTORE_LABEL,
+    ImageRestore,
+    Refused,
+    image_restore,
+)
 
 GROUP, VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
 # Kueue's own marker on a Job it is in the middle of stopping (pkg/controller/jobs/job).
@@ -188,6 +202,9 @@ def preempt_with_checkpoint(
        Job's pod template, so the pods Kueue starts on re-admission carry it (and read it as
        ``SHAPER_RESUME_FROM``). :func:`reactivate` lets it run again.
 
+    A ``checkpoint-image:`` pointer (connectors.kubernetes.restore_webhook) also labels the
+    template and pod sets for the restore webhook, and must name the one running pod's node.
+
     Returns the resume pointer (None when nothing ran, so there was nothing to checkpoint).
     A Job whose pods could not resume (not checkpointable, or no ``SHAPER_RESUME_FROM``
     declared) is refused before anything happens unless ``allow_restart``. Idempotent: a
@@ -214,6 +231,7 @@ def preempt_with_checkpoint(
             )
         if pods and not blocker:
             pointer = checkpoint(pods)
+            _check_image_restore(pointer, pods, what=f"workload {workload} in {namespace}")
             # Before anything stops: from here on a crash loses no work.
             call(
                 "patch",
@@ -231,14 +249,30 @@ def preempt_with_checkpoint(
 
     wait_stopped(api, namespace=namespace, workload=workload, job=job, timeout_s=timeout_s)
     if resume_from is not None:
-        _store_in_pod_sets(api, namespace=namespace, workload=workload, resume_from=resume_from)
+        # A checkpoint image's pointer also labels the pods for the restore webhook; any
+        # other pointer takes an earlier one's label off (null deletes it).
+        what = f"workload {workload} in {namespace}"
+        restore = RESTORE_BY_IMAGE if _image_restore(resume_from, what=what) else None
+        _store_in_pod_sets(
+            api,
+            namespace=namespace,
+            workload=workload,
+            annotations={RESUME_FROM: resume_from},
+            labels={RESTORE_LABEL: restore},
+        )
+        template = {
+            "metadata": {
+                "annotations": {RESUME_FROM: resume_from},
+                "labels": {RESTORE_LABEL: restore},
+            }
+        }
         call(
             "patch",
             job_resource,
             lambda: batch.patch_namespaced_job(
                 job,
                 namespace,
-                {"spec": {"template": {"metadata": {"annotations": {RESUME_FROM: resume_from}}}}},
+                {"spec": {"template": template}},
                 _content_type=MERGE_PATCH,
                 _request_timeout=REQUEST_TIMEOUT_S,
             ),
@@ -293,11 +327,17 @@ def _running_pods(api: client.ApiClient, *, namespace: str, job_uid: str) -> lis
 
 
 def _store_in_pod_sets(
-    api: client.ApiClient, *, namespace: str, workload: str, resume_from: str
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    workload: str,
+    annotations: dict[str, str],
+    labels: dict[str, str | None],
 ) -> None:
-    """Write the pointer into every pod set's template annotations: Kueue restores the Job's
-    template from these while the Workload is evicted. Read-modify-replace (a merge patch
-    would replace the whole list), retried while Kueue writes the same object."""
+    """Write the pointer into every pod set's template annotations (and the restore label,
+    None to take it off): Kueue restores the Job's template from these while the Workload
+    is evicted. Read-modify-replace (a merge patch would replace the whole list), retried
+    while Kueue writes the same object."""
     custom = _custom(api)
     resource = _resource(namespace, workload)
     for attempt in range(CONFLICT_ATTEMPTS):
@@ -305,10 +345,13 @@ def _store_in_pod_sets(
         changed = False
         for pod_set in current["spec"]["podSets"]:
             metadata = pod_set["template"].setdefault("metadata", {})
-            annotations = metadata.get("annotations") or {}
-            if annotations.get(RESUME_FROM) != resume_from:
-                metadata["annotations"] = {**annotations, RESUME_FROM: resume_from}
-                changed = True
+            for field, wanted in (("annotations", annotations), ("labels", labels)):
+                have = dict(metadata.get(field) or {})
+                merged = {**have, **wanted}
+                merged = {k: v for k, v in merged.items() if v is not None}
+                if merged != have:
+                    metadata[field] = merged
+                    changed = True
         if not changed:
             return
         try:
@@ -330,3 +373,26 @@ def _store_in_pod_sets(
         except Conflict:
             if attempt == CONFLICT_ATTEMPTS - 1:
                 raise
+
+
+def _check_image_restore(pointer: str, pods: list[PodOnNode], *, what: str) -> None:
+    """A checkpoint image's pointer (connectors.kubernetes.restore_webhook) names one pod's
+    containers on one node: refused, before anything stops, when it is malformed or the
+    Job runs more than one pod, or another node than the image's."""
+    restore = _image_restore(pointer, what=what)
+    if restore is None:
+        return
+    if len(pods) != 1 or pods[0].node != restore.node:
+        where = ", ".join(f"{p.pod} on {p.node}" for p in pods)
+        raise ConnectorError(
+            f"cannot preempt {what} with checkpoint images: they restore one pod on "
+            f"{restore.node}, and its running pods are {where}",
+            retryable=False,
+        )
+
+
+def _image_restore(pointer: str, *, what: str) -> ImageRestore | None:
+    try:
+        return image_restore(pointer)
+    except Refused as refused:
+        raise ConnectorError(f"cannot preempt {what}: {refused}", retryable=False) from None
