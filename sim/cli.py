@@ -19,6 +19,7 @@ from rich.console import Console
 from sim import federation as federation_runs
 from sim.adapter import ForecastMode, RuntimeMode, split_policy_name
 from sim.fgd import ALL_POLICIES as INFLATION_POLICIES
+from sim.fgd import KNOWN_POLICIES as INFLATION_CHOICES
 from sim.fgd import (
     MOVABLE,
     TIE_BREAKS,
@@ -36,6 +37,7 @@ from sim.fgd.report import (
     seed_spread_json,
     seed_spread_markdown,
 )
+from sim.fgd.through_solver import DEFAULT_BATCH as DEFAULT_SOLVER_BATCH
 from sim.idle_report import idle_markdown, idle_table
 from sim.metrics import RunResult
 from sim.report import (
@@ -514,15 +516,20 @@ def inflation(
     tie_break: Annotated[
         str, typer.Option(help="ties between nodes: name (the reference's) | random")
     ] = "name",
+    solver_batch: Annotated[
+        int, typer.Option(help="shaper-solver (not run by default): arriving pods per solve")
+    ] = DEFAULT_SOLVER_BATCH,
     out: OutOpt = None,
     markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = True,
 ) -> None:
     """The FGD workload-inflation experiment: unallocated GPUs per placement policy."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in names if p not in INFLATION_POLICIES]
+    unknown = [p for p in names if p not in INFLATION_CHOICES]
     if unknown:
-        raise typer.BadParameter(f"unknown {unknown}; one of {', '.join(INFLATION_POLICIES)}")
+        raise typer.BadParameter(f"unknown {unknown}; one of {', '.join(INFLATION_CHOICES)}")
+    if solver_batch < 1:
+        raise typer.BadParameter("at least 1", param_hint="--solver-batch")
     if not pods.is_file():
         raise typer.BadParameter(f"{pods}: no such file", param_hint="PODS")
     try:
@@ -556,6 +563,7 @@ def inflation(
                         placement=placement,
                         tie_break=tie_break,
                         progress=(lambda done: callback(done, 1.0)) if callback else None,
+                        solver_batch=solver_batch,
                     )
                 )
         return results

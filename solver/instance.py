@@ -17,6 +17,12 @@ and pydantic, so it cannot share them, and ``app.shaping.snapshot`` maps one ont
 once (``NODE_STATES``, ``JOB_SHAPES``). What a job does (training, inference …: the wire's
 ``JobKind``) is not the solver's business.
 
+A *fractional* job (``gpu_milli`` < 1000: a GPU-sharing pod, as in the Alibaba traces)
+asks for that many thousandths of one GPU: one replica of one GPU, placed ``{node: 1}``
+with ``gpu_indices`` naming the GPU it shares; the shares on a GPU add up to at most 1000
+and no whole-GPU job names a shared GPU. ``solver.greedy.sharing`` plans them around the
+whole-GPU plan. MIG profiles are not modelled.
+
 Shaper's own recent actions on a job (``last_acted_at``, ``actions_last_hour``) and a saga
 in flight (``locked``) *freeze* it for a while (:meth:`Instance.is_frozen`): every policy
 leaves a frozen job exactly as it is, so plans over consecutive cycles act as one instead of
@@ -36,6 +42,8 @@ from functools import cached_property
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FULL_GPU_MILLI = 1000  # one whole GPU, in thousandths (a fractional job's ``gpu_milli``)
 
 
 class _Frozen(BaseModel):
@@ -97,6 +105,13 @@ class Job(_Frozen):
     max_nodes: int | None = Field(
         default=None, ge=1, description="gang spread limit for block jobs; None = unlimited"
     )
+    gpu_milli: int = Field(
+        default=FULL_GPU_MILLI,
+        ge=1,
+        le=FULL_GPU_MILLI,
+        description="thousandths of a GPU per GPU asked; under 1000: a fractional job "
+        "(one replica of one GPU) sharing one GPU with others (solver.greedy.sharing)",
+    )
 
     # Compatibility.
     allowed_gpu_models: frozenset[str] | None = None
@@ -151,6 +166,8 @@ class Job(_Frozen):
 
     @model_validator(mode="after")
     def _check_shape(self) -> Job:
+        if self.is_fractional:
+            self._check_fractional()
         for node, gpus in self.placement.items():
             if gpus <= 0 or gpus % self.gpus_per_replica:
                 raise ValueError(
@@ -166,6 +183,37 @@ class Job(_Frozen):
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"job {self.id}: max_replicas < min_replicas")
         return self
+
+    def _check_fractional(self) -> None:
+        where = f"job {self.id}: gpu_milli={self.gpu_milli} (a share of one GPU)"
+        if self.shape is not JobShape.block:
+            raise ValueError(f"{where} needs shape 'block'")
+        if self.gpus_per_replica != 1 or self.replicas != 1:
+            raise ValueError(
+                f"{where} needs gpus_per_replica=1 and replicas=1: a fractional gang across "
+                "GPUs is not supported"
+            )
+        if not self.placement:
+            return
+        node = next(iter(self.placement))
+        indices = (self.gpu_indices or {}).get(node, ())
+        if len(indices) != 1 or indices[0] < 0:
+            raise ValueError(
+                f"{where}: gpu_indices must name the one GPU it shares on {node}, not {indices}"
+            )
+
+    @property
+    def is_fractional(self) -> bool:
+        """A share of one GPU (``gpu_milli`` < 1000), placed on a GPU index."""
+        return self.gpu_milli < FULL_GPU_MILLI
+
+    @property
+    def shared_gpu(self) -> tuple[str, int] | None:
+        """The node and GPU index a running fractional job shares; None otherwise."""
+        if not self.is_fractional or not self.placement or self.gpu_indices is None:
+            return None
+        node = next(iter(self.placement))
+        return node, self.gpu_indices[node][0]
 
     @property
     def is_running(self) -> bool:
@@ -436,6 +484,17 @@ class SolverConfig(_Frozen):
     )
 
 
+class TypicalShape(_Frozen):
+    """One shape of the work a cluster expects (FGD's "typical pods"): the fractional
+    placement (``solver.greedy.sharing``) keeps free GPU capacity usable by these."""
+
+    cpu_milli: int = Field(default=0, ge=0)
+    gpus: int = Field(default=1, ge=0, description="0: a CPU-only shape")
+    gpu_milli: int = Field(default=FULL_GPU_MILLI, ge=0, le=FULL_GPU_MILLI)
+    gpu_models: frozenset[str] | None = None
+    share: float = Field(gt=0, le=1, description="its share of the expected work")
+
+
 class Instance(_Frozen):
     """Everything one planning cycle needs. Immutable; build a new one per cycle."""
 
@@ -446,6 +505,19 @@ class Instance(_Frozen):
     policies: tuple[SlaPolicy, ...] = ()
     migration: MigrationCostModel = MigrationCostModel()
     config: SolverConfig = SolverConfig()
+    typical_shapes: tuple[TypicalShape, ...] = Field(
+        default=(),
+        description="the expected work's shapes, for fractional placement; empty: the "
+        "instance's own jobs' shapes (solver.fragmentation.typical_shapes). Given, the "
+        "greedy also places single-node whole-GPU jobs by FGD's score for them "
+        "(ClusterState.find_single_node) instead of best fit",
+    )
+    shared_free_milli: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict,
+        description="per node, the milli free on each GPU fractional jobs share: set by "
+        "solver.greedy.sharing.split on the whole-GPU part it plans (whose holders show "
+        "those GPUs as taken), for the fragmentation score",
+    )
 
     @model_validator(mode="after")
     def _check_references(self) -> Instance:
@@ -465,7 +537,40 @@ class Instance(_Frozen):
             for node_name in job.placement:
                 if node_name not in nodes:
                     raise ValueError(f"job {job.id}: placed on unknown node {node_name}")
+        if any(job.is_fractional for job in self.jobs):
+            self._check_shares()
         return self
+
+    def _check_shares(self) -> None:
+        """Running fractional jobs share GPUs that exist, within one GPU's capacity, and
+        no GPU a whole-GPU job names (``gpu_indices``) is also shared."""
+        sizes = {node.name: node.gpus for node in self.nodes}
+        shared: dict[tuple[str, int], int] = {}
+        for job in self.jobs:
+            where = job.shared_gpu
+            if where is None:
+                continue
+            if where[1] >= sizes[where[0]]:
+                raise ValueError(
+                    f"job {job.id}: gpu_indices names GPU {where[1]} of {where[0]}, "
+                    f"which has {sizes[where[0]]} GPUs"
+                )
+            shared[where] = shared.get(where, 0) + job.gpu_milli
+            if shared[where] > FULL_GPU_MILLI:
+                raise ValueError(
+                    f"job {job.id}: gpu_milli on GPU {where[1]} of {where[0]} adds up to "
+                    f"{shared[where]}, over one GPU ({FULL_GPU_MILLI})"
+                )
+        for job in self.jobs:
+            if job.is_fractional or not job.gpu_indices:
+                continue
+            for node_name, indices in job.gpu_indices.items():
+                for index in indices:
+                    if (node_name, index) in shared:
+                        raise ValueError(
+                            f"job {job.id}: gpu_indices names GPU {index} of {node_name}, "
+                            "which fractional jobs share"
+                        )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied; the derived look-ups are rebuilt on first use.

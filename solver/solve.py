@@ -64,6 +64,7 @@ from solver.actions import build_plan
 from solver.cp_sat import CP_SAT_STATUS, placement_solver
 from solver.extraction import realise
 from solver.greedy import sort_key
+from solver.greedy.sharing import plan_with_shares
 from solver.greedy_variants import GREEDY, best_greedy, greedy_options
 from solver.hints import add_best_hint
 from solver.instance import Instance, SolverConfig
@@ -81,7 +82,8 @@ SATURATED_NOTE = (
 
 def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     with _collector_paused():
-        return _solve(instance, policy=policy)
+        # Fractional jobs (if any) are placed around the plan of the whole GPUs.
+        return plan_with_shares(instance, lambda whole: _solve(whole, policy=policy))
 
 
 @contextmanager

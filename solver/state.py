@@ -12,8 +12,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from solver.compat import Compatibility
+from solver.fragmentation import fgd_score, fragmentation_for
 from solver.gang_fit import GangFit
-from solver.instance import Instance, Job, NodeState
+from solver.instance import FULL_GPU_MILLI, Instance, Job, NodeState
 
 UNLIMITED = 1 << 60
 
@@ -41,6 +42,11 @@ class ClusterState:
         # Set by the shaper's engine (``SolverConfig.gang_aware_placement``): single-node
         # placements then leave free GPUs the waiting gangs can use (``solver.gang_fit``).
         self.gang_fit: GangFit | None = None
+        # With the instance's typical shapes given (the fractional-GPU world), single-node
+        # placements go where FGD's fragmentation for them grows least.
+        self.fragmentation = (
+            fragmentation_for(instance.typical_shapes) if instance.typical_shapes else None
+        )
         self._load(instance.jobs)
         # Buckets are built after the initial load, from the resulting free counts.
         self.group_free = [0] * len(self.compat.groups)
@@ -243,6 +249,8 @@ class ClusterState:
     ) -> int | None:
         """Best node holding ``replicas`` replicas: fastest model, then (with ``gang_fit``)
         the least waste for the waiting gangs, keep whole nodes, tightest."""
+        if self.fragmentation is not None:
+            return self._least_fragmenting_node(job, replicas, groups, exclude)
         need = replicas * job.gpus_per_replica
         best: tuple[float, float, int, int, int] | None = None
         nodes = self.instance.nodes
@@ -272,6 +280,42 @@ class ClusterState:
                 if gang_fit is None:
                     break  # best fit: the tightest level of the group is its candidate
         return None if best is None else best[4]
+
+    def _least_fragmenting_node(
+        self, job: Job, replicas: int, groups: list[int], exclude: set[int] | None
+    ) -> int | None:
+        """The node holding ``replicas`` replicas with FGD's best score (its fragmentation
+        for the typical shapes grows least; fastest model first, then the first node in
+        the instance's order). Idle GPUs count 1000 milli free, GPUs fractional jobs share
+        what they leave (``Instance.shared_free_milli``)."""
+        measure = self.fragmentation
+        assert measure is not None
+        need = replicas * job.gpus_per_replica
+        cpu_need = replicas * job.cpu_milli_per_replica
+        nodes = self.instance.nodes
+        shared = self.instance.shared_free_milli
+        best: tuple[float, int, int] | None = None
+        for group in self.group_order(groups):
+            bucket = self.buckets[group]
+            speed = self.compat.groups[group].gpu_model.speed
+            for free in range(need, self.most_gpus[group] + 1):
+                for node in bucket.get(free, ()):
+                    if exclude and node in exclude:
+                        continue
+                    if self.replicas_fitting(job, node) < replicas:
+                        continue
+                    name = nodes[node].name
+                    model = nodes[node].gpu_model
+                    partial = shared.get(name, ())
+                    cpu = self.free_cpu[node]
+                    before = measure([FULL_GPU_MILLI] * free + list(partial), cpu, model)
+                    after = measure(
+                        [FULL_GPU_MILLI] * (free - need) + list(partial), cpu - cpu_need, model
+                    )
+                    key = (-speed, -fgd_score(before - after), node)
+                    if best is None or key < best:
+                        best = key
+        return None if best is None else best[2]
 
     def find_gang(
         self,

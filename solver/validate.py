@@ -23,6 +23,9 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
 9. bookkeeping: one action per changed job, of the right kind, matching the placement;
    a reason for every job that holds nothing; GPU indices, where given, distinct per node,
    in range, as many as the placement says;
+   fractional jobs (``Job.gpu_milli`` < 1000): each names its one GPU in ``gpu_indices``,
+   a GPU's shares add up to at most 1000 and it counts once in rule 2, no whole-GPU job
+   holds a shared GPU, and a move to another GPU of the same node is a migration;
 10. max queue wait: no pending block job past its SLA's max queue wait is left pending
     while it fits, whole, on one ready compatible node's GPUs, CPU and memory that the
     plan leaves free, within its team's quota (a frozen one excepted: a saga holds it);
@@ -49,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from solver.compat import node_accepts
-from solver.instance import Instance, NodeState
+from solver.instance import FULL_GPU_MILLI, Instance, NodeState
 from solver.plan import ActionKind, Plan
 
 
@@ -105,21 +108,32 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
     gpu_used: dict[str, int] = defaultdict(int)
     cpu_used: dict[str, int] = defaultdict(int)
     mem_used: dict[str, int] = defaultdict(int)
+    # Fractional jobs: a GPU they share counts once, however many share it.
+    shares = _Shares(instance, plan, bad) if _has_fractional(instance) else None
+    if out:
+        return out
     for job_id, target in plan.placement.items():
         job = jobs[job_id]
         for node_name, gpus in target.items():
             replicas = gpus // job.gpus_per_replica
-            gpu_used[node_name] += gpus
+            if not job.is_fractional:
+                gpu_used[node_name] += gpus
             cpu_used[node_name] += replicas * job.cpu_milli_per_replica
             mem_used[node_name] += replicas * job.memory_mib_per_replica
     # A snapshot may already be over capacity (stale telemetry): a plan must not add to it.
     gpu_before: dict[str, int] = defaultdict(int)
     cpu_before: dict[str, int] = defaultdict(int)
     mem_before: dict[str, int] = defaultdict(int)
+    if shares is not None:
+        for (node_name, _), _milli in shares.after.items():
+            gpu_used[node_name] += 1
+        for (node_name, _), _milli in shares.before.items():
+            gpu_before[node_name] += 1
     for job in instance.jobs:
         for node_name, gpus in job.placement.items():
             replicas = gpus // job.gpus_per_replica
-            gpu_before[node_name] += gpus
+            if not job.is_fractional:
+                gpu_before[node_name] += gpus
             cpu_before[node_name] += replicas * job.cpu_milli_per_replica
             mem_before[node_name] += replicas * job.memory_mib_per_replica
     for node_name, used in gpu_used.items():
@@ -144,7 +158,8 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         after = plan.placement.get(job.id, {})
         usage_before[job.team] += sum(before.values())
         usage_after[job.team] += sum(after.values())
-        if after == before and not job.is_elastic:
+        moved_gpu = shares is not None and job.id in shares.moved
+        if after == before and not job.is_elastic and not moved_gpu:
             continue  # a block job the plan leaves as it is: rules 3-6 hold (most jobs)
         policy = instance.policy_for(job)
 
@@ -186,7 +201,7 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
             started_by_team[job.team] += sum(after.values())
 
         # 5. movement
-        if before and after and after != before:
+        if before and after and (after != before or moved_gpu):
             migrations += 1
             if not job.checkpointable:
                 bad("movement", job.id, "non-checkpointable job moved")
@@ -254,7 +269,7 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
     for job in instance.jobs:
         after = plan.placement.get(job.id, {})
         count = acted.get(job.id, 0)
-        changed = after != job.placement
+        changed = after != job.placement or (shares is not None and job.id in shares.moved)
         if changed and count != 1:
             bad("actions", job.id, f"changed with {count} actions")
         if not changed and count:
@@ -304,16 +319,73 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
     return out
 
 
+def _has_fractional(instance: Instance) -> bool:
+    return any(job.is_fractional for job in instance.jobs)
+
+
+class _Shares:
+    """The GPUs fractional jobs share before and after a plan: milli per (node, index),
+    and the jobs the plan moves to another GPU of the same node. Reports a fractional job
+    placed without its one GPU index, on a GPU out of range, or a GPU shared past 1000."""
+
+    def __init__(
+        self, instance: Instance, plan: Plan, bad: Callable[[str, str | None, str], None]
+    ) -> None:
+        self.before: dict[tuple[str, int], int] = defaultdict(int)
+        self.after: dict[tuple[str, int], int] = defaultdict(int)
+        self.moved: set[str] = set()
+        nodes = instance.node_by_name
+        for job in instance.jobs:
+            if not job.is_fractional:
+                continue
+            was = job.shared_gpu
+            if was is not None:
+                self.before[was] += job.gpu_milli
+            target = plan.placement.get(job.id, {})
+            if not target:
+                continue
+            if len(target) != 1:
+                bad("gang", job.id, f"a fractional job on {len(target)} nodes, not one")
+                continue
+            (node_name,) = target
+            indices = plan.gpu_indices.get(job.id, {}).get(node_name, ())
+            if len(indices) != 1 or not 0 <= indices[0] < nodes[node_name].gpus:
+                message = f"{node_name}: a fractional job needs one GPU index, not {indices}"
+                bad("indices", job.id, message)
+                continue
+            where = (node_name, indices[0])
+            self.after[where] += job.gpu_milli
+            if was is not None and was != where:
+                self.moved.add(job.id)
+        for (node_name, index), milli in sorted(self.after.items()):
+            if milli > max(FULL_GPU_MILLI, self.before.get((node_name, index), 0)):
+                bad(
+                    "capacity",
+                    None,
+                    f"{node_name}: GPU {index} shared by {milli} gpu_milli > {FULL_GPU_MILLI}",
+                )
+
+
 def _check_indices(
     instance: Instance, plan: Plan, bad: Callable[[str, str | None, str], None]
 ) -> None:
     taken: dict[str, set[int]] = defaultdict(set)
     overfull: dict[str, int] = defaultdict(int)
     node_by_name = instance.node_by_name
-    for target in plan.placement.values():
+    jobs = instance.job_by_id
+    shared: dict[str, set[int]] = defaultdict(set)
+    for job_id, target in plan.placement.items():
+        if jobs[job_id].is_fractional:
+            for node_name, gpu in plan.gpu_indices.get(job_id, {}).items():
+                shared[node_name].update(gpu)
+            continue
         for node_name, gpus in target.items():
             overfull[node_name] += gpus
+    for node_name, shared_here in shared.items():
+        overfull[node_name] += len(shared_here)
     for job_id, target in plan.placement.items():
+        if jobs[job_id].is_fractional:
+            continue  # checked by _Shares; against the whole GPUs below
         held = plan.gpu_indices.get(job_id, {})
         for node_name, gpus in target.items():
             indices = held.get(node_name, ())
@@ -325,7 +397,7 @@ def _check_indices(
             if len(distinct) != gpus or not in_range:
                 bad("indices", job_id, f"{node_name}: indices {indices} for {gpus} GPUs")
             taken_here = taken[node_name]
-            if not taken_here.isdisjoint(distinct):
+            if not taken_here.isdisjoint(distinct) or not shared[node_name].isdisjoint(distinct):
                 bad("indices", job_id, f"{node_name}: indices {indices} already taken")
             taken_here |= distinct
 

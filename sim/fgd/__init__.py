@@ -7,8 +7,10 @@ generate_run_scripts.py``, ``scripts/generate_config_and_run.py``,
 Pods ask for CPU, memory and whole GPUs or a fraction of one; they arrive until their GPU
 requests reach 130 % of the cluster's GPU capacity, never leave, and a pod that fits
 nowhere stays unallocated. The figure is the GPU capacity left unallocated, per placement
-policy. It is a simulator of its own, beside :mod:`sim.engine`, because the solver's
-``Instance`` has no fractional GPUs yet.
+policy. It is a simulator of its own, beside :mod:`sim.engine`: its policies are the
+reference's and Shaper's stand-ins for them; ``shaper-solver`` (accepted, not run by
+default) places the GPU pods with the solver itself (:mod:`sim.fgd.through_solver`),
+through ``solver.Instance``'s fractional GPUs (``Job.gpu_milli``).
 
 One module per part, in the order a run uses them:
 
@@ -20,6 +22,7 @@ One module per part, in the order a run uses them:
 * :mod:`sim.fgd.placement`: the policies by name (:data:`PLACEMENTS`) and the tie-break;
 * :mod:`sim.fgd.migration`, :mod:`sim.fgd.preemption`, :mod:`sim.fgd.shaper`: what
   Shaper's policies do when a pod fits nowhere;
+* :mod:`sim.fgd.through_solver`: ``shaper-solver``, a batch of pods per ``solve()``;
 * :mod:`sim.fgd.experiment`: one run; :mod:`sim.fgd.results`: its figures and the
   comparison with the baselines; :mod:`sim.fgd.report`: the CLI's tables.
 
@@ -32,7 +35,7 @@ dot-product leaves about 8.7-9.5 % of the GPUs unallocated (540-590), FGD about 
 """
 
 from sim.fgd.cluster import Cluster
-from sim.fgd.experiment import ALL_POLICIES, TIE_BREAKS, run_inflation
+from sim.fgd.experiment import ALL_POLICIES, KNOWN_POLICIES, TIE_BREAKS, run_inflation
 from sim.fgd.fragmentation import TaskMix
 from sim.fgd.placement import BASELINES, PLACEMENTS, POLICIES, select_node
 from sim.fgd.pod import FULL, MAX_GPUS, Pod
@@ -44,6 +47,7 @@ __all__ = [
     "ALL_POLICIES",
     "BASELINES",
     "FULL",
+    "KNOWN_POLICIES",
     "MAKE_ROOM",
     "MAX_GPUS",
     "MOVABLE",

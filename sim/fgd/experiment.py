@@ -22,10 +22,13 @@ from sim.fgd.placement import POLICIES, select_node
 from sim.fgd.pod import FULL
 from sim.fgd.results import InflationResult
 from sim.fgd.shaper import MAKE_ROOM, SHAPER_POLICIES
+from sim.fgd.through_solver import DEFAULT_BATCH, SOLVER_POLICY, run_through_solver
 from sim.fgd.workload import inflated_workload, read_pods
 from sim.traces.alibaba import read_alibaba_nodes
 
 ALL_POLICIES = (*POLICIES, *SHAPER_POLICIES)
+# Accepted but not run by default: ``shaper-solver`` (the solver itself; being measured).
+KNOWN_POLICIES = (*ALL_POLICIES, SOLVER_POLICY)
 # Ties between equally scored nodes: the reference's fixed node order, or at random.
 TIE_BREAKS = ("name", "random")
 
@@ -59,12 +62,15 @@ def run_inflation(
     placement: str = "fgd",
     tie_break: str = "name",
     progress: Callable[[float], None] | None = None,
+    solver_batch: int = DEFAULT_BATCH,
 ) -> InflationResult:
     """Run one inflation experiment; ``policy`` is one of ``POLICIES`` or
-    ``SHAPER_POLICIES`` (which place by ``placement``). ``cpu_nodes`` adds the node
-    list's CPU-only nodes to the cluster (the reference uses the GPU nodes only)."""
-    if policy not in ALL_POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; one of {ALL_POLICIES}")
+    ``SHAPER_POLICIES`` (which place by ``placement``), or ``shaper-solver`` (the
+    solver, ``solver_batch`` pods per solve: :mod:`sim.fgd.through_solver`). ``cpu_nodes``
+    adds the node list's CPU-only nodes to the cluster (the reference uses the GPU nodes
+    only)."""
+    if policy not in KNOWN_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; one of {KNOWN_POLICIES}")
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"tie_break must be 'name' or 'random', not {tie_break!r}")
     if placement not in POLICIES:
@@ -88,6 +94,20 @@ def run_inflation(
     preempted = 0
     arrivals = np.zeros(len(workload), dtype=np.int64)
     allocations = np.zeros(len(workload), dtype=np.int64)
+    pods_arrived = len(workload)
+    if policy == SOLVER_POLICY:
+        arrivals, allocations, failed, migrations = run_through_solver(
+            cluster,
+            workload,
+            mix,
+            rng,
+            budget=defrag_budget * solver_batch,
+            batch=solver_batch,
+            progress=progress,
+            goal=target * capacity,
+        )
+        workload = []  # placed already
+        arrived = int(arrivals[-1]) if len(arrivals) else 0
     make_room = MAKE_ROOM.get(policy)
     placement_policy = placement if make_room is not None else policy
     for count, pod in enumerate(workload):
@@ -122,7 +142,7 @@ def run_inflation(
         unallocated_gpus=idle / FULL,
         whole_gpus_allocated=whole,
         fragmented_share=min(1.0, frag / idle) if idle else 0.0,
-        pods_arrived=len(workload),
+        pods_arrived=pods_arrived,
         pods_failed=failed,
         migrations=migrations,
         preempted=preempted,

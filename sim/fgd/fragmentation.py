@@ -8,6 +8,9 @@ CPU-only, if the node's model is not one it accepts, if the node has too little 
 for it, or if it does not have enough GPUs with room for it; otherwise the free capacity on
 GPUs too small for it is. Memory does not count. A node's fragmentation is the
 popularity-weighted sum over shapes.
+
+The choice of shapes is the solver's (``solver.fragmentation.most_frequent``, which its
+fractional placement uses too); here the measure is vectorized over nodes with numpy.
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sim.fgd.pod import Pod
-
-POPULARITY = 0.95  # typical pods: the most frequent shapes covering this share of pods
+from solver.fragmentation import POPULARITY, most_frequent
 
 
 class TaskMix:
@@ -29,22 +31,9 @@ class TaskMix:
 
     def __init__(self, pods: Sequence[Pod], popularity: float = POPULARITY) -> None:
         counts = Counter(p.shape for p in pods)
-        # Most frequent first; ties in the reference's (reversed) shape order.
-        ordered = sorted(
-            counts.items(),
-            key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], "|".join(kv[0][3])),
-            reverse=True,
-        )
-        total = sum(counts.values())
-        kept: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
-        covered = 0
-        for shape, n in ordered:
-            if covered >= popularity * total:
-                break
-            kept.append((shape, n))
-            covered += n
         self.kinds = [
-            (cpu, milli, gpus, models, n / covered) for (cpu, milli, gpus, models), n in kept
+            (cpu, milli, gpus, models, share)
+            for (cpu, milli, gpus, models), share in most_frequent(counts, popularity)
         ]
         self._index()
 

@@ -9,9 +9,9 @@ nowhere, makes room for it (:data:`MAKE_ROOM`, by policy name):
 * ``shaper-preempt``: the same, then, for a pod above best-effort QoS, preemption of
   best-effort pods where that pays in GPU (:mod:`sim.fgd.preemption`).
 
-They are the simulator's stand-in for the solver's defragmentation until
-``solver.Instance`` models fractional GPUs (``gpu_milli``): the solver's policies cannot
-express this experiment yet.
+They are the simulator's stand-in for the solver's defragmentation; ``shaper-solver``
+(:mod:`sim.fgd.through_solver`) runs the experiment through the solver itself, now that
+``solver.Instance`` models fractional GPUs (``Job.gpu_milli``).
 """
 
 from __future__ import annotations

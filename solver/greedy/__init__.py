@@ -22,6 +22,7 @@ One module per phase, sharing one :class:`~solver.greedy.ledger.Ledger`:
 ``backfill``         EASY backfill around a blocked or starving job
 ``lookahead``        capacity held for services' coming peaks
 ``diagnosis``        a reason for every job left pending
+``sharing``          fractional jobs (shares of one GPU), placed around the whole-GPU plan
 """
 
 from solver.greedy.engine import GreedyEngine, Rebase, greedy_plan, run_greedy

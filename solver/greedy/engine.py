@@ -37,6 +37,7 @@ from solver.greedy.ledger import GreedyResult, Ledger
 from solver.greedy.lookahead import Lookahead, Reservation
 from solver.greedy.options import GreedyOptions, sort_key
 from solver.greedy.preemption import Preemption
+from solver.greedy.sharing import plan_with_shares
 from solver.instance import Instance, Job
 from solver.plan import Plan, Reason, ReasonCode, SolveStats, SolveStatus
 from solver.state import ClusterState
@@ -275,7 +276,12 @@ def run_greedy(
 
 
 def greedy_plan(instance: Instance, options: GreedyOptions, *, policy: str) -> Plan:
-    """The plan of one greedy pass: what the FIFO, backfill and priority policies return."""
+    """The plan of one greedy pass: what the FIFO, backfill and priority policies return
+    (fractional jobs placed around it: ``solver.greedy.sharing``)."""
+    return plan_with_shares(instance, lambda whole: _greedy_plan(whole, options, policy=policy))
+
+
+def _greedy_plan(instance: Instance, options: GreedyOptions, *, policy: str) -> Plan:
     started = time.perf_counter()
     result = run_greedy(instance, options)
     stats = SolveStats(

@@ -1,0 +1,385 @@
+"""Fractional jobs: shares of one GPU (``Job.gpu_milli`` < 1000), planned around the rest.
+
+An instance with fractional jobs is planned in three steps (:func:`plan_with_shares`):
+
+1. :func:`split`: every GPU that running fractional jobs share becomes one synthetic,
+   locked whole-GPU job (a *holder*, with those jobs' CPU and memory), and the fractional
+   jobs leave the instance. What is left is an instance of whole GPUs only.
+2. The whole-GPU instance is planned by the caller's engine (``solve()``, or a greedy
+   policy) exactly as any other: holders are frozen, so nothing moves or stops them.
+3. :meth:`SharedGpus.complete`: the pending fractional jobs, by weight then submit time,
+   each go on one GPU with room for it — one already shared or one the plan leaves idle —
+   on the node and GPU where the node's fragmentation for the typical shapes grows least
+   (FGD's score, ``solver.fragmentation``; ties: the first node in the instance's order,
+   then the lowest GPU index). A job that fits nowhere, with ``config.migration`` on, gets
+   room by a repack of a node's checkpointable fractional jobs onto its other GPUs (a
+   migration each, within what the plan left of ``max_migrations_per_cycle``). The
+   plan's ``gpu_indices`` name every fractional job's GPU; a move within a node is a
+   ``migrate`` action whose reason names both GPUs.
+
+What this does not do (yet): fractional jobs never preempt or get preempted, never move
+to another node, and count as one GPU in team quotas and the objective; MIG profiles are
+not modelled. An instance without fractional jobs never comes here (its plan is
+unchanged, byte for byte).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from solver.compat import node_accepts
+from solver.fragmentation import Shape, fgd_score, fragmentation_for, typical_shapes
+from solver.instance import FULL_GPU_MILLI, Instance, Job, NodeState, TypicalShape
+from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
+
+HOLDER_PREFIX = "shared-gpu/"  # synthetic holder ids: shared-gpu/<node>/<index>
+UNLIMITED = 1 << 60
+
+
+def holder_id(node: str, gpu: int) -> str:
+    return f"{HOLDER_PREFIX}{node}/{gpu}"
+
+
+def shapes_of(instance: Instance) -> tuple[TypicalShape, ...]:
+    """The instance's typical shapes, or its jobs' own when it gives none."""
+    if instance.typical_shapes:
+        return instance.typical_shapes
+    counts: Counter[Shape] = Counter()
+    for job in instance.jobs:
+        models = tuple(sorted(job.allowed_gpu_models or ()))
+        counts[(job.cpu_milli_per_replica, job.gpu_milli, job.gpus_per_replica, models)] += max(
+            1, job.replicas
+        )
+    return typical_shapes(counts)
+
+
+@dataclass
+class _NodeRoom:
+    """What a node has free after the whole-GPU plan: per GPU milli, CPU and memory."""
+
+    free: list[int]  # per GPU index: milli free (0 on a GPU a whole-GPU job holds)
+    cpu: int
+    mem: int
+    # Fractional jobs on each shared GPU index: job id -> milli.
+    sharing: dict[int, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass
+class SharedGpus:
+    """An instance split into its whole-GPU part (``whole``) and its fractional jobs."""
+
+    instance: Instance
+    whole: Instance
+    holders: dict[str, tuple[str, int]]  # holder id -> (node, GPU index)
+
+    def complete(self, plan: Plan) -> Plan:
+        """``plan`` (of ``whole``) with the fractional jobs placed: see the module docstring."""
+        return _Completion(self, plan).run()
+
+
+def split(instance: Instance) -> SharedGpus | None:
+    """The whole-GPU part of ``instance`` (holders for its shared GPUs), or None when it
+    has no fractional job."""
+    if not any(job.is_fractional for job in instance.jobs):
+        return None
+    shared: dict[tuple[str, int], list[Job]] = {}
+    kept: list[Job] = []
+    for job in instance.jobs:
+        if not job.is_fractional:
+            kept.append(job)
+            continue
+        where = job.shared_gpu
+        if where is not None:
+            shared.setdefault(where, []).append(job)
+    holders: dict[str, tuple[str, int]] = {}
+    for (node, gpu), jobs in sorted(shared.items()):
+        job_id = holder_id(node, gpu)
+        holders[job_id] = (node, gpu)
+        kept.append(
+            Job(
+                id=job_id,
+                team=HOLDER_PREFIX,
+                placement={node: 1},
+                gpu_indices={node: (gpu,)},
+                cpu_milli_per_replica=sum(j.cpu_milli_per_replica for j in jobs),
+                memory_mib_per_replica=sum(j.memory_mib_per_replica for j in jobs),
+                preemptible=False,
+                locked=True,
+            )
+        )
+    shared_free: dict[str, list[int]] = {}
+    for (node, _), jobs in sorted(shared.items()):
+        free = FULL_GPU_MILLI - sum(j.gpu_milli for j in jobs)
+        shared_free.setdefault(node, []).append(free)
+    whole = instance.model_copy(
+        update={
+            "jobs": tuple(kept),
+            "shared_free_milli": {node: tuple(free) for node, free in shared_free.items()},
+        }
+    )
+    return SharedGpus(instance=instance, whole=whole, holders=holders)
+
+
+def plan_with_shares(instance: Instance, plan_whole: Callable[[Instance], Plan]) -> Plan:
+    """Plan ``instance``'s whole-GPU part with ``plan_whole``, then its fractional jobs."""
+    shared = split(instance)
+    if shared is None:
+        return plan_whole(instance)
+    return shared.complete(plan_whole(shared.whole))
+
+
+class _Completion:
+    def __init__(self, shared: SharedGpus, plan: Plan) -> None:
+        self.shared = shared
+        self.instance = instance = shared.instance
+        self.plan = plan
+        self.fragmentation = fragmentation_for(shapes_of(instance))
+        self.rooms = self._rooms()
+        self.placed: dict[str, tuple[str, int]] = {}  # fractional job -> (node, GPU)
+        self.moved: dict[str, tuple[str, int, int]] = {}  # job -> (node, from GPU, to GPU)
+        self.pending: dict[str, Reason] = {}
+        self.decisions: dict[str, Reason] = {}
+        whole_moves = sum(1 for a in plan.actions if a.kind is ActionKind.migrate)
+        self.moves_left = instance.config.max_migrations_per_cycle - whole_moves
+
+    def _rooms(self) -> dict[str, _NodeRoom]:
+        instance = self.instance
+        whole = self.shared.whole
+        rooms: dict[str, _NodeRoom] = {}
+        for node in instance.nodes:
+            rooms[node.name] = _NodeRoom(
+                free=[FULL_GPU_MILLI] * node.gpus,
+                cpu=node.cpu_milli or UNLIMITED,
+                mem=node.memory_mib or UNLIMITED,
+            )
+        for job_id, target in self.plan.placement.items():
+            job = whole.job_by_id[job_id]
+            indices = self.plan.gpu_indices.get(job_id, {})
+            for node_name, gpus in target.items():
+                room = rooms[node_name]
+                replicas = gpus // job.gpus_per_replica
+                room.cpu -= replicas * job.cpu_milli_per_replica
+                room.mem -= replicas * job.memory_mib_per_replica
+                if job_id in self.shared.holders:
+                    continue
+                for index in indices.get(node_name, ()):
+                    if 0 <= index < len(room.free):
+                        room.free[index] = 0
+        for job in instance.jobs:
+            where = job.shared_gpu
+            if where is None:
+                continue
+            room = rooms[where[0]]
+            room.free[where[1]] -= job.gpu_milli
+            room.sharing.setdefault(where[1], {})[job.id] = job.gpu_milli
+        return rooms
+
+    def run(self) -> Plan:
+        instance = self.instance
+        queue = sorted(
+            (job for job in instance.jobs if job.is_fractional and not job.is_running),
+            key=lambda job: (-instance.weight(job), job.submit_time, job.id),
+        )
+        for job in queue:
+            frozen = instance.frozen_because(job)
+            if frozen is not None:
+                self.pending[job.id] = Reason(code=ReasonCode.dwell, message=frozen)
+                continue
+            choice = self._best_gpu(job)
+            if choice is not None:
+                self._place(job, *choice, why=ReasonCode.placed)
+                continue
+            if instance.config.migration and self._repack_for(job):
+                continue
+            self.pending[job.id] = Reason(
+                code=ReasonCode.insufficient_capacity,
+                message=f"no GPU with {job.gpu_milli} milli free on a node that accepts it",
+            )
+        return self._plan()
+
+    def _fits_node(self, job: Job, node_name: str) -> bool:
+        node = self.instance.node_by_name[node_name]
+        room = self.rooms[node_name]
+        return (
+            node.state is NodeState.up
+            and room.cpu >= job.cpu_milli_per_replica
+            and room.mem >= job.memory_mib_per_replica
+            and node_accepts(self.instance, node, job)
+        )
+
+    def _best_gpu(self, job: Job) -> tuple[str, int] | None:
+        """The node and GPU where FGD's score is highest (first node, lowest GPU on ties)."""
+        best: tuple[int, str, int] | None = None
+        milli = job.gpu_milli
+        for node in self.instance.nodes:
+            room = self.rooms[node.name]
+            if not any(free >= milli for free in room.free):
+                continue
+            if not self._fits_node(job, node.name):
+                continue
+            before = self.fragmentation(room.free, room.cpu, node.gpu_model)
+            cpu_after = room.cpu - job.cpu_milli_per_replica
+            tried: set[int] = set()
+            for index, free in enumerate(room.free):
+                if free < milli or free in tried:
+                    continue
+                tried.add(free)
+                after_free = list(room.free)
+                after_free[index] -= milli
+                after = self.fragmentation(after_free, cpu_after, node.gpu_model)
+                score = fgd_score(before - after)
+                if best is None or score > best[0]:
+                    best = (score, node.name, index)
+        return None if best is None else (best[1], best[2])
+
+    def _place(self, job: Job, node_name: str, index: int, *, why: ReasonCode) -> None:
+        room = self.rooms[node_name]
+        room.free[index] -= job.gpu_milli
+        room.cpu -= job.cpu_milli_per_replica
+        room.mem -= job.memory_mib_per_replica
+        room.sharing.setdefault(index, {})[job.id] = job.gpu_milli
+        self.placed[job.id] = (node_name, index)
+        self.decisions[job.id] = Reason(
+            code=why, message=f"{job.gpu_milli} milli of GPU {index} on {node_name}"
+        )
+
+    def _may_move(self, job: Job) -> bool:
+        instance = self.instance
+        if not job.checkpointable or instance.is_frozen(job) or job.id in self.moved:
+            return False
+        config = instance.config
+        if (
+            job.last_moved_at is not None
+            and instance.now - job.last_moved_at < config.migration_cooldown_s
+        ):
+            return False
+        limit = instance.policy_for(job).max_migrations_per_day
+        return limit is None or job.migrations_today < limit
+
+    def _repack_for(self, job: Job) -> bool:
+        """Room for ``job`` on one node by moving that node's movable fractional jobs to
+        its other GPUs (first-fit decreasing, best fit); the nodes with the most free
+        milli first. True when placed."""
+        milli = job.gpu_milli
+        candidates = [
+            node.name
+            for node in self.instance.nodes
+            if sum(self.rooms[node.name].free) >= milli and self._fits_node(job, node.name)
+        ]
+        candidates.sort(key=lambda name: -sum(self.rooms[name].free))
+        for node_name in candidates[:64]:
+            moves = self._repack_node(job, node_name)
+            if moves is None:
+                continue
+            index, assignment = moves
+            room = self.rooms[node_name]
+            for moved_id, (source, target) in assignment.items():
+                share = room.sharing[source].pop(moved_id)
+                room.free[source] += share
+                room.free[target] -= share
+                room.sharing.setdefault(target, {})[moved_id] = share
+                first = self.moved.get(moved_id, (node_name, source, target))[1]
+                if first == target:  # back where it was: no move after all
+                    self.moved.pop(moved_id, None)
+                else:
+                    self.moved[moved_id] = (node_name, first, target)
+            self.moves_left -= len(assignment)
+            self._place(job, node_name, index, why=ReasonCode.defragmentation)
+            return True
+        return False
+
+    def _repack_node(
+        self, job: Job, node_name: str
+    ) -> tuple[int, dict[str, tuple[int, int]]] | None:
+        room = self.rooms[node_name]
+        jobs = self.instance.job_by_id
+        movable: list[tuple[str, int, int]] = []  # (job, GPU, milli)
+        fixed = [FULL_GPU_MILLI - free for free in room.free]
+        for index, holders in room.sharing.items():
+            for other, share in holders.items():
+                if other not in self.placed and self._may_move(jobs[other]):
+                    movable.append((other, index, share))
+                    fixed[index] -= share
+        if not movable:
+            return None
+        movable.sort(key=lambda item: (-item[2], item[0]))
+        targets = sorted(
+            (i for i, used in enumerate(fixed) if used + job.gpu_milli <= FULL_GPU_MILLI),
+            key=lambda i: (fixed[i] - FULL_GPU_MILLI, i),
+        )
+        for target in targets[:4]:
+            left = [FULL_GPU_MILLI - used for used in fixed]
+            left[target] -= job.gpu_milli
+            assignment: dict[str, tuple[int, int]] = {}
+            for other, source, share in movable:
+                fits = [i for i, free in enumerate(left) if free >= share]
+                if not fits:
+                    break
+                # Stay where it is when it fits there; else the best fit.
+                to = source if source in fits else min(fits, key=lambda i: (left[i], i))
+                left[to] -= share
+                if to != source:
+                    assignment[other] = (source, to)
+            else:
+                if len(assignment) <= self.moves_left:
+                    return target, assignment
+        return None
+
+    def _plan(self) -> Plan:
+        instance = self.instance
+        plan = self.plan
+        holders = self.shared.holders
+        placement = {k: dict(v) for k, v in plan.placement.items() if k not in holders}
+        indices = {k: dict(v) for k, v in plan.gpu_indices.items() if k not in holders}
+        actions = list(plan.actions)
+        pending = {k: v for k, v in plan.pending.items() if k not in holders}
+        for job in instance.jobs:
+            if not job.is_fractional:
+                continue
+            where = job.shared_gpu
+            if where is not None:
+                node_name, index = where
+                if job.id in self.moved:
+                    _, source, index = self.moved[job.id]
+                    actions.append(
+                        Action(
+                            kind=ActionKind.migrate,
+                            job_id=job.id,
+                            from_placement=dict(job.placement),
+                            to_placement=dict(job.placement),
+                            reason=Reason(
+                                code=ReasonCode.defragmentation,
+                                message=f"GPU {source} -> GPU {index} on {node_name}",
+                            ),
+                        )
+                    )
+                placement[job.id] = dict(job.placement)
+                indices[job.id] = {node_name: (index,)}
+            elif job.id in self.placed:
+                node_name, index = self.placed[job.id]
+                placement[job.id] = {node_name: 1}
+                indices[job.id] = {node_name: (index,)}
+                actions.append(
+                    Action(
+                        kind=ActionKind.start,
+                        job_id=job.id,
+                        to_placement={node_name: 1},
+                        reason=self.decisions[job.id],
+                    )
+                )
+            else:
+                pending[job.id] = self.pending[job.id]
+        stats = plan.stats.model_copy()
+        started = len(self.placed)
+        note = f"fractional jobs: {started} placed, {len(self.moved)} moved within a node"
+        stats.note = f"{stats.note}; {note}" if stats.note else note
+        return Plan(
+            policy=plan.policy,
+            placement=placement,
+            actions=actions,
+            pending=pending,
+            gpu_indices=indices,
+            stats=stats,
+        )
