@@ -28,7 +28,7 @@ What is read, and what each piece becomes (``solver.diagnosis.state``):
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -37,6 +37,7 @@ from itertools import pairwise
 import sqlalchemy as sa
 from sqlmodel import Session, col
 
+from app.core.db import load_json
 from app.diagnosis.reservations import Reserved, reservations
 from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
@@ -86,7 +87,16 @@ class Window:
 
 
 def replay(session: Session, window: Window) -> Iterator[tuple[float, float, ClusterAt]]:
-    """The cluster's states over the window, in time order, each with its interval."""
+    """The cluster's states over the window, in time order, each with its interval.
+
+    A sweep over the change points: what starts is added as time passes it, what ended is
+    dropped. Each part of the state (the nodes with their reservations, the allocations of
+    the bucket, the queue, the caps) is built again only when what it is made of changed,
+    and a state equal to the one before is yielded as that same object, so that a caller
+    classifies it once (``service``). The queue holds each distinct queued job once: the
+    classifier answers jobs alike alike, so 80,000 waiting jobs of a few shapes are those
+    few shapes, and a job that joins a shape already waiting changes nothing.
+    """
     nodes, node_names = _nodes(session, window)
     held = _allocations(session, window)
     lives = _lifetimes(session, window)
@@ -106,43 +116,116 @@ def replay(session: Session, window: Window) -> Iterator[tuple[float, float, Clu
     points |= {t for r in reserved for t in (r.start, r.end)}
     times = sorted(t for t in points if since <= t <= until)
 
-    # A sweep: what starts is added as time passes it, what ended is dropped.
+    # What is in force at t: start <= t < end. Added in order of start (the allocations'
+    # order, which the classifier reads per node, is kept), dropped in order of end.
     by_start = sorted(held, key=lambda h: h.start)
+    allocations = _Sweep([(h.start, h.end) for h in by_start])
     queued = sorted((life for life in lives.values() if life.queued_as), key=lambda j: j.submit)
-    holds = sorted(reserved, key=lambda r: r.start)
-    next_held = next_queued = next_hold = 0
-    active: list[_Held] = []
-    waiting: list[_Lifetime] = []
-    holding_now: list[Reserved] = []
+    waits = _Sweep([(life.submit, life.end) for life in queued])
+    holds = _Sweep([(r.start, r.end) for r in reserved])
+    # Each queued job as the index of its shape (QueuedJobAt, interned): the queue is the
+    # shapes with at least one job waiting and holding nothing.
+    shapes: dict[QueuedJobAt, int] = {}
+    shape_of = [shapes.setdefault(life.queued_as, len(shapes)) for life in queued if life.queued_as]
+    by_index = list(shapes)
+    job_index = {life.job_id: i for i, life in enumerate(queued)}
+    holding: Counter[int] = Counter()  # job → its allocations in force
+    waiting_by_shape: Counter[int] = Counter()
+    counted: set[int] = set()  # queued jobs counted in waiting_by_shape
+
+    state: ClusterAt | None = None
+    nodes_now = nodes
+    allocations_now: tuple[AllocationAt, ...] = ()
+    queue_now: tuple[QueuedJobAt, ...] = ()
+    caps_now: dict[str, int] = {}
+    bucket_now: int | None = None
     for start, end in pairwise(times):
-        while next_held < len(by_start) and by_start[next_held].start <= start:
-            active.append(by_start[next_held])
-            next_held += 1
-        while next_hold < len(holds) and holds[next_hold].start <= start:
-            holding_now.append(holds[next_hold])
-            next_hold += 1
-        holding_now = [r for r in holding_now if r.end > start]
-        while next_queued < len(queued) and queued[next_queued].submit <= start:
-            waiting.append(queued[next_queued])
-            next_queued += 1
-        active = [h for h in active if h.end > start]
-        waiting = [life for life in waiting if life.end > start]
-        holding = {h.job_id for h in active}
-        yield (
-            start,
-            end,
-            ClusterAt(
-                nodes=_with_reservations(nodes, holding_now),
-                allocations=_allocations_at(
-                    active, lives, node_names, busy, demand, window.bucket(start)
-                ),
-                queue=tuple(
-                    j.queued_as for j in waiting if j.queued_as and j.job_id not in holding
-                ),
-                quota_caps=_caps_at(caps, start),
+        touched: set[int] = set()  # queued jobs whose waiting or holding changed
+        added, dropped = allocations.advance(start)
+        for i in added:
+            holding[by_start[i].job_id] += 1
+        for i in dropped:
+            holding[by_start[i].job_id] -= 1
+        for i in (*added, *dropped):
+            if (job := job_index.get(by_start[i].job_id)) is not None:
+                touched.add(job)
+        waits_added, waits_dropped = waits.advance(start)
+        touched.update(waits_added, waits_dropped)
+        queue_changed = False
+        for job in touched:
+            now = job in waits.active and not holding[queued[job].job_id]
+            if now == (job in counted):
+                continue
+            shape = shape_of[job]
+            if now:
+                counted.add(job)
+                waiting_by_shape[shape] += 1
+                queue_changed |= waiting_by_shape[shape] == 1
+            else:
+                counted.discard(job)
+                waiting_by_shape[shape] -= 1
+                if not waiting_by_shape[shape]:
+                    del waiting_by_shape[shape]
+                    queue_changed = True
+        if queue_changed:
+            rebuilt_queue = tuple(by_index[shape] for shape in sorted(waiting_by_shape))
+            queue_now = queue_now if rebuilt_queue == queue_now else rebuilt_queue
+        bucket = window.bucket(start)
+        if added or dropped or bucket != bucket_now:
+            bucket_now = bucket
+            active = [by_start[i] for i in allocations.active]
+            rebuilt = _allocations_at(active, lives, node_names, busy, demand, bucket)
+            allocations_now = allocations_now if rebuilt == allocations_now else rebuilt
+        if any(holds.advance(start)):
+            rebuilt_nodes = _with_reservations(nodes, [reserved[i] for i in holds.active])
+            nodes_now = nodes_now if rebuilt_nodes == nodes_now else rebuilt_nodes
+        caps_at = _caps_at(caps, start)
+        caps_now = caps_now if caps_at == caps_now else caps_at
+        if (
+            state is None
+            or state.nodes is not nodes_now
+            or state.allocations is not allocations_now
+            or state.queue is not queue_now
+            or state.quota_caps is not caps_now
+        ):
+            state = ClusterAt(
+                nodes=nodes_now,
+                allocations=allocations_now,
+                queue=queue_now,
+                quota_caps=caps_now,
                 busy_threshold=window.busy_threshold,
-            ),
-        )
+            )
+        yield start, end, state
+
+
+class _Sweep:
+    """Which of ``spans`` (start, end) hold at t (start <= t < end) as t only grows:
+    ``active`` their indices, in order of index (= of start when they are sorted so)."""
+
+    def __init__(self, spans: list[tuple[float, float]]) -> None:
+        self._spans = spans
+        self._by_start = sorted(range(len(spans)), key=lambda i: spans[i][0])
+        self._by_end = sorted(range(len(spans)), key=lambda i: spans[i][1])
+        self._next_start = self._next_end = 0
+        self.active: dict[int, None] = {}
+
+    def advance(self, t: float) -> tuple[list[int], list[int]]:
+        """Move to ``t``: the indices added and those dropped."""
+        added, dropped = [], []
+        spans, by_start, by_end = self._spans, self._by_start, self._by_end
+        while self._next_start < len(by_start) and spans[by_start[self._next_start]][0] <= t:
+            i = by_start[self._next_start]
+            self._next_start += 1
+            if spans[i][1] > t:
+                self.active[i] = None
+                added.append(i)
+        while self._next_end < len(by_end) and spans[by_end[self._next_end]][1] <= t:
+            i = by_end[self._next_end]
+            self._next_end += 1
+            if i in self.active:
+                del self.active[i]
+                dropped.append(i)
+        return added, dropped
 
 
 def _nodes(session: Session, window: Window) -> tuple[tuple[NodeAt, ...], dict[int, str]]:
@@ -220,32 +303,66 @@ def _allocations(session: Session, window: Window) -> list[_Held]:
 
 def _lifetimes(session: Session, window: Window) -> dict[int, _Lifetime]:
     """Jobs that could be queued in the window, and every job that holds GPUs in it."""
-    query = sa.select(Job).where(
+    # The allowed models as their stored text, read once per distinct text: decoding the
+    # JSON of each of 100,000 rows was a third of this read. The last update is only read
+    # where it is the end (a finished job without an end time).
+    terminal = sorted(state.value for state in TERMINAL_JOB_STATES)
+    query = sa.select(
+        col(Job.id),
+        col(Job.team),
+        col(Job.shape),
+        col(Job.gpus_requested),
+        sa.cast(col(Job.allowed_gpu_models), sa.Text),
+        col(Job.gang_size),
+        col(Job.submit_time),
+        col(Job.end_time),
+        sa.case(
+            (
+                sa.and_(col(Job.end_time).is_(None), col(Job.state).in_(terminal)),
+                col(Job.updated_at),
+            )
+        ),
+    ).where(
         col(Job.cluster_id) == window.cluster_id,
         sa.or_(col(Job.submit_time).is_(None), col(Job.submit_time) < window.until),
         sa.or_(col(Job.end_time).is_(None), col(Job.end_time) > window.since),
     )
     lives = {}
-    for (job,) in session.execute(query):
-        elastic = job.shape == JobShape.elastic
-        finished = job.end_time or (job.updated_at if job.state in TERMINAL_JOB_STATES else None)
+    # Jobs alike share one QueuedJobAt (and its frozenset): 100,000 jobs are a few shapes.
+    shapes: dict[tuple[str, int, str, int], QueuedJobAt] = {}
+    models: dict[str, frozenset[str]] = {}
+    for (
+        job_id,
+        team,
+        shape,
+        gpus_requested,
+        allowed,
+        gang_size,
+        submit_time,
+        end_time,
+        updated_at,
+    ) in session.execute(query):
+        elastic = shape == JobShape.elastic
+        finished = end_time or updated_at
         queued = None
-        if not elastic and job.gpus_requested > 0 and job.submit_time is not None:
-            gang = job.gang_size if job.gang_size > 1 else 1
-            members = gang if job.gpus_requested % gang == 0 else 1
-            queued = QueuedJobAt(
-                team=job.team,
-                gpus=job.gpus_requested,
-                gpu_models=frozenset(job.allowed_gpu_models),
-                members=members,
-            )
-        lives[job.id] = _Lifetime(
-            job_id=job.id,
-            team=job.team,
+        if not elastic and gpus_requested > 0 and submit_time is not None:
+            gang = gang_size if gang_size > 1 else 1
+            members = gang if gpus_requested % gang == 0 else 1
+            key = (team, gpus_requested, allowed or "", members)
+            queued = shapes.get(key)
+            if queued is None:
+                if key[2] not in models:
+                    models[key[2]] = frozenset(load_json(allowed) if allowed else ())
+                queued = shapes[key] = QueuedJobAt(
+                    team=team, gpus=gpus_requested, gpu_models=models[key[2]], members=members
+                )
+        lives[job_id] = _Lifetime(
+            job_id=job_id,
+            team=team,
             elastic=elastic,
-            gpus_per_replica=max(1, job.gpus_requested),
+            gpus_per_replica=max(1, gpus_requested),
             queued_as=queued,
-            submit=job.submit_time.timestamp() if job.submit_time else math.inf,
+            submit=submit_time.timestamp() if submit_time else math.inf,
             end=finished.timestamp() if finished else math.inf,
         )
     return lives

@@ -13,11 +13,19 @@ from app.core.errors import Invalid
 from app.core.lookup import row_id
 from app.diagnosis.history import Window, replay
 from app.diagnosis.models import BucketCauseHours, CauseHours, GroupCauseHours, IdleDiagnosis
-from solver.diagnosis import IdleCause, IdleHours, classify
+from solver.diagnosis import (
+    ClusterAt,
+    Diagnosis,
+    IdleCause,
+    IdleHours,
+    Settled,
+    classify,
+    settle,
+)
 from solver.diagnosis.state import DEFAULT_BUSY_THRESHOLD
 
-# A month of hourly buckets: the replay classifies every change in the window, so the
-# window bounds the work of one request.
+# A month of hourly buckets: the replay visits every change in the window (and classifies
+# each distinct state once), so the window bounds the work of one request.
 MAX_WINDOW = timedelta(days=31)
 BUCKET_S = 3600
 ROUND = 6
@@ -39,8 +47,42 @@ def diagnose(
             f"{MAX_WINDOW.days} — move since later",
             field="since",
         )
+    window = window_of(
+        session=session, cluster=cluster, since=since, until=until, busy_threshold=busy_threshold
+    )
+    hours = IdleHours(bucket_s=BUCKET_S, origin=since.timestamp())
+    # The replay yields an unchanged state as the same object: classified once, held over
+    # every interval it lasts (each still added apart, so the sums are the same); a state
+    # whose nodes and allocations did not change (only its queue or caps) is settled once.
+    state: ClusterAt | None = None
+    settled: Settled | None = None
+    diagnosis: Diagnosis | None = None
+    for start, end, now in replay(session, window):
+        if now is not state or diagnosis is None:
+            if (
+                settled is None
+                or state is None
+                or now.nodes is not state.nodes
+                or now.allocations is not state.allocations
+            ):
+                settled = settle(now)
+            state, diagnosis = now, classify(now, settled)
+        hours.add(diagnosis, cluster=window.cluster, start=start, end=end)
+    return _summary(hours, window)
+
+
+def window_of(
+    *,
+    session: Session,
+    cluster: str,
+    since: datetime,
+    until: datetime,
+    busy_threshold: float = DEFAULT_BUSY_THRESHOLD,
+) -> Window:
+    """The replay's window over the named cluster (404 when there is none), in hourly
+    buckets."""
     row = cluster_service.get_cluster(session=session, name=cluster)
-    window = Window(
+    return Window(
         cluster_id=row_id(row),
         cluster=row.name,
         since=since,
@@ -48,10 +90,6 @@ def diagnose(
         bucket_s=BUCKET_S,
         busy_threshold=busy_threshold,
     )
-    hours = IdleHours(bucket_s=BUCKET_S, origin=since.timestamp())
-    for start, end, state in replay(session, window):
-        hours.add(classify(state), cluster=row.name, start=start, end=end)
-    return _summary(hours, window)
 
 
 def _summary(hours: IdleHours, window: Window) -> IdleDiagnosis:

@@ -6,7 +6,7 @@ stored history) and the simulator (``sim.diagnosis``, from its own state) both u
 """
 
 from solver.diagnosis.causes import IdleCause
-from solver.diagnosis.classify import Diagnosis, IdleGpus, classify
+from solver.diagnosis.classify import Diagnosis, IdleGpus, Settled, classify, settle
 from solver.diagnosis.hours import IdleHours, IdleRow
 from solver.diagnosis.state import AllocationAt, ClusterAt, NodeAt, QueuedJobAt
 
@@ -20,5 +20,7 @@ __all__ = [
     "IdleRow",
     "NodeAt",
     "QueuedJobAt",
+    "Settled",
     "classify",
+    "settle",
 ]

@@ -11,9 +11,12 @@ Algorithm:
 3. The ready nodes' remaining free GPUs ("open") are asked about the queue, with the checks of
    ``causes`` in order. Jobs are admissible when they accept the node's model and their
    team has room under its cap for the whole job. Whether a job's gang can be completed is
-   measured on the open GPUs of the nodes it accepts, once per job.
+   measured on the open GPUs of the nodes it accepts, once per job, counting nodes alike
+   (model, open GPUs) together.
 
 The answer for a node depends only on (model, open GPUs), so nodes alike are answered once.
+Steps 1–2 (``settle``) read only the nodes, allocations and threshold: a caller whose
+state changes in its queue or caps alone settles once and classifies each state with it.
 """
 
 from __future__ import annotations
@@ -64,7 +67,22 @@ def _one_team(jobs: Iterable[QueuedJobAt]) -> str | None:
     return teams.pop() if len(teams) == 1 else None
 
 
-def classify(cluster: ClusterAt) -> Diagnosis:
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """Steps 1–2 of a cluster: what its nodes and allocations alone decide (every cause
+    but the queue's), and the open GPUs left to ask the queue about. A caller whose
+    state changes only in its queue or caps settles once and classifies each state with it
+    (``app.diagnosis.service``)."""
+
+    idle: tuple[IdleGpus, ...]
+    capacity_by_model: dict[str, int]
+    busy_by_model: dict[str, float]
+    held_by_team: Counter[str]
+    open_nodes: tuple[tuple[NodeAt, int], ...]
+
+
+def settle(cluster: ClusterAt) -> Settled:
+    """Steps 1–2 of ``classify``: reads the nodes, allocations and busy threshold only."""
     capacity_by_model: Counter[str] = Counter()
     busy_by_model: defaultdict[str, float] = defaultdict(float)
     idle: list[IdleGpus] = []
@@ -118,15 +136,30 @@ def classify(cluster: ClusterAt) -> Diagnosis:
         if free - reserved:
             open_nodes.append((node, free - reserved))
 
-    if open_nodes:
-        queue_view = _QueueView(cluster, held_by_team, open_nodes)
-        for node, open_gpus in open_nodes:
+    return Settled(
+        idle=tuple(idle),
+        capacity_by_model=dict(capacity_by_model),
+        busy_by_model=dict(busy_by_model),
+        held_by_team=held_by_team,
+        open_nodes=tuple(open_nodes),
+    )
+
+
+def classify(cluster: ClusterAt, settled: Settled | None = None) -> Diagnosis:
+    """Every idle GPU of the cluster with its cause. ``settled``: ``settle(cluster)``,
+    or that of a state with the same nodes, allocations and busy threshold."""
+    if settled is None:
+        settled = settle(cluster)
+    idle = list(settled.idle)
+    if settled.open_nodes:
+        queue_view = _QueueView(cluster, settled.held_by_team, settled.open_nodes)
+        for node, open_gpus in settled.open_nodes:
             cause, waiting_team = queue_view.cause(node.gpu_model, open_gpus)
             idle.append(IdleGpus(cause, node.name, node.gpu_model, waiting_team, open_gpus))
     return Diagnosis(
         idle=tuple(idle),
-        capacity_by_model=dict(capacity_by_model),
-        busy_by_model=dict(busy_by_model),
+        capacity_by_model=dict(settled.capacity_by_model),
+        busy_by_model=dict(settled.busy_by_model),
     )
 
 
@@ -138,12 +171,13 @@ class _QueueView:
         self,
         cluster: ClusterAt,
         held_by_team: Counter[str],
-        open_nodes: list[tuple[NodeAt, int]],
+        open_nodes: tuple[tuple[NodeAt, int], ...],
     ) -> None:
         # Jobs alike answer alike: a long queue of a few shapes costs a few checks.
         self._queue = tuple(dict.fromkeys(cluster.queue))
         self._accepting: dict[str, list[QueuedJobAt]] = {}
-        self._open_nodes = open_nodes
+        # (model, open GPUs) → how many nodes: a gang's room is counted per shape of node.
+        self._open_shapes = Counter((node.gpu_model, gpus) for node, gpus in open_nodes)
         self._admitted = {
             job: job.gpus <= cluster.quota_caps[job.team] - held_by_team[job.team]
             if job.team in cluster.quota_caps
@@ -183,15 +217,18 @@ class _QueueView:
         ``max_nodes`` of them (the nodes that hold the most members first)."""
         if job not in self._completable:
             per_member = job.gpus_per_member
-            slots = sorted(
-                (
-                    gpus // per_member
-                    for node, gpus in self._open_nodes
-                    if job.accepts(node.gpu_model)
-                ),
-                reverse=True,
-            )
-            if job.max_nodes is not None:
-                slots = slots[: job.max_nodes]
-            self._completable[job] = sum(slots) >= job.members
+            # Members per node, and on how many nodes: nodes alike count alike.
+            slots: Counter[int] = Counter()
+            for (model, gpus), nodes in self._open_shapes.items():
+                if job.accepts(model):
+                    slots[gpus // per_member] += nodes
+            room, left = 0, job.max_nodes
+            for members, nodes in sorted(slots.items(), reverse=True):
+                used = nodes if left is None else min(nodes, left)
+                room += members * used
+                if left is not None:
+                    left -= used
+                    if not left:
+                        break
+            self._completable[job] = room >= job.members
         return self._completable[job]

@@ -52,18 +52,40 @@ class IdleHours:
         )
         self._capacity: defaultdict[tuple[str, int, str], float] = defaultdict(float)
         self._busy: defaultdict[tuple[str, int, str], float] = defaultdict(float)
+        self._last: (
+            tuple[Diagnosis, list[tuple[tuple[str, str | None, IdleCause], list[float]]]] | None
+        ) = None
 
     def add(self, diagnosis: Diagnosis, *, cluster: str, start: float, end: float) -> None:
         """Hold ``diagnosis`` over ``[start, end)`` (seconds on the same clock as origin)."""
+        shares = self._shares(diagnosis)
         for bucket, seconds in self._split(start, end):
-            for share in diagnosis.idle:
-                key = (cluster, bucket, share.gpu_model, share.team, share.cause)
-                self._idle[key] += share.gpus * seconds
+            for (model, team, cause), counts in shares:
+                key = (cluster, bucket, model, team, cause)
+                # Each share added apart, in the diagnosis' order, as one add per share.
+                total = self._idle[key]
+                for gpus in counts:
+                    total += gpus * seconds
+                self._idle[key] = total
             for model, gpus in diagnosis.capacity_by_model.items():
                 self._capacity[(cluster, bucket, model)] += gpus * seconds
                 self._busy[(cluster, bucket, model)] += (
                     diagnosis.busy_by_model.get(model, 0) * seconds
                 )
+
+    def _shares(
+        self, diagnosis: Diagnosis
+    ) -> list[tuple[tuple[str, str | None, IdleCause], list[float]]]:
+        """The diagnosis' idle GPUs per (model, team, cause), in order; kept for the last
+        diagnosis, which a caller holds over many intervals."""
+        if self._last is not None and self._last[0] is diagnosis:
+            return self._last[1]
+        grouped: dict[tuple[str, str | None, IdleCause], list[float]] = {}
+        for share in diagnosis.idle:
+            grouped.setdefault((share.gpu_model, share.team, share.cause), []).append(share.gpus)
+        shares = list(grouped.items())
+        self._last = (diagnosis, shares)
+        return shares
 
     def _split(self, start: float, end: float) -> Iterable[tuple[int, float]]:
         t = start
