@@ -27,9 +27,9 @@ sends them). Figures only: nothing here asserts a time.
         [--views jobs,job,actions,policies,simulations,federation,forecasts]
 
 The server takes the bench's environment (``SHAPER_WEB_PRECOMPRESSED=true`` for the
-precompressed, cached static files). Why idle (``idle``) is not among the default views: at
-this size its ``GET /diagnosis`` replays every queue change of the day over 10,000 GPUs and
-does not answer within minutes.
+precompressed, cached static files). Why idle (``idle``) is not among the default views: its
+``GET /diagnosis`` did not answer within minutes at this size until 2026-12-05 (now about
+1.2 s in-process for a day, ``python -m bench.diagnosis``); ``--views …,idle`` times it.
 """
 
 from __future__ import annotations
