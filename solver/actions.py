@@ -21,7 +21,11 @@ def build_plan(
     terms: ObjectiveTerms | None = None,
 ) -> Plan:
     """Diff ``target`` against the instance, attach reasons, and fill in the objective
-    (``terms``, when the caller has already evaluated ``target``)."""
+    (``terms``, when the caller has already evaluated ``target``).
+
+    The actions and the plan are built with ``model_construct``: every value is made here
+    from the instance and the engines' own state, already of the fields' types, and
+    validating them again was a sixth of this function at 100,000 GPUs (80,000 jobs)."""
     actions: list[Action] = []
     pending_out: dict[str, Reason] = {}
     for job in instance.jobs:
@@ -31,7 +35,7 @@ def build_plan(
         if job.is_elastic:
             if before != after:
                 actions.append(
-                    Action(
+                    Action.model_construct(
                         kind=ActionKind.resize,
                         job_id=job.id,
                         from_placement=dict(before),
@@ -60,7 +64,7 @@ def build_plan(
         else:
             kind = ActionKind.migrate
         actions.append(
-            Action(
+            Action.model_construct(
                 kind=kind,
                 job_id=job.id,
                 from_placement=dict(before),
@@ -76,7 +80,7 @@ def build_plan(
         gap = (bound - terms.objective) / max(1e-9, abs(bound))
         stats = stats.model_copy(update={"best_bound": bound, "gap": gap})
     clean_target = {job_id: dict(p) for job_id, p in target.items() if p}
-    return Plan(
+    return Plan.model_construct(
         policy=policy,
         placement=clean_target,
         actions=actions,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from solver.compat import Compatibility
 from solver.greedy import ElasticMode, GreedyEngine, GreedyOptions, GreedyResult, Order
 from solver.instance import Instance, SolverConfig
-from solver.objective import ObjectiveTerms, evaluate
+from solver.objective import Evaluator, ObjectiveTerms
 
 GREEDY = GreedyOptions(
     engine="greedy",
@@ -57,6 +57,8 @@ class BestGreedy:
     target: dict[str, dict[str, int]]  # job -> node name -> GPUs
     terms: ObjectiveTerms
     saturated: bool
+    # Scored every variant; the CP-SAT pass scores its placements of the instance with it.
+    evaluator: Evaluator
 
 
 def best_greedy(instance: Instance) -> BestGreedy:
@@ -73,15 +75,17 @@ def best_greedy(instance: Instance) -> BestGreedy:
     best: BestGreedy | None = None
     best_value = -math.inf
     compat: Compatibility | None = None  # depends on the instance only: shared by variants
+    evaluator = Evaluator(instance)
     for options in variants:
         engine = GreedyEngine(instance, options, compat)
         compat = engine.compat
         result = engine.run()
         target = result.target()
-        terms = evaluate(instance, target)
+        terms = evaluator.evaluate(target)
         if best is None or terms.objective > best_value + 1e-9:
             saturated = saturates(instance, engine, target)
-            best, best_value = BestGreedy(engine, result, target, terms, saturated), terms.objective
+            best = BestGreedy(engine, result, target, terms, saturated, evaluator)
+            best_value = terms.objective
             if saturated and terms.migration == 0 and terms.preemption == 0:
                 break
     assert best is not None

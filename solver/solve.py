@@ -69,7 +69,7 @@ from solver.greedy_variants import GREEDY, best_greedy, greedy_options
 from solver.hints import add_best_hint
 from solver.instance import Instance, SolverConfig
 from solver.model_inputs import placement_model
-from solver.objective import SCALE, Evaluator
+from solver.objective import SCALE
 from solver.overdue_pass import require_overdue
 from solver.plan import Plan, ReasonCode, SolveStats, SolveStatus
 from solver.validate import Violation, validate
@@ -140,7 +140,7 @@ def _solve(instance: Instance, *, policy: str) -> Plan:
 
     # 2. Base state.
     rebase = engine.rebase()
-    evaluator = Evaluator(instance)  # scores the base and CP-SAT's plan (step 8)
+    evaluator = best.evaluator  # scores the base and CP-SAT's plan (step 8)
     base_terms = evaluator.evaluate(engine.result.target())
     # 3. Model.
     keys = sort_key(instance, GREEDY.order)

@@ -45,6 +45,7 @@ class Admission:
         # Job shape -> (epoch, blocked by a forecast) of a failed placement attempt.
         self.failed: dict[tuple[object, ...], tuple[int, bool]] = {}
         self.fit_cache: dict[tuple[object, ...], bool] = {}
+        self.ready_sizes: dict[int, dict[int, int]] = {}  # group -> _ready_sizes
         # The strict-FIFO head (or guarded starving job) and its backfill reservation.
         self.blocked: tuple[Job | None, float, set[int]] = (None, math.inf, set())
         self.guarded: Job | None = None  # the starving job the queue backfills around
@@ -171,21 +172,41 @@ class Admission:
         return cached
 
     def _fits_empty(self, job: Job, groups: list[int]) -> bool:
-        ledger = self.ledger
-        nodes = ledger.instance.nodes
-        compat = ledger.compat
-        per_cluster: dict[str, list[int]] = {}
+        per_cluster: dict[str, dict[int, int]] = {}  # cluster -> node GPUs -> ready nodes
         for group in groups:
-            for node in compat.groups[group].node_indices:
-                if ledger.state.ready[node]:
-                    fit = nodes[node].gpus // job.gpus_per_replica
-                    per_cluster.setdefault(compat.groups[group].cluster, []).append(fit)
+            sizes = self._ready_sizes(group)
+            if sizes:
+                counts = per_cluster.setdefault(self.ledger.compat.groups[group].cluster, {})
+                for gpus, count in sizes.items():
+                    counts[gpus] = counts.get(gpus, 0) + count
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
-        for fits in per_cluster.values():
-            fits.sort(reverse=True)
-            if sum(fits[:limit]) >= job.replicas:
+        for counts in per_cluster.values():
+            # The ``limit`` nodes that fit the most replicas, the largest first.
+            left = limit
+            fit = 0
+            for gpus in sorted(counts, reverse=True):
+                take = min(left, counts[gpus])
+                fit += take * (gpus // job.gpus_per_replica)
+                left -= take
+                if not left:
+                    break
+            if fit >= job.replicas:
                 return True
         return False
+
+    def _ready_sizes(self, group: int) -> dict[int, int]:
+        """How many ready nodes of each GPU count the group has (readiness does not change
+        within a cycle)."""
+        sizes = self.ready_sizes.get(group)
+        if sizes is None:
+            nodes = self.ledger.instance.nodes
+            ready = self.ledger.state.ready
+            sizes = {}
+            for node in self.ledger.compat.groups[group].node_indices:
+                if ready[node]:
+                    sizes[nodes[node].gpus] = sizes.get(nodes[node].gpus, 0) + 1
+            self.ready_sizes[group] = sizes
+        return sizes
 
     def _home_groups(self, job: Job, groups: list[int]) -> list[int] | None:
         """The groups of the job's home cluster, to try first, when others are allowed too

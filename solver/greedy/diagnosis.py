@@ -100,15 +100,17 @@ class Diagnosis:
     def _min_holder_weight(self) -> list[float]:
         ledger = self.ledger
         compat = ledger.compat
-        instance = ledger.instance
         weights = [math.inf] * len(compat.groups)
         boost = ledger.config.overdue_weight
+        overdue = ledger.overdue
+        group_of_node = compat.group_of_node
         for job_id, held in ledger.state.placement.items():
             # A job started past its max wait outranks everything it displaced.
             weight = ledger.weight[job_id]
-            if instance.is_overdue(instance.job_by_id[job_id]):
+            if job_id in overdue:
                 weight *= boost
             for node in held:
-                group = compat.group_of_node[node]
-                weights[group] = min(weights[group], weight)
+                group = group_of_node[node]
+                if weight < weights[group]:
+                    weights[group] = weight
         return weights

@@ -50,7 +50,7 @@ class Ledger:
             self.state.gang_fit = GangFit(instance, self.compat)
         self.result = GreedyResult(instance=instance, state=self.state)
         self.weight = {job.id: instance.weight(job) for job in instance.jobs}
-        self.overdue = {job.id for job in instance.jobs if instance.is_overdue(job)}
+        self.overdue = set(instance.overdue_ids)  # Instance.is_overdue of its own jobs
         # Guarantees: a team's borrowed GPUs before the cycle, and what it starts and stops.
         self.usage_before = dict(self.state.team_usage)
         self.started_by_team: dict[str, int] = {}
