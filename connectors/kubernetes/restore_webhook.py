@@ -253,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cert", required=True, help="TLS certificate (PEM)")
     parser.add_argument("--key", required=True, help="its private key (PEM)")
-    parser.add_argument("--host", default="0.0.0.0")  # noqa: S104 (a pod's port)
+    # Loopback unless told: in a pod the manifest passes --host=0.0.0.0 (the API server
+    # calls the Service, which reaches the pod's address, not its loopback).
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8443)
     args = parser.parse_args(argv)
     server = serve(args.host, args.port, certfile=args.cert, keyfile=args.key)
