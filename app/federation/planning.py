@@ -567,7 +567,13 @@ def member_plan(solved: GroupSolve, name: str) -> Solved:
             "gpu_indices": indexed(away) if plan.gpu_indices else {},
         }
     )
-    held = _held(part, own, vacated, solved.group)
+    incoming = {
+        f"{name}/{node}": m for m in solved.moves if m.to_cluster == name for node in m.nodes
+    }
+    held = {
+        **_held(part, own, vacated, solved.group),
+        **_stopped_for_incoming(part, own, incoming, solved.group),
+    }
     left = {own.actions[i].job_id for i in held}
     # What is validated: the slice without what waits; a pending job it leaves where it is
     # (started elsewhere, or waiting for GPUs a move frees) says why.
@@ -637,6 +643,39 @@ def _held(
                     component,
                     f"GPUs on {move.source_node} free once job {move.job} moves to "
                     f"{move.to_cluster} (federation group {group}): a later period",
+                )
+            )
+    return held
+
+
+def _stopped_for_incoming(
+    part: Instance, own: Plan, incoming: dict[str, FederatedMove], group: str
+) -> dict[int, str]:
+    """The dependency groups of ``own``'s actions that stop a running job of the member
+    (preempt, requeue) on a node another member's job moves onto (``incoming``: solver node
+    name → that move), with why. The move is an action of the other member's, approved or
+    dropped on its own: a stop made for it now would run even if it never comes. Held, the
+    moved job arrives pending, and the next period's plan (its own now) decides the stop."""
+    stops = (ActionKind.preempt, ActionKind.requeue)
+    jobs = part.job_by_id
+    held: dict[int, str] = {}
+    for component in action_graph(part, own).components():
+        onto = [
+            node
+            for index in sorted(component)
+            if own.actions[index].kind in stops
+            and (job := jobs.get(own.actions[index].job_id)) is not None
+            for node in job.placement
+            if node in incoming
+        ]
+        if onto:
+            move = incoming[onto[0]]
+            held.update(
+                dict.fromkeys(
+                    component,
+                    f"stops work on {onto[0].split('/', 1)[-1]} for job {move.job} of "
+                    f"{move.from_cluster}, which the federation group {group} moves here: "
+                    "once it has arrived, a later period",
                 )
             )
     return held

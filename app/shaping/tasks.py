@@ -10,8 +10,8 @@ member's plan is its slice of that solve (``planning.member_plan``, persisted by
 a member's plan acts on its job). A member whose review fails is left out of the solve;
 when fewer than two members are left, each is planned alone. When the group cannot be
 solved once (a member plans with a policy other than the group's, or the members' rules
-disagree), its members are planned apart and then its moves, as with the setting off. An
-invalid group plan makes no move, and its members' plans no action.
+disagree), or its plan is invalid, its members are planned apart and then its moves, as
+with the setting off.
 """
 
 from __future__ import annotations
@@ -145,12 +145,16 @@ def _plan_group(planned: dict[str, int], group: str, members: list[str], now: da
                     extra={"federation_group": group},
                 )
     if solved is not None and solved.violations:
+        # One member's bad data must not stall the others: planned apart this period, as
+        # when the group cannot be solved once.
         log.error(
-            "federation group %s: its plan is invalid, no move made: %s",
+            "federation group %s: its plan is invalid (%s); its members are planned apart, "
+            "then its moves",
             group,
             "; ".join(solved.violations[:5]),
             extra={"federation_group": group},
         )
+        solved = None
     elif solved is not None:
         # The moves first: a proposed move the solve no longer makes is withdrawn before
         # a member's plan acts on its job instead.

@@ -14,6 +14,7 @@ the group, holds the same jobs as east.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -101,6 +102,7 @@ def site_factory(
         west_mode: ShapingMode = ShapingMode.advise,
         running: bool = False,
         west_full: bool = False,
+        incoming: bool = False,
     ) -> Site:
         settings = get_settings().model_copy(update={"federation_solve_once": once})
         monkeypatch.setattr(tasks, "get_settings", lambda: settings)
@@ -116,7 +118,12 @@ def site_factory(
                     session=session, name=GROUP, cluster=name, now=T0, actor=None
                 )
         east, west = members["east"].cluster, members["west"].cluster
-        if running:
+        if incoming:  # west full with an urgent job waiting; east's node held by low work
+            east.submit(_report("low", 8, 0), timedelta(hours=10))
+            full = _report("resident", 8, 10).model_copy(update={"checkpointable": False})
+            west.submit(full, timedelta(hours=10))
+            west.submit(_report("wurgent", 4, 1000), timedelta(hours=1))
+        elif running:
             east.submit(_report("small", 2, 10), timedelta(hours=10))
             east.submit(_report("gang", 8, 10), timedelta(hours=1))
             resident = _report("resident", 4, 10).model_copy(update={"checkpointable": False})
@@ -131,7 +138,9 @@ def site_factory(
         members["solo"].cluster.submit(_report("urgent", 4, 1000), timedelta(hours=1))
         clock.now = T0 + timedelta(minutes=10)
         expected = (
-            {"small": "running", "gang": "pending"}
+            {"low": "running"}
+            if incoming
+            else {"small": "running", "gang": "pending"}
             if running
             else {
                 "low": "running",
@@ -298,3 +307,51 @@ def test_a_member_s_proposal_from_the_group_is_kept_the_next_period(
     assert site.decided("east", "urgent") == [ActionKind.start]
     solves: list[planning.GroupSolve] = site.solves  # type: ignore[attr-defined]
     assert len(solves) == 2 and all(s.moves == [] for s in solves)
+
+
+def test_a_stop_for_another_member_s_incoming_job_waits_for_it_to_arrive(
+    site_factory: Callable[..., Site],
+) -> None:
+    """The group moves west's urgent job onto east's node and stops east's low work for it.
+    The move is west's action, approved or dropped on its own: east's plan holds the stop
+    (found by review: it ran in enforce mode even when the move never came)."""
+    site = site_factory(incoming=True)
+    planned = site.cycle()
+    solves: list[planning.GroupSolve] = site.solves  # type: ignore[attr-defined]
+    (solved,) = solves
+    assert [(m.from_cluster, m.job, m.to_cluster) for m in solved.moves] == [
+        ("west", "wurgent", "east")
+    ]
+    # The group plan stops low to make room; east's slice holds that stop.
+    assert any(a.job_id == "east/low" for a in solved.plan.actions)
+    mine = planning.member_plan(solved, "east")
+    held = [mine.plan.actions[i] for i in mine.held]
+    assert [(a.job_id, a.kind) for a in held if a.job_id == "east/low"]
+    assert all("moves here" in why for why in dict(mine.held).values())
+    assert site.decided("east", "low") == []
+    assert site.decided("west", "wurgent") == [ActionKind.move]
+    plan = site.plan(planned["east"])
+    assert plan.status != "invalid", plan.summary["violations"]
+
+
+def test_an_invalid_group_plan_leaves_its_members_planned_apart(
+    site_factory: Callable[..., Site], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A violation in the group's one plan (one member's bad data) stalls no member: each is
+    planned by its own solve this period, then the group's moves, as with the setting off."""
+    site = site_factory()
+    recorded = tasks.solve_group
+
+    def invalid(**kwargs: Any) -> planning.GroupSolve:
+        solved = recorded(**kwargs)
+        if kwargs.get("for_members"):
+            return dataclasses.replace(solved, violations=["a violation (forced by the test)"])
+        return solved
+
+    monkeypatch.setattr(tasks, "solve_group", invalid)
+    planned = site.cycle()
+    east = site.plan(planned["east"])
+    assert FEDERATION_GROUP_KEY not in east.summary
+    assert east.status != "invalid", east.summary["violations"]
+    assert site.decided("east", "urgent") == [ActionKind.start]
+    assert sorted(site.decided("east", "low")) == [ActionKind.requeue]
