@@ -570,10 +570,7 @@ def member_plan(solved: GroupSolve, name: str) -> Solved:
     incoming = {
         f"{name}/{node}": m for m in solved.moves if m.to_cluster == name for node in m.nodes
     }
-    held = {
-        **_held(part, own, vacated, solved.group),
-        **_stopped_for_incoming(part, own, incoming, solved.group),
-    }
+    held = _held(part, own, vacated, incoming, solved.group)
     left = {own.actions[i].job_id for i in held}
     # What is validated: the slice without what waits; a pending job it leaves where it is
     # (started elsewhere, or waiting for GPUs a move frees) says why.
@@ -617,67 +614,55 @@ def member_plan(solved: GroupSolve, name: str) -> Solved:
 
 
 def _held(
-    part: Instance, own: Plan, vacated: dict[str, FederatedMove], group: str
+    part: Instance,
+    own: Plan,
+    vacated: dict[str, FederatedMove],
+    incoming: dict[str, FederatedMove],
+    group: str,
 ) -> dict[int, str]:
-    """The dependency groups of ``own``'s actions that take GPUs on a node that has them
-    only once a running job has left it for another member (``vacated``: solver node name
-    → that move), with why: ``own`` keeps the leaving jobs where they are."""
+    """The dependency groups of ``own``'s actions that wait for a later period, with why:
+    those that stop a running job of the member (preempt, requeue) on a node another
+    member's job moves onto (``incoming``: solver node name → that move) — the move is an
+    action of the other member's, approved or dropped on its own, and a stop made for it
+    now would run even if it never comes; held, the moved job arrives pending and the next
+    plan (its own cluster's then) decides the stop — and those that take GPUs on a node
+    that has them only once a running job has left it for another member (``vacated``):
+    ``own`` keeps the leaving jobs where they are."""
     used: dict[str, int] = {}
     for where in own.placement.values():
         for node, gpus in where.items():
             used[node] = used.get(node, 0) + gpus
     nodes = part.node_by_name
     short = {n for n in vacated if n in nodes and used.get(n, 0) > nodes[n].gpus}
-    held: dict[int, str] = {}
-    for component in action_graph(part, own).components():
-        onto = [
-            node
-            for index in sorted(component)
-            for node in own.actions[index].to_placement
-            if node in short
-        ]
-        if onto:
-            move = vacated[onto[0]]
-            held.update(
-                dict.fromkeys(
-                    component,
-                    f"GPUs on {move.source_node} free once job {move.job} moves to "
-                    f"{move.to_cluster} (federation group {group}): a later period",
-                )
-            )
-    return held
-
-
-def _stopped_for_incoming(
-    part: Instance, own: Plan, incoming: dict[str, FederatedMove], group: str
-) -> dict[int, str]:
-    """The dependency groups of ``own``'s actions that stop a running job of the member
-    (preempt, requeue) on a node another member's job moves onto (``incoming``: solver node
-    name → that move), with why. The move is an action of the other member's, approved or
-    dropped on its own: a stop made for it now would run even if it never comes. Held, the
-    moved job arrives pending, and the next period's plan (its own now) decides the stop."""
-    stops = (ActionKind.preempt, ActionKind.requeue)
     jobs = part.job_by_id
+    stops = (ActionKind.preempt, ActionKind.requeue)
     held: dict[int, str] = {}
     for component in action_graph(part, own).components():
-        onto = [
+        actions = [own.actions[index] for index in sorted(component)]
+        stopped = [
             node
-            for index in sorted(component)
-            if own.actions[index].kind in stops
-            and (job := jobs.get(own.actions[index].job_id)) is not None
+            for action in actions
+            if action.kind in stops and (job := jobs.get(action.job_id)) is not None
             for node in job.placement
             if node in incoming
         ]
-        if onto:
-            move = incoming[onto[0]]
-            held.update(
-                dict.fromkeys(
-                    component,
-                    f"stops work on {onto[0].split('/', 1)[-1]} for job {move.job} of "
-                    f"{move.from_cluster}, which the federation group {group} moves here: "
-                    "once it has arrived, a later period",
-                )
+        taken = [node for action in actions for node in action.to_placement if node in short]
+        if stopped:
+            move = incoming[stopped[0]]
+            why = (
+                f"stops work on {stopped[0].split('/', 1)[-1]} for job {move.job} of "
+                f"{move.from_cluster}, which the federation group {group} moves here: "
+                "once it has arrived, a later period"
             )
+        elif taken:
+            move = vacated[taken[0]]
+            why = (
+                f"GPUs on {move.source_node} free once job {move.job} moves to "
+                f"{move.to_cluster} (federation group {group}): a later period"
+            )
+        else:
+            continue
+        held.update(dict.fromkeys(component, why))
     return held
 
 
