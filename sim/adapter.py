@@ -486,6 +486,7 @@ class SolverPlanner:
             max_replicas=spec.max_replicas,
             forecast=forecast,
             forecast_step_s=3600,
+            forecast_origin=hour_start,
         )
 
     def _demand_ahead(self, sim: Simulation, state: SimService, hour_start: float) -> list[float]:

@@ -160,6 +160,15 @@ class Job(_Frozen):
         default=(), description="replicas needed per future step; forecast[0] = now"
     )
     forecast_step_s: int = Field(default=3600, ge=1)
+    # Forecasts come in clock-aligned steps (the hour a cycle runs in is step 0), so a
+    # cycle at 11:30 sees the 12:00 step 30 minutes ahead, not a whole step: without the
+    # origin the look-ahead counted a job ending at 12:10 as gone before a 12:00 peak
+    # (README, "Forecasting": training-heavy's first-day peak hour).
+    forecast_origin: float | None = Field(
+        default=None,
+        description="when step 0 of forecast began (epoch s; the start of the current "
+        "step); step k begins forecast_step_s * k after it. None: step 0 begins now",
+    )
     max_replica_change: int | None = Field(
         default=None, ge=0, description="most replicas added or removed by one plan"
     )
@@ -243,6 +252,11 @@ class Job(_Frozen):
         """Forecast replicas at ``step`` (clamped to min/max); current replicas if none."""
         raw = self.forecast[min(step, len(self.forecast) - 1)] if self.forecast else self.replicas
         return max(self.min_replicas, min(self.upper_replicas, raw))
+
+    def seconds_until_step(self, step: int, now: float) -> float:
+        """Elastic: seconds from ``now`` until forecast step ``step`` begins."""
+        origin = now if self.forecast_origin is None else min(self.forecast_origin, now)
+        return max(0.0, origin + step * self.forecast_step_s - now)
 
     def peak_demand(self, horizon_s: float) -> int:
         """Elastic: most replicas the forecast asks for within ``horizon_s`` from now."""

@@ -617,6 +617,8 @@ def _solver_job(
         max_replicas=(row.max_replicas or None) if elastic else None,
         forecast=forecast if elastic else (),
         forecast_step_s=FORECAST_STEP_S,
+        # Step k is the k-th hour after the one the cycle runs in (``_forecast``).
+        forecast_origin=math.floor(now / FORECAST_STEP_S) * FORECAST_STEP_S if elastic else None,
     )
 
 

@@ -70,7 +70,7 @@ class Lookahead:
             for step in range(1, steps + 1):  # the coming steps; now is the scale-up's
                 demand = job.demand_at(step)
                 if demand > replicas and needed_at is None:
-                    needed_at = step * job.forecast_step_s
+                    needed_at = job.seconds_until_step(step, ledger.instance.now)
                 peak = max(peak, demand)
             if needed_at is None:
                 continue

@@ -76,8 +76,12 @@ def test_the_snapshot_forecasts_a_service_from_its_demand_history(
     (row,) = taken.jobs
     # Hourly means of the complete hours (one point each), then the current hour's sample.
     assert len(row.demand_history) == hours + 1
-    forecast = to_instance(taken, forecaster=forecaster).job_by_id["alpha/s"].forecast
+    solver_job = to_instance(taken, forecaster=forecaster).job_by_id["alpha/s"]
+    forecast = solver_job.forecast
     assert forecaster.fits == 1  # four days of history: ETS, not the fallback
+    # The cycle runs half an hour into its hour: step 1 (the next hour) begins in 30 min.
+    assert solver_job.forecast_origin == clock.now().timestamp() - 1800
+    assert solver_job.seconds_until_step(1, clock.now().timestamp()) == 1800
     assert len(forecast) == FORECAST_STEPS
     assert forecast[0] == math.ceil(_cycle(12 + hours))  # now: the latest sample
     for step in range(1, FORECAST_STEPS):

@@ -127,6 +127,24 @@ def test_the_look_ahead_counts_gpus_that_free_up_before_the_peak() -> None:
     )
 
 
+def test_the_look_ahead_times_a_peak_from_the_start_of_its_forecast_step() -> None:
+    # Forecast steps are clock hours: a cycle 30 minutes into step 0 sees step 1 begin in
+    # 30 minutes. b's job ends in 45: before the step's start counted from now (60 min),
+    # after it counted from the step's origin, so only the origin keeps a's GPUs.
+    def jobs(origin: float | None) -> list:  # type: ignore[type-arg]
+        return [
+            service("s", (2, 8), {"a": 2}, min_replicas=1, forecast_origin=origin),
+            running("b-job", {"b": 8}, expected_runtime_s=3600.0 + 2700.0),
+            job("long", 4, expected_runtime_s=36_000),
+        ]
+
+    nodes = [node("a"), node("b")]
+    kept = get_policy("shaper").plan(instance(nodes, jobs(NOW - 1800.0)))
+    assert kept.pending["long"].code is ReasonCode.forecast_reservation
+    for origin in (None, NOW):  # step 0 begins now: the peak is an hour off
+        assert "long" in get_policy("shaper").plan(instance(nodes, jobs(origin))).placement
+
+
 def test_the_look_ahead_counts_gpus_a_service_may_take_back_from_checkpointable_work() -> None:
     # The service needs 2 more GPUs in 2 h. Node a: the service's 2, 2 free, and 4 held by
     # a long job. A long, immovable 2-GPU job would take the 2 free GPUs.
