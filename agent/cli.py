@@ -189,3 +189,74 @@ def telemetry(
         raise typer.Exit(2)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(control_plane=control_plane, cluster=cluster, node=node, token=token, interval_s=interval)
+
+
+@agent_cli.command("api")
+def api(
+    node: Annotated[str, typer.Option(help="This node's name in its cluster (the Node's)")],
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; in a pod on the host network: 0.0.0.0")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8470,
+    state_dir: StateDir = None,
+    log_level: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Serve the node agent's HTTP API: kubelet checkpoints of this node's pods, imported
+    into its containerd as checkpoint images (agent.api, agent.kubelet). The kubelet,
+    containerd and the API's token come from the environment (agent.settings)."""
+    import logging
+
+    from pydantic import ValidationError
+
+    from agent.api import make_server
+    from agent.kubelet import KubeletAccess, KubeletCheckpointer
+
+    try:
+        settings = AgentSettings()
+    except ValidationError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    if not settings.api_token:
+        typer.echo("error: $SHAPER_AGENT_API_TOKEN must hold the token callers send", err=True)
+        raise typer.Exit(2)
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    checkpointer = KubeletCheckpointer(
+        node=node,
+        kubelet=KubeletAccess(
+            url=settings.kubelet_url,
+            server_name=settings.kubelet_server_name,
+            ca=settings.kubelet_ca,
+            client_cert=settings.kubelet_client_cert,
+            client_key=settings.kubelet_client_key,
+            insecure=settings.kubelet_insecure,
+        ),
+        ctr=settings.ctr,
+        containerd_address=settings.containerd_address,
+        repository=settings.checkpoint_image_repository,
+        work_dir=(state_dir or settings.state_dir) / "kubelet-checkpoints",
+    )
+    server = make_server(
+        host,
+        port,
+        checkpointer=checkpointer,
+        token=settings.api_token,
+        tls_cert=settings.api_tls_cert,
+        tls_key=settings.api_tls_key,
+    )
+    scheme = "https" if settings.api_tls_cert else "http"
+    logging.getLogger("agent.api").info(
+        "serving %s://%s:%d for node %s (kubelet %s)",
+        scheme,
+        *server.server_address[:2],
+        node,
+        settings.kubelet_url,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        checkpointer.close()

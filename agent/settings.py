@@ -12,6 +12,16 @@ counts as unset.
 | ``SHAPER_CRIU`` | PATH's criu, then ``/usr/local/sbin/criu`` | ``worker``, ``exec --wait`` |
 | ``SHAPER_AGENT_TOKEN`` | none (required) | ``worker``, ``telemetry`` (``--token-env``) |
 | ``SLURM_JOB_ID`` | none | ``exec`` (``--id``), set by Slurm inside a job |
+| ``SHAPER_AGENT_API_TOKEN`` | none (required) | ``api``: the Bearer token its callers send |
+| ``SHAPER_AGENT_API_TLS_CERT``, ``…_KEY`` | none (plain HTTP) | ``api``: serve HTTPS |
+| ``SHAPER_KUBELET_URL`` | ``https://127.0.0.1:10250`` | ``api``: this node's kubelet |
+| ``SHAPER_KUBELET_SERVER_NAME`` | the node's name | ``api``: the name its certificate has |
+| ``SHAPER_KUBELET_CA`` | the system's CAs | ``api``: CA of the kubelet's serving certificate |
+| ``SHAPER_KUBELET_CLIENT_CERT``, ``…_KEY`` | none | ``api``: client allowed ``nodes/checkpoint`` |
+| ``SHAPER_KUBELET_INSECURE`` | ``false`` | ``api``: skip the kubelet's certificate (tests) |
+| ``SHAPER_CTR`` | PATH's ``ctr`` | ``api``: containerd's client, to import images |
+| ``SHAPER_CONTAINERD_ADDRESS`` | ``/run/containerd/containerd.sock`` | ``api`` |
+| ``SHAPER_CHECKPOINT_IMAGE_REPOSITORY`` | ``localhost/shaper/checkpoint`` | ``api`` |
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path("/var/lib/shaper/agent")
@@ -39,6 +49,59 @@ class AgentSettings(BaseSettings):
     token: str | None = Field(default=None, validation_alias=TOKEN_ENV, repr=False)
     # Inside a Slurm job: the id the control plane knows the job by.
     slurm_job_id: str | None = Field(default=None, validation_alias="SLURM_JOB_ID")
+
+    # The node agent's HTTP API (agent.api): kubelet checkpoints as images (agent.kubelet).
+    api_token: str | None = Field(
+        default=None, validation_alias="SHAPER_AGENT_API_TOKEN", repr=False
+    )
+    api_tls_cert: Path | None = Field(default=None, validation_alias="SHAPER_AGENT_API_TLS_CERT")
+    api_tls_key: Path | None = Field(default=None, validation_alias="SHAPER_AGENT_API_TLS_KEY")
+    kubelet_url: str = Field(
+        default="https://127.0.0.1:10250", validation_alias="SHAPER_KUBELET_URL"
+    )
+    kubelet_server_name: str | None = Field(
+        default=None, validation_alias="SHAPER_KUBELET_SERVER_NAME"
+    )
+    kubelet_ca: Path | None = Field(default=None, validation_alias="SHAPER_KUBELET_CA")
+    kubelet_client_cert: Path | None = Field(
+        default=None, validation_alias="SHAPER_KUBELET_CLIENT_CERT"
+    )
+    kubelet_client_key: Path | None = Field(
+        default=None, validation_alias="SHAPER_KUBELET_CLIENT_KEY"
+    )
+    # Tests only: the kubelet's serving certificate is not checked (a self-signed one).
+    kubelet_insecure: bool = Field(default=False, validation_alias="SHAPER_KUBELET_INSECURE")
+    ctr: str = Field(default="ctr", validation_alias="SHAPER_CTR")
+    containerd_address: str = Field(
+        default="/run/containerd/containerd.sock", validation_alias="SHAPER_CONTAINERD_ADDRESS"
+    )
+    checkpoint_image_repository: str = Field(
+        default="localhost/shaper/checkpoint",
+        validation_alias="SHAPER_CHECKPOINT_IMAGE_REPOSITORY",
+        pattern=r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$",
+    )
+
+    @model_validator(mode="after")
+    def _pairs(self) -> AgentSettings:
+        for cert, key, cert_var, key_var in (
+            (
+                self.kubelet_client_cert,
+                self.kubelet_client_key,
+                "SHAPER_KUBELET_CLIENT_CERT",
+                "SHAPER_KUBELET_CLIENT_KEY",
+            ),
+            (
+                self.api_tls_cert,
+                self.api_tls_key,
+                "SHAPER_AGENT_API_TLS_CERT",
+                "SHAPER_AGENT_API_TLS_KEY",
+            ),
+        ):
+            if (cert is None) != (key is None):
+                raise ValueError(f"{cert_var} and {key_var} go together: set both or neither")
+        if self.kubelet_insecure and self.kubelet_ca is not None:
+            raise ValueError("SHAPER_KUBELET_INSECURE and SHAPER_KUBELET_CA: set one, not both")
+        return self
 
     def token_in(self, variable: str) -> str | None:
         """This node's token from `variable` (``--token-env``): SHAPER_AGENT_TOKEN unless

@@ -57,8 +57,9 @@ checkpoint — so without this step's own the step is refused. A held Job (suspe
 pod left) has nothing to lose and keeps the pointer it carries. A requeue without a pin
 is the scheduler's restart that the plan asked for under a policy that allows it (the
 saga's preemption of a job that cannot checkpoint), so it goes ahead. The connector
-never calls a node agent itself: the saga runs the agent's checkpoint step first and
-passes on what it reported.
+does not call a node agent here: the saga runs the agent's checkpoint step first and
+passes on what it reported (only the Kueue connector, when given ``node_agent_url``, asks
+a pod's node agent for a kubelet checkpoint itself: connectors.kueue.capabilities).
 
 The Kueue connector (connectors.kueue.capabilities) overrides these for the jobs Kueue
 manages: Kueue owns their ``spec.suspend``, and the functions here refuse them.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class KubernetesConnectorConfig(BaseModel):
@@ -58,3 +58,29 @@ class KubernetesConnectorConfig(BaseModel):
         default_factory=list
     )
     portable_queue: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    # The node agents' HTTP API (``shaper agent api``, agent.api), as a URL with ``{node}``
+    # where the node's name goes, e.g. ``https://{node}:8470``. Set, a Kueue suspend that
+    # the saga handed no checkpoint for asks the agent on the pod's node for a kubelet
+    # checkpoint (connectors.kubernetes.node_agent); None (the default): the connector
+    # never calls an agent, and such a suspend is refused.
+    node_agent_url: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    # The environment variable holding the agents' API token (never a --set value: it
+    # would show in the process list).
+    node_agent_token_env: Annotated[str, Field(min_length=1, max_length=128)] = (
+        "SHAPER_NODE_AGENT_TOKEN"
+    )
+    # The CA bundle of agents served over TLS; None: the system's.
+    node_agent_ca: Path | None = None
+
+    @field_validator("node_agent_url")
+    @classmethod
+    def _agent_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            example = value.format(node="node-1")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError("may hold {node} and no other braces") from None
+        if not example.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value

@@ -10,7 +10,8 @@ pod when the Job controller creates one:
 
 * the resume pointer (annotation ``shaper.io/resume-from``) of a checkpoint image is
   ``checkpoint-image:`` followed by JSON ``{"node": N, "images": {CONTAINER: IMAGE}}``
-  (:class:`ImageRestore`): the node the image was imported on and, for each checkpointed
+  (:class:`ImageRestore`, defined in wire.checkpoint_image: the node agent's answer,
+  agent.kubelet): the node the image was imported on and, for each checkpointed
   container, its checkpoint image;
 * the label ``shaper.io/restore: checkpoint-image`` says that the pod must be restored so;
   the webhook configuration sends only pods with it (``objectSelector``), so no other pod
@@ -40,15 +41,17 @@ import json
 import ssl
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from connectors.kubernetes.pods import HOSTNAME_LABEL, RESUME_FROM
 
+# Re-exported: the pointer is the node agent's answer too, so it is defined in wire.
+from wire.checkpoint_image import POINTER_PREFIX as POINTER_PREFIX
+from wire.checkpoint_image import RESTORE_BY_IMAGE as RESTORE_BY_IMAGE
+from wire.checkpoint_image import ImageRestore as ImageRestore
+
 RESTORE_LABEL = "shaper.io/restore"
-RESTORE_BY_IMAGE = "checkpoint-image"
-POINTER_PREFIX = f"{RESTORE_BY_IMAGE}:"
 PATH = "/mutate"
 # An AdmissionReview of one pod; the API server's own limit on a request is 3 MiB.
 MAX_BODY = 3 * 1024 * 1024
@@ -56,18 +59,6 @@ MAX_BODY = 3 * 1024 * 1024
 
 class Refused(ValueError):
     """A labelled pod that cannot be restored as asked; the message says why."""
-
-
-@dataclass(frozen=True)
-class ImageRestore:
-    """Where a pod's checkpoint images are (one node, no registry) and which they are."""
-
-    node: str
-    images: Mapping[str, str]
-
-    def pointer(self) -> str:
-        body = {"node": self.node, "images": dict(sorted(self.images.items()))}
-        return POINTER_PREFIX + json.dumps(body, separators=(",", ":"))
 
 
 def image_restore(pointer: str | None) -> ImageRestore | None:

@@ -33,6 +33,12 @@ re-admission the restore webhook gives the new pod those images and pins it to t
 and containerd restores the processes (measured on a real node:
 tests/k8s/test_real_node_checkpoint_preemption.py). Such a pointer restores one pod: a
 Workload running more, or elsewhere than the images' node, is refused before it stops.
+The node agent takes that checkpoint: ``connectors.kubernetes.node_agent.agent_checkpoint``
+is the ``checkpoint`` callback that calls the agent on the pod's node (``shaper agent
+api``: the kubelet's checkpoint API, then the archive imported into the node's containerd
+as a checkpoint image, agent.kubelet) and answers its pointer; the Kueue connector passes
+it when it is given the agents' URL (``node_agent_url``) and a suspend comes without a
+pointer from the saga.
 
 RBAC (kueue.x-k8s.io unless said): ``deactivate``/``reactivate``: patch workloads;
 ``preempt_with_checkpoint``: get, patch, update workloads; get, patch batch jobs; list pods.
@@ -192,7 +198,8 @@ def preempt_with_checkpoint(
     """Preempt a Workload so that it resumes from a checkpoint when Kueue admits it again.
 
     1. ``checkpoint(pods)`` — the Job's running pods and their nodes; the connector passes a
-       function that asks the node agents to checkpoint and returns the resume pointer —
+       function that returns the resume pointer: the one the saga's checkpoint step gave,
+       or the node agent's kubelet checkpoint (connectors.kubernetes.node_agent) —
        only while the Workload is still active: once it is inactive its pods are stopping
        and the pointer already stored is the latest.
     2. The pointer goes on the Job (annotation ``shaper.io/resume-from``) before anything

@@ -31,7 +31,10 @@ placement), and a requeue that would have to run it on given nodes now is refuse
 the pointer of the checkpoint the saga's agent step took (``set_resume_pointer``, from
 the executor). ``preempt_with_checkpoint``'s ``checkpoint`` callback answers with that
 pointer — the saga has already checkpointed, the connector does not call an agent — and
-refuses when there is none, before anything stops.
+refuses when there is none, before anything stops. A connector given the node agents'
+URL (``node_agent_url``) asks the agent on the pod's node for a kubelet checkpoint instead
+when a suspend comes without a pointer (connectors.kubernetes.node_agent); the pods
+then resume from its checkpoint images (connectors.kubernetes.restore_webhook).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from connectors.kubernetes import actions as kube_actions
 from connectors.kubernetes.actions import PodOnNode
 from connectors.kubernetes.arrival import judge_job, judge_workload, ran_condition
 from connectors.kubernetes.capabilities import KubernetesCapabilities
+from connectors.kubernetes.node_agent import configured_agent_checkpoint
 from connectors.kubernetes.pods import QUEUE_LABEL, OwnerRef, parse_external_id
 from connectors.kueue import actions
 from connectors.kueue.actions import Checkpoint
@@ -88,11 +92,14 @@ class KueueCapabilities(KubernetesCapabilities):
         resume_from, step_key = self._take_pointer(external_id)
         if self._resent_after_release(owner, workload, step_key):
             return
+        # Without a pointer handed over, the pod's node agent takes a kubelet checkpoint
+        # when the connector is given one (node_agent_url), else the suspend is refused.
+        by_agent = None if resume_from is not None else configured_agent_checkpoint(self.config)
         actions.preempt_with_checkpoint(
             self.api,
             namespace=owner.namespace,
             workload=workload,
-            checkpoint=_taken(owner, resume_from),
+            checkpoint=by_agent or _taken(owner, resume_from),
             step_key=step_key,
         )
 
