@@ -21,7 +21,15 @@ A *fractional* job (``gpu_milli`` < 1000: a GPU-sharing pod, as in the Alibaba t
 asks for that many thousandths of one GPU: one replica of one GPU, placed ``{node: 1}``
 with ``gpu_indices`` naming the GPU it shares; the shares on a GPU add up to at most 1000
 and no whole-GPU job names a shared GPU. ``solver.greedy.sharing`` plans them around the
-whole-GPU plan. MIG profiles are not modelled.
+whole-GPU plan.
+
+A *MIG* job (``mig_profile`` set) asks for one GPU instance of that profile (``3g.40gb``)
+on a GPU whose model lists it in ``GpuModel.mig_profiles`` (``solver.mig``: the profile
+table and NVIDIA's placement geometry): one replica of one GPU, placed ``{node: 1}`` with
+``gpu_indices`` naming the GPU and, once running, ``mig_start`` the first memory slice of
+its instance. A GPU with instances is held by them and never by a whole-GPU job or shares;
+running instances may not overlap and start only where their profile may.
+``solver.greedy.mig_placement`` plans pending ones after the rest.
 
 Shaper's own recent actions on a job (``last_acted_at``, ``actions_last_hour``) and a saga
 in flight (``locked``) *freeze* it for a while (:meth:`Instance.is_frozen`): every policy
@@ -43,6 +51,8 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from solver.mig import MEMORY_SLICES, GpuLayout, MigProfile, MigSlice, clash, profile_named
+
 FULL_GPU_MILLI = 1000  # one whole GPU, in thousandths (a fractional job's ``gpu_milli``)
 
 
@@ -57,6 +67,22 @@ class GpuModel(_Frozen):
     memory_mib: int = Field(ge=0)
     precisions: frozenset[str] = frozenset({"fp32", "fp16"})
     speed: float = Field(default=1.0, gt=0, description="relative throughput, 1.0 = reference")
+    mig_profiles: tuple[MigProfile, ...] = Field(
+        default=(),
+        description="the MIG profiles its GPUs can be partitioned into (solver.mig, e.g. "
+        "solver.mig.A100_80GB); empty: not MIG-capable",
+    )
+
+    @model_validator(mode="after")
+    def _check_mig_profiles(self) -> GpuModel:
+        names = [profile.name for profile in self.mig_profiles]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gpu model {self.name}: mig_profiles names a profile twice: {names}")
+        return self
+
+    def mig_profile(self, name: str) -> MigProfile | None:
+        """The model's MIG profile called ``name``, or None if it has none of that name."""
+        return profile_named(self.mig_profiles, name)
 
 
 class NodeState(enum.StrEnum):
@@ -111,6 +137,20 @@ class Job(_Frozen):
         le=FULL_GPU_MILLI,
         description="thousandths of a GPU per GPU asked; under 1000: a fractional job "
         "(one replica of one GPU) sharing one GPU with others (solver.greedy.sharing)",
+    )
+    mig_profile: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="one MIG GPU instance of this profile (e.g. '3g.40gb') instead of whole "
+        "GPUs: one replica of one GPU (solver.greedy.mig_placement)",
+    )
+    mig_start: int | None = Field(
+        default=None,
+        ge=0,
+        lt=MEMORY_SLICES,
+        description="a running MIG job: the first memory slice of its GPU instance (NVML's "
+        "placement start) on the GPU gpu_indices names",
     )
 
     # Compatibility.
@@ -177,6 +217,10 @@ class Job(_Frozen):
     def _check_shape(self) -> Job:
         if self.is_fractional:
             self._check_fractional()
+        if self.mig_profile is not None:
+            self._check_mig()
+        elif self.mig_start is not None:
+            raise ValueError(f"job {self.id}: mig_start={self.mig_start} without a mig_profile")
         for node, gpus in self.placement.items():
             if gpus <= 0 or gpus % self.gpus_per_replica:
                 raise ValueError(
@@ -210,6 +254,40 @@ class Job(_Frozen):
             raise ValueError(
                 f"{where}: gpu_indices must name the one GPU it shares on {node}, not {indices}"
             )
+
+    def _check_mig(self) -> None:
+        where = f"job {self.id}: mig_profile={self.mig_profile!r} (one MIG slice of one GPU)"
+        if self.shape is not JobShape.block:
+            raise ValueError(f"{where} needs shape 'block'")
+        if self.gpus_per_replica != 1 or self.replicas != 1:
+            raise ValueError(f"{where} needs gpus_per_replica=1 and replicas=1")
+        if self.is_fractional:
+            raise ValueError(f"{where} cannot also ask for gpu_milli={self.gpu_milli}")
+        if not self.placement:
+            if self.mig_start is not None:
+                raise ValueError(f"{where}: mig_start is only for a running job's slice")
+            return
+        node = next(iter(self.placement))
+        indices = (self.gpu_indices or {}).get(node, ())
+        if len(indices) != 1 or indices[0] < 0:
+            raise ValueError(
+                f"{where}: gpu_indices must name the one GPU it runs on on {node}, not {indices}"
+            )
+        if self.mig_start is None:
+            raise ValueError(f"{where}: a running MIG job needs mig_start (its first memory slice)")
+
+    @property
+    def is_mig(self) -> bool:
+        """One MIG GPU instance (``mig_profile``), held or asked for."""
+        return self.mig_profile is not None
+
+    @property
+    def mig_gpu(self) -> tuple[str, int] | None:
+        """The node and GPU index a running MIG job's instance is on; None otherwise."""
+        if self.mig_profile is None or not self.placement or self.gpu_indices is None:
+            return None
+        node = next(iter(self.placement))
+        return node, self.gpu_indices[node][0]
 
     @property
     def is_fractional(self) -> bool:
@@ -544,16 +622,84 @@ class Instance(_Frozen):
                 raise ValueError(f"duplicate node {node.name}")
             nodes.add(node.name)
         ids = set()
+        mig = False
         for job in self.jobs:
             if job.id in ids:
                 raise ValueError(f"duplicate job {job.id}")
             ids.add(job.id)
+            mig = mig or job.mig_profile is not None
             for node_name in job.placement:
                 if node_name not in nodes:
                     raise ValueError(f"job {job.id}: placed on unknown node {node_name}")
         if any(job.is_fractional for job in self.jobs):
             self._check_shares()
+        if mig:
+            self._check_mig_slices()
         return self
+
+    def _check_mig_slices(self) -> None:
+        """Running MIG jobs hold instances of their GPU model's profiles, at starts the
+        profile allows, without overlapping; no whole-GPU job or share names their GPU."""
+        models = {model.name: model for model in self.gpu_models}
+        nodes = {node.name: node for node in self.nodes}
+        layouts: dict[tuple[str, int], list[MigSlice]] = {}
+        for job in self.jobs:
+            where = job.mig_gpu
+            if where is None or job.mig_profile is None or job.mig_start is None:
+                continue
+            node = nodes[where[0]]
+            if where[1] >= node.gpus:
+                raise ValueError(
+                    f"job {job.id}: gpu_indices names GPU {where[1]} of {node.name}, "
+                    f"which has {node.gpus} GPUs"
+                )
+            model = models[node.gpu_model]
+            profile = model.mig_profile(job.mig_profile)
+            if profile is None:
+                offered = ", ".join(p.name for p in model.mig_profiles) or "none"
+                raise ValueError(
+                    f"job {job.id}: mig_profile {job.mig_profile!r} is not a MIG profile of "
+                    f"{model.name} (node {node.name}; its profiles: {offered})"
+                )
+            if job.mig_start not in profile.starts:
+                raise ValueError(
+                    f"job {job.id}: mig_start={job.mig_start} is not a start of "
+                    f"{profile.name} (it may start at memory slice {list(profile.starts)})"
+                )
+            held = layouts.setdefault(where, [])
+            new = MigSlice(job.id, profile, job.mig_start)
+            why = clash(held, new)
+            if why is not None:
+                raise ValueError(
+                    f"job {job.id}: its {new.describe()} on GPU {where[1]} of {node.name} {why}"
+                )
+            held.append(new)
+        for job in self.jobs:
+            if job.is_mig or not job.gpu_indices:
+                continue
+            for node_name, indices in job.gpu_indices.items():
+                for index in indices:
+                    if (node_name, index) in layouts:
+                        owners = ", ".join(s.owner for s in layouts[node_name, index])
+                        raise ValueError(
+                            f"job {job.id}: gpu_indices names GPU {index} of {node_name}, "
+                            f"which MIG slices partition (jobs {owners})"
+                        )
+
+    def mig_layouts(self) -> dict[tuple[str, int], GpuLayout]:
+        """The GPUs running MIG jobs partition, by (node, GPU index), with their slices."""
+        layouts: dict[tuple[str, int], GpuLayout] = {}
+        for job in self.jobs:
+            where = job.mig_gpu
+            if where is None or job.mig_profile is None or job.mig_start is None:
+                continue
+            model = self.model_by_name[self.node_by_name[where[0]].gpu_model]
+            profile = model.mig_profile(job.mig_profile)
+            if profile is None:
+                continue  # refused by validation; only a model_copy can bring it here
+            layout = layouts.setdefault(where, GpuLayout(model.mig_profiles))
+            layout.add(MigSlice(job.id, profile, job.mig_start))
+        return layouts
 
     def _check_shares(self) -> None:
         """Running fractional jobs share GPUs that exist, within one GPU's capacity, and

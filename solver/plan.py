@@ -5,7 +5,8 @@ the plan maps to ``{node: GPUs}`` (running jobs that keep their place included);
 absent from it holds nothing. ``Plan.actions`` are the steps from the instance's current
 placement to that target, each with a :class:`Reason`. ``Plan.pending`` gives the reason
 for every pending job that stays pending (and every job the plan stops).
-``Plan.gpu_indices`` names the GPUs behind each count (kept where a job stays).
+``Plan.gpu_indices`` names the GPUs behind each count (kept where a job stays);
+``Plan.mig_starts`` where on its GPU each MIG job's instance starts.
 
 The control plane stores each action as a row whose kind is its own
 ``app.actions.models.ActionKind``: these five plus the saga kinds only it needs (reserve,
@@ -92,6 +93,13 @@ class Plan(BaseModel):
     pending: dict[str, Reason] = Field(default_factory=dict)
     gpu_indices: dict[str, dict[str, tuple[int, ...]]] = Field(
         default_factory=dict, description="job -> node -> GPU indices held after the plan"
+    )
+    # Left out of dumps when empty, so a plan without MIG jobs serialises as it always did.
+    mig_starts: dict[str, int] = Field(
+        default_factory=dict,
+        exclude_if=lambda starts: not starts,
+        description="MIG jobs (Job.mig_profile) -> the first memory slice of their GPU "
+        "instance, on the GPU gpu_indices names (solver.mig)",
     )
     stats: SolveStats = Field(default_factory=SolveStats)
 

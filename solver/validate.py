@@ -26,6 +26,11 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
    fractional jobs (``Job.gpu_milli`` < 1000): each names its one GPU in ``gpu_indices``,
    a GPU's shares add up to at most 1000 and it counts once in rule 2, no whole-GPU job
    holds a shared GPU, and a move to another GPU of the same node is a migration;
+   MIG jobs (``Job.mig_profile``): each names its one GPU in ``gpu_indices`` and its start
+   in ``mig_starts``, its node's GPU model has the profile, the start is one the profile
+   may take (``solver.mig``), a GPU's instances do not overlap (nor pass 7 compute
+   slices) and it counts once in rule 2, no whole-GPU job or share holds a partitioned
+   GPU, and another GPU or start is a migration;
 10. max queue wait: no pending block job past its SLA's max queue wait is left pending
     while it fits, whole, on one ready compatible node's GPUs, CPU and memory that the
     plan leaves free, within its team's quota (a frozen one excepted: a saga holds it);
@@ -52,7 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from solver.compat import node_accepts
-from solver.instance import FULL_GPU_MILLI, Instance, NodeState
+from solver.instance import FULL_GPU_MILLI, Instance, Job, NodeState
+from solver.mig import MigSlice, clash
 from solver.plan import ActionKind, Plan
 
 
@@ -110,13 +116,15 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
     mem_used: dict[str, int] = defaultdict(int)
     # Fractional jobs: a GPU they share counts once, however many share it.
     shares = _Shares(instance, plan, bad) if _has_fractional(instance) else None
+    # MIG jobs: a GPU they partition counts once too.
+    migs = _MigSlices(instance, plan, shares, bad) if _has_mig(instance, plan) else None
     if out:
         return out
     for job_id, target in plan.placement.items():
         job = jobs[job_id]
         for node_name, gpus in target.items():
             replicas = gpus // job.gpus_per_replica
-            if not job.is_fractional:
+            if not (job.is_fractional or job.is_mig):
                 gpu_used[node_name] += gpus
             cpu_used[node_name] += replicas * job.cpu_milli_per_replica
             mem_used[node_name] += replicas * job.memory_mib_per_replica
@@ -129,10 +137,15 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
             gpu_used[node_name] += 1
         for (node_name, _), _milli in shares.before.items():
             gpu_before[node_name] += 1
+    if migs is not None:
+        for node_name, _ in migs.after:
+            gpu_used[node_name] += 1
+        for node_name, _ in migs.before:
+            gpu_before[node_name] += 1
     for job in instance.jobs:
         for node_name, gpus in job.placement.items():
             replicas = gpus // job.gpus_per_replica
-            if not job.is_fractional:
+            if not (job.is_fractional or job.is_mig):
                 gpu_before[node_name] += gpus
             cpu_before[node_name] += replicas * job.cpu_milli_per_replica
             mem_before[node_name] += replicas * job.memory_mib_per_replica
@@ -158,7 +171,9 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         after = plan.placement.get(job.id, {})
         usage_before[job.team] += sum(before.values())
         usage_after[job.team] += sum(after.values())
-        moved_gpu = shares is not None and job.id in shares.moved
+        moved_gpu = (shares is not None and job.id in shares.moved) or (
+            migs is not None and job.id in migs.moved
+        )
         if after == before and not job.is_elastic and not moved_gpu:
             continue  # a block job the plan leaves as it is: rules 3-6 hold (most jobs)
         policy = instance.policy_for(job)
@@ -269,7 +284,11 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
     for job in instance.jobs:
         after = plan.placement.get(job.id, {})
         count = acted.get(job.id, 0)
-        changed = after != job.placement or (shares is not None and job.id in shares.moved)
+        changed = (
+            after != job.placement
+            or (shares is not None and job.id in shares.moved)
+            or (migs is not None and job.id in migs.moved)
+        )
         if changed and count != 1:
             bad("actions", job.id, f"changed with {count} actions")
         if not changed and count:
@@ -289,6 +308,9 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         for node in instance.nodes:
             if node.state is not NodeState.up or not node_accepts(instance, node, job):
                 continue
+            if job.mig_profile is not None:
+                if instance.model_by_name[node.gpu_model].mig_profile(job.mig_profile) is None:
+                    continue  # fits on an idle GPU only where the model has its profile
             if node.gpus - gpu_used[node.name] < job.total_gpus:
                 continue
             cpu = job.replicas * job.cpu_milli_per_replica
@@ -321,6 +343,10 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
 
 def _has_fractional(instance: Instance) -> bool:
     return any(job.is_fractional for job in instance.jobs)
+
+
+def _has_mig(instance: Instance, plan: Plan) -> bool:
+    return bool(plan.mig_starts) or any(job.mig_profile is not None for job in instance.jobs)
 
 
 class _Shares:
@@ -366,6 +392,101 @@ class _Shares:
                 )
 
 
+class _MigSlices:
+    """The GPUs MIG jobs partition before and after a plan, and the jobs the plan gives
+    another GPU or start. Reports a MIG job without its one GPU index or its start, a
+    profile its node's GPU model lacks, a start its profile may not take, instances that
+    overlap, and a whole-GPU job or a share on a partitioned GPU."""
+
+    def __init__(
+        self,
+        instance: Instance,
+        plan: Plan,
+        shares: _Shares | None,
+        bad: Callable[[str, str | None, str], None],
+    ) -> None:
+        self.before: set[tuple[str, int]] = set()
+        self.after: dict[tuple[str, int], list[MigSlice]] = defaultdict(list)
+        self.moved: set[str] = set()
+        jobs = instance.job_by_id
+        for job_id in plan.mig_starts:
+            job = jobs.get(job_id)
+            if job is None or not job.is_mig or job_id not in plan.placement:
+                bad("mig", job_id, "mig_starts names a job that is not a placed MIG job")
+        for job in instance.jobs:
+            if job.mig_profile is None:
+                continue
+            was = job.mig_gpu
+            if was is not None:
+                self.before.add(was)
+            target = plan.placement.get(job.id, {})
+            if target:
+                self._slice(instance, plan, job, job.mig_profile, target, bad)
+        for (node_name, index), held in sorted(self.after.items()):
+            owners = ", ".join(s.owner for s in held)
+            if shares is not None and (node_name, index) in shares.after:
+                message = f"GPU {index} of {node_name} is both shared and partitioned ({owners})"
+                bad("capacity", None, message)
+        for job_id in plan.placement:
+            job = jobs[job_id]
+            if job.is_mig or job.is_fractional:
+                continue
+            for node_name, indices in plan.gpu_indices.get(job_id, {}).items():
+                for index in indices:
+                    if (node_name, index) in self.after:
+                        owners = ", ".join(s.owner for s in self.after[node_name, index])
+                        bad(
+                            "mig",
+                            job_id,
+                            f"holds GPU {index} of {node_name}, which MIG slices partition "
+                            f"({owners})",
+                        )
+
+    def _slice(
+        self,
+        instance: Instance,
+        plan: Plan,
+        job: Job,
+        profile_name: str,
+        target: dict[str, int],
+        bad: Callable[[str, str | None, str], None],
+    ) -> None:
+        if len(target) != 1:
+            bad("gang", job.id, f"a MIG job on {len(target)} nodes, not one")
+            return
+        (node_name,) = target
+        node = instance.node_by_name[node_name]
+        indices = plan.gpu_indices.get(job.id, {}).get(node_name, ())
+        if len(indices) != 1 or not 0 <= indices[0] < node.gpus:
+            bad("indices", job.id, f"{node_name}: a MIG job needs one GPU index, not {indices}")
+            return
+        start = plan.mig_starts.get(job.id)
+        if start is None:
+            bad("mig", job.id, "placed without its start in mig_starts")
+            return
+        model = instance.model_by_name[node.gpu_model]
+        profile = model.mig_profile(profile_name)
+        if profile is None:
+            bad("mig", job.id, f"{node_name} ({model.name}) has no MIG profile {profile_name}")
+            return
+        if start not in profile.starts:
+            bad(
+                "mig",
+                job.id,
+                f"{profile_name} may not start at memory slice {start} "
+                f"(only at {list(profile.starts)})",
+            )
+            return
+        where = (node_name, indices[0])
+        new = MigSlice(job.id, profile, start)
+        why = clash(self.after[where], new)
+        if why is not None:
+            bad("mig", job.id, f"{new.describe()} of GPU {where[1]} on {node_name} {why}")
+        self.after[where].append(new)
+        if job.mig_gpu is not None and (job.mig_gpu != where or job.mig_start != start):
+            self.moved.add(job.id)
+
+
 def _check_indices(
     instance: Instance, plan: Plan, bad: Callable[[str, str | None, str], None]
 ) -> None:
@@ -375,7 +496,7 @@ def _check_indices(
     jobs = instance.job_by_id
     shared: dict[str, set[int]] = defaultdict(set)
     for job_id, target in plan.placement.items():
-        if jobs[job_id].is_fractional:
+        if jobs[job_id].is_fractional or jobs[job_id].is_mig:
             for node_name, gpu in plan.gpu_indices.get(job_id, {}).items():
                 shared[node_name].update(gpu)
             continue
@@ -384,8 +505,8 @@ def _check_indices(
     for node_name, shared_here in shared.items():
         overfull[node_name] += len(shared_here)
     for job_id, target in plan.placement.items():
-        if jobs[job_id].is_fractional:
-            continue  # checked by _Shares; against the whole GPUs below
+        if jobs[job_id].is_fractional or jobs[job_id].is_mig:
+            continue  # checked by _Shares or _MigSlices; against the whole GPUs below
         held = plan.gpu_indices.get(job_id, {})
         for node_name, gpus in target.items():
             indices = held.get(node_name, ())

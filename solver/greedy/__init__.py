@@ -23,6 +23,8 @@ One module per phase, sharing one :class:`~solver.greedy.ledger.Ledger`:
 ``lookahead``        capacity held for services' coming peaks
 ``diagnosis``        a reason for every job left pending
 ``sharing``          fractional jobs (shares of one GPU), placed around the whole-GPU plan
+``mig_placement``    MIG jobs (one GPU instance of a profile), placed after the shares
+``holders``          the GPUs shares and MIG instances use, kept out of the whole-GPU plan
 """
 
 from solver.greedy.engine import GreedyEngine, Rebase, greedy_plan, run_greedy

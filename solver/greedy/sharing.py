@@ -18,9 +18,10 @@ An instance with fractional jobs is planned in three steps (:func:`plan_with_sha
    ``migrate`` action whose reason names both GPUs.
 
 What this does not do (yet): fractional jobs never preempt or get preempted, never move
-to another node, and count as one GPU in team quotas and the objective; MIG profiles are
-not modelled. An instance without fractional jobs never comes here (its plan is
-unchanged, byte for byte).
+to another node, and count as one GPU in team quotas and the objective. MIG jobs
+(``Job.mig_profile``) are split off before the shares and placed after them
+(``solver.greedy.mig_placement``). An instance without fractional or MIG jobs never comes
+here (its plan is unchanged, byte for byte).
 """
 
 from __future__ import annotations
@@ -31,15 +32,13 @@ from dataclasses import dataclass, field
 
 from solver.compat import node_accepts
 from solver.fragmentation import Shape, fgd_score, fragmentation_for, typical_shapes
+from solver.greedy import mig_placement
+from solver.greedy.holders import PlanParts, SplitGpus, holder_jobs
 from solver.instance import FULL_GPU_MILLI, Instance, Job, NodeState, TypicalShape
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
 
 HOLDER_PREFIX = "shared-gpu/"  # synthetic holder ids: shared-gpu/<node>/<index>
 UNLIMITED = 1 << 60
-
-
-def holder_id(node: str, gpu: int) -> str:
-    return f"{HOLDER_PREFIX}{node}/{gpu}"
 
 
 def shapes_of(instance: Instance) -> tuple[TypicalShape, ...]:
@@ -67,12 +66,8 @@ class _NodeRoom:
 
 
 @dataclass
-class SharedGpus:
+class SharedGpus(SplitGpus):
     """An instance split into its whole-GPU part (``whole``) and its fractional jobs."""
-
-    instance: Instance
-    whole: Instance
-    holders: dict[str, tuple[str, int]]  # holder id -> (node, GPU index)
 
     def complete(self, plan: Plan) -> Plan:
         """``plan`` (of ``whole``) with the fractional jobs placed: see the module docstring."""
@@ -93,22 +88,8 @@ def split(instance: Instance) -> SharedGpus | None:
         where = job.shared_gpu
         if where is not None:
             shared.setdefault(where, []).append(job)
-    holders: dict[str, tuple[str, int]] = {}
-    for (node, gpu), jobs in sorted(shared.items()):
-        job_id = holder_id(node, gpu)
-        holders[job_id] = (node, gpu)
-        kept.append(
-            Job(
-                id=job_id,
-                team=HOLDER_PREFIX,
-                placement={node: 1},
-                gpu_indices={node: (gpu,)},
-                cpu_milli_per_replica=sum(j.cpu_milli_per_replica for j in jobs),
-                memory_mib_per_replica=sum(j.memory_mib_per_replica for j in jobs),
-                preemptible=False,
-                locked=True,
-            )
-        )
+    holder_list, holders = holder_jobs(HOLDER_PREFIX, shared)
+    kept.extend(holder_list)
     shared_free: dict[str, list[int]] = {}
     for (node, _), jobs in sorted(shared.items()):
         free = FULL_GPU_MILLI - sum(j.gpu_milli for j in jobs)
@@ -123,7 +104,15 @@ def split(instance: Instance) -> SharedGpus | None:
 
 
 def plan_with_shares(instance: Instance, plan_whole: Callable[[Instance], Plan]) -> Plan:
-    """Plan ``instance``'s whole-GPU part with ``plan_whole``, then its fractional jobs."""
+    """Plan ``instance``'s whole-GPU part with ``plan_whole``, then its fractional jobs,
+    then its MIG jobs (``solver.greedy.mig_placement``)."""
+    partitioned = mig_placement.split(instance)
+    if partitioned is not None:
+        return partitioned.complete(_plan_shares(partitioned.whole, plan_whole))
+    return _plan_shares(instance, plan_whole)
+
+
+def _plan_shares(instance: Instance, plan_whole: Callable[[Instance], Plan]) -> Plan:
     shared = split(instance)
     if shared is None:
         return plan_whole(instance)
@@ -329,12 +318,9 @@ class _Completion:
 
     def _plan(self) -> Plan:
         instance = self.instance
-        plan = self.plan
-        holders = self.shared.holders
-        placement = {k: dict(v) for k, v in plan.placement.items() if k not in holders}
-        indices = {k: dict(v) for k, v in plan.gpu_indices.items() if k not in holders}
-        actions = list(plan.actions)
-        pending = {k: v for k, v in plan.pending.items() if k not in holders}
+        parts = PlanParts.without_holders(self.plan, self.shared.holders)
+        placement, indices, pending = parts.placement, parts.indices, parts.pending
+        actions = parts.actions
         for job in instance.jobs:
             if not job.is_fractional:
                 continue
@@ -371,15 +357,7 @@ class _Completion:
                 )
             else:
                 pending[job.id] = self.pending[job.id]
-        stats = plan.stats.model_copy()
         started = len(self.placed)
-        note = f"fractional jobs: {started} placed, {len(self.moved)} moved within a node"
-        stats.note = f"{stats.note}; {note}" if stats.note else note
-        return Plan(
-            policy=plan.policy,
-            placement=placement,
-            actions=actions,
-            pending=pending,
-            gpu_indices=indices,
-            stats=stats,
+        return parts.plan(
+            f"fractional jobs: {started} placed, {len(self.moved)} moved within a node"
         )
