@@ -77,8 +77,12 @@ class Settings(BaseSettings):
     # A federation group of two or more clusters is solved once per shaping period and
     # each member's plan is its slice of that solve (app.federation.planning.member_plan),
     # so that a job gets one decision: a start at home or a move. False: each member is
-    # planned alone, then the group solved again for its cross-cluster moves only.
-    federation_solve_once: bool = False
+    # planned alone, then the group solved again for its cross-cluster moves only. On by
+    # default since 2026-12-05 (README, "One solve per group": on the demo's clusters in
+    # one group, one solve instead of four a period and no move onto GPUs a member's own
+    # plan gives to other work); a group with a member whose scheduler cannot be told
+    # where a job goes is still planned apart (it would lose migrations within members).
+    federation_solve_once: bool = True
     # Requests that may use the database served at once by each process; the rest wait
     # their turn (app.core.admission). Below the 15 pooled connections a process has (5 +
     # 10 overflow), so that one is always free for a request that waits for it.

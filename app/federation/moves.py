@@ -16,8 +16,12 @@ more clusters, after the members' own cycles; ``app.shaping.tasks``):
 2. In one write transaction, for each move of the solve: the job must still be pending at
    home (running, for a running job's move), with no other action of it unfinished (its
    cluster's own plan may have started or moved it meanwhile), and both clusters must act
-   (``observe`` only plans). A move of the same job to the same cluster (from the same
-   node, for a running job) that is still proposed is kept, not duplicated. A new move is
+   (``observe`` only plans) and still be members of the group; no move goes onto a node
+   that the plan and a move approved or under way, not this solve's, overbook
+   (``app.federation.meanwhile``). A
+   move of the same job to the same cluster (from the same
+   node, for a running job) that is still proposed is kept, not duplicated, and goes to
+   the nodes this plan puts the job on. A new move is
    approved by shaper when both clusters are in ``enforce`` mode (its saga starts
    at once), else proposed for an operator.
 3. Proposed moves of the group's clusters that this solve no longer makes are cancelled:
@@ -47,7 +51,8 @@ from app.actions.models import TERMINAL_ACTION_STATES, Action, ActionKind, Actio
 from app.clusters.models import Cluster, ShapingMode
 from app.core.db import begin
 from app.core.lookup import row_id
-from app.federation.planning import FederatedMove, GroupSolve, solve_group
+from app.federation import meanwhile
+from app.federation.planning import FederatedMove, GroupSolve, planned_moves, solve_group
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from wire.telemetry import JobState
@@ -82,12 +87,44 @@ def propose_moves(
         c.name: c
         for c in session.exec(select(Cluster).where(col(Cluster.name).in_(solved.clusters)))
     }
+    # Changed while the solver ran (``meanwhile``): who is still a member; and the moves
+    # approved or under way that the solve does not make, whose target GPUs no new move
+    # may overbook (the target's instance does not count a job that has not arrived).
+    still = meanwhile.members_now(session, group, list(clusters))
+    under_way = meanwhile.unplanned_moves(
+        session,
+        {n: row_id(c) for n, c in clusters.items()},
+        solved.known_moves,
+        planned_moves(solved),
+    )
+    used = meanwhile.gpus_used(solved.plan.placement)
+    capacity = {node.name: node.gpus for node in solved.instance.nodes}
+    taken = {
+        node: move
+        for name in clusters
+        for node, move in meanwhile.overbooked(
+            capacity, used, meanwhile.arriving(under_way, name)
+        ).items()
+    }
     # (job id, target cluster id, source node: None for a pending job)
     wanted: set[tuple[int, int, str | None]] = set()
     for move in solved.moves:
         home, target = clusters.get(move.from_cluster), clusters.get(move.to_cluster)
         if home is None or target is None:
             continue  # deleted while the solver ran
+        gone = [c.name for c in (home, target) if c.name not in still]
+        if gone:  # its proposal, if any, is superseded below
+            outcome.skipped[f"{move.from_cluster}/{move.job}"] = (
+                f"{gone[0]} left federation group {group} while the group was solved"
+            )
+            continue
+        onto = [n for n in move.nodes if f"{move.to_cluster}/{n}" in taken]
+        if onto:
+            outcome.skipped[f"{move.from_cluster}/{move.job}"] = (
+                f"GPUs on {onto[0]} go to {taken[f'{move.to_cluster}/{onto[0]}'].text()}: "
+                "a later period"
+            )
+            continue
         job = session.exec(
             select(Job)
             .where(Job.cluster_id == row_id(home), Job.external_id == move.job)
@@ -101,6 +138,8 @@ def propose_moves(
                 outcome.skipped[f"{move.from_cluster}/{move.job}"] = why
             else:
                 outcome.kept += 1
+                assert job is not None  # a proposal of it waits
+                _retarget(session, job, target, move, group, now)
             continue
         assert job is not None  # _why_not names a missing job
         # Both clusters act: an operator decides unless both are in enforce mode.
@@ -179,6 +218,32 @@ def _why_not(
     if unfinished:
         return f"action {unfinished[0].id} ({unfinished[0].kind}) of the job is unfinished"
     return None
+
+
+def _retarget(
+    session: Session, job: Job, target: Cluster, move: FederatedMove, group: str, now: datetime
+) -> None:
+    """A kept proposal goes where this plan puts the job: the target nodes the plans of this
+    period leave free for it (the one before may have planned it onto others, since given
+    to other work)."""
+    nodes = ",".join(move.nodes)[:255]
+    source = (
+        col(Action.source_node).is_(None)
+        if move.source_node is None
+        else col(Action.source_node) == move.source_node
+    )
+    kept = session.exec(
+        select(Action).where(
+            Action.job_id == job.id,
+            Action.kind == ActionKind.move,
+            Action.state == ActionState.proposed,
+            Action.target_cluster_id == row_id(target),
+            source,
+        )
+    ).first()
+    if kept is not None and kept.target_node != nodes:
+        kept.target_node, kept.reason, kept.updated_at = nodes, _reason(group, move), now
+        session.add(kept)
 
 
 def _key(session: Session, home: Cluster, job: Job, target: Cluster) -> str:

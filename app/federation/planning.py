@@ -41,6 +41,7 @@ import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -51,11 +52,12 @@ from app.clusters.models import Cluster, ShapingMode
 from app.core.db import begin
 from app.core.errors import Invalid
 from app.core.lookup import row_id
+from app.federation import meanwhile
 from app.federation.link import measured_link
 from app.federation.models import FederationGroup
 from app.federation.service import get_group, members
 from app.jobs.models import Job
-from app.shaping.cycle import Solved
+from app.shaping.cycle import Solved, Withdrawn
 from app.shaping.snapshot import ClusterSnapshot, solver_job_id, take_snapshot, to_instance
 from solver import Instance, SolverConfig, validate
 from solver.dependencies import action_graph
@@ -354,6 +356,10 @@ class GroupSolve:
     parts: dict[str, Instance] = field(default_factory=dict)
     # ``validate`` of the group's plan on the group's instance.
     violations: list[str] = field(default_factory=list)
+    # The members' ids, and the moves from or to them that were approved or running when
+    # the solve read them (``meanwhile``: any other approved since is a change).
+    cluster_ids: dict[str, int] = field(default_factory=dict)
+    known_moves: frozenset[int] = frozenset()
 
 
 def solve_group(
@@ -398,6 +404,18 @@ def solve_group(
             f"federation group {name!r} has {len(clusters)} cluster(s): add at least two",
             field="group",
         )
+    # One config for the group: a member whose scheduler cannot be told where a job goes
+    # would turn off migrations within every member, which their own solves make.
+    unpinnable = sorted(
+        f"{c.name} ({c.scheduler})" for c in clusters if not moves_jobs(c.scheduler)
+    )
+    if for_members and unpinnable:
+        raise Invalid(
+            f"federation group {name!r}: {', '.join(unpinnable)} cannot be told where a job "
+            "goes, and one solve for the group would stop migrations within every member: "
+            "its members are planned apart",
+            field="group",
+        )
     measured = measured_link(session, [row_id(c) for c in clusters])
     bandwidth = (
         measured.bandwidth_mib_per_s
@@ -412,7 +430,7 @@ def solve_group(
     # Alone, each member's own cycle migrates within it; planned for the members, the
     # group's one solve does, where every member's scheduler can be told where a job goes
     # (one config for the group: ``snapshot.to_instance`` turns it off per cluster).
-    within = for_members and all(moves_jobs(c.scheduler) for c in clusters)
+    within = for_members  # every member moves jobs (checked above)
     config = SolverConfig(
         migration=within,
         cp_sat_migration=within,
@@ -420,6 +438,9 @@ def solve_group(
         cross_cluster_migration=True,
         plan_budget_s=PLAN_BUDGET_S,
     )
+    cluster_ids = {c.name: row_id(c) for c in clusters}
+    # Before the snapshots: a move approved in between is then a change, never missed.
+    known_moves = meanwhile.active_moves(session, list(cluster_ids.values()))
     snapshots = {n: take_snapshot(session=session, cluster_name=n, now=now) for n in names}
     # A job may need a GPU model only another member has: each part knows the group's.
     models = frozenset(
@@ -442,6 +463,11 @@ def solve_group(
         observing = {c.name for c in clusters if ShapingMode(c.mode) is ShapingMode.observe}
         movable = _acting(movable, stays, observing)
         running_movable = _acting(running_movable, running_stays, observing)
+        # Its moves that failed or were rejected lately are not made again: its home
+        # plan is a slice of this solve, so it starts there instead (``meanwhile``).
+        back = meanwhile.set_back(session, cluster_ids, now)
+        movable = meanwhile.without_set_back(movable, stays, back)
+        running_movable = meanwhile.without_set_back(running_movable, running_stays, back)
     session.rollback()  # nothing is held while the solver runs
     try:
         whole = federate(
@@ -499,11 +525,13 @@ def solve_group(
         link=Link(
             bandwidth_mib_per_s=round(bandwidth, 3),
             measured_transfers=measured.samples if measured is not None else 0,
-            egress_gpu_s_per_gib=group.inter_cluster_egress_gpu_s_per_gib,
+            egress_gpu_s_per_gib=link.inter_cluster_egress_gpu_s_per_gib,
         ),
         snapshots=snapshots,
         parts=parts,
         violations=[str(v) for v in validate(whole, plan)] if for_members else [],
+        cluster_ids=cluster_ids,
+        known_moves=known_moves,
     )
 
 
@@ -610,7 +638,27 @@ def member_plan(solved: GroupSolve, name: str) -> Solved:
         held=held,
         notes=[_note(solved.group, m) for m in solved.moves if m.from_cluster == name],
         group=solved.group,
+        recheck=partial(_recheck, solved, name, part, own),
     )
+
+
+def planned_moves(solved: GroupSolve) -> list[meanwhile.Planned]:
+    return [(m.from_cluster, m.job, m.to_cluster, m.source_node) for m in solved.moves]
+
+
+def _recheck(
+    solved: GroupSolve, name: str, part: Instance, own: Plan, session: Session
+) -> dict[int, str]:
+    """In the write transaction that persists member ``name``'s slice: ``Withdrawn`` when it
+    left the group meanwhile; else the actions to hold for moves approved meanwhile or
+    under way (``meanwhile.held``)."""
+    why = meanwhile.left_group(session, solved.group, name)
+    if why is not None:
+        raise Withdrawn(why)
+    moves = meanwhile.unplanned_moves(
+        session, solved.cluster_ids, solved.known_moves, planned_moves(solved), only=name
+    )
+    return meanwhile.held(part, own, name, moves)
 
 
 def _held(

@@ -46,10 +46,11 @@ length (``app.core.db``): the snapshot and the open plans are read in a read tra
 transaction; the comparison with a proposal reads in a read transaction; withdrawing a
 proposal, keeping it, and persisting the plan are each one short write transaction that
 checks again under the lock what may have changed meanwhile (an operator's decision on
-the proposal, the nodes other plans still work on). Recording the forecasts reads what is
-recorded already in a read transaction and, only when something is missing (once an hour
-for the services), writes it in one short write transaction; a failure there is logged
-and the cycle goes on. The snapshot's rows are detached
+the proposal, the nodes other plans still work on; for a federation group's slice, what
+its ``Solved.recheck`` checks: a move approved meanwhile, the cluster leaving the group).
+Recording the forecasts reads what is recorded already in a read transaction and, only
+when something is missing (once an hour for the services), writes it in one short write
+transaction; a failure there is logged and the cycle goes on. The snapshot's rows are detached
 from the session, so no later commit expires them and the solve never loads from the
 database.
 """
@@ -133,7 +134,10 @@ class Solved:
     ``held``: actions (by index) left out of this plan, with why, on top of those phase 6
     defers; ``notes``: decisions about the cluster's jobs that another cluster carries out
     (a federation group's moves), shown with the plan's; ``group``: the federation group
-    whose solve this is a slice of, None for the cluster's own."""
+    whose solve this is a slice of, None for the cluster's own; ``recheck``: run in the
+    write transaction that persists the plan, for what changed since it was made
+    elsewhere: more actions to hold (by index) with why, or ``Withdrawn`` when the plan no
+    longer applies at all (nothing is persisted)."""
 
     snapshot: ClusterSnapshot
     instance: Instance
@@ -143,6 +147,12 @@ class Solved:
     held: Mapping[int, str] = field(default_factory=dict)
     notes: list[dict[str, Any]] = field(default_factory=list)
     group: str | None = None
+    recheck: Callable[[Session], Mapping[int, str]] | None = None
+
+
+class Withdrawn(Exception):
+    """A plan made elsewhere no longer applies as a whole (its cluster left the federation
+    group while the group was solved): nothing of it was persisted."""
 
 
 @dataclass(frozen=True)
@@ -633,8 +643,16 @@ def _persist(session: Session, solved: Solved, now: datetime) -> CycleResult:
     graph = action_graph(instance, plan)
     acting = not violations and snapshot.mode != ShapingMode.observe
     begin(session, writes=True)
+    held = dict(solved.held)
+    if solved.recheck is not None:
+        try:
+            for index, why in solved.recheck(session).items():
+                held.setdefault(index, why)
+        except Withdrawn:
+            session.rollback()
+            raise
     deferred = {
-        **solved.held,
+        **held,
         **_deferred(instance, plan, graph, _footprint(session, snapshot.cluster_id)),
     }
     stats = plan.stats

@@ -8,7 +8,10 @@ member's plan is its slice of that solve (``planning.member_plan``, persisted by
 ``cycle.finish_cycle``) and the group's cross-cluster moves come from the same solve
 (``moves.propose_moves``, made first: a move the solve no longer makes is withdrawn before
 a member's plan acts on its job). A member whose review fails is left out of the solve;
-when fewer than two members are left, each is planned alone. When the group cannot be
+when fewer than two members are left, each is planned alone. What changes while the group
+is solved is checked when each plan is persisted (``app.federation.meanwhile``): a member
+that left the group meanwhile is planned alone afresh (``cycle.Withdrawn``), and a move
+approved meanwhile holds what of the plans conflicts with it. When the group cannot be
 solved once (a member plans with a policy other than the group's, or the members' rules
 disagree), or its plan is invalid, its members are planned apart and then its moves, as
 with the setting off.
@@ -33,7 +36,14 @@ from app.core.task import task
 from app.federation import service as federation_service
 from app.federation.moves import MovesProposed, propose_moves
 from app.federation.planning import GroupSolve, member_plan, solve_group
-from app.shaping.cycle import CycleResult, Prepared, finish_cycle, prepare_cycle, run_cycle
+from app.shaping.cycle import (
+    CycleResult,
+    Prepared,
+    Withdrawn,
+    finish_cycle,
+    prepare_cycle,
+    run_cycle,
+)
 from app.shaping.dispatch import approved_actions
 from app.shaping.lease import shaping_lease
 
@@ -164,7 +174,11 @@ def _plan_group(planned: dict[str, int], group: str, members: list[str], now: da
         def cycle(session: Session, ready: Prepared = ready, name: str = name) -> CycleResult:
             # Its slice is made here: a failure making it is this member's alone.
             mine = member_plan(solved, name) if solved is not None else None
-            return finish_cycle(session=session, prepared=ready, solved=mine)
+            try:
+                return finish_cycle(session=session, prepared=ready, solved=mine)
+            except Withdrawn as why:  # it left the group meanwhile: its own plan, afresh
+                log.warning("%s; planned alone", why, extra={"federation_group": group})
+                return run_cycle(session=session, cluster_name=name, now=now)
 
         _plan(planned, name, cycle)
     if solved is None and len(prepared) >= 2:  # planned apart: the group's moves as before

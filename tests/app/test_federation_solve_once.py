@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +24,23 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
+from app.actions import local, saga
+from app.actions import service as action_service
+from app.actions import tasks as action_tasks
 from app.actions.models import Action, ActionKind, ActionState
 from app.clusters import service as cluster_service
 from app.clusters.models import Cluster, ClusterUpdate, ShapingMode
 from app.core.config import get_settings
+from app.core.lookup import row_id
 from app.federation import planning
 from app.federation import service as federation_service
 from app.federation.models import FederationGroupCreate
+from app.federation.moves import propose_moves
 from app.jobs.models import Job
 from app.plans.models import Plan
 from app.shaping import cycle, snapshot, tasks
 from app.shaping.cycle import FEDERATION_GROUP_KEY
-from tests.app.test_federation_moves import GROUP, T0, Clock, Member
+from tests.app.test_federation_moves import GROUP, T0, Clock, Group, Member
 from tests.app.test_federation_moves import _report as moves_report
 from wire.telemetry import JobReport
 
@@ -49,11 +54,46 @@ class Site:
 
     def __init__(self, engine: Engine, members: dict[str, Member], clock: Clock) -> None:
         self.engine, self.members, self.clock = engine, members, clock
+        # How far ahead of the system clock the shaping task plans (``later``).
+        self.ahead = timedelta(0)
+
+    def now(self) -> datetime:
+        """The shaping task's clock: the system clock (the sagas' too), ``ahead``."""
+        return datetime.now(UTC) + self.ahead
+
+    def later(self, by: timedelta) -> None:
+        """The next period comes ``by`` later (past the dwell time of what was acted on)."""
+        self.ahead += by
+        self.clock.now += by
 
     def cycle(self) -> dict[str, int]:
         for member in self.members.values():
             member.push()
         return tasks.run_shaping_cycles()
+
+    def run_sagas(self) -> None:
+        """What the in-process beat does for the approved actions: run them to the end."""
+        Group(self.engine, self.members["east"], self.members["west"]).run_sagas()
+        for member in self.members.values():
+            member.push()
+
+    def decide(self, action_id: int, to: ActionState) -> None:
+        """An operator's decision on an action, now (what its POST /actions/{id}/... does)."""
+        with Session(self.engine) as session:
+            action_service.transition(
+                session=session, action_id=action_id, to=to, by="operator", now=self.now()
+            )
+
+    def moves(self, cluster: str) -> list[Action]:
+        with Session(self.engine) as session:
+            return list(
+                session.exec(
+                    select(Action)
+                    .join(Cluster, col(Cluster.id) == col(Action.cluster_id))
+                    .where(Cluster.name == cluster, Action.kind == ActionKind.move)
+                    .order_by(col(Action.id))
+                )
+            )
 
     def plan(self, plan_id: int) -> Plan:
         with Session(self.engine) as session:
@@ -84,6 +124,14 @@ def site_factory(
     committed_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., Site]]:
     monkeypatch.setattr(tasks, "get_engine", lambda: committed_engine)
+    # Enforce mode's sagas, run in-process (as ``test_federation_moves`` runs them).
+    monkeypatch.setattr(action_tasks, "get_engine", lambda: committed_engine)
+    monkeypatch.setattr(
+        action_tasks, "_timings", lambda: {"step_timeout_s": 0.3, "start_wait_s": 5.0}
+    )
+    monkeypatch.setattr(saga, "CONFIRM_POLL_S", 0.05)
+    monkeypatch.setattr(saga, "RETRY_BACKOFF_S", (0.05,))
+    registered: list[str] = []
     solves: list[planning.GroupSolve] = []
     real_solve = planning.solve_group
 
@@ -99,7 +147,8 @@ def site_factory(
     def make(
         *,
         once: bool = True,
-        west_mode: ShapingMode = ShapingMode.advise,
+        mode: ShapingMode = ShapingMode.advise,
+        west_mode: ShapingMode | None = None,
         running: bool = False,
         west_full: bool = False,
         incoming: bool = False,
@@ -107,8 +156,12 @@ def site_factory(
         settings = get_settings().model_copy(update={"federation_solve_once": once})
         monkeypatch.setattr(tasks, "get_settings", lambda: settings)
         clock = Clock()
-        modes = {"east": ShapingMode.advise, "west": west_mode, "solo": ShapingMode.advise}
+        modes = {"east": mode, "west": west_mode or mode, "solo": ShapingMode.advise}
         members = {n: Member(committed_engine, tmp_path, n, clock, m) for n, m in modes.items()}
+        for member in members.values():
+            for prefix in member.executors.queues():
+                local.register(prefix, member.handle)
+                registered.append(prefix)
         with Session(committed_engine) as session:
             federation_service.create_group(
                 session=session, group_in=FederationGroupCreate(name=GROUP), now=T0, actor=None
@@ -149,10 +202,13 @@ def site_factory(
         )
         assert members["east"].states() == expected
         site = Site(committed_engine, members, clock)
+        monkeypatch.setattr(tasks, "SystemClock", lambda: site)
         site.solves = solves  # type: ignore[attr-defined]
         return site
 
     yield make
+    for prefix in registered:
+        local.unregister(prefix)
 
 
 def _slice_decisions(solved: planning.GroupSolve, cluster: str) -> list[dict[str, Any]]:
@@ -287,6 +343,27 @@ def test_a_member_planning_with_its_own_policy_keeps_the_group_planned_apart(
     assert site.decided("east", "low") == [ActionKind.requeue]
 
 
+def test_a_member_whose_scheduler_cannot_pin_a_job_keeps_the_group_planned_apart(
+    site_factory: Callable[..., Site],
+) -> None:
+    """West's scheduler is Kueue, which cannot be told where a job goes: one solve for the
+    group would stop migrations within every member (one config for the group), so the
+    group is planned as with the setting off — each member by its own solve, then the
+    group's moves (east's own solve requeues and starts, the move is dropped)."""
+    site = site_factory()
+    with Session(site.engine) as session:
+        west = session.exec(select(Cluster).where(Cluster.name == "west")).one()
+        west.scheduler = "kueue"
+        session.add(west)
+        session.commit()
+    planned = site.cycle()
+    assert sorted(planned) == ["east", "solo", "west"]
+    for name in ("east", "west"):
+        assert FEDERATION_GROUP_KEY not in site.plan(planned[name]).summary
+    assert site.decided("east", "urgent") == [ActionKind.start]
+    assert site.decided("east", "low") == [ActionKind.requeue]
+
+
 def test_a_member_s_proposal_from_the_group_is_kept_the_next_period(
     site_factory: Callable[..., Site],
 ) -> None:
@@ -355,3 +432,235 @@ def test_an_invalid_group_plan_leaves_its_members_planned_apart(
     assert east.status != "invalid", east.summary["violations"]
     assert site.decided("east", "urgent") == [ActionKind.start]
     assert sorted(site.decided("east", "low")) == [ActionKind.requeue]
+
+
+def _approve_mid_solve(
+    site: Site, monkeypatch: pytest.MonkeyPatch, action_id: int
+) -> list[planning.GroupSolve]:
+    """The next group solve is followed, before anything of it is persisted, by an
+    operator's approval of ``action_id`` (a move proposed by the period before)."""
+    recorded = tasks.solve_group
+    seen: list[planning.GroupSolve] = []
+
+    def solve_then_approve(**kwargs: Any) -> planning.GroupSolve:
+        solved = recorded(**kwargs)
+        if kwargs.get("for_members") and not seen:
+            site.decide(action_id, ActionState.approved)
+        seen.append(solved)
+        return solved
+
+    monkeypatch.setattr(tasks, "solve_group", solve_then_approve)
+    return seen
+
+
+def test_a_move_approved_while_the_group_is_solved_holds_what_conflicts_with_it(
+    site_factory: Callable[..., Site], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """East's urgent job's move to west is proposed; then west fills: a low job runs on
+    west1 and an urgent 8-GPU job waits there. The next solve plans urgent at home (requeue
+    low) and west's urgent job on west1 (requeue wlow), and the operator approves the old
+    move while it runs. The move will run: east does not also start urgent at home, and
+    west does not start its job on the GPUs the move goes to — both held, naming it."""
+    site = site_factory()
+    site.cycle()
+    (move,) = site.moves("east")
+    assert (move.state, move.target_node) == (ActionState.proposed, "west1")
+    west = site.members["west"].cluster
+    west.submit(_report("wlow", 4, 0), timedelta(hours=10))
+    site.clock.now += timedelta(seconds=30)
+    west.submit(_report("wurgent", 8, 1000), timedelta(hours=1))
+    site.clock.now += timedelta(seconds=30)
+    assert site.members["west"].states() == {"wlow": "running", "wurgent": "pending"}
+    seen = _approve_mid_solve(site, monkeypatch, row_id(move))
+    planned = site.cycle()
+    (solved,) = seen
+    # The solve did not see the approval: it plans both urgent jobs where they are.
+    assert {(a.job_id, a.kind.value) for a in solved.plan.actions} >= {
+        ("east/urgent", "start"),
+        ("west/wurgent", "start"),
+    }
+    assert [a.state for a in site.moves("east")] == [ActionState.approved]
+    assert site.decided("east", "urgent") == [ActionKind.move]
+    assert site.decided("east", "low") == []
+    assert site.decided("west", "wurgent") == []
+    assert site.decided("west", "wlow") == []
+    east, west_plan = site.plan(planned["east"]), site.plan(planned["west"])
+    for plan in (east, west_plan):
+        assert plan.status != "invalid", plan.summary["violations"]
+    says = f"job urgent's move from east to west (action {move.id}) was approved while"
+    (urgent,) = (d for d in east.decisions if d["job"] == "urgent" and d["action"] != "move")
+    assert urgent["action"] == "deferred" and says in urgent["message"]
+    (wurgent,) = (d for d in west_plan.decisions if d["job"] == "wurgent")
+    assert wurgent["action"] == "deferred"
+    assert f"GPUs on west1 go to {says}" in wurgent["message"]
+
+
+def test_a_member_that_leaves_the_group_while_it_is_solved_is_planned_alone(
+    site_factory: Callable[..., Site], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """East leaves the group after the solve has planned its urgent job's move to west:
+    the move is not made, and east's plan is not the group's slice — east is planned
+    alone this period (requeue, start), and the next period too."""
+    site = site_factory()
+    recorded = tasks.solve_group
+
+    def solve_then_leave(**kwargs: Any) -> planning.GroupSolve:
+        solved = recorded(**kwargs)
+        with Session(site.engine) as session:
+            federation_service.remove_cluster(
+                session=session, name=GROUP, cluster="east", now=site.clock.now, actor=None
+            )
+        return solved
+
+    monkeypatch.setattr(tasks, "solve_group", solve_then_leave)
+    planned = site.cycle()
+    solves: list[planning.GroupSolve] = site.solves  # type: ignore[attr-defined]
+    (solved,) = solves
+    assert [(m.job, m.to_cluster) for m in solved.moves] == [("urgent", "west")]
+    assert site.moves("east") == []
+    east = site.plan(planned["east"])
+    assert FEDERATION_GROUP_KEY not in east.summary
+    assert site.decided("east", "urgent") == [ActionKind.start]
+    assert site.decided("east", "low") == [ActionKind.requeue]
+    assert site.plan(planned["west"]).summary[FEDERATION_GROUP_KEY] == GROUP
+    # The next period: a group of one is no group; east's own proposal is kept.
+    site.clock.now += timedelta(seconds=30)
+    after = site.cycle()
+    assert len(solves) == 1
+    assert after["east"] == planned["east"]
+    assert FEDERATION_GROUP_KEY not in site.plan(after["west"]).summary
+
+
+def test_a_rejected_move_is_not_made_again_and_the_job_is_planned_at_home(
+    site_factory: Callable[..., Site],
+) -> None:
+    """An operator rejects the group's move of east's urgent job: the next solve does not
+    move it to west again (that would leave it waiting, every period), east's slice starts
+    it at home instead."""
+    site = site_factory()
+    site.cycle()
+    (move,) = site.moves("east")
+    site.decide(row_id(move), ActionState.rejected)
+    site.clock.now += timedelta(seconds=30)
+    planned = site.cycle()
+    solves: list[planning.GroupSolve] = site.solves  # type: ignore[attr-defined]
+    assert solves[-1].moves == []
+    assert f"its move to west (action {move.id}) was rejected" in solves[-1].stays["east/urgent"]
+    assert [a.state for a in site.moves("east")] == [ActionState.rejected]
+    east = site.plan(planned["east"])
+    assert east.summary[FEDERATION_GROUP_KEY] == GROUP and east.state == "proposed"
+    assert site.decided("east", "urgent") == [ActionKind.move, ActionKind.start]
+    assert site.decided("east", "low") == [ActionKind.requeue]
+
+
+def _refuse(step: dict[str, Any]) -> dict[str, Any]:
+    """West's answer to a submit: it cannot run the job."""
+    answer = {key: step[key] for key in ("action_id", "key", "generation")}
+    return {
+        **answer,
+        "ok": False,
+        "error": "submit: west cannot run it",
+        "executor": "connector.west",
+    }
+
+
+def test_enforced_a_move_that_fails_leaves_the_job_home_and_the_next_period_starts_it(
+    site_factory: Callable[..., Site],
+) -> None:
+    """Both members enforce: the group's move of urgent to west is dispatched and west
+    refuses the job. Meanwhile east's plan stopped nothing for it; the next period's solve
+    does not move it there again, and east's slice, dispatched, starts it at home."""
+    site = site_factory(mode=ShapingMode.enforce)
+    site.members["west"].faults["submit"] = _refuse
+    first = site.cycle()
+    (move,) = site.moves("east")
+    assert move.state == ActionState.approved and move.decided_by == "shaper"
+    assert site.decided("east", "low") == []
+    assert site.plan(first["east"]).status != "invalid"
+    site.run_sagas()
+    (move,) = site.moves("east")
+    assert move.state == ActionState.compensated, move.error
+    assert site.members["east"].states() == {"low": "running", "urgent": "pending"}
+    site.later(timedelta(minutes=11))  # past the dwell of the failed move
+    second = site.cycle()
+    east = site.plan(second["east"])
+    assert east.summary[FEDERATION_GROUP_KEY] == GROUP and east.state == "approved", (
+        east.decisions,
+        site.solves[-1].stays,  # type: ignore[attr-defined]
+    )
+    assert [a.state for a in site.moves("east")] == [ActionState.compensated]
+    assert site.decided("east", "urgent") == [ActionKind.move, ActionKind.start]
+    site.run_sagas()
+    assert site.members["east"].states() == {"low": "pending", "urgent": "running"}
+
+
+def test_enforced_a_job_moved_in_is_dispatched_and_the_stop_for_it_comes_once_it_is_there(
+    site_factory: Callable[..., Site],
+) -> None:
+    """Both members enforce. West's urgent job is moved onto east's node, dispatched and
+    carried out (held at west, submitted to east, confirmed, cancelled at west); east's
+    stop of its low job for it is held meanwhile. Once the job has arrived, east's next
+    slice requeues low and starts it, dispatched: it runs at east, once."""
+    site = site_factory(mode=ShapingMode.enforce, incoming=True)
+    site.cycle()
+    (move,) = site.moves("west")
+    assert move.state == ActionState.approved
+    assert site.decided("east", "low") == []
+    site.run_sagas()
+    (move,) = site.moves("west")
+    assert move.state == ActionState.succeeded, move.error
+    assert site.members["west"].states() == {"resident": "running", "wurgent": "cancelled"}
+    assert site.members["east"].states() == {"low": "running", "east-in1": "pending"}
+    site.clock.now += timedelta(seconds=30)
+    planned = site.cycle()
+    east = site.plan(planned["east"])
+    assert east.summary[FEDERATION_GROUP_KEY] == GROUP and east.state == "approved"
+    assert site.decided("east", "low") == [ActionKind.requeue]
+    assert site.decided("east", "east-in1") == [ActionKind.start]
+    site.run_sagas()
+    assert site.members["east"].states() == {"low": "pending", "east-in1": "running"}
+    assert site.members["west"].states() == {"resident": "running", "wurgent": "cancelled"}
+
+
+def test_a_kept_move_proposal_goes_where_the_latest_plan_puts_the_job(
+    site_factory: Callable[..., Site],
+) -> None:
+    """A move still proposed is kept when the next plan makes it again, and follows that
+    plan's target nodes: the members' slices of the plan leave those free for it, not the
+    ones the period before planned (found on the demo's clusters: a kept move's node was
+    given to a member's own start)."""
+    site = site_factory()
+    site.cycle()
+    (move,) = site.moves("east")
+    assert move.target_node == "west1"
+    (solved,) = site.solves  # type: ignore[attr-defined]
+    elsewhere = dataclasses.replace(
+        solved, moves=[m.model_copy(update={"nodes": ["west2"]}) for m in solved.moves]
+    )
+    with Session(site.engine, expire_on_commit=False) as session:
+        outcome = propose_moves(session=session, group=GROUP, now=site.now(), solved=elsewhere)
+    assert outcome.kept == 1 and outcome.proposed == [] and outcome.superseded == 0
+    (kept,) = site.moves("east")
+    assert (kept.id, kept.state, kept.target_node) == (move.id, ActionState.proposed, "west2")
+    assert "west has 4 GPUs for it on west2" in kept.reason
+
+
+def test_no_new_move_overbooks_the_node_a_move_under_way_goes_to(
+    site_factory: Callable[..., Site],
+) -> None:
+    """East's urgent job's move to west1 is approved and not carried out yet; west's
+    snapshot does not show the job, so the next solve also moves east's new 8-GPU job onto
+    west1. It is not made: west1 has 8 GPUs, not 12 (a move onto GPUs that fit is made)."""
+    site = site_factory()
+    site.cycle()
+    (move,) = site.moves("east")
+    site.decide(row_id(move), ActionState.approved)
+    site.members["east"].cluster.submit(_report("big", 8, 1000), timedelta(hours=1))
+    site.clock.now += timedelta(seconds=30)
+    site.cycle()
+    solves: list[planning.GroupSolve] = site.solves  # type: ignore[attr-defined]
+    assert [(m.job, m.to_cluster, m.nodes) for m in solves[-1].moves] == [
+        ("big", "west", ["west1"])
+    ]
+    assert [(a.id, a.state) for a in site.moves("east")] == [(move.id, ActionState.approved)]
+    assert site.decided("west", "big") == [] and site.decided("east", "big") == []
