@@ -12,16 +12,18 @@ uvicorn in a process of its own; Debian's Chromium loads the dashboard.
 Prints, per cluster: ``GET /nodes/map`` timed alone (median of ``--repeats`` reads from
 this process) and its payload; then, in the browser (median of ``--repeats`` loads), the
 same read as the page saw it, the time from choosing the map to its first rows painted
-(first render) and to every row drawn. For the overview: the first contentful paint and
-the cards drawn on a fresh load (the first animation frame with them, noted by the page
-itself: nothing of Playwright's runs in the page before it) with when ``main.js`` was in
-and when ``GET /overview`` left and was answered, and the view drawn again when
-navigated to, beside ``GET /overview`` alone. Then every other page (``--views``), each
-navigated to from the page before it, first (its code fetched too) and again: the time
-until the view stopped changing, taken apart into its code's fetch, the time with one of
-its API reads outstanding and the rest (the page's own script and layout, mostly), beside
-each read timed alone from this process (median ms, body bytes, gzip-1 bytes as the server
-sends them). Figures only: nothing here asserts a time.
+(first render) and to every row drawn. The map is chosen once the overview is drawn and
+the page quiet: by then the page has fetched the map's code in idle time (main.ts), so the
+first render waits for the read, not for ``map.js``. For the overview: the first
+contentful paint and the cards drawn on a fresh load (the first animation frame with them,
+noted by the page itself: nothing of Playwright's runs in the page before it) with when
+``main.js`` was in and when ``GET /overview`` left and was answered, and the view drawn
+again when navigated to, beside ``GET /overview`` alone. Then every other page
+(``--views``), each navigated to from the page before it, first (its code fetched too) and
+again: the time until the view stopped changing, taken apart into its code's fetch, the
+time with one of its API reads outstanding and the rest (the page's own script and layout,
+mostly), beside each read timed alone from this process (median ms, body bytes, gzip-1
+bytes as the server sends them). Figures only: nothing here asserts a time.
 
     python -m bench.dashboard [--nodes 1250] [--jobs 100000] [--repeats 3] [--backend sqlite]
         [--views jobs,job,actions,policies,simulations,federation,forecasts]

@@ -69,15 +69,16 @@ def test_a_page_whose_code_does_not_load_says_so_and_retry_shows_it(
     page: Page, site: dict[str, Any]
 ) -> None:
     """Navigated to from the overview: the overview goes, the alert names the page and its
-    file; once the file can be fetched, Retry shows the map."""
+    file; once the file can be fetched, Retry shows the map. (Refused from the start: the
+    overview, once drawn, asks for the map's code in idle time.)"""
+    map_code = re.compile(r"/static/dist/map\.js$")
+    page.route(map_code, _refused)
     page.goto(f"{site['base']}/#token={site['tokens']['viewer']}")
     expect(page.locator(".card")).to_have_count(1)
     alert = page.get_by_role("alert")
     expect(alert).to_be_hidden()
     asked: list[str] = []
     page.on("request", lambda request: asked.append(request.url))
-    map_code = re.compile(r"/static/dist/map\.js$")
-    page.route(map_code, _refused)
 
     page.get_by_role("link", name="Nodes & GPUs").click()
     expect(alert).to_be_visible()

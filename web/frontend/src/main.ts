@@ -2,7 +2,7 @@
 // Loaded by app.js (boot.ts), which has begun the first page's reads: start() takes them.
 
 import { adoptReads, api, dropReads, isAbort, session, Unauthorized } from "./api";
-import { $, esc, select } from "./dom";
+import { $, count, esc, select } from "./dom";
 import { fillClusterFilter, followWidth, readFiguresEarly, redrawChart, showOverview } from "./overview";
 import type { Begun } from "./boot";
 import type { Cluster, Policy } from "./types";
@@ -284,6 +284,21 @@ select("#idle-cluster").addEventListener("change", () => run(async () => (await 
 window.addEventListener("hashchange", () => {
   if (session.token) route();
 });
+// The overview drawn, the cluster map's code is fetched (and Intl's locale data loaded) in
+// idle time, once: a first visit to the map then waits for its read alone, not for its code.
+document.addEventListener(
+  "overview-drawn",
+  () => {
+    const warm = (): void => {
+      count.format(0);
+      mapCode.get().catch(() => undefined); // fetched again when the map is shown
+    };
+    // Safari has no requestIdleCallback.
+    if (typeof requestIdleCallback === "function") requestIdleCallback(warm, { timeout: 2_000 });
+    else setTimeout(warm, 0);
+  },
+  { once: true },
+);
 followWidth();
 
 /** Called by app.js (boot.ts) with the token it found (in the URL fragment or this tab's

@@ -14,7 +14,7 @@
 // no style attribute (an inline style is a stylesheet parsed per element, five times the
 // rest of a cell's markup), but a class for its colour (c0, c1 …, rules in a constructed
 // stylesheet) and one for its measured-busy band (u0 … u14, style.css). The
-// first rows are painted before the rest are put in, a chunk per task after that frame.
+// first rows are painted before the rest are put in, a short chunk per task after that frame.
 //
 // The map is an ARIA grid (a row per node, a gridcell per GPU) that the keyboard moves
 // through (map_grid.ts); activating a cell, by click, Enter or Space, opens the page of
@@ -38,9 +38,12 @@ const request = new Latest();
 let shown: ClusterMap | null = null;
 // Its nodes by name, for the cell a click or key activates.
 let shownNodes = new Map<string, MapNode>();
-// Rows drawn with the reply, and then per task until every node is drawn.
+// Rows drawn with the reply; then, per task until every node is drawn, STEP_ROWS at a
+// time for as long as CHUNK_MS allows (made, not yet parsed: about as long again), so that
+// a task stays short on a loaded machine and the frames after the first rows come soon.
 const FIRST_ROWS = 60;
-const CHUNK_ROWS = 200;
+const STEP_ROWS = 20;
+const CHUNK_MS = 5;
 // Which draw is the latest: an older one's remaining chunks stop.
 let drawing = 0;
 // The most legend entries drawn (colouring by job at 1,000 nodes means thousands of jobs).
@@ -154,8 +157,13 @@ export function drawMap(whole = false): void {
   const more = (): void => {
     if (mine !== drawing) return;
     if (next < map.nodes.length) {
-      view.insertAdjacentHTML("beforeend", rows(next, next + CHUNK_ROWS));
-      next += CHUNK_ROWS;
+      const until = performance.now() + CHUNK_MS;
+      let html = "";
+      do {
+        html += rows(next, next + STEP_ROWS);
+        next += STEP_ROWS;
+      } while (next < map.nodes.length && performance.now() < until);
+      view.insertAdjacentHTML("beforeend", html);
       // The tab stop may be remembered on a row just put in (a redraw of another colouring).
       placeTabStop(view);
       window.setTimeout(more, 0);
@@ -326,7 +334,7 @@ function cell(
   const job = holder == null ? null : map.jobs[holder];
   const util = node.util[index];
   const memory = node.mem_used_gib[index];
-  const mark = marks.get(`${node.name}/${index}`);
+  const mark = marks.size ? marks.get(`${node.name}/${index}`) : undefined;
   const classes = ["gpu"];
   if (job) classes.push("busy", `c${colour.get(keyOf(job, by))}`);
   // The measured busy fraction as a dark band rising from the cell's foot (style.css).

@@ -7,7 +7,7 @@
 // data did, keeping its zoom and its tooltip.
 
 import { api, Latest } from "./api";
-import { $, COLORS, count, esc, select } from "./dom";
+import { $, COLORS, esc, grouped, select } from "./dom";
 import { Poller, redraw } from "./refresh";
 import type {
   Cluster,
@@ -60,6 +60,9 @@ async function load(clusters: Cluster[] | null, refreshing: boolean): Promise<vo
     await Promise.allSettled([figures]);
     await Promise.all([figures, showChart(refreshing), showReplay()]);
   } finally {
+    // Said once the page is drawn (or has failed): main.ts then fetches the cluster map's
+    // code in idle time.
+    if (!refreshing) document.dispatchEvent(new Event("overview-drawn"));
     poller.schedule();
   }
 }
@@ -175,13 +178,13 @@ const plural = (n: number, one: string, many: string): string => (n === 1 ? one 
 
 function figureList(f: GpuFigures, key: string): string {
   const item = (label: string, name: keyof GpuFigures, unit = "", extra = ""): string =>
-    `<div><dt>${label}</dt><dd><span data-figure="${name}">${count.format(f[name])}</span>${unit}${extra}</dd></div>`;
+    `<div><dt>${label}</dt><dd><span data-figure="${name}">${grouped(f[name])}</span>${unit}${extra}</dd></div>`;
   return `<dl class="figures" data-figures="${esc(key)}">
-    ${item("Allocated", "allocated", ` / ${count.format(f.gpus)} GPUs`)}
+    ${item("Allocated", "allocated", ` / ${grouped(f.gpus)} GPUs`)}
     ${item("Free", "free", " GPUs")}
-    ${item("Idle but allocated", "idle_allocated", " GPUs", f.unmeasured_allocated ? ` <span class="hint">(+<span data-figure="unmeasured_allocated">${count.format(f.unmeasured_allocated)}</span> unmeasured)</span>` : "")}
-    ${item("Pending", "pending_jobs", plural(f.pending_jobs, " job", " jobs"), ` · <span data-figure="pending_gpus">${count.format(f.pending_gpus)}</span> GPUs`)}
-    ${item("Awaiting approval", "awaiting_approval_actions", plural(f.awaiting_approval_actions, " action", " actions"), ` · <span data-figure="awaiting_approval_plans">${count.format(f.awaiting_approval_plans)}</span>${plural(f.awaiting_approval_plans, " plan", " plans")}`)}
+    ${item("Idle but allocated", "idle_allocated", " GPUs", f.unmeasured_allocated ? ` <span class="hint">(+<span data-figure="unmeasured_allocated">${grouped(f.unmeasured_allocated)}</span> unmeasured)</span>` : "")}
+    ${item("Pending", "pending_jobs", plural(f.pending_jobs, " job", " jobs"), ` · <span data-figure="pending_gpus">${grouped(f.pending_gpus)}</span> GPUs`)}
+    ${item("Awaiting approval", "awaiting_approval_actions", plural(f.awaiting_approval_actions, " action", " actions"), ` · <span data-figure="awaiting_approval_plans">${grouped(f.awaiting_approval_plans)}</span>${plural(f.awaiting_approval_plans, " plan", " plans")}`)}
     ${f.gpus_down ? item("Down", "gpus_down", " GPUs") : ""}
   </dl>`;
 }
