@@ -20,8 +20,9 @@ Constraints, each the model form of a ``solver.validate`` rule (numbers as there
    job may *gain* on a node; on any other node it keeps at most what it holds;
 4. gangs: a block job holds all its replicas or none; a started or moved one within one
    cluster and on at most ``max_nodes`` nodes (a kept placement is exempt, as in validate);
-5. movement: ``moved`` only for a checkpointable job out of its cooldown and under its
-   SLA's migrations per day, within its cluster; at most ``max_migrations_per_cycle`` moves;
+5. movement: ``moved`` only for a checkpointable, ``migratable`` job out of its cooldown
+   and under its SLA's migrations per day, within its cluster; at most
+   ``max_migrations_per_cycle`` moves;
 6. stopping: ``stopped`` only for a preemptible job under its preemptions per day; at most
    ``max_preemptions_per_cycle`` stops; per team, GPUs stopped at most the GPUs it held
    above its guarantee plus the GPUs it starts or grows (validate's guarantee rule);
@@ -246,6 +247,7 @@ class ExactModel:
         migrations = policy.max_migrations_per_day
         if (
             not job.checkpointable
+            or not job.migratable  # it moves only within its cluster here (validate rule 5)
             or cooling
             or (migrations is not None and job.migrations_today >= migrations)
         ):

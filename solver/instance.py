@@ -31,6 +31,10 @@ its instance. A GPU with instances is held by them and never by a whole-GPU job 
 running instances may not overlap and start only where their profile may.
 ``solver.greedy.mig_placement`` plans pending ones after the rest.
 
+A job whose scheduler cannot be told where it goes (``migratable`` False) is never moved
+to another node of its own cluster, whatever ``SolverConfig.migration`` says: one config
+serves a federation group whose members' schedulers differ.
+
 Shaper's own recent actions on a job (``last_acted_at``, ``actions_last_hour``) and a saga
 in flight (``locked``) *freeze* it for a while (:meth:`Instance.is_frozen`): every policy
 leaves a frozen job exactly as it is, so plans over consecutive cycles act as one instead of
@@ -173,6 +177,13 @@ class Job(_Frozen):
     gpu_indices: dict[str, tuple[int, ...]] | None = None
     expected_runtime_s: float | None = Field(default=None, ge=0, description="walltime estimate")
     checkpointable: bool = False
+    migratable: bool = Field(
+        default=True,
+        description="may be moved to another node of its cluster by a migration; False: its "
+        "scheduler cannot be told where it goes (Kueue, Ray): it may still be preempted or "
+        "requeued, and moved to another cluster its ``clusters`` lists where "
+        "config.cross_cluster_migration allows (the target's scheduler places it)",
+    )
     checkpoint_size_mib: int | None = Field(default=None, ge=0)
     last_checkpoint_time: float | None = None
     preemptible: bool | None = Field(default=None, description="None = the SLA policy decides")

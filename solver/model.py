@@ -141,8 +141,8 @@ class Reserve:
 class Evacuation:
     """Identical evacuable nodes of one pool: same size, free GPUs and movable residents.
 
-    Evacuating one moves all its residents (checkpointable single-node jobs) elsewhere in
-    the same node group, which turns a partly used node into a whole free one.
+    Evacuating one moves all its residents (checkpointable, ``migratable`` single-node jobs)
+    elsewhere in the same node group, which turns a partly used node into a whole free one.
     """
 
     index: int

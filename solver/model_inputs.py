@@ -8,7 +8,8 @@ engine once its state is the base (``GreedyEngine.rebase``).
 * Classes of candidates and of the services' missing replicas; pools of the base's free
   capacity; look-ahead reserves and each class's reserves; team room under quota caps
   and the GPUs a team must start for its guarantee; the migration budget the greedy left.
-* Evacuations: kinds of partly used nodes whose residents may all still move.
+* Evacuations: kinds of partly used nodes whose residents may all still move within their
+  cluster (``migratable``).
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ def evacuations(engine: GreedyEngine, pools: list[Pool], budget: int) -> list[Ev
             continue
         group = state.compat.group_of_node[node_index]
         jobs = [instance.job_by_id[job_id] for job_id in residents]
+        # Residents move within the group (its cluster): a job that is not ``migratable``
+        # may move only to another cluster, which the model does not plan.
         if not all(
-            engine.may_move(job.id) and group in state.compat.groups_for(job) for job in jobs
+            job.migratable and engine.may_move(job.id) and group in state.compat.groups_for(job)
+            for job in jobs
         ):
             continue
         pool = pool_by_group.get(group)

@@ -189,15 +189,17 @@ class ClusterState:
 
     def move_tiers(self, job: Job, groups: list[int], nodes: Iterable[int]) -> list[list[int]]:
         """Where running ``job`` on ``nodes`` may move, the tiers tried in order: its own
-        cluster's ``groups`` (unless only ``config.cross_cluster_migration`` is on), then, with
-        ``config.cross_cluster_migration``, those of the other clusters the job's
-        ``clusters`` lists (None lists none: a move to another cluster is a checkpoint, a
-        transfer over the group's link and a resubmission, so it comes after any at home
-        and only where the federation said it could be carried out)."""
+        cluster's ``groups`` (unless only ``config.cross_cluster_migration`` is on, or the job
+        is not ``migratable``), then, with ``config.cross_cluster_migration``, those of the
+        other clusters the job's ``clusters`` lists (None lists none: a move to another
+        cluster is a checkpoint, a transfer over the group's link and a resubmission, so it
+        comes after any at home and only where the federation said it could be carried out)."""
         config = self.instance.config
         home = self.in_cluster_of(groups, nodes)
-        # ``cross_cluster_migration`` without ``migration``: moves to other clusters only.
-        across_only = config.cross_cluster_migration and not config.migration
+        # ``cross_cluster_migration`` without ``migration``, or a job whose scheduler cannot
+        # be told where it goes: moves to other clusters only.
+        within = config.migration or not config.cross_cluster_migration
+        across_only = not (within and job.migratable)
         tiers = [] if across_only else [home]
         if config.cross_cluster_migration and job.clusters is not None:
             away = [g for g in groups if g not in home]

@@ -13,7 +13,9 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
 5. movement: a non-checkpointable running job keeps its placement or stops; a moved job
    stays in its cluster unless its ``clusters`` lists the other one (a federation group's
    plan: ``solver.federation.federate``), and then goes from one node to one node (the
-   move's saga checkpoints one node and stages on one); it respects the per-cycle
+   move's saga checkpoints one node and stages on one); a job that is not ``migratable``
+   (its scheduler cannot be told where it goes) does not move within its cluster, not
+   even to another GPU of its node; a moved job respects the per-cycle
    budget, the cooldown and its SLA's migrations per day;
 6. stopping: a stopped job is preemptible, under its preemptions per day, within the
    per-cycle preemption cap, and no team loses GPUs within its guarantee to others;
@@ -226,6 +228,13 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
                     bad("movement", job.id, "moved to another cluster, not in its clusters")
                 elif len(before) != 1 or len(after) != 1:
                     bad("movement", job.id, "moved to another cluster off or onto several nodes")
+            elif not job.migratable:
+                bad(
+                    "movement",
+                    job.id,
+                    "moved within its cluster, whose scheduler cannot be told where it goes "
+                    "(not migratable)",
+                )
             if (
                 job.last_moved_at is not None
                 and instance.now - job.last_moved_at < config.migration_cooldown_s

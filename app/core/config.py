@@ -80,8 +80,8 @@ class Settings(BaseSettings):
     # planned alone, then the group solved again for its cross-cluster moves only. On by
     # default since 2026-12-05 (README, "One solve per group": on the demo's clusters in
     # one group, one solve instead of four a period and no move onto GPUs a member's own
-    # plan gives to other work); a group with a member whose scheduler cannot be told
-    # where a job goes is still planned apart (it would lose migrations within members).
+    # plan gives to other work); a member whose scheduler cannot be told where a job goes
+    # (Kueue, Ray) is solved with the rest, its jobs never moved within it (Job.migratable).
     federation_solve_once: bool = True
     # Requests that may use the database served at once by each process; the rest wait
     # their turn (app.core.admission). Below the 15 pooled connections a process has (5 +

@@ -375,9 +375,10 @@ def solve_group(
 
     ``for_members``: the solve is the members' own plans too (``member_plan``; the
     shaping cycle with ``Settings.federation_solve_once``): it also migrates within a
-    cluster (unless a member's scheduler cannot be told where a job goes), and no job
-    moves to or from a member in ``observe`` mode (it only plans: such a move could never
-    be made); a member whose policy is not the group's (``POLICY``) is refused
+    cluster (but not the jobs of a member whose scheduler cannot be told where a job goes:
+    they are not ``migratable``; they may still be stopped, or moved to another member),
+    and no job moves to or from a member in ``observe`` mode (it only plans: such a move
+    could never be made); a member whose policy is not the group's (``POLICY``) is refused
     (``Invalid``: its own plan would not be made by its own policy). ``only``: the members
     planned (the others' cycles failed this period); None: all.
 
@@ -404,18 +405,6 @@ def solve_group(
             f"federation group {name!r} has {len(clusters)} cluster(s): add at least two",
             field="group",
         )
-    # One config for the group: a member whose scheduler cannot be told where a job goes
-    # would turn off migrations within every member, which their own solves make.
-    unpinnable = sorted(
-        f"{c.name} ({c.scheduler})" for c in clusters if not moves_jobs(c.scheduler)
-    )
-    if for_members and unpinnable:
-        raise Invalid(
-            f"federation group {name!r}: {', '.join(unpinnable)} cannot be told where a job "
-            "goes, and one solve for the group would stop migrations within every member: "
-            "its members are planned apart",
-            field="group",
-        )
     measured = measured_link(session, [row_id(c) for c in clusters])
     bandwidth = (
         measured.bandwidth_mib_per_s
@@ -428,9 +417,10 @@ def solve_group(
         inter_cluster_egress_gpu_s_per_gib=group.inter_cluster_egress_gpu_s_per_gib,
     )
     # Alone, each member's own cycle migrates within it; planned for the members, the
-    # group's one solve does, where every member's scheduler can be told where a job goes
-    # (one config for the group: ``snapshot.to_instance`` turns it off per cluster).
-    within = for_members  # every member moves jobs (checked above)
+    # group's one solve does. One config serves the group: the jobs of a member whose
+    # scheduler cannot be told where a job goes (Kueue, Ray) are not ``migratable``
+    # (``snapshot.to_instance``), so they never move within it, while the others' do.
+    within = for_members
     config = SolverConfig(
         migration=within,
         cp_sat_migration=within,

@@ -489,6 +489,10 @@ def to_instance(
         for row in snapshot.jobs
         if row.shape == JobShape.elastic
     }
+    # A scheduler that cannot be told where a job goes (Kueue, Ray): a planned move within
+    # the cluster could only fail, after its checkpoint had stopped the job. Per job, so
+    # that a federation group's one solve keeps migrating within its other members.
+    pinnable = moves_jobs(snapshot.scheduler)
     jobs = tuple(
         job
         for row in snapshot.jobs
@@ -503,6 +507,7 @@ def to_instance(
                 pins,
                 forecasts.get(row.id, ()),
                 runtimes.get(row.id),
+                migratable=pinnable,
             )
         )
         is not None
@@ -524,9 +529,10 @@ def to_instance(
     # count, so a placement-only resize would change nothing and the start waiting on it
     # would fail (the simulator, which places replicas itself, plans with them).
     config = (config or si.SolverConfig()).model_copy(update={"replica_moves": False})
-    if not moves_jobs(snapshot.scheduler):
-        # The scheduler cannot be told where a job goes: a planned move could only fail,
-        # after its checkpoint had stopped the job.
+    if not pinnable:
+        # Planned alone, its jobs' flag says as much; the config says it too, so that the
+        # cluster's plans stay byte for byte those it had before the flag (with migration
+        # on, the greedy would still look for moves and find none).
         config = config.model_copy(update={"migration": False, "cp_sat_migration": False})
     return si.Instance(
         now=now,
@@ -556,6 +562,8 @@ def _solver_job(
     pins: dict[frozenset[str], str] | None = None,
     forecast: tuple[int, ...] = (),
     runtime: float | None = None,
+    *,
+    migratable: bool = True,
 ) -> si.Job | None:
     placement: dict[str, int] = {}
     indices: dict[str, tuple[int, ...]] = {}
@@ -605,6 +613,7 @@ def _solver_job(
         gpu_indices=indices or None,
         expected_runtime_s=runtime,
         checkpointable=row.checkpointable,
+        migratable=migratable,
         last_moved_at=row.last_moved_at.timestamp() if row.last_moved_at else None,
         migrations_today=row.migrations_today,
         preemptions_today=row.preemptions_today,

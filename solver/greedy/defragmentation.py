@@ -10,8 +10,10 @@ Movable: a running, checkpointable, single-node block job, not frozen, off its m
 cooldown and under its team's daily migration limit; it is moved at most once a cycle.
 It moves within its cluster (``config.migration``), else, with
 ``config.cross_cluster_migration``, to one node of another cluster its ``clusters`` lists
-(a federation group's plan); with only the latter, only such jobs are movable. A move to
-another cluster is always a trade (``_pays``, at ``migration_seconds(across=True)``).
+(a federation group's plan); with only the latter, only such jobs are movable, and so is a
+job that is not ``migratable`` (its scheduler cannot be told where it goes) whatever the
+config. A move to another cluster is always a trade (``_pays``, at
+``migration_seconds(across=True)``).
 
 Relocatable (``move_replicas``): a service's replicas on a node being cleared (emptied
 for a gang, or made room on for a job that fits one node) restart on other nodes, as many
@@ -107,11 +109,12 @@ class Defragmentation:
 
     def _in_scope(self, job: Job) -> bool:
         """Whether the config lets ``job`` move at all: any move (``migration``), or only
-        to another cluster its ``clusters`` lists (``cross_cluster_migration`` alone)."""
+        to another cluster its ``clusters`` lists (``cross_cluster_migration`` alone, or a
+        job that is not ``migratable``: its scheduler cannot be told where it goes)."""
         config = self.ledger.config
-        if config.migration or not config.cross_cluster_migration:
+        if job.migratable and (config.migration or not config.cross_cluster_migration):
             return True  # as the greedy's options say (``migrate``)
-        if job.clusters is None:
+        if not config.cross_cluster_migration or job.clusters is None:
             return False
         nodes = self.ledger.instance.node_by_name
         return bool(job.clusters - {nodes[n].cluster for n in job.placement})

@@ -12,8 +12,8 @@ An instance with fractional jobs is planned in three steps (:func:`plan_with_sha
    on the node and GPU where the node's fragmentation for the typical shapes grows least
    (FGD's score, ``solver.fragmentation``; ties: the first node in the instance's order,
    then the lowest GPU index). A job that fits nowhere, with ``config.migration`` on, gets
-   room by a repack of a node's checkpointable fractional jobs onto its other GPUs (a
-   migration each, within what the plan left of ``max_migrations_per_cycle``). The
+   room by a repack of a node's checkpointable, migratable fractional jobs onto its other
+   GPUs (a migration each, within what the plan left of ``max_migrations_per_cycle``). The
    plan's ``gpu_indices`` name every fractional job's GPU; a move within a node is a
    ``migrate`` action whose reason names both GPUs.
 
@@ -236,7 +236,9 @@ class _Completion:
 
     def _may_move(self, job: Job) -> bool:
         instance = self.instance
-        if not job.checkpointable or instance.is_frozen(job) or job.id in self.moved:
+        # Not ``migratable``: even another GPU of its node is its scheduler's to choose.
+        movable = job.checkpointable and job.migratable
+        if not movable or instance.is_frozen(job) or job.id in self.moved:
             return False
         config = instance.config
         if (

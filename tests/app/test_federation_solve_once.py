@@ -40,13 +40,37 @@ from app.jobs.models import Job
 from app.plans.models import Plan
 from app.shaping import cycle, snapshot, tasks
 from app.shaping.cycle import FEDERATION_GROUP_KEY
+from connectors.sim import SimExecutors
 from tests.app.test_federation_moves import GROUP, T0, Clock, Group, Member
 from tests.app.test_federation_moves import _report as moves_report
+from tests.app.test_node_drain import _sim as two_node_cluster
 from wire.telemetry import JobReport
 
 
 def _report(job_id: str, gpus: int, priority: int) -> JobReport:
     return moves_report(job_id, gpus).model_copy(update={"priority": priority})
+
+
+class TwoNodes(Member):
+    """A member with two 8-GPU nodes, so that a job can move to another node of it."""
+
+    def __init__(
+        self, engine: Engine, tmp_path: Path, name: str, clock: Clock, mode: ShapingMode
+    ) -> None:
+        super().__init__(engine, tmp_path, name, clock, mode)
+        self.cluster = two_node_cluster(name, clock)
+        self.executors = SimExecutors(self.cluster, state_dir=tmp_path / name)
+
+
+def _fragmented(member: Member) -> None:
+    """Half of each node held by a checkpointable job (``a`` on node 1, ``b`` on node 2)
+    and an 8-GPU job waiting: it starts only once one of them moves to the other node."""
+    cluster = member.cluster
+    cluster.submit(_report("a", 4, 10), timedelta(hours=10))
+    cluster.submit(_report("x", 4, 10), timedelta(hours=10))  # fills node 1 ...
+    cluster.submit(_report("b", 4, 10), timedelta(hours=10))
+    cluster.cancel("x")  # ... until b has gone to node 2
+    cluster.submit(_report("gang", 8, 10), timedelta(hours=1))
 
 
 class Site:
@@ -152,12 +176,17 @@ def site_factory(
         running: bool = False,
         west_full: bool = False,
         incoming: bool = False,
+        fragmented: bool = False,
     ) -> Site:
         settings = get_settings().model_copy(update={"federation_solve_once": once})
         monkeypatch.setattr(tasks, "get_settings", lambda: settings)
         clock = Clock()
         modes = {"east": mode, "west": west_mode or mode, "solo": ShapingMode.advise}
-        members = {n: Member(committed_engine, tmp_path, n, clock, m) for n, m in modes.items()}
+        kinds = {"east": TwoNodes, "west": TwoNodes} if fragmented else {}
+        members = {
+            n: kinds.get(n, Member)(committed_engine, tmp_path, n, clock, m)
+            for n, m in modes.items()
+        }
         for member in members.values():
             for prefix in member.executors.queues():
                 local.register(prefix, member.handle)
@@ -171,7 +200,10 @@ def site_factory(
                     session=session, name=GROUP, cluster=name, now=T0, actor=None
                 )
         east, west = members["east"].cluster, members["west"].cluster
-        if incoming:  # west full with an urgent job waiting; east's node held by low work
+        if fragmented:  # both members alike
+            _fragmented(members["east"])
+            _fragmented(members["west"])
+        elif incoming:  # west full with an urgent job waiting; east's node held by low work
             east.submit(_report("low", 8, 0), timedelta(hours=10))
             full = _report("resident", 8, 10).model_copy(update={"checkpointable": False})
             west.submit(full, timedelta(hours=10))
@@ -191,7 +223,9 @@ def site_factory(
         members["solo"].cluster.submit(_report("urgent", 4, 1000), timedelta(hours=1))
         clock.now = T0 + timedelta(minutes=10)
         expected = (
-            {"low": "running"}
+            {"a": "running", "b": "running", "x": "cancelled", "gang": "pending"}
+            if fragmented
+            else {"low": "running"}
             if incoming
             else {"small": "running", "gang": "pending"}
             if running
@@ -343,25 +377,52 @@ def test_a_member_planning_with_its_own_policy_keeps_the_group_planned_apart(
     assert site.decided("east", "low") == [ActionKind.requeue]
 
 
-def test_a_member_whose_scheduler_cannot_pin_a_job_keeps_the_group_planned_apart(
+def _migrations_within(site: Site, plan_id: int, cluster: str) -> list[tuple[str, str, str]]:
+    """(job, from, to) of every migration of the plan from a node of ``cluster`` to another."""
+    nodes = {f"{cluster}1", f"{cluster}2"}
+    return [
+        (d["job"], d["from"], d["to"])
+        for d in site.plan(plan_id).decisions
+        if d["action"] == "migrate" and {d["from"], d["to"]} <= nodes
+    ]
+
+
+def test_a_member_whose_scheduler_cannot_pin_a_job_is_solved_with_its_group(
     site_factory: Callable[..., Site],
 ) -> None:
-    """West's scheduler is Kueue, which cannot be told where a job goes: one solve for the
-    group would stop migrations within every member (one config for the group), so the
-    group is planned as with the setting off — each member by its own solve, then the
-    group's moves (east's own solve requeues and starts, the move is dropped)."""
-    site = site_factory()
+    """West's scheduler is Kueue, which cannot be told where a job goes: the group is still
+    solved once, and migrations within its members go on where they can be made. Both
+    members hold the same fragmented jobs (an 8-GPU job waits while two checkpointable
+    4-GPU jobs hold half of each node): east moves one of its jobs to the other node and
+    starts the waiting one; west's jobs are never moved within west (they are not
+    ``migratable``: its scheduler would put a resubmitted job where it likes)."""
+    site = site_factory(fragmented=True)
     with Session(site.engine) as session:
         west = session.exec(select(Cluster).where(Cluster.name == "west")).one()
         west.scheduler = "kueue"
         session.add(west)
         session.commit()
     planned = site.cycle()
-    assert sorted(planned) == ["east", "solo", "west"]
+    solves: list[planning.GroupSolve] = site.solves  # type: ignore[attr-defined]
+    assert len(solves) == 1  # the group once; its members not again
+    (solved,) = solves
+    assert solved.instance.config.migration  # one config for the group: migrations on
+    assert {j.migratable for j in solved.instance.jobs if j.id.startswith("west/")} == {False}
+    assert {j.migratable for j in solved.instance.jobs if j.id.startswith("east/")} == {True}
     for name in ("east", "west"):
-        assert FEDERATION_GROUP_KEY not in site.plan(planned[name]).summary
-    assert site.decided("east", "urgent") == [ActionKind.start]
-    assert site.decided("east", "low") == [ActionKind.requeue]
+        plan = site.plan(planned[name])
+        assert plan.summary[FEDERATION_GROUP_KEY] == GROUP
+        assert plan.status != "invalid", plan.summary["violations"]
+        assert plan.decisions == _slice_decisions(solved, name)
+    # East still migrates within itself, to start its waiting job.
+    (moved,) = _migrations_within(site, planned["east"], "east")
+    assert moved[0] in ("a", "b")
+    assert site.decided("east", "gang") == [ActionKind.start]
+    assert site.decided("east", moved[0]) == [ActionKind.migrate]
+    # West, alike, moves nothing within itself (and nothing of it moves to full east).
+    assert _migrations_within(site, planned["west"], "west") == []
+    assert ActionKind.migrate not in [kind for kind, _ in site.actions("west")]
+    assert solved.moves == []
 
 
 def test_a_member_s_proposal_from_the_group_is_kept_the_next_period(
