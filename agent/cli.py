@@ -8,13 +8,16 @@ and passes what it needs down.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from agent.backends import BACKEND_NAMES
 from agent.settings import TOKEN_ENV, AgentSettings
 from agent.workload import WorkloadStartFailed, WorkloadStore, start_workload
+
+if TYPE_CHECKING:
+    from agent.kubelet import KubeletCheckpointer
 
 agent_cli = typer.Typer(no_args_is_help=True, add_completion=False, help="The node agent.")
 
@@ -191,6 +194,37 @@ def telemetry(
     run(control_plane=control_plane, cluster=cluster, node=node, token=token, interval_s=interval)
 
 
+def _settings() -> AgentSettings:
+    from pydantic import ValidationError
+
+    try:
+        return AgentSettings()
+    except ValidationError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _checkpointer(settings: AgentSettings, node: str, state_dir: Path) -> KubeletCheckpointer:
+    from agent.kubelet import KubeletAccess, KubeletCheckpointer
+
+    return KubeletCheckpointer(
+        node=node,
+        kubelet=KubeletAccess(
+            url=settings.kubelet_url,
+            server_name=settings.kubelet_server_name,
+            ca=settings.kubelet_ca,
+            client_cert=settings.kubelet_client_cert,
+            client_key=settings.kubelet_client_key,
+            token_file=settings.kubelet_token_file,
+            insecure=settings.kubelet_insecure,
+        ),
+        ctr=settings.ctr,
+        containerd_address=settings.containerd_address,
+        repository=settings.checkpoint_image_repository,
+        work_dir=state_dir / "kubelet-checkpoints",
+    )
+
+
 @agent_cli.command("api")
 def api(
     node: Annotated[str, typer.Option(help="This node's name in its cluster (the Node's)")],
@@ -202,41 +236,24 @@ def api(
     log_level: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
     """Serve the node agent's HTTP API: kubelet checkpoints of this node's pods, imported
-    into its containerd as checkpoint images (agent.api, agent.kubelet). The kubelet,
-    containerd and the API's token come from the environment (agent.settings)."""
+    into its containerd as checkpoint images (agent.api, agent.kubelet), and sweep the
+    images no longer needed every $SHAPER_CHECKPOINT_IMAGE_GC_INTERVAL_S (agent.image_gc).
+    The kubelet, containerd and the API's token come from the environment
+    (agent.settings)."""
     import logging
 
-    from pydantic import ValidationError
-
     from agent.api import make_server
-    from agent.kubelet import KubeletAccess, KubeletCheckpointer
+    from agent.image_gc import CheckpointImageCollector, start_sweeping
 
-    try:
-        settings = AgentSettings()
-    except ValidationError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
+    settings = _settings()
     if not settings.api_token:
         typer.echo("error: $SHAPER_AGENT_API_TOKEN must hold the token callers send", err=True)
         raise typer.Exit(2)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    checkpointer = KubeletCheckpointer(
-        node=node,
-        kubelet=KubeletAccess(
-            url=settings.kubelet_url,
-            server_name=settings.kubelet_server_name,
-            ca=settings.kubelet_ca,
-            client_cert=settings.kubelet_client_cert,
-            client_key=settings.kubelet_client_key,
-            insecure=settings.kubelet_insecure,
-        ),
-        ctr=settings.ctr,
-        containerd_address=settings.containerd_address,
-        repository=settings.checkpoint_image_repository,
-        work_dir=(state_dir or settings.state_dir) / "kubelet-checkpoints",
-    )
+    state = state_dir or settings.state_dir
+    checkpointer = _checkpointer(settings, node, state)
     server = make_server(
         host,
         port,
@@ -253,10 +270,61 @@ def api(
         node,
         settings.kubelet_url,
     )
+    sweeping = None
+    if settings.checkpoint_image_gc_interval_s > 0:
+        collector = CheckpointImageCollector(
+            checkpointer, state_dir=state, ttl_s=settings.checkpoint_image_ttl_s
+        )
+        sweeping = start_sweeping(collector, settings.checkpoint_image_gc_interval_s)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        if sweeping is not None:
+            sweeping[1].set()
         server.server_close()
         checkpointer.close()
+
+
+@agent_cli.command("gc-checkpoints")
+def gc_checkpoints(
+    node: Annotated[str, typer.Option(help="This node's name in its cluster (the Node's)")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing")
+    ] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Remove the checkpoint images this node's agent imported that are no longer needed:
+    unused by any container or pod of the node, and either consumed (a sweep saw their
+    restored pod) or older than $SHAPER_CHECKPOINT_IMAGE_TTL_S (agent.image_gc). Prints
+    one line per image of the agent's: removed or kept, and why. Exit 1 when the node
+    could not say what is in use or a removal failed."""
+    import logging
+
+    from agent.image_gc import CheckpointImageCollector
+
+    settings = _settings()
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    checkpointer = _checkpointer(settings, node, state_dir or settings.state_dir)
+    try:
+        collector = CheckpointImageCollector(
+            checkpointer,
+            state_dir=state_dir or settings.state_dir,
+            ttl_s=settings.checkpoint_image_ttl_s,
+        )
+        sweep = collector.sweep(dry_run=dry_run)
+    finally:
+        checkpointer.close()
+    if sweep.error is not None:
+        typer.echo(f"error: {sweep.error}", err=True)
+        raise typer.Exit(1)
+    verb = "would remove" if dry_run else "removed"
+    for name, why in sorted(sweep.removed.items()):
+        typer.echo(f"{verb}\t{name}\t{why}")
+    for name, why in sorted(sweep.kept.items()):
+        typer.echo(f"kept\t{name}\t{why}")
+    for name, error in sorted(sweep.failed.items()):
+        typer.echo(f"failed\t{name}\t{error}", err=True)
+    if sweep.failed:
+        raise typer.Exit(1)

@@ -9,7 +9,8 @@ For a pod running on this node, :meth:`KubeletCheckpointer.checkpoint`:
    could not be imported;
 3. for each container, the kubelet's checkpoint API
    (``POST /checkpoint/<namespace>/<pod>/<container>``, feature gate ContainerCheckpoint;
-   the client needs ``create`` on ``nodes/checkpoint``): the container keeps running and
+   the client — a certificate, or a bearer token file such as a ServiceAccount's — needs
+   ``create`` on ``nodes/checkpoint``): the container keeps running and
    the kubelet writes an archive under its root-dir (read here, so the agent must see the
    kubelet's files: it runs on the node);
 4. writes each archive as a checkpoint image (agent.oci_image) and imports it into
@@ -26,8 +27,10 @@ naming the cause; the kubelet's client key and the API token are never logged.
 
 from __future__ import annotations
 
+import calendar
 import logging
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -56,6 +59,29 @@ CTR_TIMEOUT_S = 300.0
 _ANSWER_LIMIT = 500  # characters of a refusal's body quoted in an error
 
 
+# The tag of a checkpoint image: when it was taken, to the millisecond (UTC). The image
+# garbage collection (agent.image_gc) reads it back: an image under the agent's repository
+# with such a tag is one the agent imported.
+_TAG = re.compile(r"^ckpt-(\d{8}T\d{6})(\d{3})Z$")
+
+
+def checkpoint_tag(now: float) -> str:
+    return f"ckpt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}{int(now * 1000) % 1000:03d}Z"
+
+
+def tagged_at(tag: str) -> float | None:
+    """When a checkpoint image of this tag was taken (epoch seconds); None for a tag that
+    :func:`checkpoint_tag` did not write."""
+    found = _TAG.match(tag)
+    if found is None:
+        return None
+    try:
+        taken = calendar.timegm(time.strptime(found.group(1), "%Y%m%dT%H%M%S"))
+    except ValueError:
+        return None
+    return taken + int(found.group(2)) / 1000
+
+
 class CheckpointFailed(Exception):
     """A checkpoint that was not taken; ``status`` is the HTTP status the agent's API
     answers (4xx: the request, 5xx: the kubelet or containerd), the message says why."""
@@ -75,8 +101,23 @@ class KubeletAccess:
     ca: Path | None = None
     client_cert: Path | None = None
     client_key: Path | None = None
+    # A bearer token instead of a client certificate: a file, read at each call (a
+    # ServiceAccount's projected token, which the kubelet rotates), which the kubelet
+    # authenticates by a TokenReview (its authentication.webhook).
+    token_file: Path | None = None
     insecure: bool = False  # tests only: the serving certificate is not checked
     timeout_s: float = KUBELET_CHECKPOINT_TIMEOUT_S + 30.0
+
+    def headers(self) -> dict[str, str]:
+        if self.token_file is None:
+            return {}
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as error:
+            raise CheckpointFailed(
+                500, f"the kubelet token file {self.token_file} cannot be read: {error.strerror}"
+            ) from None
+        return {"Authorization": f"Bearer {token}"}
 
     def tls(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.ca) if self.ca else None)
@@ -153,10 +194,7 @@ class KubeletCheckpointer:
                 f"(it has {', '.join(pod.containers)})",
             )
         self._containerd_answers()
-        now = self._now()
-        tag = (
-            f"ckpt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}{int(now * 1000) % 1000:03d}Z"
-        )
+        tag = checkpoint_tag(self._now())
         started = time.monotonic()
         archives: dict[str, Path] = {}
         try:
@@ -228,7 +266,9 @@ class KubeletCheckpointer:
         where = f"the kubelet at {self.kubelet.url}"
         extensions = {"sni_hostname": self.kubelet.server_name or self.node}
         try:
-            response = self._client.request(method, path, extensions=extensions)
+            response = self._client.request(
+                method, path, headers=self.kubelet.headers(), extensions=extensions
+            )
         except httpx.HTTPError as error:
             raise CheckpointFailed(
                 502, f"{what}: {where} did not answer ({type(error).__name__}: {error})"
@@ -317,4 +357,51 @@ class KubeletCheckpointer:
                 500,
                 f"importing the checkpoint image of {what} container {container} into "
                 f"containerd failed: {done.stderr.strip()[:_ANSWER_LIMIT]}",
+            )
+
+    # -- what agent.image_gc asks of the node ----------------------------------------------
+
+    def images(self) -> list[str]:
+        """The names of containerd's images in the CRI's namespace (not their ids)."""
+        done = self._ctr("images", "ls", "-q", timeout_s=60.0)
+        if done.returncode != 0:
+            raise CheckpointFailed(
+                503, f"ctr images ls failed: {done.stderr.strip()[:_ANSWER_LIMIT]}"
+            )
+        return [name for name in done.stdout.split() if not name.startswith("sha256:")]
+
+    def container_images(self) -> set[str]:
+        """The images of containerd's containers in the CRI's namespace, running or only
+        created (``ctr containers ls``: CONTAINER IMAGE RUNTIME)."""
+        done = self._ctr("containers", "ls", timeout_s=60.0)
+        if done.returncode != 0:
+            raise CheckpointFailed(
+                503, f"ctr containers ls failed: {done.stderr.strip()[:_ANSWER_LIMIT]}"
+            )
+        images = set()
+        for line in done.stdout.splitlines()[1:]:
+            columns = line.split()
+            if len(columns) == 3:  # a container without an image has two
+                images.add(columns[1])
+        return images
+
+    def pod_images(self) -> set[str]:
+        """The images this node's kubelet's pods name, in their spec or their containers'
+        status: a pod bound here that has not yet started, or has ended and is not yet
+        deleted, counts."""
+        listed = self._kubelet("GET", "/pods", what=f"the pods of node {self.node}")
+        images: set[str] = set()
+        for item in listed.get("items") or []:
+            spec, status = item.get("spec") or {}, item.get("status") or {}
+            for key in ("containers", "initContainers", "ephemeralContainers"):
+                images.update(str(c.get("image")) for c in spec.get(key) or [] if c.get("image"))
+            for key in ("containerStatuses", "initContainerStatuses"):
+                images.update(str(c.get("image")) for c in status.get(key) or [] if c.get("image"))
+        return images
+
+    def remove_image(self, name: str) -> None:
+        done = self._ctr("images", "rm", "--sync", name)
+        if done.returncode != 0:
+            raise CheckpointFailed(
+                500, f"ctr images rm {name} failed: {done.stderr.strip()[:_ANSWER_LIMIT]}"
             )

@@ -22,6 +22,12 @@ counts as unset.
 | ``SHAPER_CTR`` | PATH's ``ctr`` | ``api``: containerd's client, to import images |
 | ``SHAPER_CONTAINERD_ADDRESS`` | ``/run/containerd/containerd.sock`` | ``api`` |
 | ``SHAPER_CHECKPOINT_IMAGE_REPOSITORY`` | ``localhost/shaper/checkpoint`` | ``api`` |
+| ``SHAPER_KUBELET_TOKEN_FILE`` | none | ``api``: a bearer token file, not a certificate |
+| ``SHAPER_CHECKPOINT_IMAGE_TTL_S`` | ``86400`` | ``api``, ``gc-checkpoints`` (agent.image_gc) |
+| ``SHAPER_CHECKPOINT_IMAGE_GC_INTERVAL_S`` | ``600`` | ``api``: between sweeps; 0: none |
+
+The TTL: an unused checkpoint image that no restored pod ever used is removed this long
+after its checkpoint; 0: no checkpoint image is ever removed.
 """
 
 from __future__ import annotations
@@ -75,6 +81,16 @@ class AgentSettings(BaseSettings):
     containerd_address: str = Field(
         default="/run/containerd/containerd.sock", validation_alias="SHAPER_CONTAINERD_ADDRESS"
     )
+    kubelet_token_file: Path | None = Field(
+        default=None, validation_alias="SHAPER_KUBELET_TOKEN_FILE"
+    )
+    # Garbage collection of the checkpoint images (agent.image_gc).
+    checkpoint_image_ttl_s: float = Field(
+        default=24 * 3600.0, ge=0, validation_alias="SHAPER_CHECKPOINT_IMAGE_TTL_S"
+    )
+    checkpoint_image_gc_interval_s: float = Field(
+        default=600.0, ge=0, validation_alias="SHAPER_CHECKPOINT_IMAGE_GC_INTERVAL_S"
+    )
     checkpoint_image_repository: str = Field(
         default="localhost/shaper/checkpoint",
         validation_alias="SHAPER_CHECKPOINT_IMAGE_REPOSITORY",
@@ -99,6 +115,10 @@ class AgentSettings(BaseSettings):
         ):
             if (cert is None) != (key is None):
                 raise ValueError(f"{cert_var} and {key_var} go together: set both or neither")
+        if self.kubelet_token_file is not None and self.kubelet_client_cert is not None:
+            raise ValueError(
+                "SHAPER_KUBELET_TOKEN_FILE and SHAPER_KUBELET_CLIENT_CERT: set one, not both"
+            )
         if self.kubelet_insecure and self.kubelet_ca is not None:
             raise ValueError("SHAPER_KUBELET_INSECURE and SHAPER_KUBELET_CA: set one, not both")
         return self
