@@ -292,13 +292,17 @@ start_slurmrestd() {
     slurmrestd -f "$CONF" -a rest_auth/jwt \
     -s openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36 "$REST_ADDR" \
     </dev/null >>"$LOGS/slurmrestd.log" 2>&1 &
-  echo $! >"$RUN/slurmrestd.pid"
+  local started=$! i token
+  echo "$started" >"$RUN/slurmrestd.pid"
   # Ready means the whole JWT path works: a token from slurmctld, accepted by slurmrestd.
-  local i token
   token=$(scontrol token username=root lifespan=120 | sed -n 's/^SLURM_JWT=//p')
   [[ -n $token ]] || fail_with_log "scontrol token gave no JWT" "$LOGS/slurmctld.log"
   for ((i = 0; i < WAIT_S * 10; i++)); do
-    [[ -n $(pid_of slurmrestd) ]] || fail_with_log "slurmrestd exited" "$LOGS/slurmrestd.log"
+    # Still starting counts as running: the PID is setsid's, then setpriv's, until they
+    # have exec'd slurmrestd (on a loaded machine the first check can come before that,
+    # which pid_of, asking for slurmrestd by name, took for an exit with an empty log).
+    alive "$started" && [[ $(cat "/proc/$started/comm" 2>/dev/null) =~ ^(setsid|setpriv|slurmrestd)$ ]] ||
+      fail_with_log "slurmrestd exited" "$LOGS/slurmrestd.log"
     curl -fsS -o /dev/null -H "X-SLURM-USER-NAME: root" -H "X-SLURM-USER-TOKEN: $token" \
       "http://$REST_ADDR/slurm/v0.0.38/ping" 2>/dev/null && break
     sleep 0.1
