@@ -296,8 +296,8 @@ def gc_checkpoints(
     state_dir: StateDir = None,
 ) -> None:
     """Remove the checkpoint images this node's agent imported that are no longer needed:
-    unused by any container or pod of the node, and either consumed (a sweep saw their
-    restored pod) or older than $SHAPER_CHECKPOINT_IMAGE_TTL_S (agent.image_gc). Prints
+    unused by any container or pod of the node and older than
+    $SHAPER_CHECKPOINT_IMAGE_TTL_S (agent.image_gc). Prints
     one line per image of the agent's: removed or kept, and why. Exit 1 when the node
     could not say what is in use or a removal failed."""
     import logging

@@ -11,9 +11,15 @@ such an image when
   created or exited: ``ctr containers ls``), not an image a pod of the kubelet names in its
   spec or its containers' status (``GET /pods``: a pod bound here, started or not, ended or
   not, until it is deleted); and
-* either it was **consumed**: a sweep saw it in use (the restored pod ran), recorded in
-  ``<state-dir>/checkpoint-images.json``; or its **TTL** passed since the checkpoint
-  (``SHAPER_CHECKPOINT_IMAGE_TTL_S``, 24 h; the time is the tag's).
+* its **TTL** passed since the checkpoint (``SHAPER_CHECKPOINT_IMAGE_TTL_S``, 24 h; the time
+  is the tag's).
+
+An image is not removed sooner once its restored pod has run and gone: the Job still names
+it as its resume pointer, and a Workload that Kueue evicts on its own (a PodsReady timeout,
+a preemption of its own) is restored from it again on re-admission, pinned to this node with
+``imagePullPolicy: Never`` — with the image gone it would wait for ever (a review found the
+earlier "consumed" rule doing that). The TTL is how long a preempted Workload may wait for
+re-admission with its checkpoint.
 
 Never an image in use, whatever its age; never an image the agent did not import (one not
 under its repository, or whose tag :func:`agent.kubelet.checkpoint_tag` did not write).
@@ -25,13 +31,10 @@ reason.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
-import os
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +44,8 @@ from agent.kubelet import CheckpointFailed, tagged_at
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "checkpoint-images.json"
-CONSUMED = "consumed"  # seen in use by a sweep, unused now
-EXPIRED = "ttl"  # never seen in use, its TTL passed
+LOCK_FILE = "checkpoint-images.lock"
+EXPIRED = "ttl"  # unused, its TTL passed
 
 
 class Node(Protocol):
@@ -62,7 +64,7 @@ class Node(Protocol):
 
 @dataclass(frozen=True)
 class Sweep:
-    """What a sweep did: removed images and why (``consumed`` or ``ttl``), kept ones and
+    """What a sweep did: removed images and why (``ttl``), kept ones and
     why, removals that failed and their error; ``error`` when it removed nothing because
     the node could not say what is in use."""
 
@@ -86,7 +88,6 @@ def decide(
     *,
     repository: str,
     in_use: set[str],
-    consumed: Mapping[str, float],
     now: float,
     ttl_s: float,
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -101,12 +102,10 @@ def decide(
             keep[name] = "in use"
         elif ttl_s <= 0:
             keep[name] = "removal off (TTL 0)"
-        elif name in consumed:
-            remove[name] = CONSUMED
         elif now - taken >= ttl_s:
             remove[name] = EXPIRED
         else:
-            keep[name] = f"waiting for its restore ({now - taken:.0f} s of {ttl_s:.0f} s)"
+            keep[name] = f"unused, kept for a restore ({now - taken:.0f} s of {ttl_s:.0f} s)"
     return remove, keep
 
 
@@ -125,30 +124,15 @@ class CheckpointImageCollector:
         self._now = now
 
     @contextmanager
-    def _locked(self) -> Iterator[dict[str, float]]:
-        """The consumed images (name → when first seen in use), one sweep at a time on
-        this node (the API's and the command's), written back atomically."""
+    def _locked(self) -> Iterator[None]:
+        """One sweep at a time on this node (the API's and the command's)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        state = self.state_dir / STATE_FILE
-        with (self.state_dir / (STATE_FILE + ".lock")).open("a") as lock:
+        with (self.state_dir / LOCK_FILE).open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                consumed = json.loads(state.read_text()) if state.exists() else {}
-            except (OSError, ValueError) as error:
-                log.warning("%s unreadable (%s): starting it again", state, error)
-                consumed = {}
-            if not isinstance(consumed, dict):
-                consumed = {}
-            before = dict(consumed)
-            yield consumed
-            if consumed != before:
-                handle, temporary = tempfile.mkstemp(dir=self.state_dir, prefix=".images-")
-                with os.fdopen(handle, "w") as out:
-                    json.dump(consumed, out, indent=1, sort_keys=True)
-                os.replace(temporary, state)
+            yield
 
     def sweep(self, *, dry_run: bool = False) -> Sweep:
-        with self._locked() as consumed:
+        with self._locked():
             try:
                 images = self.node.images()
                 # The node's containers first: a pod deleted between the two questions
@@ -157,16 +141,11 @@ class CheckpointImageCollector:
             except CheckpointFailed as unanswered:
                 log.warning("checkpoint image sweep: nothing removed: %s", unanswered)
                 return Sweep(error=str(unanswered))
-            now = self._now()
-            for name in images:
-                if name in in_use and imported_at(name, self.node.repository) is not None:
-                    consumed.setdefault(name, now)
             remove, keep = decide(
                 images,
                 repository=self.node.repository,
                 in_use=in_use,
-                consumed=consumed,
-                now=now,
+                now=self._now(),
                 ttl_s=self.ttl_s,
             )
             removed: dict[str, str] = {}
@@ -182,15 +161,7 @@ class CheckpointImageCollector:
                     failed[name] = str(error)
                     continue
                 removed[name] = why
-                log.info(
-                    "removed checkpoint image %s (%s)",
-                    name,
-                    "its restored pod ran and is gone" if why == CONSUMED else "TTL passed, unused",
-                )
-            if not dry_run:
-                present = set(images) - set(removed)
-                for name in [name for name in consumed if name not in present]:
-                    del consumed[name]
+                log.info("removed checkpoint image %s (TTL passed, unused)", name)
             return Sweep(removed=removed, kept=keep, failed=failed)
 
 

@@ -254,6 +254,22 @@ class KubeletCheckpointer:
                 502, f"the kubelet's answer to the checkpoint of {what} names no archive: {answer}"
             )
         archive = Path(items[0])
+        # The agent runs as root and removes the archive after the import: only a file the
+        # kubelet writes (``<root-dir>/checkpoints/checkpoint-….tar``), never a link, is
+        # taken from its answer.
+        if not (
+            archive.is_absolute()
+            and archive.parent.name == "checkpoints"
+            and archive.name.startswith("checkpoint-")
+            and archive.suffix == ".tar"
+            and ".." not in archive.parts
+            and not archive.is_symlink()
+        ):
+            raise CheckpointFailed(
+                502,
+                f"the kubelet's answer to the checkpoint of {what} names {archive}, not a "
+                "checkpoint archive of its checkpoints folder: not read, not removed",
+            )
         if not os.access(archive, os.R_OK):
             raise CheckpointFailed(
                 500,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import platform
 import tarfile
 import time
 from collections.abc import Callable
@@ -26,6 +27,17 @@ from pathlib import Path
 # The manifest annotation that makes containerd's CRI restore a container from the image.
 CHECKPOINT_CONTAINER_ANNOTATION = "org.criu.checkpoint.container.name"
 _CHUNK = 1 << 20
+
+# The node's own platform, as OCI names it: containerd imports and the CRI picks an image
+# for the platform it runs on, so an arm64 node's checkpoint must say arm64.
+_OCI_ARCHITECTURES = {
+    "x86_64": "amd64",
+    "aarch64": "arm64",
+    "arm64": "arm64",
+    "ppc64le": "ppc64le",
+    "s390x": "s390x",
+}
+ARCHITECTURE = _OCI_ARCHITECTURES.get(platform.machine().lower(), platform.machine().lower())
 
 
 def _blob(tar: tarfile.TarFile, data: bytes) -> str:
@@ -110,7 +122,7 @@ def write_image(
     with tarfile.open(out, "w") as tar:
         layer_digest, layer_size = add_layer(tar)
         config = {
-            "architecture": "amd64",
+            "architecture": ARCHITECTURE,
             "os": "linux",
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(0)),
             "config": image_config,
@@ -150,7 +162,7 @@ def write_image(
                             "io.containerd.image.name": name,
                             "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
                         },
-                        "platform": {"architecture": "amd64", "os": "linux"},
+                        "platform": {"architecture": ARCHITECTURE, "os": "linux"},
                     }
                 ],
             }

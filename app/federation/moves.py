@@ -242,8 +242,13 @@ def _retarget(
         )
     ).first()
     if kept is not None and kept.target_node != nodes:
-        kept.target_node, kept.reason, kept.updated_at = nodes, _reason(group, move), now
-        session.add(kept)
+        # Conditional on the state, as ``_supersede``: an operator may approve the proposal
+        # meanwhile, and its saga then runs on the nodes that were approved.
+        session.execute(
+            sa.update(Action)
+            .where(col(Action.id) == row_id(kept), col(Action.state) == ActionState.proposed.value)
+            .values(target_node=nodes, reason=_reason(group, move), updated_at=now)
+        )
 
 
 def _key(session: Session, home: Cluster, job: Job, target: Cluster) -> str:

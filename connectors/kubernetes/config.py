@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -83,4 +84,11 @@ class KubernetesConnectorConfig(BaseModel):
             raise ValueError("may hold {node} and no other braces") from None
         if not example.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
+        # The agents' Bearer token goes with every call: never in clear across a network.
+        host = urlsplit(example).hostname or ""
+        if example.startswith("http://") and host not in ("127.0.0.1", "::1", "localhost"):
+            raise ValueError(
+                "must be https:// (the agents' token would cross the network in clear); "
+                "http:// only for an agent on this host (127.0.0.1)"
+            )
         return value

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agent.image_gc import CONSUMED, EXPIRED, decide, imported_at
+from agent.image_gc import EXPIRED, decide, imported_at
 from agent.kubelet import checkpoint_tag, tagged_at
 from agent.settings import AgentSettings
 
@@ -48,33 +48,26 @@ def test_only_images_under_the_repository_with_the_agents_tag_are_its_own() -> N
 def test_the_rule() -> None:
     waiting = image("waiting", NOW - 60)
     expired = image("expired", NOW - DAY - 1)
-    consumed = image("consumed", NOW - 60)
     running_old = image("running-old", NOW - 10 * DAY)
     foreign_old = image("foreign", NOW - 10 * DAY, "localhost/other")
     untagged = f"{REPOSITORY}/default/x/counter:latest"
-    images = [waiting, expired, consumed, running_old, foreign_old, untagged]
+    images = [waiting, expired, running_old, foreign_old, untagged]
     remove, keep = decide(
         images,
         repository=REPOSITORY,
         in_use={running_old, foreign_old},
-        consumed={consumed: NOW - 30, running_old: NOW - 9 * DAY},
         now=NOW,
         ttl_s=DAY,
     )
-    assert remove == {expired: EXPIRED, consumed: CONSUMED}
+    assert remove == {expired: EXPIRED}
     assert keep.keys() == {waiting, running_old}
-    assert keep[running_old] == "in use"  # in use past its TTL, consumed or not
-    assert keep[waiting].startswith("waiting for its restore (60 s of 86400 s)")
-    # TTL 0: nothing removed, not even a consumed image
-    remove, keep = decide(
-        images,
-        repository=REPOSITORY,
-        in_use=set(),
-        consumed={consumed: NOW - 30},
-        now=NOW,
-        ttl_s=0,
-    )
-    assert remove == {} and set(keep) == {waiting, expired, consumed, running_old}
+    assert keep[running_old] == "in use"  # in use past its TTL
+    # Unused and within its TTL: kept, even if a restored pod ran from it and is gone (the
+    # Job still names it; Kueue may evict and re-admit the Workload on its own).
+    assert keep[waiting].startswith("unused, kept for a restore (60 s of 86400 s)")
+    # TTL 0: nothing removed
+    remove, keep = decide(images, repository=REPOSITORY, in_use=set(), now=NOW, ttl_s=0)
+    assert remove == {} and set(keep) == {waiting, expired, running_old}
 
 
 def test_settings_of_the_collection_and_of_the_kubelet_token(

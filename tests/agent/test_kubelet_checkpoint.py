@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from agent.api import make_server, serve_in_thread
-from agent.kubelet import KubeletAccess, KubeletCheckpointer
+from agent.kubelet import CheckpointFailed, KubeletAccess, KubeletCheckpointer, _Pod
 from agent.oci_image import (
     CHECKPOINT_CONTAINER_ANNOTATION,
     checkpointed_container,
@@ -250,3 +250,46 @@ def test_the_api_command_needs_its_token(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2 and "SHAPER_AGENT_API_TOKEN" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        "/etc/shadow",
+        "{tmp}/checkpoints/../secret.tar",
+        "{tmp}/elsewhere/checkpoint-p_ns-c-1.tar",
+        "{tmp}/checkpoints/checkpoint-link.tar",
+        "checkpoints/checkpoint-p_ns-c-1.tar",
+    ],
+)
+def test_an_archive_the_kubelet_names_outside_its_checkpoints_folder_is_not_touched(
+    tmp_path: Path, named: str
+) -> None:
+    """The agent runs as root and removes the archive after the import: a path the kubelet's
+    answer names that is not a checkpoint archive of a checkpoints folder (a file elsewhere,
+    a ``..``, a link, a relative path) is refused, and the file stays."""
+    (tmp_path / "checkpoints").mkdir()
+    victim = tmp_path / "secret.tar"
+    victim.write_text("not the agent's")
+    (tmp_path / "checkpoints" / "checkpoint-link.tar").symlink_to(victim)
+    path = named.format(tmp=tmp_path)
+
+    def kubelet(request: httpx.Request) -> httpx.Response:
+        assert request.url.path.startswith("/checkpoint/ns/p/c")
+        return httpx.Response(200, json={"items": [path]})
+
+    checkpointer = KubeletCheckpointer(
+        node="n1",
+        kubelet=KubeletAccess(url="https://127.0.0.1:10250", insecure=True),
+        ctr="ctr",
+        containerd_address="/nonexistent.sock",
+        repository="localhost/shaper/checkpoint",
+        work_dir=tmp_path / "work",
+        transport=httpx.MockTransport(kubelet),
+    )
+    pod = _Pod(namespace="ns", name="p", uid="u", phase="Running", containers=("c",))
+    with pytest.raises(CheckpointFailed) as refused:
+        checkpointer._kubelet_checkpoint(pod, "c", what="pod ns/p")
+    assert refused.value.status == 502
+    assert "not a checkpoint archive of its checkpoints folder" in str(refused.value)
+    assert victim.read_text() == "not the agent's"

@@ -17,7 +17,10 @@ Secret) are applied with ``kubectl apply``, and then:
   tests/k8s/test_real_node_checkpoint_gc.py runs the agent under this identity against
   a real kubelet);
 * the connector's Deployment is wired to the agents: node_agent_url, the CA and the
-  token from the Secret the component generates in shaper-system.
+  token from the Secret the component generates in shaper-system;
+* its ValidatingAdmissionPolicy refuses a pod that names another namespace's checkpoint
+  image (containerd on that node would restore the other tenant's process) and admits
+  one naming its own.
 
 The connector's own objects are not applied here (tests/k8s/test_deploy.py does, and
 deletes its namespace in the background when it ends).
@@ -45,6 +48,7 @@ pytestmark = pytest.mark.slow
 NAMESPACE = "shaper-node"
 AGENT = f"system:serviceaccount:{NAMESPACE}:shaper-node-agent"
 LABEL = "shaper.io/kubelet-checkpoint"
+POLICY = "shaper-checkpoint-images"  # the ValidatingAdmissionPolicy and its binding
 # Never real secrets: the site's overlay stands for what a site keeps out of git.
 SITE_ENV = "token=test-placeholder-not-a-real-token\n"
 PLACEHOLDER_PEM = "-----BEGIN CERTIFICATE-----\nnot-a-real-certificate\n-----END CERTIFICATE-----\n"
@@ -92,7 +96,7 @@ def the_agents(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
         obj
         for obj in objects
         if obj["metadata"].get("namespace") == NAMESPACE
-        or obj["metadata"]["name"] in (NAMESPACE, "shaper-node-agent")
+        or obj["metadata"]["name"] in (NAMESPACE, "shaper-node-agent", POLICY)
     ]
 
 
@@ -322,3 +326,49 @@ def test_the_connector_is_wired_to_the_agents(applied: Applied) -> None:
     assert generated["data"]["token"] == agents["data"]["token"] != ""
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["node-agent-ca"]["configMap"]["name"] == "shaper-node-agent-ca"
+
+
+def test_a_pod_may_name_only_its_own_namespace_s_checkpoint_images(applied: Applied) -> None:
+    core = client.CoreV1Api(applied.cluster.api_client())
+    kinds = {(obj["kind"], obj["metadata"]["name"]) for obj in applied.objects}
+    assert {
+        ("ValidatingAdmissionPolicy", POLICY),
+        ("ValidatingAdmissionPolicyBinding", POLICY),
+    } <= kinds
+    mine, theirs = "ckpt-tenant-a", "ckpt-tenant-b"
+    for name in (mine, theirs):
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+
+    def pod(image: str, *, init: bool = False) -> client.V1Pod:
+        container = client.V1Container(name="c", image=image, image_pull_policy="Never")
+        busybox = client.V1Container(name="b", image="busybox:1.36")
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(generate_name="ckpt-"),
+            spec=client.V1PodSpec(
+                containers=[busybox] if init else [container],
+                init_containers=[container] if init else None,
+            ),
+        )
+
+    other = f"localhost/shaper/checkpoint/{mine}/p/c:ckpt-20261205T070000000Z"
+
+    def refused_in_theirs() -> str | None:
+        try:
+            core.create_namespaced_pod(theirs, pod(other), dry_run="All")
+        except ApiException as error:
+            return error.body if error.status in (403, 422) and POLICY in error.body else None
+        return None
+
+    try:
+        # The policy takes effect once the API server has compiled it.
+        body = wait_for("the checkpoint image policy to refuse", refused_in_theirs)
+        assert f"a pod of {theirs} may run only localhost/shaper/checkpoint/{theirs}/" in body
+        with pytest.raises(ApiException) as as_init:  # an init container alike
+            core.create_namespaced_pod(theirs, pod(other, init=True), dry_run="All")
+        assert POLICY in as_init.value.body
+        # Its own namespace's checkpoint image, and any other image: admitted.
+        core.create_namespaced_pod(mine, pod(other), dry_run="All")
+        core.create_namespaced_pod(theirs, pod("busybox:1.36"), dry_run="All")
+    finally:
+        for name in (mine, theirs):
+            core.delete_namespace(name)

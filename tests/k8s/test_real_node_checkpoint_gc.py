@@ -10,8 +10,9 @@ and fine-grained authorization decide. Then ``python -m agent gc-checkpoints`` (
 API's own periodic sweep) must:
 
 * keep an image that no restored pod used yet, within its TTL;
-* keep the image a restored pod runs from, even past its TTL, and remove it once the pod
-  and its containers are gone (consumed);
+* keep the image a restored pod runs from, even past its TTL, and, once the pod and its
+  containers are gone, keep it still within its TTL (the Job still names it: Kueue may
+  evict and re-admit the Workload on its own) and remove it past the TTL;
 * remove an unused image past its TTL;
 * never touch an image the agent did not import: one outside its repository, or under it
   with a tag the agent does not write, however old.
@@ -151,7 +152,7 @@ def deleted(node: RealNode, name: str) -> None:
     wait_for(f"{name} deleted", lambda: gone(node, name))
 
 
-def test_an_image_is_kept_while_its_restored_pod_uses_it_and_removed_after(
+def test_an_image_is_kept_while_its_restored_pod_uses_it_and_until_its_ttl_after(
     real_node: RealNode,  # noqa: F811 (the fixture)
     agent: Agent,
 ) -> None:
@@ -178,13 +179,17 @@ def test_an_image_is_kept_while_its_restored_pod_uses_it_and_removed_after(
     assert image in agent.images()
 
     deleted(node, "gc-restored")
-    # Its containers go with the kubelet's next container GC: until then, still in use.
+    # Its containers go with the kubelet's next container GC: until then, still in use;
+    # then unused, and kept within its TTL (the Job's pointer still names it).
     said = wait_for(
-        lambda: f"{image} removed; images: {agent.images()}",
-        lambda: (s := agent.gc()).get(image, ("", ""))[0] == "removed" and s,
+        lambda: f"{image} unused; images: {agent.images()}",
+        lambda: (s := agent.gc()).get(image, ("", ""))[1].startswith("unused") and s,
         timeout=180,
     )
-    assert said[image] == ("removed", "consumed")
+    assert said[image][0] == "kept"
+    assert image in agent.images()
+    # Past its TTL, unused: removed.
+    assert agent.gc(SHAPER_CHECKPOINT_IMAGE_TTL_S="1")[image] == ("removed", "ttl")
     assert image not in agent.images()
     assert agent.gc().get(image) is None
 
