@@ -17,12 +17,10 @@ serves it over TLS, or on an address only the connector reaches.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from pydantic import ValidationError
 
 from agent.kubelet import CheckpointFailed, KubeletCheckpointer
 from wire.checkpoint_image import KUBELET_CHECKPOINT_PATH, KubeletCheckpointRequest
+from wire.json_server import JsonHandler, JsonServer, server_tls
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024
@@ -41,55 +40,36 @@ def _field_error(error: ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = 30  # an idle keep-alive connection is closed after this many seconds
+class _Handler(JsonHandler):
+    max_body = MAX_BODY
     server: _Server
-
-    def setup(self) -> None:
-        if self.server.tls is not None:
-            self.request.settimeout(self.timeout)
-            self.request = self.server.tls.wrap_socket(self.request, server_side=True)
-        super().setup()
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            if self.server.tls is not None:
-                self.request.close()  # the TLS socket; the server closes the one under it
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.path.split("?")[0] == "/healthz":
-            self._answer(200, {"ok": True, "node": self.server.checkpointer.node})
+            self.answer(200, {"ok": True, "node": self.server.checkpointer.node})
         else:
-            self._answer(404, {"error": f"path: {self.path.split('?')[0]} is not served"})
+            self.answer(404, {"error": f"path: {self.path.split('?')[0]} is not served"})
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         path = self.path.split("?")[0]
         if path != KUBELET_CHECKPOINT_PATH:
-            self._answer(404, {"error": f"path: only POST {KUBELET_CHECKPOINT_PATH}"})
+            self.answer(404, {"error": f"path: only POST {KUBELET_CHECKPOINT_PATH}"})
             return
         sent = self.headers.get("Authorization") or ""
         scheme, _, token = sent.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            self._answer(401, {"error": "Authorization: a Bearer token is required"})
+            self.answer(401, {"error": "Authorization: a Bearer token is required"})
             return
         if not hmac.compare_digest(token.strip().encode(), self.server.token.encode()):
-            self._answer(401, {"error": "Authorization: the token is not this agent's"})
+            self.answer(401, {"error": "Authorization: the token is not this agent's"})
+            return
+        body = self.read_body()
+        if body is None:
             return
         try:
-            length = int(self.headers.get("Content-Length") or "")
-        except ValueError:
-            self._answer(411, {"error": "Content-Length: missing"})
-            return
-        if not 0 < length <= MAX_BODY:
-            self._answer(413, {"error": f"Content-Length: must be 1..{MAX_BODY}"})
-            return
-        try:
-            request = KubeletCheckpointRequest.model_validate_json(self.rfile.read(length))
+            request = KubeletCheckpointRequest.model_validate_json(body)
         except ValidationError as error:
-            self._answer(400, {"error": _field_error(error)})
+            self.answer(400, {"error": _field_error(error)})
             return
         started = time.monotonic()
         what = f"checkpoint of pod {request.namespace}/{request.pod}"
@@ -103,37 +83,23 @@ class _Handler(BaseHTTPRequestHandler):
                 time.monotonic() - started,
                 failed,
             )
-            self._answer(failed.status, {"error": str(failed)})
+            self.answer(failed.status, {"error": str(failed)})
             return
         except Exception as error:  # answered, not dropped: the caller must not wait on it
             log.exception("%s failed", what)
-            self._answer(500, {"error": f"{what} failed: {type(error).__name__}: {error}"})
+            self.answer(500, {"error": f"{what} failed: {type(error).__name__}: {error}"})
             return
         log.info("%s answered in %.2f s: %s", what, time.monotonic() - started, answer.pointer)
-        self._answer(200, answer.model_dump(mode="json"))
-
-    def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.answer(200, answer.model_dump(mode="json"))
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
         # The request line only (never its headers, which carry the token).
         log.info("%s %s", self.address_string(), format % args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
+class _Server(JsonServer):
     checkpointer: KubeletCheckpointer
     token: str
-    tls: ssl.SSLContext | None = None
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        return  # a failed handshake or a dropped connection: the client sees it
 
 
 def make_server(
@@ -153,9 +119,7 @@ def make_server(
     server.checkpointer = checkpointer
     server.token = token
     if tls_cert is not None and tls_key is not None:
-        server.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server.tls.minimum_version = ssl.TLSVersion.TLSv1_2
-        server.tls.load_cert_chain(str(tls_cert), str(tls_key))
+        server.tls = server_tls(tls_cert, tls_key)
     return server
 
 

@@ -38,10 +38,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import ssl
 import threading
 from collections.abc import Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from connectors.kubernetes.pods import HOSTNAME_LABEL, RESUME_FROM
@@ -50,6 +49,7 @@ from connectors.kubernetes.pods import HOSTNAME_LABEL, RESUME_FROM
 from wire.checkpoint_image import POINTER_PREFIX as POINTER_PREFIX
 from wire.checkpoint_image import RESTORE_BY_IMAGE as RESTORE_BY_IMAGE
 from wire.checkpoint_image import ImageRestore as ImageRestore
+from wire.json_server import JsonHandler, JsonServer, server_tls
 
 RESTORE_LABEL = "shaper.io/restore"
 PATH = "/mutate"
@@ -168,74 +168,29 @@ def review(body: Any) -> dict[str, Any]:
     }
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    # The API server keeps its connections to a webhook open; an idle one is closed after
-    # this many seconds, so that no handler thread waits on it for ever.
-    timeout = 30
-    server: _Server
-
-    def setup(self) -> None:
-        # TLS here, in the connection's own thread and under its timeout, so that a client
-        # slow to shake hands holds up no other.
-        self.request.settimeout(self.timeout)
-        self.request = self.server.tls.wrap_socket(self.request, server_side=True)
-        super().setup()
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.request.close()  # the TLS socket; the server closes the one under it
+class _Handler(JsonHandler):
+    max_body = MAX_BODY
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         if self.path.split("?")[0] != PATH:
-            self._answer(404, {"error": f"path: only POST {PATH}"})
+            self.answer(404, {"error": f"path: only POST {PATH}"})
+            return
+        body = self.read_body()
+        if body is None:
             return
         try:
-            length = int(self.headers.get("Content-Length") or "")
-        except ValueError:
-            self._answer(411, {"error": "Content-Length: missing"})
-            return
-        if not 0 < length <= MAX_BODY:
-            self._answer(413, {"error": f"Content-Length: must be 1..{MAX_BODY}"})
-            return
-        try:
-            answer = review(json.loads(self.rfile.read(length)))
+            answer = review(json.loads(body))
         except ValueError as error:
-            self._answer(400, {"error": str(error)})
+            self.answer(400, {"error": str(error)})
             return
-        self._answer(200, answer)
-
-    def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
-        return
-
-
-class _Server(ThreadingHTTPServer):
-    # A connection's thread does not keep the process alive once the server is shut down.
-    daemon_threads = True
-    block_on_close = False
-    tls: ssl.SSLContext
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        return  # a failed handshake or a dropped connection: the client sees it
+        self.answer(200, answer)
 
 
 def serve(host: str, port: int, *, certfile: str, keyfile: str) -> ThreadingHTTPServer:
     """Serve the webhook over HTTPS in a daemon thread; ``shutdown()`` then
     ``server_close()`` stop it."""
-    server = _Server((host, port), _Handler)
-    server.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.tls.minimum_version = ssl.TLSVersion.TLSv1_2
-    server.tls.load_cert_chain(certfile, keyfile)
+    server = JsonServer((host, port), _Handler)
+    server.tls = server_tls(certfile, keyfile)
     threading.Thread(target=server.serve_forever, name="restore-webhook", daemon=True).start()
     return server
 
