@@ -78,9 +78,9 @@ class Settings(BaseSettings):
     # each member's plan is its slice of that solve (app.federation.planning.member_plan),
     # so that a job gets one decision: a start at home or a move. False: each member is
     # planned alone, then the group solved again for its cross-cluster moves only. On by
-    # default since 2026-12-05 (README, "One solve per group": on the demo's clusters in
-    # one group, one solve instead of four a period and no move onto GPUs a member's own
-    # plan gives to other work); a member whose scheduler cannot be told where a job goes
+    # default since 2026-12-05 (README, "One solve per group"; python -m bench.solve_once:
+    # one decision per job, where the members' own solves and the group's moves could
+    # take the same node); a member whose scheduler cannot be told where a job goes
     # (Kueue, Ray) is solved with the rest, its jobs never moved within it (Job.migratable).
     federation_solve_once: bool = True
     # Requests that may use the database served at once by each process; the rest wait
