@@ -71,9 +71,11 @@ def spec_of(kube: Kube, source: KubernetesConnector, job: str, state: JobState) 
 
     def reported() -> JobReport | None:
         found = report(source, external_id)
-        return found if found is not None and found.state is state else None
+        # The spec comes from the Job object; under load the informer can list the Job's
+        # pod a cycle before the Job itself, and that one report carries no spec yet.
+        return found if found is not None and found.state is state and found.submit else None
 
-    found = wait_for(f"{external_id} reported {state.value}", reported)
+    found = wait_for(f"{external_id} reported {state.value} with its submit spec", reported)
     assert found.submit is not None, found
     return found.submit
 
