@@ -80,6 +80,8 @@ def sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]:
 def _sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]:
     keys: dict[str, tuple[object, ...]] = {}
     shortest = instance.config.shortest_first
+    head_start = instance.config.queue_head_start
+    cap = instance.config.queue_head_start_cap_s
     overdue_ids = instance.overdue_ids  # Instance.is_overdue of each of its own jobs
     for job in instance.jobs:
         overdue = 0 if job.id in overdue_ids else 1
@@ -91,12 +93,24 @@ def _sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]
             keys[job.id] = (
                 overdue,
                 -instance.weight(job) * instance.boost(job),  # aging credit included
-                _run_time_left(job) if shortest else 0.0,
+                _queue_time(job, head_start, cap) if shortest else 0.0,
                 -job.total_gpus,
                 job.submit_time,
                 job.id,
             )
     return keys
+
+
+def _queue_time(job: Job, head_start: float | None, cap: float | None) -> float:
+    """Shortest first's place within a weight: the run time left, or with a head start
+    (``SolverConfig.queue_head_start``) the submission time plus that multiple of the run
+    time left (at most ``queue_head_start_cap_s``): a job that has waited longer than
+    another by more than the difference goes first."""
+    run_time = _run_time_left(job)
+    if head_start is None or math.isinf(run_time):
+        return run_time
+    ahead = head_start * run_time
+    return job.submit_time + (ahead if cap is None else min(ahead, cap))
 
 
 def _run_time_left(job: Job) -> float:
