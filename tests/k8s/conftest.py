@@ -17,12 +17,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
+
+if TYPE_CHECKING:
+    from tests.k8s.real_node import RealNode
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "k8s-cluster.sh"
@@ -200,3 +203,32 @@ def kube(k8s_cluster: K8sCluster) -> Iterator[Kube]:
         yield kube
     finally:
         kube.cleanup()
+
+
+# --- the real node of the test_real_node_* modules (tests/k8s/real_node.py) ------------------
+
+
+@pytest.fixture(scope="package")
+def real_node_started() -> Iterator[RealNode]:
+    """One real node for every module here that uses it (starting one takes 20-25 s),
+    stopped after the last of them (they are the package's last modules)."""
+    from tests.k8s import real_node
+
+    try:
+        with real_node.started() as node:
+            yield node
+    except real_node.RealNodeUnavailable as unavailable:
+        pytest.fail(str(unavailable), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def real_node(real_node_started: RealNode) -> Iterator[RealNode]:
+    """The real node, left by the module as it found it: whatever the module added to it
+    (webhook configurations, RBAC, namespaces, Kueue objects, Jobs and pods, checkpoint
+    images and archives) is removed when it ends, after its own fixtures' teardown (its
+    agents and webhook server stopped)."""
+    from tests.k8s.real_node import inventory, remove_added
+
+    before = inventory(real_node_started)
+    yield real_node_started
+    remove_added(real_node_started, before)

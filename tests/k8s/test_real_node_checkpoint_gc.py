@@ -1,7 +1,7 @@
 """The node agent's checkpoint images are garbage-collected on a REAL node (issue 15), and
 the agent's kubelet identity of deploy/kubernetes/components/node-agent works there.
 
-The real node of ``test_real_node_restore`` (a kubelet v1.37 with containerd 2.3 and CRIU).
+The real node of ``tests/k8s/real_node.py`` (a kubelet v1.37 with containerd 2.3 and CRIU).
 The component's Namespace, ServiceAccount, ClusterRole and binding are applied to its API
 server as they are; the agent (a real ``python -m agent api`` process, as the DaemonSet
 runs it) calls the kubelet with a token of that ServiceAccount (TokenRequest, as the
@@ -34,6 +34,7 @@ from connectors.kubernetes.actions import PodOnNode
 from connectors.kubernetes.node_agent import agent_checkpoint
 from connectors.kubernetes.restore_webhook import image_restore
 from tests.k8s.conftest import wait_for
+from tests.k8s.real_node import NODE, PORT_BASE, REPO, RealNode
 from tests.k8s.test_real_node_checkpoint_preemption import (
     AGENT_TOKEN,
     NAMESPACE,
@@ -41,19 +42,7 @@ from tests.k8s.test_real_node_checkpoint_preemption import (
     start_agent,
     stop_agent,
 )
-from tests.k8s.test_real_node_restore import (  # noqa: F401 (fixtures)
-    BUSYBOX,
-    NODE,
-    PORT_BASE,
-    REPO,
-    RealNode,
-    _runnable,
-    counter_pod,
-    gone,
-    real_node,
-    running,
-    state,
-)
+from tests.k8s.test_real_node_restore import BUSYBOX, counter_pod, gone, running, state
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +101,7 @@ class Agent:
 
 
 @pytest.fixture(scope="module")
-def agent(real_node: RealNode) -> Iterator[Agent]:  # noqa: F811 (the fixture)
+def agent(real_node: RealNode) -> Iterator[Agent]:
     """The agent under the component's ServiceAccount: its token, no client certificate."""
     api = real_node.core.api_client
     for name in IDENTITY:
@@ -153,7 +142,7 @@ def deleted(node: RealNode, name: str) -> None:
 
 
 def test_an_image_is_kept_while_its_restored_pod_uses_it_and_until_its_ttl_after(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     agent: Agent,
 ) -> None:
     node = real_node
@@ -195,7 +184,7 @@ def test_an_image_is_kept_while_its_restored_pod_uses_it_and_until_its_ttl_after
 
 
 def test_an_unused_image_past_its_ttl_is_removed_and_others_images_are_never_touched(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     agent: Agent,
 ) -> None:
     node = real_node
@@ -229,7 +218,7 @@ def test_an_unused_image_past_its_ttl_is_removed_and_others_images_are_never_tou
 
 
 def test_the_apis_periodic_sweep_removes_an_expired_image_and_says_so(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     agent: Agent,
 ) -> None:
     node = real_node

@@ -1,7 +1,7 @@
 """Checkpoint-aware preemption on Kueue with a REAL node: the preempted Job's new pod is
 restored from the kubelet checkpoint of the old one (issue 15, kubernetes-sigs/kueue#477).
 
-The real node of ``test_real_node_restore`` (``scripts/k8s/real-node/real-node.sh``: a
+The real node of ``tests/k8s/real_node.py`` (``scripts/k8s/real-node/real-node.sh``: a
 kubelet with containerd 2.3 and CRIU beside the kwok nodes, and Kueue v0.17's manager, all
 of ``scripts/k8s-cluster.sh``) runs a busybox counter as a Kueue-admitted Job.
 ``connectors.kueue.actions.preempt_with_checkpoint`` preempts it; its checkpoint callback
@@ -66,19 +66,8 @@ from connectors.kueue import actions
 from connectors.kueue.connector import KueueConnector
 from tests.connectors.test_restore_webhook import post_review, tls_files
 from tests.k8s.conftest import Kube, condition, wait_for
-from tests.k8s.test_real_node_restore import (  # noqa: F401 (fixtures)
-    BUSYBOX,
-    NODE,
-    PORT_BASE,
-    REPO,
-    RealNode,
-    _runnable,
-    counter_pod,
-    gone,
-    real_node,
-    running,
-    state,
-)
+from tests.k8s.real_node import NODE, PORT_BASE, REPO, RealNode
+from tests.k8s.test_real_node_restore import BUSYBOX, counter_pod, gone, running, state
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +81,7 @@ NAMESPACE = "default"  # RealNode.counts reads the kubelet's logs of pods in def
 
 
 @pytest.fixture(scope="module")
-def webhook(real_node: RealNode) -> Iterator[bytes]:  # noqa: F811 (the fixture)
+def webhook(real_node: RealNode) -> Iterator[bytes]:
     """The restore webhook served on 127.0.0.1 and registered with the node's API server by
     the deploy component's configuration, its Service swapped for that URL; yields the CA."""
     cert, key, ca = tls_files(real_node.directory)
@@ -113,7 +102,7 @@ def webhook(real_node: RealNode) -> Iterator[bytes]:  # noqa: F811 (the fixture)
 
 
 @pytest.fixture(scope="module")
-def kube(real_node: RealNode) -> Kube:  # noqa: F811 (the fixture)
+def kube(real_node: RealNode) -> Kube:
     """Kueue's queues for the real node: a flavor whose nodes are the real one (Kueue puts
     its label in the admitted pods' nodeSelector), a ClusterQueue, LocalQueue ``real``."""
     kube = Kube(real_node.core.api_client, NAMESPACE)
@@ -241,7 +230,7 @@ class NodeAgent:
         return sorted(self.checkpoints.glob("*.tar"))
 
 
-def agent_env(node: RealNode, state: Path) -> dict[str, str]:  # noqa: F811 (not the fixture)
+def agent_env(node: RealNode, state: Path) -> dict[str, str]:
     """The agent's settings (agent.settings) for the real node: its kubelet, verified
     against the kubelet's self-signed serving certificate under the node's name, the
     cluster admin's client certificate (allowed nodes/checkpoint and nodes/proxy), and
@@ -294,7 +283,7 @@ def stop_agent(process: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
-def node_agent(real_node: RealNode) -> Iterator[NodeAgent]:  # noqa: F811 (the fixture)
+def node_agent(real_node: RealNode) -> Iterator[NodeAgent]:
     state = real_node.directory / "agent"
     env = agent_env(real_node, state)
     process = start_agent(env, AGENT_PORT, real_node.directory / "logs" / "agent.log")
@@ -400,7 +389,7 @@ def restored(
 
 
 def test_a_preempted_kueue_job_resumes_its_count_from_the_node_agents_checkpoint(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     webhook: bytes,
     kube: Kube,
     node_agent: NodeAgent,
@@ -437,7 +426,7 @@ def test_a_preempted_kueue_job_resumes_its_count_from_the_node_agents_checkpoint
 
 
 def test_the_kueue_connector_suspends_through_the_node_agent_when_given_its_url(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     webhook: bytes,
     kube: Kube,
     node_agent: NodeAgent,
@@ -482,7 +471,7 @@ def test_the_kueue_connector_suspends_through_the_node_agent_when_given_its_url(
 
 
 def test_a_plain_job_suspended_to_resume_restores_from_the_node_agents_checkpoint(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     webhook: bytes,
     node_agent: NodeAgent,
 ) -> None:
@@ -518,7 +507,7 @@ def test_a_plain_job_suspended_to_resume_restores_from_the_node_agents_checkpoin
 
 
 def test_the_webhook_leaves_other_pods_alone_and_refuses_a_restore_it_cannot_do(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     webhook: bytes,
 ) -> None:
     node = real_node
@@ -569,7 +558,7 @@ def test_the_webhook_leaves_other_pods_alone_and_refuses_a_restore_it_cannot_do(
 
 
 def test_the_node_agent_refuses_what_it_cannot_checkpoint_and_leaves_nothing_behind(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     node_agent: NodeAgent,
 ) -> None:
     """Each refusal names its cause, as the connector's callback reports it: a pod not on
@@ -625,7 +614,7 @@ def test_the_node_agent_refuses_what_it_cannot_checkpoint_and_leaves_nothing_beh
     wait_for("agent-refusals deleted", lambda: gone(node, "agent-refusals"))
 
 
-def client_certificate(node: RealNode, user: str) -> tuple[Path, Path]:  # noqa: F811
+def client_certificate(node: RealNode, user: str) -> tuple[Path, Path]:
     """A client certificate for ``user``, signed by the cluster's CA (which the kubelet
     trusts for clients)."""
     pki = node.directory / "cluster" / "pki"
@@ -659,7 +648,7 @@ def client_certificate(node: RealNode, user: str) -> tuple[Path, Path]:  # noqa:
 
 
 def test_the_node_agent_needs_only_nodes_checkpoint_and_nodes_pods(
-    real_node: RealNode,  # noqa: F811 (the fixture)
+    real_node: RealNode,
     node_agent: NodeAgent,
 ) -> None:
     """The kubelet client the agent needs: ``create nodes/checkpoint`` and ``get
