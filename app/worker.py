@@ -32,8 +32,6 @@ from wire.queues import CONTROL_QUEUE
 
 log = logging.getLogger(__name__)
 STALE_CHECK_PERIOD_S = 60.0
-# Dispatches approved actions and times out unanswered saga steps (app.actions.tasks.sweep).
-ACTION_SWEEP_PERIOD_S = 5.0
 # Folds the utilization roll-up's deltas (PostgreSQL): reads sum the ones not folded yet,
 # so this bounds their cost, not their exactness.
 ROLLUP_FOLD_PERIOD_S = 10.0
@@ -68,7 +66,8 @@ def make_celery(settings: Settings) -> Celery:
             },
             "action-sweep": {
                 "task": "app.actions.tasks.sweep",
-                "schedule": ACTION_SWEEP_PERIOD_S,
+                # dispatches approved actions, times out unanswered saga steps
+                "schedule": settings.action_sweep_period_s,
             },
             "shaping-cycle": {
                 "task": "app.shaping.tasks.run_shaping_cycles",

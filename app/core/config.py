@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     # Overrides every saga step's timeout (impatient tests, slow sites); unset: the
     # per-step defaults in app.actions.saga.STEP_TIMEOUT_S.
     action_step_timeout_s: float | None = Field(default=None, gt=0)
+    # How often the beat's sweep dispatches approved actions and sends again the saga steps
+    # whose timeout passed (app.actions.tasks.sweep): a step is sent again up to this long
+    # after its timeout. Impatient tests shorten it with the step timeouts.
+    action_sweep_period_s: float = Field(default=5.0, gt=0)
     # How long a migration waits for the scheduler (Slurm) to start a requeued job on its
     # target; Slurm holds a requeued job for its cred_expire (120 s by default) first.
     scheduler_start_wait_s: float = Field(default=DEFAULT_SCHEDULER_START_WAIT_S, gt=0)

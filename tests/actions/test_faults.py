@@ -36,7 +36,8 @@ from tests.support.counter import count_of, next_count, progress_of
 from tests.support.pipeline import Pipeline
 from tests.support.plans import action_state
 
-IMPATIENT = {"SHAPER_ACTION_STEP_TIMEOUT_S": "3"}
+# A step unanswered for 3 s is sent again at the next sweep, within a second (5 s by default).
+IMPATIENT = {"SHAPER_ACTION_STEP_TIMEOUT_S": "3", "SHAPER_ACTION_SWEEP_PERIOD_S": "1"}
 
 
 def real_fault() -> None:

@@ -108,3 +108,11 @@ def test_in_process_beat_fires_the_schedule() -> None:
         beat.stop()
         beat.join(timeout=5)
     assert not beat.is_alive()
+
+
+def test_the_action_sweep_runs_as_often_as_set() -> None:
+    """SHAPER_ACTION_SWEEP_PERIOD_S: every 5 s unless told (impatient tests ask for 1 s)."""
+    schedule = make_celery(Settings(environment="test")).conf.beat_schedule
+    assert schedule["action-sweep"] == {"task": "app.actions.tasks.sweep", "schedule": 5.0}
+    faster = make_celery(Settings(environment="test", action_sweep_period_s=1))
+    assert faster.conf.beat_schedule["action-sweep"]["schedule"] == 1.0
