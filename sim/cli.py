@@ -519,6 +519,20 @@ def inflation(
     solver_batch: Annotated[
         int, typer.Option(help="shaper-solver (not run by default): arriving pods per solve")
     ] = DEFAULT_SOLVER_BATCH,
+    solver_moves_across: Annotated[
+        bool,
+        typer.Option(
+            help="shaper-solver: a pod that fits nowhere may move shares to other nodes "
+            "(SolverConfig.share_moves_across_nodes)"
+        ),
+    ] = False,
+    solver_cpu_only_last: Annotated[
+        bool,
+        typer.Option(
+            help="shaper-solver: CPU-only pods (no solver job) placed after the plan of "
+            "their batch, not on arrival"
+        ),
+    ] = False,
     out: OutOpt = None,
     markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = True,
@@ -564,6 +578,8 @@ def inflation(
                         tie_break=tie_break,
                         progress=(lambda done: callback(done, 1.0)) if callback else None,
                         solver_batch=solver_batch,
+                        solver_moves_across=solver_moves_across,
+                        solver_cpu_only_last=solver_cpu_only_last,
                     )
                 )
         return results

@@ -520,6 +520,14 @@ class SolverConfig(_Frozen):
         "leaves the free GPUs most usable by the block jobs waiting (solver.gang_fit); "
         "off: best fit",
     )
+    # Off by default: issue 12's fractional-GPU measurement (README, the FGD section).
+    share_moves_across_nodes: bool = Field(
+        default=False,
+        description="a pending share of a GPU, or a pending single-node whole-GPU job, that "
+        "fits nowhere may move checkpointable, migratable shares off one GPU of a node to "
+        "other nodes (the option that grows FGD's fragmentation least, within "
+        "max_migrations_per_cycle; solver.greedy.sharing); needs migration",
+    )
     # Off by default (a job past its SLA's max queue wait always gets the reservation):
     # measured at 6 h on the built-in scenarios (README, "Starvation") it shortened the
     # longest waits but idled reserved GPUs, costing up to 3.3 utilization points.

@@ -63,10 +63,14 @@ def run_inflation(
     tie_break: str = "name",
     progress: Callable[[float], None] | None = None,
     solver_batch: int = DEFAULT_BATCH,
+    solver_moves_across: bool = False,
+    solver_cpu_only_last: bool = False,
 ) -> InflationResult:
     """Run one inflation experiment; ``policy`` is one of ``POLICIES`` or
     ``SHAPER_POLICIES`` (which place by ``placement``), or ``shaper-solver`` (the
-    solver, ``solver_batch`` pods per solve: :mod:`sim.fgd.through_solver`). ``cpu_nodes``
+    solver, ``solver_batch`` pods per solve, ``solver_moves_across``: shares moved to other
+    nodes, ``solver_cpu_only_last``: CPU-only pods after their batch's plan,
+    :mod:`sim.fgd.through_solver`). ``cpu_nodes``
     adds the node list's CPU-only nodes to the cluster (the reference uses the GPU nodes
     only)."""
     if policy not in KNOWN_POLICIES:
@@ -105,6 +109,8 @@ def run_inflation(
             batch=solver_batch,
             progress=progress,
             goal=target * capacity,
+            moves_across=solver_moves_across,
+            cpu_only_last=solver_cpu_only_last,
         )
         workload = []  # placed already
         arrived = int(arrivals[-1]) if len(arrivals) else 0

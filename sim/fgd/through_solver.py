@@ -59,7 +59,9 @@ class SolverCluster:
     """The cluster's pods as solver jobs, kept between cycles (a job is rebuilt only when
     its pod moves), and the cycle: instance, solve, apply."""
 
-    def __init__(self, cluster: Cluster, mix: TaskMix, *, movable_budget: int) -> None:
+    def __init__(
+        self, cluster: Cluster, mix: TaskMix, *, movable_budget: int, moves_across: bool = False
+    ) -> None:
         self.cluster = cluster
         order = (
             np.argsort(cluster.tie_rank, kind="stable")
@@ -86,6 +88,7 @@ class SolverCluster:
             max_migrations_per_cycle=movable_budget,
             migration_cooldown_s=0.0,
             dwell_s=0.0,
+            share_moves_across_nodes=moves_across,
         )
         self.running: dict[str, Job] = {}  # pod id -> its job as placed
         # The cluster hosts pods as (pod, gpus) lists per node, and pods are shared objects
@@ -221,16 +224,23 @@ def run_through_solver(
     batch: int = DEFAULT_BATCH,
     progress: Callable[[float], None] | None = None,
     goal: float = 1.0,
+    moves_across: bool = False,
+    cpu_only_last: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Place ``workload`` through the solver, ``batch`` pods per solve. Returns the
-    arrived and allocated milli after every pod, the pods failed and the migrations."""
+    """Place ``workload`` through the solver, ``batch`` pods per solve (``moves_across``:
+    ``SolverConfig.share_moves_across_nodes``). CPU-only pods are placed on arrival, or
+    with ``cpu_only_last`` after the plan of the batch they arrived in (in arrival order:
+    where the solver's value order puts jobs of no GPU, after those of equal weight that
+    hold GPUs). Returns the arrived and allocated milli after every pod, the pods failed
+    and the migrations."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, not {batch}")
-    solver_cluster = SolverCluster(cluster, mix, movable_budget=budget)
+    solver_cluster = SolverCluster(cluster, mix, movable_budget=budget, moves_across=moves_across)
     arrivals = np.zeros(len(workload), dtype=np.int64)
     allocations = np.zeros(len(workload), dtype=np.int64)
     arrived = failed = migrations = 0
     waiting: list[tuple[str, Pod]] = []
+    cpu_waiting: list[tuple[int, Pod]] = []
     first = 0  # index of the first pod of the batch being collected
 
     def flush(upto: int) -> None:
@@ -243,6 +253,9 @@ def run_through_solver(
             failed += applied.failed
             migrations += applied.migrations
             waiting.clear()
+        for count, pod in cpu_waiting:
+            place_cpu_only(count, pod)
+        cpu_waiting.clear()
         gained = np.zeros(upto - first, dtype=np.int64)
         for k in range(first, upto):
             if f"pod-{k}" in solver_cluster.running:
@@ -250,16 +263,23 @@ def run_through_solver(
         allocations[first:upto] = before + np.cumsum(gained)
         first = upto
 
+    def place_cpu_only(count: int, pod: Pod) -> None:
+        """CPU-only: not a solver job; FGD's placement."""
+        nonlocal failed
+        choice = select_node("fgd", cluster, pod, rng, mix)
+        if choice is None:
+            failed += 1
+        else:
+            solver_cluster.place_cpu_only(choice[0], f"cpu-{count}", pod)
+
     for count, pod in enumerate(workload):
         arrived += pod.gpu_request
         arrivals[count] = arrived
         if pod.gpus == 0:
-            # CPU-only: not a solver job; FGD's placement, on arrival.
-            choice = select_node("fgd", cluster, pod, rng, mix)
-            if choice is None:
-                failed += 1
+            if cpu_only_last:
+                cpu_waiting.append((count, pod))
             else:
-                solver_cluster.place_cpu_only(choice[0], f"cpu-{count}", pod)
+                place_cpu_only(count, pod)
         else:
             waiting.append((f"pod-{count}", pod))
         if len(waiting) >= batch:

@@ -16,9 +16,15 @@ An instance with fractional jobs is planned in three steps (:func:`plan_with_sha
    GPUs (a migration each, within what the plan left of ``max_migrations_per_cycle``). The
    plan's ``gpu_indices`` name every fractional job's GPU; a move within a node is a
    ``migrate`` action whose reason names both GPUs.
+4. With ``config.share_moves_across_nodes`` (off by default), a share that still fits
+   nowhere, and first each single-node whole-GPU job the plan left pending for want of
+   room, get room by moving checkpointable, migratable shares to other nodes
+   (``solver.greedy.share_moves``); such a move is a ``migrate`` action whose reason names
+   both nodes and GPUs.
 
-What this does not do (yet): fractional jobs never preempt or get preempted, never move
-to another node, and count as one GPU in team quotas and the objective. MIG jobs
+What this does not do (yet): fractional jobs never preempt or get preempted, and count as
+one GPU in team quotas and the objective; they may move to another node, but only with
+``share_moves_across_nodes`` on (``solver.greedy.share_moves``). MIG jobs
 (``Job.mig_profile``) are split off before the shares and placed after them
 (``solver.greedy.mig_placement``). An instance without fractional or MIG jobs never comes
 here (its plan is unchanged, byte for byte).
@@ -33,7 +39,8 @@ from dataclasses import dataclass, field
 from solver.compat import node_accepts
 from solver.fragmentation import Shape, fgd_score, fragmentation_for, typical_shapes
 from solver.greedy import mig_placement
-from solver.greedy.holders import PlanParts, SplitGpus, holder_jobs
+from solver.greedy.holders import GpuKey, PlanParts, SplitGpus, holder_jobs
+from solver.greedy.share_moves import ShareMoves
 from solver.instance import FULL_GPU_MILLI, Instance, Job, NodeState, TypicalShape
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
 
@@ -55,7 +62,7 @@ def shapes_of(instance: Instance) -> tuple[TypicalShape, ...]:
 
 
 @dataclass
-class _NodeRoom:
+class NodeRoom:
     """What a node has free after the whole-GPU plan: per GPU milli, CPU and memory."""
 
     free: list[int]  # per GPU index: milli free (0 on a GPU a whole-GPU job holds)
@@ -63,6 +70,19 @@ class _NodeRoom:
     mem: int
     # Fractional jobs on each shared GPU index: job id -> milli.
     sharing: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def sharing_index(self, job_id: str) -> int:
+        """The GPU the fractional job ``job_id`` is on."""
+        return next(i for i, jobs in self.sharing.items() if job_id in jobs)
+
+    def copy(self) -> NodeRoom:
+        """A copy of the room (its lists and maps copied too)."""
+        return NodeRoom(
+            free=list(self.free),
+            cpu=self.cpu,
+            mem=self.mem,
+            sharing={i: dict(jobs) for i, jobs in self.sharing.items()},
+        )
 
 
 @dataclass
@@ -119,7 +139,7 @@ def _plan_shares(instance: Instance, plan_whole: Callable[[Instance], Plan]) -> 
     return shared.complete(plan_whole(shared.whole))
 
 
-class _Completion:
+class _Completion(ShareMoves):
     def __init__(self, shared: SharedGpus, plan: Plan) -> None:
         self.shared = shared
         self.instance = instance = shared.instance
@@ -127,18 +147,23 @@ class _Completion:
         self.fragmentation = fragmentation_for(shapes_of(instance))
         self.rooms = self._rooms()
         self.placed: dict[str, tuple[str, int]] = {}  # fractional job -> (node, GPU)
-        self.moved: dict[str, tuple[str, int, int]] = {}  # job -> (node, from GPU, to GPU)
+        # Moved fractional job -> (node, GPU) it held, (node, GPU) it goes to.
+        self.moved: dict[str, tuple[str, int, str, int]] = {}
+        # Pending whole-GPU jobs started on GPUs shares left (``share_moves_across_nodes``).
+        self.whole_started: dict[str, tuple[str, tuple[int, ...]]] = {}
+        # Trial moves (``ShareMoves._moves_across``): each touched node's room before the trial.
+        self._journal: dict[str, NodeRoom] | None = None
         self.pending: dict[str, Reason] = {}
         self.decisions: dict[str, Reason] = {}
         whole_moves = sum(1 for a in plan.actions if a.kind is ActionKind.migrate)
         self.moves_left = instance.config.max_migrations_per_cycle - whole_moves
 
-    def _rooms(self) -> dict[str, _NodeRoom]:
+    def _rooms(self) -> dict[str, NodeRoom]:
         instance = self.instance
         whole = self.shared.whole
-        rooms: dict[str, _NodeRoom] = {}
+        rooms: dict[str, NodeRoom] = {}
         for node in instance.nodes:
-            rooms[node.name] = _NodeRoom(
+            rooms[node.name] = NodeRoom(
                 free=[FULL_GPU_MILLI] * node.gpus,
                 cpu=node.cpu_milli or UNLIMITED,
                 mem=node.memory_mib or UNLIMITED,
@@ -167,6 +192,9 @@ class _Completion:
 
     def run(self) -> Plan:
         instance = self.instance
+        across = instance.config.migration and instance.config.share_moves_across_nodes
+        if across:
+            self._start_whole_jobs()
         queue = sorted(
             (job for job in instance.jobs if job.is_fractional and not job.is_running),
             key=lambda job: (-instance.weight(job), job.submit_time, job.id),
@@ -181,6 +209,8 @@ class _Completion:
                 self._place(job, *choice, why=ReasonCode.placed)
                 continue
             if instance.config.migration and self._repack_for(job):
+                continue
+            if across and self._place_across(job):
                 continue
             self.pending[job.id] = Reason(
                 code=ReasonCode.insufficient_capacity,
@@ -198,11 +228,14 @@ class _Completion:
             and node_accepts(self.instance, node, job)
         )
 
-    def _best_gpu(self, job: Job) -> tuple[str, int] | None:
-        """The node and GPU where FGD's score is highest (first node, lowest GPU on ties)."""
+    def _best_gpu(self, job: Job, exclude: str | None = None) -> tuple[str, int] | None:
+        """The node and GPU where FGD's score is highest (first node, lowest GPU on ties),
+        not on ``exclude``."""
         best: tuple[int, str, int] | None = None
         milli = job.gpu_milli
         for node in self.instance.nodes:
+            if node.name == exclude:
+                continue
             room = self.rooms[node.name]
             if not any(free >= milli for free in room.free):
                 continue
@@ -271,11 +304,7 @@ class _Completion:
                 room.free[source] += share
                 room.free[target] -= share
                 room.sharing.setdefault(target, {})[moved_id] = share
-                first = self.moved.get(moved_id, (node_name, source, target))[1]
-                if first == target:  # back where it was: no move after all
-                    self.moved.pop(moved_id, None)
-                else:
-                    self.moved[moved_id] = (node_name, first, target)
+                self._record_move(moved_id, (node_name, source), (node_name, target))
             self.moves_left -= len(assignment)
             self._place(job, node_name, index, why=ReasonCode.defragmentation)
             return True
@@ -318,6 +347,16 @@ class _Completion:
                     return target, assignment
         return None
 
+    def _record_move(self, job_id: str, source: GpuKey, target: GpuKey) -> None:
+        """``job_id`` goes from ``source`` to ``target``; a job back where it was has not
+        moved after all."""
+        first = self.moved.get(job_id)
+        start = (first[0], first[1]) if first is not None else source
+        if start == target:
+            self.moved.pop(job_id, None)
+        else:
+            self.moved[job_id] = (*start, *target)
+
     def _plan(self) -> Plan:
         instance = self.instance
         parts = PlanParts.without_holders(self.plan, self.shared.holders)
@@ -329,21 +368,25 @@ class _Completion:
             where = job.shared_gpu
             if where is not None:
                 node_name, index = where
+                to_placement = dict(job.placement)
                 if job.id in self.moved:
-                    _, source, index = self.moved[job.id]
+                    _, source, to_node, index = self.moved[job.id]
+                    if to_node == node_name:
+                        message = f"GPU {source} -> GPU {index} on {node_name}"
+                    else:
+                        message = f"GPU {source} on {node_name} -> GPU {index} on {to_node}"
+                        to_placement = {to_node: 1}
+                        node_name = to_node
                     actions.append(
                         Action(
                             kind=ActionKind.migrate,
                             job_id=job.id,
                             from_placement=dict(job.placement),
-                            to_placement=dict(job.placement),
-                            reason=Reason(
-                                code=ReasonCode.defragmentation,
-                                message=f"GPU {source} -> GPU {index} on {node_name}",
-                            ),
+                            to_placement=to_placement,
+                            reason=Reason(code=ReasonCode.defragmentation, message=message),
                         )
                     )
-                placement[job.id] = dict(job.placement)
+                placement[job.id] = to_placement
                 indices[job.id] = {node_name: (index,)}
             elif job.id in self.placed:
                 node_name, index = self.placed[job.id]
@@ -359,7 +402,22 @@ class _Completion:
                 )
             else:
                 pending[job.id] = self.pending[job.id]
+        for job_id, (node_name, gpus) in self.whole_started.items():
+            pending.pop(job_id, None)
+            to_placement = {node_name: len(gpus)}
+            placement[job_id] = to_placement
+            indices[job_id] = {node_name: gpus}
+            actions.append(
+                Action(
+                    kind=ActionKind.start,
+                    job_id=job_id,
+                    to_placement=to_placement,
+                    reason=self.decisions[job_id],
+                )
+            )
         started = len(self.placed)
-        return parts.plan(
-            f"fractional jobs: {started} placed, {len(self.moved)} moved within a node"
-        )
+        across = sum(1 for move in self.moved.values() if move[0] != move[2])
+        note = f"fractional jobs: {started} placed, {len(self.moved) - across} moved within a node"
+        if across or self.whole_started:
+            note += f", {across} to another node ({len(self.whole_started)} whole-GPU jobs started)"
+        return parts.plan(note)
