@@ -526,7 +526,7 @@ class SolverConfig(_Frozen):
         description="a pending share of a GPU, or a pending single-node whole-GPU job, that "
         "fits nowhere may move checkpointable, migratable shares off one GPU of a node to "
         "other nodes (the option that grows FGD's fragmentation least, within "
-        "max_migrations_per_cycle; solver.greedy.sharing); needs migration",
+        "max_migrations_per_cycle; solver.greedy.share_moves); needs migration",
     )
     # Off by default (a job past its SLA's max queue wait always gets the reservation):
     # measured at 6 h on the built-in scenarios (README, "Starvation") it shortened the

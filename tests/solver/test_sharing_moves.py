@@ -1,6 +1,6 @@
 """Moves of shares across nodes (``SolverConfig.share_moves_across_nodes``): a pending share
 or single-node whole-GPU job that fits nowhere gets room by moving checkpointable shares
-to other nodes (``solver.greedy.sharing``)."""
+to other nodes (``solver.greedy.share_moves``, from ``solver.greedy.sharing``)."""
 
 from __future__ import annotations
 
