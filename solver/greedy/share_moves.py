@@ -90,14 +90,9 @@ class ShareMoves:
 
     def _movable_on(self, room: NodeRoom, index: int) -> list[Job] | None:
         """The shares on GPU ``index`` that may move, largest first; None when one may not."""
-        jobs = self.instance.job_by_id
-        movable = []
-        for other in room.sharing.get(index, {}):
-            if other in self.placed or not self._may_move(jobs[other]):
-                return None
-            movable.append(jobs[other])
-        movable.sort(key=lambda j: (-j.gpu_milli, j.id))
-        return movable
+        sharing = room.sharing.get(index, {})
+        movable = self._movable_jobs(sharing)
+        return movable if len(movable) == len(sharing) else None
 
     def _movable_jobs(self, sharing: dict[str, int]) -> list[Job]:
         """The shares of ``sharing`` that may move, largest first."""
