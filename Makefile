@@ -22,7 +22,10 @@ serve: venv
 ## Install; start PostgreSQL and Redis, install Chromium and a CRIU that works on this
 ## kernel when missing, build the Kubernetes control plane and Kueue once per machine
 ## (scripts/k8s-build.sh: cached, ~25 min cold on 2 cores); Slurm and the Kubernetes cluster
-## are started by their test fixtures; lint (ruff, strict mypy) first; run everything.
+## are started by their test fixtures; lint (ruff, strict mypy) first; run everything, on
+## TEST_WORKERS pytest-xdist workers (tests/support/parallel.py keeps each real service's
+## tests on one worker).
+TEST_WORKERS ?= 2
 test: venv lint
 	scripts/services.sh
 	scripts/browser.sh
@@ -30,7 +33,7 @@ test: venv lint
 	scripts/k8s-build.sh >/dev/null
 	scripts/k8s/real-node/real-node.sh build
 	scripts/prometheus.sh
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 test: web
 
 ## The dashboard's bundle (TypeScript, uPlot; esbuild) from web/frontend/package-lock.json:

@@ -28,10 +28,29 @@ from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
 from tests.support.clock import T0
 from tests.support.database import session_in_rollback
+from tests.support.parallel import ModuleOrServiceScheduling, service_groups
 
 POSTGRES_ADMIN_DSN = os.environ.get(
     "SHAPER_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the modules that use a shared real service (tests/support/parallel.py)."""
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    groups = service_groups((module(item), item.fixturenames) for item in items)
+    for item in items:
+        if module(item) in groups:
+            item.add_marker(pytest.mark.xdist_group(groups[module(item)]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ModuleOrServiceScheduling:
+    return ModuleOrServiceScheduling(config, log)
 
 
 def _admin_connection() -> psycopg.Connection[Any]:

@@ -1,5 +1,10 @@
-"""One headless Chromium for the dashboard's tests, a fresh context for each test, and no
-uncaught error in the page."""
+"""One headless Chromium per module of the dashboard's tests, a fresh context for each test,
+and no uncaught error in the page.
+
+Per module, not per session: Playwright's sync API keeps an asyncio loop running in the
+test's thread while it is open, and on a pytest-xdist worker the next module may be one
+that runs its own loop there (``anyio.run``), which then fails with "Already running
+asyncio in this thread"."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from playwright.sync_api import Page, sync_playwright
 from tests.web.browser import BUNDLE, CHROMIUM
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     assert Path(CHROMIUM).exists(), "Chromium is missing: run scripts/browser.sh (make test does)"
     assert BUNDLE.exists(), "the dashboard is not built: run `make web` (make test does)"
