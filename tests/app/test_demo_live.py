@@ -31,6 +31,13 @@ def _get(base: str, token: str, path: str) -> Any:
     return response.json()
 
 
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def test_the_demo_runs_live_simulated_clusters_and_carries_out_its_plans(tmp_path: Path) -> None:
     port = free_port()
     started_at = datetime.now(UTC)
@@ -60,6 +67,11 @@ def test_the_demo_runs_live_simulated_clusters_and_carries_out_its_plans(tmp_pat
             assert time.monotonic() < deadline, log.read_text()
             found = re.search(r"#token=(shp_\S+)", log.read_text())
             token = found.group(1) if found else None
+            time.sleep(0.5)
+        # The demo prints its address just before the server starts listening.
+        while not _answers(f"{base}/healthz"):
+            assert demo.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.5)
 
         def settled() -> tuple[Counter[tuple[str, str, str]], list[dict[str, Any]]]:
