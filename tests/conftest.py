@@ -28,7 +28,11 @@ from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
 from tests.support.clock import T0
 from tests.support.database import session_in_rollback
-from tests.support.parallel import ModuleOrServiceScheduling, service_groups
+from tests.support.parallel import (
+    ModuleOrServiceScheduling,
+    refuse_unsafe_runs,
+    service_groups,
+)
 
 POSTGRES_ADMIN_DSN = os.environ.get(
     "SHAPER_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -46,6 +50,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if module(item) in groups:
             item.add_marker(pytest.mark.xdist_group(groups[module(item)]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    refuse_unsafe_runs(config)
 
 
 @pytest.hookimpl(optionalhook=True)

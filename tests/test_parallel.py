@@ -47,7 +47,9 @@ SUITE = {
 import os
 import time
 import pytest
-from tests.conftest import pytest_collection_modifyitems, pytest_xdist_make_scheduler
+from tests.conftest import (
+    pytest_collection_modifyitems, pytest_configure, pytest_xdist_make_scheduler
+)
 
 def note(kind):
     time.sleep(0.3)

@@ -25,7 +25,6 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
 import pytest
-from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 from xdist.workermanage import WorkerController
 
@@ -68,22 +67,23 @@ def service_groups(uses: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:
     }
 
 
+def refuse_unsafe_runs(config: pytest.Config) -> None:
+    """Refuse a run on several workers whose groups would not reach the scheduler: two
+    workers would each start the same real service."""
+    dist = config.getvalue("dist")
+    if dist not in ("no", "loadgroup"):  # "no": one process, no xdist
+        raise pytest.UsageError(f"on several workers the tests need `--dist loadgroup`, not {dist}")
+    if dist == "loadgroup" and pytest.version_tuple[:2] >= (9, 2):
+        raise pytest.UsageError(
+            "pytest 9.2 loses pytest-xdist's test groups (pytest-dev/pytest-xdist#1386): "
+            "run the tests on one worker, or with pytest<9.2 as pyproject.toml pins"
+        )
+
+
 class ModuleOrServiceScheduling(LoadScopeScheduling):
     """xdist's scope scheduling with a module as the scope, or the service group a test's
     node id carries (pytest-xdist appends ``@<group>`` to the id of a test with an
     ``xdist_group`` mark); the service groups are handed out first."""
-
-    def __init__(self, config: pytest.Config, log: Producer | None = None) -> None:
-        # Without these the groups never reach the node ids, and two workers would each
-        # start the same real service.
-        if config.getvalue("dist") != "loadgroup":
-            raise pytest.UsageError("on several workers the tests need `--dist loadgroup`")
-        if pytest.version_tuple[:2] >= (9, 2):
-            raise pytest.UsageError(
-                "pytest 9.2 loses pytest-xdist's test groups (pytest-dev/pytest-xdist#1386): "
-                "run the tests on one worker, or with pytest<9.2 as pyproject.toml pins"
-            )
-        super().__init__(config, log)
 
     def _split_scope(self, nodeid: str) -> str:
         if nodeid.rfind("@") > nodeid.rfind("]"):  # not an '@' inside a parameter's id
