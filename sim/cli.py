@@ -37,6 +37,7 @@ from sim.fgd.report import (
     seed_spread_json,
     seed_spread_markdown,
 )
+from sim.fgd.through_solver import CPU_ONLY_TURNS
 from sim.fgd.through_solver import DEFAULT_BATCH as DEFAULT_SOLVER_BATCH
 from sim.idle_report import idle_markdown, idle_table
 from sim.metrics import RunResult
@@ -526,13 +527,14 @@ def inflation(
             "(SolverConfig.share_moves_across_nodes)"
         ),
     ] = False,
-    solver_cpu_only_last: Annotated[
-        bool,
+    solver_cpu_only: Annotated[
+        str,
         typer.Option(
-            help="shaper-solver: CPU-only pods (no solver job) placed after the plan of "
-            "their batch, not on arrival"
+            help="shaper-solver: when CPU-only pods (no solver job) are placed: arrival (as "
+            "they come, before their batch's earlier GPU pods), in-order (each closes its "
+            "batch: every pod in arrival order), last (after their batch's plan)"
         ),
-    ] = False,
+    ] = "in-order",
     out: OutOpt = None,
     markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = True,
@@ -544,6 +546,10 @@ def inflation(
         raise typer.BadParameter(f"unknown {unknown}; one of {', '.join(INFLATION_CHOICES)}")
     if solver_batch < 1:
         raise typer.BadParameter("at least 1", param_hint="--solver-batch")
+    if solver_cpu_only not in CPU_ONLY_TURNS:
+        raise typer.BadParameter(
+            f"one of {', '.join(CPU_ONLY_TURNS)}", param_hint="--solver-cpu-only"
+        )
     if not pods.is_file():
         raise typer.BadParameter(f"{pods}: no such file", param_hint="PODS")
     try:
@@ -579,7 +585,7 @@ def inflation(
                         progress=(lambda done: callback(done, 1.0)) if callback else None,
                         solver_batch=solver_batch,
                         solver_moves_across=solver_moves_across,
-                        solver_cpu_only_last=solver_cpu_only_last,
+                        solver_cpu_only=solver_cpu_only,
                     )
                 )
         return results

@@ -22,7 +22,12 @@ from sim.fgd.placement import POLICIES, select_node
 from sim.fgd.pod import FULL
 from sim.fgd.results import InflationResult
 from sim.fgd.shaper import MAKE_ROOM, SHAPER_POLICIES
-from sim.fgd.through_solver import DEFAULT_BATCH, SOLVER_POLICY, run_through_solver
+from sim.fgd.through_solver import (
+    CPU_ONLY_TURNS,
+    DEFAULT_BATCH,
+    SOLVER_POLICY,
+    run_through_solver,
+)
 from sim.fgd.workload import inflated_workload, read_pods
 from sim.traces.alibaba import read_alibaba_nodes
 
@@ -64,12 +69,12 @@ def run_inflation(
     progress: Callable[[float], None] | None = None,
     solver_batch: int = DEFAULT_BATCH,
     solver_moves_across: bool = False,
-    solver_cpu_only_last: bool = False,
+    solver_cpu_only: str = "in-order",
 ) -> InflationResult:
     """Run one inflation experiment; ``policy`` is one of ``POLICIES`` or
     ``SHAPER_POLICIES`` (which place by ``placement``), or ``shaper-solver`` (the
     solver, ``solver_batch`` pods per solve, ``solver_moves_across``: shares moved to other
-    nodes, ``solver_cpu_only_last``: CPU-only pods after their batch's plan,
+    nodes, ``solver_cpu_only``: the CPU-only pods' turn, one of ``CPU_ONLY_TURNS``,
     :mod:`sim.fgd.through_solver`). ``cpu_nodes``
     adds the node list's CPU-only nodes to the cluster (the reference uses the GPU nodes
     only)."""
@@ -79,6 +84,10 @@ def run_inflation(
         raise ValueError(f"tie_break must be 'name' or 'random', not {tie_break!r}")
     if placement not in POLICIES:
         raise ValueError(f"unknown placement {placement!r}; one of {POLICIES}")
+    if solver_cpu_only not in CPU_ONLY_TURNS:
+        raise ValueError(
+            f"solver_cpu_only must be one of {CPU_ONLY_TURNS}, not {solver_cpu_only!r}"
+        )
     pods_all = read_pods(pods_path, movable=movable)
     read_alibaba_nodes(nodes_path)  # validates the node list's columns
     cluster = Cluster(nodes_path, include_cpu_nodes=cpu_nodes)
@@ -110,7 +119,7 @@ def run_inflation(
             progress=progress,
             goal=target * capacity,
             moves_across=solver_moves_across,
-            cpu_only_last=solver_cpu_only_last,
+            cpu_only=solver_cpu_only,
         )
         workload = []  # placed already
         arrived = int(arrivals[-1]) if len(arrivals) else 0

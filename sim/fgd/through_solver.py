@@ -11,9 +11,10 @@ migrations are applied to the cluster; a pod the plan leaves pending is unalloca
 good, as in the reference (nothing leaves, so waiting would not help).
 
 Where it differs from the other policies: pods are planned a batch at a time
-(``batch`` pods per solve; one per solve is the reference's order, and slow), CPU-only
-pods — which ``solver.Instance`` cannot express (every job holds GPUs) — are placed on
-arrival by FGD's own placement, and the solve runs without CP-SAT (the greedy path:
+(``batch`` GPU pods per solve at most; one per solve is the reference's order, and slow),
+CPU-only pods — which ``solver.Instance`` cannot express (every job holds GPUs) — are
+placed by FGD's own placement, by default in their arrival turn (each closes the batch of
+GPU pods before it, which is planned first), and the solve runs without CP-SAT (the greedy path:
 ``SolverConfig(use_cp_sat=False)``), deterministic, with no preemption (the figure is
 migration's, as ``shaper-defrag``'s is).
 """
@@ -43,6 +44,8 @@ from solver.solve import solve
 
 SOLVER_POLICY = "shaper-solver"
 DEFAULT_BATCH = 50
+# When a CPU-only pod (not a solver job) is placed: see run_through_solver.
+CPU_ONLY_TURNS = ("arrival", "in-order", "last")
 NO_MODEL = "none"  # the GPU model name of CPU-only nodes
 
 
@@ -225,16 +228,21 @@ def run_through_solver(
     progress: Callable[[float], None] | None = None,
     goal: float = 1.0,
     moves_across: bool = False,
-    cpu_only_last: bool = False,
+    cpu_only: str = "in-order",
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Place ``workload`` through the solver, ``batch`` pods per solve (``moves_across``:
-    ``SolverConfig.share_moves_across_nodes``). CPU-only pods are placed on arrival, or
-    with ``cpu_only_last`` after the plan of the batch they arrived in (in arrival order:
-    where the solver's value order puts jobs of no GPU, after those of equal weight that
-    hold GPUs). Returns the arrived and allocated milli after every pod, the pods failed
-    and the migrations."""
+    ``SolverConfig.share_moves_across_nodes``). CPU-only pods take the turn ``cpu_only``
+    names (one of ``CPU_ONLY_TURNS``): ``arrival``, placed as they come, before the GPU
+    pods of their batch that came earlier but wait for its solve; ``in-order``, after
+    those: a CPU-only pod closes the batch, which is planned first, so every pod is placed
+    in arrival order as in the reference; ``last``, after the plan of the batch they
+    arrived in, in arrival order (where the solver's value order puts jobs of no GPU,
+    after those of equal weight that hold GPUs). Returns the arrived and allocated milli
+    after every pod, the pods failed and the migrations."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, not {batch}")
+    if cpu_only not in CPU_ONLY_TURNS:
+        raise ValueError(f"cpu_only must be one of {CPU_ONLY_TURNS}, not {cpu_only!r}")
     solver_cluster = SolverCluster(cluster, mix, movable_budget=budget, moves_across=moves_across)
     arrivals = np.zeros(len(workload), dtype=np.int64)
     allocations = np.zeros(len(workload), dtype=np.int64)
@@ -275,14 +283,13 @@ def run_through_solver(
     for count, pod in enumerate(workload):
         arrived += pod.gpu_request
         arrivals[count] = arrived
-        if pod.gpus == 0:
-            if cpu_only_last:
-                cpu_waiting.append((count, pod))
-            else:
-                place_cpu_only(count, pod)
+        if pod.gpus == 0 and cpu_only == "arrival":
+            place_cpu_only(count, pod)
+        elif pod.gpus == 0:
+            cpu_waiting.append((count, pod))
         else:
             waiting.append((f"pod-{count}", pod))
-        if len(waiting) >= batch:
+        if len(waiting) >= batch or (pod.gpus == 0 and cpu_only == "in-order"):
             flush(count + 1)
             if progress is not None:
                 progress(min(1.0, arrived / goal))

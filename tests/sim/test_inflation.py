@@ -352,3 +352,8 @@ def test_cli_inflation_input_errors(tmp_path: Path) -> None:
         sim_app, ["inflation", str(PODS), "--nodes", str(NODES), "--movable", "some"]
     )
     assert movable.exit_code == 2 and "--movable" in movable.output
+    turn = runner.invoke(
+        sim_app, ["inflation", str(PODS), "--nodes", str(NODES), "--solver-cpu-only", "first"]
+    )
+    assert turn.exit_code == 2 and "--solver-cpu-only" in flat(turn.output)
+    assert "arrival, in-order, last" in flat(turn.output)

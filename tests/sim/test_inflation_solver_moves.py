@@ -1,5 +1,5 @@
 """``shaper-solver`` with shares moved across nodes (``--solver-moves-across``) and CPU-only
-pods placed after their batch's plan (``--solver-cpu-only-last``)."""
+pods' turn (``--solver-cpu-only arrival | in-order | last``)."""
 
 from __future__ import annotations
 
@@ -40,20 +40,24 @@ def test_every_plan_of_the_trace_excerpt_is_valid_with_moves_across(
             return applied
 
     monkeypatch.setattr(through_solver, "SolverCluster", Checked)
-    result = run_inflation(NODES, PODS, SOLVER_POLICY, seed=2, solver_moves_across=True)
+    # Seed 2 with the CPU-only pods on arrival is a run with shares moved across nodes.
+    result = run_inflation(
+        NODES, PODS, SOLVER_POLICY, seed=2, solver_moves_across=True, solver_cpu_only="arrival"
+    )
     assert result.migrations >= len(across) > 0
     for move in across:
         assert " -> GPU " in move.reason.message
 
 
-def test_moves_and_cpu_only_last_conserve_the_cluster() -> None:
+@pytest.mark.parametrize(("turn", "seed"), [("last", 2), ("in-order", 3)])
+def test_moves_and_the_cpu_only_pods_turn_conserve_the_cluster(turn: str, seed: int) -> None:
     result = run_inflation(
         NODES,
         PODS,
         SOLVER_POLICY,
-        seed=2,
+        seed=seed,
         solver_moves_across=True,
-        solver_cpu_only_last=True,
+        solver_cpu_only=turn,
     )
     assert result.cluster is not None
     check_cluster(result.cluster)
@@ -62,27 +66,36 @@ def test_moves_and_cpu_only_last_conserve_the_cluster() -> None:
     assert result.migrations > 0
 
 
-def test_cpu_only_pods_last_leave_the_batch_its_cpu(tmp_path: Path) -> None:
+def test_the_cpu_only_pods_turn(tmp_path: Path) -> None:
+    """One node's CPU fits one of a CPU-only pod and a GPU pod; who gets it depends on the
+    turn: ``arrival`` places the CPU-only pod as it comes, ahead of a GPU pod that came
+    before it but waits for its batch's solve; ``in-order`` places every pod in arrival
+    order; ``last`` places the CPU-only pods after their batch's plan."""
     nodes = tmp_path / "nodes.csv"
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,16000,65536,1,V100\n")
     cpu_pod = Pod(cpu=10_000, mem=1024, gpus=0, milli=0, models=(), checkpointable=False)
     gpu_pod = Pod(cpu=12_000, mem=1024, gpus=1, milli=1000, models=(), checkpointable=False)
-    workload = [cpu_pod, gpu_pod]
-    mix = TaskMix(workload)
 
-    def allocated(cpu_only_last: bool) -> tuple[int, int]:
+    def allocated(workload: list[Pod], turn: str) -> tuple[int, int]:
         cluster = Cluster(nodes)
         _, allocations, failed, _ = run_through_solver(
             cluster,
             workload,
-            mix,
+            TaskMix(workload),
             np.random.default_rng(0),
             budget=4,
-            batch=1,
-            cpu_only_last=cpu_only_last,
+            batch=50,
+            cpu_only=turn,
         )
         check_cluster(cluster)
         return int(allocations[-1]), failed
 
-    assert allocated(False) == (0, 1)  # the CPU-only pod, first, took the CPU
-    assert allocated(True) == (1000, 1)  # the GPU pod went first; the CPU-only one failed
+    gpu_first, cpu_first = [gpu_pod, cpu_pod], [cpu_pod, gpu_pod]
+    assert allocated(gpu_first, "arrival") == (0, 1)  # the CPU-only pod jumped the batch
+    assert allocated(gpu_first, "in-order") == (1000, 1)
+    assert allocated(gpu_first, "last") == (1000, 1)
+    assert allocated(cpu_first, "arrival") == (0, 1)
+    assert allocated(cpu_first, "in-order") == (0, 1)  # first come, first placed
+    assert allocated(cpu_first, "last") == (1000, 1)
+    with pytest.raises(ValueError, match="cpu_only must be one of"):
+        allocated(cpu_first, "first")
