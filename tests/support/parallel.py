@@ -1,6 +1,6 @@
 """Which tests may run side by side when the suite runs on several pytest-xdist workers.
 
-``make test`` runs ``pytest -n 2``: each worker is its own pytest session, so a session
+``make test`` runs ``pytest -n 2 --dist loadgroup``: each worker is its own pytest session, so a session
 fixture runs once per worker that needs it. That is fine for what every fixture makes
 private (a PostgreSQL database named after the worker's PID, a redis-server on a free
 port, a temporary directory), but not for the real services that listen on fixed ports or
