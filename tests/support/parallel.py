@@ -1,16 +1,15 @@
 """Which tests may run side by side when the suite runs on several pytest-xdist workers.
 
-``make test`` runs ``pytest -n 2 --dist loadgroup``: each worker is its own pytest session, so a session
-fixture runs once per worker that needs it. That is fine for what every fixture makes
-private (a PostgreSQL database named after the worker's PID, a redis-server on a free
+``make test`` runs ``pytest -n 2 --dist loadgroup``: each worker is its own pytest session,
+so a session fixture runs once per worker that needs it. That is fine for what every fixture
+makes private (a PostgreSQL database named after the worker's PID, a redis-server on a free
 port, a temporary directory), but not for the real services that listen on fixed ports or
 own machine-wide state: the three-node Slurm (slurmctld on 6817, slurmrestd on 6820), the
-Kubernetes control plane (``SHAPER_K8S_PORT_BASE``), the real kubelet node (that base +
-100) and the Ray cluster (28265...). Every module that uses one of them joins that
-service's group (an ``xdist_group`` mark), so that one worker runs them all, one after
-another; a module that uses two joins both groups into one. The control pipeline (Celery
-workers, node agents, a private broker) could run twice, but its modules share one to
-start it once.
+Kubernetes control plane (``SHAPER_K8S_PORT_BASE``), the real kubelet node (that base + 100)
+and the Ray cluster (28265...). Every module that uses one of them joins that service's
+group (an ``xdist_group`` mark), so that one worker runs them all, one after another; a
+module that uses two joins both groups into one. The control pipeline (Celery workers, node
+agents, a private broker) could run twice, but its modules share one to start it once.
 
 Every other module is a work unit of its own (:class:`ModuleOrServiceScheduling`): its
 tests stay together on one worker, as module-scoped fixtures and tests that share a
