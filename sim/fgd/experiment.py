@@ -22,12 +22,7 @@ from sim.fgd.placement import POLICIES, select_node
 from sim.fgd.pod import FULL
 from sim.fgd.results import InflationResult
 from sim.fgd.shaper import MAKE_ROOM, SHAPER_POLICIES
-from sim.fgd.through_solver import (
-    CPU_ONLY_TURNS,
-    DEFAULT_BATCH,
-    SOLVER_POLICY,
-    run_through_solver,
-)
+from sim.fgd.through_solver import DEFAULT_BATCH, SOLVER_POLICY, run_through_solver
 from sim.fgd.workload import inflated_workload, read_pods
 from sim.traces.alibaba import read_alibaba_nodes
 
@@ -74,7 +69,7 @@ def run_inflation(
     """Run one inflation experiment; ``policy`` is one of ``POLICIES`` or
     ``SHAPER_POLICIES`` (which place by ``placement``), or ``shaper-solver`` (the
     solver, ``solver_batch`` pods per solve, ``solver_moves_across``: shares moved to other
-    nodes, ``solver_cpu_only``: the CPU-only pods' turn, one of ``CPU_ONLY_TURNS``,
+    nodes, ``solver_cpu_only``: the CPU-only pods' turn (checked by ``run_through_solver``),
     :mod:`sim.fgd.through_solver`). ``cpu_nodes``
     adds the node list's CPU-only nodes to the cluster (the reference uses the GPU nodes
     only)."""
@@ -84,10 +79,6 @@ def run_inflation(
         raise ValueError(f"tie_break must be 'name' or 'random', not {tie_break!r}")
     if placement not in POLICIES:
         raise ValueError(f"unknown placement {placement!r}; one of {POLICIES}")
-    if solver_cpu_only not in CPU_ONLY_TURNS:
-        raise ValueError(
-            f"solver_cpu_only must be one of {CPU_ONLY_TURNS}, not {solver_cpu_only!r}"
-        )
     pods_all = read_pods(pods_path, movable=movable)
     read_alibaba_nodes(nodes_path)  # validates the node list's columns
     cluster = Cluster(nodes_path, include_cpu_nodes=cpu_nodes)
