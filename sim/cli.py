@@ -535,6 +535,13 @@ def inflation(
             "batch: every pod in arrival order), last (after their batch's plan)"
         ),
     ] = "in-order",
+    solver_memory: Annotated[
+        bool,
+        typer.Option(
+            help="shaper-solver: FGD's fragmentation also counts memory (each typical shape "
+            "carries the least memory its pods ask; TypicalShape.memory_mib)"
+        ),
+    ] = False,
     out: OutOpt = None,
     markdown: Annotated[bool, typer.Option(help="also print a Markdown table")] = False,
     progress: ProgressOpt = True,
@@ -586,6 +593,7 @@ def inflation(
                         solver_batch=solver_batch,
                         solver_moves_across=solver_moves_across,
                         solver_cpu_only=solver_cpu_only,
+                        solver_memory=solver_memory,
                     )
                 )
         return results

@@ -9,6 +9,13 @@ enough GPUs with room for it; otherwise the free capacity on GPUs too small for 
 node's fragmentation (:func:`node_fragmentation`) is the share-weighted sum over shapes;
 FGD places work where it grows least, scored by :func:`fgd_score`.
 
+Memory: FGD's measure ignores it, so a node whose memory the placed work has used up still
+counts its free GPUs as usable, and they strand there (on the Alibaba 2023 trace most GPU
+pods that fail near saturation fail for memory on nodes with GPU room). A shape may carry the
+least memory a job of it asks (``TypicalShape.memory_mib``, from :func:`least_memory`); a
+node with less free memory then counts as a node with too little CPU does. Shapes without
+it (0) give FGD's own measure.
+
 Both the solver's fractional placement (``solver.greedy.sharing``) and the simulator's
 reproduction of the FGD experiment (``sim.fgd``, vectorized over nodes with numpy) use it.
 """
@@ -49,14 +56,30 @@ def most_frequent(
 
 
 def typical_shapes(
-    counts: Mapping[Shape, int], popularity: float = POPULARITY
+    counts: Mapping[Shape, int],
+    popularity: float = POPULARITY,
+    memory: Mapping[Shape, int] | None = None,
 ) -> tuple[TypicalShape, ...]:
-    """:func:`most_frequent` as the solver's :class:`~solver.instance.TypicalShape`."""
-    return as_typical(most_frequent(counts, popularity))
+    """:func:`most_frequent` as the solver's :class:`~solver.instance.TypicalShape`
+    (``memory``: each shape's least memory, :func:`least_memory`; None: not counted)."""
+    return as_typical(most_frequent(counts, popularity), memory)
 
 
-def as_typical(shares: Iterable[tuple[Shape, float]]) -> tuple[TypicalShape, ...]:
-    """Shapes with their shares as the solver's :class:`~solver.instance.TypicalShape`."""
+def least_memory(shapes_and_memory: Iterable[tuple[Shape, int]]) -> dict[Shape, int]:
+    """The least memory (MiB) asked by the work of each shape: a node with less free
+    memory can host none of it."""
+    least: dict[Shape, int] = {}
+    for shape, mem in shapes_and_memory:
+        if shape not in least or mem < least[shape]:
+            least[shape] = mem
+    return least
+
+
+def as_typical(
+    shares: Iterable[tuple[Shape, float]], memory: Mapping[Shape, int] | None = None
+) -> tuple[TypicalShape, ...]:
+    """Shapes with their shares as the solver's :class:`~solver.instance.TypicalShape`,
+    each with its least memory from ``memory`` (None, or a shape not in it: 0, not counted)."""
     return tuple(
         TypicalShape(
             cpu_milli=cpu,
@@ -64,22 +87,29 @@ def as_typical(shares: Iterable[tuple[Shape, float]]) -> tuple[TypicalShape, ...
             gpus=gpus,
             gpu_models=frozenset(models) if models else None,
             share=share,
+            memory_mib=memory.get((cpu, milli, gpus, models), 0) if memory else 0,
         )
         for (cpu, milli, gpus, models), share in shares
     )
 
 
 def node_fragmentation(
-    free_milli: Sequence[int], free_cpu: int, model: str, shapes: Sequence[TypicalShape]
+    free_milli: Sequence[int],
+    free_cpu: int,
+    model: str,
+    shapes: Sequence[TypicalShape],
+    free_mem: int | None = None,
 ) -> float:
     """Expected fragmented GPU milli of a node whose GPUs have ``free_milli`` free each,
-    with ``free_cpu`` milli-CPU left, for the mix ``shapes`` (see the module docstring)."""
+    with ``free_cpu`` milli-CPU and ``free_mem`` MiB left (None: memory not counted), for
+    the mix ``shapes`` (see the module docstring)."""
     total = sum(free_milli)
     result = 0.0
     for shape in shapes:
         if (
             shape.gpus == 0
             or free_cpu < shape.cpu_milli
+            or (free_mem is not None and free_mem < shape.memory_mib)
             or (shape.gpu_models is not None and model not in shape.gpu_models)
             or sum(1 for free in free_milli if free >= shape.gpu_milli) < shape.gpus
         ):
@@ -97,13 +127,19 @@ class Fragmentation:
 
     def __init__(self, shapes: tuple[TypicalShape, ...]) -> None:
         self.shapes = shapes
-        self._cache: dict[tuple[tuple[int, ...], int, str], float] = {}
+        # Without a shape that carries memory the node's memory changes nothing: left out
+        # of the key, so nodes that differ only in memory share one entry.
+        self.counts_memory = any(shape.memory_mib for shape in shapes)
+        self._cache: dict[tuple[tuple[int, ...], int, str, int | None], float] = {}
 
-    def __call__(self, free_milli: Sequence[int], free_cpu: int, model: str) -> float:
-        key = (tuple(sorted(free for free in free_milli if free > 0)), free_cpu, model)
+    def __call__(
+        self, free_milli: Sequence[int], free_cpu: int, model: str, free_mem: int | None = None
+    ) -> float:
+        mem = free_mem if self.counts_memory else None
+        key = (tuple(sorted(free for free in free_milli if free > 0)), free_cpu, model, mem)
         value = self._cache.get(key)
         if value is None:
-            value = node_fragmentation(key[0], free_cpu, model, self.shapes)
+            value = node_fragmentation(key[0], free_cpu, model, self.shapes, mem)
             if len(self._cache) > 500_000:
                 self._cache.clear()
             self._cache[key] = value

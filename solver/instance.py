@@ -528,6 +528,13 @@ class SolverConfig(_Frozen):
         "other nodes (the option that grows FGD's fragmentation least, within "
         "max_migrations_per_cycle; solver.greedy.share_moves); needs migration",
     )
+    fragmentation_memory: bool = Field(
+        default=False,
+        description="when the instance gives no typical shapes, the shapes taken from its "
+        "jobs carry the least memory a job of each shape asks, so FGD's fragmentation also "
+        "counts a node's GPUs fragmented for a shape whose memory it no longer has "
+        "(solver.fragmentation; shapes given in typical_shapes count memory when they carry it)",
+    )
     # Off by default (a job past its SLA's max queue wait always gets the reservation):
     # measured at 6 h on the built-in scenarios (README, "Starvation") it shortened the
     # longest waits but idled reserved GPUs, costing up to 3.3 utilization points.
@@ -626,6 +633,13 @@ class TypicalShape(_Frozen):
     gpu_milli: int = Field(default=FULL_GPU_MILLI, ge=0, le=FULL_GPU_MILLI)
     gpu_models: frozenset[str] | None = None
     share: float = Field(gt=0, le=1, description="its share of the expected work")
+    memory_mib: int = Field(
+        default=0,
+        ge=0,
+        description="the least memory a job of this shape asks: a node with less free "
+        "memory has all its free GPU capacity fragmented for the shape; 0: memory not counted "
+        "(FGD's own measure)",
+    )
 
 
 class Instance(_Frozen):

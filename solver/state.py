@@ -294,6 +294,7 @@ class ClusterState:
         assert measure is not None
         need = replicas * job.gpus_per_replica
         cpu_need = replicas * job.cpu_milli_per_replica
+        mem_need = replicas * job.memory_mib_per_replica
         nodes = self.instance.nodes
         shared = self.instance.shared_free_milli
         best: tuple[float, int, int] | None = None
@@ -310,9 +311,13 @@ class ClusterState:
                     model = nodes[node].gpu_model
                     partial = shared.get(name, ())
                     cpu = self.free_cpu[node]
-                    before = measure([FULL_GPU_MILLI] * free + list(partial), cpu, model)
+                    mem = self.free_mem[node]
+                    before = measure([FULL_GPU_MILLI] * free + list(partial), cpu, model, mem)
                     after = measure(
-                        [FULL_GPU_MILLI] * (free - need) + list(partial), cpu - cpu_need, model
+                        [FULL_GPU_MILLI] * (free - need) + list(partial),
+                        cpu - cpu_need,
+                        model,
+                        mem - mem_need,
                     )
                     key = (-speed, -fgd_score(before - after), node)
                     if best is None or key < best:

@@ -18,7 +18,7 @@ import numpy as np
 
 from sim.fgd.cluster import Cluster
 from sim.fgd.fragmentation import TaskMix
-from sim.fgd.placement import POLICIES, select_node
+from sim.fgd.placement import FGD_MEMORY, POLICIES, select_node
 from sim.fgd.pod import FULL
 from sim.fgd.results import InflationResult
 from sim.fgd.shaper import MAKE_ROOM, SHAPER_POLICIES
@@ -28,7 +28,8 @@ from sim.traces.alibaba import read_alibaba_nodes
 
 ALL_POLICIES = (*POLICIES, *SHAPER_POLICIES)
 # Accepted but not run by default: ``shaper-solver`` (the solver itself; being measured).
-KNOWN_POLICIES = (*ALL_POLICIES, SOLVER_POLICY)
+# ``fgd-memory``: FGD counting memory too, the same measure ``shaper-solver`` can use.
+KNOWN_POLICIES = (*ALL_POLICIES, SOLVER_POLICY, FGD_MEMORY)
 # Ties between equally scored nodes: the reference's fixed node order, or at random.
 TIE_BREAKS = ("name", "random")
 
@@ -65,11 +66,13 @@ def run_inflation(
     solver_batch: int = DEFAULT_BATCH,
     solver_moves_across: bool = False,
     solver_cpu_only: str = "in-order",
+    solver_memory: bool = False,
 ) -> InflationResult:
     """Run one inflation experiment; ``policy`` is one of ``POLICIES`` or
     ``SHAPER_POLICIES`` (which place by ``placement``), or ``shaper-solver`` (the
     solver, ``solver_batch`` pods per solve, ``solver_moves_across``: shares moved to other
     nodes, ``solver_cpu_only``: the CPU-only pods' turn (checked by ``run_through_solver``),
+    ``solver_memory``: the fragmentation counts memory,
     :mod:`sim.fgd.through_solver`). ``cpu_nodes``
     adds the node list's CPU-only nodes to the cluster (the reference uses the GPU nodes
     only)."""
@@ -111,6 +114,7 @@ def run_inflation(
             goal=target * capacity,
             moves_across=solver_moves_across,
             cpu_only=solver_cpu_only,
+            memory=solver_memory,
         )
         workload = []  # placed already
         arrived = int(arrivals[-1]) if len(arrivals) else 0

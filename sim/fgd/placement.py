@@ -21,6 +21,7 @@ of ≈ 280, the reference's ≈ 285).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -76,9 +77,15 @@ def place_at_random(
 
 
 def place_by_fgd(
-    cluster: Cluster, pod: Pod, candidates: np.ndarray, rng: np.random.Generator, mix: TaskMix
+    cluster: Cluster,
+    pod: Pod,
+    candidates: np.ndarray,
+    rng: np.random.Generator,
+    mix: TaskMix,
+    *,
+    memory: bool = False,
 ) -> Choice:
-    score, choice = fgd_scores(cluster, pod, candidates, mix)
+    score, choice = fgd_scores(cluster, pod, candidates, mix, memory=memory)
     i = _pick(score, rng, _rank(cluster, candidates))
     node = int(candidates[i])
     if pod.shares:
@@ -112,6 +119,10 @@ PLACEMENTS: dict[str, Placement] = {
     "fgd": place_by_fgd,
 }
 POLICIES = tuple(PLACEMENTS)
+# FGD with memory counted in its fragmentation (``TaskMix.least_memory``): accepted by name,
+# not among the reference's policies (not run by default, not a baseline).
+FGD_MEMORY = "fgd-memory"
+PLACEMENTS[FGD_MEMORY] = partial(place_by_fgd, memory=True)
 # What FGD is measured against: every placement policy but FGD.
 BASELINES = tuple(name for name in POLICIES if name != "fgd")
 

@@ -97,14 +97,17 @@ def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
 
 
 def fgd_scores(
-    cluster: Cluster, pod: Pod, candidates: np.ndarray, mix: TaskMix
+    cluster: Cluster, pod: Pod, candidates: np.ndarray, mix: TaskMix, *, memory: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """FGD's score of every candidate node and the GPU it would use (sharing pods)."""
+    """FGD's score of every candidate node and the GPU it would use (sharing pods);
+    ``memory``: the fragmentation counts the nodes' free memory (``fgd-memory``)."""
     rows = cluster.gpu[candidates]
     cpu = cluster.cpu[candidates]
     models = cluster.model_names[candidates]
-    before = mix.node_fragmentation(rows, cpu, models)
+    mem = cluster.mem[candidates] if memory else None
+    before = mix.node_fragmentation(rows, cpu, models, mem)
     cpu_after = cpu - pod.cpu
+    mem_after = mem - pod.mem if mem is not None else None
     choice = np.full(len(candidates), -1)
     if pod.shares:
         score = np.full(len(candidates), -1, dtype=np.int64)
@@ -114,7 +117,7 @@ def fgd_scores(
                 continue
             after = rows.copy()
             after[:, g] -= pod.milli
-            s = _sigmoid_score(before - mix.node_fragmentation(after, cpu_after, models))
+            s = _sigmoid_score(before - mix.node_fragmentation(after, cpu_after, models, mem_after))
             better = ok & (s > score)  # the first GPU wins ties, as in the reference
             score = np.where(better, s, score)
             choice = np.where(better, g, choice)
@@ -123,4 +126,6 @@ def fgd_scores(
     if pod.gpus:
         idle = after == FULL
         after[idle & (np.cumsum(idle, axis=1) <= pod.gpus)] = 0
-    return _sigmoid_score(before - mix.node_fragmentation(after, cpu_after, models)), choice
+    return _sigmoid_score(
+        before - mix.node_fragmentation(after, cpu_after, models, mem_after)
+    ), choice

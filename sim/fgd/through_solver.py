@@ -17,6 +17,11 @@ placed by FGD's own placement, by default in their arrival turn (each closes the
 GPU pods before it, which is planned first), and the solve runs without CP-SAT (the greedy path:
 ``SolverConfig(use_cp_sat=False)``), deterministic, with no preemption (the figure is
 migration's, as ``shaper-defrag``'s is).
+
+With ``memory`` (``--solver-memory``) the typical shapes carry the least memory their pods
+ask (``TypicalShape.memory_mib``), so the solver's fragmentation counts a node's free GPUs
+as fragmented for a shape whose memory the node no longer has, and the CPU-only pods are
+placed by the same measure (``fgd-memory``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 
 from sim.fgd.cluster import Cluster
 from sim.fgd.fragmentation import TaskMix
-from sim.fgd.placement import select_node
+from sim.fgd.placement import FGD_MEMORY, select_node
 from sim.fgd.pod import FULL, Pod
 from solver.fragmentation import as_typical
 from solver.instance import (
@@ -63,7 +68,13 @@ class SolverCluster:
     its pod moves), and the cycle: instance, solve, apply."""
 
     def __init__(
-        self, cluster: Cluster, mix: TaskMix, *, movable_budget: int, moves_across: bool = False
+        self,
+        cluster: Cluster,
+        mix: TaskMix,
+        *,
+        movable_budget: int,
+        moves_across: bool = False,
+        memory: bool = False,
     ) -> None:
         self.cluster = cluster
         order = (
@@ -81,8 +92,11 @@ class SolverCluster:
         self.gpu_models = tuple(
             GpuModel(name=m or NO_MODEL, memory_mib=0) for m in sorted(set(cluster.models))
         )
+        # ``memory``: each typical shape carries the least memory its pods ask, so the
+        # solver's fragmentation counts GPUs on a node without that memory as fragmented.
         self.shapes = as_typical(
-            ((cpu, milli, gpus, models), share) for cpu, milli, gpus, models, share in mix.kinds
+            (((cpu, milli, gpus, models), share) for cpu, milli, gpus, models, share in mix.kinds),
+            mix.least_memory if memory else None,
         )
         self.config = SolverConfig(
             use_cp_sat=False,
@@ -229,9 +243,11 @@ def run_through_solver(
     goal: float = 1.0,
     moves_across: bool = False,
     cpu_only: str = "in-order",
+    memory: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Place ``workload`` through the solver, ``batch`` pods per solve (``moves_across``:
-    ``SolverConfig.share_moves_across_nodes``). CPU-only pods take the turn ``cpu_only``
+    ``SolverConfig.share_moves_across_nodes``; ``memory``: the typical shapes carry their
+    pods' least memory, ``TypicalShape.memory_mib``). CPU-only pods take the turn ``cpu_only``
     names (one of ``CPU_ONLY_TURNS``): ``arrival``, placed as they come, before the GPU
     pods of their batch that came earlier but wait for its solve; ``in-order``, after
     those: a CPU-only pod closes the batch, which is planned first, so every pod is placed
@@ -243,7 +259,9 @@ def run_through_solver(
         raise ValueError(f"batch must be at least 1, not {batch}")
     if cpu_only not in CPU_ONLY_TURNS:
         raise ValueError(f"cpu_only must be one of {CPU_ONLY_TURNS}, not {cpu_only!r}")
-    solver_cluster = SolverCluster(cluster, mix, movable_budget=budget, moves_across=moves_across)
+    solver_cluster = SolverCluster(
+        cluster, mix, movable_budget=budget, moves_across=moves_across, memory=memory
+    )
     arrivals = np.zeros(len(workload), dtype=np.int64)
     allocations = np.zeros(len(workload), dtype=np.int64)
     arrived = failed = migrations = 0
@@ -272,9 +290,10 @@ def run_through_solver(
         first = upto
 
     def place_cpu_only(count: int, pod: Pod) -> None:
-        """CPU-only: not a solver job; FGD's placement."""
+        """CPU-only: not a solver job; FGD's placement (counting memory, as the solver's
+        measure then does, with ``memory``)."""
         nonlocal failed
-        choice = select_node("fgd", cluster, pod, rng, mix)
+        choice = select_node(FGD_MEMORY if memory else "fgd", cluster, pod, rng, mix)
         if choice is None:
             failed += 1
         else:

@@ -226,8 +226,8 @@ class ShareMoves:
             for name, old in before.items():
                 model = nodes[name].gpu_model
                 new = after[name]
-                growth += self.fragmentation(new.free, new.cpu, model)
-                growth -= self.fragmentation(old.free, old.cpu, model)
+                growth += self.fragmentation(new.free, new.cpu, model, new.mem)
+                growth -= self.fragmentation(old.free, old.cpu, model, old.mem)
             if best is None or growth < best[0]:
                 best = (growth, rank, moves)
         if best is None:

@@ -37,7 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from solver.compat import node_accepts
-from solver.fragmentation import Shape, fgd_score, fragmentation_for, typical_shapes
+from solver.fragmentation import (
+    Shape,
+    fgd_score,
+    fragmentation_for,
+    least_memory,
+    typical_shapes,
+)
 from solver.greedy import mig_placement
 from solver.greedy.holders import GpuKey, PlanParts, SplitGpus, holder_jobs
 from solver.greedy.share_moves import ShareMoves
@@ -49,16 +55,19 @@ UNLIMITED = 1 << 60
 
 
 def shapes_of(instance: Instance) -> tuple[TypicalShape, ...]:
-    """The instance's typical shapes, or its jobs' own when it gives none."""
+    """The instance's typical shapes, or its jobs' own when it gives none (each with the
+    least memory its jobs ask when ``config.fragmentation_memory`` is on)."""
     if instance.typical_shapes:
         return instance.typical_shapes
     counts: Counter[Shape] = Counter()
+    memory: list[tuple[Shape, int]] = []
     for job in instance.jobs:
         models = tuple(sorted(job.allowed_gpu_models or ()))
-        counts[(job.cpu_milli_per_replica, job.gpu_milli, job.gpus_per_replica, models)] += max(
-            1, job.replicas
-        )
-    return typical_shapes(counts)
+        shape = (job.cpu_milli_per_replica, job.gpu_milli, job.gpus_per_replica, models)
+        counts[shape] += max(1, job.replicas)
+        memory.append((shape, job.memory_mib_per_replica))
+    least = least_memory(memory) if instance.config.fragmentation_memory else None
+    return typical_shapes(counts, memory=least)
 
 
 @dataclass
@@ -241,8 +250,9 @@ class _Completion(ShareMoves):
                 continue
             if not self._fits_node(job, node.name):
                 continue
-            before = self.fragmentation(room.free, room.cpu, node.gpu_model)
+            before = self.fragmentation(room.free, room.cpu, node.gpu_model, room.mem)
             cpu_after = room.cpu - job.cpu_milli_per_replica
+            mem_after = room.mem - job.memory_mib_per_replica
             tried: set[int] = set()
             for index, free in enumerate(room.free):
                 if free < milli or free in tried:
@@ -250,7 +260,7 @@ class _Completion(ShareMoves):
                 tried.add(free)
                 after_free = list(room.free)
                 after_free[index] -= milli
-                after = self.fragmentation(after_free, cpu_after, node.gpu_model)
+                after = self.fragmentation(after_free, cpu_after, node.gpu_model, mem_after)
                 score = fgd_score(before - after)
                 if best is None or score > best[0]:
                     best = (score, node.name, index)

@@ -26,6 +26,7 @@ from sim.fgd import (
 from sim.fgd.preemption import preempt_for
 from sim.fgd.workload import inflated_workload
 from sim.traces import TraceError, TraceInput
+from solver.fragmentation import as_typical, node_fragmentation
 
 DATA = Path(__file__).parent / "data"
 NODES = DATA / "alibaba-nodes-sample.csv"
@@ -128,6 +129,49 @@ def test_fragmentation_rules_by_hand(tmp_path: Path) -> None:
     # A model the type does not accept: everything is fragmented for it.
     mix.set_kinds([(2000, 500, 1, ("V100M16",), 1.0)])
     assert mix.node_fragmentation(gpu, cpu, cluster.model_names)[0] == pytest.approx(1300)
+
+
+def test_fragmentation_counts_memory_when_given(tmp_path: Path) -> None:
+    cluster = tiny_cluster(tmp_path)
+    mix = tiny_mix()
+    # The least memory of each kind's pods: the half-GPU kind 2,048 MiB, the whole-GPU 8,192.
+    mix.least_memory = {(2000, 500, 1, ()): 2048, (6000, FULL, 1, ()): 8192}
+    mix.set_kinds(mix.kinds)
+    gpu = np.array([[FULL, 300] + [-1] * 6] * 3)
+    cpu = np.array([32000, 32000, 32000])
+    mem = np.array([65536, 4096, 1024])
+    blind = mix.node_fragmentation(gpu, cpu, cluster.model_names)
+    aware = mix.node_fragmentation(gpu, cpu, cluster.model_names, mem)
+    # With memory to spare nothing changes (as in the CPU-rules test: 260 + 150 + 90).
+    assert blind == pytest.approx([500, 500, 500])
+    assert aware[0] == pytest.approx(500)
+    # 4,096 MiB: the whole-GPU kind no longer fits: all 1,300 milli (0.3 × 1300 = 390).
+    assert aware[1] == pytest.approx(260 + 150 + 390)
+    # 1,024 MiB: neither GPU kind fits (0.5 × 1300 = 650 and 390).
+    assert aware[2] == pytest.approx(260 + 650 + 390)
+    # The solver's measure (solver.fragmentation) agrees, node by node.
+    shapes = as_typical((((c, m, g, mo), sh) for c, m, g, mo, sh in mix.kinds), mix.least_memory)
+    for node in range(3):
+        free = [int(f) for f in gpu[node] if f >= 0]
+        assert node_fragmentation(free, int(cpu[node]), "", shapes, int(mem[node])) == (
+            pytest.approx(aware[node])
+        )
+
+
+def test_fgd_memory_keeps_a_node_with_memory_for_the_expected_work(tmp_path: Path) -> None:
+    cluster = tiny_cluster(tmp_path)
+    mix = tiny_mix()
+    mix.least_memory = {(2000, 500, 1, ()): 2048, (6000, FULL, 1, ()): 8192}
+    mix.set_kinds(mix.kinds)
+    pod = Pod(cpu=2000, mem=6144, gpus=1, milli=FULL, models=(), checkpointable=False)
+    # Both nodes alike but in memory: A would keep 2,048 MiB after the pod, B 10,240.
+    cluster.gpu[:, :2] = FULL
+    cluster.cpu[:] = 32000
+    cluster.mem[:] = [8192, 16384]
+    cluster.tie_rank = np.array([0, 1])  # ties go to A
+    rng = np.random.default_rng(0)
+    assert select_node("fgd", cluster, pod, rng, mix)[0] == 0  # memory-blind: a tie, A first
+    assert select_node("fgd-memory", cluster, pod, rng, mix)[0] == 1
 
 
 def test_fgd_choice_by_hand(tmp_path: Path) -> None:

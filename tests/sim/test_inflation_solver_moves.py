@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.fgd import Cluster, Pod, TaskMix, run_inflation, through_solver
+from sim.fgd import Cluster, Pod, TaskMix, read_pods, run_inflation, through_solver
 from sim.fgd.through_solver import SOLVER_POLICY, Applied, SolverCluster, run_through_solver
 from solver.plan import Action, ActionKind, Plan
 from solver.validate import validate
@@ -99,3 +99,36 @@ def test_the_cpu_only_pods_turn(tmp_path: Path) -> None:
     assert allocated(cpu_first, "last") == (1000, 1)
     with pytest.raises(ValueError, match="cpu_only must be one of"):
         allocated(cpu_first, "first")
+
+
+def test_counting_memory_gives_the_typical_shapes_their_pods_least_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    instances = []
+
+    class Recorded(SolverCluster):
+        def apply(self, plan: Plan, batch: Sequence[tuple[str, Pod]]) -> Applied:
+            instance = self.last_instance
+            assert instance is not None
+            assert validate(instance, plan) == []
+            instances.append(instance)
+            return super().apply(plan, batch)
+
+    monkeypatch.setattr(through_solver, "SolverCluster", Recorded)
+    blind = run_inflation(NODES, PODS, SOLVER_POLICY, seed=1, solver_moves_across=True)
+    assert all(s.memory_mib == 0 for s in instances[-1].typical_shapes)
+    aware = run_inflation(
+        NODES, PODS, SOLVER_POLICY, seed=1, solver_moves_across=True, solver_memory=True
+    )
+    least = TaskMix(read_pods(PODS)).least_memory
+    shapes = instances[-1].typical_shapes
+    assert any(s.memory_mib > 0 for s in shapes)
+    for s in shapes:
+        models = tuple(sorted(s.gpu_models or ()))
+        assert s.memory_mib == least[(s.cpu_milli, s.gpu_milli, s.gpus, models)]
+    assert aware.cluster is not None
+    check_cluster(aware.cluster)
+    hosted = sum(len(h) for h in aware.cluster.hosted)
+    assert hosted + aware.pods_failed == aware.pods_arrived
+    # The measure changed where pods went on this seed (the README's excerpt figures).
+    assert aware.curve != blind.curve
