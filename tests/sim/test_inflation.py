@@ -75,7 +75,8 @@ def check_cluster(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize(
     ("policy", "movable"),
-    [(p, "be") for p in ALL_POLICIES] + [("shaper-defrag", "all"), ("shaper-preempt", "all")],
+    [(p, "be") for p in (*ALL_POLICIES, "fgd-memory")]
+    + [("shaper-defrag", "all"), ("shaper-preempt", "all")],
 )
 def test_inflation_conserves_capacity(policy: str, movable: str) -> None:
     result = run_inflation(NODES, PODS, policy, seed=3, movable=movable)

@@ -113,7 +113,8 @@ build_containerd() { # containerd 2 (CRI CheckpointContainer, RuntimeConfig) fro
   [[ $CONTAINERD_VERSION == deb ]] && return 0
   [[ -x $BIN/containerd && -x $BIN/containerd-shim-runc-v2 && -x $BIN/ctr ]] && return 0
   log "building containerd $CONTAINERD_VERSION"
-  mkdir -p "$BIN"
+  # $EXP too: on a fresh machine nothing has made it yet (a cold cache stopped here)
+  mkdir -p "$BIN" "$EXP"
   (cd "$EXP" && GOFLAGS=-buildvcs=false GOBIN=$BIN CGO_ENABLED=0 go install \
     -tags "no_btrfs no_devmapper no_zfs no_aufs" \
     "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
