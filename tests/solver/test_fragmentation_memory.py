@@ -40,8 +40,11 @@ def test_the_cached_measure_keys_memory_only_when_a_shape_carries_it() -> None:
     aware = Fragmentation((HALF,))
     assert aware(free_milli=[500], free_cpu=8_000, model="a100", free_mem=999) == 500
     assert aware(free_milli=[500], free_cpu=8_000, model="a100", free_mem=5_000) == 0
+    assert len(aware._cache) == 2  # one entry per memory
     blind = Fragmentation((HALF.model_copy(update={"memory_mib": 0}),))
     assert blind(free_milli=[500], free_cpu=8_000, model="a100", free_mem=999) == 0
+    assert blind(free_milli=[500], free_cpu=8_000, model="a100", free_mem=5_000) == 0
+    assert len(blind._cache) == 1  # memory left out of the key: one entry for both
 
 
 def test_least_memory_per_shape() -> None:
@@ -105,3 +108,39 @@ def test_shapes_taken_from_the_jobs_carry_memory_with_the_switch() -> None:
         update={"typical_shapes": (HALF.model_copy(update={"memory_mib": 7}),)}
     )
     assert [s.memory_mib for s in shapes_of(given)] == [7]
+
+
+def test_a_share_moved_across_nodes_goes_where_the_expected_work_keeps_its_memory() -> None:
+    # c (600 milli, 5,000 MiB) fits only n0, whose GPU b (500, movable) holds; b may move to
+    # n1 or n2 (300 held there by fixed shares), each left with 200 milli free after it. The
+    # expected work is 200-milli shares of at least 2,000 MiB: n1 (2,500 MiB) would keep
+    # 1,500 and n2 (4,000) 3,000. Blind to memory the two tie and b goes to n1; counting it,
+    # n1's last 200 milli would strand, so b goes to n2.
+    nodes = (_node("n0", 16_000), _node("n1", 2_500), _node("n2", 4_000))
+
+    def held(job_id: str, node: str, milli: int, **kw: object) -> Job:
+        return Job(
+            id=job_id,
+            gpu_milli=milli,
+            placement={node: 1},
+            gpu_indices={node: (0,)},
+            start_time=0.0,
+            **kw,
+        )
+
+    jobs = (
+        held("b", "n0", 500, memory_mib_per_replica=1_000, checkpointable=True),
+        held("a1", "n1", 300),
+        held("a2", "n2", 300),
+        Job(id="c", gpu_milli=600, memory_mib_per_replica=5_000),
+    )
+    config = CONFIG.model_copy(update={"share_moves_across_nodes": True})
+    small = TypicalShape(gpu_milli=200, share=1.0, memory_mib=2_000)
+    for shape, expected in ((small.model_copy(update={"memory_mib": 0}), "n1"), (small, "n2")):
+        instance = Instance(
+            gpu_models=(A100,), nodes=nodes, jobs=jobs, config=config, typical_shapes=(shape,)
+        )
+        plan = solve(instance)
+        assert validate(instance, plan) == []
+        assert plan.placement["c"] == {"n0": 1}
+        assert plan.placement["b"] == {expected: 1}
