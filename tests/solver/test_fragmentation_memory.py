@@ -144,3 +144,44 @@ def test_a_share_moved_across_nodes_goes_where_the_expected_work_keeps_its_memor
         assert validate(instance, plan) == []
         assert plan.placement["c"] == {"n0": 1}
         assert plan.placement["b"] == {expected: 1}
+
+
+def test_of_two_nodes_to_make_room_on_the_one_that_keeps_memory_is_chosen() -> None:
+    # c (600 milli, 5,000 MiB) fits nowhere: n0 and n1 each hold a movable 600 share on
+    # GPU 0 (b, d) and a fixed 500 on GPU 1; n2 has an idle GPU but 3,000 MiB. Either b
+    # moves to n2 and c lands on n0, or d moves and c lands on n1; each leaves 900 milli
+    # free on its node. n0 (6,500 MiB) would keep 1,500, below the expected work's 2,000,
+    # n1 (8,000) 3,000. Blind to memory the options tie and the first (n0) wins; counting
+    # memory, n1.
+    nodes = (_node("n0", 6_500, gpus=2), _node("n1", 8_000, gpus=2), _node("n2", 3_000))
+
+    def held(job_id: str, node: str, gpu: int, milli: int, **kw: object) -> Job:
+        return Job(
+            id=job_id,
+            gpu_milli=milli,
+            placement={node: 1},
+            gpu_indices={node: (gpu,)},
+            start_time=0.0,
+            **kw,
+        )
+
+    jobs = (
+        held("b", "n0", 0, 600, memory_mib_per_replica=1_000, checkpointable=True),
+        held("f0", "n0", 1, 500),
+        held("d", "n1", 0, 600, memory_mib_per_replica=1_000, checkpointable=True),
+        held("f1", "n1", 1, 500),
+        Job(id="c", gpu_milli=600, memory_mib_per_replica=5_000),
+    )
+    config = CONFIG.model_copy(update={"share_moves_across_nodes": True})
+    small = TypicalShape(gpu_milli=200, share=1.0, memory_mib=2_000)
+    for shape, expected, moved in (
+        (small.model_copy(update={"memory_mib": 0}), "n0", "b"),
+        (small, "n1", "d"),
+    ):
+        instance = Instance(
+            gpu_models=(A100,), nodes=nodes, jobs=jobs, config=config, typical_shapes=(shape,)
+        )
+        plan = solve(instance)
+        assert validate(instance, plan) == []
+        assert plan.placement["c"] == {expected: 1}
+        assert plan.placement[moved] == {"n2": 1}
