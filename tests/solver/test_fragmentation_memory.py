@@ -9,6 +9,7 @@ from solver.greedy.sharing import shapes_of
 from solver.instance import GpuModel, Instance, Job, Node, SolverConfig, TypicalShape
 from solver.solve import solve
 from solver.validate import validate
+from tests.solver.test_fractional import _share as running  # a share on its node and GPU
 
 A100 = GpuModel(name="a100", memory_mib=80_000)
 CONFIG = SolverConfig(use_cp_sat=False)
@@ -118,20 +119,10 @@ def test_a_share_moved_across_nodes_goes_where_the_expected_work_keeps_its_memor
     # n1's last 200 milli would strand, so b goes to n2.
     nodes = (_node("n0", 16_000), _node("n1", 2_500), _node("n2", 4_000))
 
-    def held(job_id: str, node: str, milli: int, **kw: object) -> Job:
-        return Job(
-            id=job_id,
-            gpu_milli=milli,
-            placement={node: 1},
-            gpu_indices={node: (0,)},
-            start_time=0.0,
-            **kw,
-        )
-
     jobs = (
-        held("b", "n0", 500, memory_mib_per_replica=1_000, checkpointable=True),
-        held("a1", "n1", 300),
-        held("a2", "n2", 300),
+        running("b", 500, ("n0", 0), memory_mib_per_replica=1_000, checkpointable=True),
+        running("a1", 300, ("n1", 0)),
+        running("a2", 300, ("n2", 0)),
         Job(id="c", gpu_milli=600, memory_mib_per_replica=5_000),
     )
     config = CONFIG.model_copy(update={"share_moves_across_nodes": True})
@@ -155,21 +146,11 @@ def test_of_two_nodes_to_make_room_on_the_one_that_keeps_memory_is_chosen() -> N
     # memory, n1.
     nodes = (_node("n0", 6_500, gpus=2), _node("n1", 8_000, gpus=2), _node("n2", 3_000))
 
-    def held(job_id: str, node: str, gpu: int, milli: int, **kw: object) -> Job:
-        return Job(
-            id=job_id,
-            gpu_milli=milli,
-            placement={node: 1},
-            gpu_indices={node: (gpu,)},
-            start_time=0.0,
-            **kw,
-        )
-
     jobs = (
-        held("b", "n0", 0, 600, memory_mib_per_replica=1_000, checkpointable=True),
-        held("f0", "n0", 1, 500),
-        held("d", "n1", 0, 600, memory_mib_per_replica=1_000, checkpointable=True),
-        held("f1", "n1", 1, 500),
+        running("b", 600, ("n0", 0), memory_mib_per_replica=1_000, checkpointable=True),
+        running("f0", 500, ("n0", 1)),
+        running("d", 600, ("n1", 0), memory_mib_per_replica=1_000, checkpointable=True),
+        running("f1", 500, ("n1", 1)),
         Job(id="c", gpu_milli=600, memory_mib_per_replica=5_000),
     )
     config = CONFIG.model_copy(update={"share_moves_across_nodes": True})
