@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import enum
 import math
+import statistics
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Any, Self
@@ -594,6 +595,18 @@ class SolverConfig(_Frozen):
         "their run times. None: no cap",
     )
 
+    # Off while measured (issue 20): shortest first leaves the longest job of a weight for
+    # last, where it runs alone past every other job's end (training-heavy's p99 and
+    # makespan, 4-8 h behind priority's oldest-first on some seeds).
+    critical_first: bool = Field(
+        default=False,
+        description="among pending jobs of equal weight (and aging credit), one whose "
+        "expected run time is at least the cluster's drain time (Instance.drain_time_s: the "
+        "GPU-time of the block work running and queued over the GPUs services leave) starts "
+        "first, the longest first: every hour it waited would be an hour on the last "
+        "completion (LPT's rule for the end of a queue)",
+    )
+
     # Look-ahead for elastic forecasts.
     lookahead_s: float = Field(
         default=4 * 3600.0,
@@ -862,6 +875,35 @@ class Instance(_Frozen):
             return True
         guard = self.config.starvation_guard_s
         return guard is not None and self.now - job.submit_time >= guard
+
+    @cached_property
+    def drain_time_s(self) -> float:
+        """Seconds the block work running and queued would take on the GPUs the services
+        leave free on average (their mean forecast demand), packed perfectly at reference
+        speed: the GPU-seconds of expected run time left over those GPUs
+        (``config.critical_first``). Jobs with no estimate are left out, so it never
+        overstates; inf when services would hold every GPU."""
+        capacity = float(sum(node.gpus for node in self.nodes if node.state is not NodeState.down))
+        work = 0.0
+        for job in self.jobs:
+            if job.is_elastic:
+                # Its mean forecast demand, not its replicas now: a drain spans its peaks
+                # and troughs, and at the peak the estimate would leap.
+                replicas = statistics.fmean(job.forecast) if job.forecast else job.replicas
+                capacity -= replicas * job.gpus_per_replica
+            elif job.expected_runtime_s is not None:
+                work += job.total_gpus * job.expected_runtime_s
+        return work / capacity if capacity > 0 else math.inf
+
+    def is_critical(self, job: Job) -> bool:
+        """A pending block job that would end last even if started now: its expected run
+        time is at least :attr:`drain_time_s` (``config.critical_first``)."""
+        return (
+            not job.is_running
+            and not job.is_elastic
+            and job.expected_runtime_s is not None
+            and job.expected_runtime_s >= self.drain_time_s
+        )
 
     def boost(self, job: Job) -> float:
         """The factor on a job's value: ``overdue_weight`` past its SLA's max queue wait, else

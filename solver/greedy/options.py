@@ -82,6 +82,7 @@ def _sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]
     shortest = instance.config.shortest_first
     head_start = instance.config.queue_head_start
     cap = instance.config.queue_head_start_cap_s
+    critical = instance.config.critical_first
     overdue_ids = instance.overdue_ids  # Instance.is_overdue of each of its own jobs
     for job in instance.jobs:
         overdue = 0 if job.id in overdue_ids else 1
@@ -90,10 +91,15 @@ def _sort_key(instance: Instance, order: Order) -> dict[str, tuple[object, ...]]
         elif order is Order.PRIORITY:
             keys[job.id] = (overdue, -instance.weight(job), job.submit_time, job.id)
         else:
+            if critical and instance.is_critical(job):
+                # config.critical_first: ahead of the rest of its weight, the longest first.
+                within: tuple[int, float] = (0, -_run_time_left(job))
+            else:
+                within = (1, _queue_time(job, head_start, cap) if shortest else 0.0)
             keys[job.id] = (
                 overdue,
                 -instance.weight(job) * instance.boost(job),  # aging credit included
-                _queue_time(job, head_start, cap) if shortest else 0.0,
+                *within,
                 -job.total_gpus,
                 job.submit_time,
                 job.id,
