@@ -879,21 +879,40 @@ class Instance(_Frozen):
     @cached_property
     def drain_time_s(self) -> float:
         """Seconds the block work running and queued would take on the GPUs the services
-        leave free on average (their mean forecast demand), packed perfectly at reference
-        speed: the GPU-seconds of expected run time left over those GPUs
-        (``config.critical_first``). Jobs with no estimate are left out, so it never
-        overstates; inf when services would hold every GPU."""
+        leave free on average, packed perfectly at reference speed: the GPU-seconds of
+        expected run time left over those GPUs (``config.critical_first``). The services
+        take their mean forecast demand (within their replica bounds), a share its part of
+        a GPU; the GPUs are those of every node not down, all clusters of the instance
+        pooled, draining nodes included. Jobs with no estimate, MIG slices, and running
+        jobs past their estimate are left out: each of these choices can only make it
+        shorter, so it never overstates the drain. inf when services would hold every GPU."""
         capacity = float(sum(node.gpus for node in self.nodes if node.state is not NodeState.down))
         work = 0.0
         for job in self.jobs:
             if job.is_elastic:
-                # Its mean forecast demand, not its replicas now: a drain spans its peaks
-                # and troughs, and at the peak the estimate would leap.
-                replicas = statistics.fmean(job.forecast) if job.forecast else job.replicas
-                capacity -= replicas * job.gpus_per_replica
-            elif job.expected_runtime_s is not None:
-                work += job.total_gpus * job.expected_runtime_s
+                capacity -= self._mean_demand(job) * job.gpus_per_replica
+            elif job.expected_runtime_s is not None and not job.is_mig:
+                share = job.gpu_milli / FULL_GPU_MILLI if job.is_fractional else job.total_gpus
+                work += share * self._run_time_left(job)
         return work / capacity if capacity > 0 else math.inf
+
+    def _run_time_left(self, job: Job) -> float:
+        """A block job's expected run time left: a running job's estimate counts from its
+        start (as the look-ahead and backfill read it), a pending one's from now."""
+        runtime = job.expected_runtime_s or 0.0
+        if job.is_running and job.start_time is not None:
+            return max(0.0, job.start_time + runtime - self.now)
+        return runtime
+
+    @staticmethod
+    def _mean_demand(job: Job) -> float:
+        """A service's mean forecast replicas, within its bounds (its replicas now without a
+        forecast): a drain spans its peaks and troughs, and at a peak the estimate would
+        leap."""
+        if not job.forecast:
+            return float(job.replicas)
+        upper = job.max_replicas if job.max_replicas is not None else math.inf
+        return statistics.fmean(min(max(step, job.min_replicas), upper) for step in job.forecast)
 
     def is_critical(self, job: Job) -> bool:
         """A pending block job that would end last even if started now: its expected run

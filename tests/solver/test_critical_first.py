@@ -19,7 +19,7 @@ ON = FAST.model_copy(update={"critical_first": True})
 
 def test_drain_time_is_the_block_work_over_the_gpus_services_leave_on_average() -> None:
     jobs = [
-        running("busy", {"n1": 2}, expected_runtime_s=10 * HOUR),
+        running("busy", {"n1": 2}, expected_runtime_s=10 * HOUR),  # started 1 h ago: 9 h left
         job("small", expected_runtime_s=4 * HOUR),
         job("pair", gpus=2, expected_runtime_s=20 * HOUR),
         job("unknown", gpus=2),  # no estimate: left out
@@ -27,12 +27,40 @@ def test_drain_time_is_the_block_work_over_the_gpus_services_leave_on_average() 
     ]
     nodes = [node("n1", gpus=4), node("n2", gpus=4), node("n3", gpus=4, state=NodeState.down)]
     inst = instance(nodes, jobs)
-    # (2 × 10 h + 1 × 4 h + 2 × 20 h) of GPU-time over 8 GPUs less 2 for the service.
-    assert inst.drain_time_s == pytest.approx(64 * HOUR / 6)
-    assert inst.is_critical(inst.job_by_id["pair"])  # 20 h ≥ 10.7 h
+    # (2 × 9 h + 1 × 4 h + 2 × 20 h) of GPU-time over 8 GPUs less 2 for the service.
+    assert inst.drain_time_s == pytest.approx(62 * HOUR / 6)
+    assert inst.is_critical(inst.job_by_id["pair"])  # 20 h ≥ 10.3 h
     assert not inst.is_critical(inst.job_by_id["small"])
-    assert not inst.is_critical(inst.job_by_id["busy"])  # running: nothing to start
     assert not inst.is_critical(inst.job_by_id["unknown"])
+
+
+def test_running_jobs_count_their_time_left_and_are_never_critical() -> None:
+    long_ago = NOW - 100 * HOUR
+    jobs = [
+        # 101 h estimated from a start 100 h ago: 1 h left; past its estimate: nothing.
+        running("nearly", {"n1": 4}, expected_runtime_s=101 * HOUR, start_time=long_ago),
+        running("overdue", {"n1": 4}, expected_runtime_s=50 * HOUR, start_time=long_ago),
+        job("next", replicas=8, expected_runtime_s=3 * HOUR),
+    ]
+    inst = instance([node("n1")], jobs)
+    assert inst.drain_time_s == pytest.approx((4 * 1 + 8 * 3) * HOUR / 8)
+    assert not inst.is_critical(inst.job_by_id["nearly"])  # 101 h ≥ 3.5 h, but it runs
+    assert not inst.is_critical(inst.job_by_id["next"])  # 3 h against 3.5 h
+    # Exactly the drain time counts: a pending job alone is its own drain.
+    alone = instance([node("n1")], [job("only", replicas=8, expected_runtime_s=5 * HOUR)])
+    assert alone.drain_time_s == pytest.approx(5 * HOUR)
+    assert alone.is_critical(alone.job_by_id["only"])
+
+
+def test_a_share_counts_its_part_of_a_gpu_and_a_service_its_replica_bounds() -> None:
+    jobs = [
+        job("share", gpu_milli=250, expected_runtime_s=8 * HOUR),
+        job("whole", expected_runtime_s=2 * HOUR),
+        # A forecast of 0 under min_replicas 2 still takes 2 GPUs.
+        service("chat", forecast=(0, 0), min_replicas=2),
+    ]
+    inst = instance([node("n1", gpus=4)], jobs)
+    assert inst.drain_time_s == pytest.approx((0.25 * 8 + 2) * HOUR / 2)
 
 
 def test_drain_time_is_infinite_when_services_would_hold_every_gpu() -> None:
@@ -46,9 +74,9 @@ def test_drain_time_is_infinite_when_services_would_hold_every_gpu() -> None:
 
 def _queue(long_h: float) -> list[Job]:
     """One node of 8 GPUs with 4 free; two pending 4-GPU jobs of one weight, a 2 h one and
-    a ``long_h`` one. The drain time is (4 × 6 + 4 × 2 + 4 × long_h) / 8 hours."""
+    a ``long_h`` one. The drain time is (4 × 5 + 4 × 2 + 4 × long_h) / 8 hours."""
     return [
-        running("busy", {"n1": 4}, expected_runtime_s=6 * HOUR),
+        running("busy", {"n1": 4}, expected_runtime_s=6 * HOUR),  # started 1 h ago
         job("short", replicas=4, expected_runtime_s=2 * HOUR),
         job("long", replicas=4, expected_runtime_s=long_h * HOUR),
     ]
@@ -60,10 +88,10 @@ def _started(jobs: list[Job], config: SolverConfig) -> set[str]:
 
 
 def test_a_job_that_would_end_last_anyway_starts_before_shorter_ones() -> None:
-    # 30 h against a drain of (24 + 8 + 120) / 8 = 19 h: it sets the last completion.
+    # 30 h against a drain of (20 + 8 + 120) / 8 = 18.5 h: it sets the last completion.
     assert _started(_queue(30), FAST) == {"short"}  # off: shortest first
     assert _started(_queue(30), ON) == {"long"}
-    # 5 h against (24 + 8 + 20) / 8 = 6.5 h: others end after it, shortest first stays.
+    # 5 h against (20 + 8 + 20) / 8 = 6 h: others end after it, shortest first stays.
     assert _started(_queue(5), ON) == {"short"}
 
 
@@ -76,14 +104,18 @@ def test_weight_and_aging_come_first_and_the_longest_critical_job_leads() -> Non
         job("aged", replicas=8, expected_runtime_s=3 * HOUR, submit_time=NOW - 13 * HOUR),
     ]
     # Drain: 8 × (1 + 40 + 50 + 2 + 3) / 8 = 96 h on one node, where neither the 40 h nor
-    # the 50 h job is critical; 48 h on two nodes, where the 50 h job is.
+    # the 50 h job is critical; 48 h on two nodes, where the 50 h job is; 32 h on three,
+    # where both are, the longer first.
     one = instance([node("n1")], jobs, config=ON)
     two = instance([node("n1"), node("n2")], jobs, config=ON)
+    three = instance([node("n1"), node("n2"), node("n3")], jobs, config=ON)
     assert not any(one.is_critical(j) for j in jobs)
     assert [j.id for j in jobs if two.is_critical(j)] == ["longer"]
+    assert [j.id for j in jobs if three.is_critical(j)] == ["long", "longer"]
     for inst, expected in (
         (one, ["heavy", "aged", "short", "long", "longer"]),
         (two, ["heavy", "aged", "longer", "short", "long"]),
+        (three, ["heavy", "aged", "longer", "long", "short"]),
     ):
         keys = sort_key(inst, Order.VALUE)
         # Weight × aging credit first (heavy: 2, aged: 1 + one 12 h step; the shorter of
