@@ -13,19 +13,22 @@ demand changes on):
 * ``x[j, m, t]``: GPU-hours block job ``j`` holds on GPU model ``m`` in slot ``t`` — none
   before its submission, at most its gang × the part of the slot after it (over all models
   together), and no more work than it has (Σ speed × x ≤ gang × work);
-* ``y[s, m, t]``: GPU-hours service ``s`` serves on model ``m`` in slot ``t``: at most its
-  demand (Σ speed × y ≤ demand × GPUs per replica × slot) and its ``max_replicas``;
+* ``y[s, m, t]``: GPU-hours service ``s`` serves on model ``m`` in slot ``t``, from its
+  start: at most its demand (Σ speed × y ≤ demand × GPUs per replica × slot, a replica on a
+  model of speed ``s`` serving ``s``) and its ``max_replicas``;
 * per model and slot, all of them at most the GPUs of the nodes up (the workload's node
   failures; draining nodes count, as the simulator's available GPUs do).
 
 Placement on nodes, gangs held whole, running to completion, and checkpoint, restore and
-transfer times are left out, so every schedule is a solution and the optimum bounds them all.
+transfer times are left out, so every schedule that keeps each gang on one GPU model (as
+every policy here does) is a solution and the optimum bounds them all. (The simulator would
+run a gang across models at its slowest GPU's speed, busy time the program does not count.)
 
 * **value**: max Σ weight × speed × x — what ``weighted_output`` counts (reference
-  GPU-hours of work by the horizon). Once with every service's demand served (its GPUs
-  reserved on its fastest models: the bar asks that services be served no worse than
-  today, and ``shaper`` leaves almost no demand unmet), once with no service at all (a
-  bound whatever the services get).
+  GPU-hours of work by the horizon). Once with the services served as well as a given run
+  serves them (all their demand that ``max_replicas`` can serve, less that run's unmet
+  replica-hours in all: the bar asks that services be served no worse than ``shaper``
+  serves them today), once with no service at all (a bound whatever the services get).
 * **utilization**: max Σ x + Σ y over the GPU-hours up — GPU-time that does work. The
   simulator's ``utilization`` also counts GPU-time whose work is later lost, and
   checkpoint, restore and migration time; a run can pass the bound by that much, so the
@@ -59,7 +62,7 @@ BAR_VALUE = 1.15  # or 15 % more priority-weighted value
 @dataclass(frozen=True)
 class OfferedBounds:
     utilization: float  # busy GPU-time doing work / GPU-time up, at most
-    value_served: float  # weighted_output at most, every service's demand served
+    value_served: float  # weighted_output at most, services served as well as a given run
     value_any: float  # weighted_output at most, whatever the services get
     gpu_hours_up: float
 
@@ -67,10 +70,14 @@ class OfferedBounds:
 def up_seconds(workload: Workload, node: str, start: float, end: float) -> float:
     """Seconds of ``[start, end)`` the node is up: down from a ``fail`` event until the
     next ``recover`` (a ``drain`` leaves it up)."""
+    # By time only: events at one instant apply in the workload's order, as the engine's.
     events = sorted(
-        (event.time, event.kind)
-        for event in workload.node_events
-        if event.node == node and event.kind in ("fail", "recover")
+        (
+            (event.time, event.kind)
+            for event in workload.node_events
+            if event.node == node and event.kind in ("fail", "recover")
+        ),
+        key=lambda event: event[0],
     )
     up, since, total = True, start, 0.0
     for time, kind in events:
@@ -87,7 +94,9 @@ def up_seconds(workload: Workload, node: str, start: float, end: float) -> float
     return total
 
 
-def offered_bounds(workload: Workload) -> OfferedBounds:
+def offered_bounds(workload: Workload, unmet_replica_hours: float = 0.0) -> OfferedBounds:
+    """The bounds of ``workload``; ``value_served`` lets the services go short by
+    ``unmet_replica_hours`` of demand in all (a run's ``unmet_demand_replica_hours``)."""
     horizon = workload.horizon
     slots = [(t * HOUR, min((t + 1) * HOUR, horizon)) for t in range(math.ceil(horizon / HOUR))]
     capacity = {
@@ -101,11 +110,11 @@ def offered_bounds(workload: Workload) -> OfferedBounds:
         for t, (start, end) in enumerate(slots)
     }
     up = sum(capacity.values())
-    utilization = _solve(workload, slots, capacity, "utilization", serve=False) / up if up else 0
+    busy = _solve(workload, slots, capacity, "utilization", serve=None)
     return OfferedBounds(
-        utilization=min(1.0, utilization),
-        value_served=_solve(workload, slots, capacity, "value", serve=True),
-        value_any=_solve(workload, slots, capacity, "value", serve=False),
+        utilization=min(1.0, busy / up) if up else 0.0,
+        value_served=_solve(workload, slots, capacity, "value", serve=unmet_replica_hours),
+        value_any=_solve(workload, slots, capacity, "value", serve=None),
         gpu_hours_up=up,
     )
 
@@ -116,11 +125,11 @@ def _solve(
     capacity: dict[tuple[str, int], float],
     objective: str,
     *,
-    serve: bool,
+    serve: float | None,
 ) -> float:
-    """The program's optimum: ``objective`` "value" or "utilization" (busy GPU-hours);
-    ``serve``: every service's demand must be served (else it may be, for utilization, or
-    is left out, for value)."""
+    """The program's optimum: ``objective`` "value" or "utilization" (busy GPU-hours).
+    ``serve``: the services must be served but for this many replica-hours of demand in all;
+    None: they may be (utilization) or are left out (value)."""
     solver = pywraplp.Solver.CreateSolver("GLOP")
     used: dict[tuple[str, int], list[pywraplp.Variable]] = {key: [] for key in capacity}
     gains: list[tuple[pywraplp.Variable, float]] = []
@@ -144,37 +153,48 @@ def _solve(
                 gains.append((x, weight * job.priority * speed if objective == "value" else 1.0))
             solver.Add(solver.Sum(held) <= job.gpus * span / HOUR)
         solver.Add(solver.Sum([speed * x for x, speed in work]) <= job.gpus * job.work / HOUR)
-    if serve or objective == "utilization":
+    if serve is not None or objective == "utilization":
+        short: list[tuple[float, list[tuple[pywraplp.Variable, float]]]] = []
         for service in workload.services:
-            fastest = max(
-                (m.speed for name, m in models.items() if service.can_run_on(name)), default=0.0
-            )
+            allowed = [(name, m) for name, m in models.items() if service.can_run_on(name)]
+            if not allowed:
+                continue  # nothing can serve it: nothing to count, nothing to require
+            fastest = max(m.speed for _, m in allowed)
+            per_replica = service.gpus_per_replica
             for t, (start, end) in enumerate(slots):
-                span = (end - start) / HOUR
-                replicas = min(service.demand_at(start), service.max_replicas)
+                begin = max(start, service.start_time)
+                if begin >= end:
+                    continue
+                span = (end - begin) / HOUR
                 served = []
-                for name, model in models.items():
-                    if service.can_run_on(name):
-                        y = solver.NumVar(0.0, solver.infinity(), "")
-                        used[(name, t)].append(y)
-                        served.append((y, model.speed))
-                        if objective == "utilization":
-                            gains.append((y, 1.0))
-                demand = replicas * service.gpus_per_replica * span  # reference GPU-hours
-                solver.Add(solver.Sum([s * y for y, s in served]) <= demand)
-                limit = service.max_replicas * service.gpus_per_replica * span
+                for name, model in allowed:
+                    y = solver.NumVar(0.0, solver.infinity(), "")
+                    used[(name, t)].append(y)
+                    served.append((y, model.speed))
+                    if objective == "utilization":
+                        gains.append((y, 1.0))
+                demand = service.demand_at(begin) * per_replica * span  # reference GPU-hours
+                solver.Add(solver.Sum([speed * y for y, speed in served]) <= demand)
+                limit = service.max_replicas * per_replica * span
                 solver.Add(solver.Sum([y for y, _ in served]) <= limit)
-                if serve:
-                    # Served in full, on its fastest models: the least GPU-time it can take.
-                    solver.Add(solver.Sum([s * y for y, s in served]) >= demand)
-                    solver.Add(solver.Sum([y for y, _ in served]) >= demand / fastest)
+                # What any plan could serve: the demand, up to max_replicas on the fastest.
+                short.append((min(demand, limit * fastest), served))
+        if serve is not None:
+            # Short of that by at most the allowance, counted in GPU-hours of the largest
+            # replica (so the requirement is never stricter than the run's shortfall).
+            allowance = serve * max((sv.gpus_per_replica for sv in workload.services), default=1)
+            servable = sum(need for need, _ in short)
+            solver.Add(
+                solver.Sum([speed * y for _, served in short for y, speed in served])
+                >= servable - allowance
+            )
     for key, held in used.items():
         if held:
             solver.Add(solver.Sum(held) <= capacity[key])
     solver.Maximize(solver.Sum([gain * x for x, gain in gains]))
     status = solver.Solve()
     if status != pywraplp.Solver.OPTIMAL:
-        # Only when serving every service's demand needs more GPUs than are up.
+        # Only when serving the services as required needs more GPUs than are up.
         return math.nan
     return float(solver.Objective().Value())
 
@@ -209,7 +229,10 @@ def seed_row(workload: Workload, policies: Sequence[str]) -> SeedRow:
             for p, r in results.items()
         },
         value={p: float(r.metrics["weighted_output"] or 0.0) for p, r in results.items()},
-        bounds=offered_bounds(workload),
+        # The bar: services served no worse than shaper serves them.
+        bounds=offered_bounds(
+            workload, float(results["shaper"].metrics["unmet_demand_replica_hours"] or 0.0)
+        ),
     )
 
 
@@ -219,10 +242,10 @@ COLUMNS = (
     "its util % (net)",
     "shaper util % (net)",
     "util bound %",
-    f"seeds: +{BAR_POINTS:g} pt ≤ bound",
+    f"seeds: +{BAR_POINTS:g} pt of work ≤ bound",
     "its value",
     "shaper value",
-    "value bound: services served / none",
+    "value bound: services as shaper serves them / none",
     f"seeds: ×{BAR_VALUE:g} value ≤ bound (served / none)",
 )
 
@@ -277,7 +300,10 @@ def _cells(rows: list[SeedRow]) -> list[str]:
     served = [row.bounds.value_served for row in rows]
     anyway = [row.bounds.value_any for row in rows]
     served_known = [s for s in served if not math.isnan(s)]
-    value_room = sum(BAR_VALUE * v <= s for v, s in zip(base_value, served, strict=True))
+    # A seed whose program has no solution (services unservable) counts in neither column.
+    value_room = sum(
+        BAR_VALUE * v <= s for v, s in zip(base_value, served, strict=True) if not math.isnan(s)
+    )
     value_room_any = sum(BAR_VALUE * v <= a for v, a in zip(base_value, anyway, strict=True))
     served_cell = f"{mean(served_known):,.0f}" if served_known else "–"
     return [
@@ -289,7 +315,7 @@ def _cells(rows: list[SeedRow]) -> list[str]:
         f"{mean(base_value):,.0f}",
         f"{mean([row.value['shaper'] for row in rows]):,.0f}",
         f"{served_cell} / {mean(anyway):,.0f}",
-        f"{value_room}/{len(rows)} / {value_room_any}/{len(rows)}",
+        f"{value_room}/{len(served_known)} / {value_room_any}/{len(rows)}",
     ]
 
 

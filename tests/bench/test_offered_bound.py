@@ -104,3 +104,49 @@ def test_no_replay_passes_the_bounds(policy: str) -> None:
     assert result.metrics["available_gpu_hours"] == pytest.approx(bounds.gpu_hours_up)
     # The queue is long enough that the bound is not just every GPU-hour up.
     assert bounds.utilization < 1.0
+
+
+def test_a_service_short_by_an_allowance_frees_that_much_for_the_jobs() -> None:
+    chat = Service(id="chat", hourly_demand=(1.0,), max_replicas=4)
+    two = workload(_two_jobs(), nodes=[("n0", 2)], horizon_h=4.0, services=[chat])
+    # Served in full: 10 (above); 1 replica-hour short: B gets one more GPU-hour (× 3).
+    assert offered_bounds(two, unmet_replica_hours=1.0).value_served == pytest.approx(13.0)
+    assert offered_bounds(two, unmet_replica_hours=4.0).value_served == pytest.approx(19.0)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "shaper"])
+def test_services_on_fast_models_starting_mid_hour_and_events_at_one_instant(policy: str) -> None:
+    # Found by review, each a run the first version's bound was below.
+    fast = GpuModel(name="H100", speed=2.0)
+    # Demand 10 replicas with at most 4: 4 replicas at speed 2 serve 8 of it, all busy.
+    rushed = workload(
+        [],
+        nodes=[("h0", 4)],
+        horizon_h=4.0,
+        extra_models=[fast],
+        node_models={"h0": "H100"},
+        services=[Service(id="chat", hourly_demand=(10.0,), max_replicas=4)],
+    )
+    # A service starting a quarter into the first hour serves from then.
+    late = workload(
+        [],
+        nodes=[("n0", 4)],
+        horizon_h=2.0,
+        services=[Service(id="chat", hourly_demand=(4.0,), max_replicas=4, start_time=0.25 * HOUR)],
+    )
+    # n1 fails at 1 h; at 2 h it recovers and fails again, in that order: down from 1 h on.
+    events = [
+        NodeEvent(time=1 * HOUR, node="n1", kind="fail"),
+        NodeEvent(time=2 * HOUR, node="n1", kind="recover"),
+        NodeEvent(time=2 * HOUR, node="n1", kind="fail"),
+    ]
+    flapping = workload(
+        [job("a", gpus=4, hours=4.0)], nodes=[("n0", 4), ("n1", 4)], horizon_h=4.0, events=events
+    )
+    expected = {"rushed": 1.0, "late": (0.75 * 4 + 4) / 8, "flapping": 16 / 20}
+    for name, case in (("rushed", rushed), ("late", late), ("flapping", flapping)):
+        bounds = offered_bounds(case)
+        assert bounds.utilization == pytest.approx(expected[name]), name
+        result = run_policy(case, policy, drain=True)
+        assert result.metrics["available_gpu_hours"] == pytest.approx(bounds.gpu_hours_up), name
+        assert net_utilization(result) <= bounds.utilization + 1e-6, name
