@@ -135,7 +135,7 @@ def _solve(
     gains: list[tuple[pywraplp.Variable, float]] = []
     models = workload.gpu_models
     for job in workload.jobs:
-        weight = float(workload.sla_policies.get(job.team, {}).get("priority_weight", 1.0))  # type: ignore[arg-type]
+        weight = workload.team_weight(job.team)  # as weighted_output weighs it
         work: list[tuple[pywraplp.Variable, float]] = []
         for t, (start, end) in enumerate(slots):
             span = end - max(start, job.submit_time)

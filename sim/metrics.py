@@ -119,11 +119,6 @@ class RunResult:
         }
 
 
-def team_weight(sim: Simulation, team: str) -> float:
-    policy = sim.workload.sla_policies.get(team, {})
-    return float(policy.get("priority_weight", 1.0))  # type: ignore[arg-type]
-
-
 def acted_within(times: list[float], window: float = CHURN_WINDOW_S) -> bool:
     """Whether two of these (ordered) action times are less than ``window`` apart."""
     return any(later - earlier < window for earlier, later in itertools.pairwise(times))
@@ -157,7 +152,7 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         kept = state.kept_at_horizon if state.kept_at_horizon is not None else state.checkpointed
         gpu_hours = kept * spec.gpus / HOUR
         useful += gpu_hours
-        weighted += team_weight(sim, spec.team) * spec.priority * gpu_hours
+        weighted += sim.workload.team_weight(spec.team) * spec.priority * gpu_hours
         waits.append(state.queue_wait)
         if state.status == JobStatus.done and state.end_time is not None:
             completed += 1

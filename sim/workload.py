@@ -271,6 +271,12 @@ class Workload:
     def clusters(self) -> list[str]:
         return sorted({node.cluster for node in self.nodes})
 
+    def team_weight(self, team: str) -> float:
+        """The team's SLA priority weight (1 without a policy): a job's value weight is
+        this × its own priority."""
+        policy = self.sla_policies.get(team, {})
+        return float(policy.get("priority_weight", 1.0))  # type: ignore[arg-type]
+
     def validate(self) -> None:
         names = {node.name for node in self.nodes}
         if len(names) != len(self.nodes):

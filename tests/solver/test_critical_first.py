@@ -9,9 +9,9 @@ import pytest
 
 from solver.greedy import Order, sort_key
 from solver.instance import Job, NodeState, SolverConfig
-from solver.policies import get_policy
 
 from .builders import FAST, NOW, instance, job, node, running, service
+from .test_queue_order import _started as started_on_one_node
 
 HOUR = 3600.0
 ON = FAST.model_copy(update={"critical_first": True})
@@ -83,8 +83,7 @@ def _queue(long_h: float) -> list[Job]:
 
 
 def _started(jobs: list[Job], config: SolverConfig) -> set[str]:
-    plan = get_policy("shaper").plan(instance([node("n1", gpus=8)], jobs, config=config))
-    return set(plan.placement) - {"busy"}
+    return started_on_one_node(jobs, config) - {"busy"}
 
 
 def test_a_job_that_would_end_last_anyway_starts_before_shorter_ones() -> None:
