@@ -893,16 +893,18 @@ class Instance(_Frozen):
                 capacity -= self._mean_demand(job) * job.gpus_per_replica
             elif job.expected_runtime_s is not None and not job.is_mig:
                 share = job.gpu_milli / FULL_GPU_MILLI if job.is_fractional else job.total_gpus
-                work += share * self._run_time_left(job)
+                left = (self.time_left(job) or 0.0) if job.is_running else job.expected_runtime_s
+                work += share * left
         return work / capacity if capacity > 0 else math.inf
 
-    def _run_time_left(self, job: Job) -> float:
-        """A block job's expected run time left: a running job's estimate counts from its
-        start (as the look-ahead and backfill read it), a pending one's from now."""
-        runtime = job.expected_runtime_s or 0.0
-        if job.is_running and job.start_time is not None:
-            return max(0.0, job.start_time + runtime - self.now)
-        return runtime
+    def time_left(self, job: Job) -> float | None:
+        """A running job's expected run time left: its estimate counts from its start (the
+        look-ahead and backfill read it so too). None without an estimate or a start, or
+        past its estimate: nothing then says when it ends."""
+        if job.expected_runtime_s is None or job.start_time is None:
+            return None
+        left = job.start_time + job.expected_runtime_s - self.now
+        return left if left > 0 else None
 
     @staticmethod
     def _mean_demand(job: Job) -> float:

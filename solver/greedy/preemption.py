@@ -309,14 +309,11 @@ class Preemption:
     def horizon_share(self, victim: Job) -> float:
         """The share of the value horizon that a running job is expected to go on running
         (1 without an estimate, or past it: it says nothing of the end then)."""
-        runtime = victim.expected_runtime_s
         if not self.ledger.options.stops_weigh_time_left:
             return 1.0
-        if runtime is None or victim.start_time is None:
-            return 1.0
         instance = self.ledger.instance
-        left = victim.start_time + runtime - instance.now
-        if left <= 0:
+        left = instance.time_left(victim)
+        if left is None:
             return 1.0
         return min(left, instance.config.value_horizon_s) / instance.config.value_horizon_s
 

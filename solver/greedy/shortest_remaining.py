@@ -68,17 +68,11 @@ class ShortestRemaining:
         self.rank: dict[str, float] = {}  # -> weight × the boost it would have pending
         self.by_node: dict[int, list[Job]] = {}
         for job in instance.jobs:
-            if (
-                job.id not in preemption.victims
-                or not job.checkpointable
-                or job.preemptions_today
-                or job.expected_runtime_s is None
-                or job.start_time is None
-            ):
+            if job.id not in preemption.victims or not job.checkpointable or job.preemptions_today:
                 continue
-            left = job.start_time + job.expected_runtime_s - instance.now
-            if left <= 0:
-                continue  # past its estimate: nothing says how long it has left
+            left = instance.time_left(job)
+            if left is None:
+                continue  # no estimate, or past it: nothing says how long it has left
             self.left[job.id] = left
             self.stop_s[job.id] = instance.migration.migration_seconds(job)
             requeued = job.model_copy(update={"placement": {}, "start_time": None})
