@@ -25,6 +25,8 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "shaper, no service resize": {"elastic_resize": False},
     "shaper, greedy only (no CP-SAT)": {"use_cp_sat": False},
     "shaper, larger first, no aging": {"shortest_first": False, "aging_s": None},
+    "shaper, no upgrades": {"upgrades": False},
+    "shaper, no per-job speeds": {"job_speeds": False},
 }
 
 

@@ -212,7 +212,7 @@ class ExactModel:
         weight = instance.weight(job)
         value = weight * instance.boost(job) * per_replica
         for node_name, var in variables.items():
-            speed = instance.speed(instance.node_by_name[node_name])
+            speed = instance.job_speed(job, instance.node_by_name[node_name].gpu_model)
             self.terms.append((value * speed, var, _upper(var)))
         self._away(job)
         gpus_after = per_replica * self._total(job)

@@ -47,6 +47,8 @@ def greedy_options(config: SolverConfig) -> GreedyOptions:
         gang_aware=config.gang_aware_placement,
         move_replicas=config.replica_moves,
         shortest_remaining=config.shortest_remaining,
+        job_speeds=config.job_speeds,
+        upgrades=config.upgrades and config.migration,
     )
 
 
@@ -122,8 +124,12 @@ def saturates(instance: Instance, engine: GreedyEngine, target: dict[str, dict[s
                 return False
         # A job on nodes it no longer accepts (a locked service there) can only keep them.
         fastest = max(
-            (compat.groups[g].gpu_model.speed for g in compat.groups_for(job)), default=0.0
+            (
+                instance.job_speed(job, compat.groups[g].gpu_model.name)
+                for g in compat.groups_for(job)
+            ),
+            default=0.0,
         )
-        if any(instance.speed(node_by_name[name]) < fastest for name in held):
+        if any(instance.job_speed(job, node_by_name[name].gpu_model) < fastest for name in held):
             return False
     return True

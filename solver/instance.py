@@ -160,6 +160,13 @@ class Job(_Frozen):
 
     # Compatibility.
     allowed_gpu_models: frozenset[str] | None = None
+    speeds: dict[str, float] = Field(
+        default_factory=dict,
+        description="a block job's own relative throughput on some GPU models, in "
+        "GpuModel.speed's units (Gavel's point: each job type gains differently from a "
+        "faster GPU); a model not named runs it at the model's speed. Planned with where "
+        "SolverConfig.job_speeds is on",
+    )
     gpu_memory_mib: int = Field(default=0, ge=0, description="minimum memory per GPU")
     precision: str | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -247,6 +254,13 @@ class Job(_Frozen):
         if self.shape is JobShape.elastic and self.max_replicas is not None:
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"job {self.id}: max_replicas < min_replicas")
+        if self.speeds:
+            if self.shape is JobShape.elastic:
+                # A service's replicas serve at their model's speed (solver.objective).
+                raise ValueError(f"job {self.id}: speeds is for block jobs, not services")
+            slow = sorted(model for model, speed in self.speeds.items() if not speed > 0)
+            if slow:
+                raise ValueError(f"job {self.id}: speeds must be positive (not on {slow})")
         return self
 
     def _check_fractional(self) -> None:
@@ -514,6 +528,20 @@ class SolverConfig(_Frozen):
         default=True,
         description="resize services to the demand of now; off: reserve their daily peak, "
         "as the FIFO baseline does",
+    )
+    job_speeds: bool = Field(
+        default=True,
+        description="the shaper plans each block job at its own speed on each GPU model "
+        "(Job.speeds): its value there, the order it tries models in, what a move or a stop "
+        "costs it; off: every job at its model's speed, as the baselines plan (a scheduler "
+        "knows one speed per GPU model)",
+    )
+    upgrades: bool = Field(
+        default=True,
+        description="after the queue is placed, a running checkpointable job moves onto free "
+        "GPUs faster for it (its own speed, Job.speeds, else the model's) when the run time "
+        "it saves is more than twice the migration's time, the most weighted GPU-time saved "
+        "first, within max_migrations_per_cycle (solver.greedy.upgrades); needs migration",
     )
     gang_aware_placement: bool = Field(
         default=False,
@@ -844,6 +872,19 @@ class Instance(_Frozen):
 
     def speed(self, node: Node) -> float:
         return self.model_by_name[node.gpu_model].speed
+
+    def job_speed(self, job: Job, gpu_model: str) -> float:
+        """How fast ``job`` runs on ``gpu_model``: its own speed there (``Job.speeds``)
+        where ``config.job_speeds`` is on, else the model's."""
+        if job.speeds and self.config.job_speeds:
+            speed = job.speeds.get(gpu_model)
+            if speed is not None:
+                return speed
+        return self.model_by_name[gpu_model].speed
+
+    def own_speeds(self, job: Job) -> dict[str, float]:
+        """The speeds the plan takes from ``job`` itself (empty: its models' speeds)."""
+        return job.speeds if self.config.job_speeds else {}
 
     def transfer_per_gpu(self, job: Job) -> float:
         """What starting ``job`` away from its home cluster costs per GPU, in the

@@ -69,6 +69,7 @@ class Pool:
     group: int
     cluster: str
     speed: float
+    model: str = ""  # the GPU model's name (a job's own speed there: JobClass.speeds)
     nodes: list[int] = field(default_factory=list)
     levels: dict[int, int] = field(default_factory=dict)  # free GPUs -> nodes
     free_cpu: int | None = None  # total, None when it cannot bind
@@ -109,10 +110,15 @@ class JobClass:
     # (objective units: ``solver.objective``'s "started away" term).
     home_cluster: str | None = None
     remote_cost: float = 0.0
+    # Its jobs' own speeds on GPU models (``Instance.own_speeds``; empty: the models').
+    speeds: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> int:
         return self.replicas * self.gpus_per_replica
+
+    def speed_on(self, pool: Pool) -> float:
+        return self.speeds.get(pool.model, pool.speed) if self.speeds else pool.speed
 
 
 @dataclass
@@ -191,6 +197,7 @@ def build_pools(state: ClusterState, jobs: list[Job] | None = None) -> list[Pool
                 group=group,
                 cluster=groups[group].cluster,
                 speed=groups[group].gpu_model.speed,
+                model=groups[group].gpu_model.name,
                 free_cpu=0,
                 free_mem=0,
             )
@@ -235,8 +242,10 @@ def build_classes(
         remote_cost = 0.0
         if job.home_cluster is not None:
             remote_cost = weight * job.total_gpus * instance.transfer_per_gpu(job)
+        speeds = instance.own_speeds(job)
         key = (
             job_signature(job),
+            tuple(sorted(speeds.items())),
             job.home_cluster,
             remote_cost,
             job.replicas,
@@ -268,6 +277,7 @@ def build_classes(
                 overdue=overdue,
                 home_cluster=job.home_cluster,
                 remote_cost=remote_cost,
+                speeds=speeds,
             )
             by_key[key] = job_class
         job_class.jobs.append(job)

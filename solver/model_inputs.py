@@ -116,6 +116,7 @@ def evacuations(engine: GreedyEngine, pools: list[Pool], budget: int) -> list[Ev
                 group=group,
                 cluster=model_group.cluster,
                 speed=model_group.gpu_model.speed,
+                model=model_group.gpu_model.name,
                 max_node_gpus=node.gpus,
             )
             pools.append(pool)

@@ -4,7 +4,7 @@ Units: one *unit* is one reference GPU (speed 1.0) of priority weight 1 held for
 ``config.value_horizon_s`` seconds (default one hour). With ``w(j)`` the job's weight
 (team ``priority_weight`` × job ``priority``) and ``s(n)`` the speed of node n's model::
 
-    objective =   Σ_block placed j   w(j) · boost(j) · Σ_n gpus(j, n) · s(n)
+    objective =   Σ_block placed j   w(j) · boost(j) · Σ_n gpus(j, n) · s(j, n)
                 + Σ_elastic e        w(e) · gpus_per_replica · Σ_fastest served(e) replicas s(n)
                 − elastic_unmet_weight · Σ_e w(e) · gpus_per_replica · unmet(e)
                 − Σ_migrated j       w(j) · gpus(j) · migration_seconds(j) / value_horizon_s
@@ -12,6 +12,8 @@ Units: one *unit* is one reference GPU (speed 1.0) of priority weight 1 held for
                 − Σ_stopped j        w(j) · gpus(j) · lost_work_seconds(j) / value_horizon_s
                 + fragmentation_weight · (ready nodes left with all GPUs free)
 
+``s(j, n)`` is block job j's own speed on node n's model where it states one
+(``Job.speeds``, with ``config.job_speeds`` on; ``Instance.job_speed``), else ``s(n)``.
 ``unmet(e) = max(0, demand(e) − replicas(e))`` with ``demand(e)`` the forecast for now,
 clamped to the service's min/max replicas. A migration to another cluster costs its
 ``migration_seconds(across=True)``; a pending job *started away* from its ``home_cluster``
@@ -111,9 +113,14 @@ class Evaluator:
             target = placement.get(job.id, {})
             speed_gpus = 0.0
             gpus = 0
+            own = instance.own_speeds(job)
             for node_name, count in target.items():
                 used[node_name] += count
-                speed_gpus += count * speed[node_name]
+                if own:
+                    model = node_by_name[node_name].gpu_model
+                    speed_gpus += count * own.get(model, speed[node_name])
+                else:
+                    speed_gpus += count * speed[node_name]
                 gpus += count
             if elastic:
                 replicas = gpus // job.gpus_per_replica

@@ -26,6 +26,7 @@ class ReasonCode(enum.StrEnum):
     placed = "placed"
     resized_to_demand = "resized_to_demand"
     defragmentation = "defragmentation"
+    faster_gpus = "faster_gpus"  # moved onto GPUs faster for it (solver.greedy.upgrades)
     preempted_by_higher_priority = "preempted_by_higher_priority"
     overdue = "overdue"
     # Why a pending job stays pending (or a running one was stopped).

@@ -230,7 +230,7 @@ def global_upper_bound(instance: Instance) -> float:
             for node_name, gpus in job.placement.items():
                 node = instance.node_by_name[node_name]
                 fixed_on_node[node_index[node_name]] += gpus
-                constant += weight * gpus * instance.speed(node)
+                constant += weight * gpus * instance.job_speed(job, node.gpu_model)
             continue
         # Where it may go, and where it is (a job may stay on a node it no longer matches).
         here = {compat.group_of_node[node_index[name]] for name in job.placement}
@@ -248,7 +248,10 @@ def global_upper_bound(instance: Instance) -> float:
             one_node = job.replicas == 1 or job.max_nodes == 1
             chunk = size if one_node else job.gpus_per_replica  # a gang may split
             boost = instance.boost(job)
-            value = [weight * boost * size * g.gpu_model.speed for g in compat.groups]
+            value = [
+                weight * boost * size * instance.job_speed(job, g.gpu_model.name)
+                for g in compat.groups
+            ]
         if not groups or upper <= 0:
             continue
         variables = [lp.NumVar(0.0, float(upper), "") for _ in groups]

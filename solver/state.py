@@ -38,10 +38,13 @@ class ClusterState:
         # ``take_changed_nodes``: a reader that keeps its own per-node index
         # (``solver.greedy.defragmentation``) refreshes those instead of scanning them all.
         self._changed_nodes: set[int] = set()
-        self._group_orders: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._group_orders: dict[tuple[object, ...], tuple[int, ...]] = {}
         # Set by the shaper's engine (``SolverConfig.gang_aware_placement``): single-node
         # placements then leave free GPUs the waiting gangs can use (``solver.gang_fit``).
         self.gang_fit: GangFit | None = None
+        # Set by the shaper's engine (``SolverConfig.job_speeds``): models are tried in the
+        # order of each job's own speed on them. The baselines know one speed per model.
+        self.job_speeds = False
         # With the instance's typical shapes given (the fractional-GPU world), single-node
         # placements go where FGD's fragmentation for them grows least.
         self.fragmentation = (
@@ -235,16 +238,26 @@ class ClusterState:
     def compatible_free(self, groups: Iterable[int]) -> int:
         return sum(self.group_free[g] for g in groups)
 
-    def group_order(self, groups: list[int]) -> tuple[int, ...]:
-        # Faster GPUs first: the objective weights GPUs by speed. Asked for every placement
-        # tried, of a few distinct lists of groups: each is sorted once.
-        key = tuple(groups)
+    def group_order(self, groups: list[int], job: Job | None = None) -> tuple[int, ...]:
+        # Faster GPUs first (for ``job``: its own speed on each, ``Job.speeds``): the
+        # objective weights GPUs by speed. Asked for every placement tried, of a few distinct
+        # lists of groups (and jobs' speed tables): each is sorted once.
+        own = self.instance.own_speeds(job) if job is not None and self.job_speeds else None
+        key: tuple[object, ...] = (tuple(groups), tuple(sorted(own.items())) if own else ())
         ordered = self._group_orders.get(key)
         if ordered is None:
-            speed = {g: self.compat.groups[g].gpu_model.speed for g in key}
-            ordered = tuple(sorted(key, key=lambda g: (-speed[g], g)))
+            speed = {g: self.group_speed(g, job) for g in groups}
+            ordered = tuple(sorted(groups, key=lambda g: (-speed[g], g)))
             self._group_orders[key] = ordered
         return ordered
+
+    def group_speed(self, group: int, job: Job | None = None) -> float:
+        """How fast the group's GPUs run ``job`` (``Instance.job_speed``), or their model's
+        speed."""
+        model = self.compat.groups[group].gpu_model
+        if job is None or not job.speeds or not self.job_speeds:
+            return model.speed
+        return self.instance.job_speed(job, model.name)
 
     def find_single_node(
         self, job: Job, replicas: int, groups: list[int], exclude: set[int] | None = None
@@ -257,9 +270,9 @@ class ClusterState:
         best: tuple[float, float, int, int, int] | None = None
         nodes = self.instance.nodes
         gang_fit = self.gang_fit
-        for group in self.group_order(groups):
+        for group in self.group_order(groups, job):
             bucket = self.buckets[group]
-            speed = self.compat.groups[group].gpu_model.speed
+            speed = self.group_speed(group, job)
             # Levels in increasing order of free GPUs: at most a node's GPUs, a handful.
             for free in range(need, self.most_gpus[group] + 1):
                 members = bucket.get(free)
@@ -298,9 +311,9 @@ class ClusterState:
         nodes = self.instance.nodes
         shared = self.instance.shared_free_milli
         best: tuple[float, int, int] | None = None
-        for group in self.group_order(groups):
+        for group in self.group_order(groups, job):
             bucket = self.buckets[group]
-            speed = self.compat.groups[group].gpu_model.speed
+            speed = self.group_speed(group, job)
             for free in range(need, self.most_gpus[group] + 1):
                 for node in bucket.get(free, ()):
                     if exclude and node in exclude:
@@ -339,7 +352,7 @@ class ClusterState:
         limit = max_nodes if max_nodes is not None else replicas
         if limit <= 1:
             return None
-        for group in self.group_order(groups):
+        for group in self.group_order(groups, job):
             bucket = self.buckets[group]
             chosen: list[tuple[int, int]] = []
             remaining = replicas

@@ -29,10 +29,11 @@ Fields → workload model:
 Where the workload model differs from Gavel's:
 
 * heterogeneity: Gavel's point is that each job type gains differently from a faster GPU.
-  The simulation runs each job at its own type's speed (``BlockJob.speeds``), but the
-  solver's instance has one speed per GPU model: each model's ``GpuModel.speed`` is the
-  geometric mean, over the job types, of its throughput over the V100's (P100 ≈ 0.58,
-  K80 ≈ 0.22), so Shaper plans with that mean while the jobs progress at their own speed.
+  The simulation runs each job at its own type's speed (``BlockJob.speeds``), and the
+  adapter hands those speeds to the solver (``Job.speeds``): ``shaper`` plans with them
+  (``SolverConfig.job_speeds``), the baselines with one speed per GPU model, each model's
+  ``GpuModel.speed``: the geometric mean, over the job types, of its throughput over the
+  V100's (P100 ≈ 0.58, K80 ≈ 0.22).
 * multi-GPU jobs: the table has one-GPU throughputs; a job of scale factor s without its
   own row is taken to run s times faster than on one GPU (linear scaling). Gavel measured
   less (e.g. about 0.65 of linear for Transformer on 8 K80s), so such jobs run shorter here

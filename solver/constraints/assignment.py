@@ -29,7 +29,7 @@ def build(model: PlacementModel) -> list[tuple[int, cp_model.IntVar]]:
             f"assign_c{job_class.index}"
         )
         for option in options:
-            speed = option.pool.speed
+            speed = job_class.speed_on(option.pool)
             if job_class.elastic:
                 value = job_class.weight * job_class.gpus_per_replica * (speed + unmet_weight)
             else:

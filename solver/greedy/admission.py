@@ -220,7 +220,7 @@ class Admission:
         if not 0 < len(home) < len(groups):
             return None
         penalty = self.ledger.instance.transfer_per_gpu(job)
-        speed = {g: compat.groups[g].gpu_model.speed for g in groups}
+        speed = {g: self.ledger.state.group_speed(g, job) for g in groups}
         best_home = max(speed[g] for g in home)
         best_away = max(speed[g] for g in groups if g not in home)
         return home if best_away - penalty <= best_home else None
@@ -240,7 +240,7 @@ class Admission:
             g
             for g in groups
             if compat.groups[g].cluster == job.home_cluster
-            or boost * compat.groups[g].gpu_model.speed > cost
+            or boost * self.ledger.state.group_speed(g, job) > cost
         ]
 
     def _try_place(

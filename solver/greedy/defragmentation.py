@@ -1,9 +1,10 @@
 """Defragmentation by migration: a pending block job that does not fit may move
 checkpointable single-node jobs off a few nodes (within the per-cycle migration budget)
 to make room: whole nodes emptied for a gang, or, for a job that fits on one node, just
-enough of one node's residents moved elsewhere. Emptying whole nodes of block jobs only
-rearranges what is held, so it needs no value trade; making room on part of a node and
-moving replicas are trades (``_pays``). A resident whose node the job leaves room on stays
+enough of one node's residents moved elsewhere. Emptying whole nodes of block jobs onto
+GPUs as fast for them only rearranges what is held, so it needs no value trade; making
+room on part of a node, moving a job onto GPUs slower for it and moving replicas are
+trades (``_pays``). A resident whose node the job leaves room on stays
 where it is.
 
 Movable: a running, checkpointable, single-node block job, not frozen, off its migration
@@ -170,7 +171,7 @@ class Defragmentation:
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
         per_replica = job.gpus_per_replica
         self.index.refresh()
-        for group in state.group_order(self.lookahead.allowed_groups(job, groups)):
+        for group in state.group_order(self.lookahead.allowed_groups(job, groups), job):
             # (residents to move, -free GPUs, node, residents, GPUs the job gets there)
             candidates: list[tuple[int, int, int, list[Job], int]] = []
             frozen_sizes: list[int] = []  # nodes only frozen residents keep from moving
@@ -345,6 +346,7 @@ class Defragmentation:
             else:
                 homeless.append((resident, original))
         moved: list[Job] = []
+        moved_from: dict[str, dict[int, int]] = {}
         relocated: dict[str, Job] = {}
         for resident, original in homeless:
             ready = state.ready_groups(resident)
@@ -361,13 +363,15 @@ class Defragmentation:
                 return None
             state.place(resident, {node: resident.total_gpus})
             moved.append(resident)
+            moved_from[resident.id] = original
         if ledger.migrations + len(moved) > ledger.config.max_migrations_per_cycle:
             state.rollback(mark)
             ledger.budget_blocked.add(job.id)
             return None
         across = any(self._across(r) for r in moved)
-        if (target is not None or relocated or across) and not self._pays(
-            job, placement, moved, [(s, held_before[s.id]) for s in relocated.values()]
+        slowed = {r.id: self._slowdown(r, moved_from[r.id]) for r in moved}
+        if (target is not None or relocated or across or any(slowed.values())) and not self._pays(
+            job, placement, moved, [(s, held_before[s.id]) for s in relocated.values()], slowed
         ):
             state.rollback(mark)
             return None
@@ -415,16 +419,19 @@ class Defragmentation:
         placement: dict[int, int],
         moved: list[Job],
         relocated: list[tuple[Job, dict[int, int]]],
+        slowed: dict[str, float],
     ) -> bool:
         """Whether starting ``job`` on ``placement`` is worth more than the moves that make
-        room for it (``solver.objective``'s units: an hour of a reference GPU)."""
+        room for it (``solver.objective``'s units: an hour of a reference GPU): each move's
+        time, the time a moved job runs longer on GPUs slower for it (``slowed``, GPU-seconds)
+        and the speed a service's replicas lose."""
         ledger = self.ledger
         instance = ledger.instance
         horizon = ledger.config.value_horizon_s
         gain = (
             ledger.weight[job.id]
             * instance.boost(job)
-            * sum(gpus * ledger.node_speed(n) for n, gpus in placement.items())
+            * sum(gpus * ledger.job_speed(job, n) for n, gpus in placement.items())
         )
         cost = sum(
             ledger.weight[r.id]
@@ -433,6 +440,7 @@ class Defragmentation:
             / horizon
             for r in moved
         )
+        cost += sum(ledger.weight[r.id] * slowed[r.id] for r in moved) / horizon
         for service, before in relocated:
             speed = {n: ledger.node_speed(n) for n in (*before, *ledger.state.held(service.id))}
             lost = sum(g * speed[n] for n, g in before.items()) - sum(
@@ -440,6 +448,22 @@ class Defragmentation:
             )
             cost += ledger.weight[service.id] * max(0.0, lost)
         return gain > cost
+
+    def _slowdown(self, job: Job, before: dict[int, int]) -> float:
+        """GPU-seconds moved ``job`` holds its GPUs longer where it lands, on GPUs slower for
+        it (its own speed, ``Job.speeds``, else the models'): its expected run time left
+        (the value horizon without an estimate) stretched by the speed ratio. 0 when it
+        lands on GPUs as fast or faster. A rate would not do: the job it makes room for
+        would have started anyway once GPUs freed, while this one crawls to its end."""
+        ledger = self.ledger
+        was = sum(gpus * ledger.job_speed(job, node) for node, gpus in before.items())
+        now = sum(
+            gpus * ledger.job_speed(job, node) for node, gpus in ledger.state.held(job.id).items()
+        )
+        if now >= was or now <= 0:
+            return 0.0
+        left = ledger.instance.time_left(job) or ledger.config.value_horizon_s
+        return job.total_gpus * left * (was / now - 1.0)
 
     def _across(self, job: Job) -> bool:
         """Whether moved ``job``'s new node is in another cluster than its old one."""

@@ -38,6 +38,7 @@ from solver.greedy.lookahead import Lookahead, Reservation
 from solver.greedy.options import GreedyOptions, sort_key
 from solver.greedy.preemption import Preemption
 from solver.greedy.sharing import plan_with_shares
+from solver.greedy.upgrades import Upgrades
 from solver.instance import Instance, Job
 from solver.plan import Plan, Reason, ReasonCode, SolveStats, SolveStatus
 from solver.state import ClusterState
@@ -65,6 +66,9 @@ class GreedyEngine:
             ledger, self._lookahead, self._preemption, self._defragmentation
         )
         self._elastic = ElasticGrowth(ledger, self._preemption, self._defragmentation)
+        self._upgrades = (
+            Upgrades(ledger, self._defragmentation, self._lookahead) if options.upgrades else None
+        )
         self._diagnosis = Diagnosis(ledger, self._admission)
 
     @property
@@ -104,6 +108,9 @@ class GreedyEngine:
         if ledger.options.lookahead:
             self._lookahead.reserve()
         self._admission.place_queue([job for job in queue if job.id not in ledger.state.placement])
+        if self._upgrades is not None:
+            blocked, _, shadow_nodes = self._admission.blocked
+            self._upgrades.run(set(shadow_nodes) if blocked is not None else set())
         self._diagnosis.diagnose(queue)
         return ledger.result
 

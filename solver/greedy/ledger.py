@@ -45,6 +45,7 @@ class Ledger:
         self.options = options
         self.config = instance.config
         self.state = ClusterState(instance, compat)
+        self.state.job_speeds = options.job_speeds
         self.compat = self.state.compat
         if options.gang_aware:
             self.state.gang_fit = GangFit(instance, self.compat)
@@ -115,6 +116,14 @@ class Ledger:
 
     def node_speed(self, node: int) -> float:
         return self.compat.groups[self.compat.group_of_node[node]].gpu_model.speed
+
+    def job_speed(self, job: Job, node: int) -> float:
+        """How fast ``job`` runs on ``node`` as the plan counts it: its own speed there
+        (``Instance.job_speed``) with ``options.job_speeds``, else the model's."""
+        if not self.options.job_speeds or not self.instance.own_speeds(job):
+            return self.node_speed(node)
+        model = self.compat.groups[self.compat.group_of_node[node]].gpu_model.name
+        return self.instance.job_speed(job, model)
 
     def failure_key(self, job: Job, extra: object) -> tuple[object, ...]:
         """Jobs of the same shape and groups fail alike: caches of failed attempts use it."""

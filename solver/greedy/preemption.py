@@ -290,7 +290,7 @@ class Preemption:
             ledger.weight[job.id]
             * boost
             * wait_share
-            * sum(gpus * ledger.node_speed(node) for node, gpus in placement.items())
+            * sum(gpus * ledger.job_speed(job, node) for node, gpus in placement.items())
         )
         cost = sum(self.stop_cost(victim) for victim in kept)
         if gain <= cost:
@@ -328,7 +328,7 @@ class Preemption:
         lost = ledger.instance.migration.preemption_lost_seconds(victim, ledger.instance.now)
         index = ledger.state.node_index
         cost = ledger.weight[victim.id] * sum(
-            gpus * (ledger.node_speed(index[name]) + lost / horizon)
+            gpus * (ledger.job_speed(victim, index[name]) + lost / horizon)
             for name, gpus in victim.placement.items()
         )
         self._stop_costs[victim.id] = cost
