@@ -24,6 +24,7 @@ Times in YAML are hours (``*_h``) unless the key says otherwise. Example::
           weight: 3
           gpus: {1: 2, 2: 2, 4: 1}                   # value: relative weight
           hours: {median: 6, sigma: 0.6, min: 1, max: 30}   # log-normal
+          # or {log_uniform: [0.5, 16]}, or a list of either with a ``weight`` each
           priority: {1: 3, 5: 1}
           checkpointable: 0.8                        # probability
           checkpoint_interval_h: 1
@@ -43,6 +44,14 @@ leaves a site is billed, in GPU-seconds a GiB ($/GiB ÷ $/GPU-hour × 3600). Dat
 ``allowed_clusters`` (a list of names): a federated planner starts it only there or where
 it was submitted.
 
+Per-job speeds: a job or a ``mix`` entry may give ``speeds`` (``{V100: 1.0, K80: 0.3}``:
+its own speed on those models, ``BlockJob.speeds``); a ``mix`` entry with
+``job_types: gavel`` draws each job's type uniformly from Gavel's measured throughputs
+(``sim.traces.gavel_throughputs``, the 26 one-GPU types): its speeds are the type's
+throughput on each model over its V100 throughput, the models where it does not fit are
+left out of its ``gpu_models``, and its ``team`` is the model family (``ResNet-50``); the
+scenario's models are then V100, P100 and K80.
+
 The generator uses ``numpy.random.default_rng(seed)``: the same seed gives the same jobs.
 """
 
@@ -56,6 +65,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sim.traces.gavel_throughputs import MODELS as GAVEL_MODELS
+from sim.traces.gavel_throughputs import STEPS_PER_SECOND
 from sim.workload import (
     BlockJob,
     GpuModel,
@@ -186,7 +197,37 @@ def _job(entry: dict[str, Any], index: int) -> BlockJob:
             if entry.get("allowed_clusters") is not None
             else None
         ),
+        speeds=tuple((str(m), float(v)) for m, v in (entry.get("speeds") or {}).items()),
     )
+
+
+def _hours(rng: np.random.Generator, spec: Any) -> float:
+    """A run time in hours from ``spec``: a number, ``{median, sigma, min, max}``
+    (log-normal, clamped), ``{log_uniform: [low, high]}``, or a list of those, each with a
+    ``weight`` (one draw picks the entry)."""
+    if isinstance(spec, list):
+        index = _weighted_choice(rng, {i: float(e.get("weight", 1.0)) for i, e in enumerate(spec)})
+        return _hours(rng, spec[index])
+    if not isinstance(spec, dict):
+        return float(spec)
+    if "log_uniform" in spec:
+        low, high = (float(v) for v in spec["log_uniform"])
+        return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+    hours = float(rng.lognormal(math.log(float(spec["median"])), float(spec["sigma"])))
+    return min(float(spec.get("max", hours)), max(float(spec["min"]), hours))
+
+
+def _gavel_type(rng: np.random.Generator) -> dict[str, Any]:
+    """One of Gavel's job types, uniformly (Gavel's generator), as job fields."""
+    types = sorted(name for name, scale in STEPS_PER_SECOND if scale == 1)
+    name = _weighted_choice(rng, types)
+    row = STEPS_PER_SECOND[(name, 1)]
+    fits = {m: v / row[0] for m, v in zip(GAVEL_MODELS, row, strict=True) if v > 0}
+    return {
+        "speeds": fits,
+        "gpu_models": tuple(fits) if len(fits) < len(GAVEL_MODELS) else (),
+        "team": name.split(" (")[0],
+    }
 
 
 def _generate(spec: dict[str, Any], rng: np.random.Generator, first: int) -> list[BlockJob]:
@@ -205,14 +246,7 @@ def _generate(spec: dict[str, Any], rng: np.random.Generator, first: int) -> lis
         elif process not in ("batch", "poisson"):
             raise ValueError(f"generate.arrival.process: unknown {process!r}")
         kind = mix[_weighted_choice(rng, dict(enumerate(weights.tolist())))]
-        hours_spec = kind["hours"]
-        if isinstance(hours_spec, dict):
-            hours = float(
-                rng.lognormal(math.log(float(hours_spec["median"])), float(hours_spec["sigma"]))
-            )
-            hours = min(float(hours_spec.get("max", hours)), max(float(hours_spec["min"]), hours))
-        else:
-            hours = float(hours_spec)
+        hours = _hours(rng, kind["hours"])
         entry = {
             "id": f"{kind.get('kind', 'training')}-{first + n}",
             "submit_h": round(t, 4),
@@ -228,7 +262,13 @@ def _generate(spec: dict[str, Any], rng: np.random.Generator, first: int) -> lis
             "cluster": spec.get("cluster"),
             "cluster_selector": spec.get("cluster_selector"),
             "allowed_clusters": spec.get("allowed_clusters"),
+            "speeds": kind.get("speeds"),
         }
+        job_types = kind.get("job_types")
+        if job_types == "gavel":
+            entry.update(_gavel_type(rng))
+        elif job_types is not None:
+            raise ValueError(f"generate.mix.job_types: unknown {job_types!r} (known: gavel)")
         jobs.append(_job(entry, first + n))
     return jobs
 

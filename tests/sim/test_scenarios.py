@@ -124,3 +124,73 @@ def test_fragmentation_heavy_is_one_priority_with_small_jobs_and_whole_node_gang
     sizes = {j.gpus for j in wl.jobs}
     assert sizes == {1, 2, 8} and {j.priority for j in wl.jobs} == {1.0}
     assert {n.gpus for n in wl.nodes} == {8} and not wl.services
+
+
+def test_log_uniform_hours_and_a_weighted_list_of_them() -> None:
+    data = {
+        "name": "g",
+        "seed": 3,
+        "gpu_models": {"A": {}},
+        "cluster": [{"prefix": "n", "count": 1, "gpus": 8, "model": "A"}],
+        "generate": {
+            "count": 400,
+            "mix": [
+                {
+                    "gpus": {1: 1},
+                    "hours": [
+                        {"weight": 0.8, "log_uniform": [0.5, 2]},
+                        {"weight": 0.2, "log_uniform": [10, 20]},
+                    ],
+                }
+            ],
+        },
+    }
+    hours = [j.work / 3600 for j in build_workload(data).jobs]
+    short = [h for h in hours if 0.5 <= h <= 2]
+    long = [h for h in hours if 10 <= h <= 20]
+    assert len(short) + len(long) == 400  # nothing between or outside the two ranges
+    assert 0.7 < len(short) / 400 < 0.9
+    # Log-uniform: as many short runs below the range's geometric middle (1 h) as above.
+    assert 0.4 < sum(h < 1.0 for h in short) / len(short) < 0.6
+
+
+def test_gavel_job_types_carry_their_measured_speeds() -> None:
+    from sim.traces.gavel import SPEED
+    from sim.traces.gavel_throughputs import STEPS_PER_SECOND
+
+    wl = load_scenario("heterogeneous-throughput")
+    # The models' speeds are the loader's geometric means, as the YAML states them.
+    assert {m: round(g.speed, 4) for m, g in wl.gpu_models.items()} == {
+        m: round(s, 4) for m, s in SPEED.items()
+    }
+    families = {name.split(" (")[0] for name, _ in STEPS_PER_SECOND}
+    assert {j.team for j in wl.jobs} <= families and len({j.team for j in wl.jobs}) >= 5
+    for job in wl.jobs:
+        speeds = dict(job.speeds)
+        assert speeds["V100"] == 1.0  # speeds are over the type's V100 throughput
+        rows = [
+            row
+            for (name, scale), row in STEPS_PER_SECOND.items()
+            if scale == 1
+            and name.split(" (")[0] == job.team
+            and row[0] > 0
+            and abs(row[1] / row[0] - speeds["P100"]) < 1e-12
+        ]
+        assert rows, job.id  # its P100 speed is one of its family's measured ratios
+        if rows[0][2] == 0:  # does not fit a K80 (ResNet-50, batch size 128)
+            assert "K80" not in speeds and job.gpu_models == ("V100", "P100")
+        else:
+            assert speeds["K80"] == pytest.approx(rows[0][2] / rows[0][0]) and not job.gpu_models
+    assert {j.gpus for j in wl.jobs} <= {1, 2, 4, 8} and {j.priority for j in wl.jobs} == {1, 5}
+    assert all(j.checkpointable for j in wl.jobs)
+
+
+def test_unknown_job_types_are_refused() -> None:
+    data = {
+        "name": "g",
+        "gpu_models": {"A": {}},
+        "cluster": [{"prefix": "n", "count": 1, "gpus": 8, "model": "A"}],
+        "generate": {"count": 1, "mix": [{"gpus": {1: 1}, "hours": 1, "job_types": "philly"}]},
+    }
+    with pytest.raises(ValueError, match="job_types: unknown 'philly' \\(known: gavel\\)"):
+        build_workload(data)
