@@ -11,7 +11,7 @@ Mapping (simulation → solver):
   4-GPU job stays on one 8-GPU node; a 16-GPU job spans two), its remaining run time at
   reference speed as ``expected_runtime_s``, its image size as ``checkpoint_size_mib`` and
   the time its last periodic checkpoint was written as ``last_checkpoint_time``, its own
-  speeds on GPU models (``BlockJob.speeds``, e.g. Gavel's job types) as ``speeds``. The run
+  speeds on GPU models (``BlockJob.speeds``, e.g. Gavel's job types) in ``Instance.speeds``. The run
   time is ``runtime`` (:class:`RuntimeMode`): by default exact (traces record the real
   duration); ``predicted`` is what ``forecast.duration`` predicts from the jobs that
   finished before in this run (team, kind, GPUs; traces carry no user estimate) — as a
@@ -249,6 +249,11 @@ class SolverPlanner:
         jobs = [self._block_job(sim, s) for s in sim.running.values()]
         jobs += [self._block_job(sim, s) for s in sim.queue.values()]
         jobs += [self._service(sim, s) for s in sim.services.values()]
+        speeds = {
+            s.spec.id: dict(s.spec.speeds)
+            for s in (*sim.running.values(), *sim.queue.values())
+            if s.spec.speeds
+        }
         return Instance(
             now=sim.now,
             gpu_models=models,
@@ -257,6 +262,7 @@ class SolverPlanner:
             policies=policies,
             migration=migration,
             config=config,
+            speeds=speeds,
         )
 
     @staticmethod
@@ -351,7 +357,6 @@ class SolverPlanner:
             memory_mib_per_replica=-(-spec.memory_mib // spec.gpus),
             max_nodes=self._max_nodes(spec.gpus, spec.gpu_models),
             allowed_gpu_models=frozenset(spec.gpu_models) if spec.gpu_models else None,
-            speeds=dict(spec.speeds),
             gpu_memory_mib=0,
             precision=None,
             node_selector={},

@@ -277,7 +277,7 @@ def build_classes(
                 overdue=overdue,
                 home_cluster=job.home_cluster,
                 remote_cost=remote_cost,
-                speeds=speeds,
+                speeds=dict(speeds),
             )
             by_key[key] = job_class
         job_class.jobs.append(job)

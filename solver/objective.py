@@ -13,7 +13,7 @@ Units: one *unit* is one reference GPU (speed 1.0) of priority weight 1 held for
                 + fragmentation_weight · (ready nodes left with all GPUs free)
 
 ``s(j, n)`` is block job j's own speed on node n's model where it states one
-(``Job.speeds``, with ``config.job_speeds`` on; ``Instance.job_speed``), else ``s(n)``.
+(``Instance.speeds``, with ``config.job_speeds`` on; ``Instance.job_speed``), else ``s(n)``.
 ``unmet(e) = max(0, demand(e) − replicas(e))`` with ``demand(e)`` the forecast for now,
 clamped to the service's min/max replicas. A migration to another cluster costs its
 ``migration_seconds(across=True)``; a pending job *started away* from its ``home_cluster``
@@ -113,7 +113,7 @@ class Evaluator:
             target = placement.get(job.id, {})
             speed_gpus = 0.0
             gpus = 0
-            own = instance.own_speeds(job)
+            own = instance.own_speeds(job) if instance.speeds else None
             for node_name, count in target.items():
                 used[node_name] += count
                 if own:

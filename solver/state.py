@@ -9,7 +9,7 @@ record an undo entry, so a tentative preemption or defragmentation rolls back ex
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from solver.compat import Compatibility
 from solver.fragmentation import fgd_score, fragmentation_for
@@ -42,9 +42,10 @@ class ClusterState:
         # Set by the shaper's engine (``SolverConfig.gang_aware_placement``): single-node
         # placements then leave free GPUs the waiting gangs can use (``solver.gang_fit``).
         self.gang_fit: GangFit | None = None
-        # Set by the shaper's engine (``SolverConfig.job_speeds``): models are tried in the
-        # order of each job's own speed on them. The baselines know one speed per model.
-        self.job_speeds = False
+        # Set by the shaper's engine (``SolverConfig.job_speeds``): each job's own speeds
+        # (``Instance.speeds``), the order it tries models in. The baselines know one
+        # speed per model.
+        self.speeds: Mapping[str, Mapping[str, float]] = {}
         # With the instance's typical shapes given (the fractional-GPU world), single-node
         # placements go where FGD's fragmentation for them grows least.
         self.fragmentation = (
@@ -53,6 +54,8 @@ class ClusterState:
         self._load(instance.jobs)
         # Buckets are built after the initial load, from the resulting free counts.
         self.group_free = [0] * len(self.compat.groups)
+        # Each group's model's speed (``group_speed`` for a job with speeds of its own).
+        self.model_speed = [group.gpu_model.speed for group in self.compat.groups]
         # No node of a group has more free GPUs than this: where bucket walks stop.
         self.most_gpus = [
             max((nodes[i].gpus for i in group.node_indices), default=0)
@@ -239,11 +242,13 @@ class ClusterState:
         return sum(self.group_free[g] for g in groups)
 
     def group_order(self, groups: list[int], job: Job | None = None) -> tuple[int, ...]:
-        # Faster GPUs first (for ``job``: its own speed on each, ``Job.speeds``): the
+        # Faster GPUs first (for ``job``: its own speed on each, ``Instance.speeds``): the
         # objective weights GPUs by speed. Asked for every placement tried, of a few distinct
         # lists of groups (and jobs' speed tables): each is sorted once.
-        own = self.instance.own_speeds(job) if job is not None and self.job_speeds else None
-        key: tuple[object, ...] = (tuple(groups), tuple(sorted(own.items())) if own else ())
+        key: tuple[object, ...] = tuple(groups)
+        own = self.speeds.get(job.id) if self.speeds and job is not None else None
+        if own:
+            key = (key, tuple(sorted(own.items())))
         ordered = self._group_orders.get(key)
         if ordered is None:
             speed = {g: self.group_speed(g, job) for g in groups}
@@ -254,10 +259,10 @@ class ClusterState:
     def group_speed(self, group: int, job: Job | None = None) -> float:
         """How fast the group's GPUs run ``job`` (``Instance.job_speed``), or their model's
         speed."""
-        model = self.compat.groups[group].gpu_model
-        if job is None or not job.speeds or not self.job_speeds:
-            return model.speed
-        return self.instance.job_speed(job, model.name)
+        own = self.speeds.get(job.id) if self.speeds and job is not None else None
+        if not own:
+            return self.model_speed[group]
+        return own.get(self.compat.groups[group].gpu_model.name, self.model_speed[group])
 
     def find_single_node(
         self, job: Job, replicas: int, groups: list[int], exclude: set[int] | None = None
@@ -270,9 +275,11 @@ class ClusterState:
         best: tuple[float, float, int, int, int] | None = None
         nodes = self.instance.nodes
         gang_fit = self.gang_fit
+        own = bool(self.speeds) and job.id in self.speeds
+        model_speed = self.model_speed
         for group in self.group_order(groups, job):
             bucket = self.buckets[group]
-            speed = self.group_speed(group, job)
+            speed = self.group_speed(group, job) if own else model_speed[group]
             # Levels in increasing order of free GPUs: at most a node's GPUs, a handful.
             for free in range(need, self.most_gpus[group] + 1):
                 members = bucket.get(free)
@@ -311,9 +318,10 @@ class ClusterState:
         nodes = self.instance.nodes
         shared = self.instance.shared_free_milli
         best: tuple[float, int, int] | None = None
+        own = bool(self.speeds) and job.id in self.speeds
         for group in self.group_order(groups, job):
             bucket = self.buckets[group]
-            speed = self.group_speed(group, job)
+            speed = self.group_speed(group, job) if own else self.model_speed[group]
             for free in range(need, self.most_gpus[group] + 1):
                 for node in bucket.get(free, ()):
                     if exclude and node in exclude:

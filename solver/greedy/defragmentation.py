@@ -451,7 +451,7 @@ class Defragmentation:
 
     def _slowdown(self, job: Job, before: dict[int, int]) -> float:
         """GPU-seconds moved ``job`` holds its GPUs longer where it lands, on GPUs slower for
-        it (its own speed, ``Job.speeds``, else the models'): its expected run time left
+        it (its own speed, ``Instance.speeds``, else the models'): its expected run time left
         (the value horizon without an estimate) stretched by the speed ratio. 0 when it
         lands on GPUs as fast or faster. A rate would not do: the job it makes room for
         would have started anyway once GPUs freed, while this one crawls to its end."""

@@ -45,7 +45,8 @@ class Ledger:
         self.options = options
         self.config = instance.config
         self.state = ClusterState(instance, compat)
-        self.state.job_speeds = options.job_speeds
+        if options.job_speeds and instance.config.job_speeds:
+            self.state.speeds = instance.speeds
         self.compat = self.state.compat
         if options.gang_aware:
             self.state.gang_fit = GangFit(instance, self.compat)
@@ -120,10 +121,11 @@ class Ledger:
     def job_speed(self, job: Job, node: int) -> float:
         """How fast ``job`` runs on ``node`` as the plan counts it: its own speed there
         (``Instance.job_speed``) with ``options.job_speeds``, else the model's."""
-        if not self.options.job_speeds or not self.instance.own_speeds(job):
+        own = self.state.speeds.get(job.id) if self.state.speeds else None
+        if not own:
             return self.node_speed(node)
-        model = self.compat.groups[self.compat.group_of_node[node]].gpu_model.name
-        return self.instance.job_speed(job, model)
+        model = self.compat.groups[self.compat.group_of_node[node]].gpu_model
+        return own.get(model.name, model.speed)
 
     def failure_key(self, job: Job, extra: object) -> tuple[object, ...]:
         """Jobs of the same shape and groups fail alike: caches of failed attempts use it."""

@@ -53,7 +53,7 @@ class GreedyOptions:
     # A pending job may stop longer work of no more weight (``SolverConfig.shortest_remaining``,
     # ``solver.greedy.shortest_remaining``): the shaper's, when its config asks for it.
     shortest_remaining: bool = False
-    # Each job's own speed on each model (``Job.speeds``) orders the models it tries and
+    # Each job's own speed on each model (``Instance.speeds``) orders the models it tries and
     # weighs its moves and stops (``SolverConfig.job_speeds``): the shaper's. The baselines
     # know one speed per model, as Kueue's flavors and Slurm's partitions do.
     job_speeds: bool = False

@@ -6,7 +6,7 @@ ones have freed (on Gavel's measurements a ResNet-18 runs at 0.08 of its V100 sp
 K80). Gavel re-allocates every round; here, after the queue is placed, what is still
 free on faster models goes to the running jobs that gain most from it, each move a
 trade: the run time it saves, ``time_left · (1 − s_now / s_new)`` at the job's own speeds
-(``Instance.job_speed``: its ``Job.speeds``, else the models'), must exceed
+(``Instance.job_speed``: its ``Instance.speeds``, else the models'), must exceed
 ``UPGRADE_MARGIN`` times the migration's time (``MigrationCostModel.migration_seconds``).
 
 Runs after admission, so a pending job is never kept off free GPUs by an upgrade; it takes

@@ -1,5 +1,5 @@
 """Per-job speeds through the simulator: the adapter gives the solver each job's own speeds
-(``BlockJob.speeds`` → ``Job.speeds``), and a job that could only start on GPUs slow for
+(``BlockJob.speeds`` → ``Instance.speeds``), and a job that could only start on GPUs slow for
 it moves onto faster ones as they free up (``SolverConfig.upgrades``, on by default),
 where a scheduler that decides once leaves it crawling."""
 
@@ -36,7 +36,7 @@ def _two_models(horizon_h: float = 48.0) -> Workload:
 def test_the_solver_gets_each_jobs_own_speeds() -> None:
     planner = SolverPlanner("shaper")
     sim = simulate(_two_models(horizon_h=0.5), planner, drain=False)  # both still run
-    assert planner.instance(sim).job_by_id["long"].speeds == {"K80": 0.1}
+    assert planner.instance(sim).speeds == {"long": {"K80": 0.1}}
 
 
 def test_a_job_started_on_slow_gpus_moves_up_when_faster_ones_free() -> None:

@@ -1,4 +1,4 @@
-"""Each job's own speed on each GPU model (``Job.speeds``, ``SolverConfig.job_speeds``):
+"""Each job's own speed on each GPU model (``Instance.speeds``, ``SolverConfig.job_speeds``):
 what the objective counts, where the shaper starts a job, what a move costs it, and the
 pass built on it, upgrades onto GPUs faster for a job (``SolverConfig.upgrades``). Models
 here: h100 (speed 2.0) and a100 (1.0)."""
@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from solver.compat import Compatibility
-from solver.instance import Job, Node
+from solver.instance import Instance, SolverConfig
 from solver.model import build_classes
 from solver.objective import Evaluator
 from solver.plan import ActionKind, ReasonCode
@@ -24,42 +24,51 @@ NO_UPGRADES = FAST.model_copy(update={"upgrades": False})
 NO_SPEEDS = FAST.model_copy(update={"job_speeds": False})
 
 
-def test_speeds_are_for_block_jobs_and_positive() -> None:
-    with pytest.raises(ValidationError, match="speeds is for block jobs, not services"):
-        service("chat", (1,), speeds={"a100": 1.0})
-    with pytest.raises(ValidationError, match=r"speeds must be positive \(not on \['a100'\]\)"):
-        job("j", speeds={"a100": 0.0, "h100": 1.0})
+def test_speeds_are_for_block_jobs_of_the_instance_and_positive() -> None:
+    nodes = [node("a")]
+    with pytest.raises(ValidationError, match="speeds: chat is a service"):
+        instance(nodes, [service("chat", (1,))], speeds={"chat": {"a100": 1.0}})
+    with pytest.raises(
+        ValidationError, match=r"speeds: j's must be positive \(not on \['a100'\]\)"
+    ):
+        instance(nodes, [job("j")], speeds={"j": {"a100": 0.0, "h100": 1.0}})
+    with pytest.raises(ValidationError, match="speeds: no job gone"):
+        instance(nodes, [job("j")], speeds={"gone": {"a100": 1.0}})
 
 
 def test_a_job_runs_at_its_own_speed_where_it_states_one() -> None:
-    inst = instance([node("h", model="h100"), node("a")], [job("j", speeds={"h100": 3.0})])
-    j = inst.job_by_id["j"]
+    nodes = [node("h", model="h100"), node("a")]
+    inst = instance(nodes, [job("j"), job("k")], speeds={"j": {"h100": 3.0}})
+    j, k = inst.job_by_id["j"], inst.job_by_id["k"]
     assert inst.job_speed(j, "h100") == 3.0
     assert inst.job_speed(j, "a100") == 1.0  # not stated: the model's
-    off = instance([node("h", model="h100")], [job("j", speeds={"h100": 3.0})], config=NO_SPEEDS)
+    assert inst.job_speed(k, "h100") == 2.0 and not inst.own_speeds(k)  # none of its own
+    off = instance(nodes, [job("j")], config=NO_SPEEDS, speeds={"j": {"h100": 3.0}})
     assert off.job_speed(off.job_by_id["j"], "h100") == 2.0 and not off.own_speeds(j)
 
 
 def test_the_objective_counts_a_job_at_its_own_speed() -> None:
-    jobs = [job("own", gpus=2, speeds={"h100": 0.5}), job("model", gpus=2)]
-    inst = instance([node("h", model="h100")], jobs)
+    jobs = [job("own", gpus=2), job("model", gpus=2)]
+    inst = instance([node("h", model="h100")], jobs, speeds={"own": {"h100": 0.5}})
     terms = Evaluator(inst).evaluate({"own": {"h": 2}, "model": {"h": 2}})
     assert terms.allocation == pytest.approx(2 * 0.5 + 2 * 2.0)
 
 
 def test_the_shaper_starts_a_job_on_the_model_fastest_for_it_the_baselines_by_model() -> None:
     # On an A100 it runs at 1.5, on an H100 at 1.2: the shaper starts it on the A100.
-    jobs = [job("j", speeds={"h100": 1.2, "a100": 1.5}, expected_runtime_s=HOUR)]
-    inst = instance([node("h", model="h100"), node("a")], jobs)
+    jobs = [job("j", expected_runtime_s=HOUR)]
+    speeds = {"j": {"h100": 1.2, "a100": 1.5}}
+    inst = instance([node("h", model="h100"), node("a")], jobs, speeds=speeds)
     assert plan_with("shaper", inst).placement["j"] == {"a": 1}
     assert plan_with("priority", inst).placement["j"] == {"h": 1}
-    off = instance([node("h", model="h100"), node("a")], jobs, config=NO_SPEEDS)
+    off = instance([node("h", model="h100"), node("a")], jobs, config=NO_SPEEDS, speeds=speeds)
     assert plan_with("shaper", off).placement["j"] == {"h": 1}
 
 
 def test_jobs_of_different_speeds_are_different_classes_of_the_model() -> None:
-    jobs = [job("x", speeds={"h100": 1.0}), job("y", speeds={"h100": 1.0}), job("z")]
-    inst = instance([node("h", model="h100")], jobs)
+    jobs = [job("x"), job("y"), job("z")]
+    speeds = {"x": {"h100": 1.0}, "y": {"h100": 1.0}}
+    inst = instance([node("h", model="h100")], jobs, speeds=speeds)
     classes = build_classes(inst, Compatibility(inst), list(inst.jobs), {j.id: () for j in jobs})
     by_job = {j.id: c for c in classes for j in c.jobs}
     assert by_job["x"] is by_job["y"] and by_job["x"] is not by_job["z"]
@@ -69,17 +78,12 @@ def test_jobs_of_different_speeds_are_different_classes_of_the_model() -> None:
 def _gang_waits_for_the_h100(resident_speeds: dict[str, float]) -> dict[str, dict[str, int]]:
     # G (a gang of 4 allowed only on H100s) fits on h once R leaves it; R may go to a.
     jobs = [
-        running(
-            "R",
-            {"h": 1},
-            checkpointable=True,
-            speeds=resident_speeds,
-            expected_runtime_s=50 * HOUR,
-        ),
+        running("R", {"h": 1}, checkpointable=True, expected_runtime_s=50 * HOUR),
         running("K", {"a": 3}, preemptible=False),
         job("G", 4, allowed_gpu_models=frozenset({"h100"}), expected_runtime_s=HOUR),
     ]
-    inst = instance([node("h", gpus=4, model="h100"), node("a", gpus=4)], jobs)
+    nodes = [node("h", gpus=4, model="h100"), node("a", gpus=4)]
+    inst = instance(nodes, jobs, speeds={"R": resident_speeds})
     return plan_with("shaper", inst).placement
 
 
@@ -92,37 +96,41 @@ def test_no_job_is_moved_onto_gpus_slow_for_it_for_a_start_worth_less() -> None:
     assert placement["G"] == {"h": 4} and placement["R"] == {"a": 1}
 
 
-def _stuck_on_the_a100(**kw: Any) -> tuple[list[Node], list[Job]]:
+def _stuck_on_the_a100(
+    speeds: dict[str, float] | None = None, config: SolverConfig = UPGRADES, **kw: Any
+) -> Instance:
     jobs = [running("R", {"a": 1}, checkpointable=True, **kw)]
-    return [node("h", gpus=1, model="h100"), node("a", gpus=1)], jobs
+    nodes = [node("h", gpus=1, model="h100"), node("a", gpus=1)]
+    return instance(nodes, jobs, config=config, speeds={"R": speeds} if speeds else {})
 
 
 def test_a_running_job_moves_onto_a_free_gpu_faster_for_it() -> None:
-    nodes, jobs = _stuck_on_the_a100(expected_runtime_s=10 * HOUR)
-    plan = plan_with("shaper", instance(nodes, jobs, config=UPGRADES))
+    plan = plan_with("shaper", _stuck_on_the_a100(expected_runtime_s=10 * HOUR))
     assert plan.placement["R"] == {"h": 1}
     (action,) = plan.actions
     assert action.kind is ActionKind.migrate and action.reason.code is ReasonCode.faster_gpus
     assert "runs at 2.00 instead of 1.00" in action.reason.message
     # Off, or for the baselines, it stays.
-    assert plan_with("shaper", instance(nodes, jobs, config=NO_UPGRADES)).placement["R"] == {"a": 1}
-    assert plan_with("priority", instance(nodes, jobs, config=UPGRADES)).placement["R"] == {"a": 1}
+    off = _stuck_on_the_a100(expected_runtime_s=10 * HOUR, config=NO_UPGRADES)
+    assert plan_with("shaper", off).placement["R"] == {"a": 1}
+    baseline = _stuck_on_the_a100(expected_runtime_s=10 * HOUR)
+    assert plan_with("priority", baseline).placement["R"] == {"a": 1}
 
 
 def test_no_upgrade_that_saves_less_than_twice_the_move_or_says_nothing_of_its_end() -> None:
     # 2 h left at speed 1 (started 1 h ago): 1 h saved on the H100, against a move of an
     # hour's checkpoint each way.
-    nodes, jobs = _stuck_on_the_a100(expected_runtime_s=3 * HOUR, checkpoint_size_mib=3_600_000)
-    assert plan_with("shaper", instance(nodes, jobs, config=UPGRADES)).placement["R"] == {"a": 1}
-    nodes, jobs = _stuck_on_the_a100()  # no run-time estimate
-    assert plan_with("shaper", instance(nodes, jobs, config=UPGRADES)).placement["R"] == {"a": 1}
+    small = _stuck_on_the_a100(expected_runtime_s=3 * HOUR, checkpoint_size_mib=3_600_000)
+    assert plan_with("shaper", small).placement["R"] == {"a": 1}
+    unknown = _stuck_on_the_a100()  # no run-time estimate
+    assert plan_with("shaper", unknown).placement["R"] == {"a": 1}
     # Faster for the job by the model, slower by its own speed: no move either.
-    nodes, jobs = _stuck_on_the_a100(expected_runtime_s=10 * HOUR, speeds={"h100": 0.9})
-    assert plan_with("shaper", instance(nodes, jobs, config=UPGRADES)).placement["R"] == {"a": 1}
+    slower = _stuck_on_the_a100(speeds={"h100": 0.9}, expected_runtime_s=10 * HOUR)
+    assert plan_with("shaper", slower).placement["R"] == {"a": 1}
 
 
 def test_a_pending_job_takes_the_free_gpu_before_any_upgrade() -> None:
-    nodes, jobs = _stuck_on_the_a100(expected_runtime_s=10 * HOUR)
-    jobs.append(job("P", priority=0.1, expected_runtime_s=HOUR))
-    plan = plan_with("shaper", instance(nodes, jobs, config=UPGRADES))
+    stuck = _stuck_on_the_a100(expected_runtime_s=10 * HOUR)
+    waiting = job("P", priority=0.1, expected_runtime_s=HOUR)
+    plan = plan_with("shaper", stuck.model_copy(update={"jobs": (*stuck.jobs, waiting)}))
     assert plan.placement["P"] == {"h": 1} and plan.placement["R"] == {"a": 1}
