@@ -110,6 +110,7 @@ def federate(
         policies=tuple(policy for _, policy in policies.values()),
         migration=migration,
         config=config,
+        speeds={job_id: own for part in parts.values() for job_id, own in part.speeds.items()},
     )
 
 
@@ -138,6 +139,7 @@ def split_by_cluster(instance: Instance) -> list[Instance]:
                 policies=instance.policies,
                 migration=instance.migration,
                 config=instance.config,
+                speeds={j.id: instance.speeds[j.id] for j in jobs if j.id in instance.speeds},
             )
         )
     return parts

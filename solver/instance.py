@@ -743,6 +743,9 @@ class Instance(_Frozen):
             slow = sorted(model for model, speed in speeds.items() if not speed > 0)
             if slow:
                 raise ValueError(f"speeds: {job_id}'s must be positive (not on {slow})")
+            unknown = sorted(set(speeds) - set(self.model_by_name))
+            if unknown:
+                raise ValueError(f"speeds: {job_id} names unknown GPU models {unknown}")
 
     def _check_mig_slices(self) -> None:
         """Running MIG jobs hold instances of their GPU model's profiles, at starts the

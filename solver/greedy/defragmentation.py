@@ -369,7 +369,7 @@ class Defragmentation:
             ledger.budget_blocked.add(job.id)
             return None
         across = any(self._across(r) for r in moved)
-        slowed = {r.id: self._slowdown(r, moved_from[r.id]) for r in moved}
+        slowed = {r.id: self.slowdown(r, moved_from[r.id]) for r in moved}
         if (target is not None or relocated or across or any(slowed.values())) and not self._pays(
             job, placement, moved, [(s, held_before[s.id]) for s in relocated.values()], slowed
         ):
@@ -449,7 +449,7 @@ class Defragmentation:
             cost += ledger.weight[service.id] * max(0.0, lost)
         return gain > cost
 
-    def _slowdown(self, job: Job, before: dict[int, int]) -> float:
+    def slowdown(self, job: Job, before: dict[int, int]) -> float:
         """GPU-seconds moved ``job`` holds its GPUs longer where it lands, on GPUs slower for
         it (its own speed, ``Instance.speeds``, else the models'): its expected run time left
         (the value horizon without an estimate) stretched by the speed ratio. 0 when it

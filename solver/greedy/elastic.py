@@ -204,7 +204,7 @@ class ElasticGrowth:
         ):
             seconds = ledger.instance.migration.migration_seconds(resident)
             return weight * gpus * seconds / horizon, True
-        speed = ledger.node_speed(node)
+        speed = ledger.job_speed(resident, node)
         lost = ledger.instance.migration.preemption_lost_seconds(resident, now)
         return weight * gpus * (speed + lost / horizon), False
 
@@ -257,6 +257,9 @@ class ElasticGrowth:
                         cost += ledger.weight[resident.id] * resident.total_gpus * seconds / horizon
                     else:
                         cost += estimate
+                    # Onto GPUs slower for it: the time it then runs longer.
+                    slower = self.defragmentation.slowdown(resident, held)
+                    cost += ledger.weight[resident.id] * slower / horizon
                     continue
                 state.place(resident, held)
             if not self.preemption.service_victim(resident):
@@ -267,7 +270,8 @@ class ElasticGrowth:
             if ledger.reclaimable(resident.team, own) < resident.held_gpus:
                 continue
             lost = instance.migration.preemption_lost_seconds(resident, now)
-            cost += ledger.weight[resident.id] * resident.total_gpus * (speed + lost / horizon)
+            held_speed = ledger.job_speed(resident, node)
+            cost += ledger.weight[resident.id] * resident.total_gpus * (held_speed + lost / horizon)
             state.evict(resident)
             ledger.stopped_by_team[resident.team] = (
                 ledger.stopped_by_team.get(resident.team, 0) + resident.held_gpus

@@ -66,9 +66,7 @@ class GreedyEngine:
             ledger, self._lookahead, self._preemption, self._defragmentation
         )
         self._elastic = ElasticGrowth(ledger, self._preemption, self._defragmentation)
-        self._upgrades = (
-            Upgrades(ledger, self._defragmentation, self._lookahead) if options.upgrades else None
-        )
+        self._upgrades = Upgrades(ledger, self._defragmentation) if options.upgrades else None
         self._diagnosis = Diagnosis(ledger, self._admission)
 
     @property
@@ -109,10 +107,29 @@ class GreedyEngine:
             self._lookahead.reserve()
         self._admission.place_queue([job for job in queue if job.id not in ledger.state.placement])
         if self._upgrades is not None:
-            blocked, _, shadow_nodes = self._admission.blocked
-            self._upgrades.run(set(shadow_nodes) if blocked is not None else set())
+            self._upgrade(queue)
         self._diagnosis.diagnose(queue)
         return ledger.result
+
+    def _upgrade(self, queue: list[Job]) -> None:
+        """Upgrades (``solver.greedy.upgrades``), then the queue once more onto the GPUs
+        they left, without moving or stopping anything more."""
+        assert self._upgrades is not None
+        admission = self._admission
+        blocked, _, shadow_nodes = admission.blocked
+        if not self._upgrades.run(set(shadow_nodes) if blocked is not None else set()):
+            return
+        ledger = self._ledger
+        left = [job for job in queue if job.id not in ledger.state.placement]
+        if not left:
+            return
+        may = admission.may_migrate, admission.may_preempt
+        admission.may_migrate = admission.may_preempt = False
+        ledger.epoch += 1  # what failed before the upgrades may fit now
+        for job in left:
+            ledger.result.pending.pop(job.id, None)  # said again by this pass or diagnosis
+        admission.place_queue(left)
+        admission.may_migrate, admission.may_preempt = may
 
     # -- the CP-SAT pass's face ------------------------------------------------------
 

@@ -128,7 +128,10 @@ class Ledger:
         return own.get(model.name, model.speed)
 
     def failure_key(self, job: Job, extra: object) -> tuple[object, ...]:
-        """Jobs of the same shape and groups fail alike: caches of failed attempts use it."""
+        """Jobs of the same shape, groups and own speeds fail alike: caches of failed
+        attempts use it (a start's worth, and so whether a stop or a move pays for it, is
+        counted at the job's own speed)."""
+        own = self.state.speeds.get(job.id) if self.state.speeds else None
         return (
             tuple(self.compat.groups_for(job)),
             job.replicas,
@@ -136,6 +139,7 @@ class Ledger:
             job.cpu_milli_per_replica,
             job.memory_mib_per_replica,
             job.max_nodes,
+            tuple(sorted(own.items())) if own else None,
             extra,
         )
 

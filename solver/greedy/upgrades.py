@@ -9,9 +9,16 @@ trade: the run time it saves, ``time_left · (1 − s_now / s_new)`` at the job'
 (``Instance.job_speed``: its ``Instance.speeds``, else the models'), must exceed
 ``UPGRADE_MARGIN`` times the migration's time (``MigrationCostModel.migration_seconds``).
 
-Runs after admission, so a pending job is never kept off free GPUs by an upgrade; it takes
-only GPUs the look-ahead does not keep for a service's coming peak and nodes no
-backfill reservation holds, within the cycle's migration budget, and only jobs
+The trade is not the objective's: the objective weighs a move's time against one value
+horizon (an hour) of the speed it gains, and so would never pay for an upgrade that saves
+a day on a week-long job while costing more than an hour's gain; the rule weighs the whole
+run time it saves instead (with a margin for the estimate's error).
+
+Runs after admission, so a pending job is never kept off free GPUs by an upgrade, and the
+queue then gets one more pass, without moves or stops, onto what upgrades leave free. It
+takes no node a backfill reservation holds, stays within the cycle's migration budget,
+and, like admission, may take GPUs the look-ahead keeps for a service's coming peak from
+jobs that cannot leave: an upgraded job is checkpointable and can leave. Only jobs
 defragmentation may move (checkpointable, on one node, not frozen, off their migration
 cooldown and under their daily limit, not touched this cycle) whose scheduler can be told
 where they go (``migratable``), within their cluster. A job without a run-time
@@ -22,7 +29,6 @@ from __future__ import annotations
 
 from solver.greedy.defragmentation import Defragmentation
 from solver.greedy.ledger import Ledger
-from solver.greedy.lookahead import Lookahead
 from solver.instance import Job
 from solver.plan import Reason, ReasonCode
 
@@ -30,16 +36,13 @@ UPGRADE_MARGIN = 2.0  # saved run time over the migration's time
 
 
 class Upgrades:
-    def __init__(
-        self, ledger: Ledger, defragmentation: Defragmentation, lookahead: Lookahead
-    ) -> None:
+    def __init__(self, ledger: Ledger, defragmentation: Defragmentation) -> None:
         self.ledger = ledger
         self.defragmentation = defragmentation
-        self.lookahead = lookahead
 
-    def run(self, avoid: set[int]) -> None:
+    def run(self, avoid: set[int]) -> int:
         """Move what pays, the jobs that would save the most weighted GPU-time first;
-        ``avoid``: nodes a backfill reservation holds."""
+        ``avoid``: nodes a backfill reservation holds. Returns how many moved."""
         ledger = self.ledger
         state = ledger.state
         instance = ledger.instance
@@ -55,35 +58,43 @@ class Upgrades:
             if left is None:
                 continue
             now = min(ledger.job_speed(job, node) for node in state.placement[job.id])
-            best = max((state.group_speed(g, job) for g in self._groups(job)), default=0.0)
+            size = job.total_gpus
+            best = max(
+                (
+                    state.group_speed(g, job)
+                    for g in self._groups(job)
+                    if state.group_free[g] >= size
+                ),
+                default=0.0,
+            )  # what it can get now, not what it could gain
             if best <= now:
                 continue
             most = ledger.weight[job.id] * job.total_gpus * left * (1.0 - now / best)
             ranked.append((-most, job.id, job, now))
         ranked.sort(key=lambda entry: entry[:2])
         budget = ledger.config.max_migrations_per_cycle
+        moved = 0
         for _, _, job, now in ranked:
             if ledger.migrations >= budget:
-                return
-            self._try(job, now, avoid)
+                break
+            moved += self._try(job, now, avoid)
+        return moved
 
-    def _try(self, job: Job, now: float, avoid: set[int]) -> None:
+    def _try(self, job: Job, now: float, avoid: set[int]) -> bool:
         ledger = self.ledger
         state = ledger.state
         instance = ledger.instance
         faster = [g for g in self._groups(job) if state.group_speed(g, job) > now]
-        if self.lookahead.reservations_for(job):
-            faster = self.lookahead.allowed_groups(job, faster)
         if not faster:
-            return
+            return False
         node = state.find_single_node(job, job.replicas, faster, avoid or None)
         if node is None:
-            return
+            return False
         speed = ledger.job_speed(job, node)
         left = instance.time_left(job) or 0.0
         saved = left * (1.0 - now / speed)
         if saved <= UPGRADE_MARGIN * instance.migration.migration_seconds(job):
-            return
+            return False
         state.evict(job)
         state.place(job, {node: job.total_gpus})
         ledger.migrations += 1
@@ -94,6 +105,7 @@ class Upgrades:
             message=f"moved to {name}, where it runs at {speed:.2f} instead of {now:.2f} "
             f"(reference GPU = 1): about {saved / 3600:.1f} h sooner done",
         )
+        return True
 
     def _groups(self, job: Job) -> list[int]:
         """Where running ``job`` may move up: its own cluster's groups (a move to another

@@ -34,6 +34,8 @@ def test_speeds_are_for_block_jobs_of_the_instance_and_positive() -> None:
         instance(nodes, [job("j")], speeds={"j": {"a100": 0.0, "h100": 1.0}})
     with pytest.raises(ValidationError, match="speeds: no job gone"):
         instance(nodes, [job("j")], speeds={"gone": {"a100": 1.0}})
+    with pytest.raises(ValidationError, match=r"speeds: j names unknown GPU models \['a10'\]"):
+        instance(nodes, [job("j")], speeds={"j": {"a10": 1.0}})
 
 
 def test_a_job_runs_at_its_own_speed_where_it_states_one() -> None:
@@ -132,5 +134,56 @@ def test_no_upgrade_that_saves_less_than_twice_the_move_or_says_nothing_of_its_e
 def test_a_pending_job_takes_the_free_gpu_before_any_upgrade() -> None:
     stuck = _stuck_on_the_a100(expected_runtime_s=10 * HOUR)
     waiting = job("P", priority=0.1, expected_runtime_s=HOUR)
-    plan = plan_with("shaper", stuck.model_copy(update={"jobs": (*stuck.jobs, waiting)}))
+    plan = plan_with("shaper", instance(list(stuck.nodes), [*stuck.jobs, waiting]))
     assert plan.placement["P"] == {"h": 1} and plan.placement["R"] == {"a": 1}
+
+
+def test_the_queue_gets_the_gpus_an_upgrade_leaves() -> None:
+    # P may run on A100s only and is worth too little to move R for (defragmentation's
+    # trade); R leaves the A100 for the free H100 on its own account, and P starts on the
+    # A100 in the same plan instead of a cycle later (greedy only: CP-SAT is not needed).
+    jobs = [
+        running(
+            "R", {"a": 1}, checkpointable=True, preemptible=False, expected_runtime_s=10 * HOUR
+        ),
+        running("K", {"a": 1}, preemptible=False),  # so that a is never emptied whole
+        job(
+            "P",
+            priority=0.001,
+            allowed_gpu_models=frozenset({"a100"}),
+            expected_runtime_s=HOUR,
+        ),
+    ]
+    nodes = [node("h", gpus=1, model="h100"), node("a", gpus=2)]
+    greedy = FAST.model_copy(update={"use_cp_sat": False})
+    plan = plan_with("shaper", instance(nodes, jobs, config=greedy))
+    assert plan.placement["R"] == {"h": 1} and plan.placement["P"] == {"a": 1}
+    assert "P" not in plan.pending
+
+
+def test_a_job_fast_on_the_gpus_is_not_refused_for_a_slow_one_of_its_shape() -> None:
+    # A and B differ only in their speed on the H100 (and A is first, being shorter):
+    # stopping V is not worth it for A (0.1 a GPU), it is for B (4.0). A failed attempt
+    # must not stand for B's.
+    jobs = [
+        running("V", {"h": 1}, expected_runtime_s=50 * HOUR),
+        job("A", priority=2.0, allowed_gpu_models=frozenset({"h100"}), expected_runtime_s=HOUR),
+        job("B", priority=2.0, allowed_gpu_models=frozenset({"h100"}), expected_runtime_s=2 * HOUR),
+    ]
+    speeds = {"A": {"h100": 0.1}, "B": {"h100": 4.0}}
+    plan = plan_with("shaper", instance([node("h", gpus=1, model="h100")], jobs, speeds=speeds))
+    assert plan.placement.get("B") == {"h": 1} and "A" in plan.pending
+
+
+def test_splitting_or_federating_clusters_keeps_each_jobs_speeds() -> None:
+    from solver.federation import federate, split_by_cluster
+
+    nodes = [node("e", model="h100", cluster="east"), node("w", cluster="west")]
+    jobs = [job("j", clusters=frozenset({"east"})), job("k", clusters=frozenset({"west"}))]
+    whole = instance(nodes, jobs, speeds={"j": {"h100": 0.5}})
+    east, west = split_by_cluster(whole)
+    assert east.speeds == {"j": {"h100": 0.5}} and west.speeds == {}
+    group = federate(
+        {"east": east, "west": west}, movable={}, migration=whole.migration, config=whole.config
+    )
+    assert group.speeds == {"j": {"h100": 0.5}}
