@@ -217,10 +217,12 @@ def _hours(rng: np.random.Generator, spec: Any) -> float:
     return min(float(spec.get("max", hours)), max(float(spec["min"]), hours))
 
 
+GAVEL_TYPES = sorted(name for name, scale in STEPS_PER_SECOND if scale == 1)
+
+
 def _gavel_type(rng: np.random.Generator) -> dict[str, Any]:
     """One of Gavel's job types, uniformly (Gavel's generator), as job fields."""
-    types = sorted(name for name, scale in STEPS_PER_SECOND if scale == 1)
-    name = _weighted_choice(rng, types)
+    name = _weighted_choice(rng, GAVEL_TYPES)
     row = STEPS_PER_SECOND[(name, 1)]
     fits = {m: v / row[0] for m, v in zip(GAVEL_MODELS, row, strict=True) if v > 0}
     return {

@@ -246,7 +246,7 @@ class ClusterState:
         # objective weights GPUs by speed. Asked for every placement tried, of a few distinct
         # lists of groups (and jobs' speed tables): each is sorted once.
         key: tuple[object, ...] = tuple(groups)
-        own = self.speeds.get(job.id) if self.speeds and job is not None else None
+        own = self.own_speeds(job) if job is not None else None
         if own:
             key = (key, tuple(sorted(own.items())))
         ordered = self._group_orders.get(key)
@@ -256,10 +256,14 @@ class ClusterState:
             self._group_orders[key] = ordered
         return ordered
 
+    def own_speeds(self, job: Job) -> Mapping[str, float] | None:
+        """``job``'s own speeds as this plan counts them (``speeds``), or None."""
+        return self.speeds.get(job.id) if self.speeds else None
+
     def group_speed(self, group: int, job: Job | None = None) -> float:
         """How fast the group's GPUs run ``job`` (``Instance.job_speed``), or their model's
         speed."""
-        own = self.speeds.get(job.id) if self.speeds and job is not None else None
+        own = self.own_speeds(job) if job is not None else None
         if not own:
             return self.model_speed[group]
         return own.get(self.compat.groups[group].gpu_model.name, self.model_speed[group])
@@ -275,7 +279,7 @@ class ClusterState:
         best: tuple[float, float, int, int, int] | None = None
         nodes = self.instance.nodes
         gang_fit = self.gang_fit
-        own = bool(self.speeds) and job.id in self.speeds
+        own = self.own_speeds(job) is not None
         model_speed = self.model_speed
         for group in self.group_order(groups, job):
             bucket = self.buckets[group]
@@ -318,7 +322,7 @@ class ClusterState:
         nodes = self.instance.nodes
         shared = self.instance.shared_free_milli
         best: tuple[float, int, int] | None = None
-        own = bool(self.speeds) and job.id in self.speeds
+        own = self.own_speeds(job) is not None
         for group in self.group_order(groups, job):
             bucket = self.buckets[group]
             speed = self.group_speed(group, job) if own else self.model_speed[group]

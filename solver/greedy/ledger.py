@@ -121,17 +121,13 @@ class Ledger:
     def job_speed(self, job: Job, node: int) -> float:
         """How fast ``job`` runs on ``node`` as the plan counts it: its own speed there
         (``Instance.job_speed``) with ``options.job_speeds``, else the model's."""
-        own = self.state.speeds.get(job.id) if self.state.speeds else None
-        if not own:
-            return self.node_speed(node)
-        model = self.compat.groups[self.compat.group_of_node[node]].gpu_model
-        return own.get(model.name, model.speed)
+        return self.state.group_speed(self.compat.group_of_node[node], job)
 
     def failure_key(self, job: Job, extra: object) -> tuple[object, ...]:
         """Jobs of the same shape, groups and own speeds fail alike: caches of failed
         attempts use it (a start's worth, and so whether a stop or a move pays for it, is
         counted at the job's own speed)."""
-        own = self.state.speeds.get(job.id) if self.state.speeds else None
+        own = self.state.own_speeds(job)
         return (
             tuple(self.compat.groups_for(job)),
             job.replicas,

@@ -46,7 +46,7 @@ class Upgrades:
         ledger = self.ledger
         state = ledger.state
         instance = ledger.instance
-        ranked: list[tuple[float, str, Job, float]] = []
+        ranked: list[tuple[float, str, Job, float, float]] = []
         for job in instance.jobs:
             if (
                 not job.migratable
@@ -70,17 +70,19 @@ class Upgrades:
             if best <= now:
                 continue
             most = ledger.weight[job.id] * job.total_gpus * left * (1.0 - now / best)
-            ranked.append((-most, job.id, job, now))
+            ranked.append((-most, job.id, job, now, left))
         ranked.sort(key=lambda entry: entry[:2])
         budget = ledger.config.max_migrations_per_cycle
         moved = 0
-        for _, _, job, now in ranked:
+        for _, _, job, now, left in ranked:
             if ledger.migrations >= budget:
                 break
-            moved += self._try(job, now, avoid)
+            moved += self._try(job, now, left, avoid)
         return moved
 
-    def _try(self, job: Job, now: float, avoid: set[int]) -> bool:
+    def _try(self, job: Job, now: float, left: float, avoid: set[int]) -> bool:
+        """Move ``job`` (running at ``now``, ``left`` seconds of its run to go) onto the
+        fastest free GPUs for it, if the time saved pays for the move."""
         ledger = self.ledger
         state = ledger.state
         instance = ledger.instance
@@ -91,7 +93,6 @@ class Upgrades:
         if node is None:
             return False
         speed = ledger.job_speed(job, node)
-        left = instance.time_left(job) or 0.0
         saved = left * (1.0 - now / speed)
         if saved <= UPGRADE_MARGIN * instance.migration.migration_seconds(job):
             return False

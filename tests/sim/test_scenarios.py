@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -84,20 +85,29 @@ def test_scenario_errors_name_the_file(tmp_path: Path) -> None:
         load_scenario(str(bad))
 
 
-def test_generator_respects_bounds() -> None:
-    data = {
+def _generated(generate: dict[str, Any], *, seed: int = 0, nodes: int = 1) -> dict[str, Any]:
+    """A scenario of ``nodes`` 8-GPU nodes of one model whose jobs come from ``generate``."""
+    return {
         "name": "g",
-        "seed": 5,
+        "seed": seed,
         "gpu_models": {"A": {}},
-        "cluster": [{"prefix": "n", "count": 2, "gpus": 8, "model": "A"}],
-        "generate": {
+        "cluster": [{"prefix": "n", "count": nodes, "gpus": 8, "model": "A"}],
+        "generate": generate,
+    }
+
+
+def test_generator_respects_bounds() -> None:
+    data = _generated(
+        {
             "count": 200,
             "arrival": {"process": "poisson", "mean_gap_h": 0.5},
             "mix": [
                 {"gpus": {1: 1, 4: 1}, "hours": {"median": 3, "sigma": 1.5, "min": 1, "max": 5}}
             ],
         },
-    }
+        seed=5,
+        nodes=2,
+    )
     wl = build_workload(data)
     assert len(wl.jobs) == 200
     assert {j.gpus for j in wl.jobs} == {1, 4}
@@ -127,12 +137,8 @@ def test_fragmentation_heavy_is_one_priority_with_small_jobs_and_whole_node_gang
 
 
 def test_log_uniform_hours_and_a_weighted_list_of_them() -> None:
-    data = {
-        "name": "g",
-        "seed": 3,
-        "gpu_models": {"A": {}},
-        "cluster": [{"prefix": "n", "count": 1, "gpus": 8, "model": "A"}],
-        "generate": {
+    data = _generated(
+        {
             "count": 400,
             "mix": [
                 {
@@ -144,7 +150,8 @@ def test_log_uniform_hours_and_a_weighted_list_of_them() -> None:
                 }
             ],
         },
-    }
+        seed=3,
+    )
     hours = [j.work / 3600 for j in build_workload(data).jobs]
     short = [h for h in hours if 0.5 <= h <= 2]
     long = [h for h in hours if 10 <= h <= 20]
@@ -186,11 +193,6 @@ def test_gavel_job_types_carry_their_measured_speeds() -> None:
 
 
 def test_unknown_job_types_are_refused() -> None:
-    data = {
-        "name": "g",
-        "gpu_models": {"A": {}},
-        "cluster": [{"prefix": "n", "count": 1, "gpus": 8, "model": "A"}],
-        "generate": {"count": 1, "mix": [{"gpus": {1: 1}, "hours": 1, "job_types": "philly"}]},
-    }
+    data = _generated({"count": 1, "mix": [{"gpus": {1: 1}, "hours": 1, "job_types": "philly"}]})
     with pytest.raises(ValueError, match="job_types: unknown 'philly' \\(known: gavel\\)"):
         build_workload(data)
