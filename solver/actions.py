@@ -56,11 +56,16 @@ def build_plan(
                     Reason(code=ReasonCode.insufficient_capacity, message="not enough free GPUs"),
                 )
             continue
+        replicas = None
         if not before:
             kind = ActionKind.start
         elif not after:
             kind = ActionKind.requeue if job.checkpointable else ActionKind.preempt
             pending_out[job.id] = reason
+        elif sum(after.values()) != sum(before.values()):
+            # Only an elastic training job changes size (solver.validate says so otherwise).
+            kind = ActionKind.resize
+            replicas = sum(after.values()) // job.gpus_per_replica
         else:
             kind = ActionKind.migrate
         actions.append(
@@ -69,6 +74,7 @@ def build_plan(
                 job_id=job.id,
                 from_placement=dict(before),
                 to_placement=dict(after),
+                replicas=replicas,
                 reason=reason,
             )
         )

@@ -121,6 +121,12 @@ def check_size(instance: Instance) -> None:
             f"exact model: {len(instance.nodes)} nodes and {len(instance.jobs)} jobs; "
             f"it takes at most {MAX_NODES} nodes and {MAX_JOBS} jobs"
         )
+    resizable = sorted(job.id for job in instance.jobs if job.is_resizable)
+    if resizable:
+        raise ValueError(
+            f"exact model: elastic training jobs (max_replicas) are not modelled yet: "
+            f"{', '.join(resizable[:5])}"
+        )
 
 
 def _upper(var: cp_model.IntVar) -> int:

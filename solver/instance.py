@@ -7,9 +7,15 @@ CPU is in milli-CPUs, memory in MiB, times are seconds since the epoch (``now``,
 A :class:`Job`'s ``shape`` (:class:`JobShape`) makes it either a *block* job (training,
 batch inference, HPC: a fixed number of replicas, all placed or none — a gang when it spans
 nodes) or an *elastic* service (real-time inference: replicas between ``min_replicas`` and
-``max_replicas`` that should follow ``forecast``). A job is *running* when ``placement``
-is non-empty and *pending* otherwise. ``placement`` maps node name to the number of GPUs the
-job holds there; it is always a multiple of ``gpus_per_replica``.
+``max_replicas`` that should follow ``forecast``). A block job that gives ``max_replicas``
+is *elastic training* (Pollux-like data-parallel training): it runs on any number of
+replicas between ``min_replicas`` and ``max_replicas``, and a checkpointable one may be
+resized while it runs (a checkpoint and a restart at the new size); ``replicas`` is the
+size it asks for, and a running one holds any whole number of replicas in its range
+(``solver.elastic_training`` plans it; every other engine keeps it at the size it holds,
+and starts it at ``replicas``). A job is *running* when ``placement`` is non-empty and
+*pending* otherwise. ``placement`` maps node name to the number of GPUs the job holds
+there; it is always a multiple of ``gpus_per_replica``.
 
 :class:`NodeState` and :class:`JobShape` are the solver's copies of ``wire.telemetry``'s
 ``NodeState`` (``up`` there is READY here) and ``JobShape``: the solver imports only ortools
@@ -132,7 +138,11 @@ class Job(_Frozen):
 
     # Size: ``replicas`` × ``gpus_per_replica`` GPUs; CPU and memory per replica.
     gpus_per_replica: int = Field(default=1, ge=1)
-    replicas: int = Field(default=1, ge=0, description="block: gang size; elastic: current")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        description="block: gang size (elastic training: the size asked); elastic: current",
+    )
     cpu_milli_per_replica: int = Field(default=0, ge=0)
     memory_mib_per_replica: int = Field(default=0, ge=0)
     max_nodes: int | None = Field(
@@ -207,7 +217,7 @@ class Job(_Frozen):
         description="left without GPUs by Shaper (a failed move): placed first whatever its SLA",
     )
 
-    # Elastic services only.
+    # Elastic services, and elastic training (block jobs that give max_replicas).
     min_replicas: int = Field(default=0, ge=0)
     max_replicas: int | None = Field(default=None, ge=0)
     forecast: tuple[int, ...] = Field(
@@ -241,7 +251,12 @@ class Job(_Frozen):
                     f"job {self.id}: placement on {node} is {gpus} GPUs, "
                     f"not a positive multiple of gpus_per_replica={self.gpus_per_replica}"
                 )
-        if self.shape is JobShape.block and self.placement and self.held_gpus != self.total_gpus:
+        if (
+            self.shape is JobShape.block
+            and self.placement
+            and self.held_gpus != self.total_gpus
+            and not self.is_resizable
+        ):
             raise ValueError(
                 f"job {self.id}: holds {self.held_gpus} GPUs but replicas × gpus_per_replica "
                 f"is {self.total_gpus}"
@@ -249,7 +264,24 @@ class Job(_Frozen):
         if self.shape is JobShape.elastic and self.max_replicas is not None:
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"job {self.id}: max_replicas < min_replicas")
+        if self.is_resizable:
+            self._check_resizable()
         return self
+
+    def _check_resizable(self) -> None:
+        where = f"job {self.id}: elastic training (max_replicas={self.max_replicas})"
+        if self.is_fractional or self.mig_profile is not None:
+            raise ValueError(f"{where} cannot be a share of a GPU or a MIG slice")
+        if not 1 <= self.min_replicas <= self.replicas <= (self.max_replicas or 0):
+            raise ValueError(
+                f"{where} needs 1 <= min_replicas <= replicas <= max_replicas, not "
+                f"{self.min_replicas} <= {self.replicas} <= {self.max_replicas}"
+            )
+        held = self.held_gpus // self.gpus_per_replica
+        if self.placement and not self.min_replicas <= held <= (self.max_replicas or 0):
+            raise ValueError(
+                f"{where} holds {held} replicas, outside {self.min_replicas}..{self.max_replicas}"
+            )
 
     def _check_fractional(self) -> None:
         where = f"job {self.id}: gpu_milli={self.gpu_milli} (a share of one GPU)"
@@ -323,6 +355,11 @@ class Job(_Frozen):
     @property
     def is_elastic(self) -> bool:
         return self.shape is JobShape.elastic
+
+    @property
+    def is_resizable(self) -> bool:
+        """Elastic training: a block job that runs on min_replicas..max_replicas replicas."""
+        return self.max_replicas is not None and self.shape is JobShape.block
 
     @property
     def total_gpus(self) -> int:
@@ -530,6 +567,14 @@ class SolverConfig(_Frozen):
         "GPUs faster for it (its own speed, Instance.speeds, else the model's) when the run time "
         "it saves is more than twice the migration's time, the most weighted GPU-time saved "
         "first, within max_migrations_per_cycle (solver.greedy.upgrades); needs migration",
+    )
+    elastic_training: bool = Field(
+        default=True,
+        description="elastic training jobs (block jobs with max_replicas): running ones "
+        "shrink toward min_replicas before other work is stopped for a job, pending ones "
+        "start smaller when their asked size does not fit, running ones grow into GPUs the "
+        "plan leaves idle when the time saved pays for the restart (solver.elastic_training; "
+        "the shaper's: the other policies run them at the size they ask)",
     )
     gang_aware_placement: bool = Field(
         default=False,

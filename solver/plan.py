@@ -27,6 +27,8 @@ class ReasonCode(enum.StrEnum):
     resized_to_demand = "resized_to_demand"
     defragmentation = "defragmentation"
     faster_gpus = "faster_gpus"  # moved onto GPUs faster for it (solver.greedy.upgrades)
+    shrunk = "shrunk"  # elastic training job resized down instead of stopping work
+    grown = "grown"  # elastic training job resized up into idle GPUs (solver.elastic_training)
     preempted_by_higher_priority = "preempted_by_higher_priority"
     overdue = "overdue"
     # Why a pending job stays pending (or a running one was stopped).
@@ -52,7 +54,9 @@ class Reason(BaseModel):
 class ActionKind(enum.StrEnum):
     start = "start"  # pending job starts at ``to_placement``
     migrate = "migrate"  # checkpoint at ``from_placement``, restore at ``to_placement``
-    resize = "resize"  # elastic service to ``replicas`` (``to_placement`` is the result)
+    # An elastic service to ``replicas``, or an elastic training job (``Job.is_resizable``)
+    # checkpointed and restarted at ``replicas`` on ``to_placement``.
+    resize = "resize"
     preempt = "preempt"  # stop; work since the last checkpoint is lost; back to the queue
     requeue = "requeue"  # checkpoint, stop, back to the queue (no work lost)
 

@@ -181,7 +181,9 @@ def global_upper_bound(instance: Instance) -> float:
     Relaxed: packing beyond a per-level condition (as in ``capacity``), gang spreads, node
     states, migration costs and budgets, the priority order of preemption, guarantees,
     look-ahead, CPU and memory. Kept: compatibility, GPUs per node, team quota caps,
-    elastic demand, the cost of stopping a running job and the preemption limits. Jobs
+    elastic demand, the cost of stopping a running job and the preemption limits (an
+    elastic training job the shaper may resize counts at any size up to its maximum, with
+    neither: what a plan gains from it is at most that). Jobs
     that can neither move nor stop stay where they are (frozen ones included: see
     ``Instance.is_frozen``; a frozen pending job stays pending); jobs that may move but
     not stop stay placed. Looser than the CP-SAT bound, which holds for the placement
@@ -232,6 +234,12 @@ def global_upper_bound(instance: Instance) -> float:
                 fixed_on_node[node_index[node_name]] += gpus
                 constant += weight * gpus * instance.job_speed(job, node.gpu_model)
             continue
+        # An elastic training job the shaper may resize (``solver.elastic_training``).
+        resizable = (
+            job.is_resizable
+            and config.elastic_training
+            and (not job.placement or job.checkpointable)
+        )
         # Where it may go, and where it is (a job may stay on a node it no longer matches).
         here = {compat.group_of_node[node_index[name]] for name in job.placement}
         groups = sorted(set(compat.groups_for(job)) | here)
@@ -244,9 +252,15 @@ def global_upper_bound(instance: Instance) -> float:
                 unit * (g.gpu_model.speed + config.elastic_unmet_weight) for g in compat.groups
             ]
         else:
-            size, upper = job.total_gpus, 1
-            one_node = job.replicas == 1 or job.max_nodes == 1
-            chunk = size if one_node else job.gpus_per_replica  # a gang may split
+            upper = 1
+            if resizable:
+                # Any size up to its maximum, in replicas: a plan may place it partly (at
+                # least its minimum if it runs and may not stop).
+                size, chunk = (job.max_replicas or 0) * job.gpus_per_replica, job.gpus_per_replica
+            else:
+                size = job.held_gpus or job.total_gpus  # what it holds, if it runs
+                one_node = job.replicas == 1 or job.max_nodes == 1
+                chunk = size if one_node else job.gpus_per_replica  # a gang may split
             boost = instance.boost(job)
             value = [
                 weight * boost * size * instance.job_speed(job, g.gpu_model.name)
@@ -257,9 +271,10 @@ def global_upper_bound(instance: Instance) -> float:
         variables = [lp.NumVar(0.0, float(upper), "") for _ in groups]
         # A running job that may move but not stop is placed somewhere; one that stops
         # loses its work since the last checkpoint (the objective's preemption term).
-        row = lp.Constraint(1.0 if running_block and not can_stop else 0.0, float(upper))
+        lowest = job.min_replicas / max(1, job.max_replicas or 1) if resizable else 1.0
+        row = lp.Constraint(lowest if running_block and not can_stop else 0.0, float(upper))
         lost = 0.0
-        if can_stop:
+        if can_stop and not resizable:  # (a resizable job's stop cost and cap: dropped)
             seconds = instance.migration.preemption_lost_seconds(job, instance.now)
             lost = weight * job.held_gpus * seconds / config.value_horizon_s
             constant -= lost

@@ -62,6 +62,7 @@ from ortools.sat.python import cp_model
 
 from solver.actions import build_plan
 from solver.cp_sat import CP_SAT_STATUS, placement_solver
+from solver.elastic_training import plan_with_elastic_training
 from solver.extraction import realise
 from solver.greedy import sort_key
 from solver.greedy.sharing import plan_with_shares
@@ -82,8 +83,14 @@ SATURATED_NOTE = (
 
 def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     with _collector_paused():
-        # Fractional jobs (if any) are placed around the plan of the whole GPUs.
-        return plan_with_shares(instance, lambda whole: _solve(whole, policy=policy))
+        # Fractional jobs (if any) are placed around the plan of the whole GPUs, and elastic
+        # training jobs are shrunk, started smaller or grown around the plan of the rest.
+        return plan_with_shares(
+            instance,
+            lambda whole: plan_with_elastic_training(
+                whole, lambda rest: _solve(rest, policy=policy)
+            ),
+        )
 
 
 @contextmanager

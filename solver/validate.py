@@ -8,9 +8,12 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
    not get fuller);
 3. compatibility: GPUs a job gains on a node satisfy model, memory, precision, selectors,
    taints, allowed clusters, and the node is ready;
-4. gangs: a block job holds all ``replicas × gpus_per_replica`` GPUs or none, within one
-   cluster, on at most ``max_nodes`` nodes;
-5. movement: a non-checkpointable running job keeps its placement or stops; a moved job
+4. gangs: a block job holds all ``replicas × gpus_per_replica`` GPUs or none (an elastic
+   training job, ``Job.is_resizable``: between ``min_replicas`` and ``max_replicas``
+   replicas), within one cluster, on at most ``max_nodes`` nodes;
+5. movement: a non-checkpointable running job keeps its placement or stops; a running
+   job whose size changes (an elastic training job's resize: a checkpoint and a restart
+   where the plan puts it, not a migration) is checkpointable and stays in its cluster; a moved job
    stays in its cluster unless its ``clusters`` lists the other one (a federation group's
    plan: ``solver.federation.federate``), and then goes from one node to one node (the
    move's saga checkpoints one node and stages on one); a job that is not ``migratable``
@@ -34,8 +37,9 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
    slices) and it counts once in rule 2, no whole-GPU job or share holds a partitioned
    GPU, and another GPU or start is a migration;
 10. max queue wait: no pending block job past its SLA's max queue wait is left pending
-    while it fits, whole, on one ready compatible node's GPUs, CPU and memory that the
-    plan leaves free, within its team's quota (a frozen one excepted: a saga holds it);
+    while it fits, whole (an elastic training job at the size it asks), on one ready
+    compatible node's GPUs, CPU and memory that the plan leaves free, within its team's
+    quota (a frozen one excepted: a saga holds it);
 11. dwell: a frozen job (``Instance.is_frozen``: Shaper acted on it within the dwell time,
     its move budget for the hour is spent, or a saga is acting on it) keeps exactly the
     placement it has — a running one is not moved, resized, preempted or requeued, a
@@ -206,9 +210,19 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
             continue
 
         # 4. gangs
+        resized = bool(before) and bool(after) and sum(after.values()) != sum(before.values())
         if after != before and after:
             total = sum(after.values())
-            if total != job.total_gpus:
+            if job.is_resizable:
+                per = job.gpus_per_replica
+                if not job.min_replicas * per <= total <= (job.max_replicas or 0) * per:
+                    bad(
+                        "gang",
+                        job.id,
+                        f"holds {total // per} replicas, outside "
+                        f"{job.min_replicas}..{job.max_replicas}",
+                    )
+            elif total != job.total_gpus:
                 bad("gang", job.id, f"holds {total} GPUs, needs {job.total_gpus}")
             if len({nodes[n].cluster for n in after}) > 1:
                 bad("gang", job.id, "spans clusters")
@@ -217,8 +231,12 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         if not before and after:
             started_by_team[job.team] += sum(after.values())
 
-        # 5. movement
-        if before and after and (after != before or moved_gpu):
+        # 5. movement (a resize restarts the job where the plan puts it: not a migration)
+        if resized and not job.checkpointable:
+            bad("elastic training", job.id, "resized without a checkpoint to restart from")
+        if resized and {nodes[n].cluster for n in after} != {nodes[n].cluster for n in before}:
+            bad("elastic training", job.id, "resized into another cluster")
+        if before and after and not resized and (after != before or moved_gpu):
             migrations += 1
             if not job.checkpointable:
                 bad("movement", job.id, "non-checkpointable job moved")
@@ -287,7 +305,9 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         after = plan.placement.get(job.id, {})
         if action.from_placement != job.placement or action.to_placement != after:
             bad("actions", job.id, f"{action.kind.value} does not match the placement")
-        expected = _expected_kind(bool(job.placement), bool(after), job.is_elastic)
+        resized = bool(job.placement) and bool(after) and job.is_resizable
+        resized = resized and sum(after.values()) != job.held_gpus
+        expected = _expected_kind(bool(job.placement), bool(after), job.is_elastic or resized)
         if action.kind not in expected:
             bad("actions", job.id, f"{action.kind.value} where {expected} expected")
     for job in instance.jobs:
@@ -341,7 +361,7 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
         after = plan.placement.get(job_id, {})
         if after != job.placement:
             change = "started" if not job.placement else "stopped" if not after else "moved"
-            if job.is_elastic:
+            if job.is_elastic or (job.placement and after and sum(after.values()) != job.held_gpus):
                 change = "resized"
             bad("dwell", job_id, f"{change} while frozen: {instance.frozen_because(job)}")
 

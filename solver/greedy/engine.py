@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from solver.actions import build_plan
 from solver.compat import Compatibility
+from solver.elastic_training import rigid
 from solver.greedy.admission import Admission
 from solver.greedy.defragmentation import Defragmentation
 from solver.greedy.diagnosis import Diagnosis
@@ -301,8 +302,11 @@ def run_greedy(
 
 def greedy_plan(instance: Instance, options: GreedyOptions, *, policy: str) -> Plan:
     """The plan of one greedy pass: what the FIFO, backfill and priority policies return
-    (fractional jobs placed around it: ``solver.greedy.sharing``)."""
-    return plan_with_shares(instance, lambda whole: _greedy_plan(whole, options, policy=policy))
+    (fractional jobs placed around it: ``solver.greedy.sharing``; elastic training jobs
+    at the size they hold or ask: ``solver.elastic_training.rigid``)."""
+    return plan_with_shares(
+        instance, lambda whole: _greedy_plan(rigid(whole), options, policy=policy)
+    )
 
 
 def _greedy_plan(instance: Instance, options: GreedyOptions, *, policy: str) -> Plan:

@@ -7,35 +7,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.instances import EveryRule, random_instance
-from solver.objective import evaluate
-from solver.plan import ActionKind, Plan, ReasonCode
+from solver.plan import ReasonCode
 from solver.policies import POLICY_NAMES, get_policy
 from solver.relaxation import global_upper_bound
 from solver.validate import validate
 
-
-def placed_where_it_says(plan: Plan) -> None:
-    """A start's reason names the nodes the job starts on; a job stopped or moved to make
-    room for another leaves GPUs on a node where that other one lands."""
-    for action in plan.actions:
-        message = action.reason.message
-        if action.kind is ActionKind.start and action.reason.code in (
-            ReasonCode.placed,
-            ReasonCode.overdue,
-        ):
-            said = message.rsplit("placed on ", 1)[-1]
-            where = {part.split(":")[0] for part in said.split(", ")}
-            assert where == set(action.to_placement), (plan.policy, action)
-        beneficiary = None
-        if message.startswith("stopped for "):
-            beneficiary = message.removeprefix("stopped for ").split(",")[0]
-        elif message.startswith("stopped on "):
-            beneficiary = message.split(" for service ")[1].split(",")[0]
-        elif " to make room " in message:
-            beneficiary = message.rsplit(" for ", 1)[1].removeprefix("service ")
-        if beneficiary is not None:
-            lands = set(plan.placement.get(beneficiary, {}))
-            assert lands & set(action.from_placement), (plan.policy, action, lands)
+from .plan_checks import every_policy_plans_legally, placed_where_it_says
 
 
 @settings(
@@ -51,16 +28,7 @@ def placed_where_it_says(plan: Plan) -> None:
 )
 def test_no_policy_plan_ever_fails_validate(seed: int, nodes: int, pending: int) -> None:
     inst = random_instance(seed, EveryRule(nodes, pending))
-    bound = global_upper_bound(inst)
-    for name in POLICY_NAMES:
-        plan = get_policy(name).plan(inst)
-        assert validate(inst, plan) == [], name
-        assert plan.stats.objective == pytest.approx(evaluate(inst, plan.placement).objective)
-        assert plan.stats.objective <= bound + 1e-6, name
-        placed_where_it_says(plan)
-        for job in inst.jobs:
-            if not job.is_elastic and job.id not in plan.placement:
-                assert job.id in plan.pending, (name, job.id)
+    every_policy_plans_legally(inst)
 
 
 @settings(

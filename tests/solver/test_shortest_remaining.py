@@ -16,7 +16,7 @@ from solver.policies import get_policy
 from solver.validate import validate
 
 from .builders import FAST, NOW, instance, job, node, plan_with, running
-from .test_properties import placed_where_it_says
+from .plan_checks import placed_where_it_says
 
 HOUR = 3600.0
 ON = FAST.model_copy(update={"shortest_remaining": True})
