@@ -2,7 +2,8 @@
 
 ``sim.adapter`` turns a ``solver.plan.Plan`` into these; tests may also script them
 directly. A placement maps node name → number of GPUs (block jobs) or number of replicas
-(services); the engine picks the GPU indices.
+(services); the engine picks the GPU indices. ``Rescale`` resizes an elastic training job,
+``Resize`` a service.
 """
 
 from __future__ import annotations
@@ -38,13 +39,25 @@ class Migrate:
 
 
 @dataclass(frozen=True, slots=True)
+class Rescale:
+    """Resize a running elastic training job (``BlockJob.max_gpus``): checkpoint it and
+    restart it on ``placement``, its whole new placement (node → GPUs, any count from its
+    ``min_gpus`` to its ``max_gpus``; nodes it holds now may stay, go or be joined by
+    others). Priced as a migration (``Transfer.migration_seconds``)."""
+
+    job: str
+    placement: dict[str, int]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Resize:
     service: str
     placement: dict[str, int]
     reason: str = ""
 
 
-Action = Start | Preempt | Migrate | Resize
+Action = Start | Preempt | Migrate | Rescale | Resize
 
 
 @dataclass(slots=True)

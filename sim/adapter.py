@@ -19,6 +19,11 @@ Mapping (simulation → solver):
   as long again as it has (durations are heavy-tailed: the longer a job has run, the
   longer it is likely to go on); ``none`` gives no run time (jobs never end early, as
   for a scheduler that reports no time limit);
+* an elastic training job (``BlockJob.max_gpus``) gives ``min_replicas``/``max_replicas``
+  = its ``min_gpus``/``max_gpus``, ``replicas`` = the ``gpus`` it asks (its placement
+  says what it holds), and ``max_nodes`` for its most GPUs; a running one's
+  run time is from its current run's start at its current size, a pending one's at its
+  asked size (on ``g`` GPUs it runs ``(g / gpus) ** scaling`` times as fast);
 * a service is ``Job(shape=elastic)`` whose ``forecast`` is its hourly demand from the
   current hour over ``forecast_hours`` hours, in replicas: demand is stated in replicas
   at reference speed and a replica on a slower model serves less, so it is converted at
@@ -55,7 +60,8 @@ and ``allowed_clusters`` over ``Workload.cluster_labels``, by
 cluster and a service stays in its own.
 
 Mapping back: ``start`` → :class:`~sim.actions.Start`, ``migrate`` → ``Migrate``,
-``resize`` → ``Resize`` (GPUs per node / GPUs per replica), ``preempt`` → ``Preempt``
+``resize`` → ``Resize`` for a service (GPUs per node / GPUs per replica) and ``Rescale``
+for an elastic training job (its whole new placement), ``preempt`` → ``Preempt``
 without checkpoint (work since the last checkpoint is lost), ``requeue`` → ``Preempt``
 with checkpoint.
 """
@@ -71,7 +77,7 @@ from typing import TYPE_CHECKING
 
 from forecast import demand as demand_forecast
 from forecast.duration import DurationPredictor, JobFeatures
-from sim.actions import Action, Migrate, Preempt, Resize, SimPlan, Start
+from sim.actions import Action, Migrate, Preempt, Rescale, Resize, SimPlan, Start
 from solver.federation import Residency, residency_clusters, split_by_cluster
 from solver.instance import (
     GpuModel,
@@ -331,6 +337,7 @@ class SolverPlanner:
         clusters, home = self._where(sim, state)
         key = (
             state.version,
+            state.gpus_held,  # an elastic job's size changes within a version
             clusters,
             home,
             running,
@@ -351,11 +358,11 @@ class SolverPlanner:
             shape=JobShape.block,
             priority=spec.priority,
             gpus_per_replica=1,
-            replicas=spec.gpus,
+            replicas=spec.gpus,  # an elastic job's asked size; its placement says what it holds
             # A pod's CPU and memory are spread over its GPUs (one replica per GPU).
             cpu_milli_per_replica=-(-spec.cpu_milli // spec.gpus),
             memory_mib_per_replica=-(-spec.memory_mib // spec.gpus),
-            max_nodes=self._max_nodes(spec.gpus, spec.gpu_models),
+            max_nodes=self._max_nodes(spec.max_size, spec.gpu_models),
             allowed_gpu_models=frozenset(spec.gpu_models) if spec.gpu_models else None,
             gpu_memory_mib=0,
             precision=None,
@@ -379,8 +386,8 @@ class SolverPlanner:
             actions_last_hour=acted_last_hour,
             locked=False,
             overdue=state.stranded,
-            min_replicas=0,
-            max_replicas=None,
+            min_replicas=spec.min_size if spec.elastic else 0,
+            max_replicas=spec.max_gpus,
             forecast=(),
             forecast_step_s=3600,
         )
@@ -580,6 +587,11 @@ def to_actions(plan: Plan, sim: Simulation) -> list[Action]:
             actions.append(Start(action.job_id, dict(action.to_placement), why))
         elif action.kind is ActionKind.migrate:
             actions.append(Migrate(action.job_id, dict(action.to_placement), why))
+        elif action.kind is ActionKind.resize and action.job_id not in sim.services:
+            # An elastic training job (the validator checked it is one): its whole new
+            # placement, one GPU a replica.
+            placement = {n: gpus for n, gpus in action.to_placement.items() if gpus}
+            actions.append(Rescale(action.job_id, placement, why))
         elif action.kind is ActionKind.resize:
             svc = sim.services[action.job_id]
             per = svc.spec.gpus_per_replica

@@ -64,6 +64,7 @@ from sim.sweep import parse_seeds, parse_solver_overrides, summarize_sweep, swee
 from sim.traces import (
     ALIBABA_NODE_LIST,
     KINDS,
+    Elasticity,
     TraceError,
     TraceInput,
     TraceOptions,
@@ -416,6 +417,14 @@ def replay(
         bool, typer.Option("--events/--cadence-only", help="also re-plan on every event")
     ] = False,
     seed: Annotated[int, typer.Option()] = 0,
+    elastic: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LOW,HIGH,SCALING",
+            help="make every checkpointable job elastic training: LOW..HIGH × its size in "
+            "GPUs, throughput ∝ GPUs**SCALING (e.g. 0.5,2,0.8); the baselines run it at its size",
+        ),
+    ] = None,
     out_dir: OutDirOpt = None,
     fmt: FormatOpt = "png",
     progress: ProgressOpt = True,
@@ -435,6 +444,10 @@ def replay(
         overrides = parse_solver_overrides(solver or [])
     except ValueError as exc:  # pydantic's ValidationError included
         raise typer.BadParameter(str(exc), param_hint="--solver") from exc
+    try:
+        elasticity = None if elastic is None else Elasticity.parse(elastic)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--elastic") from exc
     options = TraceOptions(
         window_start_h=window_start_h,
         window_end_h=window_end_h,
@@ -447,6 +460,7 @@ def replay(
         gpus_per_node=gpus_per_node,
         seed=seed,
         replan_interval_min=replan_min,
+        elastic=elasticity,
     )
     try:
         loaded = open_trace(trace, kind=kind, options=options, nodes_path=nodes)

@@ -12,9 +12,10 @@ Algorithm (one run):
    the services' targets.
 4. If any of them asks for a re-plan (or the cadence fires, or the planner asked to be
    woken now: ``SimPlan.wake_at``), ask the planner for a plan over the current state
-   and apply its actions in a fixed order — preempt, shrink services, lift migrating jobs
-   off their sources, land them on their targets, grow services, start — rejecting (and
-   counting) any action that is not legal in the current state. Each applied action is
+   and apply its actions in a fixed order — preempt, shrink services, lift migrating and
+   rescaled jobs off their GPUs, land the migrations, then the rescales (elastic training
+   jobs at their new size), grow services, start — rejecting (and counting) any action
+   that is not legal in the current state. Each applied action is
    recorded on its job (``SimJob.acted_at``, ``SimService.resized_at``): the churn
    metrics count them, and the shaper's planner feeds them back to the solver as
    Shaper's own recent actions (its dwell time and move budget).
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Protocol
 
-from sim.actions import Migrate, Preempt, Resize, SimPlan, Start
+from sim.actions import Migrate, Preempt, Rescale, Resize, SimPlan, Start
 from sim.diagnosis import IdleTracker
 from sim.ledger import JobLedger, check
 from sim.workload import BlockJob, Node, Service, Workload
@@ -99,6 +100,7 @@ class SimJob:
     version: int = 0
     preemptions: int = 0
     migrations: int = 0
+    resizes: int = 0  # rescales of an elastic training job (also in ``moved_at``)
     run_start: float = 0.0
     expected_end: float = 0.0
     moved_at: list[float] = field(default_factory=list)
@@ -182,6 +184,8 @@ class Counters:
     # Free GPUs still dumping the checkpoint of a job that left them (allocated to it).
     draining_gpu_seconds: float = 0.0
     migrations: int = 0
+    # Rescales of running elastic training jobs (a checkpoint and a restart at a new size).
+    resizes: int = 0
     # Starts and migrations in a cluster other than the one the job's image was in, and
     # the GiB of images that crossed between clusters for them.
     remote_starts: int = 0
@@ -214,7 +218,8 @@ def default_drain_span(workload: Workload) -> float:
     speeds += [speed for j in jobs for _, speed in j.speeds]
     slowest = min(speeds, default=1.0) or 1.0
     packed = sum(j.work * j.gpus for j in jobs) / max(1, workload.total_gpus)
-    longest = max((j.work for j in jobs), default=0.0)
+    # An elastic job may run at its fewest GPUs, slower than on the ones it asks for.
+    longest = max((j.work / j.size_factor(j.min_size) for j in jobs), default=0.0)
     return max(DRAIN_CAP_MIN_S, 3 * workload.horizon, (4 * packed + longest) / slowest)
 
 
@@ -414,22 +419,24 @@ class Simulation:
     def _blocked_by_fragmentation(self) -> bool:
         """Whether a queued job fits the free GPUs of the nodes it accepts taken together,
         but not on the fewest of them its gang may span (ceil(GPUs / largest node), the
-        span ``sim.adapter`` gives the solver). One check per distinct (size, models)."""
-        seen: set[tuple[int, tuple[str, ...]]] = set()
+        span ``sim.adapter`` gives the solver). An elastic job needs its fewest GPUs, over
+        the span of its most. One check per distinct (sizes, models)."""
+        seen: set[tuple[int, int, tuple[str, ...]]] = set()
         for state in self.queue.values():
-            key = (state.spec.gpus, state.spec.gpu_models)
+            spec = state.spec
+            key = (spec.min_size, spec.max_size, spec.gpu_models)
             if key in seen:
                 continue
             seen.add(key)
             nodes = [
                 n
                 for n in self.nodes.values()
-                if n.schedulable and state.spec.can_run_on(n.spec.gpu_model)
+                if n.schedulable and spec.can_run_on(n.spec.gpu_model)
             ]
             if not nodes:
                 continue
-            need = state.spec.gpus
-            span = max(1, math.ceil(need / max(n.spec.gpus for n in nodes)))
+            need = spec.min_size
+            span = max(1, math.ceil(spec.max_size / max(n.spec.gpus for n in nodes)))
             free = sorted((n.free for n in nodes), reverse=True)
             if sum(free) >= need and sum(free[:span]) < need:
                 return True
@@ -624,14 +631,15 @@ class Simulation:
         state.status = JobStatus.queued
         state.queued_since = self.now
         self.queue[state.spec.id] = state
-        self._pending_sizes[state.spec.gpus] += 1
+        self._pending_sizes[state.spec.min_size] += 1  # the fewest GPUs it may start on
         self._frag_cache = None
 
     def _dequeue(self, state: SimJob) -> None:
         del self.queue[state.spec.id]
-        self._pending_sizes[state.spec.gpus] -= 1
-        if not self._pending_sizes[state.spec.gpus]:
-            del self._pending_sizes[state.spec.gpus]
+        size = state.spec.min_size
+        self._pending_sizes[size] -= 1
+        if not self._pending_sizes[size]:
+            del self._pending_sizes[size]
         self._frag_cache = None
         state.queue_wait += self.now - state.queued_since
 
@@ -642,7 +650,7 @@ class Simulation:
         if self.now > begin:
             before = state.progress
             state.progress = min(state.spec.work, state.progress + (self.now - begin) * state.rate)
-            state.ledger.add_progress(state.progress - before, state.rate)
+            state.ledger.add_progress(state.progress - before, state.rate, state.gpus_held)
         state.updated_at = self.now
         interval = state.spec.checkpoint_interval
         if interval > 0:
@@ -661,18 +669,25 @@ class Simulation:
 
     def _rate(self, job: BlockJob, placement: dict[str, tuple[int, ...]]) -> float:
         """A gang runs at its slowest GPU: the least, over the models it holds, of the job's
-        speed there (its own, else the model's)."""
+        speed there (its own, else the model's); an elastic job × its size factor."""
         models = self.workload.gpu_models
-        return min(job.speed_on(models[self.nodes[node].spec.gpu_model]) for node in placement)
+        speed = min(job.speed_on(models[self.nodes[node].spec.gpu_model]) for node in placement)
+        if job.elastic:
+            speed *= job.size_factor(sum(len(indices) for indices in placement.values()))
+        return speed
 
     # ------------------------------------------------------------ GPU owners
-    def _take(self, node: SimNode, count: int, owner: str, kind: str) -> tuple[int, ...]:
-        taken: list[int] = []
+    def _take(
+        self, node: SimNode, count: int, owner: str, kind: str, prefer: tuple[int, ...] = ()
+    ) -> tuple[int, ...]:
+        """Take ``count`` free GPUs of ``node``: those in ``prefer`` first (a job keeping
+        the GPUs it held), then the lowest free indices."""
+        taken = [index for index in prefer if node.owners[index] is None][:count]
         for index, current in enumerate(node.owners):
-            if current is None:
+            if len(taken) == count:
+                break
+            if current is None and index not in taken:
                 taken.append(index)
-                if len(taken) == count:
-                    break
         if len(taken) < count:
             raise AssertionError(f"node {node.spec.name}: {count} GPUs not free")
         for index in taken:
@@ -798,10 +813,18 @@ class Simulation:
 
     # ------------------------------------------------------------- the plan
     def apply(self, plan: SimPlan) -> None:
-        """Apply a plan's actions in a fixed, physically sensible order."""
+        """Apply a plan's actions in a fixed, physically sensible order.
+
+        Preemptions and service shrinks free GPUs first; then every migrating or rescaled
+        job is lifted off its GPUs (a rescale that shrinks frees some), the migrations land,
+        then the rescales, services grow and jobs start. A move whose target is not free
+        lands back where it was, at no cost, or, where that is taken too, leaves the job
+        queued (``stranded``: the policy owes it a place).
+        """
         starts = [a for a in plan.actions if isinstance(a, Start)]
         preempts = [a for a in plan.actions if isinstance(a, Preempt)]
         migrates = [a for a in plan.actions if isinstance(a, Migrate)]
+        rescales = [a for a in plan.actions if isinstance(a, Rescale)]
         resizes = [a for a in plan.actions if isinstance(a, Resize)]
         for stop in preempts:
             state = self.running.get(stop.job)
@@ -823,6 +846,7 @@ class Simulation:
             services_before[svc.spec.id] = svc.replicas_by_node()
             grows.append((svc, self._shrink_service(svc, resize.placement)))
         lifted: list[tuple[Migrate, SimJob, dict[str, tuple[int, ...]]]] = []
+        lifted_ids: set[str] = set()
         for move in migrates:
             state = self.running.get(move.job)
             if state is None:
@@ -831,7 +855,11 @@ class Simulation:
             if not state.spec.checkpointable:
                 self._reject(f"migrate {move.job}: not checkpointable")
                 continue
-            if sum(move.placement.values()) != state.spec.gpus:
+            if move.job in lifted_ids:
+                self._reject(f"migrate {move.job}: moved twice")
+                continue
+            # The GPUs it holds now: an elastic job may run at another size than it asks.
+            if sum(move.placement.values()) != state.gpus_held:
                 self._reject(f"migrate {move.job}: wrong GPU count")
                 continue
             current = {n: len(i) for n, i in state.placement.items()}
@@ -841,28 +869,50 @@ class Simulation:
             source = state.placement
             self._release(state)
             lifted.append((move, state, source))
+            lifted_ids.add(move.job)
+            state.acted_at.append(self.now)
+        rescaled: list[tuple[Rescale, SimJob, dict[str, tuple[int, ...]]]] = []
+        for rescale in rescales:
+            state = self.running.get(rescale.job)
+            why = None
+            if state is None:
+                why = "not running"
+            elif not state.spec.elastic:
+                why = "not elastic"
+            elif not state.spec.checkpointable:
+                why = "not checkpointable"
+            elif rescale.job in lifted_ids:
+                why = "moved twice"
+            elif not (
+                state.spec.min_size <= sum(rescale.placement.values()) <= state.spec.max_size
+            ):
+                why = "wrong GPU count"
+            if why is not None or state is None:
+                self._reject(f"rescale {rescale.job}: {why}")
+                continue
+            current = {n: len(i) for n, i in state.placement.items()}
+            if current == rescale.placement:
+                continue
+            self._update_progress(state)
+            source = state.placement
+            self._release(state)
+            rescaled.append((rescale, state, source))
+            lifted_ids.add(rescale.job)
             state.acted_at.append(self.now)
         for move, state, source in lifted:
             why = self._check_placement(move.placement, state.spec.can_run_on)
             if why is not None:
                 self._reject(f"migrate {move.job}: {why}")
-                target = {n: len(i) for n, i in source.items()}
-                if self._check_placement(target, state.spec.can_run_on) is None:
-                    self._place(state, target)  # stays where it was: no cost
-                    state.version += 1
-                    self._schedule_completion(state)
-                    state.acted_at.pop()  # nothing happened to it after all
-                else:
-                    # Lifted but nowhere to land: it was checkpointed, so it waits queued,
-                    # and the policy owes it a place (``SolverPlanner`` marks it overdue).
-                    seconds = self.workload.transfer.checkpoint_seconds(state.spec.image_gb)
-                    self._mark_busy(source, seconds, state.spec.id, "migration")
-                    state.checkpointed = state.progress
-                    state.stranded = True
-                    del self.running[state.spec.id]
-                    self._requeue_after_loss(state)
+                self._land_back(state, source, "migration")
                 continue
             self._migrate(state, source, move.placement)
+        for rescale, state, source in rescaled:
+            why = self._check_placement(rescale.placement, state.spec.can_run_on)
+            if why is not None:
+                self._reject(f"rescale {rescale.job}: {why}")
+                self._land_back(state, source, "resize", prefer=True)
+                continue
+            self._rescale(state, source, rescale.placement)
         for svc, target in grows:
             self._grow_service(svc, target)
             if svc.replicas_by_node() != services_before[svc.spec.id]:
@@ -872,7 +922,9 @@ class Simulation:
             if state is None:
                 self._reject(f"start {start.job}: not queued")
                 continue
-            if sum(start.placement.values()) != state.spec.gpus:
+            # An elastic job may start on any size it runs on; a rigid one on its own.
+            count = sum(start.placement.values())
+            if not state.spec.min_size <= count <= state.spec.max_size:
                 self._reject(f"start {start.job}: wrong GPU count")
                 continue
             why = self._check_placement(start.placement, state.spec.can_run_on)
@@ -885,9 +937,44 @@ class Simulation:
         if self.check_invariants:
             self.assert_invariants()
 
-    def _place(self, state: SimJob, placement: dict[str, int]) -> None:
+    def _land_back(
+        self,
+        state: SimJob,
+        source: dict[str, tuple[int, ...]],
+        kind: str,
+        *,
+        prefer: bool = False,
+    ) -> None:
+        """A lifted job whose target is taken: back on its source's nodes at no cost, or,
+        where they are taken too, queued with its progress checkpointed (the move's dump is
+        paid on the GPUs it left)."""
+        target = {n: len(i) for n, i in source.items()}
+        if self._check_placement(target, state.spec.can_run_on) is None:
+            self._place(state, target, source if prefer else None)  # stays: no cost
+            state.version += 1
+            self._schedule_completion(state)
+            state.acted_at.pop()  # nothing happened to it after all
+            return
+        # Lifted but nowhere to land: it was checkpointed, so it waits queued, and the
+        # policy owes it a place (``SolverPlanner`` marks it overdue).
+        seconds = self.workload.transfer.checkpoint_seconds(state.spec.image_gb)
+        self._mark_busy(source, seconds, state.spec.id, kind)
+        state.checkpointed = state.progress
+        state.stranded = True
+        del self.running[state.spec.id]
+        self._requeue_after_loss(state)
+
+    def _place(
+        self,
+        state: SimJob,
+        placement: dict[str, int],
+        prefer: dict[str, tuple[int, ...]] | None = None,
+    ) -> None:
+        prefer = prefer or {}
         state.placement = {
-            name: self._take(self.nodes[name], count, state.spec.id, state.spec.kind.value)
+            name: self._take(
+                self.nodes[name], count, state.spec.id, state.spec.kind.value, prefer.get(name, ())
+            )
             for name, count in placement.items()
         }
         state.rate = self._rate(state.spec, state.placement)
@@ -926,6 +1013,25 @@ class Simulation:
         self.counters.migrations += 1
         self._schedule_completion(state)
 
+    def _rescale(
+        self, state: SimJob, source: dict[str, tuple[int, ...]], target: dict[str, int]
+    ) -> None:
+        """An elastic job's checkpoint and restart on ``target`` (another size, maybe other
+        nodes), priced as a migration: the GPUs it leaves dump the checkpoint, and every
+        GPU it holds after makes no progress for the checkpoint and the restore. It keeps
+        the GPUs it held where ``target`` leaves it some."""
+        transfer = self.workload.transfer
+        checkpoint = transfer.checkpoint_seconds(state.spec.image_gb)
+        self._mark_busy(source, checkpoint, state.spec.id, "resize")
+        self._place(state, target, source)
+        cost = transfer.migration_seconds(state.spec.image_gb) + self._remote_seconds(state)
+        state.overhead_until, state.overheads = self._overheads([("resize", cost)], state.placement)
+        state.checkpointed = state.progress  # the restart reads the checkpoint it wrote
+        state.resizes += 1
+        state.moved_at.append(self.now)
+        self.counters.resizes += 1
+        self._schedule_completion(state)
+
     def _stop(self, state: SimJob, *, checkpoint: bool, by_policy: bool = True) -> None:
         self._update_progress(state)
         transfer = self.workload.transfer
@@ -947,7 +1053,7 @@ class Simulation:
     def _requeue_after_loss(self, state: SimJob) -> None:
         lost = state.progress - state.checkpointed
         if lost > EPS:
-            state.ledger.lost += state.ledger.take_back(lost) * state.spec.gpus
+            state.ledger.lost += state.ledger.take_back(lost)
         state.progress = state.checkpointed
         state.version += 1
         self._enqueue(state)
@@ -994,7 +1100,7 @@ class Simulation:
             state.queued_since = end
         for state in self.jobs.values():
             kept = state.spec.work if state.status == JobStatus.done else state.checkpointed
-            state.ledger.close(gpus=state.spec.gpus, kept_work=kept)
+            state.ledger.close(kept_work=kept)
         self._sample(end)
         if self.record_occupancy:
             for (node, index), (start, owner, kind) in self._open_segments.items():
@@ -1017,7 +1123,7 @@ class Simulation:
         seen: dict[tuple[str, int], str] = {}
         for state in self.running.values():
             assert state.status == JobStatus.running, state.spec.id
-            assert state.gpus_held == state.spec.gpus, state.spec.id
+            assert state.spec.min_size <= state.gpus_held <= state.spec.max_size, state.spec.id
             for node, indices in state.placement.items():
                 for index in indices:
                     key = (node, index)

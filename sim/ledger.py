@@ -14,15 +14,20 @@ GPU-second falls in exactly one category:
 * ``checkpoint``: dumping a preempted job's checkpoint, restoring one, or a new owner
   waiting for a previous owner's dump to finish;
 * ``migration``: a migration's checkpoint on the source, its restore on the target, and a
-  new owner waiting for a migration's dump on the GPUs it left.
+  new owner waiting for a migration's dump on the GPUs it left;
+* ``resize``: the same for an elastic training job's rescale (a checkpoint and a restart
+  on its new GPUs): the restart's wait on every GPU it holds after it, the dump on the
+  GPUs it left, and a new owner waiting for that dump.
 
 The engine records held time and each category as they happen; :func:`check` verifies
-``allocated = productive + lost + in_flight + checkpoint + migration`` per job and in
-total to ``TOLERANCE_GPU_S``. A gap means the engine charged time to no one (the bug this
+``allocated = productive + lost + in_flight + checkpoint + migration + resize`` per job and
+in total to ``TOLERANCE_GPU_S``. A gap means the engine charged time to no one (the bug this
 module was written to catch: a migration's source-side cost was counted nowhere).
 
-Progress made on a slower or faster GPU model is kept as held time: ``productive`` is
-GPU-time, not reference work (``useful_gpu_hours`` in the metrics is reference work).
+Progress made on a slower or faster GPU model, or on more or fewer GPUs than an elastic
+job asks for, is kept as held time: each piece of progress carries the rate and the GPU
+count it was made at, so ``productive`` is GPU-time, not reference work
+(``useful_gpu_hours`` in the metrics is reference work).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 TOLERANCE_GPU_S = 36.0  # 0.01 GPU-hour
-CATEGORIES = ("productive", "lost", "in_flight", "checkpoint", "migration")
+CATEGORIES = ("productive", "lost", "in_flight", "checkpoint", "migration", "resize")
 
 
 @dataclass(slots=True)
@@ -42,50 +47,62 @@ class JobLedger:
     lost: float = 0.0
     checkpoint: float = 0.0
     migration: float = 0.0
-    # Filled when the run ends: progress held as (work, rate) pieces since the job began;
-    # pieces are taken off the top when work is lost, so the rest was kept or is in flight.
+    resize: float = 0.0
+    # Filled when the run ends: progress held as (work, rate, GPUs) pieces since the job
+    # began; pieces are taken off the top when work is lost, so the rest was kept or is in
+    # flight.
     productive: float = 0.0
     in_flight: float = 0.0
     pieces: list[list[float]] = field(default_factory=list)
 
-    def add_progress(self, work: float, rate: float) -> None:
+    def add_progress(self, work: float, rate: float, gpus: int) -> None:
+        """``work`` of progress made at ``rate`` (work a second) on ``gpus`` GPUs."""
         if work <= 0:
             return
-        if self.pieces and abs(self.pieces[-1][1] - rate) < 1e-12:
-            self.pieces[-1][0] += work
+        last = self.pieces[-1] if self.pieces else None
+        if last is not None and abs(last[1] - rate) < 1e-12 and last[2] == gpus:
+            last[0] += work
         else:
-            self.pieces.append([work, rate])
+            self.pieces.append([work, rate, float(gpus)])
 
     def take_back(self, work: float) -> float:
-        """Remove the last ``work`` of progress; return the held seconds it took (per GPU)."""
-        seconds = 0.0
+        """Remove the last ``work`` of progress; return the GPU-seconds held to make it."""
+        gpu_seconds = 0.0
         while work > 1e-12 and self.pieces:
             piece = self.pieces[-1]
             taken = min(work, piece[0])
-            seconds += taken / piece[1]
+            gpu_seconds += taken / piece[1] * piece[2]
             piece[0] -= taken
             work -= taken
             if piece[0] <= 1e-12:
                 self.pieces.pop()
-        return seconds
+        return gpu_seconds
 
     def charge(self, kind: str, gpu_seconds: float) -> None:
         if kind == "checkpoint":
             self.checkpoint += gpu_seconds
         elif kind == "migration":
             self.migration += gpu_seconds
+        elif kind == "resize":
+            self.resize += gpu_seconds
         else:
             raise ValueError(f"unknown overhead kind {kind!r}")
 
-    def close(self, *, gpus: int, kept_work: float) -> None:
+    def close(self, *, kept_work: float) -> None:
         """Split the progress still held into kept (``productive``) and ``in_flight``."""
-        total_seconds = sum(work / rate for work, rate in self.pieces)
-        in_flight_seconds = self.take_back(sum(w for w, _ in self.pieces) - kept_work)
-        self.in_flight = in_flight_seconds * gpus
-        self.productive = (total_seconds - in_flight_seconds) * gpus
+        total = sum(work / rate * gpus for work, rate, gpus in self.pieces)
+        self.in_flight = self.take_back(sum(piece[0] for piece in self.pieces) - kept_work)
+        self.productive = total - self.in_flight
 
     def accounted(self) -> float:
-        return self.productive + self.lost + self.in_flight + self.checkpoint + self.migration
+        return (
+            self.productive
+            + self.lost
+            + self.in_flight
+            + self.checkpoint
+            + self.migration
+            + self.resize
+        )
 
     def totals(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in CATEGORIES}

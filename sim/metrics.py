@@ -44,15 +44,17 @@ Over the whole run:
   the end of the run when some job never completed (a lower bound then). ``None`` (shown
   as "–") where a figure is undefined, e.g. no job arrived.
 * GPU-time by where it went (``sim.ledger``): ``allocated_block_gpu_hours`` =
-  ``productive`` + ``lost`` + ``in_flight`` + ``checkpoint`` + ``migration`` GPU-hours,
-  checked per job; ``unaccounted_gpu_hours`` is the gap (0 up to rounding).
+  ``productive`` + ``lost`` + ``in_flight`` + ``checkpoint`` + ``migration`` + ``resize``
+  GPU-hours, checked per job; ``unaccounted_gpu_hours`` is the gap (0 up to rounding).
+  ``resizes`` counts the rescales of elastic training jobs (a checkpoint and a restart at
+  another size, beside ``migrations``), ``resize_gpu_hours`` what they cost.
 * Between clusters: ``remote_starts`` counts starts and migrations in a cluster other
   than the one the job's image was in, ``gib_crossed`` the GiB of images sent for them,
   ``egress_gpu_hours`` what that data leaving its site cost at the scenario's
   ``transfer.inter_cluster_egress_gpu_s_per_gib`` (money in GPU-hours, outside the ledger:
   no GPU waits for it; 0 when egress is not priced).
 * Churn: ``policy_actions`` counts what the policy's plans did — starts, migrations,
-  preemptions and requeues of block jobs, resizes of services (those that changed the
+  rescales, preemptions and requeues of block jobs, resizes of services (those that changed the
   service) — for every policy, a baseline's starts included. ``actions_per_job_hour``
   divides them by the job-hours of block work run (running block jobs × time);
   ``jobs_acted_twice_10min`` counts the block jobs with two such actions less than
@@ -216,6 +218,7 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         "service_gpu_hours": w.service_gpu_seconds / HOUR,
         "sla_violations": float(violations),
         "migrations": float(c.migrations),
+        "resizes": float(c.resizes),
         "remote_starts": float(c.remote_starts),
         "gib_crossed": c.gib_crossed,
         "egress_gpu_hours": sim.workload.transfer.egress_gpu_seconds(c.gib_crossed) / HOUR,
@@ -227,6 +230,7 @@ def summarize(sim: Simulation, *, max_points: int = 400) -> RunResult:
         "in_flight_gpu_hours": ledger["in_flight"] / HOUR,
         "checkpoint_gpu_hours": ledger["checkpoint"] / HOUR,
         "migration_gpu_hours": ledger["migration"] / HOUR,
+        "resize_gpu_hours": ledger["resize"] / HOUR,
         "unaccounted_gpu_hours": (
             c.block_gpu_seconds + c.draining_gpu_seconds - sum(ledger.values())
         )

@@ -27,6 +27,7 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "shaper, larger first, no aging": {"shortest_first": False, "aging_s": None},
     "shaper, no upgrades": {"upgrades": False},
     "shaper, no per-job speeds": {"job_speeds": False},
+    "shaper, no elastic training": {"elastic_training": False},
 }
 
 

@@ -52,6 +52,13 @@ throughput on each model over its V100 throughput, the models where it does not 
 left out of its ``gpu_models``, and its ``team`` is the model family (``ResNet-50``); the
 scenario's models are then V100, P100 and K80.
 
+Elastic training: a job may give ``min_gpus``, ``max_gpus`` and ``scaling`` (see
+``BlockJob``); a ``mix`` entry may give ``elastic: {share: 0.7, min: 0.5, max: 2.0,
+scaling: 0.8}``: each of its jobs is elastic with probability ``share`` (default 1), with
+``min_gpus = max(1, floor(gpus × min))``, ``max_gpus = ceil(gpus × max)`` (``min`` ≤ 1 ≤
+``max``, both default 1) and that ``scaling`` (default 1: linear). Without the key no
+draw is made, so the other jobs of a scenario stay as they were.
+
 The generator uses ``numpy.random.default_rng(seed)``: the same seed gives the same jobs.
 """
 
@@ -198,6 +205,9 @@ def _job(entry: dict[str, Any], index: int) -> BlockJob:
             else None
         ),
         speeds=tuple((str(m), float(v)) for m, v in (entry.get("speeds") or {}).items()),
+        min_gpus=int(entry["min_gpus"]) if entry.get("min_gpus") is not None else None,
+        max_gpus=int(entry["max_gpus"]) if entry.get("max_gpus") is not None else None,
+        scaling=float(entry.get("scaling", 1.0)),
     )
 
 
@@ -229,6 +239,26 @@ def _gavel_type(rng: np.random.Generator) -> dict[str, Any]:
         "speeds": fits,
         "gpu_models": tuple(fits) if len(fits) < len(GAVEL_MODELS) else (),
         "team": name.split(" (")[0],
+    }
+
+
+def _elastic(rng: np.random.Generator, spec: Any, gpus: int) -> dict[str, Any]:
+    """The elastic-training fields of a generated job of ``gpus`` GPUs (none for a rigid
+    one): ``spec`` is ``{share, min, max, scaling}``; one draw decides."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"generate.mix.elastic: expected a mapping, got {spec!r}")
+    unknown = set(spec) - {"share", "min", "max", "scaling"}
+    if unknown:
+        raise ValueError(f"generate.mix.elastic: unknown keys {sorted(unknown)}")
+    if not rng.random() < float(spec.get("share", 1.0)):
+        return {}
+    low, high = float(spec.get("min", 1.0)), float(spec.get("max", 1.0))
+    if not 0 < low <= 1 <= high:
+        raise ValueError(f"generate.mix.elastic: needs 0 < min <= 1 <= max, got {low}, {high}")
+    return {
+        "min_gpus": max(1, math.floor(gpus * low)),
+        "max_gpus": math.ceil(gpus * high),
+        "scaling": float(spec.get("scaling", 1.0)),
     }
 
 
@@ -266,6 +296,8 @@ def _generate(spec: dict[str, Any], rng: np.random.Generator, first: int) -> lis
             "allowed_clusters": spec.get("allowed_clusters"),
             "speeds": kind.get("speeds"),
         }
+        if "elastic" in kind:  # draws only when asked: other scenarios keep their jobs
+            entry.update(_elastic(rng, kind["elastic"], entry["gpus"]))
         job_types = kind.get("job_types")
         if job_types == "gavel":
             entry.update(_gavel_type(rng))

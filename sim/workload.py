@@ -6,10 +6,16 @@ Everything here is plain data in simulated seconds, independent of the solver's 
 Units:
 
 * time: seconds from the start of the simulation (``t = 0``);
-* work of a block job: seconds of run time on its full gang of GPUs of the reference
-  speed (``speed = 1.0``); on a model with ``speed = s`` it runs ``s`` times faster, unless
-  the job names its own speed on that model (``BlockJob.speeds``: jobs gain differently
-  from a faster GPU, as Gavel measured per job type);
+* work of a block job: seconds of run time on its full gang of ``gpus`` GPUs of the
+  reference speed (``speed = 1.0``); on a model with ``speed = s`` it runs ``s`` times
+  faster, unless the job names its own speed on that model (``BlockJob.speeds``: jobs gain
+  differently from a faster GPU, as Gavel measured per job type);
+* elastic training (``BlockJob.max_gpus`` set, Pollux-like): the job runs on any number
+  ``g`` of GPUs from ``min_gpus`` to ``max_gpus``, at ``(g / gpus) ** scaling`` times the
+  speed it has on ``gpus`` (``scaling`` 1: linear; 0.8: twice the GPUs run 1.74× as
+  fast), and a checkpointable one may be resized while it runs (a checkpoint and a
+  restart, priced as a migration); ``gpus`` is the size it asks for and the size its
+  ``work`` is measured on;
 * GPU fractions (Alibaba): ``gpu_milli`` per GPU, 1000 = a whole GPU.
 """
 
@@ -54,7 +60,9 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class BlockJob:
-    """A job that holds a fixed gang of GPUs until it is done."""
+    """A job that holds a gang of GPUs until it is done: a fixed one, or for elastic
+    training (``max_gpus`` set) one of ``min_gpus``..``max_gpus`` GPUs that may change
+    while it runs."""
 
     id: str
     submit_time: float
@@ -84,6 +92,53 @@ class BlockJob:
     # ``allowed_clusters`` names; the cluster it is submitted to always may keep it.
     cluster_selector: tuple[tuple[str, str], ...] = ()
     allowed_clusters: tuple[str, ...] | None = None
+    # Elastic training: it runs on any GPU count in [min_gpus, max_gpus] (min_gpus None:
+    # ``gpus``), at speed × (count / gpus) ** scaling. Rigid (the default) when max_gpus is
+    # None; ``scaling`` matters only for elastic jobs.
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    scaling: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.scaling <= 1:  # NaN too
+            raise ValueError(f"job {self.id}: scaling must be in (0, 1], got {self.scaling!r}")
+        if self.max_gpus is None:
+            if self.min_gpus is not None:
+                raise ValueError(
+                    f"job {self.id}: min_gpus={self.min_gpus} without max_gpus (an elastic "
+                    f"job gives max_gpus; max_gpus={self.gpus} only shrinks)"
+                )
+            return
+        low = self.gpus if self.min_gpus is None else self.min_gpus
+        if not 1 <= low <= self.gpus <= self.max_gpus:
+            raise ValueError(
+                f"job {self.id}: elastic training needs 1 <= min_gpus <= gpus <= max_gpus, "
+                f"not {low} <= {self.gpus} <= {self.max_gpus}"
+            )
+
+    @property
+    def elastic(self) -> bool:
+        """Elastic training: runs on any GPU count from ``min_size`` to ``max_size``."""
+        return self.max_gpus is not None
+
+    @property
+    def min_size(self) -> int:
+        """The fewest GPUs it may run on (``gpus`` for a rigid job)."""
+        if self.max_gpus is None or self.min_gpus is None:
+            return self.gpus
+        return self.min_gpus
+
+    @property
+    def max_size(self) -> int:
+        """The most GPUs it may run on (``gpus`` for a rigid job)."""
+        return self.gpus if self.max_gpus is None else self.max_gpus
+
+    def size_factor(self, gpus: int) -> float:
+        """How much faster it runs on ``gpus`` GPUs than on the ``gpus`` it asks for (1 for
+        a rigid job)."""
+        if self.max_gpus is None or gpus == self.gpus:
+            return 1.0
+        return float((gpus / self.gpus) ** self.scaling)
 
     def can_run_on(self, gpu_model: str) -> bool:
         return not self.gpu_models or gpu_model in self.gpu_models

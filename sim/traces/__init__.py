@@ -17,7 +17,7 @@ from pathlib import Path
 from sim.traces import gavel, native, philly, pollux
 from sim.traces.alibaba import load_alibaba, read_alibaba_nodes, read_alibaba_pods
 from sim.traces.cluster import PublishedCluster, choose_cluster, describe_nodes
-from sim.traces.common import TraceError, TraceInput, TraceOptions
+from sim.traces.common import Elasticity, TraceError, TraceInput, TraceOptions
 from sim.traces.detect import detect_kind
 from sim.traces.gavel import load_gavel, read_gavel
 from sim.traces.native import load_native
@@ -40,6 +40,7 @@ LOADERS: dict[str, tuple[Callable[[Path, TraceOptions], Workload], PublishedClus
 __all__ = [
     "ALIBABA_NODE_LIST",
     "KINDS",
+    "Elasticity",
     "LoadedTrace",
     "TraceError",
     "TraceInput",

@@ -4,6 +4,7 @@ without nodes, and the step from a list of jobs to a :class:`Workload`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -47,6 +48,46 @@ def require_header(
 
 
 @dataclass(frozen=True, slots=True)
+class Elasticity:
+    """Elastic training for a replay (``TraceOptions.elastic``): every checkpointable job
+    may run on ``low`` × its size (at least 1 GPU) to ``high`` × its size GPUs, at
+    ``(GPUs / size) ** scaling`` times its speed on its own size (``BlockJob``). The size
+    the trace gives stays the size it asks: what the baselines run it at."""
+
+    low: float = 0.5
+    high: float = 2.0
+    scaling: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low <= 1 <= self.high:
+            raise ValueError(f"elastic: need 0 < low <= 1 <= high, not {self.low}, {self.high}")
+        if not 0 < self.scaling <= 1:
+            raise ValueError(f"elastic: scaling must be in (0, 1], not {self.scaling}")
+
+    @classmethod
+    def parse(cls, text: str) -> Elasticity:
+        """``"LOW,HIGH,SCALING"``, e.g. ``"0.5,2,0.8"``."""
+        parts = [p.strip() for p in text.split(",")]
+        if len(parts) != 3:
+            raise ValueError(f"elastic: expected LOW,HIGH,SCALING (e.g. 0.5,2,0.8), not {text!r}")
+        try:
+            low, high, scaling = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"elastic: LOW,HIGH,SCALING must be numbers, not {text!r}") from None
+        return cls(low, high, scaling)
+
+    def apply(self, job: BlockJob) -> BlockJob:
+        if not job.checkpointable:
+            return job
+        return replace(
+            job,
+            min_gpus=max(1, math.floor(job.gpus * self.low)),
+            max_gpus=max(job.gpus, math.ceil(job.gpus * self.high)),
+            scaling=self.scaling,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class TraceOptions:
     """How to cut and shape a trace before replaying it.
 
@@ -64,6 +105,8 @@ class TraceOptions:
     * ``checkpointable`` / ``checkpoint_interval_h`` / ``image_gb``: what the trace does not
       say about checkpointing: by default every job can be checkpointed (Shaper's agent
       checkpoints transparently) with a 20 GB image.
+    * ``elastic``: make every checkpointable job elastic training (:class:`Elasticity`);
+      None: the jobs are as rigid as the trace says.
     """
 
     window_start_h: float = 0.0
@@ -82,6 +125,7 @@ class TraceOptions:
     seed: int = 0
     replan_interval_min: float = 30.0
     services: tuple[Service, ...] = field(default_factory=tuple)
+    elastic: Elasticity | None = None
 
     def with_(self, **changes: object) -> TraceOptions:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -104,7 +148,8 @@ def homogeneous_cluster(
 
 
 def shape_jobs(jobs: list[BlockJob], options: TraceOptions) -> list[BlockJob]:
-    """Window, subsample, rescale and re-base submit times to 0."""
+    """Window, subsample, rescale, re-base submit times to 0, and make jobs elastic
+    (``options.elastic``)."""
     if not jobs:
         return []
     jobs = sorted(jobs, key=lambda j: (j.submit_time, j.id))
@@ -121,7 +166,7 @@ def shape_jobs(jobs: list[BlockJob], options: TraceOptions) -> list[BlockJob]:
     if not kept:
         return []
     base = kept[0].submit_time
-    return [
+    shaped = [
         replace(
             job,
             submit_time=(job.submit_time - base) / options.load_scale,
@@ -129,6 +174,8 @@ def shape_jobs(jobs: list[BlockJob], options: TraceOptions) -> list[BlockJob]:
         )
         for job in kept
     ]
+    elastic = options.elastic
+    return shaped if elastic is None else [elastic.apply(job) for job in shaped]
 
 
 def make_workload(

@@ -155,6 +155,11 @@ def test_replay_input_errors_name_the_option(tmp_path: Path) -> None:
     philly = str(DATA / "philly-sample.csv")
     assert "Invalid value for --solver" in error(philly, "--solver", "no_such_lever=1")
     assert "Invalid value for --solver" in error(philly, "--solver", "aging_s=-1")
+    assert "Invalid value for --elastic: elastic: expected LOW,HIGH,SCALING" in error(
+        philly, "--elastic", "0.5,2"
+    )
+    assert "need 0 < low <= 1 <= high, not 2.0, 1.0" in error(philly, "--elastic", "2,1,0.8")
+    assert "scaling must be in (0, 1], not 1.5" in error(philly, "--elastic", "0.5,2,1.5")
 
 
 def test_replay_takes_solver_overrides_for_shaper(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from sim.actions import Start
 from sim.engine import Simulation
 from sim.run import simulate
 from sim.traces import (
+    Elasticity,
     TraceError,
     TraceInput,
     TraceOptions,
@@ -407,3 +408,15 @@ def test_alibaba_pod_columns(tmp_path: Path) -> None:
     assert (first.id, first.submit_time, first.work) == ("pod-0", 0.0, 100.0)
     assert (third.id, third.submit_time, third.work) == ("pod-2", 2.0, 298.0)
     assert first.gpu_models == () and first.team == "BE" and first.preemptible
+
+
+def test_elastic_makes_a_replays_checkpointable_jobs_elastic_training() -> None:
+    options = TraceOptions(max_jobs=20, elastic=Elasticity(low=0.5, high=2.0, scaling=0.8))
+    jobs = load_trace(POLLUX, options=options).jobs
+    rigid = {j.id: j for j in load_trace(POLLUX, options=TraceOptions(max_jobs=20)).jobs}
+    assert len(jobs) == 20 and all(j.elastic for j in jobs)
+    for j in jobs:
+        assert (j.min_gpus, j.max_gpus, j.scaling) == (max(1, j.gpus // 2), 2 * j.gpus, 0.8)
+        assert (j.gpus, j.work) == (rigid[j.id].gpus, rigid[j.id].work)  # what it asks
+    kept = load_trace(POLLUX, options=options.with_(checkpointable=False)).jobs
+    assert not any(j.elastic for j in kept)  # a restart at a new size needs a checkpoint
