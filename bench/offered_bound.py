@@ -12,7 +12,10 @@ demand changes on):
 
 * ``x[j, m, t]``: GPU-hours block job ``j`` holds on GPU model ``m`` in slot ``t`` — none
   before its submission, at most its gang × the part of the slot after it (over all models
-  together), and no more work than it has (Σ speed × x ≤ gang × work);
+  together), and no more work than it has (Σ speed × x ≤ gang × work). An elastic
+  training job (``BlockJob.max_gpus``) may hold up to its most GPUs, and a GPU-hour of it
+  does at most the work it does at its fewest GPUs (value) and at least what it does at
+  its most (utilization): with sublinear scaling a GPU does more work the fewer share it;
 * ``y[s, m, t]``: GPU-hours service ``s`` serves on model ``m`` in slot ``t``, from its
   start: at most its demand (Σ speed × y ≤ demand × GPUs per replica × slot, a replica on a
   model of speed ``s`` serving ``s``) and its ``max_replicas``;
@@ -136,6 +139,10 @@ def _solve(
     models = workload.gpu_models
     for job in workload.jobs:
         weight = workload.team_weight(job.team)  # as weighted_output weighs it
+        # Work per GPU-hour held, at most (value) or at least (utilization): 1 for a rigid
+        # job; an elastic one does most per GPU at its fewest GPUs, least at its most.
+        size = job.min_size if objective == "value" else job.max_size
+        efficiency = job.size_factor(size) * job.gpus / size
         work: list[tuple[pywraplp.Variable, float]] = []
         for t, (start, end) in enumerate(slots):
             span = end - max(start, job.submit_time)
@@ -146,12 +153,12 @@ def _solve(
                 if not job.can_run_on(name):
                     continue
                 x = solver.NumVar(0.0, solver.infinity(), "")
-                speed = job.speed_on(model)
+                speed = job.speed_on(model) * efficiency
                 used[(name, t)].append(x)
                 held.append(x)
                 work.append((x, speed))
                 gains.append((x, weight * job.priority * speed if objective == "value" else 1.0))
-            solver.Add(solver.Sum(held) <= job.gpus * span / HOUR)
+            solver.Add(solver.Sum(held) <= job.max_size * span / HOUR)
         solver.Add(solver.Sum([speed * x for x, speed in work]) <= job.gpus * job.work / HOUR)
     if serve is not None or objective == "utilization":
         short: list[tuple[float, list[tuple[pywraplp.Variable, float]]]] = []
@@ -201,11 +208,16 @@ def _solve(
 
 def net_utilization(result: RunResult) -> float:
     """A run's utilization less the GPU-time whose work it lost and its checkpoint,
-    restore and migration time (over the whole run: at least the window's)."""
+    restore, migration and resize time (over the whole run: at least the window's)."""
     m = result.metrics
     waste = sum(
         float(m.get(key) or 0.0)
-        for key in ("lost_gpu_hours", "checkpoint_gpu_hours", "migration_gpu_hours")
+        for key in (
+            "lost_gpu_hours",
+            "checkpoint_gpu_hours",
+            "migration_gpu_hours",
+            "resize_gpu_hours",
+        )
     )
     available = float(m.get("available_gpu_hours") or 0.0)
     return float(m.get("utilization") or 0.0) - (waste / available if available else 0.0)

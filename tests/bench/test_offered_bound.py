@@ -4,6 +4,7 @@ cases worked by hand, and never below what a real replay reaches."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -150,3 +151,39 @@ def test_services_on_fast_models_starting_mid_hour_and_events_at_one_instant(pol
         result = run_policy(case, policy, drain=True)
         assert result.metrics["available_gpu_hours"] == pytest.approx(bounds.gpu_hours_up), name
         assert net_utilization(result) <= bounds.utilization + 1e-6, name
+
+
+def test_an_elastic_job_may_hold_its_most_gpus_and_does_most_per_gpu_at_its_fewest() -> None:
+    # 2 h of work on the 2 GPUs it asks (4 reference GPU-hours), 1 to 4 GPUs, scaling 0.5,
+    # alone on 4 GPUs for 4 h. At 4 GPUs it runs 2 ** 0.5 times as fast: 2 / 1.41 h, so
+    # 4 × 1.41 = 5.66 GPU-hours busy, its most. A GPU-hour of it does at most 2 ** 0.5
+    # reference GPU-hours of work (at 1 GPU), so the value bound stays its 4 GPU-hours.
+    elastic = replace(job("e", gpus=2, hours=2.0), min_gpus=1, max_gpus=4, scaling=0.5)
+    bounds = offered_bounds(workload([elastic], nodes=[("n0", 4)], horizon_h=4.0))
+    assert bounds.utilization == pytest.approx(4 * 2 / 2**0.5 / 16)
+    assert bounds.value_any == pytest.approx(4.0)
+    rigid = offered_bounds(
+        workload([job("e", gpus=2, hours=2.0)], nodes=[("n0", 4)], horizon_h=4.0)
+    )
+    assert rigid.utilization == pytest.approx(4 / 16)
+
+
+@pytest.mark.parametrize("policy", ["priority", "shaper"])
+def test_no_replay_with_elastic_jobs_passes_the_bounds(policy: str) -> None:
+    jobs = [
+        replace(
+            job("e", gpus=2, hours=5.0, checkpointable=True), min_gpus=1, max_gpus=4, scaling=0.8
+        ),
+        job("a", gpus=2, hours=1.0, at_h=0.5, priority=3.0),
+        replace(
+            job("f", gpus=1, hours=3.0, at_h=1.0, checkpointable=True),
+            min_gpus=1,
+            max_gpus=3,
+            scaling=0.8,
+        ),
+    ]
+    wl = workload(jobs, nodes=[("n0", 4)], horizon_h=4.0)
+    bounds = offered_bounds(wl)
+    result = run_policy(wl, policy)
+    assert result.metrics["weighted_output"] <= bounds.value_any + 1e-6
+    assert net_utilization(result) <= bounds.utilization + 1e-6
