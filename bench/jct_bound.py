@@ -12,10 +12,12 @@ possible at all. Per seed, the bound is the larger of
 (b) **mean busy time** (Goemans' LP relaxation of one machine with release dates): the
     cluster pooled into one machine of rate Σ GPUs × the fastest speed any job has on their
     model, each job an area of GPUs × work (an elastic training job's least over its
-    sizes, with (a)'s run time in the half below). In any real schedule job ``j``
-    completes at its mean busy time plus at least half its run time, and the total rate at
-    any instant is at most the pooled machine's, so Σ completion ≥ (Σ mean busy time of preemptive
-    smallest-area-first on the pooled machine, which minimises it) + Σ run time / 2.
+    sizes). In any real schedule job ``j`` completes at its mean busy time plus at least
+    half its run time (an elastic job: half its least area over the most GPU-seconds per
+    second it can be processed at, its most GPUs on its fastest model), and the total rate
+    at any instant is at most the pooled machine's, so Σ completion ≥ (Σ mean busy time of
+    preemptive smallest-area-first on the pooled machine, which minimises it) + Σ of
+    those halves.
 
 Services and node failures are left out, which only loosens the bounds (they take GPUs).
 JCT is over the block jobs, as ``jct_mean_h`` is; the replays run until the queue drains.
@@ -47,6 +49,19 @@ def run_time_floor(workload: Workload, job_index: int) -> float:
         job.speed_on(model) for name, model in workload.gpu_models.items() if job.can_run_on(name)
     ]
     return job.work / max(speeds) / job.size_factor(job.max_size)
+
+
+def busy_span_floor(workload: Workload, job_index: int) -> float:
+    """The least time the job's area takes at the most GPU-seconds per second it can be
+    processed at (its most GPUs on the fastest model it may use): its run time floor for
+    a rigid job; for an elastic one with sublinear scaling, less (it may run small, then
+    burst at its most GPUs, and still end no sooner than its mean busy time plus half this:
+    what step (b) needs)."""
+    job = workload.jobs[job_index]
+    speeds = [
+        job.speed_on(model) for name, model in workload.gpu_models.items() if job.can_run_on(name)
+    ]
+    return least_area(job) / (job.max_size * max(speeds))
 
 
 def least_area(job: BlockJob) -> float:
@@ -103,7 +118,7 @@ def mean_jct_bound_h(workload: Workload) -> tuple[float, str]:
     areas = [(job.submit_time, least_area(job)) for job in jobs]
     busy = (
         mean_busy_time_sum(areas, pooled_rate(workload))
-        + sum(run_times) / 2
+        + sum(busy_span_floor(workload, i) for i in range(len(jobs))) / 2
         - sum(job.submit_time for job in jobs)
     )
     best, which = (no_wait, "a") if no_wait >= busy else (busy, "b")

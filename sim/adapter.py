@@ -21,7 +21,8 @@ Mapping (simulation → solver):
   for a scheduler that reports no time limit);
 * an elastic training job (``BlockJob.max_gpus``) gives ``min_replicas``/``max_replicas``
   = its ``min_gpus``/``max_gpus``, ``replicas`` = the ``gpus`` it asks (its placement
-  says what it holds), and ``max_nodes`` for its most GPUs; a running one's
+  says what it holds), and ``max_nodes`` for the GPUs it asks (grown, it may spread over
+  proportionally more: ``Job.node_limit``); a running one's
   run time is from its current run's start at its current size, a pending one's at its
   asked size (on ``g`` GPUs it runs ``(g / gpus) ** scaling`` times as fast);
 * a service is ``Job(shape=elastic)`` whose ``forecast`` is its hourly demand from the
@@ -362,7 +363,7 @@ class SolverPlanner:
             # A pod's CPU and memory are spread over its GPUs (one replica per GPU).
             cpu_milli_per_replica=-(-spec.cpu_milli // spec.gpus),
             memory_mib_per_replica=-(-spec.memory_mib // spec.gpus),
-            max_nodes=self._max_nodes(spec.max_size, spec.gpu_models),
+            max_nodes=self._max_nodes(spec.gpus, spec.gpu_models),  # at the size it asks
             allowed_gpu_models=frozenset(spec.gpu_models) if spec.gpu_models else None,
             gpu_memory_mib=0,
             precision=None,

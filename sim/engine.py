@@ -13,8 +13,8 @@ Algorithm (one run):
 4. If any of them asks for a re-plan (or the cadence fires, or the planner asked to be
    woken now: ``SimPlan.wake_at``), ask the planner for a plan over the current state
    and apply its actions in a fixed order — preempt, shrink services, lift migrating and
-   rescaled jobs off their GPUs, land the migrations, then the rescales (elastic training
-   jobs at their new size), grow services, start — rejecting (and counting) any action
+   rescaled jobs off their GPUs, land the rescales (elastic training jobs at their new
+   size), then the migrations, grow services, start — rejecting (and counting) any action
    that is not legal in the current state. Each applied action is
    recorded on its job (``SimJob.acted_at``, ``SimService.resized_at``): the churn
    metrics count them, and the shaper's planner feeds them back to the solver as
@@ -816,8 +816,8 @@ class Simulation:
         """Apply a plan's actions in a fixed, physically sensible order.
 
         Preemptions and service shrinks free GPUs first; then every migrating or rescaled
-        job is lifted off its GPUs (a rescale that shrinks frees some), the migrations land,
-        then the rescales, services grow and jobs start. A move whose target is not free
+        job is lifted off its GPUs (a rescale that shrinks frees some), the rescales land,
+        then the migrations, services grow and jobs start. A move whose target is not free
         lands back where it was, at no cost, or, where that is taken too, leaves the job
         queued (``stranded``: the policy owes it a place).
         """
@@ -899,13 +899,8 @@ class Simulation:
             rescaled.append((rescale, state, source))
             lifted_ids.add(rescale.job)
             state.acted_at.append(self.now)
-        for move, state, source in lifted:
-            why = self._check_placement(move.placement, state.spec.can_run_on)
-            if why is not None:
-                self._reject(f"migrate {move.job}: {why}")
-                self._land_back(state, source, "migration")
-                continue
-            self._migrate(state, source, move.placement)
+        # Rescales land first: each keeps the GPUs it held where it can, and marks those
+        # it leaves as dumping its checkpoint before a migration may land on them.
         for rescale, state, source in rescaled:
             why = self._check_placement(rescale.placement, state.spec.can_run_on)
             if why is not None:
@@ -913,6 +908,13 @@ class Simulation:
                 self._land_back(state, source, "resize", prefer=True)
                 continue
             self._rescale(state, source, rescale.placement)
+        for move, state, source in lifted:
+            why = self._check_placement(move.placement, state.spec.can_run_on)
+            if why is not None:
+                self._reject(f"migrate {move.job}: {why}")
+                self._land_back(state, source, "migration")
+                continue
+            self._migrate(state, source, move.placement)
         for svc, target in grows:
             self._grow_service(svc, target)
             if svc.replicas_by_node() != services_before[svc.spec.id]:

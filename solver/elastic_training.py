@@ -4,37 +4,45 @@ planned around the plan of the rest.
 Every engine plans an instance whose resizable jobs look rigid (:func:`rigid`): a running
 one at the size it holds, a pending one at the size it asks (``replicas``). The baselines
 stop there. The shaper, with ``SolverConfig.elastic_training`` on, pulls three levers
-(:func:`plan_with_elastic_training`):
+(:func:`plan_with_elastic_training`). A running job is resized only when it may be
+restarted where the plan puts it: checkpointable, ``migratable`` (its scheduler can be
+told where it goes) and not frozen (``Instance.is_frozen``: dwell, move budget, a saga).
 
-1. *Shrink instead of stop* (:func:`split`). A running resizable job that may be acted on
-   (checkpointable, not frozen) and holds more than ``min_replicas`` is shown to the inner
-   solve as its *core* (``min_replicas`` replicas on the nodes where it holds most; it
+1. *Shrink instead of stop* (:func:`split`). Such a job that holds more than
+   ``min_replicas``, is preemptible and within its SLA's preemptions per day is shown to
+   the inner solve as its *core* (``min_replicas`` replicas where it holds most; it
    neither moves nor stops this cycle) and one one-replica *extra* per replica above the
    core, on the node that replica is on. Extras up to the asked size weigh
    ``SHRINK_WEIGHT`` of the job, those above it (grown into idle GPUs) ``GROWN_WEIGHT``;
    they are checkpointable and never moved. The inner engines then take extras before
    they stop whole jobs (preemption stops the lowest weights first, and only for work
-   worth more), and each extra stopped is a replica the job gives back: the job shrinks
-   (one ``resize`` action: a checkpoint and a restart at the smaller size). Elastic
-   services are not involved: they have their own resize (``solver.greedy.elastic``).
-2. *Start smaller* (:class:`_Fill`). A pending resizable job the plan leaves waiting
-   starts at the largest size from ``replicas`` down to ``min_replicas`` that fits in what
-   the plan leaves free, on one GPU model of one cluster (a gang runs at its slowest GPU)
-   within ``max_nodes`` — jobs past their max queue wait first, then by weight.
+   worth more, within its per-cycle cap), and each extra stopped is a replica the job
+   gives back: the job shrinks (one ``resize`` action: a checkpoint and a restart at the
+   smaller size, on nodes it held). Elastic services are not involved: they have their
+   own resize (``solver.greedy.elastic``).
+2. *Start smaller* (:class:`_Fill`). A pending checkpointable resizable job the plan
+   leaves waiting for want of room (``ROOM_CODES``: not for a reservation, its quota or
+   the queue's order) starts at the largest size from ``replicas`` down to
+   ``min_replicas`` that fits in what the plan leaves free, on one GPU model of one
+   cluster (a gang runs at its slowest GPU) within its node limit (``Job.node_limit``) —
+   jobs past their max queue wait first, then by weight.
 3. *Grow* (:class:`_Fill`). A job the plan starts then grows toward ``max_replicas`` on
    what is still free at no cost (it has not run yet); a running one the plan leaves as it
    is grows when the run time it saves pays for the restart: time left × (1 − now/new) >
-   2 × ``migration_seconds``, at most ``max_migrations_per_cycle`` such resizes per plan.
-   Growth stays on its cluster, on GPU models no slower for the job than the slowest it
-   holds, within ``max_nodes``; largest weight first. The solver has no scaling curve:
-   it takes a job's speed as linear in its replicas, which overstates what growth gains
-   for a job that scales worse (the simulator runs each job at its own scaling).
+   ``PAYBACK`` × ``migration_seconds``, within what the plan's migrations leave of
+   ``max_migrations_per_cycle`` and only with ``config.migration`` on. Only a job that
+   could be shrunk again grows (checkpointable, ``migratable``), so the GPUs it takes
+   stay within reach of a service's coming peak or a waiting gang; no job grows while
+   shares of a GPU or MIG slices wait (they are placed after this plan, on the GPUs
+   growth would take). Growth stays on its cluster, on GPU models no slower for the job
+   than the slowest it holds, within the node limit at its new size (``max_nodes``
+   scaled with the size); largest weight first. The solver has no scaling curve: it
+   takes a job's speed as linear in its replicas, which overstates what growth gains for
+   a job that scales worse (the simulator runs each job at its own scaling).
 
-A shrunk job keeps at least ``min_replicas``; its core is not stopped in the cycle that
-splits it (it may be stopped at a later one, once it runs at its minimum). The extras'
-weights only order the inner engines' choices: the plan returned is scored with
-``solver.objective`` on the instance itself, so its ``best_bound`` (a bound of the inner
-problem) is dropped when extras were made.
+The extras' weights only order the inner engines' choices: the plan returned is scored
+with ``solver.objective`` on the instance itself, so its ``best_bound`` (a bound of the
+inner problem) is dropped when extras were made.
 """
 
 from __future__ import annotations
@@ -79,7 +87,12 @@ def rigid(instance: Instance) -> Instance:
 
 def _rigid_copy(job: Job, **update: object) -> Job:
     replicas = job.held_gpus // job.gpus_per_replica if job.placement else job.replicas
-    fields: dict[str, object] = {"replicas": replicas, "min_replicas": 0, "max_replicas": None}
+    fields: dict[str, object] = {
+        "replicas": replicas,
+        "min_replicas": 0,
+        "max_replicas": None,
+        "max_nodes": job.node_limit(replicas),
+    }
     fields.update(update)
     return job.model_copy(update=fields)
 
@@ -104,13 +117,14 @@ def split(instance: Instance) -> Split:
             jobs.append(job)
             continue
         held = job.held_gpus // job.gpus_per_replica
-        if (
-            not job.placement
-            or not job.checkpointable
-            or held <= job.min_replicas
-            or instance.is_frozen(job)
-        ):
+        if not job.placement or held <= job.min_replicas or not _may_restart(instance, job):
             jobs.append(_rigid_copy(job))
+            continue
+        limit = instance.policy_for(job).max_preemptions_per_day
+        if not instance.is_preemptible(job) or (
+            limit is not None and job.preemptions_today >= limit
+        ):
+            jobs.append(_rigid_copy(job))  # a shrink stops part of it: not this one
             continue
         pieces = _carve(job, held)
         ids = [f"{job.id}{EXTRA_SEPARATOR}{n}" for n in range(1, len(pieces) + 1)]
@@ -161,6 +175,12 @@ def split(instance: Instance) -> Split:
     return Split(instance, inner, extras)
 
 
+def _may_restart(instance: Instance, job: Job) -> bool:
+    """Whether a running job may be resized now: a checkpoint to restart from, a scheduler
+    that can be told where it goes (a resize places it), and not frozen."""
+    return job.checkpointable and job.migratable and not instance.is_frozen(job)
+
+
 def _carve(job: Job, held: int) -> list[str]:
     """The nodes of the replicas above the core, one entry per replica, first the ones to
     give back first: the core stays where the job holds most (fewest nodes), the extras
@@ -179,10 +199,13 @@ def _carve(job: Job, held: int) -> list[str]:
     return pieces
 
 
-def plan_with_elastic_training(instance: Instance, plan_rest: Callable[[Instance], Plan]) -> Plan:
+def plan_with_elastic_training(
+    instance: Instance, plan_rest: Callable[[Instance], Plan], *, grow: bool = True
+) -> Plan:
     """Plan ``instance`` with ``plan_rest`` (the shaper's solve) and the three levers of
     the module docstring when ``config.elastic_training`` is on; with it off, or without
-    resizable jobs, the rigid instance's plan."""
+    resizable jobs, the rigid instance's plan. ``grow`` False: no growth (shares of a GPU
+    or MIG slices wait to be placed after this plan, on GPUs growth would take)."""
     if not any(job.is_resizable for job in instance.jobs):
         return plan_rest(instance)
     if not instance.config.elastic_training:
@@ -192,7 +215,8 @@ def plan_with_elastic_training(instance: Instance, plan_rest: Callable[[Instance
     target, decisions, pending = _merge(parts, inner_plan)
     fill = _Fill(instance, target, decisions, pending)
     fill.start_smaller()
-    fill.grow()
+    if grow:
+        fill.grow()
     stats = inner_plan.stats.model_copy()
     if parts.extras:
         stats.best_bound = None
@@ -273,7 +297,11 @@ class _Fill:
             self.free_cpu[node.name] = node.cpu_milli
             self.free_mem[node.name] = node.memory_mib
         self.team_gpus: dict[str, int] = {}
+        self.migrations = 0  # running jobs the plan moves (to another placement, same size)
         for job in instance.jobs:
+            after = target.get(job.id)
+            if job.placement and after and after != job.placement:
+                self.migrations += sum(after.values()) == job.held_gpus
             for name, gpus in target.get(job.id, {}).items():
                 self._take(job, name, gpus)
             self.team_gpus[job.team] = self.team_gpus.get(job.team, 0) + sum(
@@ -331,6 +359,7 @@ class _Fill:
             job
             for job in instance.jobs
             if job.is_resizable
+            and job.checkpointable  # one started small may be grown back (and shrunk)
             and not job.placement
             and not self.target.get(job.id)
             and not instance.is_frozen(job)
@@ -376,8 +405,9 @@ class _Fill:
         best: tuple[float, int, dict[str, int]] | None = None
         for (_, model), rooms in sorted(groups.items()):
             rooms.sort(key=lambda r: (-r[0], r[1]))
-            if job.max_nodes is not None:
-                rooms = rooms[: job.max_nodes]
+            spread = job.node_limit(job.replicas)
+            if spread is not None:
+                rooms = rooms[:spread]
             replicas = min(limit, sum(r for r, _ in rooms))
             if replicas < job.min_replicas or replicas < 1:
                 continue
@@ -398,18 +428,22 @@ class _Fill:
     def grow(self) -> None:
         instance = self.instance
         candidates = []
+        config = instance.config
         for job in instance.jobs:
-            if not job.is_resizable or instance.is_frozen(job):
+            # Only a job that can be shrunk again grows: the GPUs it takes are idle now,
+            # not reserved (a service's coming peak, a waiting gang takes them back).
+            if not job.is_resizable or not _may_restart(instance, job):
                 continue
             planned = self.target.get(job.id)
             if not planned:
                 continue
-            starting = not job.placement
-            if not starting and (planned != job.placement or not job.checkpointable):
-                continue  # the plan moves, shrinks or cannot restart it: leave it so
+            if job.placement and (planned != job.placement or not config.migration):
+                continue  # the plan moves or shrinks it, or restarts are off: leave it so
             candidates.append(job)
         candidates.sort(key=lambda j: (-instance.weight(j), j.submit_time, j.id))
-        resizes_left = instance.config.max_migrations_per_cycle
+        # A running job's resize is a restart where the plan puts it: within what the
+        # plan's migrations left of the per-cycle budget.
+        resizes_left = config.max_migrations_per_cycle - self.migrations
         for job in candidates:
             starting = not job.placement
             if not starting and resizes_left <= 0:
@@ -463,6 +497,7 @@ class _Fill:
         usable.sort(key=lambda n: (n not in held, -self._room(job, n), n))
         extra: dict[str, int] = {}
         spread = len(held)
+        limit = job.node_limit(job.max_replicas or now)
         for name in usable:
             if most <= 0:
                 break
@@ -470,11 +505,16 @@ class _Fill:
             if room <= 0:
                 continue
             if name not in held:
-                if job.max_nodes is not None and spread >= job.max_nodes:
+                if limit is not None and spread >= limit:
                     continue
                 spread += 1
             extra[name] = room
             most -= room
+        # What it may spread over at the size it reaches (Job.node_limit).
+        while extra and (limit := job.node_limit(now + sum(extra.values()))) is not None:
+            if len(held.keys() | extra.keys()) <= limit:
+                break
+            extra.pop(next(reversed(extra)))  # the last node taken, the smallest
         added = sum(extra.values())
         if not added or starting:
             return extra

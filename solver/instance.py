@@ -146,7 +146,10 @@ class Job(_Frozen):
     cpu_milli_per_replica: int = Field(default=0, ge=0)
     memory_mib_per_replica: int = Field(default=0, ge=0)
     max_nodes: int | None = Field(
-        default=None, ge=1, description="gang spread limit for block jobs; None = unlimited"
+        default=None,
+        ge=1,
+        description="gang spread limit for block jobs at the size they ask (Job.node_limit); "
+        "None = unlimited",
     )
     gpu_milli: int = Field(
         default=FULL_GPU_MILLI,
@@ -355,6 +358,14 @@ class Job(_Frozen):
     @property
     def is_elastic(self) -> bool:
         return self.shape is JobShape.elastic
+
+    def node_limit(self, replicas: int) -> int | None:
+        """``max_nodes`` for the job at ``replicas`` replicas: as given up to the size it
+        asks; an elastic training job larger than that may spread over proportionally more
+        (``max_nodes`` × replicas / replicas asked, rounded up). None: no limit."""
+        if self.max_nodes is None or replicas <= self.replicas or not self.is_resizable:
+            return self.max_nodes
+        return -(-self.max_nodes * replicas // max(1, self.replicas))
 
     @property
     def is_resizable(self) -> bool:

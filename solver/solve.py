@@ -84,11 +84,15 @@ SATURATED_NOTE = (
 def solve(instance: Instance, *, policy: str = "shaper") -> Plan:
     with _collector_paused():
         # Fractional jobs (if any) are placed around the plan of the whole GPUs, and elastic
-        # training jobs are shrunk, started smaller or grown around the plan of the rest.
+        # training jobs are shrunk, started smaller or grown around the plan of the rest
+        # (not grown while shares or MIG slices wait: they are placed after it).
+        parts_waiting = any(
+            (job.is_fractional or job.is_mig) and not job.placement for job in instance.jobs
+        )
         return plan_with_shares(
             instance,
             lambda whole: plan_with_elastic_training(
-                whole, lambda rest: _solve(rest, policy=policy)
+                whole, lambda rest: _solve(rest, policy=policy), grow=not parts_waiting
             ),
         )
 

@@ -10,7 +10,8 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
    taints, allowed clusters, and the node is ready;
 4. gangs: a block job holds all ``replicas × gpus_per_replica`` GPUs or none (an elastic
    training job, ``Job.is_resizable``: between ``min_replicas`` and ``max_replicas``
-   replicas), within one cluster, on at most ``max_nodes`` nodes;
+   replicas), within one cluster, on at most ``max_nodes`` nodes (``Job.node_limit``: more
+   for an elastic training job grown past its ask, which may shrink on the nodes it holds);
 5. movement: a non-checkpointable running job keeps its placement or stops; a running
    job whose size changes (an elastic training job's resize: a checkpoint and a restart
    where the plan puts it, not a migration) is checkpointable and stays in its cluster; a moved job
@@ -226,8 +227,10 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
                 bad("gang", job.id, f"holds {total} GPUs, needs {job.total_gpus}")
             if len({nodes[n].cluster for n in after}) > 1:
                 bad("gang", job.id, "spans clusters")
-            if job.max_nodes is not None and len(after) > job.max_nodes:
-                bad("gang", job.id, f"{len(after)} nodes > max_nodes {job.max_nodes}")
+            limit = job.node_limit(total // job.gpus_per_replica)
+            shrunk_in_place = job.is_resizable and set(after) <= set(before)
+            if limit is not None and len(after) > limit and not shrunk_in_place:
+                bad("gang", job.id, f"{len(after)} nodes > max_nodes {limit}")
         if not before and after:
             started_by_team[job.team] += sum(after.values())
 

@@ -235,11 +235,11 @@ def test_a_rescale_whose_target_is_taken_stays_where_it_was_at_no_cost() -> None
 
 
 def test_a_rescale_with_nowhere_to_land_leaves_the_job_queued_with_its_checkpoint() -> None:
-    # a's target is taken (c on n2) and its own GPUs by b's migration, which lands first.
+    # a's target is taken (c on n2) and its own GPUs by d's rescale, which lands first.
     wl = workload(
         [
             elastic("a", gpus=2, hours=4, max_gpus=4),
-            job("b", gpus=2, hours=4, checkpointable=True),
+            elastic("d", gpus=2, hours=4, max_gpus=4),
             job("c", gpus=2, hours=4),
         ],
         nodes=(("n0", 2), ("n1", 2), ("n2", 2)),
@@ -249,9 +249,9 @@ def test_a_rescale_with_nowhere_to_land_leaves_the_job_queued_with_its_checkpoin
     def script(sim: Simulation):
         hour = round(sim.now / HOUR, 6)
         if hour == 0:
-            return [Start("a", {"n0": 2}), Start("b", {"n1": 2}), Start("c", {"n2": 2})]
+            return [Start("a", {"n0": 2}), Start("d", {"n1": 2}), Start("c", {"n2": 2})]
         if hour == 1:
-            return [Migrate("b", {"n0": 2}), Rescale("a", {"n1": 2, "n2": 1})]
+            return [Rescale("d", {"n0": 2}), Rescale("a", {"n1": 2, "n2": 1})]
         if hour == 2:
             seen["status"] = sim.jobs["a"].status
             seen["stranded"] = sim.jobs["a"].stranded
@@ -265,8 +265,9 @@ def test_a_rescale_with_nowhere_to_land_leaves_the_job_queued_with_its_checkpoin
     assert not a.stranded
     # Restored (10 s) at 2 h, then 3 h of work at rate 1/2.
     assert a.end_time == pytest.approx(2 * HOUR + DUMP_S + 6 * HOUR)
-    assert sim.jobs["b"].end_time == pytest.approx(4 * HOUR + RESTART_S)
-    assert sim.counters.resizes == 0 and sim.counters.migrations == 1
+    # d restarted on n0 at its own size: the restart's time is all it lost.
+    assert sim.jobs["d"].end_time == pytest.approx(4 * HOUR + RESTART_S)
+    assert sim.counters.resizes == 1 and sim.counters.migrations == 0
     assert a.ledger.lost == 0
 
 
@@ -425,7 +426,8 @@ def test_the_adapter_gives_the_solver_sizes_and_bounds() -> None:
     # replicas is the size it asks; its placement, the size it runs at.
     assert (a.replicas, a.min_replicas, a.max_replicas) == (2, 1, 8)
     assert a.placement == {"n0": 4}
-    assert a.max_nodes == 2  # 8 GPUs on 4-GPU nodes
+    # The spread limit of the 2 GPUs it asks (one 4-GPU node), scaled when it grows.
+    assert (a.max_nodes, a.node_limit(2), a.node_limit(8)) == (1, 1, 4)
     # Running at rate 2 since 0: 4 h of work ends at 2 h.
     assert a.expected_runtime_s == pytest.approx(2 * HOUR)
     assert (q.replicas, q.min_replicas, q.max_replicas, q.max_nodes) == (2, 2, 4, 1)
@@ -470,3 +472,27 @@ def test_a_block_resize_becomes_a_rescale_a_service_resize_stays_a_resize() -> N
         Rescale("a", {"n0": 2, "n1": 2}, "grown"),
         Resize("s", {"n1": 2}, "resized_to_demand"),
     ]
+
+
+def test_a_migration_onto_gpus_a_rescale_left_waits_for_its_checkpoint_dump() -> None:
+    # e (100 GB image: a 100 s dump) shrinks from 2 GPUs to 1 on n0; m (10 GB) migrates
+    # onto n0 in the same plan. The rescale lands first and keeps GPU 0; m takes GPU 1,
+    # still dumping e's checkpoint, and GPU 2, so it computes only once the dump is done.
+    e = replace(
+        job("e", gpus=2, hours=4, checkpointable=True, image_gb=100), min_gpus=1, max_gpus=4
+    )
+    m = job("m", gpus=2, hours=4, checkpointable=True)
+    wl = workload([e, m], nodes=(("n0", 4), ("n1", 4)))
+
+    def script(sim: Simulation):
+        if sim.now == 0:
+            return [Start("e", {"n0": 2}), Start("m", {"n1": 2})]
+        if round(sim.now / HOUR, 6) == 1:
+            return [Rescale("e", {"n0": 1}), Migrate("m", {"n0": 2})]
+        return []
+
+    sim = Simulation(wl, ScriptedPlanner(script), check_invariants=True).run()
+    dump = wl.transfer.checkpoint_seconds(100)
+    assert dump > RESTART_S  # the wait is the dump's, not m's own restart
+    assert sim.jobs["m"].end_time == pytest.approx(4 * HOUR + dump)
+    assert sim.check_ledger() == pytest.approx(0.0, abs=TOLERANCE_GPU_S)

@@ -128,10 +128,13 @@ def test_a_running_elastic_job_grows_into_idle_gpus_when_the_time_saved_pays() -
 
 
 def test_growth_stays_on_models_no_slower_and_within_the_node_limit() -> None:
-    nodes = [node("a", gpus=4), node("b", gpus=4), node("c", gpus=4)]
-    e = elastic("e", 2, 1, 12, held={"a": 2}, max_nodes=2)
-    held = plan_with("shaper", instance(nodes, [e])).placement["e"]
-    assert held["a"] == 4 and len(held) == 2 and sum(held.values()) == 8
+    # 2-GPU nodes, one GPU free on c and on d: at 6 replicas it could spread over four
+    # nodes, but max_nodes 2 for the 4 it asks allows 3 at 5 or 6 replicas.
+    nodes = [node(n, gpus=2) for n in "abcd"]
+    filler = running("f", {"c": 1, "d": 1}, gpus=1, expected_runtime_s=20 * HOUR)
+    e = elastic("e", 4, 1, 8, held={"a": 2, "b": 2}, max_nodes=2)
+    plan = plan_with("shaper", instance(nodes, [filler, e]))
+    assert plan.placement["e"] == {"a": 2, "b": 2, "c": 1}
     # On H100s, it does not grow onto the slower A100s.
     nodes = [node("h", gpus=4, model="h100"), node("a", gpus=4)]
     plan = plan_with("shaper", instance(nodes, [elastic("e", 2, 1, 8, held={"h": 2})]))
@@ -206,3 +209,52 @@ def test_no_policy_plan_with_elastic_jobs_fails_validate(
         if name != "shaper":  # only the shaper resizes a block job
             resized = [a.job_id for a in plan.actions if a.kind is ActionKind.resize]
             assert all(inst.job_by_id[j].is_elastic for j in resized), name
+
+
+def test_a_grown_job_may_spread_over_nodes_in_proportion_to_its_size() -> None:
+    e = elastic("e", 2, 1, 8, max_nodes=1)
+    assert [e.node_limit(r) for r in (1, 2, 3, 4, 8)] == [1, 1, 2, 2, 4]
+    assert job("rigid", replicas=2, max_nodes=1).node_limit(8) == 1
+    # Two 2-GPU nodes: it asks 2 on one node and grows onto the other at 4.
+    nodes = [node("a", gpus=2), node("b", gpus=2)]
+    plan = plan_with("shaper", instance(nodes, [elastic("e", 2, 1, 8, max_nodes=1)]))
+    assert plan.placement["e"] == {"a": 2, "b": 2}
+    inst = instance(nodes, [e])
+    assert [str(v) for v in validate(inst, plan_from(inst, {"e": {"a": 1, "b": 1}}))] == [
+        "gang [e]: 2 nodes > max_nodes 1"
+    ]
+    # Grown over 3 nodes, it may shrink to 3 replicas on them (the limit at 3 is 2).
+    grown = elastic("g", 2, 1, 8, held={"a": 2, "b": 1, "c": 1}, max_nodes=1)
+    nodes3 = [node(n, gpus=2) for n in "abc"]
+    inst = instance(nodes3, [grown])
+    assert validate(inst, plan_from(inst, {"g": {"a": 1, "b": 1, "c": 1}})) == []
+
+
+def test_only_what_may_be_shrunk_again_grows_and_a_non_preemptible_job_is_not_shrunk() -> None:
+    # Not checkpointable: neither started bigger than it asks nor smaller.
+    stuck = elastic("e", 2, 1, 8, checkpointable=False)
+    assert plan_with("shaper", instance([node("a")], [stuck])).placement["e"] == {"a": 2}
+    busy = [running("r", {"a": 7}, expected_runtime_s=5 * HOUR), stuck]
+    assert "e" not in plan_with("shaper", instance([node("a")], busy)).placement
+    # Its scheduler cannot be told where it goes: no resize.
+    fixed = elastic("e", 4, 2, 8, held={"a": 4}, migratable=False)
+    assert not plan_with("shaper", instance([node("a")], [fixed])).actions
+    # Restarts off (migration lever): a running job does not grow; one starting still does.
+    no_moves = FAST.model_copy(update={"migration": False})
+    inst = instance([node("a")], [elastic("e", 4, 2, 8, held={"a": 4})], config=no_moves)
+    assert not plan_with("shaper", inst).actions
+    inst = instance([node("a")], [elastic("e", 2, 1, 6)], config=no_moves)
+    assert plan_with("shaper", inst).placement["e"] == {"a": 6}
+    # Not preemptible: it is not shrunk for another job either.
+    jobs = [
+        elastic("e", 8, 4, 8, held={"a": 8}, preemptible=False),
+        job("k", gpus=4, expected_runtime_s=HOUR),
+    ]
+    assert "k" not in plan_with("shaper", instance([node("a")], jobs)).placement
+
+
+def test_no_growth_while_shares_of_a_gpu_wait() -> None:
+    share = job("f", gpu_milli=500, priority=10.0)
+    inst = instance([node("a")], [elastic("e", 4, 2, 8, held={"a": 4}), share])
+    plan = plan_with("shaper", inst)
+    assert plan.placement["e"] == {"a": 4} and "f" in plan.placement
