@@ -10,7 +10,7 @@ import pytest
 from bench.jct_bound import least_area, mean_busy_time_sum, mean_jct_bound_h
 from sim.run import run_policy
 from sim.workload import GpuModel
-from tests.sim.builders import job, workload
+from tests.sim.builders import elastic, job, workload
 
 HOUR = 3600.0
 
@@ -69,16 +69,9 @@ def test_an_elastic_job_alone_is_bounded_at_its_most_gpus() -> None:
 @pytest.mark.parametrize("policy", ["priority", "shaper"])
 def test_no_replay_with_elastic_jobs_goes_below_the_bound(policy: str) -> None:
     jobs = [
-        replace(
-            job("e", gpus=2, hours=6.0, checkpointable=True), min_gpus=1, max_gpus=4, scaling=0.8
-        ),
+        elastic("e", gpus=2, hours=6.0, scaling=0.8),
         job("a", gpus=2, hours=1.0, at_h=0.5),
-        replace(
-            job("f", gpus=2, hours=3.0, at_h=1.0, checkpointable=True),
-            min_gpus=1,
-            max_gpus=4,
-            scaling=0.8,
-        ),
+        elastic("f", gpus=2, hours=3.0, at_h=1.0, scaling=0.8),
     ]
     queue = workload(jobs, nodes=[("n0", 4)], horizon_h=30.0)
     bound, _ = mean_jct_bound_h(queue)

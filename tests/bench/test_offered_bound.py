@@ -11,7 +11,7 @@ import pytest
 from bench.offered_bound import net_utilization, offered_bounds, up_seconds
 from sim.run import run_policy
 from sim.workload import BlockJob, GpuModel, NodeEvent, Service
-from tests.sim.builders import job, workload
+from tests.sim.builders import elastic, job, workload
 
 HOUR = 3600.0
 
@@ -171,16 +171,9 @@ def test_an_elastic_job_may_hold_its_most_gpus_and_does_most_per_gpu_at_its_fewe
 @pytest.mark.parametrize("policy", ["priority", "shaper"])
 def test_no_replay_with_elastic_jobs_passes_the_bounds(policy: str) -> None:
     jobs = [
-        replace(
-            job("e", gpus=2, hours=5.0, checkpointable=True), min_gpus=1, max_gpus=4, scaling=0.8
-        ),
+        elastic("e", gpus=2, hours=5.0, scaling=0.8),
         job("a", gpus=2, hours=1.0, at_h=0.5, priority=3.0),
-        replace(
-            job("f", gpus=1, hours=3.0, at_h=1.0, checkpointable=True),
-            min_gpus=1,
-            max_gpus=3,
-            scaling=0.8,
-        ),
+        elastic("f", gpus=1, hours=3.0, at_h=1.0, max_gpus=3, scaling=0.8),
     ]
     wl = workload(jobs, nodes=[("n0", 4)], horizon_h=4.0)
     bounds = offered_bounds(wl)

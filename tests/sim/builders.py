@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from sim.actions import Action, SimPlan
 from sim.engine import Simulation
@@ -34,6 +35,22 @@ def job(
         image_gb=image_gb,
         gpu_models=tuple(models),
     )
+
+
+def elastic(
+    job_id: str,
+    *,
+    gpus: int,
+    hours: float,
+    min_gpus: int | None = 1,
+    max_gpus: int = 4,
+    scaling: float = 1.0,
+    checkpointable: bool = True,
+    at_h: float = 0.0,
+) -> BlockJob:
+    """An elastic training job (``BlockJob.max_gpus``), checkpointable unless told."""
+    base = job(job_id, gpus=gpus, hours=hours, checkpointable=checkpointable, at_h=at_h)
+    return replace(base, min_gpus=min_gpus, max_gpus=max_gpus, scaling=scaling)
 
 
 def workload(

@@ -18,28 +18,13 @@ from sim.engine import JobStatus, Simulation
 from sim.ledger import TOLERANCE_GPU_S
 from sim.metrics import summarize
 from sim.scenario import build_workload
-from sim.workload import BlockJob, NodeEvent, Service
+from sim.workload import NodeEvent, Service
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
 
-from .builders import HOUR, ScriptedPlanner, at, job, workload
+from .builders import HOUR, ScriptedPlanner, at, elastic, job, workload
 
 RESTART_S = 20.0  # checkpoint 10 s + restore 10 s
 DUMP_S = 10.0
-
-
-def elastic(
-    job_id: str,
-    *,
-    gpus: int,
-    hours: float,
-    min_gpus: int | None = 1,
-    max_gpus: int = 4,
-    scaling: float = 1.0,
-    checkpointable: bool = True,
-    at_h: float = 0.0,
-) -> BlockJob:
-    base = job(job_id, gpus=gpus, hours=hours, checkpointable=checkpointable, at_h=at_h)
-    return replace(base, min_gpus=min_gpus, max_gpus=max_gpus, scaling=scaling)
 
 
 def run(wl, schedule, **kwargs) -> Simulation:
