@@ -30,7 +30,9 @@ told where it goes) and not frozen (``Instance.is_frozen``: dwell, move budget, 
    what is still free at no cost (it has not run yet); a running one the plan leaves as it
    is grows when the run time it saves pays for the restart: time left × (1 − now/new) >
    ``PAYBACK`` × ``migration_seconds``, within what the plan's migrations leave of
-   ``max_migrations_per_cycle`` and only with ``config.migration`` on. Only a job that
+   ``max_migrations_per_cycle``, only with ``config.migration`` on and not within
+   ``migration_cooldown_s`` of its last move or resize (a job shrunk for an arrival does
+   not grow back at the next plan). Only a job that
    could be shrunk again grows (checkpointable, ``migratable``), so the GPUs it takes
    stay within reach of a service's coming peak or a waiting gang; no job grows while
    shares of a GPU or MIG slices wait (they are placed after this plan, on the GPUs
@@ -161,9 +163,6 @@ def split(instance: Instance) -> Split:
                     preemptible=True,
                     checkpointable=True,
                     clusters=here,
-                    cpu_milli_per_replica=job.cpu_milli_per_replica,
-                    memory_mib_per_replica=job.memory_mib_per_replica,
-                    preemptions_today=0,
                 )
             )
             extras[extra_id] = job.id
@@ -439,6 +438,10 @@ class _Fill:
                 continue
             if job.placement and (planned != job.placement or not config.migration):
                 continue  # the plan moves or shrinks it, or restarts are off: leave it so
+            moved = job.last_moved_at
+            if job.placement and moved is not None:
+                if instance.now - moved < config.migration_cooldown_s:
+                    continue  # moved or resized lately: growing back now is churn
             candidates.append(job)
         candidates.sort(key=lambda j: (-instance.weight(j), j.submit_time, j.id))
         # A running job's resize is a restart where the plan puts it: within what the

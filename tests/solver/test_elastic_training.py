@@ -258,3 +258,10 @@ def test_no_growth_while_shares_of_a_gpu_wait() -> None:
     inst = instance([node("a")], [elastic("e", 4, 2, 8, held={"a": 4}), share])
     plan = plan_with("shaper", inst)
     assert plan.placement["e"] == {"a": 4} and "f" in plan.placement
+
+
+def test_a_job_moved_or_resized_lately_does_not_grow_back() -> None:
+    lately = elastic("e", 4, 2, 8, held={"a": 4}, last_moved_at=NOW - 900)
+    assert not plan_with("shaper", instance([node("a")], [lately])).actions
+    earlier = elastic("e", 4, 2, 8, held={"a": 4}, last_moved_at=NOW - 2400)
+    assert plan_with("shaper", instance([node("a")], [earlier])).placement["e"] == {"a": 8}
