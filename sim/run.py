@@ -28,6 +28,8 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "shaper, no upgrades": {"upgrades": False},
     "shaper, no per-job speeds": {"job_speeds": False},
     "shaper, no elastic training": {"elastic_training": False},
+    "shaper, no elastic growth": {"elastic_growth": False},
+    "shaper, no smaller elastic starts": {"elastic_smaller_starts": False},
 }
 
 

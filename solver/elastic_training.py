@@ -4,7 +4,8 @@ planned around the plan of the rest.
 Every engine plans an instance whose resizable jobs look rigid (:func:`rigid`): a running
 one at the size it holds, a pending one at the size it asks (``replicas``). The baselines
 stop there. The shaper, with ``SolverConfig.elastic_training`` on, pulls three levers
-(:func:`plan_with_elastic_training`). A running job is resized only when it may be
+(:func:`plan_with_elastic_training`; the second and third have switches of their own,
+``elastic_smaller_starts`` and ``elastic_growth``). A running job is resized only when it may be
 restarted where the plan puts it: checkpointable, ``migratable`` (its scheduler can be
 told where it goes) and not frozen (``Instance.is_frozen``: dwell, move budget, a saga).
 
@@ -213,8 +214,10 @@ def plan_with_elastic_training(
     inner_plan = plan_rest(parts.inner)
     target, decisions, pending = _merge(parts, inner_plan)
     fill = _Fill(instance, target, decisions, pending)
-    fill.start_smaller()
-    if grow:
+    config = instance.config
+    if config.elastic_smaller_starts:
+        fill.start_smaller()
+    if grow and config.elastic_growth:
         fill.grow()
     stats = inner_plan.stats.model_copy()
     if parts.extras:

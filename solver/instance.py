@@ -587,6 +587,16 @@ class SolverConfig(_Frozen):
         "plan leaves idle when the time saved pays for the restart (solver.elastic_training; "
         "the shaper's: the other policies run them at the size they ask)",
     )
+    elastic_growth: bool = Field(
+        default=True,
+        description="with elastic_training: elastic training jobs grow into GPUs the plan "
+        "leaves idle (off: they run at most at the size they ask)",
+    )
+    elastic_smaller_starts: bool = Field(
+        default=True,
+        description="with elastic_training: a pending elastic training job that does not fit "
+        "at the size it asks starts smaller (off: it waits for its size)",
+    )
     gang_aware_placement: bool = Field(
         default=False,
         description="place service replicas, small jobs and moved jobs on the node that "

@@ -265,3 +265,12 @@ def test_a_job_moved_or_resized_lately_does_not_grow_back() -> None:
     assert not plan_with("shaper", instance([node("a")], [lately])).actions
     earlier = elastic("e", 4, 2, 8, held={"a": 4}, last_moved_at=NOW - 2400)
     assert plan_with("shaper", instance([node("a")], [earlier])).placement["e"] == {"a": 8}
+
+
+def test_growth_and_smaller_starts_have_switches_of_their_own() -> None:
+    no_growth = FAST.model_copy(update={"elastic_growth": False})
+    inst = instance([node("a")], [elastic("e", 4, 2, 8, held={"a": 4})], config=no_growth)
+    assert not plan_with("shaper", inst).actions
+    no_smaller = FAST.model_copy(update={"elastic_smaller_starts": False})
+    busy = [running("r", {"a": 6}, expected_runtime_s=5 * HOUR), elastic("e", 4, 2, 4)]
+    assert "e" not in plan_with("shaper", instance([node("a")], busy, config=no_smaller)).placement
