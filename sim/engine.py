@@ -862,15 +862,10 @@ class Simulation:
             if sum(move.placement.values()) != state.gpus_held:
                 self._reject(f"migrate {move.job}: wrong GPU count")
                 continue
-            current = {n: len(i) for n, i in state.placement.items()}
-            if current == move.placement:
-                continue
-            self._update_progress(state)
-            source = state.placement
-            self._release(state)
-            lifted.append((move, state, source))
-            lifted_ids.add(move.job)
-            state.acted_at.append(self.now)
+            source = self._lift(state, move.placement)
+            if source is not None:
+                lifted.append((move, state, source))
+                lifted_ids.add(move.job)
         rescaled: list[tuple[Rescale, SimJob, dict[str, tuple[int, ...]]]] = []
         for rescale in rescales:
             state = self.running.get(rescale.job)
@@ -890,15 +885,10 @@ class Simulation:
             if why is not None or state is None:
                 self._reject(f"rescale {rescale.job}: {why}")
                 continue
-            current = {n: len(i) for n, i in state.placement.items()}
-            if current == rescale.placement:
-                continue
-            self._update_progress(state)
-            source = state.placement
-            self._release(state)
-            rescaled.append((rescale, state, source))
-            lifted_ids.add(rescale.job)
-            state.acted_at.append(self.now)
+            source = self._lift(state, rescale.placement)
+            if source is not None:
+                rescaled.append((rescale, state, source))
+                lifted_ids.add(rescale.job)
         # Rescales land first: each keeps the GPUs it held where it can, and marks those
         # it leaves as dumping its checkpoint before a migration may land on them.
         for rescale, state, source in rescaled:
@@ -938,6 +928,17 @@ class Simulation:
             self._start(state, start.placement)
         if self.check_invariants:
             self.assert_invariants()
+
+    def _lift(self, state: SimJob, target: dict[str, int]) -> dict[str, tuple[int, ...]] | None:
+        """Take a job about to move or be rescaled off its GPUs, its progress brought up to
+        now; the GPUs it held, or None when ``target`` is where it is (nothing to do)."""
+        if {n: len(i) for n, i in state.placement.items()} == target:
+            return None
+        self._update_progress(state)
+        source = state.placement
+        self._release(state)
+        state.acted_at.append(self.now)
+        return source
 
     def _land_back(
         self,

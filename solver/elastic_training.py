@@ -247,22 +247,18 @@ def _merge(
     for job_id, placement in plan.placement.items():
         if job_id not in parts.extras:
             target[job_id] = dict(placement)
-    decisions: dict[str, Reason] = {}
-    for action in plan.actions:
-        if action.job_id not in parts.extras:
-            decisions[action.job_id] = action.reason
+    decisions = {action.job_id: action.reason for action in plan.actions}
     pending = {k: v for k, v in plan.pending.items() if k not in parts.extras}
     taken: dict[str, Reason] = {}
     for extra_id, job_id in parts.extras.items():
+        stopped_by = decisions.pop(extra_id, None)
         kept = plan.placement.get(extra_id)
         if kept:
             held = target.setdefault(job_id, {})
             for node, gpus in kept.items():
                 held[node] = held.get(node, 0) + gpus
-        else:
-            stop = next((a for a in plan.actions if a.job_id == extra_id), None)
-            if stop is not None and job_id not in taken:
-                taken[job_id] = stop.reason
+        elif stopped_by is not None:
+            taken.setdefault(job_id, stopped_by)
     for job_id, why in taken.items():
         job = instance.job_by_id[job_id]
         before = job.held_gpus // job.gpus_per_replica
