@@ -294,7 +294,7 @@ class _Fill:
             self.free_gpus[node.name] = node.gpus if node.state is NodeState.up else 0
             self.free_cpu[node.name] = node.cpu_milli
             self.free_mem[node.name] = node.memory_mib
-        self.team_gpus: dict[str, int] = {}
+        self.team_gpus: dict[str, int] = dict(instance.quota_held_outside)
         self.migrations = 0  # running jobs the plan moves (to another placement, same size)
         for job in instance.jobs:
             after = target.get(job.id)

@@ -400,6 +400,9 @@ class ExactModel:
         held_before: dict[str, int] = defaultdict(int)
         for job in instance.jobs:
             held_before[job.team] += job.held_gpus
+        outside = instance.quota_held_outside  # shares and MIG instances planned around
+        for team, gpus in outside.items():
+            held_before[team] += gpus
         for team in sorted(held_before):
             policy = instance.policy_by_team.get(team)
             guaranteed = policy.guaranteed_gpus if policy is not None else 0
@@ -409,7 +412,8 @@ class ExactModel:
                 self.model.add(sum(stopped) <= reclaimable + sum(self._team_started[team]))
             cap = policy.quota_cap if policy is not None else None
             if cap is not None:
-                self.model.add(sum(self._team_after[team]) <= max(cap, held_before[team]))
+                after = sum(self._team_after[team]) + outside.get(team, 0)
+                self.model.add(after <= max(cap, held_before[team]))
 
     def _overdue(self) -> None:
         """Rule 10: an overdue pending job left pending fits on no ready compatible node."""
@@ -436,7 +440,8 @@ class ExactModel:
             cap = instance.policy_for(job).quota_cap
             if cap is not None:
                 no_room = model.new_bool_var(f"quota_full_{job.id}")
-                team_after = sum(self._team_after[job.team])
+                outside = instance.quota_held_outside.get(job.team, 0)
+                team_after = sum(self._team_after[job.team]) + outside
                 model.add(team_after + job.total_gpus >= cap + 1).only_enforce_if(no_room)
                 excuses.append(no_room)
             cpu = job.replicas * job.cpu_milli_per_replica

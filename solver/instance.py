@@ -769,6 +769,14 @@ class Instance(_Frozen):
         "solver.greedy.sharing.split on the whole-GPU part it plans (whose holders show "
         "those GPUs as taken), for the fragmentation score",
     )
+    quota_held_outside: dict[str, int] = Field(
+        default_factory=dict,
+        description="per team, the GPUs its jobs hold outside this instance that count "
+        "against its quota (a running share of a GPU or MIG instance counts one): set by "
+        "the splits of fractional and MIG jobs (solver.greedy.sharing, "
+        "solver.greedy.mig_placement) on the whole-GPU part they plan, whose holders "
+        "belong to no team",
+    )
 
     @model_validator(mode="after")
     def _check_references(self) -> Instance:

@@ -307,8 +307,9 @@ def global_upper_bound(instance: Instance) -> float:
         rule = instance.policy_by_team.get(team)
         quota_cap = rule.quota_cap if rule is not None else None
         if quota_cap is not None:
-            current = sum(job.held_gpus for job in instance.jobs if job.team == team)
-            row = lp.Constraint(0.0, float(max(quota_cap, current)))
+            outside = instance.quota_held_outside.get(team, 0)
+            current = outside + sum(job.held_gpus for job in instance.jobs if job.team == team)
+            row = lp.Constraint(0.0, float(max(quota_cap, current) - outside))
             for variable, size in team_items:
                 row.SetCoefficient(variable, float(size))
     cap = config.max_preemptions_per_cycle

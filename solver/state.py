@@ -89,6 +89,9 @@ class ClusterState:
                 held[node] = held.get(node, 0) + gpus
                 self.jobs_on_node[node][job.id] = held[node]
                 self.team_usage[job.team] += gpus
+        # Shares and MIG instances planned around this (whole-GPU) part count too.
+        for team, gpus in self.instance.quota_held_outside.items():
+            self.team_usage[team] += gpus
 
     # -- primitive changes -------------------------------------------------------------
 

@@ -173,6 +173,9 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
     started_by_team: dict[str, int] = defaultdict(int)
     usage_before: dict[str, int] = defaultdict(int)
     usage_after: dict[str, int] = defaultdict(int)
+    for team, gpus in instance.quota_held_outside.items():
+        usage_before[team] += gpus  # shares and MIG instances planned around this part
+        usage_after[team] += gpus
     for job in instance.jobs:
         before = job.placement
         after = plan.placement.get(job.id, {})

@@ -55,6 +55,18 @@ def holder_jobs(
     return jobs, holders
 
 
+def quota_outside(instance: Instance, users: Mapping[GpuKey, Sequence[Job]]) -> dict[str, int]:
+    """``instance.quota_held_outside`` with one GPU more per job in ``users`` for its team:
+    what the whole-GPU part must count against each team's quota (a share of a GPU and a
+    MIG instance count one GPU, as ``solver.validate`` counts them; the holders, which
+    stand for their GPUs in that part, belong to no team)."""
+    held = dict(instance.quota_held_outside)
+    for users_here in users.values():
+        for job in users_here:
+            held[job.team] = held.get(job.team, 0) + 1
+    return held
+
+
 @dataclass
 class PlanParts:
     """A whole-GPU plan without its holders, for the jobs that hold part of a GPU to be

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solver.compat import node_accepts
-from solver.greedy.holders import PlanParts, SplitGpus, holder_jobs
+from solver.greedy.holders import PlanParts, SplitGpus, holder_jobs, quota_outside
 from solver.instance import GpuModel, Instance, Job, Node, NodeState
 from solver.mig import COMPUTE_SLICES, GpuLayout, MigProfile, open_starts, place
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
@@ -66,7 +66,9 @@ def split(instance: Instance) -> PartitionedGpus | None:
             kept.append(job)
     holder_list, holders = holder_jobs(HOLDER_PREFIX, partitioned)
     kept.extend(holder_list)
-    whole = instance.model_copy(update={"jobs": tuple(kept)})
+    whole = instance.model_copy(
+        update={"jobs": tuple(kept), "quota_held_outside": quota_outside(instance, partitioned)}
+    )
     return PartitionedGpus(instance=instance, whole=whole, holders=holders)
 
 
@@ -79,7 +81,8 @@ class _Completion:
         self.position = {node.name: i for i, node in enumerate(instance.nodes)}
         self.cpu = {node.name: node.cpu_milli or UNLIMITED for node in instance.nodes}
         self.mem = {node.name: node.memory_mib or UNLIMITED for node in instance.nodes}
-        self.usage: dict[str, int] = {}  # team -> GPUs after the plan
+        # team -> GPUs after the plan (with those it holds outside ``instance``)
+        self.usage: dict[str, int] = dict(instance.quota_held_outside)
         busy: dict[str, set[int]] = {}
         jobs = partitioned.whole.job_by_id
         for job_id, target in plan.placement.items():

@@ -45,7 +45,7 @@ from solver.fragmentation import (
     typical_shapes,
 )
 from solver.greedy import mig_placement
-from solver.greedy.holders import GpuKey, PlanParts, SplitGpus, holder_jobs
+from solver.greedy.holders import GpuKey, PlanParts, SplitGpus, holder_jobs, quota_outside
 from solver.greedy.share_moves import ShareMoves
 from solver.instance import FULL_GPU_MILLI, Instance, Job, NodeState, TypicalShape
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
@@ -127,6 +127,7 @@ def split(instance: Instance) -> SharedGpus | None:
         update={
             "jobs": tuple(kept),
             "shared_free_milli": {node: tuple(free) for node, free in shared_free.items()},
+            "quota_held_outside": quota_outside(instance, shared),
         }
     )
     return SharedGpus(instance=instance, whole=whole, holders=holders)
@@ -166,6 +167,22 @@ class _Completion(ShareMoves):
         self.decisions: dict[str, Reason] = {}
         whole_moves = sum(1 for a in plan.actions if a.kind is ActionKind.migrate)
         self.moves_left = instance.config.max_migrations_per_cycle - whole_moves
+        self.usage = self._team_usage()
+
+    def _team_usage(self) -> dict[str, int]:
+        """Per team, the GPUs counted against its quota after the whole-GPU plan: its
+        whole GPUs, one per running share (as ``solver.validate`` counts them) and what it
+        holds outside this instance (MIG instances)."""
+        usage = dict(self.instance.quota_held_outside)
+        whole = self.shared.whole
+        for job_id, target in self.plan.placement.items():
+            if job_id not in self.shared.holders:
+                team = whole.job_by_id[job_id].team
+                usage[team] = usage.get(team, 0) + sum(target.values())
+        for job in self.instance.jobs:
+            if job.shared_gpu is not None:
+                usage[job.team] = usage.get(job.team, 0) + 1
+        return usage
 
     def _rooms(self) -> dict[str, NodeRoom]:
         instance = self.instance
@@ -213,19 +230,31 @@ class _Completion(ShareMoves):
             if frozen is not None:
                 self.pending[job.id] = Reason(code=ReasonCode.dwell, message=frozen)
                 continue
-            choice = self._best_gpu(job)
-            if choice is not None:
-                self._place(job, *choice, why=ReasonCode.placed)
+            cap = instance.policy_for(job).quota_cap
+            if cap is not None and self.usage.get(job.team, 0) + 1 > cap:
+                self.pending[job.id] = Reason(
+                    code=ReasonCode.quota, message=f"team {job.team} is at its quota of {cap} GPUs"
+                )
                 continue
-            if instance.config.migration and self._repack_for(job):
-                continue
-            if across and self._place_across(job):
+            if self._start(job, across=across):
+                self.usage[job.team] = self.usage.get(job.team, 0) + 1
                 continue
             self.pending[job.id] = Reason(
                 code=ReasonCode.insufficient_capacity,
                 message=f"no GPU with {job.gpu_milli} milli free on a node that accepts it",
             )
         return self._plan()
+
+    def _start(self, job: Job, *, across: bool) -> bool:
+        """Place a pending share: on the best GPU, else by a repack of one node's shares,
+        else (``across``) by moving shares to other nodes. True when placed."""
+        choice = self._best_gpu(job)
+        if choice is not None:
+            self._place(job, *choice, why=ReasonCode.placed)
+            return True
+        if self.instance.config.migration and self._repack_for(job):
+            return True
+        return across and self._place_across(job)
 
     def _fits_node(self, job: Job, node_name: str) -> bool:
         node = self.instance.node_by_name[node_name]
