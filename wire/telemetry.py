@@ -235,6 +235,9 @@ class JobReport(_Wire):
     )
     gang_size: Annotated[int, Field(ge=1, le=10_000)] = 1
     checkpointable: bool = False
+    # An elastic service: its replica range and the replicas it has. A block job with
+    # max_replicas > 0 is elastic training: it runs as min_replicas..max_replicas gangs of
+    # gpus_requested / gang_size GPUs each (Slurm: nodes), asking for ``replicas``.
     min_replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] = 0
     max_replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] = 0
     replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] = 0
@@ -258,6 +261,12 @@ class JobReport(_Wire):
     def _replica_range(self) -> JobReport:
         if self.min_replicas > self.max_replicas and self.shape is JobShape.elastic:
             raise ValueError("min_replicas must not exceed max_replicas")
+        if self.max_replicas and self.shape is JobShape.block:
+            if not 1 <= self.min_replicas <= self.max_replicas:
+                raise ValueError(
+                    "elastic training (a block job with max_replicas) needs "
+                    "1 <= min_replicas <= max_replicas"
+                )
         return self
 
 

@@ -34,6 +34,12 @@ Mapping to the solver (documented because it decides what the solver optimises):
   − 1 — every hour the solver's look-ahead forecasts — with its lead time and the
   seasonal-naive forecast beside it) and ``runtime_predictions`` (each block
   job's run time, with its team's median run time beside it).
+* elastic training jobs (block jobs whose report gives ``max_replicas``, wire.telemetry:
+  Slurm's ``--nodes=MIN-MAX``): ``gpus_requested / gang_size`` GPUs per replica,
+  ``min_replicas``..``max_replicas`` replicas, asking for ``replicas``, one node per
+  replica at that size (``max_nodes``); one whose GPUs are not a whole number of replicas,
+  or that holds a count outside its range, is planned rigid as it is. Their last resize
+  counts as a move (``last_moved_at``: the solver's ``migration_cooldown_s``).
 * jobs with no GPUs and finished jobs are left out.
 * a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
   checkpoint must resume where its image is) may be placed only there: those nodes get a
@@ -237,7 +243,7 @@ def take_snapshot(
             demand_history=tuple(demand.get(jid, [])),
             migrations_today=moves.get((jid, ActionKind.migrate), (0, None))[0],
             preemptions_today=moves.get((jid, ActionKind.preempt), (0, None))[0],
-            last_moved_at=moves.get((jid, ActionKind.migrate), (0, None))[1],
+            last_moved_at=_last_moved(moves, jid, j.shape),
             last_acted_at=acted.get(jid, (None, 0))[0],
             actions_last_hour=acted.get(jid, (None, 0))[1],
             busy=ActionState.approved in open_actions.get(jid, ()),
@@ -354,6 +360,21 @@ def _moves_today(
     return {
         (job_id, kind): (int(count), last) for job_id, kind, count, last in session.execute(query)
     }
+
+
+def _last_moved(
+    moves: dict[tuple[int, str], tuple[int, datetime | None]], job_id: int, shape: str
+) -> datetime | None:
+    """When the job last moved: a migration, or an elastic training job's resize (a
+    restart at another size, which ``migration_cooldown_s`` keeps from being undone at the
+    next cycle); a service's resize is not a move."""
+    kinds = (
+        [ActionKind.migrate]
+        if shape == JobShape.elastic
+        else [ActionKind.migrate, ActionKind.resize]
+    )
+    times = [t for kind in kinds if (t := moves.get((job_id, kind), (0, None))[1]) is not None]
+    return max(times, default=None)
 
 
 def _acted(
@@ -589,6 +610,9 @@ def _solver_job(
         per_replica, replicas = row.gpus_requested // row.gang_size, row.gang_size
     else:
         per_replica, replicas = row.gpus_requested, 1
+    training_range = None if elastic else _training_range(row, placement)
+    if training_range is not None:
+        per_replica, replicas = training_range
     allowed = frozenset(row.allowed_gpu_models) & models if row.allowed_gpu_models else None
     return si.Job(
         id=solver_job_id(cluster, row.external_id),
@@ -597,7 +621,7 @@ def _solver_job(
         priority=1.0 + row.priority / 10,
         gpus_per_replica=max(per_replica, 1),
         replicas=max(replicas, 0),
-        max_nodes=row.gang_size if not elastic and row.gang_size > 1 else None,
+        max_nodes=_node_limit(row, elastic, training_range),
         allowed_gpu_models=allowed,
         gpu_memory_mib=int(row.min_gpu_memory_gib * 1024),
         precision=row.required_precision,
@@ -622,13 +646,40 @@ def _solver_job(
         locked=row.busy or (lock_proposed and row.proposed),
         # A job a failed move left without GPUs goes first (not while it runs again).
         overdue=row.displaced and not placement,
-        min_replicas=row.min_replicas if elastic else 0,
-        max_replicas=(row.max_replicas or None) if elastic else None,
+        min_replicas=row.min_replicas if elastic or training_range else 0,
+        max_replicas=(row.max_replicas or None) if elastic or training_range else None,
         forecast=forecast if elastic else (),
         forecast_step_s=FORECAST_STEP_S,
         # Step k is the k-th hour after the one the cycle runs in (``_forecast``).
         forecast_origin=math.floor(now / FORECAST_STEP_S) * FORECAST_STEP_S if elastic else None,
     )
+
+
+def _training_range(row: JobRow, placement: dict[str, int]) -> tuple[int, int] | None:
+    """An elastic training job's GPUs per replica and the replicas it asks for (its
+    ``replicas``, within its range; Slurm: a node's GPUs, and nodes); None for a rigid
+    job, or one whose report does not add up (GPUs not a whole number of replicas, or
+    holding a count outside its range): planned as it is rather than resized on a guess."""
+    low, high = row.min_replicas, row.max_replicas
+    if not 1 <= low <= high or high < 2 or row.gang_size < 1:
+        return None
+    per_replica, rest = divmod(row.gpus_requested, row.gang_size)
+    if per_replica < 1 or rest:
+        return None
+    held, partial = divmod(sum(placement.values()), per_replica)
+    if partial or (placement and not low <= held <= high):
+        return None
+    return per_replica, min(max(row.replicas, low), high)
+
+
+def _node_limit(row: JobRow, elastic: bool, training_range: tuple[int, int] | None) -> int | None:
+    """A gang's nodes: a rigid one's ``gang_size``; an elastic training job's replicas
+    (one node each at the size it asks, as Slurm runs them); none for a service."""
+    if elastic:
+        return None
+    if training_range is not None:
+        return training_range[1]
+    return row.gang_size if row.gang_size > 1 else None
 
 
 def _duration_predictor(snapshot: ClusterSnapshot) -> DurationPredictor | None:

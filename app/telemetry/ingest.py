@@ -25,7 +25,9 @@ Algorithm (one transaction; nothing is written unless every check passes):
    nodes and jobs its samples name): its cost follows the delta, not the cluster
    (``_Scope``). A snapshot reads the whole cluster.
 3. Diff against the stored state and write only what changed: new rows by bulk insert,
-   changed rows by bulk update; a snapshot marks vanished nodes ``down`` and vanished jobs
+   changed rows by bulk update (an elastic training job's replica range, once reported,
+   is kept while later reports of it give none: Slurm forgets a job's node range when it
+   starts, ``_kept_range``); a snapshot marks vanished nodes ``down`` and vanished jobs
    ``finished``; allocations that changed are closed (``released_at``) and reopened, so the
    allocation table keeps the placement history.
 4. Store samples, and each GPU's newest of them in ``gpu_latest_samples``
@@ -54,6 +56,7 @@ from app.telemetry.models import TelemetrySample
 from wire.telemetry import (
     TERMINAL_JOB_STATES,
     JobReport,
+    JobShape,
     JobState,
     NodeReport,
     NodeState,
@@ -77,6 +80,13 @@ _JOB_FIELDS = (
 )  # fmt: skip
 _JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes", "residency"})
 _JOB_STATE = _JOB_FIELDS.index("state")
+_JOB_SHAPE = _JOB_FIELDS.index("shape")
+_JOB_RANGE = slice(_JOB_FIELDS.index("min_replicas"), _JOB_FIELDS.index("replicas") + 1)
+assert _JOB_FIELDS[_JOB_RANGE.start : _JOB_RANGE.stop] == (
+    "min_replicas",
+    "max_replicas",
+    "replicas",
+)
 _JOB_INSERT_COLUMNS = ("cluster_id", "external_id", *_JOB_FIELDS, "updated_at")
 _JOB_UPDATE_COLUMNS = ("id", *_JOB_FIELDS, "updated_at")
 _ALLOCATION_COLUMNS = ("job_id", "node_id", "gpu_indices", "gpu_count", "started_at")
@@ -386,6 +396,18 @@ def _job_row(report: JobReport) -> tuple[Any, ...]:
     )
 
 
+def _kept_range(values: tuple[Any, ...], stored: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` with the stored replica range of an elastic training job whose report
+    gives none (a block job with ``max_replicas`` 0 that was stored with one): Slurm
+    reports the range of ``sbatch --nodes=MIN-MAX`` only while the job waits, and a job
+    Shaper restarted at a new size is pinned to that size there."""
+    if values[_JOB_SHAPE] != JobShape.block or values[_JOB_RANGE][1]:
+        return values
+    if stored[_JOB_SHAPE] != JobShape.block or not stored[_JOB_RANGE][1]:
+        return values
+    return (*values[: _JOB_RANGE.start], *stored[_JOB_RANGE], *values[_JOB_RANGE.stop :])
+
+
 # A job's placements: (node id, GPU indices as compact JSON text, GPU count).
 _Placements = dict[str, set[tuple[int, str, int]]]
 
@@ -411,6 +433,8 @@ def _write_jobs(
         for report in push.jobs:
             values = _job_row(report)
             row = stored.get(report.external_id)
+            if row is not None:
+                values = _kept_range(values, row[1])
             if row is None:
                 yield (cluster_id, report.external_id, *values, now)
             elif row[1] != values:

@@ -10,6 +10,13 @@ Where the versions differ (all measured on Slurm 22.05.8):
   names, v0.0.38 a list with ``nodename`` — so node names always come from ``nodes``;
 * everything else the connector reads has the same key and meaning in all three.
 
+An elastic training job (wire.telemetry.JobReport: a block job with ``max_replicas``) is
+one whose node count may change: ``sbatch --nodes=MIN-MAX`` (Slurm starts it on as many
+as it finds, up to MAX) or the tag ``shaper:nodes=MIN-MAX`` in its comment. Slurm forgets
+the range once the job starts (``node_count`` becomes the nodes it got, ``max_nodes`` 0),
+so a running job is elastic by its tag, or by the range the control plane kept from its
+pending reports (app.telemetry.ingest). Its replicas are nodes; it asks for MAX.
+
 A job's residency (wire.residency) is in words of its ``--comment``:
 ``shaper.io/cluster-selector=region=eu,site=ams1`` and ``shaper.io/allowed-clusters=a,b``
 (:func:`comment_residency`). Not ``--constraint``: that names node features of the
@@ -32,6 +39,7 @@ from connectors.slurm.hostlist import expand_hostlist, expand_index_list
 from connectors.slurm.submission import ENDED_STATES, OptionValue, not_movable, submit_options
 from wire.residency import CLUSTERS_KEY, SELECTOR_KEY, Residency, read_residency
 from wire.telemetry import (
+    MAX_REPLICAS,
     TERMINAL_JOB_STATES,
     AllocationReport,
     JobKind,
@@ -426,9 +434,37 @@ def classify(
                 priority = int(value)
             elif key in ("checkpointable", "checkpoint") and value.lower() in _TRUE | _FALSE:
                 checkpointable = value.lower() in _TRUE
+            elif key == "nodes":
+                pass  # node_range reads it
             else:
                 logger.warning("job %s: ignoring shaper tag %s=%r", job_id, key, value)
     return kind, priority, sla_class, checkpointable
+
+
+_RANGE = re.compile(r"(\d{1,6})-(\d{1,6})")
+
+
+def node_range(
+    job: Document, *, comment: str, name: str, mapping: SlurmMapping
+) -> tuple[int, int] | None:
+    """An elastic training job's node range (see the module docstring): its tag
+    ``shaper:nodes=MIN-MAX``, else the range a pending job was submitted with; None for a
+    job of one node count. A tag that is not a range 1 <= MIN <= MAX is ignored, with a
+    warning."""
+    job_id = str(job.get("job_id"))
+    if mapping.honor_job_tags:
+        tag = (parse_tags(comment) or parse_tags(name)).get("nodes")
+        if tag is not None:
+            found = _RANGE.fullmatch(tag)
+            low, high = (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+            if 1 <= low <= high <= MAX_REPLICAS:
+                return (low, high) if high > low else None
+            logger.warning("job %s: ignoring shaper tag nodes=%r (not MIN-MAX)", job_id, tag)
+    if job_state(str(job.get("job_state") or "")) is not JobState.pending:
+        return None
+    low = max(int(job.get("node_count") or 1), 1)
+    high = int(job.get("max_nodes") or 0)
+    return (low, min(high, MAX_REPLICAS)) if high > low else None
 
 
 def comment_residency(comment: str, *, job: str) -> Residency | None:
@@ -464,6 +500,8 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
     job_allocations = allocations(job, nodes)
     allocated = sum(len(a.gpu_indices) for a in job_allocations)
     team = account if mapping.team_from == "account" and account else user
+    elastic = node_range(job, comment=comment, name=name, mapping=mapping)
+    low, high = elastic or (0, 0)
     report = JobReport(
         external_id=job_id,
         name=name[:255],
@@ -481,6 +519,9 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         ),
         gang_size=max(int(job.get("node_count") or 1), 1),
         checkpointable=checkpointable,
+        min_replicas=low,
+        max_replicas=high,
+        replicas=high,
         submit_time=_time(job.get("submit_time")),
         start_time=_time(job.get("start_time")) if state is not JobState.pending else None,
         end_time=_time(job.get("end_time")) if state in TERMINAL_JOB_STATES else None,

@@ -256,3 +256,40 @@ def test_a_job_pinned_to_its_checkpoint_node_is_placed_only_there(
         if a.kind == "start"
     ]
     assert starts == [("start", "n2")]
+
+
+def test_elastic_training_jobs_reach_the_solver_with_their_range(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """A block job whose report gives a replica range (Slurm: nodes) is an elastic training
+    job to the solver; one whose GPUs do not add up to its range is planned rigid."""
+    client.post(
+        "/api/v1/clusters", headers=auth["admin"], json={"name": "alpha", "scheduler": "slurm"}
+    )
+    spread = {"min_replicas": 1, "max_replicas": 3, "replicas": 3, "checkpointable": True}
+    jobs = [
+        # Running on 2 nodes of 2 GPUs (gang of 2), 1 to 3 nodes, asking for 3.
+        {
+            **running("e", "n1", [0, 1], gang_size=2, **spread),
+            "gpus_requested": 4,
+            "allocations": [
+                {"node": "n1", "gpu_indices": [0, 1]},
+                {"node": "n2", "gpu_indices": [0, 1]},
+            ],
+        },
+        job("waits", gpus_requested=2, gang_size=1, **spread),  # 1 node of 2 GPUs now
+        job("odd", gpus_requested=3, gang_size=2, **spread),  # 3 GPUs on 2 nodes: not replicas
+    ]
+    body = snapshot(1, nodes=[node("n1"), node("n2"), node("n3")], jobs=jobs)
+    response = client.post(
+        "/api/v1/clusters/alpha/telemetry", headers=auth["connector_alpha"], json=body
+    )
+    assert response.status_code == 200, response.text
+    instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    by_id = instance.job_by_id
+    e, waits, odd = by_id["alpha/e"], by_id["alpha/waits"], by_id["alpha/odd"]
+    assert e.is_resizable and waits.is_resizable and not odd.is_resizable
+    assert (e.gpus_per_replica, e.replicas, e.min_replicas, e.max_replicas) == (2, 3, 1, 3)
+    assert e.held_gpus == 4 and e.max_nodes == 3
+    assert (waits.gpus_per_replica, waits.replicas, waits.max_nodes) == (2, 3, 3)
+    assert odd.total_gpus == 3 and odd.max_replicas is None

@@ -377,3 +377,35 @@ def test_ingest_benchmark_runs_and_agrees_with_the_api(
     out = capsys.readouterr().out
     assert "shaper: first snapshot, whole POST in-process" in out
     assert "20 nodes × 8 GPUs, 120 jobs" in out
+
+
+@pytest.mark.usefixtures("alpha")
+def test_an_elastic_training_jobs_range_is_kept_once_its_scheduler_forgets_it(
+    client: TestClient, auth: dict
+) -> None:
+    """Slurm reports ``sbatch --nodes=1-3`` only while the job waits; once it runs, its
+    node count is what it got. The stored range stays until a report gives another."""
+    elastic = {"gang_size": 1, "min_replicas": 1, "max_replicas": 3, "replicas": 3}
+    pushes = [
+        snapshot(1, jobs=[job("e", **elastic), job("rigid")]),
+        delta(2, jobs=[running("e", "n1", [0, 1]), running("rigid", "n2", [0, 1])]),
+    ]
+    for body in pushes:
+        assert client.post(URL, headers=auth["connector_alpha"], json=body).status_code == 200
+    jobs = _jobs(client, auth)
+    assert jobs["e"]["state"] == "running"
+    assert (jobs["e"]["min_replicas"], jobs["e"]["max_replicas"], jobs["e"]["replicas"]) == (
+        1,
+        3,
+        3,
+    )
+    assert (jobs["rigid"]["min_replicas"], jobs["rigid"]["max_replicas"]) == (0, 0)
+    regrown = running("e", "n1", [0, 1], min_replicas=2, max_replicas=4, replicas=4)
+    body = delta(3, jobs=[regrown])
+    assert client.post(URL, headers=auth["connector_alpha"], json=body).status_code == 200
+    jobs = _jobs(client, auth)
+    assert (jobs["e"]["min_replicas"], jobs["e"]["max_replicas"], jobs["e"]["replicas"]) == (
+        2,
+        4,
+        4,
+    )

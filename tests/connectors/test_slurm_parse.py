@@ -443,3 +443,39 @@ def test_reservations_are_read_from_scontrol_and_only_shapers_are_claimed() -> N
     assert job_of("shaper-", "shaper-maint") is None  # an administrator's
     assert job_of("shaper-", "maint") is None
     assert duration_minutes(60) == 1 and duration_minutes(61) == 2 and duration_minutes(1) == 1
+
+
+def test_elastic_training_jobs_report_their_node_range() -> None:
+    """Recorded (data/README.md): job 2 runs on 2 nodes, tagged ``nodes=1-3``; job 3 waits,
+    held, submitted with ``--nodes=1-3``; job 1 ran from such a range on 3 nodes (ended)."""
+    document = load(RECORDED / "squeue-elastic.json")
+    jobs = {j.report.external_id: j.report for j in parse_jobs(document, SlurmMapping())}
+    ranges = {
+        job_id: (r.state.value, r.gang_size, r.gpus_requested, r.min_replicas, r.max_replicas)
+        for job_id, r in jobs.items()
+    }
+    assert ranges == {
+        "1": ("cancelled", 3, 6, 0, 0),  # Slurm no longer says it had a range
+        "2": ("running", 2, 4, 1, 3),
+        "3": ("pending", 1, 2, 1, 3),
+    }
+    assert jobs["2"].replicas == jobs["3"].replicas == 3  # it asks for the most
+    assert jobs["2"].checkpointable and jobs["2"].kind is JobKind.training
+    # Without job tags only Slurm's own range counts.
+    untagged = {
+        j.report.external_id: j.report
+        for j in parse_jobs(document, SlurmMapping(honor_job_tags=False))
+    }
+    assert (untagged["2"].max_replicas, untagged["3"].max_replicas) == (0, 3)
+
+
+@pytest.mark.parametrize(
+    ("tag", "expected"), [("2-2", (0, 0)), ("3-1", (0, 0)), ("x", (0, 0)), ("2-4", (2, 4))]
+)
+def test_a_node_range_tag_must_be_a_range(tag: str, expected: tuple[int, int]) -> None:
+    document = load(RECORDED / "squeue-elastic.json")
+    running = next(j for j in document["jobs"] if j["job_id"] == 2)
+    running["comment"] = f"shaper:kind=training,nodes={tag}"
+    document["jobs"] = [running]
+    (report,) = [j.report for j in parse_jobs(document, SlurmMapping())]
+    assert (report.min_replicas, report.max_replicas) == expected
