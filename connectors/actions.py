@@ -27,7 +27,9 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   runs, else ``release``: a job preempted by suspension comes back with ``resume``, one
   preempted by requeue (and held) by ``release``, and only a read tells them apart;
 * ``resize`` → ``resize(replicas=)`` or, for schedulers that size jobs in nodes (Slurm),
-  ``update_node_count(nodes=args["replicas"])``;
+  ``update_node_count(nodes=args["replicas"])``; an elastic training job's resize names
+  its nodes (``args["nodes"]``) and goes to ``resize_job(nodes=, replicas=)``
+  (``SupportsJobResize``);
 * ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names; a move's
   hold (``args["pending"]``) reads the job back once held and fails (releasing it) when it
   is no longer pending: it started before the hold, and only a pending job moves; a
@@ -108,6 +110,7 @@ from connectors.base import (
     SupportsCancel,
     SupportsDrain,
     SupportsHold,
+    SupportsJobResize,
     SupportsJobSetMove,
     SupportsMovedCancel,
     SupportsNodeCount,
@@ -275,6 +278,14 @@ class ConnectorStepExecutor:
             if request.step in (ConnectorStep.requeue, ConnectorStep.suspend):
                 self._hand_over(request.workload_id, request.args, request.key)
             if (
+                request.step == ConnectorStep.resize
+                and request.args.get("nodes")
+                and isinstance(self.connector, SupportsStepKey)
+            ):
+                # A training job's resize may restart it (a requeue): the key tells a
+                # resend whether that happened already.
+                self.connector.set_step_key(request.workload_id, request.key)
+            if (
                 request.step == ConnectorStep.release
                 and request.args.get("resume_from")
                 and isinstance(self.connector, SupportsResumePointer)
@@ -402,6 +413,9 @@ class ConnectorStepExecutor:
         if expect == "running":
             ok = job.state is JobState.running and set(wanted) <= set(where)
             goal = f"running on {','.join(wanted)}" if wanted else "running"
+            if args.get("exactly"):  # a resized job: on those nodes and no others
+                ok = ok and set(where) <= set(wanted)
+                goal += " only"
         else:
             ok = job.state is not JobState.running
             goal = "stopped"
@@ -498,6 +512,19 @@ class ConnectorStepExecutor:
         replicas = args.get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise _Refused(f"resize needs args.replicas >= 1, got {replicas!r}")
+        nodes = _names(args, "nodes")
+        if nodes is not None:  # an elastic training job: its size and where it runs
+            if not nodes:
+                raise _Refused("an elastic training job's resize needs args.nodes")
+            self._capable(SupportsJobResize, "resize a training job").resize_job(
+                workload_id, nodes=nodes, replicas=replicas
+            )
+            return self._done(
+                f"resized job {workload_id} to {replicas} on {','.join(nodes)}",
+                workload_id,
+                replicas=replicas,
+                nodes=nodes,
+            )
         if isinstance(self.connector, SupportsResize):
             self.connector.resize(workload_id, replicas=replicas)
         else:

@@ -216,6 +216,21 @@ class SupportsNodeCount(Protocol):
 
 
 @runtime_checkable
+class SupportsJobResize(Protocol):
+    """Run an elastic training job (wire.telemetry.JobReport with ``max_replicas``) on
+    ``replicas`` replicas on ``nodes`` (the ``resize`` step of a block job's resize).
+
+    A running job that only gives nodes back shrinks where it runs, if the scheduler can
+    (Slurm: ``NodeList``; the job's own elastic runtime carries on with fewer); one that
+    grows or goes elsewhere is restarted there at the new size and resumes from its own
+    checkpoint. Idempotent: a job already running on ``nodes`` is left as it is. A plan the
+    scheduler cannot carry out (Slurm runs one replica per node) raises a non-retryable
+    ConnectorError."""
+
+    def resize_job(self, external_id: str, *, nodes: list[str], replicas: int) -> None: ...
+
+
+@runtime_checkable
 class SupportsDrain(Protocol):
     """Take a node out of the scheduler's placement, and give it back (an operator's drain:
     ``POST /clusters/{cluster}/nodes/{node}/drain``, run as the ``drain`` step).

@@ -35,6 +35,7 @@ from wire.queues import (
     step_task,
 )
 from wire.steps import AgentStep, ConnectorStep, StepPhase, StepRequest
+from wire.telemetry import JobShape
 
 # Long enough for a real move (checkpoint + transfer + restore); a reservation is consumed
 # when its job starts and given back when what it was for is withdrawn, so this only bounds
@@ -114,9 +115,14 @@ def step_message(
     ]
     if step.name in (ConnectorStep.start, ConnectorStep.resume) and targets:
         args["nodes"] = targets
+    training = job is not None and job.shape == JobShape.block
+    if step.name == ConnectorStep.resize and training:
+        args["nodes"] = targets  # an elastic training job: where it runs at its new size
     if step.name == ConnectorStep.confirm and is_connector_queue(step.queue):
         if kind in (ActionKind.start, ActionKind.resume):
             args.update({"expect": "running", "nodes": targets})
+        elif kind is ActionKind.resize:
+            args.update({"expect": "running", "nodes": targets, "exactly": True})
         elif kind is ActionKind.move:
             args["expect"] = "accepted"  # the target's scheduler runs the copy (recipes)
         elif kind in NODE_ACTION_KINDS:

@@ -83,7 +83,10 @@ operator may abandon it (app.actions.service.abandon).
 
 The other kinds are the scheduler's alone: a job that cannot checkpoint is preempted with
 ``requeue → confirm``; ``start``, ``resume`` and ``requeue`` are the step itself then a
-``confirm`` that polls the scheduler for its effect; ``resize``, ``reserve`` and
+``confirm`` that polls the scheduler for its effect; so is an elastic training job's
+``resize`` (``resize → confirm``: the connector shrinks it where it runs, or restarts it
+on the nodes it grows onto, and the confirm waits for it to run there and nowhere else;
+the job resumes from its own checkpoint); a service's ``resize``, ``reserve`` and
 ``unreserve`` are one step. Nothing process-level ran for them, so nothing compensates.
 
 Drain and undrain are about a node, not a job (an operator's, ``NODE_ACTION_KINDS``):
@@ -119,7 +122,7 @@ from app.core.lookup import row_id
 from app.jobs.models import Job
 from wire.queues import agent_queue, connector_queue, is_agent_queue
 from wire.steps import AgentStep, ConnectorStep, StepPhase
-from wire.telemetry import JobState, SubmitSpec
+from wire.telemetry import JobShape, JobState, SubmitSpec
 
 # A step's error when its executor never answered (it may still have run it).
 NO_ANSWER = "no answer"
@@ -216,8 +219,11 @@ def forward_steps(
     elif kind is ActionKind.preempt:
         plan.add(ConnectorStep.requeue, scheduler, fwd, 0)
         plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
-    elif kind in (ActionKind.start, ActionKind.resume, ActionKind.requeue):
-        # "Succeeded" means seen: the confirm polls the scheduler for the effect.
+    elif kind in (ActionKind.start, ActionKind.resume, ActionKind.requeue) or (
+        kind is ActionKind.resize and job.shape == JobShape.block
+    ):
+        # "Succeeded" means seen: the confirm polls the scheduler for the effect (an
+        # elastic training job's resize: it runs on the nodes planned, and no others).
         plan.add(ConnectorStep(kind.value), scheduler, fwd, 0)
         plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
     else:  # resize, reserve, unreserve: the scheduler does them

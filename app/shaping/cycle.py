@@ -793,11 +793,16 @@ def _taken(
     kind: ActionKind, before: dict[str, int], after: dict[str, int], scheduler: str
 ) -> dict[str, int]:
     """The GPUs an action takes that a reservation should hold for it: all of a move's or
-    a start's target, and what a service's growth adds on each node."""
+    a start's target, what a service's growth adds on each node, and where the scheduler
+    places jobs itself (Slurm), all of the target of a resize onto nodes the job does not
+    hold (an elastic training job restarted there gives its own nodes back to the queue
+    while it restarts)."""
     if kind in TAKES:
         return after
     if kind is ActionKind.resize and not places_itself(scheduler):
         return {n: g - before.get(n, 0) for n, g in after.items() if g > before.get(n, 0)}
+    if kind is ActionKind.resize and before and not set(after) <= set(before):
+        return after
     return {}
 
 

@@ -25,6 +25,11 @@ connectors.slurm.arrival's one rule.
 
 Nodes (an operator's drain, ``SupportsDrain``): ``drain_node`` sets the node DRAIN with the
 operator's reason, ``undrain_node`` RESUMEs it (a node reported up is left alone).
+
+Elastic training jobs (``--nodes=MIN-MAX`` or the tag ``shaper:nodes=MIN-MAX``,
+:mod:`connectors.slurm.parse`): ``start`` sizes one to the nodes the plan starts it on;
+``resize_job`` shrinks a running one where it runs, or restarts it held, pinned and sized
+on the nodes it grows onto (``SupportsJobResize``).
 """
 
 from __future__ import annotations
@@ -546,10 +551,65 @@ class SlurmConnector:
         # Held while re-pinned, so that Slurm cannot start it elsewhere in between.
         self._scontrol("hold", job_id, what=what)
         try:
-            self._scontrol("update", f"JobId={job_id}", f"ReqNodeList={','.join(nodes)}", what=what)
+            pin = [f"ReqNodeList={','.join(nodes)}"]
+            if job.report.max_replicas:
+                # An elastic training job starts on the nodes the plan sized it to, not on as
+                # many more of its range as Slurm finds.
+                pin.append(f"NumNodes={len(nodes)}-{len(nodes)}")
+            self._scontrol("update", f"JobId={job_id}", *pin, what=what)
             self._enter_reservation(job_id, nodes, what=what, job=job)
         finally:
             self._scontrol("release", job_id, what=what)
+
+    def resize_job(self, external_id: str, *, nodes: list[str], replicas: int) -> None:
+        """SupportsJobResize: an elastic training job onto ``nodes``, one replica each.
+
+        Running on more than those nodes, it shrinks where it runs (``scontrol update
+        NodeList=``: Slurm ends its tasks on the others, and the job's elastic runtime goes
+        on with fewer); to grow, or onto other nodes, it is requeued held and pinned there
+        (as ``requeue`` does, stamped with the step's key), sized ``NumNodes=N-N`` and
+        released: it starts again there and resumes from its own checkpoint. A resend finds
+        the job on ``nodes`` and leaves it, or finishes a restart it finds held."""
+        job_id = self._job_id(external_id)
+        where = ",".join(nodes)
+        what = f"resize job {job_id} to {replicas} node(s) {where}"
+        key = self._step_keys.pop(job_id, None)
+        if len(set(nodes)) != replicas:
+            raise ConnectorError(
+                f"{what}: Slurm runs one replica of a job per node, the plan puts {replicas} "
+                f"on {len(set(nodes))}",
+                retryable=False,
+            )
+        job = self._job(job_id, what=what)
+        state = job.report.state
+        if state in TERMINAL_JOB_STATES or state is JobState.suspended:
+            raise ConnectorError(f"{what}: the job is {job.slurm_state}", retryable=False)
+        if state is JobState.running:
+            if set(job.nodes) == set(nodes):
+                logger.info("%s: it runs there already", what)
+                return
+            if set(nodes) < set(job.nodes):
+                self._scontrol("update", f"JobId={job_id}", f"NodeList={where}", what=what)
+                return
+            if key is not None:
+                self._step_keys[job_id] = key
+            self.requeue(job_id, nodes=list(nodes), hold=True)
+            # Held now, unless an earlier delivery restarted it and it was released since
+            # (Slurm may still show it completing on its old nodes: its hold tells).
+            if not self._job_control(job_id, what=what).held:
+                return
+        # Pending: held by the requeue above (or by an earlier delivery of this step).
+        self._scontrol("hold", job_id, what=what)
+        try:
+            self._scontrol(
+                "update",
+                f"JobId={job_id}",
+                f"NumNodes={replicas}-{replicas}",
+                f"ReqNodeList={where}",
+                what=what,
+            )
+        finally:
+            self.release(job_id)
 
     def hold(self, external_id: str) -> None:
         job_id = self._job_id(external_id)

@@ -27,14 +27,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from agent import procs
-from app.actions.models import Action, ActionKind
+from app.actions.models import ActionKind
 from app.core.lookup import row_id
 from app.gpu_models import service as gpu_model_service
 from app.gpu_models.models import GpuModelCreate
-from app.jobs.models import Job
 from app.plans.models import Plan
 from app.shaping.cycle import run_cycle
 from connectors.armada import ArmadaConnector, NewJob
@@ -51,7 +50,7 @@ from tests.support.armada_site import (
 )
 from tests.support.deployment import api
 from tests.support.deployment import deployment as deployment_of
-from tests.support.plans import action_state, wait_until_settled
+from tests.support.plans import action_state, planned_actions, wait_until_settled
 from wire.queues import connector_queue
 
 pytestmark = pytest.mark.slow
@@ -176,17 +175,6 @@ def _gpus(job: dict[str, Any]) -> dict[str, int]:
     return {a["node"]: a["gpu_count"] for a in job["allocations"]}
 
 
-def _planned(engine: Any, plan_id: int) -> list[tuple[Action, str]]:
-    with Session(engine) as session:
-        rows = session.exec(
-            select(Action, Job)
-            .join(Job, col(Action.job_id) == col(Job.id))
-            .where(Action.plan_id == plan_id)
-            .order_by(col(Action.id))
-        ).all()
-        return [(action, job.external_id) for action, job in rows]
-
-
 def _cycle(deployment: dict[str, Any], config: SolverConfig | None = None) -> int:
     with Session(deployment["pipeline"].engine) as session:
         result = run_cycle(
@@ -274,7 +262,7 @@ def test_the_shaping_cycle_preempts_a_low_priority_armada_job_and_the_saga_carri
     with Scheduling(server) as scheduling:
         # --- cycle 1: stop the low job for the high one (policy "shaper") ----------------
         plan_id = _cycle(deployment)
-        planned = _planned(engine, plan_id)
+        planned = planned_actions(engine, plan_id)
         assert sorted(job for _, job in planned) == sorted([high, low]), planned
         by_job = {job: action for action, job in planned}
         stop, start = by_job[low], by_job[high]
@@ -336,7 +324,7 @@ def test_the_shaping_cycle_preempts_a_low_priority_armada_job_and_the_saga_carri
         # The solver leaves a job Shaper stopped alone for its dwell time (10 minutes by
         # default): this cycle is asked for none rather than run 10 minutes later.
         plan_id = _cycle(deployment, SolverConfig(dwell_s=0))
-        planned = _planned(engine, plan_id)
+        planned = planned_actions(engine, plan_id)
         assert [(job, action.kind) for action, job in planned] == [(low, ActionKind.start)]
         (restart,) = (action for action, _ in planned)
         target = next(iter(restart.target_placement))

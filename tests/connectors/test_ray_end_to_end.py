@@ -21,17 +21,16 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
-from app.actions.models import Action, ActionKind
+from app.actions.models import ActionKind
 from app.core.lookup import row_id
-from app.jobs.models import Job
 from app.plans.models import Plan
 from app.shaping.cycle import run_cycle
 from solver import SolverConfig
 from tests.support.deployment import api
 from tests.support.deployment import deployment as deployment_of
-from tests.support.plans import action_state, wait_until_settled
+from tests.support.plans import action_state, planned_actions, wait_until_settled
 from tests.support.ray_cluster import JOBS_DIR, RayCluster, ray_cluster_fixture, wait_for
 from wire.queues import connector_queue
 
@@ -134,18 +133,6 @@ def _gpus(job: dict[str, Any]) -> dict[str, int]:
     return {a["node"]: a["gpu_count"] for a in job["allocations"]}
 
 
-def _planned(engine: Any, plan_id: int) -> list[tuple[Action, str]]:
-    """The plan's actions, with the external id of the job each acts on."""
-    with Session(engine) as session:
-        rows = session.exec(
-            select(Action, Job)
-            .join(Job, col(Action.job_id) == col(Job.id))
-            .where(Action.plan_id == plan_id)
-            .order_by(col(Action.id))
-        ).all()
-        return [(action, job.external_id) for action, job in rows]
-
-
 def _cycle(deployment: dict[str, Any], config: SolverConfig | None = None) -> int:
     with Session(deployment["pipeline"].engine) as session:
         result = run_cycle(
@@ -228,7 +215,7 @@ def test_the_shaping_cycle_preempts_a_low_priority_ray_job_and_the_saga_carries_
     # The low job cannot be checkpointed by a node agent (no shaper.io/checkpointable):
     # its preemption is the scheduler's alone, requeue then confirm (app/actions/recipes).
     plan_id = _cycle(deployment)
-    planned = _planned(engine, plan_id)
+    planned = planned_actions(engine, plan_id)
     assert sorted(job for _, job in planned) == [HIGH, LOW], planned
     by_job = {job: action for action, job in planned}
     stop, start = by_job[LOW], by_job[HIGH]
@@ -278,7 +265,7 @@ def test_the_shaping_cycle_preempts_a_low_priority_ray_job_and_the_saga_carries_
     # The solver leaves a job Shaper stopped alone for its dwell time (10 minutes by
     # default): this cycle is asked for none rather than run 10 minutes later.
     plan_id = _cycle(deployment, SolverConfig(dwell_s=0))
-    planned = _planned(engine, plan_id)
+    planned = planned_actions(engine, plan_id)
     assert [(job, action.kind) for action, job in planned] == [(LOW, ActionKind.start)]
     (restart,) = (action for action, _ in planned)
     assert restart.target_placement == {low_node: 4}

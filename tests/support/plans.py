@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from agent import procs
 from app.actions.models import Action, ActionState, ActionStep
@@ -18,6 +18,18 @@ from app.core.lookup import row_id
 from app.jobs.models import Job
 
 TERMINAL = {"succeeded", "failed", "compensated", "cancelled", "rejected"}
+
+
+def planned_actions(engine: Engine, plan_id: int) -> list[tuple[Action, str]]:
+    """The plan's actions in order, with the external id of the job each acts on."""
+    with Session(engine) as session:
+        rows = session.exec(
+            select(Action, Job)
+            .join(Job, col(Action.job_id) == col(Job.id))
+            .where(Action.plan_id == plan_id)
+            .order_by(col(Action.id))
+        ).all()
+        return [(action, job.external_id) for action, job in rows]
 
 
 def action_state(engine: Engine, action_id: int) -> tuple[str, list[ActionStep]]:
