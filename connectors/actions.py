@@ -379,6 +379,19 @@ class ConnectorStepExecutor:
 
     def _start(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         nodes = _names(args, "nodes")
+        replicas = args.get("replicas")
+        if (
+            isinstance(replicas, int)
+            and replicas > 0
+            and isinstance(self.connector, SupportsJobResize)
+        ):
+            # An elastic training job: started at the size the plan gives it.
+            self.connector.start(workload_id, nodes=nodes, replicas=replicas)
+            where = f" on {','.join(nodes)}" if nodes else ""
+            return self._done(
+                f"asked the scheduler to start job {workload_id}{where} at {replicas} replicas",
+                workload_id,
+            )
         if isinstance(self.connector, SupportsStart):
             self.connector.start(workload_id, nodes=nodes)
             where = f" on {','.join(nodes)}" if nodes else ""
@@ -413,9 +426,14 @@ class ConnectorStepExecutor:
         if expect == "running":
             ok = job.state is JobState.running and set(wanted) <= set(where)
             goal = f"running on {','.join(wanted)}" if wanted else "running"
-            if args.get("exactly"):  # a resized job: on those nodes and no others
-                ok = ok and set(where) <= set(wanted)
-                goal += " only"
+            if args.get("exactly"):
+                # A resized job: on those nodes and no others — or, where the plan put more
+                # than one replica on a node and the scheduler runs one per node (Slurm),
+                # on no more nodes than it has replicas.
+                replicas = args.get("replicas")
+                most = max(len(wanted), replicas if isinstance(replicas, int) else 0)
+                ok = ok and len(where) <= most  # with ``wanted`` among them
+                goal += " only" if most == len(wanted) else f" and at most {most} nodes"
         else:
             ok = job.state is not JobState.running
             goal = "stopped"

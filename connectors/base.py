@@ -224,10 +224,17 @@ class SupportsJobResize(Protocol):
     (Slurm: ``NodeList``; the job's own elastic runtime carries on with fewer); one that
     grows or goes elsewhere is restarted there at the new size and resumes from its own
     checkpoint. Idempotent: a job already running on ``nodes`` is left as it is. A plan the
-    scheduler cannot carry out (Slurm runs one replica per node) raises a non-retryable
-    ConnectorError."""
+    scheduler cannot carry out raises a non-retryable ConnectorError.
+
+    ``start`` takes the size too (``replicas``): a pending elastic training job starts on
+    ``nodes`` at the size the plan gives it, not at whatever of its range the scheduler
+    finds."""
 
     def resize_job(self, external_id: str, *, nodes: list[str], replicas: int) -> None: ...
+
+    def start(
+        self, external_id: str, *, nodes: list[str] | None = None, replicas: int | None = None
+    ) -> None: ...
 
 
 @runtime_checkable

@@ -59,6 +59,8 @@ def build_plan(
         replicas = None
         if not before:
             kind = ActionKind.start
+            if job.is_resizable:  # the size it starts at (solver.elastic_training)
+                replicas = sum(after.values()) // job.gpus_per_replica
         elif not after:
             kind = ActionKind.requeue if job.checkpointable else ActionKind.preempt
             pending_out[job.id] = reason

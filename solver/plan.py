@@ -55,7 +55,8 @@ class ActionKind(enum.StrEnum):
     start = "start"  # pending job starts at ``to_placement``
     migrate = "migrate"  # checkpoint at ``from_placement``, restore at ``to_placement``
     # An elastic service to ``replicas``, or an elastic training job (``Job.is_resizable``)
-    # checkpointed and restarted at ``replicas`` on ``to_placement``.
+    # checkpointed and restarted at ``replicas`` on ``to_placement``; also the size an
+    # elastic training job starts at.
     resize = "resize"
     preempt = "preempt"  # stop; work since the last checkpoint is lost; back to the queue
     requeue = "requeue"  # checkpoint, stop, back to the queue (no work lost)

@@ -753,7 +753,11 @@ def _add_actions(
         # Every move and start holds its GPUs first: the native scheduler keeps placing
         # its own queue meanwhile, free GPUs included. So does a service's growth where
         # Shaper places its replicas (not where the scheduler owns placement: Slurm).
-        taken = _taken(kind, action.from_placement, action.to_placement, snapshot.scheduler)
+        row_job = external.get(job)
+        training = row_job is not None and row_job.shape == JobShape.block
+        taken = _taken(
+            kind, action.from_placement, action.to_placement, snapshot.scheduler, training
+        )
         if reserving and taken:
             holds[index] = new(
                 ActionKind.reserve,
@@ -790,7 +794,11 @@ def _add_actions(
 
 
 def _taken(
-    kind: ActionKind, before: dict[str, int], after: dict[str, int], scheduler: str
+    kind: ActionKind,
+    before: dict[str, int],
+    after: dict[str, int],
+    scheduler: str,
+    training: bool = False,
 ) -> dict[str, int]:
     """The GPUs an action takes that a reservation should hold for it: all of a move's or
     a start's target, what a service's growth adds on each node, and where the scheduler
@@ -801,7 +809,7 @@ def _taken(
         return after
     if kind is ActionKind.resize and not places_itself(scheduler):
         return {n: g - before.get(n, 0) for n, g in after.items() if g > before.get(n, 0)}
-    if kind is ActionKind.resize and before and not set(after) <= set(before):
+    if kind is ActionKind.resize and training and before and not set(after) <= set(before):
         return after
     return {}
 

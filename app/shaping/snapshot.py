@@ -658,16 +658,20 @@ def _solver_job(
 def _training_range(row: JobRow, placement: dict[str, int]) -> tuple[int, int] | None:
     """An elastic training job's GPUs per replica and the replicas it asks for (its
     ``replicas``, within its range; Slurm: a node's GPUs, and nodes); None for a rigid
-    job, or one whose report does not add up (GPUs not a whole number of replicas, or
-    holding a count outside its range): planned as it is rather than resized on a guess."""
+    job, or one whose report does not add up (GPUs not a whole number of replicas on
+    every node, or holding a count outside its range): planned as it is rather than
+    resized on a guess (and never a job the solver's checks would refuse, which would
+    stop the cycle)."""
     low, high = row.min_replicas, row.max_replicas
     if not 1 <= low <= high or high < 2 or row.gang_size < 1:
         return None
     per_replica, rest = divmod(row.gpus_requested, row.gang_size)
     if per_replica < 1 or rest:
         return None
-    held, partial = divmod(sum(placement.values()), per_replica)
-    if partial or (placement and not low <= held <= high):
+    if any(gpus % per_replica for gpus in placement.values()):
+        return None  # a node with part of a replica
+    held = sum(placement.values()) // per_replica
+    if placement and not low <= held <= high:
         return None
     return per_replica, min(max(row.replicas, low), high)
 

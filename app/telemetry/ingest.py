@@ -81,6 +81,7 @@ _JOB_FIELDS = (
 _JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes", "residency"})
 _JOB_STATE = _JOB_FIELDS.index("state")
 _JOB_SHAPE = _JOB_FIELDS.index("shape")
+_TERMINAL = frozenset(s.value for s in TERMINAL_JOB_STATES)
 _JOB_RANGE = slice(_JOB_FIELDS.index("min_replicas"), _JOB_FIELDS.index("replicas") + 1)
 assert _JOB_FIELDS[_JOB_RANGE.start : _JOB_RANGE.stop] == (
     "min_replicas",
@@ -405,6 +406,8 @@ def _kept_range(values: tuple[Any, ...], stored: tuple[Any, ...]) -> tuple[Any, 
         return values
     if stored[_JOB_SHAPE] != JobShape.block or not stored[_JOB_RANGE][1]:
         return values
+    if stored[_JOB_STATE] in _TERMINAL:
+        return values  # an id a scheduler gave again to a new job
     return (*values[: _JOB_RANGE.start], *stored[_JOB_RANGE], *values[_JOB_RANGE.stop :])
 
 
@@ -449,8 +452,7 @@ def _write_jobs(
         gone: Iterable[str] = set(stored) - {j.external_id for j in push.jobs}
     else:
         gone = set(push.removed_jobs) & set(stored)
-    terminal = {s.value for s in TERMINAL_JOB_STATES}
-    finished = {stored[e][0] for e in gone if stored[e][1][_JOB_STATE] not in terminal}
+    finished = {stored[e][0] for e in gone if stored[e][1][_JOB_STATE] not in _TERMINAL}
     update_tuples(session, JOBS, _JOB_UPDATE_COLUMNS, updates)
     if finished:  # vanished: only state and end time change
         session.execute(

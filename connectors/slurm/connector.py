@@ -530,10 +530,15 @@ class SlurmConnector:
             state=field(_JOB_STATE),
         )
 
-    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+    def start(
+        self, external_id: str, *, nodes: list[str] | None = None, replicas: int | None = None
+    ) -> None:
         """Start a pending or held job, pinned to ``nodes`` (in its reservation when it has
         one there); a suspended one resumes. A running job is left as it is: the confirm
-        that follows says whether it runs where the plan wanted."""
+        that follows says whether it runs where the plan wanted. An elastic training job
+        (``replicas`` given, or a node range still reported) is sized: ``NumNodes=N-N``,
+        N = ``replicas`` (else the nodes named), so that Slurm gives it what the plan did
+        and not what it finds of its range."""
         job_id = self._job_id(external_id)
         what = f"start job {job_id}"
         job = self._job(job_id, what=what)
@@ -552,45 +557,50 @@ class SlurmConnector:
         self._scontrol("hold", job_id, what=what)
         try:
             pin = [f"ReqNodeList={','.join(nodes)}"]
-            if job.report.max_replicas:
-                # An elastic training job starts on the nodes the plan sized it to, not on as
-                # many more of its range as Slurm finds.
-                pin.append(f"NumNodes={len(nodes)}-{len(nodes)}")
+            size = replicas or (len(nodes) if job.report.max_replicas else None)
+            if size:
+                pin.append(f"NumNodes={size}-{size}")
             self._scontrol("update", f"JobId={job_id}", *pin, what=what)
             self._enter_reservation(job_id, nodes, what=what, job=job)
         finally:
             self._scontrol("release", job_id, what=what)
 
     def resize_job(self, external_id: str, *, nodes: list[str], replicas: int) -> None:
-        """SupportsJobResize: an elastic training job onto ``nodes``, one replica each.
+        """SupportsJobResize: an elastic training job to ``replicas`` nodes, ``nodes``
+        among them (Slurm runs one replica per node: where a plan put more than one on a
+        node, Slurm picks the other nodes itself).
 
-        Running on more than those nodes, it shrinks where it runs (``scontrol update
-        NodeList=``: Slurm ends its tasks on the others, and the job's elastic runtime goes
-        on with fewer); to grow, or onto other nodes, it is requeued held and pinned there
-        (as ``requeue`` does, stamped with the step's key), sized ``NumNodes=N-N`` and
+        Running on more nodes, and on all of ``nodes``, it shrinks where it runs
+        (``scontrol update NodeList=``: ``nodes`` and as many of its other nodes as it
+        needs; Slurm ends its tasks on the rest, and the job's elastic runtime goes on with
+        fewer); to grow, or onto other nodes, it is requeued held and pinned there (as
+        ``requeue`` does, stamped with the step's key), sized ``NumNodes=N-N`` and
         released: it starts again there and resumes from its own checkpoint. A resend finds
-        the job on ``nodes`` and leaves it, or finishes a restart it finds held."""
+        the job at that size on ``nodes`` and leaves it, or finishes a restart it finds
+        held."""
         job_id = self._job_id(external_id)
         where = ",".join(nodes)
         what = f"resize job {job_id} to {replicas} node(s) {where}"
         key = self._step_keys.pop(job_id, None)
-        if len(set(nodes)) != replicas:
+        if not nodes or len(set(nodes)) > replicas:
             raise ConnectorError(
-                f"{what}: Slurm runs one replica of a job per node, the plan puts {replicas} "
-                f"on {len(set(nodes))}",
+                f"{what}: {replicas} replica(s) cannot run on {len(set(nodes))} node(s)",
                 retryable=False,
             )
         job = self._job(job_id, what=what)
         state = job.report.state
         if state in TERMINAL_JOB_STATES or state is JobState.suspended:
             raise ConnectorError(f"{what}: the job is {job.slurm_state}", retryable=False)
-        if state is JobState.running:
-            if set(job.nodes) == set(nodes):
+        if state is JobState.running and set(nodes) <= set(job.nodes):
+            if len(job.nodes) == replicas:
                 logger.info("%s: it runs there already", what)
                 return
-            if set(nodes) < set(job.nodes):
-                self._scontrol("update", f"JobId={job_id}", f"NodeList={where}", what=what)
+            if len(job.nodes) > replicas:
+                others = [n for n in job.nodes if n not in nodes]
+                kept = [*nodes, *others[: replicas - len(nodes)]]
+                self._scontrol("update", f"JobId={job_id}", f"NodeList={','.join(kept)}", what=what)
                 return
+        if state is JobState.running:
             if key is not None:
                 self._step_keys[job_id] = key
             self.requeue(job_id, nodes=list(nodes), hold=True)

@@ -449,9 +449,16 @@ def node_range(
 ) -> tuple[int, int] | None:
     """An elastic training job's node range (see the module docstring): its tag
     ``shaper:nodes=MIN-MAX``, else the range a pending job was submitted with; None for a
-    job of one node count. A tag that is not a range 1 <= MIN <= MAX is ignored, with a
-    warning."""
+    job of one node count, and for one whose GPUs are not all asked per node
+    (``--gpus``, ``--gpus-per-task``: more nodes would not mean more GPUs, and a replica
+    would not be a node's GPUs). A tag that is not a range 1 <= MIN <= MAX is ignored,
+    with a warning."""
     job_id = str(job.get("job_id"))
+    per_node, _ = _tres_gpus(str(job.get("tres_per_node") or ""))
+    per_job, _ = _tres_gpus(str(job.get("tres_per_job") or ""))
+    per_task, _ = _tres_gpus(str(job.get("tres_per_task") or ""))
+    if not per_node or per_job or per_task:
+        return None
     if mapping.honor_job_tags:
         tag = (parse_tags(comment) or parse_tags(name)).get("nodes")
         if tag is not None:

@@ -279,6 +279,15 @@ def test_elastic_training_jobs_reach_the_solver_with_their_range(
         },
         job("waits", gpus_requested=2, gang_size=1, **spread),  # 1 node of 2 GPUs now
         job("odd", gpus_requested=3, gang_size=2, **spread),  # 3 GPUs on 2 nodes: not replicas
+        # 2 replicas of 2 GPUs, but 3 + 1 on its nodes (Slurm --gpus-per-task can do it).
+        {
+            **running("uneven", "n3", [0, 1, 2], gang_size=2, **spread),
+            "gpus_requested": 4,
+            "allocations": [
+                {"node": "n3", "gpu_indices": [0, 1, 2]},
+                {"node": "n2", "gpu_indices": [2]},
+            ],
+        },
     ]
     body = snapshot(1, nodes=[node("n1"), node("n2"), node("n3")], jobs=jobs)
     response = client.post(
@@ -293,3 +302,5 @@ def test_elastic_training_jobs_reach_the_solver_with_their_range(
     assert e.held_gpus == 4 and e.max_nodes == 3
     assert (waits.gpus_per_replica, waits.replicas, waits.max_nodes) == (2, 3, 3)
     assert odd.total_gpus == 3 and odd.max_replicas is None
+    uneven = by_id["alpha/uneven"]
+    assert uneven.max_replicas is None and uneven.placement == {"alpha/n3": 3, "alpha/n2": 1}

@@ -409,3 +409,11 @@ def test_an_elastic_training_jobs_range_is_kept_once_its_scheduler_forgets_it(
         4,
         4,
     )
+    # Ended, and its id given to a new rigid job (a scheduler that lost its state): the
+    # new job does not inherit the range.
+    ended = running("e", "n1", [0, 1], min_replicas=2, max_replicas=4, replicas=4)
+    ended.update(state="finished", allocations=[], end_time=T0.isoformat())
+    for seq, report in ((4, ended), (5, job("e"))):
+        body = delta(seq, jobs=[report])
+        assert client.post(URL, headers=auth["connector_alpha"], json=body).status_code == 200
+    assert _jobs(client, auth)["e"]["max_replicas"] == 0

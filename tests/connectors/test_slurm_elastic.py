@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from connectors.actions import ConnectorStepExecutor
+from connectors.slurm.hostlist import expand_hostlist
 from tests.connectors.conftest import SlurmCluster
 from wire.steps import StepRequest
 from wire.telemetry import JobReport
@@ -156,25 +157,57 @@ def test_a_running_job_grows_by_a_restart_on_the_nodes_planned_and_a_resend_does
     assert _restarts(slurm, job_id) == 1 and slurm.job(job_id)["state"] == "RUNNING"
 
 
-def test_a_pending_elastic_job_starts_on_the_nodes_it_was_planned_on_only(
-    slurm: SlurmCluster,
+def test_a_pending_elastic_job_starts_at_the_size_it_was_planned_at(
+    slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    job_id = slurm.sbatch("--nodes=1-3", "--gres=gpu:h100:2", "-H")
-    connector = slurm.connector()
-    connector.start(job_id, nodes=["node2"])
-    row = slurm.wait_state(job_id, "RUNNING")
+    executor = ConnectorStepExecutor(slurm.connector(), cluster=CLUSTER, state_dir=tmp_path)
+    ranged = slurm.sbatch("--nodes=1-3", "--gres=gpu:h100:2", "-H")
+    report = _step(executor, "start", ranged, nodes=["node2"], replicas=1)
+    assert report["ok"] is True, report
+    row = slurm.wait_state(ranged, "RUNNING")
     # Released without its size, Slurm would have given it all three idle nodes.
     assert row["nodelist"] == "node2" and row["numnodes"] == "1"
+    slurm.run("scancel", ranged)
+    slurm.wait_for("node2 to be idle", slurm.nodes_idle)
+    # A job Shaper sized before (NumNodes=3-3: Slurm no longer reports its range, the
+    # control plane keeps it) is sized again by the start's replicas, not left at 3.
+    resized = slurm.sbatch("--nodes=3", "--gres=gpu:h100:2", "-H")
+    report = _step(executor, "start", resized, nodes=["node2", "node3"], replicas=2)
+    assert report["ok"] is True, report
+    row = slurm.wait_state(resized, "RUNNING")
+    assert row["nodelist"] == "node[2-3]" and row["numnodes"] == "2"
+
+
+def test_two_replicas_planned_on_one_node_run_on_as_many_nodes(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The solver may put two replicas on one node; Slurm runs one per node. The job keeps
+    the planned node and as many of its others as the size needs."""
+    job_id, executor = _running(slurm, tmp_path, "--nodes=3", "--gres=gpu:h100:2", TAG)
+    report = _step(executor, "resize", job_id, nodes=["node2"], replicas=2)
+    assert report["ok"] is True, report
+    confirmed = _step(
+        executor, "confirm", job_id, expect="running", nodes=["node2"], exactly=True, replicas=2
+    )
+    assert confirmed["ok"] is True, confirmed
+    row = slurm.job(job_id)
+    assert row["numnodes"] == "2" and "node2" in expand_hostlist(row["nodelist"])
+    assert _restarts(slurm, job_id) == 0
+    # The confirm counts nodes too: at most as many as replicas.
+    over = _step(
+        executor, "confirm", job_id, expect="running", nodes=["node2"], exactly=True, replicas=1
+    )
+    assert over["ok"] is False and "expected running on node2 only" in over["error"]
 
 
 def test_a_plan_slurm_cannot_carry_out_is_refused_and_changes_nothing(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     job_id, executor = _running(slurm, tmp_path, "--nodes=2", "--gres=gpu:h100:2", TAG)
-    # Two replicas on one node: Slurm runs one per node.
-    report = _step(executor, "resize", job_id, nodes=["node1"], replicas=2)
+    # Two replicas on three nodes.
+    report = _step(executor, "resize", job_id, nodes=["node1", "node2", "node3"], replicas=2)
     assert report["ok"] is False and report["outcome"] == "executed", report
-    assert "one replica of a job per node" in report["error"]
+    assert "2 replica(s) cannot run on 3 node(s)" in report["error"]
     assert slurm.job(job_id)["numnodes"] == "2" and _restarts(slurm, job_id) == 0
     ended = slurm.sbatch("--gres=gpu:h100:1", "-H")
     slurm.run("scancel", ended)

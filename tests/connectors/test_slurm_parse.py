@@ -461,6 +461,11 @@ def test_elastic_training_jobs_report_their_node_range() -> None:
     }
     assert jobs["2"].replicas == jobs["3"].replicas == 3  # it asks for the most
     assert jobs["2"].checkpointable and jobs["2"].kind is JobKind.training
+    # GPUs asked per task or per job do not grow with the nodes: no range.
+    per_task = copy.deepcopy(document)
+    for row in per_task["jobs"]:
+        row["tres_per_node"], row["tres_per_task"] = "", "gres:gpu:1"
+    assert {j.report.max_replicas for j in parse_jobs(per_task, SlurmMapping())} == {0}
     # Without job tags only Slurm's own range counts.
     untagged = {
         j.report.external_id: j.report

@@ -103,6 +103,8 @@ def test_a_pending_elastic_job_starts_smaller_when_its_ask_does_not_fit() -> Non
     plan = plan_with("shaper", inst)
     assert plan.placement["e"] == {"a": 2}
     assert "started at 2 of the 4 replicas it asks" in plan.actions_for("e")[0].reason.message
+    # The start says the size (a scheduler that sizes jobs itself is told it: Slurm).
+    assert actions(plan)["e"][:2] == (ActionKind.start, 2)
     assert "e" not in plan_with("priority", inst).placement
     # Not even its minimum fits: it waits, with a reason.
     jobs = [running("r", {"a": 7}, expected_runtime_s=5 * HOUR), elastic("e", 4, 2, 4)]
@@ -145,7 +147,7 @@ def test_a_job_started_this_cycle_grows_at_no_cost_and_the_plan_is_one_action() 
     inst = instance([node("a")], [elastic("e", 2, 1, 6)])
     plan = plan_with("shaper", inst)
     assert plan.placement == {"e": {"a": 6}}
-    assert actions(plan)["e"][0] is ActionKind.start
+    assert actions(plan)["e"][:2] == (ActionKind.start, 6)
     assert plan_with("priority", inst).placement == {"e": {"a": 2}}
 
 
