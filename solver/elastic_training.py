@@ -317,6 +317,8 @@ class _Fill:
         """Replicas of ``job`` that fit on ``node`` in what is left."""
         per = job.gpus_per_replica
         room = self.free_gpus[node] // per
+        if job.id in self.instance.one_replica_per_node:
+            room = min(room, 0 if self.target.get(job.id, {}).get(node) else 1)
         if self.instance.node_by_name[node].cpu_milli and job.cpu_milli_per_replica:
             room = min(room, self.free_cpu[node] // job.cpu_milli_per_replica)
         if self.instance.node_by_name[node].memory_mib and job.memory_mib_per_replica:

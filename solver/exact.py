@@ -121,6 +121,11 @@ def check_size(instance: Instance) -> None:
             f"exact model: {len(instance.nodes)} nodes and {len(instance.jobs)} jobs; "
             f"it takes at most {MAX_NODES} nodes and {MAX_JOBS} jobs"
         )
+    if instance.one_replica_per_node:
+        raise ValueError(
+            "exact model: jobs that run one replica per node (one_replica_per_node) are not "
+            "modelled yet"
+        )
     resizable = sorted(job.id for job in instance.jobs if job.is_resizable)
     if resizable:
         raise ValueError(

@@ -111,6 +111,9 @@ def federate(
         migration=migration,
         config=config,
         speeds={job_id: own for part in parts.values() for job_id, own in part.speeds.items()},
+        one_replica_per_node=frozenset().union(
+            *(part.one_replica_per_node for part in parts.values())
+        ),
     )
 
 
@@ -140,6 +143,7 @@ def split_by_cluster(instance: Instance) -> list[Instance]:
                 migration=instance.migration,
                 config=instance.config,
                 speeds={j.id: instance.speeds[j.id] for j in jobs if j.id in instance.speeds},
+                one_replica_per_node=instance.one_replica_per_node & {j.id for j in jobs},
             )
         )
     return parts

@@ -769,6 +769,13 @@ class Instance(_Frozen):
         "solver.greedy.sharing.split on the whole-GPU part it plans (whose holders show "
         "those GPUs as taken), for the fragmentation score",
     )
+    one_replica_per_node: frozenset[str] = Field(
+        default=frozenset(),
+        description="block jobs (by id) that run at most one replica on a node: a Slurm "
+        "multi-node job runs one node's share per node (its GRES per node), so a gang of "
+        "such replicas spreads over as many nodes as it has replicas. On the instance, not "
+        "on Job, for the reason ``speeds`` is",
+    )
     quota_held_outside: dict[str, int] = Field(
         default_factory=dict,
         description="per team, the GPUs its jobs hold outside this instance that count "

@@ -182,6 +182,9 @@ class ClusterState:
 
     def replicas_fitting(self, job: Job, node: int) -> int:
         fit = self.free_gpus[node] // job.gpus_per_replica
+        if job.id in self.instance.one_replica_per_node:
+            # One replica per node: none more where it holds one already.
+            fit = min(fit, 0 if node in self.placement.get(job.id, ()) else 1)
         if job.cpu_milli_per_replica:
             fit = min(fit, self.free_cpu[node] // job.cpu_milli_per_replica)
         if job.memory_mib_per_replica:
@@ -276,6 +279,8 @@ class ClusterState:
     ) -> int | None:
         """Best node holding ``replicas`` replicas: fastest model, then (with ``gang_fit``)
         the least waste for the waiting gangs, keep whole nodes, tightest."""
+        if replicas > 1 and job.id in self.instance.one_replica_per_node:
+            return None  # its replicas go one to a node (``Instance.one_replica_per_node``)
         if self.fragmentation is not None:
             return self._least_fragmenting_node(job, replicas, groups, exclude)
         need = replicas * job.gpus_per_replica

@@ -11,7 +11,8 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
 4. gangs: a block job holds all ``replicas × gpus_per_replica`` GPUs or none (an elastic
    training job, ``Job.is_resizable``: between ``min_replicas`` and ``max_replicas``
    replicas), within one cluster, on at most ``max_nodes`` nodes (``Job.node_limit``: more
-   for an elastic training job grown past its ask, which may shrink on the nodes it holds);
+   for an elastic training job grown past its ask, which may shrink on the nodes it holds),
+   one replica per node for a job of ``Instance.one_replica_per_node``;
 5. movement: a non-checkpointable running job keeps its placement or stops; a running
    job whose size changes (an elastic training job's resize: a checkpoint and a restart
    where the plan puts it, not a migration) is checkpointable and stays in its cluster; a moved job
@@ -38,7 +39,8 @@ engine, a hand edit or a JSON fixture is checked the same way. Rules, in order:
    slices) and it counts once in rule 2, no whole-GPU job or share holds a partitioned
    GPU, and another GPU or start is a migration;
 10. max queue wait: no pending block job past its SLA's max queue wait is left pending
-    while it fits, whole (an elastic training job at the size it asks), on one ready
+    while it fits, whole (an elastic training job at the size it asks; not a gang of
+    ``Instance.one_replica_per_node``, which never fits one node), on one ready
     compatible node's GPUs, CPU and memory that the plan leaves free, within its team's
     quota (a frozen one excepted: a saga holds it);
 11. dwell: a frozen job (``Instance.is_frozen``: Shaper acted on it within the dwell time,
@@ -234,6 +236,10 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
             shrunk_in_place = job.is_resizable and set(after) <= set(before)
             if limit is not None and len(after) > limit and not shrunk_in_place:
                 bad("gang", job.id, f"{len(after)} nodes > max_nodes {limit}")
+            if job.id in instance.one_replica_per_node:
+                crowded = sorted(n for n, g in after.items() if g > job.gpus_per_replica)
+                if crowded:
+                    bad("gang", job.id, f"more than one replica on {', '.join(crowded)}")
         if not before and after:
             started_by_team[job.team] += sum(after.values())
 
@@ -337,6 +343,8 @@ def validate(instance: Instance, plan: Plan) -> list[Violation]:
             continue
         if not instance.is_overdue(job) or instance.is_frozen(job):
             continue
+        if job.replicas > 1 and job.id in instance.one_replica_per_node:
+            continue  # never on one node
         quota_cap = instance.policy_for(job).quota_cap
         if quota_cap is not None and usage_after[job.team] + job.total_gpus > quota_cap:
             continue

@@ -40,6 +40,8 @@ Mapping to the solver (documented because it decides what the solver optimises):
   replica at that size (``max_nodes``); one whose GPUs are not a whole number of replicas,
   or that holds a count outside its range, is planned rigid as it is. Their last resize
   counts as a move (``last_moved_at``: the solver's ``migration_cooldown_s``).
+* on Slurm, multi-node jobs (rigid gangs and elastic training) run one replica per node
+  (``Instance.one_replica_per_node``): Slurm gives each of a job's nodes its GRES per node.
 * jobs with no GPUs and finished jobs are left out.
 * a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
   checkpoint must resume where its image is) may be placed only there: those nodes get a
@@ -78,7 +80,14 @@ from app.telemetry.models import TelemetrySample
 from forecast import demand as demand_forecast
 from forecast.duration import DurationPredictor, JobFeatures
 from solver import instance as si
-from wire.telemetry import TERMINAL_JOB_STATES, JobShape, JobState, Metric, NodeState
+from wire.telemetry import (
+    TERMINAL_JOB_STATES,
+    JobShape,
+    JobState,
+    Metric,
+    NodeState,
+    SchedulerKind,
+)
 
 # Pinned jobs (``required_nodes``) select a label only their nodes carry (``_pin_labels``).
 PIN_LABEL = "shaper.io/pinned"
@@ -562,6 +571,23 @@ def to_instance(
         jobs=jobs,
         policies=policies,
         config=config,
+        one_replica_per_node=_one_per_node(snapshot.scheduler, jobs),
+    )
+
+
+def _one_per_node(scheduler: str, jobs: tuple[si.Job, ...]) -> frozenset[str]:
+    """Slurm's multi-node jobs (rigid gangs and elastic training): Slurm runs a job's GRES
+    per node on each of its nodes, so each replica (a node's share) needs a node of its
+    own; a running one that holds other than one replica per node is left out (nothing
+    moves it, and the rule would call where it is wrong)."""
+    if scheduler != SchedulerKind.slurm:
+        return frozenset()
+    return frozenset(
+        job.id
+        for job in jobs
+        if job.shape is si.JobShape.block
+        and (job.replicas > 1 or job.is_resizable)
+        and all(gpus == job.gpus_per_replica for gpus in job.placement.values())
     )
 
 

@@ -164,7 +164,8 @@ class Admission:
 
     def could_ever_fit(self, job: Job, groups: list[int]) -> bool:
         """Whether the job fits the empty cluster (so blocking on it makes sense)."""
-        key = (tuple(groups), job.replicas, job.gpus_per_replica, job.max_nodes)
+        spread = job.id in self.ledger.instance.one_replica_per_node
+        key = (tuple(groups), job.replicas, job.gpus_per_replica, job.max_nodes, spread)
         cached = self.fit_cache.get(key)
         if cached is None:
             cached = self._fits_empty(job, groups)
@@ -180,13 +181,14 @@ class Admission:
                 for gpus, count in sizes.items():
                     counts[gpus] = counts.get(gpus, 0) + count
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
+        spread = job.id in self.ledger.instance.one_replica_per_node
         for counts in per_cluster.values():
             # The ``limit`` nodes that fit the most replicas, the largest first.
             left = limit
             fit = 0
             for gpus in sorted(counts, reverse=True):
                 take = min(left, counts[gpus])
-                fit += take * (gpus // job.gpus_per_replica)
+                fit += take * min(gpus // job.gpus_per_replica, 1 if spread else gpus)
                 left -= take
                 if not left:
                     break

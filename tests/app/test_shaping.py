@@ -304,3 +304,5 @@ def test_elastic_training_jobs_reach_the_solver_with_their_range(
     assert odd.total_gpus == 3 and odd.max_replicas is None
     uneven = by_id["alpha/uneven"]
     assert uneven.max_replicas is None and uneven.placement == {"alpha/n3": 3, "alpha/n2": 1}
+    # Slurm runs a node's share per node: the gangs get a node per replica from the solver.
+    assert instance.one_replica_per_node == {"alpha/e", "alpha/waits"}
