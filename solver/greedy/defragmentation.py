@@ -170,6 +170,9 @@ class Defragmentation:
         need = job.total_gpus
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
         per_replica = job.gpus_per_replica
+        # One replica per node (``Instance.one_replica_per_node``): a node gives a replica.
+        spread = job.replicas > 1 and job.id in ledger.instance.one_replica_per_node
+        most = per_replica if spread else None
         self.index.refresh()
         for group in state.group_order(self.lookahead.allowed_groups(job, groups), job):
             # (residents to move, -free GPUs, node, residents, GPUs the job gets there)
@@ -188,10 +191,10 @@ class Defragmentation:
                 free = state.free_gpus[node]
                 residents = self._residents(on_node)
                 if residents is Residents.HELD_BACK:
-                    frozen_sizes.append(nodes[node].gpus)
+                    frozen_sizes.append(_capped(nodes[node].gpus, most))
                     continue
                 if residents is Residents.LEAVE:
-                    usable = nodes[node].gpus - nodes[node].gpus % per_replica
+                    usable = _capped(nodes[node].gpus - nodes[node].gpus % per_replica, most)
                     candidates.append(
                         (len(on_node), -free, node, [job_by_id[r] for r in on_node], usable)
                     )
@@ -199,7 +202,8 @@ class Defragmentation:
                     # GPUs free already (an empty node, or beside residents that stay):
                     # the gang's other nodes, e.g. one free node and one held by a small
                     # job that can move. Counted first, as they cost no move.
-                    candidates.append((0, -free, node, [], free - free % per_replica))
+                    usable = _capped(free - free % per_replica, most)
+                    candidates.append((0, -free, node, [], usable))
             candidates.sort(key=lambda c: (c[0], c[1], c[2]))
             # Free nodes first; but they take node slots a gang of few nodes (max_nodes)
             # may need for nodes that, emptied, hold more of it, and their GPUs may be
@@ -224,9 +228,10 @@ class Defragmentation:
                 if room >= need:
                     ledger.budget_blocked.add(job.id)
                     blocked = True
-            placement = self._make_room_on_one_node(job, group, budget)
-            if placement is not None:
-                return placement
+            if not spread:
+                placement = self._make_room_on_one_node(job, group, budget)
+                if placement is not None:
+                    return placement
         self.failed[key] = blocked
         return None
 
@@ -541,3 +546,8 @@ def _fill(
         if capacity >= need:
             break
     return chosen, capacity
+
+
+def _capped(gpus: int, most: int | None) -> int:
+    """``gpus``, at most ``most`` (None: no cap)."""
+    return gpus if most is None else min(gpus, most)

@@ -136,6 +136,7 @@ class Ledger:
             job.memory_mib_per_replica,
             job.max_nodes,
             tuple(sorted(own.items())) if own else None,
+            job.id in self.instance.one_replica_per_node,  # spreads: fails where others fit
             extra,
         )
 

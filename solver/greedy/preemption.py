@@ -161,7 +161,10 @@ class Preemption:
             if len(ranked) >= most:
                 break
         ranked.sort(key=lambda r: (r[0], r[1]))
-        single = [r for r in ranked if r[2] >= need]
+        # A gang that runs one replica per node never fits one node, and takes a replica's
+        # GPUs from each (``Instance.one_replica_per_node``).
+        spread = job.replicas > 1 and job.id in ledger.instance.one_replica_per_node
+        single = [] if spread else [r for r in ranked if r[2] >= need]
         attempts: list[list[Candidate]] = [[r] for r in single[:3]]
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
         if not single and limit > 1:
@@ -169,7 +172,7 @@ class Preemption:
             total = 0
             for entry in ranked:
                 gang.append(entry)
-                total += entry[2]
+                total += min(entry[2], job.gpus_per_replica) if spread else entry[2]
                 if total >= need:
                     break
             attempts.append(gang)

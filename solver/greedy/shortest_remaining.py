@@ -121,14 +121,16 @@ class ShortestRemaining:
         if not ranked:
             return None
         ranked.sort(key=lambda c: (c[0], c[1], c[2]))
-        attempts = [c[4] for c in ranked if c[3] >= need][:ATTEMPTS]
+        # One replica per node: never one node, and a replica's GPUs from each.
+        spread = job.replicas > 1 and job.id in instance.one_replica_per_node
+        attempts = [] if spread else [c[4] for c in ranked if c[3] >= need][:ATTEMPTS]
         limit = job.max_nodes if job.max_nodes is not None else job.replicas
         if not attempts and limit > 1:
             gang: list[Job] = []
             total = 0
             for candidate in ranked:
                 gang.extend(candidate[4])
-                total += candidate[3]
+                total += min(candidate[3], job.gpus_per_replica) if spread else candidate[3]
                 if total >= need:
                     attempts.append(gang)
                     break

@@ -84,6 +84,51 @@ def test_validate_refuses_two_replicas_on_one_node_and_the_exact_model_refuses_t
         solve_exact(inst)
 
 
+def test_a_spread_gang_that_fails_does_not_keep_a_gang_of_its_shape_waiting() -> None:
+    """Caches of failed attempts tell the two apart (a review found the ordinary gang left
+    pending beside an empty node, and, both overdue, a plan validate refused)."""
+    jobs = [
+        running("blk", {"b": 8}, expected_runtime_s=5 * HOUR, checkpointable=False, priority=100),
+        job("s", gpus=4, replicas=2, max_nodes=2, priority=10, submit_time=NOW - 600),
+        job("t", gpus=4, replicas=2, max_nodes=2, priority=1),
+    ]
+    inst = _spread(instance([node("a"), node("b")], jobs), "s")
+    for policy in ("priority", "shaper"):
+        plan = plan_with(policy, inst)
+        assert plan.placement["t"] == {"a": 8} and "s" not in plan.placement
+        assert validate(inst, plan) == []
+
+
+@pytest.mark.parametrize("policy", ["priority", "shaper"])
+def test_a_spread_gang_preempts_a_replica_s_worth_on_each_of_its_nodes(policy: str) -> None:
+    victims = [
+        running(f"v{n}", {n: 8}, expected_runtime_s=5 * HOUR, checkpointable=True, priority=1)
+        for n in "ab"
+    ]
+    gang = job("g", gpus=4, replicas=2, max_nodes=2, priority=100)
+    inst = _spread(instance([node("a"), node("b")], [*victims, gang]), "g")
+    plan = plan_with(policy, inst)
+    assert plan.placement["g"] == {"a": 4, "b": 4}
+    assert validate(inst, plan) == []
+
+
+def test_defragmentation_empties_a_node_per_replica_for_a_spread_gang() -> None:
+    movable = {"expected_runtime_s": 5 * HOUR, "checkpointable": True, "priority": 1}
+    fixed = {"expected_runtime_s": 5 * HOUR, "checkpointable": False, "priority": 50}
+    jobs = [
+        running("x1", {"a": 3}, **movable),
+        running("x2", {"a": 2}, **movable),
+        running("y1", {"b": 3}, **movable),
+        running("y2", {"b": 2}, **movable),
+        *[running(f"f{n}", {n: 5}, **fixed) for n in "cdef"],
+        job("g", gpus=4, replicas=2, max_nodes=2, priority=100),
+    ]
+    inst = _spread(instance([node(n) for n in "abcdef"], jobs), "g")
+    plan = plan_with("shaper", inst)
+    assert sorted(plan.placement["g"].values()) == [4, 4]
+    assert validate(inst, plan) == []
+
+
 @settings(
     max_examples=60,
     deadline=None,
