@@ -58,7 +58,7 @@ SITES = (
         SiteSpec("hpc-a", tuple((f"hgx{i:02d}", "H100", 8) for i in range(1, 17)),
                  ("llm-pretrain", "vision", "research"),
                  (JobKind.training, JobKind.training, JobKind.hpc, JobKind.quantization),
-                 arrivals_per_hour=8.0),
+                 arrivals_per_hour=8.0, elastic_share=0.5),
         "Simulated Slurm-like training cluster (H100)", ShapingMode.enforce),
     DemoSite(
         SiteSpec("k8s-inference",

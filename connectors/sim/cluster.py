@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 # Finished jobs stay visible this long (schedulers keep them a while: Slurm's MinJobAge).
 KEEP_FINISHED = timedelta(hours=2)
+# Work an elastic training job loses to a resize: the restart from its last checkpoint.
+RESIZE_LOSS = timedelta(minutes=2)
 # How long a checkpointed job's GPUs on its node stay held for it at most.
 KEEP_SOURCE = timedelta(minutes=30)
 # The states of a job that has not ended: what cancel and withdraw stop.
@@ -85,6 +87,11 @@ class SiteSpec:
     job_gpus: tuple[int, ...] = (1, 1, 2, 4, 8, 8, 16)
     minutes: tuple[int, int] = (30, 360)  # a job's run time at full speed, uniform
     checkpointable_share: float = 0.6
+    # Of the checkpointable training jobs of 2 GPUs or more, the share that are elastic
+    # training jobs (wire.telemetry.JobReport with max_replicas): 1-GPU replicas, from
+    # half to twice the GPUs they ask, run at a speed in proportion to the GPUs they hold.
+    # Drawn from a random stream of their own, so the arrivals are the same either way.
+    elastic_share: float = 0.0
     # False: a scheduler that cannot hold GPUs for a job (reserve is accepted and has no
     # effect, and a checkpoint leaves the job's GPUs to whoever comes next).
     honours_reservations: bool = True
@@ -107,6 +114,7 @@ class SimJob:
     spec: SubmitSpec | None = None  # how to submit it pending elsewhere, made once
     # Who cancelled it at the end of a move (SupportsMovedCancel): that step's key.
     moved_by: str | None = None
+    asked: int = 0  # an elastic training job's GPUs asked (its speed is held / asked)
 
     @property
     def id(self) -> str:
@@ -135,6 +143,7 @@ class SimCluster:
         self.now = start
         self._clock = clock
         self._rng = random.Random(seed)
+        self._elastic_rng = random.Random(seed + 1)  # which jobs are elastic training
         self._lock = threading.RLock()
         self._size = {name: gpus for name, _, gpus in spec.nodes}
         self._models = {name: model for name, model, _ in spec.nodes}
@@ -161,15 +170,23 @@ class SimCluster:
             elapsed = at - self.now
             for job in self.jobs.values():
                 if job.state is JobState.running and job.report.shape is JobShape.block:
-                    job.done += elapsed
+                    rate = self._rate(job)
+                    job.done += elapsed * rate
                     if job.done >= job.work:
-                        self._finish(job, at - (job.done - job.work))
+                        self._finish(job, at - (job.done - job.work) / rate)
             self.now = at
             self._lapse_reservations()
             self._arrive()
             self._autoscale()
             self._schedule()
             self._forget_finished()
+
+    @staticmethod
+    def _rate(job: SimJob) -> float:
+        """Work done per second run: 1, or an elastic training job's GPUs held / asked."""
+        if not job.asked:
+            return 1.0
+        return max(1, sum(len(i) for i in job.placement.values())) / job.asked
 
     def _draw_arrival(self, after: datetime) -> datetime | None:
         """The next arrival of a Poisson process at ``arrivals_per_hour`` (None: none)."""
@@ -201,7 +218,19 @@ class SimCluster:
                 state=JobState.pending,
             )
             minutes = self._rng.randint(*self.spec.minutes)
-            self.jobs[job_id] = SimJob(report=report, work=timedelta(minutes=minutes))
+            job = SimJob(report=report, work=timedelta(minutes=minutes))
+            elastic = self._elastic_rng.random() < self.spec.elastic_share
+            if elastic and report.checkpointable and report.kind is JobKind.training and gpus > 1:
+                job.asked = gpus
+                job.report = report.model_copy(
+                    update={
+                        "gang_size": gpus,  # 1-GPU replicas
+                        "min_replicas": max(1, gpus // 2),
+                        "max_replicas": 2 * gpus,
+                        "replicas": gpus,
+                    }
+                )
+            self.jobs[job_id] = job
             self._next_arrival = self._draw_arrival(at)
 
     def _add_service(self, service: ServiceSpec) -> None:
@@ -675,9 +704,12 @@ class SimCluster:
                 job.started_by_shaper = True
                 self._schedule()
 
-    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+    def start(
+        self, external_id: str, *, nodes: list[str] | None = None, replicas: int | None = None
+    ) -> None:
         """Start a pending, held or suspended job now, ahead of FIFO, on ``nodes`` if given;
-        it starts when it fits there (at once when GPUs are free or reserved for it)."""
+        it starts when it fits there (at once when GPUs are free or reserved for it). An
+        elastic training job starts at ``replicas`` (1-GPU replicas) when given."""
         with self._lock:
             self._act()
             job = self.job(external_id)
@@ -687,6 +719,8 @@ class SimCluster:
                 raise ConnectorError(
                     f"job {external_id} is {job.state.value}; it cannot start", retryable=False
                 )
+            if replicas is not None and job.asked:
+                self._set_size(job, replicas)
             job.held = False
             job.pinned = list(nodes) if nodes else None
             job.started_by_shaper = True
@@ -827,6 +861,62 @@ class SimCluster:
             # The growth took what was held for it (or fitted elsewhere): the hold is spent.
             self.reservations.pop(job.id, None)
             self._reserved_until.pop(job.id, None)
+
+    def _set_size(self, job: SimJob, replicas: int) -> None:
+        """An elastic training job's size: what it asks of the scheduler (one GPU each)."""
+        low, high = job.report.min_replicas, job.report.max_replicas
+        if not low <= replicas <= high:
+            raise ConnectorError(
+                f"job {job.id}: {replicas} replicas is outside {low}..{high}", retryable=False
+            )
+        job.report = job.report.model_copy(
+            update={"gpus_requested": replicas, "gang_size": replicas}
+        )
+
+    def resize_job(self, external_id: str, *, nodes: list[str], replicas: int) -> None:
+        """SupportsJobResize: a running elastic training job to ``replicas`` GPUs on
+        ``nodes`` — those it keeps first, then GPUs free (or held for it) there; it
+        restarts from its checkpoint (``RESIZE_LOSS`` of work lost). "Not yet" (retryable)
+        while the GPUs it grows onto are not free."""
+        with self._lock:
+            self._act()
+            job = self.job(external_id)
+            if not job.asked:
+                raise ConnectorError(f"job {external_id} is not elastic", retryable=False)
+            if job.state is not JobState.running:
+                raise ConnectorError(
+                    f"job {external_id} is {job.state.value}; only a running job is resized",
+                    retryable=False,
+                )
+            held = sum(len(i) for i in job.placement.values())
+            if held == replicas and set(job.placement) <= set(nodes):
+                return  # done (a resend)
+            self._set_size(job, replicas)
+            free = self._usable(self.free(), job.id)
+            placement: dict[str, list[int]] = {}
+            left = replicas
+            for node in nodes:  # what it holds there first
+                keep = job.placement.get(node, [])[:left]
+                if keep:
+                    placement[node] = list(keep)
+                    left -= len(keep)
+            for node in nodes:
+                if left <= 0:
+                    break
+                take = [i for i in free.get(node, []) if i not in placement.get(node, [])][:left]
+                if take:
+                    placement.setdefault(node, []).extend(take)
+                    left -= len(take)
+            if left > 0:
+                self._set_size(job, held)
+                raise ConnectorError(
+                    f"resize job {external_id}: {left} GPU(s) on {','.join(nodes)} not free yet",
+                    retryable=True,
+                )
+            self._consume_reservation(job.id, placement)
+            job.placement = {n: sorted(i) for n, i in placement.items()}
+            job.done = max(timedelta(0), job.done - RESIZE_LOSS)
+            self._schedule()
 
     # -- for the simulated node agents -----------------------------------------------------
 

@@ -273,3 +273,54 @@ def test_a_service_grows_into_gpus_reserved_for_it_and_the_growth_spends_the_hol
     cluster.resize("chat", replicas=4)
     assert _states(cluster)["chat"] == ("running", [home, other])
     assert cluster.reservations == {}
+
+
+def test_elastic_training_jobs_arrive_run_at_their_size_and_are_resized() -> None:
+    """``elastic_share``: checkpointable training jobs of 2+ GPUs that may run on half to
+    twice the GPUs they ask (1-GPU replicas), at a speed in proportion to what they hold,
+    drawn from a stream of their own: the arrivals are those of ``elastic_share=0``."""
+    spec = SiteSpec(
+        name="el", nodes=SPEC.nodes, teams=("t",), kinds=(JobKind.training,),
+        arrivals_per_hour=20, job_gpus=(2, 4), checkpointable_share=1.0,
+    )  # fmt: skip
+    plain, _ = _cluster(spec)
+    elastic, _ = _cluster(SiteSpec(**{**spec.__dict__, "elastic_share": 1.0}))
+    for cluster in (plain, elastic):
+        cluster.advance_to(T0 + timedelta(minutes=30))
+    assert list(plain.jobs) == list(elastic.jobs)
+    reports = [job.report for job in elastic.jobs.values()]
+    assert reports and all(
+        (r.min_replicas, r.max_replicas, r.replicas, r.gang_size)
+        == (r.gpus_requested // 2, 2 * r.gpus_requested, r.gpus_requested, r.gpus_requested)
+        for r in reports
+    )
+    assert all(job.report.max_replicas == 0 for job in plain.jobs.values())
+
+    cluster, clock = _cluster()
+    job_id = "e"
+    cluster.submit(
+        JobReport(external_id=job_id, gpus_requested=4, submit_time=T0), timedelta(hours=2)
+    )
+    job = cluster.jobs[job_id]
+    job.asked = 4
+    job.report = job.report.model_copy(
+        update={"gang_size": 4, "min_replicas": 2, "max_replicas": 8, "replicas": 4}
+    )
+    cluster.requeue(job_id, hold=True)  # it started at once: waiting again, held
+    cluster.start(job_id, nodes=["a"], replicas=2)  # started smaller than asked
+    assert _states(cluster)[job_id] == ("running", ["a"])
+    assert cluster.jobs[job_id].report.gpus_requested == 2
+    clock.now = T0 + timedelta(hours=1)
+    cluster.read_state()
+    assert cluster.jobs[job_id].done == timedelta(minutes=30)  # half the GPUs, half the pace
+    cluster.resize_job(job_id, nodes=["a", "b"], replicas=8)  # grows, loses a checkpoint's work
+    held = {n: len(i) for n, i in cluster.jobs[job_id].placement.items()}
+    assert sum(held.values()) == 8 and cluster.jobs[job_id].done == timedelta(minutes=28)
+    assert cluster.jobs[job_id].report.gpus_requested == 8
+    cluster.resize_job(job_id, nodes=["a", "b"], replicas=8)  # a resend: nothing changes
+    assert cluster.jobs[job_id].done == timedelta(minutes=28)
+    with pytest.raises(ConnectorError, match="outside 2..8"):
+        cluster.resize_job(job_id, nodes=["a"], replicas=9)
+    # At twice its ask it finishes the 92 minutes left in 46.
+    clock.now = T0 + timedelta(hours=1, minutes=47)
+    assert _states(cluster)[job_id][0] == "finished"
