@@ -386,7 +386,7 @@ class ConnectorStepExecutor:
             and isinstance(self.connector, SupportsJobResize)
         ):
             # An elastic training job: started at the size the plan gives it.
-            self.connector.start(workload_id, nodes=nodes, replicas=replicas)
+            self.connector.start(workload_id, nodes=nodes, replicas=replicas, gpus=_gpus(args))
             where = f" on {','.join(nodes)}" if nodes else ""
             return self._done(
                 f"asked the scheduler to start job {workload_id}{where} at {replicas} replicas",
@@ -535,7 +535,7 @@ class ConnectorStepExecutor:
             if not nodes:
                 raise _Refused("an elastic training job's resize needs args.nodes")
             self._capable(SupportsJobResize, "resize a training job").resize_job(
-                workload_id, nodes=nodes, replicas=replicas
+                workload_id, nodes=nodes, replicas=replicas, gpus=_gpus(args)
             )
             return self._done(
                 f"resized job {workload_id} to {replicas} on {','.join(nodes)}",
@@ -739,6 +739,19 @@ def _fence(request: StepRequest) -> str:
         if isinstance(source, str) and source
         else (f"moved-in:{workload_id}")
     )
+
+
+def _gpus(args: dict[str, Any]) -> dict[str, int] | None:
+    """``args.gpus``: the plan's GPUs per node ({node: GPUs > 0}), or None."""
+    value = args.get("gpus")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(n, str) and isinstance(g, int) and not isinstance(g, bool) and g > 0
+        for n, g in value.items()
+    ):
+        raise _Refused(f"args.gpus must be {{node: GPUs > 0}}, got {value!r}")
+    return value
 
 
 def _names(args: dict[str, Any], field: str) -> list[str] | None:

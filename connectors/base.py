@@ -228,12 +228,26 @@ class SupportsJobResize(Protocol):
 
     ``start`` takes the size too (``replicas``): a pending elastic training job starts on
     ``nodes`` at the size the plan gives it, not at whatever of its range the scheduler
-    finds."""
+    finds. ``gpus``: the plan's GPUs per node, for a scheduler that places replicas by the
+    GPU (the simulated cluster); one that runs a replica per node (Slurm) needs only the
+    nodes."""
 
-    def resize_job(self, external_id: str, *, nodes: list[str], replicas: int) -> None: ...
+    def resize_job(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str],
+        replicas: int,
+        gpus: dict[str, int] | None = None,
+    ) -> None: ...
 
     def start(
-        self, external_id: str, *, nodes: list[str] | None = None, replicas: int | None = None
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        replicas: int | None = None,
+        gpus: dict[str, int] | None = None,
     ) -> None: ...
 
 

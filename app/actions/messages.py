@@ -118,6 +118,9 @@ def step_message(
     training = job is not None and job.shape == JobShape.block
     if step.name == ConnectorStep.resize and training:
         args["nodes"] = targets  # an elastic training job: where it runs at its new size
+    sized = step.name == ConnectorStep.start and action.target_replicas is not None
+    if training and (step.name == ConnectorStep.resize or sized) and action.target_placement:
+        args["gpus"] = dict(action.target_placement)  # and how many GPUs on each node
     if step.name == ConnectorStep.confirm and is_connector_queue(step.queue):
         if kind in (ActionKind.start, ActionKind.resume):
             args.update({"expect": "running", "nodes": targets})

@@ -115,6 +115,7 @@ class SimJob:
     # Who cancelled it at the end of a move (SupportsMovedCancel): that step's key.
     moved_by: str | None = None
     asked: int = 0  # an elastic training job's GPUs asked (its speed is held / asked)
+    planned: dict[str, int] | None = None  # a sized start: exactly these GPUs per node
 
     @property
     def id(self) -> str:
@@ -336,10 +337,24 @@ class SimCluster:
                 gpus -= take
         return placement if gpus <= 0 else {}
 
+    def _fit_exactly(
+        self, gpus: dict[str, int], free: dict[str, list[int]], job_id: str
+    ) -> dict[str, list[int]]:
+        """``gpus`` GPUs on each of its nodes (a plan's sized start), or {} while some node
+        has not that many free (reservations for other jobs left alone)."""
+        usable = self._usable(free, job_id)
+        placement: dict[str, list[int]] = {}
+        for node, count in gpus.items():
+            here = usable.get(node, [])
+            if node in self._drained or len(here) < count:
+                return {}
+            placement[node] = here[:count]
+        return placement
+
     def _start(self, job: SimJob, placement: dict[str, list[int]]) -> None:
         self._consume_reservation(job.id, placement)
         job.placement = placement
-        job.pinned, job.started_by_shaper = None, False
+        job.pinned, job.started_by_shaper, job.planned = None, False, None
         job.report = job.report.model_copy(
             update={"state": JobState.running, "start_time": self.now, "reason": ""}
         )
@@ -357,7 +372,12 @@ class SimCluster:
             if blocked and not job.started_by_shaper:
                 job.report = job.report.model_copy(update={"reason": "Priority"})
                 continue
-            placement = self._fit(job.report.gpus_requested, free, job.pinned, job.excluded, job.id)
+            if job.planned is not None:
+                placement = self._fit_exactly(job.planned, free, job.id)
+            else:
+                placement = self._fit(
+                    job.report.gpus_requested, free, job.pinned, job.excluded, job.id
+                )
             if not placement:
                 reason = "ReqNodeNotAvail" if job.pinned else "Resources"
                 job.report = job.report.model_copy(update={"reason": reason})
@@ -453,7 +473,7 @@ class SimCluster:
 
     def _submit_spec(self, job: SimJob) -> SubmitSpec | None:
         """How to submit a pending or running block job elsewhere (federated moves); None
-        otherwise.
+        otherwise, and for an elastic training job (it stays where it was submitted).
 
         A pending job's spec asks for its whole run time (a pending job moves bare and
         starts over there), made once. A running job's is made at each read: its
@@ -468,6 +488,8 @@ class SimCluster:
         so its spec asks for its whole run time, like a pending one's."""
         if job.report.shape is not JobShape.block:
             return None
+        if job.asked:
+            return None  # an elastic training job: its range and pace would not travel
         if job.state is JobState.running:
             left = job.work - job.done if job.report.checkpointable else job.work
             return submit_spec(job.report, max(left, timedelta(seconds=1)))
@@ -705,11 +727,17 @@ class SimCluster:
                 self._schedule()
 
     def start(
-        self, external_id: str, *, nodes: list[str] | None = None, replicas: int | None = None
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        replicas: int | None = None,
+        gpus: dict[str, int] | None = None,
     ) -> None:
         """Start a pending, held or suspended job now, ahead of FIFO, on ``nodes`` if given;
         it starts when it fits there (at once when GPUs are free or reserved for it). An
-        elastic training job starts at ``replicas`` (1-GPU replicas) when given."""
+        elastic training job starts at ``replicas`` (1-GPU replicas) when given, with
+        exactly ``gpus`` GPUs on each node when given (the plan's placement)."""
         with self._lock:
             self._act()
             job = self.job(external_id)
@@ -721,6 +749,7 @@ class SimCluster:
                 )
             if replicas is not None and job.asked:
                 self._set_size(job, replicas)
+                job.planned = dict(gpus) if gpus else None
             job.held = False
             job.pinned = list(nodes) if nodes else None
             job.started_by_shaper = True
@@ -873,11 +902,19 @@ class SimCluster:
             update={"gpus_requested": replicas, "gang_size": replicas}
         )
 
-    def resize_job(self, external_id: str, *, nodes: list[str], replicas: int) -> None:
+    def resize_job(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str],
+        replicas: int,
+        gpus: dict[str, int] | None = None,
+    ) -> None:
         """SupportsJobResize: a running elastic training job to ``replicas`` GPUs on
-        ``nodes`` — those it keeps first, then GPUs free (or held for it) there; it
-        restarts from its checkpoint (``RESIZE_LOSS`` of work lost). "Not yet" (retryable)
-        while the GPUs it grows onto are not free."""
+        ``nodes`` — ``gpus`` on each when given (the plan's), else as many as it can keep
+        there and then free ones — its own GPUs kept first on each node, then GPUs free (or
+        held for it) there; it restarts from its checkpoint (``RESIZE_LOSS`` of work lost).
+        "Not yet" (retryable) while the GPUs it grows onto are not free."""
         with self._lock:
             self._act()
             job = self.job(external_id)
@@ -889,21 +926,34 @@ class SimCluster:
                     retryable=False,
                 )
             held = sum(len(i) for i in job.placement.values())
-            if held == replicas and set(job.placement) <= set(nodes):
+            now = {n: len(i) for n, i in job.placement.items()}
+            if (gpus is not None and now == gpus) or (
+                gpus is None and held == replicas and set(job.placement) <= set(nodes)
+            ):
                 return  # done (a resend)
+            if gpus is not None and sum(gpus.values()) != replicas:
+                raise ConnectorError(
+                    f"resize job {external_id}: {replicas} replicas, but the plan's GPUs add "
+                    f"up to {sum(gpus.values())}",
+                    retryable=False,
+                )
             self._set_size(job, replicas)
             free = self._usable(self.free(), job.id)
             placement: dict[str, list[int]] = {}
             left = replicas
             for node in nodes:  # what it holds there first
-                keep = job.placement.get(node, [])[:left]
+                want = gpus.get(node, 0) if gpus is not None else left
+                keep = job.placement.get(node, [])[: min(want, left)]
                 if keep:
                     placement[node] = list(keep)
                     left -= len(keep)
             for node in nodes:
                 if left <= 0:
                     break
-                take = [i for i in free.get(node, []) if i not in placement.get(node, [])][:left]
+                want = gpus.get(node, 0) if gpus is not None else left
+                want = min(want - len(placement.get(node, [])), left)
+                take = [i for i in free.get(node, []) if i not in job.placement.get(node, [])]
+                take = take[: max(0, want)]
                 if take:
                     placement.setdefault(node, []).extend(take)
                     left -= len(take)

@@ -531,14 +531,20 @@ class SlurmConnector:
         )
 
     def start(
-        self, external_id: str, *, nodes: list[str] | None = None, replicas: int | None = None
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        replicas: int | None = None,
+        gpus: dict[str, int] | None = None,
     ) -> None:
         """Start a pending or held job, pinned to ``nodes`` (in its reservation when it has
         one there); a suspended one resumes. A running job is left as it is: the confirm
         that follows says whether it runs where the plan wanted. An elastic training job
         (``replicas`` given, or a node range still reported) is sized: ``NumNodes=N-N``,
         N = ``replicas`` (else the nodes named), so that Slurm gives it what the plan did
-        and not what it finds of its range."""
+        and not what it finds of its range. ``gpus`` (the plan's per node) is not needed:
+        Slurm gives each node the job's GRES per node."""
         job_id = self._job_id(external_id)
         what = f"start job {job_id}"
         job = self._job(job_id, what=what)
@@ -565,7 +571,14 @@ class SlurmConnector:
         finally:
             self._scontrol("release", job_id, what=what)
 
-    def resize_job(self, external_id: str, *, nodes: list[str], replicas: int) -> None:
+    def resize_job(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str],
+        replicas: int,
+        gpus: dict[str, int] | None = None,  # one replica per node: the nodes say it all
+    ) -> None:
         """SupportsJobResize: an elastic training job to ``replicas`` nodes, ``nodes``
         among them (Slurm runs one replica per node: where a plan put more than one on a
         node, Slurm picks the other nodes itself).

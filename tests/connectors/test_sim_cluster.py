@@ -321,6 +321,33 @@ def test_elastic_training_jobs_arrive_run_at_their_size_and_are_resized() -> Non
     assert cluster.jobs[job_id].done == timedelta(minutes=28)
     with pytest.raises(ConnectorError, match="outside 2..8"):
         cluster.resize_job(job_id, nodes=["a"], replicas=9)
-    # At twice its ask it finishes the 92 minutes left in 46.
-    clock.now = T0 + timedelta(hours=1, minutes=47)
+    # The plan's GPUs per node are followed: shrunk to 2 + 2 (not 4 on one node).
+    cluster.resize_job(job_id, nodes=["a", "b"], replicas=4, gpus={"a": 2, "b": 2})
+    assert {n: len(i) for n, i in cluster.jobs[job_id].placement.items()} == {"a": 2, "b": 2}
+    cluster.resize_job(job_id, nodes=["a", "b"], replicas=8, gpus={"a": 4, "b": 4})
+    assert cluster.jobs[job_id].done == timedelta(minutes=24)  # two more restarts
+    # At twice its ask it finishes the 96 minutes left in 48.
+    clock.now = T0 + timedelta(hours=1, minutes=49)
     assert _states(cluster)[job_id][0] == "finished"
+
+
+def test_a_sized_start_takes_the_plans_gpus_on_each_node_or_waits_for_them() -> None:
+    cluster, clock = _cluster()
+    _submit(cluster, "filler", 6, 120)  # a: 2 GPUs free
+    _submit(cluster, "other", 6, 30)  # b: 2 GPUs free
+    cluster.submit(JobReport(external_id="e", gpus_requested=8, submit_time=T0), timedelta(hours=1))
+    job = cluster.jobs["e"]
+    job.asked = 8
+    job.report = job.report.model_copy(
+        update={"gang_size": 8, "min_replicas": 4, "max_replicas": 16, "replicas": 8}
+    )
+    assert _states(cluster)["e"] == ("pending", [])
+    cluster.start("e", nodes=["a", "b"], replicas=4, gpus={"a": 2, "b": 2})
+    assert {n: len(i) for n, i in cluster.jobs["e"].placement.items()} == {"a": 2, "b": 2}
+    assert cluster.jobs["e"].report.gpus_requested == 4
+    # A plan asking for more on a node than is free there waits (not elsewhere).
+    cluster.requeue("e", hold=True)
+    cluster.start("e", nodes=["a"], replicas=4, gpus={"a": 4})
+    assert _states(cluster)["e"] == ("pending", [])
+    clock.now = T0 + timedelta(minutes=31)  # "other" ends: b frees, a still has 2
+    assert _states(cluster)["e"] == ("pending", [])
