@@ -3,9 +3,13 @@ placement, node by node, on the greedy engine's base state.
 
 The model counts jobs per node group, not per node, so its solution is realised: first
 the nodes it chose to empty (their residents move to other nodes of the group, or stay),
-then per group, largest items first, best fit. What does not fit is left for the engine's
-``fill``. Every change goes through the engine's state, so the result is legal by
-construction.
+then per group, largest items first, best fit. A job that runs one replica per node
+(``Instance.one_replica_per_node``) is an item of its chunk's size, first among items of
+that size, placed a replica at a time on distinct nodes, each the best node for one
+replica: the model counted it as that many chunks, and ``find_gang`` would take the
+emptiest nodes first. What does not fit is
+left for the engine's ``fill``. Every change goes through the engine's state, so the
+result is legal by construction.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from ortools.sat.python import cp_model
 from solver.greedy import GreedyEngine
 from solver.instance import Job
 from solver.model import PlacementModel
+from solver.state import ClusterState
 
 
 def realise(model: PlacementModel, solver: cp_model.CpSolver, engine: GreedyEngine) -> None:
@@ -41,10 +46,15 @@ def realise(model: PlacementModel, solver: cp_model.CpSolver, engine: GreedyEngi
                 break
             job = job_class.jobs[next_job[job_class.index]]
             next_job[job_class.index] += 1
-            items_by_group.setdefault(option.pool.group, []).append((job.total_gpus, job, 1))
+            items_by_group.setdefault(option.pool.group, []).append(
+                (option.chunk_gpus if job_class.one_replica_per_node else job.total_gpus, job, 1)
+            )
+    spread = instance.one_replica_per_node
     for group in sorted(items_by_group):
         items = items_by_group[group]
-        items.sort(key=lambda item: (-item[0], item[1].id))
+        # Of items of one size, a gang that needs a node per replica comes first: a job
+        # placed before it could take a node that only the gang's own chunks fit beside.
+        items.sort(key=lambda item: (-item[0], -_nodes_needed(item[1], spread), item[1].id))
         for _, job, count in items:
             cap = instance.policy_for(job).quota_cap
             if job.is_elastic:
@@ -66,10 +76,29 @@ def realise(model: PlacementModel, solver: cp_model.CpSolver, engine: GreedyEngi
                 continue
             if cap is not None and state.team_usage[job.team] + job.total_gpus > cap:
                 continue
-            placement = state.find_gang(job, job.replicas, [group], job.max_nodes)
+            if job.replicas > 1 and job.id in instance.one_replica_per_node:
+                placement = _node_per_replica(state, job, group)
+            else:
+                placement = state.find_gang(job, job.replicas, [group], job.max_nodes)
             if placement is None:
                 continue
             engine.admit(job, placement)
+
+
+def _nodes_needed(job: Job, spread: frozenset[str]) -> int:
+    """Distinct nodes a job must have: its replicas where it runs one per node, else 0."""
+    return job.replicas if job.id in spread and not job.is_elastic else 0
+
+
+def _node_per_replica(state: ClusterState, job: Job, group: int) -> dict[int, int] | None:
+    """A node of ``group`` for each replica, none twice; None if the group has too few."""
+    chosen: dict[int, int] = {}
+    for _ in range(job.replicas):
+        node = state.find_single_node(job, 1, [group], exclude=set(chosen))
+        if node is None:
+            return None
+        chosen[node] = job.gpus_per_replica
+    return chosen
 
 
 def _empty_nodes(model: PlacementModel, solver: cp_model.CpSolver, engine: GreedyEngine) -> None:

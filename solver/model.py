@@ -7,15 +7,18 @@ Aggregation
   the group (the GPU model's speed), so the model counts what goes into a group rather
   than into a node, and checks packing per free-GPU level.
 * A **job class** is a set of pending block jobs that are interchangeable for the model:
-  same compatible groups, shape (replicas, GPUs/CPU/memory per replica, spread limit),
-  weight, team (when a team constraint names it), overdue flag and look-ahead reserves.
+  same compatible groups, shape (replicas, GPUs/CPU/memory per replica, spread limit,
+  whether it runs one replica per node), weight, team (when a team constraint names it),
+  overdue flag and look-ahead reserves.
   An elastic service's missing replicas form a class of their own (one replica per item).
   Frozen jobs (``Instance.is_frozen``) are in no class and no evacuation: the model
   cannot start, move or stop them, as if their variables were fixed to what they hold.
 * An **option** is (class, pool, nodes per job): ``count`` jobs of the class each placed as
   ``nodes`` equal chunks in that group. Single-node placement is ``nodes = 1``; a gang is
-  split over the fewest nodes its chunk fits. The model's integer variables are these
-  counts, so its size is classes × pools, not jobs × nodes.
+  split over the fewest nodes its chunk fits, and a gang that runs one replica per node
+  (``Instance.one_replica_per_node``) over a node per replica, where the group has that
+  many nodes with room for a replica (else it gets no option there). The model's integer
+  variables are these counts, so its size is classes × pools, not jobs × nodes.
 
 Constraint families (``solver/constraints/``), each ``build()`` returning its objective terms:
 ``assignment`` (each class placed at most its size; the value of what is placed),
@@ -105,6 +108,8 @@ class JobClass:
     reserves: tuple[int, ...]  # look-ahead reserves this class must keep off
     elastic: bool = False
     overdue: bool = False  # pending past its SLA's max queue wait
+    # Its jobs run at most one replica on a node (``Instance.one_replica_per_node``).
+    one_replica_per_node: bool = False
     size: int = 0  # jobs in the class, or missing replicas for an elastic class
     # Where its image is, and what placing one of its jobs in another cluster costs
     # (objective units: ``solver.objective``'s "started away" term).
@@ -243,6 +248,7 @@ def build_classes(
         if job.home_cluster is not None:
             remote_cost = weight * job.total_gpus * instance.transfer_per_gpu(job)
         speeds = instance.own_speeds(job)
+        one_per_node = job.id in instance.one_replica_per_node
         key = (
             job_signature(job),
             tuple(sorted(speeds.items())),
@@ -258,6 +264,7 @@ def build_classes(
             boost,
             job.team if capped else None,
             reserves[job.id],
+            one_per_node,
         )
         job_class = by_key.get(key)
         if job_class is None:
@@ -275,6 +282,7 @@ def build_classes(
                 team=job.team,
                 reserves=reserves[job.id],
                 overdue=overdue,
+                one_replica_per_node=one_per_node,
                 home_cluster=job.home_cluster,
                 remote_cost=remote_cost,
                 speeds=dict(speeds),
@@ -356,7 +364,7 @@ class PlacementModel:
                     room = pool.free_gpus + pool.evacuable_total
                     upper = min(job_class.size, room // job_class.gpus_per_replica)
                 else:
-                    split = self._split(job_class, fit, len(pool.nodes))
+                    split = self._split(job_class, fit, self._nodes_for(job_class, pool))
                     if split is None:
                         continue
                     nodes, chunk = split
@@ -372,11 +380,29 @@ class PlacementModel:
                 self.options_by_pool.setdefault(pool.index, []).append(option)
                 self.options_by_class.setdefault(job_class.index, []).append(option)
 
+    def _nodes_for(self, job_class: JobClass, pool: Pool) -> int:
+        """Nodes of the pool a job of the class may split over: all of them, or for a job
+        that runs one replica per node those with room for a replica, now or once emptied
+        by migration (each takes a chunk of its own, so a node counts once however much
+        room it has)."""
+        if not job_class.one_replica_per_node:
+            return len(pool.nodes)
+        need = job_class.gpus_per_replica
+        able = sum(count for free, count in pool.levels.items() if free >= need)
+        for evacuation in self.evacuations_by_pool.get(pool.index, []):
+            if evacuation.free_gpus < need <= evacuation.node_gpus:
+                able += len(evacuation.nodes)
+        return able
+
     @staticmethod
     def _split(job_class: JobClass, fit: int, pool_nodes: int) -> tuple[int, int] | None:
-        """Fewest nodes over which the job splits evenly with chunks that fit a node."""
+        """Fewest nodes over which the job splits evenly with chunks that fit a node; a
+        node per replica for a job that runs one replica per node (None where the pool
+        has too few nodes or ``max_nodes`` allows too few: the job waits in this pool)."""
         replicas = job_class.replicas
         limit = job_class.max_nodes if job_class.max_nodes is not None else replicas
+        if job_class.one_replica_per_node and replicas > 1:
+            return (replicas, 1) if replicas <= min(limit, pool_nodes) else None
         for nodes in range(1, min(limit, replicas, pool_nodes) + 1):
             if replicas % nodes == 0 and replicas // nodes <= fit:
                 return nodes, replicas // nodes

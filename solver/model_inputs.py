@@ -9,7 +9,7 @@ engine once its state is the base (``GreedyEngine.rebase``).
   capacity; look-ahead reserves and each class's reserves; team room under quota caps
   and the GPUs a team must start for its guarantee; the migration budget the greedy left.
 * Evacuations: kinds of partly used nodes whose residents may all still move within their
-  cluster (``migratable``).
+  cluster (``migratable``), each whole onto one node.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def evacuations(engine: GreedyEngine, pools: list[Pool], budget: int) -> list[Ev
     horizon = instance.config.value_horizon_s
     pool_by_group = {pool.group: pool for pool in pools}
     kinds: dict[tuple[object, ...], Evacuation] = {}
+    spread = instance.one_replica_per_node
     for node_index, node in enumerate(instance.nodes):
         residents = state.jobs_on_node[node_index]
         if not state.ready[node_index] or not residents or len(residents) > budget:
@@ -102,9 +103,16 @@ def evacuations(engine: GreedyEngine, pools: list[Pool], budget: int) -> list[Ev
         group = state.compat.group_of_node[node_index]
         jobs = [instance.job_by_id[job_id] for job_id in residents]
         # Residents move within the group (its cluster): a job that is not ``migratable``
-        # may move only to another cluster, which the model does not plan.
+        # may move only to another cluster, which the model does not plan. A node that
+        # holds a replica of a job of two or more replicas that run one per node
+        # (``Instance.one_replica_per_node``) is not one to empty: what a resident holds
+        # on the node moves whole onto one other node (``extraction``), which may hold
+        # another of its replicas; so no move of the model's puts two side by side.
         if not all(
-            job.migratable and engine.may_move(job.id) and group in state.compat.groups_for(job)
+            job.migratable
+            and engine.may_move(job.id)
+            and group in state.compat.groups_for(job)
+            and not (job.replicas > 1 and job.id in spread)
             for job in jobs
         ):
             continue
