@@ -17,6 +17,8 @@ cordon, uncordon       patch nodes
 suspend_job/resume     get, patch batch jobs (recreate_job_pinned,
                        suspend_job_to_resume and restart_job too)
 delete_job             delete batch jobs
+shrink_indexed_job,    get, patch batch jobs; list pods (indexed_pods)
+restart_indexed_job
 delete_pod             delete pods
 =====================  ===============================================================
 
@@ -63,6 +65,8 @@ from connectors.kubernetes.pods import (
     QUEUE_LABEL,
     RESUME_FROM,
     STOPPED_BY_STEP,
+    elastic_size,
+    pod_gpus,
     resume_blocker,
 )
 from connectors.kubernetes.restore_webhook import (
@@ -74,6 +78,8 @@ from connectors.kubernetes.restore_webhook import (
 from connectors.kubernetes.submission import pinned_affinity
 
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+# The index the Job controller gives each pod of an Indexed Job (an annotation).
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # One request's ceiling: the saga retries a step that times out, the API server does not
 # need to be waited on longer.
 REQUEST_TIMEOUT_S = 30.0
@@ -421,6 +427,133 @@ def delete_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
         return
 
 
+# -- elastic training: Indexed Jobs whose size changes --------------------------------------
+
+
+def indexed_size(current: client.V1Job, what: str) -> int:
+    """The size of an elastic Indexed Job (connectors.kubernetes.pods.elastic_size); any
+    other Job is refused: Kubernetes lets only those change their completions."""
+    spec = current.spec
+    size = elastic_size(
+        {
+            "completionMode": spec.completion_mode,
+            "completions": spec.completions,
+            "parallelism": spec.parallelism,
+        }
+    )
+    if size is None:
+        raise ConnectorError(
+            f"cannot {what}: not an Indexed Job whose completions equal its parallelism, "
+            "the only Jobs Kubernetes lets change size",
+            retryable=False,
+        )
+    return size
+
+
+def indexed_pods(api: client.ApiClient, current: client.V1Job) -> dict[int, tuple[str, int]]:
+    """The live pods of an Indexed Job bound to a node, read from the API server: index →
+    (node, GPUs). Pods being deleted are left out: they are on their way out."""
+    core = _core(api)
+    namespace, uid = current.metadata.namespace, current.metadata.uid
+    found = call(
+        "list",
+        f"pods of job {current.metadata.name} in {namespace}",
+        lambda: core.list_namespaced_pod(
+            namespace,
+            label_selector=f"{JOB_UID_LABEL}={uid}",
+            _request_timeout=REQUEST_TIMEOUT_S,
+        ),
+    )
+    placed: dict[int, tuple[str, int]] = {}
+    for pod in found.items:
+        index = (pod.metadata.annotations or {}).get(COMPLETION_INDEX)
+        live = pod.status.phase not in ("Succeeded", "Failed")
+        if index is None or not index.isdigit() or pod.metadata.deletion_timestamp or not live:
+            continue
+        if pod.spec.node_name:
+            placed[int(index)] = (pod.spec.node_name, pod_gpus(api.sanitize_for_serialization(pod)))
+    return placed
+
+
+def shrink_indexed_job(api: client.ApiClient, *, namespace: str, job: str, replicas: int) -> None:
+    """Shrink a running elastic Indexed Job in place to ``replicas`` pods: completions =
+    parallelism = ``replicas``. The Job controller deletes the pods of indexes
+    ``replicas`` and up and leaves the others running (the job's elastic runtime goes on
+    with fewer). Idempotent; growing is :func:`restart_indexed_job`'s."""
+    what = f"shrink job {job} in {namespace} to {replicas} pod(s)"
+    current = read_job(api, namespace=namespace, job=job)
+    _refuse_if_kueue(current, what)
+    size = indexed_size(current, what)
+    if size == replicas:
+        return
+    if not 1 <= replicas < size:
+        raise ConnectorError(f"cannot {what}: it runs {size}", retryable=False)
+    _patch_job(
+        api,
+        namespace=namespace,
+        job=job,
+        body={"spec": {"completions": replicas, "parallelism": replicas}},
+    )
+
+
+def restart_indexed_job(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    job: str,
+    replicas: int,
+    nodes: list[str],
+    step_key: str | None,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> None:
+    """Run an elastic Indexed Job at ``replicas`` pods on ``nodes``: suspend it (its pods
+    go; the patch stamps ``step_key`` on it, as :func:`restart_job`'s does), wait until no
+    pod is active, set completions = parallelism = ``replicas`` and pin the template to
+    ``nodes``, resume. Its new pods resume from the job's own checkpoint: an elastic
+    training job keeps one (its runtime restarts on membership changes anyway), and the
+    plan counts a restart's cost. A held (suspended) Job is sized, pinned and let run: a
+    plan's start at a size. A resend that finds its stamp on a Job running again leaves
+    it; one that finds it still suspended finishes. If sizing or pinning is refused, a Job
+    this call suspended is let run again as it was before the error is raised."""
+    what = f"restart job {job} in {namespace} at {replicas} pod(s) on {','.join(nodes)}"
+    current = read_job(api, namespace=namespace, job=job)
+    _refuse_if_kueue(current, what)
+    indexed_size(current, what)
+    if not nodes or replicas < 1:
+        raise ConnectorError(f"cannot {what}: no node or no pod", retryable=False)
+    annotations = current.metadata.annotations or {}
+    if step_key is not None and annotations.get(STOPPED_BY_STEP) == step_key:
+        if not current.spec.suspend:
+            return
+    suspended_here = False
+    if not current.spec.suspend:
+        body: dict[str, Any] = {"spec": {"suspend": True}}
+        body["metadata"] = {"annotations": {STOPPED_BY_STEP: step_key}}  # None takes one off
+        _patch_job(api, namespace=namespace, job=job, body=body)
+        suspended_here = True
+    _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
+    affinity = pinned_affinity(
+        api.sanitize_for_serialization(current.spec.template.spec.affinity), nodes
+    )
+    sized = {
+        "spec": {
+            "completions": replicas,
+            "parallelism": replicas,
+            "template": {"spec": {"affinity": affinity}},
+        }
+    }
+    try:
+        _patch_job(api, namespace=namespace, job=job, body=sized)
+    except ConnectorError as error:
+        if error.retryable or not suspended_here:
+            raise
+        _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+        raise ConnectorError(
+            f"{error} (the Job this step suspended was let run again)", retryable=False
+        ) from error
+    _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+
+
 def template_blocker(api: client.ApiClient, template: client.V1PodTemplateSpec) -> str | None:
     """:func:`connectors.kubernetes.pods.resume_blocker` of a pod template the client read."""
     return resume_blocker(api.sanitize_for_serialization(template))
@@ -614,13 +747,16 @@ def _prepare_stopped(
 
 def _wait_stopped(api: client.ApiClient, *, namespace: str, job: str, timeout_s: float) -> None:
     """Until a suspended Job's controller says so (condition Suspended) and no pod is
-    active; a retryable error after ``timeout_s``."""
+    active or terminating (``status.terminating``: a pod being deleted still holds its
+    GPUs, and may still be writing its checkpoint; pods started before it is gone would be
+    scheduled around GPUs that are about to be free); a retryable error after
+    ``timeout_s``."""
 
     def stopped() -> bool:
         status = read_job(api, namespace=namespace, job=job).status
         suspended = any(
             c.type == "Suspended" and c.status == "True" for c in status.conditions or []
         )
-        return suspended and not status.active
+        return suspended and not status.active and not status.terminating
 
     wait_until(f"job {job} in {namespace} to stop its pods", stopped, timeout_s)

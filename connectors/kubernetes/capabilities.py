@@ -8,6 +8,11 @@ connectors.kubernetes.pods):
 step                                plain Kubernetes
 ==================================  ==========================================================
 resize(replicas)                    Deployment, StatefulSet: ``scale`` (``/scale``)
+resize_job(nodes, replicas)         elastic Indexed Job (an elastic training job,
+                                    connectors.kubernetes.pods): ``shrink_indexed_job``
+                                    when the pods it keeps (the lower indexes) run where
+                                    the plan keeps them; else ``restart_indexed_job``
+                                    at the new size, pinned to ``nodes``
 hold / release                      Job: ``suspend_job`` / ``resume_job``; a release with
                                     a resume pointer (a moved job's, at its target):
                                     ``recreate_job_pinned(nodes=None)`` with the pointer
@@ -20,7 +25,9 @@ requeue(nodes, hold)                Job: ``recreate_job_pinned`` to ``nodes`` wi
                                     ``hold``; a resent step does not restart twice)
 start(nodes)                        suspended Job: ``recreate_job_pinned(resume_from=None)``
                                     to ``nodes`` (its pointer kept), ``resume_job`` without
-                                    nodes; a bare pod without nodes: nothing to do
+                                    nodes; a bare pod without nodes: nothing to do;
+                                    with ``replicas``, a suspended elastic Indexed Job:
+                                    ``restart_indexed_job`` (sized, pinned, let run)
 cancel                              Job: ``delete_job``; bare pod: ``delete_pod``
 submit(spec, name, nodes, hold)     create the spec's Job, suspended when ``hold``, pinned
                                     to ``nodes`` (connectors.kubernetes.moves)
@@ -220,10 +227,18 @@ class KubernetesCapabilities(KubernetesMoves):
 
     # --- SupportsStart ---------------------------------------------------------------------
 
-    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+    def start(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        replicas: int | None = None,
+        gpus: dict[str, int] | None = None,  # the pods land where they fit on ``nodes``
+    ) -> None:
         """Start a held (suspended) Job, pinned to ``nodes`` when given, resuming from the
-        pointer it carries; a Job that is not suspended is left to the scheduler (the
-        confirm that follows says where it runs), as is a bare pod already bound or
+        pointer it carries — an elastic Indexed Job at ``replicas`` pods when given
+        (``restart_indexed_job``); a Job that is not suspended is left to the scheduler
+        (the confirm that follows says where it runs), as is a bare pod already bound or
         started without nodes. Pinning a bare pod that is not bound yet is refused
         (module docstring)."""
         owner = parse_external_id(external_id)
@@ -234,15 +249,20 @@ class KubernetesCapabilities(KubernetesMoves):
             return
         if owner.kind != "Job":
             raise _cannot("start", owner, _JOBS_ONLY)
-        current = actions.read_job(self.api, namespace=owner.namespace, job=owner.name)
-        ended = [
-            c.type
-            for c in current.status.conditions or []
-            if c.type in ENDED_CONDITIONS and c.status == "True"
-        ]
-        if ended:
-            raise _cannot("start", owner, f"it has ended ({ended[0]})")
+        current = self._live_job("start", owner)
         if not current.spec.suspend:
+            return
+        spec = current.spec
+        elastic = spec.completion_mode == "Indexed" and spec.completions == spec.parallelism
+        if replicas and pin is not None and elastic:
+            actions.restart_indexed_job(
+                self.api,
+                namespace=owner.namespace,
+                job=owner.name,
+                replicas=replicas,
+                nodes=pin,
+                step_key=None,
+            )
             return
         if pin is None:
             actions.resume_job(self.api, namespace=owner.namespace, job=owner.name)
@@ -250,6 +270,65 @@ class KubernetesCapabilities(KubernetesMoves):
         actions.recreate_job_pinned(
             self.api, namespace=owner.namespace, job=owner.name, nodes=pin, resume_from=None
         )
+
+    # --- SupportsJobResize -----------------------------------------------------------------
+
+    def resize_job(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str],
+        replicas: int,
+        gpus: dict[str, int] | None = None,
+    ) -> None:
+        """An elastic training job (an elastic Indexed Job, connectors.kubernetes.pods)
+        to ``replicas`` pods on ``nodes`` (``gpus``: the plan's GPUs on each).
+
+        Shrunk in place when the pods it keeps run where the plan keeps them: Kubernetes
+        keeps the lower indexes and deletes the rest, so the pods of indexes below
+        ``replicas`` must be on ``nodes``, all of them, with the GPUs ``gpus`` gives each
+        (``actions.shrink_indexed_job``: no restart). Otherwise — growth, or a shrink that
+        keeps other pods — it is restarted at the new size pinned to ``nodes``
+        (``actions.restart_indexed_job``, stamped with the step's key) and resumes from its
+        own checkpoint. A resend finds it at that size there, or its stamp, and leaves it."""
+        owner = self._job("resize", external_id)
+        _, step_key = self._take_pointer(external_id)
+        what = f"resize to {replicas} pod(s) on {','.join(nodes)}"
+        if not nodes or replicas < 1:
+            raise _cannot("resize", owner, f"{what}: no node or no pod")
+        current = self._live_job("resize", owner)
+        size = actions.indexed_size(current, f"{what} {external_id}")
+        if not current.spec.suspend:
+            placed = actions.indexed_pods(self.api, current)
+            kept = [placed[i] for i in range(replicas) if i in placed]
+            if len(kept) == replicas and _as_planned(kept, nodes, gpus):
+                if size == replicas:
+                    return  # it runs there already
+                if size > replicas:
+                    actions.shrink_indexed_job(
+                        self.api, namespace=owner.namespace, job=owner.name, replicas=replicas
+                    )
+                    return
+        actions.restart_indexed_job(
+            self.api,
+            namespace=owner.namespace,
+            job=owner.name,
+            replicas=replicas,
+            nodes=list(nodes),
+            step_key=step_key,
+        )
+
+    def _live_job(self, step: str, owner: OwnerRef) -> client.V1Job:
+        """The Job as the API server has it; one that has ended is refused."""
+        current = actions.read_job(self.api, namespace=owner.namespace, job=owner.name)
+        ended = [
+            c.type
+            for c in current.status.conditions or []
+            if c.type in ENDED_CONDITIONS and c.status == "True"
+        ]
+        if ended:
+            raise _cannot(step, owner, f"it has ended ({ended[0]})")
+        return current
 
     # --- SupportsCancel --------------------------------------------------------------------
 
@@ -316,6 +395,17 @@ _BARE_POD = (
     "a bare pod is never moved: nothing would recreate it if the connector failed between "
     "deleting it and creating it again; run the workload as a Job"
 )
+
+
+def _as_planned(kept: list[tuple[str, int]], nodes: list[str], gpus: dict[str, int] | None) -> bool:
+    """Whether pods (node, GPUs) are on ``nodes``, all of them, and — when the plan says
+    how many GPUs go on each — with those GPUs."""
+    held: dict[str, int] = {}
+    for node, count in kept:
+        held[node] = held.get(node, 0) + count
+    if set(held) != set(nodes):
+        return False
+    return gpus is None or all(held[node] == gpus.get(node, held[node]) for node in held)
 
 
 def _cannot(step: str, owner: OwnerRef, why: str) -> ConnectorError:

@@ -23,8 +23,15 @@ the owner's annotations ``shaper.io/min-replicas`` / ``shaper.io/max-replicas`` 
 them both are ``spec.replicas``: Shaper does not resize a service nobody declared elastic.
 Everything else is a block job: ``gang_size`` = a Job's parallelism (capped by its
 completions) or the pods of the group; ``gpus_requested`` = GPUs per pod × gang size, never
-less than what the pods hold. A pod's GPUs are its effective ``nvidia.com/gpu`` request
-(containers and sidecars summed, init containers' largest if more; limits when no request).
+less than what the pods hold. An **elastic training job** is an Indexed Job whose
+``completions`` equal its ``parallelism`` (Kubernetes lets the two change together while
+it runs: elastic Indexed Jobs, GA in 1.31) and that declares ``shaper.io/max-replicas``
+(and ``shaper.io/min-replicas``, default 1) above its floor: a block job with
+``min_replicas``/``max_replicas`` (a replica is a pod), asking for the most
+(:func:`training_range`; connectors.kubernetes.capabilities resizes it). Not one that
+Kueue manages: Kueue owns its size as well as its suspension. A pod's GPUs are its
+effective ``nvidia.com/gpu`` request (containers and sidecars summed, init containers'
+largest if more; limits when no request).
 
 **State.** A Job with condition Complete (or SuccessCriteriaMet) is ``finished``, Failed
 (or FailureTarget) ``failed``. Otherwise a group with a live pod bound to a node is
@@ -503,6 +510,30 @@ def _gang_size(group: JobGroup, live_pods: list[Object]) -> int:
     return max(1, min(MAX_GANG, len(live_pods) or len(group.pods)))
 
 
+def elastic_size(spec: Mapping[str, Any]) -> int | None:
+    """The size of an elastic Indexed Job (``completionMode: Indexed``, ``completions`` =
+    ``parallelism``): its pods; None for any other Job spec."""
+    completions, parallelism = spec.get("completions"), spec.get("parallelism", 1)
+    if spec.get("completionMode") != "Indexed" or not isinstance(completions, int):
+        return None
+    return completions if completions == parallelism and completions >= 1 else None
+
+
+def training_range(group: JobGroup, annotations: Mapping[str, Any]) -> tuple[int, int] | None:
+    """An elastic training job's replica range (module docstring); None for a rigid job,
+    and for one whose annotations give no range above a floor of at least 1."""
+    if group.owner.kind != "Job" or group.obj is None or group.meta("labels").get(QUEUE_LABEL):
+        return None
+    if elastic_size(group.obj.get("spec") or {}) is None:
+        return None
+    high = _int_annotation(annotations, MAX_REPLICAS_ANNOTATION)
+    low = _int_annotation(annotations, MIN_REPLICAS_ANNOTATION)
+    low = 1 if low is None else low
+    if high is None or not 1 <= low < high:
+        return None
+    return low, high
+
+
 def _checkpointable(group: JobGroup, annotations: Mapping[str, Any]) -> bool:
     """By the rules of the module docstring: for Jobs and bare pods, what the actions
     accept."""
@@ -628,6 +659,9 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
             else sum(pod_gpus(p) for p in (live or group.pods))
         )
         fields.update(gang_size=gang, gpus_requested=min(100_000, max(requested, held_gpus)))
+        elastic = training_range(group, annotations)
+        if elastic is not None:
+            fields.update(min_replicas=elastic[0], max_replicas=elastic[1], replicas=elastic[1])
     if (
         context.submit_spec is not None
         and group.owner.kind == "Job"

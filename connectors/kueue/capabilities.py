@@ -160,10 +160,18 @@ class KueueCapabilities(KubernetesCapabilities):
         if not hold:
             actions.reactivate(self.api, namespace=namespace, workload=workload)
 
-    def start(self, external_id: str, *, nodes: list[str] | None = None) -> None:
+    def start(
+        self,
+        external_id: str,
+        *,
+        nodes: list[str] | None = None,
+        replicas: int | None = None,
+        gpus: dict[str, int] | None = None,
+    ) -> None:
         owner, workload = self._workload(external_id)
         if workload is None:
-            super().start(external_id, nodes=nodes)
+            # A Job Kueue leaves alone, an elastic training one among them.
+            super().start(external_id, nodes=nodes, replicas=replicas, gpus=gpus)
             return
         actions.reactivate(self.api, namespace=owner.namespace, workload=workload)
 

@@ -306,3 +306,53 @@ def test_elastic_training_jobs_reach_the_solver_with_their_range(
     assert uneven.max_replicas is None and uneven.placement == {"alpha/n3": 3, "alpha/n2": 1}
     # Slurm runs a node's share per node: the gangs get a node per replica from the solver.
     assert instance.one_replica_per_node == {"alpha/e", "alpha/waits"}
+
+
+def test_the_cycle_shrinks_a_kubernetes_elastic_training_job_with_pods_stacked_on_a_node(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """Kubernetes' elastic training job (an elastic Indexed Job: a replica is a pod, and
+    pods may share a node) holds both 8-GPU nodes with four 4-GPU pods; a higher-priority
+    4-GPU job waits. The cycle shrinks the elastic job by one pod instead of stopping it,
+    and the plan may keep two pods on one node (Slurm's one-node-per-replica rule is
+    Slurm's only)."""
+    client.post(
+        "/api/v1/clusters",
+        headers=auth["admin"],
+        json={"name": "alpha", "scheduler": "kubernetes", "mode": "advise"},
+    )
+    elastic = {
+        **running("e", "n1", [0, 1, 2, 3, 4, 5, 6, 7], checkpointable=True, priority=10),
+        "gpus_requested": 16,
+        "gang_size": 4,
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "replicas": 4,
+        "allocations": [
+            {"node": "n1", "gpu_indices": list(range(8))},
+            {"node": "n2", "gpu_indices": list(range(8))},
+        ],
+    }
+    jobs = [elastic, job("urgent", gpus_requested=4, priority=90)]
+    response = client.post(
+        "/api/v1/clusters/alpha/telemetry",
+        headers=auth["connector_alpha"],
+        json=snapshot(1, nodes=[node("n1"), node("n2")], jobs=jobs),
+    )
+    assert response.status_code == 200, response.text
+    instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    assert not instance.one_replica_per_node
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    assert result.violations == 0, result
+    actions = session.exec(
+        select(Action, Job)
+        .join(Job, Action.job_id == Job.id)  # type: ignore[arg-type]
+        .where(Action.plan_id == result.plan_id)
+    ).all()
+    by_job = {(j.external_id, str(a.kind)): a for a, j in actions}
+    shrink, start = by_job[("e", "resize")], by_job[("urgent", "start")]
+    assert shrink.target_replicas == 3 and sum(shrink.target_placement.values()) == 12
+    assert 8 in shrink.target_placement.values()  # two pods kept on one node
+    (freed,) = [n for n, g in shrink.target_placement.items() if g == 4]
+    assert start.target_placement == {freed: 4}
+    assert "preempt" not in {kind for _, kind in by_job}

@@ -216,6 +216,57 @@ def test_a_deployment_is_elastic_within_its_annotated_range() -> None:
     assert report.kind.value == "realtime_inference"
 
 
+def elastic_job(
+    name: str, *, size: int = 3, low: str | None = "1", high: str | None = "4", **spec: Any
+) -> dict[str, Any]:
+    """An Indexed Job of ``size`` 2-GPU pods annotated with a replica range."""
+    obj = job(name, parallelism=size, gpus=2)
+    obj["spec"]["completionMode"] = "Indexed"
+    obj["spec"].update(spec)
+    annotations = {"shaper.io/min-replicas": low, "shaper.io/max-replicas": high}
+    obj["metadata"]["annotations"] = {k: v for k, v in annotations.items() if v is not None}
+    return obj
+
+
+def test_an_indexed_job_with_a_replica_range_is_elastic_training() -> None:
+    pods = [
+        pod(f"train-{i}", owner=("Job", "train"), node_name=f"n{1 + i % 2}", gpus=2)
+        for i in range(3)
+    ]
+    groups = group_pods(pods, {"Job": [elastic_job("train")]})
+    report = job_report(groups["ml/job/train"], CONTEXT)
+    assert report is not None and report.shape is JobShape.block
+    # A replica is a pod: 3 of 2 GPUs running, 1..4 allowed, asking for the most.
+    assert (report.gang_size, report.gpus_requested) == (3, 6)
+    assert (report.min_replicas, report.replicas, report.max_replicas) == (1, 4, 4)
+    assert {a.node: a.gpus for a in report.allocations} == {"n1": 4, "n2": 2}
+    pending = job_report(JobGroup(OwnerRef("Job", "ml", "q"), elastic_job("q", low=None)), CONTEXT)
+    assert pending is not None and (pending.min_replicas, pending.max_replicas) == (1, 4)
+
+
+@pytest.mark.parametrize(
+    ("obj", "why"),
+    [
+        (elastic_job("j", completionMode="NonIndexed"), "not Indexed: no index to keep"),
+        (elastic_job("j", completions=6), "completions > parallelism: not resizable"),
+        (elastic_job("j", high=None), "no range declared"),
+        (elastic_job("j", low="4", high="4"), "a range of one size"),
+        (elastic_job("j", low="0", high="4"), "a floor of no pod"),
+        (elastic_job("j", high="many"), "not a number"),
+    ],
+)
+def test_other_jobs_stay_rigid(obj: dict[str, Any], why: str) -> None:
+    report = job_report(JobGroup(OwnerRef("Job", "ml", "j"), obj), CONTEXT)
+    assert report is not None and (report.min_replicas, report.max_replicas) == (0, 0), why
+
+
+def test_a_job_kueue_manages_stays_rigid_kueue_owns_its_size() -> None:
+    obj = elastic_job("j")
+    obj["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    report = job_report(JobGroup(OwnerRef("Job", "ml", "j"), obj), CONTEXT)
+    assert report is not None and report.max_replicas == 0
+
+
 # Trimmed from Kueue v0.17.0's Workloads of two 2-pod, 4-GPU Jobs on an 8-GPU ClusterQueue.
 RESUME_ENV = {
     "name": "SHAPER_RESUME_FROM",

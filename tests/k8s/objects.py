@@ -73,6 +73,22 @@ def gpu_job(
     )
 
 
+def elastic_training_job(
+    name: str, *, pods: int, gpus: int, low: int = 1, high: int = 4, suspend: bool = False
+) -> client.V1Job:
+    """An elastic training job: an Indexed Job of ``pods`` pods (completions =
+    parallelism) of ``gpus`` GPUs each, its range in Shaper's annotations."""
+    job = gpu_job(name, gpus=gpus)
+    job.metadata.annotations = {
+        "shaper.io/min-replicas": str(low),
+        "shaper.io/max-replicas": str(high),
+    }
+    job.spec.completion_mode = "Indexed"
+    job.spec.completions = job.spec.parallelism = pods
+    job.spec.suspend = suspend
+    return job
+
+
 def bare_pod(
     name: str, *, gpus: int, checkpointable: bool = True, node: str | None = None
 ) -> client.V1Pod:

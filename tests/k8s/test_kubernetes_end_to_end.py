@@ -18,20 +18,32 @@ from typing import Any
 
 import httpx
 import pytest
+from kubernetes import client
 from sqlmodel import Session, select
 
 from app.actions.models import Action, ActionKind
 from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
 from tests.k8s.conftest import GPUS_PER_NODE, NODES, K8sCluster, Kube, wait_for
-from tests.k8s.objects import admitted, gpu_job, gpu_queues, inference_deployment, running_pods
+from tests.k8s.objects import (
+    GPU,
+    admitted,
+    elastic_training_job,
+    gpu_job,
+    gpu_queues,
+    inference_deployment,
+    running_pods,
+)
 from tests.support.deployment import deployment as deployment_of
-from tests.support.plans import stored_plan, wait_until_settled
+from tests.support.plans import planned_actions, stored_plan, wait_until_settled
 
 pytestmark = pytest.mark.slow
 
 CLUSTER = "k8s-e2e"
 OTHER = "k8s-other"
+# The same control plane through the plain Kubernetes connector: Kueue cannot be told where
+# a job goes, so the solver plans no move or resize on a Kueue cluster (app.shaping.snapshot).
+PLAIN = "k8s-plain"
 WAIT_S = 90.0
 
 
@@ -46,8 +58,14 @@ def deployment(
     with deployment_of(
         root=root,
         database_url=make_postgres_database("k8s_e2e"),
-        clusters=[(CLUSTER, "kueue"), (OTHER, "kueue")],
-        scopes=["operator", "viewer", f"connector:{CLUSTER}", f"connector:{OTHER}"],
+        clusters=[(CLUSTER, "kueue"), (OTHER, "kueue"), (PLAIN, "kubernetes")],
+        scopes=[
+            "operator",
+            "viewer",
+            f"connector:{CLUSTER}",
+            f"connector:{OTHER}",
+            f"connector:{PLAIN}",
+        ],
         # the tests store their plans; no cycle replaces them
         env={"SHAPER_CYCLE_PERIOD_S": "86400"},
     ) as running:
@@ -57,8 +75,8 @@ def deployment(
         yield running
 
 
-def _connector_log(deployment: dict[str, Any]) -> str:
-    return str(deployment["pipeline"].workers[f"connector-{CLUSTER}"].tail())
+def _connector_log(deployment: dict[str, Any], cluster: str = CLUSTER) -> str:
+    return str(deployment["pipeline"].workers[f"connector-{cluster}"].tail())
 
 
 def _api(deployment: dict[str, Any], path: str, role: str = "viewer", **params: Any) -> Any:
@@ -72,8 +90,10 @@ def _api(deployment: dict[str, Any], path: str, role: str = "viewer", **params: 
     return response.json()
 
 
-def _job(deployment: dict[str, Any], external_id: str) -> dict[str, Any] | None:
-    items = _api(deployment, "/jobs", cluster=CLUSTER, limit=1000)["items"]
+def _job(
+    deployment: dict[str, Any], external_id: str, cluster: str = CLUSTER
+) -> dict[str, Any] | None:
+    items = _api(deployment, "/jobs", cluster=cluster, limit=1000)["items"]
     return next((j for j in items if j["external_id"] == external_id), None)
 
 
@@ -270,3 +290,115 @@ def test_the_shaping_cycle_plans_on_the_clusters_telemetry_and_its_start_runs(
             and {a["node"] for a in j["allocations"]} == {target}
         ),
     )
+
+
+def _gpu_pods_anywhere(kube: Kube) -> list[str]:
+    """GPU pods bound to a node in any namespace (an earlier test's may still be going)."""
+    return [
+        f"{p.metadata.namespace}/{p.metadata.name}"
+        for p in kube.core.list_pod_for_all_namespaces().items
+        if p.spec.node_name
+        and p.status.phase not in ("Succeeded", "Failed")
+        and any(GPU in (c.resources.requests or {}) for c in p.spec.containers if c.resources)
+    ]
+
+
+def test_the_cycle_shrinks_an_elastic_indexed_job_for_a_higher_priority_one(
+    deployment: dict[str, Any], kube: Kube, k8s_cluster: K8sCluster
+) -> None:
+    """A low-priority elastic training job (an Indexed Job of 1 to 3 whole-node pods)
+    holds every GPU; a higher-priority Job, held, asks for a node. The shaping cycle shrinks
+    the elastic job to two pods instead of stopping it and starts the other Job on the
+    node given back; approved through the API, the connector process carries both out and
+    the API sees the result. (Priority classes that preempt nothing: the scheduler's own
+    priority preemption would otherwise act first.)"""
+    scheduling = client.SchedulingV1Api(kube.api)
+    suffix = kube.namespace
+    classes = {f"low-{suffix}": 10, f"high-{suffix}": 90}
+    for name, value in classes.items():
+        scheduling.create_priority_class(
+            client.V1PriorityClass(
+                metadata=client.V1ObjectMeta(name=name), value=value, preemption_policy="Never"
+            )
+        )
+    deployment["pipeline"].start_connector(
+        "kubernetes",
+        PLAIN,
+        deployment["base"],
+        f"kubeconfig={k8s_cluster.kubeconfig}",
+        f'namespaces=["{kube.namespace}"]',
+        interval_s=5,
+    )
+    try:
+        wait_for("the cluster's GPUs free", lambda: not _gpu_pods_anywhere(kube), timeout=WAIT_S)
+        elastic = elastic_training_job("elastic", pods=NODES, gpus=GPUS_PER_NODE, high=NODES)
+        elastic.spec.template.spec.priority_class_name = f"low-{suffix}"
+        kube.batch.create_namespaced_job(kube.namespace, elastic)
+        wait_for("3 elastic pods", lambda: len(running_pods(kube, "elastic")) == NODES)
+        urgent = gpu_job("urgent", gpus=GPUS_PER_NODE)
+        urgent.spec.suspend = True
+        urgent.spec.template.spec.priority_class_name = f"high-{suffix}"
+        kube.batch.create_namespaced_job(kube.namespace, urgent)
+        elastic_id, urgent_id = (f"{kube.namespace}/job/{n}" for n in ("elastic", "urgent"))
+        wait_for(
+            "the API to show the elastic job on every node and the urgent one waiting",
+            lambda: (
+                (e := _job(deployment, elastic_id, PLAIN))
+                and (u := _job(deployment, urgent_id, PLAIN))
+                and sum(a["gpu_count"] for a in e["allocations"]) == NODES * GPUS_PER_NODE
+                and (e["min_replicas"], e["max_replicas"]) == (1, NODES)
+                and u["state"] == "pending"
+                and u["priority"] == 90
+            ),
+        )
+        engine = deployment["pipeline"].engine
+        with Session(engine) as session:
+            result = run_cycle(
+                session=session, cluster_name=PLAIN, now=datetime.now(UTC), policy="shaper"
+            )
+        assert result.actions and not result.violations, result
+        planned = planned_actions(engine, result.plan_id)
+        by_kind = {(job, action.kind): action for action, job in planned}
+        shrink = by_kind[(elastic_id, ActionKind.resize)]
+        start = by_kind[(urgent_id, ActionKind.start)]
+        assert shrink.target_replicas == 2 and "shrunk from 3 to 2" in (shrink.reason or "")
+        (freed,) = set(shrink.source_placement) - set(shrink.target_placement)
+        assert start.target_placement == {freed: GPUS_PER_NODE}
+        assert ActionKind.preempt not in {a.kind for a, j in planned if j == elastic_id}
+
+        approved = httpx.post(
+            f"{deployment['base']}/api/v1/actions/{start.id}/approve",
+            headers={"Authorization": f"Bearer {deployment['tokens']['operator']}"},
+            timeout=30,
+        )
+        assert approved.status_code == 200, approved.text
+        assert shrink.id in approved.json()["depends_on"]
+        states = wait_until_settled(
+            engine,
+            [start.id, *approved.json()["depends_on"]],
+            timeout_s=2 * WAIT_S,
+            context=lambda: f"connector log:\n{_connector_log(deployment, PLAIN)}",
+        )
+        assert set(states.values()) == {"succeeded"}, states
+        kept = sorted(shrink.target_placement)
+        wait_for(
+            "the elastic job on the two kept nodes and the urgent one on the third",
+            lambda: (
+                sorted(p.spec.node_name for p in running_pods(kube, "elastic")) == kept
+                and [p.spec.node_name for p in running_pods(kube, "urgent")] == [freed]
+            ),
+        )
+        spec = kube.batch.read_namespaced_job("elastic", kube.namespace).spec
+        assert (spec.completions, spec.parallelism) == (2, 2)
+        wait_for(
+            "the API to show both where the plan put them",
+            lambda: (
+                (e := _job(deployment, elastic_id, PLAIN))
+                and {a["node"] for a in e["allocations"]} == set(kept)
+                and (u := _job(deployment, urgent_id, PLAIN))
+                and {a["node"] for a in u["allocations"]} == {freed}
+            ),
+        )
+    finally:
+        for name in classes:
+            scheduling.delete_priority_class(name)

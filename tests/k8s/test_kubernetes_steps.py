@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,11 @@ from connectors.kubernetes.connector import KubernetesConnector
 from connectors.kubernetes.pods import RESUME_FROM, RESUME_FROM_ENV
 from connectors.kueue import actions as kueue_actions
 from connectors.kueue.connector import KueueConnector
-from tests.k8s.conftest import K8sCluster, Kube, wait_for
+from tests.k8s.conftest import GPUS_PER_NODE, NODES, K8sCluster, Kube, wait_for
 from tests.k8s.objects import (
     admitted,
     bare_pod,
+    elastic_training_job,
     gpu_job,
     gpu_queues,
     inference_deployment,
@@ -155,6 +156,111 @@ def test_resize_scales_an_elastic_deployment_up_and_down_once_per_key(
     refused = steps.run("resize", f"{kube.namespace}/job/llm", replicas=2)
     assert not refused.ok and not refused.retryable
     assert "only Deployments and StatefulSets" in (refused.error or "")
+
+
+def pods_by_index(kube: Kube, name: str) -> dict[int, client.V1Pod]:
+    return {
+        int(p.metadata.annotations["batch.kubernetes.io/job-completion-index"]): p
+        for p in running_pods(kube, name)
+    }
+
+
+def gpus_by_node(pods: Iterable[client.V1Pod], gpus: int) -> dict[str, int]:
+    placed: dict[str, int] = {}
+    for pod in pods:
+        placed[pod.spec.node_name] = placed.get(pod.spec.node_name, 0) + gpus
+    return placed
+
+
+def test_an_elastic_indexed_job_shrinks_in_place_and_grows_by_a_restart_once_per_key(
+    kube: Kube, steps_on: Callable[[type[KubernetesConnector]], Steps]
+) -> None:
+    """Pods of a whole node each, so that where the scheduler puts a restarted Job's pods
+    within the nodes it is pinned to is the plan's placement (smaller pods may be stacked
+    otherwise: the README's "Elastic training jobs on Kubernetes")."""
+    steps = steps_on(KubernetesConnector)
+    job_spec = elastic_training_job("train", pods=NODES, gpus=GPUS_PER_NODE, high=NODES)
+    kube.batch.create_namespaced_job(kube.namespace, job_spec)
+    wait_for("train's pods to run", lambda: len(pods_by_index(kube, "train")) == NODES)
+    before = pods_by_index(kube, "train")
+    job = f"{kube.namespace}/job/train"
+    report = wait_for(
+        "train's report",
+        lambda: next(
+            (j for j in steps.executor.connector.read_state().jobs if j.external_id == job), None
+        ),
+    )
+    assert (report.gang_size, report.gpus_requested) == (NODES, NODES * GPUS_PER_NODE)
+    assert (report.min_replicas, report.max_replicas, report.replicas) == (1, NODES, NODES)
+
+    # Shrink to the two lower indexes where they run: in place, the third pod goes.
+    kept = gpus_by_node([before[0], before[1]], GPUS_PER_NODE)
+    shrunk = steps.run("resize", job, replicas=2, nodes=sorted(kept), gpus=kept)
+    assert shrunk.ok, shrunk.error
+    steps.until_ok("confirm", job, expect="running", nodes=sorted(kept), exactly=True, replicas=2)
+    wait_for("the third pod to go", lambda: set(pods_by_index(kube, "train")) == {0, 1})
+    after = pods_by_index(kube, "train")
+    assert [after[i].metadata.uid for i in (0, 1)] == [before[i].metadata.uid for i in (0, 1)]
+    spec = kube.batch.read_namespaced_job("train", kube.namespace).spec
+    assert (spec.completions, spec.parallelism, spec.suspend) == (2, 2, False)
+
+    # Grow onto all three nodes: a restart there, every pod new.
+    nodes = kwok_nodes(kube)
+    grow = steps.request("resize", job, replicas=NODES, nodes=nodes)
+    grown = steps.executor.run(grow)
+    assert grown.ok, grown.error
+    steps.until_ok("confirm", job, expect="running", nodes=nodes, exactly=True, replicas=NODES)
+    wait_for("every pod to run", lambda: len(pods_by_index(kube, "train")) == NODES)
+    restarted = pods_by_index(kube, "train")
+    old_uids = {p.metadata.uid for p in before.values()}
+    assert not old_uids & {p.metadata.uid for p in restarted.values()}
+    spec = kube.batch.read_namespaced_job("train", kube.namespace).spec
+    assert (spec.completions, spec.parallelism) == (NODES, NODES)
+
+    # The same step resent from a connector whose journal is lost: its stamp is on the
+    # Job, which runs again, so nothing restarts.
+    again = steps_on(KubernetesConnector).executor.run(grow)
+    assert again.ok, again.error
+    time.sleep(1)
+    assert {p.metadata.uid for p in pods_by_index(kube, "train").values()} == {
+        p.metadata.uid for p in restarted.values()
+    }
+
+    # A shrink that keeps a pod elsewhere than the lower index runs: restarted there.
+    elsewhere = next(n for n in nodes if n != restarted[0].spec.node_name)
+    moved = steps.run("resize", job, replicas=1, nodes=[elsewhere], gpus={elsewhere: GPUS_PER_NODE})
+    assert moved.ok, moved.error
+    confirmed = steps.until_ok(
+        "confirm", job, expect="running", nodes=[elsewhere], exactly=True, replicas=1
+    )
+    assert confirmed.result["nodes"] == [elsewhere]
+    wait_for("one pod to run", lambda: len(pods_by_index(kube, "train")) == 1)
+    (only,) = pods_by_index(kube, "train").values()
+    assert only.spec.node_name == elsewhere and only.metadata.uid != restarted[0].metadata.uid
+
+
+def test_a_held_elastic_job_starts_at_the_plans_size_and_a_rigid_one_is_not_resized(
+    kube: Kube, steps_on: Callable[[type[KubernetesConnector]], Steps]
+) -> None:
+    steps = steps_on(KubernetesConnector)
+    held = elastic_training_job("held", pods=4, gpus=2, suspend=True)
+    kube.batch.create_namespaced_job(kube.namespace, held)
+    node = kwok_nodes(kube)[1]
+    job = f"{kube.namespace}/job/held"
+    started = steps.run("start", job, nodes=[node], replicas=3, gpus={node: 6})
+    assert started.ok, started.error
+    steps.until_ok("confirm", job, expect="running", nodes=[node], exactly=True, replicas=3)
+    wait_for("3 pods to run", lambda: len(pods_by_index(kube, "held")) == 3)
+    assert {p.spec.node_name for p in pods_by_index(kube, "held").values()} == {node}
+    spec = kube.batch.read_namespaced_job("held", kube.namespace).spec
+    assert (spec.completions, spec.parallelism) == (3, 3)
+
+    # A Job that is not an elastic Indexed Job cannot change size: refused, untouched.
+    kube.batch.create_namespaced_job(kube.namespace, gpu_job("rigid", gpus=1))
+    (pod,) = wait_for("rigid's pod to run", lambda: running_pods(kube, "rigid"))
+    refused = steps.run("resize", f"{kube.namespace}/job/rigid", replicas=2, nodes=[node])
+    assert not refused.ok and not refused.retryable and "Indexed" in (refused.error or "")
+    assert [p.metadata.uid for p in running_pods(kube, "rigid")] == [pod.metadata.uid]
 
 
 def test_hold_and_release_of_a_kueue_workload_confirmed_through_telemetry(
