@@ -508,50 +508,86 @@ def restart_indexed_job(
 ) -> None:
     """Run an elastic Indexed Job at ``replicas`` pods on ``nodes``: suspend it (its pods
     go; the patch stamps ``step_key`` on it, as :func:`restart_job`'s does), wait until no
-    pod is active, set completions = parallelism = ``replicas`` and pin the template to
-    ``nodes``, resume. Its new pods resume from the job's own checkpoint: an elastic
-    training job keeps one (its runtime restarts on membership changes anyway), and the
-    plan counts a restart's cost. A held (suspended) Job is sized, pinned and let run: a
-    plan's start at a size. A resend that finds its stamp on a Job running again leaves
-    it; one that finds it still suspended finishes. If sizing or pinning is refused, a Job
-    this call suspended is let run again as it was before the error is raised."""
+    pod is active (and, for a while, until those being deleted are gone: they hold GPUs
+    the new pods are planned onto), set completions = parallelism = ``replicas`` and pin
+    the template to ``nodes``, resume. Its new pods resume from the job's own checkpoint:
+    an elastic training job keeps one (its runtime restarts on membership changes anyway),
+    and the plan counts a restart's cost. So a running Job must be checkpointable (the
+    contract of any Job Shaper stops: :func:`template_blocker`), and the pointer an
+    earlier move left on its template is taken off (its pods have run on since that
+    checkpoint). A held (suspended) Job is sized, pinned and let run with the pointer it
+    carries: a plan's start at a size. A resend that finds its stamp on a Job running
+    again leaves it; one that finds it still suspended finishes. If sizing or pinning is
+    refused, a Job this step suspended is let run again before the error is raised."""
     what = f"restart job {job} in {namespace} at {replicas} pod(s) on {','.join(nodes)}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
     indexed_size(current, what)
     if not nodes or replicas < 1:
         raise ConnectorError(f"cannot {what}: no node or no pod", retryable=False)
-    annotations = current.metadata.annotations or {}
-    if step_key is not None and annotations.get(STOPPED_BY_STEP) == step_key:
-        if not current.spec.suspend:
-            return
-    suspended_here = False
-    if not current.spec.suspend:
+    stamped = (
+        step_key is not None
+        and (current.metadata.annotations or {}).get(STOPPED_BY_STEP) == step_key
+    )
+    running = not current.spec.suspend
+    if stamped and running:
+        return  # an earlier delivery of this step restarted it
+    if running:
+        blocker = template_blocker(api, current.spec.template)
+        if blocker:
+            raise ConnectorError(f"cannot {what}: {blocker}", retryable=False)
+    if running or (step_key is not None and not stamped):
         body: dict[str, Any] = {"spec": {"suspend": True}}
         body["metadata"] = {"annotations": {STOPPED_BY_STEP: step_key}}  # None takes one off
         _patch_job(api, namespace=namespace, job=job, body=body)
-        suspended_here = True
+    # Suspended by this step, now or by an earlier delivery: it ran since its last pointer.
+    ours = running or stamped
     _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
-    affinity = pinned_affinity(
-        api.sanitize_for_serialization(current.spec.template.spec.affinity), nodes
-    )
-    sized = {
+    _wait_deleted_pods(api, namespace=namespace, job=job, timeout_s=min(timeout_s, 30.0))
+    template: dict[str, Any] = {
         "spec": {
-            "completions": replicas,
-            "parallelism": replicas,
-            "template": {"spec": {"affinity": affinity}},
+            "affinity": pinned_affinity(
+                api.sanitize_for_serialization(current.spec.template.spec.affinity), nodes
+            )
         }
     }
+    if ours:
+        template["metadata"] = {
+            "annotations": {RESUME_FROM: None},
+            "labels": {RESTORE_LABEL: None},
+        }
+    sized = {"spec": {"completions": replicas, "parallelism": replicas, "template": template}}
     try:
         _patch_job(api, namespace=namespace, job=job, body=sized)
     except ConnectorError as error:
-        if error.retryable or not suspended_here:
+        if error.retryable or not ours:
             raise
-        _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+        try:
+            _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+        except ConnectorError as undo:
+            raise ConnectorError(
+                f"{error}; and the Job this step suspended could not be let run again "
+                f"({undo}): it stays suspended until resumed",
+                retryable=False,
+            ) from error
         raise ConnectorError(
             f"{error} (the Job this step suspended was let run again)", retryable=False
         ) from error
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+
+
+def _wait_deleted_pods(
+    api: client.ApiClient, *, namespace: str, job: str, timeout_s: float
+) -> None:
+    """Until a stopped Job's pods being deleted are gone (``status.terminating``), for at
+    most ``timeout_s``, then on regardless: a pod on an unreachable node stays terminating
+    until the node returns, and one with a long grace period may outlast the step; the
+    new pods then wait for their GPUs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not read_job(api, namespace=namespace, job=job).status.terminating:
+            return
+        time.sleep(POLL_S)
 
 
 def template_blocker(api: client.ApiClient, template: client.V1PodTemplateSpec) -> str | None:
@@ -747,16 +783,14 @@ def _prepare_stopped(
 
 def _wait_stopped(api: client.ApiClient, *, namespace: str, job: str, timeout_s: float) -> None:
     """Until a suspended Job's controller says so (condition Suspended) and no pod is
-    active or terminating (``status.terminating``: a pod being deleted still holds its
-    GPUs, and may still be writing its checkpoint; pods started before it is gone would be
-    scheduled around GPUs that are about to be free); a retryable error after
-    ``timeout_s``."""
+    active (the API server's own test before a suspended Job's template may change); a
+    retryable error after ``timeout_s``."""
 
     def stopped() -> bool:
         status = read_job(api, namespace=namespace, job=job).status
         suspended = any(
             c.type == "Suspended" and c.status == "True" for c in status.conditions or []
         )
-        return suspended and not status.active and not status.terminating
+        return suspended and not status.active
 
     wait_until(f"job {job} in {namespace} to stop its pods", stopped, timeout_s)

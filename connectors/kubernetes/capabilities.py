@@ -81,7 +81,7 @@ from kubernetes import client
 from connectors.base import ConnectorError
 from connectors.kubernetes import actions
 from connectors.kubernetes.moves import KubernetesMoves
-from connectors.kubernetes.pods import OwnerRef, parse_external_id
+from connectors.kubernetes.pods import STOPPED_BY_STEP, OwnerRef, parse_external_id
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -290,7 +290,9 @@ class KubernetesCapabilities(KubernetesMoves):
         (``actions.shrink_indexed_job``: no restart). Otherwise — growth, or a shrink that
         keeps other pods — it is restarted at the new size pinned to ``nodes``
         (``actions.restart_indexed_job``, stamped with the step's key) and resumes from its
-        own checkpoint. A resend finds it at that size there, or its stamp, and leaves it."""
+        own checkpoint. A resend finds it at that size there, or its stamp, and leaves it.
+        A suspended Job that this step did not suspend is refused (it is held: a resize
+        would let it run)."""
         owner = self._job("resize", external_id)
         _, step_key = self._take_pointer(external_id)
         what = f"resize to {replicas} pod(s) on {','.join(nodes)}"
@@ -298,6 +300,11 @@ class KubernetesCapabilities(KubernetesMoves):
             raise _cannot("resize", owner, f"{what}: no node or no pod")
         current = self._live_job("resize", owner)
         size = actions.indexed_size(current, f"{what} {external_id}")
+        stamp = (current.metadata.annotations or {}).get(STOPPED_BY_STEP)
+        if current.spec.suspend and (step_key is None or stamp != step_key):
+            # Held since the plan was made (a hold, an operator): a plan's start sizes a
+            # held Job; a resize would let it run.
+            raise _cannot("resize", owner, f"{what}: it is suspended")
         if not current.spec.suspend:
             placed = actions.indexed_pods(self.api, current)
             kept = [placed[i] for i in range(replicas) if i in placed]

@@ -29,9 +29,10 @@ it runs: elastic Indexed Jobs, GA in 1.31) and that declares ``shaper.io/max-rep
 (and ``shaper.io/min-replicas``, default 1) above its floor: a block job with
 ``min_replicas``/``max_replicas`` (a replica is a pod), asking for the most
 (:func:`training_range`; connectors.kubernetes.capabilities resizes it). Not one that
-Kueue manages: Kueue owns its size as well as its suspension. A pod's GPUs are its
-effective ``nvidia.com/gpu`` request (containers and sidecars summed, init containers'
-largest if more; limits when no request).
+Kueue (or any other controller, ``spec.managedBy``) manages: it owns its size as well as
+its suspension; nor one with per-index limits, a success policy, or an index that ended.
+A pod's GPUs are its effective ``nvidia.com/gpu`` request (containers and sidecars
+summed, init containers' largest if more; limits when no request).
 
 **State.** A Job with condition Complete (or SuccessCriteriaMet) is ``finished``, Failed
 (or FailureTarget) ``failed``. Otherwise a group with a live pod bound to a node is
@@ -519,12 +520,26 @@ def elastic_size(spec: Mapping[str, Any]) -> int | None:
     return completions if completions == parallelism and completions >= 1 else None
 
 
+# Job fields a change of completions must respect (the API server refuses it otherwise, or
+# the Job would not run the pods a resize plans): such Jobs are planned rigid.
+_FIXED_BY = ("backoffLimitPerIndex", "maxFailedIndexes", "successPolicy")
+JOB_CONTROLLER = "kubernetes.io/job-controller"
+
+
 def training_range(group: JobGroup, annotations: Mapping[str, Any]) -> tuple[int, int] | None:
     """An elastic training job's replica range (module docstring); None for a rigid job,
-    and for one whose annotations give no range above a floor of at least 1."""
+    and for one whose annotations give no range above a floor of at least 1. Rigid too: a
+    Job another controller manages (Kueue's label, or ``spec.managedBy``), one with
+    per-index limits or a success policy (``_FIXED_BY``), and one with an index already
+    ended (``status.succeeded``, ``failedIndexes``: a restart does not run it again)."""
     if group.owner.kind != "Job" or group.obj is None or group.meta("labels").get(QUEUE_LABEL):
         return None
-    if elastic_size(group.obj.get("spec") or {}) is None:
+    spec, status = group.obj.get("spec") or {}, group.obj.get("status") or {}
+    if elastic_size(spec) is None or spec.get("managedBy", JOB_CONTROLLER) != JOB_CONTROLLER:
+        return None
+    if any(spec.get(name) is not None for name in _FIXED_BY):
+        return None
+    if status.get("succeeded") or status.get("completedIndexes") or status.get("failedIndexes"):
         return None
     high = _int_annotation(annotations, MAX_REPLICAS_ANNOTATION)
     low = _int_annotation(annotations, MIN_REPLICAS_ANNOTATION)

@@ -253,6 +253,11 @@ def test_an_indexed_job_with_a_replica_range_is_elastic_training() -> None:
         (elastic_job("j", low="4", high="4"), "a range of one size"),
         (elastic_job("j", low="0", high="4"), "a floor of no pod"),
         (elastic_job("j", high="many"), "not a number"),
+        (elastic_job("j", managedBy="example.com/other"), "another controller's"),
+        (elastic_job("j", backoffLimitPerIndex=1), "per-index limits fix its completions"),
+        (elastic_job("j", successPolicy={"rules": [{"succeededCount": 2}]}), "success policy"),
+        ({**elastic_job("j"), "status": {"succeeded": 1}}, "an index ended"),
+        ({**elastic_job("j"), "status": {"failedIndexes": "2"}}, "an index failed"),
     ],
 )
 def test_other_jobs_stay_rigid(obj: dict[str, Any], why: str) -> None:

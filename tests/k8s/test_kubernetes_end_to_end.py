@@ -315,21 +315,23 @@ def test_the_cycle_shrinks_an_elastic_indexed_job_for_a_higher_priority_one(
     scheduling = client.SchedulingV1Api(kube.api)
     suffix = kube.namespace
     classes = {f"low-{suffix}": 10, f"high-{suffix}": 90}
-    for name, value in classes.items():
-        scheduling.create_priority_class(
-            client.V1PriorityClass(
-                metadata=client.V1ObjectMeta(name=name), value=value, preemption_policy="Never"
-            )
-        )
-    deployment["pipeline"].start_connector(
-        "kubernetes",
-        PLAIN,
-        deployment["base"],
-        f"kubeconfig={k8s_cluster.kubeconfig}",
-        f'namespaces=["{kube.namespace}"]',
-        interval_s=5,
-    )
+    created: list[str] = []
     try:
+        for name, value in classes.items():
+            scheduling.create_priority_class(
+                client.V1PriorityClass(
+                    metadata=client.V1ObjectMeta(name=name), value=value, preemption_policy="Never"
+                )
+            )
+            created.append(name)
+        deployment["pipeline"].start_connector(
+            "kubernetes",
+            PLAIN,
+            deployment["base"],
+            f"kubeconfig={k8s_cluster.kubeconfig}",
+            f'namespaces=["{kube.namespace}"]',
+            interval_s=5,
+        )
         wait_for("the cluster's GPUs free", lambda: not _gpu_pods_anywhere(kube), timeout=WAIT_S)
         elastic = elastic_training_job("elastic", pods=NODES, gpus=GPUS_PER_NODE, high=NODES)
         elastic.spec.template.spec.priority_class_name = f"low-{suffix}"
@@ -400,5 +402,5 @@ def test_the_cycle_shrinks_an_elastic_indexed_job_for_a_higher_priority_one(
             ),
         )
     finally:
-        for name in classes:
+        for name in created:
             scheduling.delete_priority_class(name)
