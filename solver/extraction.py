@@ -4,11 +4,10 @@ placement, node by node, on the greedy engine's base state.
 The model counts jobs per node group, not per node, so its solution is realised: first
 the nodes it chose to empty (their residents move to other nodes of the group, or stay),
 then per group, largest items first, best fit. A job that runs one replica per node
-(``Instance.one_replica_per_node``) is an item of its chunk's size, first among items of
-that size, placed a replica at a time on distinct nodes, each the best node for one
-replica: the model counted it as that many chunks, and ``find_gang`` would take the
-emptiest nodes first. What does not fit is
-left for the engine's ``fill``. Every change goes through the engine's state, so the
+(``Instance.one_replica_per_node``) comes first among items of its size and is placed a
+replica at a time on distinct nodes, each the best node for one replica (``find_gang``
+would take the emptiest nodes first). What does not fit is left for the engine's
+``fill``. Every change goes through the engine's state, so the
 result is legal by construction.
 """
 
@@ -46,9 +45,7 @@ def realise(model: PlacementModel, solver: cp_model.CpSolver, engine: GreedyEngi
                 break
             job = job_class.jobs[next_job[job_class.index]]
             next_job[job_class.index] += 1
-            items_by_group.setdefault(option.pool.group, []).append(
-                (option.chunk_gpus if job_class.one_replica_per_node else job.total_gpus, job, 1)
-            )
+            items_by_group.setdefault(option.pool.group, []).append((job.total_gpus, job, 1))
     spread = instance.one_replica_per_node
     for group in sorted(items_by_group):
         items = items_by_group[group]

@@ -248,7 +248,7 @@ def build_classes(
         if job.home_cluster is not None:
             remote_cost = weight * job.total_gpus * instance.transfer_per_gpu(job)
         speeds = instance.own_speeds(job)
-        one_per_node = job.id in instance.one_replica_per_node
+        one_per_node = job.replicas > 1 and job.id in instance.one_replica_per_node
         key = (
             job_signature(job),
             tuple(sorted(speeds.items())),

@@ -103,11 +103,11 @@ def evacuations(engine: GreedyEngine, pools: list[Pool], budget: int) -> list[Ev
         group = state.compat.group_of_node[node_index]
         jobs = [instance.job_by_id[job_id] for job_id in residents]
         # Residents move within the group (its cluster): a job that is not ``migratable``
-        # may move only to another cluster, which the model does not plan. A node that
-        # holds a replica of a job of two or more replicas that run one per node
-        # (``Instance.one_replica_per_node``) is not one to empty: what a resident holds
-        # on the node moves whole onto one other node (``extraction``), which may hold
-        # another of its replicas; so no move of the model's puts two side by side.
+        # may move only to another cluster, which the model does not plan. Nor is a node
+        # one to empty when it holds a job of two or more replicas that run one per node
+        # (``Instance.one_replica_per_node``): a resident moves whole onto one node, which
+        # such a job may not, so the realisation would leave it there (it never moves
+        # one) and the model would count a whole free node that is not.
         if not all(
             job.migratable
             and engine.may_move(job.id)

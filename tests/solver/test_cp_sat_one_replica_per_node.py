@@ -109,9 +109,9 @@ def test_cp_sat_counts_a_spread_gang_as_a_replica_per_node_and_spreads_it() -> N
     assert validate(inst, plan) == []
 
 
-def test_a_spread_gang_is_realised_before_single_node_jobs_of_its_chunk_size() -> None:
+def test_a_spread_gang_is_realised_before_smaller_single_node_jobs() -> None:
     """b has room for one GPU, which the gang needs for its second replica: a 1-GPU job
-    realised first took it (best fit), and the gang found no second node."""
+    realised first would take it (best fit), and the gang would find no second node."""
     jobs = [
         running("ra", {"a": 3}, **FIXED),
         running("rb", {"b": 7}, **FIXED),
