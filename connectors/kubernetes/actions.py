@@ -544,19 +544,23 @@ def restart_indexed_job(
     ours = running or stamped
     _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
     _wait_deleted_pods(api, namespace=namespace, job=job, timeout_s=min(timeout_s, 30.0))
-    template: dict[str, Any] = {
+    if ours:
+        # First, on its own: should the sizing below be refused, the Job let run again must
+        # not resume from that old checkpoint either.
+        stale = {"annotations": {RESUME_FROM: None}, "labels": {RESTORE_LABEL: None}}
+        _patch_job(
+            api, namespace=namespace, job=job, body={"spec": {"template": {"metadata": stale}}}
+        )
+    affinity = pinned_affinity(
+        api.sanitize_for_serialization(current.spec.template.spec.affinity), nodes
+    )
+    sized = {
         "spec": {
-            "affinity": pinned_affinity(
-                api.sanitize_for_serialization(current.spec.template.spec.affinity), nodes
-            )
+            "completions": replicas,
+            "parallelism": replicas,
+            "template": {"spec": {"affinity": affinity}},
         }
     }
-    if ours:
-        template["metadata"] = {
-            "annotations": {RESUME_FROM: None},
-            "labels": {RESTORE_LABEL: None},
-        }
-    sized = {"spec": {"completions": replicas, "parallelism": replicas, "template": template}}
     try:
         _patch_job(api, namespace=namespace, job=job, body=sized)
     except ConnectorError as error:

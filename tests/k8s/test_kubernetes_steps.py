@@ -181,6 +181,8 @@ def test_an_elastic_indexed_job_shrinks_in_place_and_grows_by_a_restart_once_per
     otherwise: the README's "Elastic training jobs on Kubernetes")."""
     steps = steps_on(KubernetesConnector)
     job_spec = elastic_training_job("train", pods=NODES, gpus=GPUS_PER_NODE, high=NODES)
+    # As if an earlier move had left its pointer: the pods run on from it.
+    job_spec.spec.template.metadata.annotations[RESUME_FROM] = IMAGE_DIR
     kube.batch.create_namespaced_job(kube.namespace, job_spec)
     wait_for("train's pods to run", lambda: len(pods_by_index(kube, "train")) == NODES)
     before = pods_by_index(kube, "train")
@@ -215,6 +217,9 @@ def test_an_elastic_indexed_job_shrinks_in_place_and_grows_by_a_restart_once_per
     restarted = pods_by_index(kube, "train")
     old_uids = {p.metadata.uid for p in before.values()}
     assert not old_uids & {p.metadata.uid for p in restarted.values()}
+    # They resume from the job's own checkpoint, not from that older pointer.
+    assert resolved_env(before[0], RESUME_FROM_ENV) == IMAGE_DIR
+    assert all(resolved_env(p, RESUME_FROM_ENV) is None for p in restarted.values())
     spec = kube.batch.read_namespaced_job("train", kube.namespace).spec
     assert (spec.completions, spec.parallelism) == (NODES, NODES)
 
