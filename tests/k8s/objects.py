@@ -89,6 +89,18 @@ def elastic_training_job(
     return job
 
 
+def gpu_pods_anywhere(kube: Kube) -> list[str]:
+    """GPU pods bound to a node in any namespace (an earlier test's may still be going:
+    namespaces are deleted in the background)."""
+    return [
+        f"{p.metadata.namespace}/{p.metadata.name}"
+        for p in kube.core.list_pod_for_all_namespaces().items
+        if p.spec.node_name
+        and p.status.phase not in ("Succeeded", "Failed")
+        and any(GPU in (c.resources.requests or {}) for c in p.spec.containers if c.resources)
+    ]
+
+
 def bare_pod(
     name: str, *, gpus: int, checkpointable: bool = True, node: str | None = None
 ) -> client.V1Pod:

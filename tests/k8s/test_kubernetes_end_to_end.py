@@ -26,10 +26,10 @@ from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
 from tests.k8s.conftest import GPUS_PER_NODE, NODES, K8sCluster, Kube, wait_for
 from tests.k8s.objects import (
-    GPU,
     admitted,
     elastic_training_job,
     gpu_job,
+    gpu_pods_anywhere,
     gpu_queues,
     inference_deployment,
     running_pods,
@@ -292,17 +292,6 @@ def test_the_shaping_cycle_plans_on_the_clusters_telemetry_and_its_start_runs(
     )
 
 
-def _gpu_pods_anywhere(kube: Kube) -> list[str]:
-    """GPU pods bound to a node in any namespace (an earlier test's may still be going)."""
-    return [
-        f"{p.metadata.namespace}/{p.metadata.name}"
-        for p in kube.core.list_pod_for_all_namespaces().items
-        if p.spec.node_name
-        and p.status.phase not in ("Succeeded", "Failed")
-        and any(GPU in (c.resources.requests or {}) for c in p.spec.containers if c.resources)
-    ]
-
-
 def test_the_cycle_shrinks_an_elastic_indexed_job_for_a_higher_priority_one(
     deployment: dict[str, Any], kube: Kube, k8s_cluster: K8sCluster
 ) -> None:
@@ -332,7 +321,7 @@ def test_the_cycle_shrinks_an_elastic_indexed_job_for_a_higher_priority_one(
             f'namespaces=["{kube.namespace}"]',
             interval_s=5,
         )
-        wait_for("the cluster's GPUs free", lambda: not _gpu_pods_anywhere(kube), timeout=WAIT_S)
+        wait_for("the cluster's GPUs free", lambda: not gpu_pods_anywhere(kube), timeout=WAIT_S)
         elastic = elastic_training_job("elastic", pods=NODES, gpus=GPUS_PER_NODE, high=NODES)
         elastic.spec.template.spec.priority_class_name = f"low-{suffix}"
         kube.batch.create_namespaced_job(kube.namespace, elastic)

@@ -30,6 +30,7 @@ from tests.k8s.objects import (
     bare_pod,
     elastic_training_job,
     gpu_job,
+    gpu_pods_anywhere,
     gpu_queues,
     inference_deployment,
     resolved_env,
@@ -180,6 +181,7 @@ def test_an_elastic_indexed_job_shrinks_in_place_and_grows_by_a_restart_once_per
     within the nodes it is pinned to is the plan's placement (smaller pods may be stacked
     otherwise: the README's "Elastic training jobs on Kubernetes")."""
     steps = steps_on(KubernetesConnector)
+    wait_for("the cluster's GPUs free", lambda: not gpu_pods_anywhere(kube))
     job_spec = elastic_training_job("train", pods=NODES, gpus=GPUS_PER_NODE, high=NODES)
     # As if an earlier move had left its pointer: the pods run on from it.
     job_spec.spec.template.metadata.annotations[RESUME_FROM] = IMAGE_DIR
@@ -256,6 +258,7 @@ def test_a_held_elastic_job_starts_at_the_plans_size_and_a_rigid_one_is_not_resi
     kube: Kube, steps_on: Callable[[type[KubernetesConnector]], Steps]
 ) -> None:
     steps = steps_on(KubernetesConnector)
+    wait_for("the cluster's GPUs free", lambda: not gpu_pods_anywhere(kube))
     held = elastic_training_job("held", pods=4, gpus=2, suspend=True)
     kube.batch.create_namespaced_job(kube.namespace, held)
     node = kwok_nodes(kube)[1]
