@@ -566,18 +566,27 @@ def restart_indexed_job(
     except ConnectorError as error:
         if error.retryable or not ours:
             raise
-        try:
-            _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
-        except ConnectorError as undo:
-            raise ConnectorError(
-                f"{error}; and the Job this step suspended could not be let run again "
-                f"({undo}): it stays suspended until resumed",
-                retryable=False,
-            ) from error
-        raise ConnectorError(
-            f"{error} (the Job this step suspended was let run again)", retryable=False
-        ) from error
+        raise _let_run_again(api, namespace=namespace, job=job, error=error) from error
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+
+
+def _let_run_again(
+    api: client.ApiClient, *, namespace: str, job: str, error: ConnectorError
+) -> ConnectorError:
+    """Resume a Job a step suspended before it failed for good (nothing else would ever
+    let it run again; the saga's compensation is an agent step); the error to raise, which
+    says whether that worked."""
+    try:
+        _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+    except ConnectorError as undo:
+        return ConnectorError(
+            f"{error}; and the Job this step suspended could not be let run again "
+            f"({undo}): it stays suspended until resumed",
+            retryable=False,
+        )
+    return ConnectorError(
+        f"{error} (the Job this step suspended was let run again)", retryable=False
+    )
 
 
 def _wait_deleted_pods(
@@ -742,17 +751,7 @@ def _stop_for_resume(
     except ConnectorError as error:
         if not suspended_here or error.retryable:
             raise
-        try:
-            _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
-        except ConnectorError as undo:
-            raise ConnectorError(
-                f"{error}; and the Job this step suspended could not be let run again "
-                f"({undo}): it stays suspended until resumed",
-                retryable=False,
-            ) from error
-        raise ConnectorError(
-            f"{error} (the Job this step suspended was let run again)", retryable=False
-        ) from error
+        raise _let_run_again(api, namespace=namespace, job=job, error=error) from error
 
 
 def _prepare_stopped(
