@@ -127,6 +127,23 @@ def test_a_spread_gang_is_realised_before_smaller_single_node_jobs() -> None:
     assert validate(inst, plan) == []
 
 
+def test_a_spread_gang_takes_the_tightest_nodes_for_its_replicas() -> None:
+    """b and c have 4 GPUs free, a all 8: the gang g (2 × 4, realised first, being larger)
+    goes on b and c, a replica each at best fit, and leaves a whole for h (6). Taken from
+    the emptiest nodes first, it would take a and b, and h would find no node."""
+    jobs = [
+        running("rb", {"b": 4}, **FIXED),
+        running("rc", {"c": 4}, **FIXED),
+        job("g", gpus=4, replicas=2),
+        job("h", 6),
+    ]
+    inst = _spread(instance([node("a"), node("b"), node("c")], jobs), "g")
+    plan = _cp_sat_plan(inst)
+    assert plan.placement["g"] == {"b": 4, "c": 4}
+    assert plan.placement["h"] == {"a": 6}
+    assert validate(inst, plan) == []
+
+
 def test_a_spread_gang_does_not_share_a_class_with_an_ordinary_gang_of_its_shape() -> None:
     jobs = [job("g", gpus=4, replicas=2, max_nodes=2), job("o", gpus=4, replicas=2, max_nodes=2)]
     inst = _spread(instance([node("a"), node("b"), node("c"), node("d")], jobs), "g")
