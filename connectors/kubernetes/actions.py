@@ -87,6 +87,9 @@ REQUEST_TIMEOUT_S = 30.0
 # to be stopped) before it answers "retry"; a retry resumes from where this one stopped.
 SETTLE_TIMEOUT_S = 60.0
 POLL_S = 0.2
+# How long an elastic restart waits for its deleted pods to be gone before it goes on (a
+# pod on an unreachable node stays terminating until the node returns).
+DELETED_PODS_WAIT_S = 30.0
 MERGE_PATCH = "application/merge-patch+json"
 
 T = TypeVar("T")
@@ -430,17 +433,23 @@ def delete_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
 # -- elastic training: Indexed Jobs whose size changes --------------------------------------
 
 
-def indexed_size(current: client.V1Job, what: str) -> int:
-    """The size of an elastic Indexed Job (connectors.kubernetes.pods.elastic_size); any
-    other Job is refused: Kubernetes lets only those change their completions."""
+def elastic_job_size(current: client.V1Job) -> int | None:
+    """The size of an elastic Indexed Job as the client read it
+    (connectors.kubernetes.pods.elastic_size); None for any other Job."""
     spec = current.spec
-    size = elastic_size(
+    return elastic_size(
         {
             "completionMode": spec.completion_mode,
             "completions": spec.completions,
             "parallelism": spec.parallelism,
         }
     )
+
+
+def indexed_size(current: client.V1Job, what: str) -> int:
+    """:func:`elastic_job_size`; any other Job is refused: Kubernetes lets only those
+    change their completions."""
+    size = elastic_job_size(current)
     if size is None:
         raise ConnectorError(
             f"cannot {what}: not an Indexed Job whose completions equal its parallelism, "
@@ -543,7 +552,9 @@ def restart_indexed_job(
     # Suspended by this step, now or by an earlier delivery: it ran since its last pointer.
     ours = running or stamped
     _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
-    _wait_deleted_pods(api, namespace=namespace, job=job, timeout_s=min(timeout_s, 30.0))
+    _wait_deleted_pods(
+        api, namespace=namespace, job=job, timeout_s=min(timeout_s, DELETED_PODS_WAIT_S)
+    )
     if ours:
         # First, on its own: should the sizing below be refused, the Job let run again must
         # not resume from that old checkpoint either.

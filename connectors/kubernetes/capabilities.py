@@ -252,9 +252,7 @@ class KubernetesCapabilities(KubernetesMoves):
         current = self._live_job("start", owner)
         if not current.spec.suspend:
             return
-        spec = current.spec
-        elastic = spec.completion_mode == "Indexed" and spec.completions == spec.parallelism
-        if replicas and pin is not None and elastic:
+        if replicas and pin is not None and actions.elastic_job_size(current) is not None:
             actions.restart_indexed_job(
                 self.api,
                 namespace=owner.namespace,
