@@ -13,9 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.web.browser import BUNDLE, CHROMIUM
+
+# How long an expectation waits for the page to get there: Playwright's 5 s default was
+# once too short for a first paint in CI (2 cores, the Slurm and Kubernetes tests running
+# beside it: the overview's three cards not drawn in 5 s). A wait, not a timing: a page
+# that is right passes as soon as it is; only a failure takes longer to report.
+expect.set_options(timeout=20_000)
 
 
 @pytest.fixture(scope="module")
