@@ -47,8 +47,11 @@ def test_start_records_the_workload_and_detaches_it(
     # Its own session, no terminal, stdin from /dev/null: what CRIU needs to dump it.
     assert os.getsid(workload.pid) == workload.pid
     assert os.readlink(f"/proc/{workload.pid}/fd/0") == "/dev/null"
-    # /proc/PID/environ shows the parent's environment until the child has exec'd.
-    assert procs.wait_until(lambda: WORKLOAD_ID_ENV in _environ(workload.pid), timeout=10)
+    # /proc/PID/environ shows the parent's environment until the child has exec'd, and
+    # nothing while it execs: read it once the shell has exec'd its last program (CI once
+    # read it empty between the shell and `exec sleep`).
+    cmdline = Path(f"/proc/{workload.pid}/cmdline")
+    assert procs.wait_until(lambda: cmdline.read_bytes() == b"sleep\x00600\x00", timeout=10)
     environ = _environ(workload.pid)
     assert environ[WORKLOAD_ID_ENV] == "greeter"
     assert environ[CHECKPOINT_PATH_ENV] == workload.checkpoint_path
