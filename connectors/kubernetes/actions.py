@@ -18,7 +18,10 @@ suspend_job/resume     get, patch batch jobs (recreate_job_pinned,
                        suspend_job_to_resume and restart_job too)
 delete_job             delete batch jobs
 shrink_indexed_job,    get, patch batch jobs; list pods (indexed_pods)
-restart_indexed_job
+restart_indexed_job    and, to place each pod on its planned node, patch pods
+ungate_pods            (connectors.kubernetes.pod_placement; the deployed role grants
+                       it with components/pod-placement, whose admission policy lets
+                       the connector change nothing of a pod but that)
 delete_pod             delete pods
 =====================  ===============================================================
 
@@ -51,7 +54,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -60,6 +63,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from connectors.base import ConnectorError
+from connectors.kubernetes import pod_placement
+from connectors.kubernetes.pod_placement import COMPLETION_INDEX, POD_NODES_ANNOTATION
 from connectors.kubernetes.pods import (
     HOSTNAME_LABEL,
     QUEUE_LABEL,
@@ -67,6 +72,7 @@ from connectors.kubernetes.pods import (
     STOPPED_BY_STEP,
     elastic_size,
     pod_gpus,
+    pod_spec_gpus,
     resume_blocker,
 )
 from connectors.kubernetes.restore_webhook import (
@@ -78,8 +84,6 @@ from connectors.kubernetes.restore_webhook import (
 from connectors.kubernetes.submission import pinned_affinity
 
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
-# The index the Job controller gives each pod of an Indexed Job (an annotation).
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # One request's ceiling: the saga retries a step that times out, the API server does not
 # need to be waited on longer.
 REQUEST_TIMEOUT_S = 30.0
@@ -91,6 +95,7 @@ POLL_S = 0.2
 # pod on an unreachable node stays terminating until the node returns).
 DELETED_PODS_WAIT_S = 30.0
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 T = TypeVar("T")
 
@@ -513,6 +518,7 @@ def restart_indexed_job(
     replicas: int,
     nodes: list[str],
     step_key: str | None,
+    pods_on: Mapping[str, int] | None = None,
     timeout_s: float = SETTLE_TIMEOUT_S,
 ) -> None:
     """Run an elastic Indexed Job at ``replicas`` pods on ``nodes``: suspend it (its pods
@@ -527,7 +533,12 @@ def restart_indexed_job(
     checkpoint). A held (suspended) Job is sized, pinned and let run with the pointer it
     carries: a plan's start at a size. A resend that finds its stamp on a Job running
     again leaves it; one that finds it still suspended finishes. If sizing or pinning is
-    refused, a Job this step suspended is let run again before the error is raised."""
+    refused, a Job this step suspended is let run again before the error is raised.
+
+    ``pods_on`` (the plan's GPUs on each node; None: the node set only) places each pod on
+    its own node (connectors.kubernetes.pod_placement): the template is gated, the Job
+    carries each index's node, and once resumed the pods it creates are let go each to
+    its node (:func:`ungate_pods`; the connector's upkeep lets go any that come later)."""
     what = f"restart job {job} in {namespace} at {replicas} pod(s) on {','.join(nodes)}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
@@ -540,7 +551,10 @@ def restart_indexed_job(
     )
     running = not current.spec.suspend
     if stamped and running:
-        return  # an earlier delivery of this step restarted it
+        # An earlier delivery of this step restarted it; pods it had not let go yet go now.
+        if (current.metadata.annotations or {}).get(POD_NODES_ANNOTATION):
+            ungate_pods(api, current)
+        return
     if running:
         blocker = template_blocker(api, current.spec.template)
         if blocker:
@@ -562,15 +576,27 @@ def restart_indexed_job(
         _patch_job(
             api, namespace=namespace, job=job, body={"spec": {"template": {"metadata": stale}}}
         )
-    affinity = pinned_affinity(
-        api.sanitize_for_serialization(current.spec.template.spec.affinity), nodes
-    )
+    template_spec = api.sanitize_for_serialization(current.spec.template.spec)
+    affinity = pinned_affinity(template_spec.get("affinity"), nodes)
+    placement = pod_placement.pod_nodes(replicas, pods_on, pod_spec_gpus(template_spec))
     sized = {
+        "metadata": {
+            "annotations": {
+                POD_NODES_ANNOTATION: pod_placement.encode(placement) if placement else None
+            }
+        },
         "spec": {
             "completions": replicas,
             "parallelism": replicas,
-            "template": {"spec": {"affinity": affinity}},
-        }
+            "template": {
+                "spec": {
+                    "affinity": affinity,
+                    "schedulingGates": pod_placement.template_gates(
+                        template_spec, gated=placement is not None
+                    ),
+                }
+            },
+        },
     }
     try:
         _patch_job(api, namespace=namespace, job=job, body=sized)
@@ -579,6 +605,76 @@ def restart_indexed_job(
             raise
         raise _let_run_again(api, namespace=namespace, job=job, error=error) from error
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+    if placement:
+        _let_pods_go(api, namespace=namespace, job=job, replicas=replicas, timeout_s=timeout_s)
+
+
+def ungate_pods(api: client.ApiClient, current: client.V1Job) -> list[str]:
+    """Let the pods of a Job that wait on :mod:`pod_placement`'s gate be scheduled, each
+    on the node the Job's annotation gives its index (when that node is still among those
+    the template is pinned to; else wherever the template allows); the pods let go, as
+    ``pod → node``. A pod gone or changed meanwhile is left for the next call."""
+    placement = pod_placement.decode((current.metadata.annotations or {}).get(POD_NODES_ANNOTATION))
+    pinned = _pinned_nodes(current.spec.template.spec.affinity) or []
+    core = _core(api)
+    namespace = current.metadata.namespace
+    found = call(
+        "list",
+        f"pods of job {current.metadata.name} in {namespace}",
+        lambda: core.list_namespaced_pod(
+            namespace,
+            label_selector=f"{JOB_UID_LABEL}={current.metadata.uid}",
+            _request_timeout=REQUEST_TIMEOUT_S,
+        ),
+    )
+    let_go = []
+    for item in found.items:
+        pod = api.sanitize_for_serialization(item)
+        node = pod_placement.planned_node(pod, placement, pinned)
+        patch = pod_placement.ungate_patch(pod, node)
+        if patch is None or item.metadata.deletion_timestamp:
+            continue
+        name = item.metadata.name
+        what = f"patch pods {name} in {namespace}"
+        try:
+            core.patch_namespaced_pod(
+                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as error:
+            # Gone, or changed since it was read (409; 422 when the patch's test fails):
+            # the next call reads it again.
+            if error.status in (404, 409, 422):
+                continue
+            if error.status == 403:
+                raise ConnectorError(
+                    f"{what}: {_reason(error)} — placing each pod on its node needs "
+                    "deploy/kubernetes/components/pod-placement (patch pods, within its "
+                    f"admission policy); without it, set pod_placement=false: pod {name} "
+                    f"waits on the gate {pod_placement.PLACEMENT_GATE} until let go",
+                    retryable=False,
+                ) from error
+            raise api_error(error, what) from error
+        except (TransportError, OSError) as error:
+            raise ConnectorError(
+                f"{what}: API server unreachable: {error}", retryable=True
+            ) from error
+        let_go.append(f"{namespace}/{name} → {node or 'its template nodes'}")
+    return let_go
+
+
+def _let_pods_go(
+    api: client.ApiClient, *, namespace: str, job: str, replicas: int, timeout_s: float
+) -> None:
+    """:func:`ungate_pods` until the Job's ``replicas`` pods have been let go, for at most
+    ``timeout_s`` (the Job controller creates pods in batches); any it creates later, the
+    connector's upkeep lets go."""
+    deadline = time.monotonic() + timeout_s
+    done = 0
+    while True:
+        done += len(ungate_pods(api, read_job(api, namespace=namespace, job=job)))
+        if done >= replicas or time.monotonic() >= deadline:
+            return
+        time.sleep(POLL_S)
 
 
 def _let_run_again(
@@ -702,7 +798,10 @@ def _prepared_as_asked(
 ) -> bool:
     annotations = (template.metadata.annotations if template.metadata else None) or {}
     pinned = nodes is None or _pinned_nodes(template.spec.affinity) == sorted(nodes)
-    return pinned and resume_from in (None, annotations.get(RESUME_FROM))
+    gated = any(
+        g.name == pod_placement.PLACEMENT_GATE for g in template.spec.scheduling_gates or []
+    )
+    return pinned and not gated and resume_from in (None, annotations.get(RESUME_FROM))
 
 
 def _stop_for_resume(
@@ -776,14 +875,21 @@ def _prepare_stopped(
     timeout_s: float,
 ) -> None:
     """Wait until a suspended Job has no pod left, then pin its template and set its
-    pointer."""
+    pointer. The pod placement an elastic restart left (connectors.kubernetes.pod_placement)
+    comes off: a move places the Job by its node set."""
     _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
     if _prepared_as_asked(template, nodes=nodes, resume_from=resume_from):
         return
-    prepared: dict[str, Any] = {}
+    template_spec = api.sanitize_for_serialization(template.spec)
+    prepared: dict[str, Any] = {"spec": {}}
+    body: dict[str, Any] = {"spec": {"template": prepared}}
+    if pod_placement.has_gate(template_spec):
+        prepared["spec"]["schedulingGates"] = pod_placement.template_gates(
+            template_spec, gated=False
+        )
+        body["metadata"] = {"annotations": {POD_NODES_ANNOTATION: None}}
     if nodes is not None:
-        affinity = pinned_affinity(api.sanitize_for_serialization(template.spec.affinity), nodes)
-        prepared["spec"] = {"affinity": affinity}
+        prepared["spec"]["affinity"] = pinned_affinity(template_spec.get("affinity"), nodes)
     if resume_from is not None:
         # A checkpoint image's pointer also labels the pods for the restore webhook
         # (connectors.kubernetes.restore_webhook); any other takes that label off.
@@ -792,7 +898,7 @@ def _prepare_stopped(
             "annotations": {RESUME_FROM: resume_from},
             "labels": {RESTORE_LABEL: restore},
         }
-    _patch_job(api, namespace=namespace, job=job, body={"spec": {"template": prepared}})
+    _patch_job(api, namespace=namespace, job=job, body=body)
 
 
 def _wait_stopped(api: client.ApiClient, *, namespace: str, job: str, timeout_s: float) -> None:

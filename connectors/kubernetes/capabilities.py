@@ -28,6 +28,8 @@ start(nodes)                        suspended Job: ``recreate_job_pinned(resume_
                                     nodes; a bare pod without nodes: nothing to do;
                                     with ``replicas``, a suspended elastic Indexed Job:
                                     ``restart_indexed_job`` (sized, pinned, let run)
+restart_indexed_job, with the       each pod on the node the plan gives its index, not
+connector's ``pod_placement``       only within ``nodes`` (connectors.kubernetes.pod_placement)
 cancel                              Job: ``delete_job``; bare pod: ``delete_pod``
 submit(spec, name, nodes, hold)     create the spec's Job, suspended when ``hold``, pinned
                                     to ``nodes`` (connectors.kubernetes.moves)
@@ -86,6 +88,7 @@ from connectors.kubernetes.pods import STOPPED_BY_STEP, OwnerRef, parse_external
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+    from connectors.kubernetes.config import KubernetesConnectorConfig
     from connectors.kubernetes.informer import Object
 
 SCALABLE: dict[str, Literal["deployment", "statefulset"]] = {
@@ -103,6 +106,7 @@ class KubernetesCapabilities(KubernetesMoves):
     if TYPE_CHECKING:
         api: ApiClient
         cluster: str
+        config: KubernetesConnectorConfig
 
         def owner_object(self, external_id: str) -> Object | None: ...
 
@@ -260,6 +264,7 @@ class KubernetesCapabilities(KubernetesMoves):
                 replicas=replicas,
                 nodes=pin,
                 step_key=None,
+                pods_on=self._pods_on(gpus),
             )
             return
         if pin is None:
@@ -321,7 +326,13 @@ class KubernetesCapabilities(KubernetesMoves):
             replicas=replicas,
             nodes=list(nodes),
             step_key=step_key,
+            pods_on=self._pods_on(gpus),
         )
+
+    def _pods_on(self, gpus: dict[str, int] | None) -> dict[str, int] | None:
+        """The plan's GPUs per node when each pod goes on its own node (the connector's
+        ``pod_placement``); else None: the pods are pinned to the nodes as a set."""
+        return gpus if self.config.pod_placement else None
 
     def _live_job(self, step: str, owner: OwnerRef) -> client.V1Job:
         """The Job as the API server has it; one that has ended is refused."""

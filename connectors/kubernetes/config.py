@@ -72,6 +72,12 @@ class KubernetesConnectorConfig(BaseModel):
     )
     # The CA bundle of agents served over TLS; None: the system's.
     node_agent_ca: Path | None = None
+    # Place each pod of an elastic Indexed Job that Shaper resizes or starts on the node the
+    # plan gives it (connectors.kubernetes.pod_placement: a scheduling gate the connector
+    # lifts). Needs patch on pods, which deploy/kubernetes/components/pod-placement grants
+    # (and sets this): off, the pods are pinned to the plan's nodes as a set, and the
+    # scheduler may stack pods smaller than a node otherwise than planned.
+    pod_placement: bool = False
 
     @field_validator("node_agent_url")
     @classmethod

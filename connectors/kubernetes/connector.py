@@ -40,6 +40,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from connectors.base import ConnectorError
+from connectors.kubernetes import actions, pod_placement
 from connectors.kubernetes.capabilities import KubernetesCapabilities
 from connectors.kubernetes.client import api_client
 from connectors.kubernetes.config import KubernetesConnectorConfig
@@ -253,6 +254,30 @@ class KubernetesConnector(KubernetesCapabilities):
         nodes = self.read_nodes(self.informers["pods"].items())
         jobs = self.job_reports(self.job_groups(), self.translation_context())
         return ClusterState(observed_at=observed_at, nodes=nodes, jobs=jobs)
+
+    # --- SupportsUpkeep --------------------------------------------------------------------
+
+    def upkeep(self) -> list[str]:
+        """With ``pod_placement``: let go the pods that wait on the placement gate, each to
+        the node its Job gives its index (connectors.kubernetes.pod_placement) — pods the
+        Job controller created after the step that gated the Job returned (a failed pod
+        replaced, a step cut short). One line per pod let go."""
+        if not self.config.pod_placement:
+            return []
+        gated = {
+            (owner.namespace, owner.name)
+            for pod in self.informers["pods"].items()
+            if pod_placement.has_gate(pod.get("spec") or {})
+            and (owner := owner_of(pod)).kind == "Job"
+        }
+        let_go: list[str] = []
+        for namespace, name in sorted(gated):
+            try:
+                current = actions.read_job(self.api, namespace=namespace, job=name)
+            except actions.ObjectGone:
+                continue  # its pods go with it
+            let_go.extend(f"placed {line}" for line in actions.ungate_pods(self.api, current))
+        return let_go
 
     # --- lookups for the actions -----------------------------------------------------------
 

@@ -456,3 +456,42 @@ def test_the_node_drain_component_adds_only_patching_nodes(tmp_path: Path) -> No
         {"kind": "ServiceAccount", "name": "shaper-connector", "namespace": NAMESPACE}
     ]
     assert {obj["kind"] for obj in added} == {"ClusterRole", "ClusterRoleBinding"}
+
+
+def test_the_pod_placement_component_adds_patching_pods_within_its_policy(
+    tmp_path: Path,
+) -> None:
+    """Each pod of an elastic Job on its planned node (connectors/kubernetes/pod_placement.py):
+    the right to patch pods, the admission policy that holds it to lifting the connector's
+    gate (tests/k8s/test_pod_placement_policy.py runs it), and the connector told to use it."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "placing").mkdir()
+    plain = render("overlays/kubernetes", tmp_path=tmp_path / "plain")
+    placing = render(
+        "overlays/kubernetes", "components/pod-placement", tmp_path=tmp_path / "placing"
+    )
+    added = [obj for obj in placing if obj not in plain]
+    role = next(obj for obj in added if obj["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    binding = next(obj for obj in added if obj["kind"] == "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "shaper-connector", "namespace": NAMESPACE}
+    ]
+    policy = next(obj for obj in added if obj["kind"] == "ValidatingAdmissionPolicy")
+    assert SERVICE_ACCOUNT in policy["spec"]["matchConditions"][0]["expression"]
+    policy_binding = next(obj for obj in added if obj["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert policy_binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert policy_binding["spec"]["validationActions"] == ["Deny"]
+    (deployment,) = [obj for obj in added if obj["kind"] == "Deployment"]
+    assert (
+        "--set=pod_placement=true"
+        in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert {obj["kind"] for obj in added} == {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "Deployment",
+    }
