@@ -18,10 +18,10 @@ suspend_job/resume     get, patch batch jobs (recreate_job_pinned,
                        suspend_job_to_resume and restart_job too)
 delete_job             delete batch jobs
 shrink_indexed_job,    get, patch batch jobs; list pods (indexed_pods)
-restart_indexed_job    and, to place each pod on its planned node, patch pods
-ungate_pods            (connectors.kubernetes.pod_placement; the deployed role grants
-                       it with components/pod-placement, whose admission policy lets
-                       the connector change nothing of a pod but that)
+restart_indexed_job
+(pod_gates) lifting    patch pods (connectors.kubernetes.pod_gates; the deployed role
+the placement gate     grants it with components/pod-placement, whose admission policy
+                       lets the connector change nothing of a pod but that)
 delete_pod             delete pods
 =====================  ===============================================================
 
@@ -95,7 +95,6 @@ POLL_S = 0.2
 # pod on an unreachable node stays terminating until the node returns).
 DELETED_PODS_WAIT_S = 30.0
 MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 
 T = TypeVar("T")
 
@@ -536,9 +535,9 @@ def restart_indexed_job(
     refused, a Job this step suspended is let run again before the error is raised.
 
     ``pods_on`` (the plan's GPUs on each node; None: the node set only) places each pod on
-    its own node (connectors.kubernetes.pod_placement): the template is gated, the Job
-    carries each index's node, and once resumed the pods it creates are let go each to
-    its node (:func:`ungate_pods`; the connector's upkeep lets go any that come later)."""
+    its own node (connectors.kubernetes.pod_placement): the template is gated and the Job
+    carries each index's node; the caller then lets its pods go
+    (connectors.kubernetes.pod_gates). None takes an earlier restart's gate and map off."""
     what = f"restart job {job} in {namespace} at {replicas} pod(s) on {','.join(nodes)}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
@@ -551,10 +550,7 @@ def restart_indexed_job(
     )
     running = not current.spec.suspend
     if stamped and running:
-        # An earlier delivery of this step restarted it; pods it had not let go yet go now.
-        if (current.metadata.annotations or {}).get(POD_NODES_ANNOTATION):
-            ungate_pods(api, current)
-        return
+        return  # an earlier delivery of this step restarted it
     if running:
         blocker = template_blocker(api, current.spec.template)
         if blocker:
@@ -605,76 +601,6 @@ def restart_indexed_job(
             raise
         raise _let_run_again(api, namespace=namespace, job=job, error=error) from error
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
-    if placement:
-        _let_pods_go(api, namespace=namespace, job=job, replicas=replicas, timeout_s=timeout_s)
-
-
-def ungate_pods(api: client.ApiClient, current: client.V1Job) -> list[str]:
-    """Let the pods of a Job that wait on :mod:`pod_placement`'s gate be scheduled, each
-    on the node the Job's annotation gives its index (when that node is still among those
-    the template is pinned to; else wherever the template allows); the pods let go, as
-    ``pod → node``. A pod gone or changed meanwhile is left for the next call."""
-    placement = pod_placement.decode((current.metadata.annotations or {}).get(POD_NODES_ANNOTATION))
-    pinned = _pinned_nodes(current.spec.template.spec.affinity) or []
-    core = _core(api)
-    namespace = current.metadata.namespace
-    found = call(
-        "list",
-        f"pods of job {current.metadata.name} in {namespace}",
-        lambda: core.list_namespaced_pod(
-            namespace,
-            label_selector=f"{JOB_UID_LABEL}={current.metadata.uid}",
-            _request_timeout=REQUEST_TIMEOUT_S,
-        ),
-    )
-    let_go = []
-    for item in found.items:
-        pod = api.sanitize_for_serialization(item)
-        node = pod_placement.planned_node(pod, placement, pinned)
-        patch = pod_placement.ungate_patch(pod, node)
-        if patch is None or item.metadata.deletion_timestamp:
-            continue
-        name = item.metadata.name
-        what = f"patch pods {name} in {namespace}"
-        try:
-            core.patch_namespaced_pod(
-                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except ApiException as error:
-            # Gone, or changed since it was read (409; 422 when the patch's test fails):
-            # the next call reads it again.
-            if error.status in (404, 409, 422):
-                continue
-            if error.status == 403:
-                raise ConnectorError(
-                    f"{what}: {_reason(error)} — placing each pod on its node needs "
-                    "deploy/kubernetes/components/pod-placement (patch pods, within its "
-                    f"admission policy); without it, set pod_placement=false: pod {name} "
-                    f"waits on the gate {pod_placement.PLACEMENT_GATE} until let go",
-                    retryable=False,
-                ) from error
-            raise api_error(error, what) from error
-        except (TransportError, OSError) as error:
-            raise ConnectorError(
-                f"{what}: API server unreachable: {error}", retryable=True
-            ) from error
-        let_go.append(f"{namespace}/{name} → {node or 'its template nodes'}")
-    return let_go
-
-
-def _let_pods_go(
-    api: client.ApiClient, *, namespace: str, job: str, replicas: int, timeout_s: float
-) -> None:
-    """:func:`ungate_pods` until the Job's ``replicas`` pods have been let go, for at most
-    ``timeout_s`` (the Job controller creates pods in batches); any it creates later, the
-    connector's upkeep lets go."""
-    deadline = time.monotonic() + timeout_s
-    done = 0
-    while True:
-        done += len(ungate_pods(api, read_job(api, namespace=namespace, job=job)))
-        if done >= replicas or time.monotonic() >= deadline:
-            return
-        time.sleep(POLL_S)
 
 
 def _let_run_again(
@@ -737,8 +663,10 @@ def recreate_job_pinned(
     ``resume_from=None`` keeps the pointer the Job already carries (a plan's start of a held
     Job: ``start(nodes)`` on plain Kubernetes). A running Job whose pods could not resume is
     refused unless ``allow_restart``; a suspended one without pods has nothing to lose.
-    Idempotent: a Job already pinned there with that pointer and running is left alone; a
-    retry after a timeout continues (a suspended Job is not suspended again).
+    Idempotent: a Job already pinned there with that pointer and running is left alone
+    (unless its template carries an elastic restart's placement gate: the move takes it
+    off, which stops and restarts the Job); a retry after a timeout continues (a
+    suspended Job is not suspended again).
     """
     where = f" to {','.join(nodes)}" if nodes else ""
     what = f"move job {job} in {namespace}{where}"

@@ -76,12 +76,13 @@ manages: Kueue owns their ``spec.suspend``, and the functions here refuse them.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from kubernetes import client
 
 from connectors.base import ConnectorError
-from connectors.kubernetes import actions
+from connectors.kubernetes import actions, pod_gates
 from connectors.kubernetes.moves import KubernetesMoves
 from connectors.kubernetes.pods import STOPPED_BY_STEP, OwnerRef, parse_external_id
 
@@ -90,6 +91,8 @@ if TYPE_CHECKING:
 
     from connectors.kubernetes.config import KubernetesConnectorConfig
     from connectors.kubernetes.informer import Object
+
+logger = logging.getLogger(__name__)
 
 SCALABLE: dict[str, Literal["deployment", "statefulset"]] = {
     "Deployment": "deployment",
@@ -257,15 +260,7 @@ class KubernetesCapabilities(KubernetesMoves):
         if not current.spec.suspend:
             return
         if replicas and pin is not None and actions.elastic_job_size(current) is not None:
-            actions.restart_indexed_job(
-                self.api,
-                namespace=owner.namespace,
-                job=owner.name,
-                replicas=replicas,
-                nodes=pin,
-                step_key=None,
-                pods_on=self._pods_on(gpus),
-            )
+            self._restart_indexed(owner, replicas=replicas, nodes=pin, gpus=gpus, step_key=None)
             return
         if pin is None:
             actions.resume_job(self.api, namespace=owner.namespace, job=owner.name)
@@ -319,20 +314,74 @@ class KubernetesCapabilities(KubernetesMoves):
                         self.api, namespace=owner.namespace, job=owner.name, replicas=replicas
                     )
                     return
+        self._restart_indexed(
+            owner, replicas=replicas, nodes=list(nodes), gpus=gpus, step_key=step_key
+        )
+
+    def _restart_indexed(
+        self,
+        owner: OwnerRef,
+        *,
+        replicas: int,
+        nodes: list[str],
+        gpus: dict[str, int] | None,
+        step_key: str | None,
+    ) -> None:
+        """``actions.restart_indexed_job``, each pod on its own node when it may be
+        (:meth:`_pods_on`), and then those pods let go to their nodes."""
+        pods_on = self._pods_on(owner.namespace, gpus)
         actions.restart_indexed_job(
             self.api,
             namespace=owner.namespace,
             job=owner.name,
             replicas=replicas,
-            nodes=list(nodes),
+            nodes=nodes,
             step_key=step_key,
-            pods_on=self._pods_on(gpus),
+            pods_on=pods_on,
         )
+        if pods_on is None:
+            return
+        found = pod_gates.let_pods_go(
+            self.api,
+            namespace=owner.namespace,
+            job=owner.name,
+            replicas=replicas,
+            timeout_s=actions.SETTLE_TIMEOUT_S,
+            check_guard=self.guard_unchecked(),
+        )
+        self.note_guard(found.guard)
 
-    def _pods_on(self, gpus: dict[str, int] | None) -> dict[str, int] | None:
-        """The plan's GPUs per node when each pod goes on its own node (the connector's
-        ``pod_placement``); else None: the pods are pinned to the nodes as a set."""
-        return gpus if self.config.pod_placement else None
+    def _pods_on(self, namespace: str, gpus: dict[str, int] | None) -> dict[str, int] | None:
+        """The plan's GPUs per node when each pod goes on its own node: the connector's
+        ``pod_placement``, the right to patch pods in the namespace (else the pods would
+        wait on a gate nobody may lift) and no guard found missing. Else None: the pods
+        are pinned to the nodes as a set."""
+        if not self.config.pod_placement or gpus is None:
+            return None
+        if self._guard == pod_gates.Guard.missing:
+            return None
+        if not pod_gates.may_patch_pods(self.api, namespace):
+            logger.warning(
+                "pod_placement is on but this connector may not patch pods in %s "
+                "(deploy/kubernetes/components/pod-placement): pods are pinned to the "
+                "plan's nodes as a set",
+                namespace,
+            )
+            return None
+        return gpus
+
+    # --- the placement guard (connectors.kubernetes.pod_gates) ------------------------------
+
+    _guard: pod_gates.Guard | None = None
+
+    def guard_unchecked(self) -> bool:
+        """Whether the next lift should first check the guard (not yet found held)."""
+        return self._guard is not pod_gates.Guard.held
+
+    def note_guard(self, found: pod_gates.Guard | None) -> None:
+        """Keep what a lift found: held, or missing (no gating from then on)."""
+        if found in (pod_gates.Guard.held, pod_gates.Guard.missing):
+            self._guard = found
 
     def _live_job(self, step: str, owner: OwnerRef) -> client.V1Job:
         """The Job as the API server has it; one that has ended is refused."""

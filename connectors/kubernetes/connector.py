@@ -40,7 +40,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from connectors.base import ConnectorError
-from connectors.kubernetes import actions, pod_placement
+from connectors.kubernetes import actions, pod_gates, pod_placement
 from connectors.kubernetes.capabilities import KubernetesCapabilities
 from connectors.kubernetes.client import api_client
 from connectors.kubernetes.config import KubernetesConnectorConfig
@@ -61,7 +61,14 @@ from connectors.kubernetes.pods import (
     priorities,
 )
 from connectors.kubernetes.submission import job_submit_spec
-from wire.telemetry import ClusterState, JobReport, NodeReport, SchedulerKind, SubmitSpec
+from wire.telemetry import (
+    ClusterState,
+    JobReport,
+    NodeReport,
+    NodeState,
+    SchedulerKind,
+    SubmitSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -258,25 +265,41 @@ class KubernetesConnector(KubernetesCapabilities):
     # --- SupportsUpkeep --------------------------------------------------------------------
 
     def upkeep(self) -> list[str]:
-        """With ``pod_placement``: let go the pods that wait on the placement gate, each to
-        the node its Job gives its index (connectors.kubernetes.pod_placement) — pods the
-        Job controller created after the step that gated the Job returned (a failed pod
-        replaced, a step cut short). One line per pod let go."""
-        if not self.config.pod_placement:
-            return []
+        """Let go the pods of its namespaces that wait on the placement gate, each to the
+        node its Job gives its index, or anywhere the template allows when that node is
+        no longer up (connectors.kubernetes.pod_gates) — pods the Job controller created
+        after the step that gated the Job returned (a failed pod replaced, a step cut
+        short). With ``pod_placement`` on or off: turning it off strands nothing. One line
+        per pod let go; a Job whose pods cannot be let go now is logged and retried."""
+        namespaces = set(self.config.namespaces)
         gated = {
             (owner.namespace, owner.name)
             for pod in self.informers["pods"].items()
             if pod_placement.has_gate(pod.get("spec") or {})
             and (owner := owner_of(pod)).kind == "Job"
+            and (not namespaces or owner.namespace in namespaces)
+        }
+        if not gated:
+            return []
+        usable = {
+            node["metadata"]["name"]
+            for node in self.informers["nodes"].items()
+            if node_state(node, ignored_taints=self.config.ignored_taints) is NodeState.up
         }
         let_go: list[str] = []
         for namespace, name in sorted(gated):
             try:
                 current = actions.read_job(self.api, namespace=namespace, job=name)
+                found = pod_gates.ungate_pods(
+                    self.api, current, check_guard=self.guard_unchecked(), usable_nodes=usable
+                )
             except actions.ObjectGone:
                 continue  # its pods go with it
-            let_go.extend(f"placed {line}" for line in actions.ungate_pods(self.api, current))
+            except ConnectorError as error:
+                logger.warning("pods of job %s/%s wait on their gate: %s", namespace, name, error)
+                continue
+            self.note_guard(found.guard)
+            let_go.extend(f"placed {line}" for line in found.let_go)
         return let_go
 
     # --- lookups for the actions -----------------------------------------------------------

@@ -35,11 +35,13 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 def pod_nodes(replicas: int, gpus: Mapping[str, int] | None, per_pod: int) -> dict[int, str] | None:
     """Index → node for ``replicas`` pods of ``per_pod`` GPUs each, the plan's GPUs on each
     node being ``gpus``: indexes in order, nodes by name, each node taking as many as its
-    GPUs hold. None — pin to the node set only — when the plan gives no GPUs per node, the
-    pods ask for none, or the GPUs are not whole pods adding up to ``replicas``."""
+    GPUs hold (a node given none takes none). None — pin to the node set only — when the
+    plan gives no GPUs per node, the pods ask for none, or the GPUs are not whole pods
+    adding up to ``replicas``."""
+    gpus = {node: count for node, count in (gpus or {}).items() if count != 0}
     if not gpus or per_pod < 1:
         return None
-    if any(count < 1 or count % per_pod for count in gpus.values()):
+    if any(count < 0 or count % per_pod for count in gpus.values()):
         return None
     if sum(gpus.values()) != replicas * per_pod:
         return None
@@ -65,7 +67,7 @@ def decode(annotation: str | None) -> dict[int, str]:
     return {
         int(index): node
         for index, node in found.items()
-        if isinstance(index, str) and index.isdigit() and isinstance(node, str) and node
+        if isinstance(index, str) and index.isdecimal() and isinstance(node, str) and node
     }
 
 
@@ -89,7 +91,7 @@ def pod_index(pod: Mapping[str, Any]) -> int | None:
     index = (metadata.get("annotations") or {}).get(COMPLETION_INDEX) or (
         metadata.get("labels") or {}
     ).get(COMPLETION_INDEX)
-    return int(index) if isinstance(index, str) and index.isdigit() else None
+    return int(index) if isinstance(index, str) and index.isdecimal() else None
 
 
 def ungate_patch(pod: Mapping[str, Any], node: str | None) -> list[dict[str, Any]] | None:

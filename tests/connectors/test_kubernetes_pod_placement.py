@@ -53,6 +53,7 @@ def apply_patch(document: dict[str, Any], patch: list[dict[str, Any]] | None) ->
 def test_indexes_go_in_order_to_the_nodes_by_name_as_many_as_their_gpus_hold() -> None:
     assert pod_nodes(4, {"c": 2, "a": 4, "b": 2}, 2) == {0: "a", 1: "a", 2: "b", 3: "c"}
     assert pod_nodes(1, {"b": 8}, 8) == {0: "b"}
+    assert pod_nodes(2, {"a": 4, "b": 0}, 2) == {0: "a", 1: "a"}  # b is given none
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def test_indexes_go_in_order_to_the_nodes_by_name_as_many_as_their_gpus_hold() -
         (4, {"a": 3, "b": 5}, 2),  # not whole pods
         (4, {"a": 4, "b": 2}, 2),  # three pods' GPUs for four
         (2, {"a": 4, "b": 2}, 2),  # more than two pods' GPUs
-        (2, {"a": 4, "b": 0}, 2),
+        (2, {"a": 4, "b": -2}, 2),
     ],
 )
 def test_no_map_when_the_plans_gpus_are_not_whole_pods_for_each_index(
@@ -80,6 +81,7 @@ def test_the_map_round_trips_and_a_malformed_annotation_reads_as_none() -> None:
     for bad in (None, "", "not json", "[1, 2]", '{"x": "a", "1": 5, "2": ""}'):
         assert decode(bad) == {}
     assert decode('{"x": "a", "1": "b"}') == {1: "b"}
+    assert decode('{"\u00b2": "a", "1": "b"}') == {1: "b"}  # a digit, not a decimal
 
 
 def test_template_gates_keep_the_sites_own_and_add_or_take_off_ours() -> None:

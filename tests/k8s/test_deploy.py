@@ -479,7 +479,7 @@ def test_the_pod_placement_component_adds_patching_pods_within_its_policy(
         {"kind": "ServiceAccount", "name": "shaper-connector", "namespace": NAMESPACE}
     ]
     policy = next(obj for obj in added if obj["kind"] == "ValidatingAdmissionPolicy")
-    assert SERVICE_ACCOUNT in policy["spec"]["matchConditions"][0]["expression"]
+    assert "':shaper-connector'" in policy["spec"]["matchConditions"][0]["expression"]
     policy_binding = next(obj for obj in added if obj["kind"] == "ValidatingAdmissionPolicyBinding")
     assert policy_binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert policy_binding["spec"]["validationActions"] == ["Deny"]

@@ -1,0 +1,257 @@
+"""Letting the pods of a placed elastic Job go, each to its node
+(connectors.kubernetes.pod_placement says what to write; this module writes it).
+
+Three things keep a pod from waiting on the gate for ever or the right to lift it from
+being more than that:
+
+* **Before gating**, :func:`may_patch_pods` asks the API server (a
+  SelfSubjectAccessReview, which any authenticated user may make) whether the connector
+  may patch pods in the Job's namespace; if not, the restart pins by node set only.
+* **The guard**: the right to patch pods is only safe with the admission policy of
+  deploy/kubernetes/components/pod-placement holding it to lifting the gate. The first
+  lift checks that the policy holds *this* connector (a site that renamed its
+  ServiceAccount would leave the policy matching nobody): a server-side dry run of a
+  change the policy refuses (a label) on the pod about to be let go. Accepted, the guard
+  is missing: the pod is still let go (never stranded), and the caller stops gating.
+* **Lifting never waits on the flag**: the connector's upkeep lets go any pod carrying
+  the gate in the namespaces it watches, ``pod_placement`` on or off, so turning it off
+  strands nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
+
+from connectors.base import ConnectorError
+from connectors.kubernetes import pod_placement
+from connectors.kubernetes.actions import (
+    JOB_UID_LABEL,
+    POLL_S,
+    REQUEST_TIMEOUT_S,
+    api_error,
+    call,
+    read_job,
+)
+from connectors.kubernetes.pod_placement import POD_NODES_ANNOTATION
+from connectors.kubernetes.pods import pinned_nodes
+
+logger = logging.getLogger(__name__)
+
+JSON_PATCH = "application/json-patch+json"
+POLICY = "shaper-pod-placement"
+# The label the guard's dry run tries to add: a change the policy refuses.
+PROBE_LABEL = "shaper.io/placement-guard-probe"
+
+
+class Guard(Enum):
+    """What the dry run found: the policy refuses the connector's other changes to a pod
+    (held), accepts them (missing), or the answer said neither (unknown: asked again)."""
+
+    held = "held"
+    missing = "missing"
+    unknown = "unknown"
+
+
+@dataclass
+class Ungated:
+    """What one :func:`ungate_pods` call found and did."""
+
+    let_go: list[str] = field(default_factory=list)  # "namespace/pod → node"
+    waiting: int = 0  # pods still behind the gate after the call
+    pods: int = 0  # the Job's live pods not being deleted
+    guard: Guard | None = None  # None: not asked, or no pod to ask on
+
+
+def may_patch_pods(api: client.ApiClient, namespace: str) -> bool:
+    """Whether the API server lets this connector patch pods in ``namespace``."""
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                namespace=namespace, verb="patch", resource="pods"
+            )
+        )
+    )
+    answer = call(
+        "create",
+        "selfsubjectaccessreviews",
+        lambda: client.AuthorizationV1Api(api).create_self_subject_access_review(
+            review, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+    return bool(answer.status and answer.status.allowed)
+
+
+def ungate_pods(
+    api: client.ApiClient,
+    current: client.V1Job,
+    *,
+    check_guard: bool = False,
+    usable_nodes: set[str] | None = None,
+) -> Ungated:
+    """Let the pods of a Job that wait on the placement gate be scheduled, each on the
+    node the Job's annotation gives its index — when that node is still among those the
+    template is pinned to and, given ``usable_nodes``, among those (a node gone or
+    cordoned since: wherever the template allows instead). ``check_guard``: first the
+    guard's dry run on the first such pod. A pod gone or changed since it was read is
+    read again once, then left for the next call."""
+    placement = pod_placement.decode((current.metadata.annotations or {}).get(POD_NODES_ANNOTATION))
+    pinned = pinned_nodes(api.sanitize_for_serialization(current.spec.template.spec))
+    namespace = current.metadata.namespace
+    found = Ungated()
+    for item in _pods(api, current):
+        if item.metadata.deletion_timestamp or (item.status and item.status.phase) in (
+            "Succeeded",
+            "Failed",
+        ):
+            continue
+        found.pods += 1
+        pod = api.sanitize_for_serialization(item)
+        if not pod_placement.has_gate(pod.get("spec") or {}):
+            continue
+        if check_guard and found.guard is None:
+            found.guard = _probe(api, namespace, pod)
+        node = pod_placement.planned_node(pod, placement, pinned)
+        if node is not None and usable_nodes is not None and node not in usable_nodes:
+            node = None
+        if _lift(api, namespace, pod, node):
+            found.let_go.append(f"{namespace}/{item.metadata.name} → {node or 'its nodes'}")
+        else:
+            found.waiting += 1
+    return found
+
+
+def let_pods_go(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    job: str,
+    replicas: int,
+    timeout_s: float,
+    check_guard: bool = False,
+) -> Ungated:
+    """:func:`ungate_pods` until the Job has its ``replicas`` pods and none waits on the
+    gate (whoever lifted it: the upkeep may lift some first), for at most ``timeout_s``
+    (the Job controller creates pods in batches); any it creates later, the connector's
+    upkeep lets go. What was done, over all the calls; the guard as first found."""
+    deadline = time.monotonic() + timeout_s
+    total = Ungated()
+    while True:
+        once = ungate_pods(
+            api,
+            read_job(api, namespace=namespace, job=job),
+            check_guard=check_guard and total.guard in (None, Guard.unknown),
+        )
+        total.let_go += once.let_go
+        total.waiting, total.pods = once.waiting, once.pods
+        if once.guard is not None and total.guard in (None, Guard.unknown):
+            total.guard = once.guard
+        if (once.pods >= replicas and once.waiting == 0) or time.monotonic() >= deadline:
+            return total
+        time.sleep(POLL_S)
+
+
+def _pods(api: client.ApiClient, current: client.V1Job) -> list[client.V1Pod]:
+    namespace = current.metadata.namespace
+    found = call(
+        "list",
+        f"pods of job {current.metadata.name} in {namespace}",
+        lambda: client.CoreV1Api(api).list_namespaced_pod(
+            namespace,
+            label_selector=f"{JOB_UID_LABEL}={current.metadata.uid}",
+            _request_timeout=REQUEST_TIMEOUT_S,
+        ),
+    )
+    items: list[client.V1Pod] = found.items
+    return items
+
+
+def _lift(api: client.ApiClient, namespace: str, pod: dict[str, Any], node: str | None) -> bool:
+    """Patch one pod: the gate off, its node named. False when it could not be done now
+    (gone, or changed twice since read); a refusal that will not pass raises."""
+    name = pod["metadata"]["name"]
+    for attempt in (1, 2):
+        patch = pod_placement.ungate_patch(pod, node)
+        if patch is None:
+            return False  # someone else lifted it
+        try:
+            _patch_pod(api, namespace, name, patch)
+            return True
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            if error.status in (409, 422) and attempt == 1:
+                # Changed since it was read (the patch's test failed): read it again.
+                try:
+                    fresh = client.CoreV1Api(api).read_namespaced_pod(
+                        name, namespace, _request_timeout=REQUEST_TIMEOUT_S
+                    )
+                except ApiException as gone:
+                    if gone.status == 404:
+                        return False
+                    raise api_error(gone, f"get pods {name} in {namespace}") from gone
+                pod = api.sanitize_for_serialization(fresh)
+                continue
+            what = f"patch pods {name} in {namespace}"
+            if error.status == 403:
+                raise ConnectorError(
+                    f"{api_error(error, what)} — lifting the placement gate needs "
+                    "deploy/kubernetes/components/pod-placement (patch pods, within its "
+                    f"admission policy); the pod waits on {pod_placement.PLACEMENT_GATE} "
+                    "until an operator removes it or the component is deployed",
+                    retryable=False,
+                ) from error
+            if error.status == 422:
+                logger.warning("%s; again next round", api_error(error, what))
+                return False
+            raise api_error(error, what) from error
+        except (TransportError, OSError) as error:
+            raise ConnectorError(
+                f"patch pods {name} in {namespace}: API server unreachable: {error}",
+                retryable=True,
+            ) from error
+    return False
+
+
+def _patch_pod(
+    api: client.ApiClient, namespace: str, name: str, patch: Any, **options: Any
+) -> None:
+    client.CoreV1Api(api).patch_namespaced_pod(
+        name,
+        namespace,
+        patch,
+        _content_type=JSON_PATCH,
+        _request_timeout=REQUEST_TIMEOUT_S,
+        **options,
+    )
+
+
+def _probe(api: client.ApiClient, namespace: str, pod: dict[str, Any]) -> Guard:
+    """The guard's dry run: a label added to the pod, which the policy must refuse."""
+    name = pod["metadata"]["name"]
+    if (pod["metadata"].get("labels")) is None:
+        probe = [{"op": "add", "path": "/metadata/labels", "value": {PROBE_LABEL: "1"}}]
+    else:
+        path = f"/metadata/labels/{PROBE_LABEL.replace('~', '~0').replace('/', '~1')}"
+        probe = [{"op": "add", "path": path, "value": "1"}]
+    try:
+        _patch_pod(api, namespace, name, probe, dry_run="All")
+    except ApiException as error:
+        held = error.status == 403 and POLICY in str(error.body or "")
+        return Guard.held if held else Guard.unknown
+    except (TransportError, OSError):
+        return Guard.unknown
+    logger.error(
+        "the admission policy %s does not hold this connector: it could change any pod it "
+        "may patch (its ServiceAccount renamed without the policy?); pods are placed by "
+        "node set only from now on",
+        POLICY,
+    )
+    return Guard.missing
