@@ -63,6 +63,7 @@ MAX_NODE_MEMORY_MIB = 64 * 1024 * 1024
 MAX_GPU_MEMORY_GIB = 4096
 MAX_REPLICAS = 100_000
 MAX_RESTARTS = 1_000_000
+MAX_TIME_LIMIT_S = 100 * 366 * 86_400.0  # a century: longer is "none"
 MAX_SUBMIT_SPEC = 64 * 1024  # characters of a SubmitSpec as JSON (as jobs.submit_spec stores it)
 
 
@@ -248,6 +249,14 @@ class JobReport(_Wire):
     # Why the scheduler holds the job where it is (Slurm's Reason, Kueue's condition).
     reason: Annotated[str, Field(max_length=255)] = ""
     restart_count: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 0
+    # How long after it starts the scheduler ends the job (Slurm's TimeLimit, a Job's
+    # activeDeadlineSeconds); None: no limit, or the scheduler does not say. The most it
+    # can run, not what it will (limits are padded): app/shaping/snapshot.py caps run-time
+    # predictions with it and, before the cluster has history to predict from, takes it
+    # as the job's run time, as Slurm's backfill does.
+    time_limit_s: Annotated[float, Field(gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] | None = (
+        None
+    )
     allocations: list[AllocationReport] = Field(default_factory=list)
     # How to submit it elsewhere (pending and running jobs of clusters in a federation
     # group; None: the connector cannot say, or the job is suspended or ending, and it stays

@@ -47,6 +47,7 @@ class JobPublic(SQLModel):
     state: JobState
     reason: str
     restart_count: int
+    time_limit_s: float | None = None
     generation: int = 0
     displaced_at: datetime | None = None
     displaced_reason: str | None = None
@@ -111,6 +112,8 @@ class Job(SQLModel, table=True):
     state: JobState = enum_column(JobState.pending, 16)
     reason: str = Field(default="", max_length=255)
     restart_count: int = 0
+    # wire: JobReport.time_limit_s (None: no limit, or the scheduler does not say).
+    time_limit_s: float | None = None
     # Fencing token: bumped by every saga that moves the job (migrate, preempt); node
     # agents refuse steps that carry an older one, so the job never runs twice.
     generation: int = 0

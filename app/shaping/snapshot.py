@@ -26,9 +26,12 @@ Mapping to the solver (documented because it decides what the solver optimises):
 * block jobs' ``expected_runtime_s`` (backfill's shadow times, the look-ahead) is what
   ``forecast.duration`` predicts from the cluster's block jobs that finished in the last
   ``DURATION_HISTORY_DAYS`` days (team, kind, GPUs), once there are
-  ``MIN_DURATION_HISTORY`` of them — none before: the wire carries no time limit, and a
-  guess from nothing would only mislead the reservations. A running job past its
-  prediction is expected to run as long again as it has (durations are heavy-tailed).
+  ``MIN_DURATION_HISTORY`` of them. A running job past its prediction is expected to run
+  as long again as it has (durations are heavy-tailed). The job's time limit (the
+  scheduler ends it then) caps either, and before there is history it is the run time
+  itself, as Slurm's backfill takes it; a job with neither has none (a guess from
+  nothing would only mislead the reservations). A running job past its limit is expected
+  to end now.
 * what the cycle forecasts is also handed out to be recorded and scored
   (``app.forecasts``): ``service_forecasts`` (each service's steps 1 … ``FORECAST_STEPS``
   − 1 — every hour the solver's look-ahead forecasts — with its lead time and the
@@ -151,6 +154,7 @@ class JobRow:
     last_acted_at: datetime | None = None
     actions_last_hour: int = 0
     required_nodes: tuple[str, ...] = ()
+    time_limit_s: float | None = None
     # An action of an open plan acts on it: approved or in flight (busy), or proposed.
     busy: bool = False
     proposed: bool = False
@@ -191,6 +195,7 @@ class FinishedJob:
     gpus: int
     runtime_s: float
     ended_at: datetime
+    time_limit_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -295,6 +300,7 @@ def _finished_jobs(session: Session, cluster_id: int, now: datetime) -> tuple[Fi
             col(Job.gpus_requested),
             col(Job.start_time),
             col(Job.end_time),
+            col(Job.time_limit_s),
         )
         .where(
             col(Job.cluster_id) == cluster_id,
@@ -313,8 +319,9 @@ def _finished_jobs(session: Session, cluster_id: int, now: datetime) -> tuple[Fi
             gpus=gpus,
             runtime_s=max(0.0, (end - start).total_seconds()),
             ended_at=end,
+            time_limit_s=limit,
         )
-        for team, kind, gpus, start, end in session.execute(query)
+        for team, kind, gpus, start, end, limit in session.execute(query)
     ]
     return tuple(reversed(rows))
 
@@ -504,9 +511,10 @@ def to_instance(
     targets = {s["service"]: s.get("demand_target") for s in snapshot.sla.get("services", [])}
     durations = _duration_predictor(snapshot)
     runtimes = {
-        row.id: _expected_runtime(row, now, durations)
+        row.id: runtime
         for row in snapshot.jobs
-        if durations is not None and row.shape != JobShape.elastic
+        if row.shape != JobShape.elastic
+        and (runtime := _expected_runtime(row, now, durations)) is not None
     }
     forecasts = {
         row.id: _forecast(
@@ -722,20 +730,36 @@ def _duration_predictor(snapshot: ClusterSnapshot) -> DurationPredictor | None:
         return cached[1]
     predictor = DurationPredictor()
     for job in finished:
-        predictor.observe(JobFeatures(team=job.team, kind=job.kind, gpus=job.gpus), job.runtime_s)
+        predictor.observe(_features(job.team, job.kind, job.gpus, job.time_limit_s), job.runtime_s)
     _DURATIONS[snapshot.cluster] = (key, predictor)
     return predictor
 
 
-def _expected_runtime(row: JobRow, now: float, durations: DurationPredictor) -> float:
-    """Walltime from the job's start (running) or of the whole job (pending)."""
-    predicted = durations.predict(
-        JobFeatures(team=row.team, kind=str(row.kind), gpus=row.gpus_requested)
-    )
-    if row.start_time is None or not row.placement:
-        return predicted
-    elapsed = max(0.0, now - row.start_time.timestamp())
-    return predicted if predicted > elapsed else 2 * elapsed
+def _features(team: str, kind: object, gpus: int, limit: float | None) -> JobFeatures:
+    """What a run time is predicted from; the time limit is the user's estimate
+    (forecast.duration learns actual / estimate per group for jobs that have one, so a
+    site whose limits are padded, or a partition default of a year, still predicts well)."""
+    return JobFeatures(team=team, kind=str(kind), gpus=gpus, estimate_s=limit)
+
+
+def _expected_runtime(row: JobRow, now: float, durations: DurationPredictor | None) -> float | None:
+    """Walltime from the job's start (running) or of the whole job (pending): the
+    prediction (a running job past it: as long again as it has run), at most the job's
+    time limit; the limit alone without a predictor; None with neither."""
+    limit = row.time_limit_s
+    expected: float | None = limit
+    if durations is not None:
+        expected = durations.predict(_features(row.team, row.kind, row.gpus_requested, limit))
+    if expected is not None and row.start_time is not None and row.placement:
+        elapsed = max(0.0, now - row.start_time.timestamp())
+        if expected <= elapsed:
+            expected = 2 * elapsed
+        if limit is not None:
+            # Its scheduler ends it at its limit; one past it (a grace period) ends now.
+            return max(elapsed, min(expected, limit))
+    if expected is not None and limit is not None:
+        return min(expected, limit)
+    return expected
 
 
 def _forecast(
@@ -848,7 +872,7 @@ def runtime_predictions(
         RuntimePredictionCreate(
             job_id=row.id,
             predicted_s=durations.predict(
-                JobFeatures(team=row.team, kind=str(row.kind), gpus=row.gpus_requested)
+                _features(row.team, row.kind, row.gpus_requested, row.time_limit_s)
             ),
             naive_s=medians.get(row.team, overall),
         )

@@ -90,6 +90,7 @@ from connectors.kubernetes.nodes import GPU_RESOURCE, PRODUCT_LABEL, gpu_model_n
 from wire.residency import read_residency
 from wire.telemetry import (
     MAX_REPLICAS,
+    MAX_TIME_LIMIT_S,
     AllocationReport,
     JobKind,
     JobReport,
@@ -677,6 +678,7 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
         elastic = training_range(group, annotations)
         if elastic is not None:
             fields.update(min_replicas=elastic[0], max_replicas=elastic[1], replicas=elastic[1])
+        fields["time_limit_s"] = _deadline(group, spec)
     if (
         context.submit_spec is not None
         and group.owner.kind == "Job"
@@ -685,6 +687,25 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
     ):
         fields["submit"] = context.submit_spec(group.obj)
     return JobReport(**fields)
+
+
+def _deadline(group: JobGroup, spec: Mapping[str, Any]) -> float | None:
+    """How long the job may run once started: a Job's ``activeDeadlineSeconds`` (counted
+    from its start, over all its pods and retries; a suspension restarts the count), else
+    its pods' own (``spec.activeDeadlineSeconds``, each pod's from its start); the
+    smaller when both are set. None when neither is, or beyond what the wire takes."""
+    limits = [
+        value
+        for value in (
+            ((group.obj or {}).get("spec") or {}).get("activeDeadlineSeconds")
+            if group.owner.kind == "Job"
+            else None,
+            spec.get("activeDeadlineSeconds"),
+        )
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0
+    ]
+    limit = float(min(limits)) if limits else None
+    return limit if limit is not None and limit <= MAX_TIME_LIMIT_S else None
 
 
 def job_reports(groups: Iterable[JobGroup], context: TranslationContext) -> list[JobReport]:

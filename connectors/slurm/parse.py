@@ -40,6 +40,7 @@ from connectors.slurm.submission import ENDED_STATES, OptionValue, not_movable, 
 from wire.residency import CLUSTERS_KEY, SELECTOR_KEY, Residency, read_residency
 from wire.telemetry import (
     MAX_REPLICAS,
+    MAX_TIME_LIMIT_S,
     TERMINAL_JOB_STATES,
     AllocationReport,
     JobKind,
@@ -331,6 +332,24 @@ def _time(value: Any) -> datetime | None:
     return datetime.fromtimestamp(value, tz=UTC)
 
 
+def time_limit_s(value: Any) -> float | None:
+    """A job's ``time_limit`` (minutes) in seconds; None for none: null, unset, INFINITE
+    (``UNLIMITED``, a sentinel or ``{"infinite": true}`` in later APIs), 0, or beyond what
+    the wire takes (a century). A partition's default counts (Slurm enforces it as the
+    job's own): a cluster whose partitions all default to a year reports a year, which
+    caps nothing and, before there is history, tells the solver nothing either."""
+    if isinstance(value, dict):
+        if value.get("infinite"):
+            return None
+        value = value.get("number") if value.get("set", True) else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    if value <= 0 or value >= 0xFFFFFFFE:  # NO_VAL, INFINITE
+        return None
+    seconds = value * 60.0
+    return seconds if seconds <= MAX_TIME_LIMIT_S else None
+
+
 def _tres_gpus(tres: str) -> tuple[int, list[str]]:
     """``"gres:gpu:h100:2"`` → ``(2, ["h100"])``; models are the GRES types named."""
     count, models = 0, []
@@ -535,6 +554,7 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         state=state,
         reason=str(job.get("state_reason") or "")[:255],
         restart_count=int(job.get("restart_cnt") or 0),
+        time_limit_s=time_limit_s(job.get("time_limit")),
         allocations=job_allocations,
         residency=comment_residency(comment, job=job_id),
     )

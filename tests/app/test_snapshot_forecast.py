@@ -110,9 +110,18 @@ def test_a_short_history_falls_back_without_fitting(
             assert forecast[step] >= math.ceil(_cycle(12 + hours + step - 24) - 1e-9)
 
 
-def _post_finished(client: TestClient, auth: dict, clock: FrozenClock, finished: int) -> None:
+def _post_finished(
+    client: TestClient,
+    auth: dict,
+    clock: FrozenClock,
+    finished: int,
+    *,
+    limit_s: float | None = None,
+    finished_limit_s: float | None = None,
+) -> None:
     """``finished`` block jobs of team vision that ran 2 h each, a pending one and one that
-    started 30 minutes ago."""
+    started 30 minutes ago; with ``limit_s``, those two have that time limit and one more,
+    started 2 h ago, has it too; with ``finished_limit_s``, the finished jobs had that one."""
     client.post(
         "/api/v1/clusters", headers=auth["admin"], json={"name": "alpha", "scheduler": "sim"}
     )
@@ -124,21 +133,36 @@ def _post_finished(client: TestClient, auth: dict, clock: FrozenClock, finished:
             state="finished",
             start_time=(now - timedelta(hours=2 + i)).isoformat(),
             end_time=(now - timedelta(hours=i)).isoformat(),
+            **({} if finished_limit_s is None else {"time_limit_s": finished_limit_s}),
         )
         for i in range(finished)
     ]
     started = (now - timedelta(minutes=30)).isoformat()
+    limited = {} if limit_s is None else {"time_limit_s": limit_s}
     jobs = [
         *done,
-        job("waiting"),
+        job("waiting", **limited),
         job(
             "busy",
             state="running",
             start_time=started,
             submit_time=started,
             allocations=[{"node": "n1", "gpu_indices": [0, 1]}],
+            **limited,
         ),
     ]
+    if limit_s is not None:
+        early = (now - timedelta(hours=2)).isoformat()
+        jobs.append(
+            job(
+                "late",
+                state="running",
+                start_time=early,
+                submit_time=early,
+                allocations=[{"node": "n1", "gpu_indices": [2, 3]}],
+                **limited,
+            )
+        )
     response = client.post(
         TELEMETRY,
         headers=auth["connector_alpha"],
@@ -165,3 +189,34 @@ def test_too_few_finished_jobs_give_no_run_time(
     _post_finished(client, auth, clock, MIN_DURATION_HISTORY - 1)
     jobs = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
     assert jobs.job_by_id["alpha/waiting"].expected_runtime_s is None
+
+
+@pytest.mark.parametrize("history", [MIN_DURATION_HISTORY + 5, MIN_DURATION_HISTORY - 1])
+def test_a_time_limit_caps_the_run_time_and_stands_in_for_it_without_history(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock, history: int
+) -> None:
+    """Predicted 2 h from the finished jobs (or nothing to predict from), limited to 1 h:
+    1 h either way — the scheduler ends them then; one running 2 h already, past its
+    limit, is expected to end now."""
+    _post_finished(client, auth, clock, history, limit_s=3600.0)
+    jobs = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    assert jobs.job_by_id["alpha/waiting"].expected_runtime_s == pytest.approx(3600.0)
+    assert jobs.job_by_id["alpha/busy"].expected_runtime_s == pytest.approx(3600.0)
+    assert jobs.job_by_id["alpha/late"].expected_runtime_s == pytest.approx(7200.0)
+
+
+def test_run_times_are_learnt_as_a_share_of_the_time_limit(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """Finished jobs ran 2 h of the 4 h they asked for: a job asking 3 h is expected to
+    take half of it (forecast.duration's actual / estimate), not the group's 2 h."""
+    _post_finished(
+        client,
+        auth,
+        clock,
+        MIN_DURATION_HISTORY + 5,
+        limit_s=3 * 3600.0,
+        finished_limit_s=4 * 3600.0,
+    )
+    jobs = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    assert jobs.job_by_id["alpha/waiting"].expected_runtime_s == pytest.approx(1.5 * 3600, rel=0.01)

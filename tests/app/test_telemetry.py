@@ -101,10 +101,12 @@ def test_deltas_follow_and_gaps_ask_for_a_snapshot(
     assert early.json()["error"]["field"] == "connector_session"
 
     assert client.post(URL, headers=headers, json=snapshot(1, jobs=[job("j1")])).status_code == 200
+    assert _jobs(client, auth)["j1"]["time_limit_s"] is None
     clock.advance(60)
-    started = delta(2, jobs=[running("j1", "n2", [3])])
+    started = delta(2, jobs=[running("j1", "n2", [3], time_limit_s=5400.0)])
     assert client.post(URL, headers=headers, json=started).json()["jobs_written"] == 1
     assert _jobs(client, auth)["j1"]["allocations"][0]["node"] == "n2"
+    assert _jobs(client, auth)["j1"]["time_limit_s"] == 5400.0
 
     gap = client.post(URL, headers=headers, json=delta(4, jobs=[job("j2")]))
     assert gap.status_code == 409
@@ -159,6 +161,8 @@ def test_snapshot_replaces_state_and_finishes_vanished_jobs(
         (snapshot(1, nodes=[node("n1", gpu_count="many")]), 422, "nodes[0].gpu_count"),
         (snapshot(1, jobs=[job("j1"), job("j1")]), 422, "jobs[1].external_id"),
         (snapshot(1, jobs=[job("j1", gpus_requested=-2)]), 422, "jobs[0].gpus_requested"),
+        (snapshot(1, jobs=[job("j1", time_limit_s=0)]), 422, "jobs[0].time_limit_s"),
+        (snapshot(1, jobs=[job("j1", time_limit_s=1e12)]), 422, "jobs[0].time_limit_s"),
         (snapshot(1, jobs=[running("j1", "n9", [0])]), 422, "jobs[0].allocations[0].node"),
         (
             snapshot(1, jobs=[running("j1", "n1", [8])]),

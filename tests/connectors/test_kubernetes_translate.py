@@ -509,3 +509,27 @@ def test_change_driven_pushes_on_a_busy_cluster_keep_the_minimum_interval() -> N
     connector.changes[:] = [True]
     runner._wait_between_cycles()
     assert sleeps[-1] == 0.2
+
+
+def test_a_jobs_deadline_or_its_pods_is_its_time_limit() -> None:
+    def limit(job_deadline: object = None, pod_deadline: object = None) -> float | None:
+        obj = job("train", suspend=True)
+        if job_deadline is not None:
+            obj["spec"]["activeDeadlineSeconds"] = job_deadline
+        if pod_deadline is not None:
+            obj["spec"]["template"]["spec"]["activeDeadlineSeconds"] = pod_deadline
+        report = job_report(JobGroup(OwnerRef("Job", "ml", "train"), obj), CONTEXT)
+        assert report is not None
+        return report.time_limit_s
+
+    assert limit() is None
+    assert limit(job_deadline=7200) == 7200.0
+    assert limit(pod_deadline=3600) == 3600.0
+    assert limit(job_deadline=7200, pod_deadline=3600) == 3600.0  # the first to end it
+    assert limit(job_deadline=0) is None and limit(job_deadline="7200") is None
+    assert limit(job_deadline=10**12) is None  # past what the wire takes: none
+    bare = pod("p", node_name="n1")
+    bare["spec"]["activeDeadlineSeconds"] = 600
+    (group,) = group_pods([bare], {}).values()
+    report = job_report(group, CONTEXT)
+    assert report is not None and report.time_limit_s == 600.0

@@ -116,7 +116,7 @@ def known_jobs(slurm: SlurmCluster) -> Iterator[dict[str, str]]:
     slurm.wait_state(single, "RUNNING")
     slurm.wait_state(gang, "RUNNING")
     waiting = slurm.sbatch("-N3", "--gres=gpu:2", "-J", "waiting")
-    held = slurm.sbatch("-H", "--gres=gpu:h100:1", "-J", "shaper:kind=quantization")
+    held = slurm.sbatch("-H", "--time=90", "--gres=gpu:h100:1", "-J", "shaper:kind=quantization")
     slurm.wait_for(
         "the waiting job to be evaluated", lambda: slurm.job(waiting)["reason"] != "None"
     )
@@ -168,6 +168,7 @@ def test_telemetry_of_known_jobs_matches_slurm(
     held = jobs[known_jobs["held"]]
     assert held.state is JobState.pending and rows[known_jobs["held"]]["reason"] == "JobHeldUser"
     assert held.allowed_gpu_models == ["h100"] and held.kind is JobKind.quantization
+    assert held.time_limit_s == 90 * 60  # --time=90 (minutes)
 
     # Every GPU Slurm shows in use belongs to exactly one reported allocation.
     used = [(a.node, i) for job in jobs.values() for a in job.allocations for i in a.gpu_indices]

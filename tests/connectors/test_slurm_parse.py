@@ -22,6 +22,7 @@ from connectors.slurm.parse import (
     parse_jobs,
     parse_nodes,
     parse_tags,
+    time_limit_s,
 )
 from connectors.slurm.reservations import (
     SlurmReservation,
@@ -280,6 +281,36 @@ def test_recorded_jobs(version: str) -> None:
     assert pending.report.gang_size == 3 and pending.report.gpus_requested == 6
 
     assert jobs["1"].restart_count == 1 and jobs["1"].report.state is JobState.cancelled
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (90, 5400.0),  # minutes, as 22.05 prints them
+        ({"set": True, "infinite": False, "number": 90}, 5400.0),  # later APIs
+        ({"set": True, "infinite": True, "number": 0}, None),  # UNLIMITED
+        ({"set": False, "number": 90}, None),
+        (None, None),
+        (0, None),
+        (0xFFFFFFFE, None),  # NO_VAL
+        (0xFFFFFFFF, None),  # INFINITE
+        (True, None),
+        ("90", None),
+        (100 * 366 * 1440 + 1, None),  # past what the wire takes
+    ],
+)
+def test_time_limits_are_read_in_seconds_and_none_means_none(
+    value: object, seconds: float | None
+) -> None:
+    assert time_limit_s(value) == seconds
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_recorded_time_limits(version: str) -> None:
+    """The recorded cluster's partitions default to a year: a job without --time has it."""
+    jobs = recorded_jobs(version)
+    assert jobs["8"].report.time_limit_s == 525_600 * 60.0
+    assert jobs["4"].report.time_limit_s is None  # null in the record
 
 
 def test_all_api_versions_and_the_cli_give_the_same_reports() -> None:
