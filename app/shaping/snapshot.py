@@ -28,10 +28,11 @@ Mapping to the solver (documented because it decides what the solver optimises):
   ``DURATION_HISTORY_DAYS`` days (team, kind, GPUs), once there are
   ``MIN_DURATION_HISTORY`` of them. A running job past its prediction is expected to run
   as long again as it has (durations are heavy-tailed). The job's time limit (the
-  scheduler ends it then) caps either, and before there is history it is the run time
-  itself, as Slurm's backfill takes it; a job with neither has none (a guess from
-  nothing would only mislead the reservations). A running job past its limit is expected
-  to end now.
+  scheduler ends it then) caps either; a running job past it is expected to end now. A
+  limit of ``TELLING_LIMIT_S`` or less is also the run time before there is history, as
+  Slurm's backfill takes it, and the user's estimate to learn from once
+  ``MIN_DURATION_HISTORY`` finished jobs had one (``Durations``); a job with neither has
+  none (a guess from nothing would only mislead the reservations).
 * what the cycle forecasts is also handed out to be recorded and scored
   (``app.forecasts``): ``service_forecasts`` (each service's steps 1 … ``FORECAST_STEPS``
   − 1 — every hour the solver's look-ahead forecasts — with its lead time and the
@@ -105,9 +106,13 @@ FORECASTER = demand_forecast.DemandForecaster()
 DURATION_HISTORY_DAYS = 14
 DURATION_HISTORY_JOBS = 5000
 MIN_DURATION_HISTORY = 20
+# A time limit longer than this tells nothing of how long a job runs (a site's padding, a
+# partition's "a week"): it still caps the run time, but is neither the run time before
+# there is history nor an estimate to learn from.
+TELLING_LIMIT_S = DURATION_HISTORY_DAYS * 86_400.0
 # Per cluster: the predictor learnt from its finished jobs, and a hash of those: rebuilt
 # only when the history has changed (a job finished, an old one aged out).
-_DURATIONS: dict[str, tuple[int, DurationPredictor]] = {}
+_DURATIONS: dict[str, tuple[int, Durations]] = {}
 # The one place the wire's words become the solver's (``app.diagnosis.history`` reads
 # node states through this table too).
 NODE_STATES: Mapping[NodeState, si.NodeState] = {
@@ -720,7 +725,31 @@ def _node_limit(row: JobRow, elastic: bool, training_range: tuple[int, int] | No
     return row.gang_size if row.gang_size > 1 else None
 
 
-def _duration_predictor(snapshot: ClusterSnapshot) -> DurationPredictor | None:
+@dataclass(frozen=True)
+class Durations:
+    """The run-time predictor of a cluster, learnt from its finished jobs. ``estimates``:
+    enough of those jobs had a telling time limit (``MIN_DURATION_HISTORY``) for the
+    limit to be learnt as the user's estimate (forecast.duration learns actual / estimate,
+    so padded limits still predict); else limits are left out of the prediction — a group
+    of estimated jobs learnt from a handful would predict from those alone — and only
+    cap it (:func:`_expected_runtime`)."""
+
+    predictor: DurationPredictor
+    estimates: bool
+
+    def predict(self, team: str, kind: object, gpus: int, limit: float | None) -> float:
+        return self.predictor.predict(self.features(team, kind, gpus, limit))
+
+    def features(self, team: str, kind: object, gpus: int, limit: float | None) -> JobFeatures:
+        estimate = _telling(limit) if self.estimates else None
+        return JobFeatures(team=team, kind=str(kind), gpus=gpus, estimate_s=estimate)
+
+
+def _telling(limit: float | None) -> float | None:
+    return limit if limit is not None and limit <= TELLING_LIMIT_S else None
+
+
+def _duration_predictor(snapshot: ClusterSnapshot) -> Durations | None:
     finished = snapshot.finished
     if len(finished) < MIN_DURATION_HISTORY:
         return None
@@ -728,28 +757,24 @@ def _duration_predictor(snapshot: ClusterSnapshot) -> DurationPredictor | None:
     cached = _DURATIONS.get(snapshot.cluster)
     if cached is not None and cached[0] == key:
         return cached[1]
-    predictor = DurationPredictor()
+    with_limits = sum(1 for job in finished if _telling(job.time_limit_s) is not None)
+    durations = Durations(DurationPredictor(), estimates=with_limits >= MIN_DURATION_HISTORY)
     for job in finished:
-        predictor.observe(_features(job.team, job.kind, job.gpus, job.time_limit_s), job.runtime_s)
-    _DURATIONS[snapshot.cluster] = (key, predictor)
-    return predictor
+        features = durations.features(job.team, job.kind, job.gpus, job.time_limit_s)
+        durations.predictor.observe(features, job.runtime_s)
+    _DURATIONS[snapshot.cluster] = (key, durations)
+    return durations
 
 
-def _features(team: str, kind: object, gpus: int, limit: float | None) -> JobFeatures:
-    """What a run time is predicted from; the time limit is the user's estimate
-    (forecast.duration learns actual / estimate per group for jobs that have one, so a
-    site whose limits are padded, or a partition default of a year, still predicts well)."""
-    return JobFeatures(team=team, kind=str(kind), gpus=gpus, estimate_s=limit)
-
-
-def _expected_runtime(row: JobRow, now: float, durations: DurationPredictor | None) -> float | None:
+def _expected_runtime(row: JobRow, now: float, durations: Durations | None) -> float | None:
     """Walltime from the job's start (running) or of the whole job (pending): the
     prediction (a running job past it: as long again as it has run), at most the job's
-    time limit; the limit alone without a predictor; None with neither."""
+    time limit; without a predictor, a telling limit alone (``TELLING_LIMIT_S``); else
+    None."""
     limit = row.time_limit_s
-    expected: float | None = limit
+    expected: float | None = _telling(limit)
     if durations is not None:
-        expected = durations.predict(_features(row.team, row.kind, row.gpus_requested, limit))
+        expected = durations.predict(row.team, row.kind, row.gpus_requested, limit)
     if expected is not None and row.start_time is not None and row.placement:
         elapsed = max(0.0, now - row.start_time.timestamp())
         if expected <= elapsed:
@@ -852,7 +877,8 @@ def runtime_predictions(
     default all), from its start to its end whatever it has run so far, and the naive
     prediction: the median run time of its team's finished jobs (the cluster's when the
     team has none). None while the cluster has too few finished jobs to predict from
-    (``MIN_DURATION_HISTORY``), as for ``to_instance``."""
+    (``MIN_DURATION_HISTORY``): ``to_instance`` then takes a telling time limit as the run
+    time, which is no prediction to score. Uncapped by the limit: the predictor's own."""
     durations = _duration_predictor(snapshot)
     if durations is None:
         return []
@@ -871,9 +897,7 @@ def runtime_predictions(
     return [
         RuntimePredictionCreate(
             job_id=row.id,
-            predicted_s=durations.predict(
-                _features(row.team, row.kind, row.gpus_requested, row.time_limit_s)
-            ),
+            predicted_s=durations.predict(row.team, row.kind, row.gpus_requested, row.time_limit_s),
             naive_s=medians.get(row.team, overall),
         )
         for row in rows

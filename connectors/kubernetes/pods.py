@@ -691,16 +691,18 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
 
 def _deadline(group: JobGroup, spec: Mapping[str, Any]) -> float | None:
     """How long the job may run once started: a Job's ``activeDeadlineSeconds`` (counted
-    from its start, over all its pods and retries; a suspension restarts the count), else
-    its pods' own (``spec.activeDeadlineSeconds``, each pod's from its start); the
-    smaller when both are set. None when neither is, or beyond what the wire takes."""
+    from its start, over all its pods and retries; a suspension restarts the count); a
+    pod's own (``spec.activeDeadlineSeconds``, from the pod's start) for a bare pod and
+    for a Job that retries no pod (``backoffLimit: 0``: a pod past its deadline ends the
+    Job; with retries, a new pod starts a new count); the smaller when both hold. None
+    when neither does, or beyond what the wire takes."""
+    job_spec = ((group.obj or {}).get("spec") or {}) if group.owner.kind == "Job" else {}
+    per_pod = group.owner.kind == "Pod" or job_spec.get("backoffLimit") == 0
     limits = [
         value
         for value in (
-            ((group.obj or {}).get("spec") or {}).get("activeDeadlineSeconds")
-            if group.owner.kind == "Job"
-            else None,
-            spec.get("activeDeadlineSeconds"),
+            job_spec.get("activeDeadlineSeconds"),
+            spec.get("activeDeadlineSeconds") if per_pod else None,
         )
         if isinstance(value, int) and not isinstance(value, bool) and value > 0
     ]

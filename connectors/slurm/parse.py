@@ -40,7 +40,6 @@ from connectors.slurm.submission import ENDED_STATES, OptionValue, not_movable, 
 from wire.residency import CLUSTERS_KEY, SELECTOR_KEY, Residency, read_residency
 from wire.telemetry import (
     MAX_REPLICAS,
-    MAX_TIME_LIMIT_S,
     TERMINAL_JOB_STATES,
     AllocationReport,
     JobKind,
@@ -334,20 +333,24 @@ def _time(value: Any) -> datetime | None:
 
 def time_limit_s(value: Any) -> float | None:
     """A job's ``time_limit`` (minutes) in seconds; None for none: null, unset, INFINITE
-    (``UNLIMITED``, a sentinel or ``{"infinite": true}`` in later APIs), 0, or beyond what
-    the wire takes (a century). A partition's default counts (Slurm enforces it as the
-    job's own): a cluster whose partitions all default to a year reports a year, which
-    caps nothing and, before there is history, tells the solver nothing either."""
+    (``UNLIMITED``, a sentinel or ``{"infinite": true}`` in later APIs), 0, and a year or
+    more — Slurm's backfill writes a year (``YEAR_MINUTES``) into the limit of a job
+    without one that it starts, so on a partition without limits the same job reads null
+    or a year depending on which scheduler started it. A partition's own default limit
+    counts (Slurm enforces it as the job's)."""
     if isinstance(value, dict):
         if value.get("infinite"):
             return None
         value = value.get("number") if value.get("set", True) else None
     if isinstance(value, bool) or not isinstance(value, int):
         return None
-    if value <= 0 or value >= 0xFFFFFFFE:  # NO_VAL, INFINITE
+    if value <= 0 or value >= YEAR_MINUTES:  # and NO_VAL, INFINITE
         return None
-    seconds = value * 60.0
-    return seconds if seconds <= MAX_TIME_LIMIT_S else None
+    return value * 60.0
+
+
+# Slurm's backfill stand-in for "no limit" (src/plugins/sched/backfill: YEAR_MINUTES).
+YEAR_MINUTES = 365 * 24 * 60
 
 
 def _tres_gpus(tres: str) -> tuple[int, list[str]]:

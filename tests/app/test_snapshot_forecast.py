@@ -118,10 +118,12 @@ def _post_finished(
     *,
     limit_s: float | None = None,
     finished_limit_s: float | None = None,
+    finished_limited: int | None = None,
 ) -> None:
     """``finished`` block jobs of team vision that ran 2 h each, a pending one and one that
     started 30 minutes ago; with ``limit_s``, those two have that time limit and one more,
-    started 2 h ago, has it too; with ``finished_limit_s``, the finished jobs had that one."""
+    started 2 h ago, has it too; with ``finished_limit_s``, the finished jobs had that one
+    (the first ``finished_limited`` of them, default all)."""
     client.post(
         "/api/v1/clusters", headers=auth["admin"], json={"name": "alpha", "scheduler": "sim"}
     )
@@ -133,7 +135,12 @@ def _post_finished(
             state="finished",
             start_time=(now - timedelta(hours=2 + i)).isoformat(),
             end_time=(now - timedelta(hours=i)).isoformat(),
-            **({} if finished_limit_s is None else {"time_limit_s": finished_limit_s}),
+            **(
+                {"time_limit_s": finished_limit_s}
+                if finished_limit_s is not None
+                and (finished_limited is None or i < finished_limited)
+                else {}
+            ),
         )
         for i in range(finished)
     ]
@@ -220,3 +227,36 @@ def test_run_times_are_learnt_as_a_share_of_the_time_limit(
     )
     jobs = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
     assert jobs.job_by_id["alpha/waiting"].expected_runtime_s == pytest.approx(1.5 * 3600, rel=0.01)
+
+
+@pytest.mark.parametrize("history", [MIN_DURATION_HISTORY + 5, MIN_DURATION_HISTORY - 1])
+def test_a_limit_of_weeks_tells_nothing_of_the_run_time(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock, history: int
+) -> None:
+    """A 30-day limit (a site's padding): not the run time before history, and no
+    estimate to learn from; the prediction from finished peers (2 h) stands."""
+    _post_finished(client, auth, clock, history, limit_s=30 * 86_400.0)
+    jobs = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    expected = 7200.0 if history >= MIN_DURATION_HISTORY else None
+    assert jobs.job_by_id["alpha/waiting"].expected_runtime_s == (
+        pytest.approx(expected) if expected else None
+    )
+
+
+def test_limits_are_learnt_from_only_once_enough_finished_jobs_had_one(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """Enough history, but too few finished jobs with limits to learn actual / limit from
+    (the first after an upgrade: 5 that ran 2 h of 4 h): the group's 2 h, which the 3 h
+    limit does not cap — not 1.5 h learnt from five jobs."""
+    _post_finished(
+        client,
+        auth,
+        clock,
+        MIN_DURATION_HISTORY + 5,
+        limit_s=3 * 3600.0,
+        finished_limit_s=4 * 3600.0,
+        finished_limited=5,
+    )
+    jobs = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    assert jobs.job_by_id["alpha/waiting"].expected_runtime_s == pytest.approx(7200.0)

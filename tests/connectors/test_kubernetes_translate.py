@@ -512,8 +512,11 @@ def test_change_driven_pushes_on_a_busy_cluster_keep_the_minimum_interval() -> N
 
 
 def test_a_jobs_deadline_or_its_pods_is_its_time_limit() -> None:
-    def limit(job_deadline: object = None, pod_deadline: object = None) -> float | None:
+    def limit(
+        job_deadline: object = None, pod_deadline: object = None, retries: int = 0
+    ) -> float | None:
         obj = job("train", suspend=True)
+        obj["spec"]["backoffLimit"] = retries
         if job_deadline is not None:
             obj["spec"]["activeDeadlineSeconds"] = job_deadline
         if pod_deadline is not None:
@@ -526,6 +529,9 @@ def test_a_jobs_deadline_or_its_pods_is_its_time_limit() -> None:
     assert limit(job_deadline=7200) == 7200.0
     assert limit(pod_deadline=3600) == 3600.0
     assert limit(job_deadline=7200, pod_deadline=3600) == 3600.0  # the first to end it
+    # A Job that retries: a pod past its deadline is replaced, with a count of its own.
+    assert limit(pod_deadline=3600, retries=6) is None
+    assert limit(job_deadline=7200, pod_deadline=3600, retries=6) == 7200.0
     assert limit(job_deadline=0) is None and limit(job_deadline="7200") is None
     assert limit(job_deadline=10**12) is None  # past what the wire takes: none
     bare = pod("p", node_name="n1")
