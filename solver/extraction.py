@@ -4,11 +4,11 @@ placement, node by node, on the greedy engine's base state.
 The model counts jobs per node group, not per node, so its solution is realised: first
 the nodes it chose to empty (their residents move to other nodes of the group, or stay),
 then per group, largest items first, best fit. A job that runs one replica per node
-(``Instance.one_replica_per_node``) comes first among items of its size and is placed a
-replica at a time on distinct nodes, each the best node for one replica (``find_gang``
-would take the emptiest nodes first). What does not fit is left for the engine's
-``fill``. Every change goes through the engine's state, so the
-result is legal by construction.
+(``Instance.one_replica_per_node``) comes before every other item of its group (those
+needing more nodes first) and is placed a replica at a time on distinct nodes, each the
+best node for one replica (``find_gang`` would take the emptiest nodes first). What does
+not fit is left for the engine's ``fill``. Every change goes through the engine's state,
+so the result is legal by construction.
 """
 
 from __future__ import annotations
@@ -49,9 +49,13 @@ def realise(model: PlacementModel, solver: cp_model.CpSolver, engine: GreedyEngi
     spread = instance.one_replica_per_node
     for group in sorted(items_by_group):
         items = items_by_group[group]
-        # Of items of one size, a gang that needs a node per replica comes first: a job
-        # placed before it could take a node that only the gang's own chunks fit beside.
-        items.sort(key=lambda item: (-item[0], -_nodes_needed(item[1], spread), item[1].id))
+        # A gang that needs a node per replica comes first, whatever its size: a job
+        # placed before it, larger ones too, could take a node that only the gang's own
+        # chunks fit beside (best fit fills the tightest node). The model counts such a
+        # gang only where it has its distinct nodes beside the rest (``PlacementModel.
+        # _add_spread_rows``); placed a replica at a time at best fit, it leaves the rest
+        # the roomiest nodes.
+        items.sort(key=lambda item: (-_nodes_needed(item[1], spread), -item[0], item[1].id))
         for _, job, count in items:
             cap = instance.policy_for(job).quota_cap
             if job.is_elastic:

@@ -31,6 +31,10 @@ node group, under the disruption budget, at their migration cost) and ``fragment
 (whole free nodes kept). ``overdue`` (as many jobs past their max queue wait placed as any
 solution places) is added after ``build()``, by the overdue pass of ``solver.solve``
 (``solver.overdue_pass``), since its bound comes from a first solve of the built model.
+Where a gang that runs one replica per node has an option, ``build()`` also adds rows that
+keep its distinct nodes (``PlacementModel._add_spread_rows``): ``capacity``'s per-level
+counts would let its replicas share a node while other classes take the rest, and the
+realisation would then drop it. Without such a gang the model has none of them.
 
 The model is a relaxation of node-level packing where sizes are not a divisible chain or
 CPU/memory bind, so its solution is *realised* node by node afterwards (first-fit
@@ -44,6 +48,7 @@ engine by ``solver.model_inputs``; a solution becomes a placement in ``solver.ex
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
@@ -413,8 +418,196 @@ class PlacementModel:
         self._make_options()
         for family in FAMILIES:
             self.objective_terms.extend(family.build(self))
+        self._add_spread_rows()
         self.maximize()
+
+    def _add_spread_rows(self) -> None:
+        """``capacity``'s rows again, less what a gang that runs one replica per node
+        (``Instance.one_replica_per_node``) takes from its distinct nodes: nothing where no
+        such gang has an option, so the model is then the same as without this step.
+
+        ``capacity`` counts free GPUs per level, so it lets two replicas of one such gang
+        share a node with room for both while other classes take the other nodes; the
+        realisation (``solver.extraction``) then finds too few distinct nodes for the gang
+        and the model's count is lost. Placing one gang of r replicas of g GPUs on a set S
+        of r distinct nodes leaves, on each node of S, only f - g free for everything
+        else, so for every threshold t of ``capacity`` (items of at least t GPUs)::
+
+            everything else ≤ Σ_{v∉S} maxfill(f_v) + Σ_{v∈S} maxfill(f_v - g)
+                            = room - Σ_{v∈S} (maxfill(f_v) - maxfill(f_v - g))
+
+        and the same with ⌊f/t⌋ for the count of items. S is unknown, so the rows take the
+        r nodes that lose least (the bound stays valid: a necessary condition of any
+        node-level placement, and they cut off no plan the realisation could make). Moved
+        to the left, the gang's own GPUs included, a row is ``capacity``'s row plus
+        ``excess × present``, where ``excess`` is what the gang loses beyond its own GPUs
+        (zero where it may pack: no row then) and ``present`` is 1 when a gang of that
+        shape is placed in the group. The competition is joint: the row counts every other
+        class's items at once, which a per-option bound on nodes with room does not.
+        """
+        for pool in self.pools:
+            options = self.options_by_pool.get(pool.index, [])
+            shapes: dict[tuple[int, int], list[Option]] = {}
+            for option in options:
+                if option.job_class.one_replica_per_node:
+                    key = (option.nodes, option.chunk_gpus)
+                    shapes.setdefault(key, []).append(option)
+            if not shapes:
+                continue
+            evacuations = [
+                (e, e.var)
+                for e in self.evacuations_by_pool.get(pool.index, [])
+                if e.var is not None
+            ]
+            # As ``capacity``'s: the chunk sizes placed here and the residents moved here.
+            sizes = sorted(
+                {o.chunk_gpus for o in options}
+                | {r[0] for e, _ in evacuations for r in e.residents},
+                reverse=True,
+            )
+            states = _node_states(pool, [e for e, _ in evacuations])
+            for (replicas, gpus), alike in sorted(shapes.items()):
+                excesses = {t: _spread_excess(states, sizes, (replicas, gpus, t)) for t in sizes}
+                if not any(gpu > 0 or count > 0 for gpu, count in excesses.values()):
+                    continue  # the gang loses no more than its own GPUs: ``capacity`` holds
+                present = self._present(pool, replicas, gpus, alike)
+                for threshold, excess in excesses.items():
+                    if excess[0] <= 0 and excess[1] <= 0:
+                        continue
+                    name = f"g{pool.group}_k{replicas}x{gpus}_s{threshold}"
+                    self._add_spread_row(pool, evacuations, sizes, threshold, excess, present, name)
+            self._add_gang_slot_rows(pool, [o for alike in shapes.values() for o in alike], states)
+
+    def _add_gang_slot_rows(
+        self, pool: Pool, spread: list[Option], states: list[tuple[int, tuple[int, ...]]]
+    ) -> None:
+        """Such gangs against each other, which ``_add_spread_rows`` (a gang against all
+        else) does not see: two gangs of three replicas cannot both use the one node of
+        three with room for a single replica. Count a node's slots of g GPUs (⌊f/g⌋, for
+        each chunk size g of such gangs). A gang puts at most one replica on a node, so on
+        the M nodes with at least t slots at most M of its r replicas, and the rest on
+        nodes with fewer, whose slots C number at most: ``Σ max(0, r - M) × count ≤ C``
+        over the gangs of chunks of at least g GPUs (each takes a slot at least), for
+        every t. Over all t this is the exact condition for gangs of one shape alone
+        (r × count ≤ Σ_v min(count, slots_v)); rows that no counts can break are left out.
+        """
+        for level in sorted({o.chunk_gpus for o in spread}):
+            slots = [(n, max(f // level for f in frees)) for n, frees in states]
+            for least in sorted({s for _, s in slots if s > 0}):
+                many = sum(n for n, s in slots if s >= least)
+                few = sum(n * s for n, s in slots if s < least)
+                terms = [
+                    (o.nodes - many, o) for o in spread if o.chunk_gpus >= level and o.nodes > many
+                ]
+                if sum(k * o.upper for k, o in terms) <= few:
+                    continue
+                self.model.add(sum(k * o.var for k, o in terms) <= few).with_name(
+                    f"spread_slots_g{pool.group}_s{level}_t{least}"
+                )
+
+    def _present(
+        self, pool: Pool, replicas: int, gpus: int, alike: list[Option]
+    ) -> cp_model.LinearExprT:
+        """1 when a gang of this shape is placed in the pool: the count itself where one
+        option of at most one job has the shape (no new variable), else 1 - ``absent``, a
+        Boolean that any count of the shape forces to 0. Written with ``absent`` so that
+        every new coefficient but the excess's is non-negative: rounding an LP solution
+        down (``solver.relaxation``) then errs towards "placed", the safe side."""
+        if len(alike) == 1 and alike[0].upper == 1:
+            return alike[0].var
+        absent = self.model.new_bool_var(f"spread_absent_g{pool.group}_k{replicas}x{gpus}")
+        for option in alike:
+            self.model.add(option.var + option.upper * absent <= option.upper).with_name(
+                f"spread_absent_g{pool.group}_c{option.job_class.index}"
+            )
+        return 1 - absent
+
+    def _add_spread_row(
+        self,
+        pool: Pool,
+        evacuations: list[tuple[Evacuation, cp_model.IntVar]],
+        sizes: list[int],
+        threshold: int,
+        excess: tuple[int, int],
+        present: cp_model.LinearExprT,
+        name: str,
+    ) -> None:
+        """``capacity``'s GPU and count rows of one threshold, evacuations included, each
+        plus its excess (GPUs, nodes) times ``present``, where the excess is positive."""
+        allowed = [s for s in sizes if s >= threshold]
+        gpu_excess, count_excess = excess
+        placed: list[cp_model.LinearExprT] = [gpu_excess * present]
+        count: list[cp_model.LinearExprT] = [count_excess * present]
+        for o in self.options_by_pool[pool.index]:
+            if o.chunk_gpus >= threshold:
+                placed.append(o.nodes * o.chunk_gpus * o.var)
+                count.append(o.nodes * o.var)
+        for e, var in evacuations:
+            moved = sum(r[0] for r in e.residents if r[0] >= threshold)
+            moved_count = sum(1 for r in e.residents if r[0] >= threshold)
+            gained = capacity.maxfill(e.node_gpus, allowed) - capacity.maxfill(e.free_gpus, allowed)
+            gained_nodes = e.node_gpus // threshold - e.free_gpus // threshold
+            placed.append((moved - gained) * var)
+            count.append((moved_count - gained_nodes) * var)
+        room = sum(n * capacity.maxfill(free, allowed) for free, n in pool.levels.items())
+        nodes_able = sum(n * (free // threshold) for free, n in pool.levels.items())
+        if gpu_excess > 0:
+            self.model.add(sum(placed) <= room).with_name(f"spread_capacity_{name}")
+        if count_excess > 0:
+            self.model.add(sum(count) <= nodes_able).with_name(f"spread_chunks_{name}")
 
     def maximize(self) -> None:
         """Set (or set back, after the overdue pass's first solve) the model's objective."""
         self.model.maximize(sum(coef * var for coef, var in self.objective_terms))
+
+
+def _node_states(pool: Pool, evacuations: list[Evacuation]) -> list[tuple[int, tuple[int, ...]]]:
+    """The pool's nodes as (how many, the free GPUs each may have): its level, or for a
+    node migration may empty (``Evacuation``) also its whole size."""
+    counts = dict(pool.levels)
+    states: list[tuple[int, tuple[int, ...]]] = []
+    for e in evacuations:
+        if e.free_gpus in counts:  # counted at its level when it has free GPUs
+            counts[e.free_gpus] = max(0, counts[e.free_gpus] - len(e.nodes))
+        states.append((len(e.nodes), (e.free_gpus, e.node_gpus)))
+    states.extend((n, (free,)) for free, n in counts.items() if n > 0)
+    return states
+
+
+def _spread_excess(
+    states: list[tuple[int, tuple[int, ...]]], sizes: list[int], shape: tuple[int, int, int]
+) -> tuple[int, int]:
+    """What a gang of ``shape`` (replicas, GPUs each, threshold) takes from the items of
+    at least the threshold beyond its own, in GPUs and in items, on the distinct nodes
+    that lose least (``PlacementModel._add_spread_rows``); (0, 0) if too few nodes."""
+    replicas, gpus, threshold = shape
+    allowed = [s for s in sizes if s >= threshold]
+    own = 1 if gpus >= threshold else 0  # the gang's chunks are items of these rows
+    gpu_loss = _least_loss(states, replicas, gpus, lambda f: capacity.maxfill(f, allowed))
+    count_loss = _least_loss(states, replicas, gpus, lambda f: f // threshold)
+    if gpu_loss is None or count_loss is None:
+        return 0, 0  # too few nodes with room: the class has no option here anyway
+    return gpu_loss - own * replicas * gpus, count_loss - own * replicas
+
+
+def _least_loss(
+    states: list[tuple[int, tuple[int, ...]]],
+    replicas: int,
+    gpus: int,
+    room: Callable[[int], int],
+) -> int | None:
+    """Least total of ``room(f) - room(f - gpus)`` over ``replicas`` distinct nodes with
+    room for a replica (each node at its free GPUs that lose least); None if too few."""
+    losses: list[tuple[int, int]] = []
+    for count, frees in states:
+        able = [room(f) - room(f - gpus) for f in frees if f >= gpus]
+        if able:
+            losses.append((min(able), count))
+    total, left = 0, replicas
+    for loss, count in sorted(losses):
+        take = min(count, left)
+        total += take * loss
+        left -= take
+        if left == 0:
+            return total
+    return None

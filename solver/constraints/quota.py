@@ -23,7 +23,17 @@ def build(model: PlacementModel) -> list[tuple[int, cp_model.IntVar]]:
             ).with_name(f"quota_{team}")
     for team, minimum in sorted(model.team_min_start.items()):
         options = [o for o in model.options if o.job_class.team == team]
-        model.model.add(sum(o.nodes * o.chunk_gpus * o.var for o in options) >= minimum).with_name(
-            f"guarantee_{team}"
+        # No more than the team's jobs with an option could start: the work the greedy
+        # pass started again may have no option here (none fits, or it was started
+        # otherwise), and a row no plan can meet would make the whole model infeasible
+        # (CP-SAT's search lost, the greedy plan kept).
+        classes = {o.job_class.index: o.job_class for o in options}
+        reachable = sum(
+            c.size * (c.gpus_per_replica if c.elastic else c.total_gpus) for c in classes.values()
         )
+        floor = min(minimum, reachable)
+        if floor > 0:
+            model.model.add(
+                sum(o.nodes * o.chunk_gpus * o.var for o in options) >= floor
+            ).with_name(f"guarantee_{team}")
     return []
