@@ -57,7 +57,7 @@ from connectors.kubernetes.pods import (
     parse_time,
     pod_spec_gpus,
 )
-from wire.telemetry import JobReport, JobShape, JobState
+from wire.telemetry import MAX_TIME_LIMIT_S, JobReport, JobShape, JobState
 
 Object = dict[str, Any]
 
@@ -233,6 +233,12 @@ def workload_report(
             gang_size=max(1, min(MAX_GANG, pods or 1)),
             gpus_requested=min(100_000, max(gpus, held_gpus)),
         )
+        limits = [
+            limit
+            for limit in (fields.get("time_limit_s"), max_execution_s(workload))
+            if limit is not None
+        ]
+        fields["time_limit_s"] = min(limits) if limits else None
     if state is JobState.running:
         fields.pop("required_nodes", None)
     if state is not JobState.pending or admission:
@@ -241,6 +247,20 @@ def workload_report(
         # (connectors.kueue.capabilities): only a job still waiting for admission moves.
         fields["submit"] = None
     return JobReport(**fields)
+
+
+def max_execution_s(workload: Mapping[str, Any]) -> float | None:
+    """Kueue's own time limit: ``spec.maximumExecutionTimeSeconds`` (Kueue deactivates a
+    Workload admitted that long, over all its admissions) less what earlier admissions
+    ran (``status.accumulatedPastExecutionTimeSeconds``): what this admission may run,
+    at least a second. None when not set, or beyond what the wire takes."""
+    limit = (workload.get("spec") or {}).get("maximumExecutionTimeSeconds")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+        return None
+    past = (workload.get("status") or {}).get("accumulatedPastExecutionTimeSeconds")
+    ran = past if isinstance(past, int) and not isinstance(past, bool) and past > 0 else 0
+    left = float(max(1, limit - ran))
+    return left if left <= MAX_TIME_LIMIT_S else None
 
 
 def _with_cpu_only(context: TranslationContext) -> TranslationContext:

@@ -7,6 +7,7 @@ serves (Apache-2.0). The real thing is exercised in tests/k8s."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import httpx
@@ -539,3 +540,30 @@ def test_a_jobs_deadline_or_its_pods_is_its_time_limit() -> None:
     (group,) = group_pods([bare], {}).values()
     report = job_report(group, CONTEXT)
     assert report is not None and report.time_limit_s == 600.0
+
+
+def test_kueues_maximum_execution_time_is_a_time_limit_less_what_ran_before() -> None:
+    pods = [pod(f"j-a-{i}", owner=("Job", "j-a"), node_name="n1", gpus=4) for i in range(2)]
+    owner = job("j-a")
+
+    def limit(max_exec: object, past: object = None, deadline: int | None = None) -> Any:
+        admitted = copy.deepcopy(ADMITTED)
+        if max_exec is not None:
+            admitted["spec"]["maximumExecutionTimeSeconds"] = max_exec
+        if past is not None:
+            admitted["status"]["accumulatedPastExecutionTimeSeconds"] = past
+        obj = copy.deepcopy(owner)
+        if deadline is not None:
+            obj["spec"]["activeDeadlineSeconds"] = deadline
+        report = workload_report(
+            admitted, JobGroup(OwnerRef("Job", "ml", "j-a"), obj, pods), CONTEXT, QUEUES
+        )
+        assert report is not None
+        return report.time_limit_s
+
+    assert limit(None) is None
+    assert limit(7200) == 7200.0
+    assert limit(7200, past=3000) == 4200.0  # an earlier admission ran 3000 s of it
+    assert limit(7200, past=9000) == 1.0  # spent: deactivated any moment
+    assert limit(7200, deadline=3600) == 3600.0  # the Job's own deadline comes first
+    assert limit(0) is None and limit("7200") is None
