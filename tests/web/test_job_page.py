@@ -159,6 +159,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 gpus_requested=8,
                 reason="Resources",
                 submit_time=(NOW - timedelta(hours=5)).isoformat(),
+                time_limit_s=5400.0,
                 residency={"cluster_selector": {"region": "eu"}, "allowed_clusters": ["beta"]},
             ),
         ]
@@ -278,6 +279,7 @@ def test_a_jobs_page_from_the_queue_shows_its_fields_and_its_history_newest_firs
         ("started", "—"),
         ("reason", "Resources"),
         ("waited", "5 h 01 min"),
+        ("time-limit", "1 h 30 min"),
         ("residency", "clusters labelled region=eu; only beta"),
     ):
         expect(fields.locator(f'[data-field="{field}"]')).to_have_text(value)

@@ -100,6 +100,9 @@ export interface Job {
   submit_time: string | null;
   start_time: string | null;
   end_time: string | null;
+  // How long after it starts its scheduler ends it (Slurm's TimeLimit, a Job's
+  // activeDeadlineSeconds); null or absent: none, or the scheduler does not say.
+  time_limit_s?: number | null;
   allocations: Allocation[];
   // The clusters of its federation group it may run in (its own rule; its team's is the
   // SLA policy's); null or absent: no rule of its own.
