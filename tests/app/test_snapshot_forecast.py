@@ -212,23 +212,6 @@ def test_a_time_limit_caps_the_run_time_and_stands_in_for_it_without_history(
     assert jobs.job_by_id["alpha/late"].expected_runtime_s == pytest.approx(7200.0)
 
 
-def test_run_times_are_learnt_as_a_share_of_the_time_limit(
-    client: TestClient, auth: dict, session: Session, clock: FrozenClock
-) -> None:
-    """Finished jobs ran 2 h of the 4 h they asked for: a job asking 3 h is expected to
-    take half of it (forecast.duration's actual / estimate), not the group's 2 h."""
-    _post_finished(
-        client,
-        auth,
-        clock,
-        MIN_DURATION_HISTORY + 5,
-        limit_s=3 * 3600.0,
-        finished_limit_s=4 * 3600.0,
-    )
-    jobs = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
-    assert jobs.job_by_id["alpha/waiting"].expected_runtime_s == pytest.approx(1.5 * 3600, rel=0.01)
-
-
 @pytest.mark.parametrize("history", [MIN_DURATION_HISTORY + 5, MIN_DURATION_HISTORY - 1])
 def test_a_limit_of_weeks_tells_nothing_of_the_run_time(
     client: TestClient, auth: dict, session: Session, clock: FrozenClock, history: int
@@ -243,12 +226,25 @@ def test_a_limit_of_weeks_tells_nothing_of_the_run_time(
     )
 
 
-def test_limits_are_learnt_from_only_once_enough_finished_jobs_had_one(
-    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+@pytest.mark.parametrize(
+    ("limited", "expected_h"),
+    [
+        # Finished jobs ran 2 h of the 4 h they asked for: a job asking 3 h is expected to
+        # take half of it (forecast.duration's actual / estimate), not the group's 2 h.
+        (None, 1.5),
+        # Too few of them had a limit to learn actual / limit from (the first after an
+        # upgrade: 5): the group's 2 h, which the 3 h limit does not cap.
+        (5, 2.0),
+    ],
+)
+def test_limits_are_learnt_as_estimates_once_enough_finished_jobs_had_one(
+    client: TestClient,
+    auth: dict,
+    session: Session,
+    clock: FrozenClock,
+    limited: int | None,
+    expected_h: float,
 ) -> None:
-    """Enough history, but too few finished jobs with limits to learn actual / limit from
-    (the first after an upgrade: 5 that ran 2 h of 4 h): the group's 2 h, which the 3 h
-    limit does not cap — not 1.5 h learnt from five jobs."""
     _post_finished(
         client,
         auth,
@@ -256,7 +252,8 @@ def test_limits_are_learnt_from_only_once_enough_finished_jobs_had_one(
         MIN_DURATION_HISTORY + 5,
         limit_s=3 * 3600.0,
         finished_limit_s=4 * 3600.0,
-        finished_limited=5,
+        finished_limited=limited,
     )
     jobs = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
-    assert jobs.job_by_id["alpha/waiting"].expected_runtime_s == pytest.approx(7200.0)
+    waiting = jobs.job_by_id["alpha/waiting"].expected_runtime_s
+    assert waiting == pytest.approx(expected_h * 3600, rel=0.01)
