@@ -341,15 +341,18 @@ class KubernetesCapabilities(KubernetesMoves):
         )
         if pods_on is None:
             return
-        found = pod_gates.let_pods_go(
-            self.api,
-            namespace=owner.namespace,
-            job=owner.name,
-            replicas=replicas,
-            timeout_s=actions.SETTLE_TIMEOUT_S,
-            check_guard=self.guard_unchecked(),
-        )
-        self.note_guard(found.guard)
+        try:
+            pod_gates.let_pods_go(
+                self.api,
+                namespace=owner.namespace,
+                job=owner.name,
+                replicas=replicas,
+                timeout_s=actions.SETTLE_TIMEOUT_S,
+            )
+        except ConnectorError as error:
+            if not error.retryable:  # refused: gate no more Jobs
+                self._guard = pod_gates.Guard.missing
+            raise
 
     def _pods_on(self, namespace: str, gpus: dict[str, int] | None) -> dict[str, int] | None:
         """The plan's GPUs per node when each pod goes on its own node: the connector's
@@ -368,20 +371,23 @@ class KubernetesCapabilities(KubernetesMoves):
                 namespace,
             )
             return None
+        if self._guard is not pod_gates.Guard.held:
+            found = pod_gates.check_guard(self.api, namespace)
+            if found is not pod_gates.Guard.unknown:
+                self._guard = found
+            if found is not pod_gates.Guard.held:
+                logger.info(
+                    "pods of a Job in %s pinned to the plan's nodes as a set: the admission "
+                    "policy holding this connector is %s",
+                    namespace,
+                    "missing" if found is pod_gates.Guard.missing else "not confirmed yet",
+                )
+                return None
         return gpus
 
-    # --- the placement guard (connectors.kubernetes.pod_gates) ------------------------------
-
+    # What pod_gates.check_guard found: held (for the life of the process), missing (no
+    # gating until a restart), or None (not confirmed yet). Set on the instance.
     _guard: pod_gates.Guard | None = None
-
-    def guard_unchecked(self) -> bool:
-        """Whether the next lift should first check the guard (not yet found held)."""
-        return self._guard is not pod_gates.Guard.held
-
-    def note_guard(self, found: pod_gates.Guard | None) -> None:
-        """Keep what a lift found: held, or missing (no gating from then on)."""
-        if found in (pod_gates.Guard.held, pod_gates.Guard.missing):
-            self._guard = found
 
     def _live_job(self, step: str, owner: OwnerRef) -> client.V1Job:
         """The Job as the API server has it; one that has ended is refused."""

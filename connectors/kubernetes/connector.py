@@ -290,15 +290,12 @@ class KubernetesConnector(KubernetesCapabilities):
         for namespace, name in sorted(gated):
             try:
                 current = actions.read_job(self.api, namespace=namespace, job=name)
-                found = pod_gates.ungate_pods(
-                    self.api, current, check_guard=self.guard_unchecked(), usable_nodes=usable
-                )
+                found = pod_gates.ungate_pods(self.api, current, usable_nodes=usable)
             except actions.ObjectGone:
                 continue  # its pods go with it
             except ConnectorError as error:
                 logger.warning("pods of job %s/%s wait on their gate: %s", namespace, name, error)
                 continue
-            self.note_guard(found.guard)
             let_go.extend(f"placed {line}" for line in found.let_go)
         return let_go
 

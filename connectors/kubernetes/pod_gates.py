@@ -8,11 +8,13 @@ being more than that:
   SelfSubjectAccessReview, which any authenticated user may make) whether the connector
   may patch pods in the Job's namespace; if not, the restart pins by node set only.
 * **The guard**: the right to patch pods is only safe with the admission policy of
-  deploy/kubernetes/components/pod-placement holding it to lifting the gate. The first
-  lift checks that the policy holds *this* connector (a site that renamed its
-  ServiceAccount would leave the policy matching nobody): a server-side dry run of a
-  change the policy refuses (a label) on the pod about to be let go. Accepted, the guard
-  is missing: the pod is still let go (never stranded), and the caller stops gating.
+  deploy/kubernetes/components/pod-placement holding it to lifting the gate. Before it
+  first gates, the connector checks that the policy holds *this* connector (a site that
+  renamed its ServiceAccount would leave the policy matching nobody): :func:`check_guard`,
+  a server-side dry run of a change the policy refuses (a label) on a pod of the
+  namespace. Held, it is taken as held for the life of the process; missing (the change
+  accepted), the connector logs an error and gates nothing until it restarts; with no
+  pod to try it on, it gates nothing this time.
 * **Lifting never waits on the flag**: the connector's upkeep lets go any pod carrying
   the gate in the namespaces it watches, ``pod_placement`` on or off, so turning it off
   strands nothing.
@@ -21,6 +23,7 @@ being more than that:
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -36,6 +39,7 @@ from connectors.kubernetes.actions import (
     JOB_UID_LABEL,
     POLL_S,
     REQUEST_TIMEOUT_S,
+    ObjectGone,
     api_error,
     call,
     read_job,
@@ -49,6 +53,7 @@ JSON_PATCH = "application/json-patch+json"
 POLICY = "shaper-pod-placement"
 # The label the guard's dry run tries to add: a change the policy refuses.
 PROBE_LABEL = "shaper.io/placement-guard-probe"
+_REFUSED_BY_POLICY = re.compile(r"ValidatingAdmissionPolicy '[^']*" + POLICY + "'")
 
 
 class Guard(Enum):
@@ -67,7 +72,6 @@ class Ungated:
     let_go: list[str] = field(default_factory=list)  # "namespace/pod → node"
     waiting: int = 0  # pods still behind the gate after the call
     pods: int = 0  # the Job's live pods not being deleted
-    guard: Guard | None = None  # None: not asked, or no pod to ask on
 
 
 def may_patch_pods(api: client.ApiClient, namespace: str) -> bool:
@@ -90,18 +94,13 @@ def may_patch_pods(api: client.ApiClient, namespace: str) -> bool:
 
 
 def ungate_pods(
-    api: client.ApiClient,
-    current: client.V1Job,
-    *,
-    check_guard: bool = False,
-    usable_nodes: set[str] | None = None,
+    api: client.ApiClient, current: client.V1Job, *, usable_nodes: set[str] | None = None
 ) -> Ungated:
     """Let the pods of a Job that wait on the placement gate be scheduled, each on the
     node the Job's annotation gives its index — when that node is still among those the
     template is pinned to and, given ``usable_nodes``, among those (a node gone or
-    cordoned since: wherever the template allows instead). ``check_guard``: first the
-    guard's dry run on the first such pod. A pod gone or changed since it was read is
-    read again once, then left for the next call."""
+    cordoned since: wherever the template allows instead). A pod gone or changed since
+    it was read is read again once, then left for the next call."""
     placement = pod_placement.decode((current.metadata.annotations or {}).get(POD_NODES_ANNOTATION))
     pinned = pinned_nodes(api.sanitize_for_serialization(current.spec.template.spec))
     namespace = current.metadata.namespace
@@ -116,8 +115,6 @@ def ungate_pods(
         pod = api.sanitize_for_serialization(item)
         if not pod_placement.has_gate(pod.get("spec") or {}):
             continue
-        if check_guard and found.guard is None:
-            found.guard = _probe(api, namespace, pod)
         node = pod_placement.planned_node(pod, placement, pinned)
         if node is not None and usable_nodes is not None and node not in usable_nodes:
             node = None
@@ -135,24 +132,17 @@ def let_pods_go(
     job: str,
     replicas: int,
     timeout_s: float,
-    check_guard: bool = False,
 ) -> Ungated:
     """:func:`ungate_pods` until the Job has its ``replicas`` pods and none waits on the
     gate (whoever lifted it: the upkeep may lift some first), for at most ``timeout_s``
     (the Job controller creates pods in batches); any it creates later, the connector's
-    upkeep lets go. What was done, over all the calls; the guard as first found."""
+    upkeep lets go. What was done, over all the calls."""
     deadline = time.monotonic() + timeout_s
     total = Ungated()
     while True:
-        once = ungate_pods(
-            api,
-            read_job(api, namespace=namespace, job=job),
-            check_guard=check_guard and total.guard in (None, Guard.unknown),
-        )
+        once = ungate_pods(api, read_job(api, namespace=namespace, job=job))
         total.let_go += once.let_go
         total.waiting, total.pods = once.waiting, once.pods
-        if once.guard is not None and total.guard in (None, Guard.unknown):
-            total.guard = once.guard
         if (once.pods >= replicas and once.waiting == 0) or time.monotonic() >= deadline:
             return total
         time.sleep(POLL_S)
@@ -175,8 +165,10 @@ def _pods(api: client.ApiClient, current: client.V1Job) -> list[client.V1Pod]:
 
 def _lift(api: client.ApiClient, namespace: str, pod: dict[str, Any], node: str | None) -> bool:
     """Patch one pod: the gate off, its node named. False when it could not be done now
-    (gone, or changed twice since read); a refusal that will not pass raises."""
+    (gone, changed twice since read, or refused as invalid: logged); a refusal (403)
+    raises, saying who refused."""
     name = pod["metadata"]["name"]
+    what = f"patch pods {name} in {namespace}"
     for attempt in (1, 2):
         patch = pod_placement.ungate_patch(pod, node)
         if patch is None:
@@ -185,38 +177,40 @@ def _lift(api: client.ApiClient, namespace: str, pod: dict[str, Any], node: str 
             _patch_pod(api, namespace, name, patch)
             return True
         except ApiException as error:
-            if error.status == 404:
-                return False
-            if error.status in (409, 422) and attempt == 1:
-                # Changed since it was read (the patch's test failed): read it again.
-                try:
-                    fresh = client.CoreV1Api(api).read_namespaced_pod(
-                        name, namespace, _request_timeout=REQUEST_TIMEOUT_S
-                    )
-                except ApiException as gone:
-                    if gone.status == 404:
-                        return False
-                    raise api_error(gone, f"get pods {name} in {namespace}") from gone
-                pod = api.sanitize_for_serialization(fresh)
-                continue
-            what = f"patch pods {name} in {namespace}"
-            if error.status == 403:
-                raise ConnectorError(
-                    f"{api_error(error, what)} — lifting the placement gate needs "
-                    "deploy/kubernetes/components/pod-placement (patch pods, within its "
-                    f"admission policy); the pod waits on {pod_placement.PLACEMENT_GATE} "
-                    "until an operator removes it or the component is deployed",
-                    retryable=False,
-                ) from error
-            if error.status == 422:
-                logger.warning("%s; again next round", api_error(error, what))
-                return False
-            raise api_error(error, what) from error
+            status = error.status
+            failed = api_error(error, what)
         except (TransportError, OSError) as error:
             raise ConnectorError(
-                f"patch pods {name} in {namespace}: API server unreachable: {error}",
-                retryable=True,
+                f"{what}: API server unreachable: {error}", retryable=True
             ) from error
+        if status == 404:
+            return False
+        if status in (409, 422) and attempt == 1:
+            # Changed since it was read (the patch's test failed): read it again.
+            try:
+                fresh = call(
+                    "get",
+                    f"pods {name} in {namespace}",
+                    lambda: client.CoreV1Api(api).read_namespaced_pod(
+                        name, namespace, _request_timeout=REQUEST_TIMEOUT_S
+                    ),
+                )
+            except ObjectGone:
+                return False
+            pod = api.sanitize_for_serialization(fresh)
+            continue
+        if status == 403:
+            raise ConnectorError(
+                f"{what}: refused ({failed}) — the pod waits on the gate "
+                f"{pod_placement.PLACEMENT_GATE} until it is lifted (by the connector once "
+                "deploy/kubernetes/components/pod-placement lets it, or by an operator); "
+                "this connector gates no more Jobs",
+                retryable=False,
+            )
+        if status in (409, 422):
+            logger.warning("%s; again next round", failed)
+            return False
+        raise failed
     return False
 
 
@@ -233,8 +227,20 @@ def _patch_pod(
     )
 
 
-def _probe(api: client.ApiClient, namespace: str, pod: dict[str, Any]) -> Guard:
-    """The guard's dry run: a label added to the pod, which the policy must refuse."""
+def check_guard(api: client.ApiClient, namespace: str) -> Guard:
+    """Whether the admission policy holds this connector: a server-side dry run of a label
+    added to a pod of ``namespace`` (the policy refuses any change but lifting the gate).
+    Unknown without a pod to try it on, or on any other answer."""
+    found = call(
+        "list",
+        f"pods in {namespace}",
+        lambda: client.CoreV1Api(api).list_namespaced_pod(
+            namespace, limit=1, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+    if not found.items:
+        return Guard.unknown
+    pod = api.sanitize_for_serialization(found.items[0])
     name = pod["metadata"]["name"]
     if (pod["metadata"].get("labels")) is None:
         probe = [{"op": "add", "path": "/metadata/labels", "value": {PROBE_LABEL: "1"}}]
@@ -244,14 +250,15 @@ def _probe(api: client.ApiClient, namespace: str, pod: dict[str, Any]) -> Guard:
     try:
         _patch_pod(api, namespace, name, probe, dry_run="All")
     except ApiException as error:
-        held = error.status == 403 and POLICY in str(error.body or "")
+        # The admission plugin's words, the policy named (a site's namePrefix kept).
+        held = error.status == 403 and _REFUSED_BY_POLICY.search(str(error.body or ""))
         return Guard.held if held else Guard.unknown
     except (TransportError, OSError):
         return Guard.unknown
     logger.error(
         "the admission policy %s does not hold this connector: it could change any pod it "
-        "may patch (its ServiceAccount renamed without the policy?); pods are placed by "
-        "node set only from now on",
+        "may patch (its ServiceAccount renamed without the policy?); no pod is gated until "
+        "the connector restarts",
         POLICY,
     )
     return Guard.missing

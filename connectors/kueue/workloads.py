@@ -233,12 +233,13 @@ def workload_report(
             gang_size=max(1, min(MAX_GANG, pods or 1)),
             gpus_requested=min(100_000, max(gpus, held_gpus)),
         )
-        limits = [
-            limit
-            for limit in (fields.get("time_limit_s"), max_execution_s(workload))
-            if limit is not None
-        ]
-        fields["time_limit_s"] = min(limits) if limits else None
+    # Kueue deactivates a Workload of any shape once it has run that long.
+    limits = [
+        limit
+        for limit in (fields.get("time_limit_s"), max_execution_s(workload))
+        if limit is not None
+    ]
+    fields["time_limit_s"] = min(limits) if limits else None
     if state is JobState.running:
         fields.pop("required_nodes", None)
     if state is not JobState.pending or admission:

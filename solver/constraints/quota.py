@@ -26,12 +26,16 @@ def build(model: PlacementModel) -> list[tuple[int, cp_model.IntVar]]:
         # No more than the team's jobs with an option could start: the work the greedy
         # pass started again may have no option here (none fits, or it was started
         # otherwise), and a row no plan can meet would make the whole model infeasible
-        # (CP-SAT's search lost, the greedy plan kept).
+        # (CP-SAT's search lost, the greedy plan kept). Per class: its jobs (an elastic
+        # class's replicas: one replica a job), no more than its options' bounds allow;
+        # and no more than the team's own quota room.
+        uppers: dict[int, int] = {}
+        for o in options:
+            uppers[o.job_class.index] = uppers.get(o.job_class.index, 0) + o.upper
         classes = {o.job_class.index: o.job_class for o in options}
-        reachable = sum(
-            c.size * (c.gpus_per_replica if c.elastic else c.total_gpus) for c in classes.values()
-        )
-        floor = min(minimum, reachable)
+        reachable = sum(min(c.size, uppers[index]) * c.total_gpus for index, c in classes.items())
+        quota = model.team_room.get(team)
+        floor = min(minimum, reachable, reachable if quota is None else max(0, quota))
         if floor > 0:
             model.model.add(
                 sum(o.nodes * o.chunk_gpus * o.var for o in options) >= floor

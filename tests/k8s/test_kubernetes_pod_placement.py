@@ -78,6 +78,32 @@ def apply(k8s_cluster: K8sCluster) -> Iterator[Callable[[list[Path]], None]]:
     yield put
     if applied:
         _kubectl(k8s_cluster, "delete", applied, "--ignore-not-found")
+    if any(path in RIGHTS for path in applied):
+        # The next module may check that the connector cannot patch pods (test_deploy):
+        # wait until the authorizer's cache has let the right go.
+        wait_for("patch pods to be taken back", lambda: not _can_patch_pods(k8s_cluster))
+
+
+def _can_patch_pods(cluster: K8sCluster) -> bool:
+    done = subprocess.run(
+        [
+            str(kubectl_path()),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "auth",
+            "can-i",
+            "patch",
+            "pods",
+            f"--as={SERVICE_ACCOUNT}",
+            "-n",
+            "default",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.stdout.strip().endswith("yes")
 
 
 @pytest.fixture
@@ -244,23 +270,33 @@ def test_the_connector_gates_only_where_it_may_lift_and_notices_a_missing_guard(
         return True
 
     wait_for("the base role to take effect", may_list_pods)
-    assert not pod_gates.may_patch_pods(as_connector, kube.namespace)
+    # (An earlier test's component, deleted, may take a moment to leave the authorizer's
+    # and the admission plugin's caches: hence waits, not single looks.)
+    wait_for(
+        "no patch pods with the base role",
+        lambda: not pod_gates.may_patch_pods(as_connector, kube.namespace),
+    )
 
     # The right without the policy: the connector may lift, and finds it unguarded; the
     # pods are let go all the same.
     apply(RIGHTS)
     wait_for("patch pods", lambda: pod_gates.may_patch_pods(as_connector, kube.namespace))
+    # No pod in the namespace to try the guard on: unknown (so nothing is gated yet).
+    assert pod_gates.check_guard(as_connector, kube.namespace) is pod_gates.Guard.unknown
     unguarded = _gated_job(kube, "unguarded", node)
-    found = pod_gates.ungate_pods(as_connector, unguarded, check_guard=True)
-    assert found.guard is pod_gates.Guard.missing
+    wait_for(
+        "the guard found missing",
+        lambda: pod_gates.check_guard(as_connector, kube.namespace) is pod_gates.Guard.missing,
+    )
+    found = pod_gates.ungate_pods(as_connector, unguarded)
     assert len(found.let_go) == 2 and found.waiting == 0
 
     # With the policy: held; each pod goes to its node, and the probe changed nothing.
     apply(POLICY)
     _policy_in_force(as_connector, kube)
     guarded = _gated_job(kube, "guarded", node)
-    found = pod_gates.ungate_pods(as_connector, guarded, check_guard=True)
-    assert found.guard is pod_gates.Guard.held
+    assert pod_gates.check_guard(as_connector, kube.namespace) is pod_gates.Guard.held
+    found = pod_gates.ungate_pods(as_connector, guarded)
     assert len(found.let_go) == 2 and found.waiting == 0 and found.pods == 2
     pods = kube.core.list_namespaced_pod(kube.namespace, label_selector="job-name=guarded").items
     assert all(p.spec.node_selector == {"kubernetes.io/hostname": node} for p in pods)

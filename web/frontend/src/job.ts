@@ -101,7 +101,7 @@ function fields(j: Job): string {
     ["started", "Started", esc(stamp(j.start_time))],
     ["ended", "Ended", esc(stamp(j.end_time))],
     ["waited", j.start_time ? "Waited" : "Waiting for", esc(waited(j))],
-    ["time-limit", "Time limit", j.time_limit_s ? esc(duration(j.time_limit_s)) : '<span class="hint">none</span>'],
+    ["time-limit", "Time limit", j.time_limit_s ? esc(duration(j.time_limit_s)) : '<span class="hint">none given</span>'],
     ["reason", "Scheduler's reason", j.reason ? esc(j.reason) : '<span class="hint">none given</span>'],
     ["residency", "May run in", residency(j)],
   ];
