@@ -463,25 +463,34 @@ def indexed_size(current: client.V1Job, what: str) -> int:
     return size
 
 
-def indexed_pods(api: client.ApiClient, current: client.V1Job) -> dict[int, tuple[str, int]]:
-    """The live pods of an Indexed Job bound to a node, read from the API server: index →
-    (node, GPUs). Pods being deleted are left out: they are on their way out."""
-    core = _core(api)
-    namespace, uid = current.metadata.namespace, current.metadata.uid
+def live_job_pods(api: client.ApiClient, current: client.V1Job) -> list[client.V1Pod]:
+    """A Job's pods as the API server has them now, less those that ended or are being
+    deleted (on their way out)."""
+    namespace = current.metadata.namespace
     found = call(
         "list",
         f"pods of job {current.metadata.name} in {namespace}",
-        lambda: core.list_namespaced_pod(
+        lambda: _core(api).list_namespaced_pod(
             namespace,
-            label_selector=f"{JOB_UID_LABEL}={uid}",
+            label_selector=f"{JOB_UID_LABEL}={current.metadata.uid}",
             _request_timeout=REQUEST_TIMEOUT_S,
         ),
     )
+    return [
+        pod
+        for pod in found.items
+        if not pod.metadata.deletion_timestamp
+        and (pod.status.phase if pod.status else None) not in ("Succeeded", "Failed")
+    ]
+
+
+def indexed_pods(api: client.ApiClient, current: client.V1Job) -> dict[int, tuple[str, int]]:
+    """The live pods of an Indexed Job bound to a node (:func:`live_job_pods`): index →
+    (node, GPUs)."""
     placed: dict[int, tuple[str, int]] = {}
-    for pod in found.items:
+    for pod in live_job_pods(api, current):
         index = (pod.metadata.annotations or {}).get(COMPLETION_INDEX)
-        live = pod.status.phase not in ("Succeeded", "Failed")
-        if index is None or not index.isdigit() or pod.metadata.deletion_timestamp or not live:
+        if index is None or not index.isdigit():
             continue
         if pod.spec.node_name:
             placed[int(index)] = (pod.spec.node_name, pod_gpus(api.sanitize_for_serialization(pod)))

@@ -36,12 +36,12 @@ from urllib3.exceptions import HTTPError as TransportError
 from connectors.base import ConnectorError
 from connectors.kubernetes import pod_placement
 from connectors.kubernetes.actions import (
-    JOB_UID_LABEL,
     POLL_S,
     REQUEST_TIMEOUT_S,
     ObjectGone,
     api_error,
     call,
+    live_job_pods,
     read_job,
 )
 from connectors.kubernetes.pod_placement import POD_NODES_ANNOTATION
@@ -105,12 +105,7 @@ def ungate_pods(
     pinned = pinned_nodes(api.sanitize_for_serialization(current.spec.template.spec))
     namespace = current.metadata.namespace
     found = Ungated()
-    for item in _pods(api, current):
-        if item.metadata.deletion_timestamp or (item.status and item.status.phase) in (
-            "Succeeded",
-            "Failed",
-        ):
-            continue
+    for item in live_job_pods(api, current):
         found.pods += 1
         pod = api.sanitize_for_serialization(item)
         if not pod_placement.has_gate(pod.get("spec") or {}):
@@ -132,35 +127,17 @@ def let_pods_go(
     job: str,
     replicas: int,
     timeout_s: float,
-) -> Ungated:
+) -> None:
     """:func:`ungate_pods` until the Job has its ``replicas`` pods and none waits on the
     gate (whoever lifted it: the upkeep may lift some first), for at most ``timeout_s``
     (the Job controller creates pods in batches); any it creates later, the connector's
-    upkeep lets go. What was done, over all the calls."""
+    upkeep lets go."""
     deadline = time.monotonic() + timeout_s
-    total = Ungated()
     while True:
         once = ungate_pods(api, read_job(api, namespace=namespace, job=job))
-        total.let_go += once.let_go
-        total.waiting, total.pods = once.waiting, once.pods
         if (once.pods >= replicas and once.waiting == 0) or time.monotonic() >= deadline:
-            return total
+            return
         time.sleep(POLL_S)
-
-
-def _pods(api: client.ApiClient, current: client.V1Job) -> list[client.V1Pod]:
-    namespace = current.metadata.namespace
-    found = call(
-        "list",
-        f"pods of job {current.metadata.name} in {namespace}",
-        lambda: client.CoreV1Api(api).list_namespaced_pod(
-            namespace,
-            label_selector=f"{JOB_UID_LABEL}={current.metadata.uid}",
-            _request_timeout=REQUEST_TIMEOUT_S,
-        ),
-    )
-    items: list[client.V1Pod] = found.items
-    return items
 
 
 def _lift(api: client.ApiClient, namespace: str, pod: dict[str, Any], node: str | None) -> bool:

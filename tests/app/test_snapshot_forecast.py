@@ -144,32 +144,23 @@ def _post_finished(
         )
         for i in range(finished)
     ]
-    started = (now - timedelta(minutes=30)).isoformat()
     limited = {} if limit_s is None else {"time_limit_s": limit_s}
-    jobs = [
-        *done,
-        job("waiting", **limited),
-        job(
-            "busy",
+
+    def running_for(name: str, ran: timedelta, gpus: list[int]) -> dict:
+        started = (now - ran).isoformat()
+        allocations = [{"node": "n1", "gpu_indices": gpus}]
+        return job(
+            name,
             state="running",
             start_time=started,
             submit_time=started,
-            allocations=[{"node": "n1", "gpu_indices": [0, 1]}],
+            allocations=allocations,
             **limited,
-        ),
-    ]
-    if limit_s is not None:
-        early = (now - timedelta(hours=2)).isoformat()
-        jobs.append(
-            job(
-                "late",
-                state="running",
-                start_time=early,
-                submit_time=early,
-                allocations=[{"node": "n1", "gpu_indices": [2, 3]}],
-                **limited,
-            )
         )
+
+    jobs = [*done, job("waiting", **limited), running_for("busy", timedelta(minutes=30), [0, 1])]
+    if limit_s is not None:
+        jobs.append(running_for("late", timedelta(hours=2), [2, 3]))
     response = client.post(
         TELEMETRY,
         headers=auth["connector_alpha"],
