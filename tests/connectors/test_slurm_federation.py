@@ -103,7 +103,7 @@ def _jobs(deployment: dict[str, Any], cluster: str) -> dict[str, dict[str, Any]]
     return {job["external_id"]: job for job in items}
 
 
-def _wait_for(what: str, condition: Any, deployment: dict[str, Any]) -> Any:
+def _wait_for(what: str, condition: Any, deployment: dict[str, Any], interval: float = 0.5) -> Any:
     found: list[Any] = []
 
     def holds() -> bool:
@@ -112,7 +112,7 @@ def _wait_for(what: str, condition: Any, deployment: dict[str, Any]) -> Any:
             found.append(value)
         return bool(value)
 
-    assert procs.wait_until(holds, timeout=WAIT_S, interval=0.5), (
+    assert procs.wait_until(holds, timeout=WAIT_S, interval=interval), (
         f"{what} never happened\n{deployment['pipeline'].logs()}"
     )
     return found[-1]
@@ -178,10 +178,13 @@ def test_a_job_waiting_in_the_full_cluster_moves_to_the_idle_one_and_runs_there(
     pipeline: Pipeline = deployment["pipeline"]
     connector_a = pipeline.workers[f"connector-{A}"].process.pid
     api(deployment, "POST", f"/actions/{action_id}/approve", "operator")
+    # Looked at often: A's cancel can follow its hold within 0.2 s (a clean-clone run saw
+    # the whole move end between two looks 0.5 s apart, before A was stopped).
     _wait_for(
         "A's hold of the waiting job",
         lambda: getattr(_step(deployment, action_id, "hold"), "state", None) == "succeeded",
         deployment,
+        interval=0.01,
     )
     os.killpg(connector_a, signal.SIGSTOP)
     try:
