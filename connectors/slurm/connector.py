@@ -797,7 +797,9 @@ class SlurmConnector:
     def upkeep(self) -> list[str]:
         """Delete what is left of Shaper's reservations: those whose job has gone, and those
         that have ended (their time to live ran out before the plan gave them back; the job
-        leaves it first and, thanks to FLEX, keeps running). A reservation in use stays
+        leaves it first and, thanks to FLEX, keeps running; Slurm would purge such a FLEX
+        reservation itself at its next periodic check, up to half a minute later, and the
+        upkeep does not wait for that). A reservation in use stays
         until its plan's action ends: a move's also holds the way home. One that cannot be
         tidied now is left for the next round, the others are still tidied."""
         prefix = self.config.reservation_prefix

@@ -282,10 +282,13 @@ def test_a_write_waits_for_the_lock_and_succeeds(site: Site) -> None:
     taken, release = threading.Event(), threading.Event()
     holder = _hold_write_lock(site.engine, taken, release, at_most=0.3)
     started = time.monotonic()
+    # A generous read timeout (httpx's default is 5 s): on two cores shared with the
+    # Slurm and Kubernetes tests a clean-clone run once took longer than that to answer.
     answer = httpx.post(
         f"{site.base}/api/v1/tokens",
         headers=site.headers("admin"),
         json={"name": "patient", "scopes": ["viewer"]},
+        timeout=30,
     )
     waited = time.monotonic() - started
     holder.join()
