@@ -29,7 +29,8 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
 * ``resize`` → ``resize(replicas=)`` or, for schedulers that size jobs in nodes (Slurm),
   ``update_node_count(nodes=args["replicas"])``; an elastic training job's resize names
   its nodes (``args["nodes"]``) and goes to ``resize_job(nodes=, replicas=)``
-  (``SupportsJobResize``);
+  (``SupportsJobResize``); a service's shrink that names the replicas leaving each node
+  (``args["leave"]``) goes to ``resize_off(replicas=, leave=)`` (``SupportsReplicaMoves``);
 * ``hold``, ``release``, ``suspend``, ``cancel`` → the methods of those names; a move's
   hold (``args["pending"]``) reads the job back once held and fails (releasing it) when it
   is no longer pending: it started before the hold, and only a pending job moves; a
@@ -114,6 +115,7 @@ from connectors.base import (
     SupportsJobSetMove,
     SupportsMovedCancel,
     SupportsNodeCount,
+    SupportsReplicaMoves,
     SupportsRequeue,
     SupportsReservation,
     SupportsResize,
@@ -543,6 +545,18 @@ class ConnectorStepExecutor:
                 replicas=replicas,
                 nodes=nodes,
             )
+        leave = _leave(args)
+        if leave:  # a service shrinking off named nodes (its replicas move)
+            self._capable(SupportsReplicaMoves, "move a service's replicas").resize_off(
+                workload_id, replicas=replicas, leave=leave
+            )
+            return self._done(
+                f"resized job {workload_id} to {replicas}, its replicas off "
+                + ",".join(f"{node} ({count})" for node, count in sorted(leave.items())),
+                workload_id,
+                replicas=replicas,
+                leave=leave,
+            )
         if isinstance(self.connector, SupportsResize):
             self.connector.resize(workload_id, replicas=replicas)
         else:
@@ -751,6 +765,19 @@ def _gpus(args: dict[str, Any]) -> dict[str, int] | None:
         for n, g in value.items()
     ):
         raise _Refused(f"args.gpus must be {{node: GPUs > 0}}, got {value!r}")
+    return value
+
+
+def _leave(args: dict[str, Any]) -> dict[str, int] | None:
+    """``args.leave``: a service's replicas to take off each node ({node: replicas > 0})."""
+    value = args.get("leave")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(n, str) and n and isinstance(r, int) and not isinstance(r, bool) and r > 0
+        for n, r in value.items()
+    ):
+        raise _Refused(f"args.leave must be {{node: replicas > 0}}, got {value!r}")
     return value
 
 

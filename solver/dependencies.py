@@ -8,6 +8,11 @@ need the fewest (they can start at once); the rest of a node's takers draw, in p
 on its freers, and depend on each freer they draw from. The counts are what schedulers
 honour, so the rule works on counts, not on GPU indices (schedulers pick their own).
 
+A job's later action in a plan waits for its earlier one and for every action that the
+earlier one frees GPUs for: a service whose replicas move (``split_replica_moves``) comes
+back only once the work it made room for holds its GPUs, so that the scheduler, which puts
+the returning replicas where it likes, cannot put them back where they left.
+
 A plan whose actions need each other's GPUs in a cycle (two jobs swapping nodes) cannot
 run as one saga per action; such actions are reported as ``cyclic`` and the control plane
 leaves them out, with every action connected to them.
@@ -18,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solver.instance import Instance
-from solver.plan import Plan
+from solver.plan import Action, ActionKind, Plan
 
 
 @dataclass(frozen=True)
@@ -91,11 +96,53 @@ def action_graph(instance: Instance, plan: Plan) -> ActionGraph:
                 need -= drawn
                 depends[index].add(entry[0])
                 serves[entry[0]].add(index)
+    earlier: dict[str, int] = {}
+    for index, action in enumerate(plan.actions):
+        first = earlier.setdefault(action.job_id, index)
+        if first != index:
+            depends[index] |= {first, *serves[first]} - {index}
     return ActionGraph(
         depends_on=tuple(tuple(sorted(d)) for d in depends),
         serves=tuple(tuple(sorted(s)) for s in serves),
         cyclic=_cyclic(depends),
     )
+
+
+def split_replica_moves(instance: Instance, plan: Plan) -> Plan:
+    """``plan`` with each service resize that moves replicas (off some nodes, onto others)
+    as two resizes: first the service shrinks off the nodes it leaves (to what it keeps
+    where it stays), then it grows back to its planned size. A scheduler that places
+    replicas itself is told only which replicas leave (connectors.base.SupportsReplicaMoves)
+    and puts the returning ones where it likes; the second resize waits for the work the
+    first made room for (``action_graph``), so they cannot land back where they left. Only
+    services that are ``migratable`` are split (the others' replicas never move); a move
+    that keeps none of the service's replicas where they are is not split (it would stop
+    the service while it waits: the control plane does not let such a service move,
+    app/shaping/snapshot.py). The plan is returned as it is when nothing is split."""
+    jobs = instance.job_by_id
+    actions: list[Action] = []
+    for action in plan.actions:
+        job = jobs.get(action.job_id)
+        before, after = action.from_placement, action.to_placement
+        kept = {n: min(g, after.get(n, 0)) for n, g in before.items() if after.get(n, 0) > 0}
+        moves = (
+            action.kind is ActionKind.resize
+            and job is not None
+            and job.is_elastic
+            and job.migratable
+            and kept
+            and any(after.get(n, 0) < g for n, g in before.items())
+            and any(g > before.get(n, 0) for n, g in after.items())
+        )
+        if not moves or job is None:
+            actions.append(action)
+            continue
+        shrunk = sum(kept.values()) // job.gpus_per_replica
+        actions.append(action.model_copy(update={"to_placement": kept, "replicas": shrunk}))
+        actions.append(action.model_copy(update={"from_placement": dict(kept)}))
+    if len(actions) == len(plan.actions):
+        return plan
+    return plan.model_copy(update={"actions": actions})
 
 
 def _cyclic(depends: list[set[int]]) -> frozenset[int]:

@@ -552,8 +552,8 @@ class SolverConfig(_Frozen):
         default=True,
         description="move a service's replicas to other nodes to clear room for a pending "
         "job that fits nowhere else (a replica holds no state to checkpoint: it restarts there); "
-        "the simulator only: no connector can move a replica yet, so the control plane "
-        "plans with it off",
+        "only services that are ``migratable`` (the control plane: those whose connector can "
+        "choose which replicas leave a node, JobReport.replicas_movable)",
     )
     lookahead: bool = Field(
         default=True,

@@ -257,6 +257,12 @@ class JobReport(_Wire):
     time_limit_s: Annotated[float, Field(gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)] | None = (
         None
     )
+    # An elastic service whose connector can choose which of its replicas leave a node
+    # when it shrinks (connectors.base.SupportsReplicaMoves: a Kubernetes Deployment with
+    # the connector's pod placement on, the simulated clusters). The plan may then move
+    # its replicas off a node to make room there (app/shaping/snapshot.py); False: it only
+    # grows and shrinks where its scheduler chooses.
+    replicas_movable: bool = False
     allocations: list[AllocationReport] = Field(default_factory=list)
     # How to submit it elsewhere (pending and running jobs of clusters in a federation
     # group; None: the connector cannot say, or the job is suspended or ending, and it stays

@@ -118,6 +118,10 @@ def step_message(
     training = job is not None and job.shape == JobShape.block
     if step.name == ConnectorStep.resize and training:
         args["nodes"] = targets  # an elastic training job: where it runs at its new size
+    if step.name == ConnectorStep.resize and job is not None and job.replicas_movable:
+        leave = _replicas_leaving(action, job)
+        if leave:  # a service that shrinks off named nodes (connectors.base.SupportsReplicaMoves)
+            args["leave"] = leave
     sized = step.name == ConnectorStep.start and action.target_replicas is not None
     if training and (step.name == ConnectorStep.resize or sized) and action.target_placement:
         args["gpus"] = dict(action.target_placement)  # and how many GPUs on each node
@@ -278,3 +282,14 @@ def _requeue_pin(action: Action, job: Job | None, step: ActionStep) -> str | Non
     if kind is ActionKind.preempt and job is not None and job.checkpointable:
         return action.source_node
     return None  # a plain requeue: the scheduler chooses
+
+
+def _replicas_leaving(action: Action, job: Job) -> dict[str, int]:
+    """A service's replicas the plan takes off each node ({node: replicas}): where it
+    holds fewer GPUs after the resize than before, in replicas of its size."""
+    per_replica = max(job.gpus_requested, 1)
+    return {
+        node: (gpus - action.target_placement.get(node, 0)) // per_replica
+        for node, gpus in sorted(action.source_placement.items())
+        if (gpus - action.target_placement.get(node, 0)) // per_replica > 0
+    }

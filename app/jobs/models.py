@@ -48,6 +48,7 @@ class JobPublic(SQLModel):
     reason: str
     restart_count: int
     time_limit_s: float | None = None
+    replicas_movable: bool = False
     generation: int = 0
     displaced_at: datetime | None = None
     displaced_reason: str | None = None
@@ -114,6 +115,9 @@ class Job(SQLModel, table=True):
     restart_count: int = 0
     # wire: JobReport.time_limit_s (None: no limit, or the scheduler does not say).
     time_limit_s: float | None = None
+    # wire: JobReport.replicas_movable (its connector can choose which replicas leave a
+    # node: the plan may move them, app/shaping/snapshot.py).
+    replicas_movable: bool = False
     # Fencing token: bumped by every saga that moves the job (migrate, preempt); node
     # agents refuse steps that carry an older one, so the job never runs twice.
     generation: int = 0

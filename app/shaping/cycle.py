@@ -88,7 +88,7 @@ from app.shaping.snapshot import (
 )
 from solver import Instance, SolverConfig, validate
 from solver import plan as sp
-from solver.dependencies import ActionGraph, action_graph
+from solver.dependencies import ActionGraph, action_graph, split_replica_moves
 from solver.objective import evaluate
 from solver.policies import get_policy
 from wire.telemetry import JobShape
@@ -338,7 +338,9 @@ def _solve(
     instance = to_instance(snapshot, config=config, lock_proposed=lock_proposed)
     plan = get_policy(policy_name).plan(instance)
     violations = [str(v) for v in validate(instance, plan)]
-    return Solved(snapshot, instance, plan, violations, policy_name)
+    # Checked as the solver made it; carried out as a scheduler can (the replicas a
+    # service moves come back once the work they made room for runs).
+    return Solved(snapshot, instance, split_replica_moves(instance, plan), violations, policy_name)
 
 
 # -- open plans ------------------------------------------------------------------------
@@ -735,15 +737,18 @@ def _add_actions(
 
     rows: dict[int, Action] = {}
     holds: dict[int, Action] = {}
+    seen: dict[tuple[str, ActionKind], int] = {}
     for index, action in enumerate(plan.actions):
         if index in deferred:
             continue
         job = _local(action.job_id)
         kind = ACTION_KINDS[action.kind]
+        # A job's second action of a kind (a moved service's growth back) has a key of its own.
+        nth = seen[job, kind] = seen.get((job, kind), 0) + 1
         rows[index] = new(
             kind,
             job,
-            kind.value,
+            kind.value if nth == 1 else f"{kind.value}:{nth}",
             source_node=_nodes(action.from_placement),
             target_node=_nodes(action.to_placement),
             source_placement=_local_placement(action.from_placement),

@@ -160,6 +160,7 @@ class JobRow:
     actions_last_hour: int = 0
     required_nodes: tuple[str, ...] = ()
     time_limit_s: float | None = None
+    replicas_movable: bool = False
     # An action of an open plan acts on it: approved or in flight (busy), or proposed.
     busy: bool = False
     proposed: bool = False
@@ -568,10 +569,14 @@ def to_instance(
         )
         for t in teams
     )
-    # No connector can move a service's replica yet: a resize carries only the replica
-    # count, so a placement-only resize would change nothing and the start waiting on it
-    # would fail (the simulator, which places replicas itself, plans with them).
-    config = (config or si.SolverConfig()).model_copy(update={"replica_moves": False})
+    # A service's replicas move only where its connector can choose which of them leave a
+    # node (JobReport.replicas_movable: the resize step names the nodes, and the replicas
+    # come back where the scheduler puts them once the work they made room for runs,
+    # solver.dependencies.split_replica_moves); the others' flag keeps them where they
+    # are. Off when no service can: the cluster's plans stay those it had before.
+    movable = any(row.replicas_movable for row in snapshot.jobs if row.shape == JobShape.elastic)
+    config = config or si.SolverConfig()
+    config = config.model_copy(update={"replica_moves": movable and config.replica_moves})
     if not pinnable:
         # Planned alone, its jobs' flag says as much; the config says it too, so that the
         # cluster's plans stay byte for byte those it had before the flag (with migration
@@ -676,7 +681,11 @@ def _solver_job(
         gpu_indices=indices or None,
         expected_runtime_s=runtime,
         checkpointable=row.checkpointable,
-        migratable=migratable,
+        # A service: whether its replicas may move (solver.greedy.defragmentation): only
+        # where its connector can choose which leave a node, and not a service on one node
+        # alone (it would be down while the work it made room for starts:
+        # solver.dependencies.split_replica_moves).
+        migratable=migratable and (not elastic or (row.replicas_movable and len(placement) > 1)),
         last_moved_at=row.last_moved_at.timestamp() if row.last_moved_at else None,
         migrations_today=row.migrations_today,
         preemptions_today=row.preemptions_today,

@@ -76,7 +76,7 @@ _JOB_FIELDS = (
     "allowed_gpu_models", "min_gpu_memory_gib", "required_precision", "gang_size",
     "checkpointable", "min_replicas", "max_replicas", "replicas", "submit_time", "start_time",
     "end_time", "state", "reason", "restart_count", "required_nodes", "submit_spec",
-    "residency", "time_limit_s",
+    "residency", "time_limit_s", "replicas_movable",
 )  # fmt: skip
 _JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes", "residency"})
 _JOB_STATE = _JOB_FIELDS.index("state")
@@ -395,6 +395,7 @@ def _job_row(report: JobReport) -> tuple[Any, ...]:
         report.submit.model_dump_json() if report.submit is not None else None,
         report.residency.model_dump_json() if report.residency is not None else None,
         report.time_limit_s,
+        report.replicas_movable,
     )
 
 

@@ -251,6 +251,7 @@ class SimCluster:
             submit_time=self.now,
             start_time=self.now,
             state=JobState.running,
+            replicas_movable=True,  # resize_off takes replicas off the nodes it names
         )
         self.jobs[service.name] = SimJob(report=report, work=timedelta.max)
         self._place_service(self.jobs[service.name])
@@ -874,11 +875,7 @@ class SimCluster:
     def resize(self, external_id: str, *, replicas: int) -> None:
         with self._lock:
             self._act()
-            job = self.job(external_id)
-            if job.report.shape is not JobShape.elastic:
-                raise ConnectorError(
-                    f"job {external_id} is not an elastic service", retryable=False
-                )
+            job = self._service(external_id)
             low, high = job.report.min_replicas, job.report.max_replicas
             if not low <= replicas <= high:
                 raise ConnectorError(
@@ -890,6 +887,43 @@ class SimCluster:
             # The growth took what was held for it (or fitted elsewhere): the hold is spent.
             self.reservations.pop(job.id, None)
             self._reserved_until.pop(job.id, None)
+
+    def resize_off(self, external_id: str, *, replicas: int, leave: dict[str, int]) -> None:
+        """The service shrinks to ``replicas`` by dropping ``leave[node]`` of its replicas
+        on each node (connectors.base.SupportsReplicaMoves); the others stay where they
+        are. A service already at ``replicas`` is left as it is (a resent step)."""
+        with self._lock:
+            self._act()
+            job = self._service(external_id)
+            if job.report.replicas == replicas:
+                return
+            per_replica = job.report.gpus_requested
+            placement = {node: list(indices) for node, indices in job.placement.items()}
+            for node, count in sorted(leave.items()):
+                held = placement.get(node, [])
+                if len(held) < count * per_replica:
+                    raise ConnectorError(
+                        f"service {external_id} has {len(held) // per_replica} replicas on "
+                        f"{node}, not the {count} to take off",
+                        retryable=False,
+                    )
+                placement[node] = held[: len(held) - count * per_replica]
+            left = sum(len(indices) for indices in placement.values()) // per_replica
+            if left != replicas or not job.report.min_replicas <= replicas:
+                raise ConnectorError(
+                    f"service {external_id}: taking {sum(leave.values())} replicas off leaves "
+                    f"{left}, not {replicas} (min {job.report.min_replicas})",
+                    retryable=False,
+                )
+            job.resized = True
+            job.placement = {node: indices for node, indices in placement.items() if indices}
+            job.report = job.report.model_copy(update={"replicas": replicas})
+
+    def _service(self, external_id: str) -> SimJob:
+        job = self.job(external_id)
+        if job.report.shape is not JobShape.elastic:
+            raise ConnectorError(f"job {external_id} is not an elastic service", retryable=False)
+        return job
 
     def _set_size(self, job: SimJob, replicas: int) -> None:
         """An elastic training job's size: what it asks of the scheduler (one GPU each)."""

@@ -23,7 +23,8 @@ placement). A replica holds no state to checkpoint, so such a move uses no migra
 budget; each service moves at most once a cycle, not while an action is in flight on it,
 and not when work was stopped or moved to make room for it. Without this, one replica of
 each of two services on two nodes keeps a whole-node gang waiting with 14 of 16 GPUs free
-until demand changes.
+until demand changes. A service that is not ``migratable`` (its connector cannot choose
+which of its replicas leave a node) is not relocatable.
 """
 
 from __future__ import annotations
@@ -80,7 +81,11 @@ class Defragmentation:
             else set()
         )
         self.relocatable = (
-            {j.id for j in instance.jobs if j.is_elastic and j.placement and not j.locked}
+            {
+                j.id
+                for j in instance.jobs
+                if j.is_elastic and j.placement and not j.locked and j.migratable
+            }
             if ledger.options.move_replicas
             else set()
         )

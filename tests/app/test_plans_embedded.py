@@ -32,6 +32,7 @@ from app.plans.models import Plan, PlanState
 from app.shaping.cycle import run_cycle
 from app.telemetry import service as telemetry_service
 from connectors.sim import SimCluster, SimExecutors, SiteSpec
+from connectors.sim.cluster import ServiceSpec
 from tests.support.live_server import app_on, tokens_for
 from wire.telemetry import JobKind, JobReport, SchedulerKind, TelemetrySnapshot
 
@@ -47,12 +48,13 @@ class Clock:
         return self.now
 
 
-def _spec(*, honours_reservations: bool = True) -> SiteSpec:
+def _spec(*, honours_reservations: bool = True, services: tuple[ServiceSpec, ...] = ()) -> SiteSpec:
     return SiteSpec(
         name=CLUSTER,
         nodes=(("a", "H100", 8), ("b", "H100", 8)),
         teams=("research",),
         kinds=(JobKind.training,),
+        services=services,
         arrivals_per_hour=0,
         honours_reservations=honours_reservations,
     )
@@ -344,3 +346,55 @@ def test_a_plan_holds_all_its_gpus_before_any_of_its_actions_lets_the_queue_move
     assert states["head"] == ("running", ["a"])
     assert states["urgent"] == ("running", ["b"])
     assert states["filler"] == ("pending", [])  # the plan's GPUs were not its to take
+
+
+def test_a_services_replica_moves_off_a_node_for_a_gang_and_comes_back_after_it(
+    site_factory: Any, committed_engine: Engine
+) -> None:
+    """A service runs one 2-GPU replica on each node; b also runs a 4-GPU job that cannot
+    checkpoint, so the 8-GPU job fits only on a, once the service's replica there has
+    gone. The plan moves that replica to b; carried out as the scheduler can: the service
+    shrinks off a (the connector names the node), the big job starts there, then the
+    service grows back to two replicas, which can only land on b."""
+    site = site_factory(
+        mode=ShapingMode.enforce,
+        services=(ServiceSpec(name="svc", peak_replicas=2, gpus_per_replica=2),),
+    )
+    service = site.cluster.jobs["svc"]
+    service.resized = True  # its own autoscaler leaves it to Shaper from now on
+    service.placement = {"a": [0, 1], "b": [0, 1]}
+    fixed = _report("fixed", 4, submitted=T0).model_copy(update={"checkpointable": False})
+    site.cluster.submit(fixed, timedelta(hours=8))
+    site.cluster.requeue("fixed", nodes=["b"])
+    site.clock.now = T0 + timedelta(minutes=30)
+    site.cluster.submit(
+        _report("big", 8, submitted=site.clock.now, priority=50), timedelta(hours=2)
+    )
+    assert site.states()["fixed"] == ("running", ["b"])
+    assert site.states()["big"] == ("pending", [])
+
+    result = site.cycle()
+    actions = site.actions(result.plan_id)
+    resizes = [a for a in actions if a.kind == ActionKind.resize]
+    (start,) = [a for a in actions if a.kind == ActionKind.start]
+    assert [(a.source_placement, a.target_placement, a.target_replicas) for a in resizes] == [
+        ({"a": 2, "b": 2}, {"b": 2}, 1),
+        ({"b": 2}, {"b": 4}, 2),
+    ]
+    shrink, back = resizes
+    assert shrink.id in start.depends_on and start.target_node == "a"
+    assert {shrink.id, start.id} <= set(back.depends_on)
+    assert back.idempotency_key.endswith(":resize:2")
+
+    site.run_sagas()
+    done = {a.id: a for a in site.actions(result.plan_id)}
+    assert {a.state for a in done.values()} == {ActionState.succeeded}, [
+        (a.kind, a.state, a.error) for a in done.values()
+    ]
+    assert done[shrink.id].finished_at <= done[start.id].finished_at  # type: ignore[operator]
+    assert done[start.id].finished_at <= done[back.id].finished_at  # type: ignore[operator]
+    states = site.states()
+    assert states["big"] == ("running", ["a"])
+    assert states["svc"] == ("running", ["b"])  # back to two replicas, both on b
+    assert site.cluster.jobs["svc"].report.replicas == 2
+    assert len(site.cluster.jobs["svc"].placement["b"]) == 4

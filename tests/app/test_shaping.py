@@ -70,12 +70,54 @@ def test_snapshot_maps_the_cluster_to_a_solver_instance(
 
 
 @pytest.mark.usefixtures("fragmented")
-def test_the_control_plane_never_plans_a_replica_move(session: Session, clock: FrozenClock) -> None:
-    """A resize carries only a replica count: no connector can move a replica, so the
-    live instance turns the lever off whatever the config says."""
+def test_replicas_move_only_where_a_connector_can_choose_which_leave(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """The lever is on only for a cluster with a service whose connector says it can choose
+    which replicas leave a node (JobReport.replicas_movable), and only such a service on
+    two nodes or more may move: one on a single node would be down while the work it made
+    room for starts."""
     taken = take_snapshot(session=session, cluster_name="alpha", now=clock.now())
-    assert not to_instance(taken).config.replica_moves
-    assert not to_instance(taken, config=SolverConfig(replica_moves=True)).config.replica_moves
+    assert not to_instance(taken).config.replica_moves  # no service says it can
+
+    def service(name: str, indices: dict[str, list[int]], movable: bool) -> dict[str, Any]:
+        return job(
+            name,
+            shape="elastic",
+            state="running",
+            gpus_requested=1,
+            min_replicas=1,
+            max_replicas=4,
+            replicas=sum(len(i) for i in indices.values()),
+            replicas_movable=movable,
+            allocations=[{"node": n, "gpu_indices": i} for n, i in indices.items()],
+        )
+
+    jobs = [
+        running("j1", "n1", [0, 1, 2, 3], checkpointable=True, priority=10),
+        running("j2", "n2", [0, 1, 2, 3], checkpointable=True, priority=10),
+        service("spread", {"n1": [4], "n2": [4]}, True),
+        service("solo", {"n1": [5, 6]}, True),
+        service("fixed", {"n1": [7], "n2": [5]}, False),
+    ]
+    response = client.post(
+        "/api/v1/clusters/alpha/telemetry",
+        headers=auth["connector_alpha"],
+        json=snapshot(2, nodes=[node("n1"), node("n2")], jobs=jobs),
+    )
+    assert response.status_code == 200, response.text
+    shown = client.get("/api/v1/jobs", params={"cluster": "alpha"}, headers=auth["viewer"])
+    movable = {j["external_id"]: j["replicas_movable"] for j in shown.json()["items"]}
+    assert movable["spread"] and movable["solo"] and not movable["fixed"]
+    taken = take_snapshot(session=session, cluster_name="alpha", now=clock.now())
+    instance = to_instance(taken)
+    assert instance.config.replica_moves
+    assert not to_instance(taken, config=SolverConfig(replica_moves=False)).config.replica_moves
+    jobs_by_id = instance.job_by_id
+    assert jobs_by_id["alpha/spread"].migratable
+    assert not jobs_by_id["alpha/solo"].migratable
+    assert not jobs_by_id["alpha/fixed"].migratable
+    assert jobs_by_id["alpha/j1"].migratable  # block jobs as their scheduler allows
 
 
 @pytest.mark.usefixtures("fragmented")

@@ -147,6 +147,37 @@ def test_services_follow_demand_until_resized_and_refuse_out_of_range() -> None:
         cluster.resize("chat", replicas=9)
 
 
+def test_a_service_shrinks_off_the_nodes_a_resize_step_names(tmp_path: Path) -> None:
+    """``args.leave`` takes the service's replicas off the named nodes (the others stay
+    where they are), through the connector executor; a resent step changes nothing; a node
+    without that many replicas, or a count that does not add up, is refused."""
+    cluster, _ = _cluster(SERVICE_SPEC)
+    chat = cluster.jobs["chat"]
+    chat.resized = True
+    chat.placement = {"a": [0, 1], "b": [2, 3]}
+    chat.report = chat.report.model_copy(update={"replicas": 4})
+    assert next(j for j in cluster.read_state().jobs if j.external_id == "chat").replicas_movable
+    executors = SimExecutors(cluster, state_dir=tmp_path)
+    workload = {"workload_id": "chat"}
+
+    def resize(generation: int, **args: Any) -> dict[str, Any]:
+        queue, step = _step("resize", "connector.svc", generation, **args)
+        return executors.handle(queue, {**step, **workload})
+
+    done = resize(1, replicas=3, leave={"a": 1})
+    assert done["ok"] and "off a (1)" in done["result"]["summary"], done
+    assert done["result"]["leave"] == {"a": 1}
+    assert chat.placement == {"a": [0], "b": [2, 3]} and chat.report.replicas == 3
+    assert resize(1, replicas=3, leave={"a": 1})["outcome"] == "duplicate"
+    refused = resize(2, replicas=1, leave={"a": 2})
+    assert not refused["ok"] and "has 1 replicas on a, not the 2" in refused["error"], refused
+    mismatched = resize(3, replicas=1, leave={"b": 1})
+    assert not mismatched["ok"] and "leaves 2, not 1" in mismatched["error"], mismatched
+    assert chat.placement == {"a": [0], "b": [2, 3]}  # nothing changed by the refusals
+    malformed = resize(4, replicas=2, leave={"a": 0})
+    assert malformed["outcome"] == "refused" and "args.leave" in malformed["error"], malformed
+
+
 def test_arrivals_are_seeded() -> None:
     spec = SiteSpec(name="busy", nodes=SPEC.nodes, teams=("t",), kinds=(JobKind.hpc,))
     runs = []

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from solver.dependencies import action_graph, gpu_changes
-from solver.instance import GpuModel, Instance, Job, Node
+import pytest
+
+from solver.dependencies import action_graph, gpu_changes, split_replica_moves
+from solver.instance import GpuModel, Instance, Job, JobShape, Node
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
 
 WHY = Reason(code=ReasonCode.placed, message="test")
@@ -88,3 +90,82 @@ def test_takers_that_fit_the_free_gpus_do_not_wait_for_a_stop_on_the_same_node()
     graph = action_graph(instance, plan)
     # 4 GPUs are free: "a" (2) starts at once; "b" (6) takes the other 2 free and 4 freed.
     assert graph.depends_on == ((), (), (0,))
+
+
+def _service(job_id: str, placement: dict[str, int], *, movable: bool = True) -> Job:
+    return Job(
+        id=job_id,
+        shape=JobShape.elastic,
+        gpus_per_replica=2,
+        replicas=sum(placement.values()) // 2,
+        min_replicas=1,
+        max_replicas=8,
+        placement=placement,
+        start_time=0,
+        migratable=movable,
+    )
+
+
+def test_a_service_whose_replicas_move_shrinks_first_and_comes_back_after_the_gang() -> None:
+    """Two replicas on n0 and one on n1; the plan moves n0's pair to n2 so a gang takes n0.
+    Carried out as: shrink off n0 (the gang waits for it), then grow back, which waits for
+    the gang: a scheduler placing the returning replicas itself cannot put them on n0."""
+    service = _service("svc", {"n0": 4, "n1": 2})
+    instance = _instance(service, _running("other", "n0", 4), _pending("gang", 8))
+    moved = _action(ActionKind.resize, "svc", {"n0": 4, "n1": 2}, {"n1": 2, "n2": 4})
+    plan = Plan(
+        policy="test",
+        actions=[
+            moved.model_copy(update={"replicas": 3}),
+            _action(ActionKind.migrate, "other", {"n0": 4}, {"n1": 4}),
+            _action(ActionKind.start, "gang", {}, {"n0": 8}),
+        ],
+    )
+    split = split_replica_moves(instance, plan)
+    kinds = [
+        (a.kind, a.job_id, a.from_placement, a.to_placement, a.replicas) for a in split.actions
+    ]
+    assert kinds == [
+        (ActionKind.resize, "svc", {"n0": 4, "n1": 2}, {"n1": 2}, 1),
+        (ActionKind.resize, "svc", {"n1": 2}, {"n1": 2, "n2": 4}, 3),
+        (ActionKind.migrate, "other", {"n0": 4}, {"n1": 4}, None),
+        (ActionKind.start, "gang", {}, {"n0": 8}, None),
+    ]
+    graph = action_graph(instance, split)
+    # The gang (3) waits for the shrink (0) and the move (2); the growth back (1) waits for
+    # the shrink and for the gang the shrink made room for.
+    assert graph.depends_on[3] == (0, 2)
+    assert graph.depends_on[1] == (0, 3)
+    assert graph.cyclic == frozenset()
+    assert sorted(sorted(c) for c in graph.components()) == [[0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize(
+    ("service", "after"),
+    [
+        # Its connector cannot choose which replicas leave: as the plan has it.
+        (_service("svc", {"n0": 2, "n1": 2}, movable=False), {"n1": 2, "n2": 2}),
+        # A plain shrink or growth moves nothing.
+        (_service("svc", {"n0": 2, "n1": 2}), {"n1": 2}),
+        (_service("svc", {"n0": 2, "n1": 2}), {"n0": 2, "n1": 2, "n2": 2}),
+        # Every replica leaves: shrinking first would stop the service.
+        (_service("svc", {"n0": 4}), {"n2": 4}),
+    ],
+)
+def test_what_is_not_a_replica_move_is_not_split(service: Job, after: dict[str, int]) -> None:
+    plan = Plan(
+        policy="test", actions=[_action(ActionKind.resize, "svc", service.placement, after)]
+    )
+    assert split_replica_moves(_instance(service), plan) is plan
+
+
+def test_a_jobs_second_action_waits_for_its_first_even_without_gpus_between_them() -> None:
+    service = _service("svc", {"n0": 2, "n1": 2})
+    plan = Plan(
+        policy="test",
+        actions=[
+            _action(ActionKind.resize, "svc", {"n0": 2, "n1": 2}, {"n1": 2}),
+            _action(ActionKind.resize, "svc", {"n1": 2}, {"n1": 2, "n2": 2}),
+        ],
+    )
+    assert action_graph(_instance(service), plan).depends_on == ((), (0,))
