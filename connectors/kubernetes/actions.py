@@ -1,5 +1,5 @@
-"""What the Kubernetes connector does to a cluster: scale, evict, cordon, suspend, move and
-delete Jobs, delete pods.
+"""What the Kubernetes connector does to a cluster: scale (a Deployment also off named
+nodes), evict, cordon, suspend, move and delete Jobs, delete pods.
 
 Each function takes an ``ApiClient`` (connectors.kubernetes.client) and names its objects
 by keyword; the connector class maps saga steps onto them. Every one is idempotent — a
@@ -22,6 +22,9 @@ restart_indexed_job
 (pod_gates) lifting    patch pods (connectors.kubernetes.pod_gates; the deployed role
 the placement gate     grants it with components/pod-placement, whose admission policy
                        lets the connector change nothing of a pod but that)
+resize_deployment_off  get deployments, list pods, patch deployments/scale; patch pods
+                       (its pods' deletion cost: components/pod-placement again, whose
+                       policy lets it set that annotation alone on a ReplicaSet's pod)
 delete_pod             delete pods
 =====================  ===============================================================
 
@@ -70,8 +73,12 @@ from connectors.kubernetes.pods import (
     QUEUE_LABEL,
     RESUME_FROM,
     STOPPED_BY_STEP,
+    OwnerRef,
     elastic_size,
+    owner_of,
     pod_gpus,
+    pod_live,
+    pod_node,
     pod_spec_gpus,
     resume_blocker,
 )
@@ -218,6 +225,282 @@ def scale(
         raise ConnectorError(
             f"cannot scale a {kind!r}: only deployment and statefulset", retryable=False
         )
+
+
+# -- moving a Deployment's replicas off nodes -------------------------------------------
+
+# The ReplicaSet controller, scaling down, deletes the pods with the lowest value of this
+# annotation first among running, ready pods (after pods not placed yet, pending or not
+# ready: "Pod deletion cost" in the ReplicaSet docs). The value is an int32; the lowest
+# marks the replicas Shaper chose, and tells them from a site's own costs.
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+MOVE_COST = str(-(2**31))
+
+
+def resize_deployment_off(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    deployment: str,
+    replicas: int,
+    leave: Mapping[str, int],
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> None:
+    """Shrink a Deployment to ``replicas``, taking ``leave[node]`` replicas off each named
+    node: mark that many of its running pods there with the lowest deletion cost, scale it
+    through ``/scale`` (:func:`scale`), and wait until the marked pods are gone (their
+    GPUs free; a retryable error after ``timeout_s``, and a retry waits on).
+
+    Refused for good (non-retryable) before anything changes when :func:`_mark_leaving`
+    says so; after the scale, if the ReplicaSet kept a marked pod all the same (its mark
+    is then taken off). A Deployment already at ``replicas`` (a resent step) only has the
+    pods still marked waited on; with none, it is left as it is. Needs ``patch pods``
+    within the admission policy of deploy/kubernetes/components/pod-placement."""
+    where = ", ".join(f"{count} off {node}" for node, count in sorted(leave.items()))
+    what = f"resize deployment {deployment} in {namespace} to {replicas} ({where})"
+    if replicas < 0 or any(count < 1 for count in leave.values()):
+        raise ConnectorError(f"cannot {what}: counts must be positive", retryable=False)
+    current = _read_deployment(api, namespace=namespace, name=deployment)
+    desired = 1 if current.spec.replicas is None else int(current.spec.replicas)
+    pods = deployment_pods(api, current)
+    if desired == replicas:
+        marked = [pod for pod in pods if _marked(pod)]
+        _wait_left(api, current, marked, replicas=replicas, what=what, timeout_s=timeout_s)
+        return
+    chosen = _mark_leaving(
+        api, namespace, pods, leave, desired=desired, replicas=replicas, what=what
+    )
+    try:
+        scale(api, namespace=namespace, kind="deployment", name=deployment, replicas=replicas)
+    except ConnectorError as error:
+        if not error.retryable:
+            _unmark(api, namespace, chosen)
+        raise
+    _wait_left(api, current, chosen, replicas=replicas, what=what, timeout_s=timeout_s)
+
+
+def _mark_leaving(
+    api: client.ApiClient,
+    namespace: str,
+    pods: list[dict[str, Any]],
+    leave: Mapping[str, int],
+    *,
+    desired: int,
+    replicas: int,
+    what: str,
+) -> list[dict[str, Any]]:
+    """Mark the pods that leave (:func:`pick_leaving`; an earlier step's marks on others
+    taken off); the pods marked. Non-retryable, before any change, when the shrink is not
+    what ``leave`` takes off (only the named nodes' replicas go), when a rollout runs (the
+    Deployment's pods are of several ReplicaSets, which a scale shrinks in proportion),
+    when a named node holds fewer of its replicas, or when pods the ReplicaSet deletes
+    first would go instead (:func:`leaving_blocker`)."""
+    moving = sum(leave.values())
+    if desired - replicas != moving:
+        raise ConnectorError(
+            f"cannot {what}: it has {desired} replica(s), and a scale to {replicas} "
+            f"removes {desired - replicas}, not the {moving} to move",
+            retryable=False,
+        )
+    staying = [pod for pod in pods if _active(pod)]
+    replica_sets = sorted({_replica_set(pod) for pod in staying})
+    if len(replica_sets) > 1:
+        raise ConnectorError(
+            f"cannot {what}: a rollout is under way (its pods are of ReplicaSets "
+            f"{', '.join(replica_sets)}, which a scale shrinks in proportion)",
+            retryable=False,
+        )
+    chosen = pick_leaving(staying, leave, what=what)
+    blocker = leaving_blocker(staying, chosen, replicas=replicas)
+    if blocker:
+        raise ConnectorError(f"cannot {what}: {blocker}", retryable=False)
+    chosen_names = {_name(pod) for pod in chosen}
+    _unmark(api, namespace, [p for p in staying if _marked(p) and _name(p) not in chosen_names])
+    return [
+        pod if _marked(pod) else _set_cost(api, namespace, _name(pod), MOVE_COST) for pod in chosen
+    ]
+
+
+def _read_deployment(api: client.ApiClient, *, namespace: str, name: str) -> client.V1Deployment:
+    apps = client.AppsV1Api(api)
+    found: client.V1Deployment = call(
+        "get",
+        f"deployments {name} in {namespace}",
+        lambda: apps.read_namespaced_deployment(
+            name, namespace, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+    return found
+
+
+def deployment_pods(api: client.ApiClient, current: client.V1Deployment) -> list[dict[str, Any]]:
+    """The Deployment's pods as the API server has them now (its selector's pods whose
+    ReplicaSet is the Deployment's: connectors.kubernetes.pods.owner_of), as dicts; those
+    that ended left out."""
+    namespace, name = current.metadata.namespace, current.metadata.name
+    found = call(
+        "list",
+        f"pods of deployment {name} in {namespace}",
+        lambda: _core(api).list_namespaced_pod(
+            namespace,
+            label_selector=label_selector(api.sanitize_for_serialization(current.spec.selector)),
+            _request_timeout=REQUEST_TIMEOUT_S,
+        ),
+    )
+    ours = OwnerRef("Deployment", namespace, name)
+    pods = [api.sanitize_for_serialization(pod) for pod in found.items]
+    return [pod for pod in pods if owner_of(pod) == ours and pod_live(pod)]
+
+
+def label_selector(selector: Mapping[str, Any] | None) -> str:
+    """A LabelSelector as the ``labelSelector`` query parameter spells it."""
+    selector = selector or {}
+    terms = [f"{key}={value}" for key, value in sorted((selector.get("matchLabels") or {}).items())]
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression["key"], expression["operator"]
+        values = ",".join(expression.get("values") or [])
+        terms.append(
+            {
+                "In": f"{key} in ({values})",
+                "NotIn": f"{key} notin ({values})",
+                "Exists": key,
+                "DoesNotExist": f"!{key}",
+            }[operator]
+        )
+    return ",".join(terms)
+
+
+def pick_leaving(
+    pods: list[dict[str, Any]], leave: Mapping[str, int], *, what: str
+) -> list[dict[str, Any]]:
+    """``leave[node]`` of the active pods on each named node: those an earlier delivery of
+    the step marked first, then pods not ready (the ReplicaSet would take them first
+    anyway), then by name. Non-retryable when a node holds fewer."""
+    chosen: list[dict[str, Any]] = []
+    for node, count in sorted(leave.items()):
+        there = sorted(
+            (pod for pod in pods if pod_node(pod) == node),
+            key=lambda pod: (not _marked(pod), _ready(pod), _name(pod)),
+        )
+        if len(there) < count:
+            raise ConnectorError(
+                f"cannot {what}: node {node} runs {len(there)} of its replicas, not {count}",
+                retryable=False,
+            )
+        chosen.extend(there[:count])
+    return chosen
+
+
+def leaving_blocker(
+    pods: list[dict[str, Any]], chosen: list[dict[str, Any]], *, replicas: int
+) -> str | None:
+    """Why the ReplicaSet would not delete ``chosen`` on a scale to ``replicas``: of the
+    ``len(pods) - replicas`` it deletes, it takes pods not placed yet, pending or not
+    ready before any running, ready one, whatever its deletion cost. None: it deletes the
+    chosen ones."""
+    chosen_names = {_name(pod) for pod in chosen}
+    first = [pod for pod in pods if _name(pod) not in chosen_names and not _settled(pod)]
+    deleted = len(pods) - replicas
+    if len(first) + len(chosen) <= deleted:
+        return None
+    return (
+        f"{len(first)} of its replicas not running and ready ({', '.join(map(_name, first))}) "
+        f"would be removed before the {len(chosen)} chosen, of {deleted} removed"
+    )
+
+
+def _wait_left(
+    api: client.ApiClient,
+    current: client.V1Deployment,
+    leaving: list[dict[str, Any]],
+    *,
+    replicas: int,
+    what: str,
+    timeout_s: float,
+) -> None:
+    """Until the pods ``leaving`` are gone (a pod that is deleted holds its GPUs until it
+    has stopped). Non-retryable once the Deployment is down to ``replicas`` active pods
+    with one of them among those (the ReplicaSet deleted others: their marks are taken
+    off); retryable after ``timeout_s``."""
+    uids = {pod["metadata"]["uid"] for pod in leaving}
+    namespace = current.metadata.namespace
+
+    def gone() -> bool:
+        pods = deployment_pods(api, current)
+        still = [pod for pod in pods if pod["metadata"]["uid"] in uids]
+        if not still:
+            return True
+        active = [pod for pod in pods if _active(pod)]
+        kept = [pod for pod in still if _active(pod)]
+        if kept and len(active) <= replicas:
+            _unmark(api, namespace, kept)
+            raise ConnectorError(
+                f"cannot {what}: the ReplicaSet removed other replicas and kept "
+                f"{', '.join(f'{_name(pod)} on {pod_node(pod)}' for pod in kept)} "
+                "(it removes replicas not placed, pending or not ready first)",
+                retryable=False,
+            )
+        return False
+
+    wait_until(f"the replicas moved off to be gone ({what})", gone, timeout_s)
+
+
+def _unmark(api: client.ApiClient, namespace: str, pods: list[dict[str, Any]]) -> None:
+    """Take the move's mark off those of ``pods`` (as last read) that carry it and stay
+    (else any later scale-down deletes them first); a pod gone meanwhile needs none. (An
+    update that changes nothing is not one the admission policy lets through.)"""
+    for pod in pods:
+        if not _marked(pod):
+            continue
+        try:
+            _set_cost(api, namespace, _name(pod), None)
+        except ObjectGone:
+            continue
+
+
+def _set_cost(api: client.ApiClient, namespace: str, pod: str, cost: str | None) -> dict[str, Any]:
+    """Set (None: take off) a pod's deletion cost, and nothing else of it: the one change
+    to a pod the admission policy lets the connector make besides lifting its gate. The
+    pod as patched."""
+    body = {"metadata": {"annotations": {DELETION_COST: cost}}}
+    patched = call(
+        "patch",
+        f"pods {pod} in {namespace}",
+        lambda: _core(api).patch_namespaced_pod(
+            pod, namespace, body, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+    found: dict[str, Any] = api.sanitize_for_serialization(patched)
+    return found
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str(pod["metadata"]["name"])
+
+
+def _replica_set(pod: Mapping[str, Any]) -> str:
+    refs = pod["metadata"].get("ownerReferences") or []
+    return next((str(ref["name"]) for ref in refs if ref.get("controller")), "")
+
+
+def _marked(pod: Mapping[str, Any]) -> bool:
+    return (pod["metadata"].get("annotations") or {}).get(DELETION_COST) == MOVE_COST
+
+
+def _active(pod: Mapping[str, Any]) -> bool:
+    """Counted by its ReplicaSet: not ended, not being deleted."""
+    return pod_live(pod) and not pod["metadata"].get("deletionTimestamp")
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _settled(pod: Mapping[str, Any]) -> bool:
+    """Placed, running and ready: a pod the ReplicaSet ranks by its deletion cost."""
+    running = (pod.get("status") or {}).get("phase") == "Running"
+    return bool(pod_node(pod)) and running and _ready(pod)
 
 
 # -- pods and nodes ---------------------------------------------------------------------

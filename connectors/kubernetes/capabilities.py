@@ -8,6 +8,11 @@ connectors.kubernetes.pods):
 step                                plain Kubernetes
 ==================================  ==========================================================
 resize(replicas)                    Deployment, StatefulSet: ``scale`` (``/scale``)
+resize(replicas, leave)             Deployment, with the connector's ``pod_placement``:
+(``resize_off``)                    ``resize_deployment_off`` — the pods leaving each
+                                    named node marked with the lowest deletion cost,
+                                    then ``scale``; StatefulSet refused (it drops its
+                                    highest ordinals)
 resize_job(nodes, replicas)         elastic Indexed Job (an elastic training job,
                                     connectors.kubernetes.pods): ``shrink_indexed_job``
                                     when the pods it keeps (the lower indexes) run where
@@ -150,6 +155,42 @@ class KubernetesCapabilities(KubernetesMoves):
             raise _cannot("resize", owner, "only Deployments and StatefulSets have replicas to set")
         actions.scale(
             self.api, namespace=owner.namespace, kind=kind, name=owner.name, replicas=replicas
+        )
+
+    # --- SupportsReplicaMoves --------------------------------------------------------------
+
+    def resize_off(self, external_id: str, *, replicas: int, leave: dict[str, int]) -> None:
+        """A Deployment to ``replicas``, ``leave[node]`` of its replicas taken off each named
+        node (``actions.resize_deployment_off``; without ``leave``, a plain ``resize``). Only
+        with the connector's ``pod_placement``: deploy/kubernetes/components/pod-placement
+        grants the ``patch pods`` that marking the leaving pods needs, and its report says
+        so (``replicas_movable``, connectors.kubernetes.pods)."""
+        owner = parse_external_id(external_id)
+        if owner.kind == "StatefulSet":
+            raise _cannot(
+                "resize",
+                owner,
+                "a StatefulSet drops its highest ordinals; Shaper cannot choose which "
+                "replicas leave",
+            )
+        if owner.kind != "Deployment":
+            raise _cannot("resize", owner, "only a Deployment's replicas can be moved off nodes")
+        if not leave:
+            self.resize(external_id, replicas=replicas)
+            return
+        if not self.config.pod_placement:
+            raise _cannot(
+                "resize",
+                owner,
+                "moving replicas off nodes needs the connector's pod_placement "
+                "(deploy/kubernetes/components/pod-placement grants patch on pods)",
+            )
+        actions.resize_deployment_off(
+            self.api,
+            namespace=owner.namespace,
+            deployment=owner.name,
+            replicas=replicas,
+            leave=leave,
         )
 
     # --- SupportsHold ----------------------------------------------------------------------

@@ -74,9 +74,14 @@ class KubernetesConnectorConfig(BaseModel):
     node_agent_ca: Path | None = None
     # Place each pod of an elastic Indexed Job that Shaper resizes or starts on the node the
     # plan gives it (connectors.kubernetes.pod_placement: a scheduling gate the connector
-    # lifts). Needs patch on pods, which deploy/kubernetes/components/pod-placement grants
-    # (and sets this): off, the pods are pinned to the plan's nodes as a set, and the
-    # scheduler may stack pods smaller than a node otherwise than planned.
+    # lifts), and move a Deployment's replicas off the nodes a plan names (its shrink takes
+    # the pods there, marked with the lowest pod-deletion-cost: ``resize_off``; reported as
+    # ``replicas_movable``). Needs patch on pods, which
+    # deploy/kubernetes/components/pod-placement grants (and sets this), its admission
+    # policy holding the right to those two changes: off, the pods are pinned to the plan's
+    # nodes as a set, and the scheduler may stack pods smaller than a node otherwise than
+    # planned; a Deployment shrinks where its ReplicaSet chooses, and no plan moves its
+    # replicas.
     pod_placement: bool = False
 
     @field_validator("node_agent_url")

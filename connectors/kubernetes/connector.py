@@ -236,6 +236,7 @@ class KubernetesConnector(KubernetesCapabilities):
             gpu_model_aliases=self.config.gpu_model_aliases,
             include_cpu_only=self.config.include_cpu_only,
             submit_spec=self.submit_spec_reader(),
+            replica_moves=self.config.pod_placement,
         )
 
     def submit_spec_reader(self) -> Callable[[Mapping[str, Any]], SubmitSpec | None] | None:

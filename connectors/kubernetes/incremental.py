@@ -278,6 +278,7 @@ class JobReports:
             gpu_model_aliases=self.config.gpu_model_aliases,
             include_cpu_only=self.config.include_cpu_only,
             submit_spec=self.connector.submit_spec_reader(),
+            replica_moves=self.config.pod_placement,
         )
 
     def _translate_nodes(self, dirty: set[str]) -> None:

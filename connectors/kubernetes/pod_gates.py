@@ -206,8 +206,9 @@ def _patch_pod(
 
 def check_guard(api: client.ApiClient, namespace: str) -> Guard:
     """Whether the admission policy holds this connector: a server-side dry run of a label
-    added to a pod of ``namespace`` (the policy refuses any change but lifting the gate).
-    Unknown without a pod to try it on, or on any other answer."""
+    added to a pod of ``namespace`` (the policy refuses any change but lifting the gate and
+    a ReplicaSet pod's deletion cost). Unknown without a pod to try it on, or on any other
+    answer."""
     found = call(
         "list",
         f"pods in {namespace}",

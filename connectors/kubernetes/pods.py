@@ -21,6 +21,9 @@ per replica (from the pod template), ``replicas`` = ``spec.replicas`` or the pod
 GPUs now, whichever is more (a rolling update's surge holds GPUs too), and the range from
 the owner's annotations ``shaper.io/min-replicas`` / ``shaper.io/max-replicas`` — without
 them both are ``spec.replicas``: Shaper does not resize a service nobody declared elastic.
+A Deployment's replicas are ``replicas_movable`` when the connector's ``pod_placement`` is
+on (it may then choose which leave a node: connectors.kubernetes.capabilities
+``resize_off``); a StatefulSet's never.
 Everything else is a block job: ``gang_size`` = a Job's parallelism (capped by its
 completions) or the pods of the group; ``gpus_requested`` = GPUs per pod × gang size, never
 less than what the pods hold. An **elastic training job** is an Indexed Job whose
@@ -438,6 +441,9 @@ class TranslationContext:
     # A pending or running Job's spec for a move to another cluster
     # (connectors.kubernetes.submission); None: the connector reports none.
     submit_spec: Callable[[Mapping[str, Any]], SubmitSpec | None] | None = None
+    # Whether the connector can choose which of a Deployment's replicas leave a node (its
+    # ``pod_placement``: connectors.kubernetes.capabilities ``resize_off``).
+    replica_moves: bool = False
 
 
 def priorities(priority_classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], int]:
@@ -664,6 +670,8 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
             replicas=replicas,
             min_replicas=min(low, MAX_REPLICAS),
             max_replicas=min(high, MAX_REPLICAS),
+            # A StatefulSet drops its highest ordinals: nobody chooses which replicas go.
+            replicas_movable=context.replica_moves and group.owner.kind == "Deployment",
         )
         if holding == 0 and desired > 0 and state is JobState.pending and not reason:
             fields["reason"] = _unschedulable_reason(group.pods)[:255]

@@ -461,9 +461,12 @@ def test_the_node_drain_component_adds_only_patching_nodes(tmp_path: Path) -> No
 def test_the_pod_placement_component_adds_patching_pods_within_its_policy(
     tmp_path: Path,
 ) -> None:
-    """Each pod of an elastic Job on its planned node (connectors/kubernetes/pod_placement.py):
-    the right to patch pods, the admission policy that holds it to lifting the connector's
-    gate (tests/k8s/test_pod_placement_policy.py runs it), and the connector told to use it."""
+    """Each pod of an elastic Job on its planned node (connectors/kubernetes/pod_placement.py)
+    and a Deployment's replicas moved off named nodes (connectors/kubernetes/actions.py
+    resize_deployment_off): the right to patch pods, the admission policy that holds it to
+    lifting the connector's gate or setting a ReplicaSet's pod's deletion cost
+    (tests/k8s/test_kubernetes_pod_placement.py and test_kubernetes_replica_moves.py run
+    it), and the connector told to use it."""
     (tmp_path / "plain").mkdir()
     (tmp_path / "placing").mkdir()
     plain = render("overlays/kubernetes", tmp_path=tmp_path / "plain")
@@ -480,6 +483,16 @@ def test_the_pod_placement_component_adds_patching_pods_within_its_policy(
     ]
     policy = next(obj for obj in added if obj["kind"] == "ValidatingAdmissionPolicy")
     assert "':shaper-connector'" in policy["spec"]["matchConditions"][0]["expression"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods"] and rule["operations"] == ["UPDATE"]
+    # The two kinds of update it allows, and whose pods a deletion cost may go on.
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["gate"] == "'shaper.io/placement'"
+    assert variables["cost"] == "'controller.kubernetes.io/pod-deletion-cost'"
+    assert "'ReplicaSet'" in variables["ofAReplicaSet"]
+    validations = [v["expression"] for v in policy["spec"]["validations"]]
+    assert validations[0] == "variables.lift || variables.deletionCost"
     policy_binding = next(obj for obj in added if obj["kind"] == "ValidatingAdmissionPolicyBinding")
     assert policy_binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert policy_binding["spec"]["validationActions"] == ["Deny"]
