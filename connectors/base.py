@@ -86,11 +86,13 @@ class SupportsReplicaMoves(Protocol):
     named node (the ``resize`` step of a service whose plan frees GPUs on those nodes for
     other work: the replicas it moves come back where there is room once that work has
     them, app/shaping/cycle.py). Only the named nodes' replicas go; returns once they
-    have left their GPUs (deleted), so the work waiting on those GPUs can start.
-    Idempotent: a service already at ``replicas`` with no more than it keeps on each
-    named node is left as it is. A service whose scheduler would choose other replicas
-    (a StatefulSet drops its highest ordinals), or a node that holds fewer of its
-    replicas than ``leave`` says, raises a non-retryable ConnectorError saying so."""
+    have left their GPUs (deleted), so the work waiting on those GPUs can start. The
+    control plane sends it only with a shrink (``replicas`` below the service's size; a
+    move that keeps the size is a shrink, then a growth back: app/shaping/cycle.py), so a
+    service already at ``replicas`` is a resent step, left as it is. A service whose
+    scheduler would choose other replicas (a StatefulSet drops its highest ordinals), or
+    a node that holds fewer of its replicas than ``leave`` says, raises a non-retryable
+    ConnectorError saying so."""
 
     def resize_off(self, external_id: str, *, replicas: int, leave: dict[str, int]) -> None: ...
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.instance import Instance
+from solver.instance import Instance, Job
 from solver.plan import Action, ActionKind, Plan
 
 
@@ -115,26 +115,17 @@ def split_replica_moves(instance: Instance, plan: Plan) -> Plan:
     replicas itself is told only which replicas leave (connectors.base.SupportsReplicaMoves)
     and puts the returning ones where it likes; the second resize waits for the work the
     first made room for (``action_graph``), so they cannot land back where they left. Only
-    services that are ``migratable`` are split (the others' replicas never move); a move
-    that keeps none of the service's replicas where they are is not split (it would stop
-    the service while it waits: the control plane does not let such a service move,
-    app/shaping/snapshot.py). The plan is returned as it is when nothing is split."""
-    jobs = instance.job_by_id
+    services that are ``migratable`` are split (the others' replicas never move), and only
+    where the service keeps ``max(1, min_replicas)`` replicas meanwhile; a move that would
+    keep fewer is left whole, for ``unsplit_replica_moves`` to find (the greedy plans none
+    with ``SolverConfig.replica_moves_shrink_first``, as the control plane's solves do). The
+    plan is returned as it is when nothing is split."""
     actions: list[Action] = []
     for action in plan.actions:
-        job = jobs.get(action.job_id)
-        before, after = action.from_placement, action.to_placement
-        kept = {n: min(g, after.get(n, 0)) for n, g in before.items() if after.get(n, 0) > 0}
-        moves = (
-            action.kind is ActionKind.resize
-            and job is not None
-            and job.is_elastic
-            and job.migratable
-            and kept
-            and any(after.get(n, 0) < g for n, g in before.items())
-            and any(g > before.get(n, 0) for n, g in after.items())
-        )
-        if not moves or job is None:
+        job = _moving_service(instance, action)
+        kept = _kept(action)
+        floor = max(1, job.min_replicas) if job is not None else 1
+        if job is None or sum(kept.values()) // job.gpus_per_replica < floor:
             actions.append(action)
             continue
         shrunk = sum(kept.values()) // job.gpus_per_replica
@@ -143,6 +134,52 @@ def split_replica_moves(instance: Instance, plan: Plan) -> Plan:
     if len(actions) == len(plan.actions):
         return plan
     return plan.model_copy(update={"actions": actions})
+
+
+def unsplit_replica_moves(instance: Instance, plan: Plan) -> dict[int, str]:
+    """The actions (by index) that cannot be carried out as ``split_replica_moves`` would
+    (a move of a service's replicas that would keep fewer than ``max(1, min_replicas)``
+    where they are: shrinking first would stop it) and every action connected to one by
+    dependencies, with why: a plan defers them whole (``Solved.held``)."""
+    why: dict[int, str] = {}
+    for index, action in enumerate(plan.actions):
+        job = _moving_service(instance, action)
+        if job is not None:
+            why[index] = (
+                f"moving {job.id}'s replicas would leave it fewer than "
+                f"{max(1, job.min_replicas)} where they are while the work it makes room "
+                "for starts: not carried out"
+            )
+    if not why:
+        return {}
+    held: dict[int, str] = {}
+    for component in action_graph(instance, plan).components():
+        reasons = [why[i] for i in sorted(component) if i in why]
+        if reasons:
+            held.update(dict.fromkeys(component, reasons[0]))
+    return held
+
+
+def _moving_service(instance: Instance, action: Action) -> Job | None:
+    """The ``migratable`` service whose replicas ``action`` moves (off some nodes, onto
+    others), or None."""
+    job = instance.job_by_id.get(action.job_id)
+    before, after = action.from_placement, action.to_placement
+    moves = (
+        action.kind is ActionKind.resize
+        and job is not None
+        and job.is_elastic
+        and job.migratable
+        and any(after.get(n, 0) < g for n, g in before.items())
+        and any(g > before.get(n, 0) for n, g in after.items())
+    )
+    return job if moves else None
+
+
+def _kept(action: Action) -> dict[str, int]:
+    """What a resize keeps where it was: per node, the fewer GPUs of before and after."""
+    before, after = action.from_placement, action.to_placement
+    return {n: min(g, after.get(n, 0)) for n, g in before.items() if after.get(n, 0) > 0}
 
 
 def _cyclic(depends: list[set[int]]) -> frozenset[int]:

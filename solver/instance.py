@@ -198,7 +198,9 @@ class Job(_Frozen):
         description="may be moved to another node of its cluster by a migration; False: its "
         "scheduler cannot be told where it goes (Kueue, Ray): it may still be preempted or "
         "requeued, and moved to another cluster its ``clusters`` lists where "
-        "config.cross_cluster_migration allows (the target's scheduler places it)",
+        "config.cross_cluster_migration allows (the target's scheduler places it). A "
+        "service: its replicas may move to other nodes (config.replica_moves); False: its "
+        "connector cannot choose which replicas leave a node",
     )
     checkpoint_size_mib: int | None = Field(default=None, ge=0)
     last_checkpoint_time: float | None = None
@@ -554,6 +556,15 @@ class SolverConfig(_Frozen):
         "job that fits nowhere else (a replica holds no state to checkpoint: it restarts there); "
         "only services that are ``migratable`` (the control plane: those whose connector can "
         "choose which replicas leave a node, JobReport.replicas_movable)",
+    )
+    replica_moves_shrink_first: bool = Field(
+        default=False,
+        description="a service's replicas move as the control plane carries a move out on a "
+        "scheduler that places replicas itself: the service shrinks off the nodes it leaves "
+        "and grows back once the work it made room for runs "
+        "(solver.dependencies.split_replica_moves), so no move may leave it fewer than "
+        "max(1, min_replicas) replicas where they are; off: a move is instantaneous (the "
+        "simulator, which places replicas itself)",
     )
     lookahead: bool = Field(
         default=True,

@@ -149,7 +149,10 @@ def transition(
     Conflict, not a no-op.
 
     Approving an action approves the proposed actions it depends on (it could not run
-    without them), or is refused, naming them, when one of them can no longer run.
+    without them), or is refused, naming them, when one of them can no longer run; and a
+    later action of the same job that waits on one of those (a moved service's growth back,
+    ``solver.dependencies.split_replica_moves``), with what it depends on: approved alone,
+    the shrink would leave the service short until the proposal expired.
     Rejecting or cancelling one withdraws its dependency group: the unstarted actions
     connected to it (see ``ended``).
     """
@@ -158,7 +161,7 @@ def transition(
     before = action.state
     also_approved: list[int] = []
     if to is ActionState.approved:
-        for prerequisite in _prerequisites(session, action):
+        for prerequisite in _with_followers(session, action):
             state = ActionState(prerequisite.state)
             if state in UNDONE_ACTION_STATES:
                 raise Conflict(
@@ -521,6 +524,37 @@ def _give_back_reservation(
         session.flush()
         created.append(row_id(give_back))
     return created
+
+
+def _with_followers(session: Session, action: Action) -> list[Action]:
+    """``action``'s prerequisites (``_prerequisites``), and each proposed action of the same
+    plan and job as one of them or ``action`` that depends on it, with its own
+    prerequisites; ``action`` itself left out."""
+    found = {row_id(p): p for p in _prerequisites(session, action)}
+    todo = [action, *found.values()]
+    while todo:
+        leader = todo.pop()
+        if leader.job_id is None or leader.plan_id is None:
+            continue  # a node's or a job set's action: no job to follow
+        followers = session.exec(
+            select(Action).where(
+                Action.plan_id == leader.plan_id,
+                Action.job_id == leader.job_id,
+                col(Action.state) == ActionState.proposed.value,
+                Action.id != action.id,
+            )
+        ).all()
+        for follower in followers:
+            if row_id(leader) not in (follower.depends_on or []) or row_id(follower) in found:
+                continue
+            locked = lock_action(session, row_id(follower))
+            found[row_id(locked)] = locked
+            todo.append(locked)
+            for prerequisite in _prerequisites(session, locked):
+                if row_id(prerequisite) != action.id and row_id(prerequisite) not in found:
+                    found[row_id(prerequisite)] = prerequisite
+                    todo.append(prerequisite)
+    return [found[i] for i in sorted(found)]
 
 
 def _prerequisites(session: Session, action: Action) -> list[Action]:

@@ -88,7 +88,12 @@ from app.shaping.snapshot import (
 )
 from solver import Instance, SolverConfig, validate
 from solver import plan as sp
-from solver.dependencies import ActionGraph, action_graph, split_replica_moves
+from solver.dependencies import (
+    ActionGraph,
+    action_graph,
+    split_replica_moves,
+    unsplit_replica_moves,
+)
 from solver.objective import evaluate
 from solver.policies import get_policy
 from wire.telemetry import JobShape
@@ -339,8 +344,11 @@ def _solve(
     plan = get_policy(policy_name).plan(instance)
     violations = [str(v) for v in validate(instance, plan)]
     # Checked as the solver made it; carried out as a scheduler can (the replicas a
-    # service moves come back once the work they made room for runs).
-    return Solved(snapshot, instance, split_replica_moves(instance, plan), violations, policy_name)
+    # service moves come back once the work they made room for runs), and a move that
+    # would stop a service meanwhile deferred with what depends on it.
+    plan = split_replica_moves(instance, plan)
+    held = unsplit_replica_moves(instance, plan)
+    return Solved(snapshot, instance, plan, violations, policy_name, held=held)
 
 
 # -- open plans ------------------------------------------------------------------------
@@ -764,10 +772,11 @@ def _add_actions(
             kind, action.from_placement, action.to_placement, snapshot.scheduler, training
         )
         if reserving and taken:
+            held = seen[job, ActionKind.reserve] = seen.get((job, ActionKind.reserve), 0) + 1
             holds[index] = new(
                 ActionKind.reserve,
                 job,
-                "reserve",
+                "reserve" if held == 1 else f"reserve:{held}",
                 target_node=_nodes(taken),
                 target_placement=_local_placement(taken),
             )

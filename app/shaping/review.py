@@ -6,7 +6,9 @@ their prerequisites) still apply while:
 
 1. every job they act on still exists and is where the plan found it: a start's or a
    reservation's job still pending, a migration's, preemption's, requeue's or resize's job
-   still holding exactly the GPUs the plan took from it (``source_placement``);
+   still holding exactly the GPUs the plan took from it (``source_placement``) — or, for a
+   job's later action in the plan (a moved service's growth back), those an earlier live
+   action of the job starts from, which it follows;
 2. every node they put work on is still ``up``;
 3. on every such node, the GPUs free now plus those the plan's unfinished actions will
    still free cover what its unfinished actions will still take: nobody outside the plan
@@ -56,7 +58,12 @@ def held_by_job(row: JobRow) -> dict[str, int]:
     return held
 
 
-def _job_check(action: Action, row: JobRow | None, name: str | None) -> str | None:
+def _job_check(
+    action: Action,
+    row: JobRow | None,
+    name: str | None,
+    earlier: list[dict[str, int]] | None = None,
+) -> str | None:
     if row is None:
         # Only live jobs are in the snapshot: the job has ended, or vanished from the
         # scheduler's view (telemetry marks such a job finished). Named, since the reason
@@ -70,7 +77,7 @@ def _job_check(action: Action, row: JobRow | None, name: str | None) -> str | No
         if held and held != action.target_placement:
             return f"job {row.external_id} already runs on {','.join(sorted(held))}"
         return None
-    if held != action.source_placement:
+    if held != action.source_placement and held not in (earlier or []):
         now = ",".join(f"{n}:{g}" for n, g in sorted(held.items())) or "no GPUs"
         then = ",".join(f"{n}:{g}" for n, g in sorted(action.source_placement.items()))
         return f"job {row.external_id} now holds {now}; the plan found it on {then or 'none'}"
@@ -133,15 +140,20 @@ def review_plan(
             )
             for action in node_takers:
                 why.setdefault(row_id(action), message)
-    for action in live:
+    # Per job, the source placements of its live actions so far, in plan order.
+    sources: dict[int | None, list[dict[str, int]]] = {}
+    for action in sorted(live, key=row_id):
         if ActionKind(action.kind) is ActionKind.unreserve:
             continue  # giving GPUs back always applies
+        earlier = sources.setdefault(action.job_id, [])
         if ActionState(action.state) in UNSTARTED:
             row = jobs.get(action.job_id) if action.job_id is not None else None
             name = (job_names or {}).get(action.job_id) if action.job_id is not None else None
-            problem = _job_check(action, row, name)
+            problem = _job_check(action, row, name, list(earlier))
             if problem is not None:
                 why.setdefault(row_id(action), problem)
+        if ActionKind(action.kind) is not ActionKind.reserve:
+            earlier.append(dict(action.source_placement))
     for component in action_service.dependency_groups(actions):
         failing = [a for a in component if row_id(a) in why]
         if not failing:

@@ -572,11 +572,18 @@ def to_instance(
     # A service's replicas move only where its connector can choose which of them leave a
     # node (JobReport.replicas_movable: the resize step names the nodes, and the replicas
     # come back where the scheduler puts them once the work they made room for runs,
-    # solver.dependencies.split_replica_moves); the others' flag keeps them where they
-    # are. Off when no service can: the cluster's plans stay those it had before.
+    # solver.dependencies.split_replica_moves), and none so that a service keeps fewer
+    # than max(1, min_replicas) replicas meanwhile (``replica_moves_shrink_first``); the
+    # others' flag keeps them where they are. Off when no service can: the cluster's plans
+    # stay those it had before.
     movable = any(row.replicas_movable for row in snapshot.jobs if row.shape == JobShape.elastic)
     config = config or si.SolverConfig()
-    config = config.model_copy(update={"replica_moves": movable and config.replica_moves})
+    config = config.model_copy(
+        update={
+            "replica_moves": movable and config.replica_moves,
+            "replica_moves_shrink_first": True,
+        }
+    )
     if not pinnable:
         # Planned alone, its jobs' flag says as much; the config says it too, so that the
         # cluster's plans stay byte for byte those it had before the flag (with migration
@@ -682,10 +689,8 @@ def _solver_job(
         expected_runtime_s=runtime,
         checkpointable=row.checkpointable,
         # A service: whether its replicas may move (solver.greedy.defragmentation): only
-        # where its connector can choose which leave a node, and not a service on one node
-        # alone (it would be down while the work it made room for starts:
-        # solver.dependencies.split_replica_moves).
-        migratable=migratable and (not elastic or (row.replicas_movable and len(placement) > 1)),
+        # where its connector can choose which leave a node.
+        migratable=migratable and (not elastic or row.replicas_movable),
         last_moved_at=row.last_moved_at.timestamp() if row.last_moved_at else None,
         migrations_today=row.migrations_today,
         preemptions_today=row.preemptions_today,

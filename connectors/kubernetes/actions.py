@@ -290,16 +290,19 @@ def _mark_leaving(
     what: str,
 ) -> list[dict[str, Any]]:
     """Mark the pods that leave (:func:`pick_leaving`; an earlier step's marks on others
-    taken off); the pods marked. Non-retryable, before any change, when the shrink is not
-    what ``leave`` takes off (only the named nodes' replicas go), when a rollout runs (the
-    Deployment's pods are of several ReplicaSets, which a scale shrinks in proportion),
-    when a named node holds fewer of its replicas, or when pods the ReplicaSet deletes
-    first would go instead (:func:`leaving_blocker`)."""
+    taken off); the pods marked. Non-retryable, before any change, when the shrink removes
+    fewer replicas than ``leave`` takes off, when a rollout runs (the Deployment's pods are
+    of several ReplicaSets, which a scale shrinks in proportion) or when a named node holds
+    fewer of its replicas; retryable ("not yet") when pods the ReplicaSet deletes first
+    (not placed, pending, not ready) would go instead (:func:`leaving_blocker`): they may
+    be running and ready at the next try. A shrink that removes more than ``leave`` (the
+    Deployment asks for replicas the control plane did not see running) is let through:
+    the ReplicaSet takes those pods not running first, then the marked ones."""
     moving = sum(leave.values())
-    if desired - replicas != moving:
+    if desired - replicas < moving:
         raise ConnectorError(
             f"cannot {what}: it has {desired} replica(s), and a scale to {replicas} "
-            f"removes {desired - replicas}, not the {moving} to move",
+            f"removes {desired - replicas}, fewer than the {moving} to move",
             retryable=False,
         )
     staying = [pod for pod in pods if _active(pod)]
@@ -313,7 +316,7 @@ def _mark_leaving(
     chosen = pick_leaving(staying, leave, what=what)
     blocker = leaving_blocker(staying, chosen, replicas=replicas)
     if blocker:
-        raise ConnectorError(f"cannot {what}: {blocker}", retryable=False)
+        raise ConnectorError(f"not yet: {what}: {blocker}", retryable=True)
     chosen_names = {_name(pod) for pod in chosen}
     _unmark(api, namespace, [p for p in staying if _marked(p) and _name(p) not in chosen_names])
     return [

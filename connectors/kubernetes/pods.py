@@ -21,9 +21,10 @@ per replica (from the pod template), ``replicas`` = ``spec.replicas`` or the pod
 GPUs now, whichever is more (a rolling update's surge holds GPUs too), and the range from
 the owner's annotations ``shaper.io/min-replicas`` / ``shaper.io/max-replicas`` — without
 them both are ``spec.replicas``: Shaper does not resize a service nobody declared elastic.
-A Deployment's replicas are ``replicas_movable`` when the connector's ``pod_placement`` is
-on (it may then choose which leave a node: connectors.kubernetes.capabilities
-``resize_off``); a StatefulSet's never.
+A Deployment declared elastic (either annotation) has ``replicas_movable`` replicas when
+the connector's ``pod_placement`` is on (it may then choose which leave a node:
+connectors.kubernetes.capabilities ``resize_off``); a StatefulSet's never, nor those of a
+Deployment nobody declared elastic (a move shrinks it first).
 Everything else is a block job: ``gang_size`` = a Job's parallelism (capped by its
 completions) or the pods of the group; ``gpus_requested`` = GPUs per pod × gang size, never
 less than what the pods hold. An **elastic training job** is an Indexed Job whose
@@ -661,6 +662,7 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
         replicas = min(MAX_REPLICAS, max(desired, holding))
         low = _int_annotation(annotations, MIN_REPLICAS_ANNOTATION)
         high = _int_annotation(annotations, MAX_REPLICAS_ANNOTATION)
+        declared = low is not None or high is not None
         low = desired if low is None else low
         high = max(desired if high is None else high, low)
         fields.update(
@@ -671,7 +673,10 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
             min_replicas=min(low, MAX_REPLICAS),
             max_replicas=min(high, MAX_REPLICAS),
             # A StatefulSet drops its highest ordinals: nobody chooses which replicas go.
-            replicas_movable=context.replica_moves and group.owner.kind == "Deployment",
+            # A move shrinks the service first: only one declared elastic may dip.
+            replicas_movable=context.replica_moves
+            and group.owner.kind == "Deployment"
+            and declared,
         )
         if holding == 0 and desired > 0 and state is JobState.pending and not reason:
             fields["reason"] = _unschedulable_reason(group.pods)[:255]

@@ -389,11 +389,23 @@ class SimCluster:
             self._start(job, placement)
 
     def _place_service(self, job: SimJob) -> None:
+        """The service at its ``replicas``: a shrink drops replicas from its last nodes, a
+        growth keeps those running where they are and places the new ones where they fit
+        (as a ReplicaSet does: running pods never move)."""
+        per_replica = job.report.gpus_requested
+        placement = {node: list(indices) for node, indices in sorted(job.placement.items())}
+        excess = sum(map(len, placement.values())) // per_replica - job.report.replicas
+        for node in reversed(list(placement)):
+            while excess > 0 and len(placement[node]) >= per_replica:
+                placement[node] = placement[node][:-per_replica]
+                excess -= 1
+        placement = {node: indices for node, indices in placement.items() if indices}
         free = self.free()
         for node, indices in job.placement.items():
             free[node] = sorted(set(free[node]) | set(indices))
-        placement: dict[str, list[int]] = {}
-        for _ in range(job.report.replicas):
+        for node, indices in placement.items():
+            free[node] = [i for i in free[node] if i not in indices]
+        for _ in range(job.report.replicas - sum(map(len, placement.values())) // per_replica):
             got = self._fit(job.report.gpus_requested, free, None, [], job.id)
             if not got:
                 break

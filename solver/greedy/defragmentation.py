@@ -24,7 +24,9 @@ budget; each service moves at most once a cycle, not while an action is in fligh
 and not when work was stopped or moved to make room for it. Without this, one replica of
 each of two services on two nodes keeps a whole-node gang waiting with 14 of 16 GPUs free
 until demand changes. A service that is not ``migratable`` (its connector cannot choose
-which of its replicas leave a node) is not relocatable.
+which of its replicas leave a node) is not relocatable, and with
+``config.replica_moves_shrink_first`` (the control plane's) no move leaves a service fewer
+than ``max(1, min_replicas)`` replicas where they are (``_would_stop_a_service``).
 """
 
 from __future__ import annotations
@@ -322,6 +324,8 @@ class Defragmentation:
         old rule (it only rearranges what is held)."""
         ledger = self.ledger
         state = ledger.state
+        if ledger.config.replica_moves_shrink_first and self._would_stop_a_service(chosen):
+            return None
         mark = state.mark()
         evicted: list[tuple[Job, dict[int, int]]] = []
         held_before: dict[str, dict[int, int]] = {}
@@ -422,6 +426,29 @@ class Defragmentation:
                 )
         ledger.epoch += 1
         return placement
+
+    def _would_stop_a_service(self, chosen: list[tuple[int, list[Job]]]) -> bool:
+        """Whether emptying ``chosen`` would move so many of a service's replicas that
+        fewer than ``max(1, min_replicas)`` stay where they are. A scheduler that places
+        replicas itself is told only which leave (connectors.base.SupportsReplicaMoves):
+        the service shrinks first and grows back once the work made room for has its GPUs
+        (solver.dependencies.split_replica_moves), so what stays is all it runs meanwhile."""
+        state = self.ledger.state
+        leaving: dict[str, int] = {}
+        services: dict[str, Job] = {}
+        for node, residents in chosen:
+            for resident in residents:
+                if resident.is_elastic:
+                    services[resident.id] = resident
+                    leaving[resident.id] = leaving.get(resident.id, 0) + state.held(
+                        resident.id
+                    ).get(node, 0)
+        for service_id, gpus in leaving.items():
+            service = services[service_id]
+            held = sum(state.held(service_id).values())
+            if (held - gpus) // service.gpus_per_replica < max(1, service.min_replicas):
+                return True
+        return False
 
     def _pays(
         self,

@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from app.actions import local, saga, tasks
+from app.actions import service as action_service
 from app.actions.models import Action, ActionKind, ActionState
 from app.actions.router import get_dispatcher
 from app.clusters import service as cluster_service
@@ -348,30 +349,22 @@ def test_a_plan_holds_all_its_gpus_before_any_of_its_actions_lets_the_queue_move
     assert states["filler"] == ("pending", [])  # the plan's GPUs were not its to take
 
 
+@pytest.mark.parametrize("mode", [ShapingMode.enforce, ShapingMode.advise])
 def test_a_services_replica_moves_off_a_node_for_a_gang_and_comes_back_after_it(
-    site_factory: Any, committed_engine: Engine
+    site_factory: Any, committed_engine: Engine, mode: ShapingMode
 ) -> None:
     """A service runs one 2-GPU replica on each node; b also runs a 4-GPU job that cannot
     checkpoint, so the 8-GPU job fits only on a, once the service's replica there has
     gone. The plan moves that replica to b; carried out as the scheduler can: the service
     shrinks off a (the connector names the node), the big job starts there, then the
-    service grows back to two replicas, which can only land on b."""
+    service grows back to two replicas, which can only land on b. A cycle that runs before
+    any of it has (the service still on a and b, where the growth back does not start
+    from) leaves the plan standing."""
     site = site_factory(
-        mode=ShapingMode.enforce,
+        mode=mode,
         services=(ServiceSpec(name="svc", peak_replicas=2, gpus_per_replica=2),),
     )
-    service = site.cluster.jobs["svc"]
-    service.resized = True  # its own autoscaler leaves it to Shaper from now on
-    service.placement = {"a": [0, 1], "b": [0, 1]}
-    fixed = _report("fixed", 4, submitted=T0).model_copy(update={"checkpointable": False})
-    site.cluster.submit(fixed, timedelta(hours=8))
-    site.cluster.requeue("fixed", nodes=["b"])
-    site.clock.now = T0 + timedelta(minutes=30)
-    site.cluster.submit(
-        _report("big", 8, submitted=site.clock.now, priority=50), timedelta(hours=2)
-    )
-    assert site.states()["fixed"] == ("running", ["b"])
-    assert site.states()["big"] == ("pending", [])
+    _service_in_the_way(site)
 
     result = site.cycle()
     actions = site.actions(result.plan_id)
@@ -386,6 +379,16 @@ def test_a_services_replica_moves_off_a_node_for_a_gang_and_comes_back_after_it(
     assert {shrink.id, start.id} <= set(back.depends_on)
     assert back.idempotency_key.endswith(":resize:2")
 
+    site.clock.now += timedelta(seconds=30)
+    site.cycle()
+    assert {a.state for a in site.actions(result.plan_id)} == {
+        ActionState.approved if mode is ShapingMode.enforce else ActionState.proposed
+    }
+    if mode is ShapingMode.advise:
+        with Session(committed_engine) as session:
+            plan_service.decide_plan(
+                session=session, plan_id=result.plan_id, approve=True, by="operator", now=T0
+            )
     site.run_sagas()
     done = {a.id: a for a in site.actions(result.plan_id)}
     assert {a.state for a in done.values()} == {ActionState.succeeded}, [
@@ -398,3 +401,46 @@ def test_a_services_replica_moves_off_a_node_for_a_gang_and_comes_back_after_it(
     assert states["svc"] == ("running", ["b"])  # back to two replicas, both on b
     assert site.cluster.jobs["svc"].report.replicas == 2
     assert len(site.cluster.jobs["svc"].placement["b"]) == 4
+
+
+def _service_in_the_way(site: Site) -> None:
+    """The service's replicas one on a and one on b; b also runs a 4-GPU job that cannot
+    checkpoint; an 8-GPU job waits."""
+    service = site.cluster.jobs["svc"]
+    service.resized = True  # its own autoscaler leaves it to Shaper from now on
+    service.placement = {"a": [0, 1], "b": [0, 1]}
+    fixed = _report("fixed", 4, submitted=T0).model_copy(update={"checkpointable": False})
+    site.cluster.submit(fixed, timedelta(hours=8))
+    site.cluster.requeue("fixed", nodes=["b"])
+    site.clock.now = T0 + timedelta(minutes=30)
+    site.cluster.submit(
+        _report("big", 8, submitted=site.clock.now, priority=50), timedelta(hours=2)
+    )
+    assert site.states()["fixed"] == ("running", ["b"])
+    assert site.states()["big"] == ("pending", [])
+
+
+@pytest.mark.parametrize("approved", [ActionKind.start, ActionKind.resize])
+def test_approving_part_of_a_replica_move_approves_the_growth_back_too(
+    site_factory: Any, committed_engine: Engine, approved: ActionKind
+) -> None:
+    """An operator who approves the big job's start (or the service's shrink) approves what
+    it waits for and the service's growth back: approved alone, the shrink would leave the
+    service short until the proposal expired."""
+    site = site_factory(services=(ServiceSpec(name="svc", peak_replicas=2, gpus_per_replica=2),))
+    _service_in_the_way(site)
+    result = site.cycle()
+    first = next(a for a in site.actions(result.plan_id) if a.kind == approved)
+    with Session(committed_engine) as session:
+        action_service.transition(
+            session=session, action_id=first.id, to=ActionState.approved, by="operator", now=T0
+        )
+    assert {(a.kind, a.state) for a in site.actions(result.plan_id)} == {
+        (ActionKind.resize, ActionState.approved),
+        (ActionKind.start, ActionState.approved),
+        (ActionKind.reserve, ActionState.approved),
+    }
+    site.run_sagas()
+    assert {a.state for a in site.actions(result.plan_id)} == {ActionState.succeeded}
+    assert site.states()["big"] == ("running", ["a"])
+    assert site.cluster.jobs["svc"].report.replicas == 2

@@ -74,9 +74,9 @@ def test_replicas_move_only_where_a_connector_can_choose_which_leave(
     client: TestClient, auth: dict, session: Session, clock: FrozenClock
 ) -> None:
     """The lever is on only for a cluster with a service whose connector says it can choose
-    which replicas leave a node (JobReport.replicas_movable), and only such a service on
-    two nodes or more may move: one on a single node would be down while the work it made
-    room for starts."""
+    which replicas leave a node (JobReport.replicas_movable), only such a service may move,
+    and never so far that it keeps fewer than max(1, min_replicas) replicas where they are
+    while the work it made room for starts (``replica_moves_shrink_first``)."""
     taken = take_snapshot(session=session, cluster_name="alpha", now=clock.now())
     assert not to_instance(taken).config.replica_moves  # no service says it can
 
@@ -111,11 +111,10 @@ def test_replicas_move_only_where_a_connector_can_choose_which_leave(
     assert movable["spread"] and movable["solo"] and not movable["fixed"]
     taken = take_snapshot(session=session, cluster_name="alpha", now=clock.now())
     instance = to_instance(taken)
-    assert instance.config.replica_moves
+    assert instance.config.replica_moves and instance.config.replica_moves_shrink_first
     assert not to_instance(taken, config=SolverConfig(replica_moves=False)).config.replica_moves
     jobs_by_id = instance.job_by_id
-    assert jobs_by_id["alpha/spread"].migratable
-    assert not jobs_by_id["alpha/solo"].migratable
+    assert jobs_by_id["alpha/spread"].migratable and jobs_by_id["alpha/solo"].migratable
     assert not jobs_by_id["alpha/fixed"].migratable
     assert jobs_by_id["alpha/j1"].migratable  # block jobs as their scheduler allows
 

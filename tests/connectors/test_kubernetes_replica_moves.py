@@ -160,32 +160,43 @@ def test_the_connectors_can_move_replicas_but_only_a_deployments_with_pod_placem
     assert not refused.value.retryable and "pod_placement" in str(refused.value)
 
 
-def deployment(name: str = "llm", kind: str = "Deployment") -> dict[str, Any]:
+def deployment(
+    name: str = "llm", kind: str = "Deployment", *, elastic: bool = True
+) -> dict[str, Any]:
+    """A Deployment (or StatefulSet) of two replicas, declared elastic up to four."""
     template = {"spec": replica("t", None)["spec"]}
+    annotations = {"shaper.io/max-replicas": "4"} if elastic else {}
     return {
         "apiVersion": "apps/v1",
         "kind": kind,
-        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": f"uid-{name}",
+            "annotations": annotations,
+        },
         "spec": {"replicas": 2, "template": template},
     }
 
 
 @pytest.mark.parametrize(
-    ("kind", "replica_moves", "movable"),
+    ("kind", "replica_moves", "elastic", "movable"),
     [
-        ("Deployment", True, True),
-        ("Deployment", False, False),
-        ("StatefulSet", True, False),
+        ("Deployment", True, True, True),
+        ("Deployment", False, True, False),
+        # Nobody declared it elastic: a move, which shrinks it first, is not Shaper's to make.
+        ("Deployment", True, False, False),
+        ("StatefulSet", True, True, False),
     ],
 )
 def test_a_deployments_replicas_are_movable_with_the_connectors_pod_placement(
-    kind: str, replica_moves: bool, movable: bool
+    kind: str, replica_moves: bool, elastic: bool, movable: bool
 ) -> None:
     pods = [replica("llm-abc-1", "n1"), replica("llm-abc-2", "n2")]
     if kind == "StatefulSet":
         for pod in pods:
             pod["metadata"]["ownerReferences"][0].update(kind="StatefulSet", name="llm")
-    groups = group_pods(pods, {kind: [deployment(kind=kind)]})
+    groups = group_pods(pods, {kind: [deployment(kind=kind, elastic=elastic)]})
     context = TranslationContext(node_states=NODES, replica_moves=replica_moves)
     report = job_report(groups[f"ml/{kind.lower()}/llm"], context)
     assert report is not None and report.replicas == 2

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from solver.dependencies import action_graph, gpu_changes, split_replica_moves
+from solver.dependencies import (
+    action_graph,
+    gpu_changes,
+    split_replica_moves,
+    unsplit_replica_moves,
+)
 from solver.instance import GpuModel, Instance, Job, JobShape, Node
 from solver.plan import Action, ActionKind, Plan, Reason, ReasonCode
 
@@ -169,3 +174,33 @@ def test_a_jobs_second_action_waits_for_its_first_even_without_gpus_between_them
         ],
     )
     assert action_graph(_instance(service), plan).depends_on == ((), (0,))
+
+
+def test_a_move_that_would_stop_a_service_is_held_with_what_depends_on_it() -> None:
+    """Every replica leaving (or fewer than min_replicas staying) cannot shrink first: the
+    move and the gang start it makes room for are held whole; other actions go on."""
+    service = _service("svc", {"n0": 2, "n1": 2}).model_copy(update={"min_replicas": 2})
+    instance = _instance(
+        service, _running("other", "n0", 6), _pending("gang", 8), _pending("small", 2)
+    )
+    plan = Plan(
+        policy="test",
+        actions=[
+            _action(ActionKind.resize, "svc", {"n0": 2, "n1": 2}, {"n1": 2, "n2": 2}),
+            _action(ActionKind.migrate, "other", {"n0": 6}, {"n1": 6}),
+            _action(ActionKind.start, "gang", {}, {"n0": 8}),
+            _action(ActionKind.start, "small", {}, {"n2": 2}),
+        ],
+    )
+    assert split_replica_moves(instance, plan) is plan  # one would stay: min is 2
+    held = unsplit_replica_moves(instance, plan)
+    assert sorted(held) == [0, 1, 2]
+    assert "fewer than 2 where they are" in held[2]
+    moved_whole = plan.model_copy(
+        update={"actions": [_action(ActionKind.resize, "svc", {"n0": 2, "n1": 2}, {"n2": 4})]}
+    )
+    assert (
+        "fewer than 1"
+        in unsplit_replica_moves(_instance(_service("svc", {"n0": 2, "n1": 2})), moved_whole)[0]
+    )
+    assert unsplit_replica_moves(instance, Plan(policy="test")) == {}

@@ -4,6 +4,8 @@ else, so that the simulator's ablation rows attribute every gain."""
 
 from __future__ import annotations
 
+import pytest
+
 from solver.plan import ActionKind, ReasonCode
 from solver.policies import get_policy
 from solver.validate import validate
@@ -68,6 +70,34 @@ def test_service_replicas_move_to_empty_a_node_for_a_gang() -> None:
     off = FAST.model_copy(update={"replica_moves": False})
     kinds = _kinds(instance(nodes, jobs, config=off))
     assert ActionKind.start not in kinds and ActionKind.resize not in kinds
+
+
+@pytest.mark.parametrize(
+    ("chat", "moves"),
+    [
+        # One replica on a: moving it would stop the service while the gang starts.
+        ({"a": 1}, False),
+        # Two, one on a and one on b: the one on b stays, the one on a may go.
+        ({"a": 1, "b": 1}, True),
+    ],
+)
+def test_shrinking_first_a_move_keeps_a_replica_where_it_is(
+    chat: dict[str, int], moves: bool
+) -> None:
+    """``replica_moves_shrink_first`` (the control plane's): a move is a shrink, then the
+    growth back once the gang runs, so the service must keep a replica meanwhile."""
+    jobs = [
+        service("chat", (len(chat),), chat, preemptible=False),
+        service("embed", (1,), {"b": 1}, preemptible=False),
+        job("gang", 8),
+    ]
+    nodes = [node("a"), node("b"), node("c", gpus=2)]
+    config = FAST.model_copy(update={"replica_moves_shrink_first": True})
+    plan = get_policy("shaper").plan(instance(nodes, jobs, config=config))
+    assert ("gang" in plan.placement) is moves, plan.placement
+    if moves:
+        assert plan.placement["gang"] == {"a": 8}
+        assert "a" not in plan.placement["chat"] and plan.placement["chat"].get("b") == 1
 
 
 def test_without_migration_a_frozen_resident_is_not_blamed_on_the_budget() -> None:
