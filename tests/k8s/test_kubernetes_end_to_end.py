@@ -34,6 +34,7 @@ from tests.k8s.objects import (
     inference_deployment,
     running_pods,
 )
+from tests.k8s.test_kubernetes_replica_moves import ready_pods, spread_service
 from tests.support.deployment import deployment as deployment_of
 from tests.support.plans import planned_actions, stored_plan, wait_until_settled
 
@@ -44,6 +45,8 @@ OTHER = "k8s-other"
 # The same control plane through the plain Kubernetes connector: Kueue cannot be told where
 # a job goes, so the solver plans no move or resize on a Kueue cluster (app.shaping.snapshot).
 PLAIN = "k8s-plain"
+# The plain connector with pod_placement on: it may move a Deployment's replicas.
+MOVES = "k8s-moves"
 WAIT_S = 90.0
 
 
@@ -58,13 +61,19 @@ def deployment(
     with deployment_of(
         root=root,
         database_url=make_postgres_database("k8s_e2e"),
-        clusters=[(CLUSTER, "kueue"), (OTHER, "kueue"), (PLAIN, "kubernetes")],
+        clusters=[
+            (CLUSTER, "kueue"),
+            (OTHER, "kueue"),
+            (PLAIN, "kubernetes"),
+            (MOVES, "kubernetes"),
+        ],
         scopes=[
             "operator",
             "viewer",
             f"connector:{CLUSTER}",
             f"connector:{OTHER}",
             f"connector:{PLAIN}",
+            f"connector:{MOVES}",
         ],
         # the tests store their plans; no cycle replaces them
         env={"SHAPER_CYCLE_PERIOD_S": "86400"},
@@ -389,6 +398,107 @@ def test_the_cycle_shrinks_an_elastic_indexed_job_for_a_higher_priority_one(
                 and (u := _job(deployment, urgent_id, PLAIN))
                 and {a["node"] for a in u["allocations"]} == {freed}
             ),
+        )
+    finally:
+        for name in created:
+            scheduling.delete_priority_class(name)
+
+
+def test_the_cycle_moves_a_services_replica_off_the_node_a_job_needs(
+    deployment: dict[str, Any], kube: Kube, k8s_cluster: K8sCluster
+) -> None:
+    """A service's two 1-GPU replicas run on two of the three nodes (P and Q); Q and the
+    third node R each run a 7-GPU Job of higher priority that cannot checkpoint; a held
+    8-GPU Job fits only on P once the replica there has gone. The shaping cycle, from the
+    telemetry of a connector with ``pod_placement``, plans the replica's move: the service
+    shrinks off P (the connector marks that pod), the Job starts on P, then the service
+    grows back to two replicas, which the scheduler can only put on R. Approved through
+    the API, the connector process carries it out. (Priority classes that preempt
+    nothing: the scheduler's own priority preemption would otherwise act first.)"""
+    scheduling = client.SchedulingV1Api(kube.api)
+    suffix = kube.namespace
+    classes = {f"fill-{suffix}": 90, f"gang-{suffix}": 50}
+    created: list[str] = []
+    try:
+        for name, value in classes.items():
+            scheduling.create_priority_class(
+                client.V1PriorityClass(
+                    metadata=client.V1ObjectMeta(name=name), value=value, preemption_policy="Never"
+                )
+            )
+            created.append(name)
+        deployment["pipeline"].start_connector(
+            "kubernetes",
+            MOVES,
+            deployment["base"],
+            f"kubeconfig={k8s_cluster.kubeconfig}",
+            f'namespaces=["{kube.namespace}"]',
+            "pod_placement=true",
+            interval_s=5,
+        )
+        wait_for("the cluster's GPUs free", lambda: not gpu_pods_anywhere(kube), timeout=WAIT_S)
+        kube.apps.create_namespaced_deployment(kube.namespace, spread_service("svc", replicas=2))
+        placed = wait_for("svc's 2 replicas, on two nodes", lambda: ready_pods(kube, "svc", 2))
+        nodes = sorted(
+            {n.metadata.name for n in kube.core.list_node(label_selector="type=kwok").items}
+        )
+        p, q = sorted(placed.values())
+        (r,) = set(nodes) - {p, q}
+        for node in (q, r):
+            filler = gpu_job(f"fill-{node}", gpus=GPUS_PER_NODE - 1, checkpointable=False)
+            filler.spec.template.spec.node_selector = {"kubernetes.io/hostname": node}
+            filler.spec.template.spec.priority_class_name = f"fill-{suffix}"
+            kube.batch.create_namespaced_job(kube.namespace, filler)
+        wait_for(
+            "both fillers running",
+            lambda: all(running_pods(kube, f"fill-{node}") for node in (q, r)),
+        )
+        big = gpu_job("big", gpus=GPUS_PER_NODE, checkpointable=False)
+        big.spec.suspend = True
+        big.spec.template.spec.priority_class_name = f"gang-{suffix}"
+        kube.batch.create_namespaced_job(kube.namespace, big)
+        service_id, big_id = (f"{kube.namespace}/{k}" for k in ("deployment/svc", "job/big"))
+        wait_for(
+            "the API to show the service on P and Q, movable, and the big job waiting",
+            lambda: (
+                (svc := _job(deployment, service_id, MOVES))
+                and svc["replicas_movable"]
+                and {a["node"] for a in svc["allocations"]} == {p, q}
+                and (b := _job(deployment, big_id, MOVES))
+                and b["state"] == "pending"
+                and all(
+                    (f := _job(deployment, f"{kube.namespace}/job/fill-{node}", MOVES))
+                    and f["state"] == "running"
+                    for node in (q, r)
+                )
+            ),
+        )
+        engine = deployment["pipeline"].engine
+        with Session(engine) as session:
+            result = run_cycle(
+                session=session, cluster_name=MOVES, now=datetime.now(UTC), policy="shaper"
+            )
+        assert result.actions and not result.violations, result
+        planned = planned_actions(engine, result.plan_id)
+        resizes = [a for a, job in planned if job == service_id and a.kind == ActionKind.resize]
+        (start,) = [a for a, job in planned if job == big_id and a.kind == ActionKind.start]
+        assert [(a.source_placement, a.target_placement, a.target_replicas) for a in resizes] == [
+            ({p: 1, q: 1}, {q: 1}, 1),
+            ({q: 1}, {q: 1, r: 1}, 2),
+        ]
+        assert start.target_placement == {p: GPUS_PER_NODE}
+        assert {a.kind for a, _ in planned} == {ActionKind.resize, ActionKind.start}
+
+        states = _approve_plan_and_wait(deployment, [result.plan_id, *(a.id for a, _ in planned)])
+        assert set(states.values()) == {"succeeded"}, states
+        wait_for(
+            "the big job on P and the service back at two replicas, on Q and R",
+            lambda: (
+                [pod.spec.node_name for pod in running_pods(kube, "big")] == [p]
+                and (now := ready_pods(kube, "svc", 2)) is not None
+                and sorted(now.values()) == sorted([q, r])
+            ),
+            timeout=WAIT_S,
         )
     finally:
         for name in created:
