@@ -576,7 +576,10 @@ def to_instance(
     # than max(1, min_replicas) replicas meanwhile (``replica_moves_shrink_first``); the
     # others' flag keeps them where they are. Off when no service can: the cluster's plans
     # stay those it had before.
-    movable = any(row.replicas_movable for row in snapshot.jobs if row.shape == JobShape.elastic)
+    # (Not on a scheduler that cannot be told where a job goes: its services never move.)
+    movable = pinnable and any(
+        row.replicas_movable for row in snapshot.jobs if row.shape == JobShape.elastic
+    )
     config = config or si.SolverConfig()
     config = config.model_copy(
         update={

@@ -185,8 +185,33 @@ def test_no_migration_is_planned_where_the_scheduler_cannot_be_told_where_a_job_
     """Kueue admits and the scheduler places: the defragmenting move planned on Slurm
     above would be refused there after its checkpoint had stopped the job."""
     _fragmented(client, auth, scheduler="kueue")
+    # A service its connector could shrink off named nodes moves no more than a job does.
+    movable = job(
+        "svc",
+        shape="elastic",
+        state="running",
+        gpus_requested=1,
+        min_replicas=1,
+        max_replicas=4,
+        replicas=2,
+        replicas_movable=True,
+        allocations=[{"node": "n1", "gpu_indices": [4]}, {"node": "n2", "gpu_indices": [4]}],
+    )
+    jobs = [
+        running("j1", "n1", [0, 1, 2, 3], checkpointable=True, priority=10),
+        running("j2", "n2", [0, 1, 2, 3], checkpointable=True, priority=10),
+        job("big", gpus_requested=8, priority=50),
+        movable,
+    ]
+    response = client.post(
+        "/api/v1/clusters/alpha/telemetry",
+        headers=auth["connector_alpha"],
+        json=snapshot(2, nodes=[node("n1"), node("n2")], jobs=jobs),
+    )
+    assert response.status_code == 200, response.text
     instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
     assert not instance.config.migration and not instance.config.cp_sat_migration
+    assert not instance.config.replica_moves and not instance.job_by_id["alpha/svc"].migratable
     result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
     decisions = _decisions(client, auth, result.plan_id)
     assert all(d["action"] != "migrate" for ds in decisions.values() for d in ds), decisions
