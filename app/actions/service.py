@@ -536,18 +536,25 @@ def _with_followers(session: Session, action: Action) -> list[Action]:
         leader = todo.pop()
         if leader.job_id is None or leader.plan_id is None:
             continue  # a node's or a job set's action: no job to follow
+        # Locked and read again: one a cycle or another operator ended meanwhile is not
+        # approved over its end.
         followers = session.exec(
-            select(Action).where(
+            select(Action)
+            .where(
                 Action.plan_id == leader.plan_id,
                 Action.job_id == leader.job_id,
                 col(Action.state) == ActionState.proposed.value,
                 Action.id != action.id,
             )
+            .order_by(col(Action.id))
+            .with_for_update()
+            .execution_options(populate_existing=True)
         ).all()
-        for follower in followers:
-            if row_id(leader) not in (follower.depends_on or []) or row_id(follower) in found:
+        for locked in followers:
+            if row_id(leader) not in (locked.depends_on or []) or row_id(locked) in found:
                 continue
-            locked = lock_action(session, row_id(follower))
+            if ActionState(locked.state) is not ActionState.proposed:
+                continue
             found[row_id(locked)] = locked
             todo.append(locked)
             for prerequisite in _prerequisites(session, locked):

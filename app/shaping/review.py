@@ -8,7 +8,7 @@ their prerequisites) still apply while:
    reservation's job still pending, a migration's, preemption's, requeue's or resize's job
    still holding exactly the GPUs the plan took from it (``source_placement``) — or, for a
    job's later action in the plan (a moved service's growth back), those an earlier live
-   action of the job starts from, which it follows;
+   action of the job starts from, or, once that one runs, any step on its way;
 2. every node they put work on is still ``up``;
 3. on every such node, the GPUs free now plus those the plan's unfinished actions will
    still free cover what its unfinished actions will still take: nobody outside the plan
@@ -62,7 +62,7 @@ def _job_check(
     action: Action,
     row: JobRow | None,
     name: str | None,
-    earlier: list[dict[str, int]] | None = None,
+    earlier: list[Action] | None = None,
 ) -> str | None:
     if row is None:
         # Only live jobs are in the snapshot: the job has ended, or vanished from the
@@ -77,11 +77,29 @@ def _job_check(
         if held and held != action.target_placement:
             return f"job {row.external_id} already runs on {','.join(sorted(held))}"
         return None
-    if held != action.source_placement and held not in (earlier or []):
+    if held != action.source_placement and not any(_on_its_way(a, held) for a in earlier or []):
         now = ",".join(f"{n}:{g}" for n, g in sorted(held.items())) or "no GPUs"
         then = ",".join(f"{n}:{g}" for n, g in sorted(action.source_placement.items()))
         return f"job {row.external_id} now holds {now}; the plan found it on {then or 'none'}"
     return None
+
+
+def _on_its_way(earlier: Action, held: dict[str, int]) -> bool:
+    """Whether ``held`` is where an earlier live action of the job leaves it for now: its
+    start (``source_placement``), or, once it runs, anything between its start and its
+    target on every node (a shrink under way: Kubernetes deletes the chosen pods one by
+    one)."""
+    source, target = earlier.source_placement, earlier.target_placement
+    if held == source:
+        return True
+    if ActionState(earlier.state) in UNSTARTED:
+        return False
+    return all(
+        min(source.get(n, 0), target.get(n, 0))
+        <= held.get(n, 0)
+        <= max(source.get(n, 0), target.get(n, 0))
+        for n in set(source) | set(target) | set(held)
+    )
 
 
 def review_plan(
@@ -140,8 +158,8 @@ def review_plan(
             )
             for action in node_takers:
                 why.setdefault(row_id(action), message)
-    # Per job, the source placements of its live actions so far, in plan order.
-    sources: dict[int | None, list[dict[str, int]]] = {}
+    # Per job, its live actions so far, in plan order.
+    sources: dict[int | None, list[Action]] = {}
     for action in sorted(live, key=row_id):
         if ActionKind(action.kind) is ActionKind.unreserve:
             continue  # giving GPUs back always applies
@@ -153,7 +171,7 @@ def review_plan(
             if problem is not None:
                 why.setdefault(row_id(action), problem)
         if ActionKind(action.kind) is not ActionKind.reserve:
-            earlier.append(dict(action.source_placement))
+            earlier.append(action)
     for component in action_service.dependency_groups(actions):
         failing = [a for a in component if row_id(a) in why]
         if not failing:

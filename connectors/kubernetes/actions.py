@@ -296,8 +296,9 @@ def _mark_leaving(
     fewer of its replicas; retryable ("not yet") when pods the ReplicaSet deletes first
     (not placed, pending, not ready) would go instead (:func:`leaving_blocker`): they may
     be running and ready at the next try. A shrink that removes more than ``leave`` (the
-    Deployment asks for replicas the control plane did not see running) is let through:
-    the ReplicaSet takes those pods not running first, then the marked ones."""
+    Deployment asks for replicas the control plane did not see running) is let through
+    when the extra are pods not running and ready (the ReplicaSet takes those first, then
+    the marked ones); refused for good when it would reach running ones the plan keeps."""
     moving = sum(leave.values())
     if desired - replicas < moving:
         raise ConnectorError(
@@ -317,6 +318,13 @@ def _mark_leaving(
     blocker = leaving_blocker(staying, chosen, replicas=replicas)
     if blocker:
         raise ConnectorError(f"not yet: {what}: {blocker}", retryable=True)
+    unsettled = sum(1 for pod in staying if pod not in chosen and not _settled(pod))
+    if len(staying) - replicas - len(chosen) > unsettled:
+        raise ConnectorError(
+            f"cannot {what}: it runs {len(staying)} replica(s), more than the plan saw; a "
+            f"scale to {replicas} would also remove running replicas the plan keeps",
+            retryable=False,
+        )
     chosen_names = {_name(pod) for pod in chosen}
     _unmark(api, namespace, [p for p in staying if _marked(p) and _name(p) not in chosen_names])
     return [

@@ -394,11 +394,12 @@ class SimCluster:
         (as a ReplicaSet does: running pods never move)."""
         per_replica = job.report.gpus_requested
         placement = {node: list(indices) for node, indices in sorted(job.placement.items())}
-        excess = sum(map(len, placement.values())) // per_replica - job.report.replicas
+        # In GPUs: a replica larger than a node holds whole nodes (``_fit``).
+        excess = sum(map(len, placement.values())) - job.report.replicas * per_replica
         for node in reversed(list(placement)):
-            while excess > 0 and len(placement[node]) >= per_replica:
-                placement[node] = placement[node][:-per_replica]
-                excess -= 1
+            dropped = max(0, min(excess, len(placement[node])))
+            placement[node] = placement[node][: len(placement[node]) - dropped]
+            excess -= dropped
         placement = {node: indices for node, indices in placement.items() if indices}
         free = self.free()
         for node, indices in job.placement.items():

@@ -434,19 +434,19 @@ class Defragmentation:
         the service shrinks first and grows back once the work made room for has its GPUs
         (solver.dependencies.split_replica_moves), so what stays is all it runs meanwhile."""
         state = self.ledger.state
-        leaving: dict[str, int] = {}
-        services: dict[str, Job] = {}
-        for node, residents in chosen:
-            for resident in residents:
-                if resident.is_elastic:
-                    services[resident.id] = resident
-                    leaving[resident.id] = leaving.get(resident.id, 0) + state.held(
-                        resident.id
-                    ).get(node, 0)
-        for service_id, gpus in leaving.items():
-            service = services[service_id]
-            held = sum(state.held(service_id).values())
-            if (held - gpus) // service.gpus_per_replica < max(1, service.min_replicas):
+        names = self.ledger.instance.nodes
+        emptied = {names[node].name for node, _ in chosen}
+        services = {r.id: r for _, residents in chosen for r in residents if r.is_elastic}
+        for service in services.values():
+            # What stays of its placement at the snapshot (the split keeps only that:
+            # replicas gained this cycle are part of the growth back).
+            held = {names[n].name: g for n, g in state.held(service.id).items()}
+            stays = sum(
+                min(gpus, held.get(node, 0))
+                for node, gpus in service.placement.items()
+                if node not in emptied
+            )
+            if stays // service.gpus_per_replica < max(1, service.min_replicas):
                 return True
         return False
 

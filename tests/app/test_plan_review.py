@@ -21,7 +21,9 @@ from app.clusters import service as cluster_service
 from app.clusters.models import ClusterCreate, ShapingMode
 from app.jobs.models import Job
 from app.plans.models import Plan, PlanState
+from app.shaping import review
 from app.shaping.cycle import run_cycle
+from app.shaping.snapshot import JobRow
 from app.telemetry import service as telemetry_service
 from tests.app.builders import job, node, running, snapshot
 from tests.support.clock import T0
@@ -115,3 +117,69 @@ def test_a_start_whose_own_job_ended_says_so_and_its_group_falls_naming_it(
         error = actions[key].error or ""
         assert error.startswith(f"action {start.id} (start) of the same plan is cancelled")
         assert error.endswith("expired: job urgent has ended or left the cluster")
+
+
+@pytest.mark.parametrize(
+    ("shrink_state", "held", "applies"),
+    [
+        # Not started: the service must still be where the shrink starts from.
+        (ActionState.approved, {"a": 2, "b": 2, "c": 2}, True),
+        (ActionState.approved, {"a": 2, "c": 2}, False),
+        # Under way (Kubernetes deletes the chosen pods one by one): any step between.
+        (ActionState.running, {"a": 2, "c": 2}, True),
+        (ActionState.running, {"a": 2}, True),
+        # Something else took it elsewhere: no step of the shrink.
+        (ActionState.running, {"a": 2, "d": 2}, False),
+        (ActionState.running, {"a": 4}, False),
+    ],
+)
+def test_a_moved_services_growth_back_follows_its_shrink_under_way(
+    shrink_state: ActionState, held: dict[str, int], applies: bool
+) -> None:
+    """The growth back of a moved service starts from what its shrink keeps (``a:2``); a
+    cycle that runs before or while the shrink runs finds the service on the way there."""
+    shrink = Action(
+        id=1,
+        kind=ActionKind.resize,
+        state=shrink_state,
+        source_placement={"a": 2, "b": 2, "c": 2},
+        target_placement={"a": 2},
+    )
+    growth = Action(
+        id=2,
+        kind=ActionKind.resize,
+        state=ActionState.approved,
+        source_placement={"a": 2},
+        target_placement={"a": 2, "d": 4},
+    )
+    row = _service_row(held)
+    problem = review._job_check(growth, row, "svc", [shrink])
+    assert (problem is None) is applies, problem
+
+
+def _service_row(held: dict[str, int]) -> JobRow:
+    """A running 2-GPU-replica service holding ``held`` (node → GPUs)."""
+    return JobRow(
+        id=7,
+        external_id="svc",
+        team="serving",
+        kind="realtime_inference",
+        shape="elastic",
+        priority=0,
+        gpus_requested=2,
+        allowed_gpu_models=(),
+        min_gpu_memory_gib=0.0,
+        required_precision=None,
+        gang_size=1,
+        checkpointable=False,
+        min_replicas=1,
+        max_replicas=8,
+        replicas=sum(held.values()) // 2,
+        submit_time=None,
+        start_time=None,
+        placement=tuple((n, tuple(range(g)), g) for n, g in held.items()),
+        demand_history=(),
+        migrations_today=0,
+        preemptions_today=0,
+        last_moved_at=None,
+    )

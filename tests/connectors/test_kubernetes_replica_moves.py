@@ -16,6 +16,7 @@ from connectors.base import ConnectorError, SupportsReplicaMoves
 from connectors.kubernetes.actions import (
     DELETION_COST,
     MOVE_COST,
+    _mark_leaving,
     label_selector,
     leaving_blocker,
     pick_leaving,
@@ -118,6 +119,18 @@ def test_pods_the_replicaset_deletes_first_block_the_move_unless_the_shrink_take
         assert leaving_blocker([*ready, other], chosen, replicas=3) is not None
     slow = replica("llm-a", "n1", ready=False)
     assert leaving_blocker([slow, *ready[1:]], [slow], replicas=2) is None
+
+
+def test_a_shrink_that_would_also_remove_running_replicas_the_plan_keeps_is_refused() -> None:
+    """The Deployment runs four ready replicas where the plan saw three (an autoscaler
+    added one): a scale from 4 to 2 with one chosen would also remove a running replica
+    of the ReplicaSet's choosing. Refused for good, before anything is marked (no API
+    call is made: the client is None)."""
+    pods = [replica(f"llm-{i}", f"n{i}") for i in range(1, 5)]
+    with pytest.raises(ConnectorError) as refused:
+        _mark_leaving(None, "ml", pods, {"n2": 1}, desired=4, replicas=2, what=WHAT)  # type: ignore[arg-type]
+    assert not refused.value.retryable
+    assert "runs 4 replica(s), more than the plan saw" in str(refused.value)
 
 
 def test_a_label_selector_is_spelled_as_the_query_parameter() -> None:

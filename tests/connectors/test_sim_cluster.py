@@ -382,3 +382,25 @@ def test_a_sized_start_takes_the_plans_gpus_on_each_node_or_waits_for_them() -> 
     assert _states(cluster)["e"] == ("pending", [])
     clock.now = T0 + timedelta(minutes=31)  # "other" ends: b frees, a still has 2
     assert _states(cluster)["e"] == ("pending", [])
+
+
+def test_a_service_shrinks_by_gpus_when_a_replica_spans_nodes() -> None:
+    """8-GPU replicas on 4-GPU nodes hold whole nodes: a shrink gives back a replica's
+    GPUs from its last nodes, and a growth keeps those running where they are."""
+    spec = SiteSpec(
+        name="wide",
+        nodes=(("a", "H100", 4), ("b", "H100", 4), ("c", "H100", 4), ("d", "H100", 4)),
+        teams=("serving",),
+        kinds=(JobKind.batch_inference,),
+        services=(ServiceSpec("big", 2, 8),),
+        arrivals_per_hour=0,
+    )
+    cluster, _ = _cluster(spec)
+    service = cluster.jobs["big"]
+    service.resized = True
+    cluster.resize("big", replicas=2)
+    assert sum(map(len, service.placement.values())) == 16
+    kept = dict(service.placement)
+    cluster.resize("big", replicas=1)
+    assert sum(map(len, service.placement.values())) == 8
+    assert all(kept[node] == indices for node, indices in service.placement.items())
