@@ -288,8 +288,8 @@ def _replicas_leaving(action: Action, job: Job) -> dict[str, int]:
     """A service's replicas the plan takes off each node ({node: replicas}): where it
     holds fewer GPUs after the resize than before, in replicas of its size."""
     per_replica = max(job.gpus_requested, 1)
-    return {
+    leaving = {
         node: (gpus - action.target_placement.get(node, 0)) // per_replica
         for node, gpus in sorted(action.source_placement.items())
-        if (gpus - action.target_placement.get(node, 0)) // per_replica > 0
     }
+    return {node: replicas for node, replicas in leaving.items() if replicas > 0}

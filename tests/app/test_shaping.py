@@ -35,17 +35,38 @@ def _fragmented(client: TestClient, auth: dict, *, scheduler: str) -> None:
         headers=auth["admin"],
         json={"name": "alpha", "scheduler": scheduler, "mode": "advise"},
     )
+    _push_fragmented(client, auth, 1)
+
+
+def _push_fragmented(client: TestClient, auth: dict, seq: int, *more: dict[str, Any]) -> None:
+    """The fragmented cluster's telemetry (``_fragmented``), with ``more`` jobs."""
     jobs = [
         running("j1", "n1", [0, 1, 2, 3], checkpointable=True, priority=10),
         running("j2", "n2", [0, 1, 2, 3], checkpointable=True, priority=10),
         job("big", gpus_requested=8, priority=50),
+        *more,
     ]
     response = client.post(
         "/api/v1/clusters/alpha/telemetry",
         headers=auth["connector_alpha"],
-        json=snapshot(1, nodes=[node("n1"), node("n2")], jobs=jobs),
+        json=snapshot(seq, nodes=[node("n1"), node("n2")], jobs=jobs),
     )
     assert response.status_code == 200, response.text
+
+
+def _service(name: str, indices: dict[str, list[int]], *, movable: bool) -> dict[str, Any]:
+    """A running service of 1-GPU replicas on ``indices`` (node → GPU indices)."""
+    return job(
+        name,
+        shape="elastic",
+        state="running",
+        gpus_requested=1,
+        min_replicas=1,
+        max_replicas=4,
+        replicas=sum(len(i) for i in indices.values()),
+        replicas_movable=movable,
+        allocations=[{"node": n, "gpu_indices": i} for n, i in indices.items()],
+    )
 
 
 def _decisions(client: TestClient, auth: dict, plan_id: int) -> dict[str, list[dict[str, Any]]]:
@@ -80,32 +101,14 @@ def test_replicas_move_only_where_a_connector_can_choose_which_leave(
     taken = take_snapshot(session=session, cluster_name="alpha", now=clock.now())
     assert not to_instance(taken).config.replica_moves  # no service says it can
 
-    def service(name: str, indices: dict[str, list[int]], movable: bool) -> dict[str, Any]:
-        return job(
-            name,
-            shape="elastic",
-            state="running",
-            gpus_requested=1,
-            min_replicas=1,
-            max_replicas=4,
-            replicas=sum(len(i) for i in indices.values()),
-            replicas_movable=movable,
-            allocations=[{"node": n, "gpu_indices": i} for n, i in indices.items()],
-        )
-
-    jobs = [
-        running("j1", "n1", [0, 1, 2, 3], checkpointable=True, priority=10),
-        running("j2", "n2", [0, 1, 2, 3], checkpointable=True, priority=10),
-        service("spread", {"n1": [4], "n2": [4]}, True),
-        service("solo", {"n1": [5, 6]}, True),
-        service("fixed", {"n1": [7], "n2": [5]}, False),
-    ]
-    response = client.post(
-        "/api/v1/clusters/alpha/telemetry",
-        headers=auth["connector_alpha"],
-        json=snapshot(2, nodes=[node("n1"), node("n2")], jobs=jobs),
+    _push_fragmented(
+        client,
+        auth,
+        2,
+        _service("spread", {"n1": [4], "n2": [4]}, movable=True),
+        _service("solo", {"n1": [5, 6]}, movable=True),
+        _service("fixed", {"n1": [7], "n2": [5]}, movable=False),
     )
-    assert response.status_code == 200, response.text
     shown = client.get("/api/v1/jobs", params={"cluster": "alpha"}, headers=auth["viewer"])
     movable = {j["external_id"]: j["replicas_movable"] for j in shown.json()["items"]}
     assert movable["spread"] and movable["solo"] and not movable["fixed"]
@@ -186,29 +189,7 @@ def test_no_migration_is_planned_where_the_scheduler_cannot_be_told_where_a_job_
     above would be refused there after its checkpoint had stopped the job."""
     _fragmented(client, auth, scheduler="kueue")
     # A service its connector could shrink off named nodes moves no more than a job does.
-    movable = job(
-        "svc",
-        shape="elastic",
-        state="running",
-        gpus_requested=1,
-        min_replicas=1,
-        max_replicas=4,
-        replicas=2,
-        replicas_movable=True,
-        allocations=[{"node": "n1", "gpu_indices": [4]}, {"node": "n2", "gpu_indices": [4]}],
-    )
-    jobs = [
-        running("j1", "n1", [0, 1, 2, 3], checkpointable=True, priority=10),
-        running("j2", "n2", [0, 1, 2, 3], checkpointable=True, priority=10),
-        job("big", gpus_requested=8, priority=50),
-        movable,
-    ]
-    response = client.post(
-        "/api/v1/clusters/alpha/telemetry",
-        headers=auth["connector_alpha"],
-        json=snapshot(2, nodes=[node("n1"), node("n2")], jobs=jobs),
-    )
-    assert response.status_code == 200, response.text
+    _push_fragmented(client, auth, 2, _service("svc", {"n1": [4], "n2": [4]}, movable=True))
     instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
     assert not instance.config.migration and not instance.config.cp_sat_migration
     assert not instance.config.replica_moves and not instance.job_by_id["alpha/svc"].migratable

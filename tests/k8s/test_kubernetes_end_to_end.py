@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -120,6 +121,26 @@ def _approve_plan_and_wait(deployment: dict[str, Any], ids: list[int]) -> dict[i
         timeout_s=2 * WAIT_S,
         context=lambda: f"connector log:\n{_connector_log(deployment)}",
     )
+
+
+@contextmanager
+def _priority_classes(kube: Kube, classes: dict[str, int]) -> Iterator[None]:
+    """PriorityClasses (name → value) that preempt nothing, for the test's duration: the
+    scheduler's own priority preemption would otherwise act before any plan."""
+    scheduling = client.SchedulingV1Api(kube.api)
+    created: list[str] = []
+    try:
+        for name, value in classes.items():
+            scheduling.create_priority_class(
+                client.V1PriorityClass(
+                    metadata=client.V1ObjectMeta(name=name), value=value, preemption_policy="Never"
+                )
+            )
+            created.append(name)
+        yield
+    finally:
+        for name in created:
+            scheduling.delete_priority_class(name)
 
 
 def _running_replicas(kube: Kube, name: str) -> int:
@@ -310,18 +331,8 @@ def test_the_cycle_shrinks_an_elastic_indexed_job_for_a_higher_priority_one(
     node given back; approved through the API, the connector process carries both out and
     the API sees the result. (Priority classes that preempt nothing: the scheduler's own
     priority preemption would otherwise act first.)"""
-    scheduling = client.SchedulingV1Api(kube.api)
     suffix = kube.namespace
-    classes = {f"low-{suffix}": 10, f"high-{suffix}": 90}
-    created: list[str] = []
-    try:
-        for name, value in classes.items():
-            scheduling.create_priority_class(
-                client.V1PriorityClass(
-                    metadata=client.V1ObjectMeta(name=name), value=value, preemption_policy="Never"
-                )
-            )
-            created.append(name)
+    with _priority_classes(kube, {f"low-{suffix}": 10, f"high-{suffix}": 90}):
         deployment["pipeline"].start_connector(
             "kubernetes",
             PLAIN,
@@ -399,9 +410,6 @@ def test_the_cycle_shrinks_an_elastic_indexed_job_for_a_higher_priority_one(
                 and {a["node"] for a in u["allocations"]} == {freed}
             ),
         )
-    finally:
-        for name in created:
-            scheduling.delete_priority_class(name)
 
 
 def test_the_cycle_moves_a_services_replica_off_the_node_a_job_needs(
@@ -415,18 +423,8 @@ def test_the_cycle_moves_a_services_replica_off_the_node_a_job_needs(
     grows back to two replicas, which the scheduler can only put on R. Approved through
     the API, the connector process carries it out. (Priority classes that preempt
     nothing: the scheduler's own priority preemption would otherwise act first.)"""
-    scheduling = client.SchedulingV1Api(kube.api)
     suffix = kube.namespace
-    classes = {f"fill-{suffix}": 90, f"gang-{suffix}": 50}
-    created: list[str] = []
-    try:
-        for name, value in classes.items():
-            scheduling.create_priority_class(
-                client.V1PriorityClass(
-                    metadata=client.V1ObjectMeta(name=name), value=value, preemption_policy="Never"
-                )
-            )
-            created.append(name)
+    with _priority_classes(kube, {f"fill-{suffix}": 90, f"gang-{suffix}": 50}):
         deployment["pipeline"].start_connector(
             "kubernetes",
             MOVES,
@@ -500,6 +498,3 @@ def test_the_cycle_moves_a_services_replica_off_the_node_a_job_needs(
             ),
             timeout=WAIT_S,
         )
-    finally:
-        for name in created:
-            scheduling.delete_priority_class(name)
