@@ -32,6 +32,7 @@ from app.core.errors import Conflict
 from app.core.lookup import found, row_id
 from app.core.paging import Page, count_rows
 from app.jobs.models import Allocation, Job
+from app.plans.models import Plan
 from wire.queues import connector_cluster
 from wire.steps import ConnectorStep, StepPhase
 
@@ -155,7 +156,13 @@ def transition(
     the shrink would leave the service short until the proposal expired.
     Rejecting or cancelling one withdraws its dependency group: the unstarted actions
     connected to it (see ``ended``).
+
+    The action's plan is locked first, as a decision on the whole plan and the cycle's
+    withdrawal of it lock it: two operators deciding two actions of one dependency group at
+    once would otherwise each hold their own and wait for the other's (a deadlock,
+    PostgreSQL aborting one). The second decision then sees the first's outcome.
     """
+    _lock_plan_of(session, action_id)
     action = lock_action(session, action_id)
     _check_move(action, to)
     before = action.state
@@ -580,6 +587,13 @@ def _prerequisites(session: Session, action: Action) -> list[Action]:
         found[action_id] = prerequisite
         todo.extend(prerequisite.depends_on or [])
     return [found[i] for i in sorted(found)]
+
+
+def _lock_plan_of(session: Session, action_id: int) -> None:
+    """Lock the plan an action belongs to, if any (see ``transition``)."""
+    plan_id = session.exec(select(Action.plan_id).where(Action.id == action_id)).first()
+    if plan_id is not None:
+        session.exec(select(Plan.id).where(Plan.id == plan_id).with_for_update()).first()
 
 
 def lock_action(session: Session, action_id: int) -> Action:

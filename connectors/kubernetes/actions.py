@@ -267,14 +267,15 @@ def resize_deployment_off(
         marked = [pod for pod in pods if _marked(pod)]
         _wait_left(api, current, marked, replicas=replicas, what=what, timeout_s=timeout_s)
         return
+    own = template_cost(current)
     chosen = _mark_leaving(
-        api, namespace, pods, leave, desired=desired, replicas=replicas, what=what
+        api, namespace, pods, leave, desired=desired, replicas=replicas, what=what, own=own
     )
     try:
         scale(api, namespace=namespace, kind="deployment", name=deployment, replicas=replicas)
     except ConnectorError as error:
         if not error.retryable:
-            _unmark(api, namespace, chosen)
+            _unmark(api, namespace, chosen, own)
         raise
     _wait_left(api, current, chosen, replicas=replicas, what=what, timeout_s=timeout_s)
 
@@ -288,6 +289,7 @@ def _mark_leaving(
     desired: int,
     replicas: int,
     what: str,
+    own: str | None = None,
 ) -> list[dict[str, Any]]:
     """Mark the pods that leave (:func:`pick_leaving`; an earlier step's marks on others
     taken off); the pods marked. Non-retryable, before any change, when the shrink removes
@@ -326,7 +328,9 @@ def _mark_leaving(
             retryable=False,
         )
     chosen_names = {_name(pod) for pod in chosen}
-    _unmark(api, namespace, [p for p in staying if _marked(p) and _name(p) not in chosen_names])
+    _unmark(
+        api, namespace, [p for p in staying if _marked(p) and _name(p) not in chosen_names], own
+    )
     return [
         pod if _marked(pod) else _set_cost(api, namespace, _name(pod), MOVE_COST) for pod in chosen
     ]
@@ -444,7 +448,7 @@ def _wait_left(
         active = [pod for pod in pods if _active(pod)]
         kept = [pod for pod in still if _active(pod)]
         if kept and len(active) <= replicas:
-            _unmark(api, namespace, kept)
+            _unmark(api, namespace, kept, template_cost(current))
             raise ConnectorError(
                 f"cannot {what}: the ReplicaSet removed other replicas and kept "
                 f"{', '.join(f'{_name(pod)} on {pod_node(pod)}' for pod in kept)} "
@@ -456,17 +460,30 @@ def _wait_left(
     wait_until(f"the replicas moved off to be gone ({what})", gone, timeout_s)
 
 
-def _unmark(api: client.ApiClient, namespace: str, pods: list[dict[str, Any]]) -> None:
+def _unmark(
+    api: client.ApiClient, namespace: str, pods: list[dict[str, Any]], own: str | None
+) -> None:
     """Take the move's mark off those of ``pods`` (as last read) that carry it and stay
-    (else any later scale-down deletes them first); a pod gone meanwhile needs none. (An
-    update that changes nothing is not one the admission policy lets through.)"""
+    (else any later scale-down deletes them first): back to ``own``, the deletion cost the
+    Deployment's pod template gives its pods (:func:`template_cost`; none: the annotation
+    taken off). A pod gone meanwhile needs none. (An update that changes nothing is not one
+    the admission policy lets through.)"""
     for pod in pods:
         if not _marked(pod):
             continue
         try:
-            _set_cost(api, namespace, _name(pod), None)
+            _set_cost(api, namespace, _name(pod), own)
         except ObjectGone:
             continue
+
+
+def template_cost(deployment: client.V1Deployment) -> str | None:
+    """The pod-deletion-cost a Deployment's pod template gives its pods (a site's own
+    ranking of its replicas), which a pod the move marked gets back; None without one, or
+    with the move's own (nothing of the site's to give back)."""
+    metadata = deployment.spec.template.metadata if deployment.spec.template else None
+    cost = ((metadata.annotations if metadata else None) or {}).get(DELETION_COST)
+    return None if cost in (None, MOVE_COST) else str(cost)
 
 
 def _set_cost(api: client.ApiClient, namespace: str, pod: str, cost: str | None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ moment the move frees its GPUs.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from app.actions.models import Action, ActionKind, ActionState
 from app.actions.router import get_dispatcher
 from app.clusters import service as cluster_service
 from app.clusters.models import ClusterCreate, ShapingMode
+from app.core.errors import Conflict
 from app.jobs.models import Job
 from app.plans import service as plan_service
 from app.plans.models import Plan, PlanState
@@ -444,3 +446,62 @@ def test_approving_part_of_a_replica_move_approves_the_growth_back_too(
     assert {a.state for a in site.actions(result.plan_id)} == {ActionState.succeeded}
     assert site.states()["big"] == ("running", ["a"])
     assert site.cluster.jobs["svc"].report.replicas == 2
+
+
+def test_two_operators_approving_two_parts_of_one_move_at_once_do_not_deadlock(
+    site_factory: Any, committed_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One operator approves the start while another approves the shrink. Each approval
+    locks the other's action too (it approves the whole move): holding their own first,
+    they waited for each other and PostgreSQL aborted one with a deadlock. The plan is now
+    locked first, so the second waits for the first and finds its action approved."""
+    site = site_factory(services=(ServiceSpec(name="svc", peak_replicas=2, gpus_per_replica=2),))
+    _service_in_the_way(site)
+    result = site.cycle()
+    actions = site.actions(result.plan_id)
+    start = next(a for a in actions if a.kind == ActionKind.start)
+    shrink = next(a for a in actions if a.kind == ActionKind.resize)
+    # Both hold their own action before either reaches for the other's (without the plan
+    # lock); with it, the second never gets there while the first waits here.
+    both_locked = threading.Barrier(2)
+    with_followers = action_service._with_followers
+
+    def after_a_pause(session: Session, action: Action) -> list[Action]:
+        try:
+            both_locked.wait(timeout=2)
+        except threading.BrokenBarrierError:
+            pass
+        return with_followers(session, action)
+
+    monkeypatch.setattr(action_service, "_with_followers", after_a_pause)
+    outcomes: dict[int, str] = {}
+
+    def approve(action_id: int) -> None:
+        with Session(committed_engine) as session:
+            try:
+                action_service.transition(
+                    session=session,
+                    action_id=action_id,
+                    to=ActionState.approved,
+                    by=f"operator-{action_id}",
+                    now=T0,
+                )
+                outcomes[action_id] = "approved"
+            except Conflict as exc:
+                outcomes[action_id] = f"conflict: {exc}"
+            except Exception as exc:  # the deadlock, or anything else unexpected
+                outcomes[action_id] = f"error: {type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=approve, args=(a.id,)) for a in (start, shrink)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not [o for o in outcomes.values() if o.startswith("error")], outcomes
+    # One approved the whole move; the other found its action already approved.
+    assert sorted(o.split(":")[0] for o in outcomes.values()) == ["approved", "conflict"]
+    assert {(a.kind, a.state) for a in site.actions(result.plan_id)} == {
+        (ActionKind.resize, ActionState.approved),
+        (ActionKind.start, ActionState.approved),
+        (ActionKind.reserve, ActionState.approved),
+    }

@@ -152,6 +152,34 @@ def test_a_deployment_shrinks_off_the_nodes_the_plan_names(
     assert not no.value.retryable
 
 
+def test_a_pod_the_move_no_longer_takes_gets_the_sites_own_deletion_cost_back(
+    kube: Kube, placing: tuple[KubernetesConnector, Steps]
+) -> None:
+    """A site that ranks its replicas by their pod-deletion-cost (set in the pod template)
+    keeps that ranking: a pod an earlier delivery marked, and which the step no longer
+    takes, gets the template's cost back, not none."""
+    connector, _ = placing
+    a, b, _c = kwok_nodes(kube)
+    wait_for("the cluster's GPUs free", lambda: not gpu_pods_anywhere(kube))
+    service = spread_service("ranked", replicas=3)
+    service.spec.template.metadata.annotations = {DELETION_COST: "100"}
+    kube.apps.create_namespaced_deployment(kube.namespace, service)
+    before = wait_for("ranked's 3 replicas, one a node", lambda: ready_pods(kube, "ranked", 3))
+    on_a = next(pod for pod, node in before.items() if node == a)
+    # An earlier delivery's mark, on a node this step does not name.
+    kube.core.patch_namespaced_pod(
+        on_a, kube.namespace, {"metadata": {"annotations": {DELETION_COST: MOVE_COST}}}
+    )
+    connector.resize_off(f"{kube.namespace}/deployment/ranked", replicas=2, leave={b: 1})
+    assert placed(kube, "ranked") == {pod: node for pod, node in before.items() if node != b}
+    costs = {
+        p.metadata.name: (p.metadata.annotations or {}).get(DELETION_COST)
+        for p in kube.core.list_namespaced_pod(kube.namespace, label_selector="app=ranked").items
+        if not p.metadata.deletion_timestamp
+    }
+    assert costs[on_a] == "100" and set(costs.values()) == {"100"}
+
+
 def _merge(api: client.ApiClient, kube: Kube, pod: str, body: dict[str, Any]) -> None:
     client.CoreV1Api(api).patch_namespaced_pod(pod, kube.namespace, body, _content_type=MERGE_PATCH)
 
