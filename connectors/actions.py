@@ -16,7 +16,9 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   nodes (``SupportsStart``), else ``resume`` for a suspended job and ``release`` for a held
   or pending one (the scheduler starts it when it fits, where it chooses);
 * ``confirm`` → a read: the job runs on ``args["nodes"]`` (``expect: running``) or runs
-  nowhere (``expect: stopped``); "not yet" is a retryable failure naming what was seen, so
+  nowhere (``expect: stopped``); a resize's, on those nodes only (``exactly``) and, for a
+  service shrunk off named nodes, with no more of its GPUs on each than
+  ``args["gpus_at_most"]``; "not yet" is a retryable failure naming what was seen, so
   the control plane polls until it holds or gives up with the observed state. ``expect:
   accepted``: a job a move submitted here is one the scheduler runs
   (``SupportsArrivalCheck.check_arrival``, else connectors.arrival's rule over its report);
@@ -436,6 +438,22 @@ class ConnectorStepExecutor:
                 most = max(len(wanted), replicas if isinstance(replicas, int) else 0)
                 ok = ok and len(where) <= most  # with ``wanted`` among them
                 goal += " only" if most == len(wanted) else f" and at most {most} nodes"
+            at_most = _gpus_at_most(args)
+            if at_most:
+                # A service shrunk off named nodes (args.leave): its GPUs there as the plan
+                # leaves them, or fewer (replicas being deleted still hold theirs).
+                held: dict[str, int] = {}
+                for allocation in job.allocations:
+                    held[allocation.node] = held.get(allocation.node, 0) + allocation.gpus
+                ok = ok and all(held.get(node, 0) <= cap for node, cap in at_most.items())
+                goal += ", with at most " + ", ".join(
+                    f"{cap} GPU(s) on {node}" for node, cap in sorted(at_most.items())
+                )
+                seen += (
+                    " (GPUs "
+                    + ", ".join(f"{node}: {held.get(node, 0)}" for node in sorted(at_most))
+                    + ")"
+                )
         else:
             ok = job.state is not JobState.running
             goal = "stopped"
@@ -757,27 +775,35 @@ def _fence(request: StepRequest) -> str:
 
 def _gpus(args: dict[str, Any]) -> dict[str, int] | None:
     """``args.gpus``: the plan's GPUs per node ({node: GPUs > 0}), or None."""
-    value = args.get("gpus")
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not all(
-        isinstance(n, str) and isinstance(g, int) and not isinstance(g, bool) and g > 0
-        for n, g in value.items()
-    ):
-        raise _Refused(f"args.gpus must be {{node: GPUs > 0}}, got {value!r}")
-    return value
+    return _per_node(args, "gpus", "GPUs", least=1)
 
 
 def _leave(args: dict[str, Any]) -> dict[str, int] | None:
     """``args.leave``: a service's replicas to take off each node ({node: replicas > 0})."""
-    value = args.get("leave")
+    return _per_node(args, "leave", "replicas", least=1)
+
+
+def _gpus_at_most(args: dict[str, Any]) -> dict[str, int] | None:
+    """``args.gpus_at_most`` of a resize's confirm: {node: GPUs >= 0}."""
+    return _per_node(args, "gpus_at_most", "GPUs", least=0)
+
+
+def _per_node(args: dict[str, Any], field: str, unit: str, *, least: int) -> dict[str, int] | None:
+    """``args[field]``, a count per node ({node: count >= least}), or None; refused when
+    malformed."""
+    value = args.get(field)
     if value is None:
         return None
     if not isinstance(value, dict) or not all(
-        isinstance(n, str) and n and isinstance(r, int) and not isinstance(r, bool) and r > 0
-        for n, r in value.items()
+        isinstance(node, str)
+        and node
+        and isinstance(count, int)
+        and not isinstance(count, bool)
+        and count >= least
+        for node, count in value.items()
     ):
-        raise _Refused(f"args.leave must be {{node: replicas > 0}}, got {value!r}")
+        bound = f"> {least - 1}" if least > 0 else f">= {least}"
+        raise _Refused(f"args.{field} must be {{node: {unit} {bound}}}, got {value!r}")
     return value
 
 

@@ -118,8 +118,8 @@ def step_message(
     training = job is not None and job.shape == JobShape.block
     if step.name == ConnectorStep.resize and training:
         args["nodes"] = targets  # an elastic training job: where it runs at its new size
-    if step.name == ConnectorStep.resize and job is not None and job.replicas_movable:
-        leave = _replicas_leaving(action, job)
+    if step.name == ConnectorStep.resize and job is not None:
+        leave = replicas_leaving(action, job)
         if leave:  # a service that shrinks off named nodes (connectors.base.SupportsReplicaMoves)
             args["leave"] = leave
     sized = step.name == ConnectorStep.start and action.target_replicas is not None
@@ -128,6 +128,20 @@ def step_message(
     if step.name == ConnectorStep.confirm and is_connector_queue(step.queue):
         if kind in (ActionKind.start, ActionKind.resume):
             args.update({"expect": "running", "nodes": targets})
+        elif kind is ActionKind.resize and job is not None and replicas_leaving(action, job):
+            # A service shrunk off named nodes holds no more of its GPUs on each than the
+            # plan leaves there (recipes: a resent resize_off, which finds the service at
+            # its size, cannot tell whose shrink that was).
+            running = (action.target_replicas or 0) > 0
+            args.update(
+                {
+                    "expect": "running" if running else "stopped",
+                    "gpus_at_most": {
+                        node: action.target_placement.get(node, 0)
+                        for node in sorted(replicas_leaving(action, job))
+                    },
+                }
+            )
         elif kind is ActionKind.resize:
             args.update({"expect": "running", "nodes": targets, "exactly": True})
         elif kind is ActionKind.move:
@@ -284,9 +298,12 @@ def _requeue_pin(action: Action, job: Job | None, step: ActionStep) -> str | Non
     return None  # a plain requeue: the scheduler chooses
 
 
-def _replicas_leaving(action: Action, job: Job) -> dict[str, int]:
+def replicas_leaving(action: Action, job: Job) -> dict[str, int]:
     """A service's replicas the plan takes off each node ({node: replicas}): where it
-    holds fewer GPUs after the resize than before, in replicas of its size."""
+    holds fewer GPUs after the resize than before, in replicas of its size. Empty for a
+    job whose connector cannot choose which replicas leave (``Job.replicas_movable``)."""
+    if not job.replicas_movable:
+        return {}
     per_replica = max(job.gpus_requested, 1)
     leaving = {
         node: (gpus - action.target_placement.get(node, 0)) // per_replica

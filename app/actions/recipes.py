@@ -87,7 +87,10 @@ The other kinds are the scheduler's alone: a job that cannot checkpoint is preem
 ``resize`` (``resize → confirm``: the connector shrinks it where it runs, or restarts it
 on the nodes it grows onto, and the confirm waits for it to run there and nowhere else;
 the job resumes from its own checkpoint); a service's ``resize``, ``reserve`` and
-``unreserve`` are one step. Nothing process-level ran for them, so nothing compensates.
+``unreserve`` are one step, except a service's shrink off named nodes (``args.leave``, a
+replica move's first half): ``resize → confirm``, the confirm reading that the service
+holds no more GPUs on each of those nodes than the plan leaves there
+(``args.gpus_at_most``). Nothing process-level ran for them, so nothing compensates.
 
 Drain and undrain are about a node, not a job (an operator's, ``NODE_ACTION_KINDS``):
 ``drain@connector → confirm@connector`` (the scheduler reports the node draining, or
@@ -108,6 +111,7 @@ is what the operator asked for.
 
 from __future__ import annotations
 
+from app.actions.messages import replicas_leaving
 from app.actions.models import (
     JOB_SET_ACTION_KINDS,
     NODE_ACTION_KINDS,
@@ -225,6 +229,11 @@ def forward_steps(
         # "Succeeded" means seen: the confirm polls the scheduler for the effect (an
         # elastic training job's resize: it runs on the nodes planned, and no others).
         plan.add(ConnectorStep(kind.value), scheduler, fwd, 0)
+        plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
+    elif kind is ActionKind.resize and replicas_leaving(action, job):
+        # A service shrunk off named nodes (a replica move's first half): the confirm reads
+        # the GPUs it left there before what the shrink made room for may start.
+        plan.add(ConnectorStep.resize, scheduler, fwd, 0)
         plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
     else:  # resize, reserve, unreserve: the scheduler does them
         plan.add(ConnectorStep(kind.value), scheduler, fwd, 0)

@@ -24,7 +24,7 @@ from sqlmodel import Session, col, select
 
 from app.actions import local, saga, tasks
 from app.actions import service as action_service
-from app.actions.models import Action, ActionKind, ActionState
+from app.actions.models import Action, ActionKind, ActionState, ActionStep
 from app.actions.router import get_dispatcher
 from app.clusters import service as cluster_service
 from app.clusters.models import ClusterCreate, ShapingMode
@@ -398,6 +398,14 @@ def test_a_services_replica_moves_off_a_node_for_a_gang_and_comes_back_after_it(
     ]
     assert done[shrink.id].finished_at <= done[start.id].finished_at  # type: ignore[operator]
     assert done[start.id].finished_at <= done[back.id].finished_at  # type: ignore[operator]
+    with Session(committed_engine) as session:
+        confirmed = session.exec(
+            select(ActionStep).where(
+                ActionStep.action_id == shrink.id, ActionStep.name == "confirm"
+            )
+        ).one()
+    # The shrink's confirm read the GPUs the service left on a, not only its nodes.
+    assert "(GPUs a: 0)" in confirmed.result["summary"], confirmed.result
     states = site.states()
     assert states["big"] == ("running", ["a"])
     assert states["svc"] == ("running", ["b"])  # back to two replicas, both on b

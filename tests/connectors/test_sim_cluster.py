@@ -178,6 +178,34 @@ def test_a_service_shrinks_off_the_nodes_a_resize_step_names(tmp_path: Path) -> 
     assert malformed["outcome"] == "refused" and "args.leave" in malformed["error"], malformed
 
 
+def test_a_shrink_off_named_nodes_is_confirmed_by_the_gpus_left_there(tmp_path: Path) -> None:
+    """The resize's confirm (``args.gpus_at_most``) reads the GPUs the service holds on each
+    node it shrinks off: a service at the size asked for but still on the node (another's
+    shrink, which a resent ``resize_off`` cannot tell from its own) is "not yet"."""
+    cluster, _ = _cluster(SERVICE_SPEC)
+    chat = cluster.jobs["chat"]
+    chat.resized = True
+    chat.placement = {"a": [0, 1], "b": [2, 3]}
+    chat.report = chat.report.model_copy(update={"replicas": 4})
+    executors = SimExecutors(cluster, state_dir=tmp_path)
+
+    def step(name: str, generation: int, **args: Any) -> dict[str, Any]:
+        queue, body = _step(name, "connector.svc", generation, **args)
+        return executors.handle(queue, {**body, "workload_id": "chat"})
+
+    confirm = {"expect": "running", "nodes": ["a", "b"], "exactly": True}
+    assert step("resize", 1, replicas=3, leave={"a": 1})["ok"]
+    done = step("confirm", 1, **confirm, gpus_at_most={"a": 1})
+    assert done["ok"] and "(GPUs a: 1)" in done["result"]["summary"], done
+    # Someone else shrank it to 3 off b: the plan's node a still holds 2 of its GPUs.
+    chat.placement = {"a": [0, 1], "b": [2]}
+    waiting = step("confirm", 2, **confirm, gpus_at_most={"a": 1})
+    assert not waiting["ok"] and waiting["retryable"], waiting
+    assert "(GPUs a: 2)" in waiting["error"] and "at most 1 GPU(s) on a" in waiting["error"]
+    malformed = step("confirm", 3, **confirm, gpus_at_most={"a": -1})
+    assert malformed["outcome"] == "refused" and "args.gpus_at_most" in malformed["error"]
+
+
 def test_arrivals_are_seeded() -> None:
     spec = SiteSpec(name="busy", nodes=SPEC.nodes, teams=("t",), kinds=(JobKind.hpc,))
     runs = []
