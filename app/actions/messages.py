@@ -128,20 +128,13 @@ def step_message(
     if step.name == ConnectorStep.confirm and is_connector_queue(step.queue):
         if kind in (ActionKind.start, ActionKind.resume):
             args.update({"expect": "running", "nodes": targets})
-        elif kind is ActionKind.resize and job is not None and replicas_leaving(action, job):
-            # A service shrunk off named nodes holds no more of its GPUs on each than the
-            # plan leaves there (recipes: a resent resize_off, which finds the service at
-            # its size, cannot tell whose shrink that was).
-            running = (action.target_replicas or 0) > 0
-            args.update(
-                {
-                    "expect": "running" if running else "stopped",
-                    "gpus_at_most": {
-                        node: action.target_placement.get(node, 0)
-                        for node in sorted(replicas_leaving(action, job))
-                    },
-                }
-            )
+        elif kind is ActionKind.resize and not training:
+            # Only a service's shrink off named nodes has a confirm (recipes): it holds no
+            # more of its GPUs on each than the plan leaves there (a resent resize_off,
+            # which finds the service at its size, cannot tell whose shrink that was). From
+            # the action alone: the job's row may have changed since the steps were chosen.
+            # A service never shrinks to none (the executor refuses replicas < 1).
+            args.update({"expect": "running", "gpus_at_most": _gpus_left(action)})
         elif kind is ActionKind.resize:
             args.update({"expect": "running", "nodes": targets, "exactly": True})
         elif kind is ActionKind.move:
@@ -296,6 +289,16 @@ def _requeue_pin(action: Action, job: Job | None, step: ActionStep) -> str | Non
     if kind is ActionKind.preempt and job is not None and job.checkpointable:
         return action.source_node
     return None  # a plain requeue: the scheduler chooses
+
+
+def _gpus_left(action: Action) -> dict[str, int]:
+    """The GPUs a shrink leaves on each node it takes GPUs off ({node: GPUs >= 0})."""
+    target = action.target_placement
+    return {
+        node: target.get(node, 0)
+        for node, gpus in sorted(action.source_placement.items())
+        if target.get(node, 0) < gpus
+    }
 
 
 def replicas_leaving(action: Action, job: Job) -> dict[str, int]:

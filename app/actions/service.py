@@ -590,10 +590,16 @@ def _prerequisites(session: Session, action: Action) -> list[Action]:
 
 
 def _lock_plan_of(session: Session, action_id: int) -> None:
-    """Lock the plan an action belongs to, if any (see ``transition``)."""
+    """Lock the plan an action belongs to, if any (see ``transition``). FOR NO KEY UPDATE
+    (``key_share``), as every path that locks a plan: lockers still take turns, but a saga
+    adding an action to the plan (``ended``'s give-back of a reservation), whose foreign
+    key check takes a key-share lock on the plan row while it holds the plan's actions,
+    is not blocked by it (that wait would close a cycle with ours)."""
     plan_id = session.exec(select(Action.plan_id).where(Action.id == action_id)).first()
     if plan_id is not None:
-        session.exec(select(Plan.id).where(Plan.id == plan_id).with_for_update()).first()
+        session.exec(
+            select(Plan.id).where(Plan.id == plan_id).with_for_update(key_share=True)
+        ).first()
 
 
 def lock_action(session: Session, action_id: int) -> Action:

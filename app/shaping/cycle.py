@@ -391,7 +391,15 @@ def _review(
     begin(session, writes=True)
     expired = 0
     for plan, actions in open_plans:
-        session.refresh(plan)
+        # The plan locked before its actions, as an operator's decision locks it
+        # (``action_service.transition``): expiring actions and then settling the plan,
+        # action rows first, could deadlock with one.
+        session.exec(
+            select(Plan)
+            .where(Plan.id == plan.id)
+            .with_for_update(key_share=True)
+            .execution_options(populate_existing=True)
+        ).one()
         for action in actions:
             session.refresh(action)
         review = review_plan(snapshot, actions, job_names=_job_names(session, snapshot, actions))
@@ -532,7 +540,7 @@ def _close(session: Session, plan: Plan, state: PlanState, why: str, now: dateti
     locked = session.exec(
         select(Plan)
         .where(Plan.id == plan.id)
-        .with_for_update()
+        .with_for_update(key_share=True)  # FOR NO KEY UPDATE: see action_service._lock_plan_of
         .execution_options(populate_existing=True)
     ).one()
     actions = list(

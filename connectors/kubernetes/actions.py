@@ -478,9 +478,10 @@ def _unmark(
 
 
 def template_cost(deployment: client.V1Deployment) -> str | None:
-    """The pod-deletion-cost a Deployment's pod template gives its pods (a site's own
-    ranking of its replicas), which a pod the move marked gets back; None without one, or
-    with the move's own (nothing of the site's to give back)."""
+    """The pod-deletion-cost a Deployment's pod template gives its pods, which a pod the
+    move marked gets back; None without one, or with the move's own (nothing of the site's
+    to give back). A cost a site's own controller set on one pod is not kept: the admission
+    policy lets the connector change no other annotation, so there is nowhere to keep it."""
     metadata = deployment.spec.template.metadata if deployment.spec.template else None
     cost = ((metadata.annotations if metadata else None) or {}).get(DELETION_COST)
     return None if cost in (None, MOVE_COST) else str(cost)
