@@ -145,13 +145,19 @@ class Lookahead:
 
     def reservations_for(self, job: Job) -> list[Reservation]:
         """Reservations a job must leave alone: none if it can move away in time (it is
-        checkpointable or ends first), if it is past its max queue wait, or if it starves
-        under the starvation guard (a forecast must not keep a job waiting for ever)."""
+        checkpointable or ends first), if it is past its max queue wait, if it starves
+        under the starvation guard, or if it has waited ``aging_s`` or longer
+        (``SolverConfig.lookahead_spares_aged``): a forecast must not keep a job waiting
+        for ever, and where several services peak at different hours some peak is always
+        within the look-ahead."""
         ledger = self.ledger
         if not self.reservations or job.checkpointable or job.id in ledger.overdue:
             return []
-        if ledger.options.starvation_guard and ledger.instance.is_starving(job):
+        instance = ledger.instance
+        if ledger.options.starvation_guard and instance.is_starving(job):
             return []
+        if instance.config.lookahead_spares_aged and instance.boost(job) > 1:
+            return []  # aging credit earned: aging_s waited (boost is 1 without aging)
         runtime = job.expected_runtime_s
         return [r for r in self.reservations if runtime is None or runtime > r.seconds_until_needed]
 

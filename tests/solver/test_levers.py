@@ -157,6 +157,29 @@ def test_the_look_ahead_counts_gpus_that_free_up_before_the_peak() -> None:
     )
 
 
+def test_the_look_ahead_keeps_no_gpus_from_a_job_that_has_waited_its_aging_period() -> None:
+    # As above, b runs on past the peak, so a's free GPUs are all the service will have;
+    # but the long job has waited 13 h, past the 12 h aging period: a forecast peak must
+    # not keep it waiting for ever (where services peak at different hours, some peak is
+    # always within the look-ahead).
+    def jobs(waited_s: float) -> list:  # type: ignore[type-arg]
+        return [
+            service("s", (2, 2, 8), {"a": 2}, min_replicas=1),
+            running("b-job", {"b": 8}, expected_runtime_s=11 * 3600.0),
+            job("long", 4, expected_runtime_s=36_000, submit_time=NOW - waited_s),
+        ]
+
+    nodes = [node("a"), node("b")]
+    assert FAST.aging_s == 12 * 3600.0
+    fresh = get_policy("shaper").plan(instance(nodes, jobs(11 * 3600.0)))
+    assert fresh.pending["long"].code is ReasonCode.forecast_reservation
+    aged = get_policy("shaper").plan(instance(nodes, jobs(13 * 3600.0)))
+    assert "long" in aged.placement
+    off = FAST.model_copy(update={"lookahead_spares_aged": False})
+    kept = get_policy("shaper").plan(instance(nodes, jobs(13 * 3600.0), config=off))
+    assert kept.pending["long"].code is ReasonCode.forecast_reservation
+
+
 def test_the_look_ahead_times_a_peak_from_the_start_of_its_forecast_step() -> None:
     # Forecast steps are clock hours: a cycle 30 minutes into step 0 sees step 1 begin in
     # 30 minutes. b's job ends in 45: before the step's start counted from now (60 min),
