@@ -308,8 +308,8 @@ def replicas_leaving(action: Action, job: Job) -> dict[str, int]:
     if not job.replicas_movable:
         return {}
     per_replica = max(job.gpus_requested, 1)
+    source = action.source_placement
     leaving = {
-        node: (gpus - action.target_placement.get(node, 0)) // per_replica
-        for node, gpus in sorted(action.source_placement.items())
+        node: (source[node] - left) // per_replica for node, left in _gpus_left(action).items()
     }
     return {node: replicas for node, replicas in leaving.items() if replicas > 0}

@@ -289,7 +289,7 @@ def _mark_leaving(
     desired: int,
     replicas: int,
     what: str,
-    own: str | None = None,
+    own: str | None,
 ) -> list[dict[str, Any]]:
     """Mark the pods that leave (:func:`pick_leaving`; an earlier step's marks on others
     taken off); the pods marked. Non-retryable, before any change, when the shrink removes

@@ -128,7 +128,7 @@ def test_a_shrink_that_would_also_remove_running_replicas_the_plan_keeps_is_refu
     call is made: the client is None)."""
     pods = [replica(f"llm-{i}", f"n{i}") for i in range(1, 5)]
     with pytest.raises(ConnectorError) as refused:
-        _mark_leaving(None, "ml", pods, {"n2": 1}, desired=4, replicas=2, what=WHAT)  # type: ignore[arg-type]
+        _mark_leaving(None, "ml", pods, {"n2": 1}, desired=4, replicas=2, what=WHAT, own=None)  # type: ignore[arg-type]
     assert not refused.value.retryable
     assert "runs 4 replica(s), more than the plan saw" in str(refused.value)
 
