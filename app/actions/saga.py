@@ -689,6 +689,8 @@ def record_report(
     waiting for an answer (``sent``) takes a report; anything else is a duplicate or a late
     answer and changes nothing.
     """
+    # The plan first, as every locker of a plan's actions (action_service.lock_action).
+    action_service.lock_plan_of(session, report.action_id)
     action = session.exec(
         select(Action).where(Action.id == report.action_id).with_for_update()
     ).first()

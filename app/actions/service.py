@@ -157,12 +157,11 @@ def transition(
     Rejecting or cancelling one withdraws its dependency group: the unstarted actions
     connected to it (see ``ended``).
 
-    The action's plan is locked first, as a decision on the whole plan and the cycle's
-    withdrawal of it lock it: two operators deciding two actions of one dependency group at
-    once would otherwise each hold their own and wait for the other's (a deadlock,
-    PostgreSQL aborting one). The second decision then sees the first's outcome.
+    The action's plan is locked first (``lock_action``): two operators deciding two
+    actions of one dependency group at once would otherwise each hold their own and wait
+    for the other's (a deadlock, PostgreSQL aborting one). The second decision then sees
+    the first's outcome.
     """
-    _lock_plan_of(session, action_id)
     action = lock_action(session, action_id)
     _check_move(action, to)
     before = action.state
@@ -589,12 +588,15 @@ def _prerequisites(session: Session, action: Action) -> list[Action]:
     return [found[i] for i in sorted(found)]
 
 
-def _lock_plan_of(session: Session, action_id: int) -> None:
-    """Lock the plan an action belongs to, if any (see ``transition``). FOR NO KEY UPDATE
-    (``key_share``), as every path that locks a plan: lockers still take turns, but a saga
+def lock_plan_of(session: Session, action_id: int) -> None:
+    """Lock the plan an action belongs to, if any: every path that locks a plan's actions
+    locks the plan first (``lock_action``, ``decide_plan``, the cycle's review and
+    withdrawal), so two of them never hold one action each while waiting for the
+    other's. FOR NO KEY UPDATE (``key_share``): lockers still take turns, but a saga
     adding an action to the plan (``ended``'s give-back of a reservation), whose foreign
     key check takes a key-share lock on the plan row while it holds the plan's actions,
-    is not blocked by it (that wait would close a cycle with ours)."""
+    is not blocked by it (that wait would close a cycle with ours). A plan's id on its
+    action never changes, so it is read unlocked."""
     plan_id = session.exec(select(Action.plan_id).where(Action.id == action_id)).first()
     if plan_id is not None:
         session.exec(
@@ -603,7 +605,14 @@ def _lock_plan_of(session: Session, action_id: int) -> None:
 
 
 def lock_action(session: Session, action_id: int) -> Action:
-    """The action, locked for this transaction (and read again); NotFound if missing."""
+    """The action, locked for this transaction (and read again) after its plan
+    (``lock_plan_of``); NotFound if missing.
+
+    The plan first also for a saga's step: the step that ends an action locks the plan's
+    other actions (``ended``), while an operator approving a later action of the plan
+    holds that one and locks its prerequisites — the action ending among them. Without
+    the plan lock the two waited for each other."""
+    lock_plan_of(session, action_id)
     action = session.exec(select(Action).where(Action.id == action_id).with_for_update()).first()
     return found(
         action, f"action {action_id} does not exist", resource="action", resource_id=action_id

@@ -279,7 +279,7 @@ def decide_plan(
     rejecting one that was approved in part withdraws only what is still proposed (and,
     through the dependency groups, what waits for it)."""
     plan = found(
-        # FOR NO KEY UPDATE: see action_service._lock_plan_of.
+        # FOR NO KEY UPDATE: see action_service.lock_plan_of.
         session.exec(
             select(Plan).where(Plan.id == plan_id).with_for_update(key_share=True)
         ).first(),

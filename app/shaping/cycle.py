@@ -540,7 +540,7 @@ def _close(session: Session, plan: Plan, state: PlanState, why: str, now: dateti
     locked = session.exec(
         select(Plan)
         .where(Plan.id == plan.id)
-        .with_for_update(key_share=True)  # FOR NO KEY UPDATE: see action_service._lock_plan_of
+        .with_for_update(key_share=True)  # FOR NO KEY UPDATE: see action_service.lock_plan_of
         .execution_options(populate_existing=True)
     ).one()
     actions = list(

@@ -1,0 +1,149 @@
+"""A saga step ending an action and an operator's decision on another action of the same
+plan, at the same moment, on a committed database (SQLite and PostgreSQL): they lock the
+plan's actions in different orders, so both lock the plan first.
+
+The saga's step that ends an action locks it, then every action of its plan
+(``action_service.ended``); approving an action locks it, then its prerequisites. With an
+action ending while an operator approves one that depends on it, each held one and
+waited for the other's: PostgreSQL aborted one with a deadlock.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from app.actions import saga
+from app.actions import service as action_service
+from app.actions.models import Action, ActionKind, ActionState
+from app.clusters.models import Cluster
+from app.core.errors import Conflict
+from app.jobs.models import Job
+from app.plans.models import Plan, PlanState
+from wire.telemetry import JobState
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def _plan_in_part_approved(engine: Engine) -> dict[str, int]:
+    """A proposal an operator approved in part: ``hold`` (a reservation, cancelled) and
+    ``move`` (approved, waiting for ``hold``), and ``start``, still proposed, that waits
+    for ``move``. The next saga step of ``move`` ends it (its prerequisite can no longer
+    run) and withdraws ``start`` with it."""
+    with Session(engine) as session:
+        cluster = Cluster(name="lab", created_at=T0)
+        session.add(cluster)
+        session.flush()
+        jobs = {}
+        for name, state in (("small", JobState.running), ("big", JobState.pending)):
+            jobs[name] = Job(
+                cluster_id=cluster.id,  # type: ignore[arg-type]
+                external_id=name,
+                checkpointable=True,
+                state=state,
+                updated_at=T0,
+            )
+            session.add(jobs[name])
+        plan = Plan(
+            cluster_id=cluster.id,
+            created_at=T0,
+            policy="shaper",
+            engine="greedy",
+            mode="advise",
+            status="optimal",
+            state=PlanState.proposed,
+        )
+        session.add(plan)
+        session.flush()
+        ids: dict[str, int] = {}
+        for name, kind, job, state, after in (
+            ("hold", ActionKind.reserve, "big", ActionState.cancelled, None),
+            ("move", ActionKind.migrate, "small", ActionState.approved, "hold"),
+            ("start", ActionKind.start, "big", ActionState.proposed, "move"),
+        ):
+            action = Action(
+                plan_id=plan.id,
+                cluster_id=cluster.id,
+                job_id=jobs[job].id,
+                kind=kind,
+                state=state,
+                idempotency_key=name,
+                source_node="a",
+                target_node="b",
+                depends_on=[ids[after]] if after else [],
+                created_at=T0,
+                updated_at=T0,
+            )
+            session.add(action)
+            session.flush()
+            ids[name] = action.id  # type: ignore[assignment]
+        session.commit()
+    return ids
+
+
+def test_a_saga_ending_an_action_and_an_operator_approving_its_dependant_do_not_deadlock(
+    committed_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = _plan_in_part_approved(committed_engine)
+    # Each side pauses once it holds its own action, before reaching for the other's (as
+    # without the plan lock both would); with it, the second waits at the plan instead.
+    both_locked = threading.Barrier(2)
+
+    def pausing(function: Any) -> Any:
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            try:
+                both_locked.wait(timeout=2)
+            except threading.BrokenBarrierError:
+                pass
+            return function(*args, **kwargs)
+
+        return paused
+
+    monkeypatch.setattr(action_service, "ended", pausing(action_service.ended))
+    monkeypatch.setattr(action_service, "_with_followers", pausing(action_service._with_followers))
+    outcomes: dict[str, str] = {}
+
+    def run(name: str, work: Any) -> None:
+        with Session(committed_engine) as session:
+            try:
+                work(session)
+                outcomes[name] = "done"
+            except Conflict as exc:
+                outcomes[name] = f"conflict: {exc}"
+            except Exception as exc:  # the deadlock, or anything else unexpected
+                outcomes[name] = f"error: {type(exc).__name__}: {exc}"
+
+    def saga_step(session: Session) -> None:
+        saga.advance(session=session, action_id=ids["move"], now=T0)
+
+    def approval(session: Session) -> None:
+        action_service.transition(
+            session=session, action_id=ids["start"], to=ActionState.approved, by="ops", now=T0
+        )
+
+    threads = [
+        threading.Thread(target=run, args=("saga", saga_step)),
+        threading.Thread(target=run, args=("operator", approval)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not [o for o in outcomes.values() if o.startswith("error")], outcomes
+    # The saga ended the move (its reservation can no longer run) whichever came first;
+    # the operator was told the start can no longer run (its prerequisite ended) or that
+    # it was withdrawn with the move.
+    assert outcomes["saga"] == "done"
+    assert outcomes["operator"].startswith("conflict"), outcomes
+    with Session(committed_engine) as session:
+        states = {name: session.get(Action, i).state for name, i in ids.items()}  # type: ignore[union-attr]
+    assert states == {
+        "hold": ActionState.cancelled,
+        "move": ActionState.cancelled,
+        "start": ActionState.cancelled,
+    }
