@@ -27,6 +27,7 @@ from app.actions.models import (
 )
 from app.audit.models import Actor
 from app.clusters import service as cluster_service
+from app.clusters.models import Cluster
 from app.core.errors import Conflict
 from app.core.lookup import found, row_id
 from app.nodes.models import Node
@@ -52,6 +53,11 @@ def request_node_action(
     if kind not in NODE_ACTION_KINDS:
         raise ValueError(f"{kind} is not an action on a node")
     row = cluster_service.get_cluster(session=session, name=cluster)
+    # The cluster's row first, FOR KEY SHARE, as the action's foreign key check would take
+    # it after the node: a deletion of the cluster locks its row, then its nodes.
+    session.exec(
+        select(Cluster.id).where(Cluster.id == row.id).with_for_update(read=True, key_share=True)
+    ).first()
     target = found(
         session.exec(
             select(Node)

@@ -56,7 +56,16 @@ def fence_arrival(
     """The moved job's row at the target, at least at the move's generation: the target's
     connector and node agent have fenced its new id at that generation (a running job's
     steps there name it), so a later saga of it must come after. Written ahead of the
-    target's telemetry when that has not reported it yet (it fills in the rest)."""
+    target's telemetry when that has not reported it yet (it fills in the rest).
+
+    The target's row is locked first, as its connector's ingest locks it
+    (``app.telemetry.ingest._lock_cluster``): the two take turns, so the ingest either
+    finds the row written here or has written its own first. Without it each could
+    insert the same job, one waiting on the other's uncommitted unique key while that one
+    waited for a row the first held (a deadlock, or a push failing on the duplicate)."""
+    session.exec(
+        select(Cluster.id).where(Cluster.id == target.id).with_for_update(key_share=True)
+    ).first()
     arrived = session.exec(
         select(Job)
         .where(Job.cluster_id == target.id, Job.external_id == external_id)

@@ -16,6 +16,7 @@ from app.core.errors import Invalid
 from app.core.lookup import found, not_taken, row_id
 from app.federation.models import FederationGroup
 from app.nodes.models import Node
+from app.plans.models import Plan
 from solver.policies import POLICY_NAMES
 
 
@@ -187,6 +188,16 @@ def delete_cluster(
     *, session: Session, name: str, now: datetime, actor: Actor | None = None
 ) -> None:
     cluster = get_cluster(session=session, name=name)
+    # Its plans first, in id order, as every locker of a plan's actions takes them
+    # (app.actions.service.lock_plan_of): the delete locks the cluster's row and then,
+    # cascading, its plans and actions, while a saga holding a plan may be waiting for that
+    # row (a reservation given back inserts an action; a job set's dispatch locks it).
+    session.exec(
+        select(Plan.id)
+        .where(Plan.cluster_id == cluster.id)
+        .order_by(col(Plan.id))
+        .with_for_update(key_share=True)
+    ).all()
     # Moves bound for it have nowhere to go (their sagas cancel them); its own cascade.
     session.execute(
         sa.update(Action)

@@ -444,11 +444,18 @@ def _back(snapshot: ClusterSnapshot) -> list[int]:
 
 def _clear_displaced(session: Session, back: list[int]) -> None:
     """A displaced job that runs again is no longer displaced: checked again under the
-    write lock (it holds GPUs now), since a job can be displaced anew after the snapshot."""
+    write lock (it holds GPUs now), since a job can be displaced anew after the snapshot.
+    The jobs' rows are locked first (in id order; after the plans, as a saga locks its
+    plan, its action, then its job) and their GPUs read after: a saga that displaced one
+    meanwhile has committed by then, so its displacement is seen, not overwritten."""
     if not back:
         return
+    locked = session.exec(
+        select(Job.id).where(col(Job.id).in_(back)).order_by(col(Job.id)).with_for_update()
+    ).all()
     running = select(Allocation.job_id).where(col(Allocation.released_at).is_(None))
-    for job in session.exec(select(Job).where(col(Job.id).in_(back), col(Job.id).in_(running))):
+    query = select(Job).where(col(Job.id).in_(locked), col(Job.id).in_(running))
+    for job in session.exec(query.execution_options(populate_existing=True)):
         job.displaced_at, job.displaced_reason = None, None
         session.add(job)
 

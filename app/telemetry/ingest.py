@@ -197,7 +197,15 @@ def ingest_push(
 
 
 def _lock_cluster(session: Session, name: str) -> Cluster:
-    query = select(Cluster).where(Cluster.name == name).with_for_update()
+    """The cluster's row, locked: pushes of one cluster take turns (``fencing.admit`` reads
+    and writes its fencing state). FOR NO KEY UPDATE (``key_share``), not FOR UPDATE: a
+    row inserted elsewhere that points at the cluster (an action a saga or an operator
+    adds, a moved job's arrival, a sample) checks its foreign key with a key-share lock on
+    this row, which FOR UPDATE would make wait for the whole ingest — while that
+    transaction held a job or node row the ingest updates next (a saga ending a start
+    holds its job; a drain holds its node): a deadlock. Deleting the cluster still
+    excludes an ingest (DELETE locks the row FOR UPDATE)."""
+    query = select(Cluster).where(Cluster.name == name).with_for_update(key_share=True)
     cluster = session.exec(query).first()
     return found(
         cluster, f"cluster {name!r} is not registered", resource="cluster", resource_id=name

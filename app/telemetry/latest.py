@@ -10,10 +10,11 @@ the newer of their samples whichever commits last. Rows are written in key order
 transactions upserting the same rows wait for each other, never deadlock.
 
 A writer inserts its samples first: on PostgreSQL that takes the cluster row's key-share
-lock (the samples' foreign key), which the ingest's ``FOR UPDATE`` of the cluster row
-excludes, before any row here is locked (the other order, an agent holding a row here
-while it waits for the ingest's cluster lock, and the ingest waiting for the row, would
-deadlock).
+lock (the samples' foreign key), which the ingest's lock of the cluster row (FOR NO KEY
+UPDATE, ``app.telemetry.ingest._lock_cluster``) lets through, so a node agent never
+waits for an ingest before writing here; the two meet only on rows here, taken in key
+order. (With a FOR UPDATE of the cluster row, an agent holding a row here while it waited
+for the ingest's cluster lock, and the ingest waiting for the row, would deadlock.)
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ a node agent's samples of its own node; read services' hourly mean demand
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 import sqlalchemy as sa
 from pydantic import TypeAdapter
+from sqlalchemy.engine import CursorResult
 from sqlmodel import Session, col, select
 
 from app.clusters.models import Cluster, ConnectorStatus
@@ -57,19 +59,24 @@ def ingest(
 
 
 def mark_stale_connectors(*, session: Session, now: datetime, stale_after_s: int) -> int:
-    """Flag clusters whose connector has been silent for ``stale_after_s``; returns how many."""
+    """Flag clusters whose connector has been silent for ``stale_after_s``; returns how many.
+
+    One conditional UPDATE, not a read then a write: a push that lands in between (its
+    ingest sets the cluster connected and seen now) would otherwise be overwritten as
+    stale until the next push. The UPDATE waits for an ingest holding the row and then
+    checks the row as that ingest left it."""
     cutoff = now - timedelta(seconds=stale_after_s)
-    clusters = session.exec(
-        select(Cluster).where(
-            Cluster.connector_status == ConnectorStatus.connected,
-            Cluster.last_seen_at < cutoff,  # type: ignore[operator]
+    result = session.execute(
+        sa.update(Cluster)
+        .where(
+            col(Cluster.connector_status) == ConnectorStatus.connected,
+            col(Cluster.last_seen_at) < cutoff,
         )
-    ).all()
-    for cluster in clusters:
-        cluster.connector_status = ConnectorStatus.stale
-        session.add(cluster)
+        .values(connector_status=ConnectorStatus.stale)
+        .execution_options(synchronize_session=False)
+    )
     session.commit()
-    return len(clusters)
+    return int(cast("CursorResult[Any]", result).rowcount)
 
 
 NODE_METRICS = frozenset(

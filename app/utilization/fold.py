@@ -13,10 +13,11 @@ model change moves what was folded of it, and holds the folder's lock shared unt
 commits, so no fold files the node's deltas under the old model meanwhile.
 
 Only the folder writes the roll-up, so writers never wait on it. It skips the deltas of
-a cluster whose row is locked ``FOR UPDATE`` (its connector's ingest, or its deletion):
-adding to the roll-up checks its foreign key, which would wait for that holder while this
-transaction holds the deltas the holder may delete (a deletion's cascade). A skipped
-delta stays, and stays exact, until the next fold.
+a cluster whose row is locked ``FOR UPDATE`` (its deletion, a job set's move): adding to
+the roll-up checks its foreign key, which would wait for that holder while this
+transaction holds the deltas the holder may delete (a deletion's cascade). A connector's
+ingest locks the row FOR NO KEY UPDATE, which the check passes, so its cluster's deltas
+are folded meanwhile. A skipped delta stays, and stays exact, until the next fold.
 """
 
 from __future__ import annotations

@@ -84,9 +84,10 @@ class UtilizationRollupDelta(SQLModel, table=True):
     one cluster (its connector's ingest, sagas, node agents) would each lock the cluster's
     all-time and current-period rows until commit, in orders no trigger can fix across the
     statements of a transaction, and deadlocked (``tests/app/test_utilization_writers.py``).
-    No foreign key either: checking it locks the cluster's row ``FOR KEY SHARE``, which
-    waits for the ingest's ``FOR UPDATE`` of that row while the waiter holds a job row the
-    ingest wants next. Rows of a deleted cluster are never read and the fold drops them.
+    No foreign key either: a trigger's row needs none (rows of a deleted cluster are never
+    read and the fold drops them), and checking one took a key-share lock on the cluster's
+    row in every writer's statements (when the ingest locked that row FOR UPDATE, a writer
+    holding a job row the ingest wanted next waited for it: a deadlock).
 
     ``node_id``: on a ``gpu_model`` row written for a node's events, that node; the row's
     group is the node's GPU model when folded or read (``gpu_model_id`` is the model when

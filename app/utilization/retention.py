@@ -178,8 +178,11 @@ def compact_rollups(
             clusters = sa.select(col(Cluster.id))
             if postgres:
                 session.execute(sa.select(sa.func.pg_advisory_xact_lock(ROLLUP_FOLD_LOCK_KEY)))
-                # Held FOR KEY SHARE: the new rows' foreign key check then waits for nothing.
-                clusters = clusters.with_for_update(key_share=True, skip_locked=True)
+                # Held FOR KEY SHARE (``read`` and ``key_share``; ``key_share`` alone is FOR
+                # NO KEY UPDATE, which held every cluster's row from its connector's
+                # ingest until the batch committed): the new rows' foreign key check then
+                # waits for nothing, and a cluster being deleted is skipped.
+                clusters = clusters.with_for_update(read=True, key_share=True, skip_locked=True)
             cluster_ids = list(session.execute(clusters).scalars())
             if cluster_ids:
                 parameters = {**bounds, "lo": lo, "clusters": cluster_ids}

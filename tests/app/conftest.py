@@ -21,9 +21,22 @@ def committed_engine(
 ) -> Iterator[Engine]:
     """A committed database (the saga tasks open their own sessions)."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'shaper.db'}"
+        yield from _committed(f"sqlite:///{tmp_path / 'shaper.db'}")
     else:
-        url = make_postgres_database(f"plans_{tmp_path.name[-12:].replace('-', '_')}")
+        yield from _committed(_postgres_url(tmp_path, make_postgres_database))
+
+
+@pytest.fixture
+def committed_postgres_engine(tmp_path: Path, make_postgres_database: Any) -> Iterator[Engine]:
+    """A committed PostgreSQL database, for what only it can show (row locks)."""
+    yield from _committed(_postgres_url(tmp_path, make_postgres_database))
+
+
+def _postgres_url(tmp_path: Path, make_postgres_database: Any) -> str:
+    return str(make_postgres_database(f"plans_{tmp_path.name[-12:].replace('-', '_')}"))
+
+
+def _committed(url: str) -> Iterator[Engine]:
     migrate.upgrade(url)
     engine = make_engine(url)
     with Session(engine) as session:

@@ -22,9 +22,10 @@ from app.actions import saga
 from app.actions import service as action_service
 from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import Cluster
-from app.core.errors import Conflict
+from app.core.lookup import row_id
 from app.jobs.models import Job
 from app.plans.models import Plan, PlanState
+from tests.support.at_once import at_once, pause
 from wire.telemetry import JobState
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -40,12 +41,12 @@ def _plan_in_part_approved(engine: Engine) -> dict[str, int]:
         session.add(cluster)
         session.flush()
         jobs = {}
-        for name, state in (("small", JobState.running), ("big", JobState.pending)):
+        for name, job_state in (("small", JobState.running), ("big", JobState.pending)):
             jobs[name] = Job(
                 cluster_id=cluster.id,  # type: ignore[arg-type]
                 external_id=name,
                 checkpointable=True,
-                state=state,
+                state=job_state,
                 updated_at=T0,
             )
             session.add(jobs[name])
@@ -68,7 +69,7 @@ def _plan_in_part_approved(engine: Engine) -> dict[str, int]:
         ):
             action = Action(
                 plan_id=plan.id,
-                cluster_id=cluster.id,
+                cluster_id=row_id(cluster),
                 job_id=jobs[job].id,
                 kind=kind,
                 state=state,
@@ -96,27 +97,13 @@ def test_a_saga_ending_an_action_and_an_operator_approving_its_dependant_do_not_
 
     def pausing(function: Any) -> Any:
         def paused(*args: Any, **kwargs: Any) -> Any:
-            try:
-                both_locked.wait(timeout=2)
-            except threading.BrokenBarrierError:
-                pass
+            pause(both_locked)
             return function(*args, **kwargs)
 
         return paused
 
     monkeypatch.setattr(action_service, "ended", pausing(action_service.ended))
     monkeypatch.setattr(action_service, "_with_followers", pausing(action_service._with_followers))
-    outcomes: dict[str, str] = {}
-
-    def run(name: str, work: Any) -> None:
-        with Session(committed_engine) as session:
-            try:
-                work(session)
-                outcomes[name] = "done"
-            except Conflict as exc:
-                outcomes[name] = f"conflict: {exc}"
-            except Exception as exc:  # the deadlock, or anything else unexpected
-                outcomes[name] = f"error: {type(exc).__name__}: {exc}"
 
     def saga_step(session: Session) -> None:
         saga.advance(session=session, action_id=ids["move"], now=T0)
@@ -126,14 +113,7 @@ def test_a_saga_ending_an_action_and_an_operator_approving_its_dependant_do_not_
             session=session, action_id=ids["start"], to=ActionState.approved, by="ops", now=T0
         )
 
-    threads = [
-        threading.Thread(target=run, args=("saga", saga_step)),
-        threading.Thread(target=run, args=("operator", approval)),
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    outcomes = at_once(committed_engine, {"saga": saga_step, "operator": approval})
     assert not [o for o in outcomes.values() if o.startswith("error")], outcomes
     # The saga ended the move (its reservation can no longer run) whichever came first;
     # the operator was told the start can no longer run (its prerequisite ended) or that
@@ -141,7 +121,7 @@ def test_a_saga_ending_an_action_and_an_operator_approving_its_dependant_do_not_
     assert outcomes["saga"] == "done"
     assert outcomes["operator"].startswith("conflict"), outcomes
     with Session(committed_engine) as session:
-        states = {name: session.get(Action, i).state for name, i in ids.items()}  # type: ignore[union-attr]
+        states = {name: session.get_one(Action, i).state for name, i in ids.items()}
     assert states == {
         "hold": ActionState.cancelled,
         "move": ActionState.cancelled,
