@@ -354,7 +354,8 @@ def sweep_cmd(
     chosen, overrides = _seeds_and_overrides(seeds, solver)
     _load(scenario, chosen[0])  # a bad scenario fails before the first run
     where = f" on Ray at {ray_address}" if ray_address else ""
-    with progress_bar(progress, f"{scenario} over {len(chosen)} seeds{where}") as callback:
+    label = f"{scenario} over {len(chosen)} seeds{where}"
+    with progress_bar(progress, label, unit="of the seeds") as callback:
         done = iter(range(1, len(chosen) + 1))
         options: dict[str, Any] = {
             "baseline": baseline,
@@ -403,7 +404,8 @@ def bar_cmd(
     for scenario in chosen:
         _load(scenario, chosen_seeds[0])  # a bad name fails before the first run
     runs_total = len(chosen) * len(chosen_seeds)
-    with progress_bar(progress, f"{len(chosen)} scenarios × {len(chosen_seeds)} seeds") as bar:
+    label = f"{len(chosen)} scenarios × {len(chosen_seeds)} seeds"
+    with progress_bar(progress, label, unit="of the runs") as bar:
         rows, runs = run_bar(
             chosen, chosen_seeds, solver_config=overrides, workers=workers, on_done=bar
         )
@@ -641,7 +643,8 @@ def inflation(
     def run_all(one_seed: int) -> list[InflationResult]:
         results = []
         for name in names:
-            with progress_bar(progress, f"inflation · {name} · seed {one_seed}") as callback:
+            label = f"inflation · {name} · seed {one_seed}"
+            with progress_bar(progress, label, unit="of the target load") as callback:
                 results.append(
                     run_inflation(
                         node_list,

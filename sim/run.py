@@ -34,8 +34,9 @@ ABLATIONS: dict[str, dict[str, object]] = {
 
 
 @contextmanager
-def progress_bar(enabled: bool, label: str) -> Iterator[Any]:
-    """Yield a ``callback(now, horizon)`` that drives a rich progress bar (or does nothing)."""
+def progress_bar(enabled: bool, label: str, unit: str = "of simulated time") -> Iterator[Any]:
+    """Yield a ``callback(now, horizon)`` that drives a rich progress bar (or does nothing).
+    ``unit`` says what the percentage is of (a sweep counts its runs, not simulated time)."""
     if not enabled:
         yield None
         return
@@ -44,7 +45,7 @@ def progress_bar(enabled: bool, label: str) -> Iterator[Any]:
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.percentage:>5.1f}% of simulated time"),
+        TextColumn(f"{{task.percentage:>5.1f}}% {unit}"),
         TimeElapsedColumn(),
         transient=True,
     ) as bar:
