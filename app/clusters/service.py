@@ -188,14 +188,22 @@ def delete_cluster(
     *, session: Session, name: str, now: datetime, actor: Actor | None = None
 ) -> None:
     cluster = get_cluster(session=session, name=name)
-    # Its plans first, in id order, as every locker of a plan's actions takes them
-    # (app.actions.service.lock_plan_of): the delete locks the cluster's row and then,
-    # cascading, its plans and actions, while a saga holding a plan may be waiting for that
-    # row (a reservation given back inserts an action; a job set's dispatch locks it).
+    # Its plans, then its actions, each in id order, as every locker of a plan's actions
+    # takes them (app.actions.service.lock_plan_of) and a saga takes an action with no
+    # plan (a drain, a job set's move) before the rest: the delete locks the cluster's row
+    # and then, cascading, its plans and actions, while a saga holding one of those may be
+    # waiting for that row (a reservation given back inserts an action; a job set's
+    # dispatch locks the row; a drain locks a node the cascade deletes).
     session.exec(
         select(Plan.id)
         .where(Plan.cluster_id == cluster.id)
         .order_by(col(Plan.id))
+        .with_for_update(key_share=True)
+    ).all()
+    session.exec(
+        select(Action.id)
+        .where(Action.cluster_id == cluster.id)
+        .order_by(col(Action.id))
         .with_for_update(key_share=True)
     ).all()
     # Moves bound for it have nowhere to go (their sagas cancel them); its own cascade.

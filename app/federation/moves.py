@@ -125,10 +125,13 @@ def propose_moves(
                 "a later period"
             )
             continue
+        # FOR NO KEY UPDATE: the ingest checks the foreign keys of the allocations and
+        # samples it inserts for a job with a key-share lock on the job's row, which FOR
+        # UPDATE would make wait while this holds the job (and later ones) until commit.
         job = session.exec(
             select(Job)
             .where(Job.cluster_id == row_id(home), Job.external_id == move.job)
-            .with_for_update()
+            .with_for_update(key_share=True)
         ).first()
         why = _why_not(session, home, job, target, move)
         if job is not None:

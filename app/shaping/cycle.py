@@ -445,13 +445,20 @@ def _back(snapshot: ClusterSnapshot) -> list[int]:
 def _clear_displaced(session: Session, back: list[int]) -> None:
     """A displaced job that runs again is no longer displaced: checked again under the
     write lock (it holds GPUs now), since a job can be displaced anew after the snapshot.
-    The jobs' rows are locked first (in id order; after the plans, as a saga locks its
-    plan, its action, then its job) and their GPUs read after: a saga that displaced one
-    meanwhile has committed by then, so its displacement is seen, not overwritten."""
+    The jobs' rows are locked first (after the plans, as a saga locks its plan, its
+    action, then its job) and their GPUs read after: a saga that displaced one meanwhile
+    (its GPUs released with it) has committed by then, so the job is left displaced.
+    FOR NO KEY UPDATE, SKIP LOCKED: a job another transaction holds (an ingest updating it,
+    a saga) is left for the next cycle rather than waited for — clearing is idempotent,
+    and waiting could close a cycle with an ingest that locks jobs in its push's order and
+    checks its allocations' and samples' foreign keys against them."""
     if not back:
         return
     locked = session.exec(
-        select(Job.id).where(col(Job.id).in_(back)).order_by(col(Job.id)).with_for_update()
+        select(Job.id)
+        .where(col(Job.id).in_(back))
+        .order_by(col(Job.id))
+        .with_for_update(key_share=True, skip_locked=True)
     ).all()
     running = select(Allocation.job_id).where(col(Allocation.released_at).is_(None))
     query = select(Job).where(col(Job.id).in_(locked), col(Job.id).in_(running))

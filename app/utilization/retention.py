@@ -158,8 +158,9 @@ def compact_rollups(
 
     Idempotent, and any part of it may run again: a compacted period holds no row to
     move. On PostgreSQL each batch holds the folder's lock (the only other writer of the
-    roll-up) and leaves alone the rows of a cluster whose row is locked (an ingest, a
-    deletion), as the fold does; the next run finds them."""
+    roll-up) and leaves alone the rows of a cluster whose row is locked FOR UPDATE (a
+    deletion, a job set's move; an ingest's lock lets it through), as the fold does; the
+    next run finds them."""
     postgres = session.get_bind().dialect.name == "postgresql"
     end = to_us(before) // _PERIOD_US * _PERIOD_US
     start = 0 if after is None else max(0, to_us(after) // _PERIOD_US * _PERIOD_US)
