@@ -194,18 +194,13 @@ def delete_cluster(
     # and then, cascading, its plans and actions, while a saga holding one of those may be
     # waiting for that row (a reservation given back inserts an action; a job set's
     # dispatch locks the row; a drain locks a node the cascade deletes).
-    session.exec(
-        select(Plan.id)
-        .where(Plan.cluster_id == cluster.id)
-        .order_by(col(Plan.id))
-        .with_for_update(key_share=True)
-    ).all()
-    session.exec(
-        select(Action.id)
-        .where(Action.cluster_id == cluster.id)
-        .order_by(col(Action.id))
-        .with_for_update(key_share=True)
-    ).all()
+    for table in (Plan, Action):
+        session.exec(
+            select(table.id)
+            .where(table.cluster_id == cluster.id)
+            .order_by(col(table.id))
+            .with_for_update(key_share=True)
+        ).all()
     # Moves bound for it have nowhere to go (their sagas cancel them); its own cascade.
     session.execute(
         sa.update(Action)
