@@ -85,8 +85,9 @@ class SupportsReplicaMoves(Protocol):
     """Shrink an elastic service to ``replicas`` taking ``leave[node]`` replicas off each
     named node (the ``resize`` step of a service whose plan frees GPUs on those nodes for
     other work: the replicas it moves come back where there is room once that work has
-    them, app/shaping/cycle.py). Only the named nodes' replicas go; returns once they
-    have left their GPUs (deleted), so the work waiting on those GPUs can start. The
+    them, app/shaping/cycle.py). Only the named nodes' replicas go; returns once the
+    scheduler is deleting them (they may still be stopping: the confirm step that follows
+    reads when their GPUs are free, and the work waiting on those GPUs starts after). The
     control plane sends it only with a shrink (``replicas`` below the service's size; a
     move that keeps the size is a shrink, then a growth back: app/shaping/cycle.py), so a
     service already at ``replicas`` is a resent step, left as it is. A service whose

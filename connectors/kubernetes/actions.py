@@ -248,14 +248,19 @@ def resize_deployment_off(
 ) -> None:
     """Shrink a Deployment to ``replicas``, taking ``leave[node]`` replicas off each named
     node: mark that many of its running pods there with the lowest deletion cost, scale it
-    through ``/scale`` (:func:`scale`), and wait until the marked pods are gone (their
-    GPUs free; a retryable error after ``timeout_s``, and a retry waits on).
+    through ``/scale`` (:func:`scale`), and wait until the ReplicaSet is deleting the
+    marked pods (:func:`_wait_left`; a retryable error after ``timeout_s``, and a retry
+    waits on). Not until they are gone: a pod stops within its grace period, which an
+    inference server may set to minutes to drain its requests, and the confirm that
+    follows (``args.gpus_at_most``) waits for their GPUs, reading the pods still stopping.
 
     Refused for good (non-retryable) before anything changes when :func:`_mark_leaving`
-    says so; after the scale, if the ReplicaSet kept a marked pod all the same (its mark
-    is then taken off). A Deployment already at ``replicas`` (a resent step) only has the
-    pods still marked waited on; with none, it is left as it is. Needs ``patch pods``
-    within the admission policy of deploy/kubernetes/components/pod-placement."""
+    says so, and the marks an earlier delivery of the step left are taken off then; after
+    the scale, if the ReplicaSet kept a marked pod all the same (its mark is then taken
+    off). A Deployment already at ``replicas`` (a resent step) only has the pods still
+    marked on the named nodes waited on (a mark elsewhere, an earlier move's, is taken
+    off); with none, it is left as it is. Needs ``patch pods`` within the admission policy
+    of deploy/kubernetes/components/pod-placement."""
     where = ", ".join(f"{count} off {node}" for node, count in sorted(leave.items()))
     what = f"resize deployment {deployment} in {namespace} to {replicas} ({where})"
     if replicas < 0 or any(count < 1 for count in leave.values()):
@@ -263,14 +268,21 @@ def resize_deployment_off(
     current = _read_deployment(api, namespace=namespace, name=deployment)
     desired = 1 if current.spec.replicas is None else int(current.spec.replicas)
     pods = deployment_pods(api, current)
+    own = template_cost(current)
     if desired == replicas:
         marked = [pod for pod in pods if _marked(pod)]
-        _wait_left(api, current, marked, replicas=replicas, what=what, timeout_s=timeout_s)
+        here = [pod for pod in marked if pod_node(pod) in leave]
+        _unmark(api, namespace, [pod for pod in marked if pod not in here and _active(pod)], own)
+        _wait_left(api, current, here, replicas=replicas, what=what, timeout_s=timeout_s)
         return
-    own = template_cost(current)
-    chosen = _mark_leaving(
-        api, namespace, pods, leave, desired=desired, replicas=replicas, what=what, own=own
-    )
+    try:
+        chosen = _mark_leaving(
+            api, namespace, pods, leave, desired=desired, replicas=replicas, what=what, own=own
+        )
+    except ConnectorError as error:
+        if not error.retryable:  # refused for good: no mark of a delivery before stays
+            _unmark(api, namespace, [pod for pod in pods if _marked(pod)], own)
+        raise
     try:
         scale(api, namespace=namespace, kind="deployment", name=deployment, replicas=replicas)
     except ConnectorError as error:
@@ -433,21 +445,22 @@ def _wait_left(
     what: str,
     timeout_s: float,
 ) -> None:
-    """Until the pods ``leaving`` are gone (a pod that is deleted holds its GPUs until it
-    has stopped). Non-retryable once the Deployment is down to ``replicas`` active pods
-    with one of them among those (the ReplicaSet deleted others: their marks are taken
-    off); retryable after ``timeout_s``."""
+    """Until none of the pods ``leaving`` is active: each gone, or deleted and stopping
+    (it holds its GPUs until it has stopped, which the confirm step waits for: waiting
+    here for a grace period of minutes failed the step after its retries).
+    Non-retryable once the Deployment is down to ``replicas`` active pods with one of them
+    among those (the ReplicaSet deleted others: their marks are taken off); retryable
+    after ``timeout_s``."""
     uids = {pod["metadata"]["uid"] for pod in leaving}
     namespace = current.metadata.namespace
 
     def gone() -> bool:
         pods = deployment_pods(api, current)
-        still = [pod for pod in pods if pod["metadata"]["uid"] in uids]
-        if not still:
+        kept = [pod for pod in pods if pod["metadata"]["uid"] in uids and _active(pod)]
+        if not kept:
             return True
         active = [pod for pod in pods if _active(pod)]
-        kept = [pod for pod in still if _active(pod)]
-        if kept and len(active) <= replicas:
+        if len(active) <= replicas:
             _unmark(api, namespace, kept, template_cost(current))
             raise ConnectorError(
                 f"cannot {what}: the ReplicaSet removed other replicas and kept "
@@ -457,7 +470,7 @@ def _wait_left(
             )
         return False
 
-    wait_until(f"the replicas moved off to be gone ({what})", gone, timeout_s)
+    wait_until(f"the replicas moved off to be deleted ({what})", gone, timeout_s)
 
 
 def _unmark(

@@ -105,7 +105,7 @@ def test_a_deployment_shrinks_off_the_nodes_the_plan_names(
     connector.resize_off(service, replicas=2, leave={a: 1})
     assert kube.apps.read_namespaced_deployment("llm", kube.namespace).spec.replicas == 2
     left = {pod: node for pod, node in before.items() if node != a}
-    assert placed(kube, "llm") == left  # resize_off returned once the pod on a had gone
+    assert placed(kube, "llm") == left  # resize_off returned once the pod on a was deleted
     assert all(
         DELETION_COST not in (p.metadata.annotations or {})
         for p in kube.core.list_namespaced_pod(kube.namespace, label_selector="app=llm").items
@@ -178,6 +178,83 @@ def test_a_pod_the_move_no_longer_takes_gets_the_sites_own_deletion_cost_back(
         if not p.metadata.deletion_timestamp
     }
     assert costs[on_a] == "100" and set(costs.values()) == {"100"}
+
+
+# Holds a deleted pod in the API, stopping, as a long grace period does (kwok's pods stop
+# at once otherwise).
+HOLD = "shaper.test/hold"
+
+
+def test_a_shrink_returns_while_its_replica_stops_and_the_confirm_waits_for_its_gpu(
+    kube: Kube, placing: tuple[KubernetesConnector, Steps]
+) -> None:
+    """An inference server may take minutes to stop (its grace period drains requests).
+    The step returns once the ReplicaSet is deleting the pod leaving, and the confirm that
+    follows answers "not yet" while that pod still holds its GPU, and passes once it is
+    gone. The step used to wait for the pod to be gone: a minute a try, then it failed
+    the move after its retries."""
+    connector, steps = placing
+    a, _b, _c = kwok_nodes(kube)
+    wait_for("the cluster's GPUs free", lambda: not gpu_pods_anywhere(kube))
+    service = spread_service("draining", replicas=3)
+    service.spec.template.metadata.finalizers = [HOLD]
+    kube.apps.create_namespaced_deployment(kube.namespace, service)
+    try:
+        before = wait_for("3 replicas, one a node", lambda: ready_pods(kube, "draining", 3))
+        on_a = next(pod for pod, node in before.items() if node == a)
+        name = f"{kube.namespace}/deployment/draining"
+        wait_for(
+            "its report", lambda: [j for j in connector.read_state().jobs if j.external_id == name]
+        )
+
+        connector.resize_off(name, replicas=2, leave={a: 1})
+        stopping = kube.core.read_namespaced_pod(on_a, kube.namespace)
+        assert stopping.metadata.deletion_timestamp is not None  # deleted, still stopping
+        held = steps.run("confirm", name, expect="running", gpus_at_most={a: 0})
+        assert not held.ok and held.retryable
+        assert f"(GPUs {a}: 1)" in (held.error or "")
+
+        _release(kube, on_a)
+        report = steps.until_ok("confirm", name, expect="running", gpus_at_most={a: 0})
+        assert f"(GPUs {a}: 0)" in report.result["summary"]
+    finally:
+        for pod in kube.core.list_namespaced_pod(
+            kube.namespace, label_selector="app=draining"
+        ).items:
+            _release(kube, pod.metadata.name)
+
+
+def test_a_resent_shrink_refused_for_good_takes_an_earlier_deliverys_mark_off(
+    kube: Kube, placing: tuple[KubernetesConnector, Steps]
+) -> None:
+    """A first delivery marked the pod leaving a and was cut short before its scale; the
+    Deployment then changed so that the resend is refused for good (here: two replicas
+    to move, one to remove). The mark it left must not stay, or the next scale-down by
+    anyone deletes that pod first."""
+    connector, _ = placing
+    a, b, _c = kwok_nodes(kube)
+    wait_for("the cluster's GPUs free", lambda: not gpu_pods_anywhere(kube))
+    kube.apps.create_namespaced_deployment(kube.namespace, spread_service("marked", replicas=3))
+    before = wait_for("3 replicas, one a node", lambda: ready_pods(kube, "marked", 3))
+    on_a = next(pod for pod, node in before.items() if node == a)
+    kube.core.patch_namespaced_pod(
+        on_a, kube.namespace, {"metadata": {"annotations": {DELETION_COST: MOVE_COST}}}
+    )
+    with pytest.raises(ConnectorError) as refused:
+        connector.resize_off(f"{kube.namespace}/deployment/marked", replicas=2, leave={a: 1, b: 1})
+    assert not refused.value.retryable
+    annotations = kube.core.read_namespaced_pod(on_a, kube.namespace).metadata.annotations
+    assert DELETION_COST not in (annotations or {})
+    assert kube.apps.read_namespaced_deployment("marked", kube.namespace).spec.replicas == 3
+
+
+def _release(kube: Kube, pod: str) -> None:
+    """Take the test's finalizer off a pod (gone already: nothing to do)."""
+    try:
+        kube.core.patch_namespaced_pod(pod, kube.namespace, {"metadata": {"finalizers": None}})
+    except ApiException as error:
+        if error.status != 404:
+            raise
 
 
 def _merge(api: client.ApiClient, kube: Kube, pod: str, body: dict[str, Any]) -> None:
