@@ -8,7 +8,8 @@ their prerequisites) still apply while:
    reservation's job still pending, a migration's, preemption's, requeue's or resize's job
    still holding exactly the GPUs the plan took from it (``source_placement``) — or, for a
    job's later action in the plan (a moved service's growth back), those an earlier live
-   action of the job starts from, or, once that one runs, any step on its way;
+   or done action of the job starts from, or, once that one runs, any step on its way
+   (a done one's effect may not be in the telemetry yet);
 2. every node they put work on is still ``up``;
 3. on every such node, the GPUs free now plus those the plan's unfinished actions will
    still free cover what its unfinished actions will still take: nobody outside the plan
@@ -85,10 +86,10 @@ def _job_check(
 
 
 def _on_its_way(earlier: Action, held: dict[str, int]) -> bool:
-    """Whether ``held`` is where an earlier live action of the job leaves it for now: its
-    start (``source_placement``), or, once it runs, anything between its start and its
-    target on every node (a shrink under way: Kubernetes deletes the chosen pods one by
-    one)."""
+    """Whether ``held`` is where an earlier live or done action of the job leaves it for
+    now: its start (``source_placement``), or, once it runs, anything between its start
+    and its target on every node (a shrink under way: Kubernetes deletes the chosen pods
+    one by one; or done, before the connector's next push shows it)."""
     source, target = earlier.source_placement, earlier.target_placement
     if held == source:
         return True
@@ -100,6 +101,17 @@ def _on_its_way(earlier: Action, held: dict[str, int]) -> bool:
         <= max(source.get(n, 0), target.get(n, 0))
         for n in set(source) | set(target) | set(held)
     )
+
+
+def _still_to_free(action: Action, held: Mapping[str, int]) -> dict[str, int]:
+    """GPUs an action frees on each node that its job, as the snapshot has it, still holds
+    there beyond what the action keeps."""
+    changes = gpu_changes(action.source_placement, action.target_placement)
+    return {
+        node: held.get(node, 0) - action.target_placement.get(node, 0)
+        for node, change in changes.items()
+        if change < 0 and held.get(node, 0) > action.target_placement.get(node, 0)
+    }
 
 
 def review_plan(
@@ -117,6 +129,10 @@ def review_plan(
             held_now[node] = held_now.get(node, 0) + gpus
     # What the plan's unfinished actions will still take and free, per node.
     live = [a for a in actions if ActionState(a.state) not in TERMINAL_ACTION_STATES]
+    # Done, but perhaps not yet in the snapshot: a resize's success records nothing, so a
+    # service shrunk off a node still holds its GPUs there until its connector's next push
+    # (a move's shrink whose start and growth back a cycle must not expire meanwhile).
+    done = [a for a in actions if ActionState(a.state) is ActionState.succeeded]
     need: dict[str, int] = {}
     freed: dict[str, int] = {}
     takers: dict[str, list[Action]] = {}
@@ -131,9 +147,14 @@ def review_plan(
                 need[node] = need.get(node, 0) + still
                 if ActionState(action.state) in UNSTARTED:
                     takers.setdefault(node, []).append(action)
-            else:
-                keep = action.target_placement.get(node, 0)
-                freed[node] = freed.get(node, 0) + max(0, held.get(node, 0) - keep)
+        for node, gpus in _still_to_free(action, held).items():
+            freed[node] = freed.get(node, 0) + gpus
+    for action in done:  # GPUs it freed that the snapshot still shows held
+        if ActionKind(action.kind) in (ActionKind.reserve, ActionKind.unreserve):
+            continue
+        row = jobs.get(action.job_id) if action.job_id is not None else None
+        for node, gpus in _still_to_free(action, held_by_job(row) if row else {}).items():
+            freed[node] = freed.get(node, 0) + gpus
     why: dict[int, str] = {}
     for node, node_takers in takers.items():
         info = nodes.get(node)
@@ -158,9 +179,9 @@ def review_plan(
             )
             for action in node_takers:
                 why.setdefault(row_id(action), message)
-    # Per job, its live actions so far, in plan order.
+    # Per job, its live and done actions so far, in plan order.
     sources: dict[int | None, list[Action]] = {}
-    for action in sorted(live, key=row_id):
+    for action in sorted([*live, *done], key=row_id):
         if ActionKind(action.kind) is ActionKind.unreserve:
             continue  # giving GPUs back always applies
         earlier = sources.setdefault(action.job_id, [])

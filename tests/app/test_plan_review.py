@@ -10,6 +10,7 @@ stands or falls whole), but the reason, written first on the start, read as its 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -20,14 +21,15 @@ from app.actions.models import Action, ActionKind, ActionState
 from app.clusters import service as cluster_service
 from app.clusters.models import ClusterCreate, ShapingMode
 from app.jobs.models import Job
+from app.nodes.models import Node
 from app.plans.models import Plan, PlanState
 from app.shaping import review
 from app.shaping.cycle import run_cycle
-from app.shaping.snapshot import JobRow
+from app.shaping.snapshot import ClusterSnapshot, JobRow
 from app.telemetry import service as telemetry_service
 from tests.app.builders import job, node, running, snapshot
 from tests.support.clock import T0
-from wire.telemetry import SchedulerKind, TelemetrySnapshot
+from wire.telemetry import NodeState, SchedulerKind, TelemetrySnapshot
 
 LOW = running("low", "n1", list(range(8)), priority=10)
 URGENT = job("urgent", gpus_requested=8, priority=100)
@@ -183,3 +185,78 @@ def _service_row(held: dict[str, int]) -> JobRow:
         preemptions_today=0,
         last_moved_at=None,
     )
+
+
+@pytest.mark.parametrize(
+    ("service_held", "expired"),
+    [
+        # The connector has not pushed since the shrink succeeded: the snapshot still shows
+        # the service on a. The start and the growth back still apply.
+        ({"a": 2, "b": 2}, set()),
+        # Pushed: the service is where the shrink left it.
+        ({"b": 2}, set()),
+        # Somewhere the shrink never put it: the growth back (and the start, one group
+        # with it) no longer applies.
+        ({"a": 4, "b": 2}, {2, 3}),
+    ],
+)
+def test_a_done_shrink_not_yet_in_the_telemetry_keeps_its_move(
+    service_held: dict[str, int], expired: set[int]
+) -> None:
+    """A resize's success records nothing: until its connector's next push the snapshot
+    has the service where it was. A cycle in that window expired the growth back (the
+    service "now holds" a:2 where the plan found it on b:2) and the start on a (6 GPUs to
+    be had, 8 needed), leaving the service short with the GPUs freed for nothing."""
+    nodes = tuple(
+        Node(cluster_id=1, name=name, gpu_count=8, state=NodeState.up, updated_at=T0)
+        for name in "ab"
+    )
+    service = replace(_service_row(service_held), id=7)
+    big = replace(
+        _service_row({}), id=8, external_id="big", shape="block", gpus_requested=8, replicas=1
+    )
+    snap = ClusterSnapshot(
+        cluster="lab",
+        cluster_id=1,
+        mode="advise",
+        policy="shaper",
+        scheduler="kubernetes",
+        taken_at=T0,
+        gpu_models=(),
+        nodes=nodes,
+        jobs=(service, big),
+        sla={},
+    )
+    shrink = Action(
+        id=1,
+        cluster_id=1,
+        idempotency_key="shrink",
+        job_id=7,
+        kind=ActionKind.resize,
+        state=ActionState.succeeded,
+        source_placement={"a": 2, "b": 2},
+        target_placement={"b": 2},
+    )
+    start = Action(
+        id=2,
+        cluster_id=1,
+        idempotency_key="start",
+        job_id=8,
+        kind=ActionKind.start,
+        state=ActionState.approved,
+        target_placement={"a": 8},
+        depends_on=[1],
+    )
+    growth = Action(
+        id=3,
+        cluster_id=1,
+        idempotency_key="growth",
+        job_id=7,
+        kind=ActionKind.resize,
+        state=ActionState.approved,
+        source_placement={"b": 2},
+        target_placement={"b": 4},
+        depends_on=[2],
+    )
+    outcome = review.review_plan(snap, [shrink, start, growth])
+    assert set(outcome.expired) == expired, outcome.expired
