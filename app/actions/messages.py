@@ -118,10 +118,16 @@ def step_message(
     training = job is not None and job.shape == JobShape.block
     if step.name == ConnectorStep.resize and training:
         args["nodes"] = targets  # an elastic training job: where it runs at its new size
-    if step.name == ConnectorStep.resize and job is not None:
-        leave = replicas_leaving(action, job)
-        if leave:  # a service that shrinks off named nodes (connectors.base.SupportsReplicaMoves)
-            args["leave"] = leave
+    if step.name == ConnectorStep.resize and job is not None and not training:
+        # A service that shrinks off named nodes (connectors.base.SupportsReplicaMoves): the
+        # recipe chose it at dispatch, giving the shrink its confirm; what leaves each node
+        # comes from the action alone, so that a resend says what the first delivery said
+        # whatever the job's row says now (its connector restarted without pod_placement,
+        # its size changed).
+        if by_name.get((StepPhase.forward, ConnectorStep.confirm)) is not None:
+            leave = replicas_off(action, gpus_per_replica(action, job))
+            if leave:
+                args["leave"] = leave
     sized = step.name == ConnectorStep.start and action.target_replicas is not None
     if training and (step.name == ConnectorStep.resize or sized) and action.target_placement:
         args["gpus"] = dict(action.target_placement)  # and how many GPUs on each node
@@ -302,14 +308,30 @@ def _gpus_left(action: Action) -> dict[str, int]:
 
 
 def replicas_leaving(action: Action, job: Job) -> dict[str, int]:
-    """A service's replicas the plan takes off each node ({node: replicas}): where it
-    holds fewer GPUs after the resize than before, in replicas of its size. Empty for a
-    job whose connector cannot choose which replicas leave (``Job.replicas_movable``)."""
+    """A service's replicas the plan takes off each node ({node: replicas}), as the recipe
+    sees them at dispatch: :func:`replicas_off`; empty for a job whose connector cannot
+    choose which replicas leave (``Job.replicas_movable``)."""
     if not job.replicas_movable:
         return {}
-    per_replica = max(job.gpus_requested, 1)
+    return replicas_off(action, gpus_per_replica(action, job))
+
+
+def replicas_off(action: Action, per_replica: int) -> dict[str, int]:
+    """Where a service holds fewer GPUs after the resize than before, in replicas of
+    ``per_replica`` GPUs ({node: replicas > 0})."""
     source = action.source_placement
     leaving = {
         node: (source[node] - left) // per_replica for node, left in _gpus_left(action).items()
     }
     return {node: replicas for node, replicas in leaving.items() if replicas > 0}
+
+
+def gpus_per_replica(action: Action, job: Job) -> int:
+    """A service's GPUs a replica, from the action (its target GPUs over its target
+    replicas) where it says, else the job's size: the action does not change between
+    dispatch and a resend, the job's row may."""
+    total = sum(action.target_placement.values())
+    replicas = action.target_replicas
+    if replicas and total and total % replicas == 0:
+        return total // replicas
+    return max(job.gpus_requested, 1)
