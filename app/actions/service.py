@@ -353,7 +353,9 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
 
     * ``finished_at`` is set;
     * if it ended without doing its job, its dependency group falls whole: every unstarted
-      action connected to it by dependencies (either way) is cancelled with the reason;
+      action connected to it by dependencies (either way) is cancelled with the reason —
+      but a moved service's growth back whose shrink has run or runs, which then runs
+      after that shrink alone (``_shrink_before``);
     * if GPUs were reserved for its job by its plan and the job will not take them now, an
       ``unreserve`` action (approved by shaper) gives them back to the scheduler — also
       when a reservation succeeds after what it was for was withdrawn;
@@ -390,8 +392,17 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
     if action.error:
         why += f": {action.error}"
     withdrawn = [action]
+    restored: list[int] = []
     for other in _connected(action, siblings):
         if ActionState(other.state) in (ActionState.proposed, ActionState.approved):
+            shrink = _shrink_before(other, siblings)
+            if shrink is not None:
+                # A moved service's growth back: its shrink has run (or runs), so it still
+                # has a service to restore, now after the shrink alone.
+                other.depends_on = [row_id(shrink)]
+                session.add(other)
+                restored.append(row_id(other))
+                continue
             _decide(other, ActionState.cancelled, "shaper", now)
             other.error = why[:4096]
             other.finished_at = now
@@ -401,7 +412,29 @@ def ended(*, session: Session, action: Action, now: datetime) -> list[int]:
     for taker in withdrawn:
         if ActionKind(taker.kind) in TAKER_KINDS:
             given_back += _give_back_reservation(session, taker, siblings, now)
-    return given_back + _reservations_in_place(action, siblings)
+    return given_back + restored + _reservations_in_place(action, siblings)
+
+
+def _shrink_before(growth: Action, siblings: list[Action]) -> Action | None:
+    """For an approved resize of a job, the earlier resize of that job in the plan that
+    shrank it and has run or is running (a replica move's first half,
+    ``solver.dependencies.split_replica_moves``), if any: when what the move made room for
+    ends undone, the growth back still runs, after that shrink, instead of falling with
+    it and leaving the service short until a later plan grows it again."""
+    if ActionState(growth.state) is not ActionState.approved or growth.job_id is None:
+        return None
+    if ActionKind(growth.kind) is not ActionKind.resize:
+        return None
+    for earlier in siblings:
+        if (
+            earlier.job_id == growth.job_id
+            and row_id(earlier) < row_id(growth)
+            and ActionKind(earlier.kind) is ActionKind.resize
+            and ActionState(earlier.state) in (ActionState.running, ActionState.succeeded)
+            and sum(earlier.target_placement.values()) < sum(earlier.source_placement.values())
+        ):
+            return earlier
+    return None
 
 
 TAKER_KINDS = (ActionKind.start, ActionKind.migrate, ActionKind.resize)

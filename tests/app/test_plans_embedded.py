@@ -513,3 +513,35 @@ def test_two_operators_approving_two_parts_of_one_move_at_once_do_not_deadlock(
         (ActionKind.start, ActionState.approved),
         (ActionKind.reserve, ActionState.approved),
     }
+
+
+def test_a_moved_service_grows_back_when_the_start_it_made_room_for_is_withdrawn(
+    site_factory: Any, committed_engine: Engine
+) -> None:
+    """The operator withdraws the start while the shrink runs (the job was deleted, or
+    they changed their mind). The growth back fell with it and the service stayed short
+    until a later plan grew it again (in advise mode, until an operator approved one);
+    it now runs once the shrink is done."""
+    site = site_factory(services=(ServiceSpec(name="svc", peak_replicas=2, gpus_per_replica=2),))
+    _service_in_the_way(site)
+    result = site.cycle()
+    start = next(a for a in site.actions(result.plan_id) if a.kind == ActionKind.start)
+    with Session(committed_engine) as session:
+        plan_service.decide_plan(
+            session=session, plan_id=result.plan_id, approve=True, by="operator", now=T0
+        )
+
+    def withdraw_the_start() -> None:  # once the shrink's first step is done
+        with Session(committed_engine) as session:
+            action_service.transition(
+                session=session, action_id=start.id, to=ActionState.cancelled, by="ops", now=T0
+            )
+
+    site.after_step["resize"] = withdraw_the_start
+    site.run_sagas()
+    outcome = {(a.kind, a.state) for a in site.actions(result.plan_id)}
+    assert (ActionKind.start, ActionState.cancelled) in outcome
+    resizes = [a for a in site.actions(result.plan_id) if a.kind == ActionKind.resize]
+    assert [a.state for a in resizes] == [ActionState.succeeded, ActionState.succeeded]
+    assert site.cluster.jobs["svc"].report.replicas == 2
+    # (big may start all the same: its scheduler starts it on the GPUs the shrink freed.)
