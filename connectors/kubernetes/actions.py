@@ -255,7 +255,9 @@ def resize_deployment_off(
     follows (``args.gpus_at_most``) waits for their GPUs, reading the pods still stopping.
 
     Refused for good (non-retryable) before anything changes when :func:`_mark_leaving`
-    says so, and the marks an earlier delivery of the step left are taken off then; after
+    says so, and the marks an earlier delivery of the step left are taken off then; its
+    "not yet" (a replica that stays still starting) is waited out here up to
+    ``timeout_s``; after
     the scale, if the ReplicaSet kept a marked pod all the same (its mark is then taken
     off). A Deployment already at ``replicas`` (a resent step) only has the pods still
     marked on the named nodes waited on (a mark elsewhere, an earlier move's, is taken
@@ -275,14 +277,25 @@ def resize_deployment_off(
         _unmark(api, namespace, [pod for pod in marked if pod not in here and _active(pod)], own)
         _wait_left(api, current, here, replicas=replicas, what=what, timeout_s=timeout_s)
         return
-    try:
-        chosen = _mark_leaving(
-            api, namespace, pods, leave, desired=desired, replicas=replicas, what=what, own=own
-        )
-    except ConnectorError as error:
-        if not error.retryable:  # refused for good: no mark of a delivery before stays
-            _unmark(api, namespace, [pod for pod in pods if _marked(pod)], own)
-        raise
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            chosen = _mark_leaving(
+                api, namespace, pods, leave, desired=desired, replicas=replicas, what=what, own=own
+            )
+            break
+        except ConnectorError as error:
+            if not error.retryable:  # refused for good: no mark of a delivery before stays
+                _unmark(api, namespace, [pod for pod in pods if _marked(pod)], own)
+                raise
+            # "Not yet": a replica that stays is still starting (not placed, pending, not
+            # ready), and the ReplicaSet would delete it before the chosen one. Asked
+            # again here until ``timeout_s``: the saga asks a step again only a few
+            # times, seconds apart, and a model server warming up takes longer.
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(POLL_S)
+            pods = deployment_pods(api, current)
     try:
         scale(api, namespace=namespace, kind="deployment", name=deployment, replicas=replicas)
     except ConnectorError as error:

@@ -248,6 +248,40 @@ def test_a_resent_shrink_refused_for_good_takes_an_earlier_deliverys_mark_off(
     assert kube.apps.read_namespaced_deployment("marked", kube.namespace).spec.replicas == 3
 
 
+def test_a_shrink_waits_for_a_replica_that_stays_to_finish_starting(
+    kube: Kube, placing: tuple[KubernetesConnector, Steps]
+) -> None:
+    """A replica on a node that stays is still starting (a model server warming up; here
+    kwok starts it after a delay): the ReplicaSet would delete it before the chosen one,
+    so the step cannot go yet. It waits for it within the step, as it waits for the pods
+    to be deleted; it answered "not yet" at once, which the saga asks again only three
+    times in about five seconds, so the move of a service warming up failed."""
+    connector, _ = placing
+    a, b, _c = kwok_nodes(kube)
+    wait_for("the cluster's GPUs free", lambda: not gpu_pods_anywhere(kube))
+    service = spread_service("warming", replicas=3)
+    service.spec.template.metadata.annotations = {"pod-ready.stage.kwok.x-k8s.io/delay": "4s"}
+    kube.apps.create_namespaced_deployment(kube.namespace, service)
+    before = wait_for("3 replicas, one a node", lambda: ready_pods(kube, "warming", 3))
+    on_b = next(pod for pod, node in before.items() if node == b)
+    kube.core.delete_namespaced_pod(on_b, kube.namespace, grace_period_seconds=0)
+
+    def starting_on_b() -> str | None:
+        pods = kube.core.list_namespaced_pod(kube.namespace, label_selector="app=warming")
+        new = [
+            p.metadata.name
+            for p in pods.items
+            if p.spec.node_name == b and p.metadata.name not in before
+        ]
+        return new[0] if new else None
+
+    again = wait_for("its replacement placed on b, starting", starting_on_b)
+    connector.resize_off(f"{kube.namespace}/deployment/warming", replicas=2, leave={a: 1})
+    after = wait_for("warming at 2", lambda: ready_pods(kube, "warming", 2))
+    assert sorted(after.values()) == sorted(n for n in before.values() if n != a)
+    assert again in after  # the replica that was starting stays; a's left
+
+
 def _release(kube: Kube, pod: str) -> None:
     """Take the test's finalizer off a pod (gone already: nothing to do)."""
     try:
