@@ -23,13 +23,13 @@ rather than judged here.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sim.report import strength
 from sim.sweep import Metrics, seed_metrics, seed_workload
 
 BASELINES = ("fifo", "backfill", "priority")
@@ -130,14 +130,12 @@ def judge(mine: Figures, base: Figures) -> Verdict:
 
 
 def best_of(figures: Mapping[str, Figures]) -> str:
-    """The best baseline: most value, then utilization, then the lowest mean JCT."""
-
-    def strength(name: str) -> tuple[float, float, float]:
-        f = figures[name]
-        jct = f.jct_mean_h if f.jct_mean_h is not None else math.inf
-        return (round(f.value, 6), round(f.utilization, 6), -jct)
-
-    return max((name for name in figures if name != MINE), key=strength)
+    """The best baseline: most value, then utilization, then the lowest mean JCT (the
+    table's rule, ``sim.report.strength``)."""
+    return max(
+        (name for name in figures if name != MINE),
+        key=lambda n: strength(figures[n].value, figures[n].utilization, figures[n].jct_mean_h),
+    )
 
 
 def lowest_p99(figures: Mapping[str, Figures]) -> str | None:

@@ -256,13 +256,12 @@ def resize_deployment_off(
 
     Refused for good (non-retryable) before anything changes when :func:`_mark_leaving`
     says so, and the marks an earlier delivery of the step left are taken off then; its
-    "not yet" (a replica that stays still starting) is waited out here up to
-    ``timeout_s``; after
-    the scale, if the ReplicaSet kept a marked pod all the same (its mark is then taken
-    off). A Deployment already at ``replicas`` (a resent step) only has the pods still
-    marked on the named nodes waited on (a mark elsewhere, an earlier move's, is taken
-    off); with none, it is left as it is. Needs ``patch pods`` within the admission policy
-    of deploy/kubernetes/components/pod-placement."""
+    "not yet" (a replica that stays still starting) is waited out up to ``timeout_s``
+    (:func:`_mark_when_settled`); after the scale, if the ReplicaSet kept a marked pod all
+    the same (its mark is then taken off). A Deployment already at ``replicas`` (a resent
+    step) only has the pods still marked on the named nodes waited on (a mark elsewhere, an
+    earlier move's, is taken off); with none, it is left as it is. Needs ``patch pods``
+    within the admission policy of deploy/kubernetes/components/pod-placement."""
     where = ", ".join(f"{count} off {node}" for node, count in sorted(leave.items()))
     what = f"resize deployment {deployment} in {namespace} to {replicas} ({where})"
     if replicas < 0 or any(count < 1 for count in leave.values()):
@@ -277,25 +276,17 @@ def resize_deployment_off(
         _unmark(api, namespace, [pod for pod in marked if pod not in here and _active(pod)], own)
         _wait_left(api, current, here, replicas=replicas, what=what, timeout_s=timeout_s)
         return
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            chosen = _mark_leaving(
-                api, namespace, pods, leave, desired=desired, replicas=replicas, what=what, own=own
-            )
-            break
-        except ConnectorError as error:
-            if not error.retryable:  # refused for good: no mark of a delivery before stays
-                _unmark(api, namespace, [pod for pod in pods if _marked(pod)], own)
-                raise
-            # "Not yet": a replica that stays is still starting (not placed, pending, not
-            # ready), and the ReplicaSet would delete it before the chosen one. Asked
-            # again here until ``timeout_s``: the saga asks a step again only a few
-            # times, seconds apart, and a model server warming up takes longer.
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(POLL_S)
-            pods = deployment_pods(api, current)
+    chosen = _mark_when_settled(
+        api,
+        current,
+        pods,
+        leave,
+        desired=desired,
+        replicas=replicas,
+        what=what,
+        own=own,
+        timeout_s=timeout_s,
+    )
     try:
         scale(api, namespace=namespace, kind="deployment", name=deployment, replicas=replicas)
     except ConnectorError as error:
@@ -303,6 +294,40 @@ def resize_deployment_off(
             _unmark(api, namespace, chosen, own)
         raise
     _wait_left(api, current, chosen, replicas=replicas, what=what, timeout_s=timeout_s)
+
+
+def _mark_when_settled(
+    api: client.ApiClient,
+    current: client.V1Deployment,
+    pods: list[dict[str, Any]],
+    leave: Mapping[str, int],
+    *,
+    desired: int,
+    replicas: int,
+    what: str,
+    own: str | None,
+    timeout_s: float,
+) -> list[dict[str, Any]]:
+    """:func:`_mark_leaving`, asked again while it answers "not yet" — a replica that stays
+    is still starting (not placed, pending, not ready) and the ReplicaSet would delete it
+    before the chosen one — until ``timeout_s``: the saga asks a step again only a few
+    times, seconds apart, and a model server warming up takes longer. Refused for good,
+    the marks an earlier delivery of the step left come off."""
+    namespace = current.metadata.namespace
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _mark_leaving(
+                api, namespace, pods, leave, desired=desired, replicas=replicas, what=what, own=own
+            )
+        except ConnectorError as error:
+            if not error.retryable:
+                _unmark(api, namespace, [pod for pod in pods if _marked(pod)], own)
+                raise
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(POLL_S)
+        pods = deployment_pods(api, current)
 
 
 def _mark_leaving(

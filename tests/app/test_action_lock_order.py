@@ -24,8 +24,8 @@ from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import Cluster
 from app.core.lookup import row_id
 from app.jobs.models import Job
-from app.plans.models import Plan, PlanState
 from tests.support.at_once import at_once, pause
+from tests.support.plans import stored_plan
 from wire.telemetry import JobState
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -40,51 +40,34 @@ def _plan_in_part_approved(engine: Engine) -> dict[str, int]:
         cluster = Cluster(name="lab", created_at=T0)
         session.add(cluster)
         session.flush()
-        jobs = {}
         for name, job_state in (("small", JobState.running), ("big", JobState.pending)):
-            jobs[name] = Job(
-                cluster_id=cluster.id,  # type: ignore[arg-type]
-                external_id=name,
-                checkpointable=True,
-                state=job_state,
-                updated_at=T0,
+            session.add(
+                Job(
+                    cluster_id=row_id(cluster),
+                    external_id=name,
+                    checkpointable=True,
+                    state=job_state,
+                    updated_at=T0,
+                )
             )
-            session.add(jobs[name])
-        plan = Plan(
-            cluster_id=cluster.id,
-            created_at=T0,
-            policy="shaper",
-            engine="greedy",
-            mode="advise",
-            status="optimal",
-            state=PlanState.proposed,
-        )
-        session.add(plan)
-        session.flush()
-        ids: dict[str, int] = {}
-        for name, kind, job, state, after in (
-            ("hold", ActionKind.reserve, "big", ActionState.cancelled, None),
-            ("move", ActionKind.migrate, "small", ActionState.approved, "hold"),
-            ("start", ActionKind.start, "big", ActionState.proposed, "move"),
-        ):
-            action = Action(
-                plan_id=plan.id,
-                cluster_id=row_id(cluster),
-                job_id=jobs[job].id,
-                kind=kind,
-                state=state,
-                idempotency_key=name,
-                source_node="a",
-                target_node="b",
-                depends_on=[ids[after]] if after else [],
-                created_at=T0,
-                updated_at=T0,
-            )
-            session.add(action)
-            session.flush()
-            ids[name] = action.id  # type: ignore[assignment]
         session.commit()
-    return ids
+    nodes = {"source_node": "a", "target_node": "b"}
+    _plan, *ids = stored_plan(
+        engine,
+        [
+            {"job": "big", "kind": ActionKind.reserve, "state": ActionState.cancelled, **nodes},
+            {
+                "job": "small",
+                "kind": ActionKind.migrate,
+                "state": ActionState.approved,
+                "after": [0],
+                **nodes,
+            },
+            {"job": "big", "kind": ActionKind.start, "after": [1], **nodes},
+        ],
+        tag="lock-order",
+    )
+    return dict(zip(("hold", "move", "start"), ids, strict=True))
 
 
 def test_a_saga_ending_an_action_and_an_operator_approving_its_dependant_do_not_deadlock(

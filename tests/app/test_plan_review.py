@@ -227,36 +227,25 @@ def test_a_done_shrink_not_yet_in_the_telemetry_keeps_its_move(
         jobs=(service, big),
         sla={},
     )
-    shrink = Action(
-        id=1,
-        cluster_id=1,
-        idempotency_key="shrink",
-        job_id=7,
-        kind=ActionKind.resize,
-        state=ActionState.succeeded,
-        source_placement={"a": 2, "b": 2},
-        target_placement={"b": 2},
-    )
-    start = Action(
-        id=2,
-        cluster_id=1,
-        idempotency_key="start",
-        job_id=8,
-        kind=ActionKind.start,
-        state=ActionState.approved,
-        target_placement={"a": 8},
-        depends_on=[1],
-    )
-    growth = Action(
-        id=3,
-        cluster_id=1,
-        idempotency_key="growth",
-        job_id=7,
-        kind=ActionKind.resize,
-        state=ActionState.approved,
-        source_placement={"b": 2},
-        target_placement={"b": 4},
-        depends_on=[2],
+    # (id, job, kind, state, from, to, after): the shrink done, the start and the growth
+    # back approved, waiting.
+    shrink, start, growth = (
+        Action(
+            id=i,
+            cluster_id=1,
+            idempotency_key=f"action-{i}",
+            job_id=job,
+            kind=kind,
+            state=state,
+            source_placement=source,
+            target_placement=target,
+            depends_on=after,
+        )
+        for i, job, kind, state, source, target, after in (
+            (1, 7, ActionKind.resize, ActionState.succeeded, {"a": 2, "b": 2}, {"b": 2}, []),
+            (2, 8, ActionKind.start, ActionState.approved, {}, {"a": 8}, [1]),
+            (3, 7, ActionKind.resize, ActionState.approved, {"b": 2}, {"b": 4}, [2]),
+        )
     )
     outcome = review.review_plan(snap, [shrink, start, growth])
     assert set(outcome.expired) == expired, outcome.expired

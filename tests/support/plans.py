@@ -70,8 +70,9 @@ def wait_until_settled(
 def stored_plan(engine: Engine, steps: list[dict[str, Any]], *, tag: str = "e2e-plan") -> list[int]:
     """A proposed plan shaped as the shaping cycle shapes one (app/shaping/cycle.py), for
     the end-to-end tests against real schedulers: ``steps`` are action fields with ``job``
-    (the scheduler's external id) and ``after`` (indices into ``steps``: the action's
-    prerequisites). Returns ``[plan id, action ids…]``."""
+    (the scheduler's external id), ``after`` (indices into ``steps``: the action's
+    prerequisites) and, optionally, ``state`` (proposed unless given: a plan decided in
+    part). Returns ``[plan id, action ids…]``."""
     from app.plans.models import Plan, PlanState
 
     created = datetime.now(UTC)
@@ -99,7 +100,7 @@ def stored_plan(engine: Engine, steps: list[dict[str, Any]], *, tag: str = "e2e-
                     plan_id=plan.id,
                     cluster_id=cluster_id,
                     job_id=job.id,
-                    state=ActionState.proposed,
+                    state=fields.pop("state", ActionState.proposed),
                     idempotency_key=f"{tag}:{plan.id}:{index}",
                     reason=f"plan {plan.id}: end-to-end test",
                     created_at=created,
