@@ -59,6 +59,11 @@ of the task ``shaper.connector.<step>`` on queue ``connector.<cluster>`` and wai
   that arrived as move ``args["name"]`` is cancelled; the result's ``external_id`` is its id,
   or null when none arrived or it has ended. Fenced under the same key as ``submit``, so a
   late submit of the superseded generation is refused, and submits nothing, after it.
+* ``undo_resize`` → ``resize(replicas=args["back_to"])`` (as ``resize`` does it) only if
+  this connector's journal holds a successful answer for the step ``args["undo_key"]``, a
+  service's resize whose saga gave up on it or on its confirm; otherwise nothing is
+  resized. The result's ``undone`` says which. It carries the compensation's new
+  generation, so a copy of that resize still queued behind it is refused as stale.
 * ``drain`` → ``drain_node(workload_id, reason=args["reason"])``, ``undrain`` →
   ``undrain_node(workload_id)`` (``SupportsDrain``): steps about a node, not a job — the
   step's ``workload_id`` is the node's name. The connector leaves a node already in that
@@ -264,7 +269,7 @@ class ConnectorStepExecutor:
         may go otherwise: a retryable scheduler error, or a bug in this connector)."""
         try:
             run_step = self._steps.get(request.step)
-            if run_step is None:
+            if run_step is None and request.step != ConnectorStep.undo_resize:
                 known = ", ".join(step.value for step in ConnectorStep)
                 raise _Refused(f"unknown step {request.step!r} (this connector does {known})")
             if not request.workload_id:
@@ -298,11 +303,14 @@ class ConnectorStepExecutor:
                 self.connector.set_resume_pointer(
                     request.workload_id, _resume_pointer(request.args)
                 )
-            if request.step == ConnectorStep.cancel and request.args.get("moved_away"):
+            if request.step == ConnectorStep.undo_resize:
+                result = self._undo_resize(request.workload_id, request.args, journal)
+            elif request.step == ConnectorStep.cancel and request.args.get("moved_away"):
                 result = self._cancel_moved(request.workload_id, request.key)
             elif request.step == ConnectorStep.move_job_set:
                 result = self._move_job_set(request.workload_id, request.args, key=request.key)
             else:
+                assert run_step is not None
                 result = run_step(request.workload_id, request.args)
         except _Refused as refusal:
             refused = self._report(request, ok=False, outcome=Outcome.refused, error=str(refusal))
@@ -584,6 +592,28 @@ class ConnectorStepExecutor:
         return self._done(
             f"resized job {workload_id} to {replicas}", workload_id, replicas=replicas
         )
+
+    def _undo_resize(
+        self, workload_id: str, args: dict[str, Any], journal: _Journal
+    ) -> dict[str, Any]:
+        """A failed saga's resize undone: back to ``args.back_to`` replicas if this connector
+        ran the resize ``args.undo_key`` (a successful answer in the journal), else nothing.
+        Either way the step's new generation, recorded before it runs, fences off any copy
+        of that resize still on its way here."""
+        undo_key = args.get("undo_key")
+        if not isinstance(undo_key, str) or not undo_key:
+            raise _Refused("undo_resize needs args.undo_key, the resize step's key")
+        back_to = args.get("back_to")
+        if not isinstance(back_to, int) or isinstance(back_to, bool) or back_to < 1:
+            raise _Refused(f"undo_resize needs args.back_to >= 1, got {back_to!r}")
+        ran = journal.answers.get(undo_key)
+        if ran is None or not ran.get("ok"):
+            return {
+                "summary": f"resize {undo_key} of {workload_id} never ran here: nothing to undo",
+                "undone": False,
+            }
+        done = self._resize(workload_id, {"replicas": back_to})
+        return {**done, "undone": True}
 
     def _hold(self, workload_id: str, args: dict[str, Any]) -> dict[str, Any]:
         connector = self._capable(SupportsHold, "hold")

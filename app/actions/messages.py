@@ -128,6 +128,13 @@ def step_message(
             leave = replicas_off(action, gpus_per_replica(action, job))
             if leave:
                 args["leave"] = leave
+    if step.name == ConnectorStep.undo_resize and job is not None:
+        # Back to the size the action found, if the connector ran this resize (its journal
+        # answers for the forward step's key).
+        resize = by_name.get((StepPhase.forward, ConnectorStep.resize))
+        if resize is not None:
+            args["undo_key"] = resize.idempotency_key
+        args["back_to"] = replicas_before(action, job)
     sized = step.name == ConnectorStep.start and action.target_replicas is not None
     if training and (step.name == ConnectorStep.resize or sized) and action.target_placement:
         args["gpus"] = dict(action.target_placement)  # and how many GPUs on each node
@@ -324,6 +331,12 @@ def replicas_off(action: Action, per_replica: int) -> dict[str, int]:
         node: (source[node] - left) // per_replica for node, left in _gpus_left(action).items()
     }
     return {node: replicas for node, replicas in leaving.items() if replicas > 0}
+
+
+def replicas_before(action: Action, job: Job) -> int:
+    """A service's replicas before the resize, from the action's GPUs per node before it
+    (0 where the action does not say)."""
+    return sum(action.source_placement.values()) // gpus_per_replica(action, job)
 
 
 def gpus_per_replica(action: Action, job: Job) -> int:

@@ -90,7 +90,14 @@ the job resumes from its own checkpoint); a service's ``resize``, ``reserve`` an
 ``unreserve`` are one step, except a service's shrink off named nodes (``args.leave``, a
 replica move's first half): ``resize → confirm``, the confirm reading that the service
 holds no more GPUs on each of those nodes than the plan leaves there
-(``args.gpus_at_most``). Nothing process-level ran for them, so nothing compensates.
+(``args.gpus_at_most``). Nothing process-level ran for them, so nothing compensates, with
+one exception: a service's resize that may have run although the action failed (the
+resize went unanswered, or ran and its confirm gave up) is undone by
+``undo_resize@connector`` under a new generation. The connector resizes the service back
+to its size before only if its journal says it ran the resize, and refuses a copy of the
+resize still queued behind the undo as stale: a shrink delivered after the saga gave up
+(the connector cut off for longer than its sends) would otherwise leave the service short
+with the record saying it is not.
 
 Drain and undrain are about a node, not a job (an operator's, ``NODE_ACTION_KINDS``):
 ``drain@connector → confirm@connector`` (the scheduler reports the node draining, or
@@ -111,7 +118,7 @@ is what the operator asked for.
 
 from __future__ import annotations
 
-from app.actions.messages import replicas_leaving
+from app.actions.messages import replicas_before, replicas_leaving
 from app.actions.models import (
     JOB_SET_ACTION_KINDS,
     NODE_ACTION_KINDS,
@@ -424,15 +431,24 @@ def _requeued(steps: list[ActionStep]) -> bool:
 
 
 def compensation_steps(
-    action: Action, steps: list[ActionStep], cluster: str, generation: int
+    action: Action,
+    steps: list[ActionStep],
+    cluster: str,
+    generation: int,
+    job: Job | None = None,
 ) -> list[ActionStep]:
-    """Undo what the forward steps did: fence the target, keep or bring the job back home."""
+    """Undo what the forward steps did: fence the target, keep or bring the job back home,
+    size a service back."""
     if ActionKind(action.kind) in NODE_ACTION_KINDS | JOB_SET_ACTION_KINDS:
         return []  # a drain is not undone by its failure, nor a job set's move (docstring)
     plan = _Plan(action, cluster, generation)
     seq = max(s.seq for s in steps) + 1
     if ActionKind(action.kind) is ActionKind.move:
         return _move_compensation(plan, steps, seq)
+    if ActionKind(action.kind) is ActionKind.resize:
+        if job is not None and _service_resize_may_have_run(action, job, steps):
+            plan.add(ConnectorStep.undo_resize, connector_queue(cluster), StepPhase.compensate, seq)
+        return plan.steps
     by_name = {s.name: s for s in steps if s.phase == StepPhase.forward}
     checkpoint = by_name.get(AgentStep.checkpoint)
     if checkpoint is None or checkpoint.state in (StepState.pending, StepState.skipped):
@@ -461,6 +477,23 @@ def compensation_steps(
     else:
         plan.add(AgentStep.restore, source, StepPhase.compensate, seq)
     return plan.steps
+
+
+def _service_resize_may_have_run(action: Action, job: Job, steps: list[ActionStep]) -> bool:
+    """A service's resize that ran, or went unanswered (it may have run, or may yet run
+    when a copy still queued reaches the connector), and that has a size to go back to.
+    An elastic training job's resize is not undone here: it may have restarted the job
+    elsewhere, and its own checkpoint is what it resumes from either way."""
+    if job.shape == JobShape.block or replicas_before(action, job) < 1:
+        return False
+    resize = next(
+        (s for s in steps if s.phase == StepPhase.forward and s.name == ConnectorStep.resize),
+        None,
+    )
+    if resize is None:
+        return False
+    unanswered = resize.state == StepState.failed and (resize.error or "").startswith(NO_ANSWER)
+    return resize.state == StepState.succeeded or unanswered
 
 
 def resume_step(action: Action, failed: ActionStep, cluster: str) -> ActionStep:

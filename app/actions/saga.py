@@ -630,7 +630,7 @@ def _on_failure(
         job = session.exec(select(Job).where(Job.id == job.id).with_for_update()).one()
     generation = (job.generation + 1) if job is not None else failed.generation
     cluster = session.exec(select(Cluster.name).where(Cluster.id == action.cluster_id)).one()
-    compensation = compensation_steps(action, steps, cluster, generation)
+    compensation = compensation_steps(action, steps, cluster, generation, job)
     if not compensation:
         # Nothing ran that needs undoing: the scheduler refused, or nothing reached a node.
         _move(action, ActionState.failed, now)
