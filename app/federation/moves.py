@@ -125,14 +125,31 @@ def propose_moves(
                 "a later period"
             )
             continue
+        job_id = session.exec(
+            select(Job.id).where(Job.cluster_id == row_id(home), Job.external_id == move.job)
+        ).first()
         # FOR NO KEY UPDATE: the ingest checks the foreign keys of the allocations and
         # samples it inserts for a job with a key-share lock on the job's row, which FOR
         # UPDATE would make wait while this holds the job (and later ones) until commit.
-        job = session.exec(
-            select(Job)
-            .where(Job.cluster_id == row_id(home), Job.external_id == move.job)
-            .with_for_update(key_share=True)
-        ).first()
+        # SKIP LOCKED: the home's ingest updates its push's jobs in the push's order while
+        # this locks them in the solve's, so waiting could deadlock with it (as with a saga
+        # of the job); a job whose row is being written is proposed a later period.
+        job = (
+            session.exec(
+                select(Job)
+                .where(Job.id == job_id)
+                .with_for_update(key_share=True, skip_locked=True)
+            ).first()
+            if job_id is not None
+            else None
+        )
+        if job_id is not None and job is None:
+            wanted.add((job_id, row_id(target), move.source_node))  # its proposal stands
+            outcome.skipped[f"{move.from_cluster}/{move.job}"] = (
+                "its row is being written (its cluster's telemetry, or a saga of it): "
+                "a later period"
+            )
+            continue
         why = _why_not(session, home, job, target, move)
         if job is not None:
             wanted.add((row_id(job), row_id(target), move.source_node))

@@ -14,6 +14,7 @@ hold takes effect, and one its user cancels at home mid-move.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -749,3 +750,45 @@ def test_a_copy_that_already_ran_at_the_target_keeps_the_home_copy_from_running_
     assert group.west.states() == {"west-in1": "finished"}
     assert group.east.states()["waiting"] == "pending"
     assert group.east.cluster.jobs["waiting"].held  # held at home, not run a second time
+
+
+def test_a_job_whose_row_another_transaction_holds_is_proposed_a_later_period(
+    group_factory: Callable[..., Group], committed_engine: Engine
+) -> None:
+    """The home's ingest updates its push's jobs in the push's order, a proposal locks them
+    in the solve's: had it waited for a job's row, the two could deadlock. It skips the
+    job instead, keeps the job's standing proposal, and proposes it once the row is free.
+    (Row locks are PostgreSQL's; on SQLite a writer has the whole database.)"""
+    if committed_engine.dialect.name != "postgresql":
+        pytest.skip("row locks: PostgreSQL's")
+    group = group_factory()
+    action_id = _one_move(group)
+    group.east.push()
+    group.west.push()
+    with Session(committed_engine) as holder:
+        # A transaction writing the waiting job's row (an ingest, a saga), not yet committed.
+        holder.exec(
+            select(Job).where(Job.external_id == "waiting").with_for_update(key_share=True)
+        ).one()
+        outcomes: list[Any] = []
+
+        def propose() -> None:
+            with Session(committed_engine, expire_on_commit=False) as session:
+                outcomes.append(propose_moves(session=session, group=GROUP, now=T0))
+
+        proposer = threading.Thread(target=propose, daemon=True)
+        proposer.start()
+        proposer.join(timeout=10)
+        waited = proposer.is_alive()
+        holder.rollback()
+    proposer.join(timeout=10)
+    assert not waited, "the proposal waited for a row another transaction holds"
+    (outcome,) = outcomes
+    assert outcome.skipped == {
+        "east/waiting": "its row is being written (its cluster's telemetry, or a saga of it): "
+        "a later period"
+    }
+    assert outcome.superseded == 0 and outcome.proposed == []
+    assert group.action(action_id).state == ActionState.proposed  # it stands
+    # Free again: the next period finds the proposal standing.
+    assert group.plan().kept == 1
