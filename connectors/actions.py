@@ -154,6 +154,9 @@ class _Journal(BaseModel):
     generations: dict[str, int] = Field(default_factory=dict)
     # Answers by idempotency key, oldest first.
     answers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # The key of the last resize that ran, per workload: what an undo_resize asks about,
+    # kept apart from the answers, whose oldest are forgotten.
+    resized: dict[str, str] = Field(default_factory=dict)
 
     def remember(self, key: str, report: dict[str, Any]) -> None:
         self.answers.pop(key, None)
@@ -312,6 +315,8 @@ class ConnectorStepExecutor:
             else:
                 assert run_step is not None
                 result = run_step(request.workload_id, request.args)
+                if request.step == ConnectorStep.resize:
+                    journal.resized[request.workload_id] = request.key
         except _Refused as refusal:
             refused = self._report(request, ok=False, outcome=Outcome.refused, error=str(refusal))
             return refused, True
@@ -597,7 +602,8 @@ class ConnectorStepExecutor:
         self, workload_id: str, args: dict[str, Any], journal: _Journal
     ) -> dict[str, Any]:
         """A failed saga's resize undone: back to ``args.back_to`` replicas if this connector
-        ran the resize ``args.undo_key`` (a successful answer in the journal), else nothing.
+        ran the resize ``args.undo_key`` (the last resize of the workload it ran, or a
+        successful answer in the journal), else nothing.
         Either way the step's new generation, recorded before it runs, fences off any copy
         of that resize still on its way here."""
         undo_key = args.get("undo_key")
@@ -606,8 +612,9 @@ class ConnectorStepExecutor:
         back_to = args.get("back_to")
         if not isinstance(back_to, int) or isinstance(back_to, bool) or back_to < 1:
             raise _Refused(f"undo_resize needs args.back_to >= 1, got {back_to!r}")
-        ran = journal.answers.get(undo_key)
-        if ran is None or not ran.get("ok"):
+        answer = journal.answers.get(undo_key)
+        ran = journal.resized.get(workload_id) == undo_key or bool(answer and answer.get("ok"))
+        if not ran:
             return {
                 "summary": f"resize {undo_key} of {workload_id} never ran here: nothing to undo",
                 "undone": False,

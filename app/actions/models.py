@@ -267,6 +267,9 @@ class ActionStep(SQLModel, table=True):
     generation: int = 0
     idempotency_key: str = Field(max_length=200, unique=True)
     attempts: int = 0
+    # Answers recorded while it was sent: fewer than ``attempts`` when it fails on a "not
+    # now", and a copy of it may still be on its way to its executor (saga.record_report).
+    answers: int = 0
     result: dict[str, Any] = json_column(dict)
     error: str | None = Field(default=None, max_length=4096)
     sent_at: datetime | None = utc_column()

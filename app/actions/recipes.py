@@ -91,8 +91,11 @@ the job resumes from its own checkpoint); a service's ``resize``, ``reserve`` an
 replica move's first half): ``resize → confirm``, the confirm reading that the service
 holds no more GPUs on each of those nodes than the plan leaves there
 (``args.gpus_at_most``). Nothing process-level ran for them, so nothing compensates, with
-one exception: a service's resize that may have run although the action failed (the
-resize went unanswered, or ran and its confirm gave up) is undone by
+two exceptions. A reserve that may have been made although the action failed (unanswered,
+or answered "not now" while a resent copy was still out: :func:`may_have_run`) is taken
+off by ``unreserve@connector`` under a new generation, so that a copy still queued is
+either undone or refused. A service's resize that may have run although the action failed
+(the same, or it ran and its confirm gave up) is undone by
 ``undo_resize@connector`` under a new generation. The connector resizes the service back
 to its size before only if its journal says it ran the resize, and refuses a copy of the
 resize still queued behind the undo as stale: a shrink delivered after the saga gave up
@@ -137,6 +140,22 @@ from wire.telemetry import JobShape, JobState, SubmitSpec
 
 # A step's error when its executor never answered (it may still have run it).
 NO_ANSWER = "no answer"
+# The start of a step's error when it failed on a "not now" (a retryable answer) after it
+# had been sent more than once: that answer speaks for one copy, and another may still be
+# queued for its executor, to run later (retryable answers are not journalled).
+COPY_MAY_RUN = "a copy may still run"
+
+
+def may_have_run(step: ActionStep) -> bool:
+    """Whether a forward step's effect may have happened, or may yet happen: it succeeded,
+    or it failed with a copy of it possibly still on its way to its executor (unanswered,
+    or answered "not now" while resent copies were out)."""
+    if step.state == StepState.succeeded:
+        return True
+    error = step.error or ""
+    return step.state == StepState.failed and error.startswith((NO_ANSWER, COPY_MAY_RUN))
+
+
 # Sends of a step before it is given up, unless answered_or_given_up says it may not be.
 MAX_ATTEMPTS = 3
 
@@ -378,6 +397,12 @@ def answered_or_given_up(action: Action, step: ActionStep) -> bool:
     module's docstring."""
     if step.phase == StepPhase.compensate:
         return False
+    if ActionKind(action.kind) is ActionKind.migrate:
+        # Its last step, the source's release, comes after the target's confirm: the job
+        # runs there. Given up, compensation would stop it there and restore the
+        # checkpoint at the source, losing the work done since (and a late release there
+        # would delete that checkpoint first).
+        return step.name != AgentStep.release
     if ActionKind(action.kind) is not ActionKind.move:
         return True
     source_release = step.name == AgentStep.release and is_agent_queue(step.queue)
@@ -424,10 +449,7 @@ def _requeued(steps: list[ActionStep]) -> bool:
     requeue = next(
         (s for s in steps if s.phase == StepPhase.forward and s.name == ConnectorStep.requeue), None
     )
-    if requeue is None:
-        return False
-    timed_out = requeue.state == StepState.failed and (requeue.error or "").startswith(NO_ANSWER)
-    return requeue.state == StepState.succeeded or timed_out
+    return requeue is not None and may_have_run(requeue)
 
 
 def compensation_steps(
@@ -449,11 +471,26 @@ def compensation_steps(
         if job is not None and _service_resize_may_have_run(action, job, steps):
             plan.add(ConnectorStep.undo_resize, connector_queue(cluster), StepPhase.compensate, seq)
         return plan.steps
+    if ActionKind(action.kind) is ActionKind.reserve:
+        reserve = next((s for s in steps if s.name == ConnectorStep.reserve), None)
+        if reserve is not None and may_have_run(reserve):
+            # A copy may hold the GPUs later, for its time to live, with no action left to
+            # give them back: take it off, at a generation that refuses a copy still queued.
+            plan.add(ConnectorStep.unreserve, reserve.queue, StepPhase.compensate, seq)
+        return plan.steps
     by_name = {s.name: s for s in steps if s.phase == StepPhase.forward}
     checkpoint = by_name.get(AgentStep.checkpoint)
     if checkpoint is None or checkpoint.state in (StepState.pending, StepState.skipped):
         return []  # nothing process-level happened (or only the scheduler was asked)
     source = checkpoint.queue
+    confirm = by_name.get(AgentStep.confirm)
+    if (
+        ActionKind(action.kind) is ActionKind.migrate
+        and confirm is not None
+        and confirm.queue != source
+        and confirm.state == StepState.succeeded
+    ):
+        return []  # the job runs at its target: a failed release at the source undoes nothing
     reached_target = [
         s
         for s in steps
@@ -480,8 +517,8 @@ def compensation_steps(
 
 
 def _service_resize_may_have_run(action: Action, job: Job, steps: list[ActionStep]) -> bool:
-    """A service's resize that ran, or went unanswered (it may have run, or may yet run
-    when a copy still queued reaches the connector), and that has a size to go back to.
+    """A service's resize that ran, or may have or may yet (:func:`may_have_run`: a copy
+    still queued reaches the connector late), and that has a size to go back to.
     An elastic training job's resize is not undone here: it may have restarted the job
     elsewhere, and its own checkpoint is what it resumes from either way."""
     if job.shape == JobShape.block or replicas_before(action, job) < 1:
@@ -490,10 +527,7 @@ def _service_resize_may_have_run(action: Action, job: Job, steps: list[ActionSte
         (s for s in steps if s.phase == StepPhase.forward and s.name == ConnectorStep.resize),
         None,
     )
-    if resize is None:
-        return False
-    unanswered = resize.state == StepState.failed and (resize.error or "").startswith(NO_ANSWER)
-    return resize.state == StepState.succeeded or unanswered
+    return resize is not None and may_have_run(resize)
 
 
 def resume_step(action: Action, failed: ActionStep, cluster: str) -> ActionStep:

@@ -64,6 +64,7 @@ from app.actions.models import (
 )
 from app.actions.moved import record_move
 from app.actions.recipes import (
+    COPY_MAY_RUN,
     MAX_ATTEMPTS,
     NO_ANSWER,
     Unplannable,
@@ -722,22 +723,33 @@ def record_report(
         session.commit()
         return []
     outgoing: list[Outgoing] = []
+    step.answers += 1
     if report.ok:
         _finish_step(step, StepState.succeeded, now, result=report.result)
     elif report.retryable and (
         step.attempts < _max_attempts(step, start_wait_s)
         or (step.phase == StepPhase.forward and not answered_or_given_up(action, step))
+        or step.name == ConnectorStep.undo_resize
     ):
         # A forward step that may not be given up (a move's cancel at its source) waits out
-        # a scheduler that says "not now" as it waits out one that does not answer. (A
-        # compensation step's "not now" still fails it after its attempts: its failure has
-        # a fallback, the scheduler's queue with the checkpoint.)
+        # a scheduler that says "not now" as it waits out one that does not answer; so does
+        # a service's undo_resize, which has no fallback (the service would stay short).
+        # (Another compensation step's "not now" still fails it after its attempts: its
+        # failure has a fallback, the scheduler's queue with the checkpoint.)
         job = session.get(Job, action.job_id) if action.job_id is not None else None
         step.error = (report.error or "")[:4096]
         steps = _steps(session, row_id(action))
         outgoing = [_send(action, job, step, steps, now, start_wait_s)]
     else:
-        _finish_step(step, StepState.failed, now, result=report.result, error=report.error)
+        error = report.error
+        if report.retryable and step.answers < step.attempts:
+            # This "not now" answers one of its copies; another, sent when an answer was
+            # slow, may still be queued there (retryable answers are not journalled).
+            error = (
+                f"{COPY_MAY_RUN} ({step.attempts} sent, {step.answers} answered): "
+                f"{error or 'not now'}"
+            )
+        _finish_step(step, StepState.failed, now, result=report.result, error=error)
     session.flush()
     if not outgoing:
         outgoing = _advance_locked(session, action, now, None, start_wait_s)

@@ -210,14 +210,15 @@ def abandon(
 ) -> Action:
     """An operator gives up on an action that waits for an executor gone for good (a node
     removed, a cluster taken down). The saga resends an unanswered step it may not give up
-    until it is answered (app.actions.saga): every compensation step, and a move's last
+    until it is answered (app.actions.saga): every compensation step, a move's last
     steps once the target has the job (the cancel of the home copy, the release of a
     running job's checkpoint there, the give-back of the nodes the target held for it:
-    app.actions.recipes). Those are the two
-    cases that can be abandoned: a ``compensating`` action, and a running ``move`` whose
-    such step went unanswered for ``MAX_ATTEMPTS`` sends. The action ends ``failed`` with
-    the reason (for a move: where the job runs now, and what may be left at the source to
-    check by hand), the saga stops, its job is no longer locked, and what the schedulers
+    app.actions.recipes), and a migrate's release at its source once its target confirmed
+    the job. Those are the
+    cases that can be abandoned: a ``compensating`` action, and a running ``move`` or
+    ``migrate`` whose such step went unanswered for ``MAX_ATTEMPTS`` sends. The action ends
+    ``failed`` with the reason (where the job runs now, and what may be left at the source
+    to check by hand), the saga stops, its job is no longer locked, and what the schedulers
     report next is what the control plane believes. Anything else is a Conflict."""
     action = lock_action(session, action_id)
     current = ActionState(action.state)
@@ -240,7 +241,7 @@ def abandon(
             )
         reason = _abandoned_move(action, stuck, _steps_of(session, row_id(action)), by)
         job = session.get(Job, action.job_id) if action.job_id is not None else None
-        if job is not None:
+        if job is not None and ActionKind(action.kind) is ActionKind.move:
             # The target has the job: the home row says so (and is left out of plans, so
             # a home copy that comes back held is never started: snapshot), and the
             # target's row is fenced at the move's generation, as a finished move's are.
@@ -285,7 +286,7 @@ def _stuck_move_step(session: Session, action: Action) -> ActionStep | None:
     answers "not now" is alive: its step is not stuck); None otherwise."""
     if ActionState(action.state) is not ActionState.running:
         return None
-    if ActionKind(action.kind) is not ActionKind.move:
+    if ActionKind(action.kind) not in (ActionKind.move, ActionKind.migrate):
         return None
     for step in _steps_of(session, row_id(action)):
         if (
@@ -300,6 +301,13 @@ def _stuck_move_step(session: Session, action: Action) -> ActionStep | None:
 
 
 def _abandoned_move(action: Action, stuck: ActionStep, steps: list[ActionStep], by: str) -> str:
+    if ActionKind(action.kind) is ActionKind.migrate:  # its source's release (recipes)
+        return (
+            f"abandoned by {by} after {stuck.attempts} unanswered sends of {stuck.name} to "
+            f"{stuck.queue}; the job runs at {action.target_node} (its confirm there "
+            "succeeded); its checkpoint image and GPUs at the source were never confirmed "
+            "released: check that node by hand if it comes back"
+        )
     submit = next(s for s in steps if s.name == ConnectorStep.submit)
     arrived = submit.result.get("external_id", "?")
     where = f"the job runs at {connector_cluster(submit.queue)} as job {arrived}"

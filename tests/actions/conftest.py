@@ -23,14 +23,29 @@ from agent import procs
 from agent.workload import RunningWorkload, WorkloadStore, kill_workload
 from app.actions.router import get_dispatcher
 from app.core import migrate
+from app.core.clock import FrozenClock
 from app.core.config import Settings
 from app.core.db import get_session, make_engine
 from app.gpu_models import service as gpu_model_service
 from app.main import create_app
 from app.tokens import service as token_service
 from app.tokens.models import ApiTokenCreate
+from connectors.sim import SimCluster, SimExecutors
+from tests.actions.by_hand import service_site, shrink_off_a
 from tests.support.pipeline import CLUSTER, Pipeline, RedisServer, Worker
 from tests.support.processes import processes_mentioning
+
+
+@pytest.fixture
+def service_cluster(clock: FrozenClock, tmp_path: Path) -> tuple[SimCluster, SimExecutors]:
+    """tests.actions.by_hand's simulated service cluster, for sagas driven by hand."""
+    return service_site(clock, tmp_path)
+
+
+@pytest.fixture
+def service_shrink(session: Session, clock: FrozenClock) -> int:
+    """An approved shrink of that cluster's service off node a (4 → 3 replicas)."""
+    return shrink_off_a(session, clock)
 
 
 def _token(session: Session, scope: str) -> str:
