@@ -601,9 +601,10 @@ class ConnectorStepExecutor:
     def _undo_resize(
         self, workload_id: str, args: dict[str, Any], journal: _Journal
     ) -> dict[str, Any]:
-        """A failed saga's resize undone: back to ``args.back_to`` replicas if this connector
-        ran the resize ``args.undo_key`` (the last resize of the workload it ran, or a
-        successful answer in the journal), else nothing.
+        """A failed saga's resize undone: back to ``args.back_to`` replicas if the last resize
+        of the workload this connector ran is ``args.undo_key`` (a journal from before it
+        kept that: a successful answer for the key), else nothing (never ran here, or a
+        newer resize has run since, whose size stands).
         Either way the step's new generation, recorded before it runs, fences off any copy
         of that resize still on its way here."""
         undo_key = args.get("undo_key")
@@ -612,8 +613,12 @@ class ConnectorStepExecutor:
         back_to = args.get("back_to")
         if not isinstance(back_to, int) or isinstance(back_to, bool) or back_to < 1:
             raise _Refused(f"undo_resize needs args.back_to >= 1, got {back_to!r}")
-        answer = journal.answers.get(undo_key)
-        ran = journal.resized.get(workload_id) == undo_key or bool(answer and answer.get("ok"))
+        last = journal.resized.get(workload_id)
+        if last is not None:
+            ran = last == undo_key  # a newer resize of it since: not this one's to undo
+        else:  # a journal from before it kept the last resize: its answers then
+            answer = journal.answers.get(undo_key)
+            ran = bool(answer and answer.get("ok"))
         if not ran:
             return {
                 "summary": f"resize {undo_key} of {workload_id} never ran here: nothing to undo",

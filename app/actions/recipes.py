@@ -483,14 +483,8 @@ def compensation_steps(
     if checkpoint is None or checkpoint.state in (StepState.pending, StepState.skipped):
         return []  # nothing process-level happened (or only the scheduler was asked)
     source = checkpoint.queue
-    confirm = by_name.get(AgentStep.confirm)
-    if (
-        ActionKind(action.kind) is ActionKind.migrate
-        and confirm is not None
-        and confirm.queue != source
-        and confirm.state == StepState.succeeded
-    ):
-        return []  # the job runs at its target: a failed release at the source undoes nothing
+    if runs_at_target(action, steps):
+        return []  # a failed release at the source undoes nothing
     reached_target = [
         s
         for s in steps
@@ -514,6 +508,21 @@ def compensation_steps(
     else:
         plan.add(AgentStep.restore, source, StepPhase.compensate, seq)
     return plan.steps
+
+
+def runs_at_target(action: Action, steps: list[ActionStep]) -> bool:
+    """Whether a migrate's target confirmed the job running there (its agent's confirm,
+    the step before the source's release): the migration is done but for that release."""
+    if ActionKind(action.kind) is not ActionKind.migrate:
+        return False
+    forward = {s.name: s for s in steps if s.phase == StepPhase.forward}
+    checkpoint, confirm = forward.get(AgentStep.checkpoint), forward.get(AgentStep.confirm)
+    return (
+        checkpoint is not None
+        and confirm is not None
+        and confirm.queue != checkpoint.queue
+        and confirm.state == StepState.succeeded
+    )
 
 
 def _service_resize_may_have_run(action: Action, job: Job, steps: list[ActionStep]) -> bool:

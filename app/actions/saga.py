@@ -62,7 +62,7 @@ from app.actions.models import (
     ActionStepPublic,
     StepState,
 )
-from app.actions.moved import record_move
+from app.actions.placements import record_placement
 from app.actions.recipes import (
     COPY_MAY_RUN,
     MAX_ATTEMPTS,
@@ -74,17 +74,18 @@ from app.actions.recipes import (
     job_set_steps,
     node_steps,
     resume_step,
+    runs_at_target,
 )
 from app.clusters.models import Cluster
 from app.core.config import DEFAULT_SCHEDULER_START_WAIT_S
 from app.core.errors import Conflict
 from app.core.lookup import found, row_id
 from app.core.security import Principal
-from app.jobs.models import Allocation, Job
+from app.jobs.models import Job
 from app.nodes.models import Node
 from wire.queues import CONTROL_QUEUE, executor_scope, is_agent_queue, is_connector_queue
 from wire.steps import AgentStep, ConnectorStep, StepPhase, StepReport
-from wire.telemetry import JobState, NodeState
+from wire.telemetry import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -103,20 +104,10 @@ CONFIRM_POLL_S = 5.0
 CONFIRM_POLLS = 24
 ADVANCE_TASK = "app.actions.tasks.advance"
 RETRY_BACKOFF_S = (1.0, 4.0, 15.0)
-
-
-def _holds(session: Session, job: Job, node_id: int) -> bool:
-    """Whether the job has an open allocation on the node."""
-    return (
-        session.exec(
-            select(Allocation.id).where(
-                Allocation.job_id == job.id,
-                col(Allocation.released_at).is_(None),
-                Allocation.node_id == node_id,
-            )
-        ).first()
-        is not None
-    )
+# Compensation steps resent after a "not now" until answered: failed, a service would stay
+# short (undo_resize), or a copy of the give-back still queued could take off a
+# reservation a newer action of the job made at the same generation (unreserve).
+WAITS_OUT_NOT_NOW = (ConnectorStep.undo_resize, ConnectorStep.unreserve)
 
 
 def _move(action: Action, to: ActionState, now: datetime) -> None:
@@ -280,7 +271,7 @@ def _advance_locked(
     if phase == StepPhase.forward:
         _move(action, ActionState.succeeded, now)
         if job is not None:
-            _record_placement(session, action, job, now)
+            record_placement(session, action, job, now)
         elif ActionKind(action.kind) in NODE_ACTION_KINDS:
             _record_node_state(session, action, steps, now)
     else:
@@ -289,71 +280,6 @@ def _advance_locked(
             :4096
         ]
     return []
-
-
-def _record_placement(session: Session, action: Action, job: Job, now: datetime) -> None:
-    """What a finished saga changed, in the control plane's own view, until the
-    connector's next telemetry says otherwise: a migrated job holds its GPUs on the target
-    node now, a preempted one holds none, a started one holds its planned GPUs."""
-    kind = ActionKind(action.kind)
-    if kind is ActionKind.preempt and not job.checkpointable:
-        return  # the scheduler requeued it; its telemetry tells the rest
-    if kind is ActionKind.move:
-        record_move(session, action, job, now)
-        return
-    if kind not in (ActionKind.migrate, ActionKind.preempt, ActionKind.start, ActionKind.resume):
-        return
-    nodes = dict(
-        session.exec(select(Node.name, Node.id).where(Node.cluster_id == action.cluster_id)).all()
-    )
-    if kind in (ActionKind.start, ActionKind.resume):
-        # Its confirm saw it running there: the next plan must not count those GPUs free
-        # while the connector's next push is still on its way.
-        for name, gpus in action.target_placement.items():
-            node = nodes.get(name)
-            if node is not None and not _holds(session, job, node):
-                session.add(
-                    Allocation(
-                        job_id=row_id(job),
-                        node_id=node,
-                        gpu_indices=[],
-                        gpu_count=gpus,
-                        started_at=now,
-                    )
-                )
-        job.state = JobState.running
-        job.start_time = job.start_time or now
-        job.updated_at = now
-        session.add(job)
-        return
-    held = session.exec(
-        select(Allocation).where(
-            Allocation.job_id == job.id,
-            col(Allocation.released_at).is_(None),
-            Allocation.node_id == nodes.get(action.source_node or ""),
-        )
-    ).all()
-    for allocation in held:
-        allocation.released_at = now
-        session.add(allocation)
-    target = nodes.get(action.target_node or "")
-    # The scheduler's telemetry may have shown the job on its target already (a requeued
-    # Slurm job is seen running there before the saga's last step); it knows best.
-    if kind is ActionKind.migrate and target is not None and not _holds(session, job, target):
-        session.add(
-            Allocation(
-                job_id=row_id(job),
-                node_id=target,
-                gpu_indices=[],  # the target's scheduler or connector assigns devices
-                gpu_count=sum(a.gpu_count for a in held) or job.gpus_requested,
-                started_at=now,
-            )
-        )
-    if kind is ActionKind.preempt:
-        job.state = JobState.suspended
-        job.reason = f"preempted by action {action.id}: checkpointed"[:255]
-    job.updated_at = now
-    session.add(job)
 
 
 def _record_node_state(
@@ -633,7 +559,11 @@ def _on_failure(
     cluster = session.exec(select(Cluster.name).where(Cluster.id == action.cluster_id)).one()
     compensation = compensation_steps(action, steps, cluster, generation, job)
     if not compensation:
-        # Nothing ran that needs undoing: the scheduler refused, or nothing reached a node.
+        # Nothing ran that needs undoing: the scheduler refused, or nothing reached a node;
+        # or a migrate's release at its source failed after its target confirmed the job,
+        # which runs there now (the record says so, as for a migrate that succeeded).
+        if job is not None and runs_at_target(action, steps):
+            record_placement(session, action, job, now)
         _move(action, ActionState.failed, now)
         return []
     if job is not None:
@@ -729,13 +659,13 @@ def record_report(
     elif report.retryable and (
         step.attempts < _max_attempts(step, start_wait_s)
         or (step.phase == StepPhase.forward and not answered_or_given_up(action, step))
-        or step.name == ConnectorStep.undo_resize
+        or (step.phase == StepPhase.compensate and step.name in WAITS_OUT_NOT_NOW)
     ):
         # A forward step that may not be given up (a move's cancel at its source) waits out
-        # a scheduler that says "not now" as it waits out one that does not answer; so does
-        # a service's undo_resize, which has no fallback (the service would stay short).
-        # (Another compensation step's "not now" still fails it after its attempts: its
-        # failure has a fallback, the scheduler's queue with the checkpoint.)
+        # a scheduler that says "not now" as it waits out one that does not answer; so do
+        # the compensation steps that have no fallback (WAITS_OUT_NOT_NOW). (Another
+        # compensation step's "not now" still fails it after its attempts: its failure has
+        # a fallback, the scheduler's queue with the checkpoint.)
         job = session.get(Job, action.job_id) if action.job_id is not None else None
         step.error = (report.error or "")[:4096]
         steps = _steps(session, row_id(action))

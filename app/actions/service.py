@@ -22,6 +22,7 @@ from app.actions.models import (
     StepState,
 )
 from app.actions.moved import record_move
+from app.actions.placements import record_placement
 from app.actions.recipes import MAX_ATTEMPTS, answered_or_given_up
 from app.actions.schedulers import places_itself
 from app.audit import service as audit
@@ -241,6 +242,9 @@ def abandon(
             )
         reason = _abandoned_move(action, stuck, _steps_of(session, row_id(action)), by)
         job = session.get(Job, action.job_id) if action.job_id is not None else None
+        if job is not None and ActionKind(action.kind) is ActionKind.migrate:
+            # Its target confirmed the job: it runs there, as after a migrate that ended.
+            record_placement(session, action, job, now)
         if job is not None and ActionKind(action.kind) is ActionKind.move:
             # The target has the job: the home row says so (and is left out of plans, so
             # a home copy that comes back held is never started: snapshot), and the
@@ -252,6 +256,8 @@ def abandon(
                 now,
                 unconfirmed=HOME_COPY_UNCONFIRMED if stuck.name == ConnectorStep.cancel else None,
             )
+    if ActionKind(action.kind) is not ActionKind.move:
+        _fence_abandoned(session, action, now)
     _decide(action, ActionState.failed, by, now)
     action.error = reason[:2000]
     session.add(action)
@@ -270,6 +276,21 @@ def abandon(
     return action
 
 
+def _fence_abandoned(session: Session, action: Action, now: datetime) -> None:
+    """A new generation for the abandoned action's job: a copy of one of its steps still
+    queued for an executor that comes back is then refused as stale once a newer saga of
+    the job has reached that executor (without it, that saga's steps would carry the same
+    generation, and a late undo_resize or unreserve would undo what it did). A move fences
+    its job itself (``record_move``)."""
+    if action.job_id is None:
+        return
+    job = session.exec(select(Job).where(Job.id == action.job_id).with_for_update()).first()
+    if job is not None:
+        job.generation += 1
+        job.updated_at = now
+        session.add(job)
+
+
 # Said of a moved job's home copy whose cancel an operator gave up on: its row keeps it
 # (app.shaping.snapshot leaves such a job out of every plan).
 HOME_COPY_UNCONFIRMED = "was never confirmed cancelled"
@@ -281,9 +302,10 @@ def _steps_of(session: Session, action_id: int) -> list[ActionStep]:
 
 
 def _stuck_move_step(session: Session, action: Action) -> ActionStep | None:
-    """A running move's step that is resent until answered and has gone unanswered for
-    ``MAX_ATTEMPTS`` sends, its executor never having answered it at all (a source that
-    answers "not now" is alive: its step is not stuck); None otherwise."""
+    """A running move's or migrate's step that is resent until answered and has gone
+    unanswered for ``MAX_ATTEMPTS`` sends more than it has had answers (a source that keeps
+    answering "not now" is alive: its step is not stuck; one that said it once and then
+    went silent is); None otherwise."""
     if ActionState(action.state) is not ActionState.running:
         return None
     if ActionKind(action.kind) not in (ActionKind.move, ActionKind.migrate):
@@ -293,8 +315,7 @@ def _stuck_move_step(session: Session, action: Action) -> ActionStep | None:
             step.state == StepState.sent
             and step.phase == StepPhase.forward
             and not answered_or_given_up(action, step)
-            and step.attempts >= MAX_ATTEMPTS
-            and not step.error
+            and step.attempts - step.answers >= MAX_ATTEMPTS
         ):
             return step
     return None
@@ -464,10 +485,17 @@ def waits_for_reservations(session: Session, action: Action) -> bool:
         select(Action.id).where(
             Action.plan_id == action.plan_id,
             Action.kind == ActionKind.reserve,
-            col(Action.state).in_([s.value for s in ACTIVE_ACTION_STATES]),
+            col(Action.state).in_([s.value for s in _RESERVING]),
         )
     ).first()
     return pending is not None
+
+
+# A reservation the plan's other actions wait for: not yet ended, and not failed already.
+# A reserve that is compensating failed (only its unreserve is left, sent until answered,
+# which gives GPUs back and takes nothing): as one that ended failed, it holds up only its
+# own group, not the plan's others until its connector comes back.
+_RESERVING = tuple(s for s in ACTIVE_ACTION_STATES if s is not ActionState.compensating)
 
 
 def _reservations_in_place(action: Action, siblings: list[Action]) -> list[int]:
@@ -476,7 +504,7 @@ def _reservations_in_place(action: Action, siblings: list[Action]) -> list[int]:
     if ActionKind(action.kind) is not ActionKind.reserve:
         return []
     if any(
-        ActionKind(a.kind) is ActionKind.reserve and ActionState(a.state) in ACTIVE_ACTION_STATES
+        ActionKind(a.kind) is ActionKind.reserve and ActionState(a.state) in _RESERVING
         for a in siblings
         if a.id != action.id
     ):

@@ -61,12 +61,19 @@ def approved_action(
     )
     session.add(subject)
     session.flush()
+    return action_on(session, clock, subject, kind, key=f"by-hand-{kind.value}", **fields)
+
+
+def action_on(
+    session: Session, clock: FrozenClock, job: Job, kind: ActionKind, *, key: str, **fields: Any
+) -> int:
+    """An approved action on ``job`` (``fields``: its own), committed; its id."""
     action = Action(
-        cluster_id=row.id,  # type: ignore[arg-type]
-        job_id=subject.id,
+        cluster_id=job.cluster_id,
+        job_id=job.id,
         kind=kind,
         state=ActionState.approved,
-        idempotency_key=f"by-hand-{kind.value}",
+        idempotency_key=key,
         created_at=clock.now(),
         updated_at=clock.now(),
         **fields,

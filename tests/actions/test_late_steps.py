@@ -9,19 +9,26 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 import connectors.actions
 from app.actions import saga
 from app.actions import service as action_service
+from app.actions.messages import Outgoing
 from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.errors import Conflict
+from app.core.lookup import row_id
+from app.jobs.models import Allocation, Job
+from app.nodes.models import Node
+from app.plans.models import Plan, PlanState
 from connectors.sim import SimCluster, SimExecutors, SiteSpec
 from tests.actions.by_hand import (
+    action_on,
     approved_action,
     deliver,
     given_up,
@@ -33,7 +40,7 @@ from tests.actions.by_hand import (
     state,
     timed_out,
 )
-from wire.telemetry import JobKind, JobReport, SchedulerKind
+from wire.telemetry import JobKind, JobReport, JobState, SchedulerKind
 
 # Two 8-GPU nodes under a scheduler that does not place jobs itself (sim): a migrate
 # checkpoints, transfers and restores through the node agents.
@@ -306,3 +313,233 @@ def test_a_migrate_waiting_on_a_source_gone_for_good_can_be_abandoned(
     assert action.state == ActionState.failed
     assert "the job runs at b (its confirm there succeeded)" in (action.error or "")
     assert cluster.runs_on("left", "b")
+
+
+def newer(session: Session, clock: FrozenClock, older: int, kind: ActionKind, **fields: Any) -> int:
+    """A later plan's approved action on the same job as ``older`` (which has ended)."""
+    before = session.get(Action, older)
+    assert before is not None
+    job = session.get(Job, before.job_id)
+    assert job is not None
+    return action_on(session, clock, job, kind, key=f"newer-{kind.value}-{older}", **fields)
+
+
+def run_through(
+    session: Session, clock: FrozenClock, executors: SimExecutors, action_id: int
+) -> None:
+    """The action's saga to its end, every message delivered at once."""
+    sends: list[Outgoing] = saga.advance(session=session, action_id=action_id, now=clock.now())
+    while sends:
+        answer = deliver(executors, sends.pop(0))
+        assert answer["ok"], answer
+        sends += record(session, clock, answer)
+    assert state(session, action_id) == ActionState.succeeded
+
+
+# A reserve's compensating unreserve answered "not now" for its sends failed the
+# compensation while a resent copy was still queued; a later plan's reserve of the job is
+# sent at that same generation (a reserve bumps none), so the late copy was not stale and
+# took off the newer action's reservation. An unreserve now waits "not now" out: once one
+# copy has run, the others are answered from the connector's journal.
+def test_a_late_unreserve_copy_leaves_a_newer_actions_reservation(
+    session: Session,
+    clock: FrozenClock,
+    service_cluster: tuple[SimCluster, SimExecutors],
+    reserve: int,
+) -> None:
+    cluster, executors = service_cluster
+    _, after = given_up(session, clock, reserve)
+    (first,) = after
+    assert first.kwargs["step"]["step"] == "unreserve"
+    (second,) = timed_out(session, clock, reserve)  # the first's answer is slow: resent
+    outage(cluster, "unreserve")
+    (third,) = record(session, clock, deliver(executors, first))  # "not now": resent
+    (fourth,) = record(session, clock, deliver(executors, second))  # and again
+    assert state(session, reserve) == ActionState.compensating
+    over(cluster, "unreserve")
+    assert record(session, clock, deliver(executors, third)) == []
+    assert state(session, reserve) == ActionState.compensated
+    later = newer(session, clock, reserve, ActionKind.reserve, target_placement={"a": 2})
+    run_through(session, clock, executors, later)
+    assert "chat" in cluster.reservations
+    late = deliver(executors, fourth)  # the failed saga's last copy, queued behind
+    assert late["outcome"] == "duplicate" and "chat" in cluster.reservations, late
+
+
+# An abandoned compensation left the job at the compensation's generation, which the next
+# saga of the job was sent at (a resize or reserve bumps none): a copy of the abandoned
+# undo_resize delivered after a newer resize was not stale, and the connector undid the
+# older resize, its journal still holding that one's answer. Now an abandon fences the job
+# at a new generation, and an undo acts only on the last resize the connector ran.
+def test_an_abandoned_undo_resize_delivered_late_leaves_a_newer_resize(
+    session: Session,
+    clock: FrozenClock,
+    service_cluster: tuple[SimCluster, SimExecutors],
+    service_shrink: int,
+) -> None:
+    cluster, executors = service_cluster
+    shrink, after = given_up(session, clock, service_shrink)
+    (undo,) = after
+    assert deliver(executors, shrink)["ok"] and replicas(cluster) == 3  # the late shrink
+    action_service.abandon(session=session, action_id=service_shrink, by="ops", now=clock.now())
+    assert state(session, service_shrink) == ActionState.failed
+    later = newer(session, clock, service_shrink, ActionKind.resize, target_replicas=2)
+    run_through(session, clock, executors, later)
+    assert replicas(cluster) == 2
+    late = deliver(executors, undo)
+    assert replicas(cluster) == 2, late
+
+
+# The same with a reserve: the abandoned compensation's unreserve, delivered late, took
+# off the reservation a newer reserve of the job made at the same generation.
+def test_an_abandoned_unreserve_delivered_late_leaves_a_newer_reservation(
+    session: Session,
+    clock: FrozenClock,
+    service_cluster: tuple[SimCluster, SimExecutors],
+    reserve: int,
+) -> None:
+    cluster, executors = service_cluster
+    _, after = given_up(session, clock, reserve)
+    (unreserve,) = after
+    action_service.abandon(session=session, action_id=reserve, by="ops", now=clock.now())
+    later = newer(session, clock, reserve, ActionKind.reserve, target_placement={"a": 2})
+    run_through(session, clock, executors, later)
+    late = deliver(executors, unreserve)
+    assert "chat" in cluster.reservations, late
+
+
+# A migrate's source release is sent until answered. If the source's agent answered it once
+# with "not now" and then went silent for good (the node removed), the step had an error,
+# so it was not "stuck" and abandon refused: the action would run for ever, its job locked
+# against every other action. Stuck now means MAX_ATTEMPTS sends more than answers.
+def test_a_migrate_whose_source_said_not_now_then_vanished_can_be_abandoned(
+    session: Session,
+    clock: FrozenClock,
+    lab: tuple[SimCluster, SimExecutors],  # noqa: F811
+    migrate: int,  # noqa: F811
+) -> None:
+    _, executors = lab
+    (message,) = saga.advance(session=session, action_id=migrate, now=clock.now())
+    while message.kwargs["step"]["step"] != "release":
+        answer = deliver(executors, message)
+        assert answer["ok"], answer
+        (message,) = record(session, clock, answer)
+    step = message.kwargs["step"]
+    busy = {
+        "action_id": step["action_id"],
+        "key": step["key"],
+        "ok": False,
+        "retryable": True,
+        "error": "release: the image is busy",
+        "executor": message.queue,
+        "generation": step["generation"],
+    }
+    (again,) = record(session, clock, busy)
+    for _ in range(3):  # node a gone for good: nothing answers any more
+        (again,) = timed_out(session, clock, migrate)
+    assert state(session, migrate) == ActionState.running
+    action = action_service.abandon(session=session, action_id=migrate, by="ops", now=clock.now())
+    assert action.state == ActionState.failed
+
+
+# A migrate abandoned while its source's release went unanswered ended failed with its
+# job's record as before it: the job held its GPUs on the source node and none on the
+# target, where its confirm saw it run, so the next plan counted b's GPUs free (and a's
+# taken) until the cluster's telemetry said otherwise. It is recorded at its target now,
+# as a finished migrate is (app.actions.placements).
+def test_an_abandoned_migrate_records_the_job_at_its_target(
+    session: Session,
+    clock: FrozenClock,
+    lab: tuple[SimCluster, SimExecutors],  # noqa: F811
+    migrate: int,  # noqa: F811
+) -> None:
+    _, executors = lab
+    action = session.get(Action, migrate)
+    assert action is not None and action.job_id is not None
+    nodes = {}
+    for name in ("a", "b"):
+        node = Node(cluster_id=action.cluster_id, name=name, gpu_count=8, updated_at=clock.now())
+        session.add(node)
+        session.flush()
+        nodes[name] = node.id
+    held = Allocation(
+        job_id=action.job_id,
+        node_id=nodes["a"],  # type: ignore[arg-type]
+        gpu_indices=[0, 1, 2, 3],
+        gpu_count=4,
+        started_at=clock.now(),
+    )
+    session.add(held)
+    session.commit()
+    (message,) = saga.advance(session=session, action_id=migrate, now=clock.now())
+    while message.kwargs["step"]["step"] != "release":
+        answer = deliver(executors, message)
+        assert answer["ok"], answer
+        (message,) = record(session, clock, answer)
+    for _ in range(3):  # node a gone for good
+        timed_out(session, clock, migrate)
+    action_service.abandon(session=session, action_id=migrate, by="ops", now=clock.now())
+    session.expire_all()
+    open_on = set(
+        session.exec(
+            select(Allocation.node_id).where(
+                Allocation.job_id == action.job_id, col(Allocation.released_at).is_(None)
+            )
+        ).all()
+    )
+    assert open_on == {nodes["b"]}
+
+
+# Every action of a plan waits while a reserve of the plan is under way
+# (action_service.waits_for_reservations). A reserve given up for want of an answer
+# compensates with an unreserve sent until answered, and one to a connector still cut off
+# kept every other group of the plan waiting, even those that never touch it, until it
+# was back or an operator abandoned the reserve. A compensating reserve has failed: it
+# holds up its own group only, as one that ended failed does.
+def test_a_reserve_compensating_against_a_silent_connector_does_not_hold_up_its_plan(
+    session: Session,
+    clock: FrozenClock,
+    service_cluster: tuple[SimCluster, SimExecutors],
+    reserve: int,
+) -> None:
+    holding = session.get(Action, reserve)
+    assert holding is not None
+    plan = Plan(
+        cluster_id=holding.cluster_id,
+        created_at=clock.now(),
+        policy="test",
+        engine="test",
+        mode="enforce",
+        status="optimal",
+        state=PlanState.approved,
+    )
+    session.add(plan)
+    session.flush()
+    other = Job(
+        cluster_id=holding.cluster_id,
+        external_id="batch",
+        state=JobState.running,
+        gpus_requested=2,
+        updated_at=clock.now(),
+    )
+    session.add(other)
+    session.flush()
+    holding.plan_id = plan.id
+    elsewhere = Action(
+        cluster_id=holding.cluster_id,
+        job_id=other.id,
+        plan_id=plan.id,
+        kind=ActionKind.requeue,
+        state=ActionState.approved,
+        idempotency_key="another-group",
+        created_at=clock.now(),
+        updated_at=clock.now(),
+    )
+    session.add_all([holding, elsewhere])
+    session.commit()
+    given_up(session, clock, reserve)  # the connector cut off
+    for _ in range(5):  # ... and still: its unreserve goes unanswered
+        timed_out(session, clock, reserve)
+    assert state(session, reserve) == ActionState.compensating
+    saga.advance(session=session, action_id=row_id(elsewhere), now=clock.now())
+    assert state(session, row_id(elsewhere)) == ActionState.running
