@@ -752,15 +752,15 @@ def test_a_copy_that_already_ran_at_the_target_keeps_the_home_copy_from_running_
     assert group.east.cluster.jobs["waiting"].held  # held at home, not run a second time
 
 
+# Row locks are PostgreSQL's (on SQLite a writer has the whole database): PostgreSQL only.
+@pytest.mark.parametrize("committed_engine", ["postgres"], indirect=True)
 def test_a_job_whose_row_another_transaction_holds_is_proposed_a_later_period(
     group_factory: Callable[..., Group], committed_engine: Engine
 ) -> None:
     """The home's ingest updates its push's jobs in the push's order, a proposal locks them
     in the solve's: had it waited for a job's row, the two could deadlock. It skips the
-    job instead, keeps the job's standing proposal, and proposes it once the row is free.
-    (Row locks are PostgreSQL's; on SQLite a writer has the whole database.)"""
-    if committed_engine.dialect.name != "postgresql":
-        pytest.skip("row locks: PostgreSQL's")
+    job instead, keeps the job's standing proposal, and proposes it once the row is free."""
+    assert committed_engine.dialect.name == "postgresql"
     group = group_factory()
     action_id = _one_move(group)
     group.east.push()
