@@ -284,7 +284,11 @@ def _fence_abandoned(session: Session, action: Action, now: datetime) -> None:
     its job itself (``record_move``)."""
     if action.job_id is None:
         return
-    job = session.exec(select(Job).where(Job.id == action.job_id).with_for_update()).first()
+    # FOR NO KEY UPDATE: the generation is no key, and an ingest's foreign-key checks on
+    # the job's row (its allocations, samples) pass the lock instead of waiting for it.
+    job = session.exec(
+        select(Job).where(Job.id == action.job_id).with_for_update(key_share=True)
+    ).first()
     if job is not None:
         job.generation += 1
         job.updated_at = now
