@@ -235,6 +235,9 @@ class ActionStepPublic(SQLModel):
     generation: int
     idempotency_key: str
     attempts: int
+    # Answers the step had while it was sent: fewer than ``attempts`` once it is over, a
+    # copy of it may still be on its way to its executor (a cut-off node's queue).
+    answers: int = 0
     result: dict[str, Any]
     error: str | None
     sent_at: datetime | None

@@ -131,6 +131,8 @@ def test_a_plans_placement_is_stored_with_it_and_its_steps_come_in_one_reply(
         one = client.get(f"/api/v1/actions/{action.id}/steps", headers=auth["viewer"]).json()
         assert [{**s, "action_id": action.id} for s in one] == by_action[action.id]
     assert {s["state"] for s in steps} == {"succeeded"}
+    # Delivered in-process, every send had its answer: none of its copies is still out.
+    assert all(s["answers"] == s["attempts"] >= 1 for s in steps), steps
     assert site.states()["big"] == ("running", [source])
     # The stored placement is what the plan decided: it does not follow the cluster.
     later = client.get(f"/api/v1/plans/{result.plan_id}/placement", headers=auth["viewer"])
