@@ -87,7 +87,16 @@ def start_or_resume(
         )
     options = (backend_options or {}).get(image.backend, {})
     backend_impl = create_backend(image.backend, store=store, **options)
-    return backend_impl.restore(image, image_dir=pointer.image_dir)
+    restored = backend_impl.restore(image, image_dir=pointer.image_dir)
+    if not resume.still_wanted(FenceStore(store.state_dir), workload_id, pointer):
+        kill_workload(restored, timeout=10)
+        restored.state = WorkloadState.released
+        store.save(restored)
+        raise resume.StaleResume(
+            f"workload {workload_id}: a newer saga fenced it off this node while it was "
+            f"restored from generation {pointer.generation}; stopped again"
+        )
+    return restored
 
 
 def _child_of_ours(workload: RunningWorkload) -> int | None:

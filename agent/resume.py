@@ -79,3 +79,14 @@ def take(fences: FenceStore, images_dir: Path, workload_id: str) -> ResumePointe
             )
         os.replace(path, path.with_name(f"{POINTER_NAME}.taken"))
         return pointer
+
+
+def still_wanted(fences: FenceStore, workload_id: str, pointer: ResumePointer) -> bool:
+    """Whether the fence is still at the pointer's generation once the workload has been
+    restored from it. :func:`take` holds the fence only while it takes the pointer, so a
+    step of a newer saga (a compensation's release here) may have run while the restore
+    did, found nothing to stop, and fenced the workload off: then the restored copy must
+    not run (it would run here and where that saga sends the job)."""
+    with fences.hold(workload_id) as fence:
+        left = fence.left_at is not None and fence.left_at > pointer.generation
+        return fence.generation <= pointer.generation and not left

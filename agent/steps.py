@@ -113,8 +113,14 @@ class StepExecutor:
                     request, ok=False, error=str(error), retryable=error.retryable
                 )
             except (KeyError, ValueError, OSError) as error:
+                # A checkpoint's OSError (a full disk after the dump) is worth a retry, not
+                # journalled: the next delivery finds the dump and seals it (_recover), or
+                # the process running again (recorded so) and starts afresh.
                 report = self._report(
-                    request, ok=False, error=f"{type(error).__name__}: {error}", retryable=False
+                    request,
+                    ok=False,
+                    error=f"{type(error).__name__}: {error}",
+                    retryable=isinstance(error, OSError) and request.step is AgentStep.checkpoint,
                 )
             else:
                 report = self._report(request, ok=True, result=result)
@@ -177,13 +183,22 @@ class StepExecutor:
                 return self._recover(workload, image_dir, record)
             # The process runs (or was never stopped for this checkpoint): start afresh.
             shutil.rmtree(image_dir)
+        if not workload.is_running():
+            raise WorkloadNotRunning(
+                f"workload {request.workload_id} does not run on {self.name} "
+                f"(state {workload.state.value}): there is nothing to checkpoint"
+            )
         # Said before the process stops, so whoever waits on it (`agent exec --wait` in a
         # batch job) knows that it stopped on purpose and does not end the job.
         workload.state = WorkloadState.checkpointing
         self.store.save(workload)
         try:
             image = self._backend(workload.backend).checkpoint(workload, image_dir)
-        except BackendError:
+        except BaseException:
+            # Whatever failed (the backend, a full disk, the agent stopping), a process
+            # that still runs was not stopped by this checkpoint: recorded running again,
+            # or a restore would take it for a stopped one (and the batch job's `agent
+            # exec --wait` for one stopped on purpose).
             if workload.is_running():
                 workload.state = WorkloadState.running
                 self.store.save(workload)
@@ -241,17 +256,30 @@ class StepExecutor:
             current = self.store.load(request.workload_id)
         except KeyError:
             current = None
-        if current is not None and current.state is WorkloadState.running and current.is_running():
+        if current is not None and current.is_running():
+            # Whatever its record says (a checkpoint that failed before it stopped the
+            # process, or an agent that died there): it runs, so nothing is restored, and
+            # it is recorded running.
+            if current.state is not WorkloadState.running:
+                current.state = WorkloadState.running
+                self.store.save(current)
             return {"pid": current.pid, "summary": f"already running here as PID {current.pid}"}
         # An agent that died mid-restore may have left a restored copy nobody recorded.
         reaped = self._reap_unrecorded(request.workload_id)
-        if "image" not in request.args:
-            raise WorkloadNotRunning(
-                f"workload {request.workload_id} does not run on {self.name} and there is no "
-                "checkpoint to restore it from"
-            )
-        image = CheckpointImage.model_validate(request.args["image"])
-        image_dir = Path(request.args.get("image_dir") or image.image_dir)
+        if "image" in request.args:
+            image = CheckpointImage.model_validate(request.args["image"])
+            image_dir = Path(request.args.get("image_dir") or image.image_dir)
+        else:
+            # A compensation that never heard of a checkpoint (unanswered, given up) when
+            # the checkpoint ran here after all (the agent came back with its queue): the
+            # image it left, the last one taken here.
+            taken = self._taken_here(current)
+            if taken is None:
+                raise WorkloadNotRunning(
+                    f"workload {request.workload_id} does not run on {self.name} and there "
+                    "is no checkpoint to restore it from"
+                )
+            image, image_dir = taken
         started = time.monotonic()
         restored = self._backend(image.backend).restore(image, image_dir=image_dir)
         seconds = time.monotonic() - started
@@ -262,6 +290,23 @@ class StepExecutor:
             "summary": f"restored from {image_dir} as PID {restored.pid} in {seconds:.2f} s"
             + (f" (stopped unrecorded copies {reaped} first)" if reaped else ""),
         }
+
+    def _taken_here(self, workload: RunningWorkload | None) -> tuple[CheckpointImage, Path] | None:
+        """The image of the checkpoint that stopped the workload here, when that is the
+        last thing that happened to it here (recorded checkpointed): the newest generation
+        with a sealed image. None otherwise (an older image would roll the job back)."""
+        if workload is None or workload.state is not WorkloadState.checkpointed:
+            return None
+        roots = [
+            (int(root.name[1:]), root)
+            for root in (self.images_dir / workload.id).glob("g*")
+            if root.name[1:].isdigit() and (root / "image.json").is_file()
+        ]
+        if not roots:
+            return None
+        _, root = max(roots)
+        image = CheckpointImage.model_validate_json((root / "image.json").read_text())
+        return image, root / "image"
 
     def stage(self, request: AgentStepRequest) -> dict[str, Any]:
         """Leave a resume pointer: the scheduler will start the workload here (agent.resume).
