@@ -79,10 +79,11 @@ class ConnectorStep(StrEnum):
     # key (a resend moves no job twice); the result's ``moved`` maps each workload to its new
     # job. Refused when a job has left the queue or cannot run on that executor's nodes.
     move_job_set = "move_job_set"
-    # Undo a service's resize the saga gave up on (no answer) or could not confirm: if this
-    # connector ran the forward step whose key is ``args.undo_key`` (its journal holds a
-    # successful answer), resize the service back to ``args.back_to`` replicas, its size
-    # before; otherwise do nothing. It carries the compensation's new generation, so a copy
+    # Undo a service's resize that may have run although its saga failed (unanswered, or
+    # ran and could not be confirmed): if the last resize of the service this connector
+    # ran is the forward step ``args.undo_key``, resize the service back to ``args.back_to``
+    # replicas, its size before; otherwise (never ran here, or a newer resize ran since)
+    # do nothing. It carries the compensation's new generation, so a copy
     # of the forward step still queued behind it is refused as stale: either order leaves
     # the service at the size the failed action found it.
     undo_resize = "undo_resize"

@@ -97,8 +97,8 @@ off by ``unreserve@connector`` under a new generation, so that a copy still queu
 either undone or refused. A service's resize that may have run although the action failed
 (the same, or it ran and its confirm gave up) is undone by
 ``undo_resize@connector`` under a new generation. The connector resizes the service back
-to its size before only if its journal says it ran the resize, and refuses a copy of the
-resize still queued behind the undo as stale: a shrink delivered after the saga gave up
+to its size before only if the last resize of it that it ran is this one, and refuses a
+copy of the resize still queued behind the undo as stale: a shrink delivered after the saga gave up
 (the connector cut off for longer than its sends) would otherwise leave the service short
 with the record saying it is not.
 
@@ -140,9 +140,10 @@ from wire.telemetry import JobShape, JobState, SubmitSpec
 
 # A step's error when its executor never answered (it may still have run it).
 NO_ANSWER = "no answer"
-# The start of a step's error when it failed on a "not now" (a retryable answer) after it
-# had been sent more than once: that answer speaks for one copy, and another may still be
-# queued for its executor, to run later (retryable answers are not journalled).
+# The start of a step's error when it failed on a "not now" (a retryable answer) while it
+# had had fewer answers than sends (``ActionStep.answers``): that answer speaks for one
+# copy, and another may still be queued for its executor, to run later (retryable answers
+# are not journalled).
 COPY_MAY_RUN = "a copy may still run"
 
 
