@@ -22,7 +22,6 @@ from app.actions.models import Action, ActionKind, ActionState
 from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.errors import Conflict
-from app.core.lookup import row_id
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.plans.models import Plan, PlanState
@@ -525,21 +524,13 @@ def test_a_reserve_compensating_against_a_silent_connector_does_not_hold_up_its_
     session.add(other)
     session.flush()
     holding.plan_id = plan.id
-    elsewhere = Action(
-        cluster_id=holding.cluster_id,
-        job_id=other.id,
-        plan_id=plan.id,
-        kind=ActionKind.requeue,
-        state=ActionState.approved,
-        idempotency_key="another-group",
-        created_at=clock.now(),
-        updated_at=clock.now(),
+    session.add(holding)
+    elsewhere = action_on(
+        session, clock, other, ActionKind.requeue, key="another-group", plan_id=plan.id
     )
-    session.add_all([holding, elsewhere])
-    session.commit()
     given_up(session, clock, reserve)  # the connector cut off
     for _ in range(5):  # ... and still: its unreserve goes unanswered
         timed_out(session, clock, reserve)
     assert state(session, reserve) == ActionState.compensating
-    saga.advance(session=session, action_id=row_id(elsewhere), now=clock.now())
-    assert state(session, row_id(elsewhere)) == ActionState.running
+    saga.advance(session=session, action_id=elsewhere, now=clock.now())
+    assert state(session, elsewhere) == ActionState.running
