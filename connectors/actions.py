@@ -138,6 +138,8 @@ from wire.telemetry import TERMINAL_JOB_STATES, JobReport, JobState, NodeState, 
 
 log = logging.getLogger(__name__)
 
+# The steps a connector runs (wire.steps.ConnectorStep), in the order they are listed.
+KNOWN_STEPS = tuple(step.value for step in ConnectorStep)
 # Answers kept; the oldest keys go first (their sagas finished long ago).
 MAX_REMEMBERED_STEPS = 10_000
 
@@ -271,9 +273,8 @@ class ConnectorStepExecutor:
         """The report, and whether a resend of the same key gets it again (not when a retry
         may go otherwise: a retryable scheduler error, or a bug in this connector)."""
         try:
-            run_step = self._steps.get(request.step)
-            if run_step is None and request.step != ConnectorStep.undo_resize:
-                known = ", ".join(step.value for step in ConnectorStep)
+            if request.step not in KNOWN_STEPS:
+                known = ", ".join(KNOWN_STEPS)
                 raise _Refused(f"unknown step {request.step!r} (this connector does {known})")
             if not request.workload_id:
                 raise _Refused(f"step {request.step} names no workload")
@@ -313,8 +314,7 @@ class ConnectorStepExecutor:
             elif request.step == ConnectorStep.move_job_set:
                 result = self._move_job_set(request.workload_id, request.args, key=request.key)
             else:
-                assert run_step is not None
-                result = run_step(request.workload_id, request.args)
+                result = self._steps[request.step](request.workload_id, request.args)
                 if request.step == ConnectorStep.resize:
                     journal.resized[request.workload_id] = request.key
         except _Refused as refusal:
