@@ -16,7 +16,8 @@ as the shaper does, then solves the exact per-node model warm-started from that 
 rules fed by the shaper's own history, forecasts) is the shaper's.
 
 Prints, per scenario, the mean over seeds of utilization, priority-weighted value, mean and
-p99 completion time (over all submitted jobs: the replay runs until the queue drains),
+p99 completion time and makespan (over all submitted jobs: the replay runs until the queue
+drains),
 services' unmet demand and lost GPU-hours for each row, and how many cycles the optimum
 replaced the shaper's plan. Figures, not a test; the simulator is deterministic, so they
 vary only with the OR-Tools search (a time limit that cuts a search short).
@@ -50,6 +51,7 @@ METRICS = (
     ("weighted_output", "value", 1.0),
     ("jct_mean_h", "JCT mean h", 1.0),
     ("jct_p99_h", "JCT p99 h", 1.0),
+    ("makespan_h", "makespan h", 1.0),
     ("unmet_demand_replica_hours", "unmet rep-h", 1.0),
     ("lost_gpu_hours", "lost GPU-h", 1.0),
 )

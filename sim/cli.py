@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from sim import federation as federation_runs
+from sim.ablation_table import ablation_markdown
 from sim.adapter import ForecastMode, RuntimeMode, split_policy_name
 from sim.fgd import ALL_POLICIES as INFLATION_POLICIES
 from sim.fgd import KNOWN_POLICIES as INFLATION_CHOICES
@@ -275,7 +276,8 @@ def table(
     ] = False,
 ) -> None:
     """Compare every scenario and print one Markdown table (the README's): per scenario the
-    best baseline is marked ★ and the margins are over it."""
+    best baseline is marked ★ and the margins are over it. With ``--ablations``, a second
+    table: what each lever off changes against full shaper (``sim.ablation_table``)."""
     out_dir = out_dir or default_results_dir()
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:
@@ -297,6 +299,9 @@ def table(
         write_results(results[workload.name], out_dir / f"{workload.name}.json")
         _figures(results[workload.name], out_dir, workload.name, fmt)
     console.print(scenario_table(results), markup=False, soft_wrap=True)
+    if ablations:
+        console.print("")
+        console.print(ablation_markdown(results), markup=False, soft_wrap=True)
 
 
 def _seeds_and_overrides(

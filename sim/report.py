@@ -368,15 +368,16 @@ def sweep_markdown(
         return "–" if value is None else f"{value:.1f}"
 
     drained = any(r.jct_p99_h is not None for r in rows)
-    times = " JCT mean h | JCT p99 h | wait max h |" if drained else ""
+    times = " JCT mean h | JCT p99 h | makespan h | wait max h |" if drained else ""
     lines = [
         f"| seed | policy | util % | Δ util vs {baseline} (pt) | value | value vs {baseline} "
         f"| jobs done |{times}",
-        "|" + "---|" * (10 if drained else 7),
+        "|" + "---|" * (11 if drained else 7),
     ]
     for r in rows:
         cells = (
-            f" {hours(r.jct_mean_h)} | {hours(r.jct_p99_h)} | {hours(r.wait_max_h)} |"
+            f" {hours(r.jct_mean_h)} | {hours(r.jct_p99_h)} | {hours(r.makespan_h)} "
+            f"| {hours(r.wait_max_h)} |"
             if drained
             else ""
         )
@@ -403,18 +404,22 @@ def sweep_markdown(
         lines += [
             "",
             f"| policy | seeds | JCT mean h, mean | median | JCT p99 h, mean | median | worst "
-            f"| p99 no worse than {baseline}'s |",
-            "|" + "---|" * 8,
+            f"| makespan h, mean | worst | p99 no worse than {baseline}'s |",
+            "|" + "---|" * 10,
         ]
         for s in summaries:
-            m, p = s.jct_mean_h, s.jct_p99_h
+            m, p, span = s.jct_mean_h, s.jct_p99_h, s.makespan_h
             mean_cells = f"{m.mean:.1f} | {m.median:.1f}" if m else "– | –"
             # Spread.worst is the minimum; for a completion time the worst is the largest.
             p99_cells = f"{p.mean:.1f} | {p.median:.1f} | {p.best:.1f}" if p else "– | – | –"
+            span_cells = f"{span.mean:.1f} | {span.best:.1f}" if span else "– | –"
             no_worse = (
                 "–"
                 if s.policy == baseline or s.p99_no_worse_seeds is None
                 else f"{s.p99_no_worse_seeds} of {s.seeds} seeds"
             )
-            lines.append(f"| {s.policy} | {s.seeds} | {mean_cells} | {p99_cells} | {no_worse} |")
+            lines.append(
+                f"| {s.policy} | {s.seeds} | {mean_cells} | {p99_cells} | {span_cells} "
+                f"| {no_worse} |"
+            )
     return "\n".join(lines)

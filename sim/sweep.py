@@ -8,7 +8,8 @@ spread behind it.
 By default only the window's figures (utilization, value, jobs done by the horizon) are
 compared, so the runs stop at the horizon: what happens after it cannot change them. With
 ``drain`` every run goes on until its queue drains, as the scenario tables do, and each row
-also carries the completion times over every job (mean and p99 JCT, longest wait): the
+also carries the completion times over every job (mean and p99 JCT, makespan, longest
+wait): the
 summary then says on how many seeds each policy's p99 was no worse than the baseline's,
 which one seed's table cannot.
 """
@@ -39,6 +40,7 @@ class SeedRow:
     # Over every job, run to drain (``sweep(drain=True)``); None otherwise.
     jct_mean_h: float | None = None
     jct_p99_h: float | None = None
+    makespan_h: float | None = None
     wait_max_h: float | None = None
 
 
@@ -65,6 +67,7 @@ class SweepSummary:
     # policy's p99 was no worse than the baseline's.
     jct_mean_h: Spread | None = None
     jct_p99_h: Spread | None = None
+    makespan_h: Spread | None = None
     p99_no_worse_seeds: int | None = None
 
 
@@ -169,6 +172,7 @@ def seed_rows(seed: int, metrics: Metrics, *, baseline: str, drain: bool) -> lis
                 jobs_completed=int(m["jobs_completed_in_window"] or 0),
                 jct_mean_h=m["jct_mean_h"] if drain else None,
                 jct_p99_h=m["jct_p99_h"] if drain else None,
+                makespan_h=m["makespan_h"] if drain else None,
                 wait_max_h=m["queue_wait_max_h"] if drain else None,
             )
         )
@@ -190,6 +194,7 @@ def summarize_sweep(rows: Sequence[SeedRow], baseline: str = "fifo") -> list[Swe
         ratios = [r.value_ratio for r in mine if r.value_ratio is not None]
         means = [r.jct_mean_h for r in mine if r.jct_mean_h is not None]
         p99s = [r.jct_p99_h for r in mine if r.jct_p99_h is not None]
+        makespans = [r.makespan_h for r in mine if r.makespan_h is not None]
         # A seed counts when both p99s exist (a run where no job arrived has none).
         compared: list[tuple[float, float]] = []
         for r in mine:
@@ -205,6 +210,7 @@ def summarize_sweep(rows: Sequence[SeedRow], baseline: str = "fifo") -> list[Swe
                 unbounded_ratios=len(mine) - len(ratios),
                 jct_mean_h=Spread.of(means) if means else None,
                 jct_p99_h=Spread.of(p99s) if p99s else None,
+                makespan_h=Spread.of(makespans) if makespans else None,
                 p99_no_worse_seeds=(
                     sum(1 for p99, base in compared if p99 <= base + 1e-9) if compared else None
                 ),

@@ -14,13 +14,18 @@ from sim.sweep import sweep
 
 
 def _figures(
-    util: float, value: float, jct: float | None = 10.0, p99: float | None = 30.0
+    util: float,
+    value: float,
+    jct: float | None = 10.0,
+    p99: float | None = 30.0,
+    makespan: float | None = 60.0,
 ) -> Figures:
     return Figures(
         utilization=util,
         value=value,
         jct_mean_h=jct,
         jct_p99_h=p99,
+        makespan_h=makespan,
         unmet_replica_h=0.0,
         sla_violation_h=0.0,
     )
@@ -81,8 +86,8 @@ def test_a_row_is_the_mean_over_seeds_and_counts_seeds_against_the_same_baseline
         1: {
             "fifo": _figures(0.60, 500.0, p99=50.0),
             "backfill": _figures(0.70, 800.0, p99=20.0),
-            "priority": _figures(0.80, 1000.0, p99=30.0),
-            "shaper": _figures(0.86, 1000.0, p99=25.0),
+            "priority": _figures(0.80, 1000.0, p99=30.0, makespan=70.0),
+            "shaper": _figures(0.86, 1000.0, p99=25.0, makespan=64.0),
         },
         # Seed 2: backfill has the most value on this seed, but the scenario's best
         # baseline (of the means) is priority: shaper +4 points over it, p99 the lowest.
@@ -90,7 +95,7 @@ def test_a_row_is_the_mean_over_seeds_and_counts_seeds_against_the_same_baseline
             "fifo": _figures(0.60, 500.0, p99=50.0),
             "backfill": _figures(0.80, 1200.0, p99=30.0),
             "priority": _figures(0.78, 1100.0, p99=40.0),
-            "shaper": _figures(0.82, 1200.0, p99=20.0),
+            "shaper": _figures(0.82, 1200.0, p99=20.0, makespan=None),
         },
     }
     row = bar_row("example", seeds)
@@ -106,6 +111,9 @@ def test_a_row_is_the_mean_over_seeds_and_counts_seeds_against_the_same_baseline
     assert row.p99_best_h == pytest.approx(25.0)
     assert row.p99_no_worse is True
     assert row.seeds_p99_no_worse == 1  # seed 2 only (25 > backfill's 20 on seed 1)
+    # Makespans are means over the seeds that have one (none: no job completed).
+    assert row.mine.makespan_h == pytest.approx(64.0)
+    assert row.base.makespan_h == pytest.approx(65.0)
 
 
 def test_a_run_gives_the_figures_a_sweep_gives() -> None:
@@ -136,7 +144,8 @@ def test_cli_bar_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     (line,) = [line for line in result.output.splitlines() if line.startswith("| mixed |")]
-    assert line.count("|") == 12
+    assert line.count("|") == 13
+    assert "makespan h `shaper` / best" in result.output
     payload = json.loads(out.read_text())
     assert payload["policies"] == ["fifo", "backfill", "priority", "shaper"]
     assert payload["rows"][0]["scenario"] == "mixed"

@@ -199,7 +199,8 @@ def test_table_ablation_rows_attribute_each_lever(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    rows = [line for line in result.output.splitlines() if line.startswith("| ")][1:]
+    scenario_table, _, ablation_table = result.output.partition("| scenario | shaper util %")
+    rows = [line for line in scenario_table.splitlines() if line.startswith("| ")][1:]
     policies = [row.strip("|").split("|")[1].strip() for row in rows]
     # The best baseline is never one of shaper's own ablations.
     assert policies == ["priority ★", "**shaper**", *ABLATIONS]
@@ -207,3 +208,9 @@ def test_table_ablation_rows_attribute_each_lever(tmp_path: Path) -> None:
     # Without service resizing, services hold their daily peak: less utilization.
     util = {name: float(row.strip("|").split("|")[2]) for name, row in by_policy.items()}
     assert util["shaper, no service resize"] < util["**shaper**"]
+    # The second table: one row, each lever's change against full shaper, from the same runs.
+    (row,) = [line for line in ablation_table.splitlines() if line.startswith("| training")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    resize = cells[2 + list(ABLATIONS).index("shaper, no service resize")]
+    drop = util["shaper, no service resize"] - util["**shaper**"]
+    assert resize.startswith(f"{drop:+.1f} pt, ") and "p99 " in resize and "makespan " in resize

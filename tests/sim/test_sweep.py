@@ -107,13 +107,17 @@ def test_a_drained_sweep_carries_each_runs_completion_times() -> None:
     (row,) = rows
     assert row.jct_mean_h == direct["jct_mean_h"] and row.jct_p99_h == direct["jct_p99_h"]
     assert row.wait_max_h == direct["queue_wait_max_h"]
+    assert row.makespan_h == direct["makespan_h"] and row.makespan_h is not None
     # Undrained runs stop at the horizon and carry none.
     assert sweep("training-heavy-peak4", [4], [], baseline="priority")[0].jct_p99_h is None
 
 
 def test_p99_no_worse_counts_seeds_against_the_baseline_by_hand() -> None:
     def row(seed: int, policy: str, p99: float | None) -> SeedRow:
-        return SeedRow(seed, policy, 0.5, 0.0, 10.0, 1.0, 1, jct_mean_h=5.0, jct_p99_h=p99)
+        span = None if p99 is None else p99 + seed
+        return SeedRow(
+            seed, policy, 0.5, 0.0, 10.0, 1.0, 1, jct_mean_h=5.0, jct_p99_h=p99, makespan_h=span
+        )
 
     rows = [
         row(1, "priority", 30.0),
@@ -126,6 +130,7 @@ def test_p99_no_worse_counts_seeds_against_the_baseline_by_hand() -> None:
     priority, shaper = summarize_sweep(rows, "priority")
     assert shaper.p99_no_worse_seeds == 1
     assert shaper.jct_p99_h == Spread(mean=27.0, median=30.0, worst=20.0, best=31.0)
+    assert shaper.makespan_h == Spread(mean=29.0, median=31.0, worst=23.0, best=33.0)
     assert priority.p99_no_worse_seeds == 2  # against itself, on the seeds it has a p99
 
 
@@ -146,7 +151,7 @@ def test_cli_sweep_drain_prints_completion_times(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "JCT p99 h" in result.output
+    assert "JCT p99 h" in result.output and "makespan h, mean" in result.output
     assert any(
         line.startswith("| shaper | 1 |") and line.rstrip().endswith("of 1 seeds |")
         for line in result.output.splitlines()

@@ -476,9 +476,14 @@ def test_simulation_results_table_and_chart(
     rows = page.locator("#sim-table tbody tr")
     expect(rows).to_have_count(2)
     for policy in ("fifo", "shaper"):
-        util = 100 * site["sim"][policy].metrics["utilization"]
+        metrics = site["sim"][policy].metrics
+        util = 100 * metrics["utilization"]
         row = page.locator(f"#sim-table tr[data-policy={policy}]")
         expect(row.locator("td").nth(1)).to_have_text(f"{util:.1f}")
+        # The tail and the end beside the mean (issue 20), from the same run.
+        expect(row.locator("td").nth(5)).to_have_text(f"{metrics['jct_mean_h']:.1f}")
+        expect(row.locator("td").nth(6)).to_have_text(f"{metrics['jct_p99_h']:.1f}")
+        expect(row.locator("td").nth(7)).to_have_text(f"{metrics['makespan_h']:.1f}")
     gain = 100 * (
         site["sim"]["shaper"].metrics["utilization"] - site["sim"]["fifo"].metrics["utilization"]
     )
