@@ -433,6 +433,7 @@ TRACE_HINTS = {
     TraceInput.nodes: "--nodes",
     TraceInput.kind: "--kind",
     TraceInput.cluster: "--gpus / --gpus-per-node",
+    TraceInput.options: "the trace's options (the message names it)",
 }
 
 

@@ -423,7 +423,13 @@ def _queue(directory: Path, record: WhatIfRecord, now: datetime) -> WhatIfRun:
 
 
 # The input a loader's refusal (``sim.traces.TraceInput``) is about → the form's field.
-TRACE_FIELDS = {"trace": "trace", "nodes": "trace", "kind": "trace", "cluster": "gpus"}
+TRACE_FIELDS = {
+    "trace": "trace",
+    "nodes": "trace",
+    "kind": "trace",
+    "cluster": "gpus",
+    "options": "window_start_h",  # the form's only shaping options are the window's
+}
 
 
 def check_trace(trace: Path, *, replay: TraceReplay, seed: int, shown: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from sim.traces import gavel, native, philly, pollux
 from sim.traces.alibaba import load_alibaba, read_alibaba_nodes, read_alibaba_pods
 from sim.traces.cluster import PublishedCluster, choose_cluster, describe_nodes
-from sim.traces.common import Elasticity, TraceError, TraceInput, TraceOptions
+from sim.traces.common import Elasticity, TraceError, TraceInput, TraceOptions, check_file
 from sim.traces.detect import detect_kind
 from sim.traces.gavel import load_gavel, read_gavel
 from sim.traces.native import load_native
@@ -75,6 +75,12 @@ def alibaba_node_list(pods_path: str | Path, nodes_path: str | Path | None) -> P
     ``openb_node_list_all_node.csv`` next to the pods."""
     if nodes_path is not None:
         given = Path(nodes_path)
+        if given.is_dir():
+            raise TraceError(
+                f"node list {given} is a directory; pass the node list file itself "
+                f"(e.g. {given / ALIBABA_NODE_LIST})",
+                about=TraceInput.nodes,
+            )
         if not given.is_file():
             raise TraceError(f"node list {given}: no such file", about=TraceInput.nodes)
         return given
@@ -112,6 +118,7 @@ def open_trace(
                 "--gpus-per-node do not apply; leave them out",
                 about=TraceInput.cluster,
             )
+        check_file(path, TraceInput.trace)  # the pods before their node list
         nodes = alibaba_node_list(path, nodes_path)
         workload = load_alibaba(nodes, path, options)
         return LoadedTrace(kind, workload, f"{describe_nodes(workload.nodes)} (node list {nodes})")

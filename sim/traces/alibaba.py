@@ -27,16 +27,31 @@ no ``name`` → ``pod-<row>``; no ``gpu_spec`` → any GPU model; no ``qos`` →
 ``creation_time`` → the pods arrive in the file's order, one second apart. A replay also
 needs ``deletion_time`` (a pod's run time); the inflation experiment does not (its pods
 never leave). A missing required column is an error that names it and the columns found.
+
+Refused, naming the line: a negative, NaN or infinite number; ``gpu_milli`` above 1000; a
+pod deleted before it was created or scheduled; two pods or two nodes of one name; a GPU
+node without a model; a replay's pod list where no pod has a ``deletion_time``; a pod list
+without a GPU pod, and a node list without a GPU node.
 """
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sim.traces.common import TraceError, TraceInput, TraceOptions, make_workload, shape_jobs
+from sim.traces.common import (
+    TraceError,
+    TraceInput,
+    TraceOptions,
+    csv_rows,
+    make_workload,
+    number,
+    refuse_duplicate_ids,
+    refuse_no_rows,
+    shape_jobs,
+    whole,
+)
 from sim.workload import BlockJob, GpuModel, JobKind, Node, Workload
 
 QOS_PRIORITY = {"Guaranteed": 4.0, "LS": 3.0, "Burstable": 2.0, "BE": 1.0}
@@ -46,6 +61,8 @@ POD_REQUIRED = ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 POD_OPTIONAL = ("name", "gpu_spec", "qos", "creation_time", "scheduled_time", "deletion_time")
 # A replay needs each pod's run time; the inflation experiment needs only its request.
 REPLAY_REQUIRED = (*POD_REQUIRED, "deletion_time")
+# gpu_milli is the share of one GPU in thousandths.
+FULL_GPU_MILLI = 1000
 
 
 def require_columns(
@@ -76,83 +93,145 @@ def pod_qos(row: dict[str, str]) -> str:
     return row.get("qos") or DEFAULT_QOS
 
 
+def node_from_row(path: str | Path, line: int, row: dict[str, str]) -> Node | None:
+    """One node-list row; ``None`` for a node without GPUs (it cannot host GPU work)."""
+    try:
+        gpus = whole(row["gpu"] or 0, "gpu")
+        cpu = whole(row["cpu_milli"] or 0, "cpu_milli")
+        memory = whole(row["memory_mib"] or 0, "memory_mib")
+        if not row["sn"].strip():
+            raise ValueError("sn (the node's name) is empty")
+        if gpus > 0 and not row["model"].strip():
+            raise ValueError(f"the node has {gpus} GPUs and no model; give its GPU model")
+    except ValueError as exc:
+        raise TraceError(f"{path}:{line}: {exc}", about=TraceInput.nodes) from exc
+    if gpus == 0:
+        return None
+    return Node(name=row["sn"], gpu_model=row["model"], gpus=gpus, cpu_milli=cpu, memory_mib=memory)
+
+
 def read_alibaba_nodes(path: str | Path) -> tuple[dict[str, GpuModel], list[Node]]:
+    header, rows = csv_rows(path, about=TraceInput.nodes)
+    require_columns(path, header, NODE_COLUMNS, what="node list", about=TraceInput.nodes)
     nodes: list[Node] = []
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        require_columns(
-            path, reader.fieldnames, NODE_COLUMNS, what="node list", about=TraceInput.nodes
+    lines: list[int] = []
+    for line, row in rows:
+        node = node_from_row(path, line, row)
+        if node is not None:
+            nodes.append(node)
+            lines.append(line)
+    refuse_duplicate_ids(
+        path, zip((n.name for n in nodes), lines, strict=True), what="node", about=TraceInput.nodes
+    )
+    if not nodes:
+        raise TraceError(
+            f"{path}: the node list has no node with GPUs (gpu above 0), so no pod could run",
+            about=TraceInput.nodes,
         )
-        for line, row in enumerate(reader, start=2):
-            try:
-                gpus = int(row["gpu"] or 0)
-                cpu = int(row["cpu_milli"] or 0)
-                memory = int(row["memory_mib"] or 0)
-            except ValueError as exc:
-                raise TraceError(f"{path}:{line}: {exc}", about=TraceInput.nodes) from exc
-            if gpus <= 0 or not row["model"]:
-                continue
-            nodes.append(
-                Node(
-                    name=row["sn"],
-                    gpu_model=row["model"],
-                    gpus=gpus,
-                    cpu_milli=cpu,
-                    memory_mib=memory,
-                )
-            )
     models = {name: GpuModel(name=name) for name in sorted({n.gpu_model for n in nodes})}
     return models, nodes
+
+
+@dataclass(frozen=True, slots=True)
+class PodRow:
+    """One pod-list row's numbers, checked; ``deleted`` is 0 where the row has none."""
+
+    line: int
+    row: dict[str, str]
+    gpus: int
+    milli: int
+    cpu: int
+    memory: int
+    created: float
+    scheduled: float
+    deleted: float
+
+
+def parse_pod(line: int, row: dict[str, str], created: float | None) -> PodRow:
+    """A row's numbers; ``created`` is its arrival where the list has no creation times."""
+    if created is None:
+        created = number(row["creation_time"] or 0, "creation_time (seconds)", at_least=0)
+    milli = whole(row["gpu_milli"] or 0, "gpu_milli")
+    if milli > FULL_GPU_MILLI:
+        raise ValueError(
+            f"gpu_milli is a share of one GPU in thousandths, at most {FULL_GPU_MILLI}, not {milli}"
+        )
+    scheduled = number(row.get("scheduled_time") or 0, "scheduled_time (seconds)", at_least=0)
+    return PodRow(
+        line=line,
+        row=row,
+        gpus=whole(row["num_gpu"] or 0, "num_gpu"),
+        milli=milli,
+        cpu=whole(row["cpu_milli"] or 0, "cpu_milli"),
+        memory=whole(row["memory_mib"] or 0, "memory_mib"),
+        created=created,
+        scheduled=scheduled or created,
+        deleted=number(row["deletion_time"] or 0, "deletion_time (seconds)", at_least=0),
+    )
+
+
+def check_run_times(path: str | Path, pods: list[PodRow], trace_end: float) -> None:
+    """Refuse a GPU pod (of ``pods``) deleted before it started, or a list where no pod
+    has a deletion time (``trace_end`` 0: no run times to replay)."""
+    if trace_end == 0:
+        raise TraceError(
+            f"{path}: no pod has a deletion_time, so no pod has a run time to replay; "
+            "fill deletion_time (shaper sim inflation needs no run times)"
+        )
+    for pod in pods:
+        start = max(pod.scheduled, pod.created)
+        end = pod.deleted or trace_end
+        if end < start:
+            deleted = f"deletion_time {pod.deleted:g}" if pod.deleted else "the trace's end"
+            raise TraceError(
+                f"{path}:{pod.line}: the pod ends ({deleted}) before it starts "
+                f"(creation_time {pod.created:g}, scheduled_time {pod.scheduled:g})"
+            )
 
 
 def read_alibaba_pods(
     path: str | Path, options: TraceOptions, *, shape: bool = True
 ) -> list[BlockJob]:
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        require_columns(path, reader.fieldnames, REPLAY_REQUIRED, what="pod list")
-        has_creation = "creation_time" in (reader.fieldnames or ())
-        rows = list(reader)
-    parsed = []
-    for index, row in enumerate(rows):
+    header, rows = csv_rows(path)
+    require_columns(path, header, REPLAY_REQUIRED, what="pod list")
+    has_creation = "creation_time" in header
+    parsed: list[PodRow] = []
+    for index, (line, row) in enumerate(rows):
         try:
             # Without creation times the file's order is the arrival order.
-            created = float(row["creation_time"] or 0) if has_creation else float(index)
-            parsed.append(
-                (
-                    row,
-                    int(row["num_gpu"] or 0),
-                    int(row["gpu_milli"] or 0),
-                    created,
-                    float(row.get("scheduled_time") or 0) or created,
-                    float(row["deletion_time"] or 0),
-                )
-            )
+            parsed.append(parse_pod(line, row, None if has_creation else float(index)))
         except ValueError as exc:
-            raise TraceError(f"{path}:{index + 2}: {exc}") from exc
-    trace_end = max((deleted for *_, deleted in parsed), default=0.0)
+            raise TraceError(f"{path}:{line}: {exc}") from exc
+    refuse_no_rows(path, len(parsed))
+    named = [(pod.row["name"], pod.line) for pod in parsed if pod.row.get("name")]
+    refuse_duplicate_ids(path, named, what="pod name")
+    gpu_pods = [pod for pod in parsed if pod.gpus > 0]
+    if not gpu_pods:
+        raise TraceError(f"{path}: none of its {len(parsed)} pods asks for a GPU (num_gpu 0)")
+    trace_end = max(pod.deleted for pod in parsed)
+    check_run_times(path, gpu_pods, trace_end)
     jobs: list[BlockJob] = []
-    for index, (row, gpus, milli, created, scheduled, deleted) in enumerate(parsed):
-        if gpus <= 0:
+    for index, pod in enumerate(parsed):
+        if pod.gpus == 0:
             continue
-        qos = pod_qos(row)
+        qos = pod_qos(pod.row)
         best_effort = qos == "BE"
         jobs.append(
             BlockJob(
-                id=row.get("name") or f"pod-{index}",
-                submit_time=created,
-                gpus=gpus,
-                work=max(1.0, (deleted or trace_end) - max(scheduled, created)),
+                id=pod.row.get("name") or f"pod-{index}",
+                submit_time=pod.created,
+                gpus=pod.gpus,
+                work=max(1.0, (pod.deleted or trace_end) - max(pod.scheduled, pod.created)),
                 priority=QOS_PRIORITY.get(qos, 1.0),
                 kind=JobKind.batch_inference if not best_effort else JobKind.training,
-                gpu_models=pod_models(row),
+                gpu_models=pod_models(pod.row),
                 checkpointable=best_effort and options.checkpointable,
                 preemptible=best_effort,
                 image_gb=options.image_gb,
                 team=qos,
-                gpu_milli=milli if gpus == 1 else 1000,
-                cpu_milli=int(row["cpu_milli"] or 0),
-                memory_mib=int(row["memory_mib"] or 0),
+                gpu_milli=pod.milli if pod.gpus == 1 else FULL_GPU_MILLI,
+                cpu_milli=pod.cpu,
+                memory_mib=pod.memory,
             )
         )
     return shape_jobs(jobs, options) if shape else jobs

@@ -4,8 +4,10 @@ without nodes, and the step from a list of jobs to a :class:`Workload`."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -15,6 +17,8 @@ import numpy as np
 from sim.workload import BlockJob, GpuModel, Node, Service, Transfer, Workload
 
 HOUR = 3600.0
+# The first bytes of a gzip file: a compressed trace is refused with how to decompress it.
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TraceInput(StrEnum):
@@ -25,6 +29,7 @@ class TraceInput(StrEnum):
     nodes = "nodes"
     kind = "kind"
     cluster = "cluster"
+    options = "options"  # how the trace is shaped: window, scales, subsample, limits
 
 
 class TraceError(ValueError):
@@ -45,6 +50,156 @@ def require_header(
     if missing:
         not_source = f"not {source}, " if source else ""
         raise TraceError(f"{path}: {not_source}missing columns {sorted(missing)} (found {found})")
+
+
+def check_file(path: Path, about: TraceInput) -> None:
+    """Refuse a path that is not a readable trace file before opening it, so that a
+    directory or a missing file is named rather than raised as an ``OSError``."""
+    if path.is_dir():
+        raise TraceError(f"{path} is a directory; pass the trace file itself", about=about)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file", about=about)
+
+
+def _refuse_gzip(path: Path, start: bytes, about: TraceInput) -> None:
+    if start.startswith(GZIP_MAGIC):
+        raise TraceError(
+            f"{path} is gzip-compressed; decompress it first (gunzip -k {path}) and pass the "
+            "decompressed file",
+            about=about,
+        )
+
+
+def _decode(path: Path, data: bytes, about: TraceInput) -> str:
+    """UTF-8 text, without the byte-order mark a spreadsheet may write first."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"{path} is not UTF-8 text (byte {exc.start} is {data[exc.start : exc.start + 1]!r}); "
+            "save it as UTF-8 CSV",
+            about=about,
+        ) from exc
+
+
+def read_text(path: str | Path, *, about: TraceInput = TraceInput.trace) -> str:
+    """A trace file's text: a directory, a missing file, a gzip file or bytes that are not
+    UTF-8 are refused by name; a UTF-8 byte-order mark is dropped."""
+    path = Path(path)
+    check_file(path, about)
+    data = path.read_bytes()
+    _refuse_gzip(path, data[:2], about)
+    return _decode(path, data, about)
+
+
+def first_line(path: str | Path, *, about: TraceInput = TraceInput.trace) -> str:
+    """The first line of a trace file, refused as :func:`read_text` refuses a whole file
+    (reads one line only: format detection must not read a large trace twice)."""
+    path = Path(path)
+    check_file(path, about)
+    with open(path, "rb") as handle:
+        raw = handle.readline()
+    _refuse_gzip(path, raw[:2], about)
+    return _decode(path, raw, about)
+
+
+def csv_rows(
+    path: str | Path, *, about: TraceInput = TraceInput.trace
+) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+    """A CSV's header (names stripped) and its rows with their line numbers.
+
+    Blank lines are skipped; a row with more or fewer fields than the header is refused
+    with its line (``csv.DictReader`` would fill ``None`` or drop the extra fields, which
+    then read as empty values); so is a header that names a column twice. CRLF line ends
+    and a byte-order mark read as plain CSV. Columns may come in any order, and columns a
+    loader does not use are ignored.
+    """
+    reader = csv.reader(io.StringIO(read_text(path, about=about), newline=""))
+    header = [column.strip() for column in next(reader, [])]
+    twice = sorted({column for column in header if header.count(column) > 1})
+    if twice:
+        raise TraceError(f"{path}:1: the header names {twice} more than once", about=about)
+
+    def rows() -> Iterator[tuple[int, dict[str, str]]]:
+        for values in reader:
+            if not values:
+                continue
+            if len(values) != len(header):
+                raise TraceError(
+                    f"{path}:{reader.line_num}: {len(values)} fields, but the header has "
+                    f"{len(header)} ({', '.join(header)}); every row needs one value per column "
+                    "(an empty value is allowed)",
+                    about=about,
+                )
+            yield reader.line_num, dict(zip(header, values, strict=True))
+
+    return header, rows()
+
+
+def number(
+    value: object, field: str, *, at_least: float | None = None, above: float | None = None
+) -> float:
+    """``value`` as a finite number (not NaN or infinite), at least ``at_least`` or above
+    ``above``; the ``ValueError`` names ``field`` and what it must be, for the loader to
+    prefix with the file and line."""
+    bound = "" if at_least is None else f" >= {at_least:g}"
+    bound = bound if above is None else f" > {above:g}"
+    expected = f"{field} must be a finite number{bound}, not {value!r}"
+    if isinstance(value, bool):
+        raise ValueError(expected)
+    try:
+        parsed = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(expected) from None
+    if not math.isfinite(parsed):
+        raise ValueError(expected)
+    if (at_least is not None and parsed < at_least) or (above is not None and parsed <= above):
+        raise ValueError(expected)
+    return parsed
+
+
+def whole(value: object, field: str, *, at_least: int = 0) -> int:
+    """``value`` as a whole number (``"4"``, ``4`` or ``4.0``, not ``1.5`` or ``true``) of at
+    least ``at_least``; the ``ValueError`` names ``field``."""
+    expected = f"{field} must be a whole number >= {at_least}, not {value!r}"
+    try:
+        parsed = number(value, field)
+    except ValueError:
+        raise ValueError(expected) from None
+    if not parsed.is_integer() or parsed < at_least:
+        raise ValueError(expected)
+    return int(parsed)
+
+
+def refuse_duplicate_ids(
+    path: str | Path,
+    ids: Iterable[tuple[str, int]],
+    *,
+    what: str = "job id",
+    unit: str = "line",
+    about: TraceInput = TraceInput.trace,
+) -> None:
+    """Refuse a trace in which two jobs (or nodes) share an id: the second would overwrite
+    the first in every per-job result. ``ids`` are (id, position) pairs, the position a
+    ``unit`` (a CSV's line, a JSON list's index)."""
+    first: dict[str, int] = {}
+    for name, position in ids:
+        if name in first:
+            where = f"{path}:{position}" if unit == "line" else f"{path}: {unit} {position}"
+            raise TraceError(
+                f"{where}: {what} {name!r} is also that of {unit} {first[name]}; "
+                f"each {what} must be unique",
+                about=about,
+            )
+        first[name] = position
+
+
+def refuse_no_rows(
+    path: str | Path, rows: int, *, why: str = "the file has no rows after its header"
+) -> None:
+    """Refuse a trace without a single row: a replay of nothing is not a result."""
+    if rows == 0:
+        raise TraceError(f"{path}: no jobs: {why}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +302,52 @@ def homogeneous_cluster(
     return {gpu_model: GpuModel(name=gpu_model)}, nodes
 
 
+def check_options(options: TraceOptions) -> None:
+    """Refuse options that would shape a trace into garbage (a load scale of 0 divides by
+    zero, a negative one reverses time), naming the CLI option to fix."""
+    checks = (
+        ("--load-scale", options.load_scale, 0.0, False),
+        ("--duration-scale", options.duration_scale, 0.0, False),
+        ("--subsample", options.subsample, 0.0, False),
+        ("--window-start-h", options.window_start_h, 0.0, True),
+        ("--replan-min", options.replan_interval_min, 0.0, False),
+    )
+    for flag, value, bound, inclusive in checks:
+        ok = math.isfinite(value) and (value >= bound if inclusive else value > bound)
+        if not ok:
+            sign = ">=" if inclusive else ">"
+            raise TraceError(
+                f"{flag} must be a finite number {sign} {bound:g}, not {value}",
+                about=TraceInput.options,
+            )
+    if options.subsample > 1:
+        raise TraceError(
+            f"--subsample is a probability, at most 1, not {options.subsample}",
+            about=TraceInput.options,
+        )
+    end = options.window_end_h
+    if end is not None and not (math.isfinite(end) and end > options.window_start_h):
+        raise TraceError(
+            f"--window-end-h must be after --window-start-h ({options.window_start_h:g}), "
+            f"not {end}",
+            about=TraceInput.options,
+        )
+    if options.max_jobs is not None and options.max_jobs < 1:
+        raise TraceError(
+            f"--max-jobs must be at least 1, not {options.max_jobs}", about=TraceInput.options
+        )
+    horizon = options.horizon_h
+    if horizon is not None and not (math.isfinite(horizon) and horizon > 0):
+        raise TraceError(
+            f"--horizon-h must be a finite number > 0, not {horizon}", about=TraceInput.options
+        )
+
+
 def shape_jobs(jobs: list[BlockJob], options: TraceOptions) -> list[BlockJob]:
     """Window, subsample, rescale, re-base submit times to 0, and make jobs elastic
-    (``options.elastic``)."""
+    (``options.elastic``). A window, subsample or limit that keeps no job is refused: the
+    replay would run an empty cluster."""
+    check_options(options)
     if not jobs:
         return []
     jobs = sorted(jobs, key=lambda j: (j.submit_time, j.id))
@@ -164,7 +362,13 @@ def shape_jobs(jobs: list[BlockJob], options: TraceOptions) -> list[BlockJob]:
     if options.max_jobs is not None:
         kept = kept[: options.max_jobs]
     if not kept:
-        return []
+        span_h = (jobs[-1].submit_time - origin) / HOUR
+        raise TraceError(
+            f"no job is left of the trace's {len(jobs)} after --window-start-h "
+            f"{options.window_start_h:g}, --window-end-h {options.window_end_h}, --subsample "
+            f"{options.subsample:g}: its jobs arrive over {span_h:.3g} h from the first",
+            about=TraceInput.options,
+        )
     base = kept[0].submit_time
     shaped = [
         replace(
@@ -190,6 +394,13 @@ def make_workload(
     total = sum(n.gpus for n in nodes)
     # A job larger than the whole cluster could never run; it is left out (and counted).
     fitting = [j for j in jobs if j.gpus <= total]
+    if jobs and not fitting:
+        raise TraceError(
+            f"every one of the trace's {len(jobs)} jobs asks for more GPUs than the replay "
+            f"cluster's {total} (the smallest asks {min(j.gpus for j in jobs)}), so none "
+            "could run; replay on a larger cluster (--gpus, or the nodes the trace lists)",
+            about=TraceInput.cluster,
+        )
     if len(fitting) < len(jobs):
         description += f" ({len(jobs) - len(fitting)} jobs larger than the cluster left out)"
     horizon = options.horizon_h * HOUR if options.horizon_h is not None else None

@@ -5,7 +5,9 @@ no header, so a first line that parses as a Gavel job line (:func:`looks_like_ga
 Gavel; any other first line is read as a CSV header, and the first format in
 :data:`FORMATS` whose identifying columns it has wins. A file that matches none is refused
 with what its first line holds and what each known format looks like, so that the fix
-(``--kind``, or the right file) is plain from the message alone.
+(``--kind``, or the right file) is plain from the message alone. A directory, a missing
+file, a gzip file and bytes that are not UTF-8 are refused as the loaders refuse them
+(:func:`~sim.traces.common.first_line`); a UTF-8 byte-order mark is skipped.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.traces.common import TraceError, TraceInput
+from sim.traces.common import TraceError, TraceInput, first_line
 from sim.traces.gavel import FIELDS as GAVEL_FIELDS
 from sim.traces.gavel import looks_like_gavel
 
@@ -69,15 +71,7 @@ def detect_kind(path: str | Path) -> str:
     path = Path(path)
     if path.suffix == ".json":
         return "native"
-    try:
-        with open(path, newline="") as handle:
-            first = handle.readline()
-    except UnicodeDecodeError as exc:
-        raise TraceError(
-            f"cannot tell the trace format of {path}: it is not text; known formats: "
-            f"{known_formats()}",
-            about=TraceInput.kind,
-        ) from exc
+    first = first_line(path)
     if not first.strip():
         raise TraceError(
             f"cannot tell the trace format of {path}: its first line is empty; known formats: "

@@ -39,7 +39,9 @@ Where the workload model differs from Gavel's:
   less (e.g. about 0.65 of linear for Transformer on 8 K80s), so such jobs run shorter here
   than in Gavel, by that efficiency.
 * an unknown job type has no throughput, hence no run time: it is an error that lists the
-  known types. Every job is ``training``; checkpointing comes from :class:`TraceOptions`.
+  known types. So is an arrival time that is negative, NaN or infinite, total steps that
+  are not a positive finite number, a negative or NaN priority weight, and a file with no
+  job line. Every job is ``training``; checkpointing comes from :class:`TraceOptions`.
 
 Cluster (:data:`CLUSTER`): Gavel's simulated cluster, 36 V100 + 36 P100 + 36 K80 (its
 EXPERIMENTS.md, Figures 8-10, ``-c 36:36:36``), one GPU per server (its sweep scripts'
@@ -57,7 +59,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.traces.cluster import ClusterChoice, PublishedCluster, choose_cluster
-from sim.traces.common import TraceError, TraceOptions, make_workload, node_sizes, shape_jobs
+from sim.traces.common import (
+    TraceError,
+    TraceOptions,
+    make_workload,
+    node_sizes,
+    number,
+    read_text,
+    refuse_no_rows,
+    shape_jobs,
+)
 from sim.traces.gavel_throughputs import MODELS, STEPS_PER_SECOND
 from sim.workload import BlockJob, GpuModel, JobKind, Node, Workload
 
@@ -152,39 +163,48 @@ def steps_per_second(job_type: str, scale_factor: int) -> tuple[float, ...]:
     return tuple(scale_factor * value for value in one)
 
 
+def check_values(parsed: GavelLine) -> None:
+    """Refuse the numbers :func:`parse_line` reads but does not bound (it also recognises a
+    Gavel file, so a bad value should name its line rather than hide the format)."""
+    number(parsed.arrival_time, "arrival time (seconds)", at_least=0)
+    number(parsed.total_steps, "total steps", above=0)
+    number(parsed.priority_weight, "priority weight", at_least=0)
+
+
 def read_gavel(path: str | Path, options: TraceOptions) -> list[BlockJob]:
     jobs: list[BlockJob] = []
-    with open(path) as handle:
-        for index, line in enumerate(handle):
-            if not line.strip():
-                continue
-            try:
-                parsed = parse_line(line)
-                throughputs = steps_per_second(parsed.job_type, parsed.scale_factor)
-            except (ValueError, KeyError) as exc:
-                raise TraceError(f"{path}:{index + 1}: {exc.args[0]}") from exc
-            fits = tuple(m for m, value in zip(MODELS, throughputs, strict=True) if value > 0)
-            speeds = tuple(
-                (model, value / throughputs[0])
-                for model, value in zip(MODELS, throughputs, strict=True)
-                if value > 0
+    for index, line in enumerate(read_text(path).split("\n")):
+        if not line.strip():
+            continue
+        try:
+            parsed = parse_line(line)
+            check_values(parsed)
+            throughputs = steps_per_second(parsed.job_type, parsed.scale_factor)
+        except (ValueError, KeyError) as exc:
+            raise TraceError(f"{path}:{index + 1}: {exc.args[0]}") from exc
+        fits = tuple(m for m, value in zip(MODELS, throughputs, strict=True) if value > 0)
+        speeds = tuple(
+            (model, value / throughputs[0])
+            for model, value in zip(MODELS, throughputs, strict=True)
+            if value > 0
+        )
+        jobs.append(
+            BlockJob(
+                id=f"gavel-{len(jobs)}",
+                submit_time=parsed.arrival_time,
+                gpus=parsed.scale_factor,
+                work=parsed.total_steps / throughputs[0],
+                priority=parsed.priority_weight,
+                kind=JobKind.training,
+                gpu_models=() if len(fits) == len(MODELS) else fits,
+                checkpointable=options.checkpointable,
+                checkpoint_interval=options.checkpoint_interval_h * 3600.0,
+                image_gb=options.image_gb,
+                team=parsed.job_type.split(" (")[0],
+                speeds=speeds,
             )
-            jobs.append(
-                BlockJob(
-                    id=f"gavel-{len(jobs)}",
-                    submit_time=parsed.arrival_time,
-                    gpus=parsed.scale_factor,
-                    work=parsed.total_steps / throughputs[0],
-                    priority=parsed.priority_weight,
-                    kind=JobKind.training,
-                    gpu_models=() if len(fits) == len(MODELS) else fits,
-                    checkpointable=options.checkpointable,
-                    checkpoint_interval=options.checkpoint_interval_h * 3600.0,
-                    image_gb=options.image_gb,
-                    team=parsed.job_type.split(" (")[0],
-                    speeds=speeds,
-                )
-            )
+        )
+    refuse_no_rows(path, len(jobs), why="the file has no job line")
     return shape_jobs(jobs, options)
 
 

@@ -18,12 +18,20 @@ Without ``nodes`` the trace is replayed on a homogeneous cluster of ``TraceOptio
 GPUs in nodes of ``gpus_per_node`` (default :data:`CLUSTER`: 64 GPUs in nodes of 8,
 Shaper's own choice, as a site's export names no replay setup); with ``nodes`` it replays
 on them, and asking for a cluster size as well is an error rather than silently ignored.
+
+Refused, naming the row or the entry: a missing required value; ``gpus`` that is not a whole
+number of at least 1; a ``duration_s`` that is not a positive finite number; a NaN or
+infinite number anywhere; a boolean that is not one of the spellings above; an unknown
+``kind``; two jobs of one ``id``; a job none of whose ``gpu_models`` the replay cluster
+has (it could never run); in JSON, a key other than ``jobs``, ``nodes``, ``gpu_models``
+and ``services``, ``gpu_models`` without ``nodes``, and a file with neither jobs nor
+services.
 """
 
 from __future__ import annotations
 
-import csv
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +40,33 @@ from sim.traces.common import (
     TraceError,
     TraceInput,
     TraceOptions,
+    csv_rows,
     homogeneous_cluster,
     make_workload,
+    number,
+    read_text,
+    refuse_duplicate_ids,
+    refuse_no_rows,
     require_header,
     shape_jobs,
+    whole,
 )
 from sim.workload import BlockJob, GpuModel, JobKind, Node, Service, Workload, service_from_record
 
 REQUIRED = ("id", "submit_s", "gpus", "duration_s")
 TRUE = {"1", "true", "yes", "y", "t"}
+FALSE = {"0", "false", "no", "n", "f"}
+KINDS = tuple(kind.value for kind in JobKind)
+# The keys of a JSON trace object.
+JSON_KEYS = ("jobs", "nodes", "gpu_models", "services")
 CLUSTER = PublishedCluster(gpus=64, gpus_per_node=8, source="Shaper's default for its own format")
+
+
+def read_json(path: str | Path) -> Any:
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not JSON ({exc})") from exc
 
 
 def has_node_list(path: str | Path) -> bool:
@@ -49,16 +74,26 @@ def has_node_list(path: str | Path) -> bool:
     path = Path(path)
     if path.suffix != ".json":
         return False
-    data = json.loads(path.read_text())
+    data = read_json(path)
     return isinstance(data, dict) and bool(data.get("nodes"))
 
 
-def _bool(value: Any, default: bool) -> bool:
+def _given(record: dict[str, Any], key: str) -> Any:
+    """A record's value, ``None`` where it is missing or empty (an empty CSV cell); a JSON
+    ``0`` or ``false`` is a value, not a missing one."""
+    value = record.get(key)
+    return None if value is None or value == "" else value
+
+
+def _bool(value: Any, default: bool, field: str) -> bool:
     if value is None or value == "":
         return default
     if isinstance(value, bool):
         return value
-    return str(value).strip().lower() in TRUE
+    text = str(value).strip().lower()
+    if text in TRUE or text in FALSE:
+        return text in TRUE
+    raise ValueError(f"{field} must be true or false (yes/no, 1/0), not {value!r}")
 
 
 def _models(value: Any) -> tuple[str, ...]:
@@ -66,32 +101,189 @@ def _models(value: Any) -> tuple[str, ...]:
         return ()
     if isinstance(value, list | tuple):
         return tuple(str(v) for v in value)
-    return tuple(m for m in str(value).split("|") if m)
+    if isinstance(value, str):
+        return tuple(m for m in value.split("|") if m)
+    raise ValueError(f"gpu_models must be a list or A|B, not {value!r}")
 
 
-def job_from_record(record: dict[str, Any], options: TraceOptions, where: str) -> BlockJob:
-    missing = [key for key in REQUIRED if record.get(key) in (None, "")]
+def _kind(value: Any) -> JobKind:
+    kind = value or "training"
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    return JobKind(kind)
+
+
+def job_from_record(record: Any, options: TraceOptions, where: str) -> BlockJob:
+    if not isinstance(record, dict):
+        raise TraceError(f"{where}: a job must be an object with {list(REQUIRED)}, not {record!r}")
+    missing = [key for key in REQUIRED if _given(record, key) is None]
     if missing:
         raise TraceError(f"{where}: missing {missing}")
+    priority = _given(record, "priority")
+    interval = _given(record, "checkpoint_interval_s")
+    image_gb = _given(record, "image_gb")
     try:
         return BlockJob(
             id=str(record["id"]),
-            submit_time=float(record["submit_s"]),
-            gpus=int(record["gpus"]),
-            work=float(record["duration_s"]),
-            priority=float(record.get("priority") or 1.0),
-            kind=JobKind(record.get("kind") or "training"),
+            submit_time=number(record["submit_s"], "submit_s (seconds)"),
+            gpus=whole(record["gpus"], "gpus", at_least=1),
+            work=number(record["duration_s"], "duration_s (seconds)", above=0),
+            priority=1.0 if priority is None else number(priority, "priority", at_least=0),
+            kind=_kind(_given(record, "kind")),
             gpu_models=_models(record.get("gpu_models")),
-            checkpointable=_bool(record.get("checkpointable"), options.checkpointable),
-            checkpoint_interval=float(
-                record.get("checkpoint_interval_s") or options.checkpoint_interval_h * 3600
+            checkpointable=_bool(
+                record.get("checkpointable"), options.checkpointable, "checkpointable"
             ),
-            image_gb=float(record.get("image_gb") or options.image_gb),
+            checkpoint_interval=options.checkpoint_interval_h * 3600
+            if interval is None
+            else number(interval, "checkpoint_interval_s", at_least=0),
+            image_gb=options.image_gb
+            if image_gb is None
+            else number(image_gb, "image_gb", at_least=0),
             team=str(record.get("team") or "default"),
-            preemptible=_bool(record.get("preemptible"), True),
+            preemptible=_bool(record.get("preemptible"), True, "preemptible"),
         )
     except ValueError as exc:
         raise TraceError(f"{where}: {exc}") from exc
+
+
+def _entries(path: Path, data: dict[str, Any], key: str) -> list[Any]:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise TraceError(f"{path}: {key} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _node(path: Path, index: int, entry: Any, options: TraceOptions) -> Node:
+    where = f"{path}: nodes[{index}]"
+    if not isinstance(entry, dict):
+        raise TraceError(f"{where}: a node must be an object with name and gpus, not {entry!r}")
+    if _given(entry, "name") is None:
+        raise TraceError(f"{where}: missing name")
+    try:
+        gpus = whole(entry.get("gpus"), "gpus", at_least=1)
+    except ValueError as exc:
+        raise TraceError(f"{where}: {exc}") from exc
+    return Node(
+        name=str(entry["name"]),
+        gpus=gpus,
+        gpu_model=str(entry.get("gpu_model", options.gpu_model)),
+        cluster=str(entry.get("cluster", "default")),
+    )
+
+
+def _gpu_model(path: Path, name: str, entry: Any) -> GpuModel:
+    where = f"{path}: gpu_models.{name}"
+    if not isinstance(entry, dict):
+        raise TraceError(f"{where}: expected an object (memory_gb, speed, fp8), not {entry!r}")
+    try:
+        return GpuModel(
+            name=name,
+            memory_gb=whole(entry.get("memory_gb", 80), "memory_gb", at_least=1),
+            speed=number(entry.get("speed", 1.0), "speed", above=0),
+            fp8=_bool(entry.get("fp8"), False, "fp8"),
+        )
+    except ValueError as exc:
+        raise TraceError(f"{where}: {exc}") from exc
+
+
+def _cluster_of(
+    path: Path, data: dict[str, Any], options: TraceOptions
+) -> tuple[dict[str, GpuModel], list[Node]]:
+    """The nodes and GPU models a JSON trace lists."""
+    if options.gpus is not None or options.gpus_per_node is not None:
+        raise TraceError(
+            f"{path} lists its nodes: the replay runs on them, so --gpus and "
+            "--gpus-per-node do not apply; leave them out",
+            about=TraceInput.cluster,
+        )
+    nodes = [
+        _node(path, i, entry, options) for i, entry in enumerate(_entries(path, data, "nodes"))
+    ]
+    refuse_duplicate_ids(
+        path, ((n.name, i) for i, n in enumerate(nodes)), what="node name", unit="nodes entry"
+    )
+    declared = data.get("gpu_models", {})
+    if not isinstance(declared, dict):
+        raise TraceError(f"{path}: gpu_models must be an object (name: {{speed, ...}})")
+    names = sorted({n.gpu_model for n in nodes} | set(declared))
+    return {name: _gpu_model(path, name, declared.get(name, {})) for name in names}, nodes
+
+
+def _services(path: Path, data: dict[str, Any]) -> list[Service]:
+    services = []
+    for index, record in enumerate(_entries(path, data, "services")):
+        where = f"{path}: services[{index}]"
+        if not isinstance(record, dict):
+            raise TraceError(f"{where}: a service must be an object, not {record!r}")
+        try:
+            services.append(service_from_record(record))
+        except KeyError as exc:
+            raise TraceError(f"{where}: missing {exc.args[0]!r}") from exc
+        except (TypeError, ValueError) as exc:
+            raise TraceError(f"{where}: {exc}") from exc
+    return services
+
+
+def refuse_unrunnable(
+    jobs: Sequence[BlockJob], wheres: Sequence[str], models: dict[str, GpuModel], listed: bool
+) -> None:
+    """Refuse a job none of whose GPU models the replay cluster has: it could never run."""
+    for job, where in zip(jobs, wheres, strict=True):
+        if job.gpu_models and not set(job.gpu_models) & set(models):
+            fix = (
+                "name a model of its nodes"
+                if listed
+                else "a CSV names no nodes, so the cluster is homogeneous; give the trace as "
+                "JSON with its nodes, or leave gpu_models empty"
+            )
+            raise TraceError(
+                f"{where}: job {job.id} asks for gpu_models {list(job.gpu_models)} and the "
+                f"replay cluster has only {sorted(models)}: it could never run; {fix}"
+            )
+
+
+def _read_json_trace(
+    path: Path, options: TraceOptions
+) -> tuple[list[BlockJob], list[str], list[Service], dict[str, Any]]:
+    """A JSON trace's jobs (with where each is), services and, as an object, its body."""
+    data = read_json(path)
+    if isinstance(data, list):
+        data = {"jobs": data}
+    if not isinstance(data, dict):
+        raise TraceError(
+            f"{path}: expected a list of jobs or an object with {', '.join(JSON_KEYS)}, "
+            f"not a {type(data).__name__}"
+        )
+    unknown = sorted(set(data) - set(JSON_KEYS))
+    if unknown:
+        raise TraceError(f"{path}: unknown keys {unknown}; a trace object has {list(JSON_KEYS)}")
+    if data.get("gpu_models") and not data.get("nodes"):
+        raise TraceError(
+            f"{path}: gpu_models describes the models of nodes, and the trace lists none; "
+            "add nodes, or leave gpu_models out"
+        )
+    records = _entries(path, data, "jobs")
+    wheres = [f"{path}: job {i}" for i in range(len(records))]
+    jobs = [job_from_record(r, options, w) for r, w in zip(records, wheres, strict=True)]
+    services = _services(path, data)
+    if not jobs and not services:
+        raise TraceError(f"{path}: no jobs and no services")
+    refuse_duplicate_ids(path, ((j.id, i) for i, j in enumerate(jobs)), unit="job")
+    return jobs, wheres, services, data
+
+
+def _read_csv_trace(path: Path, options: TraceOptions) -> tuple[list[BlockJob], list[str]]:
+    header, rows = csv_rows(path)
+    require_header(path, header, REQUIRED)
+    jobs: list[BlockJob] = []
+    lines: list[int] = []
+    for line, row in rows:
+        jobs.append(job_from_record(row, options, f"{path}:{line}"))
+        lines.append(line)
+    refuse_no_rows(path, len(jobs))
+    refuse_duplicate_ids(path, zip((j.id for j in jobs), lines, strict=True))
+    return jobs, [f"{path}:{line}" for line in lines]
 
 
 def load_native(path: str | Path, options: TraceOptions | None = None) -> Workload:
@@ -101,56 +293,21 @@ def load_native(path: str | Path, options: TraceOptions | None = None) -> Worklo
     nodes: list[Node] | None = None
     services: list[Service] = []
     if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{path}: not JSON ({exc})") from exc
-        records = data if isinstance(data, list) else data.get("jobs", [])
-        if isinstance(data, dict) and data.get("nodes"):
-            if options.gpus is not None or options.gpus_per_node is not None:
-                raise TraceError(
-                    f"{path} lists its nodes: the replay runs on them, so --gpus and "
-                    "--gpus-per-node do not apply; leave them out",
-                    about=TraceInput.cluster,
-                )
-            nodes = [
-                Node(
-                    name=str(n["name"]),
-                    gpus=int(n["gpus"]),
-                    gpu_model=str(n.get("gpu_model", options.gpu_model)),
-                    cluster=str(n.get("cluster", "default")),
-                )
-                for n in data["nodes"]
-            ]
-            declared = data.get("gpu_models", {})
-            models = {
-                name: GpuModel(
-                    name=name,
-                    memory_gb=int(declared.get(name, {}).get("memory_gb", 80)),
-                    speed=float(declared.get(name, {}).get("speed", 1.0)),
-                    fp8=bool(declared.get(name, {}).get("fp8", False)),
-                )
-                for name in sorted({n.gpu_model for n in nodes} | set(declared))
-            }
-        if isinstance(data, dict):
-            services = [service_from_record(s) for s in data.get("services", [])]
-        jobs = [job_from_record(r, options, f"{path}: job {i}") for i, r in enumerate(records)]
+        jobs, wheres, services, data = _read_json_trace(path, options)
+        if data.get("nodes"):
+            models, nodes = _cluster_of(path, data, options)
     else:
-        with open(path, newline="") as handle:
-            reader = csv.DictReader(handle)
-            require_header(path, reader.fieldnames, REQUIRED)
-            jobs = [
-                job_from_record(row, options, f"{path}:{line}")
-                for line, row in enumerate(reader, start=2)
-            ]
-    shaped = shape_jobs(jobs, options)
-    if services:
-        options = options.with_(services=tuple(services))
-    if nodes is None or models is None:
+        jobs, wheres = _read_csv_trace(path, options)
+    listed = nodes is not None
+    if models is None or nodes is None:
         cluster = choose_cluster(options, CLUSTER)
         models, nodes = homogeneous_cluster(
             gpus=cluster.gpus, gpus_per_node=cluster.gpus_per_node, gpu_model=options.gpu_model
         )
+    refuse_unrunnable(jobs, wheres, models, listed)
+    shaped = shape_jobs(jobs, options)
+    if services:
+        options = options.with_(services=tuple(services))
     return make_workload(
         f"trace:{path.name}",
         shaped,
