@@ -536,6 +536,8 @@ def replay(
     )
     # Printed with the results so that they are never read against another cluster.
     console.print(f"cluster: {loaded.cluster}", markup=False, soft_wrap=True)
+    if workload.description:  # says how many jobs too large for the cluster were left out
+        console.print(f"trace: {workload.description}", markup=False, soft_wrap=True)
     started = time.perf_counter()
     results = compare(
         workload,

@@ -11,7 +11,6 @@ arrive one by one and never leave. A pod list with only the resource columns wil
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from sim.fgd.pod import FULL, Pod
 from sim.traces.alibaba import POD_REQUIRED, pod_models, pod_qos, require_columns
-from sim.traces.common import TraceError
+from sim.traces.common import TraceError, csv_rows, refuse_no_rows, whole
 
 MOVABLE = ("be", "all")  # which pods Shaper may migrate: best-effort ones, or every pod
 
@@ -36,29 +35,31 @@ def read_pods(path: str | Path, *, movable: str = "be") -> list[Pod]:
     if movable not in MOVABLE:
         raise ValueError(f"movable must be 'be' or 'all', not {movable!r}")
     pods = []
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        require_columns(path, reader.fieldnames, POD_REQUIRED, what="pod list")
-        for line, row in enumerate(reader, start=2):
-            try:
-                gpus = int(row["num_gpu"] or 0)
-                cpu = int(row["cpu_milli"] or 0)
-                mem = int(row["memory_mib"] or 0)
-                milli = int(row["gpu_milli"] or 0)
-            except ValueError as exc:
-                raise TraceError(f"{path}:{line}: {exc}") from exc
-            best_effort = pod_qos(row) == "BE"
-            pods.append(
-                Pod(
-                    cpu=cpu,
-                    mem=mem,
-                    gpus=gpus,
-                    milli=min(milli, FULL) if gpus == 1 else (FULL if gpus else 0),
-                    models=pod_models(row),
-                    checkpointable=movable == "all" or best_effort,
-                    best_effort=best_effort,
-                )
+    # The replay loaders' reader: a short or long row, a byte-order mark, a gzip file or a
+    # directory is refused (or read) as there, with the line.
+    header, rows = csv_rows(path)
+    require_columns(path, header, POD_REQUIRED, what="pod list")
+    for line, row in rows:
+        try:
+            gpus, cpu, mem, milli = (
+                whole(row[column] or 0, column)
+                for column in ("num_gpu", "cpu_milli", "memory_mib", "gpu_milli")
             )
+        except ValueError as exc:
+            raise TraceError(f"{path}:{line}: {exc}") from exc
+        best_effort = pod_qos(row) == "BE"
+        pods.append(
+            Pod(
+                cpu=cpu,
+                mem=mem,
+                gpus=gpus,
+                milli=min(milli, FULL) if gpus == 1 else (FULL if gpus else 0),
+                models=pod_models(row),
+                checkpointable=movable == "all" or best_effort,
+                best_effort=best_effort,
+            )
+        )
+    refuse_no_rows(path, len(pods), why="the pod list has no rows after its header")
     return pods
 
 

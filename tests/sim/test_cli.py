@@ -133,6 +133,12 @@ def test_replay_prints_the_cluster_and_honours_its_size(tmp_path: Path) -> None:
     gavel = _replay(DATA / "gavel-artifact-evaluation.trace", tmp_path, "--gpus", "30")
     assert "gavel:gavel-artifact-evaluation: 15 jobs, 30 GPUs" in gavel
     assert "cluster: 10 nodes × 1 V100 + 10 nodes × 1 P100 + 10 nodes × 1 K80" in gavel
+    # Jobs the cluster cannot hold are left out, and the replay says how many.
+    small = _replay(pollux, tmp_path, "--max-jobs", "20", "--gpus", "2", "--gpus-per-node", "2")
+    text = " ".join(small.split())
+    left = int(text.split(" jobs larger than the cluster left out")[0].rsplit("(", 1)[1])
+    shown = int(text.split("pollux:pollux-workload-1: ")[1].split(" jobs")[0])
+    assert left > 0 and left + shown == 20
 
 
 def test_replay_input_errors_name_the_option(tmp_path: Path) -> None:

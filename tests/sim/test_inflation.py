@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -351,8 +352,25 @@ def test_missing_columns_are_named(tmp_path: Path) -> None:
     assert caught.value.about is TraceInput.trace
     garbled = tmp_path / "garbled.csv"
     garbled.write_text("cpu_milli,memory_mib,num_gpu,gpu_milli\n1000,1024,one,0\n")
-    with pytest.raises(TraceError, match="garbled.csv:2: invalid literal"):
+    with pytest.raises(TraceError, match="garbled.csv:2: num_gpu must be a whole number"):
         read_pods(garbled)
+    # As the replay loaders read a pod list: a short row, a negative request or a list
+    # with no pod is refused with its line (a short row was a 0-GPU pod, a -1-GPU pod
+    # was taken); a byte-order mark reads as plain CSV.
+    head = "cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+    for name, rows, says in (
+        ("short.csv", "1000,1024,1\n", "short.csv:2: 3 fields, but the header has 4"),
+        ("negative.csv", "1000,1024,-1,0\n", "negative.csv:2: num_gpu must be a whole number >= 0"),
+        ("empty.csv", "", "empty.csv: no jobs: the pod list has no rows"),
+    ):
+        bad = tmp_path / name
+        bad.write_text(head + rows)
+        with pytest.raises(TraceError, match=re.escape(says)):
+            read_pods(bad)
+    marked = tmp_path / "marked.csv"
+    marked.write_text("\ufeff" + head + "1000,1024,1,500\n", encoding="utf-8")
+    (pod,) = read_pods(marked)
+    assert (pod.cpu, pod.mem, pod.gpus, pod.milli) == (1000, 1024, 1, 500)
     nodes = tmp_path / "nodes.csv"
     nodes.write_text("sn,cpu_milli,gpu,model\nA,32000,2,T4\n")
     with pytest.raises(TraceError, match="the node list has no column memory_mib") as bad_nodes:
