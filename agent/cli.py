@@ -19,7 +19,14 @@ from agent.workload import WorkloadStartFailed, WorkloadStore, start_workload
 if TYPE_CHECKING:
     from agent.kubelet import KubeletCheckpointer
 
-agent_cli = typer.Typer(no_args_is_help=True, add_completion=False, help="The node agent.")
+# No local variables in a crash's traceback (settings and tokens are locals here): older
+# Typer releases (pyproject allows 0.12) printed them by default.
+agent_cli = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="The node agent.",
+    pretty_exceptions_show_locals=False,
+)
 
 StateDir = Annotated[
     Path | None,
@@ -129,11 +136,11 @@ def worker(
     """Run the node agent: a Celery worker on queue agent.<cluster>.<node> that checkpoints,
     transfers, restores, confirms and releases workloads for the control plane's sagas,
     refusing steps with a stale fencing token."""
-    import logging
 
     from agent.steps import StepExecutor
     from wire.executor import make_executor_app, run_executor_worker
     from wire.queues import agent_queue
+    from wire.redaction import log_to_stderr
     from wire.steps import AgentStep
 
     settings = AgentSettings()
@@ -149,9 +156,7 @@ def worker(
             err=True,
         )
         raise typer.Exit(2)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(log_level.upper())
     executor = StepExecutor(
         store=WorkloadStore(state_dir or settings.state_dir),
         cluster=cluster,
@@ -180,9 +185,9 @@ def telemetry(
     ] = TOKEN_ENV,
 ) -> None:
     """Report this node's CPU and memory (and GPUs through NVML) to the control plane."""
-    import logging
 
     from agent.telemetry import run
+    from wire.redaction import log_to_stderr
 
     token = AgentSettings().token_in(token_env)
     if not token:
@@ -190,7 +195,7 @@ def telemetry(
             f"error: ${token_env} must hold this node's agent:{cluster}/{node} token", err=True
         )
         raise typer.Exit(2)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr("INFO")
     run(control_plane=control_plane, cluster=cluster, node=node, token=token, interval_s=interval)
 
 
@@ -244,14 +249,13 @@ def api(
 
     from agent.api import make_server
     from agent.image_gc import CheckpointImageCollector, start_sweeping
+    from wire.redaction import log_to_stderr
 
     settings = _settings()
     if not settings.api_token:
         typer.echo("error: $SHAPER_AGENT_API_TOKEN must hold the token callers send", err=True)
         raise typer.Exit(2)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(log_level.upper())
     state = state_dir or settings.state_dir
     checkpointer = _checkpointer(settings, node, state)
     server = make_server(
@@ -300,12 +304,12 @@ def gc_checkpoints(
     $SHAPER_CHECKPOINT_IMAGE_TTL_S (agent.image_gc). Prints
     one line per image of the agent's: removed or kept, and why. Exit 1 when the node
     could not say what is in use or a removal failed."""
-    import logging
 
     from agent.image_gc import CheckpointImageCollector
+    from wire.redaction import log_to_stderr
 
     settings = _settings()
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr("INFO")
     checkpointer = _checkpointer(settings, node, state_dir or settings.state_dir)
     try:
         collector = CheckpointImageCollector(

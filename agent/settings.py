@@ -48,7 +48,8 @@ class AgentSettings(BaseSettings):
     )
 
     state_dir: Path = Field(default=DEFAULT_STATE_DIR, validation_alias="SHAPER_AGENT_STATE_DIR")
-    broker_url: str | None = Field(default=None, validation_alias="SHAPER_BROKER_URL")
+    # Out of repr(), as the tokens: it may carry the broker's password (redis://:pass@…).
+    broker_url: str | None = Field(default=None, validation_alias="SHAPER_BROKER_URL", repr=False)
     # The criu binary; unset: agent.backends.criu.find_criu looks on PATH and in
     # /usr/local/sbin.
     criu: str | None = Field(default=None, validation_alias="SHAPER_CRIU")

@@ -20,6 +20,10 @@ cli = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="Shaper: compute-shaping control plane for GPU and HPC clusters.",
+    # No local variables in a crash's traceback (settings, tokens and database URLs are
+    # locals of these commands): older Typer releases (pyproject allows 0.12) printed
+    # them by default.
+    pretty_exceptions_show_locals=False,
 )
 db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
 token_cli = typer.Typer(no_args_is_help=True, help="API tokens.")

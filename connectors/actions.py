@@ -243,14 +243,21 @@ class ConnectorStepExecutor:
             try:
                 action_id, key = int(message["action_id"]), str(message["key"])
             except (KeyError, TypeError, ValueError):
-                log.error("%s: unanswerable step message %r: %s", self.name, message, error)
+                # Neither the message nor the inputs pydantic quotes: a step's arguments
+                # may carry a workload's environment.
+                log.error(
+                    "%s: unanswerable step message (keys %s): %s",
+                    self.name,
+                    sorted(message),
+                    _what_is_wrong(error),
+                )
                 return None
             return StepReport(
                 action_id=action_id,
                 key=key,
                 ok=False,
                 outcome=Outcome.refused,
-                error=f"malformed step message: {error}",
+                error=f"malformed step message: {_what_is_wrong(error)}",
                 executor=self.name,
             )
         return self.run(request)
@@ -871,3 +878,12 @@ def _resume_pointer(args: dict[str, Any]) -> str | None:
     if not isinstance(pointer, str) or not pointer:
         raise _Refused(f"args.resume_from must be a non-empty string, got {pointer!r}")
     return pointer
+
+
+def _what_is_wrong(error: ValidationError) -> str:
+    """Each field at fault and why, without the value it had (``str(error)`` quotes the
+    input, which may be a workload's environment)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in item['loc']) or 'message'}: {item['msg']}"
+        for item in error.errors(include_input=False)
+    )

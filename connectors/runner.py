@@ -60,6 +60,7 @@ from connectors.base import Connector, ConnectorError, SupportsChangeWait, Suppo
 from connectors.settings import BROKER_ENV, STATE_DIR_ENV, TOKEN_ENV, ConnectorSettings
 from wire.executor import make_executor_app, run_executor_worker
 from wire.queues import connector_queue
+from wire.redaction import log_to_stderr
 from wire.steps import ConnectorStep
 from wire.telemetry import (
     ClusterState,
@@ -451,8 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--actions-only", action="store_true", help="serve action steps, push no telemetry"
     )
     args = parser.parse_args(argv)
-    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO, format=log_format)
+    log_to_stderr(logging.INFO)  # secrets redacted, as in the control plane's logs
     if not args.token:
         parser.error(f"--token (or {TOKEN_ENV}) is required")
     if args.actions_only and not args.broker:

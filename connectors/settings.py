@@ -31,7 +31,8 @@ class ConnectorSettings(BaseSettings):
     )
 
     token: str | None = Field(default=None, validation_alias=TOKEN_ENV, repr=False)
-    broker_url: str | None = Field(default=None, validation_alias=BROKER_ENV)
+    # Out of repr(), as the token: it may carry the broker's password (redis://:pass@…).
+    broker_url: str | None = Field(default=None, validation_alias=BROKER_ENV, repr=False)
     # The action step journal (connectors.actions.StepJournal); unset: per cluster, below.
     state_dir: Path | None = Field(default=None, validation_alias=STATE_DIR_ENV)
 

@@ -74,7 +74,11 @@ from sim.traces import (
 )
 from sim.workload import Workload
 
-sim_app = typer.Typer(help="Trace-driven simulation of the shaping policies.", no_args_is_help=True)
+sim_app = typer.Typer(
+    help="Trace-driven simulation of the shaping policies.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # as the root CLI's (app/cli.py)
+)
 # Wide enough for the whole table when the output is not a terminal (CI logs, pipes).
 console = Console(width=None if sys.stdout.isatty() else 220)
 

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 # control plane times the step out and sends it again, and the journal answers.
 REPLY_RETRY = {"max_retries": 30, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 3}
 
+# In place of the token wherever Celery shows a reply's arguments.
+HIDDEN_TOKEN = "***"
+
 # A step message as it comes off the queue → its report (None: nothing can be answered).
 StepHandler = Callable[[dict[str, Any]], StepReport | None]
 
@@ -66,6 +69,11 @@ def make_executor_app(
             app.send_task(
                 str(step.get("reply_task") or REPLY_TASK),
                 kwargs={"report": report.model_dump(mode="json"), "token": token},
+                # What Celery shows of the arguments (the message's ``kwargsrepr``: task
+                # events, ``celery inspect``, Flower, its log records' ``data``) is by
+                # default the repr of them all: the token, and a checkpoint's result with
+                # the workload's whole environment. Only which answer it is, instead.
+                kwargsrepr=_shown(report),
                 queue=str(step.get("reply_queue") or CONTROL_QUEUE),
                 retry=True,
                 retry_policy=REPLY_RETRY,
@@ -76,6 +84,13 @@ def make_executor_app(
     for step_name in steps:
         app.task(name=step_task(queue, step_name))(run_step)
     return app
+
+
+def _shown(report: StepReport) -> str:
+    """The arguments of a reply as Celery shows them: which step, how it went; never the
+    token, nor the result."""
+    said = {"action_id": report.action_id, "key": report.key, "ok": report.ok}
+    return repr({"report": said, "token": HIDDEN_TOKEN})
 
 
 def run_executor_worker(app: Any, *, queue: str, loglevel: str = "INFO") -> None:

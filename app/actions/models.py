@@ -5,7 +5,7 @@ from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 from sqlmodel import Field, SQLModel
 
 from app.core.types import NoNulStr, enum_column, json_column, required_utc_column, utc_column
@@ -242,6 +242,33 @@ class ActionStepPublic(SQLModel):
     error: str | None
     sent_at: datetime | None
     finished_at: datetime | None
+
+    @field_validator("result", mode="after")
+    @classmethod
+    def _hide_workload_environment(cls, result: dict[str, Any]) -> dict[str, Any]:
+        return without_environment_values(result)
+
+
+# What a viewer reads in place of an environment variable's value.
+HIDDEN = "***"
+
+
+def without_environment_values(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with the values of a checkpoint's workload environment hidden (names
+    kept). A checkpoint step's result is the image (``agent.backends.base.CheckpointImage``),
+    whose ``workload.env`` is the whole environment the job was started with: its target
+    node needs it to start the workload again, but it holds whatever secrets the job had
+    (API keys, passwords, this node's own token), and the steps are published to every
+    viewer token. Returns a copy; the stored result is left whole."""
+    image = result.get("image")
+    if not isinstance(image, dict):
+        return result
+    workload = image.get("workload")
+    if not isinstance(workload, dict) or not isinstance(workload.get("env"), dict):
+        return result
+    env: dict[str, Any] = workload["env"]
+    hidden = dict.fromkeys(env, HIDDEN)
+    return {**result, "image": {**image, "workload": {**workload, "env": hidden}}}
 
 
 class ActionStep(SQLModel, table=True):

@@ -25,8 +25,9 @@ class Settings(BaseSettings):
 
     environment: Literal["development", "test", "production"] = "development"
     data_dir: Path = DEFAULT_DATA_DIR
-    database_url: str | None = None
-    broker_url: str | None = None
+    # Out of repr(): either may carry a password (postgresql://user:pass@…, redis://:pass@…).
+    database_url: str | None = Field(default=None, repr=False)
+    broker_url: str | None = Field(default=None, repr=False)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)

@@ -1,5 +1,6 @@
-"""Logging set-up. Secrets never reach a log line: a filter redacts tokens, and the SQL
-parameters a database error would quote, in messages and in tracebacks alike.
+"""Logging set-up. Secrets never reach a log line: a filter redacts tokens (Shaper's, bearer
+tokens, JWTs), URLs' passwords, and the SQL parameters a database error would quote, in
+messages and in tracebacks alike.
 
 Two formats (``SHAPER_LOG_FORMAT``): ``text`` for people, ``json`` — one object per line —
 for log shippers. Either way a line carries the ids it is about: the request's
@@ -11,37 +12,27 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
-_TOKEN = re.compile(r"(shp_[a-z0-9]+_)[A-Za-z0-9_-]+|(Bearer\s+)\S+")
-# SQLAlchemy appends "[parameters: (...)]" to a failed statement's message; engines hide
-# them (app.core.db), and this catches any engine made without that.
-_SQL_PARAMETERS = re.compile(r"\[parameters: .*?\](?=\n|$)", re.DOTALL)
+# Shared with the node agent and the connectors, which do not import the control plane.
+from wire.redaction import RedactSecrets, redact
+
+__all__ = [
+    "REQUEST_ID",
+    "JsonFormatter",
+    "RedactSecrets",
+    "RequestContext",
+    "TextFormatter",
+    "redact",
+]
+
 # The request a log line was written for (app.core.request_id sets it per request).
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 # Ids a log line may carry as ``extra``, in this order.
 CONTEXT_FIELDS = ("request_id", "cluster", "plan_id", "action_id")
 # Libraries that log every HTTP request or task run at INFO.
 _CHATTY = ("httpx", "httpcore", "celery.app.trace")
-
-
-def redact(text: str) -> str:
-    text = _TOKEN.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
-    return _SQL_PARAMETERS.sub("[parameters: redacted]", text)
-
-
-class RedactSecrets(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = redact(message)
-        if redacted != message:
-            record.msg, record.args = redacted, None
-        if record.exc_info and not record.exc_text:
-            # Format the traceback here, redacted; formatters reuse ``exc_text``.
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
-        return True
 
 
 class RequestContext(logging.Filter):

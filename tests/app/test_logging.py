@@ -86,3 +86,35 @@ def test_the_audit_record_keeps_the_id_the_answer_gave(client: TestClient, auth:
     assert created.status_code in (200, 201), created.text
     records = client.get("/api/v1/audit", headers=auth["admin"]).json()["items"]
     assert records[0]["request_id"] == created.headers["x-request-id"]
+
+
+@pytest.mark.parametrize(
+    ("line", "secret", "kept"),
+    [
+        (
+            "connect to postgresql://shaper:db-pass@db:5432/shaper",
+            "db-pass",
+            "postgresql://shaper:***@db",
+        ),
+        (
+            "broker redis://:broker-pass@redis:6379/0 unreachable",
+            "broker-pass",
+            "redis://:***@redis",
+        ),
+        ("header authorization: bearer abc.def-ghi", "abc.def-ghi", "bearer ***"),
+        (
+            "slurmrestd refused X-SLURM-USER-TOKEN "
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdW4iOiJzbHVybSJ9.c2lnbmF0dXJl",
+            "c2lnbmF0dXJl",
+            "X-SLURM-USER-TOKEN ***",
+        ),
+    ],
+)
+def test_urls_passwords_lowercase_bearers_and_jwts_are_redacted(
+    captured, line: str, secret: str, kept: str
+) -> None:  # type: ignore[no-untyped-def]
+    logger, stream, handler = captured
+    handler.setFormatter(TextFormatter())
+    logger.warning("%s", line)
+    written = stream.getvalue()
+    assert secret not in written and kept in written
