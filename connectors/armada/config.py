@@ -71,6 +71,10 @@ class ArmadaMapping(_Settings):
     default_gpu_model: Annotated[str, Field(min_length=1, max_length=64)] = "gpu"
 
 
+# Hosts a bearer token may go to over plain gRPC: it never leaves this machine.
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
 class ArmadaConnectorConfig(_Settings):
     """How to reach one Armada instance and what to follow there.
 
@@ -95,8 +99,11 @@ class ArmadaConnectorConfig(_Settings):
     # host:port of Armada's gRPC API (the server's ``grpcPort``).
     url: Annotated[str, Field(min_length=3, max_length=512)]
     tls: bool = False
-    # Sent as ``authorization: Bearer <token>`` (Armada's OIDC or static-token auth).
+    # Sent as ``authorization: Bearer <token>`` (Armada's OIDC or static-token auth); over
+    # plain gRPC only to this machine, or with ``allow_insecure_token`` (anyone on the path
+    # could read it and act as this connector on Armada).
     token: SecretStr | None = None
+    allow_insecure_token: bool = False
     job_sets: list[JobSetRef] = Field(min_length=1)
     nodes: list[ExecutorNode] = Field(default_factory=list)
     hold_queue: _QUEUE | None = None
@@ -113,6 +120,13 @@ class ArmadaConnectorConfig(_Settings):
 
     @model_validator(mode="after")
     def _consistent(self) -> ArmadaConnectorConfig:
+        if self.token is not None and not self.tls and not self.allow_insecure_token:
+            host = self.url.rsplit(":", 1)[0].strip("[]")
+            if host not in _LOOPBACK:
+                raise ValueError(
+                    f"token: would be sent in the clear over plain gRPC to {self.url}; set "
+                    "tls: true, or allow_insecure_token: true to accept that"
+                )
         names = [node.name for node in self.nodes]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:

@@ -533,3 +533,22 @@ def test_a_configured_token_goes_with_every_call(server: ArmadaTestServer) -> No
         connector.read_state()
     assert server.authorizations and set(server.authorizations) == {"Bearer s3cret"}
     assert "s3cret" not in repr(connector.config)
+
+
+def test_a_token_goes_over_plain_grpc_only_to_this_machine_or_when_allowed() -> None:
+    """Armada's bearer token lets whoever holds it act as this connector; over plain gRPC
+    anyone on the path reads it."""
+    from connectors.armada.config import ArmadaConnectorConfig
+
+    base = {"cluster": "lab", "job_sets": [{"queue": "research", "job_set": "train"}]}
+    remote = {**base, "url": "armada.example.org:50051", "token": "s3cret"}
+    with pytest.raises(ValueError, match="token: would be sent in the clear over plain gRPC"):
+        ArmadaConnectorConfig.model_validate(remote)
+    for fine in (
+        {**remote, "tls": True},
+        {**remote, "allow_insecure_token": True},
+        {**remote, "url": "127.0.0.1:50051"},
+        {**remote, "url": "[::1]:50051"},
+        {**base, "url": "armada.example.org:50051"},  # no token, nothing to leak
+    ):
+        ArmadaConnectorConfig.model_validate(fine)
