@@ -14,7 +14,8 @@ import re
 
 _TOKEN = re.compile(r"(shp_[a-z0-9]+_)[A-Za-z0-9_-]+|((?i:bearer)\s+)\S+")
 # A URL's password (postgresql://user:pass@host, redis://:pass@host): the user stays.
-_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]+(@)", re.IGNORECASE)
+# A password has no "/" unescaped, which keeps "http://host:8000/users/a@b" as it is.
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s/]+(@)", re.IGNORECASE)
 # A JSON Web Token anywhere: header and payload are base64url JSON, so both begin "eyJ".
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]*\.eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
 # SQLAlchemy appends "[parameters: (...)]" to a failed statement's message; engines hide

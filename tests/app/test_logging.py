@@ -88,6 +88,13 @@ def test_the_audit_record_keeps_the_id_the_answer_gave(client: TestClient, auth:
     assert records[0]["request_id"] == created.headers["x-request-id"]
 
 
+def test_a_url_with_a_port_and_an_at_sign_in_its_path_is_left_as_it_is(captured) -> None:  # type: ignore[no-untyped-def]
+    logger, stream, handler = captured
+    handler.setFormatter(TextFormatter())
+    logger.warning("GET http://127.0.0.1:8000/api/v1/teams/ml@lab failed")
+    assert "http://127.0.0.1:8000/api/v1/teams/ml@lab" in stream.getvalue()
+
+
 @pytest.mark.parametrize(
     ("line", "secret", "kept"),
     [
