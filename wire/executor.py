@@ -71,8 +71,8 @@ def make_executor_app(
                 kwargs={"report": report.model_dump(mode="json"), "token": token},
                 # What Celery shows of the arguments (the message's ``kwargsrepr``: task
                 # events, ``celery inspect``, Flower, its log records' ``data``) is by
-                # default the repr of them all: the token, and a checkpoint's result with
-                # the workload's whole environment. Only which answer it is, instead.
+                # default their repr, the token in full (nested values only a few levels
+                # deep, so a result's may show too). Only which answer it is, instead.
                 kwargsrepr=_shown(report),
                 queue=str(step.get("reply_queue") or CONTROL_QUEUE),
                 retry=True,
