@@ -500,6 +500,11 @@ def test_a_trace_its_loader_cannot_read_is_422_naming_the_trace(
         client, auth["operator"], trace, policies="fifo", window_start_h="5", window_end_h="2"
     )
     assert field(window) == "window_end_h"
+    # A window that keeps no job of the trace: the loader's refusal is about the trace's
+    # options, which on this form are the window's.
+    empty = _upload(client, auth["operator"], trace, policies="fifo", window_start_h="100000")
+    assert field(empty) == "window_start_h"
+    assert "no job is left of the trace's" in empty.json()["error"]["message"]
     assert field(_upload(client, auth["operator"], trace, policies="fifo", nodes="a")) == "nodes"
     missing = client.post(
         "/api/v1/simulations",
