@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from wire.queues import CONTROL_QUEUE, REPLY_TASK, step_task
+from wire.redaction import MASK
 from wire.steps import StepReport
 
 log = logging.getLogger(__name__)
@@ -25,9 +26,6 @@ log = logging.getLogger(__name__)
 # Publishing the answer retries for about a minute (a broker restart); after that the
 # control plane times the step out and sends it again, and the journal answers.
 REPLY_RETRY = {"max_retries": 30, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 3}
-
-# In place of the token wherever Celery shows a reply's arguments.
-HIDDEN_TOKEN = "***"
 
 # A step message as it comes off the queue → its report (None: nothing can be answered).
 StepHandler = Callable[[dict[str, Any]], StepReport | None]
@@ -90,7 +88,7 @@ def _shown(report: StepReport) -> str:
     """The arguments of a reply as Celery shows them: which step, how it went; never the
     token, nor the result."""
     said = {"action_id": report.action_id, "key": report.key, "ok": report.ok}
-    return repr({"report": said, "token": HIDDEN_TOKEN})
+    return repr({"report": said, "token": MASK})
 
 
 def run_executor_worker(app: Any, *, queue: str, loglevel: str = "INFO") -> None:

@@ -22,12 +22,14 @@ _JWT = re.compile(r"eyJ[A-Za-z0-9_-]*\.eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
 # them (app.core.db), and this catches any engine made without that.
 _SQL_PARAMETERS = re.compile(r"\[parameters: .*?\](?=\n|$)", re.DOTALL)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# What stands in for a secret wherever one is hidden (log lines, shown arguments, results).
+MASK = "***"
 
 
 def redact(text: str) -> str:
-    text = _TOKEN.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
-    text = _URL_PASSWORD.sub(r"\1***\2", text)
-    text = _JWT.sub("***", text)
+    text = _TOKEN.sub(lambda m: (m.group(1) or m.group(2)) + MASK, text)
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(2), text)
+    text = _JWT.sub(MASK, text)
     return _SQL_PARAMETERS.sub("[parameters: redacted]", text)
 
 

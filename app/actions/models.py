@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from sqlmodel import Field, SQLModel
 
 from app.core.types import NoNulStr, enum_column, json_column, required_utc_column, utc_column
+from wire.redaction import MASK
 from wire.steps import StepPhase
 
 
@@ -249,10 +250,6 @@ class ActionStepPublic(SQLModel):
         return without_environment_values(result)
 
 
-# What a viewer reads in place of an environment variable's value.
-HIDDEN = "***"
-
-
 def without_environment_values(result: dict[str, Any]) -> dict[str, Any]:
     """``result`` with the values of a checkpoint's workload environment hidden (names
     kept). A checkpoint step's result is the image (``agent.backends.base.CheckpointImage``),
@@ -267,7 +264,7 @@ def without_environment_values(result: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(workload, dict) or not isinstance(workload.get("env"), dict):
         return result
     env: dict[str, Any] = workload["env"]
-    hidden = dict.fromkeys(env, HIDDEN)
+    hidden = dict.fromkeys(env, MASK)
     return {**result, "image": {**image, "workload": {**workload, "env": hidden}}}
 
 
