@@ -26,6 +26,7 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "shaper, greedy only (no CP-SAT)": {"use_cp_sat": False},
     "shaper, larger first, no aging": {"shortest_first": False, "aging_s": None},
     "shaper, no upgrades": {"upgrades": False},
+    "shaper, no gang upgrades": {"gang_upgrades": False},
     "shaper, no per-job speeds": {"job_speeds": False},
     "shaper, no elastic training": {"elastic_training": False},
     "shaper, no elastic growth": {"elastic_growth": False},

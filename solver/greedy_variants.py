@@ -49,6 +49,7 @@ def greedy_options(config: SolverConfig) -> GreedyOptions:
         shortest_remaining=config.shortest_remaining,
         job_speeds=config.job_speeds,
         upgrades=config.upgrades and config.migration,
+        gang_upgrades=config.gang_upgrades,
     )
 
 

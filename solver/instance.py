@@ -198,7 +198,9 @@ class Job(_Frozen):
         description="may be moved to another node of its cluster by a migration; False: its "
         "scheduler cannot be told where it goes (Kueue, Ray): it may still be preempted or "
         "requeued, and moved to another cluster its ``clusters`` lists where "
-        "config.cross_cluster_migration allows (the target's scheduler places it). A "
+        "config.cross_cluster_migration allows (the target's scheduler places it). A block "
+        "job on several nodes moves only whole, by a restart pinned to its new nodes "
+        "(config.gang_upgrades); False where its scheduler cannot restart it so. A "
         "service: its replicas may move to other nodes (config.replica_moves); False: its "
         "connector cannot choose which replicas leave a node",
     )
@@ -589,6 +591,12 @@ class SolverConfig(_Frozen):
         "GPUs faster for it (its own speed, Instance.speeds, else the model's) when the run time "
         "it saves is more than twice the migration's time, the most weighted GPU-time saved "
         "first, within max_migrations_per_cycle (solver.greedy.upgrades); needs migration",
+    )
+    gang_upgrades: bool = Field(
+        default=True,
+        description="upgrades move a gang that spans nodes too, whole, onto as many nodes of "
+        "one faster model (a restart pinned to them, from the job's own checkpoint); only "
+        "jobs whose scheduler can do that (Job.migratable); needs upgrades",
     )
     elastic_training: bool = Field(
         default=True,

@@ -102,10 +102,15 @@ class Defragmentation:
 
     def _could_move(self, job: Job) -> bool:
         """Static part of movability: checkpointable single-node block job, budget left."""
+        return len(job.placement) == 1 and self.could_move_whole(job)
+
+    def could_move_whole(self, job: Job) -> bool:
+        """A running checkpointable block job that may move this cycle, on however many
+        nodes it runs: in scope, not frozen, off its cooldown, under its daily limit."""
         instance = self.ledger.instance
         if job.is_elastic or not job.is_running or not job.checkpointable:
             return False
-        if len(job.placement) != 1 or not self._in_scope(job) or instance.is_frozen(job):
+        if not self._in_scope(job) or instance.is_frozen(job):
             return False
         if (
             job.last_moved_at is not None

@@ -60,6 +60,8 @@ class GreedyOptions:
     # Running checkpointable jobs move onto GPUs faster for them that are free after the
     # queue is placed (``SolverConfig.upgrades``, ``solver.greedy.upgrades``).
     upgrades: bool = False
+    # ... gangs that span nodes as well (``SolverConfig.gang_upgrades``).
+    gang_upgrades: bool = False
 
     @property
     def grows_services_by_disruption(self) -> bool:

@@ -23,6 +23,15 @@ defragmentation may move (checkpointable, on one node, not frozen, off their mig
 cooldown and under their daily limit, not touched this cycle) whose scheduler can be told
 where they go (``migratable``), within their cluster. A job without a run-time
 estimate is not moved: nothing says the move pays.
+
+A gang that spans nodes (``SolverConfig.gang_upgrades``) moves too, whole, onto as many
+nodes of one faster model as it needs (``ClusterState.find_gang``, within its node
+limit): a job that started on two K80 nodes because that was what was free would
+otherwise run there for days beside V100s that freed an hour later (heterogeneous-
+throughput seed 3: 963 h). It is no one node's process image: its scheduler stops it,
+it writes its own checkpoint, and it starts again pinned to the new nodes from that
+checkpoint (``app.actions.recipes``), priced as a migration. Elastic training jobs are
+left to their resizes (``solver.elastic_training``), which choose their nodes already.
 """
 
 from __future__ import annotations
@@ -48,11 +57,7 @@ class Upgrades:
         instance = ledger.instance
         ranked: list[tuple[float, str, Job, float, float]] = []
         for job in instance.jobs:
-            if (
-                not job.migratable
-                or not self.defragmentation.may_move(job.id)
-                or job.id not in state.placement
-            ):
+            if not job.migratable or job.id not in state.placement or not self._may_move(job):
                 continue
             left = instance.time_left(job)
             if left is None:
@@ -89,24 +94,50 @@ class Upgrades:
         faster = [g for g in self._groups(job) if state.group_speed(g, job) > now]
         if not faster:
             return False
-        node = state.find_single_node(job, job.replicas, faster, avoid or None)
-        if node is None:
+        target = self._target(job, faster, avoid)
+        if target is None:
             return False
-        speed = ledger.job_speed(job, node)
+        speed = min(ledger.job_speed(job, node) for node in target)
         saved = left * (1.0 - now / speed)
         if saved <= UPGRADE_MARGIN * instance.migration.migration_seconds(job):
             return False
         state.evict(job)
-        state.place(job, {node: job.total_gpus})
+        state.place(job, target)
         ledger.migrations += 1
         ledger.touch(job.id)
-        name = instance.nodes[node].name
+        names = ",".join(sorted(instance.nodes[node].name for node in target))
         ledger.result.decisions[job.id] = Reason(
             code=ReasonCode.faster_gpus,
-            message=f"moved to {name}, where it runs at {speed:.2f} instead of {now:.2f} "
+            message=f"moved to {names}, where it runs at {speed:.2f} instead of {now:.2f} "
             f"(reference GPU = 1): about {saved / 3600:.1f} h sooner done",
         )
         return True
+
+    def _may_move(self, job: Job) -> bool:
+        """A job defragmentation may move, or a gang that spans nodes under the same rules
+        (``gang_upgrades``: not an elastic training job, not touched this cycle)."""
+        if self.defragmentation.may_move(job.id):
+            return True
+        ledger = self.ledger
+        return (
+            ledger.options.gang_upgrades
+            and ledger.options.migrate
+            and len(job.placement) > 1
+            and not job.is_resizable
+            and job.id not in ledger.touched
+            and self.defragmentation.could_move_whole(job)
+        )
+
+    def _target(self, job: Job, faster: list[int], avoid: set[int]) -> dict[int, int] | None:
+        """Free GPUs of one faster group for all of ``job`` (node -> GPUs): one node for a
+        job on one node, else the fewest nodes within its node limit."""
+        state = self.ledger.state
+        if len(job.placement) == 1:
+            node = state.find_single_node(job, job.replicas, faster, avoid or None)
+            return None if node is None else {node: job.total_gpus}
+        return state.find_gang(
+            job, job.replicas, faster, job.node_limit(job.replicas), avoid or None
+        )
 
     def _groups(self, job: Job) -> list[int]:
         """Where running ``job`` may move up: its own cluster's groups (a move to another

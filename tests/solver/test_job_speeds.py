@@ -131,6 +131,64 @@ def test_no_upgrade_that_saves_less_than_twice_the_move_or_says_nothing_of_its_e
     assert plan_with("shaper", slower).placement["R"] == {"a": 1}
 
 
+def _gang_on_the_a100s(config: SolverConfig = UPGRADES, **kw: Any) -> Instance:
+    """G, 2 replicas of 4 GPUs, runs on two A100 nodes; two H100 nodes are free."""
+    gang = running(
+        "G",
+        {"a1": 4, "a2": 4},
+        gpus=4,
+        checkpointable=True,
+        expected_runtime_s=20 * HOUR,
+        **kw,
+    )
+    nodes = [
+        node("h1", gpus=4, model="h100"),
+        node("h2", gpus=4, model="h100"),
+        node("a1", gpus=4),
+        node("a2", gpus=4),
+    ]
+    return instance(nodes, [gang], config=config)
+
+
+def test_a_gang_spanning_nodes_moves_whole_onto_faster_nodes() -> None:
+    plan = plan_with("shaper", _gang_on_the_a100s())
+    assert plan.placement["G"] == {"h1": 4, "h2": 4}
+    (action,) = plan.actions
+    assert action.kind is ActionKind.migrate and action.reason.code is ReasonCode.faster_gpus
+    assert action.from_placement == {"a1": 4, "a2": 4}
+    assert "moved to h1,h2, where it runs at 2.00 instead of 1.00" in action.reason.message
+    # Off (gang upgrades, or upgrades), for a job its scheduler cannot restart pinned, or
+    # for the baselines, it stays.
+    no_gangs = FAST.model_copy(update={"gang_upgrades": False})
+    for stays in (
+        _gang_on_the_a100s(no_gangs),
+        _gang_on_the_a100s(NO_UPGRADES),
+        _gang_on_the_a100s(migratable=False),
+    ):
+        assert plan_with("shaper", stays).placement["G"] == {"a1": 4, "a2": 4}
+    assert plan_with("priority", _gang_on_the_a100s()).placement["G"] == {"a1": 4, "a2": 4}
+
+
+def test_a_gang_moves_only_whole_and_within_its_node_limit() -> None:
+    # Only one H100 node free: no half of the gang moves.
+    half = _gang_on_the_a100s()
+    busy = running("B", {"h2": 4}, preemptible=False)
+    plan = plan_with("shaper", instance(list(half.nodes), [*half.jobs, busy]))
+    assert plan.placement["G"] == {"a1": 4, "a2": 4}
+    assert not plan.actions
+    # Four 2-GPU H100 nodes could hold it, but not on its two nodes at most.
+    nodes = [node(f"h{i}", gpus=2, model="h100") for i in range(4)]
+    nodes += [node("a1", gpus=4), node("a2", gpus=4)]
+    spread = _gang_on_the_a100s(max_nodes=2)
+    plan = plan_with("shaper", instance(nodes, list(spread.jobs)))
+    assert plan.placement["G"] == {"a1": 4, "a2": 4}
+
+
+def test_an_elastic_training_gang_is_left_to_its_resizes() -> None:
+    elastic = _gang_on_the_a100s(min_replicas=1, max_replicas=2)
+    assert plan_with("shaper", elastic).placement["G"] == {"a1": 4, "a2": 4}
+
+
 def test_a_pending_job_takes_the_free_gpu_before_any_upgrade() -> None:
     stuck = _stuck_on_the_a100(expected_runtime_s=10 * HOUR)
     waiting = job("P", priority=0.1, expected_runtime_s=HOUR)
