@@ -97,10 +97,12 @@ def step_message(
     if step.name == ConnectorStep.requeue:
         pin = _requeue_pin(action, job, step)
         if pin is not None:
-            args["nodes"] = [pin]
-        if step.phase == StepPhase.forward and kind in (ActionKind.preempt, ActionKind.requeue):
+            args["nodes"] = [n for n in pin.split(",") if n]
+        if step.phase == StepPhase.forward and (
+            kind in (ActionKind.preempt, ActionKind.requeue) or spans_nodes(action)
+        ):
             # A stopped job waits until a plan starts it again: it must not take back the
-            # GPUs it was stopped to free.
+            # GPUs it was stopped to free. A gang's move: until its start pins it there.
             args["hold"] = True
     if step.name == ConnectorStep.reserve:
         args.update(
@@ -115,6 +117,11 @@ def step_message(
     ]
     if step.name in (ConnectorStep.start, ConnectorStep.resume) and targets:
         args["nodes"] = targets
+    if step.name == ConnectorStep.start and step.phase == StepPhase.compensate:
+        # A gang's move undone (recipes): started again on the nodes it left.
+        args["nodes"] = sorted(action.source_placement) or [
+            n for n in (action.source_node or "").split(",") if n
+        ]
     training = job is not None and job.shape == JobShape.block
     if step.name == ConnectorStep.resize and training:
         args["nodes"] = targets  # an elastic training job: where it runs at its new size
@@ -148,7 +155,9 @@ def step_message(
             # the action alone: the job's row may have changed since the steps were chosen.
             # A service never shrinks to none (the executor refuses replicas < 1).
             args.update({"expect": "running", "gpus_at_most": _gpus_left(action)})
-        elif kind is ActionKind.resize:
+        elif kind is ActionKind.resize or kind is ActionKind.migrate:
+            # An elastic training job's resize, or a gang's move (the only migrate with a
+            # scheduler's confirm: recipes): it runs on those nodes and on no others.
             args.update({"expect": "running", "nodes": targets, "exactly": True})
         elif kind is ActionKind.move:
             args["expect"] = "accepted"  # the target's scheduler runs the copy (recipes)
@@ -292,8 +301,17 @@ def move_name(action_id: int, external_id: str) -> str:
     return _NOT_IN_A_MOVE_NAME.sub("-", f"shaper-{action_id}-{external_id}")[:128]
 
 
+def spans_nodes(action: Action) -> bool:
+    """A migrate of a job on several nodes, or onto several: a gang's move, which its
+    scheduler restarts pinned to the new nodes (``app.actions.recipes``)."""
+    return ActionKind(action.kind) is ActionKind.migrate and any(
+        "," in (nodes or "") for nodes in (action.source_node, action.target_node)
+    )
+
+
 def _requeue_pin(action: Action, job: Job | None, step: ActionStep) -> str | None:
-    """The node a requeued job must run on next: where its staged image waits."""
+    """The node(s) a requeued job must run on next, comma-separated: where its staged
+    image waits (a gang's move: the nodes it moves to)."""
     kind = ActionKind(action.kind)
     if step.phase == StepPhase.compensate:
         return action.source_node

@@ -20,7 +20,7 @@ from wire.telemetry import JobState
 def record_placement(session: Session, action: Action, job: Job, now: datetime) -> None:
     """What a finished saga changed, in the control plane's own view, until the
     connector's next telemetry says otherwise: a migrated job holds its GPUs on the target
-    node now, a preempted one holds none, a started one holds its planned GPUs."""
+    node(s) now, a preempted one holds none, a started one holds its planned GPUs."""
     kind = ActionKind(action.kind)
     if kind is ActionKind.preempt and not job.checkpointable:
         return  # the scheduler requeued it; its telemetry tells the rest
@@ -35,51 +35,55 @@ def record_placement(session: Session, action: Action, job: Job, now: datetime) 
     if kind in (ActionKind.start, ActionKind.resume):
         # Its confirm saw it running there: the next plan must not count those GPUs free
         # while the connector's next push is still on its way.
-        for name, gpus in action.target_placement.items():
-            node = nodes.get(name)
-            if node is not None and not _holds(session, job, node):
-                session.add(
-                    Allocation(
-                        job_id=row_id(job),
-                        node_id=node,
-                        gpu_indices=[],
-                        gpu_count=gpus,
-                        started_at=now,
-                    )
-                )
+        _hold(session, job, nodes, action.target_placement, now)
         job.state = JobState.running
         job.start_time = job.start_time or now
         job.updated_at = now
         session.add(job)
         return
+    # A gang's move names several nodes on either side (recipes), comma-separated.
+    sources = [nodes[n] for n in (action.source_node or "").split(",") if n in nodes]
     held = session.exec(
         select(Allocation).where(
             Allocation.job_id == job.id,
             col(Allocation.released_at).is_(None),
-            Allocation.node_id == nodes.get(action.source_node or ""),
+            col(Allocation.node_id).in_(sources),
         )
     ).all()
     for allocation in held:
         allocation.released_at = now
         session.add(allocation)
-    target = nodes.get(action.target_node or "")
-    # The scheduler's telemetry may have shown the job on its target already (a requeued
-    # Slurm job is seen running there before the saga's last step); it knows best.
-    if kind is ActionKind.migrate and target is not None and not _holds(session, job, target):
-        session.add(
-            Allocation(
-                job_id=row_id(job),
-                node_id=target,
-                gpu_indices=[],  # the target's scheduler or connector assigns devices
-                gpu_count=sum(a.gpu_count for a in held) or job.gpus_requested,
-                started_at=now,
-            )
-        )
+    targets = [n for n in (action.target_node or "").split(",") if n]
+    if kind is ActionKind.migrate:
+        moved = sum(a.gpu_count for a in held) or job.gpus_requested
+        landing = dict(action.target_placement) or dict.fromkeys(targets[:1], moved)
+        _hold(session, job, nodes, landing, now)
     if kind is ActionKind.preempt:
         job.state = JobState.suspended
         job.reason = f"preempted by action {action.id}: checkpointed"[:255]
     job.updated_at = now
     session.add(job)
+
+
+def _hold(
+    session: Session, job: Job, nodes: dict[str, int | None], gpus: dict[str, int], now: datetime
+) -> None:
+    """Allocations for the job on the nodes of ``gpus`` (name -> GPUs) it does not hold yet:
+    the scheduler's telemetry may show it there already (a requeued Slurm job is seen
+    running on its target before the saga's last step), and it knows best. No GPU indices:
+    the scheduler or its connector assigns them."""
+    for name, count in gpus.items():
+        node = nodes.get(name)
+        if node is not None and not _holds(session, job, node):
+            session.add(
+                Allocation(
+                    job_id=row_id(job),
+                    node_id=node,
+                    gpu_indices=[],
+                    gpu_count=count,
+                    started_at=now,
+                )
+            )
 
 
 def _holds(session: Session, job: Job, node_id: int) -> bool:

@@ -27,6 +27,17 @@ requeue@connector(pin S) → confirm@S``: the job goes back to S and resumes the
 the restore at S fails too, the job goes back to its scheduler's queue with its checkpoint
 (:func:`resume_step`).
 
+A job on several nodes (a gang, ``SolverConfig.gang_upgrades``) moving to others is no one
+node's process image: its scheduler stops it, it writes its own checkpoint (as a
+checkpointable job requeued by a plan does), and it starts again pinned to the new nodes
+from that checkpoint: ``requeue@connector(held, pin T…) → start@connector(T…) →
+confirm@connector`` (it runs on T… and on no other node), where the scheduler restarts a
+job pinned so (``schedulers.restarts_gangs``: Slurm, the simulated clusters; elsewhere the
+action is refused). Compensation (generation G+1), once the requeue may have reached the
+scheduler: ``start@connector(S…)``, the job started again on the nodes it left (a no-op
+when it runs), and the saga marks it displaced, so that the next plan places it first
+wherever it can (a start re-pins it) if it cannot start there.
+
 Move, a pending job of cluster A going to cluster B of its federation group (generation
 G): ``hold@connector.A → submit@connector.B → confirm@connector.B → cancel@connector.A``.
 The hold keeps A's scheduler from starting the job while B takes it; the submit names the
@@ -121,7 +132,7 @@ is what the operator asked for.
 
 from __future__ import annotations
 
-from app.actions.messages import replicas_before, replicas_leaving
+from app.actions.messages import replicas_before, replicas_leaving, spans_nodes
 from app.actions.models import (
     JOB_SET_ACTION_KINDS,
     NODE_ACTION_KINDS,
@@ -130,7 +141,13 @@ from app.actions.models import (
     ActionStep,
     StepState,
 )
-from app.actions.schedulers import holds_moved_jobs, moves_jobs, places_itself, takes_moves
+from app.actions.schedulers import (
+    holds_moved_jobs,
+    moves_jobs,
+    places_itself,
+    restarts_gangs,
+    takes_moves,
+)
 from app.clusters.models import Cluster
 from app.core.lookup import row_id
 from app.jobs.models import Job
@@ -215,6 +232,8 @@ def forward_steps(
     fwd = StepPhase.forward
     owned = places_itself(cluster.scheduler)
     scheduler = connector_queue(cluster.name)
+    if kind is ActionKind.migrate and spans_nodes(action):
+        return _gang_migrate_steps(plan, job, cluster, action)
     if kind is ActionKind.migrate:
         source = agent_queue(cluster.name, _single(action.source_node, "source", action))
         target = agent_queue(cluster.name, _single(action.target_node, "target", action))
@@ -264,6 +283,29 @@ def forward_steps(
         plan.add(ConnectorStep.confirm, scheduler, fwd, 1)
     else:  # resize, reserve, unreserve: the scheduler does them
         plan.add(ConnectorStep(kind.value), scheduler, fwd, 0)
+    return plan.steps
+
+
+def _gang_migrate_steps(
+    plan: _Plan, job: Job, cluster: Cluster, action: Action
+) -> list[ActionStep]:
+    """A job on several nodes moving to others (module docstring): no node's process image
+    moves; its scheduler stops it, it resumes from its own checkpoint where it is started."""
+    if not restarts_gangs(cluster.scheduler):
+        raise Unplannable(
+            f"migrate of job {job.external_id} from {action.source_node} to "
+            f"{action.target_node}: a job on several nodes moves by a restart pinned to its "
+            f"new nodes, which Shaper does through Slurm and the simulated clusters only; "
+            f"{cluster.name} runs {cluster.scheduler}"
+        )
+    if not job.checkpointable:
+        raise Unplannable(
+            f"job {job.external_id} runs on {action.source_node} and cannot checkpoint: a "
+            "restart on other nodes would start it over"
+        )
+    scheduler = connector_queue(cluster.name)
+    for seq, name in enumerate((ConnectorStep.requeue, ConnectorStep.start, ConnectorStep.confirm)):
+        plan.add(name, scheduler, StepPhase.forward, seq)
     return plan.steps
 
 
@@ -478,6 +520,13 @@ def compensation_steps(
             # A copy may hold the GPUs later, for its time to live, with no action left to
             # give them back: take it off, at a generation that refuses a copy still queued.
             plan.add(ConnectorStep.unreserve, reserve.queue, StepPhase.compensate, seq)
+        return plan.steps
+    if spans_nodes(action):
+        if _requeued(steps):
+            # A gang's move: its scheduler stopped it (held, or pinned to nodes it has not
+            # started on). Start it again where it ran; the saga marks it displaced, so the
+            # next plan places it first if it cannot start there.
+            plan.add(ConnectorStep.start, connector_queue(cluster), StepPhase.compensate, seq)
         return plan.steps
     by_name = {s.name: s for s in steps if s.phase == StepPhase.forward}
     checkpoint = by_name.get(AgentStep.checkpoint)

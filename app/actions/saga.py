@@ -47,7 +47,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from app.actions import service as action_service
-from app.actions.messages import Outgoing, step_message
+from app.actions.messages import Outgoing, spans_nodes, step_message
 from app.actions.models import (
     ACTIVE_ACTION_STATES,
     JOB_SET_ACTION_KINDS,
@@ -570,6 +570,9 @@ def _on_failure(
         # A new generation: whatever the forward phase sent is stale from now on.
         job.generation = generation
         job.updated_at = now
+        if spans_nodes(action):
+            # A gang's move stopped it: it may not start again where it was.
+            _displace(job, action, now, why, "was stopped by it")
         session.add(job)
     _move(action, ActionState.compensating, now)
     for step in compensation:
@@ -587,10 +590,12 @@ def _fallen_back(step: ActionStep, steps: list[ActionStep]) -> bool:
     )
 
 
-def _displace(job: Job, action: Action, now: datetime, why: str) -> None:
+def _displace(
+    job: Job, action: Action, now: datetime, why: str, what: str = "could not put it back"
+) -> None:
     job.displaced_at = now
     job.displaced_reason = (
-        f"action {action.id} ({action.kind}) could not put it back ({why}); it waits in its "
+        f"action {action.id} ({action.kind}) {what} ({why}); it waits in its "
         "scheduler's queue with its checkpoint and the next plan places it first"
     )[:1024]
     job.updated_at = now

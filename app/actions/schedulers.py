@@ -10,6 +10,13 @@ and the action service all ask here.
   Kueue admits a Workload and the scheduler places its pods; a start is a reactivation and
   a requeue cannot be pinned, so no migration is planned there. Ray places a job's actors
   and placement groups itself (connectors/ray: a requeue pinned to nodes is refused).
+* **Restarts a gang where told** (Slurm, the simulated clusters): a running job on several
+  nodes moves whole (an upgrade onto faster GPUs: ``SolverConfig.gang_upgrades``) by a
+  requeue held and pinned to its new nodes and a start there; it resumes from its own
+  checkpoint, as a checkpointable job requeued by a plan does (no node's process image is
+  moved: ``app.actions.recipes``). Not yet Kubernetes (its connector pins a Job only to
+  resume it from an image Shaper staged), nor Armada (untested there); Kueue and Ray pin
+  nothing.
 * **Takes moves** (Slurm, Kubernetes, Kueue, Ray, Armada, the simulated clusters): the
   connector submits a job moved from another cluster and withdraws it
   (``connectors.base.SupportsSubmit``).
@@ -38,6 +45,7 @@ SCHEDULER_OWNED = frozenset(
 )
 RESERVING = frozenset({SchedulerKind.sim, SchedulerKind.slurm})
 UNPINNABLE = frozenset({SchedulerKind.kueue, SchedulerKind.ray})
+RESTARTING_GANGS = frozenset({SchedulerKind.slurm, SchedulerKind.sim})
 TAKING_MOVES = frozenset(
     {
         SchedulerKind.slurm,
@@ -60,6 +68,10 @@ def reserves(scheduler: str) -> bool:
 
 def moves_jobs(scheduler: str) -> bool:
     return SchedulerKind(scheduler) not in UNPINNABLE
+
+
+def restarts_gangs(scheduler: str) -> bool:
+    return SchedulerKind(scheduler) in RESTARTING_GANGS
 
 
 def takes_moves(scheduler: str) -> bool:

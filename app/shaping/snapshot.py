@@ -70,7 +70,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
 from app.actions.models import ACTIVE_ACTION_STATES, Action, ActionKind, ActionState
-from app.actions.schedulers import moves_jobs
+from app.actions.schedulers import moves_jobs, restarts_gangs
 from app.actions.service import HOME_COPY_UNCONFIRMED, NEVER_RAN_WHEN_FAILED, NOT_ON_JOBS, RAN
 from app.clusters import service as cluster_service
 from app.core.lookup import row_id
@@ -537,6 +537,9 @@ def to_instance(
     # the cluster could only fail, after its checkpoint had stopped the job. Per job, so
     # that a federation group's one solve keeps migrating within its other members.
     pinnable = moves_jobs(snapshot.scheduler)
+    # A job on several nodes moves only whole, by a restart pinned to its new nodes, and
+    # only where the scheduler does that (app.actions.schedulers).
+    gangs_move = pinnable and restarts_gangs(snapshot.scheduler)
     jobs = tuple(
         job
         for row in snapshot.jobs
@@ -552,6 +555,7 @@ def to_instance(
                 forecasts.get(row.id, ()),
                 runtimes.get(row.id),
                 migratable=pinnable,
+                gangs_move=gangs_move,
             )
         )
         is not None
@@ -639,6 +643,7 @@ def _solver_job(
     runtime: float | None = None,
     *,
     migratable: bool = True,
+    gangs_move: bool = True,
 ) -> si.Job | None:
     placement: dict[str, int] = {}
     indices: dict[str, tuple[int, ...]] = {}
@@ -692,8 +697,15 @@ def _solver_job(
         expected_runtime_s=runtime,
         checkpointable=row.checkpointable,
         # A service: whether its replicas may move (solver.greedy.defragmentation): only
-        # where its connector can choose which leave a node.
-        migratable=migratable and (not elastic or row.replicas_movable),
+        # where its connector can choose which leave a node. A rigid job on several nodes:
+        # only where its scheduler restarts it pinned to others (gangs_move); an elastic
+        # training job changes nodes by its resizes, which its connector carries out.
+        migratable=migratable
+        and (
+            row.replicas_movable
+            if elastic
+            else len(placement) <= 1 or gangs_move or training_range is not None
+        ),
         last_moved_at=row.last_moved_at.timestamp() if row.last_moved_at else None,
         migrations_today=row.migrations_today,
         preemptions_today=row.preemptions_today,

@@ -317,8 +317,9 @@ class SimCluster:
         excluded: list[str],
         job_id: str | None = None,
     ) -> dict[str, list[int]]:
-        """First fit on one node, else whole nodes for a gang; {} when it does not fit.
-        Reservations for other jobs than ``job_id`` are left alone."""
+        """First fit on one node, else whole nodes for a gang, or, for a gang pinned to
+        ``nodes`` (a plan's move puts it there), the free GPUs of each of them in turn; {}
+        when it does not fit. Reservations for other jobs than ``job_id`` are left alone."""
         free = self._usable(free, job_id)
         allowed = [
             n
@@ -328,6 +329,15 @@ class SimCluster:
         for node in allowed:
             if len(free[node]) >= gpus:
                 return {node: free[node][:gpus]}
+        if nodes:
+            spread: dict[str, list[int]] = {}
+            left = gpus
+            for node in allowed:
+                taken = free[node][:left]
+                if taken:
+                    spread[node] = taken
+                    left -= len(taken)
+            return spread if left <= 0 else {}
         placement: dict[str, list[int]] = {}
         for node in allowed:
             if gpus <= 0:

@@ -552,8 +552,10 @@ class SlurmConnector:
         if state is JobState.suspended:
             self.resume(job_id)
             return
-        if state is JobState.running:
+        if state is JobState.running and not self._job_control(job_id, what=what).held:
             return
+        # Running but held: requeued held a moment ago (a gang's move) and still shown
+        # completing on its old nodes; it is pinned and released like a pending one.
         if state in TERMINAL_JOB_STATES:
             raise ConnectorError(f"{what}: the job has ended ({job.slurm_state})", retryable=False)
         if not nodes:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from app.actions import saga
 from app.actions.models import Action, ActionKind, ActionState, ActionStep
 from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.security import Principal
-from app.jobs.models import Job
+from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.plans.models import Plan, PlanState
 from wire.queues import executor_scope
@@ -242,12 +242,12 @@ def test_only_the_executor_a_step_was_sent_to_may_answer_it(
 def test_actions_that_cannot_run_are_cancelled_with_a_reason(
     session: Session, clock: FrozenClock, job: Job
 ) -> None:
-    gang = approved(session, clock, job, key="gang", source="a,b", target="c,d")
-    assert saga.advance(session=session, action_id=gang, now=clock.now()) == []
-    assert state_of(session, gang).state == "cancelled"
+    nowhere = approved(session, clock, job, key="nowhere", target=None)
+    assert saga.advance(session=session, action_id=nowhere, now=clock.now()) == []
+    assert state_of(session, nowhere).state == "cancelled"
     assert (
-        state_of(session, gang).error
-        == "migrate needs exactly one source node, the action names a,b"
+        state_of(session, nowhere).error
+        == "migrate needs exactly one target node, the action names none"
     )
 
     first = approved(session, clock, job, key="first")
@@ -534,3 +534,144 @@ def test_a_plans_actions_wait_until_all_of_its_reservations_have_ended(
     sent = only(saga.advance(session=session, action_id=start, now=clock.now()))
     assert where(sent)[1] == "start"
     assert state_of(session, start).state == "running"
+
+
+def _gang_on(session: Session, clock: FrozenClock, scheduler: SchedulerKind) -> Job:
+    """Job g1 (checkpointable) runs on nodes a and b of a cluster of four 2-GPU nodes."""
+    cluster = Cluster(name="lab", scheduler=scheduler, created_at=clock.now())
+    session.add(cluster)
+    session.flush()
+    assert cluster.id is not None
+    nodes = {}
+    for name in "abcd":
+        row = Node(cluster_id=cluster.id, name=name, gpu_count=2, updated_at=clock.now())
+        session.add(row)
+        session.flush()
+        nodes[name] = row.id
+    gang = Job(
+        cluster_id=cluster.id,
+        external_id="g1",
+        checkpointable=True,
+        gpus_requested=4,
+        gang_size=2,
+        state=JobState.running,
+        updated_at=clock.now(),
+    )
+    session.add(gang)
+    session.flush()
+    for name in "ab":
+        session.add(
+            Allocation(
+                job_id=gang.id,  # type: ignore[arg-type]
+                node_id=nodes[name],  # type: ignore[arg-type]
+                gpu_indices=[0, 1],
+                gpu_count=2,
+                started_at=clock.now(),
+            )
+        )
+    session.commit()
+    return gang
+
+
+def _gang_move(session: Session, clock: FrozenClock, gang: Job) -> int:
+    action_id = approved(session, clock, gang, key="gang", source="a,b", target="c,d")
+    action = state_of(session, action_id)
+    action.source_placement = {"a": 2, "b": 2}
+    action.target_placement = {"c": 2, "d": 2}
+    session.add(action)
+    session.commit()
+    return action_id
+
+
+def test_a_gang_moves_by_a_restart_its_scheduler_pins_to_the_new_nodes(
+    session: Session, clock: FrozenClock
+) -> None:
+    """No node's process image moves (recipes): the scheduler requeues it held and pinned,
+    starts it there, and its confirm reads it running there and nowhere else."""
+    gang = _gang_on(session, clock, SchedulerKind.slurm)
+    action_id = _gang_move(session, clock, gang)
+
+    requeue = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    assert where(requeue) == ("connector.lab", "requeue", 1)
+    args = requeue.kwargs["step"]["args"]
+    assert args["nodes"] == ["c", "d"] and args["hold"] is True
+    start = only(answer(session, clock, requeue))
+    assert where(start) == ("connector.lab", "start", 1)
+    assert start.kwargs["step"]["args"]["nodes"] == ["c", "d"]
+    confirm = only(answer(session, clock, start))
+    assert where(confirm) == ("connector.lab", "confirm", 1)
+    args = confirm.kwargs["step"]["args"]
+    assert (args["expect"], args["nodes"], args["exactly"]) == ("running", ["c", "d"], True)
+    assert answer(session, clock, confirm) == []
+    assert state_of(session, action_id).state == "succeeded"
+    # The control plane's own view until the next telemetry: on c and d, off a and b.
+    held = session.exec(
+        select(Node.name, Allocation.gpu_count)
+        .join(Node, col(Node.id) == Allocation.node_id)
+        .where(Allocation.job_id == gang.id, col(Allocation.released_at).is_(None))
+    ).all()
+    assert sorted(held) == [("c", 2), ("d", 2)]
+
+
+def test_a_gang_move_its_scheduler_cannot_restart_pinned_is_cancelled_with_why(
+    session: Session, clock: FrozenClock
+) -> None:
+    gang = _gang_on(session, clock, SchedulerKind.kubernetes)
+    action_id = _gang_move(session, clock, gang)
+    assert saga.advance(session=session, action_id=action_id, now=clock.now()) == []
+    action = state_of(session, action_id)
+    assert action.state == "cancelled"
+    assert action.error == (
+        "migrate of job g1 from a,b to c,d: a job on several nodes moves by a restart pinned "
+        "to its new nodes, which Shaper does through Slurm and the simulated clusters only; "
+        "lab runs kubernetes"
+    )
+    session.refresh(gang)
+    assert gang.generation == 0  # nothing was sent
+
+
+def test_a_gang_that_cannot_checkpoint_is_not_moved(session: Session, clock: FrozenClock) -> None:
+    gang = _gang_on(session, clock, SchedulerKind.slurm)
+    gang.checkpointable = False
+    session.add(gang)
+    session.commit()
+    action_id = _gang_move(session, clock, gang)
+    assert saga.advance(session=session, action_id=action_id, now=clock.now()) == []
+    assert state_of(session, action_id).error == (
+        "job g1 runs on a,b and cannot checkpoint: a restart on other nodes would start it over"
+    )
+
+
+def test_a_gang_move_that_fails_after_its_requeue_starts_the_job_where_it_was(
+    session: Session, clock: FrozenClock
+) -> None:
+    """Its scheduler stopped the job: compensation starts it again on the nodes it left,
+    under a new generation (a late copy of the move's steps is stale), and the job is
+    marked displaced, so that the next plan places it first if it cannot start there."""
+    gang = _gang_on(session, clock, SchedulerKind.slurm)
+    action_id = _gang_move(session, clock, gang)
+    requeue = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    start = only(answer(session, clock, requeue))
+    back = only(answer(session, clock, start, ok=False, error="node c drained"))
+    assert where(back) == ("connector.lab", "start", 2)
+    assert back.kwargs["step"]["phase"] == "compensate"
+    assert back.kwargs["step"]["args"]["nodes"] == ["a", "b"]
+    session.refresh(gang)
+    assert gang.generation == 2 and gang.displaced_at is not None
+    assert "was stopped by it (start on connector.lab failed: node c drained)" in (
+        gang.displaced_reason or ""
+    )
+    assert answer(session, clock, back) == []
+    assert state_of(session, action_id).state == "compensated"
+
+
+def test_a_gang_move_refused_before_its_requeue_ran_leaves_the_job_alone(
+    session: Session, clock: FrozenClock
+) -> None:
+    gang = _gang_on(session, clock, SchedulerKind.slurm)
+    action_id = _gang_move(session, clock, gang)
+    requeue = only(saga.advance(session=session, action_id=action_id, now=clock.now()))
+    assert answer(session, clock, requeue, ok=False, error="job 7 is not running") == []
+    assert state_of(session, action_id).state == "failed"
+    session.refresh(gang)
+    assert gang.displaced_at is None

@@ -432,3 +432,67 @@ def test_a_service_shrinks_by_gpus_when_a_replica_spans_nodes() -> None:
     cluster.resize("big", replicas=1)
     assert sum(map(len, service.placement.values())) == 8
     assert all(kept[node] == indices for node, indices in service.placement.items())
+
+
+def test_a_gang_moves_whole_by_a_requeue_held_and_a_start_pinned(tmp_path: Path) -> None:
+    """A gang's move (app.actions.recipes): its steps on the simulated scheduler keep its
+    work and put it on the new nodes, and only there."""
+    four = SiteSpec(
+        name="lab",
+        nodes=tuple((name, "H100", 4) for name in "abcd"),
+        teams=("research",),
+        kinds=(JobKind.training,),
+        arrivals_per_hour=0,
+    )
+    cluster, clock = _cluster(four)
+    _submit(cluster, "job", 8, 60)
+    clock.now = T0 + timedelta(minutes=10)
+    assert _states(cluster)["job"] == ("running", ["a", "b"])
+    executors = SimExecutors(cluster, state_dir=tmp_path)
+
+    requeue = executors.handle(*_step("requeue", "connector.lab", 1, nodes=["c", "d"], hold=True))
+    assert requeue["ok"], requeue
+    assert _states(cluster)["job"] == ("pending", [])  # held until its start
+    start = executors.handle(*_step("start", "connector.lab", 1, nodes=["c", "d"]))
+    assert start["ok"], start
+    confirm = executors.handle(
+        *_step("confirm", "connector.lab", 1, expect="running", nodes=["c", "d"], exactly=True)
+    )
+    assert confirm["ok"], confirm
+    assert _states(cluster)["job"] == ("running", ["c", "d"])
+    assert cluster.jobs["job"].done == timedelta(minutes=10)  # resumed, not started over
+
+
+def test_a_gang_moved_onto_the_free_halves_of_two_nodes_runs_there(tmp_path: Path) -> None:
+    """The solver fills partly used nodes (ClusterState.find_gang); a gang pinned to them
+    takes their free GPUs, not only whole free nodes."""
+    spec = SiteSpec(
+        name="lab",
+        nodes=(("a", "K80", 4), ("b", "K80", 4), ("c", "H100", 8), ("d", "H100", 8)),
+        teams=("research",),
+        kinds=(JobKind.training,),
+        arrivals_per_hour=0,
+    )
+    cluster, clock = _cluster(spec)
+    for name, gpus in (("c-full", 8), ("d-full", 8), ("job", 8)):
+        _submit(cluster, name, gpus, 600)
+    clock.now = T0 + timedelta(minutes=1)
+    assert _states(cluster)["job"] == ("running", ["a", "b"])  # the H100s were taken
+    for name in ("c-full", "d-full"):
+        cluster.cancel(name)
+    for name in ("c-half", "d-half"):
+        _submit(cluster, name, 4, 600)
+    cluster.requeue("d-half", nodes=["d"])
+    states = _states(cluster)
+    assert (states["c-half"], states["d-half"]) == (("running", ["c"]), ("running", ["d"]))
+    executors = SimExecutors(cluster, state_dir=tmp_path)
+
+    for name, args in (
+        ("requeue", {"nodes": ["c", "d"], "hold": True}),
+        ("start", {"nodes": ["c", "d"]}),
+        ("confirm", {"expect": "running", "nodes": ["c", "d"], "exactly": True}),
+    ):
+        report = executors.handle(*_step(name, "connector.lab", 1, **args))
+        assert report["ok"], report
+    assert _states(cluster)["job"] == ("running", ["c", "d"])
+    assert {n: len(i) for n, i in cluster.jobs["job"].placement.items()} == {"c": 4, "d": 4}
