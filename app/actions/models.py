@@ -165,6 +165,9 @@ class JobSetMoveRequest(BaseModel):
     reason: NoNulStr | None = Field(default=None, min_length=1, max_length=1024)
 
 
+NODE_LIST = sa.String(255).with_variant(sa.Text(), "postgresql")
+
+
 class Action(SQLModel, table=True):
     __tablename__ = "actions"
     __table_args__ = (sa.Index("ix_actions_cluster_state", "cluster_id", "state"),)
@@ -194,8 +197,12 @@ class Action(SQLModel, table=True):
     state: ActionState = enum_column(ActionState.proposed, 16)
     idempotency_key: str = Field(max_length=128, unique=True)
     reason: str = Field(default="", max_length=2048)
-    source_node: str | None = Field(default=None, max_length=255)
-    target_node: str | None = Field(default=None, max_length=255)
+    # Comma-separated: a gang's action names every node it leaves or takes, which on a
+    # large site's node names passes any short limit (32 nodes of 40 characters: 1,311).
+    # TEXT on PostgreSQL; SQLite never enforced the VARCHAR's length, and changing the type
+    # there would recreate the table (its steps' foreign keys cascade).
+    source_node: str | None = Field(default=None, sa_type=NODE_LIST)
+    target_node: str | None = Field(default=None, sa_type=NODE_LIST)
     # A job set's action (JOB_SET_ACTION_KINDS); NULL otherwise.
     job_set_queue: str | None = Field(default=None, max_length=128)
     job_set: str | None = Field(default=None, max_length=255)

@@ -426,3 +426,31 @@ def test_the_cycle_shrinks_a_kubernetes_elastic_training_job_with_pods_stacked_o
     (freed,) = [n for n, g in shrink.target_placement.items() if g == 4]
     assert start.target_placement == {freed: 4}
     assert "preempt" not in {kind for _, kind in by_job}
+
+
+def test_a_gang_across_many_long_named_nodes_is_planned_and_stored_whole(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """An action names every node of a gang (comma-separated source/target node): a 32-node
+    gang on nodes named as large sites name them takes more than 255 characters."""
+    names = [
+        f"gpu-a100-80g-rack{i // 8:02d}-slot{i % 8:02d}.cluster.example.org" for i in range(32)
+    ]
+    client.post(
+        "/api/v1/clusters",
+        headers=auth["admin"],
+        json={"name": "alpha", "scheduler": "slurm", "mode": "advise"},
+    )
+    big = job("big", gpus_requested=256, gang_size=32, priority=50)
+    response = client.post(
+        "/api/v1/clusters/alpha/telemetry",
+        headers=auth["connector_alpha"],
+        json=snapshot(1, nodes=[node(n) for n in names], jobs=[big]),
+    )
+    assert response.status_code == 200, response.text
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    (start,) = session.exec(
+        select(Action).where(Action.plan_id == result.plan_id, Action.kind == "start")
+    ).all()
+    assert start.target_node is not None and start.target_node.split(",") == sorted(names)
+    assert len(start.target_node) > 255
