@@ -150,16 +150,19 @@ launch() { # launch NAME PORT ARGS...: start the binary NAME in its own session,
 LAUNCH_ENV=()
 LAUNCHED=()
 
-still_exec_ing() { # still_exec_ing NAME: its recorded PID is alive and still setsid/env
+still_exec_ing() { # still_exec_ing NAME: its recorded PID is alive and not yet the binary
   # Just after launch, on a loaded machine, the process may not have exec'd the binary yet:
-  # /proc/PID/comm still says setsid or env, which is not "exited".
+  # /proc/PID/comm still says setsid or env, or, before even setsid was exec'd, this
+  # script's own name (the forked subshell of `launch`), none of which is "exited". (That
+  # last window, taken for an exit, failed a CI run: the log held only the start line.)
   local file=$RUN/$1.pid pid comm
   [[ -s $file ]] || return 1
   pid=$(tr -dc '0-9' <"$file")
   [[ -n $pid ]] && alive "$pid" || return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null)
-  [[ $comm == setsid || $comm == env ]]
+  [[ $comm == setsid || $comm == env || $comm == "$SELF_COMM" ]]
 }
+SELF_COMM=$(cat "/proc/$$/comm")
 
 wait_until() { # wait_until NAME WHAT COMMAND...: poll COMMAND for WAIT_S while NAME runs
   local name=$1 what=$2 i
