@@ -17,6 +17,7 @@ from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.security import Principal
 from app.jobs.models import Job
+from app.nodes.models import Node
 from connectors.base import ConnectorError
 from connectors.sim import SimCluster, SimExecutors
 from tests.connectors.test_sim_cluster import SERVICE_SPEC
@@ -36,6 +37,20 @@ def service_site(clock: FrozenClock, tmp_path: Path) -> tuple[SimCluster, SimExe
     chat.placement = {"a": [0, 1], "b": [2, 3]}
     chat.report = chat.report.model_copy(update={"replicas": 4})
     return cluster, SimExecutors(cluster, state_dir=tmp_path)
+
+
+def add_nodes(
+    session: Session, clock: FrozenClock, cluster_id: int, names: str | tuple[str, ...], gpus: int
+) -> dict[str, int]:
+    """Nodes of ``gpus`` GPUs each on the cluster, flushed: their ids by name."""
+    ids = {}
+    for name in names:
+        node = Node(cluster_id=cluster_id, name=name, gpu_count=gpus, updated_at=clock.now())
+        session.add(node)
+        session.flush()
+        assert node.id is not None
+        ids[name] = node.id
+    return ids
 
 
 def approved_action(

@@ -23,11 +23,11 @@ from app.clusters.models import Cluster
 from app.core.clock import FrozenClock
 from app.core.errors import Conflict
 from app.jobs.models import Allocation, Job
-from app.nodes.models import Node
 from app.plans.models import Plan, PlanState
 from connectors.sim import SimCluster, SimExecutors, SiteSpec
 from tests.actions.by_hand import (
     action_on,
+    add_nodes,
     approved_action,
     deliver,
     given_up,
@@ -455,15 +455,10 @@ def test_an_abandoned_migrate_records_the_job_at_its_target(
     _, executors = lab
     action = session.get(Action, migrate)
     assert action is not None and action.job_id is not None
-    nodes = {}
-    for name in ("a", "b"):
-        node = Node(cluster_id=action.cluster_id, name=name, gpu_count=8, updated_at=clock.now())
-        session.add(node)
-        session.flush()
-        nodes[name] = node.id
+    nodes = add_nodes(session, clock, action.cluster_id, ("a", "b"), 8)
     held = Allocation(
         job_id=action.job_id,
-        node_id=nodes["a"],  # type: ignore[arg-type]
+        node_id=nodes["a"],
         gpu_indices=[0, 1, 2, 3],
         gpu_count=4,
         started_at=clock.now(),

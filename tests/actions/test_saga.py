@@ -15,6 +15,7 @@ from app.core.security import Principal
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.plans.models import Plan, PlanState
+from tests.actions.by_hand import add_nodes
 from wire.queues import executor_scope
 from wire.steps import AgentStepRequest, StepReport
 from wire.telemetry import JobState, SchedulerKind
@@ -542,12 +543,7 @@ def _gang_on(session: Session, clock: FrozenClock, scheduler: SchedulerKind) -> 
     session.add(cluster)
     session.flush()
     assert cluster.id is not None
-    nodes = {}
-    for name in "abcd":
-        row = Node(cluster_id=cluster.id, name=name, gpu_count=2, updated_at=clock.now())
-        session.add(row)
-        session.flush()
-        nodes[name] = row.id
+    nodes = add_nodes(session, clock, cluster.id, "abcd", 2)
     gang = Job(
         cluster_id=cluster.id,
         external_id="g1",
@@ -563,7 +559,7 @@ def _gang_on(session: Session, clock: FrozenClock, scheduler: SchedulerKind) -> 
         session.add(
             Allocation(
                 job_id=gang.id,  # type: ignore[arg-type]
-                node_id=nodes[name],  # type: ignore[arg-type]
+                node_id=nodes[name],
                 gpu_indices=[0, 1],
                 gpu_count=2,
                 started_at=clock.now(),
