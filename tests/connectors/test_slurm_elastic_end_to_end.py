@@ -1,4 +1,5 @@
-"""An elastic training job shrunk instead of stopped, on a real Slurm, end to end.
+"""An elastic training job shrunk instead of stopped, and a gang moved to other nodes, on a
+real Slurm, end to end.
 
 Around the real three-node Slurm (tests/connectors/conftest.py: 2 GPUs per node) run the
 real parts of a deployment (tests/support/deployment.py): the API on PostgreSQL over
@@ -209,4 +210,59 @@ def test_an_approved_growth_restarts_the_job_on_the_nodes_held_for_it(
     assert slurm.wait_for("the reservation to be given back", lambda: not slurm.reservations())
     _until_the_api_shows(
         deployment, "the job on all three nodes", lambda jobs: _gpus(jobs[job_id]) == everywhere
+    )
+
+
+def test_an_approved_gang_move_restarts_the_job_on_its_new_nodes(
+    slurm: SlurmCluster, deployment: dict[str, Any]
+) -> None:
+    """A gang's migrate (an upgrade onto faster GPUs, ``SolverConfig.gang_upgrades``; this
+    cluster has one GPU model, so the plan is stored by hand): requeued held and pinned to
+    its new nodes, started there and confirmed there only, all through the connector; the
+    job takes its time to stop, as one writing its checkpoint does."""
+    engine = deployment["pipeline"].engine
+    job_id = slurm.sbatch(
+        "--nodes=2",
+        "-w",
+        "node1,node2",
+        "--gres=gpu:h100:2",
+        "--comment=shaper:kind=training,checkpointable=true",
+        command="trap 'sleep 5' TERM; sleep 600 & wait",
+    )
+    slurm.wait_state(job_id, "RUNNING")
+    before = {"node1": 2, "node2": 2}
+    _until_the_api_shows(
+        deployment,
+        "the gang on node1 and node2",
+        lambda jobs: _gpus(jobs.get(job_id, {"allocations": []})) == before,
+    )
+    after = {"node2": 2, "node3": 2}
+    (plan_id, move) = stored_plan(
+        engine,
+        [
+            {"job": job_id, "kind": ActionKind.migrate, "source_node": "node1,node2",
+             "target_node": "node2,node3", "source_placement": before,
+             "target_placement": after},
+        ],
+    )  # fmt: skip
+    api(deployment, "POST", f"/plans/{plan_id}/approve", "operator")
+    states = wait_until_settled(
+        engine,
+        [move],
+        timeout_s=2 * WAIT_S,
+        context=lambda: f"Slurm: {slurm.squeue()}\n{deployment['pipeline'].logs()}",
+    )
+    assert states == {move: "succeeded"}, (states, deployment["pipeline"].logs())
+    queue = connector_queue(CLUSTER)
+    _, steps = action_state(engine, move)
+    assert [(s.name, s.queue) for s in steps] == [
+        ("requeue", queue),
+        ("start", queue),
+        ("confirm", queue),
+    ]
+    row = slurm.job(job_id)
+    assert (row["state"], row["nodelist"], row["numnodes"]) == ("RUNNING", "node[2-3]", "2")
+    assert re.search(r"\bRestarts=1\b", slurm.scontrol_job(job_id))  # restarted once
+    _until_the_api_shows(
+        deployment, "the gang on node2 and node3", lambda jobs: _gpus(jobs[job_id]) == after
     )
