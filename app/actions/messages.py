@@ -23,6 +23,7 @@ from app.actions.models import (
     Action,
     ActionKind,
     ActionStep,
+    node_names,
 )
 from app.core.lookup import row_id
 from app.jobs.models import Job
@@ -97,7 +98,7 @@ def step_message(
     if step.name == ConnectorStep.requeue:
         pin = _requeue_pin(action, job, step)
         if pin is not None:
-            args["nodes"] = [n for n in pin.split(",") if n]
+            args["nodes"] = node_names(pin)
         if step.phase == StepPhase.forward and (
             kind in (ActionKind.preempt, ActionKind.requeue) or spans_nodes(action)
         ):
@@ -112,16 +113,12 @@ def step_message(
                 "counts_on": list(action.counts_on),
             }
         )
-    targets = sorted(action.target_placement) or [
-        n for n in (action.target_node or "").split(",") if n
-    ]
+    targets = sorted(action.target_placement) or node_names(action.target_node)
     if step.name in (ConnectorStep.start, ConnectorStep.resume) and targets:
         args["nodes"] = targets
     if step.name == ConnectorStep.start and step.phase == StepPhase.compensate:
         # A gang's move undone (recipes): started again on the nodes it left.
-        args["nodes"] = sorted(action.source_placement) or [
-            n for n in (action.source_node or "").split(",") if n
-        ]
+        args["nodes"] = sorted(action.source_placement) or node_names(action.source_node)
     training = job is not None and job.shape == JobShape.block
     if step.name == ConnectorStep.resize and training:
         args["nodes"] = targets  # an elastic training job: where it runs at its new size
@@ -225,7 +222,7 @@ def _move_workload(
     cancel = next(s for s in forward if s.name == ConnectorStep.cancel)
     source, target = connector_cluster(cancel.queue), connector_cluster(submit.queue)
     here = job.external_id if job is not None else None
-    planned = [n for n in (action.target_node or "").split(",") if n]
+    planned = node_names(action.target_node)
     if step.name == ConnectorStep.hold:
         # A job that started before the hold took effect is not moved: the connector reads
         # it back once held, and refuses (releasing the hold) unless it is still pending.
@@ -305,7 +302,7 @@ def spans_nodes(action: Action) -> bool:
     """A migrate of a job on several nodes, or onto several: a gang's move, which its
     scheduler restarts pinned to the new nodes (``app.actions.recipes``)."""
     return ActionKind(action.kind) is ActionKind.migrate and any(
-        "," in (nodes or "") for nodes in (action.source_node, action.target_node)
+        len(node_names(nodes)) > 1 for nodes in (action.source_node, action.target_node)
     )
 
 

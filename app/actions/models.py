@@ -168,6 +168,12 @@ class JobSetMoveRequest(BaseModel):
 NODE_LIST = sa.String(255).with_variant(sa.Text(), "postgresql")
 
 
+def node_names(nodes: str | None) -> list[str]:
+    """The nodes an action's ``source_node`` or ``target_node`` names (comma-separated: a
+    gang's action names every node it leaves or takes)."""
+    return [n for n in (nodes or "").split(",") if n]
+
+
 class Action(SQLModel, table=True):
     __tablename__ = "actions"
     __table_args__ = (sa.Index("ix_actions_cluster_state", "cluster_id", "state"),)

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
-from app.actions.models import Action, ActionKind
+from app.actions.models import Action, ActionKind, node_names
 from app.actions.moved import record_move
 from app.core.lookup import row_id
 from app.jobs.models import Allocation, Job
@@ -42,7 +42,7 @@ def record_placement(session: Session, action: Action, job: Job, now: datetime) 
         session.add(job)
         return
     # A gang's move names several nodes on either side (recipes), comma-separated.
-    sources = [nodes[n] for n in (action.source_node or "").split(",") if n in nodes]
+    sources = [nodes[n] for n in node_names(action.source_node) if n in nodes]
     held = session.exec(
         select(Allocation).where(
             Allocation.job_id == job.id,
@@ -53,7 +53,7 @@ def record_placement(session: Session, action: Action, job: Job, now: datetime) 
     for allocation in held:
         allocation.released_at = now
         session.add(allocation)
-    targets = [n for n in (action.target_node or "").split(",") if n]
+    targets = node_names(action.target_node)
     if kind is ActionKind.migrate:
         moved = sum(a.gpu_count for a in held) or job.gpus_requested
         landing = dict(action.target_placement) or dict.fromkeys(targets[:1], moved)

@@ -140,6 +140,7 @@ from app.actions.models import (
     ActionKind,
     ActionStep,
     StepState,
+    node_names,
 )
 from app.actions.schedulers import (
     holds_moved_jobs,
@@ -203,7 +204,7 @@ class _Plan:
 
 
 def _single(nodes: str | None, what: str, action: Action) -> str:
-    names = [n for n in (nodes or "").split(",") if n]
+    names = node_names(nodes)
     if len(names) != 1:
         raise Unplannable(
             f"{action.kind} needs exactly one {what} node, the action names {nodes or 'none'}"
@@ -430,7 +431,7 @@ def _move_steps(
 def _planned_nodes(action: Action) -> list[str]:
     """The target nodes a pending job's move was planned onto (none: B's scheduler
     chooses)."""
-    return [n for n in (action.target_node or "").split(",") if n]
+    return node_names(action.target_node)
 
 
 def answered_or_given_up(action: Action, step: ActionStep) -> bool:

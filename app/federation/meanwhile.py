@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from app.actions.models import ACTIVE_ACTION_STATES, Action, ActionKind, ActionState
+from app.actions.models import ACTIVE_ACTION_STATES, Action, ActionKind, ActionState, node_names
 from app.clusters.models import Cluster
 from app.federation.models import FederationGroup
 from app.jobs.models import Job
@@ -112,7 +112,7 @@ def unplanned_moves(
         if (source, job, target, action.source_node) in makes:
             continue
         action_id = int(action.id or 0)
-        nodes = tuple(n for n in (action.target_node or "").split(",") if n)
+        nodes = tuple(node_names(action.target_node))
         found.append(Approved(action_id, job, source, target, nodes, action_id in known, gpus))
     return found
 

@@ -121,7 +121,6 @@ class Upgrades:
         ledger = self.ledger
         return (
             ledger.options.gang_upgrades
-            and ledger.options.migrate
             and len(job.placement) > 1
             and not job.is_resizable
             and job.id not in ledger.touched
