@@ -49,6 +49,7 @@ import httpx
 from pydantic import ValidationError
 
 from connectors.base import ConnectorError, check_move_name
+from connectors.slurm import stamps
 from connectors.slurm.arrival import (
     LISTED_FORMAT,
     QUEUED_STATES,
@@ -94,10 +95,8 @@ from wire.telemetry import (
 logger = logging.getLogger(__name__)
 
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
-# A requeue's stamp in the job's AdminComment (connectors.base.SupportsStepKey): Slurm's
-# field for tools that administer jobs, which users cannot set.
-STEP_STAMP = "shaper-step:"
 _ADMIN_COMMENT = re.compile(r"(?:^|\s)AdminComment=(\S*)")
+_REQ_NODE_LIST = re.compile(r"(?:^|\s)ReqNodeList=(\S*)")
 _JOB_STATE = re.compile(r"(?:^|\s)JobState=(\S+)")
 _RESTARTS = re.compile(r"(?:^|\s)Restarts=(\d+)")
 _PRIORITY = re.compile(r"(?:^|\s)Priority=(\d+)")
@@ -109,14 +108,20 @@ class _JobControl:
     restarts: int
     held: bool
     state: str  # Slurm's word: PENDING, RUNNING, CANCELLED…
+    required_nodes: str  # ReqNodeList as a hostlist expression; "" for none
 
     def stamped_restarts(self, key: str) -> int | None:
         """The restart count this step's stamp recorded; None when it is not stamped."""
-        prefix = f"{STEP_STAMP}{key}:"
-        if not self.admin_comment.startswith(prefix):
+        prefix = f"{stamps.STEP}{key}:"
+        word = stamps.stamp(self.admin_comment, stamps.STEP)
+        if word is None or not word.startswith(prefix):
             return None
-        count = self.admin_comment[len(prefix) :]
+        count = word[len(prefix) :]
         return int(count) if count.isdigit() else None
+
+    def with_step(self, word: str) -> str:
+        """The AdminComment to write with this step's stamp (other stamps kept)."""
+        return stamps.with_stamp(self.admin_comment, stamps.STEP, word)
 
 
 def _already(message: str, *markers: str) -> bool:
@@ -188,6 +193,7 @@ class SlurmConnector:
         observed_at = self._clock()
         nodes = self.read_nodes()
         jobs = self.read_jobs()
+        self._lift_stale_pins(jobs)
         reports = self._with_submit_specs(jobs) if self.config.submit_specs else None
         return ClusterState(
             observed_at=observed_at,
@@ -481,8 +487,9 @@ class SlurmConnector:
                     return
                 requeued = True  # held by this step's requeuehold: finish below
             elif stamped_at is None:
-                stamp = f"{STEP_STAMP}{key}:{job.restarts}"
-                self._scontrol("update", f"JobId={job_id}", f"AdminComment={stamp}", what=what)
+                stamp = f"{stamps.STEP}{key}:{job.restarts}"
+                comment = job.with_step(stamp)
+                self._scontrol("update", f"JobId={job_id}", f"AdminComment={comment}", what=what)
         if not requeued:
             try:
                 self._cli.run(["scontrol", "requeuehold", job_id], what=what)
@@ -494,9 +501,7 @@ class SlurmConnector:
                 self._scontrol("hold", job_id, what=what)
         try:
             if nodes is not None:
-                self._scontrol(
-                    "update", f"JobId={job_id}", f"ReqNodeList={','.join(nodes)}", what=what
-                )
+                self._pin(job_id, nodes, what=what)
             if exclude is not None:
                 self._scontrol(
                     "update", f"JobId={job_id}", f"ExcNodeList={','.join(exclude)}", what=what
@@ -522,13 +527,70 @@ class SlurmConnector:
             return found.group(1) if found else ""
 
         restarts = field(_RESTARTS)
+        required = field(_REQ_NODE_LIST)
         return _JobControl(
             admin_comment=field(_ADMIN_COMMENT),
             restarts=int(restarts) if restarts.isdigit() else 0,
             # A held job's priority is 0 (scontrol hold, requeuehold).
             held=field(_PRIORITY) == "0",
             state=field(_JOB_STATE),
+            required_nodes="" if required == "(null)" else required,
         )
+
+    def _pin(self, job_id: str, nodes: list[str], *more: str, what: str) -> None:
+        """Pin a pending job to ``nodes`` (``ReqNodeList``, with ``more`` fields of the same
+        update) for its next run, stamped with that run's restart count and the node list
+        it had before Shaper's first pin (connectors.slurm.stamps says why); ``nodes=[]``
+        gives it that list back."""
+        job = self._job_control(job_id, what=what)
+        pin = stamps.read_pin(job.admin_comment)
+        before = pin.before if pin is not None else job.required_nodes
+        if nodes:
+            word: str | None = stamps.Pin(restarts=job.restarts, before=before).word
+            where = ",".join(nodes)
+        else:
+            word, where = None, before
+        comment = stamps.with_stamp(job.admin_comment, stamps.PIN, word)
+        fields = [f"ReqNodeList={where}", *more]
+        if comment != job.admin_comment:
+            fields.append(f"AdminComment={comment}")
+        self._scontrol("update", f"JobId={job_id}", *fields, what=what)
+
+    def _lift_stale_pins(self, jobs: list[SlurmJob]) -> None:
+        """Give the jobs requeued since Shaper pinned them their own node lists back.
+        Each is read again first: a plan's ``start`` may have pinned it anew since the
+        read (it stamps the run it pins for). A failure is logged and left for the next
+        read: the report already names the nodes before, so no plan waits on the pin."""
+        for job in jobs:
+            if job.stale_pin is None:
+                continue
+            job_id = job.report.external_id
+            what = f"lift Shaper's pin of job {job_id}, requeued since"
+            try:
+                control = self._job_control(job_id, what=what)
+                # A moved job's submission pin has no stamp until a plan pins it anew.
+                pin = stamps.read_pin(control.admin_comment) or job.stale_pin
+                pending = control.state == "PENDING" and control.required_nodes
+                if not pending or not pin.stale(restarts=control.restarts):
+                    continue
+                comment = stamps.with_stamp(control.admin_comment, stamps.PIN, None)
+                self._scontrol(
+                    "update",
+                    f"JobId={job_id}",
+                    f"ReqNodeList={pin.before}",
+                    f"AdminComment={comment}",
+                    what=what,
+                )
+                logger.info(
+                    "%s: it may run on %s again (pinned to %s for restart %d; now restart %d)",
+                    what,
+                    pin.before or "any node",
+                    control.required_nodes,
+                    pin.restarts,
+                    control.restarts,
+                )
+            except ConnectorError as error:
+                logger.warning("%s: %s; again next read", what, error)
 
     def start(
         self,
@@ -564,11 +626,8 @@ class SlurmConnector:
         # Held while re-pinned, so that Slurm cannot start it elsewhere in between.
         self._scontrol("hold", job_id, what=what)
         try:
-            pin = [f"ReqNodeList={','.join(nodes)}"]
             size = replicas or (len(nodes) if job.report.max_replicas else None)
-            if size:
-                pin.append(f"NumNodes={size}-{size}")
-            self._scontrol("update", f"JobId={job_id}", *pin, what=what)
+            self._pin(job_id, nodes, *([f"NumNodes={size}-{size}"] if size else []), what=what)
             self._enter_reservation(job_id, nodes, what=what, job=job)
         finally:
             self._scontrol("release", job_id, what=what)
@@ -626,13 +685,7 @@ class SlurmConnector:
         # Pending: held by the requeue above (or by an earlier delivery of this step).
         self._scontrol("hold", job_id, what=what)
         try:
-            self._scontrol(
-                "update",
-                f"JobId={job_id}",
-                f"NumNodes={replicas}-{replicas}",
-                f"ReqNodeList={where}",
-                what=what,
-            )
+            self._pin(job_id, list(nodes), f"NumNodes={replicas}-{replicas}", what=what)
         finally:
             self.release(job_id)
 
@@ -694,8 +747,8 @@ class SlurmConnector:
             # Purged after MinJobAge: whoever ended it, the target's copy is the only one.
             logger.warning("%s: Slurm no longer knows the job; the move stands", what)
             return
-        stamp = f"{STEP_STAMP}{key}"
-        if job.admin_comment != stamp:
+        stamp = f"{stamps.STEP}{key}"
+        if stamps.stamp(job.admin_comment, stamps.STEP) != stamp:
             if job.state != "PENDING":
                 raise ConnectorError(
                     f"{what}: it is {job.state} and this move did not cancel it: it was "
@@ -703,7 +756,8 @@ class SlurmConnector:
                     "home by someone else during the move, which is undone",
                     retryable=False,
                 )
-            self._scontrol("update", f"JobId={job_id}", f"AdminComment={stamp}", what=what)
+            comment = job.with_step(stamp)
+            self._scontrol("update", f"JobId={job_id}", f"AdminComment={comment}", what=what)
         self.cancel(job_id)
 
     def update_node_count(self, external_id: str, *, nodes: int) -> None:

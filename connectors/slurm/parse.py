@@ -36,7 +36,14 @@ from typing import Any
 from connectors.base import ConnectorError
 from connectors.slurm.config import SUPPORTED_API_VERSIONS, SlurmMapping
 from connectors.slurm.hostlist import expand_hostlist, expand_index_list
-from connectors.slurm.submission import ENDED_STATES, OptionValue, not_movable, submit_options
+from connectors.slurm.stamps import Pin, read_pin
+from connectors.slurm.submission import (
+    ENDED_STATES,
+    MOVE_MARK,
+    OptionValue,
+    not_movable,
+    submit_options,
+)
 from wire.residency import CLUSTERS_KEY, SELECTOR_KEY, Residency, read_residency
 from wire.telemetry import (
     MAX_REPLICAS,
@@ -119,6 +126,9 @@ class SlurmJob:
     user: str
     slurm_priority: int
     reservation: str = ""  # the advanced reservation it runs in or waits for
+    # A pending job that Slurm (or someone) requeued since Shaper pinned it for a run:
+    # its pin, now lifted (connectors.slurm.stamps); reported with its nodes before.
+    stale_pin: Pin | None = None
     # Pending or running jobs that can move to another cluster (not ending, not
     # connectors.slurm.submission.not_movable): the sbatch options that reproduce them;
     # None for the others.
@@ -525,6 +535,16 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         user=user,
         mapping=mapping,
     )
+    restarts = int(job.get("restart_cnt") or 0)
+    required = str(job.get("required_nodes") or "") if state is JobState.pending else ""
+    pin = read_pin(
+        str(job.get("admin_comment") or ""),
+        moved=any(word.startswith(MOVE_MARK) for word in comment.split()),
+        required_nodes=required,
+    )
+    stale_pin = pin if required and pin is not None and pin.stale(restarts=restarts) else None
+    if stale_pin is not None:
+        required = stale_pin.before
     gpus, models = requested_gpus(job)
     job_allocations = allocations(job, nodes)
     allocated = sum(len(a.gpu_indices) for a in job_allocations)
@@ -541,11 +561,7 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         sla_class=sla_class,
         gpus_requested=max(gpus, allocated),
         allowed_gpu_models=[_model_name(m, mapping) for m in models],
-        required_nodes=(
-            expand_hostlist(str(job.get("required_nodes") or ""))
-            if state is JobState.pending
-            else []
-        ),
+        required_nodes=expand_hostlist(required),
         gang_size=max(int(job.get("node_count") or 1), 1),
         checkpointable=checkpointable,
         min_replicas=low,
@@ -556,7 +572,7 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         end_time=_time(job.get("end_time")) if state in TERMINAL_JOB_STATES else None,
         state=state,
         reason=str(job.get("state_reason") or "")[:255],
-        restart_count=int(job.get("restart_cnt") or 0),
+        restart_count=restarts,
         time_limit_s=time_limit_s(job.get("time_limit")),
         allocations=job_allocations,
         residency=comment_residency(comment, job=job_id),
@@ -565,13 +581,14 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         report=report,
         slurm_state=raw_state,
         reason=str(job.get("state_reason") or ""),
-        restart_count=int(job.get("restart_cnt") or 0),
+        restart_count=restarts,
         nodes=tuple(nodes),
         qos=qos,
         account=account,
         user=user,
         slurm_priority=int(job.get("priority") or 0),
         reservation=str(job.get("resv_name") or ""),
+        stale_pin=stale_pin,
         submit_options=(
             submit_options(job)
             if state in _MOVABLE_STATES

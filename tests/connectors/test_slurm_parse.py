@@ -30,6 +30,7 @@ from connectors.slurm.reservations import (
     job_of,
     parse_reservations,
 )
+from connectors.slurm.stamps import PIN, STEP, Pin, read_pin, stamp, with_stamp
 from wire.telemetry import AllocationReport, JobKind, JobState, NodeState
 
 DATA = Path(__file__).parent / "data"
@@ -417,6 +418,52 @@ def test_a_pending_job_reports_the_nodes_it_is_pinned_to_and_a_running_one_none(
 
     assert jobs["901"].required_nodes == ["node1", "node2"]
     assert jobs["902"].required_nodes == []  # where it runs is in its allocations
+
+
+def test_a_pin_shaper_set_for_an_earlier_run_is_reported_lifted() -> None:
+    """connectors.slurm.stamps: ``shaper-pin:<restarts>:<nodes before>``."""
+    document = load(SHARED / "squeue.json")
+    base = copy.deepcopy(document["jobs"][0])
+    base.update(job_state="PENDING", nodes="", required_nodes="node3", comment="")
+
+    def job(job_id: int, **fields: Any) -> dict[str, Any]:
+        return {**copy.deepcopy(base), "job_id": job_id, **fields}
+
+    document["jobs"] = [
+        # Pinned for this run (requeued by Shaper, waiting for its start): a pin.
+        job(911, restart_cnt=1, admin_comment="shaper-step:a1:forward:requeue:0;shaper-pin:1:"),
+        # Requeued since the run it was pinned for: its own list (none, or node[1-2]).
+        job(912, restart_cnt=2, admin_comment="shaper-step:a1:forward:requeue:0;shaper-pin:1:"),
+        job(913, restart_cnt=1, admin_comment="shaper-pin:0:node[1-2]"),
+        # Submitted for a move, pinned by sbatch for its first run, and requeued since.
+        job(914, restart_cnt=1, admin_comment="", comment="shaper-move:m-1"),
+        job(915, restart_cnt=0, admin_comment="", comment="shaper-move:m-2"),
+        # Someone else's words, or a pin stamp Shaper did not write: left as they are.
+        job(916, restart_cnt=3, admin_comment="site-billing:x;shaper-pin:zz:"),
+    ]
+    jobs = {j.report.external_id: j for j in parse_jobs(document, SlurmMapping())}
+
+    assert {job_id: j.report.required_nodes for job_id, j in jobs.items()} == {
+        "911": ["node3"],
+        "912": [],
+        "913": ["node1", "node2"],
+        "914": [],
+        "915": ["node3"],
+        "916": ["node3"],
+    }
+    assert [job_id for job_id, j in jobs.items() if j.stale_pin] == ["912", "913", "914"]
+
+
+def test_stamps_share_the_admin_comment_with_the_words_of_others() -> None:
+    comment = "site:x;shaper-step:a1:forward:requeue:0"
+    pinned = with_stamp(comment, PIN, Pin(restarts=1, before="node[1-2]").word)
+    assert pinned == "site:x;shaper-step:a1:forward:requeue:0;shaper-pin:1:node[1-2]"
+    assert read_pin(pinned) == Pin(restarts=1, before="node[1-2]")
+    stepped = with_stamp(pinned, STEP, "shaper-step:a2:forward:requeue:1")
+    assert stepped == "site:x;shaper-step:a2:forward:requeue:1;shaper-pin:1:node[1-2]"
+    assert with_stamp(stepped, PIN, None) == "site:x;shaper-step:a2:forward:requeue:1"
+    assert stamp(stepped, STEP) == "shaper-step:a2:forward:requeue:1"
+    assert stamp("", PIN) is None and read_pin("") is None
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -1,0 +1,107 @@
+"""Shaper's pins on a real Slurm last one run (connectors.slurm.stamps): a job a plan
+started on chosen nodes (``ReqNodeList``, which Slurm keeps for good) and that Slurm then
+requeues — its node drained and the job requeued, as a failure or a higher partition's
+preemption does — is given its own node list back by the connector's next read, so that it
+runs elsewhere instead of waiting for the nodes Shaper once chose."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.connectors.conftest import SlurmCluster
+
+pytestmark = pytest.mark.slow
+
+TRAINING = "--comment=shaper:kind=training,checkpointable=true"
+
+
+def _field(slurm: SlurmCluster, job_id: str, name: str) -> str:
+    found = re.search(rf"\b{name}=(\S*)", slurm.scontrol_job(job_id))
+    assert found, slurm.scontrol_job(job_id)
+    return found.group(1)
+
+
+def _requeued_off(slurm: SlurmCluster, job_id: str, node: str) -> None:
+    """The job requeued by someone else than Shaper, its node drained."""
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=shaper-test")
+    slurm.run("scontrol", "requeue", job_id)
+    slurm.wait_for("the job pending again", lambda: slurm.job(job_id)["state"] == "PENDING")
+
+
+@pytest.fixture
+def node2_back(slurm: SlurmCluster):
+    yield
+    if "drain" in slurm.run("sinfo", "-h", "-n", "node2", "-o", "%t"):
+        slurm.run("scontrol", "update", "NodeName=node2", "State=RESUME")
+
+
+def test_a_job_requeued_after_shapers_start_is_no_longer_held_to_its_nodes(
+    slurm: SlurmCluster, node2_back: None
+) -> None:
+    job_id = slurm.sbatch("--hold", "--requeue", "--gres=gpu:h100:1", TRAINING)
+    connector = slurm.connector()
+    connector.start(job_id, nodes=["node2"])
+    slurm.wait_state(job_id, "RUNNING")
+    assert slurm.job(job_id)["nodelist"] == "node2"
+    # Slurm keeps the pin while the job runs, and refuses to change it then.
+    assert _field(slurm, job_id, "ReqNodeList") == "node2"
+
+    _requeued_off(slurm, job_id, "node2")
+    # Without the stamp this job waits for node2 for good (ReqNodeNotAvail), and Shaper's
+    # snapshot, reading ReqNodeList as a job's required nodes, would plan it nowhere else.
+    report = next(j for j in connector.read_state().jobs if j.external_id == job_id)
+    assert report.required_nodes == []
+    slurm.wait_state(job_id, "RUNNING")
+    assert slurm.job(job_id)["nodelist"] in ("node1", "node3")
+    assert _field(slurm, job_id, "ReqNodeList") == "(null)"
+    assert "shaper-pin" not in _field(slurm, job_id, "AdminComment")
+
+
+def test_the_job_gets_back_the_nodes_it_asked_for_itself(
+    slurm: SlurmCluster, node2_back: None
+) -> None:
+    job_id = slurm.sbatch("--hold", "--requeue", "--gres=gpu:h100:1", "-w", "node1", TRAINING)
+    connector = slurm.connector()
+    connector.start(job_id, nodes=["node2"])
+    slurm.wait_state(job_id, "RUNNING")
+    assert slurm.job(job_id)["nodelist"] == "node2"
+
+    _requeued_off(slurm, job_id, "node2")
+    report = next(j for j in connector.read_state().jobs if j.external_id == job_id)
+    assert report.required_nodes == ["node1"]
+    slurm.wait_state(job_id, "RUNNING")
+    assert slurm.job(job_id)["nodelist"] == "node1"
+    assert _field(slurm, job_id, "ReqNodeList") == "node1"
+
+
+def test_a_pin_for_the_run_to_come_stays_and_a_steps_stamp_is_kept_beside_it(
+    slurm: SlurmCluster, node2_back: None
+) -> None:
+    job_id = slurm.sbatch("--requeue", "--gres=gpu:h100:1", "-w", "node1", TRAINING)
+    slurm.wait_state(job_id, "RUNNING")
+    connector = slurm.connector()
+    # A plan's requeue, keyed and pinned: its stamp and the pin's share the AdminComment.
+    connector.set_step_key(job_id, "a9:forward:requeue")
+    connector.requeue(job_id, nodes=["node2"], hold=True)
+    assert _field(slurm, job_id, "AdminComment") == (
+        "shaper-step:a9:forward:requeue:0;shaper-pin:1:node1"
+    )
+    # Pending, held, pinned for the run it is requeued for: not lifted.
+    report = next(j for j in connector.read_state().jobs if j.external_id == job_id)
+    assert report.required_nodes == ["node2"]
+    connector.start(job_id, nodes=["node2"])
+    slurm.wait_state(job_id, "RUNNING")
+    assert slurm.job(job_id)["nodelist"] == "node2"
+
+    _requeued_off(slurm, job_id, "node2")
+    # A plan's start that comes before the connector's read pins it for this run anew.
+    connector.start(job_id, nodes=["node3"])
+    assert _field(slurm, job_id, "AdminComment") == (
+        "shaper-step:a9:forward:requeue:0;shaper-pin:2:node1"
+    )
+    report = next(j for j in connector.read_state().jobs if j.external_id == job_id)
+    assert report.required_nodes == ["node3"]
+    slurm.wait_state(job_id, "RUNNING")
+    assert slurm.job(job_id)["nodelist"] == "node3"
