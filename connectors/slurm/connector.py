@@ -39,6 +39,7 @@ import os
 import pwd
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -95,20 +96,36 @@ from wire.telemetry import (
 logger = logging.getLogger(__name__)
 
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
-_ADMIN_COMMENT = re.compile(r"(?:^|\s)AdminComment=(\S*)")
-_REQ_NODE_LIST = re.compile(r"(?:^|\s)ReqNodeList=(\S*)")
-_JOB_STATE = re.compile(r"(?:^|\s)JobState=(\S+)")
-_RESTARTS = re.compile(r"(?:^|\s)Restarts=(\d+)")
-_PRIORITY = re.compile(r"(?:^|\s)Priority=(\d+)")
+# Stale pins lifted in one read at most (connectors.slurm.stamps): after a mass requeue the
+# rest wait for the next reads, which is no plan's loss (the reports already name their
+# nodes before) and keeps each read short while slurmctld is busiest.
+MAX_LIFTS_PER_READ = 50
 
 
 @dataclass(frozen=True)
 class _JobControl:
+    """What the steps' stamps need of a job, from the JSON the reads parse — not from
+    ``scontrol show job``, whose line starts with the job's name, which its owner chooses
+    (``AdminComment=…`` in a job name must not pass for Slurm's field)."""
+
     admin_comment: str
     restarts: int
     held: bool
     state: str  # Slurm's word: PENDING, RUNNING, CANCELLED…
     required_nodes: str  # ReqNodeList as a hostlist expression; "" for none
+    moved: bool  # submitted here for a move between clusters
+
+    @classmethod
+    def of(cls, job: SlurmJob) -> _JobControl:
+        return cls(
+            admin_comment=job.admin_comment,
+            restarts=job.restart_count,
+            # A held job's priority is 0 (scontrol hold, requeuehold).
+            held=job.slurm_priority == 0,
+            state=job.slurm_state.upper(),
+            required_nodes=job.required_nodes,
+            moved=job.moved,
+        )
 
     def stamped_restarts(self, key: str) -> int | None:
         """The restart count this step's stamp recorded; None when it is not stamped."""
@@ -147,6 +164,9 @@ class SlurmConnector:
         self._cli = SlurmCli(config, run=run)
         # job id → the step key set_step_key handed over, until that step's requeue takes it.
         self._step_keys: dict[str, str] = {}
+        # The AdminComment's stamps are read and written whole: the telemetry thread's
+        # lifts and the action worker's pins and step stamps take turns (one process).
+        self._stamps_lock = threading.RLock()
         # movable (pending or running) job id → its batch script (None: it has none that
         # can travel). A job's script never changes, so a job that starts keeps its entry.
         self._scripts: dict[str, str | None] = {}
@@ -487,9 +507,7 @@ class SlurmConnector:
                     return
                 requeued = True  # held by this step's requeuehold: finish below
             elif stamped_at is None:
-                stamp = f"{stamps.STEP}{key}:{job.restarts}"
-                comment = job.with_step(stamp)
-                self._scontrol("update", f"JobId={job_id}", f"AdminComment={comment}", what=what)
+                self._stamp_step(job_id, f"{stamps.STEP}{key}:{job.restarts}", what=what)
         if not requeued:
             try:
                 self._cli.run(["scontrol", "requeuehold", job_id], what=what)
@@ -519,78 +537,90 @@ class SlurmConnector:
         self._step_keys[self._job_id(external_id)] = step_key
 
     def _job_control(self, job_id: str, *, what: str) -> _JobControl:
-        """What a requeue's resend needs of the job, from ``scontrol show job``."""
-        shown = self._cli.run(["scontrol", "show", "job", "--oneliner", job_id], what=what)
+        """What a requeue's resend and the pins' stamps need of the job."""
+        return _JobControl.of(self._job(job_id, what=what))
 
-        def field(pattern: re.Pattern[str]) -> str:
-            found = pattern.search(shown)
-            return found.group(1) if found else ""
-
-        restarts = field(_RESTARTS)
-        required = field(_REQ_NODE_LIST)
-        return _JobControl(
-            admin_comment=field(_ADMIN_COMMENT),
-            restarts=int(restarts) if restarts.isdigit() else 0,
-            # A held job's priority is 0 (scontrol hold, requeuehold).
-            held=field(_PRIORITY) == "0",
-            state=field(_JOB_STATE),
-            required_nodes="" if required == "(null)" else required,
-        )
+    def _stamp_step(self, job_id: str, word: str, *, what: str) -> None:
+        """Write a step's stamp, the job's other stamps kept (read again under the lock
+        that the pins' writes take, so that none of them is lost to another thread's)."""
+        with self._stamps_lock:
+            comment = self._job_control(job_id, what=what).with_step(word)
+            self._scontrol("update", f"JobId={job_id}", f"AdminComment={comment}", what=what)
 
     def _pin(self, job_id: str, nodes: list[str], *more: str, what: str) -> None:
         """Pin a pending job to ``nodes`` (``ReqNodeList``, with ``more`` fields of the same
-        update) for its next run, stamped with that run's restart count and the node list
-        it had before Shaper's first pin (connectors.slurm.stamps says why); ``nodes=[]``
-        gives it that list back."""
-        job = self._job_control(job_id, what=what)
-        pin = stamps.read_pin(job.admin_comment)
-        before = pin.before if pin is not None else job.required_nodes
-        if nodes:
-            word: str | None = stamps.Pin(restarts=job.restarts, before=before).word
+        update) for its next run, stamped with that run's restart count, the nodes and the
+        node list it had before Shaper's first pin (connectors.slurm.stamps says why);
+        ``nodes=[]`` gives it that list back (none, without a stamp)."""
+        with self._stamps_lock:
+            job = self._job_control(job_id, what=what)
+            pin = stamps.read_pin(
+                job.admin_comment, moved=job.moved, required_nodes=job.required_nodes
+            )
             where = ",".join(nodes)
-        else:
-            word, where = None, before
-        comment = stamps.with_stamp(job.admin_comment, stamps.PIN, word)
-        fields = [f"ReqNodeList={where}", *more]
-        if comment != job.admin_comment:
-            fields.append(f"AdminComment={comment}")
-        self._scontrol("update", f"JobId={job_id}", *fields, what=what)
+            word: str | None = None
+            if nodes:
+                before = pin.before if pin is not None else job.required_nodes
+                word = stamps.Pin(restarts=job.restarts, before=before, pinned=where).word
+            else:
+                where = pin.before if pin is not None else ""
+            comment = stamps.with_stamp(job.admin_comment, stamps.PIN, word)
+            fields = [f"ReqNodeList={where}", *more]
+            if comment != job.admin_comment:
+                fields.append(f"AdminComment={comment}")
+            self._scontrol("update", f"JobId={job_id}", *fields, what=what)
 
     def _lift_stale_pins(self, jobs: list[SlurmJob]) -> None:
-        """Give the jobs requeued since Shaper pinned them their own node lists back.
-        Each is read again first: a plan's ``start`` may have pinned it anew since the
-        read (it stamps the run it pins for). A failure is logged and left for the next
-        read: the report already names the nodes before, so no plan waits on the pin."""
-        for job in jobs:
-            if job.stale_pin is None:
-                continue
-            job_id = job.report.external_id
-            what = f"lift Shaper's pin of job {job_id}, requeued since"
+        """Give the jobs requeued since Shaper pinned them their own node lists back, at
+        most ``MAX_LIFTS_PER_READ`` a read. The jobs are read again first, under the lock
+        the steps' pins and stamps take: a plan's ``start`` may have pinned one anew since
+        (it stamps the run it pins for). A node list Slurm refuses (a node since removed) is
+        cleared instead. A failure is logged and left for the next read: the report already
+        names the nodes before, so no plan waits on the pin."""
+        stale = [job.report.external_id for job in jobs if job.stale_pin is not None]
+        if not stale:
+            return
+        what = "lift Shaper's pins of jobs requeued since"
+        with self._stamps_lock:
             try:
-                control = self._job_control(job_id, what=what)
-                # A moved job's submission pin has no stamp until a plan pins it anew.
-                pin = stamps.read_pin(control.admin_comment) or job.stale_pin
-                pending = control.state == "PENDING" and control.required_nodes
-                if not pending or not pin.stale(restarts=control.restarts):
-                    continue
-                comment = stamps.with_stamp(control.admin_comment, stamps.PIN, None)
+                current = {job.report.external_id: job for job in self.read_jobs()}
+            except ConnectorError as error:
+                logger.warning("%s: %s; again next read", what, error)
+                return
+            for job_id in stale[:MAX_LIFTS_PER_READ]:
+                job = current.get(job_id)
+                if job is not None and job.stale_pin is not None:
+                    self._lift(job)
+
+    def _lift(self, job: SlurmJob) -> None:
+        assert job.stale_pin is not None
+        job_id, pin = job.report.external_id, job.stale_pin
+        what = f"lift Shaper's pin of job {job_id}, requeued since"
+        comment = stamps.with_stamp(job.admin_comment, stamps.PIN, None)
+        for where in dict.fromkeys([pin.before, ""]):
+            try:
                 self._scontrol(
                     "update",
                     f"JobId={job_id}",
-                    f"ReqNodeList={pin.before}",
+                    f"ReqNodeList={where}",
                     f"AdminComment={comment}",
                     what=what,
                 )
-                logger.info(
-                    "%s: it may run on %s again (pinned to %s for restart %d; now restart %d)",
-                    what,
-                    pin.before or "any node",
-                    control.required_nodes,
-                    pin.restarts,
-                    control.restarts,
-                )
             except ConnectorError as error:
-                logger.warning("%s: %s; again next read", what, error)
+                if error.retryable or not where:
+                    logger.warning("%s: %s; again next read", what, error)
+                    return
+                logger.warning("%s: Slurm refuses its own node list %s (%s)", what, where, error)
+                continue
+            logger.info(
+                "%s: it may run on %s again (pinned to %s for restart %d; now restart %d)",
+                what,
+                where or "any node",
+                job.required_nodes,
+                pin.restarts,
+                job.restart_count,
+            )
+            return
 
     def start(
         self,
@@ -614,7 +644,7 @@ class SlurmConnector:
         if state is JobState.suspended:
             self.resume(job_id)
             return
-        if state is JobState.running and not self._job_control(job_id, what=what).held:
+        if state is JobState.running and not _JobControl.of(job).held:
             return
         # Running but held: requeued held a moment ago (a gang's move) and still shown
         # completing on its old nodes; it is pinned and released like a pending one.
@@ -742,7 +772,7 @@ class SlurmConnector:
         try:
             job = self._job_control(job_id, what=what)
         except ConnectorError as error:
-            if not _already(str(error), "invalid job id"):
+            if error.retryable or not _already(str(error), "has no job"):
                 raise
             # Purged after MinJobAge: whoever ended it, the target's copy is the only one.
             logger.warning("%s: Slurm no longer knows the job; the move stands", what)
@@ -756,8 +786,7 @@ class SlurmConnector:
                     "home by someone else during the move, which is undone",
                     retryable=False,
                 )
-            comment = job.with_step(stamp)
-            self._scontrol("update", f"JobId={job_id}", f"AdminComment={comment}", what=what)
+            self._stamp_step(job_id, stamp, what=what)
         self.cancel(job_id)
 
     def update_node_count(self, external_id: str, *, nodes: int) -> None:

@@ -126,8 +126,13 @@ class SlurmJob:
     user: str
     slurm_priority: int
     reservation: str = ""  # the advanced reservation it runs in or waits for
-    # A pending job that Slurm (or someone) requeued since Shaper pinned it for a run:
-    # its pin, now lifted (connectors.slurm.stamps); reported with its nodes before.
+    # What the connector's steps read and stamp (connectors.slurm.stamps): the job's
+    # AdminComment, its ReqNodeList as Slurm has it (any state), whether it was submitted
+    # for a move; and a pending job that Slurm (or someone) requeued since Shaper pinned it
+    # for a run: that pin, to be lifted (reported with the job's nodes before).
+    admin_comment: str = ""
+    required_nodes: str = ""
+    moved: bool = False
     stale_pin: Pin | None = None
     # Pending or running jobs that can move to another cluster (not ending, not
     # connectors.slurm.submission.not_movable): the sbatch options that reproduce them;
@@ -536,13 +541,18 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         mapping=mapping,
     )
     restarts = int(job.get("restart_cnt") or 0)
-    required = str(job.get("required_nodes") or "") if state is JobState.pending else ""
-    pin = read_pin(
-        str(job.get("admin_comment") or ""),
-        moved=any(word.startswith(MOVE_MARK) for word in comment.split()),
-        required_nodes=required,
+    admin_comment = str(job.get("admin_comment") or "")
+    slurm_required = str(job.get("required_nodes") or "")
+    moved = any(word.startswith(MOVE_MARK) for word in comment.split())
+    pin = read_pin(admin_comment, moved=moved, required_nodes=slurm_required)
+    stale_pin = (
+        pin
+        if pin is not None
+        and raw_state.upper() == "PENDING"  # what the lift waits for (REQUEUE_HOLD…: not yet)
+        and pin.stale(restarts=restarts, required_nodes=slurm_required)
+        else None
     )
-    stale_pin = pin if required and pin is not None and pin.stale(restarts=restarts) else None
+    required = "" if state is not JobState.pending else slurm_required
     if stale_pin is not None:
         required = stale_pin.before
     gpus, models = requested_gpus(job)
@@ -588,6 +598,9 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         user=user,
         slurm_priority=int(job.get("priority") or 0),
         reservation=str(job.get("resv_name") or ""),
+        admin_comment=admin_comment,
+        required_nodes=slurm_required,
+        moved=moved,
         stale_pin=stale_pin,
         submit_options=(
             submit_options(job)

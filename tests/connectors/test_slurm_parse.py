@@ -421,7 +421,7 @@ def test_a_pending_job_reports_the_nodes_it_is_pinned_to_and_a_running_one_none(
 
 
 def test_a_pin_shaper_set_for_an_earlier_run_is_reported_lifted() -> None:
-    """connectors.slurm.stamps: ``shaper-pin:<restarts>:<nodes before>``."""
+    """connectors.slurm.stamps: ``shaper-pin:<restarts>:<nodes before>:<nodes pinned>``."""
     document = load(SHARED / "squeue.json")
     base = copy.deepcopy(document["jobs"][0])
     base.update(job_state="PENDING", nodes="", required_nodes="node3", comment="")
@@ -429,17 +429,24 @@ def test_a_pin_shaper_set_for_an_earlier_run_is_reported_lifted() -> None:
     def job(job_id: int, **fields: Any) -> dict[str, Any]:
         return {**copy.deepcopy(base), "job_id": job_id, **fields}
 
+    step = "shaper-step:a1:forward:requeue:0"
     document["jobs"] = [
         # Pinned for this run (requeued by Shaper, waiting for its start): a pin.
-        job(911, restart_cnt=1, admin_comment="shaper-step:a1:forward:requeue:0;shaper-pin:1:"),
+        job(911, restart_cnt=1, admin_comment=f"{step};shaper-pin:1::node3"),
         # Requeued since the run it was pinned for: its own list (none, or node[1-2]).
-        job(912, restart_cnt=2, admin_comment="shaper-step:a1:forward:requeue:0;shaper-pin:1:"),
-        job(913, restart_cnt=1, admin_comment="shaper-pin:0:node[1-2]"),
+        job(912, restart_cnt=2, admin_comment=f"{step};shaper-pin:1::node3"),
+        job(913, restart_cnt=1, admin_comment="shaper-pin:0:node[1-2]:node3"),
         # Submitted for a move, pinned by sbatch for its first run, and requeued since.
         job(914, restart_cnt=1, admin_comment="", comment="shaper-move:m-1"),
         job(915, restart_cnt=0, admin_comment="", comment="shaper-move:m-2"),
         # Someone else's words, or a pin stamp Shaper did not write: left as they are.
-        job(916, restart_cnt=3, admin_comment="site-billing:x;shaper-pin:zz:"),
+        job(916, restart_cnt=3, admin_comment="site-billing:x;shaper-pin:zz::"),
+        # Its node list changed since Shaper's pin (an operator's edit): left as it is.
+        job(917, restart_cnt=2, admin_comment="shaper-pin:1::node5"),
+        # Requeued and held by Slurm (REQUEUE_HOLD): reported as Slurm has it until pending.
+        job(918, restart_cnt=2, admin_comment="shaper-pin:1::node3", job_state="REQUEUE_HOLD"),
+        # Running: where it runs is in its allocations, whatever its pin.
+        job(919, restart_cnt=2, admin_comment="shaper-pin:1::node3", job_state="RUNNING"),
     ]
     jobs = {j.report.external_id: j for j in parse_jobs(document, SlurmMapping())}
 
@@ -450,17 +457,29 @@ def test_a_pin_shaper_set_for_an_earlier_run_is_reported_lifted() -> None:
         "914": [],
         "915": ["node3"],
         "916": ["node3"],
+        "917": ["node3"],
+        "918": ["node3"],
+        "919": [],
     }
     assert [job_id for job_id, j in jobs.items() if j.stale_pin] == ["912", "913", "914"]
+    assert jobs["913"].admin_comment == "shaper-pin:0:node[1-2]:node3"
+    assert jobs["913"].required_nodes == "node3" and jobs["914"].moved
 
 
 def test_stamps_share_the_admin_comment_with_the_words_of_others() -> None:
     comment = "site:x;shaper-step:a1:forward:requeue:0"
-    pinned = with_stamp(comment, PIN, Pin(restarts=1, before="node[1-2]").word)
-    assert pinned == "site:x;shaper-step:a1:forward:requeue:0;shaper-pin:1:node[1-2]"
-    assert read_pin(pinned) == Pin(restarts=1, before="node[1-2]")
+    pin = Pin(restarts=1, before="node[1-2]", pinned="node3")
+    pinned = with_stamp(comment, PIN, pin.word)
+    assert pinned == "site:x;shaper-step:a1:forward:requeue:0;shaper-pin:1:node[1-2]:node3"
+    assert read_pin(pinned) == pin
+    assert pin.stale(restarts=2, required_nodes="node3")
+    assert not pin.stale(restarts=1, required_nodes="node3")
+    assert not pin.stale(restarts=2, required_nodes="node[3-4]")
+    assert Pin(restarts=0, before="", pinned="node[1-2]").stale(
+        restarts=1, required_nodes="node2,node1"
+    )
     stepped = with_stamp(pinned, STEP, "shaper-step:a2:forward:requeue:1")
-    assert stepped == "site:x;shaper-step:a2:forward:requeue:1;shaper-pin:1:node[1-2]"
+    assert stepped == "site:x;shaper-step:a2:forward:requeue:1;shaper-pin:1:node[1-2]:node3"
     assert with_stamp(stepped, PIN, None) == "site:x;shaper-step:a2:forward:requeue:1"
     assert stamp(stepped, STEP) == "shaper-step:a2:forward:requeue:1"
     assert stamp("", PIN) is None and read_pin("") is None

@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from connectors.slurm.connector import SlurmConnector
 from tests.connectors.conftest import SlurmCluster
 
 pytestmark = pytest.mark.slow
@@ -30,6 +31,10 @@ def _requeued_off(slurm: SlurmCluster, job_id: str, node: str) -> None:
     slurm.wait_for("the job pending again", lambda: slurm.job(job_id)["state"] == "PENDING")
 
 
+def _admin_comment(connector: SlurmConnector, job_id: str) -> str:
+    return next(j.admin_comment for j in connector.read_jobs() if j.report.external_id == job_id)
+
+
 @pytest.fixture
 def node2_back(slurm: SlurmCluster):
     yield
@@ -40,11 +45,16 @@ def node2_back(slurm: SlurmCluster):
 def test_a_job_requeued_after_shapers_start_is_no_longer_held_to_its_nodes(
     slurm: SlurmCluster, node2_back: None
 ) -> None:
-    job_id = slurm.sbatch("--hold", "--requeue", "--gres=gpu:h100:1", TRAINING)
+    # Its name mimics the field the stamps live in: the connector reads Slurm's JSON, not
+    # scontrol's line, which starts with the name.
+    job_id = slurm.sbatch(
+        "--hold", "--requeue", "--gres=gpu:h100:1", "--job-name=x AdminComment=free", TRAINING
+    )
     connector = slurm.connector()
     connector.start(job_id, nodes=["node2"])
     slurm.wait_state(job_id, "RUNNING")
     assert slurm.job(job_id)["nodelist"] == "node2"
+    assert _admin_comment(connector, job_id) == "shaper-pin:0::node2"
     # Slurm keeps the pin while the job runs, and refuses to change it then.
     assert _field(slurm, job_id, "ReqNodeList") == "node2"
 
@@ -56,7 +66,7 @@ def test_a_job_requeued_after_shapers_start_is_no_longer_held_to_its_nodes(
     slurm.wait_state(job_id, "RUNNING")
     assert slurm.job(job_id)["nodelist"] in ("node1", "node3")
     assert _field(slurm, job_id, "ReqNodeList") == "(null)"
-    assert "shaper-pin" not in _field(slurm, job_id, "AdminComment")
+    assert _admin_comment(connector, job_id) == ""
 
 
 def test_the_job_gets_back_the_nodes_it_asked_for_itself(
@@ -86,7 +96,7 @@ def test_a_pin_for_the_run_to_come_stays_and_a_steps_stamp_is_kept_beside_it(
     connector.set_step_key(job_id, "a9:forward:requeue")
     connector.requeue(job_id, nodes=["node2"], hold=True)
     assert _field(slurm, job_id, "AdminComment") == (
-        "shaper-step:a9:forward:requeue:0;shaper-pin:1:node1"
+        "shaper-step:a9:forward:requeue:0;shaper-pin:1:node1:node2"
     )
     # Pending, held, pinned for the run it is requeued for: not lifted.
     report = next(j for j in connector.read_state().jobs if j.external_id == job_id)
@@ -99,7 +109,7 @@ def test_a_pin_for_the_run_to_come_stays_and_a_steps_stamp_is_kept_beside_it(
     # A plan's start that comes before the connector's read pins it for this run anew.
     connector.start(job_id, nodes=["node3"])
     assert _field(slurm, job_id, "AdminComment") == (
-        "shaper-step:a9:forward:requeue:0;shaper-pin:2:node1"
+        "shaper-step:a9:forward:requeue:0;shaper-pin:2:node1:node3"
     )
     report = next(j for j in connector.read_state().jobs if j.external_id == job_id)
     assert report.required_nodes == ["node3"]
