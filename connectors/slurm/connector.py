@@ -23,6 +23,11 @@ when a running job moves (it waits for its checkpoint image, then a ``release``)
 confirms its copy here) reads that one job; both judge whether it ran by
 connectors.slurm.arrival's one rule.
 
+Pins (``ReqNodeList``, set by ``requeue``, ``start`` and ``resize_job``) last one run:
+each is stamped in the job's AdminComment, and a read gives a pending job requeued since
+(by Slurm, a node failure, a partition's preemption) its own node list back
+(:mod:`connectors.slurm.stamps` says why and how).
+
 Nodes (an operator's drain, ``SupportsDrain``): ``drain_node`` sets the node DRAIN with the
 operator's reason, ``undrain_node`` RESUMEs it (a node reported up is left alone).
 
