@@ -47,7 +47,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,6 +66,7 @@ from connectors.slurm.arrival import (
 )
 from connectors.slurm.client import RunCommand, SlurmCli, SlurmRest
 from connectors.slurm.config import SlurmConnectorConfig
+from connectors.slurm.hostlist import expand_hostlist
 from connectors.slurm.parse import SlurmJob, api_version, parse_jobs, parse_nodes
 from connectors.slurm.reservations import (
     SlurmReservation,
@@ -217,8 +218,7 @@ class SlurmConnector:
     def read_state(self) -> ClusterState:
         observed_at = self._clock()
         nodes = self.read_nodes()
-        jobs = self.read_jobs()
-        self._lift_stale_pins(jobs)
+        jobs = self._lift_stale_pins(self.read_jobs())
         reports = self._with_submit_specs(jobs) if self.config.submit_specs else None
         return ClusterState(
             observed_at=observed_at,
@@ -575,29 +575,44 @@ class SlurmConnector:
                 fields.append(f"AdminComment={comment}")
             self._scontrol("update", f"JobId={job_id}", *fields, what=what)
 
-    def _lift_stale_pins(self, jobs: list[SlurmJob]) -> None:
+    def _lift_stale_pins(self, jobs: list[SlurmJob]) -> list[SlurmJob]:
         """Give the jobs requeued since Shaper pinned them their own node lists back, at
-        most ``MAX_LIFTS_PER_READ`` a read. The jobs are read again first, under the lock
-        the steps' pins and stamps take: a plan's ``start`` may have pinned one anew since
-        (it stamps the run it pins for). A node list Slurm refuses (a node since removed) is
-        cleared instead. A failure is logged and left for the next read: the report already
-        names the nodes before, so no plan waits on the pin."""
+        most ``MAX_LIFTS_PER_READ`` a read; ``jobs`` with the reports of those lifted
+        saying the list written. The jobs are read again first, under the lock the steps'
+        pins and stamps take: a plan's ``start`` may have pinned one anew since (it stamps
+        the run it pins for). A node list Slurm refuses (a node since removed) is cleared
+        instead. A failure is logged and left for the next read: the report already names
+        the nodes before, so no plan waits on the pin."""
         stale = [job.report.external_id for job in jobs if job.stale_pin is not None]
         if not stale:
-            return
+            return jobs
         what = "lift Shaper's pins of jobs requeued since"
+        written: dict[str, str] = {}
         with self._stamps_lock:
             try:
                 current = {job.report.external_id: job for job in self.read_jobs()}
             except ConnectorError as error:
                 logger.warning("%s: %s; again next read", what, error)
-                return
+                return jobs
             for job_id in stale[:MAX_LIFTS_PER_READ]:
                 job = current.get(job_id)
-                if job is not None and job.stale_pin is not None:
-                    self._lift(job)
+                where = self._lift(job) if job is not None and job.stale_pin else None
+                if where is not None:
+                    written[job_id] = where
+        return [
+            replace(
+                job,
+                report=job.report.model_copy(
+                    update={"required_nodes": expand_hostlist(written[job.report.external_id])}
+                ),
+            )
+            if job.report.external_id in written
+            else job
+            for job in jobs
+        ]
 
-    def _lift(self, job: SlurmJob) -> None:
+    def _lift(self, job: SlurmJob) -> str | None:
+        """Lift one stale pin; the node list written, None if none was."""
         assert job.stale_pin is not None
         job_id, pin = job.report.external_id, job.stale_pin
         what = f"lift Shaper's pin of job {job_id}, requeued since"
@@ -614,7 +629,7 @@ class SlurmConnector:
             except ConnectorError as error:
                 if error.retryable or not where:
                     logger.warning("%s: %s; again next read", what, error)
-                    return
+                    return None
                 logger.warning("%s: Slurm refuses its own node list %s (%s)", what, where, error)
                 continue
             logger.info(
@@ -625,7 +640,8 @@ class SlurmConnector:
                 pin.restarts,
                 job.restart_count,
             )
-            return
+            return where
+        return None
 
     def start(
         self,

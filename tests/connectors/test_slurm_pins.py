@@ -115,3 +115,33 @@ def test_a_pin_for_the_run_to_come_stays_and_a_steps_stamp_is_kept_beside_it(
     assert report.required_nodes == ["node3"]
     slurm.wait_state(job_id, "RUNNING")
     assert slurm.job(job_id)["nodelist"] == "node3"
+
+
+def test_an_operators_edit_since_stays_and_a_list_slurm_refuses_is_cleared(
+    slurm: SlurmCluster, node2_back: None
+) -> None:
+    edited = slurm.sbatch("--hold", "--requeue", "--gres=gpu:h100:1", TRAINING)
+    gone = slurm.sbatch("--hold", "--requeue", "--gres=gpu:h100:1", TRAINING)
+    connector = slurm.connector()
+    for job_id in (edited, gone):
+        connector.start(job_id, nodes=["node2"])
+        slurm.wait_state(job_id, "RUNNING")
+    # Its own list before Shaper's pin names a node Slurm no longer has (removed from
+    # slurm.conf since): as the stamp would say for a job submitted with -w nodeX.
+    slurm.run("scontrol", "update", f"JobId={gone}", "AdminComment=shaper-pin:0:node9:node2")
+    slurm.run("scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=shaper-test")
+    for job_id in (edited, gone):
+        slurm.run("scontrol", "hold", job_id)  # held pending: it waits for the checks below
+        slurm.run("scontrol", "requeue", job_id)
+    slurm.wait_for(
+        "both pending", lambda: all(slurm.job(j)["state"] == "PENDING" for j in (edited, gone))
+    )
+    slurm.run("scontrol", "update", f"JobId={edited}", "ReqNodeList=node3")
+
+    reports = {j.external_id: j for j in connector.read_state().jobs}
+    assert reports[edited].required_nodes == ["node3"]
+    assert _field(slurm, edited, "ReqNodeList") == "node3"
+    assert _admin_comment(connector, edited) == "shaper-pin:0::node2"
+    assert reports[gone].required_nodes == []  # node9 is what it asked, but Slurm has none
+    assert _field(slurm, gone, "ReqNodeList") == "(null)"
+    assert _admin_comment(connector, gone) == ""
