@@ -504,15 +504,17 @@ class SlurmConnector:
         key = self._step_keys.pop(job_id, None)
         requeued = False
         if key is not None:
-            job = self._job_control(job_id, what=what)
-            stamped_at = job.stamped_restarts(key)
-            if stamped_at is not None and job.restarts > stamped_at:
-                if not job.held:
-                    logger.info("%s: done by an earlier delivery of this step", what)
-                    return
-                requeued = True  # held by this step's requeuehold: finish below
-            elif stamped_at is None:
-                self._stamp_step(job_id, f"{stamps.STEP}{key}:{job.restarts}", what=what)
+            with self._stamps_lock:  # the stamp is written from this read
+                job = self._job_control(job_id, what=what)
+                stamped_at = job.stamped_restarts(key)
+                if stamped_at is not None and job.restarts > stamped_at:
+                    if not job.held:
+                        logger.info("%s: done by an earlier delivery of this step", what)
+                        return
+                    requeued = True  # held by this step's requeuehold: finish below
+                elif stamped_at is None:
+                    word = f"{stamps.STEP}{key}:{job.restarts}"
+                    self._stamp_step(job_id, word, what=what, job=job)
         if not requeued:
             try:
                 self._cli.run(["scontrol", "requeuehold", job_id], what=what)
@@ -545,20 +547,31 @@ class SlurmConnector:
         """What a requeue's resend and the pins' stamps need of the job."""
         return _JobControl.of(self._job(job_id, what=what))
 
-    def _stamp_step(self, job_id: str, word: str, *, what: str) -> None:
-        """Write a step's stamp, the job's other stamps kept (read again under the lock
-        that the pins' writes take, so that none of them is lost to another thread's)."""
+    def _stamp_step(
+        self, job_id: str, word: str, *, what: str, job: _JobControl | None = None
+    ) -> None:
+        """Write a step's stamp, the job's other stamps kept: from ``job`` when the caller
+        read it holding the lock that the pins' writes take, else read again under it, so
+        that no thread's stamp is lost to another's."""
         with self._stamps_lock:
-            comment = self._job_control(job_id, what=what).with_step(word)
+            comment = (job or self._job_control(job_id, what=what)).with_step(word)
             self._scontrol("update", f"JobId={job_id}", f"AdminComment={comment}", what=what)
 
-    def _pin(self, job_id: str, nodes: list[str], *more: str, what: str) -> None:
+    def _pin(
+        self,
+        job_id: str,
+        nodes: list[str],
+        *more: str,
+        what: str,
+        job: _JobControl | None = None,
+    ) -> None:
         """Pin a pending job to ``nodes`` (``ReqNodeList``, with ``more`` fields of the same
         update) for its next run, stamped with that run's restart count, the nodes and the
         node list it had before Shaper's first pin (connectors.slurm.stamps says why);
-        ``nodes=[]`` gives it that list back (none, without a stamp)."""
+        ``nodes=[]`` gives it that list back (none, without a stamp). ``job``: the job as
+        the caller read it holding the lock, else it is read again under it."""
         with self._stamps_lock:
-            job = self._job_control(job_id, what=what)
+            job = job or self._job_control(job_id, what=what)
             pin = stamps.read_pin(
                 job.admin_comment, moved=job.moved, required_nodes=job.required_nodes
             )
@@ -660,28 +673,33 @@ class SlurmConnector:
         Slurm gives each node the job's GRES per node."""
         job_id = self._job_id(external_id)
         what = f"start job {job_id}"
-        job = self._job(job_id, what=what)
-        state = job.report.state
-        if state is JobState.suspended:
-            self.resume(job_id)
-            return
-        if state is JobState.running and not _JobControl.of(job).held:
-            return
-        # Running but held: requeued held a moment ago (a gang's move) and still shown
-        # completing on its old nodes; it is pinned and released like a pending one.
-        if state in TERMINAL_JOB_STATES:
-            raise ConnectorError(f"{what}: the job has ended ({job.slurm_state})", retryable=False)
-        if not nodes:
-            self.release(job_id)
-            return
-        # Held while re-pinned, so that Slurm cannot start it elsewhere in between.
-        self._scontrol("hold", job_id, what=what)
-        try:
-            size = replicas or (len(nodes) if job.report.max_replicas else None)
-            self._pin(job_id, nodes, *([f"NumNodes={size}-{size}"] if size else []), what=what)
-            self._enter_reservation(job_id, nodes, what=what, job=job)
-        finally:
-            self._scontrol("release", job_id, what=what)
+        # Read once, under the lock the pins' stamps take: the pin is written from it.
+        with self._stamps_lock:
+            job = self._job(job_id, what=what)
+            state = job.report.state
+            if state is JobState.suspended:
+                self.resume(job_id)
+                return
+            if state is JobState.running and not _JobControl.of(job).held:
+                return
+            # Running but held: requeued held a moment ago (a gang's move) and still shown
+            # completing on its old nodes; it is pinned and released like a pending one.
+            if state in TERMINAL_JOB_STATES:
+                raise ConnectorError(
+                    f"{what}: the job has ended ({job.slurm_state})", retryable=False
+                )
+            if not nodes:
+                self.release(job_id)
+                return
+            # Held while re-pinned, so that Slurm cannot start it elsewhere in between.
+            self._scontrol("hold", job_id, what=what)
+            try:
+                size = replicas or (len(nodes) if job.report.max_replicas else None)
+                sized = [f"NumNodes={size}-{size}"] if size else []
+                self._pin(job_id, nodes, *sized, what=what, job=_JobControl.of(job))
+                self._enter_reservation(job_id, nodes, what=what, job=job)
+            finally:
+                self._scontrol("release", job_id, what=what)
 
     def resize_job(
         self,
