@@ -47,7 +47,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -106,45 +106,6 @@ _JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
 # rest wait for the next reads, which is no plan's loss (the reports already name their
 # nodes before) and keeps each read short while slurmctld is busiest.
 MAX_LIFTS_PER_READ = 50
-
-
-@dataclass(frozen=True)
-class _JobControl:
-    """What the steps' stamps need of a job, from the JSON the reads parse — not from
-    ``scontrol show job``, whose line starts with the job's name, which its owner chooses
-    (``AdminComment=…`` in a job name must not pass for Slurm's field)."""
-
-    admin_comment: str
-    restarts: int
-    held: bool
-    state: str  # Slurm's word: PENDING, RUNNING, CANCELLED…
-    required_nodes: str  # ReqNodeList as a hostlist expression; "" for none
-    moved: bool  # submitted here for a move between clusters
-
-    @classmethod
-    def of(cls, job: SlurmJob) -> _JobControl:
-        return cls(
-            admin_comment=job.admin_comment,
-            restarts=job.restart_count,
-            # A held job's priority is 0 (scontrol hold, requeuehold).
-            held=job.slurm_priority == 0,
-            state=job.slurm_state.upper(),
-            required_nodes=job.required_nodes,
-            moved=job.moved,
-        )
-
-    def stamped_restarts(self, key: str) -> int | None:
-        """The restart count this step's stamp recorded; None when it is not stamped."""
-        prefix = f"{stamps.STEP}{key}:"
-        word = stamps.stamp(self.admin_comment, stamps.STEP)
-        if word is None or not word.startswith(prefix):
-            return None
-        count = word[len(prefix) :]
-        return int(count) if count.isdigit() else None
-
-    def with_step(self, word: str) -> str:
-        """The AdminComment to write with this step's stamp (other stamps kept)."""
-        return stamps.with_stamp(self.admin_comment, stamps.STEP, word)
 
 
 def _already(message: str, *markers: str) -> bool:
@@ -505,15 +466,15 @@ class SlurmConnector:
         requeued = False
         if key is not None:
             with self._stamps_lock:  # the stamp is written from this read
-                job = self._job_control(job_id, what=what)
-                stamped_at = job.stamped_restarts(key)
-                if stamped_at is not None and job.restarts > stamped_at:
+                job = self._job(job_id, what=what)
+                stamped_at = stamps.step_restarts(job.admin_comment, key)
+                if stamped_at is not None and job.restart_count > stamped_at:
                     if not job.held:
                         logger.info("%s: done by an earlier delivery of this step", what)
                         return
                     requeued = True  # held by this step's requeuehold: finish below
                 elif stamped_at is None:
-                    word = f"{stamps.STEP}{key}:{job.restarts}"
+                    word = f"{stamps.STEP}{key}:{job.restart_count}"
                     self._stamp_step(job_id, word, what=what, job=job)
         if not requeued:
             try:
@@ -543,18 +504,15 @@ class SlurmConnector:
             raise ConnectorError(f"a step key with white space: {step_key!r}", retryable=False)
         self._step_keys[self._job_id(external_id)] = step_key
 
-    def _job_control(self, job_id: str, *, what: str) -> _JobControl:
-        """What a requeue's resend and the pins' stamps need of the job."""
-        return _JobControl.of(self._job(job_id, what=what))
-
     def _stamp_step(
-        self, job_id: str, word: str, *, what: str, job: _JobControl | None = None
+        self, job_id: str, word: str, *, what: str, job: SlurmJob | None = None
     ) -> None:
         """Write a step's stamp, the job's other stamps kept: from ``job`` when the caller
         read it holding the lock that the pins' writes take, else read again under it, so
         that no thread's stamp is lost to another's."""
         with self._stamps_lock:
-            comment = (job or self._job_control(job_id, what=what)).with_step(word)
+            current = job or self._job(job_id, what=what)
+            comment = stamps.with_stamp(current.admin_comment, stamps.STEP, word)
             self._scontrol("update", f"JobId={job_id}", f"AdminComment={comment}", what=what)
 
     def _pin(
@@ -563,7 +521,7 @@ class SlurmConnector:
         nodes: list[str],
         *more: str,
         what: str,
-        job: _JobControl | None = None,
+        job: SlurmJob | None = None,
     ) -> None:
         """Pin a pending job to ``nodes`` (``ReqNodeList``, with ``more`` fields of the same
         update) for its next run, stamped with that run's restart count, the nodes and the
@@ -571,7 +529,7 @@ class SlurmConnector:
         ``nodes=[]`` gives it that list back (none, without a stamp). ``job``: the job as
         the caller read it holding the lock, else it is read again under it."""
         with self._stamps_lock:
-            job = job or self._job_control(job_id, what=what)
+            job = job or self._job(job_id, what=what)
             pin = stamps.read_pin(
                 job.admin_comment, moved=job.moved, required_nodes=job.required_nodes
             )
@@ -579,7 +537,7 @@ class SlurmConnector:
             word: str | None = None
             if nodes:
                 before = pin.before if pin is not None else job.required_nodes
-                word = stamps.Pin(restarts=job.restarts, before=before, pinned=where).word
+                word = stamps.Pin(restarts=job.restart_count, before=before, pinned=where).word
             else:
                 where = pin.before if pin is not None else ""
             comment = stamps.with_stamp(job.admin_comment, stamps.PIN, word)
@@ -680,7 +638,7 @@ class SlurmConnector:
             if state is JobState.suspended:
                 self.resume(job_id)
                 return
-            if state is JobState.running and not _JobControl.of(job).held:
+            if state is JobState.running and not job.held:
                 return
             # Running but held: requeued held a moment ago (a gang's move) and still shown
             # completing on its old nodes; it is pinned and released like a pending one.
@@ -696,7 +654,7 @@ class SlurmConnector:
             try:
                 size = replicas or (len(nodes) if job.report.max_replicas else None)
                 sized = [f"NumNodes={size}-{size}"] if size else []
-                self._pin(job_id, nodes, *sized, what=what, job=_JobControl.of(job))
+                self._pin(job_id, nodes, *sized, what=what, job=job)
                 self._enter_reservation(job_id, nodes, what=what, job=job)
             finally:
                 self._scontrol("release", job_id, what=what)
@@ -749,7 +707,7 @@ class SlurmConnector:
             self.requeue(job_id, nodes=list(nodes), hold=True)
             # Held now, unless an earlier delivery restarted it and it was released since
             # (Slurm may still show it completing on its old nodes: its hold tells).
-            if not self._job_control(job_id, what=what).held:
+            if not self._job(job_id, what=what).held:
                 return
         # Pending: held by the requeue above (or by an earlier delivery of this step).
         self._scontrol("hold", job_id, what=what)
@@ -809,7 +767,7 @@ class SlurmConnector:
         job_id = self._job_id(external_id)
         what = f"cancel job {job_id}, moved to another cluster"
         try:
-            job = self._job_control(job_id, what=what)
+            job = self._job(job_id, what=what)
         except ConnectorError as error:
             if error.retryable or not _already(str(error), "has no job"):
                 raise
@@ -818,14 +776,15 @@ class SlurmConnector:
             return
         stamp = f"{stamps.STEP}{key}"
         if stamps.stamp(job.admin_comment, stamps.STEP) != stamp:
-            if job.state != "PENDING":
+            state = job.slurm_state.upper()
+            if state != "PENDING":
                 raise ConnectorError(
-                    f"{what}: it is {job.state} and this move did not cancel it: it was "
-                    f"{'ended' if job.state != 'RUNNING' else 'released and started'} at "
+                    f"{what}: it is {state} and this move did not cancel it: it was "
+                    f"{'ended' if state != 'RUNNING' else 'released and started'} at "
                     "home by someone else during the move, which is undone",
                     retryable=False,
                 )
-            self._stamp_step(job_id, stamp, what=what)
+            self._stamp_step(job_id, stamp, what=what, job=job)
         self.cancel(job_id)
 
     def update_node_count(self, external_id: str, *, nodes: int) -> None:

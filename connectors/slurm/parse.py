@@ -134,10 +134,16 @@ class SlurmJob:
     required_nodes: str = ""
     moved: bool = False
     stale_pin: Pin | None = None
+
     # Pending or running jobs that can move to another cluster (not ending, not
     # connectors.slurm.submission.not_movable): the sbatch options that reproduce them;
     # None for the others.
     submit_options: dict[str, OptionValue] | None = None
+
+    @property
+    def held(self) -> bool:
+        """Held (``scontrol hold``, ``requeuehold``): Slurm gives a held job priority 0."""
+        return self.slurm_priority == 0
 
 
 def api_version(document: Document, *, what: str) -> str:

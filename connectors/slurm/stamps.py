@@ -51,6 +51,16 @@ def stamp(comment: str, prefix: str) -> str | None:
     return next((word for word in stamps(comment) if word.startswith(prefix)), None)
 
 
+def step_restarts(comment: str, key: str) -> int | None:
+    """The restart count the step ``key`` stamped (``shaper-step:<key>:<restarts>``); None
+    when the comment has no such stamp."""
+    word, prefix = stamp(comment, STEP), f"{STEP}{key}:"
+    if word is None or not word.startswith(prefix):
+        return None
+    count = word[len(prefix) :]
+    return int(count) if count.isdigit() else None
+
+
 def with_stamp(comment: str, prefix: str, new: str | None) -> str:
     """The comment with its stamp of this kind replaced by ``new`` (dropped when None),
     the other words kept in their order."""
@@ -58,7 +68,7 @@ def with_stamp(comment: str, prefix: str, new: str | None) -> str:
     at = next((i for i, word in enumerate(words) if word.startswith(prefix)), len(words))
     kept = [word for word in words if not word.startswith(prefix)]
     if new is not None:
-        kept.insert(min(at, len(kept)), new)
+        kept.insert(at, new)  # where the old one was: every word before it is kept
     return SEPARATOR.join(kept)
 
 
