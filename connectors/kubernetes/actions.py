@@ -26,6 +26,8 @@ resize_deployment_off  get deployments, list pods, patch deployments/scale; patc
                        (its pods' deletion cost: components/pod-placement again, whose
                        policy lets it set that annotation alone on a ReplicaSet's pod)
 delete_pod             delete pods
+lift_stale_pin,        get, patch batch jobs; list pods (the upkeep's: a pin Shaper set
+mark_pin_started       lasts one run, connectors.kubernetes.pins)
 =====================  ===============================================================
 
 deploy/kubernetes/ grants what the saga's steps (connectors.kubernetes.capabilities) call:
@@ -57,8 +59,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 from kubernetes import client
@@ -67,6 +69,14 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from connectors.base import ConnectorError
 from connectors.kubernetes import pod_placement
+from connectors.kubernetes.pins import (
+    LIFTING_PIN,
+    PIN_ANNOTATION,
+    Pin,
+    new_pin,
+    pinned_nodes,
+    read_pin,
+)
 from connectors.kubernetes.pod_placement import COMPLETION_INDEX, POD_NODES_ANNOTATION
 from connectors.kubernetes.pods import (
     HOSTNAME_LABEL,
@@ -102,12 +112,20 @@ POLL_S = 0.2
 # pod on an unreachable node stays terminating until the node returns).
 DELETED_PODS_WAIT_S = 30.0
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 T = TypeVar("T")
 
 
 class ObjectGone(ConnectorError):
     """404: the object (or its kind) does not exist; callers that delete treat it as done."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+class Unprocessable(ConnectorError):
+    """422: the API server refused the request's content (a JSON patch's ``test`` failed)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retryable=False)
@@ -142,6 +160,8 @@ def api_error(error: ApiException, what: str) -> ConnectorError:
         return ObjectGone(message)
     if status == 409:
         return Conflict(message)
+    if status == 422:
+        return Unprocessable(message)
     if status == 403:
         return ConnectorError(
             f"{message} (the connector's RBAC does not allow it)", retryable=False
@@ -702,17 +722,48 @@ def read_job(api: client.ApiClient, *, namespace: str, job: str) -> client.V1Job
     return found
 
 
+def read_job_json(api: client.ApiClient, *, namespace: str, job: str) -> dict[str, Any]:
+    """The Job as the API server sent it (JSON): every field, also those newer than this
+    client's models, which a typed read drops — what a JSON patch's ``test`` compares."""
+    batch = _batch(api)
+    response = call(
+        "get",
+        f"jobs {job} in {namespace}",
+        lambda: batch.read_namespaced_job(
+            job, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+    found: dict[str, Any] = json.loads(response.data)
+    return found
+
+
 def _patch_job(
-    api: client.ApiClient, *, namespace: str, job: str, body: dict[str, Any]
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    job: str,
+    body: dict[str, Any] | list[dict[str, Any]],
+    content_type: str = MERGE_PATCH,
 ) -> client.V1Job:
+    """A merge patch of a Job; with ``JSON_PATCH`` a list of RFC 6902 operations, whose
+    ``test`` operations make it all or nothing."""
     batch = _batch(api)
     return call(
         "patch",
         f"jobs {job} in {namespace}",
         lambda: batch.patch_namespaced_job(
-            job, namespace, body, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+            job, namespace, body, _content_type=content_type, _request_timeout=REQUEST_TIMEOUT_S
         ),
     )
+
+
+def _take_over_lift(api: client.ApiClient, current: client.V1Job) -> None:
+    """A step acting on a Job that a lift of a stale pin left suspended halfway
+    (lift_stale_pin) takes it over: the mark goes, so the next upkeep does not let run a
+    Job this step holds."""
+    if LIFTING_PIN in (current.metadata.annotations or {}):
+        body: dict[str, Any] = {"metadata": {"annotations": {LIFTING_PIN: None}}}
+        _patch_job(api, namespace=current.metadata.namespace, job=current.metadata.name, body=body)
 
 
 def _refuse_if_kueue(current: client.V1Job, what: str) -> None:
@@ -732,6 +783,7 @@ def suspend_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
     (measured with Kueue v0.17: it unsuspends the Job at once, and the pods restart)."""
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, f"suspend job {job} in {namespace}")
+    _take_over_lift(api, current)
     if current.spec.suspend:
         return
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": True}})
@@ -741,6 +793,7 @@ def resume_job(api: client.ApiClient, *, namespace: str, job: str) -> None:
     """Let a suspended Job create its pods again (``spec.suspend: false``); see suspend_job."""
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, f"resume job {job} in {namespace}")
+    _take_over_lift(api, current)
     if not current.spec.suspend:
         return
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
@@ -768,6 +821,7 @@ def restart_job(
     what = f"restart job {job} in {namespace}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
+    _take_over_lift(api, current)
     annotations = current.metadata.annotations or {}
     stamped = step_key is not None and annotations.get(STOPPED_BY_STEP) == step_key
     if stamped and not current.spec.suspend:
@@ -913,6 +967,7 @@ def restart_indexed_job(
     what = f"restart job {job} in {namespace} at {replicas} pod(s) on {','.join(nodes)}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
+    _take_over_lift(api, current)
     indexed_size(current, what)
     if not nodes or replicas < 1:
         raise ConnectorError(f"cannot {what}: no node or no pod", retryable=False)
@@ -933,7 +988,7 @@ def restart_indexed_job(
         _patch_job(api, namespace=namespace, job=job, body=body)
     # Suspended by this step, now or by an earlier delivery: it ran since its last pointer.
     ours = running or stamped
-    _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
+    stopped = _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
     _wait_deleted_pods(
         api, namespace=namespace, job=job, timeout_s=min(timeout_s, DELETED_PODS_WAIT_S)
     )
@@ -950,7 +1005,8 @@ def restart_indexed_job(
     sized = {
         "metadata": {
             "annotations": {
-                POD_NODES_ANNOTATION: pod_placement.encode(placement) if placement else None
+                POD_NODES_ANNOTATION: pod_placement.encode(placement) if placement else None,
+                PIN_ANNOTATION: _pin_stamp(stopped, template_spec, nodes),
             }
         },
         "spec": {
@@ -1044,6 +1100,7 @@ def recreate_job_pinned(
     what = f"move job {job} in {namespace}{where}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
+    _take_over_lift(api, current)
     template = current.spec.template
     if not current.spec.suspend and _prepared_as_asked(
         template, nodes=nodes, resume_from=resume_from
@@ -1082,6 +1139,7 @@ def suspend_job_to_resume(
     what = f"suspend job {job} in {namespace} to resume{where}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
+    _take_over_lift(api, current)
     _stop_for_resume(
         api,
         current,
@@ -1102,6 +1160,24 @@ def _prepared_as_asked(
         g.name == pod_placement.PLACEMENT_GATE for g in template.spec.scheduling_gates or []
     )
     return pinned and not gated and resume_from in (None, annotations.get(RESUME_FROM))
+
+
+def _pin_stamp(stopped: client.V1Job, template_spec: Mapping[str, Any], nodes: list[str]) -> str:
+    """The stamp of a pin to ``nodes`` about to be written on a stopped Job whose template's
+    pod spec is ``template_spec`` (connectors.kubernetes.pins: it lasts one run). Its
+    count takes the pods that failed and are not counted yet as counted. Not the pods still
+    terminating: those the suspension deleted are never counted as failed (measured), and
+    taking them would leave a failure of the pinned run uncounted. (A pod someone else
+    deleted just before, counted after the stamp, makes the pin stale early: not handled.)"""
+    status = stopped.status
+    uncounted = status.uncounted_terminated_pods
+    failed = (status.failed or 0) + len((uncounted.failed if uncounted else None) or [])
+    return new_pin(
+        annotations=stopped.metadata.annotations,
+        template_spec=template_spec,
+        failed=failed,
+        nodes=nodes,
+    ).encode()
 
 
 def _stop_for_resume(
@@ -1177,19 +1253,25 @@ def _prepare_stopped(
     """Wait until a suspended Job has no pod left, then pin its template and set its
     pointer. The pod placement an elastic restart left (connectors.kubernetes.pod_placement)
     comes off: a move places the Job by its node set."""
-    _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
-    if _prepared_as_asked(template, nodes=nodes, resume_from=resume_from):
-        return
+    stopped = _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
     template_spec = api.sanitize_for_serialization(template.spec)
+    stamp = _pin_stamp(stopped, template_spec, nodes) if nodes is not None else None
+    if _prepared_as_asked(template, nodes=nodes, resume_from=resume_from):
+        if stamp is not None and (stopped.metadata.annotations or {}).get(PIN_ANNOTATION) != stamp:
+            # Pinned there already, by a pin whose run is over: this pin is for the next.
+            fresh: dict[str, Any] = {"metadata": {"annotations": {PIN_ANNOTATION: stamp}}}
+            _patch_job(api, namespace=namespace, job=job, body=fresh)
+        return
     prepared: dict[str, Any] = {"spec": {}}
-    body: dict[str, Any] = {"spec": {"template": prepared}}
+    body: dict[str, Any] = {"spec": {"template": prepared}, "metadata": {"annotations": {}}}
     if pod_placement.has_gate(template_spec):
         prepared["spec"]["schedulingGates"] = pod_placement.template_gates(
             template_spec, gated=False
         )
-        body["metadata"] = {"annotations": {POD_NODES_ANNOTATION: None}}
+        body["metadata"]["annotations"][POD_NODES_ANNOTATION] = None
     if nodes is not None:
         prepared["spec"]["affinity"] = pinned_affinity(template_spec.get("affinity"), nodes)
+        body["metadata"]["annotations"][PIN_ANNOTATION] = stamp
     if resume_from is not None:
         # A checkpoint image's pointer also labels the pods for the restore webhook
         # (connectors.kubernetes.restore_webhook); any other takes that label off.
@@ -1201,16 +1283,156 @@ def _prepare_stopped(
     _patch_job(api, namespace=namespace, job=job, body=body)
 
 
-def _wait_stopped(api: client.ApiClient, *, namespace: str, job: str, timeout_s: float) -> None:
+def _wait_stopped(
+    api: client.ApiClient, *, namespace: str, job: str, timeout_s: float
+) -> client.V1Job:
     """Until a suspended Job's controller says so (condition Suspended) and no pod is
     active (the API server's own test before a suspended Job's template may change); a
-    retryable error after ``timeout_s``."""
+    retryable error after ``timeout_s``. The Job as last read, stopped."""
+    last: list[client.V1Job] = []
 
     def stopped() -> bool:
-        status = read_job(api, namespace=namespace, job=job).status
+        last[:] = [read_job(api, namespace=namespace, job=job)]
+        status = last[0].status
         suspended = any(
             c.type == "Suspended" and c.status == "True" for c in status.conditions or []
         )
         return suspended and not status.active
 
     wait_until(f"job {job} in {namespace} to stop its pods", stopped, timeout_s)
+    return last[0]
+
+
+# -- a pin lasts one run (connectors.kubernetes.pins) -----------------------------------
+
+
+def _annotation_path(key: str) -> str:
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def mark_pin_started(api: client.ApiClient, *, namespace: str, job: str, stamp: str) -> bool:
+    """Record on a Job's pin stamp ``stamp`` that its run began (a pod of it was seen on a
+    pinned node): from then on the pin is stale (connectors.kubernetes.pins). False, and
+    nothing written, when the Job carries another stamp by now or is gone."""
+    pin = read_pin({PIN_ANNOTATION: stamp})
+    if pin is None or pin.started:
+        return False
+    path = _annotation_path(PIN_ANNOTATION)
+    ops = [
+        {"op": "test", "path": path, "value": stamp},
+        {"op": "replace", "path": path, "value": replace(pin, started=True).encode()},
+    ]
+    try:
+        _patch_job(api, namespace=namespace, job=job, body=ops, content_type=JSON_PATCH)
+    except (Unprocessable, ObjectGone):
+        return False  # the test failed (another stamp: a new pin, a lift), or gone
+    return True
+
+
+def pods_stranded(pods: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a Job's pods (as JSON) wait where they cannot be placed: none of its live
+    pods is on a node and the scheduler found no node for one (``PodScheduled`` False,
+    ``Unschedulable``). A Job between a failed pod and its replacement has no live pod and
+    is not stranded: its next pod may be placed."""
+    live = [
+        p for p in pods if pod_live(p) and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+    return (
+        bool(live)
+        and not any(pod_node(p) for p in live)
+        and any(
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+            for p in live
+            for c in (p.get("status") or {}).get("conditions") or []
+        )
+    )
+
+
+def lift_stale_pin(
+    api: client.ApiClient, *, namespace: str, job: str, timeout_s: float = SETTLE_TIMEOUT_S
+) -> str | None:
+    """Give a Job whose pin of Shaper's is stale (its run is over: connectors.kubernetes.pins)
+    and whose pods cannot be placed its own placement back: suspend it (the annotation
+    ``shaper.io/lifting-pin`` says why) → wait until no pod is active (its pods were only
+    pending: nothing is lost) → restore the template's affinity and take the stamp off, in
+    one JSON patch that tests both are still as read (an operator's edit since is kept) →
+    let it run again, taking the annotation off. A line saying what was done, or None
+    when the Job is left (no stale pin, held, managed by Kueue, its pods placed or about
+    to be). A Job found suspended with the annotation (the connector stopped halfway) is
+    finished the same way; one whose template changed since is let run as it is.
+    Idempotent; the caller holds the connector's pins lock, so no step of a plan acts on
+    the Job meanwhile."""
+    found = read_job_json(api, namespace=namespace, job=job)
+    annotations = found["metadata"].get("annotations") or {}
+    suspended = bool(found["spec"].get("suspend"))
+    lifting = LIFTING_PIN in annotations
+    pin = read_pin(annotations)
+    if lifting and not suspended:  # let run by someone else meanwhile
+        dropped: dict[str, Any] = {"metadata": {"annotations": {LIFTING_PIN: None}}}
+        _patch_job(api, namespace=namespace, job=job, body=dropped)
+        return None
+    if not lifting:
+        if pin is None or not pin.stale(found) or suspended:
+            return None
+        if (found["metadata"].get("labels") or {}).get(QUEUE_LABEL):
+            return None  # Kueue owns its spec.suspend (no pin of Shaper's is put on one)
+        current = read_job(api, namespace=namespace, job=job)
+        pods = [api.sanitize_for_serialization(p) for p in live_job_pods(api, current)]
+        if not pods_stranded(pods):
+            return None
+        stop: dict[str, Any] = {
+            "metadata": {"annotations": {LIFTING_PIN: "true"}},
+            "spec": {"suspend": True},
+        }
+        _patch_job(api, namespace=namespace, job=job, body=stop)
+    _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
+    stopped_json = read_job_json(api, namespace=namespace, job=job)
+    pin = read_pin(stopped_json["metadata"].get("annotations"))
+    done = "let run again as it is"
+    if pin is not None and pin.stale(stopped_json):
+        try:
+            ops = _lift_ops(stopped_json, pin)
+            _patch_job(api, namespace=namespace, job=job, body=ops, content_type=JSON_PATCH)
+        except ConnectorError as error:
+            if error.retryable:
+                raise  # still suspended, with the annotation: the next upkeep goes on
+            done = f"left pinned ({error})"
+        else:
+            own = pinned_nodes(pin.restored_spec(stopped_json["spec"]["template"]["spec"]))
+            done = f"given back its own placement ({','.join(own) or 'any node'})"
+    resumed: dict[str, Any] = {
+        "metadata": {"annotations": {LIFTING_PIN: None}},
+        "spec": {"suspend": False},
+    }
+    _patch_job(api, namespace=namespace, job=job, body=resumed)
+    nodes = ",".join(pin.nodes) if pin else "?"
+    return f"job {job} in {namespace}: Shaper's pin to {nodes} outlived its run; {done}"
+
+
+def _lift_ops(job: Mapping[str, Any], pin: Pin) -> list[dict[str, Any]]:
+    """The JSON patch that restores a stopped Job's own affinity (and takes an elastic
+    restart's pod placement off: a move's does the same) and its stamp off, testing first
+    that both are as read."""
+    spec = job["spec"]["template"]["spec"]
+    annotations = job["metadata"].get("annotations") or {}
+    affinity_path = "/spec/template/spec/affinity"
+    ops: list[dict[str, Any]] = [
+        {
+            "op": "test",
+            "path": _annotation_path(PIN_ANNOTATION),
+            "value": annotations[PIN_ANNOTATION],
+        },
+        {"op": "test", "path": affinity_path, "value": spec.get("affinity")},
+        {"op": "remove", "path": _annotation_path(PIN_ANNOTATION)},
+        {"op": "remove", "path": affinity_path}
+        if pin.affinity is None
+        else {"op": "replace", "path": affinity_path, "value": pin.affinity},
+    ]
+    if pod_placement.has_gate(spec):
+        gates = pod_placement.template_gates(spec, gated=False)
+        ops.append({"op": "replace", "path": "/spec/template/spec/schedulingGates", "value": gates})
+        if POD_NODES_ANNOTATION in annotations:
+            ops.append({"op": "remove", "path": _annotation_path(POD_NODES_ANNOTATION)})
+    return ops

@@ -75,14 +75,21 @@ does not call a node agent here: the saga runs the agent's checkpoint step first
 passes on what it reported (only the Kueue connector, when given ``node_agent_url``, asks
 a pod's node agent for a kubelet checkpoint itself: connectors.kueue.capabilities).
 
+Every pin these steps write lasts one run (connectors.kubernetes.pins): the steps that
+suspend, resume or pin a Job hold the connector's pins lock, which the upkeep's lift of a
+stale pin (connectors.kubernetes.actions.lift_stale_pin) also takes.
+
 The Kueue connector (connectors.kueue.capabilities) overrides these for the jobs Kueue
 manages: Kueue owns their ``spec.suspend``, and the functions here refuse them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from kubernetes import client
 
@@ -106,6 +113,23 @@ SCALABLE: dict[str, Literal["deployment", "statefulset"]] = {
 ENDED_CONDITIONS = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+C = TypeVar("C", bound="KubernetesCapabilities")
+
+
+def _holding_pins(method: Callable[Concatenate[C, P], R]) -> Callable[Concatenate[C, P], R]:
+    """Run a step that suspends, resumes or pins a Job under the connector's pins lock,
+    which the upkeep's lift of a stale pin (actions.lift_stale_pin) also holds: a lift
+    suspends and resumes the Job, and must not undo a hold or a start made meanwhile."""
+
+    def holding(self: C, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.pins_lock:
+            return method(self, *args, **kwargs)
+
+    return functools.update_wrapper(holding, method)  # type: ignore[return-value]
+
+
 class KubernetesCapabilities(KubernetesMoves):
     """Steps of the Kubernetes connector: a mixin of ``KubernetesConnector`` (it needs the
     connector's ``api``, and ``owner_object`` for the Kueue variant); ``submit`` and
@@ -117,6 +141,9 @@ class KubernetesCapabilities(KubernetesMoves):
         config: KubernetesConnectorConfig
 
         def owner_object(self, external_id: str) -> Object | None: ...
+
+    # Held by the steps that suspend, resume or pin a Job and by the upkeep's lifts.
+    pins_lock: threading.RLock
 
     # external id → the pointer and the step key the executor handed over, until the step's
     # action takes them.
@@ -195,10 +222,12 @@ class KubernetesCapabilities(KubernetesMoves):
 
     # --- SupportsHold ----------------------------------------------------------------------
 
+    @_holding_pins
     def hold(self, external_id: str) -> None:
         owner = self._job("hold", external_id)
         actions.suspend_job(self.api, namespace=owner.namespace, job=owner.name)
 
+    @_holding_pins
     def release(self, external_id: str) -> None:
         """Let a held Job run; with a resume pointer handed over (a running job's move,
         released at its target once its image is staged) its template carries the pointer
@@ -218,6 +247,7 @@ class KubernetesCapabilities(KubernetesMoves):
 
     # --- SupportsSuspend -------------------------------------------------------------------
 
+    @_holding_pins
     def suspend(self, external_id: str) -> None:
         resume_from, _ = self._take_pointer(external_id)
         owner = self._job("suspend", external_id)
@@ -226,12 +256,14 @@ class KubernetesCapabilities(KubernetesMoves):
             self.api, namespace=owner.namespace, job=owner.name, resume_from=resume_from
         )
 
+    @_holding_pins
     def resume(self, external_id: str) -> None:
         owner = self._job("resume", external_id)
         actions.resume_job(self.api, namespace=owner.namespace, job=owner.name)
 
     # --- SupportsRequeue -------------------------------------------------------------------
 
+    @_holding_pins
     def requeue(
         self,
         external_id: str,
@@ -275,6 +307,7 @@ class KubernetesCapabilities(KubernetesMoves):
 
     # --- SupportsStart ---------------------------------------------------------------------
 
+    @_holding_pins
     def start(
         self,
         external_id: str,
@@ -312,6 +345,7 @@ class KubernetesCapabilities(KubernetesMoves):
 
     # --- SupportsJobResize -----------------------------------------------------------------
 
+    @_holding_pins
     def resize_job(
         self,
         external_id: str,

@@ -19,6 +19,9 @@ Federated moves: a pending or running Job reports the spec that moves it to anot
 cluster (connectors.kubernetes.submission says what its ``native`` carries), and
 ``submit``/``withdraw`` create and delete such Jobs here (connectors.kubernetes.moves).
 
+Shaper's node pins on Jobs last one run (connectors.kubernetes.pins): a stale one is
+reported as the Job's own placement, and :meth:`upkeep` gives it back to the Job.
+
 Subclasses (the Kueue connector) hook in at four places: :meth:`watched` (more
 collections), :meth:`job_groups` (how pods and objects group into jobs) and
 :meth:`job_reports` (how groups become reports), and :meth:`job_index`, which must do
@@ -47,6 +50,7 @@ from connectors.kubernetes.config import KubernetesConnectorConfig
 from connectors.kubernetes.incremental import JobReports
 from connectors.kubernetes.informer import Informer, Object
 from connectors.kubernetes.nodes import node_change_matters, node_report, node_state
+from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin, read_pin
 from connectors.kubernetes.pods import (
     JobGroup,
     OwnerRef,
@@ -85,6 +89,9 @@ OWNER_COLLECTIONS = {
     "StatefulSet": ("statefulsets", "/apis/apps/v1/statefulsets"),
 }
 KUEUE_GROUP_PATH = "/apis/kueue.x-k8s.io"
+# How long an upkeep round may spend lifting stale pins (each suspends a Job and waits for
+# its pending pods to go, about a second); the rest wait for the next round.
+LIFTS_S = 10.0
 
 
 class KubernetesConnector(KubernetesCapabilities):
@@ -124,6 +131,7 @@ class KubernetesConnector(KubernetesCapabilities):
         }
         self._reports = self.job_index()
         self._reports_lock = threading.Lock()
+        self.pins_lock = threading.RLock()
         if start:
             self.start_watching()
 
@@ -266,6 +274,80 @@ class KubernetesConnector(KubernetesCapabilities):
     # --- SupportsUpkeep --------------------------------------------------------------------
 
     def upkeep(self) -> list[str]:
+        """Let go the pods waiting on the placement gate (:meth:`let_go_gated_pods`), and
+        make Shaper's pins last one run (:meth:`keep_pins_to_one_run`). One line each."""
+        return [*self.let_go_gated_pods(), *self.keep_pins_to_one_run()]
+
+    def keep_pins_to_one_run(self) -> list[str]:
+        """Shaper's pins on the Jobs of its namespaces last one run
+        (connectors.kubernetes.pins): a stamp whose run has a pod on a pinned node is
+        marked started; a Job whose pin is stale and whose pods cannot be placed gets its
+        own placement back (actions.lift_stale_pin, a few API calls and a wait for its
+        pending pods to go), for ``LIFTS_S`` seconds a round at most. What needs doing is
+        judged from the caches, and the pins lock is only tried: a step holding it (a move
+        waits up to a minute) leaves the work to the next round rather than hold up the
+        telemetry this runs beside. A Job that cannot be handled now is logged and tried
+        again next round. One line per lift."""
+        namespaces = set(self.config.namespaces)
+        pods_by_job: dict[str, list[Object]] = {}
+        for pod in self.informers["pods"].items():
+            uid = ((pod.get("metadata") or {}).get("labels") or {}).get(actions.JOB_UID_LABEL)
+            if uid:
+                pods_by_job.setdefault(uid, []).append(pod)
+        marks: list[tuple[str, str, str]] = []
+        lifts: list[tuple[str, str]] = []
+        for job in self.informers["jobs"].items():
+            metadata = job.get("metadata") or {}
+            namespace, name = metadata.get("namespace") or "default", metadata["name"]
+            annotations = metadata.get("annotations") or {}
+            pin = read_pin(annotations)
+            lifting = LIFTING_PIN in annotations
+            if (pin is None and not lifting) or (namespaces and namespace not in namespaces):
+                continue
+            pods = pods_by_job.get(metadata.get("uid") or "", [])
+            template_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+            if pin is not None and not pin.started and _ran_pinned(pin, pods, template_spec):
+                marks.append((namespace, name, annotations[PIN_ANNOTATION]))
+            elif lifting:  # a lift left halfway first: its Job waits suspended
+                lifts.insert(0, (namespace, name))
+            elif pin is not None and pin.stale(job) and actions.pods_stranded(pods):
+                lifts.append((namespace, name))
+        if not (marks or lifts) or not self.pins_lock.acquire(blocking=False):
+            return []
+        lines: list[str] = []
+        try:
+            for namespace, name, stamp in marks:
+                mark = functools.partial(
+                    actions.mark_pin_started, self.api, namespace=namespace, job=name, stamp=stamp
+                )
+                self._pin_work(namespace, name, mark)
+            deadline = time.monotonic() + LIFTS_S
+            for namespace, name in lifts:
+                if time.monotonic() > deadline:
+                    break
+                lift = functools.partial(
+                    actions.lift_stale_pin, self.api, namespace=namespace, job=name
+                )
+                line = self._pin_work(namespace, name, lift)
+                if isinstance(line, str):
+                    logger.info("%s", line)
+                    lines.append(line)
+        finally:
+            self.pins_lock.release()
+        return lines
+
+    @staticmethod
+    def _pin_work(namespace: str, name: str, work: Callable[[], object]) -> object:
+        """``work()`` on one Job's pin; an error is logged (the next round tries again)."""
+        try:
+            return work()
+        except actions.ObjectGone:
+            return None
+        except ConnectorError as error:
+            logger.warning("the pin of job %s/%s: %s", namespace, name, error)
+            return None
+
+    def let_go_gated_pods(self) -> list[str]:
         """Let go the pods of its namespaces that wait on the placement gate, each to the
         node its Job gives its index, or anywhere the template allows when that node is
         no longer up (connectors.kubernetes.pod_gates) — pods the Job controller created
@@ -325,6 +407,17 @@ class KubernetesConnector(KubernetesCapabilities):
             ),
             key=lambda pod: pod["metadata"]["name"],
         )
+
+
+def _ran_pinned(pin: Pin, pods: list[Object], template_spec: Mapping[str, Any]) -> bool:
+    """Whether a pod of the run a pin is for is on one of its nodes (a pod being deleted
+    may be the run's before it)."""
+    return pin.in_force(template_spec) and any(
+        pod_live(p)
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+        and pod_node(p) in pin.nodes
+        for p in pods
+    )
 
 
 def _same_owner(found: OwnerRef, wanted: OwnerRef) -> bool:

@@ -91,6 +91,10 @@ from typing import Any
 
 from connectors.base import ConnectorError
 from connectors.kubernetes.nodes import GPU_RESOURCE, PRODUCT_LABEL, gpu_model_name, whole
+from connectors.kubernetes.pins import HOSTNAME_LABEL as HOSTNAME_LABEL
+from connectors.kubernetes.pins import RESUME_FROM as RESUME_FROM
+from connectors.kubernetes.pins import pinned_nodes as pinned_nodes
+from connectors.kubernetes.pins import stale_pin_nodes
 from wire.residency import read_residency
 from wire.telemetry import (
     MAX_REPLICAS,
@@ -114,7 +118,6 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # The contract of work that can move (connectors.kubernetes.actions' docstring): the pod
 # template says it is checkpointable and reads where to resume from an annotation.
 CHECKPOINTABLE_ANNOTATION = "shaper.io/checkpointable"
-RESUME_FROM = "shaper.io/resume-from"
 RESUME_FROM_ENV = "SHAPER_RESUME_FROM"
 RESUME_FROM_FIELD = f"metadata.annotations['{RESUME_FROM}']"
 # The idempotency key of the saga step that last stopped a Job (Kubernetes) or a Workload
@@ -130,7 +133,6 @@ MAX_REPLICAS_ANNOTATION = "shaper.io/max-replicas"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 LWS_LABEL = "leaderworkerset.sigs.k8s.io/name"
 RAY_LABEL = "ray.io/cluster"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 MAX_PRIORITY = 1_000_000
 MAX_GANG = 10_000
 
@@ -247,41 +249,6 @@ def pod_live(pod: Mapping[str, Any]) -> bool:
 def pod_node(pod: Mapping[str, Any]) -> str | None:
     node = (pod.get("spec") or {}).get("nodeName")
     return str(node) if node else None
-
-
-def pinned_nodes(spec: Mapping[str, Any]) -> list[str]:
-    """The nodes a pod spec is pinned to by hostname (empty: not pinned)."""
-    selected = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
-    if selected:
-        return [selected]
-    required = (
-        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    ).get("nodeSelectorTerms") or []
-    nodes: list[str] = []
-    for term in required:  # terms are ORed: every one must pin for the pod to be pinned
-        term_nodes = [
-            value
-            for requirement in [
-                *((r, "key") for r in term.get("matchExpressions") or []),
-                *((r, "field") for r in term.get("matchFields") or []),
-            ]
-            for value in _pinning_values(*requirement)
-        ]
-        if not term_nodes:
-            return []
-        nodes.extend(term_nodes)
-    return sorted(set(nodes))
-
-
-def _pinning_values(requirement: Mapping[str, Any], where: str) -> list[str]:
-    key = requirement.get("key")
-    pinning = HOSTNAME_LABEL if where == "key" else "metadata.name"
-    if key == pinning and requirement.get("operator") == "In":
-        return [str(v) for v in requirement.get("values") or []]
-    return []
 
 
 def declares_resume_env(template: Mapping[str, Any]) -> bool:
@@ -655,7 +622,10 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
         fields["sla_class"] = str(labels[SLA_LABEL])[:64]
     if state is JobState.pending:
         pinned = pinned_nodes(live[0].get("spec") or {}) if live else pinned_nodes(spec)
-        fields["required_nodes"] = pinned
+        # A pin of Shaper's whose run is over is reported as the Job's own placement
+        # (connectors.kubernetes.pins); the connector's upkeep gives that back to it.
+        own = stale_pin_nodes(group.obj) if group.owner.kind == "Job" and group.obj else None
+        fields["required_nodes"] = pinned if own is None else own
     if group.owner.kind in ELASTIC_KINDS:
         desired = int(((group.obj or {}).get("spec") or {}).get("replicas", 1) or 0)
         holding = len({p["metadata"]["name"] for p in live_bound})

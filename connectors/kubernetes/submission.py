@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from connectors.base import ConnectorError
+from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin
 from connectors.kubernetes.pods import HOSTNAME_LABEL, RESUME_FROM, STOPPED_BY_STEP
 from wire.telemetry import MAX_SUBMIT_SPEC, PortableSpec, SchedulerKind, SubmitSpec
 
@@ -75,7 +76,7 @@ KUEUE_KEPT = frozenset(
         "kueue.x-k8s.io/job-completions-equal-parallelism",
     }
 )
-SHAPER_MARKS = frozenset({MOVE_MARK, STOPPED_BY_STEP, RESUME_FROM})
+SHAPER_MARKS = frozenset({MOVE_MARK, STOPPED_BY_STEP, RESUME_FROM, PIN_ANNOTATION, LIFTING_PIN})
 # A Job's name is also its pods' ``job-name`` label value: at most 63 characters.
 MAX_JOB_NAME = 63
 _DIGEST = 10
@@ -246,6 +247,9 @@ def job_from_spec(
     job["spec"]["suspend"] = suspend
     if nodes:
         pod_spec = job["spec"]["template"].setdefault("spec", {})
+        # Pinned for its first run here (connectors.kubernetes.pins), as a move's pin is.
+        pin = Pin(0, tuple(sorted(nodes)), pod_spec.get("affinity"))
+        metadata["annotations"][PIN_ANNOTATION] = pin.encode()
         pod_spec["affinity"] = pinned_affinity(pod_spec.get("affinity"), nodes)
     return job
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from connectors.base import ConnectorError
+from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin, read_pin
 from connectors.kubernetes.pods import HOSTNAME_LABEL, QUEUE_LABEL, RESUME_FROM, STOPPED_BY_STEP
 from connectors.kubernetes.submission import (
     MOVE_MARK,
@@ -54,6 +55,8 @@ def served_job() -> dict[str, Any]:
                 "example.com/owner": "ada",
                 STOPPED_BY_STEP: "step-9",
                 MOVE_MARK: "shaper-3-earlier-move",
+                PIN_ANNOTATION: Pin(4, ("node-7",), None, started=True).encode(),
+                LIFTING_PIN: "true",
             },
         },
         "spec": {
@@ -185,6 +188,18 @@ def test_a_spec_becomes_the_marked_job_held_and_pinned_as_asked() -> None:
             ]
         }
     ]
+    # The pin is for its first run here: stamped with the Job's own affinity (its zone).
+    # (The source cluster's stamp is not carried over.)
+    zone = {"key": "zone", "operator": "In", "values": ["z1"]}
+    own = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [zone]}]
+            }
+        },
+        "podAntiAffinity": {"x": 1},
+    }
+    assert read_pin(job["metadata"]["annotations"]) == Pin(0, ("bnode-2",), own)
 
 
 def test_a_spec_another_scheduler_wrote_is_refused_without_a_portable_form() -> None:
