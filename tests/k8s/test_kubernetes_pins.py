@@ -146,6 +146,24 @@ def moved_to(kube: Kube, connector: KubernetesConnector, job: str, node: str) ->
     wait_for(f"{job} to run on {node}", lambda: running_on(kube, job) == node)
 
 
+def run_and_move_to(kube: Kube, connector: KubernetesConnector, node: str) -> None:
+    """Job ``train`` (``retried_job``) runs where the scheduler put it, then a plan moves it
+    onto ``node``."""
+    kube.batch.create_namespaced_job(kube.namespace, retried_job("train"))
+    wait_for("train to run", lambda: running_on(kube, "train") is not None)
+    moved_to(kube, connector, "train", node)
+
+
+def stays_pinned(kube: Kube, connector: KubernetesConnector, node: str) -> None:
+    """Three upkeep rounds lift nothing, and ``train`` is reported held to ``node``."""
+    for _ in range(3):
+        assert connector.upkeep() == []
+    wait_for(
+        f"train reported held to {node}",
+        lambda: report(connector, kube, "train").required_nodes == [node],
+    )
+
+
 def template_affinity(kube: Kube, job: str) -> dict[str, Any] | None:
     read = kube.batch.read_namespaced_job(job, kube.namespace)
     affinity: dict[str, Any] | None = kube.api.sanitize_for_serialization(
@@ -170,9 +188,7 @@ def upkeep_until(connector: KubernetesConnector, what: str, done: Callable[[], b
 def test_a_moved_job_whose_pod_failed_runs_elsewhere_once_its_node_cannot_take_it(
     kube: Kube, connector: KubernetesConnector, cordon: Callable[[str], None]
 ) -> None:
-    kube.batch.create_namespaced_job(kube.namespace, retried_job("train"))
-    wait_for("train to run", lambda: running_on(kube, "train") is not None)
-    moved_to(kube, connector, "train", "kwok-gpu-2")
+    run_and_move_to(kube, connector, "kwok-gpu-2")
     stamp = read_pin(kube.batch.read_namespaced_job("train", kube.namespace).metadata.annotations)
     assert stamp is not None and stamp.nodes == ("kwok-gpu-2",) and stamp.affinity is None
 
@@ -300,9 +316,7 @@ def test_a_pin_whose_run_has_not_begun_stays(
         kube.api, namespace=kube.namespace, job="train", nodes=["kwok-gpu-2"], resume_from=None
     )
     wait_for("train's pod to wait", lambda: unschedulable(kube, "train"))
-    for _ in range(3):
-        assert connector.upkeep() == []
-    assert report(connector, kube, "train").required_nodes == ["kwok-gpu-2"]
+    stays_pinned(kube, connector, "kwok-gpu-2")
     stamp = read_pin(kube.batch.read_namespaced_job("train", kube.namespace).metadata.annotations)
     assert stamp is not None and not stamp.started
 
@@ -312,9 +326,7 @@ def test_an_operators_edit_of_the_pinned_template_is_kept(
 ) -> None:
     """Once someone else changed the template's pin, it is theirs: not lifted, and reported
     as it is."""
-    kube.batch.create_namespaced_job(kube.namespace, retried_job("train"))
-    wait_for("train to run", lambda: running_on(kube, "train") is not None)
-    moved_to(kube, connector, "train", "kwok-gpu-2")
+    run_and_move_to(kube, connector, "kwok-gpu-2")
     cordon("kwok-gpu-2")
     cordon("kwok-gpu-3")
     actions.suspend_job(kube.api, namespace=kube.namespace, job="train")
@@ -333,13 +345,8 @@ def test_an_operators_edit_of_the_pinned_template_is_kept(
         lambda: kube.batch.read_namespaced_job("train", kube.namespace).status.failed,
     )
     wait_for("train's next pod to wait", lambda: unschedulable(kube, "train"), REPLACED_S)
-    for _ in range(3):
-        assert connector.upkeep() == []
+    stays_pinned(kube, connector, "kwok-gpu-3")
     assert template_affinity(kube, "train") == edited
-    wait_for(
-        "train reported held to kwok-gpu-3",
-        lambda: report(connector, kube, "train").required_nodes == ["kwok-gpu-3"],
-    )
 
 
 def test_a_start_onto_the_nodes_a_spent_pin_names_is_a_new_pin(
@@ -347,9 +354,7 @@ def test_a_start_onto_the_nodes_a_spent_pin_names_is_a_new_pin(
 ) -> None:
     """A Job whose pinned run began is held (a plan's preemption), then started by a plan on
     the same node, not free yet: that start's pin is for the next run, and stays."""
-    kube.batch.create_namespaced_job(kube.namespace, retried_job("train"))
-    wait_for("train to run", lambda: running_on(kube, "train") is not None)
-    moved_to(kube, connector, "train", "kwok-gpu-2")
+    run_and_move_to(kube, connector, "kwok-gpu-2")
     upkeep_until(connector, "the pin marked started", lambda: pin_of(kube, "train").started)
     actions.suspend_job_to_resume(
         kube.api, namespace=kube.namespace, job="train", resume_from=CHECKPOINT + "-2"
@@ -360,13 +365,7 @@ def test_a_start_onto_the_nodes_a_spent_pin_names_is_a_new_pin(
     )
     assert not pin_of(kube, "train").started
     wait_for("train's pod to wait", lambda: unschedulable(kube, "train"))
-    for _ in range(3):
-        assert connector.upkeep() == []
-    assert template_affinity(kube, "train") is not None
-    wait_for(
-        "train reported held to kwok-gpu-2",
-        lambda: report(connector, kube, "train").required_nodes == ["kwok-gpu-2"],
-    )
+    stays_pinned(kube, connector, "kwok-gpu-2")
 
 
 def test_a_hold_made_while_a_lift_was_left_halfway_is_kept(
@@ -375,9 +374,7 @@ def test_a_hold_made_while_a_lift_was_left_halfway_is_kept(
     """The connector stopped in the middle of a lift (the Job suspended and marked), and a
     plan's hold came before the next round: the hold is the step's, the mark goes, and the
     next round does not let the Job run."""
-    kube.batch.create_namespaced_job(kube.namespace, retried_job("train"))
-    wait_for("train to run", lambda: running_on(kube, "train") is not None)
-    moved_to(kube, connector, "train", "kwok-gpu-2")
+    run_and_move_to(kube, connector, "kwok-gpu-2")
     cordon("kwok-gpu-2")
     fail_its_pod(kube, "train")
     wait_for("train's next pod to wait", lambda: unschedulable(kube, "train"), REPLACED_S)
