@@ -915,10 +915,32 @@ class SlurmConnector:
         return {r.name: r for r in parse_reservations(output)}
 
     def _job(self, job_id: str, *, what: str) -> SlurmJob:
+        """One job as Slurm has it now: through slurmrestd, its own read; else from the
+        whole queue (Slurm 22.05's ``squeue --json`` lists every job, ignoring ``-j``, and
+        its ``scontrol`` has no ``--json``)."""
+        found = self._rest_job(job_id) if self._rest is not None else None
+        if found is not None:
+            return found
         for job in self.read_jobs():
             if job.report.external_id == job_id:
                 return job
         raise ConnectorError(f"{what}: Slurm has no job {job_id}", retryable=False)
+
+    def _rest_job(self, job_id: str) -> SlurmJob | None:
+        """The job from slurmrestd's ``GET job/{id}``: the document ``GET jobs`` gives, for
+        one job (measured on the test Slurm with 503 jobs: 3.9 kB in 2-10 ms, where the
+        whole queue is 3.1 MB in 140-160 ms). None when that read fails or names no such
+        job (slurmrestd answers one that left the queue with a 500): the whole queue's read
+        then says why."""
+        if self._rest is None or not job_id.isdigit():
+            return None
+        try:
+            document = self._rest.get(f"job/{job_id}")
+        except ConnectorError as error:
+            logger.debug("slurmrestd's read of job %s: %s; reading the queue", job_id, error)
+            return None
+        jobs = parse_jobs(document, self.config.mapping)
+        return next((job for job in jobs if job.report.external_id == job_id), None)
 
     def _enter_reservation(
         self, job_id: str, nodes: list[str], *, what: str, job: SlurmJob | None = None

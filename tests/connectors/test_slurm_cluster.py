@@ -427,3 +427,33 @@ def test_runner_backs_off_while_slurmctld_is_down_then_resyncs(slurm: SlurmClust
     job = next(j for j in snapshot.body["jobs"] if j["external_id"] == job_id)
     assert job["state"] == "running" and len(job["allocations"]) == 1
     assert sorted(plane.nodes) == ["node1", "node2", "node3"]
+
+
+class RecordedTransport(httpx.HTTPTransport):
+    """slurmrestd's own answers, each request's path noted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        return super().handle_request(request)
+
+
+def test_through_slurmrestd_a_step_reads_its_job_alone(slurm: SlurmCluster) -> None:
+    """A step reads its own job (``GET job/{id}``), not the whole queue; a job Slurm no
+    longer knows falls back to the whole read, which says so."""
+    recorded = RecordedTransport()
+    connector = SlurmConnector(slurm.config(rest_url=REST_URL), http_transport=recorded)
+    slurm.connectors.append(connector)  # closed when the test ends
+    job_id = slurm.sbatch("-H", "--gres=gpu:1", "-J", "alone")
+
+    connector.start(job_id, nodes=["node2"])
+    row = slurm.wait_state(job_id, "RUNNING")
+    assert nodes_of(row) == ["node2"]
+    assert recorded.paths == [f"/slurm/v0.0.38/job/{job_id}"]
+
+    recorded.paths.clear()
+    connector.cancel_moved("999999", key="gone")  # purged: the move stands
+    assert recorded.paths == ["/slurm/v0.0.38/job/999999", "/slurm/v0.0.38/jobs"]
