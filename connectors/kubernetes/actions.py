@@ -73,13 +73,14 @@ from connectors.kubernetes.pins import (
     LIFTING_PIN,
     PIN_ANNOTATION,
     Pin,
+    affinity_nodes,
     new_pin,
+    node_set,
     pinned_nodes,
     read_pin,
 )
 from connectors.kubernetes.pod_placement import COMPLETION_INDEX, POD_NODES_ANNOTATION
 from connectors.kubernetes.pods import (
-    HOSTNAME_LABEL,
     QUEUE_LABEL,
     RESUME_FROM,
     STOPPED_BY_STEP,
@@ -293,7 +294,7 @@ def resize_deployment_off(
     if desired == replicas:
         marked = [pod for pod in pods if _marked(pod)]
         here = [pod for pod in marked if pod_node(pod) in leave]
-        _unmark(api, namespace, [pod for pod in marked if pod not in here and _active(pod)], own)
+        _unmark(api, namespace, [pod for pod in marked if pod not in here and pod_active(pod)], own)
         _wait_left(api, current, here, replicas=replicas, what=what, timeout_s=timeout_s)
         return
     chosen = _mark_when_settled(
@@ -378,7 +379,7 @@ def _mark_leaving(
             f"removes {desired - replicas}, fewer than the {moving} to move",
             retryable=False,
         )
-    staying = [pod for pod in pods if _active(pod)]
+    staying = [pod for pod in pods if pod_active(pod)]
     replica_sets = sorted({_replica_set(pod) for pod in staying})
     if len(replica_sets) > 1:
         raise ConnectorError(
@@ -514,10 +515,10 @@ def _wait_left(
 
     def gone() -> bool:
         pods = deployment_pods(api, current)
-        kept = [pod for pod in pods if pod["metadata"]["uid"] in uids and _active(pod)]
+        kept = [pod for pod in pods if pod["metadata"]["uid"] in uids and pod_active(pod)]
         if not kept:
             return True
-        active = [pod for pod in pods if _active(pod)]
+        active = [pod for pod in pods if pod_active(pod)]
         if len(active) <= replicas:
             _unmark(api, namespace, kept, template_cost(current))
             raise ConnectorError(
@@ -587,8 +588,8 @@ def _marked(pod: Mapping[str, Any]) -> bool:
     return (pod["metadata"].get("annotations") or {}).get(DELETION_COST) == MOVE_COST
 
 
-def _active(pod: Mapping[str, Any]) -> bool:
-    """Counted by its ReplicaSet: not ended, not being deleted."""
+def pod_active(pod: Mapping[str, Any]) -> bool:
+    """Counted by its owner (a ReplicaSet, a Job): not ended, not being deleted."""
     return pod_live(pod) and not pod["metadata"].get("deletionTimestamp")
 
 
@@ -684,28 +685,6 @@ class PodOnNode:
     pod: str
     node: str
     uid: str
-
-
-def _pinned_nodes(affinity: client.V1Affinity | None) -> list[str] | None:
-    """The nodes a required hostname affinity pins to (the same in every term); else None."""
-    required = (
-        affinity.node_affinity.required_during_scheduling_ignored_during_execution
-        if affinity and affinity.node_affinity
-        else None
-    )
-    pins = []
-    for term in (required.node_selector_terms if required else None) or []:
-        hostnames = [
-            e
-            for e in term.match_expressions or []
-            if e.key == HOSTNAME_LABEL and e.operator == "In"
-        ]
-        if len(hostnames) != 1:
-            return None
-        pins.append(sorted(hostnames[0].values or []))
-    if not pins or any(p != pins[0] for p in pins):
-        return None
-    return pins[0]
 
 
 # -- Jobs (batch/v1) --------------------------------------------------------------------
@@ -1103,7 +1082,7 @@ def recreate_job_pinned(
     _take_over_lift(api, current)
     template = current.spec.template
     if not current.spec.suspend and _prepared_as_asked(
-        template, nodes=nodes, resume_from=resume_from
+        api, template, nodes=nodes, resume_from=resume_from
     ):
         return
     _stop_for_resume(
@@ -1152,10 +1131,15 @@ def suspend_job_to_resume(
 
 
 def _prepared_as_asked(
-    template: client.V1PodTemplateSpec, *, nodes: list[str] | None, resume_from: str | None
+    api: client.ApiClient,
+    template: client.V1PodTemplateSpec,
+    *,
+    nodes: list[str] | None,
+    resume_from: str | None,
 ) -> bool:
     annotations = (template.metadata.annotations if template.metadata else None) or {}
-    pinned = nodes is None or _pinned_nodes(template.spec.affinity) == sorted(nodes)
+    affinity = api.sanitize_for_serialization(template.spec.affinity)
+    pinned = nodes is None or tuple(affinity_nodes(affinity)) == node_set(nodes)
     gated = any(
         g.name == pod_placement.PLACEMENT_GATE for g in template.spec.scheduling_gates or []
     )
@@ -1256,7 +1240,7 @@ def _prepare_stopped(
     stopped = _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
     template_spec = api.sanitize_for_serialization(template.spec)
     stamp = _pin_stamp(stopped, template_spec, nodes) if nodes is not None else None
-    if _prepared_as_asked(template, nodes=nodes, resume_from=resume_from):
+    if _prepared_as_asked(api, template, nodes=nodes, resume_from=resume_from):
         if stamp is not None and (stopped.metadata.annotations or {}).get(PIN_ANNOTATION) != stamp:
             # Pinned there already, by a pin whose run is over: this pin is for the next.
             fresh: dict[str, Any] = {"metadata": {"annotations": {PIN_ANNOTATION: stamp}}}
@@ -1334,9 +1318,7 @@ def pods_stranded(pods: Sequence[Mapping[str, Any]]) -> bool:
     pods is on a node and the scheduler found no node for one (``PodScheduled`` False,
     ``Unschedulable``). A Job between a failed pod and its replacement has no live pod and
     is not stranded: its next pod may be placed."""
-    live = [
-        p for p in pods if pod_live(p) and not (p.get("metadata") or {}).get("deletionTimestamp")
-    ]
+    live = [p for p in pods if pod_active(p)]
     return (
         bool(live)
         and not any(pod_node(p) for p in live)

@@ -413,10 +413,7 @@ def _ran_pinned(pin: Pin, pods: list[Object], template_spec: Mapping[str, Any]) 
     """Whether a pod of the run a pin is for is on one of its nodes (a pod being deleted
     may be the run's before it)."""
     return pin.in_force(template_spec) and any(
-        pod_live(p)
-        and not (p.get("metadata") or {}).get("deletionTimestamp")
-        and pod_node(p) in pin.nodes
-        for p in pods
+        actions.pod_active(p) and pod_node(p) in pin.nodes for p in pods
     )
 
 

@@ -27,7 +27,7 @@ own affinity back once the Job's pods cannot be scheduled
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ class Pin:
     """A stamp of one pin Shaper wrote on a Job's template."""
 
     failed: int  # the Job's status.failed when pinned
-    nodes: tuple[str, ...]  # the nodes pinned, sorted
+    nodes: tuple[str, ...]  # the nodes pinned (node_set)
     affinity: dict[str, Any] | None  # the template's affinity before Shaper's first pin
     started: bool = False  # a pod of the pinned run was seen on a node
 
@@ -68,7 +68,7 @@ class Pin:
     def in_force(self, template_spec: Mapping[str, Any]) -> bool:
         """Whether the template still pins the nodes this stamp says (not another pin, not
         an operator's edit made since)."""
-        return tuple(affinity_nodes(template_spec.get("affinity"))) == self.nodes
+        return node_set(affinity_nodes(template_spec.get("affinity"))) == self.nodes
 
     def stale(self, job: Mapping[str, Any]) -> bool:
         """Whether the pinned run began (a pod of it ran, or one failed since) while the
@@ -117,7 +117,7 @@ def read_pin(annotations: Mapping[str, Any] | None) -> Pin | None:
         or not isinstance(started, bool)
     ):
         return None
-    return Pin(failed, tuple(sorted(nodes)), affinity, started)
+    return Pin(failed, node_set(nodes), affinity, started)
 
 
 def new_pin(
@@ -133,8 +133,8 @@ def new_pin(
     it was); otherwise the template's affinity now is the Job's own."""
     earlier = read_pin(annotations)
     if earlier is not None and earlier.in_force(template_spec):
-        return Pin(failed, tuple(sorted(nodes)), earlier.affinity)
-    return Pin(failed, tuple(sorted(nodes)), template_spec.get("affinity"))
+        return Pin(failed, node_set(nodes), earlier.affinity)
+    return Pin(failed, node_set(nodes), template_spec.get("affinity"))
 
 
 def stale_pin_nodes(job: Mapping[str, Any]) -> list[str] | None:
@@ -145,6 +145,11 @@ def stale_pin_nodes(job: Mapping[str, Any]) -> list[str] | None:
         return None
     template_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
     return pinned_nodes(pin.restored_spec(template_spec))
+
+
+def node_set(nodes: Iterable[str]) -> tuple[str, ...]:
+    """Nodes as a pin holds them: sorted, each once (a plan may name a node per pod)."""
+    return tuple(sorted(set(nodes)))
 
 
 def affinity_nodes(affinity: Mapping[str, Any] | None) -> list[str]:

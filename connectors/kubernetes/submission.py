@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from connectors.base import ConnectorError
-from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin
+from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin, node_set
 from connectors.kubernetes.pods import HOSTNAME_LABEL, RESUME_FROM, STOPPED_BY_STEP
 from wire.telemetry import MAX_SUBMIT_SPEC, PortableSpec, SchedulerKind, SubmitSpec
 
@@ -248,7 +248,7 @@ def job_from_spec(
     if nodes:
         pod_spec = job["spec"]["template"].setdefault("spec", {})
         # Pinned for its first run here (connectors.kubernetes.pins), as a move's pin is.
-        pin = Pin(0, tuple(sorted(nodes)), pod_spec.get("affinity"))
+        pin = Pin(0, node_set(nodes), pod_spec.get("affinity"))
         metadata["annotations"][PIN_ANNOTATION] = pin.encode()
         pod_spec["affinity"] = pinned_affinity(pod_spec.get("affinity"), nodes)
     return job

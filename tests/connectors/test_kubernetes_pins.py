@@ -149,3 +149,9 @@ def test_pods_are_stranded_only_when_none_runs_and_the_scheduler_found_no_node()
     assert not pods_stranded([pod(), pod(node="n3", phase="Running", reason=None)])
     assert not pods_stranded([pod(deleting=True)])
     assert not pods_stranded([pod(phase="Failed")])
+
+
+def test_a_plan_naming_a_node_per_pod_pins_each_node_once() -> None:
+    pin = new_pin(annotations={}, template_spec={}, failed=0, nodes=["n3", "n2", "n3"])
+    assert pin.nodes == ("n2", "n3")
+    assert pin.in_force({"affinity": pinned_affinity(None, ["n3", "n2", "n3"])})
