@@ -61,6 +61,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from kubernetes import client
@@ -87,6 +88,7 @@ from connectors.kubernetes.pods import (
     OwnerRef,
     elastic_size,
     owner_of,
+    parse_time,
     pod_gpus,
     pod_live,
     pod_node,
@@ -112,6 +114,12 @@ POLL_S = 0.2
 # How long an elastic restart waits for its deleted pods to be gone before it goes on (a
 # pod on an unreachable node stays terminating until the node returns).
 DELETED_PODS_WAIT_S = 30.0
+# How long a pod of a gang whose pinned run lost a pod must have found no node, while the
+# others run, before the upkeep stops the gang to give it its own placement back
+# (gang_stranded): a failed node's pods are evicted only after its taints' five minutes,
+# so by then the node has been gone a while; the wait is for the scheduler, whose
+# preemption on the pinned nodes may still make room.
+GANG_STRANDED_S = 60.0
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
@@ -859,9 +867,8 @@ def indexed_size(current: client.V1Job, what: str) -> int:
     return size
 
 
-def live_job_pods(api: client.ApiClient, current: client.V1Job) -> list[client.V1Pod]:
-    """A Job's pods as the API server has them now, less those that ended or are being
-    deleted (on their way out)."""
+def job_pods(api: client.ApiClient, current: client.V1Job) -> list[client.V1Pod]:
+    """A Job's pods as the API server has them now, ended ones too."""
     namespace = current.metadata.namespace
     found = call(
         "list",
@@ -872,9 +879,15 @@ def live_job_pods(api: client.ApiClient, current: client.V1Job) -> list[client.V
             _request_timeout=REQUEST_TIMEOUT_S,
         ),
     )
+    return list(found.items)
+
+
+def live_job_pods(api: client.ApiClient, current: client.V1Job) -> list[client.V1Pod]:
+    """A Job's pods as the API server has them now, less those that ended or are being
+    deleted (on their way out)."""
     return [
         pod
-        for pod in found.items
+        for pod in job_pods(api, current)
         if not pod.metadata.deletion_timestamp
         and (pod.status.phase if pod.status else None) not in ("Succeeded", "Failed")
     ]
@@ -1322,34 +1335,101 @@ def pods_stranded(pods: Sequence[Mapping[str, Any]]) -> bool:
     return (
         bool(live)
         and not any(pod_node(p) for p in live)
-        and any(
-            c.get("type") == "PodScheduled"
-            and c.get("status") == "False"
-            and c.get("reason") == "Unschedulable"
-            for p in live
-            for c in (p.get("status") or {}).get("conditions") or []
-        )
+        and any(_unschedulable_since(p) is not None for p in live)
     )
 
 
+def gang_stranded(
+    job: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    pin: Pin,
+    *,
+    for_s: float = GANG_STRANDED_S,
+    now: datetime | None = None,
+) -> bool:
+    """Whether a Job's pinned run is a gang left part-stranded (``job``, its ``pods`` as
+    JSON, ended ones too): the run lost a pod (:func:`run_lost_a_pod`), some of its live
+    pods are on nodes, and one of the others has found no node for ``for_s`` seconds
+    (``Unschedulable`` since, and no node nominated for it by a preemption). A pod the plan
+    is still freeing a node for is not a lost one: a run that lost none is not stranded,
+    however long a pod of it waits."""
+    live = [p for p in pods if pod_active(p)]
+    if not any(pod_node(p) for p in live) or not run_lost_a_pod(job, pods, pin):
+        return False
+    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=for_s)
+    return any(
+        (since := _unschedulable_since(p)) is not None
+        and since <= cutoff
+        and not (p.get("status") or {}).get("nominatedNodeName")
+        for p in live
+        if not pod_node(p)
+    )
+
+
+def run_lost_a_pod(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], pin: Pin) -> bool:
+    """Whether the run ``pin`` is for lost a pod: the Job's failed count passed the stamp's
+    (a pod failed or was deleted since the pin), or a pod of this run ended Failed (one a
+    ``podFailurePolicy`` ignores is not counted). A pod of this run is one created since
+    the Job last began to run (``status.startTime``, which Kubernetes resets when a Job is
+    resumed; the pin was written while the Job was stopped: measured on Kubernetes 1.37).
+    Its times are whole seconds, so a pod of the run before that ended Failed, uncounted,
+    and was made in the second the Job ran again counts as this run's. ``job``, ``pods``:
+    JSON, the Job's pods ended ones too."""
+    status = job.get("status") or {}
+    failed = status.get("failed") or 0
+    if isinstance(failed, int) and failed > pin.failed:
+        return True
+    began = parse_time(status.get("startTime"))
+    return began is not None and any(
+        (pod.get("status") or {}).get("phase") == "Failed"
+        and (created := parse_time((pod.get("metadata") or {}).get("creationTimestamp")))
+        is not None
+        and created >= began
+        for pod in pods
+    )
+
+
+def _unschedulable_since(pod: Mapping[str, Any]) -> datetime | None:
+    """When the scheduler last found no node for a pod (``PodScheduled`` False,
+    ``Unschedulable``; a condition with no time counts as now); None if it has not."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ):
+            return parse_time(c.get("lastTransitionTime")) or datetime.now(UTC)
+    return None
+
+
 def lift_stale_pin(
-    api: client.ApiClient, *, namespace: str, job: str, timeout_s: float = SETTLE_TIMEOUT_S
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    job: str,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+    gang_stranded_s: float = GANG_STRANDED_S,
 ) -> str | None:
     """Give a Job whose pin of Shaper's is stale (its run is over: connectors.kubernetes.pins)
     and whose pods cannot be placed its own placement back: suspend it (the annotation
-    ``shaper.io/lifting-pin`` says why) → wait until no pod is active (its pods were only
-    pending: nothing is lost) → restore the template's affinity and take the stamp off, in
-    one JSON patch that tests both are still as read (an operator's edit since is kept) →
-    let it run again, taking the annotation off. A line saying what was done, or None
-    when the Job is left (no stale pin, held, managed by Kueue, its pods placed or about
-    to be). A Job found suspended with the annotation (the connector stopped halfway) is
-    finished the same way; one whose template changed since is let run as it is.
-    Idempotent; the caller holds the connector's pins lock, so no step of a plan acts on
-    the Job meanwhile."""
+    ``shaper.io/lifting-pin`` says why) → wait until no pod is active → restore the
+    template's affinity and take the stamp off, in one JSON patch that tests both are
+    still as read (an operator's edit since is kept) → let it run again, taking the
+    annotation off. Its pods were only pending (nothing is lost), or it is a gang whose
+    pinned run lost a pod that has found no node for ``gang_stranded_s`` while the others
+    run (:func:`gang_stranded`): a gang that cannot go on as it is, whose running pods are
+    stopped too, only if its template lets them resume (a checkpointable Job with a
+    pointer: :func:`template_blocker`; another is left pinned). A line saying what was
+    done, or None when the Job is left (no stale pin, held, managed by Kueue, its pods
+    placed or about to be). A Job found suspended with the annotation (the connector
+    stopped halfway) is finished the same way; one whose template changed since is let
+    run as it is. Idempotent; the caller holds the connector's pins lock, so no step of a
+    plan acts on the Job meanwhile."""
     found = read_job_json(api, namespace=namespace, job=job)
     annotations = found["metadata"].get("annotations") or {}
     suspended = bool(found["spec"].get("suspend"))
     lifting = LIFTING_PIN in annotations
+    stopped_gang = ""
     pin = read_pin(annotations)
     if lifting and not suspended:  # let run by someone else meanwhile
         dropped: dict[str, Any] = {"metadata": {"annotations": {LIFTING_PIN: None}}}
@@ -1361,9 +1441,15 @@ def lift_stale_pin(
         if (found["metadata"].get("labels") or {}).get(QUEUE_LABEL):
             return None  # Kueue owns its spec.suspend (no pin of Shaper's is put on one)
         current = read_job(api, namespace=namespace, job=job)
-        pods = [api.sanitize_for_serialization(p) for p in live_job_pods(api, current)]
+        pods = [api.sanitize_for_serialization(p) for p in job_pods(api, current)]
         if not pods_stranded(pods):
-            return None
+            if not gang_stranded(found, pods, pin, for_s=gang_stranded_s) or template_blocker(
+                api, current.spec.template
+            ):
+                return None
+            running = sum(1 for p in pods if pod_active(p) and pod_node(p))
+            stopped_gang = f"its {running} running pod(s) stopped (its gang lost a pod that "
+            stopped_gang += "no node could take; they resume from the template's pointer), "
         stop: dict[str, Any] = {
             "metadata": {"annotations": {LIFTING_PIN: "true"}},
             "spec": {"suspend": True},
@@ -1390,7 +1476,8 @@ def lift_stale_pin(
     }
     _patch_job(api, namespace=namespace, job=job, body=resumed)
     nodes = ",".join(pin.nodes) if pin else "?"
-    return f"job {job} in {namespace}: Shaper's pin to {nodes} outlived its run; {done}"
+    outlived = f"job {job} in {namespace}: Shaper's pin to {nodes} outlived its run"
+    return f"{outlived}; {stopped_gang}{done}"
 
 
 def _lift_ops(job: Mapping[str, Any], pin: Pin) -> list[dict[str, Any]]:

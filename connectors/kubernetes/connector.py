@@ -63,6 +63,7 @@ from connectors.kubernetes.pods import (
     pod_live,
     pod_node,
     priorities,
+    resume_blocker,
 )
 from connectors.kubernetes.submission import job_submit_spec
 from wire.telemetry import (
@@ -132,6 +133,12 @@ class KubernetesConnector(KubernetesCapabilities):
         self._reports = self.job_index()
         self._reports_lock = threading.Lock()
         self.pins_lock = threading.RLock()
+        # How long a pod of a gang that lost one must have found no node before the upkeep
+        # stops the gang to lift its pin (actions.gang_stranded); the tests shorten it.
+        self.gang_stranded_s = actions.GANG_STRANDED_S
+        # The last line said of a gang left pinned because its pods could not resume, by
+        # Job uid: said once, not every round.
+        self._left_pinned: dict[str, str] = {}
         if start:
             self.start_watching()
 
@@ -283,7 +290,9 @@ class KubernetesConnector(KubernetesCapabilities):
         (connectors.kubernetes.pins): a stamp whose run has a pod on a pinned node is
         marked started; a Job whose pin is stale and whose pods cannot be placed gets its
         own placement back (actions.lift_stale_pin, a few API calls and a wait for its
-        pending pods to go), for ``LIFTS_S`` seconds a round at most. What needs doing is
+        pods to go), for ``LIFTS_S`` seconds a round at most — also a gang whose pinned run
+        lost a pod that has found no node for ``gang_stranded_s`` while the others run, if
+        its pods can resume (else it stays pinned, and that is said once). What needs doing is
         judged from the caches, and the pins lock is only tried: a step holding it (a move
         waits up to a minute) leaves the work to the next round rather than hold up the
         telemetry this runs beside. A Job that cannot be handled now is logged and tried
@@ -296,6 +305,7 @@ class KubernetesConnector(KubernetesCapabilities):
                 pods_by_job.setdefault(uid, []).append(pod)
         marks: list[tuple[str, str, str]] = []
         lifts: list[tuple[str, str]] = []
+        said: list[str] = []
         for job in self.informers["jobs"].items():
             metadata = job.get("metadata") or {}
             namespace, name = metadata.get("namespace") or "default", metadata["name"]
@@ -310,11 +320,18 @@ class KubernetesConnector(KubernetesCapabilities):
                 marks.append((namespace, name, annotations[PIN_ANNOTATION]))
             elif lifting:  # a lift left halfway first: its Job waits suspended
                 lifts.insert(0, (namespace, name))
-            elif pin is not None and pin.stale(job) and actions.pods_stranded(pods):
-                lifts.append((namespace, name))
+            elif pin is not None and pin.stale(job):
+                if actions.pods_stranded(pods):
+                    lifts.append((namespace, name))
+                elif actions.gang_stranded(job, pods, pin, for_s=self.gang_stranded_s):
+                    blocker = resume_blocker((job.get("spec") or {}).get("template") or {})
+                    if blocker is None:
+                        lifts.append((namespace, name))
+                    else:
+                        said.extend(self._left_pinned_once(job, pin, blocker))
         if not (marks or lifts) or not self.pins_lock.acquire(blocking=False):
-            return []
-        lines: list[str] = []
+            return said
+        lines: list[str] = said
         try:
             for namespace, name, stamp in marks:
                 mark = functools.partial(
@@ -326,7 +343,11 @@ class KubernetesConnector(KubernetesCapabilities):
                 if time.monotonic() > deadline:
                     break
                 lift = functools.partial(
-                    actions.lift_stale_pin, self.api, namespace=namespace, job=name
+                    actions.lift_stale_pin,
+                    self.api,
+                    namespace=namespace,
+                    job=name,
+                    gang_stranded_s=self.gang_stranded_s,
                 )
                 line = self._pin_work(namespace, name, lift)
                 if isinstance(line, str):
@@ -335,6 +356,22 @@ class KubernetesConnector(KubernetesCapabilities):
         finally:
             self.pins_lock.release()
         return lines
+
+    def _left_pinned_once(self, job: Object, pin: Pin, blocker: str) -> list[str]:
+        """The line that a gang stranded on a stale pin stays pinned, because stopping its
+        running pods would lose their work; once per Job and reason (logged)."""
+        metadata = job.get("metadata") or {}
+        line = (
+            f"job {metadata.get('name')} in {metadata.get('namespace') or 'default'}: a pod of "
+            f"its gang lost on Shaper's pin to {','.join(pin.nodes)} finds no node; left "
+            f"pinned: its running pods could not resume ({blocker})"
+        )
+        uid = str(metadata.get("uid") or metadata.get("name"))
+        if self._left_pinned.get(uid) == line:
+            return []
+        self._left_pinned[uid] = line
+        logger.warning("%s", line)
+        return [line]
 
     @staticmethod
     def _pin_work(namespace: str, name: str, work: Callable[[], object]) -> object:

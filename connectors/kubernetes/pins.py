@@ -21,7 +21,9 @@ Shaper's) and does not resume from checkpoint images (they are on one node: the 
 where the process can be restored, so it stays). A pending Job's stale pin is reported
 as the Job's own nodes (:func:`stale_pin_nodes`), and the upkeep gives the template its
 own affinity back once the Job's pods cannot be scheduled
-(connectors.kubernetes.actions.lift_stale_pin).
+(connectors.kubernetes.actions.lift_stale_pin) — or, for a gang, once its pinned run lost a
+pod whose replacement finds no node while the others run (actions.gang_stranded): such a
+gang cannot go on as it is, so its running pods are stopped too, if they can resume.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """The stamps that make Shaper's pins on Kubernetes Jobs last one run
-(connectors.kubernetes.pins), and the test of pods that cannot be placed
-(connectors.kubernetes.actions.pods_stranded). The real control plane's side:
-tests/k8s/test_kubernetes_pins.py."""
+(connectors.kubernetes.pins), and the tests of pods that cannot be placed
+(connectors.kubernetes.actions.pods_stranded, gang_stranded). The real control plane's
+side: tests/k8s/test_kubernetes_pins.py."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from connectors.kubernetes.actions import pods_stranded
+from connectors.kubernetes.actions import gang_stranded, pods_stranded
 from connectors.kubernetes.pins import (
     PIN_ANNOTATION,
     RESUME_FROM,
@@ -128,16 +129,23 @@ def pod(
     phase: str = "Pending",
     reason: str | None = "Unschedulable",
     deleting: bool = False,
+    created: str = "2026-12-07T10:00:00Z",
+    since: str = "2026-12-07T10:00:00Z",
+    nominated: str | None = None,
 ) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": "train-x"}
+    """A pod as JSON; ``since``: when the scheduler last found no node for it."""
+    metadata: dict[str, Any] = {"name": "train-x", "creationTimestamp": created}
     if deleting:
         metadata["deletionTimestamp"] = "2026-12-07T10:00:00Z"
-    conditions = [{"type": "PodScheduled", "status": "False", "reason": reason}] if reason else []
-    return {
-        "metadata": metadata,
-        "spec": {"nodeName": node} if node else {},
-        "status": {"phase": phase, "conditions": conditions},
-    }
+    conditions = (
+        [{"type": "PodScheduled", "status": "False", "reason": reason, "lastTransitionTime": since}]
+        if reason
+        else []
+    )
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions}
+    if nominated:
+        status["nominatedNodeName"] = nominated
+    return {"metadata": metadata, "spec": {"nodeName": node} if node else {}, "status": status}
 
 
 def test_pods_are_stranded_only_when_none_runs_and_the_scheduler_found_no_node() -> None:
@@ -155,3 +163,43 @@ def test_a_plan_naming_a_node_per_pod_pins_each_node_once() -> None:
     pin = new_pin(annotations={}, template_spec={}, failed=0, nodes=["n3", "n2", "n3"])
     assert pin.nodes == ("n2", "n3")
     assert pin.in_force({"affinity": pinned_affinity(None, ["n3", "n2", "n3"])})
+
+
+# A gang of two pinned to n2 and n3, resumed (its run began) at 10:00; it is 10:05.
+GANG = Pin(0, ("n2", "n3"), None, started=True)
+NOW = datetime(2026, 12, 7, 10, 5, tzinfo=UTC)
+RUNNING = pod(node="n2", phase="Running", reason=None, created="2026-12-07T10:00:01Z")
+
+
+def gang(*, failed: int = 0) -> dict[str, Any]:
+    found = job(GANG, pinned=["n2", "n3"], failed=failed)
+    found["status"]["startTime"] = "2026-12-07T10:00:00Z"
+    return found
+
+
+def test_a_gang_is_stranded_once_its_run_lost_a_pod_that_finds_no_node() -> None:
+    waiting = pod(created="2026-12-07T10:02:00Z", since="2026-12-07T10:02:01Z")
+    # The lost pod counted failed (deleted, or failed): its replacement has waited 3 min.
+    assert gang_stranded(gang(failed=1), [RUNNING, waiting], GANG, for_s=60, now=NOW)
+    # Not for long enough yet.
+    assert not gang_stranded(gang(failed=1), [RUNNING, waiting], GANG, for_s=600, now=NOW)
+    # A failure a podFailurePolicy ignores (not counted): the run's own pod ended Failed.
+    ignored = pod(node="n3", phase="Failed", reason=None, created="2026-12-07T10:00:01Z")
+    assert gang_stranded(gang(), [RUNNING, ignored, waiting], GANG, for_s=60, now=NOW)
+    # A pod that failed in an earlier run (created before the Job last began) is not this
+    # run's: a pod that waits for a pinned node the plan is freeing is not a lost one.
+    earlier = pod(node="n3", phase="Failed", reason=None, created="2026-12-07T09:00:00Z")
+    assert not gang_stranded(gang(), [RUNNING, earlier, waiting], GANG, for_s=60, now=NOW)
+    assert not gang_stranded(gang(), [RUNNING, waiting], GANG, for_s=60, now=NOW)
+
+
+def test_a_gang_is_not_stranded_while_a_node_is_nominated_or_none_of_it_runs() -> None:
+    nominated = pod(created="2026-12-07T10:02:00Z", since="2026-12-07T10:02:01Z", nominated="n3")
+    assert not gang_stranded(gang(failed=1), [RUNNING, nominated], GANG, for_s=60, now=NOW)
+    # None of it runs: the whole Job's rule (pods_stranded), not the gang's.
+    waiting = pod(since="2026-12-07T10:02:01Z")
+    assert not gang_stranded(gang(failed=1), [waiting, waiting], GANG, for_s=60, now=NOW)
+    assert pods_stranded([waiting, waiting])
+    # Every pod placed: nothing waits.
+    placed = pod(node="n3", phase="Running", reason=None)
+    assert not gang_stranded(gang(failed=1), [RUNNING, placed], GANG, for_s=60, now=NOW)

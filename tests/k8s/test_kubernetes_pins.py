@@ -1,11 +1,13 @@
 """A pin Shaper sets on a Job lasts one run (connectors.kubernetes.pins), on the real control
 plane of the tests (see conftest): a Job moved onto a node, whose pod then fails while that
 node cannot take it, is reported with its own placement and given it back by the
-connector's upkeep; a pin whose run has not begun, and an operator's edit, stay."""
+connector's upkeep, and so is a gang that lost one of its pods; a pin whose run has not
+begun, a gang whose pods could not resume, and an operator's edit, stay."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -53,11 +55,20 @@ def cordon(kube: Kube) -> Iterator[Callable[[str], None]]:
         actions.uncordon(kube.api, node=node)
 
 
-def retried_job(name: str, *, own_node: str | None = None, ignore_disruption: bool = False) -> Any:
+def retried_job(
+    name: str,
+    *,
+    own_node: str | None = None,
+    ignore_disruption: bool = False,
+    pods: int = 1,
+    checkpointable: bool = True,
+) -> Any:
     """A checkpointable one-pod Job that replaces a failed pod (``backoffLimit`` 3), pinned
     to ``own_node`` by its owner when given; with ``ignore_disruption`` a pod a node's
-    failure takes does not count as failed (``podFailurePolicy``)."""
-    job = gpu_job(name, gpus=2)
+    failure takes does not count as failed (``podFailurePolicy``). With ``pods`` > 1, a gang
+    of that many pods, each holding a whole node's 8 GPUs."""
+    job = gpu_job(name, gpus=2 if pods == 1 else 8, checkpointable=checkpointable)
+    job.spec.parallelism = job.spec.completions = pods
     job.spec.backoff_limit = 3
     if own_node is not None:
         job.spec.template.spec.affinity = client.V1Affinity(
@@ -396,3 +407,158 @@ def pin_of(kube: Kube, job: str) -> Pin:
     pin = read_pin(kube.batch.read_namespaced_job(job, kube.namespace).metadata.annotations)
     assert pin is not None, f"{job} carries no pin stamp"
     return pin
+
+
+def nodes_running(kube: Kube, job: str) -> list[str]:
+    return sorted(
+        p.spec.node_name
+        for p in live_pods(kube, job)
+        if p.status.phase == "Running" and p.spec.node_name
+    )
+
+
+def pin_gang_to_2_and_3(kube: Kube, resume_from: str | None) -> None:
+    """A plan's start or move of ``gang`` onto kwok-gpu-2 and kwok-gpu-3."""
+    actions.recreate_job_pinned(
+        kube.api,
+        namespace=kube.namespace,
+        job="gang",
+        nodes=["kwok-gpu-2", "kwok-gpu-3"],
+        resume_from=resume_from,
+    )
+
+
+def gang_pinned_to_2_and_3(
+    kube: Kube, connector: KubernetesConnector, *, checkpointable: bool = True
+) -> None:
+    """Gang ``gang`` (two pods of 8 GPUs) started by a plan onto kwok-gpu-2 and kwok-gpu-3,
+    seen run there (its pin marked started)."""
+    held = retried_job("gang", pods=2, checkpointable=checkpointable)
+    held.spec.suspend = True
+    kube.batch.create_namespaced_job(kube.namespace, held)
+    pin_gang_to_2_and_3(kube, CHECKPOINT if checkpointable else None)
+    wait_for(
+        "gang to run on kwok-gpu-2 and kwok-gpu-3",
+        lambda: nodes_running(kube, "gang") == ["kwok-gpu-2", "kwok-gpu-3"],
+    )
+    upkeep_until(connector, "the pin marked started", lambda: pin_of(kube, "gang").started)
+
+
+def lose_its_pod_on_3(kube: Kube, cordon: Callable[[str], None]) -> None:
+    """kwok-gpu-3 fails: the gang's pod there is deleted and its replacement finds no node
+    (kwok-gpu-2 is full with the gang's other pod)."""
+    cordon("kwok-gpu-3")
+    lost = next(p for p in live_pods(kube, "gang") if p.spec.node_name == "kwok-gpu-3")
+    kube.core.delete_namespaced_pod(lost.metadata.name, kube.namespace)
+    wait_for("the gang's next pod to wait", lambda: unschedulable(kube, "gang"), REPLACED_S)
+
+
+def test_a_gang_that_lost_a_pod_on_its_pinned_nodes_runs_elsewhere(
+    kube: Kube, connector: KubernetesConnector, cordon: Callable[[str], None]
+) -> None:
+    gang_pinned_to_2_and_3(kube, connector)
+    lose_its_pod_on_3(kube, cordon)
+    # Not stopped before its replacement has waited GANG_STRANDED_S (60 s).
+    assert connector.upkeep() == []
+    assert nodes_running(kube, "gang") == ["kwok-gpu-2"]
+    connector.gang_stranded_s = 2.0
+    lines = upkeep_until(
+        connector,
+        "gang to run on kwok-gpu-1 and kwok-gpu-2",
+        lambda: nodes_running(kube, "gang") == ["kwok-gpu-1", "kwok-gpu-2"],
+    )
+    assert any("gang" in line and "1 running pod(s) stopped" in line for line in lines), lines
+    current = kube.batch.read_namespaced_job("gang", kube.namespace)
+    assert template_affinity(kube, "gang") is None
+    assert PIN_ANNOTATION not in (current.metadata.annotations or {})
+    assert LIFTING_PIN not in (current.metadata.annotations or {})
+    assert current.spec.template.metadata.annotations["shaper.io/resume-from"] == CHECKPOINT
+
+
+def test_a_gang_whose_pod_waits_for_a_pinned_node_being_freed_stays_pinned(
+    kube: Kube, connector: KubernetesConnector, cordon: Callable[[str], None]
+) -> None:
+    """A plan's start of a gang onto two nodes, one not free yet: one pod runs, the other
+    waits; the run lost no pod, so its pin stays however long that takes."""
+    held = retried_job("gang", pods=2)
+    held.spec.suspend = True
+    kube.batch.create_namespaced_job(kube.namespace, held)
+    cordon("kwok-gpu-3")
+    pin_gang_to_2_and_3(kube, CHECKPOINT)
+    wait_for("one pod to run", lambda: nodes_running(kube, "gang") == ["kwok-gpu-2"])
+    wait_for("the other to wait", lambda: unschedulable(kube, "gang"))
+    connector.gang_stranded_s = 0.0
+    upkeep_until(connector, "the pin marked started", lambda: pin_of(kube, "gang").started)
+    for _ in range(3):
+        assert connector.upkeep() == []
+    assert not kube.batch.read_namespaced_job("gang", kube.namespace).spec.suspend
+    assert pin_of(kube, "gang").nodes == ("kwok-gpu-2", "kwok-gpu-3")
+    assert nodes_running(kube, "gang") == ["kwok-gpu-2"]
+
+
+def test_a_stranded_gang_whose_pods_could_not_resume_is_left_and_said_once(
+    kube: Kube, connector: KubernetesConnector, cordon: Callable[[str], None]
+) -> None:
+    """Stopping the gang's running pod would lose its work: it stays pinned, and the
+    upkeep says so once."""
+    gang_pinned_to_2_and_3(kube, connector, checkpointable=False)
+    running = next(
+        p.metadata.name for p in live_pods(kube, "gang") if p.spec.node_name == "kwok-gpu-2"
+    )
+    lose_its_pod_on_3(kube, cordon)
+    connector.gang_stranded_s = 0.0
+    said: list[str] = []
+
+    def told() -> bool:
+        said.extend(connector.upkeep())
+        return bool(said)
+
+    wait_for("a line about the gang", told)
+    assert len(said) == 1 and "left pinned" in said[0] and "not checkpointable" in said[0], said
+    for _ in range(3):
+        assert connector.upkeep() == []
+    assert [p.metadata.name for p in live_pods(kube, "gang") if p.spec.node_name] == [running]
+    assert not kube.batch.read_namespaced_job("gang", kube.namespace).spec.suspend
+
+
+def test_a_moved_gang_that_lost_a_pod_its_failure_policy_ignores_runs_elsewhere(
+    kube: Kube, connector: KubernetesConnector, cordon: Callable[[str], None]
+) -> None:
+    """The lost pod is not counted failed (``podFailurePolicy``): its Failed pod, made
+    since the move let the Job run again, says the run lost it."""
+    job = retried_job("gang", pods=2, ignore_disruption=True)
+    kube.batch.create_namespaced_job(kube.namespace, job)
+    try:
+        wait_for("gang to run", lambda: len(nodes_running(kube, "gang")) == 2)
+        began = kube.batch.read_namespaced_job("gang", kube.namespace).status.start_time
+        time.sleep(1.5)  # the API server's times are whole seconds
+        pin_gang_to_2_and_3(kube, CHECKPOINT)
+        wait_for(
+            "gang to run on kwok-gpu-2 and kwok-gpu-3",
+            lambda: nodes_running(kube, "gang") == ["kwok-gpu-2", "kwok-gpu-3"],
+        )
+        # What the rule rests on: resuming the Job restarted its clock.
+        assert kube.batch.read_namespaced_job("gang", kube.namespace).status.start_time > began
+        cordon("kwok-gpu-3")
+        lost = next(p for p in live_pods(kube, "gang") if p.spec.node_name == "kwok-gpu-3")
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "DeletionByTaintManager",
+        }
+        kube.core.patch_namespaced_pod_status(
+            lost.metadata.name,
+            kube.namespace,
+            {"status": {"phase": "Failed", "conditions": [condition]}},
+        )
+        wait_for("the gang's next pod to wait", lambda: unschedulable(kube, "gang"), REPLACED_S)
+        assert not kube.batch.read_namespaced_job("gang", kube.namespace).status.failed
+        connector.gang_stranded_s = 2.0
+        upkeep_until(
+            connector,
+            "gang to run on kwok-gpu-1 and kwok-gpu-2",
+            lambda: nodes_running(kube, "gang") == ["kwok-gpu-1", "kwok-gpu-2"],
+        )
+        assert template_affinity(kube, "gang") is None
+    finally:
+        delete_as_a_kubelet_would(kube, "gang")
