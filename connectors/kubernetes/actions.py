@@ -82,6 +82,7 @@ from connectors.kubernetes.pins import (
 )
 from connectors.kubernetes.pod_placement import COMPLETION_INDEX, POD_NODES_ANNOTATION
 from connectors.kubernetes.pods import (
+    MAX_REPLICAS_ANNOTATION,
     QUEUE_LABEL,
     RESUME_FROM,
     STOPPED_BY_STEP,
@@ -1304,7 +1305,12 @@ def _wait_stopped(
 
 
 def _annotation_path(key: str) -> str:
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+    return "/metadata/annotations/" + _escape(key)
+
+
+def _escape(key: str) -> str:
+    """A map key as a JSON pointer's token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def mark_pin_started(api: client.ApiClient, *, namespace: str, job: str, stamp: str) -> bool:
@@ -1349,21 +1355,33 @@ def gang_stranded(
 ) -> bool:
     """Whether a Job's pinned run is a gang left part-stranded (``job``, its ``pods`` as
     JSON, ended ones too): the run lost a pod (:func:`run_lost_a_pod`), some of its live
-    pods are on nodes, and one of the others has found no node for ``for_s`` seconds
-    (``Unschedulable`` since, and no node nominated for it by a preemption). A pod the plan
-    is still freeing a node for is not a lost one: a run that lost none is not stranded,
-    however long a pod of it waits."""
+    pods are on nodes, and a replacement made since the run began has found no node for
+    ``for_s`` seconds (``Unschedulable`` since, and no node nominated for it by a
+    preemption). A first pod of the run that waits for a node a plan is still freeing is
+    not a lost one's replacement: that pin stays however long it takes, even once another
+    pod failed."""
     live = [p for p in pods if pod_active(p)]
     if not any(pod_node(p) for p in live) or not run_lost_a_pod(job, pods, pin):
         return False
+    began = parse_time((job.get("status") or {}).get("startTime"))
     cutoff = (now or datetime.now(UTC)) - timedelta(seconds=for_s)
-    return any(
-        (since := _unschedulable_since(p)) is not None
+    return began is not None and any(
+        _replacement(p, began)
+        and (since := _unschedulable_since(p)) is not None
         and since <= cutoff
         and not (p.get("status") or {}).get("nominatedNodeName")
         for p in live
         if not pod_node(p)
     )
+
+
+def _replacement(pod: Mapping[str, Any], began: datetime) -> bool:
+    """Whether a pod was made after its Job's run began (``began``: ``status.startTime``):
+    the replacement of one the run lost, not one of the run's first pods, which may wait
+    for a node a plan is freeing. Times are whole seconds: a replacement made in the
+    run's first second is not told apart (left pinned)."""
+    created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return created is not None and created > began
 
 
 def run_lost_a_pod(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], pin: Pin) -> bool:
@@ -1417,51 +1435,51 @@ def lift_stale_pin(
     still as read (an operator's edit since is kept) → let it run again, taking the
     annotation off. Its pods were only pending (nothing is lost), or it is a gang whose
     pinned run lost a pod that has found no node for ``gang_stranded_s`` while the others
-    run (:func:`gang_stranded`): a gang that cannot go on as it is, whose running pods are
-    stopped too, only if its template lets them resume (a checkpointable Job with a
-    pointer: :func:`template_blocker`; another is left pinned). A line saying what was
-    done, or None when the Job is left (no stale pin, held, managed by Kueue, its pods
-    placed or about to be). A Job found suspended with the annotation (the connector
-    stopped halfway) is finished the same way; one whose template changed since is let
-    run as it is. Idempotent; the caller holds the connector's pins lock, so no step of a
-    plan acts on the Job meanwhile."""
+    run (:func:`gang_stranded`), which cannot go on as it is: its running pods are stopped
+    too, only where that loses no work (:func:`gang_blocker`: an elastic training Job, whose
+    pods resume from its own checkpoint; the pointer a move left on its template, older
+    than the work done since, comes off as an elastic restart's does). A line saying what
+    was done, or None when the Job is left (no stale pin, held, managed by Kueue, its pods
+    placed or about to be, a gang whose stop would lose work). A Job found suspended with
+    the annotation (the connector stopped halfway) is finished the same way (the
+    annotation's value says whether running pods were stopped); one whose template
+    changed since is let run as it is. Idempotent; the caller holds the connector's pins
+    lock, so no step of a plan acts on the Job meanwhile."""
     found = read_job_json(api, namespace=namespace, job=job)
     annotations = found["metadata"].get("annotations") or {}
     suspended = bool(found["spec"].get("suspend"))
-    lifting = LIFTING_PIN in annotations
-    stopped_gang = ""
+    lifting = annotations.get(LIFTING_PIN)
     pin = read_pin(annotations)
-    if lifting and not suspended:  # let run by someone else meanwhile
+    if lifting is not None and not suspended:  # let run by someone else meanwhile
         dropped: dict[str, Any] = {"metadata": {"annotations": {LIFTING_PIN: None}}}
         _patch_job(api, namespace=namespace, job=job, body=dropped)
         return None
-    if not lifting:
+    if lifting is None:
         if pin is None or not pin.stale(found) or suspended:
             return None
         if (found["metadata"].get("labels") or {}).get(QUEUE_LABEL):
             return None  # Kueue owns its spec.suspend (no pin of Shaper's is put on one)
         current = read_job(api, namespace=namespace, job=job)
         pods = [api.sanitize_for_serialization(p) for p in job_pods(api, current)]
+        lifting = "true"  # only pending pods stopped
         if not pods_stranded(pods):
-            if not gang_stranded(found, pods, pin, for_s=gang_stranded_s) or template_blocker(
-                api, current.spec.template
-            ):
+            if not gang_stranded(found, pods, pin, for_s=gang_stranded_s) or gang_blocker(found):
                 return None
             running = sum(1 for p in pods if pod_active(p) and pod_node(p))
-            stopped_gang = f"its {running} running pod(s) stopped (its gang lost a pod that "
-            stopped_gang += "no node could take; they resume from the template's pointer), "
+            lifting = f"{GANG_STOPPED}{running} running pod(s) of its gang, which lost a pod"
         stop: dict[str, Any] = {
-            "metadata": {"annotations": {LIFTING_PIN: "true"}},
+            "metadata": {"annotations": {LIFTING_PIN: lifting}},
             "spec": {"suspend": True},
         }
         _patch_job(api, namespace=namespace, job=job, body=stop)
     _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
     stopped_json = read_job_json(api, namespace=namespace, job=job)
     pin = read_pin(stopped_json["metadata"].get("annotations"))
+    gang = lifting.startswith(GANG_STOPPED)
     done = "let run again as it is"
     if pin is not None and pin.stale(stopped_json):
         try:
-            ops = _lift_ops(stopped_json, pin)
+            ops = _lift_ops(stopped_json, pin, drop_pointer=gang)
             _patch_job(api, namespace=namespace, job=job, body=ops, content_type=JSON_PATCH)
         except ConnectorError as error:
             if error.retryable:
@@ -1470,6 +1488,8 @@ def lift_stale_pin(
         else:
             own = pinned_nodes(pin.restored_spec(stopped_json["spec"]["template"]["spec"]))
             done = f"given back its own placement ({','.join(own) or 'any node'})"
+            if gang:
+                done += "; its pods resume from its own checkpoint"
     resumed: dict[str, Any] = {
         "metadata": {"annotations": {LIFTING_PIN: None}},
         "spec": {"suspend": False},
@@ -1477,15 +1497,44 @@ def lift_stale_pin(
     _patch_job(api, namespace=namespace, job=job, body=resumed)
     nodes = ",".join(pin.nodes) if pin else "?"
     outlived = f"job {job} in {namespace}: Shaper's pin to {nodes} outlived its run"
-    return f"{outlived}; {stopped_gang}{done}"
+    return f"{outlived}; {lifting}, {done}" if gang else f"{outlived}; {done}"
 
 
-def _lift_ops(job: Mapping[str, Any], pin: Pin) -> list[dict[str, Any]]:
+# The start of ``shaper.io/lifting-pin``'s value when a lift stopped a gang's running pods.
+GANG_STOPPED = "stopped "
+
+
+def gang_blocker(job: Mapping[str, Any]) -> str | None:
+    """Why stopping the running pods of a part-stranded gang (``job``, JSON) would lose their
+    work; None when it would not: an elastic training Job (an elastic Indexed Job with
+    Shaper's ``shaper.io/max-replicas``), whose pods resume from its own checkpoint — its
+    runtime restarts them on any change of members anyway — and can resume
+    (:func:`connectors.kubernetes.pods.resume_blocker`). Any other Job's pods resume from
+    the pointer its template carries, which the move that pinned it left, older than the
+    work they did since: only a step that checkpoints first would stop them safely, and
+    Shaper moves no gang on Kubernetes yet (app.actions.schedulers)."""
+    spec = job.get("spec") or {}
+    template = spec.get("template") or {}
+    blocker = resume_blocker(template)
+    if blocker is not None:
+        return blocker
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    if elastic_size(spec) is None or MAX_REPLICAS_ANNOTATION not in annotations:
+        return (
+            "its pods would resume from the checkpoint of the move that pinned it, older than "
+            "the work they did since (only an elastic training job resumes from its own)"
+        )
+    return None
+
+
+def _lift_ops(job: Mapping[str, Any], pin: Pin, *, drop_pointer: bool) -> list[dict[str, Any]]:
     """The JSON patch that restores a stopped Job's own affinity (and takes an elastic
     restart's pod placement off: a move's does the same) and its stamp off, testing first
-    that both are as read."""
+    that both are as read; with ``drop_pointer``, the template's resume pointer (and the
+    restore label that goes with one) off too."""
     spec = job["spec"]["template"]["spec"]
     annotations = job["metadata"].get("annotations") or {}
+    template_meta = job["spec"]["template"].get("metadata") or {}
     affinity_path = "/spec/template/spec/affinity"
     ops: list[dict[str, Any]] = [
         {
@@ -1504,4 +1553,10 @@ def _lift_ops(job: Mapping[str, Any], pin: Pin) -> list[dict[str, Any]]:
         ops.append({"op": "replace", "path": "/spec/template/spec/schedulingGates", "value": gates})
         if POD_NODES_ANNOTATION in annotations:
             ops.append({"op": "remove", "path": _annotation_path(POD_NODES_ANNOTATION)})
+    if drop_pointer and RESUME_FROM in (template_meta.get("annotations") or {}):
+        path = "/spec/template" + _annotation_path(RESUME_FROM)
+        ops.append({"op": "remove", "path": path})
+    if drop_pointer and RESTORE_LABEL in (template_meta.get("labels") or {}):
+        path = "/spec/template/metadata/labels/" + _escape(RESTORE_LABEL)
+        ops.append({"op": "remove", "path": path})
     return ops

@@ -63,7 +63,6 @@ from connectors.kubernetes.pods import (
     pod_live,
     pod_node,
     priorities,
-    resume_blocker,
 )
 from connectors.kubernetes.submission import job_submit_spec
 from wire.telemetry import (
@@ -91,7 +90,8 @@ OWNER_COLLECTIONS = {
 }
 KUEUE_GROUP_PATH = "/apis/kueue.x-k8s.io"
 # How long an upkeep round may spend lifting stale pins (each suspends a Job and waits for
-# its pending pods to go, about a second); the rest wait for the next round.
+# its pods to go, about a second: the Job counts a pod being deleted as gone); the rest
+# wait for the next round.
 LIFTS_S = 10.0
 
 
@@ -136,7 +136,7 @@ class KubernetesConnector(KubernetesCapabilities):
         # How long a pod of a gang that lost one must have found no node before the upkeep
         # stops the gang to lift its pin (actions.gang_stranded); the tests shorten it.
         self.gang_stranded_s = actions.GANG_STRANDED_S
-        # The last line said of a gang left pinned because its pods could not resume, by
+        # The last line said of a gang left pinned because stopping it would lose work, by
         # Job uid: said once, not every round.
         self._left_pinned: dict[str, str] = {}
         if start:
@@ -291,12 +291,14 @@ class KubernetesConnector(KubernetesCapabilities):
         marked started; a Job whose pin is stale and whose pods cannot be placed gets its
         own placement back (actions.lift_stale_pin, a few API calls and a wait for its
         pods to go), for ``LIFTS_S`` seconds a round at most — also a gang whose pinned run
-        lost a pod that has found no node for ``gang_stranded_s`` while the others run, if
-        its pods can resume (else it stays pinned, and that is said once). What needs doing is
+        lost a pod that has found no node for ``gang_stranded_s`` while the others run,
+        where stopping them loses no work (actions.gang_blocker; else it stays pinned, and
+        that is said once). What needs doing is
         judged from the caches, and the pins lock is only tried: a step holding it (a move
         waits up to a minute) leaves the work to the next round rather than hold up the
         telemetry this runs beside. A Job that cannot be handled now is logged and tried
-        again next round. One line per lift."""
+        again next round. One line per lift and per gang left pinned, for the caller to
+        log."""
         namespaces = set(self.config.namespaces)
         pods_by_job: dict[str, list[Object]] = {}
         for pod in self.informers["pods"].items():
@@ -306,6 +308,7 @@ class KubernetesConnector(KubernetesCapabilities):
         marks: list[tuple[str, str, str]] = []
         lifts: list[tuple[str, str]] = []
         said: list[str] = []
+        stranded: set[str] = set()  # uids of the gangs left pinned (_left_pinned_once)
         for job in self.informers["jobs"].items():
             metadata = job.get("metadata") or {}
             namespace, name = metadata.get("namespace") or "default", metadata["name"]
@@ -323,12 +326,17 @@ class KubernetesConnector(KubernetesCapabilities):
             elif pin is not None and pin.stale(job):
                 if actions.pods_stranded(pods):
                     lifts.append((namespace, name))
-                elif actions.gang_stranded(job, pods, pin, for_s=self.gang_stranded_s):
-                    blocker = resume_blocker((job.get("spec") or {}).get("template") or {})
+                elif actions.gang_stranded(
+                    job, pods, pin, for_s=self.gang_stranded_s, now=self._clock()
+                ):
+                    blocker = actions.gang_blocker(job)
                     if blocker is None:
                         lifts.append((namespace, name))
                     else:
                         said.extend(self._left_pinned_once(job, pin, blocker))
+                        stranded.add(_uid(job))
+        # A Job gone, or no longer stranded, is said again should it strand again.
+        self._left_pinned = {uid: self._left_pinned[uid] for uid in stranded}
         if not (marks or lifts) or not self.pins_lock.acquire(blocking=False):
             return said
         lines: list[str] = said
@@ -351,26 +359,24 @@ class KubernetesConnector(KubernetesCapabilities):
                 )
                 line = self._pin_work(namespace, name, lift)
                 if isinstance(line, str):
-                    logger.info("%s", line)
-                    lines.append(line)
+                    lines.append(line)  # logged by the caller (connectors.runner.upkeep)
         finally:
             self.pins_lock.release()
         return lines
 
     def _left_pinned_once(self, job: Object, pin: Pin, blocker: str) -> list[str]:
         """The line that a gang stranded on a stale pin stays pinned, because stopping its
-        running pods would lose their work; once per Job and reason (logged)."""
+        running pods would lose their work; once per Job and reason."""
         metadata = job.get("metadata") or {}
         line = (
             f"job {metadata.get('name')} in {metadata.get('namespace') or 'default'}: a pod of "
             f"its gang lost on Shaper's pin to {','.join(pin.nodes)} finds no node; left "
-            f"pinned: its running pods could not resume ({blocker})"
+            f"pinned, since stopping its running pods would lose work: {blocker}"
         )
-        uid = str(metadata.get("uid") or metadata.get("name"))
+        uid = _uid(job)
         if self._left_pinned.get(uid) == line:
             return []
         self._left_pinned[uid] = line
-        logger.warning("%s", line)
         return [line]
 
     @staticmethod
@@ -444,6 +450,11 @@ class KubernetesConnector(KubernetesCapabilities):
             ),
             key=lambda pod: pod["metadata"]["name"],
         )
+
+
+def _uid(obj: Object) -> str:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("uid") or f"{metadata.get('namespace')}/{metadata.get('name')}")
 
 
 def _ran_pinned(pin: Pin, pods: list[Object], template_spec: Mapping[str, Any]) -> bool:

@@ -23,7 +23,8 @@ as the Job's own nodes (:func:`stale_pin_nodes`), and the upkeep gives the templ
 own affinity back once the Job's pods cannot be scheduled
 (connectors.kubernetes.actions.lift_stale_pin) — or, for a gang, once its pinned run lost a
 pod whose replacement finds no node while the others run (actions.gang_stranded): such a
-gang cannot go on as it is, so its running pods are stopped too, if they can resume.
+gang cannot go on as it is, so its running pods are stopped too where that loses no
+work (an elastic training job, which resumes from its own checkpoint: actions.gang_blocker).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from connectors.kubernetes.actions import gang_stranded, pods_stranded
+from connectors.kubernetes.actions import gang_blocker, gang_stranded, pods_stranded
 from connectors.kubernetes.pins import (
     PIN_ANNOTATION,
     RESUME_FROM,
@@ -191,6 +191,38 @@ def test_a_gang_is_stranded_once_its_run_lost_a_pod_that_finds_no_node() -> None
     earlier = pod(node="n3", phase="Failed", reason=None, created="2026-12-07T09:00:00Z")
     assert not gang_stranded(gang(), [RUNNING, earlier, waiting], GANG, for_s=60, now=NOW)
     assert not gang_stranded(gang(), [RUNNING, waiting], GANG, for_s=60, now=NOW)
+
+
+def test_a_first_pod_waiting_for_a_node_being_freed_is_no_replacement() -> None:
+    """The run's first pods are made when it begins: one waits for a pinned node the plan
+    is still freeing; another pod's failure since does not make the wait a strand."""
+    first = pod(created="2026-12-07T10:00:00Z", since="2026-12-07T10:00:01Z")
+    replaced = pod(node="n2", phase="Running", reason=None, created="2026-12-07T10:03:00Z")
+    assert not gang_stranded(gang(failed=1), [replaced, first], GANG, for_s=60, now=NOW)
+
+
+def elastic(found: dict[str, Any], *, checkpointable: bool = True) -> dict[str, Any]:
+    """``found`` made an elastic training job: an elastic Indexed Job with Shaper's range."""
+    found["metadata"]["annotations"]["shaper.io/max-replicas"] = "4"
+    found["spec"].update(completionMode="Indexed", completions=2, parallelism=2)
+    template = found["spec"]["template"]
+    if checkpointable:
+        template["metadata"]["annotations"]["shaper.io/checkpointable"] = "true"
+        env = {"fieldRef": {"fieldPath": "metadata.annotations['shaper.io/resume-from']"}}
+        template["spec"]["containers"] = [
+            {"name": "train", "env": [{"name": "SHAPER_RESUME_FROM", "valueFrom": env}]}
+        ]
+    return found
+
+
+def test_only_an_elastic_training_gang_is_stopped_to_lift_its_pin() -> None:
+    """Its pods resume from its own checkpoint; any other Job's from the move's pointer,
+    older than the work they did since."""
+    assert gang_blocker(elastic(gang())) is None
+    rigid = elastic(gang())
+    rigid["metadata"]["annotations"].pop("shaper.io/max-replicas")
+    assert "only an elastic training job resumes from its own" in (gang_blocker(rigid) or "")
+    assert "not checkpointable" in (gang_blocker(elastic(gang(), checkpointable=False)) or "")
 
 
 def test_a_gang_is_not_stranded_while_a_node_is_nominated_or_none_of_it_runs() -> None:

@@ -61,15 +61,19 @@ def retried_job(
     own_node: str | None = None,
     ignore_disruption: bool = False,
     pods: int = 1,
-    checkpointable: bool = True,
+    elastic: bool = False,
 ) -> Any:
     """A checkpointable one-pod Job that replaces a failed pod (``backoffLimit`` 3), pinned
     to ``own_node`` by its owner when given; with ``ignore_disruption`` a pod a node's
     failure takes does not count as failed (``podFailurePolicy``). With ``pods`` > 1, a gang
-    of that many pods, each holding a whole node's 8 GPUs."""
-    job = gpu_job(name, gpus=2 if pods == 1 else 8, checkpointable=checkpointable)
+    of that many pods, each holding a whole node's 8 GPUs; ``elastic``: an elastic training
+    job (an elastic Indexed Job of 1 to 2 pods, which resumes from its own checkpoint)."""
+    job = gpu_job(name, gpus=2 if pods == 1 else 8)
     job.spec.parallelism = job.spec.completions = pods
     job.spec.backoff_limit = 3
+    if elastic:
+        job.spec.completion_mode = "Indexed"
+        job.metadata.annotations = {"shaper.io/min-replicas": "1", "shaper.io/max-replicas": "2"}
     if own_node is not None:
         job.spec.template.spec.affinity = client.V1Affinity(
             node_affinity=client.V1NodeAffinity(
@@ -429,14 +433,14 @@ def pin_gang_to_2_and_3(kube: Kube, resume_from: str | None) -> None:
 
 
 def gang_pinned_to_2_and_3(
-    kube: Kube, connector: KubernetesConnector, *, checkpointable: bool = True
+    kube: Kube, connector: KubernetesConnector, *, elastic: bool = True
 ) -> None:
-    """Gang ``gang`` (two pods of 8 GPUs) started by a plan onto kwok-gpu-2 and kwok-gpu-3,
-    seen run there (its pin marked started)."""
-    held = retried_job("gang", pods=2, checkpointable=checkpointable)
+    """Gang ``gang`` (two pods of 8 GPUs; ``retried_job``) started by a plan onto kwok-gpu-2
+    and kwok-gpu-3, seen run there (its pin marked started)."""
+    held = retried_job("gang", pods=2, elastic=elastic)
     held.spec.suspend = True
     kube.batch.create_namespaced_job(kube.namespace, held)
-    pin_gang_to_2_and_3(kube, CHECKPOINT if checkpointable else None)
+    pin_gang_to_2_and_3(kube, CHECKPOINT)
     wait_for(
         "gang to run on kwok-gpu-2 and kwok-gpu-3",
         lambda: nodes_running(kube, "gang") == ["kwok-gpu-2", "kwok-gpu-3"],
@@ -453,7 +457,7 @@ def lose_its_pod_on_3(kube: Kube, cordon: Callable[[str], None]) -> None:
     wait_for("the gang's next pod to wait", lambda: unschedulable(kube, "gang"), REPLACED_S)
 
 
-def test_a_gang_that_lost_a_pod_on_its_pinned_nodes_runs_elsewhere(
+def test_an_elastic_gang_that_lost_a_pod_on_its_pinned_nodes_runs_elsewhere(
     kube: Kube, connector: KubernetesConnector, cordon: Callable[[str], None]
 ) -> None:
     gang_pinned_to_2_and_3(kube, connector)
@@ -467,12 +471,13 @@ def test_a_gang_that_lost_a_pod_on_its_pinned_nodes_runs_elsewhere(
         "gang to run on kwok-gpu-1 and kwok-gpu-2",
         lambda: nodes_running(kube, "gang") == ["kwok-gpu-1", "kwok-gpu-2"],
     )
-    assert any("gang" in line and "1 running pod(s) stopped" in line for line in lines), lines
+    assert any("gang" in line and "stopped 1 running pod(s)" in line for line in lines), lines
     current = kube.batch.read_namespaced_job("gang", kube.namespace)
     assert template_affinity(kube, "gang") is None
     assert PIN_ANNOTATION not in (current.metadata.annotations or {})
     assert LIFTING_PIN not in (current.metadata.annotations or {})
-    assert current.spec.template.metadata.annotations["shaper.io/resume-from"] == CHECKPOINT
+    # The move's checkpoint is older than the work done since: its own checkpoint it is.
+    assert "shaper.io/resume-from" not in (current.spec.template.metadata.annotations or {})
 
 
 def test_a_gang_whose_pod_waits_for_a_pinned_node_being_freed_stays_pinned(
@@ -480,7 +485,7 @@ def test_a_gang_whose_pod_waits_for_a_pinned_node_being_freed_stays_pinned(
 ) -> None:
     """A plan's start of a gang onto two nodes, one not free yet: one pod runs, the other
     waits; the run lost no pod, so its pin stays however long that takes."""
-    held = retried_job("gang", pods=2)
+    held = retried_job("gang", pods=2, elastic=True)
     held.spec.suspend = True
     kube.batch.create_namespaced_job(kube.namespace, held)
     cordon("kwok-gpu-3")
@@ -496,12 +501,12 @@ def test_a_gang_whose_pod_waits_for_a_pinned_node_being_freed_stays_pinned(
     assert nodes_running(kube, "gang") == ["kwok-gpu-2"]
 
 
-def test_a_stranded_gang_whose_pods_could_not_resume_is_left_and_said_once(
+def test_a_stranded_gang_whose_stop_would_lose_work_is_left_and_said_once(
     kube: Kube, connector: KubernetesConnector, cordon: Callable[[str], None]
 ) -> None:
-    """Stopping the gang's running pod would lose its work: it stays pinned, and the
-    upkeep says so once."""
-    gang_pinned_to_2_and_3(kube, connector, checkpointable=False)
+    """A rigid gang's pods resume from the pointer the move left, older than their work:
+    it stays pinned, and the upkeep says so once."""
+    gang_pinned_to_2_and_3(kube, connector, elastic=False)
     running = next(
         p.metadata.name for p in live_pods(kube, "gang") if p.spec.node_name == "kwok-gpu-2"
     )
@@ -514,7 +519,8 @@ def test_a_stranded_gang_whose_pods_could_not_resume_is_left_and_said_once(
         return bool(said)
 
     wait_for("a line about the gang", told)
-    assert len(said) == 1 and "left pinned" in said[0] and "not checkpointable" in said[0], said
+    assert len(said) == 1 and "left pinned" in said[0], said
+    assert "only an elastic training job resumes from its own" in said[0], said
     for _ in range(3):
         assert connector.upkeep() == []
     assert [p.metadata.name for p in live_pods(kube, "gang") if p.spec.node_name] == [running]
@@ -526,7 +532,7 @@ def test_a_moved_gang_that_lost_a_pod_its_failure_policy_ignores_runs_elsewhere(
 ) -> None:
     """The lost pod is not counted failed (``podFailurePolicy``): its Failed pod, made
     since the move let the Job run again, says the run lost it."""
-    job = retried_job("gang", pods=2, ignore_disruption=True)
+    job = retried_job("gang", pods=2, elastic=True, ignore_disruption=True)
     kube.batch.create_namespaced_job(kube.namespace, job)
     try:
         wait_for("gang to run", lambda: len(nodes_running(kube, "gang")) == 2)
