@@ -82,10 +82,10 @@ from connectors.kubernetes.pins import (
 )
 from connectors.kubernetes.pod_placement import COMPLETION_INDEX, POD_NODES_ANNOTATION
 from connectors.kubernetes.pods import (
-    MAX_REPLICAS_ANNOTATION,
     QUEUE_LABEL,
     RESUME_FROM,
     STOPPED_BY_STEP,
+    JobGroup,
     OwnerRef,
     elastic_size,
     owner_of,
@@ -95,6 +95,7 @@ from connectors.kubernetes.pods import (
     pod_node,
     pod_spec_gpus,
     resume_blocker,
+    training_range,
 )
 from connectors.kubernetes.restore_webhook import (
     RESTORE_BY_IMAGE,
@@ -1305,12 +1306,7 @@ def _wait_stopped(
 
 
 def _annotation_path(key: str) -> str:
-    return "/metadata/annotations/" + _escape(key)
-
-
-def _escape(key: str) -> str:
-    """A map key as a JSON pointer's token (RFC 6901)."""
-    return key.replace("~", "~0").replace("/", "~1")
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def mark_pin_started(api: client.ApiClient, *, namespace: str, job: str, stamp: str) -> bool:
@@ -1378,8 +1374,12 @@ def gang_stranded(
 def _replacement(pod: Mapping[str, Any], began: datetime) -> bool:
     """Whether a pod was made after its Job's run began (``began``: ``status.startTime``):
     the replacement of one the run lost, not one of the run's first pods, which may wait
-    for a node a plan is freeing. Times are whole seconds: a replacement made in the
-    run's first second is not told apart (left pinned)."""
+    for a node a plan is freeing. The Job controller makes the first pods in the sync that
+    stamps ``startTime`` (what this rests on; measured in the tests' runs): a first pod it
+    could not make then (a quota still counting the pods being deleted, a webhook's
+    timeout, a gang of more than one sync's 500 pods) counts as a replacement. Times are
+    whole seconds: a replacement made in the run's first second is not told apart (left
+    pinned)."""
     created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     return created is not None and created > began
 
@@ -1427,6 +1427,7 @@ def lift_stale_pin(
     job: str,
     timeout_s: float = SETTLE_TIMEOUT_S,
     gang_stranded_s: float = GANG_STRANDED_S,
+    now: datetime | None = None,
 ) -> str | None:
     """Give a Job whose pin of Shaper's is stale (its run is over: connectors.kubernetes.pins)
     and whose pods cannot be placed its own placement back: suspend it (the annotation
@@ -1435,10 +1436,12 @@ def lift_stale_pin(
     still as read (an operator's edit since is kept) → let it run again, taking the
     annotation off. Its pods were only pending (nothing is lost), or it is a gang whose
     pinned run lost a pod that has found no node for ``gang_stranded_s`` while the others
-    run (:func:`gang_stranded`), which cannot go on as it is: its running pods are stopped
-    too, only where that loses no work (:func:`gang_blocker`: an elastic training Job, whose
-    pods resume from its own checkpoint; the pointer a move left on its template, older
-    than the work done since, comes off as an elastic restart's does). A line saying what
+    run (:func:`gang_stranded`; ``now``: the time to judge it at, by default the clock's),
+    which cannot go on as it is: its running pods are stopped too, only where that loses
+    no work (:func:`gang_blocker`: an elastic training job, whose pods resume from its own
+    checkpoint; once they are stopped, the pointer a move left on its template, older than
+    the work done since, comes off on its own, whatever becomes of the pin, as an elastic
+    restart's does). A line saying what
     was done, or None when the Job is left (no stale pin, held, managed by Kueue, its pods
     placed or about to be, a gang whose stop would lose work). A Job found suspended with
     the annotation (the connector stopped halfway) is finished the same way (the
@@ -1463,7 +1466,8 @@ def lift_stale_pin(
         pods = [api.sanitize_for_serialization(p) for p in job_pods(api, current)]
         lifting = "true"  # only pending pods stopped
         if not pods_stranded(pods):
-            if not gang_stranded(found, pods, pin, for_s=gang_stranded_s) or gang_blocker(found):
+            stranded = gang_stranded(found, pods, pin, for_s=gang_stranded_s, now=now)
+            if not stranded or gang_blocker(found, pods):
                 return None
             running = sum(1 for p in pods if pod_active(p) and pod_node(p))
             lifting = f"{GANG_STOPPED}{running} running pod(s) of its gang, which lost a pod"
@@ -1473,13 +1477,20 @@ def lift_stale_pin(
         }
         _patch_job(api, namespace=namespace, job=job, body=stop)
     _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
+    gang = lifting.startswith(GANG_STOPPED)
+    if gang:
+        # First, on its own: whatever becomes of the pin, the gang's pods must not resume
+        # from the move's checkpoint, older than the work they did since.
+        stale = {"annotations": {RESUME_FROM: None}, "labels": {RESTORE_LABEL: None}}
+        _patch_job(
+            api, namespace=namespace, job=job, body={"spec": {"template": {"metadata": stale}}}
+        )
     stopped_json = read_job_json(api, namespace=namespace, job=job)
     pin = read_pin(stopped_json["metadata"].get("annotations"))
-    gang = lifting.startswith(GANG_STOPPED)
     done = "let run again as it is"
     if pin is not None and pin.stale(stopped_json):
         try:
-            ops = _lift_ops(stopped_json, pin, drop_pointer=gang)
+            ops = _lift_ops(stopped_json, pin)
             _patch_job(api, namespace=namespace, job=job, body=ops, content_type=JSON_PATCH)
         except ConnectorError as error:
             if error.retryable:
@@ -1488,8 +1499,8 @@ def lift_stale_pin(
         else:
             own = pinned_nodes(pin.restored_spec(stopped_json["spec"]["template"]["spec"]))
             done = f"given back its own placement ({','.join(own) or 'any node'})"
-            if gang:
-                done += "; its pods resume from its own checkpoint"
+    if gang:
+        done += "; its pods resume from its own checkpoint"
     resumed: dict[str, Any] = {
         "metadata": {"annotations": {LIFTING_PIN: None}},
         "spec": {"suspend": False},
@@ -1504,22 +1515,23 @@ def lift_stale_pin(
 GANG_STOPPED = "stopped "
 
 
-def gang_blocker(job: Mapping[str, Any]) -> str | None:
-    """Why stopping the running pods of a part-stranded gang (``job``, JSON) would lose their
-    work; None when it would not: an elastic training Job (an elastic Indexed Job with
-    Shaper's ``shaper.io/max-replicas``), whose pods resume from its own checkpoint — its
+def gang_blocker(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why stopping the running pods of a part-stranded gang (``job`` and its ``pods``,
+    JSON) would lose their work; None when it would not: an elastic training job as the
+    telemetry reports one (:func:`connectors.kubernetes.pods.training_range`: Shaper
+    restarts it at other sizes too), whose pods resume from its own checkpoint — its
     runtime restarts them on any change of members anyway — and can resume
     (:func:`connectors.kubernetes.pods.resume_blocker`). Any other Job's pods resume from
     the pointer its template carries, which the move that pinned it left, older than the
     work they did since: only a step that checkpoints first would stop them safely, and
     Shaper moves no gang on Kubernetes yet (app.actions.schedulers)."""
-    spec = job.get("spec") or {}
-    template = spec.get("template") or {}
-    blocker = resume_blocker(template)
+    metadata = job.get("metadata") or {}
+    owner = OwnerRef("Job", metadata.get("namespace") or "default", metadata.get("name") or "")
+    group = JobGroup(owner=owner, obj=dict(job), pods=sorted((dict(p) for p in pods), key=_name))
+    blocker = resume_blocker((job.get("spec") or {}).get("template") or {})
     if blocker is not None:
         return blocker
-    annotations = (job.get("metadata") or {}).get("annotations") or {}
-    if elastic_size(spec) is None or MAX_REPLICAS_ANNOTATION not in annotations:
+    if training_range(group, group.meta("annotations")) is None:
         return (
             "its pods would resume from the checkpoint of the move that pinned it, older than "
             "the work they did since (only an elastic training job resumes from its own)"
@@ -1527,14 +1539,12 @@ def gang_blocker(job: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _lift_ops(job: Mapping[str, Any], pin: Pin, *, drop_pointer: bool) -> list[dict[str, Any]]:
+def _lift_ops(job: Mapping[str, Any], pin: Pin) -> list[dict[str, Any]]:
     """The JSON patch that restores a stopped Job's own affinity (and takes an elastic
     restart's pod placement off: a move's does the same) and its stamp off, testing first
-    that both are as read; with ``drop_pointer``, the template's resume pointer (and the
-    restore label that goes with one) off too."""
+    that both are as read."""
     spec = job["spec"]["template"]["spec"]
     annotations = job["metadata"].get("annotations") or {}
-    template_meta = job["spec"]["template"].get("metadata") or {}
     affinity_path = "/spec/template/spec/affinity"
     ops: list[dict[str, Any]] = [
         {
@@ -1553,10 +1563,4 @@ def _lift_ops(job: Mapping[str, Any], pin: Pin, *, drop_pointer: bool) -> list[d
         ops.append({"op": "replace", "path": "/spec/template/spec/schedulingGates", "value": gates})
         if POD_NODES_ANNOTATION in annotations:
             ops.append({"op": "remove", "path": _annotation_path(POD_NODES_ANNOTATION)})
-    if drop_pointer and RESUME_FROM in (template_meta.get("annotations") or {}):
-        path = "/spec/template" + _annotation_path(RESUME_FROM)
-        ops.append({"op": "remove", "path": path})
-    if drop_pointer and RESTORE_LABEL in (template_meta.get("labels") or {}):
-        path = "/spec/template/metadata/labels/" + _escape(RESTORE_LABEL)
-        ops.append({"op": "remove", "path": path})
     return ops

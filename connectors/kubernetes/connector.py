@@ -329,7 +329,7 @@ class KubernetesConnector(KubernetesCapabilities):
                 elif actions.gang_stranded(
                     job, pods, pin, for_s=self.gang_stranded_s, now=self._clock()
                 ):
-                    blocker = actions.gang_blocker(job)
+                    blocker = actions.gang_blocker(job, pods)
                     if blocker is None:
                         lifts.append((namespace, name))
                     else:
@@ -356,6 +356,7 @@ class KubernetesConnector(KubernetesCapabilities):
                     namespace=namespace,
                     job=name,
                     gang_stranded_s=self.gang_stranded_s,
+                    now=self._clock(),
                 )
                 line = self._pin_work(namespace, name, lift)
                 if isinstance(line, str):

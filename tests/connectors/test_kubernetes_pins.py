@@ -217,12 +217,26 @@ def elastic(found: dict[str, Any], *, checkpointable: bool = True) -> dict[str, 
 
 def test_only_an_elastic_training_gang_is_stopped_to_lift_its_pin() -> None:
     """Its pods resume from its own checkpoint; any other Job's from the move's pointer,
-    older than the work they did since."""
-    assert gang_blocker(elastic(gang())) is None
+    older than the work they did since. Elastic as the telemetry reports one
+    (pods.training_range)."""
+    pods = [RUNNING]
+    assert gang_blocker(elastic(gang()), pods) is None
+    on_template = elastic(gang())
+    on_template["metadata"]["annotations"].pop("shaper.io/max-replicas")
+    on_template["spec"]["template"]["metadata"]["annotations"]["shaper.io/max-replicas"] = "4"
+    assert gang_blocker(on_template, pods) is None
     rigid = elastic(gang())
     rigid["metadata"]["annotations"].pop("shaper.io/max-replicas")
-    assert "only an elastic training job resumes from its own" in (gang_blocker(rigid) or "")
-    assert "not checkpointable" in (gang_blocker(elastic(gang(), checkpointable=False)) or "")
+    fixed = elastic(gang())
+    fixed["metadata"]["annotations"].update({"shaper.io/min-replicas": "4"})
+    managed = elastic(gang())
+    managed["spec"]["managedBy"] = "example.com/another-controller"
+    per_index = elastic(gang())
+    per_index["spec"]["backoffLimitPerIndex"] = 1
+    for job_json in (rigid, fixed, managed, per_index):
+        blocker = gang_blocker(job_json, pods) or ""
+        assert "only an elastic training job resumes from its own" in blocker, job_json
+    assert "not checkpointable" in (gang_blocker(elastic(gang(), checkpointable=False), pods) or "")
 
 
 def test_a_gang_is_not_stranded_while_a_node_is_nominated_or_none_of_it_runs() -> None:
