@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -1428,6 +1428,7 @@ def lift_stale_pin(
     timeout_s: float = SETTLE_TIMEOUT_S,
     gang_stranded_s: float = GANG_STRANDED_S,
     now: datetime | None = None,
+    known_nodes: Collection[str] | None = None,
 ) -> str | None:
     """Give a Job whose pin of Shaper's is stale (its run is over: connectors.kubernetes.pins)
     and whose pods cannot be placed its own placement back: suspend it (the annotation
@@ -1441,7 +1442,9 @@ def lift_stale_pin(
     no work (:func:`gang_blocker`: an elastic training job, whose pods resume from its own
     checkpoint; once they are stopped, the pointer a move left on its template, older than
     the work done since, comes off on its own, whatever becomes of the pin, as an elastic
-    restart's does). A line saying what
+    restart's does). Or its template resumes from checkpoint images on a node no longer in
+    the cluster (:func:`lost_images_node`, given ``known_nodes``), so its pinned pods wait
+    for good: the pointer and the restore label come off with the pin. A line saying what
     was done, or None when the Job is left (no stale pin, held, managed by Kueue, its pods
     placed or about to be, a gang whose stop would lose work). A Job found suspended with
     the annotation (the connector stopped halfway) is finished the same way (the
@@ -1458,14 +1461,19 @@ def lift_stale_pin(
         _patch_job(api, namespace=namespace, job=job, body=dropped)
         return None
     if lifting is None:
-        if pin is None or not pin.stale(found) or suspended:
+        lost = lost_images_node(found, known_nodes)
+        if pin is None or suspended or not (pin.stale(found) or _in_force(pin, found, lost)):
             return None
         if (found["metadata"].get("labels") or {}).get(QUEUE_LABEL):
             return None  # Kueue owns its spec.suspend (no pin of Shaper's is put on one)
         current = read_job(api, namespace=namespace, job=job)
         pods = [api.sanitize_for_serialization(p) for p in job_pods(api, current)]
         lifting = "true"  # only pending pods stopped
-        if not pods_stranded(pods):
+        if lost is not None and not pin.stale(found):
+            if not pods_stranded(pods):
+                return None
+            lifting = f"{IMAGES_LOST}{lost}"
+        elif not pods_stranded(pods):
             stranded = gang_stranded(found, pods, pin, for_s=gang_stranded_s, now=now)
             if not stranded or gang_blocker(found, pods):
                 return None
@@ -1478,9 +1486,11 @@ def lift_stale_pin(
         _patch_job(api, namespace=namespace, job=job, body=stop)
     _wait_stopped(api, namespace=namespace, job=job, timeout_s=timeout_s)
     gang = lifting.startswith(GANG_STOPPED)
-    if gang:
+    images = lifting.startswith(IMAGES_LOST)
+    if gang or images:
         # First, on its own: whatever becomes of the pin, the gang's pods must not resume
-        # from the move's checkpoint, older than the work they did since.
+        # from the move's checkpoint, older than the work they did since; nor any pod
+        # from images that went with their node.
         stale = {"annotations": {RESUME_FROM: None}, "labels": {RESTORE_LABEL: None}}
         _patch_job(
             api, namespace=namespace, job=job, body={"spec": {"template": {"metadata": stale}}}
@@ -1488,7 +1498,8 @@ def lift_stale_pin(
     stopped_json = read_job_json(api, namespace=namespace, job=job)
     pin = read_pin(stopped_json["metadata"].get("annotations"))
     done = "let run again as it is"
-    if pin is not None and pin.stale(stopped_json):
+    template_spec = stopped_json["spec"]["template"]["spec"]
+    if pin is not None and (pin.stale(stopped_json) or (images and pin.in_force(template_spec))):
         try:
             ops = _lift_ops(stopped_json, pin)
             _patch_job(api, namespace=namespace, job=job, body=ops, content_type=JSON_PATCH)
@@ -1507,8 +1518,45 @@ def lift_stale_pin(
     }
     _patch_job(api, namespace=namespace, job=job, body=resumed)
     nodes = ",".join(pin.nodes) if pin else "?"
+    if images:
+        node = lifting.removeprefix(IMAGES_LOST)
+        return (
+            f"job {job} in {namespace}: the checkpoint images it was pinned to {nodes} to "
+            f"resume from went with node {node}, no longer in the cluster; its pods start from "
+            f"their own checkpoint or afresh, {done}"
+        )
     outlived = f"job {job} in {namespace}: Shaper's pin to {nodes} outlived its run"
     return f"{outlived}; {lifting}, {done}" if gang else f"{outlived}; {done}"
+
+
+# The start of ``shaper.io/lifting-pin``'s value when a lift takes off a pin to checkpoint
+# images whose node left the cluster (lost_images_node); the node follows.
+IMAGES_LOST = "images lost with node "
+
+
+def lost_images_node(job: Mapping[str, Any], known_nodes: Collection[str] | None) -> str | None:
+    """The node holding the checkpoint images a Job's template resumes from
+    (connectors.kubernetes.restore_webhook), when that node is no longer in the cluster:
+    the images went with it, so a pin to it can never be met (``job``: JSON;
+    ``known_nodes``: the name of every node; None or empty when not known, and then
+    nothing is judged). None otherwise. A node that is down but still there may come back
+    with its images: its pin stays."""
+    if not known_nodes:
+        return None
+    template = (job.get("spec") or {}).get("template") or {}
+    pointer = ((template.get("metadata") or {}).get("annotations") or {}).get(RESUME_FROM)
+    try:
+        restore = image_restore(pointer if isinstance(pointer, str) else None)
+    except Refused:
+        return None
+    return restore.node if restore is not None and restore.node not in known_nodes else None
+
+
+def _in_force(pin: Pin, job: Mapping[str, Any], lost: str | None) -> bool:
+    """Whether a pin to checkpoint images lost with their node (``lost``) is still the
+    template's."""
+    template_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return lost is not None and pin.in_force(template_spec)
 
 
 # The start of ``shaper.io/lifting-pin``'s value when a lift stopped a gang's running pods.

@@ -293,12 +293,13 @@ class KubernetesConnector(KubernetesCapabilities):
         pods to go), for ``LIFTS_S`` seconds a round at most — also a gang whose pinned run
         lost a pod that has found no node for ``gang_stranded_s`` while the others run,
         where stopping them loses no work (actions.gang_blocker; else it stays pinned, and
-        that is said once). What needs doing is
-        judged from the caches, and the pins lock is only tried: a step holding it (a move
-        waits up to a minute) leaves the work to the next round rather than hold up the
-        telemetry this runs beside. A Job that cannot be handled now is logged and tried
-        again next round. One line per lift and per gang left pinned, for the caller to
-        log."""
+        that is said once); and a Job pinned to resume from checkpoint images on a node no
+        longer in the cluster (actions.lost_images_node), whose pods can never be placed.
+        What needs doing is judged from the caches, and the pins lock is only tried: a step
+        holding it (a move waits up to a minute) leaves the work to the next round rather
+        than hold up the telemetry this runs beside. A Job that cannot be handled now is
+        logged and tried again next round. One line per lift and per gang left pinned, for
+        the caller to log."""
         namespaces = set(self.config.namespaces)
         pods_by_job: dict[str, list[Object]] = {}
         for pod in self.informers["pods"].items():
@@ -309,6 +310,10 @@ class KubernetesConnector(KubernetesCapabilities):
         lifts: list[tuple[str, str]] = []
         said: list[str] = []
         stranded: set[str] = set()  # uids of the gangs left pinned (_left_pinned_once)
+        nodes = self.informers["nodes"]
+        # Every node's name, to tell checkpoint images lost with their node; None until the
+        # cache holds the whole list (an empty or partial one would say every node left).
+        known = {n["metadata"]["name"] for n in nodes.items()} if nodes.synced else None
         for job in self.informers["jobs"].items():
             metadata = job.get("metadata") or {}
             namespace, name = metadata.get("namespace") or "default", metadata["name"]
@@ -335,6 +340,13 @@ class KubernetesConnector(KubernetesCapabilities):
                     else:
                         said.extend(self._left_pinned_once(job, pin, blocker))
                         stranded.add(_uid(job))
+            elif (
+                pin is not None
+                and actions.lost_images_node(job, known) is not None
+                and pin.in_force(template_spec)
+                and actions.pods_stranded(pods)
+            ):
+                lifts.append((namespace, name))
         # A Job gone, or no longer stranded, is said again should it strand again.
         self._left_pinned = {uid: self._left_pinned[uid] for uid in stranded}
         if not (marks or lifts) or not self.pins_lock.acquire(blocking=False):
@@ -357,6 +369,7 @@ class KubernetesConnector(KubernetesCapabilities):
                     job=name,
                     gang_stranded_s=self.gang_stranded_s,
                     now=self._clock(),
+                    known_nodes=known,
                 )
                 line = self._pin_work(namespace, name, lift)
                 if isinstance(line, str):

@@ -10,7 +10,12 @@ from typing import Any
 
 import pytest
 
-from connectors.kubernetes.actions import gang_blocker, gang_stranded, pods_stranded
+from connectors.kubernetes.actions import (
+    gang_blocker,
+    gang_stranded,
+    lost_images_node,
+    pods_stranded,
+)
 from connectors.kubernetes.pins import (
     PIN_ANNOTATION,
     RESUME_FROM,
@@ -249,3 +254,16 @@ def test_a_gang_is_not_stranded_while_a_node_is_nominated_or_none_of_it_runs() -
     # Every pod placed: nothing waits.
     placed = pod(node="n3", phase="Running", reason=None)
     assert not gang_stranded(gang(failed=1), [RUNNING, placed], GANG, for_s=60, now=NOW)
+
+
+def test_checkpoint_images_are_lost_only_with_a_node_gone_from_a_known_cluster() -> None:
+    images = POINTER_PREFIX + '{"node": "n2", "images": {"train": "localhost/ckpt:1"}}'
+    pinned = job(Pin(0, ("n2",), None), pinned=["n2"], pointer=images)
+    assert lost_images_node(pinned, {"n1", "n3"}) == "n2"
+    assert lost_images_node(pinned, {"n1", "n2"}) is None  # down perhaps, but there
+    assert lost_images_node(pinned, None) is None  # the node list is not known yet
+    assert lost_images_node(pinned, set()) is None
+    own = job(Pin(0, ("n2",), None), pinned=["n2"], pointer="/shared/ckpt/7")
+    assert lost_images_node(own, {"n1"}) is None  # a pointer the workload reads itself
+    broken = job(Pin(0, ("n2",), None), pinned=["n2"], pointer=POINTER_PREFIX + "{")
+    assert lost_images_node(broken, {"n1"}) is None

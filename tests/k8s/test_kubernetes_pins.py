@@ -21,6 +21,7 @@ from connectors.kubernetes.connector import KubernetesConnector
 from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin, read_pin
 from tests.k8s.conftest import K8sCluster, Kube, wait_for
 from tests.k8s.objects import gpu_job
+from wire.checkpoint_image import POINTER_PREFIX
 from wire.telemetry import JobReport, JobState
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,10 @@ def cordon(kube: Kube) -> Iterator[Callable[[str], None]]:
 
     yield make
     for node in cordoned:
-        actions.uncordon(kube.api, node=node)
+        try:
+            actions.uncordon(kube.api, node=node)
+        except actions.ObjectGone:
+            pass  # a test deleted it
 
 
 def retried_job(
@@ -568,3 +572,79 @@ def test_a_moved_gang_that_lost_a_pod_its_failure_policy_ignores_runs_elsewhere(
         assert template_affinity(kube, "gang") is None
     finally:
         delete_as_a_kubelet_would(kube, "gang")
+
+
+GONE = "pins-gone-1"
+
+
+@pytest.fixture
+def node_that_goes(kube: Kube) -> Iterator[str]:
+    """A kwok GPU node of this test's own (``GONE``), Ready; deleted by the test or after."""
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    node = client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=GONE,
+            annotations={"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            labels={"kubernetes.io/hostname": GONE, "nvidia.com/gpu.present": "true"},
+        ),
+        status=client.V1NodeStatus(allocatable=resources, capacity=resources),
+    )
+    kube.core.create_node(node)
+    try:
+        wait_for(
+            f"{GONE} to be Ready",
+            lambda: any(
+                c.type == "Ready" and c.status == "True"
+                for c in kube.core.read_node(GONE).status.conditions or []
+            ),
+        )
+        yield GONE
+    finally:
+        try:
+            kube.core.delete_node(GONE)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+def test_a_pin_to_checkpoint_images_whose_node_left_the_cluster_is_lifted(
+    kube: Kube,
+    connector: KubernetesConnector,
+    cordon: Callable[[str], None],
+    node_that_goes: str,
+) -> None:
+    """Preempted with a kubelet checkpoint, a Job resumes from images on one node and is
+    pinned there. While that node is only down (cordoned) its images may come back: the
+    pin stays. Once the node is deleted, the images went with it: the pin, the pointer and
+    the restore label come off, and the Job runs elsewhere."""
+    images = POINTER_PREFIX + json.dumps({"node": node_that_goes, "images": {"trainer": "ckpt:1"}})
+    held = retried_job("train")
+    held.spec.suspend = True
+    kube.batch.create_namespaced_job(kube.namespace, held)
+    actions.recreate_job_pinned(
+        kube.api, namespace=kube.namespace, job="train", nodes=[node_that_goes], resume_from=images
+    )
+    wait_for(
+        f"train to run on {node_that_goes}", lambda: running_on(kube, "train") == node_that_goes
+    )
+    upkeep_until(connector, "the pin marked started", lambda: pin_of(kube, "train").started)
+
+    cordon(node_that_goes)
+    fail_its_pod(kube, "train")
+    wait_for("train's next pod to wait", lambda: unschedulable(kube, "train"), REPLACED_S)
+    for _ in range(3):
+        assert connector.upkeep() == []
+    assert pin_of(kube, "train").nodes == (node_that_goes,)
+
+    kube.core.delete_node(node_that_goes)
+    lines = upkeep_until(
+        connector, "train to run again", lambda: running_on(kube, "train") is not None
+    )
+    assert running_on(kube, "train") in ("kwok-gpu-1", "kwok-gpu-2", "kwok-gpu-3")
+    assert any(f"went with node {node_that_goes}" in line for line in lines), lines
+    current = kube.batch.read_namespaced_job("train", kube.namespace)
+    assert PIN_ANNOTATION not in (current.metadata.annotations or {})
+    assert template_affinity(kube, "train") is None
+    meta = current.spec.template.metadata
+    assert "shaper.io/resume-from" not in (meta.annotations or {})
+    assert "shaper.io/restore" not in (meta.labels or {})
