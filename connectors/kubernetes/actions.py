@@ -1430,27 +1430,27 @@ def lift_stale_pin(
     now: datetime | None = None,
     known_nodes: Collection[str] | None = None,
 ) -> str | None:
-    """Give a Job whose pin of Shaper's is stale (its run is over: connectors.kubernetes.pins)
-    and whose pods cannot be placed its own placement back: suspend it (the annotation
-    ``shaper.io/lifting-pin`` says why) → wait until no pod is active → restore the
-    template's affinity and take the stamp off, in one JSON patch that tests both are
-    still as read (an operator's edit since is kept) → let it run again, taking the
-    annotation off. Its pods were only pending (nothing is lost), or it is a gang whose
-    pinned run lost a pod that has found no node for ``gang_stranded_s`` while the others
-    run (:func:`gang_stranded`; ``now``: the time to judge it at, by default the clock's),
-    which cannot go on as it is: its running pods are stopped too, only where that loses
-    no work (:func:`gang_blocker`: an elastic training job, whose pods resume from its own
-    checkpoint; once they are stopped, the pointer a move left on its template, older than
-    the work done since, comes off on its own, whatever becomes of the pin, as an elastic
-    restart's does). Or its template resumes from checkpoint images on a node no longer in
-    the cluster (:func:`lost_images_node`, given ``known_nodes``), so its pinned pods wait
-    for good: the pointer and the restore label come off with the pin. A line saying what
-    was done, or None when the Job is left (no stale pin, held, managed by Kueue, its pods
-    placed or about to be, a gang whose stop would lose work). A Job found suspended with
-    the annotation (the connector stopped halfway) is finished the same way (the
-    annotation's value says whether running pods were stopped); one whose template
-    changed since is let run as it is. Idempotent; the caller holds the connector's pins
-    lock, so no step of a plan acts on the Job meanwhile."""
+    """Give a Job whose pin of Shaper's is stale (its run is over: connectors.kubernetes.pins) and
+    whose pods cannot be placed its own placement back: suspend it (the annotation
+    ``shaper.io/lifting-pin`` says why) → wait until no pod is active → restore the template's
+    affinity and take the stamp off, in one JSON patch that tests both are still as read (an
+    operator's edit since is kept) → let it run again, taking the annotation off. Its pods were
+    only pending (nothing is lost), or it is a gang whose pinned run lost a pod that has found
+    no node for ``gang_stranded_s`` while the others run (:func:`gang_stranded`; ``now``: the
+    time to judge it at, by default the clock's), which cannot go on as it is: its running pods
+    are stopped too, only where that loses no work (:func:`gang_blocker`: an elastic training
+    job, whose pods resume from its own checkpoint; once they are stopped, the pointer a move
+    left on its template, older than the work done since, comes off on its own, whatever becomes
+    of the pin, as an elastic restart's does). Or its template resumes from checkpoint images on
+    a node no longer in the cluster (:func:`lost_images_node`, given ``known_nodes``, and the
+    API server's 404 for the node), so its pods, held there by Shaper's pin or by the restore
+    webhook, wait for good: the pointer and the restore label come off, and the pin if there is
+    one. A line saying what was done, or None when the Job is left (no stale pin, held, managed
+    by Kueue, its pods placed or about to be, a gang whose stop would lose work). A Job found
+    suspended with the annotation (the connector stopped halfway) is finished the same way (the
+    annotation's value says whether running pods were stopped); one whose template changed since
+    is let run as it is. Idempotent; the caller holds the connector's pins lock, so no step of a
+    plan acts on the Job meanwhile."""
     found = read_job_json(api, namespace=namespace, job=job)
     annotations = found["metadata"].get("annotations") or {}
     suspended = bool(found["spec"].get("suspend"))
@@ -1461,19 +1461,23 @@ def lift_stale_pin(
         _patch_job(api, namespace=namespace, job=job, body=dropped)
         return None
     if lifting is None:
+        # A pin to checkpoint images is never stale (Pin.stale): the two are apart.
         lost = lost_images_node(found, known_nodes)
-        if pin is None or suspended or not (pin.stale(found) or _in_force(pin, found, lost)):
+        if suspended or (lost is None and (pin is None or not pin.stale(found))):
             return None
         if (found["metadata"].get("labels") or {}).get(QUEUE_LABEL):
             return None  # Kueue owns its spec.suspend (no pin of Shaper's is put on one)
         current = read_job(api, namespace=namespace, job=job)
         pods = [api.sanitize_for_serialization(p) for p in job_pods(api, current)]
         lifting = "true"  # only pending pods stopped
-        if lost is not None and not pin.stale(found):
-            if not pods_stranded(pods):
+        if lost is not None:
+            # The cache said the node left; the API server must say so too (404) before a
+            # Job's only checkpoint is let go.
+            if not pods_stranded(pods) or node_exists(api, lost):
                 return None
             lifting = f"{IMAGES_LOST}{lost}"
         elif not pods_stranded(pods):
+            assert pin is not None  # stale, above
             stranded = gang_stranded(found, pods, pin, for_s=gang_stranded_s, now=now)
             if not stranded or gang_blocker(found, pods):
                 return None
@@ -1499,6 +1503,8 @@ def lift_stale_pin(
     pin = read_pin(stopped_json["metadata"].get("annotations"))
     done = "let run again as it is"
     template_spec = stopped_json["spec"]["template"]["spec"]
+    # A Job suspended with its pointer alone (no pin of Shaper's: the restore webhook held
+    # its pods to the images' node by their label, gone now) has no pin to lift.
     if pin is not None and (pin.stale(stopped_json) or (images and pin.in_force(template_spec))):
         try:
             ops = _lift_ops(stopped_json, pin)
@@ -1521,9 +1527,9 @@ def lift_stale_pin(
     if images:
         node = lifting.removeprefix(IMAGES_LOST)
         return (
-            f"job {job} in {namespace}: the checkpoint images it was pinned to {nodes} to "
-            f"resume from went with node {node}, no longer in the cluster; its pods start from "
-            f"their own checkpoint or afresh, {done}"
+            f"job {job} in {namespace}: the checkpoint images it was to resume from went with "
+            f"node {node}, no longer in the cluster; its pods start from their own checkpoint "
+            f"or afresh, {done if pin is not None else 'let run again unpinned'}"
         )
     outlived = f"job {job} in {namespace}: Shaper's pin to {nodes} outlived its run"
     return f"{outlived}; {lifting}, {done}" if gang else f"{outlived}; {done}"
@@ -1552,11 +1558,18 @@ def lost_images_node(job: Mapping[str, Any], known_nodes: Collection[str] | None
     return restore.node if restore is not None and restore.node not in known_nodes else None
 
 
-def _in_force(pin: Pin, job: Mapping[str, Any], lost: str | None) -> bool:
-    """Whether a pin to checkpoint images lost with their node (``lost``) is still the
-    template's."""
-    template_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return lost is not None and pin.in_force(template_spec)
+def node_exists(api: client.ApiClient, name: str) -> bool:
+    """Whether the API server has node ``name`` (a 404 says it has not; other errors
+    raise)."""
+    try:
+        call(
+            "get",
+            f"node {name}",
+            lambda: _core(api).read_node(name, _request_timeout=REQUEST_TIMEOUT_S),
+        )
+    except ObjectGone:
+        return False
+    return True
 
 
 # The start of ``shaper.io/lifting-pin``'s value when a lift stopped a gang's running pods.

@@ -52,6 +52,7 @@ from connectors.kubernetes.informer import Informer, Object
 from connectors.kubernetes.nodes import node_change_matters, node_report, node_state
 from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin, read_pin
 from connectors.kubernetes.pods import (
+    QUEUE_LABEL,
     JobGroup,
     OwnerRef,
     TranslationContext,
@@ -320,7 +321,10 @@ class KubernetesConnector(KubernetesCapabilities):
             annotations = metadata.get("annotations") or {}
             pin = read_pin(annotations)
             lifting = LIFTING_PIN in annotations
-            if (pin is None and not lifting) or (namespaces and namespace not in namespaces):
+            lost = actions.lost_images_node(job, known)
+            if (pin is None and not lifting and lost is None) or (
+                namespaces and namespace not in namespaces
+            ):
                 continue
             pods = pods_by_job.get(metadata.get("uid") or "", [])
             template_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
@@ -341,9 +345,8 @@ class KubernetesConnector(KubernetesCapabilities):
                         said.extend(self._left_pinned_once(job, pin, blocker))
                         stranded.add(_uid(job))
             elif (
-                pin is not None
-                and actions.lost_images_node(job, known) is not None
-                and pin.in_force(template_spec)
+                lost is not None
+                and not (metadata.get("labels") or {}).get(QUEUE_LABEL)  # Kueue's to run
                 and actions.pods_stranded(pods)
             ):
                 lifts.append((namespace, name))

@@ -18,7 +18,8 @@ raises ``status.failed``, a suspension does not; a failure a ``podFailurePolicy`
 ``started``. A pin is *stale* once the count has passed the stamp's, or the run started,
 while the template still pins those nodes (an operator's edit since is theirs, not
 Shaper's) and does not resume from checkpoint images (they are on one node: the pin is
-where the process can be restored, so it stays). A pending Job's stale pin is reported
+where the process can be restored, so it stays — until that node leaves the cluster,
+connectors.kubernetes.actions.lost_images_node). A pending Job's stale pin is reported
 as the Job's own nodes (:func:`stale_pin_nodes`), and the upkeep gives the template its
 own affinity back once the Job's pods cannot be scheduled
 (connectors.kubernetes.actions.lift_stale_pin) — or, for a gang, once its pinned run lost a

@@ -648,3 +648,38 @@ def test_a_pin_to_checkpoint_images_whose_node_left_the_cluster_is_lifted(
     meta = current.spec.template.metadata
     assert "shaper.io/resume-from" not in (meta.annotations or {})
     assert "shaper.io/restore" not in (meta.labels or {})
+
+
+def test_a_pointer_to_images_lost_with_their_node_comes_off_a_job_shaper_did_not_pin(
+    kube: Kube, connector: KubernetesConnector, node_that_goes: str
+) -> None:
+    """A Job suspended to resume from checkpoint images and let run (no pin of Shaper's:
+    the restore webhook holds such pods to the images' node by the template's label). Here
+    the Job's own node selector holds it there, as the webhook would: once the node is
+    deleted, the pointer and the label come off, and the Job's own placement stays."""
+    images = POINTER_PREFIX + json.dumps({"node": node_that_goes, "images": {"trainer": "ckpt:1"}})
+    held = retried_job("train")
+    held.spec.suspend = True
+    held.spec.template.spec.node_selector = {"kubernetes.io/hostname": node_that_goes}
+    kube.batch.create_namespaced_job(kube.namespace, held)
+    actions.suspend_job_to_resume(
+        kube.api, namespace=kube.namespace, job="train", resume_from=images
+    )
+    actions.resume_job(kube.api, namespace=kube.namespace, job="train")
+    wait_for(
+        f"train to run on {node_that_goes}", lambda: running_on(kube, "train") == node_that_goes
+    )
+    kube.core.delete_node(node_that_goes)
+    wait_for("train's next pod to wait", lambda: unschedulable(kube, "train"), REPLACED_S)
+
+    def pointer_gone() -> bool:
+        meta = kube.batch.read_namespaced_job("train", kube.namespace).spec.template.metadata
+        return "shaper.io/resume-from" not in (meta.annotations or {})
+
+    lines = upkeep_until(connector, "the pointer to come off", pointer_gone)
+    assert any(f"went with node {node_that_goes}" in line for line in lines), lines
+    current = kube.batch.read_namespaced_job("train", kube.namespace)
+    assert "shaper.io/restore" not in (current.spec.template.metadata.labels or {})
+    assert current.spec.template.spec.node_selector == {"kubernetes.io/hostname": node_that_goes}
+    assert not current.spec.suspend
+    assert LIFTING_PIN not in (current.metadata.annotations or {})
