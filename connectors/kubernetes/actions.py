@@ -82,6 +82,7 @@ from connectors.kubernetes.pins import (
 )
 from connectors.kubernetes.pod_placement import COMPLETION_INDEX, POD_NODES_ANNOTATION
 from connectors.kubernetes.pods import (
+    JOB_CONTROLLER,
     QUEUE_LABEL,
     RESUME_FROM,
     STOPPED_BY_STEP,
@@ -1446,7 +1447,8 @@ def lift_stale_pin(
     API server's 404 for the node), so its pods, held there by Shaper's pin or by the restore
     webhook, wait for good: the pointer and the restore label come off, and the pin if there is
     one. A line saying what was done, or None when the Job is left (no stale pin, held, managed
-    by Kueue, its pods placed or about to be, a gang whose stop would lose work). A Job found
+    by Kueue or another controller, its pods placed or about to be, a gang whose stop would
+    lose work, the images' node still there by the API server's word). A Job found
     suspended with the annotation (the connector stopped halfway) is finished the same way (the
     annotation's value says whether running pods were stopped); one whose template changed since
     is let run as it is. Idempotent; the caller holds the connector's pins lock, so no step of a
@@ -1467,6 +1469,8 @@ def lift_stale_pin(
             return None
         if (found["metadata"].get("labels") or {}).get(QUEUE_LABEL):
             return None  # Kueue owns its spec.suspend (no pin of Shaper's is put on one)
+        if found["spec"].get("managedBy", JOB_CONTROLLER) != JOB_CONTROLLER:
+            return None  # another controller runs it: the Job controller would never stop it
         current = read_job(api, namespace=namespace, job=job)
         pods = [api.sanitize_for_serialization(p) for p in job_pods(api, current)]
         lifting = "true"  # only pending pods stopped
@@ -1505,7 +1509,9 @@ def lift_stale_pin(
     template_spec = stopped_json["spec"]["template"]["spec"]
     # A Job suspended with its pointer alone (no pin of Shaper's: the restore webhook held
     # its pods to the images' node by their label, gone now) has no pin to lift.
-    if pin is not None and (pin.stale(stopped_json) or (images and pin.in_force(template_spec))):
+    lost_node = lifting.removeprefix(IMAGES_LOST) if images else None
+    held_there = pin is not None and lost_node in pin.nodes and pin.in_force(template_spec)
+    if pin is not None and (pin.stale(stopped_json) or held_there):
         try:
             ops = _lift_ops(stopped_json, pin)
             _patch_job(api, namespace=namespace, job=job, body=ops, content_type=JSON_PATCH)
@@ -1525,11 +1531,11 @@ def lift_stale_pin(
     _patch_job(api, namespace=namespace, job=job, body=resumed)
     nodes = ",".join(pin.nodes) if pin else "?"
     if images:
-        node = lifting.removeprefix(IMAGES_LOST)
+        node = lost_node
         return (
             f"job {job} in {namespace}: the checkpoint images it was to resume from went with "
             f"node {node}, no longer in the cluster; its pods start from their own checkpoint "
-            f"or afresh, {done if pin is not None else 'let run again unpinned'}"
+            f"or afresh, {done if held_there else 'let run again, its placement as it is'}"
         )
     outlived = f"job {job} in {namespace}: Shaper's pin to {nodes} outlived its run"
     return f"{outlived}; {lifting}, {done}" if gang else f"{outlived}; {done}"

@@ -52,6 +52,7 @@ from connectors.kubernetes.informer import Informer, Object
 from connectors.kubernetes.nodes import node_change_matters, node_report, node_state
 from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin, read_pin
 from connectors.kubernetes.pods import (
+    JOB_CONTROLLER,
     QUEUE_LABEL,
     JobGroup,
     OwnerRef,
@@ -294,8 +295,9 @@ class KubernetesConnector(KubernetesCapabilities):
         pods to go), for ``LIFTS_S`` seconds a round at most — also a gang whose pinned run
         lost a pod that has found no node for ``gang_stranded_s`` while the others run,
         where stopping them loses no work (actions.gang_blocker; else it stays pinned, and
-        that is said once); and a Job pinned to resume from checkpoint images on a node no
-        longer in the cluster (actions.lost_images_node), whose pods can never be placed.
+        that is said once); and a Job held to resume from checkpoint images on a node no
+        longer in the cluster (actions.lost_images_node: by Shaper's pin or by the restore
+        webhook), whose pods can never be placed, once the API server answers 404 for it.
         What needs doing is judged from the caches, and the pins lock is only tried: a step
         holding it (a move waits up to a minute) leaves the work to the next round rather
         than hold up the telemetry this runs beside. A Job that cannot be handled now is
@@ -347,6 +349,7 @@ class KubernetesConnector(KubernetesCapabilities):
             elif (
                 lost is not None
                 and not (metadata.get("labels") or {}).get(QUEUE_LABEL)  # Kueue's to run
+                and (job.get("spec") or {}).get("managedBy", JOB_CONTROLLER) == JOB_CONTROLLER
                 and actions.pods_stranded(pods)
             ):
                 lifts.append((namespace, name))

@@ -683,3 +683,30 @@ def test_a_pointer_to_images_lost_with_their_node_comes_off_a_job_shaper_did_not
     assert current.spec.template.spec.node_selector == {"kubernetes.io/hostname": node_that_goes}
     assert not current.spec.suspend
     assert LIFTING_PIN not in (current.metadata.annotations or {})
+
+
+def test_images_on_a_node_the_cache_misses_but_the_api_server_has_stay(
+    kube: Kube, connector: KubernetesConnector, cordon: Callable[[str], None]
+) -> None:
+    """A node list that lags (a stalled watch) never lets a Job's only checkpoint go: the
+    API server must say the node is gone."""
+    images = POINTER_PREFIX + json.dumps({"node": "kwok-gpu-2", "images": {"trainer": "ckpt:1"}})
+    held = retried_job("train")
+    held.spec.suspend = True
+    kube.batch.create_namespaced_job(kube.namespace, held)
+    actions.recreate_job_pinned(
+        kube.api, namespace=kube.namespace, job="train", nodes=["kwok-gpu-2"], resume_from=images
+    )
+    wait_for("train to run on kwok-gpu-2", lambda: running_on(kube, "train") == "kwok-gpu-2")
+    cordon("kwok-gpu-2")
+    fail_its_pod(kube, "train")
+    wait_for("train's next pod to wait", lambda: unschedulable(kube, "train"), REPLACED_S)
+    lagging = {"kwok-gpu-1", "kwok-gpu-3"}  # kwok-gpu-2 missing
+    lifted = actions.lift_stale_pin(
+        kube.api, namespace=kube.namespace, job="train", known_nodes=lagging
+    )
+    assert lifted is None
+    current = kube.batch.read_namespaced_job("train", kube.namespace)
+    assert not current.spec.suspend
+    assert current.spec.template.metadata.annotations["shaper.io/resume-from"] == images
+    assert pin_of(kube, "train").nodes == ("kwok-gpu-2",)
