@@ -1381,8 +1381,12 @@ def _replacement(pod: Mapping[str, Any], began: datetime) -> bool:
     timeout, a gang of more than one sync's 500 pods) counts as a replacement. Times are
     whole seconds: a replacement made in the run's first second is not told apart (left
     pinned)."""
-    created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    created = _created(pod)
     return created is not None and created > began
+
+
+def _created(pod: Mapping[str, Any]) -> datetime | None:
+    return parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
 
 
 def run_lost_a_pod(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], pin: Pin) -> bool:
@@ -1401,8 +1405,7 @@ def run_lost_a_pod(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], pi
     began = parse_time(status.get("startTime"))
     return began is not None and any(
         (pod.get("status") or {}).get("phase") == "Failed"
-        and (created := parse_time((pod.get("metadata") or {}).get("creationTimestamp")))
-        is not None
+        and (created := _created(pod)) is not None
         and created >= began
         for pod in pods
     )
@@ -1463,30 +1466,19 @@ def lift_stale_pin(
         _patch_job(api, namespace=namespace, job=job, body=dropped)
         return None
     if lifting is None:
-        # A pin to checkpoint images is never stale (Pin.stale): the two are apart.
-        lost = lost_images_node(found, known_nodes)
-        if suspended or (lost is None and (pin is None or not pin.stale(found))):
-            return None
-        if (found["metadata"].get("labels") or {}).get(QUEUE_LABEL):
-            return None  # Kueue owns its spec.suspend (no pin of Shaper's is put on one)
-        if found["spec"].get("managedBy", JOB_CONTROLLER) != JOB_CONTROLLER:
-            return None  # another controller runs it: the Job controller would never stop it
+        if suspended or (pin is None and lost_images_node(found, known_nodes) is None):
+            return None  # nothing to lift (judge_lift): no need to list its pods
         current = read_job(api, namespace=namespace, job=job)
         pods = [api.sanitize_for_serialization(p) for p in job_pods(api, current)]
-        lifting = "true"  # only pending pods stopped
-        if lost is not None:
+        lifting = judge_lift(
+            found, pods, known_nodes=known_nodes, gang_stranded_s=gang_stranded_s, now=now
+        ).mark
+        if lifting is None:
+            return None
+        if lifting.startswith(IMAGES_LOST) and node_exists(api, lifting.removeprefix(IMAGES_LOST)):
             # The cache said the node left; the API server must say so too (404) before a
             # Job's only checkpoint is let go.
-            if not pods_stranded(pods) or node_exists(api, lost):
-                return None
-            lifting = f"{IMAGES_LOST}{lost}"
-        elif not pods_stranded(pods):
-            assert pin is not None  # stale, above
-            stranded = gang_stranded(found, pods, pin, for_s=gang_stranded_s, now=now)
-            if not stranded or gang_blocker(found, pods):
-                return None
-            running = sum(1 for p in pods if pod_active(p) and pod_node(p))
-            lifting = f"{GANG_STOPPED}{running} running pod(s) of its gang, which lost a pod"
+            return None
         stop: dict[str, Any] = {
             "metadata": {"annotations": {LIFTING_PIN: lifting}},
             "spec": {"suspend": True},
@@ -1520,7 +1512,7 @@ def lift_stale_pin(
                 raise  # still suspended, with the annotation: the next upkeep goes on
             done = f"left pinned ({error})"
         else:
-            own = pinned_nodes(pin.restored_spec(stopped_json["spec"]["template"]["spec"]))
+            own = pinned_nodes(pin.restored_spec(template_spec))
             done = f"given back its own placement ({','.join(own) or 'any node'})"
     if gang:
         done += "; its pods resume from its own checkpoint"
@@ -1529,16 +1521,66 @@ def lift_stale_pin(
         "spec": {"suspend": False},
     }
     _patch_job(api, namespace=namespace, job=job, body=resumed)
-    nodes = ",".join(pin.nodes) if pin else "?"
     if images:
-        node = lost_node
+        done = done if held_there else "let run again, its placement as it is"
         return (
             f"job {job} in {namespace}: the checkpoint images it was to resume from went with "
-            f"node {node}, no longer in the cluster; its pods start from their own checkpoint "
-            f"or afresh, {done if held_there else 'let run again, its placement as it is'}"
+            f"node {lost_node}, no longer in the cluster; its pods start from their own "
+            f"checkpoint or afresh, {done}"
         )
+    nodes = ",".join(pin.nodes) if pin else "?"
     outlived = f"job {job} in {namespace}: Shaper's pin to {nodes} outlived its run"
     return f"{outlived}; {lifting}, {done}" if gang else f"{outlived}; {done}"
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the upkeep is to do about one Job's placement (:func:`judge_lift`)."""
+
+    # The lift to make, as ``shaper.io/lifting-pin`` will say it: "true" (only pending
+    # pods stop), GANG_STOPPED… or IMAGES_LOST…; None: none.
+    mark: str | None = None
+    # Why a part-stranded gang is left pinned (gang_blocker); None when it is not one.
+    blocked: str | None = None
+
+
+def judge_lift(
+    job: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    known_nodes: Collection[str] | None,
+    gang_stranded_s: float = GANG_STRANDED_S,
+    now: datetime | None = None,
+) -> Judged:
+    """Whether Shaper's hold on a Job's placement is to be lifted, and how (``job`` and its
+    ``pods`` as JSON, ended ones too): the rules of :func:`lift_stale_pin`, which the
+    connector's upkeep applies to its caches and the lift again to what the API server
+    says. Nothing for a Job that is suspended, Kueue's or another controller's. Checkpoint
+    images on a node the list ``known_nodes`` lacks (a pin to them is never stale:
+    Pin.stale), once its pods cannot be placed; a stale pin whose pods cannot be placed; a
+    gang stranded on a stale pin, where stopping it loses no work (else ``blocked``)."""
+    spec = job.get("spec") or {}
+    if (
+        spec.get("suspend")
+        or ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+        or spec.get("managedBy", JOB_CONTROLLER) != JOB_CONTROLLER
+    ):
+        return Judged()  # Kueue or another controller owns its spec.suspend
+    lost = lost_images_node(job, known_nodes)
+    if lost is not None:
+        return Judged(f"{IMAGES_LOST}{lost}" if pods_stranded(pods) else None)
+    pin = read_pin((job.get("metadata") or {}).get("annotations"))
+    if pin is None or not pin.stale(job):
+        return Judged()
+    if pods_stranded(pods):
+        return Judged("true")
+    if not gang_stranded(job, pods, pin, for_s=gang_stranded_s, now=now):
+        return Judged()
+    blocker = gang_blocker(job, pods)
+    if blocker is not None:
+        return Judged(blocked=blocker)
+    running = sum(1 for p in pods if pod_active(p) and pod_node(p))
+    return Judged(f"{GANG_STOPPED}{running} running pod(s) of its gang, which lost a pod")
 
 
 # The start of ``shaper.io/lifting-pin``'s value when a lift takes off a pin to checkpoint

@@ -52,8 +52,6 @@ from connectors.kubernetes.informer import Informer, Object
 from connectors.kubernetes.nodes import node_change_matters, node_report, node_state
 from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin, read_pin
 from connectors.kubernetes.pods import (
-    JOB_CONTROLLER,
-    QUEUE_LABEL,
     JobGroup,
     OwnerRef,
     TranslationContext,
@@ -323,8 +321,7 @@ class KubernetesConnector(KubernetesCapabilities):
             annotations = metadata.get("annotations") or {}
             pin = read_pin(annotations)
             lifting = LIFTING_PIN in annotations
-            lost = actions.lost_images_node(job, known)
-            if (pin is None and not lifting and lost is None) or (
+            if (pin is None and not lifting and actions.lost_images_node(job, known) is None) or (
                 namespaces and namespace not in namespaces
             ):
                 continue
@@ -332,27 +329,22 @@ class KubernetesConnector(KubernetesCapabilities):
             template_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
             if pin is not None and not pin.started and _ran_pinned(pin, pods, template_spec):
                 marks.append((namespace, name, annotations[PIN_ANNOTATION]))
-            elif lifting:  # a lift left halfway first: its Job waits suspended
+                continue
+            if lifting:  # a lift left halfway first: its Job waits suspended
                 lifts.insert(0, (namespace, name))
-            elif pin is not None and pin.stale(job):
-                if actions.pods_stranded(pods):
-                    lifts.append((namespace, name))
-                elif actions.gang_stranded(
-                    job, pods, pin, for_s=self.gang_stranded_s, now=self._clock()
-                ):
-                    blocker = actions.gang_blocker(job, pods)
-                    if blocker is None:
-                        lifts.append((namespace, name))
-                    else:
-                        said.extend(self._left_pinned_once(job, pin, blocker))
-                        stranded.add(_uid(job))
-            elif (
-                lost is not None
-                and not (metadata.get("labels") or {}).get(QUEUE_LABEL)  # Kueue's to run
-                and (job.get("spec") or {}).get("managedBy", JOB_CONTROLLER) == JOB_CONTROLLER
-                and actions.pods_stranded(pods)
-            ):
+                continue
+            judged = actions.judge_lift(
+                job,
+                pods,
+                known_nodes=known,
+                gang_stranded_s=self.gang_stranded_s,
+                now=self._clock(),
+            )
+            if judged.mark is not None:
                 lifts.append((namespace, name))
+            elif judged.blocked is not None and pin is not None:
+                said.extend(self._left_pinned_once(job, pin, judged.blocked))
+                stranded.add(_uid(job))
         # A Job gone, or no longer stranded, is said again should it strand again.
         self._left_pinned = {uid: self._left_pinned[uid] for uid in stranded}
         if not (marks or lifts) or not self.pins_lock.acquire(blocking=False):

@@ -918,7 +918,7 @@ class SlurmConnector:
         """One job as Slurm has it now: through slurmrestd, its own read; else from the
         whole queue (Slurm 22.05's ``squeue --json`` lists every job, ignoring ``-j``, and
         its ``scontrol`` has no ``--json``)."""
-        found = self._rest_job(job_id) if self._rest is not None else None
+        found = self._rest_job(job_id)
         if found is not None:
             return found
         for job in self.read_jobs():

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from connectors.kubernetes.actions import (
+    Judged,
     gang_blocker,
     gang_stranded,
+    judge_lift,
     lost_images_node,
     pods_stranded,
 )
@@ -267,3 +269,31 @@ def test_checkpoint_images_are_lost_only_with_a_node_gone_from_a_known_cluster()
     assert lost_images_node(own, {"n1"}) is None  # a pointer the workload reads itself
     broken = job(Pin(0, ("n2",), None), pinned=["n2"], pointer=POINTER_PREFIX + "{")
     assert lost_images_node(broken, {"n1"}) is None
+
+
+def test_one_judgement_says_which_lift_and_leaves_jobs_others_run() -> None:
+    """judge_lift: what the upkeep queues from its caches and the lift checks again."""
+    stale = Pin(0, ("n2",), None, started=True)
+    waiting = [pod()]
+    assert judge_lift(job(stale, pinned=["n2"]), waiting, known_nodes=None).mark == "true"
+    images = POINTER_PREFIX + '{"node": "n2", "images": {"train": "localhost/ckpt:1"}}'
+    lost = job(stale, pinned=["n2"], pointer=images)
+    assert judge_lift(lost, waiting, known_nodes={"n1"}).mark == "images lost with node n2"
+    assert judge_lift(lost, waiting, known_nodes={"n1", "n2"}).mark is None
+    for other in ({"suspend": True}, {"managedBy": "example.com/mine"}):
+        held = job(stale, pinned=["n2"])
+        held["spec"].update(other)
+        assert judge_lift(held, waiting, known_nodes=None) == Judged()
+    kueue = job(stale, pinned=["n2"])
+    kueue["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    assert judge_lift(kueue, waiting, known_nodes=None) == Judged()
+    # A rigid gang stranded on its stale pin: left, and why.
+    rigid = elastic(gang(failed=1))
+    rigid["metadata"]["annotations"].pop("shaper.io/max-replicas")
+    replaced = pod(created="2026-12-07T10:02:00Z", since="2026-12-07T10:02:01Z")
+    judged = judge_lift(rigid, [RUNNING, replaced], known_nodes=None, gang_stranded_s=60, now=NOW)
+    assert judged.mark is None and "only an elastic training job" in (judged.blocked or "")
+    judged = judge_lift(
+        elastic(gang(failed=1)), [RUNNING, replaced], known_nodes=None, gang_stranded_s=60, now=NOW
+    )
+    assert judged == Judged("stopped 1 running pod(s) of its gang, which lost a pod")
