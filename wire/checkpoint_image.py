@@ -12,6 +12,7 @@ One definition of the pointer here, so that producer and reader agree on it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated
@@ -43,6 +44,35 @@ class ImageRestore:
     def pointer(self) -> str:
         body = {"node": self.node, "images": dict(sorted(self.images.items()))}
         return POINTER_PREFIX + json.dumps(body, separators=(",", ":"))
+
+
+def read_pointer(pointer: str | None) -> ImageRestore | None:
+    """The checkpoint images a resume pointer names; None for any other pointer (a path the
+    workload restores itself from). A malformed checkpoint-image pointer raises
+    ``ValueError`` naming what is wrong. One reader, for the restore webhook that acts on
+    the pointer and for the telemetry that reports the node it holds a job to."""
+    if pointer is None or not pointer.startswith(POINTER_PREFIX):
+        return None
+    try:
+        body = json.loads(pointer.removeprefix(POINTER_PREFIX))
+    except (ValueError, RecursionError) as error:  # RecursionError: nested beyond reason
+        raise ValueError(f"{POINTER_PREFIX} pointer is not JSON ({error})") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"{POINTER_PREFIX} pointer is not a JSON object")
+    node, images = body.get("node"), body.get("images")
+    if not isinstance(node, str) or not node:
+        raise ValueError(f"{POINTER_PREFIX} pointer has no node")
+    if len(node) > 253 or not re.fullmatch(_SUBDOMAIN, node):
+        raise ValueError(f"{POINTER_PREFIX} pointer's node {node[:64]!r} is not a node name")
+    if (
+        not isinstance(images, dict)
+        or not images
+        or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in images.items())
+    ):
+        raise ValueError(
+            f"{POINTER_PREFIX} pointer's images must map container names to image references"
+        )
+    return ImageRestore(node=node, images=images)
 
 
 class KubeletCheckpointRequest(BaseModel):

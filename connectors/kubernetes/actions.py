@@ -75,6 +75,7 @@ from connectors.kubernetes.pins import (
     PIN_ANNOTATION,
     Pin,
     affinity_nodes,
+    images_node,
     new_pin,
     node_set,
     pinned_nodes,
@@ -962,15 +963,17 @@ def restart_indexed_job(
     what = f"restart job {job} in {namespace} at {replicas} pod(s) on {','.join(nodes)}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
-    _take_over_lift(api, current)
-    indexed_size(current, what)
-    if not nodes or replicas < 1:
-        raise ConnectorError(f"cannot {what}: no node or no pod", retryable=False)
     stamped = (
         step_key is not None
         and (current.metadata.annotations or {}).get(STOPPED_BY_STEP) == step_key
     )
     running = not current.spec.suspend
+    if not (running or stamped):  # a held Job keeps its pointer (below)
+        _refuse_away_from_images(api, current, nodes=nodes, resume_from=None, what=what)
+    _take_over_lift(api, current)
+    indexed_size(current, what)
+    if not nodes or replicas < 1:
+        raise ConnectorError(f"cannot {what}: no node or no pod", retryable=False)
     if stamped and running:
         return  # an earlier delivery of this step restarted it
     if running:
@@ -1064,6 +1067,33 @@ def template_blocker(api: client.ApiClient, template: client.V1PodTemplateSpec) 
     return resume_blocker(api.sanitize_for_serialization(template))
 
 
+def _refuse_away_from_images(
+    api: client.ApiClient,
+    current: client.V1Job,
+    *,
+    nodes: list[str] | None,
+    resume_from: str | None,
+    what: str,
+) -> None:
+    """Refused for good, before anything changes: a malformed checkpoint-image pointer
+    given, or a pin to ``nodes`` other than the node holding the checkpoint images the pods
+    would resume from — the pointer given, else (``None``: the template's is kept, a plan's
+    start of a held Job) the template's, read as the telemetry reads it
+    (pins.images_node) — where the restore webhook holds every pod: pinned elsewhere
+    too, they would wait for good."""
+    try:
+        restore = image_restore(resume_from)
+    except Refused as refused:
+        raise ConnectorError(f"cannot {what}: {refused}", retryable=False) from None
+    held = restore.node if restore is not None else None
+    if resume_from is None:
+        held = images_node(api.sanitize_for_serialization(current.spec.template))
+    if held is not None and nodes is not None and nodes != [held]:
+        raise ConnectorError(
+            f"cannot {what}: its checkpoint images are on node {held} only", retryable=False
+        )
+
+
 def recreate_job_pinned(
     api: client.ApiClient,
     *,
@@ -1095,6 +1125,7 @@ def recreate_job_pinned(
     what = f"move job {job} in {namespace}{where}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
+    _refuse_away_from_images(api, current, nodes=nodes, resume_from=resume_from, what=what)
     _take_over_lift(api, current)
     template = current.spec.template
     if not current.spec.suspend and _prepared_as_asked(
@@ -1134,6 +1165,7 @@ def suspend_job_to_resume(
     what = f"suspend job {job} in {namespace} to resume{where}"
     current = read_job(api, namespace=namespace, job=job)
     _refuse_if_kueue(current, what)
+    _refuse_away_from_images(api, current, nodes=nodes, resume_from=resume_from, what=what)
     _take_over_lift(api, current)
     _stop_for_resume(
         api,
@@ -1207,15 +1239,6 @@ def _stop_for_resume(
     if blocker and not allow_restart:
         raise ConnectorError(
             f"cannot {what}: {blocker}, and no policy allows a restart", retryable=False
-        )
-    try:
-        restore = image_restore(resume_from)
-    except Refused as refused:
-        raise ConnectorError(f"cannot {what}: {refused}", retryable=False) from None
-    if restore is not None and nodes is not None and nodes != [restore.node]:
-        raise ConnectorError(
-            f"cannot {what}: its checkpoint images are on node {restore.node} only",
-            retryable=False,
         )
     suspended_here = False
     if not current.spec.suspend:
@@ -1306,8 +1329,32 @@ def _wait_stopped(
 # -- a pin lasts one run (connectors.kubernetes.pins) -----------------------------------
 
 
+def _token(key: str) -> str:
+    """A map key as one JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
 def _annotation_path(key: str) -> str:
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+    return "/metadata/annotations/" + _token(key)
+
+
+def pointer_removal(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch that takes the resume pointer off a Job's template (``job``: JSON,
+    as read; it tests the pointer is still that), with the restore webhook's label and a
+    copy of the pointer on the Job itself (the Kueue connector's) where they are."""
+    template_meta = job["spec"]["template"]["metadata"]
+    pointer_path = "/spec/template" + _annotation_path(RESUME_FROM)
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": pointer_path, "value": template_meta["annotations"][RESUME_FROM]},
+        {"op": "remove", "path": pointer_path},
+    ]
+    if RESTORE_LABEL in (template_meta.get("labels") or {}):
+        ops.append(
+            {"op": "remove", "path": "/spec/template/metadata/labels/" + _token(RESTORE_LABEL)}
+        )
+    if RESUME_FROM in (job["metadata"].get("annotations") or {}):
+        ops.append({"op": "remove", "path": _annotation_path(RESUME_FROM)})
+    return ops
 
 
 def mark_pin_started(api: client.ApiClient, *, namespace: str, job: str, stamp: str) -> bool:
@@ -1449,13 +1496,15 @@ def lift_stale_pin(
     a node no longer in the cluster (:func:`lost_images_node`, given ``known_nodes``, and the
     API server's 404 for the node), so its pods, held there by Shaper's pin or by the restore
     webhook, wait for good: the pointer and the restore label come off, and the pin if there is
-    one. A line saying what was done, or None when the Job is left (no stale pin, held, managed
-    by Kueue or another controller, its pods placed or about to be, a gang whose stop would
-    lose work, the images' node still there by the API server's word). A Job found
-    suspended with the annotation (the connector stopped halfway) is finished the same way (the
-    annotation's value says whether running pods were stopped); one whose template changed since
-    is let run as it is. Idempotent; the caller holds the connector's pins lock, so no step of a
-    plan acts on the Job meanwhile."""
+    one; a Job held (suspended) with such a pointer, whose start a plan would otherwise make
+    onto that node alone, loses them without being let run (:func:`_forget_lost_images`).
+    A line saying what was done, or None when the Job is left (no stale pin, held with no
+    such pointer, managed by Kueue or another controller, its pods placed or about to be, a
+    gang whose stop would lose work, the images' node still there by the API server's word).
+    A Job found suspended with the annotation (the connector stopped halfway) is finished the
+    same way (the annotation's value says whether running pods were stopped); one whose
+    template changed since is let run as it is. Idempotent; the caller holds the connector's
+    pins lock, so no step of a plan acts on the Job meanwhile."""
     found = read_job_json(api, namespace=namespace, job=job)
     annotations = found["metadata"].get("annotations") or {}
     suspended = bool(found["spec"].get("suspend"))
@@ -1465,8 +1514,10 @@ def lift_stale_pin(
         dropped: dict[str, Any] = {"metadata": {"annotations": {LIFTING_PIN: None}}}
         _patch_job(api, namespace=namespace, job=job, body=dropped)
         return None
+    if lifting is None and suspended:
+        return _forget_lost_images(api, found, known_nodes=known_nodes)
     if lifting is None:
-        if suspended or (pin is None and lost_images_node(found, known_nodes) is None):
+        if pin is None and lost_images_node(found, known_nodes) is None:
             return None  # nothing to lift (judge_lift): no need to list its pods
         current = read_job(api, namespace=namespace, job=job)
         pods = [api.sanitize_for_serialization(p) for p in job_pods(api, current)]
@@ -1533,6 +1584,44 @@ def lift_stale_pin(
     return f"{outlived}; {lifting}, {done}" if gang else f"{outlived}; {done}"
 
 
+def _forget_lost_images(
+    api: client.ApiClient, found: Mapping[str, Any], *, known_nodes: Collection[str] | None
+) -> str | None:
+    """A held (suspended) Job to resume from checkpoint images on a node no longer in the
+    cluster (:func:`judge_lift`; the API server's 404 for the node): the pointer and the
+    restore label come off its template, and Shaper's pin to that node if it holds it there,
+    in one JSON patch that tests the pointer and the pin are still as read. It stays
+    suspended (whoever held it lets it run: a plan's start, now to any node, is no longer
+    refused) and its pods then start from their own checkpoint or afresh. A line, or None
+    when there is nothing to do."""
+    mark = judge_lift(found, [], known_nodes=known_nodes).mark
+    status = found.get("status") or {}
+    suspended = any(
+        c.get("type") == "Suspended" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if mark is None or status.get("active") or not suspended:
+        return None  # its pods still go: the API server keeps its template until then
+    node = mark.removeprefix(IMAGES_LOST)
+    if node_exists(api, node):
+        return None  # the cache lags: a Job's only checkpoint is never let go on its word
+    metadata, template = found["metadata"], found["spec"]["template"]
+    ops = pointer_removal(found)
+    pin = read_pin(metadata.get("annotations"))
+    done = "its placement as it is"
+    if pin is not None and node in pin.nodes and pin.in_force(template["spec"]):
+        ops.extend(_lift_ops(found, pin))
+        own = pinned_nodes(pin.restored_spec(template["spec"]))
+        done = f"Shaper's pin lifted, its own placement back ({','.join(own) or 'any node'})"
+    namespace, job = metadata.get("namespace") or "default", metadata["name"]
+    _patch_job(api, namespace=namespace, job=job, body=ops, content_type=JSON_PATCH)
+    return (
+        f"job {job} in {namespace}: the checkpoint images it is held to resume from went with "
+        f"node {node}, no longer in the cluster; it stays held, {done}, and its pods will "
+        "start from their own checkpoint or afresh"
+    )
+
+
 @dataclass(frozen=True)
 class Judged:
     """What the upkeep is to do about one Job's placement (:func:`judge_lift`)."""
@@ -1555,18 +1644,21 @@ def judge_lift(
     """Whether Shaper's hold on a Job's placement is to be lifted, and how (``job`` and its
     ``pods`` as JSON, ended ones too): the rules of :func:`lift_stale_pin`, which the
     connector's upkeep applies to its caches and the lift again to what the API server
-    says. Nothing for a Job that is suspended, Kueue's or another controller's. Checkpoint
-    images on a node the list ``known_nodes`` lacks (a pin to them is never stale:
-    Pin.stale), once its pods cannot be placed; a stale pin whose pods cannot be placed; a
-    gang stranded on a stale pin, where stopping it loses no work (else ``blocked``)."""
+    says. Nothing for a Job that is Kueue's or another controller's. Checkpoint images on a
+    node the list ``known_nodes`` lacks (a pin to them is never stale: Pin.stale), once its
+    pods cannot be placed — at once for a held (suspended) Job, the only judgement made of
+    one: its pointer is to go, the Job to stay held (:func:`lift_stale_pin`); a stale pin
+    whose pods cannot be placed; a gang stranded on a stale pin, where stopping it loses no
+    work (else ``blocked``)."""
     spec = job.get("spec") or {}
-    if (
-        spec.get("suspend")
-        or ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
-        or spec.get("managedBy", JOB_CONTROLLER) != JOB_CONTROLLER
-    ):
+    if ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL) or spec.get(
+        "managedBy", JOB_CONTROLLER
+    ) != JOB_CONTROLLER:
         return Judged()  # Kueue or another controller owns its spec.suspend
     lost = lost_images_node(job, known_nodes)
+    if spec.get("suspend"):
+        # Held: only a pointer to images gone with their node is to go (it stays held).
+        return Judged(None if lost is None else f"{IMAGES_LOST}{lost}")
     if lost is not None:
         return Judged(f"{IMAGES_LOST}{lost}" if pods_stranded(pods) else None)
     pin = read_pin((job.get("metadata") or {}).get("annotations"))
@@ -1597,13 +1689,8 @@ def lost_images_node(job: Mapping[str, Any], known_nodes: Collection[str] | None
     with its images: its pin stays."""
     if not known_nodes:
         return None
-    template = (job.get("spec") or {}).get("template") or {}
-    pointer = ((template.get("metadata") or {}).get("annotations") or {}).get(RESUME_FROM)
-    try:
-        restore = image_restore(pointer if isinstance(pointer, str) else None)
-    except Refused:
-        return None
-    return restore.node if restore is not None and restore.node not in known_nodes else None
+    node = images_node((job.get("spec") or {}).get("template") or {})
+    return node if node is not None and node not in known_nodes else None
 
 
 def node_exists(api: client.ApiClient, name: str) -> bool:

@@ -295,7 +295,9 @@ class KubernetesConnector(KubernetesCapabilities):
         where stopping them loses no work (actions.gang_blocker; else it stays pinned, and
         that is said once); and a Job held to resume from checkpoint images on a node no
         longer in the cluster (actions.lost_images_node: by Shaper's pin or by the restore
-        webhook), whose pods can never be placed, once the API server answers 404 for it.
+        webhook), whose pods can never be placed, once the API server answers 404 for it —
+        or a held (suspended) Job to resume from such images, which loses the pointer and
+        stays held, so that a plan can start it elsewhere.
         What needs doing is judged from the caches, and the pins lock is only tried: a step
         holding it (a move waits up to a minute) leaves the work to the next round rather
         than hold up the telemetry this runs beside. A Job that cannot be handled now is

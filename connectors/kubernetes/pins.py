@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from wire.checkpoint_image import POINTER_PREFIX
+from wire.checkpoint_image import POINTER_PREFIX, read_pointer
 
 PIN_ANNOTATION = "shaper.io/pin"
 # On a Job while the connector lifts a stale pin of Shaper's
@@ -46,6 +46,9 @@ LIFTING_PIN = "shaper.io/lifting-pin"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Where a Job's pods read their resume pointer (the contract: connectors.kubernetes.actions).
 RESUME_FROM = "shaper.io/resume-from"
+# The template label that sends a Job's pods to the restore webhook
+# (connectors.kubernetes.restore_webhook): with a checkpoint image's pointer only.
+RESTORE_LABEL = "shaper.io/restore"
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,20 @@ def stale_pin_nodes(job: Mapping[str, Any]) -> list[str] | None:
         return None
     template_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
     return pinned_nodes(pin.restored_spec(template_spec))
+
+
+def images_node(template: Mapping[str, Any]) -> str | None:
+    """The node whose checkpoint images a Job's pod template resumes from (its
+    ``shaper.io/resume-from`` pointer, wire.checkpoint_image): the restore webhook holds
+    every pod the template makes to that node (connectors.kubernetes.restore_webhook).
+    None for any other pointer, none, or a malformed one (the webhook refuses its pods, and
+    says why)."""
+    pointer = ((template.get("metadata") or {}).get("annotations") or {}).get(RESUME_FROM)
+    try:
+        restore = read_pointer(pointer if isinstance(pointer, str) else None)
+    except ValueError:
+        return None
+    return restore.node if restore is not None else None
 
 
 def node_set(nodes: Iterable[str]) -> tuple[str, ...]:

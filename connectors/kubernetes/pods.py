@@ -75,7 +75,10 @@ watch delivered them in):
   the template's ``priorityClassName`` looked up, clamped to 0 … 1,000,000;
 * ``nvidia.com/gpu.product`` in the node selector → ``allowed_gpu_models``; a pending
   job pinned to nodes (``kubernetes.io/hostname`` in its node selector or required
-  affinity, or ``metadata.name`` match fields) → ``required_nodes``;
+  affinity, or ``metadata.name`` match fields) → ``required_nodes``; a pending Job whose
+  template resumes from checkpoint images (connectors.kubernetes.restore_webhook) → the
+  images' node, where the webhook holds its pods — also when it is suspended and has no
+  pod yet, so that no plan starts it elsewhere (the start would be refused);
 * the annotations ``shaper.io/cluster-selector`` (``region=eu,site=ams1``) and
   ``shaper.io/allowed-clusters`` (``alpha,beta``) → ``residency`` (wire.residency):
   annotations, not labels, because a label value cannot hold ``=`` or ``,``.
@@ -93,8 +96,8 @@ from connectors.base import ConnectorError
 from connectors.kubernetes.nodes import GPU_RESOURCE, PRODUCT_LABEL, gpu_model_name, whole
 from connectors.kubernetes.pins import HOSTNAME_LABEL as HOSTNAME_LABEL
 from connectors.kubernetes.pins import RESUME_FROM as RESUME_FROM
+from connectors.kubernetes.pins import images_node, stale_pin_nodes
 from connectors.kubernetes.pins import pinned_nodes as pinned_nodes
-from connectors.kubernetes.pins import stale_pin_nodes
 from wire.residency import read_residency
 from wire.telemetry import (
     MAX_REPLICAS,
@@ -624,8 +627,13 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
         pinned = pinned_nodes(live[0].get("spec") or {}) if live else pinned_nodes(spec)
         # A pin of Shaper's whose run is over is reported as the Job's own placement
         # (connectors.kubernetes.pins); the connector's upkeep gives that back to it.
-        own = stale_pin_nodes(group.obj) if group.owner.kind == "Job" and group.obj else None
-        fields["required_nodes"] = pinned if own is None else own
+        job = group.obj if group.owner.kind == "Job" and group.obj else None
+        own = stale_pin_nodes(job) if job is not None else None
+        # A Job to resume from checkpoint images runs where they are, whatever else its
+        # template says: the restore webhook holds each pod it makes to that node (also a
+        # Job suspended to resume so, which has no pod yet and no pin of Shaper's).
+        images = images_node((job.get("spec") or {}).get("template") or {}) if job else None
+        fields["required_nodes"] = [images] if images else pinned if own is None else own
     if group.owner.kind in ELASTIC_KINDS:
         desired = int(((group.obj or {}).get("spec") or {}).get("replicas", 1) or 0)
         holding = len({p["metadata"]["name"] for p in live_bound})

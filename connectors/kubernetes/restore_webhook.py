@@ -43,15 +43,16 @@ from collections.abc import Mapping, Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
 
+from connectors.kubernetes.pins import RESTORE_LABEL as RESTORE_LABEL
 from connectors.kubernetes.pods import HOSTNAME_LABEL, RESUME_FROM
 
 # Re-exported: the pointer is the node agent's answer too, so it is defined in wire.
 from wire.checkpoint_image import POINTER_PREFIX as POINTER_PREFIX
 from wire.checkpoint_image import RESTORE_BY_IMAGE as RESTORE_BY_IMAGE
 from wire.checkpoint_image import ImageRestore as ImageRestore
+from wire.checkpoint_image import read_pointer
 from wire.json_server import JsonHandler, JsonServer, server_tls
 
-RESTORE_LABEL = "shaper.io/restore"
 PATH = "/mutate"
 # An AdmissionReview of one pod; the API server's own limit on a request is 3 MiB.
 MAX_BODY = 3 * 1024 * 1024
@@ -62,30 +63,13 @@ class Refused(ValueError):
 
 
 def image_restore(pointer: str | None) -> ImageRestore | None:
-    """The checkpoint images a resume pointer names; None for any other pointer (a path the
-    workload restores itself from). A malformed checkpoint-image pointer raises
-    :class:`Refused` naming what is wrong."""
-    if pointer is None or not pointer.startswith(POINTER_PREFIX):
-        return None
+    """The checkpoint images a resume pointer names (wire.checkpoint_image.read_pointer);
+    None for any other pointer (a path the workload restores itself from). A malformed
+    checkpoint-image pointer raises :class:`Refused` naming what is wrong."""
     try:
-        body = json.loads(pointer.removeprefix(POINTER_PREFIX))
+        return read_pointer(pointer)
     except ValueError as error:
-        raise Refused(f"{RESUME_FROM}: {POINTER_PREFIX} pointer is not JSON ({error})") from None
-    if not isinstance(body, dict):
-        raise Refused(f"{RESUME_FROM}: {POINTER_PREFIX} pointer is not a JSON object")
-    node, images = body.get("node"), body.get("images")
-    if not isinstance(node, str) or not node:
-        raise Refused(f"{RESUME_FROM}: {POINTER_PREFIX} pointer has no node")
-    if (
-        not isinstance(images, dict)
-        or not images
-        or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in images.items())
-    ):
-        raise Refused(
-            f"{RESUME_FROM}: {POINTER_PREFIX} pointer's images must map container names to "
-            "image references"
-        )
-    return ImageRestore(node=node, images=images)
+        raise Refused(f"{RESUME_FROM}: {error}") from None
 
 
 def _escape(key: str) -> str:

@@ -16,7 +16,8 @@ cluster it runs in means:
   ``spec.managedBy`` (MultiKueue's: a moved Job is run by the target's controllers);
 * Shaper's marks: the move's (``shaper.io/move``), a step's stamp
   (``shaper.io/stopped-by-step``) and the resume pointer (``shaper.io/resume-from``: a
-  checkpoint of the source cluster);
+  checkpoint of the source cluster), with the label that sends the pods to the restore
+  webhook for it (``shaper.io/restore``: without the pointer, the webhook refuses them);
 * node pins: the template's ``nodeName``, a ``kubernetes.io/hostname`` node selector and
   hostname requirements of required node affinity (Shaper's pin, or the user's: they name
   the source's nodes);
@@ -47,7 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from connectors.base import ConnectorError
-from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, Pin, node_set
+from connectors.kubernetes.pins import LIFTING_PIN, PIN_ANNOTATION, RESTORE_LABEL, Pin, node_set
 from connectors.kubernetes.pods import HOSTNAME_LABEL, RESUME_FROM, STOPPED_BY_STEP
 from wire.telemetry import MAX_SUBMIT_SPEC, PortableSpec, SchedulerKind, SubmitSpec
 
@@ -76,7 +77,9 @@ KUEUE_KEPT = frozenset(
         "kueue.x-k8s.io/job-completions-equal-parallelism",
     }
 )
-SHAPER_MARKS = frozenset({MOVE_MARK, STOPPED_BY_STEP, RESUME_FROM, PIN_ANNOTATION, LIFTING_PIN})
+SHAPER_MARKS = frozenset(
+    {MOVE_MARK, STOPPED_BY_STEP, RESUME_FROM, RESTORE_LABEL, PIN_ANNOTATION, LIFTING_PIN}
+)
 # A Job's name is also its pods' ``job-name`` label value: at most 63 characters.
 MAX_JOB_NAME = 63
 _DIGEST = 10

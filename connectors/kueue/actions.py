@@ -41,7 +41,9 @@ it when it is given the agents' URL (``node_agent_url``) and a suspend comes wit
 pointer from the saga.
 
 RBAC (kueue.x-k8s.io unless said): ``deactivate``/``reactivate``: patch workloads;
-``preempt_with_checkpoint``: get, patch, update workloads; get, patch batch jobs; list pods.
+``preempt_with_checkpoint``: get, patch, update workloads; get, patch batch jobs; list pods;
+``forget_lost_images`` (the connector's upkeep): get nodes (core); get, update workloads;
+get, patch batch jobs.
 """
 
 from __future__ import annotations
@@ -55,16 +57,21 @@ from kubernetes import client
 from connectors.base import ConnectorError
 from connectors.kubernetes.actions import (
     JOB_UID_LABEL,
+    JSON_PATCH,
     MERGE_PATCH,
     REQUEST_TIMEOUT_S,
     SETTLE_TIMEOUT_S,
     Conflict,
     PodOnNode,
     call,
+    node_exists,
+    pointer_removal,
     read_job,
+    read_job_json,
     template_blocker,
     wait_until,
 )
+from connectors.kubernetes.pins import images_node
 from connectors.kubernetes.pods import DEACTIVATED_BY_SHAPER, RESUME_FROM, STOPPED_BY_STEP
 from connectors.kubernetes.restore_webhook import (
     RESTORE_BY_IMAGE,
@@ -287,6 +294,54 @@ def preempt_with_checkpoint(
     return resume_from
 
 
+def forget_lost_images(
+    api: client.ApiClient, *, namespace: str, workload: str, node: str
+) -> str | None:
+    """A Workload held out of admission (no quota reserved: deactivated by a preemption
+    with a checkpoint, or queued) whose Job is to resume from checkpoint images on
+    ``node``, which is no longer in the cluster (the API server answers 404 for it): the
+    images went with it, and the restore webhook would hold its pods to that node for
+    good once it is admitted. The pointer and the restore label come off the pod sets
+    (Kueue restores the Job's template from them while it is evicted) and then off the
+    Job, in a JSON patch that tests the pointer is as read; the Workload stays as it was
+    (held, or queued): once admitted, its pods start from their own checkpoint or
+    afresh. A line, or None when there is nothing to do (the node is there, quota is
+    reserved, the Job still has pods or points elsewhere by now)."""
+    if node_exists(api, node):
+        return None
+    current = read_workload(api, namespace=namespace, workload=workload)
+    if condition_true(current, "QuotaReserved"):
+        return None  # its pod sets are frozen while it holds quota
+    job = job_of(current)
+    found = read_job_json(api, namespace=namespace, job=job)
+    template = found["spec"]["template"]
+    status = found.get("status") or {}
+    if images_node(template) != node or not found["spec"].get("suspend") or status.get("active"):
+        return None
+    _store_in_pod_sets(
+        api,
+        namespace=namespace,
+        workload=workload,
+        annotations={RESUME_FROM: None},
+        labels={RESTORE_LABEL: None},
+    )
+    ops = pointer_removal(found)
+    batch = client.BatchV1Api(api)
+    call(
+        "patch",
+        f"jobs {job} in {namespace}",
+        lambda: batch.patch_namespaced_job(
+            job, namespace, ops, _content_type=JSON_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+        ),
+    )
+    return (
+        f"job {job} of workload {workload} in {namespace}: the checkpoint images it is held "
+        f"to resume from went with node {node}, no longer in the cluster; the pointer is off "
+        "its pod sets and its template, the workload stays as it was, and its pods will start "
+        "from their own checkpoint or afresh"
+    )
+
+
 def wait_stopped(
     api: client.ApiClient,
     *,
@@ -338,11 +393,11 @@ def _store_in_pod_sets(
     *,
     namespace: str,
     workload: str,
-    annotations: dict[str, str],
+    annotations: dict[str, str | None],
     labels: dict[str, str | None],
 ) -> None:
-    """Write the pointer into every pod set's template annotations (and the restore label,
-    None to take it off): Kueue restores the Job's template from these while the Workload
+    """Write the pointer into every pod set's template annotations (and the restore label;
+    None takes either off): Kueue restores the Job's template from these while the Workload
     is evicted. Read-modify-replace (a merge patch would replace the whole list), retried
     while Kueue writes the same object."""
     custom = _custom(api)

@@ -15,9 +15,11 @@ such Jobs here, Kueue admitting them (connectors.kueue.capabilities).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
+from connectors.kubernetes.actions import lost_images_node
 from connectors.kubernetes.config import KubernetesConnectorConfig
 from connectors.kubernetes.connector import OWNER_COLLECTIONS, KubernetesConnector
 from connectors.kubernetes.incremental import Changes, JobReports, complete, key_order
@@ -28,6 +30,7 @@ from connectors.kubernetes.pods import (
     job_report,
     parse_external_id,
 )
+from connectors.kueue import actions as kueue_actions
 from connectors.kueue.capabilities import KueueCapabilities
 from connectors.kueue.workloads import KueueQueues, workload_owner, workload_report
 from wire.telemetry import JobReport, SchedulerKind
@@ -48,6 +51,51 @@ class KueueConnector(KueueCapabilities, KubernetesConnector):
 
     def watched(self) -> dict[str, str]:
         return {**super().watched(), **KUEUE_COLLECTIONS}
+
+    def upkeep(self) -> list[str]:
+        """The Kubernetes connector's upkeep (its Jobs), then the Kueue Jobs' checkpoint
+        images lost with their node (:meth:`forget_lost_images`)."""
+        return [*super().upkeep(), *self.forget_lost_images()]
+
+    def forget_lost_images(self) -> list[str]:
+        """A Kueue Job held out of admission to resume from checkpoint images on a node no
+        longer in the cluster (judged from the caches, once the node cache holds the whole
+        list; actions.forget_lost_images asks the API server for the node and the Workload
+        again) loses the pointer, in its pod sets and on the Job, so that once admitted its
+        pods are not held to that node for good. A Workload holding quota is left (its pod
+        sets are frozen): its pods wait for the node as before. Under the pins lock, only
+        tried (as the Kubernetes upkeep's); an error is logged and tried again next round.
+        One line per Job."""
+        nodes = self.informers["nodes"]
+        if not nodes.synced:
+            return []
+        known = {n["metadata"]["name"] for n in nodes.items()}
+        jobs = self.informers["jobs"]
+        lost: list[tuple[str, str, str, str]] = []
+        for owner_id, workload in self.workloads_by_owner().items():
+            owner = parse_external_id(owner_id)
+            job = jobs.get(owner.namespace, owner.name) if owner.kind == "Job" else None
+            node = lost_images_node(job, known) if job is not None else None
+            if node is not None and not kueue_actions.condition_true(workload, "QuotaReserved"):
+                lost.append((owner.namespace, workload["metadata"]["name"], owner.name, node))
+        if not lost or not self.pins_lock.acquire(blocking=False):
+            return []
+        lines: list[str] = []
+        try:
+            for namespace, workload_name, job_name, node in lost:
+                forget = functools.partial(
+                    kueue_actions.forget_lost_images,
+                    self.api,
+                    namespace=namespace,
+                    workload=workload_name,
+                    node=node,
+                )
+                line = self._pin_work(namespace, job_name, forget)
+                if isinstance(line, str):
+                    lines.append(line)
+        finally:
+            self.pins_lock.release()
+        return lines
 
     def queues(self) -> KueueQueues:
         return KueueQueues.of(

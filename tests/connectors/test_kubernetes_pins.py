@@ -287,6 +287,15 @@ def test_one_judgement_says_which_lift_and_leaves_jobs_others_run() -> None:
     kueue = job(stale, pinned=["n2"])
     kueue["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
     assert judge_lift(kueue, waiting, known_nodes=None) == Judged()
+    # Held (suspended): nothing runs, so only a pointer to images gone with their node is
+    # judged, at once (no pod has to wait first); a stale pin waits for the start.
+    held = job(stale, pinned=["n2"], pointer=images)
+    held["spec"]["suspend"] = True
+    assert judge_lift(held, [], known_nodes={"n1"}).mark == "images lost with node n2"
+    assert judge_lift(held, [], known_nodes={"n1", "n2"}) == Judged()
+    kueue["spec"]["suspend"] = True
+    kueue["spec"]["template"]["metadata"] = {"annotations": {"shaper.io/resume-from": images}}
+    assert judge_lift(kueue, [], known_nodes={"n1"}) == Judged()  # Kueue's to let run
     # A rigid gang stranded on its stale pin: left, and why.
     rigid = elastic(gang(failed=1))
     rigid["metadata"]["annotations"].pop("shaper.io/max-replicas")

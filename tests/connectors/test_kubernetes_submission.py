@@ -67,7 +67,13 @@ def served_job() -> dict[str, Any]:
             "selector": {"matchLabels": generated},
             "template": {
                 "metadata": {
-                    "labels": {**generated, **names, "kueue.x-k8s.io/podset": "main", "app": "t"},
+                    "labels": {
+                        **generated,
+                        **names,
+                        "kueue.x-k8s.io/podset": "main",
+                        "shaper.io/restore": "checkpoint-image",  # with the pointer only
+                        "app": "t",
+                    },
                     "annotations": {RESUME_FROM: "/ckpt/a", "shaper.io/checkpointable": "true"},
                 },
                 "spec": {

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from connectors.kubernetes.nodes import gpu_model_name, node_report, node_state
+from connectors.kubernetes.pins import RESUME_FROM
 from connectors.kubernetes.pods import (
     JobGroup,
     OwnerRef,
@@ -28,6 +29,7 @@ from connectors.kubernetes.pods import (
 )
 from connectors.kueue.workloads import KueueQueues, workload_report, workload_state
 from connectors.runner import RunnerConfig, TelemetryRunner
+from wire.checkpoint_image import ImageRestore
 from wire.telemetry import ClusterState, JobShape, JobState, NodeState
 
 NOW = "2026-12-03T10:29:56Z"
@@ -194,6 +196,31 @@ def test_a_suspended_job_is_pending_and_pods_on_a_down_node_hold_nothing() -> No
     group = JobGroup(OwnerRef("Pod", "ml", "p"), None, [pod("p", node_name="n1", gpus=2)])
     report = job_report(group, down)
     assert report is not None and report.state is JobState.running and report.allocations == []
+
+
+def test_a_job_to_resume_from_checkpoint_images_must_run_on_their_node() -> None:
+    """A Job suspended to resume from checkpoint images has no pod and no pin yet, but the
+    restore webhook will hold every pod it makes to the images' node: the telemetry says so,
+    so that no plan starts it elsewhere (the start would be refused). That node wins over a
+    pin of the template's own; any other pointer, or a malformed one, holds it nowhere."""
+    images = ImageRestore(node="n2", images={"c": "localhost/ckpt:1"}).pointer()
+
+    def held(pointer: str | None, *, pin: str | None = None) -> list[str]:
+        obj = job("q", suspend=True)
+        if pointer is not None:
+            obj["spec"]["template"]["metadata"] = {"annotations": {RESUME_FROM: pointer}}
+        if pin is not None:
+            obj["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": pin}
+        report = job_report(JobGroup(OwnerRef("Job", "ml", "q"), obj), CONTEXT)
+        assert report is not None and report.state is JobState.pending
+        return report.required_nodes
+
+    assert held(images) == ["n2"]
+    assert held(images, pin="n1") == ["n2"]
+    assert held(None, pin="n1") == ["n1"]
+    assert held("s3://bucket/q/step-9") == []
+    assert held("checkpoint-image:{not json") == []
+    assert held(None) == []
 
 
 def test_a_deployment_is_elastic_within_its_annotated_range() -> None:

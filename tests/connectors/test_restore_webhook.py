@@ -61,6 +61,10 @@ def test_the_pointer_round_trips_and_other_pointers_are_not_images() -> None:
         ('checkpoint-image:{"images":{"a":"b"}}', "no node"),
         ('checkpoint-image:{"node":"n","images":{}}', "images must map"),
         ('checkpoint-image:{"node":"n","images":{"a":1}}', "images must map"),
+        # The node goes into the telemetry's required nodes and a node selector as it is.
+        ('checkpoint-image:{"node":"-x","images":{"a":"b"}}', "not a node name"),
+        ('checkpoint-image:{"node":"n 1","images":{"a":"b"}}', "not a node name"),
+        ("checkpoint-image:" + "[" * 100_000, "not JSON"),  # nested beyond the parser's depth
     ):
         with pytest.raises(Refused, match=says):
             image_restore(bad)

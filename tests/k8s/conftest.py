@@ -208,6 +208,44 @@ def kube(k8s_cluster: K8sCluster) -> Iterator[Kube]:
 # --- the real node of the test_real_node_* modules (tests/k8s/real_node.py) ------------------
 
 
+GONE = "pins-gone-1"
+
+
+@pytest.fixture
+def node_that_goes(kube: Kube) -> Iterator[str]:
+    """A kwok GPU node of this test's own (``GONE``, 8 GPUs), Ready: one a test may delete (the
+    checkpoint images on it go with it); deleted after the test if it is still there."""
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    node = client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=GONE,
+            annotations={"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            labels={
+                "kubernetes.io/hostname": GONE,
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": GPU_PRODUCT,
+            },
+        ),
+        status=client.V1NodeStatus(allocatable=resources, capacity=resources),
+    )
+    kube.core.create_node(node)
+    try:
+        wait_for(
+            f"{GONE} to be Ready",
+            lambda: any(
+                c.type == "Ready" and c.status == "True"
+                for c in kube.core.read_node(GONE).status.conditions or []
+            ),
+        )
+        yield GONE
+    finally:
+        try:
+            kube.core.delete_node(GONE)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
 @pytest.fixture(scope="package")
 def real_node_started() -> Iterator[RealNode]:
     """One real node for every module here that uses it (starting one takes 20-25 s),

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from connectors.base import ConnectorError
 from connectors.kubernetes import actions
 from connectors.kubernetes.config import KubernetesConnectorConfig
 from connectors.kubernetes.connector import KubernetesConnector
@@ -574,39 +575,6 @@ def test_a_moved_gang_that_lost_a_pod_its_failure_policy_ignores_runs_elsewhere(
         delete_as_a_kubelet_would(kube, "gang")
 
 
-GONE = "pins-gone-1"
-
-
-@pytest.fixture
-def node_that_goes(kube: Kube) -> Iterator[str]:
-    """A kwok GPU node of this test's own (``GONE``), Ready; deleted by the test or after."""
-    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}
-    node = client.V1Node(
-        metadata=client.V1ObjectMeta(
-            name=GONE,
-            annotations={"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            labels={"kubernetes.io/hostname": GONE, "nvidia.com/gpu.present": "true"},
-        ),
-        status=client.V1NodeStatus(allocatable=resources, capacity=resources),
-    )
-    kube.core.create_node(node)
-    try:
-        wait_for(
-            f"{GONE} to be Ready",
-            lambda: any(
-                c.type == "Ready" and c.status == "True"
-                for c in kube.core.read_node(GONE).status.conditions or []
-            ),
-        )
-        yield GONE
-    finally:
-        try:
-            kube.core.delete_node(GONE)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-
-
 def test_a_pin_to_checkpoint_images_whose_node_left_the_cluster_is_lifted(
     kube: Kube,
     connector: KubernetesConnector,
@@ -683,6 +651,64 @@ def test_a_pointer_to_images_lost_with_their_node_comes_off_a_job_shaper_did_not
     assert current.spec.template.spec.node_selector == {"kubernetes.io/hostname": node_that_goes}
     assert not current.spec.suspend
     assert LIFTING_PIN not in (current.metadata.annotations or {})
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["by-the-webhook", "by-shapers-pin"])
+def test_a_held_job_loses_its_pointer_to_images_gone_with_their_node_and_stays_held(
+    kube: Kube, connector: KubernetesConnector, node_that_goes: str, pinned: bool
+) -> None:
+    """A Job preempted with a kubelet checkpoint and held (suspended to resume from images on
+    one node; by a hold step, also pinned there) has no pod: the telemetry reports it held
+    to the images' node, so that no plan starts it elsewhere. Once that node is deleted, the
+    pointer and the restore label come off (and the pin to it), the Job stays held, and a
+    plan may start it anywhere."""
+    images = POINTER_PREFIX + json.dumps({"node": node_that_goes, "images": {"trainer": "ckpt:1"}})
+    held = retried_job("train")
+    held.spec.suspend = True
+    kube.batch.create_namespaced_job(kube.namespace, held)
+    actions.suspend_job_to_resume(
+        kube.api,
+        namespace=kube.namespace,
+        job="train",
+        resume_from=images,
+        nodes=[node_that_goes] if pinned else None,
+    )
+    wait_for(
+        f"train reported held to {node_that_goes}",
+        lambda: report(connector, kube, "train").required_nodes == [node_that_goes],
+    )
+    for _ in range(3):
+        assert connector.upkeep() == []
+    # A start elsewhere would leave its pods waiting for the images' node: refused, untouched.
+    external_id = f"{kube.namespace}/job/train"
+    with pytest.raises(ConnectorError, match=f"checkpoint images are on node {node_that_goes}"):
+        connector.start(external_id, nodes=["kwok-gpu-1"])
+    current = kube.batch.read_namespaced_job("train", kube.namespace)
+    assert current.spec.suspend
+    assert current.spec.template.metadata.annotations["shaper.io/resume-from"] == images
+
+    kube.core.delete_node(node_that_goes)
+
+    def pointer_gone() -> bool:
+        meta = kube.batch.read_namespaced_job("train", kube.namespace).spec.template.metadata
+        return "shaper.io/resume-from" not in (meta.annotations or {})
+
+    lines = upkeep_until(connector, "the pointer to come off", pointer_gone)
+    assert any(f"went with node {node_that_goes}" in line for line in lines), lines
+    assert all("stays held" in line for line in lines), lines
+    current = kube.batch.read_namespaced_job("train", kube.namespace)
+    assert current.spec.suspend
+    assert "shaper.io/restore" not in (current.spec.template.metadata.labels or {})
+    assert PIN_ANNOTATION not in (current.metadata.annotations or {})
+    assert LIFTING_PIN not in (current.metadata.annotations or {})
+    assert template_affinity(kube, "train") is None
+    wait_for(
+        "train reported held nowhere",
+        lambda: report(connector, kube, "train").required_nodes == [],
+    )
+    assert connector.upkeep() == []
+    connector.start(external_id, nodes=["kwok-gpu-1"])  # a plan's start, now anywhere
+    wait_for("train to run on kwok-gpu-1", lambda: running_on(kube, "train") == "kwok-gpu-1")
 
 
 def test_images_on_a_node_the_cache_misses_but_the_api_server_has_stay(

@@ -11,9 +11,12 @@ import pytest
 from connectors.base import ConnectorError
 from connectors.kubernetes import actions as kube_actions
 from connectors.kubernetes.actions import PodOnNode
+from connectors.kubernetes.config import KubernetesConnectorConfig
+from connectors.kubernetes.pins import RESTORE_LABEL
 from connectors.kubernetes.pods import RESUME_FROM
 from connectors.kueue import actions
-from tests.k8s.conftest import Kube, condition, wait_for
+from connectors.kueue.connector import KueueConnector
+from tests.k8s.conftest import K8sCluster, Kube, condition, wait_for
 from tests.k8s.objects import (
     admitted,
     gpu_job,
@@ -23,6 +26,7 @@ from tests.k8s.objects import (
     running_pods,
     workload_name,
 )
+from wire.checkpoint_image import ImageRestore
 
 pytestmark = pytest.mark.slow
 
@@ -206,3 +210,68 @@ def test_preemption_refuses_a_workload_that_would_lose_its_work(kube: Kube) -> N
             kube.api, namespace=kube.namespace, workload="no-such-workload", checkpoint=checkpoint
         )
     assert not missing.value.retryable and "404" in str(missing.value)
+
+
+def test_a_held_workload_loses_its_pointer_to_images_gone_with_their_node(
+    k8s_cluster: K8sCluster, kube: Kube, node_that_goes: str
+) -> None:
+    """A Kueue Job preempted with a kubelet checkpoint is held (its Workload deactivated) to
+    resume from images on the node it ran on, and reported held there. Once that node is
+    deleted, the Kueue connector's upkeep takes the pointer and the restore label off its
+    pod sets and its Job; the Workload stays held, and the Job is reported held nowhere."""
+    # A label of the node's own (not its hostname, which the telemetry would read as a pin).
+    kube.core.patch_node(node_that_goes, {"metadata": {"labels": {"shaper-test/pool": "gone"}}})
+    queue = gpu_queues(kube, gpus=8)
+    job = gpu_job("pretrain", gpus=8, queue=queue)
+    job.spec.template.spec.node_selector = {"shaper-test/pool": "gone"}
+    kube.batch.create_namespaced_job(kube.namespace, job)
+    (pod,) = wait_for("pretrain's pod to run", lambda: running_pods(kube, "pretrain"))
+    assert pod.spec.node_name == node_that_goes
+    workload = workload_name(kube, "pretrain")
+
+    def checkpoint(pods: list[PodOnNode]) -> str:
+        return ImageRestore(node=pods[0].node, images={"train": "localhost/ckpt:1"}).pointer()
+
+    pointer = actions.preempt_with_checkpoint(
+        kube.api, namespace=kube.namespace, workload=workload, checkpoint=checkpoint
+    )
+    config = KubernetesConnectorConfig(
+        cluster="kueue-images", kubeconfig=k8s_cluster.kubeconfig, namespaces=[kube.namespace]
+    )
+    with KueueConnector(config) as connector:
+        assert connector.wait_synced(30), [i.error for i in connector.informers.values()]
+        wanted = f"{kube.namespace}/job/pretrain"
+
+        def required() -> list[str]:
+            return next(
+                j.required_nodes for j in connector.read_state().jobs if j.external_id == wanted
+            )
+
+        wait_for(
+            f"pretrain reported held to {node_that_goes}", lambda: required() == [node_that_goes]
+        )
+        for _ in range(3):
+            assert connector.upkeep() == []  # the node is there: its images may be too
+
+        kube.core.delete_node(node_that_goes)
+        lines: list[str] = []
+
+        def forgotten() -> bool:
+            lines.extend(connector.upkeep())
+            found = kube.batch.read_namespaced_job("pretrain", kube.namespace)
+            return RESUME_FROM not in (found.spec.template.metadata.annotations or {})
+
+        wait_for("the pointer to come off pretrain", forgotten)
+        assert any(f"went with node {node_that_goes}" in line for line in lines), lines
+        found = kube.batch.read_namespaced_job("pretrain", kube.namespace)
+        assert RESUME_FROM not in (found.metadata.annotations or {})
+        assert RESTORE_LABEL not in (found.spec.template.metadata.labels or {})
+        assert found.spec.suspend
+        held = kube.workload_of_job("pretrain")
+        assert held is not None and not actions.is_active(held)  # still held
+        for pod_set in held["spec"]["podSets"]:
+            metadata = pod_set["template"].get("metadata") or {}
+            assert RESUME_FROM not in (metadata.get("annotations") or {}), pointer
+            assert RESTORE_LABEL not in (metadata.get("labels") or {})
+        wait_for("pretrain reported held nowhere", lambda: required() == [])
+        assert connector.upkeep() == []
