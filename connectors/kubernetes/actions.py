@@ -1334,16 +1334,17 @@ def _token(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _annotation_path(key: str) -> str:
+def annotation_path(key: str) -> str:
+    """The JSON Pointer of an object's annotation ``key``."""
     return "/metadata/annotations/" + _token(key)
 
 
-def pointer_removal(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _pointer_removal(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The JSON patch that takes the resume pointer off a Job's template (``job``: JSON,
     as read; it tests the pointer is still that), with the restore webhook's label and a
     copy of the pointer on the Job itself (the Kueue connector's) where they are."""
     template_meta = job["spec"]["template"]["metadata"]
-    pointer_path = "/spec/template" + _annotation_path(RESUME_FROM)
+    pointer_path = "/spec/template" + annotation_path(RESUME_FROM)
     ops: list[dict[str, Any]] = [
         {"op": "test", "path": pointer_path, "value": template_meta["annotations"][RESUME_FROM]},
         {"op": "remove", "path": pointer_path},
@@ -1353,7 +1354,7 @@ def pointer_removal(job: Mapping[str, Any]) -> list[dict[str, Any]]:
             {"op": "remove", "path": "/spec/template/metadata/labels/" + _token(RESTORE_LABEL)}
         )
     if RESUME_FROM in (job["metadata"].get("annotations") or {}):
-        ops.append({"op": "remove", "path": _annotation_path(RESUME_FROM)})
+        ops.append({"op": "remove", "path": annotation_path(RESUME_FROM)})
     return ops
 
 
@@ -1364,7 +1365,7 @@ def mark_pin_started(api: client.ApiClient, *, namespace: str, job: str, stamp: 
     pin = read_pin({PIN_ANNOTATION: stamp})
     if pin is None or pin.started:
         return False
-    path = _annotation_path(PIN_ANNOTATION)
+    path = annotation_path(PIN_ANNOTATION)
     ops = [
         {"op": "test", "path": path, "value": stamp},
         {"op": "replace", "path": path, "value": replace(pin, started=True).encode()},
@@ -1606,7 +1607,7 @@ def _forget_lost_images(
     if node_exists(api, node):
         return None  # the cache lags: a Job's only checkpoint is never let go on its word
     metadata, template = found["metadata"], found["spec"]["template"]
-    ops = pointer_removal(found)
+    ops = _pointer_removal(found)
     pin = read_pin(metadata.get("annotations"))
     done = "its placement as it is"
     if pin is not None and node in pin.nodes and pin.in_force(template["spec"]):
@@ -1745,11 +1746,11 @@ def _lift_ops(job: Mapping[str, Any], pin: Pin) -> list[dict[str, Any]]:
     ops: list[dict[str, Any]] = [
         {
             "op": "test",
-            "path": _annotation_path(PIN_ANNOTATION),
+            "path": annotation_path(PIN_ANNOTATION),
             "value": annotations[PIN_ANNOTATION],
         },
         {"op": "test", "path": affinity_path, "value": spec.get("affinity")},
-        {"op": "remove", "path": _annotation_path(PIN_ANNOTATION)},
+        {"op": "remove", "path": annotation_path(PIN_ANNOTATION)},
         {"op": "remove", "path": affinity_path}
         if pin.affinity is None
         else {"op": "replace", "path": affinity_path, "value": pin.affinity},
@@ -1758,5 +1759,5 @@ def _lift_ops(job: Mapping[str, Any], pin: Pin) -> list[dict[str, Any]]:
         gates = pod_placement.template_gates(spec, gated=False)
         ops.append({"op": "replace", "path": "/spec/template/spec/schedulingGates", "value": gates})
         if POD_NODES_ANNOTATION in annotations:
-            ops.append({"op": "remove", "path": _annotation_path(POD_NODES_ANNOTATION)})
+            ops.append({"op": "remove", "path": annotation_path(POD_NODES_ANNOTATION)})
     return ops

@@ -42,8 +42,8 @@ pointer from the saga.
 
 RBAC (kueue.x-k8s.io unless said): ``deactivate``/``reactivate``: patch workloads;
 ``preempt_with_checkpoint``: get, patch, update workloads; get, patch batch jobs; list pods;
-``forget_lost_images`` (the connector's upkeep): get nodes (core); get, update workloads;
-get, patch batch jobs.
+``forget_lost_images`` and ``evict_for_lost_images`` (the connector's upkeep): get nodes
+(core); get, patch, update workloads; get, patch batch jobs; list pods.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from kubernetes import client
 
 from connectors.base import ConnectorError
 from connectors.kubernetes.actions import (
+    IMAGES_LOST,
     JOB_UID_LABEL,
     JSON_PATCH,
     MERGE_PATCH,
@@ -63,15 +64,17 @@ from connectors.kubernetes.actions import (
     SETTLE_TIMEOUT_S,
     Conflict,
     PodOnNode,
+    annotation_path,
     call,
+    job_pods,
     node_exists,
-    pointer_removal,
+    pods_stranded,
     read_job,
     read_job_json,
     template_blocker,
     wait_until,
 )
-from connectors.kubernetes.pins import images_node
+from connectors.kubernetes.pins import LIFTING_PIN, images_node
 from connectors.kubernetes.pods import DEACTIVATED_BY_SHAPER, RESUME_FROM, STOPPED_BY_STEP
 from connectors.kubernetes.restore_webhook import (
     RESTORE_BY_IMAGE,
@@ -118,14 +121,28 @@ def _set_active(
     active: bool,
     step_key: str | None = None,
 ) -> None:
-    custom = _custom(api)
     # Shaper's own deactivation is marked in the same patch, and the mark goes with the
     # reactivation (a merge patch's null deletes it): an inactive Workload without it is
     # one Kueue (or someone else) deactivated, which no release of Shaper's lets run.
     annotations: dict[str, str | None] = {DEACTIVATED_BY_SHAPER: None if active else "true"}
+    # A step that acts on a Workload the upkeep is letting go (evict_for_lost_images) takes
+    # it over: the upkeep then leaves it as the step did.
+    annotations[LIFTING_PIN] = None
     if step_key is not None:
         annotations[STOPPED_BY_STEP] = step_key
     body: dict[str, Any] = {"spec": {"active": active}, "metadata": {"annotations": annotations}}
+    _patch_workload(api, namespace=namespace, workload=workload, body=body)
+
+
+def _patch_workload(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    workload: str,
+    body: Any,
+    content_type: str = MERGE_PATCH,
+) -> None:
+    custom = _custom(api)
     call(
         "patch",
         _resource(namespace, workload),
@@ -136,7 +153,7 @@ def _set_active(
             WORKLOADS,
             workload,
             body,
-            _content_type=MERGE_PATCH,
+            _content_type=content_type,
             _request_timeout=REQUEST_TIMEOUT_S,
         ),
     )
@@ -303,7 +320,7 @@ def forget_lost_images(
     images went with it, and the restore webhook would hold its pods to that node for
     good once it is admitted. The pointer and the restore label come off the pod sets
     (Kueue restores the Job's template from them while it is evicted) and then off the
-    Job, in a JSON patch that tests the pointer is as read; the Workload stays as it was
+    Job, its copy too; the Workload stays as it was
     (held, or queued): once admitted, its pods start from their own checkpoint or
     afresh. A line, or None when there is nothing to do (the node is there, quota is
     reserved, the Job still has pods or points elsewhere by now)."""
@@ -325,13 +342,28 @@ def forget_lost_images(
         annotations={RESUME_FROM: None},
         labels={RESTORE_LABEL: None},
     )
-    ops = pointer_removal(found)
+    # A merge patch, not a test of the pointer as read: the pod-set write makes Kueue, while
+    # the Workload is evicted, restore the template from them at once, and the pointer may
+    # be off it already (the Job's own copy is not). Nothing writes another pointer on a Job
+    # that holds no quota but the same one again (preempt_with_checkpoint, from that copy).
+    forgotten = {
+        "metadata": {"annotations": {RESUME_FROM: None}},
+        "spec": {
+            "template": {
+                "metadata": {"annotations": {RESUME_FROM: None}, "labels": {RESTORE_LABEL: None}}
+            }
+        },
+    }
     batch = client.BatchV1Api(api)
     call(
         "patch",
         f"jobs {job} in {namespace}",
         lambda: batch.patch_namespaced_job(
-            job, namespace, ops, _content_type=JSON_PATCH, _request_timeout=REQUEST_TIMEOUT_S
+            job,
+            namespace,
+            forgotten,
+            _content_type=MERGE_PATCH,
+            _request_timeout=REQUEST_TIMEOUT_S,
         ),
     )
     return (
@@ -339,6 +371,76 @@ def forget_lost_images(
         f"to resume from went with node {node}, no longer in the cluster; the pointer is off "
         "its pod sets and its template, the workload stays as it was, and its pods will start "
         "from their own checkpoint or afresh"
+    )
+
+
+def evict_for_lost_images(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    workload: str,
+    node: str,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> str | None:
+    """An admitted Workload whose Job's pods wait for good for ``node``, gone from the
+    cluster with the checkpoint images they were to resume from (the restore webhook holds
+    them there; none of its pods is on a node, and the scheduler found none for one):
+    Kueue keeps its quota reserved and its pod sets frozen meanwhile, so it is let go.
+    Deactivated, marked ``shaper.io/lifting-pin`` (so that a connector stopped halfway
+    finishes next round; the mark's value names the node) → once Kueue has stopped it, the
+    pointer comes off (:func:`forget_lost_images`) → reactivated by a JSON patch that tests
+    the mark is still there and takes it off: it queues again, and its pods start from
+    their own checkpoint or afresh. A plan's step that deactivates or reactivates it
+    meanwhile takes the mark off (:func:`_set_active`), and the Workload is left as that
+    step made it. A line, or None when there is nothing to do (the node is there by the API
+    server's word, the Workload is inactive or holds no quota, a pod of it is placed)."""
+    current = read_workload(api, namespace=namespace, workload=workload)
+    mark = (current["metadata"].get("annotations") or {}).get(LIFTING_PIN)
+    if mark is None:
+        if not is_active(current) or not condition_true(current, "QuotaReserved"):
+            return None
+        if node_exists(api, node):
+            return None
+        owner = read_job(api, namespace=namespace, job=job_of(current))
+        pods = [api.sanitize_for_serialization(p) for p in job_pods(api, owner)]
+        if not pods_stranded(pods):
+            return None
+        mark = f"{IMAGES_LOST}{node}"
+        stop = {
+            "spec": {"active": False},
+            "metadata": {"annotations": {LIFTING_PIN: mark, DEACTIVATED_BY_SHAPER: "true"}},
+        }
+        _patch_workload(api, namespace=namespace, workload=workload, body=stop)
+    elif is_active(current):
+        return None  # reactivated by someone else, who will have taken the mark off
+    node = mark.removeprefix(IMAGES_LOST)
+    wait_stopped(
+        api, namespace=namespace, workload=workload, job=job_of(current), timeout_s=timeout_s
+    )
+    forget_lost_images(api, namespace=namespace, workload=workload, node=node)
+    mark_path, deactivated_path = (
+        annotation_path(LIFTING_PIN),
+        annotation_path(DEACTIVATED_BY_SHAPER),
+    )
+    again = [
+        {"op": "test", "path": mark_path, "value": mark},
+        {"op": "remove", "path": mark_path},
+        {"op": "remove", "path": deactivated_path},
+        {"op": "replace", "path": "/spec/active", "value": True},
+    ]
+    try:
+        _patch_workload(
+            api, namespace=namespace, workload=workload, body=again, content_type=JSON_PATCH
+        )
+    except ConnectorError as error:
+        if error.retryable:
+            raise
+        return None  # a step took it over meanwhile (the mark is gone): it is the step's
+    return (
+        f"workload {workload} in {namespace}: its pods waited for node {node}, gone from the "
+        "cluster with the checkpoint images they were to resume from; it was let go, the "
+        "pointer taken off, and queued again: its pods start from their own checkpoint or "
+        "afresh"
     )
 
 

@@ -16,14 +16,16 @@ such Jobs here, Kueue admitting them (connectors.kueue.capabilities).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from connectors.kubernetes.actions import lost_images_node
+from connectors.kubernetes.actions import JOB_UID_LABEL, lost_images_node, pods_stranded
 from connectors.kubernetes.config import KubernetesConnectorConfig
-from connectors.kubernetes.connector import OWNER_COLLECTIONS, KubernetesConnector
+from connectors.kubernetes.connector import LIFTS_S, OWNER_COLLECTIONS, KubernetesConnector
 from connectors.kubernetes.incremental import Changes, JobReports, complete, key_order
 from connectors.kubernetes.informer import Key, Object
+from connectors.kubernetes.pins import LIFTING_PIN
 from connectors.kubernetes.pods import (
     JobGroup,
     TranslationContext,
@@ -58,39 +60,55 @@ class KueueConnector(KueueCapabilities, KubernetesConnector):
         return [*super().upkeep(), *self.forget_lost_images()]
 
     def forget_lost_images(self) -> list[str]:
-        """A Kueue Job held out of admission to resume from checkpoint images on a node no
-        longer in the cluster (judged from the caches, once the node cache holds the whole
-        list; actions.forget_lost_images asks the API server for the node and the Workload
-        again) loses the pointer, in its pod sets and on the Job, so that once admitted its
-        pods are not held to that node for good. A Workload holding quota is left (its pod
-        sets are frozen): its pods wait for the node as before. Under the pins lock, only
-        tried (as the Kubernetes upkeep's); an error is logged and tried again next round.
-        One line per Job."""
+        """A Kueue Job to resume from checkpoint images on a node no longer in the cluster
+        (judged from the caches, once the node cache holds the whole list; the actions ask
+        the API server again, for the node too): held out of admission, it loses the
+        pointer, in its pod sets and on the Job (actions.forget_lost_images), so that once
+        admitted its pods are not held to that node for good; admitted, with its pods
+        waiting for that node, its Workload is let go, the pointer taken off, and queued
+        again (actions.evict_for_lost_images; one the upkeep left halfway, marked, first).
+        Under the pins lock, only tried (as the Kubernetes upkeep's), for ``LIFTS_S``
+        seconds a round at most; an error is logged and tried again next round. One line
+        per Job."""
         nodes = self.informers["nodes"]
         if not nodes.synced:
             return []
         known = {n["metadata"]["name"] for n in nodes.items()}
         jobs = self.informers["jobs"]
-        lost: list[tuple[str, str, str, str]] = []
+        pods_by_job: dict[str, list[Object]] = {}
+        for pod in self.informers["pods"].items():
+            uid = ((pod.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL)
+            if uid:
+                pods_by_job.setdefault(uid, []).append(pod)
+        work: list[tuple[str, str, Callable[..., str | None], str]] = []
         for owner_id, workload in self.workloads_by_owner().items():
             owner = parse_external_id(owner_id)
+            name = workload["metadata"]["name"]
+            if LIFTING_PIN in (workload["metadata"].get("annotations") or {}):
+                work.insert(0, (owner.namespace, name, kueue_actions.evict_for_lost_images, ""))
+                continue
             job = jobs.get(owner.namespace, owner.name) if owner.kind == "Job" else None
+            if job is not None and job["metadata"].get("uid") not in _owner_uids(workload):
+                job = None  # a Job of that name made since: not this Workload's
             node = lost_images_node(job, known) if job is not None else None
-            if node is not None and not kueue_actions.condition_true(workload, "QuotaReserved"):
-                lost.append((owner.namespace, workload["metadata"]["name"], owner.name, node))
-        if not lost or not self.pins_lock.acquire(blocking=False):
+            if job is None or node is None:
+                continue
+            if not kueue_actions.condition_true(workload, "QuotaReserved"):
+                work.append((owner.namespace, name, kueue_actions.forget_lost_images, node))
+            elif pods_stranded(pods_by_job.get(job["metadata"].get("uid") or "", [])):
+                work.append((owner.namespace, name, kueue_actions.evict_for_lost_images, node))
+        if not work or not self.pins_lock.acquire(blocking=False):
             return []
         lines: list[str] = []
         try:
-            for namespace, workload_name, job_name, node in lost:
-                forget = functools.partial(
-                    kueue_actions.forget_lost_images,
-                    self.api,
-                    namespace=namespace,
-                    workload=workload_name,
-                    node=node,
+            deadline = time.monotonic() + LIFTS_S
+            for namespace, workload_name, act, node in work:
+                if time.monotonic() > deadline:
+                    break
+                do = functools.partial(
+                    act, self.api, namespace=namespace, workload=workload_name, node=node
                 )
-                line = self._pin_work(namespace, job_name, forget)
+                line = self._pin_work(namespace, workload_name, do)
                 if isinstance(line, str):
                     lines.append(line)
         finally:
@@ -149,6 +167,10 @@ class KueueConnector(KueueCapabilities, KubernetesConnector):
             reports = self._reports
             assert isinstance(reports, KueueJobReports)
             return reports.workload(owner.external_id)
+
+
+def _owner_uids(workload: Object) -> set[str]:
+    return {r.get("uid") for r in workload["metadata"].get("ownerReferences") or []} - {None}
 
 
 def _workload_order(workload: Object) -> tuple[str, str]:

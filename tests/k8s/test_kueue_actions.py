@@ -12,8 +12,8 @@ from connectors.base import ConnectorError
 from connectors.kubernetes import actions as kube_actions
 from connectors.kubernetes.actions import PodOnNode
 from connectors.kubernetes.config import KubernetesConnectorConfig
-from connectors.kubernetes.pins import RESTORE_LABEL
-from connectors.kubernetes.pods import RESUME_FROM
+from connectors.kubernetes.pins import LIFTING_PIN, RESTORE_LABEL
+from connectors.kubernetes.pods import DEACTIVATED_BY_SHAPER, RESUME_FROM
 from connectors.kueue import actions
 from connectors.kueue.connector import KueueConnector
 from tests.k8s.conftest import K8sCluster, Kube, condition, wait_for
@@ -212,21 +212,18 @@ def test_preemption_refuses_a_workload_that_would_lose_its_work(kube: Kube) -> N
     assert not missing.value.retryable and "404" in str(missing.value)
 
 
-def test_a_held_workload_loses_its_pointer_to_images_gone_with_their_node(
-    k8s_cluster: K8sCluster, kube: Kube, node_that_goes: str
-) -> None:
-    """A Kueue Job preempted with a kubelet checkpoint is held (its Workload deactivated) to
-    resume from images on the node it ran on, and reported held there. Once that node is
-    deleted, the Kueue connector's upkeep takes the pointer and the restore label off its
-    pod sets and its Job; the Workload stays held, and the Job is reported held nowhere."""
-    # A label of the node's own (not its hostname, which the telemetry would read as a pin).
-    kube.core.patch_node(node_that_goes, {"metadata": {"labels": {"shaper-test/pool": "gone"}}})
+def preempted_to_images_on(kube: Kube, node: str) -> tuple[str, str]:
+    """Kueue Job ``pretrain`` runs on ``node`` (by a label of the node's own standing in for
+    the restore webhook's hostname selector: the telemetry would read a hostname as a pin)
+    and is preempted with a kubelet checkpoint to images there. Its Workload's name and the
+    pointer."""
+    kube.core.patch_node(node, {"metadata": {"labels": {"shaper-test/pool": "gone"}}})
     queue = gpu_queues(kube, gpus=8)
     job = gpu_job("pretrain", gpus=8, queue=queue)
     job.spec.template.spec.node_selector = {"shaper-test/pool": "gone"}
     kube.batch.create_namespaced_job(kube.namespace, job)
     (pod,) = wait_for("pretrain's pod to run", lambda: running_pods(kube, "pretrain"))
-    assert pod.spec.node_name == node_that_goes
+    assert pod.spec.node_name == node
     workload = workload_name(kube, "pretrain")
 
     def checkpoint(pods: list[PodOnNode]) -> str:
@@ -235,6 +232,36 @@ def test_a_held_workload_loses_its_pointer_to_images_gone_with_their_node(
     pointer = actions.preempt_with_checkpoint(
         kube.api, namespace=kube.namespace, workload=workload, checkpoint=checkpoint
     )
+    return workload, pointer
+
+
+def pointer_gone(kube: Kube) -> bool:
+    """Whether ``pretrain`` and its Workload's pod sets no longer carry a resume pointer or
+    the restore label."""
+    found = kube.batch.read_namespaced_job("pretrain", kube.namespace)
+    template = found.spec.template.metadata
+    workload = kube.workload_of_job("pretrain")
+    assert workload is not None
+    return (
+        RESUME_FROM not in (found.metadata.annotations or {})
+        and RESUME_FROM not in (template.annotations or {})
+        and RESTORE_LABEL not in (template.labels or {})
+        and not any(
+            RESUME_FROM in (((ps["template"].get("metadata") or {}).get("annotations")) or {})
+            or RESTORE_LABEL in (((ps["template"].get("metadata") or {}).get("labels")) or {})
+            for ps in workload["spec"]["podSets"]
+        )
+    )
+
+
+def test_a_held_workload_loses_its_pointer_to_images_gone_with_their_node(
+    k8s_cluster: K8sCluster, kube: Kube, node_that_goes: str
+) -> None:
+    """A Kueue Job preempted with a kubelet checkpoint is held (its Workload deactivated) to
+    resume from images on the node it ran on, and reported held there. Once that node is
+    deleted, the Kueue connector's upkeep takes the pointer and the restore label off its
+    pod sets and its Job; the Workload stays held, and the Job is reported held nowhere."""
+    workload, pointer = preempted_to_images_on(kube, node_that_goes)
     config = KubernetesConnectorConfig(
         cluster="kueue-images", kubeconfig=k8s_cluster.kubeconfig, namespaces=[kube.namespace]
     )
@@ -263,15 +290,89 @@ def test_a_held_workload_loses_its_pointer_to_images_gone_with_their_node(
 
         wait_for("the pointer to come off pretrain", forgotten)
         assert any(f"went with node {node_that_goes}" in line for line in lines), lines
-        found = kube.batch.read_namespaced_job("pretrain", kube.namespace)
-        assert RESUME_FROM not in (found.metadata.annotations or {})
-        assert RESTORE_LABEL not in (found.spec.template.metadata.labels or {})
-        assert found.spec.suspend
+        assert pointer_gone(kube), pointer  # the Job's copy and the pod sets' too
+        assert kube.batch.read_namespaced_job("pretrain", kube.namespace).spec.suspend
         held = kube.workload_of_job("pretrain")
         assert held is not None and not actions.is_active(held)  # still held
-        for pod_set in held["spec"]["podSets"]:
-            metadata = pod_set["template"].get("metadata") or {}
-            assert RESUME_FROM not in (metadata.get("annotations") or {}), pointer
-            assert RESTORE_LABEL not in (metadata.get("labels") or {})
         wait_for("pretrain reported held nowhere", lambda: required() == [])
+        assert connector.upkeep() == []
+
+
+def unschedulable(kube: Kube, job: str) -> bool:
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for pod in kube.pods_of_job(job)
+        for c in pod.status.conditions or []
+    )
+
+
+def test_an_admitted_workload_waiting_for_images_gone_with_their_node_is_queued_again(
+    k8s_cluster: K8sCluster, kube: Kube, node_that_goes: str
+) -> None:
+    """A Kueue Job held to resume from checkpoint images is let run (reactivated) after
+    their node was deleted: admitted, its quota reserved and its pod sets frozen, its pod
+    waits for that node for good. The upkeep lets the Workload go, takes the pointer off and
+    queues it again; it is admitted again."""
+    workload, _ = preempted_to_images_on(kube, node_that_goes)
+    kube.core.delete_node(node_that_goes)
+    actions.reactivate(kube.api, namespace=kube.namespace, workload=workload)
+    wait_for("pretrain to be admitted again", lambda: admitted(kube, "pretrain"))
+    wait_for("pretrain's pod to wait", lambda: unschedulable(kube, "pretrain"))
+    config = KubernetesConnectorConfig(
+        cluster="kueue-images", kubeconfig=k8s_cluster.kubeconfig, namespaces=[kube.namespace]
+    )
+    with KueueConnector(config) as connector:
+        assert connector.wait_synced(30), [i.error for i in connector.informers.values()]
+        lines: list[str] = []
+
+        def queued_again() -> bool:
+            lines.extend(connector.upkeep())
+            found = kube.workload_of_job("pretrain")
+            assert found is not None
+            annotations = found["metadata"].get("annotations") or {}
+            return (
+                actions.is_active(found)
+                and LIFTING_PIN not in annotations
+                and DEACTIVATED_BY_SHAPER not in annotations
+                and pointer_gone(kube)
+            )
+
+        wait_for("pretrain to be let go and queued again", queued_again, timeout=120)
+        assert any(f"waited for node {node_that_goes}" in line for line in lines), lines
+        assert workload_name(kube, "pretrain") == workload  # the same Workload, not a new one
+        wait_for("pretrain to be admitted again", lambda: admitted(kube, "pretrain"))
+        assert connector.upkeep() == []
+
+
+@pytest.mark.parametrize("taken_over", [False, True], ids=["left-halfway", "a-hold-took-it-over"])
+def test_a_let_go_left_halfway_is_finished_unless_a_step_took_the_workload_over(
+    k8s_cluster: K8sCluster, kube: Kube, node_that_goes: str, taken_over: bool
+) -> None:
+    """The upkeep deactivated a Workload to let it go (marked) and stopped there (the
+    connector restarted): the next upkeep finishes, queueing it again without the pointer.
+    A plan's hold made meanwhile takes the mark off: the Workload stays held (its pointer
+    still comes off, as any held Workload's does)."""
+    workload, _ = preempted_to_images_on(kube, node_that_goes)  # held, deactivated
+    mark = {"metadata": {"annotations": {LIFTING_PIN: f"images lost with node {node_that_goes}"}}}
+    kube.custom.patch_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", kube.namespace, "workloads", workload, mark
+    )
+    if taken_over:
+        actions.deactivate(kube.api, namespace=kube.namespace, workload=workload, step_key="hold")
+    kube.core.delete_node(node_that_goes)
+    config = KubernetesConnectorConfig(
+        cluster="kueue-images", kubeconfig=k8s_cluster.kubeconfig, namespaces=[kube.namespace]
+    )
+    with KueueConnector(config) as connector:
+        assert connector.wait_synced(30), [i.error for i in connector.informers.values()]
+
+        def done() -> bool:
+            connector.upkeep()
+            return pointer_gone(kube)
+
+        wait_for("the pointer to come off pretrain", done)
+        found = kube.workload_of_job("pretrain")
+        assert found is not None
+        assert LIFTING_PIN not in (found["metadata"].get("annotations") or {})
+        assert actions.is_active(found) is not taken_over
         assert connector.upkeep() == []
