@@ -64,6 +64,7 @@ from connectors.kubernetes.actions import (
     SETTLE_TIMEOUT_S,
     Conflict,
     PodOnNode,
+    Unprocessable,
     annotation_path,
     call,
     job_pods,
@@ -277,6 +278,11 @@ def preempt_with_checkpoint(
             )
             resume_from = pointer
         deactivate(api, namespace=namespace, workload=workload, step_key=step_key)
+    elif LIFTING_PIN in (current["metadata"].get("annotations") or {}):
+        # Held already by the upkeep's let-go (evict_for_lost_images): this step takes it
+        # over, and the Workload stays held.
+        taken = {"metadata": {"annotations": {LIFTING_PIN: None}}}
+        _patch_workload(api, namespace=namespace, workload=workload, body=taken)
 
     wait_stopped(api, namespace=namespace, workload=workload, job=job, timeout_s=timeout_s)
     if resume_from is not None:
@@ -406,18 +412,29 @@ def evict_for_lost_images(
         if not pods_stranded(pods):
             return None
         mark = f"{IMAGES_LOST}{node}"
-        stop = {
-            "spec": {"active": False},
-            "metadata": {"annotations": {LIFTING_PIN: mark, DEACTIVATED_BY_SHAPER: "true"}},
-        }
-        _patch_workload(api, namespace=namespace, workload=workload, body=stop)
+        # Only if it is still active: a plan's hold (or Kueue) that deactivated it since
+        # keeps it as it made it.
+        stop: list[dict[str, Any]] = [{"op": "test", "path": "/spec/active", "value": True}]
+        if current["metadata"].get("annotations") is None:
+            stop.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        stop += [
+            {"op": "add", "path": annotation_path(LIFTING_PIN), "value": mark},
+            {"op": "add", "path": annotation_path(DEACTIVATED_BY_SHAPER), "value": "true"},
+            {"op": "replace", "path": "/spec/active", "value": False},
+        ]
+        try:
+            _patch_workload(
+                api, namespace=namespace, workload=workload, body=stop, content_type=JSON_PATCH
+            )
+        except Unprocessable:
+            return None  # deactivated meanwhile: not the upkeep's to let go
     elif is_active(current):
         return None  # reactivated by someone else, who will have taken the mark off
     node = mark.removeprefix(IMAGES_LOST)
     wait_stopped(
         api, namespace=namespace, workload=workload, job=job_of(current), timeout_s=timeout_s
     )
-    forget_lost_images(api, namespace=namespace, workload=workload, node=node)
+    forgot = forget_lost_images(api, namespace=namespace, workload=workload, node=node)
     mark_path, deactivated_path = (
         annotation_path(LIFTING_PIN),
         annotation_path(DEACTIVATED_BY_SHAPER),
@@ -425,6 +442,8 @@ def evict_for_lost_images(
     again = [
         {"op": "test", "path": mark_path, "value": mark},
         {"op": "remove", "path": mark_path},
+        # Added first, so that the remove holds whether it is there or not.
+        {"op": "add", "path": deactivated_path, "value": "true"},
         {"op": "remove", "path": deactivated_path},
         {"op": "replace", "path": "/spec/active", "value": True},
     ]
@@ -432,15 +451,13 @@ def evict_for_lost_images(
         _patch_workload(
             api, namespace=namespace, workload=workload, body=again, content_type=JSON_PATCH
         )
-    except ConnectorError as error:
-        if error.retryable:
-            raise
+    except Unprocessable:
         return None  # a step took it over meanwhile (the mark is gone): it is the step's
+    pointer = "the pointer taken off, " if forgot else ""
     return (
         f"workload {workload} in {namespace}: its pods waited for node {node}, gone from the "
-        "cluster with the checkpoint images they were to resume from; it was let go, the "
-        "pointer taken off, and queued again: its pods start from their own checkpoint or "
-        "afresh"
+        f"cluster with the checkpoint images they were to resume from; it was let go, {pointer}"
+        "and queued again: its pods start from their own checkpoint or afresh"
     )
 
 
