@@ -993,10 +993,7 @@ def restart_indexed_job(
     if ours:
         # First, on its own: should the sizing below be refused, the Job let run again must
         # not resume from that old checkpoint either.
-        stale = {"annotations": {RESUME_FROM: None}, "labels": {RESTORE_LABEL: None}}
-        _patch_job(
-            api, namespace=namespace, job=job, body={"spec": {"template": {"metadata": stale}}}
-        )
+        _drop_pointer(api, namespace=namespace, job=job)
     template_spec = api.sanitize_for_serialization(current.spec.template.spec)
     affinity = pinned_affinity(template_spec.get("affinity"), nodes)
     placement = pod_placement.pod_nodes(replicas, pods_on, pod_spec_gpus(template_spec))
@@ -1027,6 +1024,12 @@ def restart_indexed_job(
             raise
         raise _let_run_again(api, namespace=namespace, job=job, error=error) from error
     _patch_job(api, namespace=namespace, job=job, body={"spec": {"suspend": False}})
+
+
+def _drop_pointer(api: client.ApiClient, *, namespace: str, job: str) -> None:
+    """Take the resume pointer and the restore webhook's label off a Job's template."""
+    stale = {"annotations": {RESUME_FROM: None}, "labels": {RESTORE_LABEL: None}}
+    _patch_job(api, namespace=namespace, job=job, body={"spec": {"template": {"metadata": stale}}})
 
 
 def _let_run_again(
@@ -1081,13 +1084,14 @@ def _refuse_away_from_images(
     start of a held Job) the template's, read as the telemetry reads it
     (pins.images_node) — where the restore webhook holds every pod: pinned elsewhere
     too, they would wait for good."""
-    try:
-        restore = image_restore(resume_from)
-    except Refused as refused:
-        raise ConnectorError(f"cannot {what}: {refused}", retryable=False) from None
-    held = restore.node if restore is not None else None
     if resume_from is None:
         held = images_node(api.sanitize_for_serialization(current.spec.template))
+    else:
+        try:
+            restore = image_restore(resume_from)
+        except Refused as refused:
+            raise ConnectorError(f"cannot {what}: {refused}", retryable=False) from None
+        held = restore.node if restore is not None else None
     if held is not None and nodes is not None and nodes != [held]:
         raise ConnectorError(
             f"cannot {what}: its checkpoint images are on node {held} only", retryable=False
@@ -1309,21 +1313,28 @@ def _prepare_stopped(
 def _wait_stopped(
     api: client.ApiClient, *, namespace: str, job: str, timeout_s: float
 ) -> client.V1Job:
-    """Until a suspended Job's controller says so (condition Suspended) and no pod is
-    active (the API server's own test before a suspended Job's template may change); a
-    retryable error after ``timeout_s``. The Job as last read, stopped."""
+    """Until a suspended Job is stopped (:func:`job_stopped`); a retryable error after
+    ``timeout_s``. The Job as last read, stopped."""
     last: list[client.V1Job] = []
 
     def stopped() -> bool:
         last[:] = [read_job(api, namespace=namespace, job=job)]
-        status = last[0].status
-        suspended = any(
-            c.type == "Suspended" and c.status == "True" for c in status.conditions or []
-        )
-        return suspended and not status.active
+        return job_stopped(api.sanitize_for_serialization(last[0]))
 
     wait_until(f"job {job} in {namespace} to stop its pods", stopped, timeout_s)
     return last[0]
+
+
+def job_stopped(job: Mapping[str, Any]) -> bool:
+    """Whether a suspended Job (JSON) is stopped: its controller says so (condition
+    Suspended) and no pod is active — the API server's own test before a suspended Job's
+    template may change."""
+    status = job.get("status") or {}
+    suspended = any(
+        c.get("type") == "Suspended" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return suspended and not status.get("active")
 
 
 # -- a pin lasts one run (connectors.kubernetes.pins) -----------------------------------
@@ -1341,8 +1352,7 @@ def annotation_path(key: str) -> str:
 
 def _pointer_removal(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The JSON patch that takes the resume pointer off a Job's template (``job``: JSON,
-    as read; it tests the pointer is still that), with the restore webhook's label and a
-    copy of the pointer on the Job itself (the Kueue connector's) where they are."""
+    as read; it tests the pointer is still that), with the restore webhook's label."""
     template_meta = job["spec"]["template"]["metadata"]
     pointer_path = "/spec/template" + annotation_path(RESUME_FROM)
     ops: list[dict[str, Any]] = [
@@ -1353,8 +1363,6 @@ def _pointer_removal(job: Mapping[str, Any]) -> list[dict[str, Any]]:
         ops.append(
             {"op": "remove", "path": "/spec/template/metadata/labels/" + _token(RESTORE_LABEL)}
         )
-    if RESUME_FROM in (job["metadata"].get("annotations") or {}):
-        ops.append({"op": "remove", "path": annotation_path(RESUME_FROM)})
     return ops
 
 
@@ -1543,10 +1551,7 @@ def lift_stale_pin(
         # First, on its own: whatever becomes of the pin, the gang's pods must not resume
         # from the move's checkpoint, older than the work they did since; nor any pod
         # from images that went with their node.
-        stale = {"annotations": {RESUME_FROM: None}, "labels": {RESTORE_LABEL: None}}
-        _patch_job(
-            api, namespace=namespace, job=job, body={"spec": {"template": {"metadata": stale}}}
-        )
+        _drop_pointer(api, namespace=namespace, job=job)
     stopped_json = read_job_json(api, namespace=namespace, job=job)
     pin = read_pin(stopped_json["metadata"].get("annotations"))
     done = "let run again as it is"
@@ -1596,12 +1601,7 @@ def _forget_lost_images(
     refused) and its pods then start from their own checkpoint or afresh. A line, or None
     when there is nothing to do."""
     mark = judge_lift(found, [], known_nodes=known_nodes).mark
-    status = found.get("status") or {}
-    suspended = any(
-        c.get("type") == "Suspended" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    if mark is None or status.get("active") or not suspended:
+    if mark is None or not job_stopped(found):
         return None  # its pods still go: the API server keeps its template until then
     node = mark.removeprefix(IMAGES_LOST)
     if node_exists(api, node):

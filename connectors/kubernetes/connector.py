@@ -35,7 +35,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -304,19 +304,12 @@ class KubernetesConnector(KubernetesCapabilities):
         logged and tried again next round. One line per lift and per gang left pinned, for
         the caller to log."""
         namespaces = set(self.config.namespaces)
-        pods_by_job: dict[str, list[Object]] = {}
-        for pod in self.informers["pods"].items():
-            uid = ((pod.get("metadata") or {}).get("labels") or {}).get(actions.JOB_UID_LABEL)
-            if uid:
-                pods_by_job.setdefault(uid, []).append(pod)
+        pods_by_job = self.pods_by_job()
         marks: list[tuple[str, str, str]] = []
         lifts: list[tuple[str, str]] = []
         said: list[str] = []
         stranded: set[str] = set()  # uids of the gangs left pinned (_left_pinned_once)
-        nodes = self.informers["nodes"]
-        # Every node's name, to tell checkpoint images lost with their node; None until the
-        # cache holds the whole list (an empty or partial one would say every node left).
-        known = {n["metadata"]["name"] for n in nodes.items()} if nodes.synced else None
+        known = self.known_nodes()
         for job in self.informers["jobs"].items():
             metadata = job.get("metadata") or {}
             namespace, name = metadata.get("namespace") or "default", metadata["name"]
@@ -358,22 +351,23 @@ class KubernetesConnector(KubernetesCapabilities):
                     actions.mark_pin_started, self.api, namespace=namespace, job=name, stamp=stamp
                 )
                 self._pin_work(namespace, name, mark)
-            deadline = time.monotonic() + LIFTS_S
-            for namespace, name in lifts:
-                if time.monotonic() > deadline:
-                    break
-                lift = functools.partial(
-                    actions.lift_stale_pin,
-                    self.api,
-                    namespace=namespace,
-                    job=name,
-                    gang_stranded_s=self.gang_stranded_s,
-                    now=self._clock(),
-                    known_nodes=known,
+            # A generator: each lift's clock is read when its turn comes.
+            lines += self.pin_work_within_budget(
+                (
+                    namespace,
+                    name,
+                    functools.partial(
+                        actions.lift_stale_pin,
+                        self.api,
+                        namespace=namespace,
+                        job=name,
+                        gang_stranded_s=self.gang_stranded_s,
+                        now=self._clock(),
+                        known_nodes=known,
+                    ),
                 )
-                line = self._pin_work(namespace, name, lift)
-                if isinstance(line, str):
-                    lines.append(line)  # logged by the caller (connectors.runner.upkeep)
+                for namespace, name in lifts
+            )
         finally:
             self.pins_lock.release()
         return lines
@@ -392,6 +386,37 @@ class KubernetesConnector(KubernetesCapabilities):
             return []
         self._left_pinned[uid] = line
         return [line]
+
+    def pods_by_job(self) -> dict[str, list[Object]]:
+        """The cached pods of Jobs, by their Job's uid."""
+        by_job: dict[str, list[Object]] = {}
+        for pod in self.informers["pods"].items():
+            uid = ((pod.get("metadata") or {}).get("labels") or {}).get(actions.JOB_UID_LABEL)
+            if uid:
+                by_job.setdefault(uid, []).append(pod)
+        return by_job
+
+    def known_nodes(self) -> set[str] | None:
+        """Every node's name, to tell checkpoint images lost with their node; None until the
+        cache holds the whole list (an empty or partial one would say every node left)."""
+        nodes = self.informers["nodes"]
+        return {n["metadata"]["name"] for n in nodes.items()} if nodes.synced else None
+
+    def pin_work_within_budget(
+        self, works: Iterable[tuple[str, str, Callable[[], object]]]
+    ) -> list[str]:
+        """Each ``(namespace, name, work)`` in turn (:meth:`_pin_work`), for ``LIFTS_S``
+        seconds at most (the rest waits for the next round); the lines they answer, for the
+        caller to log (connectors.runner.upkeep). The caller holds the pins lock."""
+        deadline = time.monotonic() + LIFTS_S
+        lines: list[str] = []
+        for namespace, name, work in works:
+            if time.monotonic() > deadline:
+                break
+            line = self._pin_work(namespace, name, work)
+            if isinstance(line, str):
+                lines.append(line)
+        return lines
 
     @staticmethod
     def _pin_work(namespace: str, name: str, work: Callable[[], object]) -> object:

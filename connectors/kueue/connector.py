@@ -16,13 +16,12 @@ such Jobs here, Kueue admitting them (connectors.kueue.capabilities).
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from connectors.kubernetes.actions import JOB_UID_LABEL, lost_images_node, pods_stranded
+from connectors.kubernetes.actions import lost_images_node, pods_stranded
 from connectors.kubernetes.config import KubernetesConnectorConfig
-from connectors.kubernetes.connector import LIFTS_S, OWNER_COLLECTIONS, KubernetesConnector
+from connectors.kubernetes.connector import OWNER_COLLECTIONS, KubernetesConnector
 from connectors.kubernetes.incremental import Changes, JobReports, complete, key_order
 from connectors.kubernetes.informer import Key, Object
 from connectors.kubernetes.pins import LIFTING_PIN
@@ -70,16 +69,11 @@ class KueueConnector(KueueCapabilities, KubernetesConnector):
         Under the pins lock, only tried (as the Kubernetes upkeep's), for ``LIFTS_S``
         seconds a round at most; an error is logged and tried again next round. One line
         per Job."""
-        nodes = self.informers["nodes"]
-        if not nodes.synced:
+        known = self.known_nodes()
+        if known is None:
             return []
-        known = {n["metadata"]["name"] for n in nodes.items()}
         jobs = self.informers["jobs"]
-        pods_by_job: dict[str, list[Object]] = {}
-        for pod in self.informers["pods"].items():
-            uid = ((pod.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL)
-            if uid:
-                pods_by_job.setdefault(uid, []).append(pod)
+        pods_by_job = self.pods_by_job()
         work: list[tuple[str, str, Callable[..., str | None], str]] = []
         for owner_id, workload in self.workloads_by_owner().items():
             owner = parse_external_id(owner_id)
@@ -99,21 +93,17 @@ class KueueConnector(KueueCapabilities, KubernetesConnector):
                 work.append((owner.namespace, name, kueue_actions.evict_for_lost_images, node))
         if not work or not self.pins_lock.acquire(blocking=False):
             return []
-        lines: list[str] = []
         try:
-            deadline = time.monotonic() + LIFTS_S
-            for namespace, workload_name, act, node in work:
-                if time.monotonic() > deadline:
-                    break
-                do = functools.partial(
-                    act, self.api, namespace=namespace, workload=workload_name, node=node
+            return self.pin_work_within_budget(
+                (
+                    namespace,
+                    name,
+                    functools.partial(act, self.api, namespace=namespace, workload=name, node=node),
                 )
-                line = self._pin_work(namespace, workload_name, do)
-                if isinstance(line, str):
-                    lines.append(line)
+                for namespace, name, act, node in work
+            )
         finally:
             self.pins_lock.release()
-        return lines
 
     def queues(self) -> KueueQueues:
         return KueueQueues.of(

@@ -14,6 +14,7 @@ from connectors.kubernetes.actions import (
     Judged,
     gang_blocker,
     gang_stranded,
+    job_stopped,
     judge_lift,
     lost_images_node,
     pods_stranded,
@@ -306,3 +307,12 @@ def test_one_judgement_says_which_lift_and_leaves_jobs_others_run() -> None:
         elastic(gang(failed=1)), [RUNNING, replaced], known_nodes=None, gang_stranded_s=60, now=NOW
     )
     assert judged == Judged("stopped 1 running pod(s) of its gang, which lost a pod")
+
+
+def test_a_job_is_stopped_once_its_controller_says_suspended_and_no_pod_is_active() -> None:
+    """job_stopped: what the lifts wait for before they change a suspended Job's template."""
+    suspended = {"type": "Suspended", "status": "True"}
+    assert job_stopped({"status": {"conditions": [suspended]}})
+    assert not job_stopped({"status": {"conditions": [suspended], "active": 1}})
+    assert not job_stopped({"status": {"conditions": [{**suspended, "status": "False"}]}})
+    assert not job_stopped({"spec": {"suspend": True}, "status": {}})  # not seen yet
