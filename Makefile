@@ -21,7 +21,8 @@ serve: venv
 
 ## Install; start PostgreSQL and Redis, install Chromium and a CRIU that works on this
 ## kernel when missing, build the Kubernetes control plane and Kueue once per machine
-## (scripts/k8s-build.sh: cached, ~25 min cold on 2 cores); Slurm and the Kubernetes cluster
+## (scripts/k8s-build.sh: cached, ~25 min cold on 2 cores) and Slurm 24.11 beside Debian's
+## 22.05 (scripts/slurm-build.sh: cached, ~5 min cold); Slurm and the Kubernetes cluster
 ## are started by their test fixtures; lint (ruff, strict mypy) first; run everything, on
 ## TEST_WORKERS pytest-xdist workers (tests/support/parallel.py keeps each real service's
 ## tests on one worker).
@@ -31,6 +32,7 @@ test: venv lint
 	scripts/browser.sh
 	scripts/install-criu.sh
 	scripts/k8s-build.sh >/dev/null
+	scripts/slurm-build.sh >/dev/null
 	scripts/k8s/real-node/real-node.sh build
 	scripts/prometheus.sh
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25

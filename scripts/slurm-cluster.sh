@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# A real multi-node Slurm 22.05 cluster on this one host, for development and tests.
+# A real multi-node Slurm cluster on this one host, for development and tests.
 #
-#   scripts/slurm-cluster.sh start  [--dir DIR]   install if missing, configure, start, wait
-#   scripts/slurm-cluster.sh stop   [--dir DIR]   cancel jobs, stop the daemons by PID
-#   scripts/slurm-cluster.sh status [--dir DIR]   daemons, nodes and partitions
+#   scripts/slurm-cluster.sh start  [--dir DIR] [--version V]   install if missing, configure, start, wait
+#   scripts/slurm-cluster.sh stop   [--dir DIR] [--version V]   cancel jobs, stop the daemons by PID
+#   scripts/slurm-cluster.sh status [--dir DIR] [--version V]   daemons, nodes and partitions
+#
+# --version 22.05 (the default): Debian 12's packages (JSON API v0.0.36-v0.0.38).
+# --version 24.11: Slurm 24.11 built from source by scripts/slurm-build.sh (JSON API
+# v0.0.40-v0.0.42), on its own ports (slurmctld 6827, slurmd 17011-17013, slurmrestd 6830),
+# so that both run at once; default DIR /var/lib/shaper-slurm-24.11.
 #
 # Three nodes (node1..node3) with 4 CPUs, 4000 MiB and two fake H100 GPUs each (gres files
 # are symlinks to /dev/null, so jobs see CUDA_VISIBLE_DEVICES); partitions `debug` (default,
@@ -27,16 +32,14 @@
 set -euo pipefail
 
 readonly NODES=(node1 node2 node3)
-readonly NODE_PORTS=(17001 17002 17003)
-readonly CTLD_PORT=6817
-readonly REST_ADDR=127.0.0.1:6820
 readonly GPU_TYPE=h100
 readonly GPUS_PER_NODE=2
 readonly PACKAGES=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge)
 REST_USER=${SHAPER_SLURM_REST_USER:-shaper-rest}
 CLUSTER_NAME=${SHAPER_SLURM_CLUSTER:-shaper}
 WAIT_S=${SHAPER_SLURM_WAIT_S:-60}
-DIR=/var/lib/shaper-slurm
+DIR=
+VERSION=22.05
 
 log() { printf 'slurm-cluster: %s\n' "$*" >&2; }
 # alive, stop_daemons GRACE_S NAME...
@@ -66,11 +69,38 @@ while [[ $# -gt 0 ]]; do
       DIR=${1#--dir=}
       shift
       ;;
+    --version)
+      [[ $# -ge 2 ]] || die "--version needs a value"
+      VERSION=$2
+      shift 2
+      ;;
+    --version=*)
+      VERSION=${1#--version=}
+      shift
+      ;;
     -h | --help) usage ;;
     *) die "unknown argument: $1" ;;
   esac
 done
 case $COMMAND in start | stop | status) ;; *) usage ;; esac
+case $VERSION in
+  22.05)
+    NODE_PORTS=(17001 17002 17003)
+    CTLD_PORT=6817
+    REST_ADDR=127.0.0.1:6820
+    REST_API=v0.0.38
+    DIR=${DIR:-/var/lib/shaper-slurm}
+    ;;
+  24.11)
+    NODE_PORTS=(17011 17012 17013)
+    CTLD_PORT=6827
+    REST_ADDR=127.0.0.1:6830
+    REST_API=v0.0.42
+    DIR=${DIR:-/var/lib/shaper-slurm-24.11}
+    ;;
+  *) die "--version: 22.05 or 24.11, not $VERSION" ;;
+esac
+readonly NODE_PORTS CTLD_PORT REST_ADDR REST_API VERSION
 [[ $DIR == /* ]] || DIR=$(pwd)/$DIR
 DIR=${DIR%/}
 
@@ -79,6 +109,18 @@ readonly RUN=$DIR/run
 readonly LOGS=$DIR/log
 readonly MUNGE_SOCKET=$DIR/munge/munge.socket.2
 export SLURM_CONF=$CONF
+SLURM_BIN=
+if [[ $VERSION != 22.05 ]]; then
+  # start builds it when missing; stop and status only look where it is.
+  if [[ $COMMAND == start ]]; then
+    SLURM_PREFIX=$("$(dirname "${BASH_SOURCE[0]}")/slurm-build.sh") || die "scripts/slurm-build.sh failed"
+  else
+    SLURM_PREFIX=$("$(dirname "${BASH_SOURCE[0]}")/slurm-build.sh" --prefix)
+  fi
+  SLURM_BIN=$SLURM_PREFIX/bin
+  export PATH=$SLURM_PREFIX/bin:$SLURM_PREFIX/sbin:$PATH
+fi
+readonly SLURM_BIN
 
 # --- PID helpers: a PID counts only while it still runs the expected program -----------
 pid_of() { # pid_of NAME -> prints the live PID recorded for NAME, or nothing
@@ -117,20 +159,23 @@ wait_for_pidfile() { # wait_for_pidfile NAME LOGFILE: daemons that fork write th
 
 # --- install ------------------------------------------------------------------------------
 install_packages() {
-  local missing=() package
-  for package in "${PACKAGES[@]}"; do
+  local missing=() package packages=("${PACKAGES[@]}")
+  # 24.11: munged from Debian's packages, Slurm itself from scripts/slurm-build.sh.
+  [[ $VERSION == 22.05 ]] || packages=(munge)
+  for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' ||
       missing+=("$package")
   done
-  [[ ${#missing[@]} -eq 0 ]] && return 0
-  log "installing ${missing[*]}"
-  apt-get update -qq || die "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" \
-    >"/tmp/shaper-slurm-apt.log" 2>&1 ||
-    fail_with_log "apt-get install ${missing[*]} failed" /tmp/shaper-slurm-apt.log
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    log "installing ${missing[*]}"
+    apt-get update -qq || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" \
+      >"/tmp/shaper-slurm-apt.log" 2>&1 ||
+      fail_with_log "apt-get install ${missing[*]} failed" /tmp/shaper-slurm-apt.log
+  fi
   local version
   version=$(slurmctld -V | awk '{print $2}')
-  [[ $version == 22.05.* ]] || log "warning: expected Slurm 22.05, installed $version"
+  [[ $version == "$VERSION".* ]] || log "warning: expected Slurm $VERSION, found $version"
 }
 
 ensure_rest_user() {
@@ -160,7 +205,15 @@ write_config() {
   fi
   chmod 0600 "$DIR/state/jwt_hs256.key"
 
-  local conf_tmp=$CONF.tmp
+  local conf_tmp=$CONF.tmp CRED_LINE SWITCH_LINE
+  # Slurm 23.11 renamed CryptoType to CredType and dropped switch/none (no SwitchType: none).
+  if [[ $VERSION == 22.05 ]]; then
+    CRED_LINE=CryptoType=crypto/munge
+    SWITCH_LINE=SwitchType=switch/none
+  else
+    CRED_LINE=CredType=cred/munge
+    SWITCH_LINE="# SwitchType: none"
+  fi
   {
     cat <<EOF
 # Written by scripts/slurm-cluster.sh; rewritten on every start.
@@ -173,7 +226,7 @@ AuthType=auth/munge
 AuthInfo=cred_expire=5,socket=$MUNGE_SOCKET
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key=$DIR/state/jwt_hs256.key
-CryptoType=crypto/munge
+$CRED_LINE
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$RUN/slurmctld.pid
@@ -188,7 +241,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
-SwitchType=switch/none
+${SWITCH_LINE}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=500
@@ -234,7 +287,9 @@ EOF
 export SLURM_CONF=$CONF
 export SHAPER_SLURMRESTD_URL=http://$REST_ADDR
 export SHAPER_SLURMRESTD_USER=root
+export SHAPER_SLURM_API=$REST_API
 EOF
+  [[ -z $SLURM_BIN ]] || echo "export PATH=$SLURM_BIN:\$PATH" >>"$DIR/env"
 }
 
 # --- daemons -------------------------------------------------------------------------------
@@ -280,7 +335,8 @@ start_slurmds() {
 
 start_slurmrestd() {
   [[ -n $(pid_of slurmrestd) ]] && return 0
-  local port=${REST_ADDR##*:} uid gid
+  local port=${REST_ADDR##*:} uid gid REST_PLUGINS=openapi/slurmctld
+  [[ $VERSION != 22.05 ]] || REST_PLUGINS=openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36
   port_free "$port" || die "port $port for slurmrestd is taken: $(port_owner "$port")"
   uid=$(id -u "$REST_USER")
   gid=$(id -g "$REST_USER")
@@ -289,8 +345,7 @@ start_slurmrestd() {
   # slurmrestd does not fork: record the PID of the process we start. setpriv execs, so $! is
   # slurmrestd itself.
   SLURM_JWT=daemon setsid setpriv --reuid="$uid" --regid="$gid" --clear-groups \
-    slurmrestd -f "$CONF" -a rest_auth/jwt \
-    -s openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36 "$REST_ADDR" \
+    "$(command -v slurmrestd)" -f "$CONF" -a rest_auth/jwt -s "$REST_PLUGINS" "$REST_ADDR" \
     </dev/null >>"$LOGS/slurmrestd.log" 2>&1 &
   local started=$! i token
   echo "$started" >"$RUN/slurmrestd.pid"
@@ -304,7 +359,7 @@ start_slurmrestd() {
     alive "$started" && [[ $(cat "/proc/$started/comm" 2>/dev/null) =~ ^(setsid|setpriv|slurmrestd)$ ]] ||
       fail_with_log "slurmrestd exited" "$LOGS/slurmrestd.log"
     curl -fsS -o /dev/null -H "X-SLURM-USER-NAME: root" -H "X-SLURM-USER-TOKEN: $token" \
-      "http://$REST_ADDR/slurm/v0.0.38/ping" 2>/dev/null && break
+      "http://$REST_ADDR/slurm/$REST_API/ping" 2>/dev/null && break
     sleep 0.1
   done
   ((i < WAIT_S * 10)) || fail_with_log "slurmrestd did not answer on $REST_ADDR" \
@@ -355,7 +410,7 @@ cmd_start() {
 cancel_jobs() {
   [[ -n $(pid_of slurmctld) ]] || return 0
   local i ids
-  ids=$(squeue -h -t pending,running,suspended,configuring -o %i 2>/dev/null | tr '\n' ' ')
+  ids=$(squeue -h -t pending,running,suspended,configuring -o %i 2>/dev/null | tr '\n' ' ' || true)
   [[ -n ${ids// /} ]] || return 0
   # shellcheck disable=SC2086 # one job id per word
   scancel $ids >/dev/null 2>&1 || true

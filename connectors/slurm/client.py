@@ -202,9 +202,14 @@ class SlurmRest:
                 retryable=False,
             )
         if status == 404:
+            version = self._config.rest_api_version
+            served_by = (
+                f"openapi/{version} among the plugins of its -s option (Slurm 22.05)"
+                if version in ("v0.0.36", "v0.0.37", "v0.0.38")
+                else f"data_parser/{version}, which its -d option may leave out (Slurm 23.11+)"
+            )
             raise ConnectorError(
-                f"{what}: not found; is openapi/{self._config.rest_api_version} loaded in "
-                "slurmrestd (its -s option)?",
+                f"{what}: not found; does slurmrestd serve {version}: {served_by}?",
                 retryable=False,
             )
         try:

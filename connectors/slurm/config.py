@@ -19,8 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from wire.telemetry import JobKind
 
-SUPPORTED_API_VERSIONS = ("v0.0.36", "v0.0.37", "v0.0.38")
-ApiVersion = Literal["v0.0.36", "v0.0.37", "v0.0.38"]
+# Slurm 22.05's openapi plugins, and the data_parser versions of Slurm 23.11-24.11
+# (connectors.slurm.versions reads the latter as the former).
+SUPPORTED_API_VERSIONS = ("v0.0.36", "v0.0.37", "v0.0.38", "v0.0.40", "v0.0.41", "v0.0.42")
+ApiVersion = Literal["v0.0.36", "v0.0.37", "v0.0.38", "v0.0.40", "v0.0.41", "v0.0.42"]
 
 # Node features that name a GPU model, for clusters whose GRES carry no type ("gpu:4").
 DEFAULT_GPU_MODEL_FEATURES = (
@@ -93,9 +95,11 @@ class SlurmMapping(_Settings):
 class SlurmConnectorConfig(_Settings):
     """How to reach one cluster's Slurm.
 
-    With ``rest_url`` set the connector reads slurmrestd with JWT auth; otherwise it runs
-    ``squeue --json`` and ``sinfo --json``. Actions always use ``scontrol``/``scancel``:
-    Slurm 22.05's REST API has no requeue, suspend or resume.
+    With ``rest_url`` set the connector reads slurmrestd with JWT auth (``rest_api_version``:
+    v0.0.38 for Slurm 22.05, v0.0.42 for 24.11); otherwise it runs ``squeue --json`` and,
+    for nodes, ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02 and later).
+    Actions always use ``scontrol``/``scancel``: Slurm 22.05's REST API has no requeue,
+    suspend or resume.
     """
 
     cluster: Annotated[str, Field(min_length=1, max_length=128)]

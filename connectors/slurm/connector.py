@@ -87,6 +87,7 @@ from connectors.slurm.submission import (
     withdrawn_comment,
     withdrawn_moved_jobs,
 )
+from connectors.slurm.versions import is_data_parser
 from wire.telemetry import (
     MAX_SUBMIT_SPEC,
     TERMINAL_JOB_STATES,
@@ -137,6 +138,10 @@ class SlurmConnector:
         # movable (pending or running) job id → its batch script (None: it has none that
         # can travel). A job's script never changes, so a job that starts keeps its entry.
         self._scripts: dict[str, str | None] = {}
+        # Set once the CLI answered in a data_parser version (Slurm 23.11 and later): nodes
+        # then come from `scontrol show nodes --json` (its sinfo --json prints another
+        # shape) and one job from `scontrol show job ID --json` (connectors.slurm.versions).
+        self._cli_data_parser = False
         self._rest = (
             SlurmRest(config, cli=self._cli, transport=http_transport, monotonic=monotonic)
             if config.rest_url
@@ -162,19 +167,39 @@ class SlurmConnector:
     def read_nodes(self) -> list[NodeReport]:
         mapping = self.config.mapping
         if self._rest is None:
-            return parse_nodes(self._cli.read_json(["sinfo", "--json"], what="sinfo"), mapping)
+            if self._cli_data_parser:
+                return parse_nodes(self._scontrol_nodes(), mapping)
+            document = self._cli.read_json(["sinfo", "--json"], what="sinfo")
+            if "nodes" not in document and "sinfo" in document:
+                # Slurm 23.02 and later: sinfo groups nodes by partition and state.
+                self._cli_data_parser = True
+                document = self._scontrol_nodes()
+            return parse_nodes(document, mapping)
         nodes = self._rest.get("nodes")
         partitions = None
         if api_version(nodes, what="nodes") == "v0.0.36":
             partitions = self._rest.get("partitions")  # v0.0.36 nodes do not name them
         return parse_nodes(nodes, mapping, partitions_document=partitions)
 
+    def _scontrol_nodes(self) -> dict[str, Any]:
+        command = ["scontrol", "show", "nodes", "--json"]
+        return self._cli.read_json(command, what="scontrol show nodes")
+
     def read_jobs(self) -> list[SlurmJob]:
         if self._rest is None:
-            document = self._cli.read_json(["squeue", "--json"], what="squeue")
+            # Every state: Slurm 23.11 and later honour squeue's filters with --json, and its
+            # default leaves out the jobs that ended, whose end the control plane must see
+            # (22.05 lists every job whatever the options say).
+            command = ["squeue", "--json", "--states=all"]
+            document = self._cli.read_json(command, what="squeue")
+            self._note_cli_version(document)
         else:
             document = self._rest.get("jobs")
         return parse_jobs(document, self.config.mapping)
+
+    def _note_cli_version(self, document: dict[str, Any]) -> None:
+        if not self._cli_data_parser:
+            self._cli_data_parser = is_data_parser(api_version(document, what="squeue"))
 
     def read_state(self) -> ClusterState:
         observed_at = self._clock()
@@ -915,16 +940,36 @@ class SlurmConnector:
         return {r.name: r for r in parse_reservations(output)}
 
     def _job(self, job_id: str, *, what: str) -> SlurmJob:
-        """One job as Slurm has it now: through slurmrestd, its own read; else from the
-        whole queue (Slurm 22.05's ``squeue --json`` lists every job, ignoring ``-j``, and
-        its ``scontrol`` has no ``--json``)."""
-        found = self._rest_job(job_id)
+        """One job as Slurm has it now: through slurmrestd, its own read; through the CLI
+        of Slurm 23.11 and later, ``scontrol show job ID --json``; else from the whole queue
+        (Slurm 22.05's ``squeue --json`` lists every job, ignoring ``-j``, and its
+        ``scontrol`` has no ``--json``; the first read of a connector that has read nothing
+        yet too, which tells the CLI's version)."""
+        found = self._rest_job(job_id) if self._rest is not None else self._cli_job(job_id)
         if found is not None:
             return found
         for job in self.read_jobs():
             if job.report.external_id == job_id:
                 return job
         raise ConnectorError(f"{what}: Slurm has no job {job_id}", retryable=False)
+
+    def _cli_job(self, job_id: str) -> SlurmJob | None:
+        """The job from ``scontrol show job ID --json`` (Slurm 23.11 and later); None
+        before the CLI's version is known, or when scontrol names no such job: the whole
+        queue's read then says why."""
+        if not self._cli_data_parser or not _JOB_ID.match(job_id):
+            return None
+        try:
+            document = self._cli.read_json(
+                ["scontrol", "show", "job", job_id, "--json"], what=f"scontrol show job {job_id}"
+            )
+        except ConnectorError as error:
+            if error.retryable:
+                raise
+            logger.debug("scontrol's read of job %s: %s; reading the queue", job_id, error)
+            return None
+        jobs = parse_jobs(document, self.config.mapping)
+        return next((job for job in jobs if job.report.external_id == job_id), None)
 
     def _rest_job(self, job_id: str) -> SlurmJob | None:
         """The job from slurmrestd's ``GET job/{id}``: the document ``GET jobs`` gives, for

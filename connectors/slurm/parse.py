@@ -1,4 +1,6 @@
-"""Slurm's JSON (slurmrestd or ``squeue/sinfo --json``, openapi v0.0.36–v0.0.38) → our types.
+"""Slurm's JSON (slurmrestd or the CLI's ``--json``) → our types: openapi v0.0.36–v0.0.38
+(Slurm 22.05) as written here, data_parser v0.0.40–v0.0.42 (Slurm 23.11–24.11) read as
+those by :mod:`connectors.slurm.versions`.
 
 Pure functions over already-decoded documents, so fixtures test them without a cluster.
 
@@ -40,10 +42,12 @@ from connectors.slurm.stamps import Pin, read_pin
 from connectors.slurm.submission import (
     ENDED_STATES,
     MOVE_MARK,
+    YEAR_MINUTES,
     OptionValue,
     not_movable,
     submit_options,
 )
+from connectors.slurm.versions import is_data_parser, legacy_job, legacy_node
 from wire.residency import CLUSTERS_KEY, SELECTOR_KEY, Residency, read_residency
 from wire.telemetry import (
     MAX_REPLICAS,
@@ -147,21 +151,27 @@ class SlurmJob:
 
 
 def api_version(document: Document, *, what: str) -> str:
-    """The openapi plugin version of a response; refuses versions we do not know."""
+    """The API version of a response (22.05: ``meta.plugin.type`` ``openapi/v0.0.38``; 23.11
+    and later: ``meta.plugin.data_parser`` ``data_parser/v0.0.42``); refuses versions we
+    do not know."""
     meta = document.get("meta")
     plugin = meta.get("plugin") if isinstance(meta, dict) else None
-    plugin_type = plugin.get("type") if isinstance(plugin, dict) else None
-    if not isinstance(plugin_type, str) or "/" not in plugin_type:
+    plugin = plugin if isinstance(plugin, dict) else {}
+    parser, plugin_type = plugin.get("data_parser"), plugin.get("type")
+    named = parser if isinstance(parser, str) and "/" in parser else plugin_type
+    if not isinstance(named, str) or "/" not in named:
         raise ConnectorError(
-            f"{what}: no meta.plugin.type in Slurm's answer, cannot tell its API version",
+            f"{what}: no meta.plugin.data_parser or meta.plugin.type in Slurm's answer, "
+            "cannot tell its API version",
             retryable=False,
         )
-    version = plugin_type.rsplit("/", 1)[1]
+    version = named.rsplit("/", 1)[1]
     if version not in SUPPORTED_API_VERSIONS:
         known = ", ".join(SUPPORTED_API_VERSIONS)
         raise ConnectorError(
-            f"{what}: Slurm answered with API {plugin_type!r}; this connector knows only "
-            f"openapi {known} (Slurm 22.05). Configure a supported version",
+            f"{what}: Slurm answered with API {named!r}; this connector knows {known} "
+            "(Slurm 22.05 to 24.11). Configure a supported version (slurmrestd: "
+            "rest_api_version)",
             retryable=False,
         )
     return version
@@ -301,7 +311,8 @@ def parse_nodes(
     raise_for_errors(nodes_document, what="nodes")
     by_node = partitions_by_node(partitions_document) if partitions_document else None
     reports = []
-    for node in _items(nodes_document, "nodes", what="nodes"):
+    for item in _items(nodes_document, "nodes", what="nodes"):
+        node = legacy_node(item) if is_data_parser(version) else item
         name = str(node["name"])
         gres = str(node.get("gres") or "")
         features = _features(node)
@@ -368,10 +379,6 @@ def time_limit_s(value: Any) -> float | None:
     if value <= 0 or value >= YEAR_MINUTES:  # and NO_VAL, INFINITE
         return None
     return value * 60.0
-
-
-# Slurm's backfill stand-in for "no limit" (src/plugins/sched/backfill: YEAR_MINUTES).
-YEAR_MINUTES = 365 * 24 * 60
 
 
 def _tres_gpus(tres: str) -> tuple[int, list[str]]:
@@ -619,6 +626,9 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
 
 
 def parse_jobs(jobs_document: Document, mapping: SlurmMapping) -> list[SlurmJob]:
-    api_version(jobs_document, what="jobs")
+    version = api_version(jobs_document, what="jobs")
     raise_for_errors(jobs_document, what="jobs")
-    return [parse_job(job, mapping) for job in _items(jobs_document, "jobs", what="jobs")]
+    jobs = _items(jobs_document, "jobs", what="jobs")
+    if is_data_parser(version):
+        jobs = [legacy_job(job) for job in jobs]
+    return [parse_job(job, mapping) for job in jobs]

@@ -127,6 +127,11 @@ MAX_OPTION_LENGTH = 4096
 # --- the source side: a job's record → options ----------------------------------------------
 
 
+# Slurm's backfill stand-in for "no limit" (src/plugins/sched/backfill: YEAR_MINUTES): it
+# writes a year into the limit of a job without one that it starts.
+YEAR_MINUTES = 365 * 24 * 60
+
+
 def _number(value: Any) -> int | None:
     """Slurm's numbers: plain ints, or ``{"set": bool, "number": int}`` in later APIs;
     None when unset (Slurm prints unset limits as None or NO_VAL-like sentinels)."""
@@ -203,7 +208,11 @@ def submit_options(job: Document) -> dict[str, OptionValue]:
         put("mem", f"{memory_per_node}M")
     elif memory_per_cpu:
         put("mem-per-cpu", f"{memory_per_cpu}M")
-    put("time", _number(job.get("time_limit")))
+    limit = _number(job.get("time_limit"))
+    # A year is the backfill's stand-in for none (parse.time_limit_s): a target partition
+    # whose MaxTime is shorter would refuse the job for it. (A limit of a year or more that
+    # a user asked for is dropped too: Slurm's record cannot tell the two apart.)
+    put("time", limit if limit is not None and limit < YEAR_MINUTES else None)
     put("time-min", _number(job.get("time_minimum")) or None)
     gres = ",".join(
         item.strip().removeprefix("gres:").removeprefix("gres/")

@@ -1,7 +1,10 @@
-"""A real Slurm 22.05 cluster (three nodes, two fake H100s each) for the connector tests.
+"""Real Slurm clusters (three nodes, two fake H100s each) for the connector tests: Slurm
+22.05 from Debian 12's packages (``slurm``), and Slurm 24.11 built from source
+(``slurm_24``: scripts/slurm-build.sh, which ``make test`` runs first), on other ports.
 
-Started once per session with ``scripts/slurm-cluster.sh start --dir <tmp>`` and stopped at
-the end. If it cannot start, every test that needs it fails with the script's own reason.
+Each is started once per session with ``scripts/slurm-cluster.sh start --dir <tmp>
+[--version 24.11]`` and stopped at the end. If one cannot start, every test that needs it
+fails with the script's own reason.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -28,6 +31,7 @@ from tests.support.second_slurm_cluster import SecondClusterLayout
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
 REST_URL = "http://127.0.0.1:6820"
+REST_URL_24 = "http://127.0.0.1:6830"  # scripts/slurm-cluster.sh --version 24.11
 # Generous ceilings for conditions Slurm reaches in seconds; a requeued job waits
 # cred_expire (5 s) before it may start again.
 WAIT_S = 60.0
@@ -37,6 +41,17 @@ WAIT_S = 60.0
 class SlurmCluster:
     directory: Path
     connectors: list[SlurmConnector] = field(default_factory=list)
+    # Which Slurm (scripts/slurm-cluster.sh --version), where its CLI is (None: on PATH,
+    # Debian's), its slurmrestd, and the API versions that slurmrestd serves, newest last.
+    version: str = "22.05"
+    bin_dir: Path | None = None
+    rest_url: str = REST_URL
+    rest_versions: tuple[str, ...] = ("v0.0.36", "v0.0.37", "v0.0.38")
+
+    @property
+    def rest_api(self) -> str:
+        """The version the connector asks slurmrestd for by default on this Slurm."""
+        return self.rest_versions[-1]
 
     @property
     def conf(self) -> Path:
@@ -48,11 +63,14 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        if self.bin_dir is not None:
+            env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '')}"
+        return env
 
     def script(self, command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(SCRIPT), command, "--dir", str(self.directory)],
+            [str(SCRIPT), command, "--dir", str(self.directory), "--version", self.version],
             capture_output=True,
             text=True,
             timeout=300,
@@ -162,6 +180,9 @@ class SlurmCluster:
         return all(line.split()[1] == "idle" for line in output.splitlines())
 
     def config(self, **fields: Any) -> SlurmConnectorConfig:
+        fields.setdefault("bin_dir", self.bin_dir)
+        if "rest_url" in fields:
+            fields.setdefault("rest_api_version", self.rest_api)
         return SlurmConnectorConfig(cluster="hpc-test", slurm_conf=self.conf, **fields)
 
     def connector(self, **fields: Any) -> SlurmConnector:
@@ -178,38 +199,90 @@ class SlurmCluster:
         return int((self.directory / "run" / f"{daemon}.pid").read_text().strip())
 
 
+def _started(cluster: SlurmCluster, what: str) -> None:
+    started = cluster.script("start")
+    if started.returncode != 0:
+        cluster.script("stop")
+        shutil.rmtree(cluster.directory, ignore_errors=True)
+        pytest.fail(
+            f"the {what} did not start (scripts/slurm-cluster.sh start --version "
+            f"{cluster.version}, run as root with Debian's mirrors reachable):\n"
+            f"{started.stderr}{started.stdout}",
+            pytrace=False,
+        )
+    cluster.jobs_dir.mkdir()
+
+
+def _stopped(cluster: SlurmCluster, what: str) -> None:
+    stopped = cluster.script("stop")
+    shutil.rmtree(cluster.directory, ignore_errors=True)
+    if stopped.returncode != 0:
+        raise RuntimeError(f"stopping the {what} failed:\n{stopped.stderr}")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     # Not under pytest's 0700 base temp: slurmrestd runs unprivileged and reads etc/.
     directory = Path(tempfile.mkdtemp(prefix="shaper-slurm-test-", dir="/tmp"))
     directory.chmod(0o755)
     cluster = SlurmCluster(directory)
-    started = cluster.script("start")
-    if started.returncode != 0:
-        cluster.script("stop")
-        shutil.rmtree(directory, ignore_errors=True)
-        pytest.fail(
-            "the Slurm test cluster did not start (scripts/slurm-cluster.sh start, run as root "
-            f"with Debian's package mirrors reachable):\n{started.stderr}{started.stdout}",
-            pytrace=False,
-        )
-    cluster.jobs_dir.mkdir()
+    _started(cluster, "Slurm test cluster")
     try:
         yield cluster
     finally:
-        stopped = cluster.script("stop")
-        shutil.rmtree(directory, ignore_errors=True)
-        if stopped.returncode != 0:
-            raise RuntimeError(f"stopping the Slurm test cluster failed:\n{stopped.stderr}")
+        _stopped(cluster, "Slurm test cluster")
+
+
+@pytest.fixture(scope="session")
+def slurm_24_cluster() -> Iterator[SlurmCluster]:
+    """Slurm 24.11 (scripts/slurm-build.sh's), on its own ports and munged."""
+    built = subprocess.run(
+        [str(REPO / "scripts" / "slurm-build.sh"), "--print"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.fail(
+            f"Slurm 24.11 is not built: run scripts/slurm-build.sh (make test does)\n"
+            f"{built.stderr}",
+            pytrace=False,
+        )
+    directory = Path(tempfile.mkdtemp(prefix="shaper-slurm24-test-", dir="/tmp"))
+    directory.chmod(0o755)
+    cluster = SlurmCluster(
+        directory,
+        version="24.11",
+        bin_dir=Path(built.stdout.strip()) / "bin",
+        rest_url=REST_URL_24,
+        rest_versions=("v0.0.40", "v0.0.41", "v0.0.42"),
+    )
+    _started(cluster, "Slurm 24.11 test cluster")
+    try:
+        yield cluster
+    finally:
+        _stopped(cluster, "Slurm 24.11 test cluster")
+
+
+Cluster = TypeVar("Cluster", bound=SlurmCluster)
+
+
+def _idle_around(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster with no job running, before and after the test."""
+    cluster.cancel_all()
+    yield cluster
+    cluster.close_connectors()
+    cluster.cancel_all()
 
 
 @pytest.fixture
 def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The cluster with no job running, before and after the test."""
-    slurm_cluster.cancel_all()
-    yield slurm_cluster
-    slurm_cluster.close_connectors()
-    slurm_cluster.cancel_all()
+    yield from _idle_around(slurm_cluster)
+
+
+@pytest.fixture
+def slurm_24(slurm_24_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    yield from _idle_around(slurm_24_cluster)
 
 
 # --- a second cluster, for federated moves (tests/support/second_slurm_cluster.py) ----------
@@ -257,7 +330,4 @@ def slurm_b_cluster(slurm_cluster: SlurmCluster) -> Iterator[SecondSlurmCluster]
 @pytest.fixture
 def slurm_b(slurm_b_cluster: SecondSlurmCluster) -> Iterator[SecondSlurmCluster]:
     """The second cluster with no job running, before and after the test."""
-    slurm_b_cluster.cancel_all()
-    yield slurm_b_cluster
-    slurm_b_cluster.close_connectors()
-    slurm_b_cluster.cancel_all()
+    yield from _idle_around(slurm_b_cluster)

@@ -23,8 +23,9 @@ from connectors.runner import RunnerConfig, TelemetryRunner
 from connectors.slurm import SlurmConnector, SupportsNodeCount
 from connectors.slurm.hostlist import expand_hostlist, expand_index_list
 from connectors.slurm.parse import LABEL_PARTITIONS
-from tests.connectors.conftest import REST_URL, SlurmCluster
+from tests.connectors.conftest import SlurmCluster
 from tests.connectors.control_plane import ControlPlane
+from tests.support.refusing_slurm import RefusingSlurm
 from wire.telemetry import (
     AllocationReport,
     ClusterState,
@@ -92,7 +93,7 @@ def test_nodes_match_the_cluster(slurm: SlurmCluster) -> None:
 def test_drained_node_is_reported_draining(slurm: SlurmCluster) -> None:
     slurm.run("scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=shaper-test")
     try:
-        for connector in (slurm.connector(), slurm.connector(rest_url=REST_URL)):
+        for connector in (slurm.connector(), slurm.connector(rest_url=slurm.rest_url)):
             nodes = {node.name: node for node in connector.read_state().nodes}
             assert nodes["node2"].state is NodeState.draining
             assert nodes["node1"].state is NodeState.up
@@ -188,8 +189,8 @@ def test_slurmrestd_and_cli_give_the_same_snapshot(
 ) -> None:
     cli = slurm.connector()
     before = cli.read_state()
-    for version in ("v0.0.36", "v0.0.37", "v0.0.38"):
-        rest = slurm.connector(rest_url=REST_URL, rest_api_version=version)
+    for version in slurm.rest_versions:
+        rest = slurm.connector(rest_url=slurm.rest_url, rest_api_version=version)
         assert rest.mode == "rest"
         state = rest.read_state()
         assert state.nodes == before.nodes, version
@@ -200,13 +201,15 @@ def test_slurmrestd_and_cli_give_the_same_snapshot(
 def test_token_problems_are_clear_errors(slurm: SlurmCluster) -> None:
     token_file = slurm.directory / "token"
     token_file.write_text("")
-    rest = slurm.connector(rest_url=REST_URL, rest_token_file=token_file)
+    rest = slurm.connector(rest_url=slurm.rest_url, rest_token_file=token_file)
     with pytest.raises(ConnectorError, match="token file .* is empty"):
         rest.read_state()
-    # A JWT that slurmctld rejects: slurmrestd answers 500 as if slurmctld were down, so the
-    # error is retryable (a refresher may replace the file) and says what Slurm said.
+    # A JWT that slurmctld rejects: slurmrestd 22.05 answers 500 as if slurmctld were down,
+    # 24.11 511 "Protocol authentication error"; either way the error is retryable (a
+    # refresher may replace the file) and says what Slurm said.
     token_file.write_text("not-a-jwt")
-    with pytest.raises(ConnectorError, match="500.*Unspecified error") as caught:
+    said = "500.*Unspecified error" if slurm.version == "22.05" else "511.*authentication error"
+    with pytest.raises(ConnectorError, match=said) as caught:
         rest.read_state()
     assert caught.value.retryable is True
     token_file.write_text(slurm.run("scontrol", "token", "lifespan=60").split("=", 1)[1])
@@ -215,10 +218,12 @@ def test_token_problems_are_clear_errors(slurm: SlurmCluster) -> None:
 
 def test_an_api_version_slurmrestd_does_not_serve_is_a_clear_error(slurm: SlurmCluster) -> None:
     # The config only accepts known versions; bypass it to ask the real slurmrestd for one.
-    config = slurm.config(rest_url=REST_URL).model_copy(update={"rest_api_version": "v0.0.39"})
+    config = slurm.config(rest_url=slurm.rest_url).model_copy(
+        update={"rest_api_version": "v0.0.39"}
+    )
     connector = SlurmConnector(config)
     slurm.connectors.append(connector)
-    with pytest.raises(ConnectorError, match=r"openapi/v0\.0\.39 loaded") as caught:
+    with pytest.raises(ConnectorError, match=r"does slurmrestd serve v0\.0\.39") as caught:
         connector.read_state()
     assert caught.value.retryable is False
 
@@ -445,15 +450,44 @@ def test_through_slurmrestd_a_step_reads_its_job_alone(slurm: SlurmCluster) -> N
     """A step reads its own job (``GET job/{id}``), not the whole queue; a job Slurm no
     longer knows falls back to the whole read, which says so."""
     recorded = RecordedTransport()
-    connector = SlurmConnector(slurm.config(rest_url=REST_URL), http_transport=recorded)
+    connector = SlurmConnector(slurm.config(rest_url=slurm.rest_url), http_transport=recorded)
     slurm.connectors.append(connector)  # closed when the test ends
     job_id = slurm.sbatch("-H", "--gres=gpu:1", "-J", "alone")
 
     connector.start(job_id, nodes=["node2"])
     row = slurm.wait_state(job_id, "RUNNING")
     assert nodes_of(row) == ["node2"]
-    assert recorded.paths == [f"/slurm/v0.0.38/job/{job_id}"]
+    assert recorded.paths == [f"/slurm/{slurm.rest_api}/job/{job_id}"]
 
     recorded.paths.clear()
     connector.cancel_moved("999999", key="gone")  # purged: the move stands
-    assert recorded.paths == ["/slurm/v0.0.38/job/999999", "/slurm/v0.0.38/jobs"]
+    api = slurm.rest_api
+    assert recorded.paths == [f"/slurm/{api}/job/999999", f"/slurm/{api}/jobs"]
+
+
+def test_through_the_cli_a_step_reads_its_job_alone_where_slurm_can(slurm: SlurmCluster) -> None:
+    """Slurm 23.11 and later: a step reads its own job (``scontrol show job ID --json``)
+    once a read has shown the CLI's version; 22.05, whose ``squeue --json`` ignores ``-j``
+    and whose ``scontrol`` has no ``--json``, reads the whole queue. A job scontrol no
+    longer knows falls back to the whole read, which says so."""
+    recorded = RefusingSlurm(refuses=lambda command: False)  # refuses nothing, records all
+    connector = SlurmConnector(slurm.config(), run=recorded)
+    slurm.connectors.append(connector)
+    connector.read_state()
+    job_id = slurm.sbatch("-H", "--gres=gpu:1", "-J", "alone")
+
+    recorded.ran.clear()
+    connector.start(job_id, nodes=["node2"])
+    assert nodes_of(slurm.wait_state(job_id, "RUNNING")) == ["node2"]
+    reads = [command[1:] for _, _, command in recorded.ran if "--json" in command]
+    if slurm.version == "22.05":
+        assert reads == [["--json", "--states=all"]]
+    else:
+        assert reads == [["show", "job", job_id, "--json"]]
+
+    recorded.ran.clear()
+    connector.cancel_moved("999999", key="gone")  # purged: the move stands
+    reads = [command[1:] for _, _, command in recorded.ran if "--json" in command]
+    whole = ["--json", "--states=all"]
+    alone = [["show", "job", "999999", "--json"]] if slurm.version != "22.05" else []
+    assert reads == [*alone, whole]

@@ -118,10 +118,13 @@ def test_api_version_of_each_recording(version: str) -> None:
 
 def test_unknown_api_version_is_refused_with_a_clear_message() -> None:
     document = load(RECORDED / "rest-jobs-v0.0.38.json")
-    document["meta"]["plugin"]["type"] = "openapi/v0.0.40"
-    with pytest.raises(ConnectorError, match=r"openapi/v0\.0\.40.*knows only") as caught:
+    document["meta"]["plugin"]["type"] = "openapi/v0.0.39"  # Slurm 23.02's, never measured
+    with pytest.raises(ConnectorError, match=r"openapi/v0\.0\.39.*knows v0\.0\.36") as caught:
         parse_jobs(document, SlurmMapping())
     assert caught.value.retryable is False
+    document["meta"]["plugin"]["data_parser"] = "data_parser/v0.0.43"  # Slurm 25.05's
+    with pytest.raises(ConnectorError, match=r"data_parser/v0\.0\.43.*to 24\.11"):
+        parse_jobs(document, SlurmMapping())
 
 
 def test_answer_without_version_is_refused() -> None:

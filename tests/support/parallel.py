@@ -31,6 +31,7 @@ from xdist.workermanage import WorkerController
 SHARED_SERVICES: Mapping[str, str] = {
     "slurm_cluster": "slurm",
     "slurm_b_cluster": "slurm",
+    "slurm_24_cluster": "slurm-24",
     "k8s_cluster": "kubernetes",
     "real_node_started": "kubernetes-real-node",
     "ray_cluster": "ray",

@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from connectors.slurm.reservations import parse_reservations
@@ -19,16 +20,19 @@ if TYPE_CHECKING:
 REFUSAL = "scontrol: error: refused by the test"
 
 
+def _scontrol_update(command: list[str]) -> bool:
+    # The connector runs scontrol by name, or from its bin_dir (the Slurm 24.11 cluster's).
+    return len(command) >= 2 and Path(command[0]).name == "scontrol" and command[1] == "update"
+
+
 def leaving_a_reservation(command: list[str]) -> bool:
     """``scontrol update JobId=<id> ReservationName=``: a job asked out of its reservation."""
-    return command[:2] == ["scontrol", "update"] and command[-1] == "ReservationName="
+    return _scontrol_update(command) and command[-1] == "ReservationName="
 
 
 def ending_a_reservation(command: list[str]) -> bool:
     """``scontrol update ReservationName=<name> EndTime=…``."""
-    return command[:2] == ["scontrol", "update"] and any(
-        arg.startswith("EndTime=") for arg in command
-    )
+    return _scontrol_update(command) and any(arg.startswith("EndTime=") for arg in command)
 
 
 @dataclass
