@@ -99,7 +99,8 @@ class SlurmCluster:
     @property
     def connector_settings(self) -> tuple[str, ...]:
         """``--set`` values of a connector process for this cluster."""
-        return (f"slurm_conf={self.conf}", 'mapping={"gpu_model_aliases": {"h100": "H100"}}')
+        settings = (f"slurm_conf={self.conf}", 'mapping={"gpu_model_aliases": {"h100": "H100"}}')
+        return settings if self.bin_dir is None else (*settings, f"bin_dir={self.bin_dir}")
 
     def submit_counter(
         self, root: Path, name: str, *options: str, gpus: int = 2

@@ -41,8 +41,14 @@ START_WAIT_S = 20.0
 
 
 @pytest.fixture(scope="module")
+def migration_cluster(slurm_cluster: SlurmCluster) -> SlurmCluster:
+    """The Slurm the deployment is built around (test_slurm_current.py: Slurm 24.11's)."""
+    return slurm_cluster
+
+
+@pytest.fixture(scope="module")
 def deployment(
-    slurm_cluster: SlurmCluster,
+    migration_cluster: SlurmCluster,
     make_postgres_database: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Any]]:
@@ -67,7 +73,7 @@ def deployment(
         for node in NODES:
             pipeline.start_agent(node, cluster=CLUSTER)
         pipeline.start_connector(
-            "slurm", CLUSTER, running["base"], *slurm_cluster.connector_settings
+            "slurm", CLUSTER, running["base"], *migration_cluster.connector_settings
         )
         yield running
 
