@@ -6,8 +6,7 @@ fixtures from the module that collects it, so ``slurm`` here is the 24.11 cluste
 (``slurm_24`` in conftest.py) and every read, action, pin, elastic resize and reservation
 those tests check runs against it: through the CLI (``squeue --json``, ``scontrol show
 nodes --json``, ``scontrol show job ID --json``) and through slurmrestd at each version it
-serves — and the CRIU save-migrate-resume of running jobs through the whole control plane
-(``migration_cluster``, which their deployment is built around, is the 24.11 one here).
+serves (test_slurm_current_migration.py does the same for the CRIU migrations).
 Tests that concern one Slurm only stay in their module: the 22.05 recording, the
 controller's restart (`test_runner_backs_off_while_slurmctld_is_down_then_resyncs` waits
 on 22.05's timing) and the moves between two clusters (the second cluster is a 22.05 one
@@ -51,15 +50,6 @@ from tests.connectors.test_slurm_elastic import (  # noqa: F401
     test_a_running_job_shrinks_where_it_runs_without_a_restart,
     test_two_replicas_planned_on_one_node_run_on_as_many_nodes,
 )
-from tests.connectors.test_slurm_migration import (  # noqa: F401
-    deployment,
-    test_a_migration_whose_target_never_runs_the_job_sends_it_home_to_resume,
-    test_a_move_that_loses_both_target_and_source_leaves_the_job_queued_with_its_checkpoint,
-    test_a_planned_move_that_loses_its_target_comes_back_to_its_held_source,
-    test_a_preempted_slurm_job_is_checkpointed_first_and_resumes_from_its_checkpoint,
-    test_a_running_slurm_job_is_checkpointed_requeued_to_another_node_and_resumes,
-    test_an_approved_plan_moves_a_job_and_the_freed_node_waits_for_the_planned_start,
-)
 from tests.connectors.test_slurm_pins import (  # noqa: F401
     node2_back,
     test_a_job_requeued_after_shapers_start_is_no_longer_held_to_its_nodes,
@@ -87,10 +77,3 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def slurm(slurm_24: SlurmCluster) -> Iterator[SlurmCluster]:
     yield slurm_24
-
-
-@pytest.fixture(scope="module")
-def migration_cluster(slurm_24_cluster: SlurmCluster) -> SlurmCluster:
-    """What the migrations' deployment (API, control worker, agents, connector process)
-    is built around: here, the Slurm 24.11 cluster."""
-    return slurm_24_cluster
