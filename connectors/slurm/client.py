@@ -19,6 +19,7 @@ import httpx
 
 from connectors.base import ConnectorError
 from connectors.slurm.config import SlurmConnectorConfig
+from connectors.slurm.versions import is_data_parser
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ class SlurmRest:
             version = self._config.rest_api_version
             served_by = (
                 f"openapi/{version} among the plugins of its -s option (Slurm 22.05)"
-                if version in ("v0.0.36", "v0.0.37", "v0.0.38")
+                if not is_data_parser(version)
                 else f"data_parser/{version}, which its -d option may leave out (Slurm 23.11+)"
             )
             raise ConnectorError(

@@ -968,6 +968,10 @@ class SlurmConnector:
                 raise
             logger.debug("scontrol's read of job %s: %s; reading the queue", job_id, error)
             return None
+        return self._named(document, job_id)
+
+    def _named(self, document: dict[str, Any], job_id: str) -> SlurmJob | None:
+        """The job ``job_id`` of a one-job read's answer; None when it names none."""
         jobs = parse_jobs(document, self.config.mapping)
         return next((job for job in jobs if job.report.external_id == job_id), None)
 
@@ -984,8 +988,7 @@ class SlurmConnector:
         except ConnectorError as error:
             logger.debug("slurmrestd's read of job %s: %s; reading the queue", job_id, error)
             return None
-        jobs = parse_jobs(document, self.config.mapping)
-        return next((job for job in jobs if job.report.external_id == job_id), None)
+        return self._named(document, job_id)
 
     def _enter_reservation(
         self, job_id: str, nodes: list[str], *, what: str, job: SlurmJob | None = None
