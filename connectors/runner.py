@@ -10,6 +10,9 @@ and no sooner than ``min_push_interval_s`` after the previous cycle began:
    a read gives the whole state or nothing. A non-retryable error is fatal.
    Then the connector's ``upkeep`` (``SupportsUpkeep``: Slurm gives back spent
    reservations); a failure there is logged and tried again next cycle.
+   A job's speeds on GPU models no node of the cluster has are left out, with a warning
+   once per job (:func:`speeds_on_known_models`): its owner wrote them, so a typo must
+   not have the whole push refused for a model the control plane's catalogue lacks.
 2. **Build** the payload: a :class:`TelemetrySnapshot` when the control plane's view is
    unknown (first push, after a 409, a refused payload, a failed read, or every
    ``resync_interval_s``), else a :class:`TelemetryDelta` of the nodes and jobs that are new
@@ -167,6 +170,7 @@ class TelemetryRunner:
         # What the control plane has acknowledged; None: unknown, so the next push is a snapshot.
         self._acked: View | None = None
         self._last_snapshot_at: float | None = None
+        self._speeds_warned: set[str] = set()  # jobs whose unknown speeds were logged
         self._cycle_started_at: float | None = None
         self._url = (
             f"{config.control_plane.rstrip('/')}/api/v1/clusters/"
@@ -228,6 +232,7 @@ class TelemetryRunner:
         if state is None:
             return None
         upkeep(self.connector)
+        state = speeds_on_known_models(state, self._speeds_warned)
         outcome = self._push(*self._build(state))
         if outcome == _CONFLICT and not self.stopping:
             # The control plane lost track of this session: the snapshot goes out at once.
@@ -379,6 +384,35 @@ class TelemetryRunner:
 
 
 # --- command line ----------------------------------------------------------------------------
+
+
+def speeds_on_known_models(state: ClusterState, warned: set[str]) -> ClusterState:
+    """``state`` with each job's speeds (JobReport.speeds) kept on the GPU models its
+    cluster's nodes have. A job's owner writes them (a Slurm comment, an annotation), and
+    a model the catalogue lacks would have the control plane refuse the whole push; one
+    no node has could not be planned on anyway. The rest is logged once per job (in
+    ``warned``). The state is returned as it is when nothing is left out, so that
+    incremental connectors' unchanged reports stay the same objects (``_changed``)."""
+    models = {node.gpu_model for node in state.nodes if node.gpu_model}
+    jobs = list(state.jobs)
+    changed = False
+    for position, job in enumerate(jobs):
+        if not job.speeds or job.speeds.keys() <= models:
+            continue
+        dropped = sorted(set(job.speeds) - models)
+        if job.external_id not in warned:
+            warned.add(job.external_id)
+            logger.warning(
+                "job %s: leaving out its speeds on %s: no node of this cluster has that GPU "
+                "model (known: %s)",
+                job.external_id,
+                ", ".join(dropped),
+                ", ".join(sorted(models)) or "none",
+            )
+        kept = {model: speed for model, speed in job.speeds.items() if model in models}
+        jobs[position] = job.model_copy(update={"speeds": kept})
+        changed = True
+    return state.model_copy(update={"jobs": jobs}) if changed else state
 
 
 def upkeep(connector: object) -> None:

@@ -65,6 +65,10 @@ MAX_REPLICAS = 100_000
 MAX_RESTARTS = 1_000_000
 MAX_TIME_LIMIT_S = 100 * 366 * 86_400.0  # a century: longer is "none"
 MAX_SUBMIT_SPEC = 64 * 1024  # characters of a SubmitSpec as JSON (as jobs.submit_spec stores it)
+# A job's own speed on a GPU model, on the catalogue's scale (GpuModel.relative_speed: the
+# reference GPU, A100, is 1.0); the catalogue allows the same range.
+MAX_JOB_SPEED = 100.0
+MAX_JOB_SPEEDS = 64  # models a job names a speed on
 
 
 # The kinds of scheduler a cluster can be registered as; each has a connector
@@ -263,6 +267,18 @@ class JobReport(_Wire):
     # its replicas off a node to make room there (app/shaping/snapshot.py); False: it only
     # grows and shrinks where its scheduler chooses.
     replicas_movable: bool = False
+    # A block job's own speed on GPU models, where it gains from a faster GPU more or less
+    # than the catalogue's speeds say (Gavel measured a ResNet-18 at 0.08 of its V100 speed
+    # on a K80, an LM at 0.23): catalogue model name -> speed on the catalogue's scale
+    # (reference GPU = 1.0). Empty: it runs at its models' speeds. The plan counts its
+    # value, the model it tries first and what a move or a stop costs it at these speeds,
+    # and moves it onto GPUs faster for it as they free up (solver: Instance.speeds).
+    # Connectors read it from what the job's owner wrote (a Slurm comment's
+    # ``shaper:speed.<model>=…``, a ``shaper.io/speeds`` annotation, …).
+    speeds: dict[
+        Annotated[str, Field(min_length=1, max_length=64)],
+        Annotated[float, Field(gt=0, le=MAX_JOB_SPEED, allow_inf_nan=False)],
+    ] = Field(default_factory=dict, max_length=MAX_JOB_SPEEDS)
     allocations: list[AllocationReport] = Field(default_factory=list)
     # How to submit it elsewhere (pending and running jobs of clusters in a federation
     # group; None: the connector cannot say, or the job is suspended or ending, and it stays
@@ -282,6 +298,8 @@ class JobReport(_Wire):
                     "elastic training (a block job with max_replicas) needs "
                     "1 <= min_replicas <= max_replicas"
                 )
+        if self.speeds and self.shape is JobShape.elastic:
+            raise ValueError("speeds are for block jobs: a service's replicas serve demand")
         return self
 
 

@@ -49,6 +49,7 @@ class JobPublic(SQLModel):
     restart_count: int
     time_limit_s: float | None = None
     replicas_movable: bool = False
+    speeds: dict[str, float] = {}
     generation: int = 0
     displaced_at: datetime | None = None
     displaced_reason: str | None = None
@@ -118,6 +119,8 @@ class Job(SQLModel, table=True):
     # wire: JobReport.replicas_movable (its connector can choose which replicas leave a
     # node: the plan may move them, app/shaping/snapshot.py).
     replicas_movable: bool = False
+    # wire: JobReport.speeds (a block job's own speed per GPU model; empty: its models').
+    speeds: dict[str, float] = json_column(dict)
     # Fencing token: bumped by every saga that moves the job (migrate, preempt); node
     # agents refuse steps that carry an older one, so the job never runs twice.
     generation: int = 0

@@ -46,6 +46,10 @@ Mapping to the solver (documented because it decides what the solver optimises):
   counts as a move (``last_moved_at``: the solver's ``migration_cooldown_s``).
 * on Slurm, multi-node jobs (rigid gangs and elastic training) run one replica per node
   (``Instance.one_replica_per_node``): Slurm gives each of a job's nodes its GRES per node.
+* a block job's own speeds on GPU models (``JobReport.speeds``, wire.speeds: what its owner
+  wrote) become ``Instance.speeds``, scaled to the catalogue's pace over the models named
+  (``pace_kept``): they say how its speed differs between models, not that it is worth
+  more than other jobs.
 * jobs with no GPUs and finished jobs are left out.
 * a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
   checkpoint must resume where its image is) may be placed only there: those nodes get a
@@ -161,6 +165,7 @@ class JobRow:
     required_nodes: tuple[str, ...] = ()
     time_limit_s: float | None = None
     replicas_movable: bool = False
+    speeds: tuple[tuple[str, float], ...] = ()  # (model, the job's own speed there), sorted
     # An action of an open plan acts on it: approved or in flight (busy), or proposed.
     busy: bool = False
     proposed: bool = False
@@ -189,7 +194,14 @@ def _job_columns(job: Job) -> dict[str, Any]:
     """The job's columns that JobRow holds, lists frozen to tuples. A name here that ``Job``
     no longer has fails loudly (AttributeError) instead of leaving a default."""
     values = {name: getattr(job, name) for name in _JOB_COLUMNS}
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return {
+        k: tuple(v)
+        if isinstance(v, list)
+        else tuple(sorted(v.items()))
+        if isinstance(v, dict)
+        else v
+        for k, v in values.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -604,7 +616,39 @@ def to_instance(
         policies=policies,
         config=config,
         one_replica_per_node=_one_per_node(snapshot.scheduler, jobs),
+        speeds=_own_speeds(snapshot, jobs, {m.name: m.speed for m in gpu_models}),
     )
+
+
+def _own_speeds(
+    snapshot: ClusterSnapshot, jobs: tuple[si.Job, ...], catalogue: dict[str, float]
+) -> dict[str, dict[str, float]]:
+    """Block jobs' own speeds (JobReport.speeds) on the catalogue's models (``catalogue``:
+    name → relative speed; a model taken out of it since the job was reported is left
+    out), scaled by :func:`pace_kept`."""
+    block = {job.id for job in jobs if job.shape is si.JobShape.block}
+    speeds = {}
+    for row in snapshot.jobs:
+        job_id = solver_job_id(snapshot.cluster, row.external_id)
+        own = {model: speed for model, speed in row.speeds if model in catalogue}
+        if own and job_id in block:
+            speeds[job_id] = pace_kept(own, catalogue)
+    return speeds
+
+
+def pace_kept(own: dict[str, float], catalogue: dict[str, float]) -> dict[str, float]:
+    """A job's own speeds scaled so that their geometric mean is the catalogue's over the
+    same models. A job's owner writes them, and the plan values a GPU-hour at the job's
+    speed: unscaled, a job that said it runs at 100 everywhere would go before every
+    other job of its weight. Scaled, what the speeds say is how the job's pace differs
+    between models (the ratios, which is what it gains from one model over another), and
+    its pace over them is the catalogue's: it can ask for more on one model only by
+    asking for less on another, and a job naming one model's speed is planned as one
+    naming none. (The simulator's speeds are measured, Gavel's, and taken as they are.)"""
+    log_own = sum(math.log(speed) for speed in own.values())
+    log_catalogue = sum(math.log(catalogue[model]) for model in own)
+    scale = math.exp((log_catalogue - log_own) / len(own))
+    return {model: speed * scale for model, speed in own.items()}
 
 
 def _one_per_node(scheduler: str, jobs: tuple[si.Job, ...]) -> frozenset[str]:

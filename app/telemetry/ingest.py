@@ -76,9 +76,9 @@ _JOB_FIELDS = (
     "allowed_gpu_models", "min_gpu_memory_gib", "required_precision", "gang_size",
     "checkpointable", "min_replicas", "max_replicas", "replicas", "submit_time", "start_time",
     "end_time", "state", "reason", "restart_count", "required_nodes", "submit_spec",
-    "residency", "time_limit_s", "replicas_movable",
+    "residency", "time_limit_s", "replicas_movable", "speeds",
 )  # fmt: skip
-_JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes", "residency"})
+_JOB_JSON_FIELDS = frozenset({"allowed_gpu_models", "required_nodes", "residency", "speeds"})
 _JOB_STATE = _JOB_FIELDS.index("state")
 _JOB_SHAPE = _JOB_FIELDS.index("shape")
 _TERMINAL = frozenset(s.value for s in TERMINAL_JOB_STATES)
@@ -404,6 +404,9 @@ def _job_row(report: JobReport) -> tuple[Any, ...]:
         report.residency.model_dump_json() if report.residency is not None else None,
         report.time_limit_s,
         report.replicas_movable,
+        # Sorted: the stored text is compared with the next report's, whatever order its
+        # connector read the models in.
+        json_text(dict(sorted(report.speeds.items()))),
     )
 
 

@@ -8,9 +8,10 @@ in one place, for snapshots and deltas (``check_push``) and for a node agent's s
 
 Rules and bounds:
 
-* **References.** GPU models are in the catalogue; node and job names appear once; an
-  allocation or a sample names a node of the cluster and a GPU index below its
-  ``gpu_count``; a sample's job is a job of the cluster.
+* **References.** GPU models (a job's allowed ones, those it names a speed on) are in the
+  catalogue; node and job names appear once; an allocation or a sample names a node of
+  the cluster and a GPU index below its ``gpu_count``; a sample's job is a job of the
+  cluster.
 * **Times.** Every time (``sent_at``, a job's ``submit_time``/``start_time``/``end_time``,
   a sample's ``at``) lies in [``EARLIEST`` = 2000-01-01, now + ``FUTURE_SLACK`` = 1 day]:
   earlier is a zeroed clock or a default value, later a broken clock; the slack absorbs
@@ -115,6 +116,9 @@ def check_push(
                 raise Invalid(
                     f"unknown GPU model {model!r}", field=f"{where}.allowed_gpu_models[{k}]"
                 )
+        for model in job.speeds:
+            if model not in catalogue:
+                raise Invalid(f"unknown GPU model {model!r}", field=f"{where}.speeds.{model}")
         _check_job_times(job, where, now)
         if job.allocations:
             reported += _check_allocations(job, nodes, where)

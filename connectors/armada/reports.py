@@ -18,6 +18,8 @@ Per workload (connectors.armada.jobs: the newest job of its lineage):
   ``SHAPER_RESUME_FROM``, which the connector sets when it submits the job again);
 * ``residency``: the annotations ``shaper.io/cluster-selector`` (``region=eu``) and
   ``shaper.io/allowed-clusters`` (``alpha,beta``), as wire.residency reads them;
+* ``speeds``: the annotation ``shaper.io/speeds`` (``H100=2.5,A100-80G=1``, models as the
+  ``gpu_model_label`` names them), as wire.speeds reads it;
 * ``allocations``: a running job's GPUs on the node the ``running`` event named;
 * ``submit``: the job's ``SubmitSpec`` (connectors.armada.specs) while it can move
   (queued, held or running), when ``submit_specs`` is on.
@@ -45,6 +47,7 @@ from connectors.armada.jobs import (
 )
 from connectors.base import ConnectorError
 from wire.residency import read_residency
+from wire.speeds import SPEEDS_KEY, read_speeds
 from wire.telemetry import (
     AllocationReport,
     JobKind,
@@ -133,6 +136,7 @@ def job_report(
             allocations=allocations,
             submit=submit,
             residency=read_residency(annotations, job=job.workload_id),
+            speeds=read_speeds(annotations.get(SPEEDS_KEY), job=job.workload_id),
         )
     except ValidationError as error:
         raise ConnectorError(

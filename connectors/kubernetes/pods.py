@@ -81,7 +81,10 @@ watch delivered them in):
   pod yet, so that no plan starts it elsewhere (the start would be refused);
 * the annotations ``shaper.io/cluster-selector`` (``region=eu,site=ams1``) and
   ``shaper.io/allowed-clusters`` (``alpha,beta``) → ``residency`` (wire.residency):
-  annotations, not labels, because a label value cannot hold ``=`` or ``,``.
+  annotations, not labels, because a label value cannot hold ``=`` or ``,``;
+* the annotation ``shaper.io/speeds`` (``H100=2.5,A100-80G=1``: a catalogue name, or a
+  product label ``gpu_model_aliases`` maps to one) → a block job's ``speeds``
+  (wire.speeds).
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ from connectors.kubernetes.pins import RESUME_FROM as RESUME_FROM
 from connectors.kubernetes.pins import images_node, stale_pin_nodes
 from connectors.kubernetes.pins import pinned_nodes as pinned_nodes
 from wire.residency import read_residency
+from wire.speeds import SPEEDS_KEY, read_speeds
 from wire.telemetry import (
     MAX_REPLICAS,
     MAX_TIME_LIMIT_S,
@@ -670,6 +674,12 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
         if elastic is not None:
             fields.update(min_replicas=elastic[0], max_replicas=elastic[1], replicas=elastic[1])
         fields["time_limit_s"] = _deadline(group, spec)
+        aliases = context.gpu_model_aliases
+        fields["speeds"] = read_speeds(
+            annotations.get(SPEEDS_KEY),
+            job=group.external_id,
+            model_name=lambda name: aliases.get(name, name),
+        )
     if (
         context.submit_spec is not None
         and group.owner.kind == "Job"

@@ -27,6 +27,8 @@ tasks outside a placement group. What Shaper should know of a job that Ray does 
                         checkpoint the job's processes (the saga's checkpoint step)
 ``shaper.io/cluster-selector``, ``shaper.io/allowed-clusters``  the job's residency
                         (``region=eu``, ``alpha,beta``: wire.residency)
+``shaper.io/speeds``    the job's own speed on GPU models (``A100=1,T4=0.3``:
+                        wire.speeds; models as the nodes' ``accelerator_type``)
 =====================  ========================================================
 
 **Serve deployments** are elastic services, ``serve:<application>/<deployment>``: their
@@ -45,6 +47,7 @@ from typing import Any
 
 from connectors.ray.config import RayConnectorConfig
 from wire.residency import read_residency
+from wire.speeds import SPEEDS_KEY, read_speeds
 from wire.telemetry import (
     NAME_PATTERN,
     AllocationReport,
@@ -280,6 +283,7 @@ def job_report(
         restart_count=restarts,
         allocations=allocations,
         residency=read_residency(metadata, job=submission.external_id),
+        speeds=read_speeds(metadata.get(SPEEDS_KEY), job=submission.external_id),
     )
 
 

@@ -23,7 +23,10 @@ A job's residency (wire.residency) is in words of its ``--comment``:
 ``shaper.io/cluster-selector=region=eu,site=ams1`` and ``shaper.io/allowed-clusters=a,b``
 (:func:`comment_residency`). Not ``--constraint``: that names node features of the
 cluster it is in, and Slurm holds a job whose features no node has; not
-``--cluster-constraint``: Slurm takes it only inside a Slurm federation.
+``--cluster-constraint``: Slurm takes it only inside a Slurm federation. So are its own
+speeds on GPU models (wire.speeds), where the mapping honours job tags:
+``shaper.io/speeds=h100=2.5,a100=1``, a model by its GRES type (``gpu_model_aliases``
+maps it to the catalogue's name) or the catalogue's name (:func:`comment_speeds`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from connectors.slurm.submission import (
 )
 from connectors.slurm.versions import is_data_parser, legacy_job, legacy_node
 from wire.residency import CLUSTERS_KEY, SELECTOR_KEY, Residency, read_residency
+from wire.speeds import SPEEDS_KEY, read_speeds
 from wire.telemetry import (
     MAX_REPLICAS,
     TERMINAL_JOB_STATES,
@@ -532,6 +536,17 @@ def comment_residency(comment: str, *, job: str) -> Residency | None:
     )
 
 
+def comment_speeds(comment: str, *, job: str, mapping: SlurmMapping) -> dict[str, float]:
+    """The speeds word of a job's comment (see the module docstring), where the mapping
+    honours what a job says of itself: like a tag's priority, a speed weighs in the plan."""
+    if not mapping.honor_job_tags:
+        return {}
+    words = dict(word.partition("=")[::2] for word in comment.split() if "=" in word)
+    return read_speeds(
+        words.get(SPEEDS_KEY), job=job, model_name=lambda name: _model_name(name, mapping)
+    )
+
+
 def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
     job_id = str(job["job_id"])
     raw_state = str(job.get("job_state") or "")
@@ -597,6 +612,7 @@ def parse_job(job: Document, mapping: SlurmMapping) -> SlurmJob:
         reason=str(job.get("state_reason") or "")[:255],
         restart_count=restarts,
         time_limit_s=time_limit_s(job.get("time_limit")),
+        speeds=comment_speeds(comment, job=job_id, mapping=mapping),
         allocations=job_allocations,
         residency=comment_residency(comment, job=job_id),
     )

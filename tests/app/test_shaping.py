@@ -18,7 +18,7 @@ from app.core.clock import FrozenClock
 from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
 from app.shaping.lease import shaping_lease
-from app.shaping.snapshot import _JOB_COLUMNS, take_snapshot, to_instance
+from app.shaping.snapshot import _JOB_COLUMNS, pace_kept, take_snapshot, to_instance
 from solver import SolverConfig
 from tests.app.builders import job, node, running, snapshot
 
@@ -156,7 +156,11 @@ def test_a_snapshot_job_holds_its_job_columns_frozen(session: Session, clock: Fr
     stored = session.exec(select(Job).where(Job.id == row.id)).one()
     for name in _JOB_COLUMNS:
         value = getattr(stored, name)
-        assert getattr(row, name) == (tuple(value) if isinstance(value, list) else value), name
+        if isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, dict):
+            value = tuple(sorted(value.items()))
+        assert getattr(row, name) == value, name
     assert row.placement == (("n1", (0, 1, 2, 3), 4),)
     assert set(_JOB_COLUMNS) <= set(Job.model_fields)
 
@@ -454,3 +458,86 @@ def test_a_gang_across_many_long_named_nodes_is_planned_and_stored_whole(
     ).all()
     assert start.target_node is not None and start.target_node.split(",") == sorted(names)
     assert len(start.target_node) > 255
+
+
+EARLIER = "2026-11-02T11:00:00+00:00"  # an hour before the clock's T0, the builders' submit
+SAME_SPEED = {"H100": 1.0, "A100-80G": 1.0}
+
+
+def _two_models(client: TestClient, auth: dict, *jobs: dict[str, Any]) -> None:
+    """An idle H100 node and an idle A100 node (catalogue speeds 3.0 and 1.0), ``jobs``."""
+    client.post(
+        "/api/v1/clusters",
+        headers=auth["admin"],
+        json={"name": "alpha", "scheduler": "slurm", "mode": "advise"},
+    )
+    nodes = [node("h", gpu_model="H100"), node("a", gpu_model="A100-80G")]
+    response = client.post(
+        "/api/v1/clusters/alpha/telemetry",
+        headers=auth["connector_alpha"],
+        json=snapshot(1, nodes=nodes, jobs=list(jobs)),
+    )
+    assert response.status_code == 200, response.text
+
+
+def _starts(session: Session, plan_id: int) -> dict[str, str | None]:
+    names = {j.id: j.external_id for j in session.exec(select(Job))}
+    return {
+        names[a.job_id]: a.target_node
+        for a in session.exec(select(Action).where(Action.plan_id == plan_id))
+        if a.kind == "start" and a.job_id is not None
+    }
+
+
+def test_a_job_starts_on_the_model_fastest_for_it_by_its_own_speeds(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """Both nodes are free. By the catalogue the H100 is three times the A100; ``memory``
+    says it runs no faster there (JobReport.speeds), so it starts on the A100 and leaves
+    the H100 to ``compute``, which gains the catalogue's threefold."""
+    _two_models(
+        client,
+        auth,
+        job("memory", gpus_requested=8, priority=50, submit_time=EARLIER, speeds=SAME_SPEED),
+        job("compute", gpus_requested=8, priority=50),
+    )
+    shown = client.get("/api/v1/jobs?cluster=alpha", headers=auth["viewer"]).json()["items"]
+    assert {j["external_id"]: j["speeds"] for j in shown} == {
+        "memory": {"A100-80G": 1.0, "H100": 1.0},
+        "compute": {},
+    }
+    instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    # Scaled to the catalogue's pace over the two (geometric mean of 3.0 and 1.0).
+    assert instance.speeds == {"alpha/memory": pytest.approx({"A100-80G": 3**0.5, "H100": 3**0.5})}
+
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    assert result.violations == 0
+    assert _starts(session, result.plan_id) == {"memory": "a", "compute": "h"}
+
+
+def test_without_its_own_speeds_the_older_job_takes_the_fastest_model(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """The same two jobs with no speeds: the older takes the H100, as every model's speed
+    says (so the test above is the speeds' doing, not the order's)."""
+    _two_models(
+        client,
+        auth,
+        job("memory", gpus_requested=8, priority=50, submit_time=EARLIER),
+        job("compute", gpus_requested=8, priority=50),
+    )
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    assert _starts(session, result.plan_id) == {"memory": "h", "compute": "a"}
+
+
+def test_a_jobs_own_speeds_keep_the_catalogues_pace_over_the_models_it_names() -> None:
+    """What a job's owner writes says how its speed differs between models; it does not
+    make the job worth more than the others (``pace_kept``)."""
+    catalogue = {"H100": 3.0, "A100-80G": 1.0, "V100": 0.4}
+    boasts = pace_kept({"H100": 100.0, "A100-80G": 100.0}, catalogue)
+    assert boasts == pytest.approx({"H100": 3**0.5, "A100-80G": 3**0.5})
+    assert pace_kept({"H100": 42.0}, catalogue) == pytest.approx({"H100": 3.0})
+    # More on one model only for less on another: the product over them stays 3.0 × 0.4.
+    leans = pace_kept({"H100": 8.0, "V100": 0.1}, catalogue)
+    assert leans["H100"] * leans["V100"] == pytest.approx(3.0 * 0.4)
+    assert leans["H100"] / leans["V100"] == pytest.approx(80.0)

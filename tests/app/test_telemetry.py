@@ -174,6 +174,19 @@ def test_snapshot_replaces_state_and_finishes_vanished_jobs(
             422,
             "jobs[0].allowed_gpu_models[1]",
         ),
+        (snapshot(1, jobs=[job("j1", speeds={"H100": 0})]), 422, "jobs[0].speeds.H100"),
+        (snapshot(1, jobs=[job("j1", speeds={"H100": 101})]), 422, "jobs[0].speeds.H100"),
+        (snapshot(1, jobs=[job("j1", speeds={"H100": "fast"})]), 422, "jobs[0].speeds.H100"),
+        (
+            snapshot(1, jobs=[job("j1", speeds={f"m{i}": 1.0 for i in range(65)})]),
+            422,
+            "jobs[0].speeds",
+        ),
+        (
+            snapshot(1, jobs=[job("svc", shape="elastic", max_replicas=2, speeds={"H100": 2})]),
+            422,
+            "jobs[0]",
+        ),
         (snapshot(1, samples=[util_sample("n7", T0, 0.1)]), 422, "samples[0].node"),
         (snapshot(1, jobs=[job("j1", state="exploded")]), 422, "jobs[0].state"),
         (snapshot(1, jobs=[job("j1", colour="red")]), 422, "jobs[0].colour"),
@@ -348,6 +361,7 @@ def test_json_columns_round_trip_through_the_bulk_paths(client: TestClient, auth
     jobs = [
         running(f"j{i}", f"n{i % 50}", [7 - i // 50, 0] if i < 50 else [i // 50])
         | {"allowed_gpu_models": ["H100", "A100-80G"] if i % 2 else []}
+        | ({"speeds": {"H100": 1.5, "A100-80G": 0.75}} if i % 3 == 0 else {})
         for i in range(300)
     ]
     first = client.post(URL, headers=headers, json=snapshot(1, nodes=nodes, jobs=jobs)).json()
@@ -356,8 +370,14 @@ def test_json_columns_round_trip_through_the_bulk_paths(client: TestClient, auth
     assert stored["j1"]["allowed_gpu_models"] == ["H100", "A100-80G"]
     assert stored["j2"]["allowed_gpu_models"] == []
     assert stored["j3"]["allocations"][0]["gpu_indices"] == [0, 7]  # sorted
+    assert stored["j3"]["speeds"] == {"A100-80G": 0.75, "H100": 1.5}
+    assert stored["j1"]["speeds"] == {}
     listed = client.get("/api/v1/nodes", headers=auth["viewer"], params={"limit": "100"}).json()
     assert {n["name"]: n["labels"] for n in listed["items"]}["n4"] == {"rack": "r1", "zone": "a"}
+    # The same speeds, named in another order: the same stored text.
+    for report in jobs:
+        if "speeds" in report:
+            report["speeds"] = dict(reversed(report["speeds"].items()))
     again = client.post(URL, headers=headers, json=snapshot(2, nodes=nodes, jobs=jobs)).json()
     assert (again["nodes_written"], again["jobs_written"], again["allocations_written"]) == (
         0,

@@ -141,6 +141,10 @@ IMPOSSIBLE = {
         {**snapshot(1), "sent_at": "2026-11-04T12:00:01+00:00"},
         "sent_at",
     ),
+    "a speed on a GPU model the catalogue does not have": (
+        snapshot(1, jobs=[job("j1", speeds={"H100": 2.0, "B300": 4.0})]),
+        "jobs[0].speeds.B300",
+    ),
     "a node with more memory than any machine": (
         snapshot(1, nodes=[node("n1", memory_mib=2**40)]),
         "nodes[0].memory_mib",

@@ -147,41 +147,50 @@ def test_kubernetes_and_kueue_read_the_annotations() -> None:
 # --- Armada: the job's annotations ---------------------------------------------------------
 
 
-def test_armada_reads_the_annotations() -> None:
-    config = ArmadaConnectorConfig.model_validate(
-        {
-            "cluster": "armada",
-            "url": "127.0.0.1:50051",
-            "job_sets": [{"queue": "research", "job_set": "train"}],
-        }
-    )
+ARMADA = ArmadaConnectorConfig.model_validate(
+    {
+        "cluster": "armada",
+        "url": "127.0.0.1:50051",
+        "job_sets": [{"queue": "research", "job_set": "train"}],
+    }
+)
+
+
+def armada_queued(annotations: dict[str, str]) -> ArmadaJob:
+    """A queued Armada job of one GPU with ``annotations`` (its report: ``ARMADA``)."""
     spec = JobSpec(
         priority=0,
         namespace="default",
         labels={},
-        annotations={"shaper.io/cluster-selector": "region=eu,site=ams1"},
+        annotations=annotations,
         node_selector={},
         gpus=1,
         encoded=b"",
     )
-    queued = ArmadaJob(job_id="J", queue="research", job_set="train", spec=spec)
-    assert armada_report(queued, config).residency == EU
+    return ArmadaJob(job_id="J", queue="research", job_set="train", spec=spec)
+
+
+def test_armada_reads_the_annotations() -> None:
+    queued = armada_queued({"shaper.io/cluster-selector": "region=eu,site=ams1"})
+    assert armada_report(queued, ARMADA).residency == EU
 
 
 # --- Ray: the submission's metadata ------------------------------------------------------
 
 
-def test_ray_reads_the_submission_metadata() -> None:
+def ray_pending(metadata: dict[str, str]) -> Submission:
+    """A pending Ray Jobs API submission with ``metadata``."""
     raw = {
         "submission_id": "raysubmit_1",
         "status": "PENDING",
         "entrypoint": "python train.py",
         "start_time": int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000),
-        "metadata": {"shaper.io/allowed-clusters": "alpha"},
+        "metadata": metadata,
     }
-    submission = Submission(
-        external_id="raysubmit_1", submission_id="raysubmit_1", attempt=0, raw=raw
-    )
-    config = RayConnectorConfig(cluster="ray")
-    report = ray_report(submission, None, config, node_gpus={})
+    return Submission(external_id="raysubmit_1", submission_id="raysubmit_1", attempt=0, raw=raw)
+
+
+def test_ray_reads_the_submission_metadata() -> None:
+    submission = ray_pending({"shaper.io/allowed-clusters": "alpha"})
+    report = ray_report(submission, None, RayConnectorConfig(cluster="ray"), node_gpus={})
     assert report.residency == Residency(allowed_clusters=["alpha"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from datetime import UTC, datetime
 
@@ -9,7 +10,13 @@ import httpx
 import pytest
 
 from connectors.base import ConnectorError
-from connectors.runner import RunnerConfig, RunnerFatal, TelemetryRunner, main
+from connectors.runner import (
+    RunnerConfig,
+    RunnerFatal,
+    TelemetryRunner,
+    main,
+    speeds_on_known_models,
+)
 from tests.connectors.control_plane import ControlPlane
 from wire.telemetry import ClusterState, JobReport, JobState, NodeReport, SchedulerKind
 
@@ -17,7 +24,7 @@ T0 = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 
 
 def node(name: str, **fields) -> NodeReport:
-    return NodeReport(name=name, gpu_model="h100", gpu_count=2, **fields)
+    return NodeReport(name=name, **{"gpu_model": "h100", "gpu_count": 2, **fields})
 
 
 def job(job_id: str, **fields) -> JobReport:
@@ -126,6 +133,38 @@ def test_reports_shared_between_reads_are_not_compared_field_by_field(
     assert (delta["kind"], [j["external_id"] for j in delta["jobs"]]) == ("delta", ["3"])
     assert delta["nodes"] == []
     assert sorted(compared) == ["2", "3"]  # "1" is the acknowledged object itself
+
+
+def test_speeds_on_models_no_node_has_are_left_out_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job's owner writes its speeds: a model the cluster has no node of would have the
+    control plane refuse the whole push (not in its catalogue) or could not be planned on;
+    it is left out, with one warning per job, and the jobs without one stay the same
+    objects (the delta's identity check)."""
+    plain = job("2")
+    read = state(
+        [node("n1"), node("n2", gpu_model="a100")],
+        [job("1", speeds={"h100": 2.0, "a100": 1.0, "b300": 4.0}), plain],
+    )
+    plane = ControlPlane()
+    harness = Harness(ScriptedConnector(read), plane)
+    with caplog.at_level(logging.WARNING, logger="connectors.runner"):
+        harness.runner.run_once()
+        harness.runner.run_once()
+    (snapshot, idle) = (r.body for r in plane.received)
+    assert {j["external_id"]: j["speeds"] for j in snapshot["jobs"]} == {
+        "1": {"h100": 2.0, "a100": 1.0},
+        "2": {},
+    }
+    assert idle["jobs"] == []  # the kept speeds compare equal to the acknowledged ones
+    warnings = [r.getMessage() for r in caplog.records if "speeds" in r.getMessage()]
+    assert warnings == [
+        "job 1: leaving out its speeds on b300: no node of this cluster has that GPU model "
+        "(known: a100, h100)"
+    ]
+    unchanged = state([node("n1")], [plain])
+    assert speeds_on_known_models(unchanged, set()) is unchanged
 
 
 def test_409_sends_a_snapshot_at_once_with_the_next_seq() -> None:

@@ -104,7 +104,14 @@ def test_drained_node_is_reported_draining(slurm: SlurmCluster) -> None:
 @pytest.fixture
 def known_jobs(slurm: SlurmCluster) -> Iterator[dict[str, str]]:
     """One single-GPU job, a 2-node gang in `high`, one pending for resources, one held."""
-    single = slurm.sbatch("--gres=gpu:1", "-A", "physics", "-J", "single")
+    single = slurm.sbatch(
+        "--gres=gpu:1",
+        "-A",
+        "physics",
+        "-J",
+        "single",
+        "--comment=run-7 shaper.io/speeds=h100=2.5,A100-80G=1",
+    )
     gang = slurm.sbatch(
         "-N2",
         "--gres=gpu:2",
@@ -140,6 +147,8 @@ def test_telemetry_of_known_jobs_matches_slurm(
         slurm, known_jobs["single"]
     )
     assert single.submit_time is not None and single.start_time is not None
+    # Its own speeds, from a word of its comment (wire.speeds), GRES type as written.
+    assert single.speeds == {"h100": 2.5, "A100-80G": 1.0}
 
     gang = jobs[known_jobs["gang"]]
     row = rows[known_jobs["gang"]]

@@ -6,6 +6,7 @@ list again), changes made meanwhile included."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from connectors.kubernetes.pods import CHECKPOINTABLE_ANNOTATION, RESUME_FROM_EN
 from connectors.runner import RunnerConfig, TelemetryRunner
 from tests.k8s.conftest import K8sCluster, Kube, wait_for
 from tests.k8s.objects import inference_deployment
+from wire.speeds import SPEEDS_KEY
 from wire.telemetry import JobShape, JobState, NodeState, TelemetryDelta, TelemetrySnapshot
 
 pytestmark = pytest.mark.slow
@@ -202,3 +204,39 @@ def test_a_deployment_is_an_elastic_service(kube: Kube, connector: Any) -> None:
     assert job.gpus_requested == 1
     assert connector.owner_object(external_id)["spec"]["replicas"] == 2
     assert len(connector.pods_of(external_id)) == 2
+
+
+def test_a_jobs_own_speeds_are_pushed_on_the_models_its_cluster_has(
+    kube: Kube, connector: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ``shaper.io/speeds`` annotation of a Job (wire.speeds) reaches the push; a model
+    no node of the cluster has (the nodes are H100s by their product label) is left out
+    by the runner, which says so."""
+    job = gpu_job("fast")
+    job.metadata.annotations = {SPEEDS_KEY: "H100=2.5,B300=4"}
+    kube.batch.create_namespaced_job(kube.namespace, job)
+    external_id = f"{kube.namespace}/job/fast"
+    read = wait_for("the Job's report", lambda: job_in(connector, external_id))
+    assert read.speeds == {"H100": 2.5, "B300": 4.0}
+
+    pushes: list[dict[str, Any]] = []
+
+    def control_plane(request: httpx.Request) -> httpx.Response:
+        pushes.append(json.loads(request.content))
+        return httpx.Response(200, json={"cluster": "k8s-test", "seq": pushes[-1]["seq"]})
+
+    runner = TelemetryRunner(
+        connector,
+        RunnerConfig(control_plane="http://control-plane.test", cluster="k8s-test", token="t"),
+        transport=httpx.MockTransport(control_plane),
+    )
+    with caplog.at_level(logging.WARNING, logger="connectors.runner"):
+        runner.run_once()
+    runner.close()
+    (pushed,) = [j for j in pushes[0]["jobs"] if j["external_id"] == external_id]
+    assert pushed["speeds"] == {"H100": 2.5}
+    assert {n["gpu_model"] for n in pushes[0]["nodes"]} == {"H100"}
+    assert any(
+        f"job {external_id}: leaving out its speeds on B300" in r.getMessage()
+        for r in caplog.records
+    )

@@ -161,6 +161,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 submit_time=(NOW - timedelta(hours=5)).isoformat(),
                 time_limit_s=5400.0,
                 residency={"cluster_selector": {"region": "eu"}, "allowed_clusters": ["beta"]},
+                speeds={"H100": 2.5, "A100-80G": 1},
             ),
         ]
         registered_with(
@@ -281,6 +282,7 @@ def test_a_jobs_page_from_the_queue_shows_its_fields_and_its_history_newest_firs
         ("waited", "5 h 01 min"),
         ("time-limit", "1 h 30 min"),
         ("residency", "clusters labelled region=eu; only beta"),
+        ("speeds", "A100-80G 1, H100 2.5"),
     ):
         expect(fields.locator(f'[data-field="{field}"]')).to_have_text(value)
 
@@ -333,6 +335,7 @@ def test_an_actions_job_links_to_the_jobs_page(page: Page, site: dict[str, Any])
     expect(page.locator('#job-fields [data-field="residency"]')).to_have_text(
         "any cluster its team may use"
     )
+    expect(page.locator('#job-fields [data-field="speeds"]')).to_have_text("its models' speeds")
     expect(
         page.locator(f'#job-timeline li[data-action="{site["actions"]["other"]}"]')
     ).to_have_attribute("data-state", "proposed")

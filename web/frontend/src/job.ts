@@ -104,6 +104,7 @@ function fields(j: Job): string {
     ["time-limit", "Time limit", j.time_limit_s ? esc(duration(j.time_limit_s)) : '<span class="hint">none given</span>'],
     ["reason", "Scheduler's reason", j.reason ? esc(j.reason) : '<span class="hint">none given</span>'],
     ["residency", "May run in", residency(j)],
+    ["speeds", "Own speeds", speeds(j)],
   ];
   return `<dl class="figures job-fields" id="job-fields">${rows
     .map(([key, label, value]) => `<div><dt>${label}</dt><dd data-field="${key}">${value}</dd></div>`)
@@ -122,6 +123,14 @@ function residency(j: Job): string {
     parts.push(rule.allowed_clusters.length ? `only ${rule.allowed_clusters.join(", ")}` : "only its own cluster");
   }
   return parts.length ? esc(parts.join("; ")) : '<span class="hint">any cluster its team may use</span>';
+}
+
+/** The job's own speed on GPU models, as its owner wrote it (the catalogue's scale; the
+ * plan keeps the catalogue's pace over the models named, so these say how it differs). */
+function speeds(j: Job): string {
+  const own = Object.entries(j.speeds ?? {});
+  if (!own.length) return '<span class="hint">its models\' speeds</span>';
+  return esc(own.map(([model, speed]) => `${model} ${speed}`).join(", "));
 }
 
 /** Submit to start, or to now (this browser's clock) while it waits. */

@@ -107,6 +107,9 @@ export interface Job {
   // The clusters of its federation group it may run in (its own rule; its team's is the
   // SLA policy's); null or absent: no rule of its own.
   residency?: Residency | null;
+  // Its own speed on GPU models (model → speed, the catalogue's scale); empty or absent:
+  // it runs at its models' speeds.
+  speeds?: Record<string, number>;
 }
 
 export interface Residency {
