@@ -388,19 +388,25 @@ class TelemetryRunner:
 
 def speeds_on_known_models(state: ClusterState, warned: set[str]) -> ClusterState:
     """``state`` with each job's speeds (JobReport.speeds) kept on the GPU models its
-    cluster's nodes have. A job's owner writes them (a Slurm comment, an annotation), and
-    a model the catalogue lacks would have the control plane refuse the whole push; one
-    no node has could not be planned on anyway. The rest is logged once per job (in
-    ``warned``). The state is returned as it is when nothing is left out, so that
-    incremental connectors' unchanged reports stay the same objects (``_changed``)."""
+    cluster's nodes have, in the nodes' spelling. A job's owner writes them (a Slurm
+    comment, an annotation), and a model the catalogue lacks would have the control plane
+    refuse the whole push; one no node has could not be planned on anyway. The rest is
+    logged once per job (in ``warned``). The state is returned as it is when nothing is
+    left out, so that incremental connectors' unchanged reports stay the same objects
+    (``_changed``)."""
+    if warned:  # forget jobs that are gone
+        warned.intersection_update(job.external_id for job in state.jobs)
     models = {node.gpu_model for node in state.nodes if node.gpu_model}
+    # Case aside, as the control plane takes names (app.telemetry.model_names): a speed
+    # on "H100" is one on the nodes' "h100", and is sent in their spelling.
+    spelling = {model.lower(): model for model in sorted(models)}
     jobs = list(state.jobs)
     changed = False
     for position, job in enumerate(jobs):
         if not job.speeds or job.speeds.keys() <= models:
             continue
-        dropped = sorted(set(job.speeds) - models)
-        if job.external_id not in warned:
+        dropped = sorted(model for model in job.speeds if model.lower() not in spelling)
+        if dropped and job.external_id not in warned:
             warned.add(job.external_id)
             logger.warning(
                 "job %s: leaving out its speeds on %s: no node of this cluster has that GPU "
@@ -409,7 +415,11 @@ def speeds_on_known_models(state: ClusterState, warned: set[str]) -> ClusterStat
                 ", ".join(dropped),
                 ", ".join(sorted(models)) or "none",
             )
-        kept = {model: speed for model, speed in job.speeds.items() if model in models}
+        kept = {
+            spelling[model.lower()]: speed
+            for model, speed in job.speeds.items()
+            if model.lower() in spelling
+        }
         jobs[position] = job.model_copy(update={"speeds": kept})
         changed = True
     return state.model_copy(update={"jobs": jobs}) if changed else state

@@ -68,6 +68,7 @@ MAX_SUBMIT_SPEC = 64 * 1024  # characters of a SubmitSpec as JSON (as jobs.submi
 # A job's own speed on a GPU model, on the catalogue's scale (GpuModel.relative_speed: the
 # reference GPU, A100, is 1.0); the catalogue allows the same range.
 MAX_JOB_SPEED = 100.0
+MIN_JOB_SPEED = 0.01  # 1/100 of the reference: slower is a typo, not a GPU
 MAX_JOB_SPEEDS = 64  # models a job names a speed on
 
 
@@ -273,12 +274,18 @@ class JobReport(_Wire):
     # (reference GPU = 1.0). Empty: it runs at its models' speeds. The plan counts its
     # value, the model it tries first and what a move or a stop costs it at these speeds,
     # and moves it onto GPUs faster for it as they free up (solver: Instance.speeds).
-    # Connectors read it from what the job's owner wrote (a Slurm comment's
-    # ``shaper:speed.<model>=…``, a ``shaper.io/speeds`` annotation, …).
+    # Connectors read it from what the job's owner wrote (wire.speeds: a word
+    # ``shaper.io/speeds=…`` of a Slurm comment, a ``shaper.io/speeds`` annotation, …).
     speeds: dict[
         Annotated[str, Field(min_length=1, max_length=64)],
-        Annotated[float, Field(gt=0, le=MAX_JOB_SPEED, allow_inf_nan=False)],
-    ] = Field(default_factory=dict, max_length=MAX_JOB_SPEEDS)
+        Annotated[float, Field(ge=MIN_JOB_SPEED, le=MAX_JOB_SPEED, allow_inf_nan=False)],
+    ] = Field(
+        default_factory=dict,
+        max_length=MAX_JOB_SPEEDS,
+        # Left out when empty: a connector of this version then sends a job without speeds
+        # as the ones before it did, which a control plane from before the field accepts.
+        exclude_if=lambda speeds: not speeds,
+    )
     allocations: list[AllocationReport] = Field(default_factory=list)
     # How to submit it elsewhere (pending and running jobs of clusters in a federation
     # group; None: the connector cannot say, or the job is suspended or ending, and it stays

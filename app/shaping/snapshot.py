@@ -47,9 +47,9 @@ Mapping to the solver (documented because it decides what the solver optimises):
 * on Slurm, multi-node jobs (rigid gangs and elastic training) run one replica per node
   (``Instance.one_replica_per_node``): Slurm gives each of a job's nodes its GRES per node.
 * a block job's own speeds on GPU models (``JobReport.speeds``, wire.speeds: what its owner
-  wrote) become ``Instance.speeds``, scaled to the catalogue's pace over the models named
-  (``pace_kept``): they say how its speed differs between models, not that it is worth
-  more than other jobs.
+  wrote) become ``Instance.speeds``, scaled so that none is above its model's catalogue
+  speed (``within_catalogue``): they say how its speed differs between models, never that
+  it is worth more than the catalogue says.
 * jobs with no GPUs and finished jobs are left out.
 * a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
   checkpoint must resume where its image is) may be placed only there: those nodes get a
@@ -625,29 +625,29 @@ def _own_speeds(
 ) -> dict[str, dict[str, float]]:
     """Block jobs' own speeds (JobReport.speeds) on the catalogue's models (``catalogue``:
     name → relative speed; a model taken out of it since the job was reported is left
-    out), scaled by :func:`pace_kept`."""
+    out), scaled by :func:`within_catalogue`."""
     block = {job.id for job in jobs if job.shape is si.JobShape.block}
     speeds = {}
     for row in snapshot.jobs:
         job_id = solver_job_id(snapshot.cluster, row.external_id)
         own = {model: speed for model, speed in row.speeds if model in catalogue}
         if own and job_id in block:
-            speeds[job_id] = pace_kept(own, catalogue)
+            speeds[job_id] = within_catalogue(own, catalogue)
     return speeds
 
 
-def pace_kept(own: dict[str, float], catalogue: dict[str, float]) -> dict[str, float]:
-    """A job's own speeds scaled so that their geometric mean is the catalogue's over the
-    same models. A job's owner writes them, and the plan values a GPU-hour at the job's
-    speed: unscaled, a job that said it runs at 100 everywhere would go before every
-    other job of its weight. Scaled, what the speeds say is how the job's pace differs
-    between models (the ratios, which is what it gains from one model over another), and
-    its pace over them is the catalogue's: it can ask for more on one model only by
-    asking for less on another, and a job naming one model's speed is planned as one
-    naming none. (The simulator's speeds are measured, Gavel's, and taken as they are.)"""
-    log_own = sum(math.log(speed) for speed in own.values())
-    log_catalogue = sum(math.log(catalogue[model]) for model in own)
-    scale = math.exp((log_catalogue - log_own) / len(own))
+def within_catalogue(own: dict[str, float], catalogue: dict[str, float]) -> dict[str, float]:
+    """A job's own speeds, all scaled by one factor so that none is above its model's
+    catalogue speed. A job's owner writes them, and the plan values a GPU-hour at the
+    job's speed: taken as written, a job that said it runs at 100 on the H100s would go
+    there before every job of a higher priority. Scaled, they keep what they say of how
+    the job's speed differs between models (their ratios: which model it gains on, and
+    how much) and can only lower its value below the catalogue's, never raise it: speeds
+    at or below the catalogue's are planned as written, and a job that says it runs at
+    100 everywhere is planned at the catalogue's speed on its fastest named model and
+    below it elsewhere. (The simulator's speeds are measured, Gavel's, and taken as they
+    are.)"""
+    scale = min(1.0, *(catalogue[model] / speed for model, speed in own.items()))
     return {model: speed * scale for model, speed in own.items()}
 
 

@@ -52,6 +52,7 @@ from app.gpu_models import service as gpu_model_service
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.telemetry import fencing, latest, physics
+from app.telemetry.model_names import spelt_as_catalogue
 from app.telemetry.models import TelemetrySample
 from wire.telemetry import (
     TERMINAL_JOB_STATES,
@@ -150,6 +151,7 @@ def ingest_push(
     cluster_id: int = cluster.id  # type: ignore[assignment]
     scope = _Scope.of(push)
     catalogue = gpu_model_service.ids_by_name(session=session)
+    push = spelt_as_catalogue(push, catalogue)
     stored_nodes = _stored_nodes(session, cluster_id, scope.nodes)
     stored_jobs = _stored_jobs(session, cluster_id, scope.jobs)
     physics.check_push(

@@ -8,10 +8,11 @@ in one place, for snapshots and deltas (``check_push``) and for a node agent's s
 
 Rules and bounds:
 
-* **References.** GPU models (a job's allowed ones, those it names a speed on) are in the
-  catalogue; node and job names appear once; an allocation or a sample names a node of
-  the cluster and a GPU index below its ``gpu_count``; a sample's job is a job of the
-  cluster.
+* **References.** GPU models (nodes', a job's allowed ones, those it names a speed on) are
+  in the catalogue (a name that differs from one of its names only in case was taken as
+  that one before: app.telemetry.model_names); node and job names appear once; an
+  allocation or a sample names a node of the cluster and a GPU index below its
+  ``gpu_count``; a sample's job is a job of the cluster.
 * **Times.** Every time (``sent_at``, a job's ``submit_time``/``start_time``/``end_time``,
   a sample's ``at``) lies in [``EARLIEST`` = 2000-01-01, now + ``FUTURE_SLACK`` = 1 day]:
   earlier is a zeroed clock or a default value, later a broken clock; the slack absorbs
@@ -113,12 +114,10 @@ def check_push(
         seen_jobs.add(job.external_id)
         for k, model in enumerate(job.allowed_gpu_models):
             if model not in catalogue:
-                raise Invalid(
-                    f"unknown GPU model {model!r}", field=f"{where}.allowed_gpu_models[{k}]"
-                )
+                raise Invalid(unknown_model(model), field=f"{where}.allowed_gpu_models[{k}]")
         for model in job.speeds:
             if model not in catalogue:
-                raise Invalid(f"unknown GPU model {model!r}", field=f"{where}.speeds.{model}")
+                raise Invalid(unknown_model(model), field=f"{where}.speeds.{model}")
         _check_job_times(job, where, now)
         if job.allocations:
             reported += _check_allocations(job, nodes, where)
@@ -227,12 +226,19 @@ def _node_view(
             raise Invalid(f"node {node.name!r} appears twice", field=f"nodes[{i}].name")
         seen.add(node.name)
         if node.gpu_model is not None and node.gpu_model not in catalogue:
-            raise Invalid(
-                f"unknown GPU model {node.gpu_model!r}; register it under /api/v1/gpu-models",
-                field=f"nodes[{i}].gpu_model",
-            )
+            raise Invalid(unknown_model(node.gpu_model), field=f"nodes[{i}].gpu_model")
         nodes[node.name] = _Node(node.gpu_count, node.state, f"nodes[{i}]")
     return nodes, removed
+
+
+def unknown_model(model: str) -> str:
+    """What to do about a GPU model name the catalogue lacks (names that differ from one
+    of its own only in case are taken as that one before the check: model_names)."""
+    return (
+        f"unknown GPU model {model!r}: not in the catalogue (GET /api/v1/gpu-models); add "
+        "it there (POST /api/v1/gpu-models) or map the scheduler's name onto a catalogue "
+        "name with the connector's gpu_model_aliases"
+    )
 
 
 def _gpu_cap(job: JobReport) -> int:

@@ -38,6 +38,7 @@ from wire.telemetry import NodeReport, NodeState
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+PRODUCT_PREFIX = "NVIDIA-"  # of GFD's product labels (NVIDIA-H100-80GB-HBM3)
 MEMORY_LABEL = "nvidia.com/gpu.memory"
 ALLOCATABLE_LABEL_PREFIX = "shaper.io/allocatable."
 MAX_LABELS = 256
@@ -110,7 +111,7 @@ def _family(product: str, memory_mib_label: str | None) -> str:
     for marker, model in _FAMILIES:
         if marker in padded:
             return model
-    return product.removeprefix("NVIDIA-")
+    return product.removeprefix(PRODUCT_PREFIX)
 
 
 def node_state(node: Mapping[str, Any], *, ignored_taints: Iterable[str]) -> NodeState:

@@ -82,8 +82,9 @@ watch delivered them in):
 * the annotations ``shaper.io/cluster-selector`` (``region=eu,site=ams1``) and
   ``shaper.io/allowed-clusters`` (``alpha,beta``) → ``residency`` (wire.residency):
   annotations, not labels, because a label value cannot hold ``=`` or ``,``;
-* the annotation ``shaper.io/speeds`` (``H100=2.5,A100-80G=1``: a catalogue name, or a
-  product label ``gpu_model_aliases`` maps to one) → a block job's ``speeds``
+* the annotation ``shaper.io/speeds`` (``H100=2.5,A100-80G=1``: a catalogue name, a GPU
+  product label as the nodes carry it, ``NVIDIA-H100-80GB-HBM3``, or a name
+  ``gpu_model_aliases`` maps: :func:`speed_model`) → a block job's ``speeds``
   (wire.speeds).
 """
 
@@ -96,7 +97,13 @@ from datetime import datetime
 from typing import Any
 
 from connectors.base import ConnectorError
-from connectors.kubernetes.nodes import GPU_RESOURCE, PRODUCT_LABEL, gpu_model_name, whole
+from connectors.kubernetes.nodes import (
+    GPU_RESOURCE,
+    PRODUCT_LABEL,
+    PRODUCT_PREFIX,
+    gpu_model_name,
+    whole,
+)
 from connectors.kubernetes.pins import HOSTNAME_LABEL as HOSTNAME_LABEL
 from connectors.kubernetes.pins import RESUME_FROM as RESUME_FROM
 from connectors.kubernetes.pins import images_node, stale_pin_nodes
@@ -296,6 +303,16 @@ def resume_blocker(template: Mapping[str, Any]) -> str | None:
 def allowed_models(spec: Mapping[str, Any], aliases: Mapping[str, str]) -> list[str]:
     product = (spec.get("nodeSelector") or {}).get(PRODUCT_LABEL)
     return [gpu_model_name(product, None, aliases=aliases)] if product else []
+
+
+def speed_model(name: str, aliases: Mapping[str, str]) -> str:
+    """The catalogue name a ``shaper.io/speeds`` entry means: an alias's, a GPU product
+    label's as the nodes' is read (``NVIDIA-H100-80GB-HBM3`` → ``H100``), else the name as
+    written (a catalogue name: ``A100-80G`` is no product label, and its family read would
+    be the 40 GB one)."""
+    if name in aliases or name.upper().startswith(PRODUCT_PREFIX):
+        return gpu_model_name(name, None, aliases=aliases)
+    return name
 
 
 def parse_time(value: object) -> datetime | None:
@@ -674,11 +691,10 @@ def job_report(group: JobGroup, context: TranslationContext) -> JobReport | None
         if elastic is not None:
             fields.update(min_replicas=elastic[0], max_replicas=elastic[1], replicas=elastic[1])
         fields["time_limit_s"] = _deadline(group, spec)
-        aliases = context.gpu_model_aliases
         fields["speeds"] = read_speeds(
             annotations.get(SPEEDS_KEY),
             job=group.external_id,
-            model_name=lambda name: aliases.get(name, name),
+            model_name=lambda name: speed_model(name, context.gpu_model_aliases),
         )
     if (
         context.submit_spec is not None

@@ -18,7 +18,7 @@ from app.core.clock import FrozenClock
 from app.jobs.models import Job
 from app.shaping.cycle import run_cycle
 from app.shaping.lease import shaping_lease
-from app.shaping.snapshot import _JOB_COLUMNS, pace_kept, take_snapshot, to_instance
+from app.shaping.snapshot import _JOB_COLUMNS, take_snapshot, to_instance, within_catalogue
 from solver import SolverConfig
 from tests.app.builders import job, node, running, snapshot
 
@@ -507,8 +507,7 @@ def test_a_job_starts_on_the_model_fastest_for_it_by_its_own_speeds(
         "compute": {},
     }
     instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
-    # Scaled to the catalogue's pace over the two (geometric mean of 3.0 and 1.0).
-    assert instance.speeds == {"alpha/memory": pytest.approx({"A100-80G": 3**0.5, "H100": 3**0.5})}
+    assert instance.speeds == {"alpha/memory": {"A100-80G": 1.0, "H100": 1.0}}
 
     result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
     assert result.violations == 0
@@ -530,14 +529,40 @@ def test_without_its_own_speeds_the_older_job_takes_the_fastest_model(
     assert _starts(session, result.plan_id) == {"memory": "h", "compute": "a"}
 
 
-def test_a_jobs_own_speeds_keep_the_catalogues_pace_over_the_models_it_names() -> None:
-    """What a job's owner writes says how its speed differs between models; it does not
-    make the job worth more than the others (``pace_kept``)."""
+def test_a_jobs_own_speeds_never_value_it_above_the_catalogue() -> None:
+    """What a job's owner writes says how its speed differs between models; scaled by one
+    factor so that none is above its model's catalogue speed, it never makes the job worth
+    more than the catalogue says (``within_catalogue``)."""
     catalogue = {"H100": 3.0, "A100-80G": 1.0, "V100": 0.4}
-    boasts = pace_kept({"H100": 100.0, "A100-80G": 100.0}, catalogue)
-    assert boasts == pytest.approx({"H100": 3**0.5, "A100-80G": 3**0.5})
-    assert pace_kept({"H100": 42.0}, catalogue) == pytest.approx({"H100": 3.0})
-    # More on one model only for less on another: the product over them stays 3.0 × 0.4.
-    leans = pace_kept({"H100": 8.0, "V100": 0.1}, catalogue)
-    assert leans["H100"] * leans["V100"] == pytest.approx(3.0 * 0.4)
-    assert leans["H100"] / leans["V100"] == pytest.approx(80.0)
+    honest = {"H100": 2.5, "A100-80G": 1.0}
+    assert within_catalogue(honest, catalogue) == honest  # at or below it: as written
+    boasts = within_catalogue({"H100": 100.0, "A100-80G": 100.0}, catalogue)
+    assert boasts == pytest.approx({"H100": 1.0, "A100-80G": 1.0})
+    assert within_catalogue({"H100": 42.0}, catalogue) == pytest.approx({"H100": 3.0})
+    leans = within_catalogue({"H100": 8.0, "V100": 0.1}, catalogue)
+    assert leans == pytest.approx({"H100": 3.0, "V100": 0.0375})  # the ratio, 80, kept
+    for own in ({"H100": 100.0, "A100-80G": 0.01}, {"V100": 0.01}, {"H100": 100.0}):
+        scaled = within_catalogue(own, catalogue)
+        assert all(scaled[model] <= catalogue[model] for model in own), own
+
+
+def test_a_job_cannot_buy_a_gpu_from_higher_priorities_by_what_it_writes(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """A priority-10 job that says it runs at 100 on the H100 and at 0.01 on the A100
+    (the review's case: taken as written, or kept at the catalogue's pace over the two, it
+    took the H100 ahead of the priority-100 jobs) waits: the two priority-100 jobs get
+    the two nodes."""
+    _two_models(
+        client,
+        auth,
+        job("boast", gpus_requested=8, priority=10, submit_time=EARLIER,
+            speeds={"H100": 100, "A100-80G": 0.01}),
+        job("first", gpus_requested=8, priority=100),
+        job("second", gpus_requested=8, priority=100),
+    )  # fmt: skip
+    instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    assert instance.speeds["alpha/boast"] == pytest.approx({"H100": 3.0, "A100-80G": 0.0003})
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    assert result.violations == 0
+    assert set(_starts(session, result.plan_id)) == {"first", "second"}

@@ -14,6 +14,7 @@ from app.core.clock import FrozenClock
 from app.jobs.models import Allocation
 from app.main import create_app
 from app.telemetry import service as telemetry_service
+from app.telemetry.model_names import by_case, spelt_as_catalogue
 from app.telemetry.models import TelemetrySample
 from tests.app.builders import delta, job, node, running, snapshot, util_sample
 from tests.support.clock import T0
@@ -175,6 +176,8 @@ def test_snapshot_replaces_state_and_finishes_vanished_jobs(
             "jobs[0].allowed_gpu_models[1]",
         ),
         (snapshot(1, jobs=[job("j1", speeds={"H100": 0})]), 422, "jobs[0].speeds.H100"),
+        (snapshot(1, jobs=[job("j1", speeds={"H100": 1e-309})]), 422, "jobs[0].speeds.H100"),
+        (snapshot(1, jobs=[job("j1", speeds={"H100": 0.009})]), 422, "jobs[0].speeds.H100"),
         (snapshot(1, jobs=[job("j1", speeds={"H100": 101})]), 422, "jobs[0].speeds.H100"),
         (snapshot(1, jobs=[job("j1", speeds={"H100": "fast"})]), 422, "jobs[0].speeds.H100"),
         (
@@ -441,3 +444,55 @@ def test_an_elastic_training_jobs_range_is_kept_once_its_scheduler_forgets_it(
         body = delta(seq, jobs=[report])
         assert client.post(URL, headers=auth["connector_alpha"], json=body).status_code == 200
     assert _jobs(client, auth)["e"]["max_replicas"] == 0
+
+
+@pytest.mark.usefixtures("alpha")
+def test_gpu_model_names_are_taken_in_the_catalogues_spelling(
+    client: TestClient, auth: dict
+) -> None:
+    """Slurm sites type GRES in lower case (``gpu:h100:2``): a name that differs from a
+    catalogue name only in case is that model, in nodes, allowed models and speeds, stored
+    in the catalogue's spelling, so that a replay of the same push writes nothing. A name
+    the catalogue lacks is refused with what to do about it."""
+    headers = auth["connector_alpha"]
+    jobs = [
+        running("j1", "n1", [0, 1], allowed_gpu_models=["h100"], speeds={"h100": 2.0}),
+        job("j2", allowed_gpu_models=["a100-80g", "H100"]),
+    ]
+    body = snapshot(1, nodes=[node("n1", gpu_model="h100"), node("n2")], jobs=jobs)
+    first = client.post(URL, headers=headers, json=body)
+    assert first.status_code == 200, first.text
+    nodes = client.get("/api/v1/nodes", headers=auth["viewer"]).json()["items"]
+    assert {n["name"]: n["gpu_model"] for n in nodes} == {"n1": "H100", "n2": "H100"}
+    stored = _jobs(client, auth)
+    assert (stored["j1"]["allowed_gpu_models"], stored["j1"]["speeds"]) == (["H100"], {"H100": 2.0})
+    assert stored["j2"]["allowed_gpu_models"] == ["A100-80G", "H100"]
+    again = client.post(URL, headers=headers, json={**body, "seq": 2}).json()
+    assert (again["nodes_written"], again["jobs_written"]) == (0, 0)
+
+    refused = client.post(
+        URL, headers=headers, json=snapshot(3, nodes=[node("n1", gpu_model="a100")])
+    )
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["field"] == "nodes[0].gpu_model"
+    assert (
+        "unknown GPU model 'a100'" in error["message"] and "gpu_model_aliases" in error["message"]
+    )
+
+
+def test_only_a_name_one_catalogue_name_differs_from_in_case_is_rewritten() -> None:
+    catalogue = ["H100", "Gpu1", "GPU1", "x1"]
+    assert by_case(catalogue) == {"h100": "H100", "x1": "x1"}
+    push = TelemetrySnapshot.model_validate(
+        snapshot(
+            1,
+            nodes=[node("n1", gpu_model="gpu1"), node("n2", gpu_model="X1"), node("n3")],
+            jobs=[job("j1")],
+        )
+    )
+    spelt = spelt_as_catalogue(push, catalogue)
+    assert [n.gpu_model for n in spelt.nodes] == ["gpu1", "x1", "H100"]  # gpu1: ambiguous
+    assert spelt.jobs[0] is push.jobs[0]
+    plain = TelemetrySnapshot.model_validate(snapshot(1))
+    assert spelt_as_catalogue(plain, catalogue) is plain

@@ -2,8 +2,9 @@
 ``shaper.io/speeds``, in a Slurm job's comment, a Kubernetes Job's annotations (and so a
 Kueue Workload's owner), an Armada job's annotations and a Ray submission's metadata.
 Pure translations over the objects the residency tests use; no scheduler runs here (the
-real Slurm and Kubernetes read it in tests/connectors/test_slurm.py and
-tests/k8s/test_kubernetes_speeds.py). An entry a connector cannot read is left out."""
+real Slurm and Kubernetes read it in tests/connectors/test_slurm_cluster.py and
+tests/k8s/test_kubernetes_telemetry.py). An entry a connector cannot read is left out,
+logged once."""
 
 from __future__ import annotations
 
@@ -24,9 +25,18 @@ from connectors.slurm.config import SlurmMapping
 from connectors.slurm.parse import parse_job
 from tests.connectors.test_kubernetes_translate import CONTEXT, QUEUES, WAITING, job
 from tests.connectors.test_residency import ARMADA, armada_queued, ray_pending
+from wire import speeds as speeds_module
 from wire.speeds import read_speeds
 
 RECORDED = Path(__file__).parent / "data" / "slurm-22.05-recorded"
+
+
+@pytest.fixture(autouse=True)
+def _nothing_warned_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no (job, entry) logged (wire.speeds logs each once)."""
+    monkeypatch.setattr(speeds_module, "_WARNED", set())
+
+
 SPEEDS = {"H100": 2.5, "A100-80G": 1.0}
 
 
@@ -38,7 +48,7 @@ SPEEDS = {"H100": 2.5, "A100-80G": 1.0}
         ("H100=2.5,A100-80G=1", SPEEDS),
         (" H100 = 2.5 , A100-80G=1 ,", SPEEDS),
         ("H100=2,H100=2.5,A100-80G=1", SPEEDS),  # the later one wins
-        ("H100=1e-3", {"H100": 0.001}),
+        ("H100=0.01", {"H100": 0.01}),
         ("H100=100", {"H100": 100.0}),
     ],
 )
@@ -47,7 +57,18 @@ def test_the_text_form(text: str | None, speeds: dict[str, float]) -> None:
 
 
 @pytest.mark.parametrize(
-    "entry", ["H100", "H100=", "=2", "H100=0", "H100=-1", "H100=100.5", "H100=nan", "H100=inf"]
+    "entry",
+    [
+        "H100",
+        "H100=",
+        "=2",
+        "H100=0",
+        "H100=1e-309",
+        "H100=0.009",
+        "H100=100.5",
+        "H100=nan",
+        "H100=inf",
+    ],
 )
 def test_an_entry_it_cannot_read_is_left_out_and_logged(
     entry: str, caplog: pytest.LogCaptureFixture
@@ -55,8 +76,12 @@ def test_an_entry_it_cannot_read_is_left_out_and_logged(
     with caplog.at_level(logging.WARNING, logger="wire.speeds"):
         assert read_speeds(f"{entry},A100-80G=1", job="j") == {"A100-80G": 1.0}
     assert [r.getMessage() for r in caplog.records] == [
-        f"job j: ignoring {entry!r} in shaper.io/speeds (MODEL=SPEED, a speed in (0, 100])"
+        f"job j: ignoring {entry!r} in shaper.io/speeds (MODEL=SPEED, a speed in [0.01, 100])"
     ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="wire.speeds"):
+        assert read_speeds(f"{entry},A100-80G=1", job="j") == {"A100-80G": 1.0}
+    assert caplog.records == []  # the next read of the same job says nothing more
 
 
 def test_at_most_64_models_are_kept(caplog: pytest.LogCaptureFixture) -> None:
@@ -96,11 +121,17 @@ def _annotated(**annotations: str) -> dict[str, object]:
 def test_kubernetes_and_kueue_read_the_annotation_with_the_product_aliases() -> None:
     group = JobGroup(
         OwnerRef("Job", "ml", "j-b"),
-        _annotated(**{"shaper.io/speeds": "NVIDIA-H100-80GB-HBM3=2.5,A100-80G=1"}),
+        _annotated(**{"shaper.io/speeds": "fast-one=2.5,A100-80G=1"}),
     )
-    context = replace(CONTEXT, gpu_model_aliases={"NVIDIA-H100-80GB-HBM3": "H100"})
+    context = replace(CONTEXT, gpu_model_aliases={"fast-one": "H100"})
     report = kubernetes_report(group, context)
     assert report is not None and report.speeds == SPEEDS
+    # A GPU product label is read as the nodes' is; a catalogue name as written.
+    labelled = JobGroup(
+        OwnerRef("Job", "ml", "j-b"),
+        _annotated(**{"shaper.io/speeds": "NVIDIA-H100-80GB-HBM3=2.5,A100-80G=1"}),
+    )
+    assert kubernetes_report(labelled, CONTEXT).speeds == SPEEDS  # type: ignore[union-attr]
     queued = workload_report(WAITING, group, context, QUEUES)
     assert queued is not None and queued.speeds == SPEEDS
     bare = JobGroup(OwnerRef("Job", "ml", "j-b"), _annotated())
