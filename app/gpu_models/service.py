@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlmodel import Session, select
@@ -101,3 +102,12 @@ def ensure_default_catalogue(*, session: Session) -> int:
 
 def ids_by_name(*, session: Session) -> dict[str, int]:
     return {name: id_ for id_, name in session.exec(select(GpuModel.id, GpuModel.name)) if id_}
+
+
+def by_case(catalogue: Collection[str]) -> dict[str, str]:
+    """Lower-case name → the catalogue's spelling, for names no other differs from in
+    case alone."""
+    spellings: dict[str, list[str]] = {}
+    for name in catalogue:
+        spellings.setdefault(name.lower(), []).append(name)
+    return {lower: names[0] for lower, names in spellings.items() if len(names) == 1}

@@ -4,7 +4,9 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import sqlalchemy as sa
+from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
+from pydantic import Field as PydanticField
 from sqlmodel import Field, SQLModel
 
 from app.clusters.models import CLUSTER_NAME_PATTERN, Labels
@@ -19,6 +21,7 @@ from app.core.types import (
     json_column,
     required_utc_column,
 )
+from wire.telemetry import MAX_JOB_SPEED, MAX_JOB_SPEEDS, MIN_JOB_SPEED, JobKind
 
 MAX_MIGRATIONS_PER_DAY = 10_000
 ClusterName = Annotated[str, StringConstraints(pattern=CLUSTER_NAME_PATTERN, max_length=63)]
@@ -53,11 +56,45 @@ class ServicePolicy(BaseModel):
     demand_target: float = Field(default=1.0, gt=0, le=1.0)
 
 
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+JobSpeed = Annotated[float, Ge(MIN_JOB_SPEED), Le(MAX_JOB_SPEED)]  # NaN fails both
+MAX_SPEED_PROFILES = 256
+
+
+class SpeedProfile(BaseModel):
+    """How fast the block jobs it matches run on GPU models, as the site measured it (a
+    job type's throughput per model, as Gavel profiles it): catalogue model name → speed
+    on the catalogue's scale (the A100 is 1.0). A job matches when every condition given
+    holds; the first profile that matches a job applies to it, unless the job's owner
+    wrote speeds of its own (wire.speeds). Models not named run at the catalogue's speed.
+    Written by whoever may edit the policy, so taken as written (a job's own speeds are
+    capped at the catalogue's: app.shaping.snapshot.within_catalogue)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: JobKind | None = None
+    team: NoNulStr | None = Field(default=None, min_length=1, max_length=128)
+    queue: NoNulStr | None = Field(default=None, min_length=1, max_length=128)
+    speeds: dict[ModelName, JobSpeed] = Field(min_length=1, max_length=MAX_JOB_SPEEDS)
+
+    def matches(self, *, kind: str, team: str, queue: str) -> bool:
+        return (
+            (self.kind is None or self.kind == kind)
+            and (self.team is None or self.team == team)
+            and (self.queue is None or self.queue == queue)
+        )
+
+
 class SlaPolicySpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     teams: list[TeamPolicy] = Field(default_factory=list, max_length=MAX_TEAMS)
     services: list[ServicePolicy] = Field(default_factory=list, max_length=MAX_TEAMS)
+    # Left out of the stored spec when empty: policies written before the field, their
+    # YAML exports and what the Kueue import makes stay as they were.
+    speed_profiles: list[SpeedProfile] = PydanticField(
+        default_factory=list, max_length=MAX_SPEED_PROFILES, exclude_if=lambda v: not v
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> SlaPolicySpec:

@@ -13,6 +13,7 @@ from app.audit.models import Actor
 from app.audit.service import AuditObject
 from app.core.errors import Conflict, Invalid, NotFound
 from app.core.lookup import found, not_taken
+from app.gpu_models import service as gpu_model_service
 from app.policies.models import (
     SlaPolicy,
     SlaPolicyCreate,
@@ -30,6 +31,7 @@ def create_policy(
     now: datetime,
     actor: Actor | None = None,
 ) -> SlaPolicy:
+    check_models(session, policy_in.spec)
     before = _latest(session, policy_in.name)
     not_taken(
         before if before is not None and not before.deleted else None,
@@ -65,6 +67,7 @@ def new_version(
 ) -> SlaPolicy:
     """``verb`` names the change in the audit log (``import``: from a YAML document)."""
     latest = get_policy(session=session, name=name)
+    check_models(session, policy_in.spec)
     spec = policy_in.spec.model_dump(mode="json")
     return _append(session, latest, spec, policy_in.comment, by=by, now=now, actor=actor, verb=verb)
 
@@ -149,6 +152,25 @@ def roll_back(
         verb="rollback",
         rolled_back_to=version,
     )
+
+
+def check_models(session: Session, spec: SlaPolicySpec) -> None:
+    """Every GPU model a speed profile names is in the catalogue, spelt as it spells it
+    (a stored spec is compared as written with the next import of the same document, so
+    it is not respelt: a GitOps sync of ``h100`` would write a version each time)."""
+    catalogue = set(gpu_model_service.ids_by_name(session=session))
+    spelling = gpu_model_service.by_case(catalogue)
+    for index, profile in enumerate(spec.speed_profiles):
+        for model in profile.speeds:
+            if model in catalogue:
+                continue
+            known = spelling.get(model.lower())
+            hint = f" (the catalogue spells it {known!r})" if known else ""
+            raise Invalid(
+                f"unknown GPU model {model!r}{hint}: a speed profile names catalogue models "
+                "(GET /api/v1/gpu-models)",
+                field=f"spec.speed_profiles[{index}].speeds.{model}",
+            )
 
 
 def _valid_today(target: SlaPolicy) -> dict[str, Any]:

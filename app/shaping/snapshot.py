@@ -49,7 +49,8 @@ Mapping to the solver (documented because it decides what the solver optimises):
 * a block job's own speeds on GPU models (``JobReport.speeds``, wire.speeds: what its owner
   wrote) become ``Instance.speeds``, scaled so that none is above its model's catalogue
   speed (``within_catalogue``): they say how its speed differs between models, never that
-  it is worth more than the catalogue says.
+  it is worth more than the catalogue says. A job with none gets those of the first speed
+  profile of the SLA policy that matches its kind, team and queue (the site's, as written).
 * jobs with no GPUs and finished jobs are left out.
 * a pending job with ``required_nodes`` (Slurm's ``ReqNodeList``: a job requeued with its
   checkpoint must resume where its image is) may be placed only there: those nodes get a
@@ -71,6 +72,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import ValidationError
 from sqlmodel import Session, col, select
 
 from app.actions.models import ACTIVE_ACTION_STATES, Action, ActionKind, ActionState
@@ -83,6 +85,7 @@ from app.gpu_models.models import GpuModel
 from app.jobs.models import Allocation, Job
 from app.nodes.models import Node
 from app.policies.models import SlaPolicy as SlaPolicyRow
+from app.policies.models import SpeedProfile
 from app.telemetry import service as telemetry_service
 from app.telemetry.models import TelemetrySample
 from forecast import demand as demand_forecast
@@ -166,6 +169,7 @@ class JobRow:
     time_limit_s: float | None = None
     replicas_movable: bool = False
     speeds: tuple[tuple[str, float], ...] = ()  # (model, the job's own speed there), sorted
+    queue: str = "default"
     # An action of an open plan acts on it: approved or in flight (busy), or proposed.
     busy: bool = False
     proposed: bool = False
@@ -623,17 +627,38 @@ def to_instance(
 def _own_speeds(
     snapshot: ClusterSnapshot, jobs: tuple[si.Job, ...], catalogue: dict[str, float]
 ) -> dict[str, dict[str, float]]:
-    """Block jobs' own speeds (JobReport.speeds) on the catalogue's models (``catalogue``:
-    name → relative speed; a model taken out of it since the job was reported is left
-    out), scaled by :func:`within_catalogue`."""
+    """Block jobs' speeds on the catalogue's models (``catalogue``: name → relative speed;
+    a model taken out of it since is left out): a job's own (JobReport.speeds, what its
+    owner wrote), scaled by :func:`within_catalogue`; else those of the first speed
+    profile of the SLA policy that matches it (``SpeedProfile``: the site's, as written)."""
     block = {job.id for job in jobs if job.shape is si.JobShape.block}
+    profiles = _speed_profiles(snapshot.sla)
     speeds = {}
     for row in snapshot.jobs:
         job_id = solver_job_id(snapshot.cluster, row.external_id)
+        if job_id not in block:
+            continue
         own = {model: speed for model, speed in row.speeds if model in catalogue}
-        if own and job_id in block:
+        if own:
             speeds[job_id] = within_catalogue(own, catalogue)
+            continue
+        profile = next(
+            (p for p in profiles if p.matches(kind=row.kind, team=row.team, queue=row.queue)),
+            None,
+        )
+        site = {m: v for m, v in profile.speeds.items() if m in catalogue} if profile else {}
+        if site:
+            speeds[job_id] = site
     return speeds
+
+
+def _speed_profiles(sla: dict[str, Any]) -> list[SpeedProfile]:
+    """The SLA policy's speed profiles; none from a stored spec today's model refuses (an
+    older schema: its terms are read as far as they still mean something)."""
+    try:
+        return [SpeedProfile.model_validate(p) for p in sla.get("speed_profiles") or ()]
+    except ValidationError:
+        return []
 
 
 def within_catalogue(own: dict[str, float], catalogue: dict[str, float]) -> dict[str, float]:

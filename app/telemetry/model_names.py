@@ -16,18 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from app.gpu_models.service import by_case
 from wire.telemetry import JobReport, NodeReport, TelemetryDelta, TelemetrySnapshot
 
 Push = TelemetrySnapshot | TelemetryDelta
-
-
-def by_case(catalogue: Collection[str]) -> dict[str, str]:
-    """Lower-case name → the catalogue's spelling, for names no other differs from in
-    case alone."""
-    spellings: dict[str, list[str]] = {}
-    for name in catalogue:
-        spellings.setdefault(name.lower(), []).append(name)
-    return {lower: names[0] for lower, names in spellings.items() if len(names) == 1}
 
 
 def spelt_as_catalogue(push: Push, catalogue: Collection[str]) -> Push:

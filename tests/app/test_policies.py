@@ -142,3 +142,49 @@ def test_an_edit_racing_another_is_a_conflict_not_a_server_error(
     monkeypatch.undo()
     versions = client.get("/api/v1/policies/race/versions", headers=auth["viewer"]).json()
     assert [v["version"] for v in versions] == [1, 2]
+
+
+PROFILES = [
+    {"kind": "batch_inference", "team": "serving", "speeds": {"H100": 1.0, "A100-80G": 1.0}},
+    {"kind": "batch_inference", "speeds": {"L40S": 2.0}},
+]
+
+
+def test_speed_profiles_are_stored_and_bad_ones_refused_by_field(
+    client: TestClient, auth: dict
+) -> None:
+    """A profile names catalogue models (spelt as it spells them: a stored spec is
+    compared as written with the next import of the same document) and speeds in
+    [0.01, 100]; a spec without profiles is stored as before the field."""
+    created = client.post(
+        "/api/v1/policies",
+        headers=auth["operator"],
+        json={"name": "p", "spec": {**SPEC, "speed_profiles": PROFILES}},
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["speed_profiles"] == [
+        {
+            "kind": "batch_inference",
+            "team": "serving",
+            "queue": None,
+            "speeds": PROFILES[0]["speeds"],
+        },
+        {"kind": "batch_inference", "team": None, "queue": None, "speeds": {"L40S": 2.0}},
+    ]
+    assert "speed_profiles" not in SPEC_JSON
+    for speeds, field, words in (
+        ({"B300": 2.0}, "spec.speed_profiles[0].speeds.B300", "unknown GPU model 'B300'"),
+        ({"h100": 2.0}, "spec.speed_profiles[0].speeds.h100", "the catalogue spells it 'H100'"),
+        ({"H100": 0.001}, "spec.speed_profiles[0].speeds.H100", "greater than or equal to 0.01"),
+        ({}, "spec.speed_profiles[0].speeds", "at least 1 item"),
+    ):
+        response = client.put(
+            "/api/v1/policies/p",
+            headers=auth["operator"],
+            json={"spec": {"speed_profiles": [{"kind": "training", "speeds": speeds}]}},
+        )
+        assert response.status_code == 422, (speeds, response.text)
+        error = response.json()["error"]
+        assert error["field"] == field and words in error["message"], error
+    versions = client.get("/api/v1/policies/p/versions", headers=auth["viewer"]).json()
+    assert len(versions) == 1  # nothing written

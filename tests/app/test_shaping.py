@@ -566,3 +566,47 @@ def test_a_job_cannot_buy_a_gpu_from_higher_priorities_by_what_it_writes(
     result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
     assert result.violations == 0
     assert set(_starts(session, result.plan_id)) == {"first", "second"}
+
+
+def _with_profiles(client: TestClient, auth: dict, profiles: list[dict[str, Any]]) -> None:
+    response = client.post(
+        "/api/v1/policies",
+        headers=auth["operator"],
+        json={"name": "alpha", "spec": {"speed_profiles": profiles}},
+    )
+    assert response.status_code == 201, response.text
+
+
+def test_the_sla_policys_speed_profiles_give_jobs_without_their_own_their_speeds(
+    client: TestClient, auth: dict, session: Session, clock: FrozenClock
+) -> None:
+    """A site that measured its batch inference gains nothing from an H100 says so once,
+    in the cluster's SLA policy: the first profile that matches a block job without speeds
+    of its own gives it its speeds, as written; a job's own speeds win; a service and a
+    job no profile matches get none. The older job then starts on the A100."""
+    _two_models(
+        client,
+        auth,
+        job("memory", gpus_requested=8, priority=50, submit_time=EARLIER, kind="batch_inference"),
+        job("compute", gpus_requested=8, priority=50),
+        job("own", gpus_requested=1, kind="batch_inference", queue="q2", speeds={"H100": 2.0}),
+        job("other-q", gpus_requested=1, kind="batch_inference", queue="q2"),
+    )
+    _with_profiles(
+        client,
+        auth,
+        [
+            {"kind": "batch_inference", "queue": "q2", "speeds": {"H100": 0.5}},
+            {"kind": "batch_inference", "speeds": {"H100": 4.0, "A100-80G": 4.0}},
+            {"kind": "batch_inference", "speeds": {"A100-80G": 9.0}},  # never reached
+        ],
+    )
+    instance = to_instance(take_snapshot(session=session, cluster_name="alpha", now=clock.now()))
+    assert instance.speeds == {
+        "alpha/memory": {"H100": 4.0, "A100-80G": 4.0},  # the site's, as written
+        "alpha/own": {"H100": 2.0},  # its own (at or below the catalogue's: as written)
+        "alpha/other-q": {"H100": 0.5},
+    }
+    result = run_cycle(session=session, cluster_name="alpha", now=clock.now(), policy="shaper")
+    assert result.violations == 0
+    assert _starts(session, result.plan_id)["memory"] == "a"

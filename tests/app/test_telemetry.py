@@ -11,10 +11,11 @@ from sqlalchemy import func, select
 from sqlmodel import Session
 
 from app.core.clock import FrozenClock
+from app.gpu_models.service import by_case
 from app.jobs.models import Allocation
 from app.main import create_app
 from app.telemetry import service as telemetry_service
-from app.telemetry.model_names import by_case, spelt_as_catalogue
+from app.telemetry.model_names import spelt_as_catalogue
 from app.telemetry.models import TelemetrySample
 from tests.app.builders import delta, job, node, running, snapshot, util_sample
 from tests.support.clock import T0
