@@ -2,12 +2,16 @@
 
 CSV, one job per row (header required; only the first four columns are mandatory)::
 
-    id,submit_s,gpus,duration_s,priority,kind,gpu_models,checkpointable,checkpoint_interval_s,image_gb,team,preemptible
-    j1,0,4,7200,3,training,H100|A100,true,3600,40,research,true
+    id,submit_s,gpus,duration_s,priority,kind,gpu_models,checkpointable,checkpoint_interval_s,image_gb,team,preemptible,speeds
+    j1,0,4,7200,3,training,H100|A100,true,3600,40,research,true,H100=2.5|A100=1
 
 * ``submit_s``: submission time in seconds (any origin; re-based to the first job);
 * ``duration_s``: run time on the reference GPU model (speed 1.0);
 * ``gpu_models``: ``|``-separated allowed models, empty = any;
+* ``speeds``: the job's own speed on GPU models, ``MODEL=SPEED`` entries ``|``-separated
+  (in JSON also an object, ``{"H100": 2.5}``), each in [0.01, 100] on the models' scale
+  (as a live job's ``shaper.io/speeds``, wire.speeds): it runs ``duration_s / SPEED``
+  there, and the models it names no speed for at theirs; empty = its models' speeds;
 * booleans: ``true``/``false``/``1``/``0``/``yes``/``no``.
 
 JSON: either a list of job objects with the same keys, or an object with ``jobs`` and
@@ -23,9 +27,10 @@ Refused, naming the row or the entry: a missing required value; ``gpus`` that is
 number of at least 1; a ``duration_s`` that is not a positive finite number; a NaN or
 infinite number anywhere; a boolean that is not one of the spellings above; an unknown
 ``kind``; two jobs of one ``id``; a job none of whose ``gpu_models`` the replay cluster
-has (it could never run); in JSON, a key other than ``jobs``, ``nodes``, ``gpu_models``
-and ``services``, ``gpu_models`` without ``nodes``, and a file with neither jobs nor
-services.
+has (it could never run); a speed that is not ``MODEL=SPEED`` in [0.01, 100], or on a
+model the replay cluster does not have; in JSON, a key other than ``jobs``, ``nodes``,
+``gpu_models`` and ``services``, ``gpu_models`` without ``nodes``, and a file with
+neither jobs nor services.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from sim.traces.common import (
     whole,
 )
 from sim.workload import BlockJob, GpuModel, JobKind, Node, Service, Workload, service_from_record
+from wire.telemetry import MAX_JOB_SPEED, MIN_JOB_SPEED
 
 REQUIRED = ("id", "submit_s", "gpus", "duration_s")
 TRUE = {"1", "true", "yes", "y", "t"}
@@ -106,6 +112,30 @@ def _models(value: Any) -> tuple[str, ...]:
     raise ValueError(f"gpu_models must be a list or A|B, not {value!r}")
 
 
+def _speeds(value: Any) -> tuple[tuple[str, float], ...]:
+    """``H100=2.5|A100=1`` (or, in JSON, ``{"H100": 2.5}``) → ``(("H100", 2.5), …)``."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, dict):
+        pairs = [(str(model), speed) for model, speed in value.items()]
+    elif isinstance(value, str):
+        pairs = []
+        for entry in value.split("|"):
+            model, equals, speed = (part.strip() for part in entry.partition("="))
+            if not (equals and model):
+                raise ValueError(f"speeds must be MODEL=SPEED|MODEL=SPEED, not {value!r}")
+            pairs.append((model, speed))
+    else:
+        raise ValueError(f"speeds must be MODEL=SPEED|… or an object, not {value!r}")
+    speeds = {}
+    for model, speed in pairs:
+        number_ = number(speed, f"speeds {model}", at_least=MIN_JOB_SPEED)
+        if number_ > MAX_JOB_SPEED:
+            raise ValueError(f"speeds {model} must be at most {MAX_JOB_SPEED:g}, not {speed!r}")
+        speeds[model] = number_
+    return tuple(speeds.items())
+
+
 def _kind(value: Any) -> JobKind:
     kind = value or "training"
     if kind not in KINDS:
@@ -142,6 +172,7 @@ def job_from_record(record: Any, options: TraceOptions, where: str) -> BlockJob:
             else number(image_gb, "image_gb", at_least=0),
             team=str(record.get("team") or "default"),
             preemptible=_bool(record.get("preemptible"), True, "preemptible"),
+            speeds=_speeds(_given(record, "speeds")),
         )
     except ValueError as exc:
         raise TraceError(f"{where}: {exc}") from exc
@@ -228,8 +259,15 @@ def _services(path: Path, data: dict[str, Any]) -> list[Service]:
 def refuse_unrunnable(
     jobs: Sequence[BlockJob], wheres: Sequence[str], models: dict[str, GpuModel], listed: bool
 ) -> None:
-    """Refuse a job none of whose GPU models the replay cluster has: it could never run."""
+    """Refuse a job none of whose GPU models the replay cluster has: it could never run;
+    and speeds on a model the cluster lacks (a typo the replay would otherwise ignore)."""
     for job, where in zip(jobs, wheres, strict=True):
+        unknown = sorted({model for model, _ in job.speeds} - set(models))
+        if unknown:
+            raise TraceError(
+                f"{where}: job {job.id} names speeds on {unknown}, which the replay cluster "
+                f"does not have (it has {sorted(models)})"
+            )
         if job.gpu_models and not set(job.gpu_models) & set(models):
             fix = (
                 "name a model of its nodes"

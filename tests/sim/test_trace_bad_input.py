@@ -72,6 +72,19 @@ BAD_ROWS = [
     ("native-prio.csv", "id,submit_s,gpus,duration_s,priority\na,0,1,5,nan\n", ":2: priority"),
     ("native-kind.csv", "id,submit_s,gpus,duration_s,kind\na,0,1,5,foo\n", "kind must be one"),
     ("native-model.csv", "id,submit_s,gpus,duration_s,gpu_models\na,0,1,5,H100\n", "never run"),
+    ("native-speed.csv", "id,submit_s,gpus,duration_s,speeds\na,0,1,5,H100\n", ":2: speeds must"),
+    ("native-slow.csv", "id,submit_s,gpus,duration_s,speeds\na,0,1,5,H100=0\n", ":2: speeds H100"),
+    ("native-fast.csv", "id,submit_s,gpus,duration_s,speeds\na,0,1,5,H100=101\n", "at most 100"),
+    (
+        "native-nan-speed.csv",
+        "id,submit_s,gpus,duration_s,speeds\na,0,1,5,H100=nan\n",
+        "speeds H100",
+    ),
+    (
+        "native-speed-model.csv",
+        "id,submit_s,gpus,duration_s,speeds\na,0,1,5,B300=2\n",
+        "does not have",
+    ),
 ]
 
 

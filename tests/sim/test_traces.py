@@ -191,6 +191,42 @@ def test_native_csv_and_json(tmp_path: Path) -> None:
     assert wl.jobs[0].id == "x" and wl.services[0].hourly_demand == (1, 2)
 
 
+def test_a_native_trace_gives_each_job_its_own_speeds(tmp_path: Path) -> None:
+    """``speeds`` (``MODEL=SPEED|…``; in JSON also an object), as a live job's
+    ``shaper.io/speeds``: the job runs ``duration_s / SPEED`` on that model."""
+    nodes = [
+        {"name": "h", "gpus": 8, "gpu_model": "H100"},
+        {"name": "a", "gpus": 8, "gpu_model": "A100"},
+    ]
+    models = {"H100": {"speed": 3.0}, "A100": {"speed": 1.0}}
+    jobs = [
+        {"id": "mem", "submit_s": 0, "gpus": 8, "duration_s": 3600, "gpu_models": "H100",
+         "speeds": "H100=1"},
+        {"id": "obj", "submit_s": 0, "gpus": 8, "duration_s": 3600, "gpu_models": ["H100"],
+         "speeds": {"H100": 1.5}},
+        {"id": "plain", "submit_s": 10_000, "gpus": 8, "duration_s": 3600, "gpu_models": "H100"},
+    ]  # fmt: skip
+    path = tmp_path / "site.json"
+    path.write_text(json.dumps({"nodes": nodes, "gpu_models": models, "jobs": jobs}))
+    workload = load_trace(path)
+    assert {j.id: j.speeds for j in workload.jobs} == {
+        "mem": (("H100", 1.0),),
+        "obj": (("H100", 1.5),),
+        "plain": (),
+    }
+    sim = simulate(workload, "fifo", check_invariants=True)
+    runs = {
+        job_id: job.end_time - job.first_start
+        for job_id, job in sim.jobs.items()
+        if job.end_time is not None and job.first_start is not None
+    }
+    assert runs == pytest.approx({"mem": 3600.0, "obj": 2400.0, "plain": 1200.0})
+    csv_path = tmp_path / "site.csv"
+    csv_path.write_text("id,submit_s,gpus,duration_s,speeds\nj1,0,1,60,H100=2.5|H100=3\n")
+    (j1,) = load_trace(csv_path, options=TraceOptions(gpus=8, gpu_model="H100")).jobs
+    assert j1.speeds == (("H100", 3.0),)  # the later entry for a model wins
+
+
 def test_bad_files_say_where(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("id,submit_s,gpus,duration_s\nj1,0,x,10\n")
