@@ -6,6 +6,7 @@ from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
 from app.core.types import NoNulStr, json_column
+from wire.telemetry import MAX_JOB_SPEED, MIN_JOB_SPEED
 
 
 class Precision(StrEnum):
@@ -25,7 +26,9 @@ class GpuModelBase(SQLModel):
     )
     vendor: NoNulStr = Field(default="nvidia", max_length=32)
     memory_gib: float = Field(gt=0, le=4096)
-    relative_speed: float = Field(default=1.0, gt=0, le=100)
+    # The bounds a job's own speed has (wire.telemetry): a speed of 1e-320 would scale a
+    # job's speeds to 0 (app.shaping.snapshot.within_catalogue), which no plan can use.
+    relative_speed: float = Field(default=1.0, ge=MIN_JOB_SPEED, le=MAX_JOB_SPEED)
 
 
 class GpuModelCreate(GpuModelBase):

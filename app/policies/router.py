@@ -177,8 +177,10 @@ def preview_policy_import(
     session: SessionDep, name: str, document: Annotated[bytes, Depends(_yaml_body)]
 ) -> SlaPolicyImportPreview:
     """What ``import`` would do with the document, validated the same way; writes nothing."""
-    spec = parse_document(document).model_dump(mode="json")
+    parsed = parse_document(document)
     current = service.get_policy(session=session, name=name)
+    service.check_models(session, parsed)
+    spec = parsed.model_dump(mode="json")
     return SlaPolicyImportPreview(
         name=name,
         current_version=current.version,

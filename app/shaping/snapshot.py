@@ -669,8 +669,8 @@ def within_catalogue(own: dict[str, float], catalogue: dict[str, float]) -> dict
     the job's speed differs between models (their ratios: which model it gains on, and
     how much) and can only lower its value below the catalogue's, never raise it: speeds
     at or below the catalogue's are planned as written, and a job that says it runs at
-    100 everywhere is planned at the catalogue's speed on its fastest named model and
-    below it elsewhere. (The simulator's speeds are measured, Gavel's, and taken as they
+    100 everywhere is planned everywhere at the catalogue's speed of the slowest model it
+    names. (The simulator's speeds are measured, Gavel's, and taken as they
     are.)"""
     scale = min(1.0, *(catalogue[model] / speed for model, speed in own.items()))
     return {model: speed * scale for model, speed in own.items()}

@@ -216,14 +216,15 @@ def merged_spec(
 ) -> dict[str, Any]:
     """The policy's next spec: the imported teams' Kueue terms over ``current``.
 
-    Kept from ``current`` unless ``replace``: its services, its teams that no ClusterQueue
-    names, and each imported team's Shaper-only fields (``max_queue_wait_s``,
-    ``max_migrations_per_day``, ``deadline``, ``allowed_clusters``, ``cluster_selector``).
-    Teams keep their order; new ones follow, sorted — so importing the same queues again
-    gives the same spec."""
+    Kept from ``current`` unless ``replace``: its services, its speed profiles (and any
+    other section Kueue has no word for), its teams that no ClusterQueue names, and each
+    imported team's Shaper-only fields (``max_queue_wait_s``, ``max_migrations_per_day``,
+    ``deadline``, ``allowed_clusters``, ``cluster_selector``). Teams keep their order; new
+    ones follow, sorted — so importing the same queues again gives the same spec."""
     imported_teams = {str(t["team"]): dict(t) for t in imported["teams"]}
     if current is None or replace:
         return {"teams": list(imported_teams.values()), "services": list(imported["services"])}
+    others = {k: v for k, v in current.items() if k not in ("teams", "services")}
     teams: list[dict[str, Any]] = []
     for team in current.get("teams", []):
         name = str(team["team"])
@@ -233,4 +234,4 @@ def merged_spec(
         else:
             teams.append(dict(team))
     teams.extend(imported_teams.values())
-    return {"teams": teams, "services": list(current.get("services", []))}
+    return {"teams": teams, "services": list(current.get("services", [])), **others}

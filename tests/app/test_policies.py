@@ -188,3 +188,20 @@ def test_speed_profiles_are_stored_and_bad_ones_refused_by_field(
         assert error["field"] == field and words in error["message"], error
     versions = client.get("/api/v1/policies/p/versions", headers=auth["viewer"]).json()
     assert len(versions) == 1  # nothing written
+    # Creating one is checked alike, and so is an import's preview (a CI job that checks a
+    # file with the preview must not pass one the import refuses).
+    created = client.post(
+        "/api/v1/policies",
+        headers=auth["operator"],
+        json={"name": "q", "spec": {"speed_profiles": [{"speeds": {"B300": 2.0}}]}},
+    )
+    assert created.status_code == 422
+    assert created.json()["error"]["field"] == "spec.speed_profiles[0].speeds.B300"
+    assert client.get("/api/v1/policies/q", headers=auth["viewer"]).status_code == 404
+    preview = client.post(
+        "/api/v1/policies/p/import/preview",
+        headers={**auth["viewer"], "Content-Type": "application/yaml"},
+        content="speed_profiles:\n- kind: training\n  speeds: {h100: 2.0}\n",
+    )
+    assert preview.status_code == 422, preview.text
+    assert preview.json()["error"]["field"] == "spec.speed_profiles[0].speeds.h100"

@@ -145,6 +145,7 @@ def test_merge_keeps_shaper_only_fields_other_teams_and_services() -> None:
             {"team": "hand-made", "guaranteed_gpus": 2},
         ],
         "services": [{"service": "chat", "min_replicas": 2, "demand_target": 1.0}],
+        "speed_profiles": [{"kind": "training", "speeds": {"H100": 3.4}}],
     }
     merged = merged_spec(current, imported)
     assert [t["team"] for t in merged["teams"]] == ["research", "hand-made", "batch", "inference"]
@@ -152,6 +153,7 @@ def test_merge_keeps_shaper_only_fields_other_teams_and_services() -> None:
     assert research["guaranteed_gpus"] == 24 and research["max_queue_wait_s"] == 600.0
     assert research["allowed_clusters"] == [] and research["cluster_selector"] == {"region": "eu"}
     assert merged["services"] == current["services"]
+    assert merged["speed_profiles"] == current["speed_profiles"]  # Kueue has no word for them
     assert merged_spec(merged, imported) == merged  # a second import changes nothing
     assert merged_spec(current, imported, replace=True) == imported
 

@@ -165,7 +165,9 @@ def test_speeds_on_models_no_node_has_are_left_out_and_logged_once(
         "(known: a100, h100)"
     ]
     unchanged = state([node("n1")], [plain])
-    assert speeds_on_known_models(unchanged, set()) is unchanged
+    warned = {"1", "gone"}
+    assert speeds_on_known_models(unchanged, warned) is unchanged
+    assert warned == set()  # jobs that are gone are forgotten: the set does not grow for ever
 
 
 def test_409_sends_a_snapshot_at_once_with_the_next_seq() -> None:
