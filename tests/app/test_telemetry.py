@@ -470,9 +470,16 @@ def test_gpu_model_names_are_taken_in_the_catalogues_spelling(
     assert stored["j2"]["allowed_gpu_models"] == ["A100-80G", "H100"]
     again = client.post(URL, headers=headers, json={**body, "seq": 2}).json()
     assert (again["nodes_written"], again["jobs_written"]) == (0, 0)
+    same = delta(3, nodes=[node("n1", gpu_model="h100")], jobs=jobs)
+    resent = client.post(URL, headers=headers, json=same).json()
+    assert (resent["nodes_written"], resent["jobs_written"], resent["allocations_written"]) == (
+        0,
+        0,
+        0,
+    )
 
     refused = client.post(
-        URL, headers=headers, json=snapshot(3, nodes=[node("n1", gpu_model="a100")])
+        URL, headers=headers, json=snapshot(4, nodes=[node("n1", gpu_model="a100")])
     )
     assert refused.status_code == 422
     error = refused.json()["error"]
