@@ -37,8 +37,8 @@ def read_speeds(
     """``"H100=2.5,A100-80G=1"`` → ``{"H100": 2.5, "A100-80G": 1.0}``; ``model_name`` maps
     the connector's names to catalogue ones. An entry that is not ``MODEL=SPEED`` with a
     speed in [MIN_JOB_SPEED, MAX_JOB_SPEED] is left out, with a warning (once per job and
-    entry); a later entry for the same
-    model wins; at most MAX_JOB_SPEEDS are kept. None or empty: no speeds."""
+    entry); a later entry for the same model wins; at most MAX_JOB_SPEEDS are kept. None
+    or empty: no speeds."""
     if value is None or value == "":
         return {}
     speeds: dict[str, float] = {}

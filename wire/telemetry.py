@@ -70,6 +70,11 @@ MAX_SUBMIT_SPEC = 64 * 1024  # characters of a SubmitSpec as JSON (as jobs.submi
 MAX_JOB_SPEED = 100.0
 MIN_JOB_SPEED = 0.01  # 1/100 of the reference: slower is a typo, not a GPU
 MAX_JOB_SPEEDS = 64  # models a job names a speed on
+# A job's speeds, model -> speed: JobReport.speeds and the SLA policy's speed profiles.
+JobSpeeds = dict[
+    Annotated[str, Field(min_length=1, max_length=64)],
+    Annotated[float, Field(ge=MIN_JOB_SPEED, le=MAX_JOB_SPEED, allow_inf_nan=False)],
+]
 
 
 # The kinds of scheduler a cluster can be registered as; each has a connector
@@ -276,10 +281,7 @@ class JobReport(_Wire):
     # and moves it onto GPUs faster for it as they free up (solver: Instance.speeds).
     # Connectors read it from what the job's owner wrote (wire.speeds: a word
     # ``shaper.io/speeds=…`` of a Slurm comment, a ``shaper.io/speeds`` annotation, …).
-    speeds: dict[
-        Annotated[str, Field(min_length=1, max_length=64)],
-        Annotated[float, Field(ge=MIN_JOB_SPEED, le=MAX_JOB_SPEED, allow_inf_nan=False)],
-    ] = Field(
+    speeds: JobSpeeds = Field(
         default_factory=dict,
         max_length=MAX_JOB_SPEEDS,
         # Left out when empty: a connector of this version then sends a job without speeds

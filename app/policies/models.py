@@ -4,7 +4,6 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 from pydantic import Field as PydanticField
 from sqlmodel import Field, SQLModel
@@ -21,7 +20,7 @@ from app.core.types import (
     json_column,
     required_utc_column,
 )
-from wire.telemetry import MAX_JOB_SPEED, MAX_JOB_SPEEDS, MIN_JOB_SPEED, JobKind
+from wire.telemetry import MAX_JOB_SPEEDS, JobKind, JobSpeeds
 
 MAX_MIGRATIONS_PER_DAY = 10_000
 ClusterName = Annotated[str, StringConstraints(pattern=CLUSTER_NAME_PATTERN, max_length=63)]
@@ -56,8 +55,6 @@ class ServicePolicy(BaseModel):
     demand_target: float = Field(default=1.0, gt=0, le=1.0)
 
 
-ModelName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-JobSpeed = Annotated[float, Ge(MIN_JOB_SPEED), Le(MAX_JOB_SPEED)]  # NaN fails both
 MAX_SPEED_PROFILES = 256
 
 
@@ -75,7 +72,7 @@ class SpeedProfile(BaseModel):
     kind: JobKind | None = None
     team: NoNulStr | None = Field(default=None, min_length=1, max_length=128)
     queue: NoNulStr | None = Field(default=None, min_length=1, max_length=128)
-    speeds: dict[ModelName, JobSpeed] = Field(min_length=1, max_length=MAX_JOB_SPEEDS)
+    speeds: JobSpeeds = Field(min_length=1, max_length=MAX_JOB_SPEEDS)
 
     def matches(self, *, kind: str, team: str, queue: str) -> bool:
         return (

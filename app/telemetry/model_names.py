@@ -39,8 +39,8 @@ def spelt_as_catalogue(push: Push, catalogue: Collection[str]) -> Push:
             nodes[i] = node.model_copy(update={"gpu_model": spelt(node.gpu_model)})
     jobs: list[JobReport] | None = None
     for i, job in enumerate(push.jobs):
-        # Most jobs name no model, or the catalogue's: no list is built for them (a
-        # 20,000-job snapshot is ingested in about 0.4 s: bench.ingest).
+        # Most jobs name no model, or the catalogue's: no list is built for them (this
+        # pass is on every push's path: bench.ingest times it).
         allowed, speeds = job.allowed_gpu_models, job.speeds
         if (not allowed or known.issuperset(allowed)) and (not speeds or known.issuperset(speeds)):
             continue

@@ -528,9 +528,14 @@ def node_range(
     return (low, min(high, MAX_REPLICAS)) if high > low else None
 
 
+def _comment_words(comment: str) -> dict[str, str]:
+    """A comment's ``key=value`` words, each split at its first ``=``."""
+    return dict(word.partition("=")[::2] for word in comment.split() if "=" in word)
+
+
 def comment_residency(comment: str, *, job: str) -> Residency | None:
     """The residency words of a job's comment say (see the module docstring)."""
-    words = dict(word.partition("=")[::2] for word in comment.split() if "=" in word)
+    words = _comment_words(comment)
     return read_residency(
         {k: v for k, v in words.items() if k in (SELECTOR_KEY, CLUSTERS_KEY)}, job=job
     )
@@ -541,9 +546,10 @@ def comment_speeds(comment: str, *, job: str, mapping: SlurmMapping) -> dict[str
     honours what a job says of itself: like a tag's priority, a speed weighs in the plan."""
     if not mapping.honor_job_tags:
         return {}
-    words = dict(word.partition("=")[::2] for word in comment.split() if "=" in word)
     return read_speeds(
-        words.get(SPEEDS_KEY), job=job, model_name=lambda name: _model_name(name, mapping)
+        _comment_words(comment).get(SPEEDS_KEY),
+        job=job,
+        model_name=lambda name: _model_name(name, mapping),
     )
 
 
